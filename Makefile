@@ -1,0 +1,32 @@
+# Every target that runs project code depends on `venv`, so a fresh clone needs nothing but
+# `make bench` or `make test`. The install re-runs only when pyproject.toml changes.
+
+VENV   := .venv
+PYTHON := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: venv test lint bench clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@if [ ! -x $(PYTHON) ]; then \
+		if command -v python3.11 >/dev/null 2>&1; then python3.11 -m venv $(VENV); \
+		else python3 -m venv $(VENV); fi; \
+	fi
+	$(PYTHON) -m pip install -e '.[test,torch,jax,bench]'
+	touch $@
+
+lint: venv
+	$(VENV)/bin/ruff check .
+
+test: venv
+	$(VENV)/bin/ruff check .
+	$(PYTHON) -m pytest -n 2 -q
+
+bench: venv
+	$(VENV)/bin/nki-rmsnorm bench
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -1,0 +1,1 @@
+"""RMSNorm kernels for AWS Trainium (NKI), with NumPy launchers and references."""

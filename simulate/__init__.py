@@ -1,0 +1,63 @@
+"""``simulate``: a NumPy CPU simulator of the legacy NKI API (``neuronxcc.nki``).
+
+Use it as ``import simulate as nki``, ``import simulate.language as nl``,
+``import simulate.isa as nisa``, or call :func:`install` so that unmodified kernels that
+``import neuronxcc.nki`` run on it when the Neuron compiler is not installed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+from . import compiler, isa, language, typing
+from .errors import CapacityError, NKIError
+from .runtime import Kernel, baremetal, benchmark, jit, simulate_kernel, trace_kernel
+from .targets import TARGETS, get_target
+from .trace import Instruction, Trace
+
+tensor = language.Tensor
+
+__all__ = [
+    "CapacityError", "Instruction", "Kernel", "NKIError", "TARGETS", "Trace", "baremetal",
+    "benchmark", "compiler", "get_target", "install", "isa", "jit", "language",
+    "simulate_kernel", "trace_kernel", "typing",
+]
+
+_ALIASES = {
+    "neuronxcc.nki": sys.modules[__name__],
+    "neuronxcc.nki.language": language,
+    "neuronxcc.nki.isa": isa,
+    "neuronxcc.nki.typing": typing,
+    "neuronxcc.nki.compiler": compiler,
+}
+
+
+def real_nki_available() -> bool:
+    """True when the real Neuron compiler (``neuronxcc.nki``) is importable."""
+    if "neuronxcc" in sys.modules and getattr(sys.modules["neuronxcc"], "__simulated__", False):
+        return False
+    try:
+        return importlib.util.find_spec("neuronxcc.nki") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def install() -> bool:
+    """Make ``import neuronxcc.nki`` (and ``.language``, ``.isa``, ``.typing``,
+    ``.compiler``) resolve to this simulator. Returns True when the aliases were installed,
+    False (doing nothing) when the real Neuron compiler is present."""
+    if real_nki_available():
+        return False
+    import types
+
+    package = sys.modules.get("neuronxcc")
+    if package is None or not getattr(package, "__simulated__", False):
+        package = types.ModuleType("neuronxcc")
+        package.__path__ = []
+        package.__simulated__ = True
+        sys.modules["neuronxcc"] = package
+    package.nki = sys.modules[__name__]
+    for name, module in _ALIASES.items():
+        sys.modules[name] = module
+    return True

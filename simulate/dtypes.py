@@ -1,0 +1,186 @@
+"""NKI data types, NKI type promotion and the rounding applied when a value is written.
+
+Every tile is stored in its declared dtype (``ml_dtypes`` for bfloat16 and fp8); arithmetic
+runs in float32 and the result is rounded to nearest even on write, as the Vector and
+Scalar engines do. ``tfloat32`` is stored as float32 with the mantissa rounded to 10 bits.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+from .errors import NKITypeError
+
+float32 = np.dtype(np.float32)
+float16 = np.dtype(np.float16)
+bfloat16 = np.dtype(ml_dtypes.bfloat16)
+# The stubs make tfloat32 an opaque 4-byte type; we tag float32 so it can be told apart.
+tfloat32 = np.dtype(np.float32, metadata={"nki": "tfloat32"})
+float8_e4m3 = np.dtype(ml_dtypes.float8_e4m3)  # IEEE-style FP8_EXP4 (max 240), not e4m3fn
+float8_e5m2 = np.dtype(ml_dtypes.float8_e5m2)
+int8 = np.dtype(np.int8)
+int16 = np.dtype(np.int16)
+int32 = np.dtype(np.int32)
+uint8 = np.dtype(np.uint8)
+uint16 = np.dtype(np.uint16)
+uint32 = np.dtype(np.uint32)
+bool_ = np.dtype(np.bool_)
+
+SUPPORTED = (
+    float32, float16, bfloat16, tfloat32, float8_e4m3, float8_e5m2,
+    int8, int16, int32, uint8, uint16, uint32, bool_,
+)
+_FLOAT_BITS = {  # (total significant bits used to rank floats, exponent bits)
+    "float8_e5m2": 3, "float8_e4m3": 4, "bfloat16": 8, "float16": 11, "tfloat32": 11,
+    "float32": 24,
+}
+
+
+def is_tf32(dtype) -> bool:
+    """True for the simulator's tfloat32 tag."""
+    md = getattr(dtype, "metadata", None)
+    return bool(md) and md.get("nki") == "tfloat32"
+
+
+def name(dtype) -> str:
+    """The NKI name of a dtype (``bfloat16``, ``tfloat32``, ``float8_e4m3`` ...)."""
+    dtype = as_dtype(dtype)
+    if is_tf32(dtype):
+        return "tfloat32"
+    return dtype.name
+
+
+def as_dtype(dtype, argname: str = "dtype") -> np.dtype:
+    """Normalise an NKI or NumPy dtype spelling; reject dtypes the hardware lacks."""
+    if isinstance(dtype, np.dtype) and is_tf32(dtype):
+        return tfloat32
+    try:
+        dt = np.dtype(dtype)
+    except TypeError as exc:
+        raise NKITypeError(f"{argname}={dtype!r} is not a dtype", "err_unsupported_dtype") from exc
+    for supported in SUPPORTED:
+        if dt == supported and not is_tf32(supported):
+            return supported
+    raise NKITypeError(
+        f"{argname}={dt} is not supported by NeuronCores; expected one of "
+        + ", ".join(name(d) for d in SUPPORTED),
+        "err_unsupported_dtype",
+    )
+
+
+def is_float(dtype) -> bool:
+    return as_dtype(dtype).kind in "fV" or as_dtype(dtype) in (bfloat16, float8_e4m3, float8_e5m2)
+
+
+def is_int(dtype) -> bool:
+    return as_dtype(dtype).kind in "iub"
+
+
+def _promote_float(a: np.dtype, b: np.dtype) -> np.dtype:
+    na, nb = name(a), name(b)
+    if {na, nb} == {"float16", "bfloat16"}:
+        return float32
+    if {na, nb} == {"float8_e4m3", "float8_e5m2"}:
+        return bfloat16
+    return a if _FLOAT_BITS[na] >= _FLOAT_BITS[nb] else b
+
+
+def _promote_int(a: np.dtype, b: np.dtype) -> np.dtype:
+    a = uint8 if a == bool_ else a
+    b = uint8 if b == bool_ else b
+    if a.kind == b.kind:
+        return a if a.itemsize >= b.itemsize else b
+    signed, unsigned = (a, b) if a.kind == "i" else (b, a)
+    if signed.itemsize > unsigned.itemsize:
+        return signed
+    bits = 2 * unsigned.itemsize
+    if bits > 4:
+        return float32  # no 64-bit integers on the hardware: int32 + uint32 -> fp32
+    return np.dtype(f"int{8 * bits}")
+
+
+def promote(a, b) -> np.dtype:
+    """NKI type promotion of two dtypes (SHARED "NKI Type Promotion"; not NumPy's rules)."""
+    a, b = as_dtype(a), as_dtype(b)
+    if a == b and is_tf32(a) == is_tf32(b):
+        return a
+    fa, fb = is_float(a), is_float(b)
+    if fa and fb:
+        return _promote_float(a, b)
+    if fa:
+        return a
+    if fb:
+        return b
+    return _promote_int(a, b)
+
+
+def weak_scalar_dtype(value) -> np.dtype:
+    """Dtype of a Python scalar in promotion: bool->uint8, int->int32, float->fp32."""
+    if isinstance(value, (bool, np.bool_)):
+        return uint8
+    if isinstance(value, (int, np.integer)) and not isinstance(value, np.generic):
+        return int32
+    if isinstance(value, np.generic):
+        return as_dtype(value.dtype)
+    return float32
+
+
+def _round_tf32(values: np.ndarray) -> np.ndarray:
+    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
+    keep = np.uint32(0xFFFFE000)
+    rounded = (bits + (np.uint32(0x0FFF) + ((bits >> 13) & np.uint32(1)))) & keep
+    finite = np.isfinite(values)
+    return np.where(finite, rounded.view(np.float32), values).astype(np.float32)
+
+
+def cast(values, dtype) -> np.ndarray:
+    """Round ``values`` into ``dtype`` as the engines do on write.
+
+    Floats: round to nearest even (ml_dtypes / NumPy casts); tfloat32: 10-bit mantissa.
+    Integers: round to nearest even and saturate to the type's range (hardware has no
+    wrap-around on float->int conversion). Bool: non-zero is True.
+    """
+    dtype = as_dtype(dtype)
+    values = np.asarray(values)
+    if values.dtype == dtype and not is_tf32(dtype):
+        return values
+    if is_tf32(dtype):
+        return _round_tf32(values.astype(np.float32))
+    if dtype == bool_:
+        return values != 0
+    if dtype.kind in "iu":
+        if values.dtype.kind in "iub":
+            info = np.iinfo(dtype)
+            return np.clip(values.astype(np.int64), info.min, info.max).astype(dtype)
+        info = np.iinfo(dtype)
+        v = np.rint(values.astype(np.float64))
+        v = np.nan_to_num(v, nan=0.0, posinf=info.max, neginf=info.min)
+        return np.clip(v, info.min, info.max).astype(dtype)
+    if values.dtype.kind in "iub" and dtype.itemsize < 4:
+        values = values.astype(np.float32)
+    return values.astype(dtype)
+
+
+def compute(values) -> np.ndarray:
+    """The float32 view an engine computes on (integers stay integers for bit ops)."""
+    values = np.asarray(values)
+    if values.dtype == np.float32:
+        return values
+    return values.astype(np.float32)
+
+
+def uninitialised(dtype) -> float | int:
+    """Value an uninitialised buffer holds in the simulator: NaN for floats, 4 for integers."""
+    return np.nan if is_float(dtype) else 4
+
+
+class _FloatLimits:
+    def __init__(self, min_bits: int, dtype):
+        self.dtype = dtype
+        self.min = float(np.array([min_bits], np.uint32 if dtype == float32 else np.uint16)
+                         .view(np.float32 if dtype == float32 else ml_dtypes.bfloat16)[0])
+
+
+fp32 = _FloatLimits(0xFF7FFFFF, float32)
+bfp16 = _FloatLimits(0xFF80, bfloat16)

@@ -1,0 +1,48 @@
+"""Errors the simulator raises where the NKI compiler or runtime would reject a kernel.
+
+Every error derives from :class:`NKIError` and from the builtin exception the real
+toolchain raises (or the one the spec suggests), and its message carries the key of the
+official error manual (``err_...``) so a user can look it up there.
+"""
+
+from __future__ import annotations
+
+
+class NKIError(Exception):
+    """Base class of every error raised by the simulator for a kernel the hardware rejects."""
+
+    key = "err_nki"
+
+    def __init__(self, message: str, key: str | None = None):
+        self.key = key or self.key
+        super().__init__(f"[{self.key}] {message}")
+
+
+class NKISyntaxError(NKIError, SyntaxError):
+    """Tile shapes the architecture cannot hold (e.g. more than 128 partitions)."""
+
+
+class NKIValueError(NKIError, ValueError):
+    """Shape, limit or convention violations."""
+
+
+class NKITypeError(NKIError, TypeError):
+    """Operand in the wrong memory, wrong operand types, control flow on index values."""
+
+
+class NKIIndexError(NKIError, IndexError):
+    """Out-of-bound or malformed tensor indexing."""
+
+
+class NKIRuntimeError(NKIError, RuntimeError):
+    """API used outside a kernel, nested gridded kernels, iterating an arange."""
+
+
+class NKIAssertionError(NKIError, AssertionError):
+    """Rank-1 SBUF/PSUM tensors ("Insufficient rank!")."""
+
+
+class CapacityError(NKIValueError):
+    """SBUF or PSUM over capacity for the target."""
+
+    key = "err_capacity_exceeded"

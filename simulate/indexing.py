@@ -1,0 +1,216 @@
+"""Index expressions, masks and loop iterators: ``nl.arange``, ``nl.mgrid``, ``nl.ds``,
+``mask=`` predicates and ``affine_range`` / ``sequential_range`` / ``static_range``.
+
+Loops run concretely, so loop variables are plain ints; an :class:`IndexExpr` holds the
+integer values of an affine expression of aranges as a small broadcastable NumPy array
+(``(128, 1)`` for a partition arange, ``(1, F)`` for a free one). Comparisons of index
+expressions give a :class:`Predicate`, a broadcastable boolean array.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .errors import NKIIndexError, NKIRuntimeError, NKITypeError, NKIValueError
+
+
+def _values(operand):
+    if isinstance(operand, IndexExpr):
+        return operand.values
+    if isinstance(operand, (int, np.integer)):
+        return int(operand)
+    raise NKIValueError(
+        f"index expressions are affine: {type(operand).__name__} operands are not supported",
+        "err_unsupported_expression_in_mask",
+    )
+
+
+class IndexExpr:
+    """An affine expression of aranges (and loop variables / program ids) with integer values."""
+
+    __slots__ = ("values", "is_1d")
+
+    def __init__(self, values: np.ndarray, is_1d: bool = False):
+        self.values = values
+        self.is_1d = is_1d  # a bare arange: must get a second axis before it indexes
+
+    @property
+    def shape(self):
+        return self.values.shape
+
+    def __getitem__(self, key):
+        return IndexExpr(self.values[key])
+
+    def __add__(self, other):
+        return IndexExpr(self.values + _values(other), self.is_1d)
+
+    __radd__ = __add__
+
+    def __sub__(self, other):
+        return IndexExpr(self.values - _values(other), self.is_1d)
+
+    def __rsub__(self, other):
+        return IndexExpr(_values(other) - self.values, self.is_1d)
+
+    def __mul__(self, other):
+        if isinstance(other, IndexExpr):
+            raise NKIValueError(
+                "the product of two index expressions is not affine",
+                "err_unsupported_expression_in_mask",
+            )
+        return IndexExpr(self.values * _values(other), self.is_1d)
+
+    __rmul__ = __mul__
+
+    def __neg__(self):
+        return IndexExpr(-self.values, self.is_1d)
+
+    def _not_affine(self, *_):
+        raise NKIValueError(
+            "'%' and '//' of index expressions are not affine",
+            "err_unsupported_expression_in_mask",
+        )
+
+    __mod__ = __rmod__ = __floordiv__ = __rfloordiv__ = __truediv__ = _not_affine
+
+    def _compare(self, other, fn):
+        return Predicate(fn(self.values, _values(other)))
+
+    def __lt__(self, other):
+        return self._compare(other, np.less)
+
+    def __le__(self, other):
+        return self._compare(other, np.less_equal)
+
+    def __gt__(self, other):
+        return self._compare(other, np.greater)
+
+    def __ge__(self, other):
+        return self._compare(other, np.greater_equal)
+
+    def __eq__(self, other):
+        return self._compare(other, np.equal)
+
+    def __ne__(self, other):
+        return self._compare(other, np.not_equal)
+
+    __hash__ = None
+
+    def __bool__(self):
+        raise NKITypeError(
+            "Python control flow cannot depend on an index expression",
+            "err_control_flow_condition_depending_on_arange",
+        )
+
+    def __iter__(self):
+        raise NKIRuntimeError(
+            "Only support multi-dimensional subscript to arange! "
+            "(an arange is an index, not a loop iterator: use nl.affine_range)",
+            "err_iterate_arange",
+        )
+
+    def __setitem__(self, key, value):
+        raise NKITypeError("index expressions are immutable", "err_cannot_assign_to_index")
+
+    def __repr__(self):
+        return f"IndexExpr(shape={self.values.shape})"
+
+
+class Predicate:
+    """A mask: comparisons of affine expressions combined with ``&``."""
+
+    __slots__ = ("values",)
+
+    def __init__(self, values: np.ndarray):
+        self.values = np.asarray(values, dtype=bool)
+
+    def __and__(self, other):
+        if isinstance(other, (bool, np.bool_)):
+            return Predicate(self.values & bool(other))
+        if not isinstance(other, Predicate):
+            raise NKIValueError("masks combine only with '&' of comparisons",
+                                "err_unsupported_expression_in_mask")
+        return Predicate(self.values & other.values)
+
+    __rand__ = __and__
+
+    def __bool__(self):
+        raise NKIValueError(
+            "the truth value of a mask is ambiguous: combine predicates with '&', not 'and'",
+            "err_ambiguous_tensor_truth_value",
+        )
+
+    def __repr__(self):
+        return f"Predicate(shape={self.values.shape}, true={int(self.values.sum())})"
+
+
+def arange(*args) -> IndexExpr:
+    """``nl.arange([start,] stop)``: a 1-D index range; give it a second axis before use
+    (``[:, None]`` for the partition axis, ``[None, :]`` for a free axis)."""
+    return IndexExpr(np.arange(*args, dtype=np.int64), is_1d=True)
+
+
+class _MGridResult(tuple):
+    """The result of ``nl.mgrid[...]``: unpackable, and with ``.p .x .y .z`` accessors."""
+
+    @property
+    def p(self):
+        return self[0]
+
+    @property
+    def x(self):
+        return self[1]
+
+    @property
+    def y(self):
+        return self[2]
+
+    @property
+    def z(self):
+        return self[3]
+
+
+class _MGrid:
+    """``nl.mgrid[0:a, 0:b, ...]``: open grids (broadcast like NumPy ``mgrid``)."""
+
+    def __getitem__(self, key):
+        key = key if isinstance(key, tuple) else (key,)
+        ndim = len(key)
+        axes = []
+        for axis, sl in enumerate(key):
+            if not isinstance(sl, slice) or (sl.step not in (None, 1) and isinstance(sl.step,
+                                                                                     complex)):
+                raise NKIIndexError("mgrid takes slices such as 0:128", "err_invalid_mgrid")
+            values = np.arange(sl.start or 0, sl.stop, sl.step or 1, dtype=np.int64)
+            shape = [1] * ndim
+            shape[axis] = values.size
+            axes.append(IndexExpr(values.reshape(shape)))
+        return _MGridResult(axes)
+
+
+mgrid = _MGrid()
+
+
+def ds(start, size) -> slice:
+    """``nl.ds(start, size)``: the slice ``start:start+size``."""
+    return slice(start, start + size)
+
+
+def mask_values(mask):
+    """Normalise a ``mask=`` argument: None, a Python bool (loop-variable-only predicate), or
+    a boolean array. Returns None (all true), False (skip) or a boolean array."""
+    if mask is None:
+        return None
+    if isinstance(mask, (bool, np.bool_)):
+        return None if mask else False
+    if isinstance(mask, Predicate):
+        values = mask.values
+        if values.all():
+            return None
+        if not values.any():
+            return False
+        return values
+    raise NKIValueError(
+        f"mask must be a predicate of index expressions, got {type(mask).__name__}",
+        "err_unsupported_expression_in_mask",
+    )

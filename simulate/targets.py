@@ -1,0 +1,65 @@
+"""Per-target hardware facts the simulator enforces: partitions, SBUF/PSUM capacity, tile limits.
+
+Numbers from ``hw_cost_facts.md`` §1b and ``nki_api_spec.md`` §2.3–2.4 (documented values).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .errors import NKIValueError
+
+PMAX = 128
+PSUM_BANK_BYTES = 2048
+PSUM_BANKS = 8
+
+
+@dataclass(frozen=True)
+class Target:
+    """What one NeuronCore of a given generation offers a kernel."""
+
+    name: str
+    nc_version: int  # 2 = NeuronCore-v2 (trn1/inf2), 3 = v3 (trn2), 4 = v4 (trn3)
+    sbuf_bytes_per_partition: int  # what the compiler lets a kernel allocate
+    psum_bytes_per_partition: int = PSUM_BANKS * PSUM_BANK_BYTES
+    partitions: int = PMAX
+
+
+TARGETS = {
+    "inf2": Target("inf2", 2, 180224),
+    "trn1": Target("trn1", 2, 180224),
+    "trn2": Target("trn2", 3, 212984),
+    "trn3": Target("trn3", 4, 245752),
+}
+DEFAULT_TARGET = "trn1"
+
+
+def get_target(name: str | Target | None) -> Target:
+    """Look a target up by name (``inf2``, ``trn1``, ``trn2``, ``trn3``)."""
+    if isinstance(name, Target):
+        return name
+    key = (name or DEFAULT_TARGET).lower()
+    if key not in TARGETS:
+        raise NKIValueError(
+            f"unknown platform target {name!r}; expected one of {', '.join(TARGETS)}",
+            "err_unknown_platform_target",
+        )
+    return TARGETS[key]
+
+
+class tile_size:  # noqa: N801 - the NKI name
+    """``nl.tile_size``: architectural tile limits (PM "Tile size considerations")."""
+
+    pmax = PMAX
+    psum_fmax = 512
+    gemm_stationary_fmax = 128
+    gemm_moving_fmax = 512
+    bn_stats_fmax = 512
+    psum_min_align = 4
+    sbuf_min_align = 1
+    total_available_sbuf_size = TARGETS[DEFAULT_TARGET].sbuf_bytes_per_partition
+
+
+# Largest free size one Vector/Scalar instruction may read (ARCH2 "Layout & Tile Size").
+MAX_FREE_ELEMENTS_SBUF = 65536
+MAX_FREE_ELEMENTS_PSUM = 4096
