@@ -1,1 +1,11 @@
-"""RMSNorm kernels for AWS Trainium (NKI), with NumPy launchers and references."""
+"""RMSNorm kernels for AWS Trainium (NKI), with NumPy launchers and references.
+
+``rms_norm``, ``rms_norm_fwd`` and ``rms_norm_bwd`` take and return NumPy arrays and run the
+NKI kernels (in the simulator unless the Neuron compiler is installed);
+:mod:`nki_rmsnorm.reference` has the same functions in float64 NumPy, and
+:mod:`nki_rmsnorm.torch` / :mod:`nki_rmsnorm.jax` the framework bindings.
+"""
+
+from nki_rmsnorm.ops import rms_norm, rms_norm_bwd, rms_norm_fwd
+
+__all__ = ["rms_norm", "rms_norm_bwd", "rms_norm_fwd"]

@@ -11,17 +11,27 @@ import importlib.util
 import sys
 
 from . import compiler, isa, language, typing
-from .errors import CapacityError, NKIError
-from .runtime import Kernel, baremetal, benchmark, jit, simulate_kernel, trace_kernel
+from .errors import CapacityError, CapacityWarning, NKIError
+from .profiler import Profile, profile
+from .runtime import (
+    Kernel,
+    baremetal,
+    benchmark,
+    jit,
+    last_trace,
+    simulate_kernel,
+    trace_kernel,
+)
 from .targets import TARGETS, get_target
 from .trace import Instruction, Trace
 
 tensor = language.Tensor
 
 __all__ = [
-    "CapacityError", "Instruction", "Kernel", "NKIError", "TARGETS", "Trace", "baremetal",
-    "benchmark", "compiler", "get_target", "install", "isa", "jit", "language",
-    "simulate_kernel", "trace_kernel", "typing",
+    "CapacityError", "CapacityWarning", "Instruction", "Kernel", "NKIError", "Profile",
+    "TARGETS", "Trace", "baremetal", "benchmark", "compiler", "get_target", "install", "isa",
+    "jit", "language", "last_trace", "profile", "real_nki_available", "simulate_kernel",
+    "trace_kernel", "typing",
 ]
 
 _ALIASES = {

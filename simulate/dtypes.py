@@ -31,10 +31,15 @@ SUPPORTED = (
     float32, float16, bfloat16, tfloat32, float8_e4m3, float8_e5m2,
     int8, int16, int32, uint8, uint16, uint32, bool_,
 )
-_FLOAT_BITS = {  # (total significant bits used to rank floats, exponent bits)
-    "float8_e5m2": 3, "float8_e4m3": 4, "bfloat16": 8, "float16": 11, "tfloat32": 11,
-    "float32": 24,
+# (exponent bits, mantissa bits): a float type holds another when it has at least as many of
+# both; NKI widens to the smallest of these that holds both when neither holds the other
+_FLOAT_FORMAT = {
+    "float8_e4m3": (4, 3), "float8_e5m2": (5, 2), "bfloat16": (8, 7), "float16": (5, 10),
+    "tfloat32": (8, 10), "float32": (8, 23),
 }
+_WIDENED_FLOATS = ("bfloat16", "float32")
+_BY_NAME = {}
+_CANONICAL = {}
 
 
 def is_tf32(dtype) -> bool:
@@ -53,37 +58,56 @@ def name(dtype) -> str:
 
 def as_dtype(dtype, argname: str = "dtype") -> np.dtype:
     """Normalise an NKI or NumPy dtype spelling; reject dtypes the hardware lacks."""
-    if isinstance(dtype, np.dtype) and is_tf32(dtype):
-        return tfloat32
+    if isinstance(dtype, np.dtype):
+        if dtype.metadata is not None and is_tf32(dtype):
+            return tfloat32
+        found = _CANONICAL.get(dtype)
+        if found is not None:
+            return found
     try:
         dt = np.dtype(dtype)
     except TypeError as exc:
         raise NKITypeError(f"{argname}={dtype!r} is not a dtype", "err_unsupported_dtype") from exc
-    for supported in SUPPORTED:
-        if dt == supported and not is_tf32(supported):
-            return supported
-    raise NKITypeError(
-        f"{argname}={dt} is not supported by NeuronCores; expected one of "
-        + ", ".join(name(d) for d in SUPPORTED),
-        "err_unsupported_dtype",
-    )
+    found = _CANONICAL.get(dt)
+    if found is None:
+        raise NKITypeError(
+            f"{argname}={dt} is not supported by NeuronCores; expected one of "
+            + ", ".join(name(d) for d in SUPPORTED),
+            "err_unsupported_dtype",
+        )
+    return found
+
+
+for _d in SUPPORTED:
+    if not is_tf32(_d):
+        _CANONICAL[_d] = _d
+    _BY_NAME["tfloat32" if is_tf32(_d) else _d.name] = _d
+_FLOATS = frozenset((float32, float16, bfloat16, float8_e4m3, float8_e5m2))
 
 
 def is_float(dtype) -> bool:
-    return as_dtype(dtype).kind in "fV" or as_dtype(dtype) in (bfloat16, float8_e4m3, float8_e5m2)
+    return as_dtype(dtype) in _FLOATS
 
 
 def is_int(dtype) -> bool:
     return as_dtype(dtype).kind in "iub"
 
 
+def _holds(outer: str, inner: str) -> bool:
+    (e1, m1), (e2, m2) = _FLOAT_FORMAT[outer], _FLOAT_FORMAT[inner]
+    return e1 >= e2 and m1 >= m2
+
+
 def _promote_float(a: np.dtype, b: np.dtype) -> np.dtype:
     na, nb = name(a), name(b)
-    if {na, nb} == {"float16", "bfloat16"}:
-        return float32
-    if {na, nb} == {"float8_e4m3", "float8_e5m2"}:
-        return bfloat16
-    return a if _FLOAT_BITS[na] >= _FLOAT_BITS[nb] else b
+    if _holds(na, nb):
+        return a
+    if _holds(nb, na):
+        return b
+    for wide in _WIDENED_FLOATS:  # fp16+bf16 -> fp32, fp8_e4m3+fp8_e5m2 -> bf16
+        if _holds(wide, na) and _holds(wide, nb):
+            return _BY_NAME[wide]
+    return float32
 
 
 def _promote_int(a: np.dtype, b: np.dtype) -> np.dtype:
@@ -103,9 +127,9 @@ def _promote_int(a: np.dtype, b: np.dtype) -> np.dtype:
 def promote(a, b) -> np.dtype:
     """NKI type promotion of two dtypes (SHARED "NKI Type Promotion"; not NumPy's rules)."""
     a, b = as_dtype(a), as_dtype(b)
-    if a == b and is_tf32(a) == is_tf32(b):
+    if a is b:
         return a
-    fa, fb = is_float(a), is_float(b)
+    fa, fb = is_float(a) or is_tf32(a), is_float(b) or is_tf32(b)
     if fa and fb:
         return _promote_float(a, b)
     if fa:
@@ -116,14 +140,19 @@ def promote(a, b) -> np.dtype:
 
 
 def weak_scalar_dtype(value) -> np.dtype:
-    """Dtype of a Python scalar in promotion: bool->uint8, int->int32, float->fp32."""
+    """Dtype of a scalar operand in promotion. Weakly typed scalars take the widest type the
+    hardware has: bool->uint8, int->int32, float->fp32; 64-bit NumPy scalars (what NumPy
+    arithmetic on Python numbers yields, e.g. ``1 / np.sqrt(n)``) count as weak too. Other
+    NumPy scalars (``np.float16(2)``) keep their type."""
     if isinstance(value, (bool, np.bool_)):
         return uint8
-    if isinstance(value, (int, np.integer)) and not isinstance(value, np.generic):
+    if isinstance(value, np.generic) and value.dtype.itemsize < 8:
+        return as_dtype(value.dtype, "scalar")
+    if isinstance(value, (int, np.integer)):
         return int32
-    if isinstance(value, np.generic):
-        return as_dtype(value.dtype)
-    return float32
+    if isinstance(value, (float, np.floating)):
+        return float32
+    raise NKITypeError(f"{value!r} is not a number", "err_unsupported_dtype")
 
 
 def _round_tf32(values: np.ndarray) -> np.ndarray:
@@ -157,9 +186,12 @@ def cast(values, dtype) -> np.ndarray:
         v = np.rint(values.astype(np.float64))
         v = np.nan_to_num(v, nan=0.0, posinf=info.max, neginf=info.min)
         return np.clip(v, info.min, info.max).astype(dtype)
-    if values.dtype.kind in "iub" and dtype.itemsize < 4:
+    if (values.dtype.kind in "iubV" and dtype.itemsize < 4) or values.dtype.kind == "V":
+        # through float32, which holds every integer up to 2**24 and every bf16 / fp8 value
+        # exactly, so this adds no second rounding
         values = values.astype(np.float32)
-    return values.astype(dtype)
+    with np.errstate(over="ignore", invalid="ignore"):  # overflow gives inf, as on the engines
+        return values.astype(dtype)
 
 
 def compute(values) -> np.ndarray:

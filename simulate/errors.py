@@ -38,6 +38,10 @@ class NKIRuntimeError(NKIError, RuntimeError):
     """API used outside a kernel, nested gridded kernels, iterating an arange."""
 
 
+class NKIControlFlowError(NKIError, TypeError, ValueError):
+    """Python control flow on an index expression or mask (``if i_p < n:``, ``and``)."""
+
+
 class NKIAssertionError(NKIError, AssertionError):
     """Rank-1 SBUF/PSUM tensors ("Insufficient rank!")."""
 
@@ -46,3 +50,8 @@ class CapacityError(NKIValueError):
     """SBUF or PSUM over capacity for the target."""
 
     key = "err_capacity_exceeded"
+
+
+class CapacityWarning(UserWarning):
+    """Live SBUF or PSUM tiles together exceed the target's capacity (the compiler would
+    spill); the run continues and the trace records the peak."""

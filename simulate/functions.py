@@ -82,7 +82,11 @@ UNARY = {
     "softplus": _softplus, "mish": lambda x: x * np.tanh(_softplus(x)),
     "logical_not": lambda x: (x == 0).astype(np.float32),
 }
-ACTIVATIONS = frozenset(UNARY) - {"negative", "trunc", "floor", "ceil", "logical_not"}
+# what nisa.activation accepts (SHARED "Supported Activation Functions" plus the reciprocal
+# and abs the ISA docs list); nl.* routes these and cos/tan to the Scalar engine
+ACTIVATIONS = frozenset(UNARY) - {"negative", "trunc", "floor", "ceil", "logical_not", "cos",
+                                  "tan"}
+TRANSCENDENTAL = ACTIVATIONS | {"cos", "tan"}
 
 BINARY = {
     "add": np.add, "subtract": np.subtract, "multiply": np.multiply, "divide": np.divide,
@@ -103,7 +107,8 @@ REDUCIBLE = frozenset({"add", "subtract", "multiply", "maximum", "minimum", "bit
                        "bitwise_or", "bitwise_xor", "logical_and", "logical_or", "logical_xor"})
 _REDUCERS = {"add": np.sum, "multiply": np.prod, "maximum": np.max, "minimum": np.min,
              "bitwise_and": np.bitwise_and.reduce, "bitwise_or": np.bitwise_or.reduce,
-             "bitwise_xor": np.bitwise_xor.reduce, "logical_and": np.all, "logical_or": np.any}
+             "bitwise_xor": np.bitwise_xor.reduce, "logical_and": np.all, "logical_or": np.any,
+             "logical_xor": lambda v, axis: np.logical_xor.reduce(v != 0, axis=axis)}
 
 _UFUNC_NAMES = {
     np.add: "add", np.subtract: "subtract", np.multiply: "multiply", np.divide: "divide",
@@ -138,17 +143,24 @@ class OpSpec:
     def is_activation(self) -> bool:
         return self.name in ACTIVATIONS
 
-    def apply(self, *operands):
-        if self.name in UNARY and len(operands) >= 1 and self.name not in BINARY:
-            with np.errstate(all="ignore"):
-                return np.asarray(UNARY[self.name](operands[0]))
-        fn = BINARY.get(self.name) or BITVEC[self.name]
+    def apply(self, *operands, out=None):
+        """The op on NumPy operands. With ``out`` (a float32 work array the caller owns) a
+        NumPy ufunc computes in float32 into it; the result may still be a new array."""
+        if self.name in UNARY and self.name not in BINARY:
+            fn, operands = UNARY[self.name], operands[:1]
+        else:
+            fn = BINARY.get(self.name) or BITVEC[self.name]
         with np.errstate(all="ignore"):
+            if out is not None and isinstance(fn, np.ufunc) and fn.nout == 1 and (
+                    self.name not in COMPARISONS):
+                return fn(*operands, out=out, dtype=np.float32, casting="unsafe")
             return np.asarray(fn(*operands))
 
     def reduce(self, values, axis):
         if self.name not in _REDUCERS:
-            raise ValueError(self.name)
+            from .errors import NKIValueError
+
+            raise NKIValueError(f"{self.name} cannot reduce", "err_unsupported_reduce_op")
         with np.errstate(all="ignore"):
             return _REDUCERS[self.name](values, axis=axis)
 

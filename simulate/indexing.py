@@ -11,7 +11,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from .errors import NKIIndexError, NKIRuntimeError, NKITypeError, NKIValueError
+from .errors import (
+    NKIControlFlowError,
+    NKIIndexError,
+    NKIRuntimeError,
+    NKITypeError,
+    NKIValueError,
+)
 
 
 def _values(operand):
@@ -135,10 +141,22 @@ class Predicate:
     __rand__ = __and__
 
     def __bool__(self):
-        raise NKIValueError(
-            "the truth value of a mask is ambiguous: combine predicates with '&', not 'and'",
-            "err_ambiguous_tensor_truth_value",
+        raise NKIControlFlowError(
+            "a comparison of index expressions is a mask, not a Python bool: it cannot drive "
+            "'if'/'while', and predicates combine with '&', not 'and' "
+            "(err_ambiguous_tensor_truth_value)",
+            "err_control_flow_condition_depending_on_arange",
         )
+
+    def __or__(self, other):
+        raise NKIValueError("masks combine only with '&' (a conjunction of comparisons)",
+                            "err_unsupported_expression_in_mask")
+
+    __ror__ = __or__
+
+    def __invert__(self):
+        raise NKIValueError("masks cannot be negated: flip the comparison instead",
+                            "err_unsupported_expression_in_mask")
 
     def __repr__(self):
         return f"Predicate(shape={self.values.shape}, true={int(self.values.sum())})"
@@ -197,8 +215,9 @@ def ds(start, size) -> slice:
 
 
 def mask_values(mask):
-    """Normalise a ``mask=`` argument: None, a Python bool (loop-variable-only predicate), or
-    a boolean array. Returns None (all true), False (skip) or a boolean array."""
+    """Normalise a ``mask=`` argument: None (every point), False (no point: skip the
+    instruction; a predicate of loop variables only is a Python bool under concrete
+    execution) or a compact boolean array."""
     if mask is None:
         return None
     if isinstance(mask, (bool, np.bool_)):
@@ -214,3 +233,51 @@ def mask_values(mask):
         f"mask must be a predicate of index expressions, got {type(mask).__name__}",
         "err_unsupported_expression_in_mask",
     )
+
+
+def compact(mask: np.ndarray) -> np.ndarray:
+    """The smallest array that broadcasts back to ``mask`` (broadcast axes become size 1)."""
+    if mask.ndim and 0 in mask.strides:
+        mask = mask[tuple(slice(0, 1) if s == 0 else slice(None)
+                          for s in mask.strides)]
+    return mask
+
+
+def align_mask(mask, shape) -> np.ndarray:
+    """A mask made broadcastable to ``shape`` with partition-aligned rules: a lower-rank mask
+    is padded with size-1 axes on the right (axis 0 stays the partition axis), surplus
+    size-1 axes are dropped. Returns a compact boolean array."""
+    mask = compact(np.asarray(mask, dtype=bool))
+    rank = len(shape)
+    if mask.ndim < rank:
+        mask = mask.reshape(mask.shape + (1,) * (rank - mask.ndim))
+    elif mask.ndim > rank:
+        kept = [n for n in mask.shape if n != 1]
+        if len(kept) > rank:
+            raise NKIValueError(f"mask of shape {mask.shape} does not fit the instruction's "
+                                f"shape {tuple(shape)}", "err_mask_shape")
+        mask = mask.reshape((1,) * (rank - len(kept)) + tuple(kept))
+    for n, size in zip(mask.shape, shape):
+        if n != 1 and n != size:
+            raise NKIValueError(f"mask of shape {mask.shape} does not fit the instruction's "
+                                f"shape {tuple(shape)}", "err_mask_shape")
+    return mask
+
+
+def mask_box(mask: np.ndarray, shape):
+    """Slices selecting exactly the true points of an aligned compact ``mask`` when they form
+    a box (the usual ``i * 128 + i_p < n`` mask); None otherwise. Axes the mask does not
+    restrict get ``slice(None)``."""
+    box = []
+    for axis, n in enumerate(mask.shape):
+        if n == 1:
+            box.append(slice(None))
+            continue
+        others = tuple(a for a in range(mask.ndim) if a != axis)
+        hits = np.flatnonzero(mask.any(axis=others) if others else mask)
+        if hits.size == 0:
+            return None
+        box.append(slice(int(hits[0]), int(hits[-1]) + 1))
+    if not mask[tuple(box)].all():
+        return None
+    return tuple(box)

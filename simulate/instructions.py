@@ -6,23 +6,29 @@ results under masks, and appending the instruction to the trace.
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 
 from . import dtypes as dt
 from .errors import NKITypeError, NKIValueError
-from .indexing import mask_values
+from .indexing import align_mask, mask_box, mask_values
 from .memory import Storage
-from .runtime import current, record_write
-from .targets import MAX_FREE_ELEMENTS_PSUM, MAX_FREE_ELEMENTS_SBUF
-from .tensor import Access, Tensor, _check_partitions, check_tile_shape
+from .runtime import check_writable, current, record_write
+from .targets import MAX_FREE_ELEMENTS_PSUM, MAX_FREE_ELEMENTS_SBUF, PSUM_BANK_BYTES
+from .tensor import Access, Tensor, _check_partitions, check_tile_shape, par_dim
 
 
 class Operand:
-    """A tile operand read by an instruction: values in the storage dtype plus provenance."""
+    """A tile operand read by an instruction: values in the storage dtype plus provenance.
 
-    __slots__ = ("values", "dtype", "memory", "region", "shape", "source")
+    ``mask`` marks the points that were read (None: all of them); it is set when an
+    operand mask (``tile[...][mask]``) or the instruction's mask restricted the read.
+    """
 
-    def __init__(self, values, dtype, memory, region, source):
+    __slots__ = ("values", "dtype", "memory", "region", "shape", "source", "mask")
+
+    def __init__(self, values, dtype, memory, region, source, mask=None):
         if values.ndim == 1:  # a (P,) reduction result acts as (P, 1)
             values = values[:, None]
         self.values = values
@@ -31,6 +37,15 @@ class Operand:
         self.region = region
         self.shape = values.shape
         self.source = source
+        self.mask = mask
+
+    @classmethod
+    def reference(cls, region, dtype):
+        """A read of ``region`` whose values the instruction does not need (DMA sources)."""
+        op = cls.__new__(cls)
+        op.values, op.dtype, op.memory, op.region = None, dtype, region.memory, region
+        op.shape, op.source, op.mask = (), None, None
+        return op
 
     @property
     def partitions(self) -> int:
@@ -44,122 +59,214 @@ class Operand:
         return dt.compute(self.values)
 
 
+_SCRATCH: dict[tuple, np.ndarray] = {}
+
+
+def _scratch(shape) -> np.ndarray:
+    """A float32 work array of ``shape`` reused from instruction to instruction (fresh large
+    arrays cost page faults on every instruction). Never the storage of a tile."""
+    buf = _SCRATCH.get(shape)
+    if buf is None:
+        if len(_SCRATCH) >= 8:
+            _SCRATCH.clear()
+        buf = _SCRATCH[shape] = np.empty(shape, np.float32)
+    return buf
+
+
+def is_scratch(values) -> bool:
+    buf = _SCRATCH.get(np.shape(values))
+    return buf is not None and values is buf
+
+
+def work_f32(op: Operand, out_dtype) -> np.ndarray:
+    """A float32 copy of ``op``'s values that the instruction may compute in place: a fresh
+    array when the result is float32 (it becomes the output tile), a reused scratch array
+    otherwise (the result is rounded into a new tile of ``out_dtype``)."""
+    if dt.name(out_dtype) in ("float32", "tfloat32") or op.values.size < 4096:
+        return np.array(op.values, dtype=np.float32, copy=True)
+    buf = _scratch(op.values.shape)
+    np.copyto(buf, op.values, casting="unsafe")
+    return buf
+
+
 def is_tile(value) -> bool:
     return isinstance(value, (Tensor, Access))
 
 
-def tile_operand(value, argname: str, api: str, mask=None, allow_psum=True) -> Operand:
-    """Read an SBUF/PSUM tile argument of a compute instruction."""
+def _fits(mask, shape) -> bool:
+    try:
+        align_mask(mask, shape)
+    except NKIValueError:
+        return False
+    return True
+
+
+def tile_operand(value, argname: str, api: str, mask=None, allow_psum=True,
+                 operand_mask=False) -> Operand:
+    """Read an SBUF/PSUM tile argument of a compute instruction.
+
+    ``mask`` (a compact boolean array) restricts the read when it fits the operand's shape,
+    so masked-off points of an access are never dereferenced. Operand masks
+    (``tile[...][mask]``) are accepted only where the API supports them (matmul).
+    """
     if not is_tile(value):
         raise NKITypeError(f"`{argname}` of {api} must be a tile, got {type(value).__name__}",
                            "err_failed_to_infer_tile_from_local_tensor")
     if not value.on_chip:
         raise NKITypeError(
-            f"Expected operand '{argname}' of '{api}' to be in address space 'sbuf' or 'psum', "
-            f"but got a tensor in 'hbm' (`{value.name}`): load it with nl.load first",
+            f"Expected operand '{argname}' of '{api}' to be in address space 'psum|sbuf', but "
+            f"got a tensor in 'hbm' (`{value.name}`) instead: load it with nl.load first",
             "err_unsupported_memory")
     if value.storage.memory == "psum" and not allow_psum:
-        raise NKITypeError(f"operand '{argname}' of '{api}' cannot be in PSUM",
-                           "err_unsupported_memory")
+        raise NKITypeError(
+            f"Expected operand '{argname}' of '{api}' to be in address space 'sbuf', but got a "
+            "tile in 'psum' instead", "err_unsupported_memory")
     if isinstance(value, Access):
-        values, _ = value.read(mask if isinstance(mask, np.ndarray) else None)
-        region = value.region()
-    else:
-        if value.par_axis != 0:
-            raise NKITypeError(
-                f"operand '{argname}' of '{api}' has block dimensions before its partition "
-                "dimension: index them away first (t[i])",
-                "err_failed_to_infer_tile_from_local_tensor")
-        values, region = value.data, value.region()
-    return Operand(values, value.dtype, value.storage.memory, region, value)
+        if value.operand_mask is not None and not operand_mask:
+            raise NKIValueError(
+                f"`{argname}` of {api} is operand-masked (tile[...][mask]); only the matmul "
+                "APIs accept operand masks: pass mask= instead", "err_unsupported_operand_mask")
+        read_mask = mask if isinstance(mask, np.ndarray) and _fits(mask, value.shape) else None
+        values, valid = value.read(read_mask)
+        return Operand(values, value.dtype, value.storage.memory, value.region(read_mask),
+                       value, valid)
+    if value.par_axis != 0:
+        raise NKITypeError(
+            f"Failed to infer tile from tensor `{value.name}`: operand '{argname}' of '{api}' "
+            "has block dimensions before its partition dimension; index them away first "
+            "(t[i])", "err_failed_to_infer_tile_from_local_tensor")
+    return Operand(value.data, value.dtype, value.storage.memory, value.region(), value)
 
 
-def scalar_or_tile(value, argname, api, partitions=None) -> tuple[object, Operand | None]:
-    """A Python scalar, or a per-partition ``(P, 1)`` tile broadcast along the free axes."""
+def scalar_or_tile(value, argname, api, partitions=None, key="err_scalar_or_vector",
+                   ) -> tuple[object, Operand | None]:
+    """A Python scalar, or a per-partition ``(P, 1)`` tile broadcast along the free axes.
+    Returns (float32 scalar or (P, 1) float32 array, the tile operand or None)."""
     if is_tile(value):
         op = tile_operand(value, argname, api)
         if op.free_size != 1:
             raise NKIValueError(
                 f"`{argname}` of {api} must be a scalar or a (P, 1) per-partition tile, got shape "
-                f"{op.shape}", "err_scalar_or_vector")
+                f"{op.shape}", key)
         if partitions is not None and op.partitions != partitions:
             raise NKIValueError(
                 f"`{argname}` of {api} has {op.partitions} partitions, the data has {partitions}",
                 "err_num_partition_mismatch")
         return op.f32().reshape(op.partitions, 1), op
     if isinstance(value, (int, float, np.number, bool, np.bool_)):
-        return np.float32(value) if not isinstance(value, (bool, np.bool_)) else np.float32(
-            bool(value)), None
+        return np.float32(value), None
     raise NKITypeError(f"`{argname}` of {api} must be a scalar or a tile, got "
-                       f"{type(value).__name__}", "err_scalar_or_vector")
+                       f"{type(value).__name__}", key)
 
 
 def allocate(shape, dtype, buffer: str = "sbuf", name: str = "", fill=None) -> Tensor:
-    """Allocate a tensor in SBUF, PSUM or (private/shared) HBM within the running kernel."""
+    """Allocate a tensor in SBUF, PSUM or (private/shared) HBM within the running kernel.
+
+    ``fill`` is a value to fill with, or an owned C-contiguous array of ``shape`` that
+    becomes the backing store as it is.
+    """
     ctx = current("allocation")
     dtype = dt.as_dtype(dtype)
-    shape, par_axis = _shape_and_par_axis(shape)
+    shape, par_axis = shape_and_par_axis(shape)
     if buffer in ("sbuf", "psum"):
         check_tile_shape(shape[par_axis:], f"tile `{name or 'tile'}` of shape {shape}")
         per_partition = int(np.prod(shape[:par_axis] + shape[par_axis + 1:])) * dtype.itemsize
         storage = Storage(buffer, buffer, name)
-        if buffer == "psum" and per_partition > 2048:
+        if buffer == "psum" and per_partition > PSUM_BANK_BYTES:
             raise NKIValueError(
                 f"PSUM tile `{name or 'tile'}` of shape {shape} needs {per_partition} bytes per "
-                "partition; one PSUM tile holds at most 2 KiB per partition (psum_fmax = 512 "
-                "fp32)", "err_size_of_dimension_exceed_arch_limit")
+                f"partition; one PSUM tile holds at most {PSUM_BANK_BYTES} bytes per partition "
+                "(one bank: psum_fmax = 512 fp32)", "err_size_of_dimension_exceed_arch_limit")
         (ctx.sbuf if buffer == "sbuf" else ctx.psum).allocate(
             storage, per_partition, f"tile `{name or 'tile'}` of shape {shape} "
                                     f"{dt.name(dtype)}")
     else:
         storage = Storage("hbm", buffer, name)
-    if fill is None:
-        data = np.empty(shape, dtype=dtype)
+    if isinstance(fill, np.ndarray) and fill.shape == shape:
+        data = fill
     else:
-        data = np.full(shape, fill, dtype=dtype) if not isinstance(fill, np.ndarray) else fill
+        data = np.empty(shape, dtype=dtype)
+        if fill is not None:
+            _fill(data, fill)
+    storage.par_axis = par_axis
+    storage.array = data
     return Tensor(data, dtype, storage, par_axis=par_axis, loops=tuple(ctx.loops))
 
 
-def _shape_and_par_axis(shape):
-    from .tensor import par_dim
+def _fill(data: np.ndarray, value) -> None:
+    """``data[...] = value``, through an integer view of the bits (NumPy's generic fill of
+    ml_dtypes arrays is slow, and an uninitialised output can be large)."""
+    bits = np.asarray(value).astype(data.dtype)
+    if data.dtype.kind == "V" or data.dtype.itemsize < 4:
+        unsigned = np.dtype(f"u{data.dtype.itemsize}")
+        data.view(unsigned).fill(bits.view(unsigned))
+    else:
+        data.fill(bits)
 
+
+def shape_and_par_axis(shape):
+    """A shape as ints plus the index of its ``nl.par_dim`` axis (0 when unmarked)."""
     shape = tuple(shape) if isinstance(shape, (tuple, list)) else (shape,)
     par_axis = next((i for i, s in enumerate(shape) if isinstance(s, par_dim)), 0)
     return tuple(int(s) for s in shape), par_axis
 
 
-def result_tile(values: np.ndarray, dtype, mask, buffer="sbuf", name="") -> Tensor:
-    """A fresh result tile holding ``values`` (fp32 or any) cast to ``dtype``; masked-off
-    points are uninitialised (the NaN / 4 sentinel)."""
-    if values.ndim == 1:
-        values = values[:, None]
+def fill_masked_off(data: np.ndarray, mask, value) -> None:
+    """Set the points of ``data`` where the (aligned, compact) ``mask`` is false."""
+    box = mask_box(mask, data.shape)
+    if box is None:
+        data[~np.broadcast_to(mask, data.shape)] = value
+        return
+    for axis, sl in enumerate(box):  # the complement of a box is a union of slabs
+        if sl.start is None:
+            continue
+        before = (slice(None),) * axis
+        data[before + (slice(0, sl.start),)] = value
+        data[before + (slice(sl.stop, None),)] = value
+
+
+def result_tile(values: np.ndarray, dtype, mask, buffer="sbuf", name="", owned=False) -> Tensor:
+    """A fresh result tile holding ``values`` (fp32 or any) rounded to ``dtype``; masked-off
+    points are uninitialised (the NaN / 4 sentinel). ``owned`` says ``values`` is a
+    temporary the tile may keep as its storage."""
+    values = np.asarray(values)
+    if values.ndim < 2:
+        values = values.reshape(values.shape + (1,) * (2 - values.ndim))
     _check_partitions(values.shape[0], f"result of shape {values.shape}")
-    tile = allocate(values.shape, dtype, buffer, name)
-    if mask is None:
-        tile.data[...] = dt.cast(values, dtype)
-    else:
-        mask = np.broadcast_to(mask, values.shape)
-        tile.data[...] = dt.uninitialised(dtype)
-        tile.data[mask] = dt.cast(values[mask], dtype)
-    return tile
+    data = dt.cast(values, dtype)
+    if (data is values and not owned) or not data.flags.c_contiguous or data.base is not None:
+        data = np.array(data, order="C", copy=True)
+    if mask is not None:
+        fill_masked_off(data, align_mask(mask, data.shape), dt.uninitialised(dtype))
+    return allocate(data.shape, dtype, buffer, name, fill=data)
 
 
 def emit(engine: str, opcode: str, *, inputs=(), outputs=(), partitions: int, free_size: int,
          out_dtype, details=None, dma=None):
     """Append one instruction to the trace of the running kernel."""
     ctx = current(opcode)
-    reads = tuple(op.region for op in inputs if op is not None)
-    writes = tuple(outputs)
+    reads = tuple(op.region for op in inputs if op is not None and op.region is not None)
     fields = dict(
         engine=engine, opcode=opcode, partitions=int(partitions), free_size=int(free_size),
         in_dtypes=tuple(dt.name(op.dtype) for op in inputs if op is not None),
         out_dtype=dt.name(out_dtype) if out_dtype is not None else "",
-        reads=reads, writes=writes, loops=ctx.loops_key(), program=ctx.program_id,
+        reads=reads, writes=tuple(outputs), loops=ctx.loops_key(), program=ctx.program_id,
         details=details or {},
     )
     if dma is not None:
         fields.update(dma)
+    else:  # the cost model halves the access rate of strided operands
+        fields["details"].setdefault("max_stride_bytes", max(
+            (_innermost_stride(op) for op in inputs if op is not None), default=0))
     return ctx.trace.add(**fields)
+
+
+def _innermost_stride(op) -> int:
+    """Bytes between consecutive elements of an operand's innermost axis (0 if one element)."""
+    values = getattr(op, "values", None)
+    if not isinstance(values, np.ndarray) or values.ndim < 2 or values.shape[-1] < 2:
+        return 0
+    return abs(values.strides[-1])
 
 
 def check_free_size(op: Operand, api: str) -> None:
@@ -173,74 +280,122 @@ def check_free_size(op: Operand, api: str) -> None:
             "err_size_of_dimension_exceed_arch_limit")
 
 
-def finish(ctx_tile: Tensor, instruction, mask, fp32_values) -> Tensor:
+def finish(tile: Tensor, instruction, mask, fp32_values) -> Tensor:
     """Mark ``tile`` as the fresh result of ``instruction`` so that assigning it into another
-    tile retargets the instruction instead of adding a copy."""
-    ctx_tile.fresh = (instruction, mask, fp32_values)
-    return ctx_tile
+    tile retargets the instruction instead of adding a copy. Only the latest instruction's
+    result is fresh: the previous one forgets its fp32 values."""
+    ctx = current("instruction")
+    previous = ctx.fresh_tile() if ctx.fresh_tile is not None else None
+    if previous is not None:
+        previous.fresh = None
+    tile.fresh = (instruction, mask, fp32_values)
+    ctx.fresh_tile = weakref.ref(tile)
+    return tile
+
+
+def extent(mask, shape) -> tuple[int, int]:
+    """(partitions, elements per partition) an instruction over ``shape`` runs on once the
+    compiler has shrunk it to its ``mask``."""
+    shape = tuple(shape) if len(shape) else (1,)
+    partitions, free = shape[0], int(np.prod(shape[1:]))
+    if mask is None or mask is False:
+        return partitions, free
+    m = align_mask(mask, shape)
+    box = mask_box(m, shape)
+    if box is not None:
+        sizes = [len(range(*b.indices(n))) for b, n in zip(box, shape)]
+        return sizes[0], int(np.prod(sizes[1:]))
+    full = np.broadcast_to(m, shape).reshape(partitions, -1)
+    return int(full.any(axis=1).sum()), int(full.sum(axis=1).max())
 
 
 def compute_result(engine, opcode, values, dtype, mask, inputs, *, partitions=None,
-                   free_size=None, details=None, buffer="sbuf") -> Tensor:
-    """Common tail of a compute instruction producing a new tile."""
-    tile = result_tile(values, dtype, mask, buffer)
-    inst = emit(engine, opcode, inputs=inputs, outputs=[tile.region()],
-                partitions=partitions if partitions is not None else tile.shape[0],
-                free_size=free_size if free_size is not None else
-                int(np.prod(tile.shape[1:])), out_dtype=dtype, details=details)
+                   free_size=None, details=None, buffer="sbuf", extra_writes=()) -> Tensor:
+    """Common tail of a compute instruction producing a new tile from its fp32 ``values``
+    (``extra_writes``: regions it also writes, e.g. a ``reduce_res``)."""
+    values = np.asarray(values)
+    # a temporary the instruction computed (not an operand's own array) can become the tile
+    owned = (values.base is None and not is_scratch(values)
+             and all(op is None or op.values is not values for op in inputs))
+    tile = result_tile(values, dtype, mask, buffer, owned=owned)
+    active_partitions, active_free = extent(mask, tile.shape)
+    inst = emit(engine, opcode, inputs=inputs, outputs=[tile.region(mask), *extra_writes],
+                partitions=active_partitions if partitions is None else partitions,
+                free_size=active_free if free_size is None else free_size,
+                out_dtype=dtype, details=details)
     return finish(tile, inst, mask, values)
 
 
-def resolve_mask(mask, shape):
-    """A ``mask=`` argument as None (all), False (nothing) or a bool array of ``shape``."""
+def resolve_mask(mask, shape=None):
+    """A ``mask=`` argument as None (every point), False (no point) or a compact boolean
+    array (aligned to ``shape`` when given)."""
     values = mask_values(mask)
-    if values is None or values is False:
+    if values is None or values is False or shape is None:
         return values
-    try:
-        return np.broadcast_to(values, shape)
-    except ValueError as exc:
-        raise NKIValueError(f"mask of shape {values.shape} does not fit the instruction's "
-                            f"shape {shape}", "err_mask_shape") from exc
+    return align_mask(values, shape)
+
+
+def fit_values(values: np.ndarray, shape, name: str) -> np.ndarray:
+    """``values`` reshaped so that it broadcasts to ``shape`` (the destination of a write):
+    partition-aligned (a lower rank is padded on the right), or the same elements with
+    size-1 axes added or dropped, or NumPy broadcasting. A destination smaller than the
+    value is an error."""
+    shape = tuple(shape)
+    if values.shape == shape:
+        return values
+    candidates = []
+    if values.ndim < len(shape):
+        candidates.append(values.reshape(values.shape + (1,) * (len(shape) - values.ndim)))
+    if values.size == int(np.prod(shape)) and (
+            [n for n in values.shape if n != 1] == [n for n in shape if n != 1]
+            or (values.ndim and shape and values.shape[0] == shape[0])):
+        candidates.append(values.reshape(shape))
+    candidates.append(values)
+    for candidate in candidates:
+        try:
+            if np.broadcast_shapes(candidate.shape, shape) == shape:
+                return candidate
+        except ValueError:
+            continue
+    raise NKIValueError(
+        f"Illegal assignment destination shape: `{name or 'tile'}` of shape {shape} is smaller "
+        f"than the value of shape {values.shape} (or they do not broadcast)",
+        "err_store_dst_shape_smaller_than_other_shape")
 
 
 def write_into(dst, values: np.ndarray, mask, accumulate=False) -> None:
-    """Write ``values`` (fp32 or storage-typed) into a tile or HBM view under ``mask``."""
+    """Write ``values`` (fp32 or storage-typed) into a tile or HBM view where ``mask``
+    holds, rounding to the destination dtype."""
     ctx = current("write")
-    target_shape = dst.shape
-    if values.shape != tuple(target_shape):
-        try:
-            values = np.broadcast_to(_align(values, target_shape), target_shape)
-        except ValueError as exc:
-            raise NKIValueError(
-                f"cannot write a value of shape {values.shape} into `{dst.name or 'tile'}"
-                f"[...]` of shape {tuple(target_shape)}: the destination is smaller or not "
-                "broadcast-compatible", "err_store_dst_shape_smaller_than_other_shape") from exc
-    if mask is not None:
-        mask = np.broadcast_to(_align(mask, target_shape), target_shape)
+    check_writable(ctx, dst.storage)
+    shape = tuple(dst.shape)
+    values = fit_values(np.asarray(values), shape, dst.name)
     cast = dt.cast(values, dst.dtype)
+    m = None if mask is None else align_mask(mask, shape)
+    if m is not None and m.all():
+        m = None
     if isinstance(dst, Access):
-        box = dst.box(mask)
-        dst.write(cast, mask)
+        box = dst.box(m)
+        dst.write(cast, m)
+        tensor = dst.tensor
     else:
-        box = dst.box()
-        if mask is None:
+        tensor = dst
+        if m is None:
+            box = dst.box()
             dst.data[...] = cast
         else:
-            dst.data[mask] = np.broadcast_to(cast, target_shape)[mask]
+            sel = mask_box(m, shape)
+            full = np.broadcast_to(cast, shape)
+            if sel is None:
+                box = dst.box()
+                where = np.broadcast_to(m, shape)
+                dst.data[where] = full[where]
+            else:
+                box = dst.box([s.start or 0 for s in sel],
+                              [(s.stop or n) - 1 for s, n in zip(sel, shape)])
+                dst.data[sel] = full[sel]
     dst.storage.written = True
-    tensor = dst.tensor if isinstance(dst, Access) else dst
     record_write(ctx, tensor, box, accumulate)
-
-
-def _align(values: np.ndarray, shape) -> np.ndarray:
-    """Partition-aligned broadcasting: pad a lower-rank shape with 1s on the right."""
-    if values.ndim < len(shape):
-        values = values.reshape(values.shape + (1,) * (len(shape) - values.ndim))
-    elif values.ndim > len(shape):
-        squeezed = values.reshape(values.shape[: len(shape) - 1] + (-1,))
-        if squeezed.shape[-1] == shape[-1] or squeezed.shape[-1] == 1:
-            return squeezed
-    return values
 
 
 def align_shapes(a: np.ndarray, b: np.ndarray):

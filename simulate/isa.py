@@ -3,6 +3,8 @@
 Each instruction computes in float32 and rounds its output to ``dtype`` (default: the input
 dtype; the promoted type for two-input ops). Per-partition operands (``(P, 1)`` tiles or
 Python scalars) broadcast along the free axes; nothing broadcasts along the partition axis.
+A ``mask=`` restricts the points the instruction computes: masked-off points of a new tile
+are uninitialised, masked-off points of a tile it is assigned into keep their values.
 """
 
 from __future__ import annotations
@@ -13,22 +15,24 @@ import numpy as np
 
 from . import dtypes as dt
 from . import functions as fn
-from .errors import NKITypeError, NKIValueError
+from .errors import NKIIndexError, NKITypeError, NKIValueError
+from .indexing import IndexExpr, Predicate, align_mask
 from .instructions import (
     allocate,
     check_free_size,
     compute_result,
-    emit,
-    finish,
+    extent,
+    fill_masked_off,
     is_tile,
     resolve_mask,
-    result_tile,
     scalar_or_tile,
+    shape_and_par_axis,
     tile_operand,
+    work_f32,
     write_into,
 )
 from .runtime import current
-from .tensor import Access, Tensor
+from .tensor import Access, Tensor, contiguous_row_bytes
 
 
 class engine(enum.Enum):  # noqa: N801 - the NKI name
@@ -99,106 +103,141 @@ def _engine_name(requested, default: str) -> str:
 def _same_partitions(api, *operands):
     counts = {op.partitions for op in operands if op is not None}
     if len(counts) > 1:
-        raise NKIValueError(f"{api}: operands have different partition counts {sorted(counts)}",
-                            "err_num_partition_mismatch")
+        raise NKIValueError(
+            f"number of partitions (dimension 0 size of a tile) mismatch in parameters of "
+            f"'{api}': {sorted(counts)}", "err_num_partition_mismatch")
 
 
-def _mask_or_skip(mask, shape, dtype):
-    m = resolve_mask(mask, shape)
-    if m is False:
-        return m, allocate(shape, dtype, fill=dt.uninitialised(dtype))
-    return m, None
+def _skipped(shape, dtype):
+    """The result of an instruction whose mask selects nothing: it does not run."""
+    return allocate(shape, dtype, fill=dt.uninitialised(dtype))
+
+
+def _per_partition(value, ndim):
+    """A (P, 1) per-partition operand reshaped to broadcast against a rank-``ndim`` tile."""
+    if isinstance(value, np.ndarray) and value.ndim:
+        return value.reshape((value.shape[0],) + (1,) * (ndim - 1))
+    return value
+
+
+def _valid_partitions(mask, shape):
+    """(P, 1) bool: partitions where the mask selects at least one point (None: all)."""
+    if mask is None:
+        return None
+    m = np.broadcast_to(align_mask(mask, shape), shape)
+    return m.reshape(shape[0], -1).any(axis=1)[:, None]
+
+
+def _write_column(dst, values, rows, argname, api):
+    """Write a per-partition ``(P, 1)`` result into ``dst`` (its first column)."""
+    if not is_tile(dst) or not dst.on_chip:
+        raise NKITypeError(f"`{argname}` of {api} must be an SBUF/PSUM tile",
+                           "err_unsupported_memory")
+    if dst.shape[0] != values.shape[0]:
+        raise NKIValueError(f"`{argname}` of {api} has {dst.shape[0]} partitions, the data has "
+                            f"{values.shape[0]}", "err_num_partition_mismatch")
+    column = dst
+    if isinstance(dst, Tensor) and int(np.prod(dst.shape[1:])) > 1:
+        column = dst[(slice(None),) + (slice(0, 1),) * (dst.ndim - 1)]
+    elif int(np.prod(dst.shape[1:])) > 1:
+        raise NKIValueError(f"`{argname}` of {api} must hold one element per partition",
+                            "err_reduce_res_shape")
+    write_into(column, values.reshape((values.shape[0],) + (1,) * (len(column.shape) - 1)),
+               rows, accumulate=False)
+    return column
 
 
 # --- Scalar engine ---------------------------------------------------------------------------
+_ACT_REDUCE_IDENTITY = {"add": 0.0, "multiply": 1.0, "maximum": -np.inf, "minimum": np.inf}
+
 
 def activation(op, data, *, bias=None, scale=1.0, reduce_op=None, reduce_res=None,
                reduce_cmd=reduce_cmd.idle, mask=None, dtype=None, **kwargs):
     """``nisa.activation(op, data, *, bias=None, scale=1.0, reduce_op=None, reduce_res=None,
     reduce_cmd=idle, mask=None, dtype=None)``: ``out = op(data * scale + bias)`` on the Scalar
-    engine. ``scale`` is a float or a ``(P, 1)`` fp32 tile, ``bias`` a ``(P, 1)`` tile
-    (fp32/bf16/fp16). With ``reduce_op``/``reduce_res`` the fp32 values of ``out`` are also
-    reduced over all free axes into ``reduce_res[:, 0]``."""
+    engine, in fp32. ``scale`` is a float or a ``(P, 1)`` fp32 tile, ``bias`` a ``(P, 1)`` tile
+    (fp32/bf16/fp16). With ``reduce_op``/``reduce_res``/``reduce_cmd`` the engine's fp32
+    per-partition accumulator folds in the reduction of ``out`` (its fp32 values) over all
+    free axes and ``reduce_res`` receives the accumulator: ``reset`` clears it, ``reduce``
+    folds into it, ``reset_reduce`` (and ``idle`` when a ``reduce_res`` is given) does both."""
     spec = fn.lookup(op, "op")
     if not spec.is_activation:
-        raise NKIValueError(f"op={spec.name} is not an activation function",
+        raise NKIValueError(f"op={spec.name} is not an activation function of the Scalar engine",
                             "err_unsupported_activation")
-    src = tile_operand(data, "data", "activation")
+    m = resolve_mask(mask)
+    src = tile_operand(data, "data", "activation", mask=m)
     check_free_size(src, "nisa.activation")
     if is_tile(scale):
-        if scale.dtype != dt.float32:
-            raise NKITypeError("activation scale must be a Python float or an fp32 (P, 1) tile",
-                               "err_activation_scale_invalid_type")
-    scale_v, scale_op = scalar_or_tile(scale, "scale", "activation", src.partitions)
-    bias_v, bias_op = (np.float32(0.0), None)
+        if dt.name(scale.dtype) != "float32":
+            raise NKITypeError("Scale parameter of activation must be a scalar or vector of type "
+                               "float32", "err_activation_scale_invalid_type")
+        scale_v, scale_op = scalar_or_tile(scale, "scale", "activation", src.partitions,
+                                           key="err_activation_scale_scalar_or_vector")
+    elif isinstance(scale, (int, float, np.number)) and not isinstance(scale, bool):
+        scale_v, scale_op = np.float32(scale), None
+    else:
+        raise NKITypeError("Scale parameter of activation must be a scalar or vector of type "
+                           "float32", "err_activation_scale_invalid_type")
+    bias_v, bias_op = None, None
     if bias is not None:
-        if not is_tile(bias):
-            raise NKITypeError("activation bias must be a (P, 1) tile",
-                               "err_activation_bias_invalid_type")
-        if dt.name(bias.dtype) not in ("float32", "bfloat16", "float16"):
-            raise NKITypeError("activation bias must be fp32, bf16 or fp16",
-                               "err_activation_bias_invalid_type")
-        bias_v, bias_op = scalar_or_tile(bias, "bias", "activation", src.partitions)
-    x = src.f32()
-    if isinstance(scale_v, np.ndarray):
-        scale_v = scale_v.reshape((src.partitions,) + (1,) * (x.ndim - 1))
-    if isinstance(bias_v, np.ndarray):
-        bias_v = bias_v.reshape((src.partitions,) + (1,) * (x.ndim - 1))
-    pre = x * scale_v + bias_v if (scale_op or scale_v != 1.0 or bias_op) else x
-    values = spec.apply(pre.astype(np.float32, copy=False))
+        if not is_tile(bias) or dt.name(bias.dtype) not in ("float32", "bfloat16", "float16"):
+            raise NKITypeError("Bias parameter of activation must be a vector of type float32, "
+                               "float16, or bfloat16", "err_activation_bias_invalid_type")
+        bias_v, bias_op = scalar_or_tile(bias, "bias", "activation", src.partitions,
+                                         key="err_activation_bias_invalid_type")
+        if spec.name == "reciprocal" and current("activation").target.nc_version == 2:
+            raise NKIValueError("activation(nl.reciprocal) with a bias is not supported on "
+                                "NeuronCore-v2", "err_unsupported_activation")
     out_dtype = dt.as_dtype(dtype or src.dtype)
-    m, skipped = _mask_or_skip(mask, src.shape, out_dtype)
-    if skipped is not None:
-        return skipped
+    if m is False:
+        return _skipped(src.shape, out_dtype)
+    x = work_f32(src, out_dtype)
+    if scale_op is not None or scale_v != 1.0:
+        np.multiply(x, _per_partition(scale_v, x.ndim), out=x)
+    if bias_op is not None:
+        np.add(x, _per_partition(bias_v, x.ndim), out=x)
+    values = spec.apply(x, out=x)
     details = {"op": spec.name}
-    inputs = [src, scale_op, bias_op]
+    extra = ()
     if reduce_op is not None or reduce_res is not None or reduce_cmd is not reduce_cmd.idle:
-        _activation_reduce_into(values, m, reduce_op, reduce_res, reduce_cmd, src.partitions)
+        column = _accumulate(values, m, reduce_op, reduce_res, reduce_cmd, src.shape)
         details["reduce"] = True
-    tile = result_tile(values, out_dtype, m)
-    writes = [tile.region()]
-    if reduce_res is not None:
-        writes.append(reduce_res.region())
-    inst = emit("act", "activation", inputs=inputs, outputs=writes, partitions=src.partitions,
-                free_size=src.free_size, out_dtype=out_dtype, details=details)
-    return finish(tile, inst, m, values)
+        if column is not None:
+            extra = (column.region(),)
+    return compute_result("act", "activation", values, out_dtype, m,
+                          [src, scale_op, bias_op], details=details, extra_writes=extra)
 
 
-def _activation_reduce_into(values, m, reduce_op, reduce_res, cmd, partitions):
+def _accumulate(values, m, reduce_op, reduce_res, cmd, shape):
+    """Update the Scalar engine's accumulator with this instruction's reduction."""
     ctx = current("activation")
-    spec = fn.lookup(reduce_op or np.add, "reduce_op")
-    if spec.name not in ("add", "maximum", "minimum", "multiply"):
+    spec = fn.lookup(reduce_op if reduce_op is not None else np.add, "reduce_op")
+    if spec.name not in _ACT_REDUCE_IDENTITY:
         raise NKIValueError(f"reduce_op={spec.name} cannot reduce on the Scalar engine",
                             "err_unsupported_reduce_op")
     if spec.name != "add" and ctx.target.nc_version == 2:
-        raise NKIValueError("on NeuronCore-v2 the activation reduce_op must be add",
-                            "err_unsupported_reduce_op")
-    axes = tuple(range(1, values.ndim))
-    identity = {"add": 0.0, "multiply": 1.0, "maximum": -np.inf, "minimum": np.inf}[spec.name]
-    masked = values if m is None else np.where(m, values, np.float32(identity))
-    reduced = spec.reduce(masked.astype(np.float32), axes).reshape(partitions, 1)
-    acc = ctx.act_accumulator
-    if cmd in (reduce_cmd.idle, reduce_cmd.reset_reduce) or acc is None or \
-            acc.shape != reduced.shape:
-        acc = reduced  # idle with a reduce_res behaves as reset_reduce (spec decision)
-    elif cmd is reduce_cmd.reset:
-        acc = np.full_like(reduced, identity)
+        raise NKIValueError("on NeuronCore-v2 the activation reduce_op must be an addition "
+                            "(np.add or nl.add)", "err_unsupported_reduce_op")
+    identity = np.float32(_ACT_REDUCE_IDENTITY[spec.name])
+    partitions = shape[0]
+    if m is not None:
+        values = np.where(np.broadcast_to(align_mask(m, shape), shape), values, identity)
+    reduced = spec.reduce(values.reshape(partitions, -1), 1).astype(np.float32)[:, None]
+    acc = ctx.act_accumulator[:partitions]
+    if cmd is reduce_cmd.reset:
+        new = np.full_like(reduced, identity)
+    elif cmd is reduce_cmd.reduce:
+        new = spec.apply(acc, reduced).astype(np.float32)
+    else:  # reset_reduce, or idle with a reduce_res (spec decision: treated as reset_reduce)
+        new = reduced
+    rows = _valid_partitions(m, shape)
+    if rows is None:
+        acc[...] = new
     else:
-        acc = spec.apply(acc, reduced).astype(np.float32)
-    ctx.act_accumulator = acc
-    if reduce_res is not None:
-        _write_column(reduce_res, acc, "reduce_res")
-
-
-def _write_column(dst, values, argname):
-    if not is_tile(dst) or not dst.on_chip:
-        raise NKITypeError(f"`{argname}` must be an SBUF/PSUM tile", "err_unsupported_memory")
-    shape = dst.shape
-    if shape[0] != values.shape[0]:
-        raise NKIValueError(f"`{argname}` has {shape[0]} partitions, the data has "
-                            f"{values.shape[0]}", "err_num_partition_mismatch")
-    column = dst[:, 0:1] if isinstance(dst, Tensor) and len(shape) == 2 and shape[1] > 1 else dst
-    write_into(column, values.reshape(column.shape), None)
+        acc[rows[:, 0]] = new[rows[:, 0]]
+    if reduce_res is None:
+        return None
+    return _write_column(reduce_res, acc.copy(), rows, "reduce_res", "activation")
 
 
 def activation_reduce(op, data, *, reduce_op, reduce_res, bias=None, scale=1.0, mask=None,
@@ -206,18 +245,21 @@ def activation_reduce(op, data, *, reduce_op, reduce_res, bias=None, scale=1.0, 
     """``nisa.activation_reduce(op, data, *, reduce_op, reduce_res, bias=None, scale=1.0)``:
     ``activation`` plus a reduction of its fp32 output over the free axes into
     ``reduce_res[:, 0]`` (reset first). NeuronCore-v2 only reduces with add."""
+    if reduce_res is None:
+        raise NKIValueError("activation_reduce needs a reduce_res tile", "err_reduce_res_shape")
     out = activation(op, data, bias=bias, scale=scale, reduce_op=reduce_op,
                      reduce_res=reduce_res, reduce_cmd=reduce_cmd.reset_reduce, mask=mask,
                      dtype=dtype)
-    out.fresh[0].opcode = "activation_reduce"
+    if out.fresh is not None:
+        out.fresh[0].opcode = "activation_reduce"
     return out
 
 
 # --- Vector engine ---------------------------------------------------------------------------
-def _apply_alu(spec, a, b, reverse):
+def _apply_alu(spec, a, b, reverse, out=None):
     if spec.unary and spec.name not in fn.BINARY:  # unary ALU op: the operand is a dummy
-        return spec.apply(a)
-    return spec.apply(b, a) if reverse else spec.apply(a, b)
+        return spec.apply(a, out=out)
+    return spec.apply(b, a, out=out) if reverse else spec.apply(a, b, out=out)
 
 
 def _alu_inputs(spec, op):
@@ -228,47 +270,64 @@ def _alu_inputs(spec, op):
     return op.f32()
 
 
+def _alu_scalar(value, argname, api, src, spec):
+    """A ``tensor_scalar``-style scalar operand, raw integers for bit operations."""
+    if spec.bitvec:
+        if is_tile(value):
+            op = tile_operand(value, argname, api)
+            if op.free_size != 1 or op.partitions != src.partitions:
+                raise NKIValueError(f"`{argname}` of {api} must be a scalar or a (P, 1) tile",
+                                    "err_scalar_or_vector")
+            return op.values.reshape(op.partitions, 1).astype(src.values.dtype), op
+        return np.asarray(int(value)).astype(src.values.dtype), None
+    return scalar_or_tile(value, argname, api, src.partitions)
+
+
 def tensor_scalar(data, op0, operand0, reverse0=False, op1=None, operand1=None, reverse1=False,
                   *, dtype=None, mask=None, engine=None, **kwargs):
     """``nisa.tensor_scalar(data, op0, operand0, reverse0=False, op1=None, operand1=None,
     reverse1=False)``: ``out = op1(op0(data, operand0), operand1)`` with per-partition
-    scalars (a Python number or a ``(P, 1)`` tile) broadcast along the free axes."""
-    src = tile_operand(data, "data", "tensor_scalar")
+    scalars (a Python number or a ``(P, 1)`` tile) broadcast along the free axes; ``reverse``
+    swaps an op's operands. Unary ALU ops (``rsqrt``, ``abs``) ignore their operand."""
+    m = resolve_mask(mask)
+    src = tile_operand(data, "data", "tensor_scalar", mask=m)
     check_free_size(src, "nisa.tensor_scalar")
     spec0 = fn.lookup(op0, "op0")
     spec1 = fn.lookup(op1, "op1") if op1 is not None else None
     if spec1 is not None and spec0.bitvec != spec1.bitvec:
         raise NKIValueError("op0 and op1 must both be arithmetic or both bitvec operators",
                             "err_mixed_operator_kinds")
-    s0, s0_op = scalar_or_tile(operand0, "operand0", "tensor_scalar", src.partitions)
-    values = _alu_inputs(spec0, src)
-    shape_p = (src.partitions,) + (1,) * (values.ndim - 1)
-    s0 = s0.reshape(shape_p) if isinstance(s0, np.ndarray) else s0
-    if spec0.bitvec:
-        s0 = np.asarray(s0).astype(values.dtype)
-    values = _apply_alu(spec0, values, s0, reverse0)
-    inputs = [src, s0_op]
-    if spec1 is not None:
-        s1, s1_op = scalar_or_tile(operand1, "operand1", "tensor_scalar", src.partitions)
-        s1 = s1.reshape(shape_p) if isinstance(s1, np.ndarray) else s1
-        if spec1.bitvec:
-            s1 = np.asarray(s1).astype(values.dtype)
-        values = _apply_alu(spec1, values, s1, reverse1)
-        inputs.append(s1_op)
+    eng = _engine_name(engine, "dve")
+    names = (spec0.name,) + ((spec1.name,) if spec1 else ())
+    if eng == "act" and names not in (("multiply",), ("add",), ("multiply", "add")):
+        raise NKIValueError("the Scalar engine runs tensor_scalar only as (multiply), (add) or "
+                            "(multiply, add)", "err_unsupported_engine")
+    if eng == "pool" and src.memory == "psum":
+        raise NKITypeError("GpSimd instructions cannot read PSUM", "err_unsupported_memory")
     out_dtype = dt.as_dtype(dtype or src.dtype)
-    m, skipped = _mask_or_skip(mask, src.shape, out_dtype)
-    if skipped is not None:
-        return skipped
-    ops = [spec0.name] + ([spec1.name] if spec1 else [])
-    return compute_result(_engine_name(engine, "dve"), "tensor_scalar", values, out_dtype, m,
-                          inputs, details={"op": ops})
+    s0, s0_op = _alu_scalar(operand0, "operand0", "tensor_scalar", src, spec0)
+    inputs = [src, s0_op]
+    if m is False:
+        return _skipped(src.shape, out_dtype)
+    work = None if spec0.bitvec else work_f32(src, out_dtype)
+    values = _alu_inputs(spec0, src) if work is None else work
+    values = _apply_alu(spec0, values, _per_partition(s0, values.ndim), reverse0, out=work)
+    if spec1 is not None:
+        s1, s1_op = _alu_scalar(operand1, "operand1", "tensor_scalar", src, spec1)
+        out = work if values is work else None
+        values = _apply_alu(spec1, values, _per_partition(s1, values.ndim), reverse1, out=out)
+        inputs.append(s1_op)
+    return compute_result(eng, "tensor_scalar", values, out_dtype, m, inputs,
+                          details={"op": list(names)})
 
 
 def tensor_tensor(data1, data2, op, *, dtype=None, mask=None, engine=None, **kwargs):
     """``nisa.tensor_tensor(data1, data2, op)``: elementwise ``op(data1, data2)`` of two tiles
-    with the same partition count and elements per partition (not both in PSUM)."""
-    a = tile_operand(data1, "data1", "tensor_tensor")
-    b = tile_operand(data2, "data2", "tensor_tensor")
+    with the same partition count and elements per partition (not both in PSUM). ``power``
+    and integer add/subtract/multiply run exactly on GpSimd."""
+    m = resolve_mask(mask)
+    a = tile_operand(data1, "data1", "tensor_tensor", mask=m)
+    b = tile_operand(data2, "data2", "tensor_tensor", mask=m)
     for o in (a, b):
         check_free_size(o, "nisa.tensor_tensor")
     _same_partitions("tensor_tensor", a, b)
@@ -279,22 +338,24 @@ def tensor_tensor(data1, data2, op, *, dtype=None, mask=None, engine=None, **kwa
         raise NKITypeError("tensor_tensor: at most one input may be in PSUM",
                            "err_unsupported_memory")
     spec = fn.lookup(op, "op")
-    av, bv = _alu_inputs(spec, a), _alu_inputs(spec, b).reshape(a.shape)
-    default_engine = "dve"
-    if spec.name == "power" or (dt.is_int(a.dtype) and dt.is_int(b.dtype)
-                                and spec.name in ("add", "subtract", "multiply")):
-        default_engine = "pool"
-        if "psum" in (a.memory, b.memory):
-            raise NKITypeError("GpSimd instructions cannot read PSUM", "err_unsupported_memory")
-        if not spec.bitvec and dt.is_int(a.dtype) and dt.is_int(b.dtype):
-            av, bv = a.values.astype(np.int64), b.values.astype(np.int64).reshape(a.shape)
-    values = spec.apply(av, bv)
+    exact_int = (dt.is_int(a.dtype) and dt.is_int(b.dtype)
+                 and spec.name in ("add", "subtract", "multiply"))
+    default_engine = "pool" if spec.name == "power" or exact_int else "dve"
+    eng = _engine_name(engine, default_engine)
+    if eng == "pool" and "psum" in (a.memory, b.memory):
+        raise NKITypeError("GpSimd instructions cannot read PSUM", "err_unsupported_memory")
     out_dtype = dt.as_dtype(dtype or dt.promote(a.dtype, b.dtype))
-    m, skipped = _mask_or_skip(mask, a.shape, out_dtype)
-    if skipped is not None:
-        return skipped
-    return compute_result(_engine_name(engine, default_engine), "tensor_tensor", values,
-                          out_dtype, m, [a, b], details={"op": spec.name})
+    if m is False:
+        return _skipped(a.shape, out_dtype)
+    if exact_int:
+        values = spec.apply(a.values.astype(np.int64), b.values.astype(np.int64).reshape(a.shape))
+    elif spec.bitvec or spec.name in fn.COMPARISONS:
+        values = spec.apply(_alu_inputs(spec, a), _alu_inputs(spec, b).reshape(a.shape))
+    else:  # fp32 arithmetic; the ufunc converts data2 to fp32 on the fly
+        work = work_f32(a, out_dtype)
+        values = spec.apply(work, b.values.reshape(a.shape), out=work)
+    return compute_result(eng, "tensor_tensor", values, out_dtype, m, [a, b],
+                          details={"op": spec.name})
 
 
 def scalar_tensor_tensor(*, data, op0, operand0, op1, operand1, reverse0=False, reverse1=False,
@@ -302,8 +363,9 @@ def scalar_tensor_tensor(*, data, op0, operand0, op1, operand1, reverse0=False, 
     """``nisa.scalar_tensor_tensor(*, data, op0, operand0, op1, operand1)``:
     ``out = op1(op0(data, operand0), operand1)`` with ``operand0`` a scalar or ``(P, 1)`` tile
     and ``operand1`` a tile shaped like ``data`` (Vector engine)."""
-    src = tile_operand(data, "data", "scalar_tensor_tensor")
-    other = tile_operand(operand1, "operand1", "scalar_tensor_tensor")
+    m = resolve_mask(mask)
+    src = tile_operand(data, "data", "scalar_tensor_tensor", mask=m)
+    other = tile_operand(operand1, "operand1", "scalar_tensor_tensor", mask=m)
     for o in (src, other):
         check_free_size(o, "nisa.scalar_tensor_tensor")
     _same_partitions("scalar_tensor_tensor", src, other)
@@ -315,76 +377,99 @@ def scalar_tensor_tensor(*, data, op0, operand0, op1, operand1, reverse0=False, 
                            "err_unsupported_memory")
     spec0, spec1 = fn.lookup(op0, "op0"), fn.lookup(op1, "op1")
     s0, s0_op = scalar_or_tile(operand0, "operand0", "scalar_tensor_tensor", src.partitions)
-    values = src.f32()
-    s0 = s0.reshape((src.partitions,) + (1,) * (values.ndim - 1)) if isinstance(
-        s0, np.ndarray) else s0
-    values = _apply_alu(spec0, values, s0, reverse0)
-    values = _apply_alu(spec1, values, other.f32().reshape(src.shape), reverse1)
     out_dtype = dt.as_dtype(dtype or dt.promote(src.dtype, other.dtype))
-    m, skipped = _mask_or_skip(mask, src.shape, out_dtype)
-    if skipped is not None:
-        return skipped
+    if m is False:
+        return _skipped(src.shape, out_dtype)
+    work = work_f32(src, out_dtype)
+    values = _apply_alu(spec0, work, _per_partition(s0, work.ndim), reverse0, out=work)
+    in_place = values is work  # the ufunc then converts operand1 to fp32 on the fly
+    operand = (other.values if in_place else other.f32()).reshape(src.shape)
+    values = _apply_alu(spec1, values, operand, reverse1, out=work if in_place else None)
     return compute_result("dve", "scalar_tensor_tensor", values, out_dtype, m,
                           [src, s0_op, other], details={"op": [spec0.name, spec1.name]})
+
+
+_REDUCE_IDENTITY = {"add": 0, "subtract": 0, "multiply": 1, "maximum": -np.inf,
+                    "minimum": np.inf, "bitwise_and": -1, "bitwise_or": 0, "bitwise_xor": 0,
+                    "logical_and": 1, "logical_or": 0, "logical_xor": 0}
 
 
 def tensor_reduce(op, data, axis, *, negate=False, keepdims=False, mask=None, dtype=None,
                   **kwargs):
     """``nisa.tensor_reduce(op, data, axis, *, negate=False, keepdims=False)``: reduce along
-    free ``axis`` (int or list; NumPy numbering, must include the last axis) on the Vector
-    engine; ``negate`` multiplies the result by -1."""
-    src = tile_operand(data, "data", "tensor_reduce")
+    free ``axis`` (int or list, NumPy numbering; contiguous, including the last axis, at
+    most 4) on the Vector engine; ``subtract`` gives ``x0 - x1 - x2 ...``; ``negate``
+    multiplies the result by -1."""
+    m = resolve_mask(mask)
+    src = tile_operand(data, "data", "tensor_reduce", mask=m)
     check_free_size(src, "nisa.tensor_reduce")
     spec = fn.lookup(op, "op")
     if spec.name not in fn.REDUCIBLE:
-        raise NKIValueError(f"op={spec.name} cannot reduce", "err_unsupported_reduce_op")
-    axes = tuple(axis) if isinstance(axis, (list, tuple)) else (axis,)
+        raise NKIValueError(f"op={spec.name} is not a legal reduction operator",
+                            "err_unsupported_reduce_op")
     ndim = src.values.ndim
-    axes = tuple(sorted(a % ndim for a in axes))
-    if 0 in axes or (ndim - 1) not in axes:
-        raise NKIValueError(f"tensor_reduce axis={axis}: the axes must be free axes including "
-                            "the last (most minor) one", "err_reduce_axis")
+    axes = tuple(sorted({int(a) % ndim for a in (axis if isinstance(axis, (list, tuple))
+                                                  else (axis,))}))
+    if 0 in axes or axes[-1] != ndim - 1 or axes != tuple(range(axes[0], ndim)):
+        raise NKIValueError(f"tensor_reduce axis={axis}: reduce contiguous free axes that "
+                            "include the last (most minor) one", "err_reduce_axis")
     if len(axes) > 4:
         raise NKIValueError("tensor_reduce reduces at most 4 free axes", "err_reduce_axis")
-    m = resolve_mask(mask, src.shape)
+    if negate and spec.bitvec:
+        raise NKIValueError("negate applies to arithmetic reductions only", "err_reduce_negate")
     values = _alu_inputs(spec, src)
-    if isinstance(m, np.ndarray):
-        identity = {"add": 0, "subtract": 0, "multiply": 1, "maximum": -np.inf,
-                    "minimum": np.inf}.get(spec.name, 0)
-        values = np.where(m, values, np.asarray(identity, values.dtype))
-    if spec.name == "subtract":
-        first = np.take(values, [0], axis=axes[-1])
-        result = first.squeeze(axes[-1]) - np.sum(values, axis=axes) + first.squeeze(axes[-1])
-    else:
-        result = spec.reduce(values, axes)
-    if negate:
-        result = -result
-    if keepdims:
-        result = np.expand_dims(result, axes)
     out_dtype = dt.as_dtype(dtype or src.dtype)
-    return compute_result("dve", "tensor_reduce", np.asarray(result), out_dtype, None, [src],
-                          free_size=src.free_size, details={"op": spec.name})
+    kept = src.shape[:axes[0]]
+    if m is False:
+        return _skipped(kept + (1,) * len(axes) if keepdims else kept, out_dtype)
+    out_mask = None
+    flat = values.reshape(kept + (-1,))
+    if m is not None:
+        valid = np.broadcast_to(align_mask(m, src.shape), src.shape).reshape(flat.shape)
+        flat = np.where(valid, flat, np.array(_REDUCE_IDENTITY[spec.name]).astype(flat.dtype))
+        out_mask = valid.any(axis=-1)
+    with np.errstate(all="ignore"):
+        if spec.name == "subtract":
+            result = 2 * flat[..., 0] - flat.sum(axis=-1, dtype=np.float32)
+        else:
+            result = spec.reduce(flat, -1)
+        if negate:
+            result = -result
+    if keepdims:
+        result = result.reshape(kept + (1,) * len(axes))
+        out_mask = None if out_mask is None else out_mask.reshape(result.shape)
+    partitions, free = extent(m, src.shape)
+    return compute_result("dve", "tensor_reduce", np.asarray(result), out_dtype, out_mask, [src],
+                          partitions=partitions, free_size=free, details={"op": spec.name})
 
 
 def tensor_scalar_reduce(*, data, op0, operand0, reduce_op, reduce_res, reverse0=False,
                          dtype=None, mask=None, **kwargs):
     """``nisa.tensor_scalar_reduce(*, data, op0, operand0, reduce_op, reduce_res)``:
-    ``out = op0(data, operand0)``; ``reduce_res[:, 0] = reduce_op(out over free axes)``."""
+    ``out = op0(data, operand0)``; ``reduce_res[:, 0] = reduce_op(out over free axes)`` on the
+    fp32 values."""
     if reverse0:
         raise NKIValueError("tensor_scalar_reduce does not support reverse0", "err_reverse0")
-    out = tensor_scalar(data, op0, operand0, dtype=dtype, mask=mask)
     spec = fn.lookup(reduce_op, "reduce_op")
     if spec.name not in ("add", "subtract", "multiply", "maximum", "minimum"):
         raise NKIValueError(f"reduce_op={spec.name} is not supported", "err_unsupported_reduce_op")
+    out = tensor_scalar(data, op0, operand0, dtype=dtype, mask=mask)
+    if out.fresh is None:  # masked off entirely: the instruction does not run
+        return out
     inst, m, values = out.fresh
-    if isinstance(m, np.ndarray):
-        identity = {"add": 0.0, "multiply": 1.0, "maximum": -np.inf, "minimum": np.inf}
-        values = np.where(m, values, np.float32(identity.get(spec.name, 0.0)))
-    axes = tuple(range(1, values.ndim))
-    reduced = spec.reduce(values.astype(np.float32), axes).reshape(values.shape[0], 1)
-    _write_column(reduce_res, reduced, "reduce_res")
+    shape = values.shape
+    if m is not None:
+        values = np.where(np.broadcast_to(align_mask(m, shape), shape), values,
+                          np.float32(_REDUCE_IDENTITY[spec.name]))
+    flat = values.reshape(shape[0], -1).astype(np.float32)
+    if spec.name == "subtract":
+        reduced = 2 * flat[:, 0] - flat.sum(axis=1, dtype=np.float32)
+    else:
+        reduced = spec.reduce(flat, 1)
+    column = _write_column(reduce_res, np.asarray(reduced, np.float32)[:, None],
+                           _valid_partitions(m, shape), "reduce_res", "tensor_scalar_reduce")
     inst.opcode = "tensor_scalar_reduce"
-    inst.writes = inst.writes + (reduce_res.region(),)
+    inst.writes = inst.writes + (column.region(),)
     return out
 
 
@@ -392,9 +477,16 @@ def tensor_tensor_scan(data0, data1, initial, op0, op1, reverse0=False, reverse1
                        dtype=None, mask=None, **kwargs):
     """``nisa.tensor_tensor_scan(data0, data1, initial, op0, op1)``: per partition,
     ``r[:, i] = op1(op0(data0[:, i], r[:, i-1]), data1[:, i])`` with ``r[:, -1] = initial``."""
+    m = resolve_mask(mask)
     a = tile_operand(data0, "data0", "tensor_tensor_scan")
     b = tile_operand(data1, "data1", "tensor_tensor_scan")
     _same_partitions("tensor_tensor_scan", a, b)
+    if a.free_size != b.free_size:
+        raise NKIValueError("tensor_tensor_scan inputs must have the same shape",
+                            "err_num_partition_mismatch")
+    if a.memory == "psum" and b.memory == "psum":
+        raise NKITypeError("tensor_tensor_scan: at most one input may be in PSUM",
+                           "err_unsupported_memory")
     spec0, spec1 = fn.lookup(op0, "op0"), fn.lookup(op1, "op1")
     init, init_op = scalar_or_tile(initial, "initial", "tensor_tensor_scan", a.partitions)
     av = a.f32().reshape(a.partitions, -1)
@@ -403,37 +495,43 @@ def tensor_tensor_scan(data0, data1, initial, op0, op1, reverse0=False, reverse1
     prev = np.broadcast_to(np.asarray(init, np.float32).reshape(-1), (a.partitions,)).copy()
     for i in range(av.shape[1]):  # a true recurrence: the hardware also walks the free axis
         t = _apply_alu(spec0, av[:, i], prev, reverse0)
-        prev = _apply_alu(spec1, t, bv[:, i], reverse1).astype(np.float32)
+        prev = np.asarray(_apply_alu(spec1, t, bv[:, i], reverse1), np.float32)
         out[:, i] = prev
     out_dtype = dt.as_dtype(dtype or dt.promote(a.dtype, b.dtype))
-    m = resolve_mask(mask, a.shape)
-    return compute_result("dve", "tensor_tensor_scan", out.reshape(a.shape), out_dtype,
-                          m if m is not False else None, [a, b, init_op])
+    if m is False:
+        return _skipped(a.shape, out_dtype)
+    return compute_result("dve", "tensor_tensor_scan", out.reshape(a.shape), out_dtype, m,
+                          [a, b, init_op], details={"op": [spec0.name, spec1.name]})
 
 
 def tensor_copy(src, *, mask=None, dtype=None, engine=None, **kwargs):
     """``nisa.tensor_copy(src, *, dtype=None, engine=...)``: copy with a cast (Vector by
-    default; Scalar or GpSimd on request; GpSimd cannot touch PSUM)."""
-    op = tile_operand(src, "src", "tensor_copy")
+    default; Scalar or GpSimd on request; GpSimd cannot touch PSUM). Same-dtype copies are
+    bit-exact, except on the NeuronCore-v2 Scalar engine, which goes through fp32."""
+    m = resolve_mask(mask)
+    op = tile_operand(src, "src", "tensor_copy", mask=m)
     check_free_size(op, "nisa.tensor_copy")
     eng = _engine_name(engine, "dve")
     if eng == "pool" and op.memory == "psum":
         raise NKITypeError("GpSimd instructions cannot read PSUM", "err_unsupported_memory")
     out_dtype = dt.as_dtype(dtype or op.dtype)
-    m, skipped = _mask_or_skip(mask, op.shape, out_dtype)
-    if skipped is not None:
-        return skipped
-    return compute_result(eng, "tensor_copy", op.values, out_dtype, m, [op])
+    if m is False:
+        return _skipped(op.shape, out_dtype)
+    values = op.values
+    if eng == "act" and current("tensor_copy").target.nc_version == 2:
+        values = op.f32()
+    return compute_result(eng, "tensor_copy", values, out_dtype, m, [op])
 
 
 def reciprocal(data, *, dtype=None, mask=None, **kwargs):
     """``nisa.reciprocal(data)``: ``1 / data`` on the Vector engine."""
-    op = tile_operand(data, "data", "reciprocal")
+    m = resolve_mask(mask)
+    op = tile_operand(data, "data", "reciprocal", mask=m)
+    check_free_size(op, "nisa.reciprocal")
     out_dtype = dt.as_dtype(dtype or op.dtype)
-    m, skipped = _mask_or_skip(mask, op.shape, out_dtype)
-    if skipped is not None:
-        return skipped
-    with np.errstate(divide="ignore"):
+    if m is False:
+        return _skipped(op.shape, out_dtype)
+    with np.errstate(divide="ignore", invalid="ignore"):
         values = np.float32(1.0) / op.f32()
     return compute_result("dve", "reciprocal", values, out_dtype, m, [op])
 
@@ -441,83 +539,106 @@ def reciprocal(data, *, dtype=None, mask=None, **kwargs):
 def bn_stats(data, *, mask=None, dtype=None, **kwargs):
     """``nisa.bn_stats(data)``: per partition over the flattened free axis (≤ 512 elements),
     ``[n_even, mean_even, M2_even, n_odd, mean_odd, M2_odd]`` of the even- and odd-indexed
-    elements (population statistics; a masked-off element does not count)."""
-    op = tile_operand(data, "data", "bn_stats")
+    elements (M2 = variance · count). Masked-off elements do not count (an empty group gives
+    count 0, mean 0, M2 0); a fully masked-off partition is not computed."""
+    m = resolve_mask(mask)
+    op = tile_operand(data, "data", "bn_stats", mask=m)
     if op.free_size > 512:
         raise NKIValueError(f"bn_stats reads at most 512 elements per partition "
                             f"(bn_stats_fmax), got {op.free_size}",
                             "err_size_of_dimension_exceed_arch_limit")
-    m = resolve_mask(mask, op.shape)
+    out_dtype = dt.as_dtype(dtype or op.dtype)
+    if m is False:
+        return _skipped((op.partitions, 6), out_dtype)
     x = op.f32().reshape(op.partitions, -1)
-    valid = np.ones_like(x, bool) if m is None or m is False else m.reshape(op.partitions, -1)
+    valid = (np.ones(x.shape, bool) if m is None else
+             np.broadcast_to(align_mask(m, op.shape), op.shape).reshape(x.shape))
     out = np.zeros((op.partitions, 6), np.float32)
-    for k, start in enumerate((0, 1)):
-        v, w = x[:, start::2], valid[:, start::2]
-        n = w.sum(axis=1).astype(np.float32)
-        safe = np.maximum(n, 1)
-        mean = np.where(w, v, 0).sum(axis=1, dtype=np.float32) / safe
-        m2 = np.where(w, (v - mean[:, None]) ** 2, 0).sum(axis=1, dtype=np.float32)
-        out[:, 3 * k], out[:, 3 * k + 1], out[:, 3 * k + 2] = n, mean, m2
-    return compute_result("dve", "bn_stats", out, dt.as_dtype(dtype or dt.float32), None, [op],
-                          free_size=op.free_size)
+    for k in (0, 1):
+        v, w = x[:, k::2], valid[:, k::2]
+        n = w.sum(axis=1, dtype=np.float32)
+        safe = np.maximum(n, np.float32(1))
+        mean = np.where(w, v, np.float32(0)).sum(axis=1, dtype=np.float32) / safe
+        dev = np.where(w, v - mean[:, None], np.float32(0))
+        out[:, 3 * k], out[:, 3 * k + 1] = n, mean
+        out[:, 3 * k + 2] = (dev * dev).sum(axis=1, dtype=np.float32)
+    rows = None if m is None else valid.any(axis=1)[:, None]
+    partitions, free = extent(m, op.shape)
+    return compute_result("dve", "bn_stats", out, out_dtype, rows, [op], partitions=partitions,
+                          free_size=free)
 
 
 def bn_aggr(data, *, mask=None, dtype=None, **kwargs):
     """``nisa.bn_aggr(data)``: combine ``(count, mean, M2)`` triples (free size a multiple of 3)
     into ``[mean, var]`` per partition (population variance)."""
-    op = tile_operand(data, "data", "bn_aggr")
+    m = resolve_mask(mask)
+    op = tile_operand(data, "data", "bn_aggr", mask=m)
     stats = op.f32().reshape(op.partitions, -1)
     if stats.shape[1] % 3:
         raise NKIValueError("bn_aggr input free size must be a multiple of 3",
                             "err_bn_aggr_shape")
+    out_dtype = dt.as_dtype(dtype or op.dtype)
+    if m is False:
+        return _skipped((op.partitions, 2), out_dtype)
     n, mu, m2 = stats[:, 0::3], stats[:, 1::3], stats[:, 2::3]
     total = n.sum(axis=1)
-    safe = np.maximum(total, 1)
+    safe = np.maximum(total, np.float32(1))
     mean = (n * mu).sum(axis=1) / safe
     var = (m2 + n * (mu - mean[:, None]) ** 2).sum(axis=1) / safe
     out = np.stack([mean, var], axis=1).astype(np.float32)
-    return compute_result("dve", "bn_aggr", out, dt.as_dtype(dtype or dt.float32), None, [op],
-                          free_size=op.free_size)
+    rows = _valid_partitions(m, op.shape)
+    return compute_result("dve", "bn_aggr", out, out_dtype, rows, [op], free_size=op.free_size)
 
 
 def memset(shape, value, dtype, *, mask=None, engine=None, **kwargs):
-    """``nisa.memset(shape, value, dtype)``: a new SBUF tile filled with ``value`` (the first
-    axis is the partition axis)."""
+    """``nisa.memset(shape, value, dtype)``: a new SBUF tile filled with ``value`` (cast to
+    ``dtype``; the first axis is the partition axis, ``par_dim`` markers are ignored)."""
     dtype = dt.as_dtype(dtype)
-    tile = allocate(tuple(shape), dtype, "sbuf", fill=dt.cast(np.asarray(value), dtype))
-    inst = emit(_engine_name(engine, "dve"), "memset", outputs=[tile.region()],
-                partitions=tile.shape[0], free_size=int(np.prod(tile.shape[1:])),
-                out_dtype=dtype, details={"value": float(value)})
-    return finish(tile, inst, None, None)
+    shape, _ = shape_and_par_axis(shape)
+    m = resolve_mask(mask, shape)
+    if m is False:
+        return _skipped(shape, dtype)
+    values = np.full(shape, dt.cast(np.asarray(value), dtype), dtype=dtype)
+    return compute_result(_engine_name(engine, "dve"), "memset", values, dtype, m, [],
+                          details={"value": float(value)})
 
 
 def iota(expr, dtype, *, mask=None, **kwargs):
-    """``nisa.iota(expr, dtype)``: materialise an index expression as a tile (GpSimd; values
-    computed in int32, then cast)."""
-    from .indexing import IndexExpr
-
-    if not isinstance(expr, IndexExpr):
-        raise NKITypeError("iota takes an index expression (nl.arange / nl.mgrid)",
-                           "err_iota_expr")
-    values = expr.values.astype(np.int32)
-    if values.ndim == 1:
-        values = values[:, None]
-    return compute_result("pool", "iota", values, dt.as_dtype(dtype), None, [])
+    """``nisa.iota(expr, dtype)``: materialise an index expression (or a loop index) as a
+    tile (GpSimd; values computed in int32, then cast). The shape is the expression's
+    broadcast shape (a plain integer gives a ``(1, 1)`` tile)."""
+    if isinstance(expr, (int, np.integer)) and not isinstance(expr, bool):
+        values = np.full((1, 1), int(expr), np.int32)
+    elif isinstance(expr, IndexExpr):
+        if expr.is_1d:
+            raise NKIIndexError("iota of a 1-D arange: give it a second axis "
+                                "(nl.arange(n)[:, None] or [None, :])",
+                                "err_1d_arange_not_supported")
+        values = expr.values.astype(np.int32)
+    else:
+        raise NKITypeError("iota takes an index expression (nl.arange / nl.mgrid) or a loop "
+                           "index", "err_iota_expr")
+    dtype = dt.as_dtype(dtype)
+    m = resolve_mask(mask)
+    if m is False:
+        return _skipped(values.shape, dtype)
+    return compute_result("pool", "iota", values, dtype, m, [])
 
 
 def affine_select(pred, on_true_tile, on_false_value, *, mask=None, dtype=None, **kwargs):
     """``nisa.affine_select(pred, on_true_tile, on_false_value)``: ``where(pred, on_true,
     on_false_value)`` with an affine predicate (GpSimd)."""
-    from .indexing import Predicate
-
-    op = tile_operand(on_true_tile, "on_true_tile", "affine_select", allow_psum=False)
     if not isinstance(pred, Predicate):
         raise NKITypeError("affine_select pred must be an affine predicate",
                            "err_unsupported_expression_in_mask")
-    values = np.where(np.broadcast_to(pred.values, op.shape), op.f32(),
-                      np.float32(on_false_value))
-    return compute_result("pool", "affine_select", values, dt.as_dtype(dtype or op.dtype), None,
-                          [op])
+    m = resolve_mask(mask)
+    op = tile_operand(on_true_tile, "on_true_tile", "affine_select", mask=m, allow_psum=False)
+    out_dtype = dt.as_dtype(dtype or op.dtype)
+    if m is False:
+        return _skipped(op.shape, out_dtype)
+    keep = np.broadcast_to(align_mask(pred.values, op.shape), op.shape)
+    values = np.where(keep, op.f32(), np.float32(on_false_value))
+    return compute_result("pool", "affine_select", values, out_dtype, m, [op])
 
 
 def tensor_partition_reduce(op, data, *, mask=None, dtype=None, **kwargs):
@@ -528,20 +649,33 @@ def tensor_partition_reduce(op, data, *, mask=None, dtype=None, **kwargs):
         raise NKIValueError(f"op={spec.name} cannot reduce across partitions",
                             "err_unsupported_reduce_op")
     values = spec.reduce(_alu_inputs(spec, src), 0)[None, ...]
+    m = resolve_mask(mask)
     return compute_result("pool", "tensor_partition_reduce", values,
-                          dt.as_dtype(dtype or src.dtype), None, [src], free_size=src.free_size)
+                          dt.as_dtype(dtype or src.dtype), None if m is False else m, [src],
+                          free_size=src.free_size)
 
 
 # --- Tensor engine ---------------------------------------------------------------------------
+def _operand_valid(op) -> np.ndarray:
+    """(K, F) bool of the points of a matmul operand that were read (operand masks)."""
+    shape = (op.partitions, op.free_size)
+    if op.mask is None:
+        return np.ones(shape, bool)
+    return np.broadcast_to(align_mask(op.mask, op.shape), op.shape).reshape(shape)
+
+
 def nc_matmul(stationary, moving, *, is_stationary_onezero=False, is_moving_onezero=False,
               is_transpose=False, tile_position=(), tile_size=(), mask=None, **kwargs):
     """``nisa.nc_matmul(stationary, moving)``: ``stationary.T @ moving`` on the Tensor engine
-    into a new fp32 PSUM tile (products and accumulation in fp32). Stationary ``(K ≤ 128,
-    M ≤ 128)``, moving ``(K ≤ 128, N ≤ 512)``, both in SBUF. ``is_transpose=True`` means
-    ``moving`` is an identity and the result is ``stationary.T`` (input dtype allowed on
+    into a new fp32 PSUM tile (exact products, fp32 accumulation). Stationary ``(K ≤ 128,
+    M ≤ 128)``, moving ``(K ≤ 128, N ≤ 512)``, both in SBUF. Operand masks
+    (``moving[...][mask]``) drop the masked-off points from the contraction and leave the
+    output rows/columns they produce uncomputed. ``is_transpose=True`` means ``moving`` is an
+    identity and the result is ``stationary.T`` (exact, in the input dtype, on
     NeuronCore-v3+). Accumulate with ``psum_tile += nisa.nc_matmul(...)``."""
-    st = tile_operand(stationary, "stationary", "nc_matmul", allow_psum=False)
-    mv = tile_operand(moving, "moving", "nc_matmul", allow_psum=False)
+    st = tile_operand(stationary, "stationary", "nc_matmul", allow_psum=False,
+                      operand_mask=True)
+    mv = tile_operand(moving, "moving", "nc_matmul", allow_psum=False, operand_mask=True)
     if st.partitions != mv.partitions:
         raise NKIValueError(f"nc_matmul contraction mismatch: stationary has {st.partitions} "
                             f"partitions, moving {mv.partitions}", "err_num_partition_mismatch")
@@ -551,28 +685,51 @@ def nc_matmul(stationary, moving, *, is_stationary_onezero=False, is_moving_onez
                             "err_size_of_dimension_exceed_arch_limit")
     if mv.free_size > 512:
         raise NKIValueError(f"nc_matmul moving free size {mv.free_size} exceeds "
-                            "gemm_moving_fmax = 512", "err_size_of_dimension_exceed_arch_limit")
+                            "gemm_moving_fmax = 512 (one PSUM bank of fp32)",
+                            "err_size_of_dimension_exceed_arch_limit")
     for op in (st, mv):
         if dt.is_int(op.dtype):
-            raise NKITypeError("nc_matmul takes fp8/bf16/fp16/tf32/fp32 inputs",
-                               "err_matmul_dtype")
+            raise NKITypeError("nc_matmul takes fp8/bf16/fp16/tf32/fp32 inputs, got "
+                               f"{dt.name(op.dtype)}", "err_matmul_dtype")
     if tile_position or tile_size:
-        if not (tile_position and tile_size):
-            raise NKIValueError("tile_position and tile_size must be given together",
+        if not (tile_position and tile_size) or len(tile_position) != 2 or len(tile_size) != 2:
+            raise NKIValueError("tile_position and tile_size must both be (row, column) pairs",
                                 "err_tile_position")
-        if any(int(v) % 32 for v in tuple(tile_position) + tuple(tile_size)):
+        if any(int(v) % 32 for v in (*tile_position, *tile_size)):
             raise NKIValueError("tile_position/tile_size must be multiples of 32",
                                 "err_tile_position")
+        if (int(tile_size[0]) < st.partitions or int(tile_size[1]) < st.free_size
+                or any(int(p) + int(s) > 128 for p, s in zip(tile_position, tile_size))):
+            raise NKIValueError("tile_size must cover the stationary tile and fit in the 128x128 "
+                                "array at tile_position", "err_tile_position")
+    version = current("nc_matmul").target.nc_version
     a = st.f32().reshape(st.partitions, -1)
     b = mv.f32().reshape(mv.partitions, -1)
-    result = (a.astype(np.float64).T @ b.astype(np.float64)).astype(np.float32)
     out_dtype = dt.float32
-    if is_transpose and current("nc_matmul").target.nc_version >= 3:
-        out_dtype = st.dtype
-    m = resolve_mask(mask, result.shape)
-    return compute_result("pe", "nc_matmul", result, out_dtype, m if m is not False else None,
-                          [st, mv], partitions=st.partitions, free_size=mv.free_size,
-                          buffer="psum",
+    if is_transpose:
+        if b.shape[1] != b.shape[0] or not np.array_equal(b, np.eye(b.shape[0], dtype=b.dtype)):
+            raise NKIValueError("is_transpose=True needs an identity matrix as moving",
+                                "err_transpose_identity")
+        result = np.ascontiguousarray(a.T) if version >= 3 else None
+        out_dtype = st.dtype if version >= 3 else dt.float32
+    else:
+        result = None
+    valid_a, valid_b = _operand_valid(st), _operand_valid(mv)
+    if result is None:
+        a = np.where(valid_a, a, 0.0) if st.mask is not None else a
+        b = np.where(valid_b, b, 0.0) if mv.mask is not None else b
+        result = (a.astype(np.float64).T @ b.astype(np.float64)).astype(np.float32)
+    out_mask = None
+    if st.mask is not None or mv.mask is not None:
+        out_mask = valid_a.any(axis=0)[:, None] & valid_b.any(axis=0)[None, :]
+    m = resolve_mask(mask)
+    if m is False:
+        return _skipped(result.shape, out_dtype)
+    if m is not None:
+        m = align_mask(m, result.shape)
+        out_mask = m if out_mask is None else out_mask & m
+    return compute_result("pe", "nc_matmul", result, out_dtype, out_mask, [st, mv],
+                          partitions=st.partitions, free_size=mv.free_size, buffer="psum",
                           details={"stationary_free": st.free_size, "transpose": is_transpose,
                                    "fp32": "float32" in (dt.name(st.dtype), dt.name(mv.dtype))})
 
@@ -590,67 +747,127 @@ def nc_transpose(data, *, mask=None, dtype=None, engine=None, **kwargs):
         raise NKITypeError("Tensor-engine inputs must be in SBUF", "err_unsupported_memory")
     values = op.values.reshape(op.partitions, -1).T
     out_dtype = dt.as_dtype(dtype or op.dtype)
-    return compute_result(eng, "nc_transpose", values, out_dtype, None, [op],
-                          partitions=op.partitions, free_size=op.free_size,
+    m = resolve_mask(mask)
+    return compute_result(eng, "nc_transpose", values, out_dtype, None if m is False else m,
+                          [op], partitions=op.partitions, free_size=op.free_size,
                           buffer="psum" if eng == "pe" else "sbuf")
 
 
 # --- DMA -------------------------------------------------------------------------------------
+def _dma_operand(t, name):
+    if not is_tile(t):
+        raise NKITypeError(f"`{name}` of dma_copy must be a tensor, got {type(t).__name__}",
+                           "err_unsupported_memory")
+    if t.storage.memory == "psum":
+        raise NKITypeError(f"Expected operand '{name}' of 'dma_copy' to be in address space "
+                           "'hbm|sbuf', but got a tile in 'psum' instead",
+                           "err_unsupported_memory")
+
+
+def _in_range_rows(access, shape):
+    """Mask (aligned to ``shape``) of the points whose indirect row index is in range."""
+    if not isinstance(access, Access) or access.indirect is None:
+        return None
+    axis, index_tile = access.indirect
+    rows = access._arrays()[axis]
+    keep = (rows >= 0) & (rows < access.tensor.shape[axis])
+    keep = np.broadcast_to(keep, access.shape)
+    return keep.reshape(shape)
+
+
+def _read_any(src, mask):
+    """Values of an HBM or SBUF tensor / access where ``mask`` holds."""
+    if isinstance(src, Access):
+        return src.read(mask)[0]
+    if mask is None:
+        return src.data
+    out = np.array(src.data, copy=True)
+    fill_masked_off(out, align_mask(mask, out.shape), dt.uninitialised(src.dtype))
+    return out
+
+
 def dma_copy(*, dst, src, mask=None, dst_rmw_op=None, oob_mode=oob_mode.error,
              dge_mode=dge_mode.unknown, **kwargs):
     """``nisa.dma_copy(*, dst, src, mask=None, dst_rmw_op=None, oob_mode=error)``: copy (and
     cast) between HBM and SBUF in any direction; ``dst_rmw_op=np.add`` accumulates into dst.
-    Indirect indices address the first axis; ``oob_mode=skip`` drops out-of-range rows."""
-    from .language import _contiguous_row_bytes, dma_record
+    Indirect indices address the first axis; with ``oob_mode=skip`` out-of-range rows are
+    not transferred (the destination keeps its data)."""
+    from .language import dma_record, indirect_inputs
 
-    for name, t in (("dst", dst), ("src", src)):
-        if not is_tile(t):
-            raise NKITypeError(f"`{name}` of dma_copy must be a tensor", "err_unsupported_memory")
-        if t.storage.memory == "psum":
-            raise NKITypeError(f"`{name}` of dma_copy cannot be in PSUM",
-                               "err_unsupported_memory")
-    if dst_rmw_op is not None and oob_mode is not globals()["oob_mode"].error:
+    _dma_operand(dst, "dst")
+    _dma_operand(src, "src")
+    skip = oob_mode is globals()["oob_mode"].skip
+    if dst_rmw_op is not None and skip:
         raise NKIValueError("dst_rmw_op requires oob_mode=error", "err_dma_rmw_oob")
-    m = resolve_mask(mask, dst.shape)
-    if m is False:
-        return None
-    if isinstance(src, Access):
-        values, _ = src.read(None if m is None else np.broadcast_to(m, src.shape))
-    else:
-        values = src.data
-    if int(np.prod(values.shape)) != int(np.prod(dst.shape)):
+    ctx = current("dma_copy")
+    if dge_mode is globals()["dge_mode"].hwdge and ctx.target.nc_version < 3:
+        raise NKIValueError("dge_mode=hwdge needs NeuronCore-v3 or later", "err_dge_mode")
+    if src.size != dst.size:
         raise NKIValueError(f"dma_copy src {tuple(src.shape)} and dst {tuple(dst.shape)} hold "
                             "different numbers of elements", "err_dma_shape_mismatch")
-    values = values.reshape(dst.shape)
-    if oob_mode is globals()["oob_mode"].skip and isinstance(dst, Access) and dst.indirect:
-        axis, idx_tile = dst.indirect
-        rows = idx_tile.data.reshape(-1).astype(np.int64)
-        keep = (rows >= 0) & (rows < dst.tensor.shape[axis])
-        keep = keep.reshape((-1,) + (1,) * (len(dst.shape) - 1))
-        m = np.broadcast_to(keep, dst.shape) if m is None else (m & keep)
+    shape = tuple(dst.shape)
+    m = resolve_mask(mask, shape)
+    if m is False:
+        return None
+    if skip:
+        for side in (dst, src):
+            keep = _in_range_rows(side, shape)
+            if keep is not None:
+                full = keep if m is None else (np.broadcast_to(m, shape) & keep)
+                m = None if full.all() else full
+        if m is not None and not np.asarray(m).any():
+            return None
+    src_mask = None
+    if m is not None:
+        src_mask = np.broadcast_to(m, shape).reshape(src.shape)
+    values = _read_any(src, src_mask).reshape(shape)
     if dst_rmw_op is not None:
         spec = fn.lookup(dst_rmw_op, "dst_rmw_op")
-        current_values = dst.read(m)[0] if isinstance(dst, Access) else dst.data
-        values = spec.apply(dt.compute(current_values), dt.compute(values))
-    write_into(dst, dt.compute(values) if dt.is_float(dst.dtype) else values, m,
-               accumulate=dst_rmw_op is not None)
+        values = spec.apply(dt.compute(_read_any(dst, m)), dt.compute(values))
+    write_into(dst, values, m, accumulate=dst_rmw_op is not None)
     src_mem, dst_mem = src.storage.memory, dst.storage.memory
-    direction = f"{src_mem}->{dst_mem}"
-    hbm_side = src if src_mem == "hbm" else dst
-    if isinstance(hbm_side, Access):
-        row = hbm_side.shape[-1] * hbm_side.tensor.itemsize
-    else:
-        row = _contiguous_row_bytes(hbm_side.data)
-    count = int(np.prod(dst.shape)) if m is None else int(np.broadcast_to(m, dst.shape).sum())
-    nbytes = count * src.dtype.itemsize
-    src_region = src.region() if isinstance(src, Tensor) else src.region(None)
-    dst_region = dst.region() if isinstance(dst, Tensor) else dst.region(None)
-    from .language import _indirect_inputs
-
-    dma_record("dma_copy", src_region, dst_region, dst.shape[0] if dst.on_chip else
-               src.shape[0], nbytes, row, direction, src.dtype, dst.dtype,
-               inputs=_indirect_inputs(src) + _indirect_inputs(dst),
+    hbm_side = dst if dst_mem == "hbm" and src_mem != "hbm" else src
+    full_m = None if m is None else np.broadcast_to(m, shape)
+    count = dst.size if full_m is None else int(full_m.sum())
+    side_mask = src_mask if hbm_side is src else m
+    row = hbm_side.row_bytes(side_mask) if isinstance(hbm_side, Access) else (
+        contiguous_row_bytes(hbm_side.data))
+    chip_mask, chip = (m, dst) if dst.on_chip or not src.on_chip else (src_mask, src)
+    dma_record("dma_copy", src.region(src_mask), dst.region(m),
+               extent(chip_mask, chip.shape)[0], count * hbm_side.itemsize, row,
+               f"{src_mem}->{dst_mem}", src.dtype, dst.dtype,
+               inputs=indirect_inputs(src) + indirect_inputs(dst),
                details={"dge_mode": dge_mode.name, "rmw": dst_rmw_op is not None})
     return None
 
 
+def dma_transpose(src, *, axes=None, mask=None, dtype=None, **kwargs):
+    """``nisa.dma_transpose(src, *, axes=None)``: a transposed copy of an HBM or SBUF tile into
+    a new SBUF tile (DMA); the permutation is (1, 0), (2, 1, 0) or (3, 1, 2, 0) by rank."""
+    from .language import dma_record
+
+    _dma_operand(src, "src")
+    if isinstance(src, Access) and src.indirect is not None:
+        raise NKIIndexError("dma_transpose does not support indirect indices",
+                            "err_indirect_indices_are_not_supported_with_nki_api")
+    default = {2: (1, 0), 3: (2, 1, 0), 4: (3, 1, 2, 0)}
+    rank = len(src.shape)
+    if rank not in default:
+        raise NKIValueError("dma_transpose takes a 2-D to 4-D tile",
+                            "err_exceed_max_supported_dimension")
+    perm = tuple(axes) if axes is not None else default[rank]
+    if perm != default[rank]:
+        raise NKIValueError(f"dma_transpose supports the permutation {default[rank]} for rank "
+                            f"{rank}, got {perm}", "err_dma_transpose_axes")
+    values = np.transpose(_read_any(src, None), perm)
+    out_dtype = dt.as_dtype(dtype or src.dtype)
+    m = resolve_mask(mask)
+    if m is False:
+        return _skipped(values.shape, out_dtype)
+    from .instructions import finish, result_tile
+
+    tile = result_tile(values, out_dtype, m)
+    inst = dma_record("dma_transpose", src.region(), tile.region(), tile.shape[0],
+                      src.size * src.itemsize, src.itemsize,
+                      f"{src.storage.memory}->sbuf", src.dtype, out_dtype)
+    return finish(tile, inst, m, None)

@@ -11,6 +11,7 @@ Vector engine (``tensor_tensor``), reductions on the Vector engine (``tensor_red
 from __future__ import annotations
 
 import builtins
+import sys
 
 import numpy as np
 
@@ -33,8 +34,8 @@ from .dtypes import (  # noqa: F401 - re-exported NKI names
     uint16,
     uint32,
 )
-from .errors import NKITypeError, NKIValueError
-from .indexing import arange, ds, mgrid  # noqa: F401
+from .errors import NKIIndexError, NKITypeError, NKIValueError
+from .indexing import align_mask, arange, ds, mask_box, mgrid  # noqa: F401
 from .instructions import (
     Operand,
     align_shapes,
@@ -42,11 +43,13 @@ from .instructions import (
     check_free_size,
     compute_result,
     emit,
+    extent,
     finish,
     is_tile,
     resolve_mask,
     result_tile,
     tile_operand,
+    work_f32,
     write_into,
 )
 from .runtime import (  # noqa: F401
@@ -61,7 +64,7 @@ from .runtime import (  # noqa: F401
     static_range,
 )
 from .targets import tile_size  # noqa: F401
-from .tensor import Access, Tensor, par_dim  # noqa: F401
+from .tensor import Access, Tensor, contiguous_row_bytes, par_dim  # noqa: F401
 
 # --- buffers ---------------------------------------------------------------------------------
 sbuf = "sbuf"
@@ -95,23 +98,35 @@ def ndarray(shape, dtype, *, buffer=None, name="", **kwargs):
     return allocate(shape, dtype, buffer, name, fill=fill)
 
 
-def _shared_hbm(ctx, shape, dtype, name):
-    import sys
+_COMPREHENSIONS = ("<listcomp>", "<genexpr>", "<dictcomp>", "<setcomp>")
 
+
+def _kernel_frame():
+    """The code object of the innermost caller outside the simulator (comprehensions count
+    as the scope they are written in, as Python 3.12 inlines them)."""
+    frame = sys._getframe(1)
+    while frame is not None and (frame.f_globals.get("__name__", "").startswith("simulate.")
+                                 or frame.f_code.co_name in _COMPREHENSIONS):
+        frame = frame.f_back
+    return frame.f_code if frame is not None else None
+
+
+def _shared_hbm(ctx, shape, dtype, name):
     if ctx.loops:
-        raise NKIValueError("shared_hbm tensors must be created at the kernel's top level, not "
-                            "inside a loop", "err_shared_hbm_must_in_kernel_level")
-    caller = sys._getframe(2).f_code
+        raise NKIValueError("shared_hbm tensor can only be created in top level kernel scope, "
+                            "not inside a loop", "err_shared_hbm_must_in_kernel_level")
+    caller = _kernel_frame()
     if ctx.kernel_code is not None and caller is not ctx.kernel_code:
         raise NKIValueError(
-            f"shared_hbm tensor `{name}` must be created in the kernel function itself, not in "
-            f"helper `{caller.co_name}`", "err_shared_hbm_must_in_kernel_level")
+            f"shared_hbm tensor `{name}` can only be created in top level kernel scope, not in "
+            f"helper `{getattr(caller, 'co_name', '?')}`", "err_shared_hbm_must_in_kernel_level")
+    shape = tuple(int(s) for s in (shape if isinstance(shape, (tuple, list)) else (shape,)))
     index = ctx.shared_hbm_cursor
     ctx.shared_hbm_cursor += 1
     if index < len(ctx.shared_hbm):  # every SPMD instance maps to the same output
         tensor = ctx.shared_hbm[index]
-        if tensor.shape != tuple(int(s) for s in shape):
-            raise NKIValueError("SPMD instances allocate different shared_hbm shapes",
+        if tensor.shape != shape or tensor.dtype != dt.as_dtype(dtype):
+            raise NKIValueError("SPMD instances allocate different shared_hbm tensors",
                                 "err_shared_hbm_shape")
         return tensor
     tensor = allocate(shape, dtype, shared_hbm, name, fill=dt.uninitialised(dt.as_dtype(dtype)))
@@ -122,15 +137,15 @@ def _shared_hbm(ctx, shape, dtype, name):
 def _filled(shape, value, dtype, buffer, name, api):
     buffer = _buffer(buffer)
     if buffer not in (sbuf, psum):
-        raise NKIValueError(f"{api} cannot create an HBM tensor with an initial value",
+        raise NKIValueError(f"{api}: Creating HBM tensor with init value is not supported",
                             "err_hbm_tensor_with_init_value_not_supported")
     dtype = dt.as_dtype(dtype)
     tile = allocate(shape, dtype, buffer, name, fill=dt.cast(np.asarray(value), dtype))
-    inst = emit("dve", "memset", outputs=[tile.region()], partitions=tile.shape[0],
-                free_size=int(np.prod(tile.shape[1:])), out_dtype=dtype,
-                details={"value": float(value)})
-    tile.fresh = (inst, None, None)
-    return tile
+    tile.storage.written = True
+    inst = emit("dve", "memset", outputs=[tile.region()], partitions=tile.shape[tile.par_axis],
+                free_size=tile.data.size // builtins.max(1, tile.shape[tile.par_axis]),
+                out_dtype=dtype, details={"value": float(value)})
+    return finish(tile, inst, None, None)
 
 
 def zeros(shape, dtype, *, buffer=None, name="", **kwargs):
@@ -169,9 +184,13 @@ def full_like(a, fill_value, dtype=None, *, buffer=None, name="", **kwargs):
 
 
 def shared_constant(constant, dtype=None, **kwargs):
-    """``nl.shared_constant(np_array, dtype=None)``: a constant HBM tensor (load before use)."""
+    """``nl.shared_constant(np_array, dtype=None)``: a constant HBM tensor (load before use).
+    Without ``dtype`` a 64-bit array is stored in the 32-bit type of its kind."""
     array = np.asarray(constant)
-    dtype = dt.as_dtype(dtype or array.dtype)
+    if dtype is None:
+        dtype = {"f": float32, "i": int32, "u": uint32}.get(array.dtype.kind, array.dtype) if (
+            array.dtype.itemsize == 8) else array.dtype
+    dtype = dt.as_dtype(dtype)
     tensor = allocate(array.shape, dtype, "constant", "constant",
                       fill=dt.cast(array, dtype).copy())
     tensor.storage.written = True
@@ -206,25 +225,36 @@ def _hbm_source(src, api):
     if src.on_chip:
         raise NKITypeError(
             f"Expected operand 'src' of '{api}' to be in address space 'hbm', but got a tile in "
-            f"'{src.storage.memory}'", "err_unsupported_memory")
+            f"'{src.storage.memory}' instead", "err_unsupported_memory")
 
 
-def _contiguous_row_bytes(array: np.ndarray) -> int:
-    """Contiguous bytes per partition row of an HBM access (one DMA descriptor)."""
-    run = array.itemsize
-    for n, stride in zip(reversed(array.shape[1:]), reversed(array.strides[1:]), strict=True):
-        if stride != run and n > 1:
-            break
-        run *= n
-    return run
+def _tile_shape(shape) -> tuple[int, ...]:
+    """The on-chip shape of an HBM access: rank ≥ 2, the first axis the partition axis."""
+    shape = tuple(shape)
+    return shape + (1,) * (2 - len(shape)) if len(shape) < 2 else shape
+
+
+def hbm_access(view, mask):
+    """(values read where ``mask`` holds (sentinel elsewhere), mask, addressed point count,
+    region, contiguous row bytes) of an HBM tensor or access."""
+    if isinstance(view, Access):
+        values, mask = view.read(mask)
+        return values, mask, view.count(mask), view.region(mask), view.row_bytes(mask)
+    values = view.data
+    count = values.size
+    if mask is not None:
+        full = np.broadcast_to(mask, values.shape)
+        count = int(full.sum())
+        values = np.where(full, values, np.asarray(dt.uninitialised(view.dtype), values.dtype))
+    return values, mask, count, view.region(mask), contiguous_row_bytes(view.data)
 
 
 def dma_record(opcode, src_region, dst_region, partitions, nbytes, row_bytes, direction,
                in_dtype, out_dtype, inputs=(), details=None):
-    """Append a DMA transfer to the trace."""
-    ops = [Operand.__new__(Operand)]
-    ops[0].region, ops[0].dtype = src_region, in_dtype
-    return emit("dma", opcode, inputs=ops + list(inputs), outputs=[dst_region],
+    """Append a DMA transfer to the trace. ``nbytes`` counts the elements actually moved
+    (masked-off points excluded) at the HBM side's itemsize."""
+    src = [Operand.reference(src_region, in_dtype)] if src_region is not None else []
+    return emit("dma", opcode, inputs=src + list(inputs), outputs=[dst_region],
                 partitions=partitions, free_size=nbytes // builtins.max(1, partitions),
                 out_dtype=out_dtype, details=details or {},
                 dma={"dma_bytes": int(nbytes), "dma_direction": direction,
@@ -234,39 +264,30 @@ def dma_record(opcode, src_region, dst_region, partitions, nbytes, row_bytes, di
 def load(src, *, mask=None, dtype=None, **kwargs):
     """``nl.load(src, *, mask=None, dtype=None)``: HBM → a new SBUF tile (DMA).
 
-    The first axis of the access becomes the partition axis (≤ 128). Masked-off points are
-    never read; they hold the uninitialised value in the result.
+    The first axis of the access becomes the partition axis (≤ 128); a 1-D source gives a
+    ``(n, 1)`` tile. Masked-off points are never read; they hold the uninitialised value in
+    the result.
     """
     _hbm_source(src, "load")
-    shape = tuple(src.shape)
-    if len(shape) == 1:
-        shape = shape + (1,)
-    m = resolve_mask(mask, src.shape)
+    shape = _tile_shape(src.shape)
     out_dtype = dt.as_dtype(dtype or src.dtype)
+    m = resolve_mask(mask, src.shape)
     if m is False:
         return allocate(shape, out_dtype, fill=dt.uninitialised(out_dtype))
-    if isinstance(src, Access):
-        values, m = src.read(m)
-        src_region = src.region(m)
-        row_bytes = src.shape[-1] * src.tensor.itemsize if src.ndim > 1 else src.tensor.itemsize
-    else:
-        values = src.data
-        src_region = src.region()
-        row_bytes = _contiguous_row_bytes(src.data)
-    tile = result_tile(values.reshape(shape) if values.shape != shape else values, out_dtype,
-                       None if m is None else m.reshape(shape))
-    count = values.size if m is None else int(m.sum())
-    inst = dma_record("load", src_region, tile.region(), shape[0], count * src.tensor.itemsize
-                      if isinstance(src, Access) else count * src.itemsize, row_bytes,
-                      "hbm->sbuf", src.dtype, out_dtype,
-                      inputs=_indirect_inputs(src))
-    return finish(tile, inst, m, None)
+    values, m, count, region, row_bytes = hbm_access(src, m)
+    tile_mask = None if m is None else align_mask(m.reshape(_tile_shape(m.shape)), shape)
+    tile = result_tile(values.reshape(shape), out_dtype, tile_mask)
+    inst = dma_record("load", region, tile.region(tile_mask), extent(tile_mask, shape)[0],
+                      count * src.itemsize, row_bytes, "hbm->sbuf", src.dtype, out_dtype,
+                      inputs=indirect_inputs(src))
+    return finish(tile, inst, tile_mask, None)
 
 
-def _indirect_inputs(access):
+def indirect_inputs(access):
+    """The index tile an indirect access reads, as an operand of the DMA."""
     if isinstance(access, Access) and access.indirect is not None:
         tile = access.indirect[1]
-        return [Operand(tile.data, tile.dtype, tile.storage.memory, tile.region(), tile)]
+        return [Operand.reference(tile.region(), tile.dtype)]
     return []
 
 
@@ -276,68 +297,75 @@ def store(dst, value, *, mask=None, **kwargs):
     if not is_tile(dst) or dst.on_chip:
         raise NKITypeError("Expected operand 'dst' of 'store' to be in address space 'hbm'",
                            "err_unsupported_memory")
-    if dst.storage.kind == "constant":
-        raise NKIValueError("cannot store into a shared constant", "err_store_to_constant")
     m = resolve_mask(mask, dst.shape)
     if m is False:
         return None
     if is_tile(value):
-        op = tile_operand(value, "value", "store")
+        op = tile_operand(value, "value", "store", mask=m)
         values, in_dtype, src_region = op.values, op.dtype, op.region
-        partitions = op.partitions
+        partitions = extent(m, dst.shape)[0] if len(dst.shape) else 1
+        direction = f"{op.memory}->hbm"
     else:
-        values = np.asarray(value, dtype=np.float32)
-        in_dtype, src_region, partitions = dt.float32, None, dst.shape[0] if dst.shape else 1
-    write_into(dst, values, m)
-    count = int(np.prod(dst.shape)) if m is None else int(np.broadcast_to(m, dst.shape).sum())
+        values = np.asarray(value)
+        in_dtype = dt.weak_scalar_dtype(value)
+        src_region, partitions = None, dst.shape[0] if len(dst.shape) else 1
+        direction = "sbuf->hbm"
     if isinstance(dst, Access):
-        region, row = dst.region(m), dst.shape[-1] * dst.tensor.itemsize
+        m = dst.combined_mask(m)
+        count, region, row = dst.count(m), dst.region(m), dst.row_bytes(m)
     else:
-        region, row = dst.region(), _contiguous_row_bytes(dst.data)
-    nbytes = count * dst.dtype.itemsize
-    src = src_region if src_region is not None else region
-    direction = "psum->hbm" if is_tile(value) and value.storage.memory == "psum" else "sbuf->hbm"
-    dma_record("store", src, region, partitions, nbytes, row, direction, in_dtype, dst.dtype,
-               inputs=_indirect_inputs(dst))
+        count = dst.size if m is None else int(np.broadcast_to(m, dst.shape).sum())
+        region, row = dst.region(m), contiguous_row_bytes(dst.data)
+    write_into(dst, values, m)
+    dma_record("store", src_region, region, partitions, count * dst.itemsize, row, direction,
+               in_dtype, dst.dtype, inputs=indirect_inputs(dst))
     return None
 
 
 def load_transpose2d(src, *, mask=None, dtype=None, **kwargs):
     """``nl.load_transpose2d(src)``: load a 2-D HBM block transposed (DMA)."""
     _hbm_source(src, "load_transpose2d")
+    if isinstance(src, Access) and src.indirect is not None:
+        raise NKIIndexError("load_transpose2d does not support indirect indices",
+                            "err_indirect_indices_are_not_supported_with_nki_api")
     if len(src.shape) != 2:
         raise NKIValueError("load_transpose2d takes a 2-D access",
                             "err_exceed_max_supported_dimension")
-    values, _ = src.read(None) if isinstance(src, Access) else (src.data, None)
-    values = values.T
+    m = resolve_mask(mask, src.shape)
     out_dtype = dt.as_dtype(dtype or src.dtype)
-    tile = result_tile(np.ascontiguousarray(values), out_dtype, None)
-    itemsize = src.tensor.itemsize if isinstance(src, Access) else src.itemsize
-    inst = dma_record("load_transpose2d", src.region(), tile.region(), tile.shape[0],
-                      values.size * itemsize, itemsize, "hbm->sbuf", src.dtype, out_dtype)
-    return finish(tile, inst, None, None)
+    if m is False:
+        return allocate(src.shape[::-1], out_dtype, fill=dt.uninitialised(out_dtype))
+    values, m, count, region, _ = hbm_access(src, m)
+    tile_mask = None if m is None else m.T
+    tile = result_tile(values.T, out_dtype, tile_mask)
+    inst = dma_record("load_transpose2d", region, tile.region(), tile.shape[0],
+                      count * src.itemsize, src.itemsize, "hbm->sbuf", src.dtype, out_dtype)
+    return finish(tile, inst, tile_mask, None)
+
+
+def _same_target(value, dst) -> bool:
+    return value.storage is dst.storage and value.region() == dst.region()
 
 
 def assign(dst, value) -> None:
     """``tile[...] = value``: write an instruction's result (or copy a tile, with a cast) into
-    an SBUF/PSUM tile."""
+    an SBUF/PSUM tile. Assigning the result of the instruction just issued retargets that
+    instruction's output (no copy), as the compiler does; masked-off points keep their old
+    values."""
     if not dst.on_chip:
         raise NKITypeError(
             f"cannot assign into HBM tensor `{dst.name}` with '=': use nl.store",
             "err_unsupported_memory")
-    fresh = getattr(value, "fresh", None)
-    ctx = current("assignment")
-    if isinstance(value, Tensor) and value.storage is dst.storage and \
-            value.data.__array_interface__ == dst.data.__array_interface__:
+    if getattr(value, "updated_in_place", False) and _same_target(value, dst):
         return  # `t[...] += x` already updated t in place
+    ctx = current("assignment")
+    fresh = getattr(value, "fresh", None)
     if fresh is not None and ctx.trace.instructions and fresh[0] is ctx.trace.instructions[-1]:
         inst, m, f32 = fresh
-        values = f32 if f32 is not None else value.data
-        if m is not None and values.shape != tuple(dst.shape):
-            m = None if m.all() else m
-        write_into(dst, values, m)
-        inst.writes = (dst.region(),)
+        write_into(dst, f32 if f32 is not None else value.data, m)
+        inst.writes = (dst.region(),) + tuple(inst.writes[1:])
         inst.out_dtype = dt.name(dst.dtype)
+        value.fresh = None
         return
     if is_tile(value):
         op = tile_operand(value, "value", "assignment")
@@ -345,49 +373,54 @@ def assign(dst, value) -> None:
         emit("dve", "tensor_copy", inputs=[op], outputs=[dst.region()], partitions=op.partitions,
              free_size=op.free_size, out_dtype=dst.dtype)
         return
-    if isinstance(value, (int, float, np.number, bool)):
-        write_into(dst, np.asarray(value, dtype=np.float32), None)
+    if isinstance(value, (int, float, np.number, bool, np.bool_)):
+        write_into(dst, np.asarray(value), None)
         emit("dve", "memset", outputs=[dst.region()], partitions=dst.shape[0],
-             free_size=int(np.prod(dst.shape[1:])), out_dtype=dst.dtype)
+             free_size=int(np.prod(dst.shape[1:])), out_dtype=dst.dtype,
+             details={"value": float(value)})
         return
     raise NKITypeError(f"cannot assign {type(value).__name__} into a tile",
                        "err_unsupported_assignment")
 
 
 def accumulate(dst, value, op_name: str) -> None:
-    """``tile += value`` (and ``-=``, ``*=``, ``/=``): in place, in fp32. Accumulating a fresh
-    ``nc_matmul`` result into a PSUM tile is the matmul's own PSUM accumulation."""
+    """``tile += value`` (and ``-=``, ``*=``, ``/=``): in place, in fp32, an associative
+    update that ``affine_range`` allows. Adding the ``nc_matmul`` result just issued into a
+    PSUM tile is the matmul's own PSUM accumulation (no Vector-engine instruction)."""
     ctx = current("in-place update")
-    fresh = getattr(value, "fresh", None)
+    if not dst.on_chip:
+        raise NKITypeError(f"cannot update HBM tensor `{dst.name}` in place: use nl.store",
+                           "err_unsupported_memory")
     spec = fn.lookup(op_name)
-    if isinstance(value, Tensor) or isinstance(value, Access):
+    fresh = getattr(value, "fresh", None)
+    last = ctx.trace.instructions[-1] if ctx.trace.instructions else None
+    psum_accumulation = (fresh is not None and fresh[0] is last and last.opcode == "nc_matmul"
+                         and dst.storage.memory == "psum" and op_name == "add")
+    if is_tile(value):
         src = tile_operand(value, "value", f"{op_name}=")
-        rhs = src.f32()
+        rhs = fresh[2] if psum_accumulation and fresh[2] is not None else src.f32()
     else:
         src, rhs = None, np.float32(value)
-    current_values = dt.compute(dst.data)
-    lhs, rhs_aligned = align_shapes(current_values, rhs) if src is not None else (current_values,
-                                                                                   rhs)
-    result = spec.apply(lhs, rhs_aligned)
-    write_into(dst, result, None, accumulate=True)
-    last = ctx.trace.instructions[-1] if ctx.trace.instructions else None
-    if (fresh is not None and fresh[0] is last and last.opcode == "nc_matmul"
-            and dst.storage.memory == "psum" and op_name == "add"):
+    dst_op = tile_operand(dst, "dst", f"{op_name}=")
+    lhs, rhs = align_shapes(dst_op.f32(), rhs)
+    write_into(dst, spec.apply(lhs, rhs), fresh[1] if psum_accumulation else None,
+               accumulate=True)
+    if psum_accumulation:
         last.writes = (dst.region(),)
         last.details["accumulate"] = True
+        value.fresh = None
         return
-    dst_op = Operand(dst.data, dst.dtype, dst.storage.memory, dst.region(), dst)
     emit("dve", "tensor_tensor" if src is not None else "tensor_scalar",
-         inputs=[dst_op, src], outputs=[dst.region()], partitions=dst.shape[0],
-         free_size=int(np.prod(dst.shape[1:])), out_dtype=dst.dtype,
+         inputs=[dst_op, src], outputs=[dst.region()], partitions=dst_op.partitions,
+         free_size=dst_op.free_size, out_dtype=dst.dtype,
          details={"op": op_name, "accumulate": True})
 
 
 def copy(src, *, mask=None, dtype=None, **kwargs):
     """``nl.copy(src, *, mask=None, dtype=None)``: copy (and cast) a tile (Vector engine)."""
-    op = tile_operand(src, "src", "copy")
+    m = resolve_mask(mask)
+    op = tile_operand(src, "src", "copy", mask=m)
     out_dtype = dt.as_dtype(dtype or op.dtype)
-    m = resolve_mask(mask, op.shape)
     if m is False:
         return allocate(op.shape, out_dtype, fill=dt.uninitialised(out_dtype))
     check_free_size(op, "nl.copy")
@@ -396,7 +429,7 @@ def copy(src, *, mask=None, dtype=None, **kwargs):
 
 def static_cast(data, dtype, **kwargs):
     """``nl.static_cast(data, dtype)``: cast a tile, or a NumPy array / scalar outside a
-    kernel (round to nearest even)."""
+    kernel (round to nearest even, saturating integers)."""
     if is_tile(data):
         return copy(data, dtype=dtype)
     return dt.cast(np.asarray(data), dt.as_dtype(dtype))
@@ -420,14 +453,14 @@ def broadcast_to(src, *, shape, **kwargs):
 
 
 def expand_dims(data, axis, **kwargs):
-    """``nl.expand_dims(data, axis)``: add a size-1 free axis after the last axis."""
+    """``nl.expand_dims(data, axis)``: add a size-1 free axis after the last axis (a view)."""
+    if not isinstance(data, Tensor):
+        raise NKITypeError("expand_dims takes a tile", "err_expand_dims_type")
     if axis not in (data.ndim, -1):
         raise NKIValueError("expand_dims adds an axis after the last axis only",
                             "err_expand_dims_axis")
-    if isinstance(data, Tensor):
-        return Tensor(data.data[..., None], data.dtype, data.storage, par_axis=data.par_axis,
-                      loops=data.loops)
-    raise NKITypeError("expand_dims takes a tile", "err_expand_dims_type")
+    return Tensor(data.data[..., None], data.dtype, data.storage, par_axis=data.par_axis,
+                  loops=data.loops)
 
 
 def transpose(x, *, dtype=None, mask=None, **kwargs):
@@ -435,40 +468,50 @@ def transpose(x, *, dtype=None, mask=None, **kwargs):
     on both axes; result in PSUM)."""
     op = tile_operand(x, "x", "transpose", allow_psum=False)
     if len(op.shape) > 2:
-        raise NKIValueError("transpose takes a 2-D tile", "err_exceed_max_supported_dimension")
-    if op.shape[0] > 128 or op.shape[1] > 128:
-        raise NKIValueError(f"transpose of a {op.shape} tile: both dims must be ≤ 128",
-                            "err_size_of_dimension_exceed_arch_limit")
+        raise NKIValueError(
+            f"parameter 'x{list(op.shape)}' of 'transpose' exceed max supported number of "
+            "dimensions of 2", "err_exceed_max_supported_dimension")
+    for axis, n in enumerate(op.shape):
+        if n > 128:
+            raise NKIValueError(
+                f"size of dimension {axis} in 'x{list(op.shape)}' of 'transpose' exceed "
+                "architecture limitation of 128", "err_size_of_dimension_exceed_arch_limit")
     out_dtype = dt.as_dtype(dtype or op.dtype)
-    return compute_result("pe", "nc_transpose", op.values.T, out_dtype, None, [op],
-                          partitions=op.shape[0], free_size=op.shape[1], buffer=psum)
+    m = resolve_mask(mask)
+    return compute_result("pe", "nc_transpose", op.values.T, out_dtype,
+                          None if m is False else m, [op], partitions=op.shape[0],
+                          free_size=op.shape[1], buffer=psum)
 
 
 def matmul(x, y, *, transpose_x=False, mask=None, **kwargs):
     """``nl.matmul(x, y, *, transpose_x=False)``: ``x @ y`` (or ``x.T @ y``) on the Tensor
-    engine; x ≤ 128×128, y (K ≤ 128, ≤ 512); returns an fp32 PSUM tile."""
+    engine; x ≤ 128×128, y (K ≤ 128, ≤ 512); returns an fp32 PSUM tile. Without
+    ``transpose_x`` the compiler first transposes ``x`` on the Tensor engine."""
     from . import isa
 
     if transpose_x:
         return isa.nc_matmul(x, y, mask=mask)
     op = tile_operand(x, "x", "matmul", allow_psum=False)
-    xt = transpose(x) if not transpose_x else x
-    xt_sb = copy(xt, dtype=op.dtype)
-    return isa.nc_matmul(xt_sb, y, mask=mask)
+    x_t = copy(transpose(x), dtype=op.dtype)
+    return isa.nc_matmul(x_t, y, mask=mask)
 
 
 def where(condition, x, y, *, dtype=None, mask=None, **kwargs):
     """``nl.where(condition, x, y)``: elementwise select (Vector engine)."""
-    c = tile_operand(condition, "condition", "where")
-    xv = tile_operand(x, "x", "where") if is_tile(x) else None
-    yv = tile_operand(y, "y", "where") if is_tile(y) else None
+    m = resolve_mask(mask)
+    c = tile_operand(condition, "condition", "where", mask=m)
+    xv = tile_operand(x, "x", "where", mask=m) if is_tile(x) else None
+    yv = tile_operand(y, "y", "where", mask=m) if is_tile(y) else None
     xa = xv.f32() if xv else np.float32(x)
     ya = yv.f32() if yv else np.float32(y)
-    out_dtype = dt.as_dtype(dtype or (xv.dtype if xv else yv.dtype if yv else float32))
-    values = np.where(c.values.astype(bool), xa, ya)
-    m = resolve_mask(mask, values.shape)
-    return compute_result("dve", "select", values, out_dtype, m if m is not False else None,
-                          [c, xv, yv])
+    default = dt.promote(_operand_dtype(x), _operand_dtype(y))
+    out_dtype = dt.as_dtype(dtype or default)
+    cond, xa = align_shapes(c.values, xa)
+    cond, ya = align_shapes(cond, ya)
+    values = np.where(cond.astype(bool), xa, ya)
+    if m is False:
+        return allocate(values.shape, out_dtype, fill=dt.uninitialised(out_dtype))
+    return compute_result("dve", "select", values, out_dtype, m, [c, xv, yv])
 
 
 # --- elementwise math ------------------------------------------------------------------------
@@ -477,12 +520,12 @@ def _operand_dtype(value):
 
 
 def elementwise_unary(name: str, x, dtype=None, mask=None):
-    """One unary op over a tile: Scalar-engine ``activation`` for functions of the activation
-    table, Vector engine otherwise."""
-    op = tile_operand(x, "x", name)
+    """One unary op over a tile: the Scalar engine's ``activation`` for transcendental
+    functions, the Vector engine otherwise."""
+    m = resolve_mask(mask)
+    op = tile_operand(x, "x", name, mask=m)
     check_free_size(op, f"nl.{name}")
     spec = fn.lookup(name)
-    m = resolve_mask(mask, op.shape)
     out_dtype = dt.as_dtype(dtype or op.dtype)
     if m is False:
         return allocate(op.shape, out_dtype, fill=dt.uninitialised(out_dtype))
@@ -491,9 +534,13 @@ def elementwise_unary(name: str, x, dtype=None, mask=None):
             raise NKITypeError(f"nl.{name} is a bit operation and takes integer tiles",
                                "err_bitvec_dtype")
         values = spec.apply(op.values)
-    else:
+    elif name in fn.COMPARISONS or name == "logical_not":
         values = spec.apply(op.f32())
-    engine, opcode = ("act", "activation") if spec.is_activation else ("dve", "tensor_scalar")
+    else:
+        work = work_f32(op, out_dtype)
+        values = spec.apply(work, out=work)
+    engine, opcode = ("act", "activation") if name in fn.TRANSCENDENTAL else (
+        "dve", "tensor_scalar")
     return compute_result(engine, opcode, values, out_dtype, m, [op], details={"op": name})
 
 
@@ -506,61 +553,79 @@ def _partition_broadcast_check(a: Operand, b: Operand, api: str, operator: bool)
             f"{b.partitions} partitions): use nl.{api} or broadcast_to first",
             "err_num_partition_mismatch")
     if 1 not in (a.partitions, b.partitions):
-        raise NKIValueError(f"nl.{api}: operands have {a.partitions} and {b.partitions} "
-                            "partitions", "err_num_partition_mismatch")
+        raise NKIValueError(
+            f"number of partitions mismatch in parameters of '{api}' ({a.partitions} vs "
+            f"{b.partitions})", "err_num_partition_mismatch")
     return builtins.max(a.partitions, b.partitions)
+
+
+_EXACT_INT_OPS = ("add", "subtract", "multiply", "maximum", "minimum")
 
 
 def elementwise_binary(name, x, y, dtype=None, mask=None, operator=False):
     """One binary op: Vector ``tensor_scalar`` when one side is a scalar or a ``(P, 1)``
-    per-partition column, ``tensor_tensor`` otherwise (``power`` runs on GpSimd)."""
+    per-partition column, ``tensor_tensor`` otherwise (``power`` and integer arithmetic run
+    on GpSimd). Operands broadcast partition-aligned (a lower rank is padded on the right);
+    the ``nl.*`` functions also broadcast a one-partition operand across partitions (an extra
+    instruction), Python operators do not."""
     spec = fn.lookup(name)
     x_tile, y_tile = is_tile(x), is_tile(y)
     if not (x_tile or y_tile):
         raise NKITypeError(f"nl.{name} needs at least one tile operand",
                            "err_failed_to_infer_tile_from_local_tensor")
-    xo = tile_operand(x, "x", name) if x_tile else None
-    yo = tile_operand(y, "y", name) if y_tile else None
+    m = resolve_mask(mask)
+    xo = tile_operand(x, "x", name, mask=m) if x_tile else None
+    yo = tile_operand(y, "y", name, mask=m) if y_tile else None
     for o in (xo, yo):
         if o is not None:
             check_free_size(o, f"nl.{name}")
     promoted = dt.promote(_operand_dtype(x), _operand_dtype(y))
     default = dt.bool_ if name in fn.COMPARISONS else promoted
     out_dtype = dt.as_dtype(dtype or default)
+    both_int = builtins.all(dt.is_int(_operand_dtype(v)) for v in (x, y))
     if spec.bitvec:
-        xv = xo.values if xo else np.asarray(x)
-        yv = yo.values if yo else np.asarray(y)
-        if (xo and not dt.is_int(xo.dtype)) or (yo and not dt.is_int(yo.dtype)):
+        if not both_int:
             raise NKITypeError(f"nl.{name} is a bit operation and takes integer tiles",
                                "err_bitvec_dtype")
-    elif xo is not None and yo is not None and dt.is_int(xo.dtype) and dt.is_int(yo.dtype) \
-            and name in ("add", "subtract", "multiply", "maximum", "minimum"):
-        xv, yv = xo.values.astype(np.int64), yo.values.astype(np.int64)
-    else:
-        xv = xo.f32() if xo else np.float32(x)
-        yv = yo.f32() if yo else np.float32(y)
+        mode = "raw"
+        xv = xo.values if xo else np.asarray(x)
+        yv = yo.values if yo else np.asarray(y)
+    elif both_int and name in _EXACT_INT_OPS:
+        mode = "raw"
+        xv = xo.values.astype(np.int64) if xo else np.int64(x)
+        yv = yo.values.astype(np.int64) if yo else np.int64(y)
+    else:  # fp32 arithmetic; ufuncs convert the tiles' values to fp32 on the fly
+        mode = "fp32"
+        xv = xo.values if xo else np.float32(x)
+        yv = yo.values if yo else np.float32(y)
     inputs = [o for o in (xo, yo) if o is not None]
-    extra = []
+    scalar_like = True
     if xo is not None and yo is not None:
         xv, yv = align_shapes(xv, yv)
         bcast = _partition_broadcast_check(xo, yo, name, operator)
         if bcast:
             small = xo if xo.partitions == 1 else yo
-            extra.append(emit("dve", "partition_broadcast", inputs=[small], outputs=[],
-                              partitions=bcast, free_size=small.free_size,
-                              out_dtype=small.dtype))
+            emit("dve", "partition_broadcast", inputs=[small], outputs=[],
+                 partitions=bcast, free_size=small.free_size, out_dtype=small.dtype)
         scalar_like = xo.free_size == 1 or yo.free_size == 1
-    else:
-        scalar_like = True
     try:
-        values = spec.apply(xv, yv)
+        shape = np.broadcast_shapes(np.shape(xv), np.shape(yv))
     except ValueError as exc:
         raise NKIValueError(f"nl.{name}: shapes {np.shape(xv)} and {np.shape(yv)} do not "
                             "broadcast", "err_broadcast_shape") from exc
-    m = resolve_mask(mask, values.shape)
+    # the fp32 result goes into a work copy of the operand that already has the result's shape
+    full = next((o for o in (xo, yo) if o is not None and o.shape == shape), None)
+    if mode == "raw":
+        values = spec.apply(xv, yv)
+    elif full is None or name in fn.COMPARISONS:
+        values = spec.apply(dt.compute(xv), dt.compute(yv))
+    else:
+        work = work_f32(full, out_dtype)
+        a, b = (work, yv) if full is xo else (xv, work)
+        values = spec.apply(a, b, out=work)
     if m is False:
         return allocate(values.shape, out_dtype, fill=dt.uninitialised(out_dtype))
-    if name == "power":
+    if name == "power" or (both_int and name in _EXACT_INT_OPS and not scalar_like):
         engine, opcode = "pool", "tensor_tensor"
     elif scalar_like:
         engine, opcode = "dve", "tensor_scalar"
@@ -648,67 +713,92 @@ identity = _unary("identity", "x")
 
 
 # --- reductions ------------------------------------------------------------------------------
-def _reduce(name, reducer, x, axis, dtype, mask, keepdims):
-    op = tile_operand(x, "x", name)
+_IDENTITY = {"sum": 0.0, "mean": 0.0, "var": 0.0, "prod": 1.0, "max": -np.inf, "min": np.inf,
+             "all": 1.0}
+
+
+def _reduce(name, x, axis, dtype, mask, keepdims):
+    """A reduction over free axes on the Vector engine (``tensor_reduce``), in fp32.
+
+    Masked-off elements do not take part (``mean``/``var`` divide by the number of valid
+    elements); an output point whose inputs are all masked off is not computed.
+    """
+    m = resolve_mask(mask)
+    op = tile_operand(x, "x", name, mask=m)
     check_free_size(op, f"nl.{name}")
     axes = tuple(axis) if isinstance(axis, (list, tuple)) else (axis,)
-    axes = tuple(a % op.values.ndim for a in axes)
+    ndim = op.values.ndim
+    axes = tuple(sorted({int(a) % ndim for a in axes}))
     if 0 in axes:
         raise NKIValueError(f"nl.{name} reduces free axes only; axis 0 is the partition axis "
                             "(use a matmul with a ones vector, or nisa.tensor_partition_reduce)",
                             "err_reduce_partition_axis")
-    m = resolve_mask(mask, op.shape)
-    values = op.f32()
-    if m is not None and m is not False:
-        identity_value = {"sum": 0.0, "mean": 0.0, "prod": 1.0, "max": -np.inf, "min": np.inf,
-                          "all": 1.0, "var": 0.0}[name]
-        values = np.where(m, values, np.float32(identity_value))
-    result = reducer(values, axes)
-    if keepdims:
-        result = np.expand_dims(result, axes)
     default = dt.float32 if name in ("mean", "var") and dt.is_int(op.dtype) else op.dtype
     out_dtype = dt.as_dtype(dtype or (dt.bool_ if name == "all" else default))
+    values = op.f32()
+    out_mask = None
+    if m is False:
+        shape = tuple(1 if a in axes else n for a, n in enumerate(op.shape))
+        return allocate(shape if keepdims else tuple(n for a, n in enumerate(op.shape)
+                                                     if a not in axes),
+                        out_dtype, fill=dt.uninitialised(out_dtype))
+    if m is not None:
+        valid = np.broadcast_to(align_mask(m, op.shape), op.shape)
+        values = np.where(valid, values, np.float32(_IDENTITY[name]))
+        count = valid.sum(axis=axes, keepdims=True, dtype=np.float32)
+        out_mask = count > 0
+        if not keepdims:
+            out_mask = out_mask.reshape(tuple(n for a, n in enumerate(out_mask.shape)
+                                              if a not in axes))
+    else:
+        count = np.float32(np.prod([op.shape[a] for a in axes]))
+    with np.errstate(all="ignore"):
+        if name == "sum":
+            result = np.sum(values, axis=axes, keepdims=True, dtype=np.float32)
+        elif name == "prod":
+            result = np.prod(values, axis=axes, keepdims=True, dtype=np.float32)
+        elif name == "max":
+            result = np.max(values, axis=axes, keepdims=True)
+        elif name == "min":
+            result = np.min(values, axis=axes, keepdims=True)
+        elif name == "all":
+            result = np.all(values != 0, axis=axes, keepdims=True).astype(np.float32)
+        else:
+            mu = np.sum(values, axis=axes, keepdims=True, dtype=np.float32) / count
+            result = mu
+            if name == "var":
+                dev = values - mu
+                if m is not None:
+                    dev = np.where(valid, dev, np.float32(0))
+                result = np.sum(dev * dev, axis=axes, keepdims=True, dtype=np.float32) / count
+    if not keepdims:
+        result = result.reshape(tuple(n for a, n in enumerate(result.shape) if a not in axes))
+    partitions, free = extent(m, op.shape)
     return compute_result("dve", "tensor_reduce", np.asarray(result, np.float32), out_dtype,
-                          None, [op], free_size=op.free_size, details={"op": name})
+                          out_mask, [op], partitions=partitions, free_size=free,
+                          details={"op": name})
 
 
-def sum(x, axis, *, dtype=None, mask=None, keepdims=False, **kwargs):  # noqa: A001
-    """``nl.sum(x, axis, *, dtype=None, mask=None, keepdims=False)``: sum over free axes."""
-    return _reduce("sum", lambda v, a: np.sum(v, axis=a, dtype=np.float32), x, axis, dtype, mask,
-                   keepdims)
+def _reduction(name, doc):
+    def op(x, axis, *, dtype=None, mask=None, keepdims=False, **kwargs):
+        return _reduce(name, x, axis, dtype, mask, keepdims)
+
+    op.__name__ = op.__qualname__ = name
+    op.__doc__ = (f"``nl.{name}(x, axis, *, dtype=None, mask=None, keepdims=False)``: {doc} over "
+                  "the free axes ``axis`` (int or list, NumPy numbering; never 0).")
+    return op
 
 
-def prod(x, axis, *, dtype=None, mask=None, keepdims=False, **kwargs):
-    """``nl.prod``: product over free axes."""
-    return _reduce("prod", lambda v, a: np.prod(v, axis=a), x, axis, dtype, mask, keepdims)
-
-
-def max(x, axis, *, dtype=None, mask=None, keepdims=False, **kwargs):  # noqa: A001
-    """``nl.max``: maximum over free axes."""
-    return _reduce("max", lambda v, a: np.max(v, axis=a), x, axis, dtype, mask, keepdims)
-
-
-def min(x, axis, *, dtype=None, mask=None, keepdims=False, **kwargs):  # noqa: A001
-    """``nl.min``: minimum over free axes."""
-    return _reduce("min", lambda v, a: np.min(v, axis=a), x, axis, dtype, mask, keepdims)
-
-
-def mean(x, axis, *, dtype=None, mask=None, keepdims=False, **kwargs):
-    """``nl.mean``: arithmetic mean over free axes (fp32 for integer input)."""
-    return _reduce("mean", lambda v, a: np.mean(v, axis=a, dtype=np.float32), x, axis, dtype,
-                   mask, keepdims)
-
-
-def var(x, axis, *, dtype=None, mask=None, keepdims=False, **kwargs):
-    """``nl.var``: population variance over free axes."""
-    return _reduce("var", lambda v, a: np.var(v, axis=a, dtype=np.float32), x, axis, dtype,
-                   mask, keepdims)
-
-
-def all(x, axis, *, dtype=None, mask=None, keepdims=False, **kwargs):  # noqa: A001
-    """``nl.all``: logical and over free axes."""
-    return _reduce("all", lambda v, a: np.all(v != 0, axis=a).astype(np.float32), x, axis, dtype,
-                   mask, keepdims)
+sum = _reduction("sum", "sum")  # noqa: A001
+prod = _reduction("prod", "product")
+max = _reduction("max", "maximum")  # noqa: A001
+min = _reduction("min", "minimum")  # noqa: A001
+mean = _reduction("mean", "arithmetic mean (fp32 for integer input)")
+var = _reduction("var", "population variance")
+all = _reduction("all", "logical and")  # noqa: A001
+# the reductions also name their ALU operator when passed as ``op=`` / ``reduce_op=``
+sum.__nki_op__, prod.__nki_op__ = "add", "multiply"
+max.__nki_op__, min.__nki_op__ = "maximum", "minimum"
 
 
 def softmax(x, axis, *, dtype=None, compute_dtype=None, mask=None, **kwargs):
@@ -718,7 +808,41 @@ def softmax(x, axis, *, dtype=None, compute_dtype=None, mask=None, **kwargs):
     return divide(e, sum(e, axis=axis, keepdims=True, dtype=float32), dtype=dtype or x.dtype)
 
 
-# --- misc ------------------------------------------------------------------------------------
+# --- indexing helpers and misc ---------------------------------------------------------------
+def gather_flattened(data, indices, *, mask=None, dtype=None, **kwargs):
+    """``nl.gather_flattened(data, indices)``: per partition, gather elements of ``data``'s
+    flattened free axes at the (uint32) ``indices`` (GpSimd). Out-of-range indices give
+    garbage on the hardware; here they read the uninitialised value."""
+    src = tile_operand(data, "data", "gather_flattened", allow_psum=False)
+    idx = tile_operand(indices, "indices", "gather_flattened", allow_psum=False)
+    if not dt.is_int(idx.dtype):
+        raise NKITypeError("gather_flattened indices must be an integer tile",
+                           "err_indirect_index_type")
+    if src.partitions != idx.partitions:
+        raise NKIValueError("gather_flattened: data and indices have different partition counts",
+                            "err_num_partition_mismatch")
+    flat = src.values.reshape(src.partitions, -1)
+    positions = idx.values.reshape(idx.partitions, -1).astype(np.int64)
+    inside = (positions >= 0) & (positions < flat.shape[1])
+    gathered = np.take_along_axis(flat, np.where(inside, positions, 0), axis=1)
+    values = np.where(inside, dt.compute(gathered), np.float32(dt.uninitialised(src.dtype)))
+    out_dtype = dt.as_dtype(dtype or src.dtype)
+    m = resolve_mask(mask)
+    return compute_result("pool", "gather_flattened", values.reshape(idx.shape), out_dtype,
+                          None if m is False else m, [src, idx])
+
+
+def atomic_rmw(dst, value, op=np.add, *, mask=None, **kwargs):
+    """``nl.atomic_rmw(dst, value, op=np.add)``: ``dst = op(dst, value)`` on an HBM view
+    (indirect indices allowed) by DMA read-modify-write."""
+    from . import isa
+
+    if is_tile(value):
+        isa.dma_copy(dst=dst, src=value, mask=mask, dst_rmw_op=op)
+        return None
+    raise NKITypeError("atomic_rmw value must be a tile", "err_unsupported_memory")
+
+
 def device_print(prefix, x, *, mask=None, **kwargs):
     """``nl.device_print(prefix, x)``: print a tile's values (simulation only)."""
     ctx = current("nl.device_print")

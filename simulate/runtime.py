@@ -4,24 +4,35 @@ conventions, and the entry points ``nki.jit`` / ``simulate_kernel`` / ``baremeta
 
 Kernels run eagerly in Python (loop bodies execute concretely, like ``static_range``);
 every NKI call appends the instructions it would issue to the context's trace.
+
+The calling convention is read from the kernel's bytecode before it runs: a kernel with a
+``return <value>`` uses the return convention (inputs are immutable and are passed to the
+kernel as read-only views of the caller's arrays, so a store into one is rejected before
+it touches data), any other kernel the output-parameter convention (the kernel writes the
+caller's arrays directly).
 """
 
 from __future__ import annotations
 
+import dis
 import functools
 import inspect
 import itertools
+import operator
 
 import numpy as np
 
 from . import dtypes as dt
 from .errors import NKIRuntimeError, NKITypeError, NKIValueError
 from .memory import PartitionAllocator, Storage
-from .targets import PSUM_BANK_BYTES, get_target
+from .targets import PMAX, PSUM_BANK_BYTES, get_target
 from .tensor import Tensor
 from .trace import Trace
 
 _context = None
+_last_trace: Trace | None = None
+
+MODES = ("auto", "jax", "torchxla", "baremetal", "benchmark", "simulation", "trace")
 
 
 class LoopFrame:
@@ -53,9 +64,13 @@ class Context:
         self.shared_hbm: list[Tensor] = []
         self.shared_hbm_cursor = 0
         self.kernel_code = kernel_code
+        self.convention = None  # "return", "output" or None (unknown until the kernel returns)
         self.check_affine = True
         self.print_enabled = True
-        self.act_accumulator = None  # the Scalar engine's per-partition reduce register
+        # the Scalar engine's fp32 reduce register, one per partition; its state before the
+        # first reset is undefined (NaN)
+        self.act_accumulator = np.full((PMAX, 1), np.nan, np.float32)
+        self.fresh_tile = None  # weak reference to the latest instruction's result tile
 
     def loops_key(self):
         return tuple((f.id, f.kind, f.iteration) for f in self.loops)
@@ -73,13 +88,18 @@ def active() -> Context | None:
     return _context
 
 
+def last_trace() -> Trace | None:
+    """The instruction trace of the most recent kernel run (any entry point)."""
+    return _last_trace
+
+
 # --- loop iterators --------------------------------------------------------------------------
 def _loop(kind: str, args):
     ctx = current(f"nl.{kind}")
     frame = LoopFrame(kind)
     ctx.loops.append(frame)
     try:
-        for i in range(*args):
+        for i in range(*(operator.index(a) for a in args)):
             frame.iteration = i
             yield i
     finally:
@@ -103,10 +123,24 @@ def static_range(*args, **kwargs):
     return _loop("static_range", args)
 
 
+def check_writable(ctx: Context, storage) -> None:
+    """Reject a write into a shared constant, or into a kernel input when the kernel uses the
+    return convention and the input is not annotated ``nki.typing.mutable_tensor``."""
+    if storage.kind == "constant":
+        raise NKIValueError(f"cannot write into shared constant `{storage.name}`",
+                            "err_cannot_update_immutable_parameter")
+    if storage.kind == "param" and not storage.mutable and ctx.convention == "return":
+        raise NKIValueError(
+            f"Cannot update immutable parameter `{storage.name}`: inputs are immutable when the "
+            "kernel returns its outputs; annotate it nki.typing.mutable_tensor and return it, "
+            "or write into an nl.shared_hbm tensor", "err_cannot_update_immutable_parameter")
+
+
 def record_write(ctx: Context, tensor: Tensor, box, accumulate: bool) -> None:
     """The ``affine_range`` output-dependency check (``err_unexpected_output_dependencies``):
-    a plain write to elements another iteration of the same affine loop already wrote."""
-    if accumulate or not ctx.check_affine:
+    a plain write to elements another iteration of the same affine loop already wrote.
+    Accumulations (``+=``, PSUM matmul accumulation, DMA read-modify-write) are allowed."""
+    if accumulate or box is None or not ctx.check_affine:
         return
     for frame in ctx.loops:
         if frame.kind != "affine_range" or frame in tensor.loops:
@@ -115,11 +149,13 @@ def record_write(ctx: Context, tensor: Tensor, box, accumulate: bool) -> None:
         for iteration, other in records:
             if iteration != frame.iteration and _boxes_overlap(box, other):
                 raise NKIValueError(
-                    f"iterations {iteration} and {frame.iteration} of an affine_range both "
-                    f"write the same elements of `{tensor.name or 'tensor'}`: iterations must "
-                    "be independent; index the write with the loop variable or use "
-                    "nl.sequential_range", "err_unexpected_output_dependencies")
-        records.append((frame.iteration, box))
+                    f"Unexpected output dependencies: iterations {iteration} and "
+                    f"{frame.iteration} of an affine_range both write the same elements of "
+                    f"`{tensor.name or 'tensor'}`; iterations must be independent: index the "
+                    "write with the loop variable or use nl.sequential_range",
+                    "err_unexpected_output_dependencies")
+        if not records or records[-1] != (frame.iteration, box):
+            records.append((frame.iteration, box))
 
 
 def _boxes_overlap(a, b) -> bool:
@@ -148,11 +184,13 @@ def program_id(axis: int) -> int:
 def num_programs(axes=None) -> int:
     """``nl.num_programs(axes=None)``: grid size along ``axes`` (all axes when None)."""
     ctx = current("nl.num_programs")
+    if not ctx.grid:
+        return 1
     if axes is None:
-        return int(np.prod(ctx.grid)) if ctx.grid else 1
+        return int(np.prod(ctx.grid))
     if isinstance(axes, int):
-        return ctx.grid[axes] if ctx.grid else 1
-    return int(np.prod([ctx.grid[a] for a in axes])) if ctx.grid else 1
+        return ctx.grid[axes]
+    return int(np.prod([ctx.grid[a] for a in axes]))
 
 
 def program_ndim() -> int:
@@ -176,89 +214,187 @@ class nc(int):  # noqa: N801 - the NKI name
     __rmul__ = __mul__
 
 
-# --- launching -------------------------------------------------------------------------------
-def _annotation_flags(func):
-    flags = {}
+# --- arguments -------------------------------------------------------------------------------
+def returns_value(func) -> bool | None:
+    """Whether ``func`` has a ``return <value>`` (the return convention), from its bytecode;
+    None when it has no Python bytecode."""
+    code = getattr(func, "__code__", None)
+    if code is None:
+        return None
+    previous = None
+    for ins in dis.get_instructions(code):
+        if ins.opname == "RETURN_CONST" and ins.argval is not None:
+            return True
+        if ins.opname == "RETURN_VALUE" and not (
+                previous is not None and previous.opname == "LOAD_CONST"
+                and previous.argval is None):
+            return True
+        previous = ins
+    return False
+
+
+def _annotations(func) -> dict:
+    """Parameter annotations, evaluated when they are strings (``from __future__ import
+    annotations``) and name something in the kernel's module."""
     try:
         params = inspect.signature(func).parameters
     except (TypeError, ValueError):
-        return flags
+        return {}
+    out = {}
     for name, param in params.items():
         ann = param.annotation
-        text = ann if isinstance(ann, str) else getattr(ann, "__nki_annotation__", "")
-        flags[name] = text
+        if isinstance(ann, str):
+            try:
+                ann = eval(ann, getattr(func, "__globals__", {}))  # noqa: S307 - own source
+            except Exception:  # noqa: BLE001 - an annotation the simulator does not know
+                pass
+        out[name] = ann
+    return out
+
+
+def _annotation_flags(func):
+    flags = {}
+    for name, ann in _annotations(func).items():
+        flags[name] = ann if isinstance(ann, str) else getattr(ann, "__nki_annotation__", "")
     return flags
 
 
-def _to_numpy(value, argname: str):
-    """Convert a framework array to NumPy (torch CPU tensors, JAX arrays)."""
+def _framework_to_numpy(value, argname: str):
+    """A framework array (torch tensor, JAX array) as NumPy, or None for other objects."""
     module = type(value).__module__
     if module.startswith("torch"):
         import torch
 
+        if not isinstance(value, torch.Tensor):
+            return None
+        value = value.detach().cpu()
         if value.dtype == torch.bfloat16:
-            return value.detach().cpu().view(torch.int16).numpy().view(dt.bfloat16)
-        return value.detach().cpu().numpy()
+            return value.view(torch.int16).numpy().view(dt.bfloat16)
+        return value.numpy()
     if module.startswith(("jax", "jaxlib")):
         return np.asarray(value)
-    raise NKITypeError(f"argument `{argname}` must be a NumPy array or a Python constant, got "
-                       f"{type(value).__name__}", "err_unsupported_argument")
+    return None
 
 
-def _param_tensor(array: np.ndarray, argname: str, index: int, mutable: bool) -> Tensor:
-    try:
-        dtype = dt.as_dtype(array.dtype, argname)
-    except NKITypeError as exc:
-        raise NKITypeError(
-            f"argument `{argname}` has dtype {array.dtype}, which NeuronCores do not support "
-            "(expected float32, bfloat16, float16, tfloat32, float8_e4m3, float8_e5m2, int8/16/32,"
-            " uint8/16/32 or bool)", "err_unsupported_dtype") from exc
-    storage = Storage("hbm", "param", argname)
-    storage.param_index = index
-    storage.mutable = mutable
-    return Tensor(np.array(array, dtype=array.dtype, order="C", copy=True), dtype, storage)
+def _looks_like_array(value) -> bool:
+    return any(hasattr(value, a) for a in ("__array__", "__array_interface__", "__dlpack__",
+                                           "__cuda_array_interface__"))
 
 
-_CONSTANT_TYPES = (bool, int, float, str, type(None), np.generic, np.dtype, type)
+_CONSTANT_TYPES = (bool, int, float, complex, str, bytes, type(None), np.generic, np.dtype,
+                   type, slice, range)
 
 
-def _convert_argument(value, argname, index, flags, converted_from_framework):
-    if isinstance(value, np.ndarray):
-        return _param_tensor(value, argname, index, "mutable_tensor" in flags.get(argname, ""))
-    if isinstance(value, Tensor):
-        return value
-    if isinstance(value, _CONSTANT_TYPES) or callable(value):
-        return value
-    if isinstance(value, (tuple, list)) and all(isinstance(v, _CONSTANT_TYPES) for v in value):
-        return value
-    array = _to_numpy(value, argname)
-    converted_from_framework.append(index)
-    return _param_tensor(array, argname, index, "mutable_tensor" in flags.get(argname, ""))
+class _Arguments:
+    """Converts kernel arguments to tensors and remembers how to hand results back."""
+
+    def __init__(self, func, convention):
+        self.flags = _annotation_flags(func)
+        self.convention = convention
+        self.params: list[Tensor] = []
+        self.write_back: list[tuple[Tensor, object]] = []  # (tensor, caller's array)
+        self.framework = None  # a framework argument, to convert results back
+
+    def convert(self, value, argname, index, mutable=None):
+        if mutable is None:
+            mutable = "mutable_tensor" in self.flags.get(argname, "")
+        if isinstance(value, Tensor):
+            return value
+        if isinstance(value, np.ndarray):
+            return self._param(value, value, argname, index, mutable)
+        if isinstance(value, (list, tuple)) and not isinstance(value, str):
+            items = [self.convert(v, f"{argname}[{i}]", (index, i), mutable)
+                     for i, v in enumerate(value)]
+            if all(a is b for a, b in zip(items, value)):
+                return value
+            return type(value)(items) if isinstance(value, list) else tuple(items)
+        if isinstance(value, _CONSTANT_TYPES) or callable(value):
+            return value
+        array = _framework_to_numpy(value, argname)
+        if array is not None:
+            if self.framework is None:
+                self.framework = value
+            return self._param(array, value, argname, index, mutable)
+        if _looks_like_array(value):
+            raise NKITypeError(
+                f"argument `{argname}` must be a NumPy array (or a torch / JAX array), got "
+                f"{type(value).__module__}.{type(value).__name__}", "err_unsupported_argument")
+        return value  # any other object is a compile-time constant (e.g. a config object)
+
+    def _param(self, array, original, argname, index, mutable) -> Tensor:
+        try:
+            dtype = dt.as_dtype(array.dtype, argname)
+        except NKITypeError as exc:
+            raise NKITypeError(
+                f"argument `{argname}` has dtype {array.dtype}, which NeuronCores do not support "
+                "(expected float32, bfloat16, float16, tfloat32, float8_e4m3, float8_e5m2, "
+                "int8/16/32, uint8/16/32 or bool)", "err_unsupported_dtype") from exc
+        contiguous = array.flags.c_contiguous
+        hand_back = False
+        if self.convention == "return" and not mutable and contiguous:
+            data = array.view()
+            data.flags.writeable = False  # inputs are immutable: no copy needed
+        elif (self.convention == "output" and contiguous and array.flags.writeable
+              and isinstance(original, np.ndarray)):
+            data = array  # output parameters are written in place
+        else:
+            data = np.array(array, order="C", copy=True)
+            hand_back = self.convention != "return"
+        storage = Storage("hbm", "param", argname)
+        storage.param_index = index
+        storage.mutable = mutable
+        storage.array = data
+        tensor = Tensor(data, dtype, storage)
+        self.params.append(tensor)
+        if hand_back:
+            self.write_back.append((tensor, original))
+        return tensor
+
+    def hand_back(self) -> None:
+        """Output-parameter convention: copy what the kernel wrote into arguments that could
+        not be written in place (non-contiguous arrays, torch tensors)."""
+        for tensor, original in self.write_back:
+            if not tensor.storage.written:
+                continue
+            if isinstance(original, np.ndarray):
+                original[...] = tensor.data
+            elif type(original).__module__.startswith("torch"):
+                import torch
+
+                with torch.no_grad():
+                    original.copy_(_from_numpy_torch(tensor.data).to(original.device))
+            else:
+                raise NKITypeError(
+                    f"output parameter `{tensor.name}` is a {type(original).__name__}, which "
+                    "cannot be written in place: return the output from the kernel instead",
+                    "err_unsupported_argument")
 
 
 def run(func, args, kwargs, *, grid=(), target=None, check_affine=True, expected_outputs=None):
     """Run a kernel in the simulator. Returns ``(result, trace, params)`` where ``result`` is
-    the kernel's return value converted to NumPy (None in the output-parameter convention)."""
-    global _context
+    the kernel's return value converted to NumPy (None in the output-parameter convention,
+    where the kernel has written the caller's arrays). ``expected_outputs=k`` says the last
+    ``k`` array parameters are outputs that must be written (bindings pass it)."""
+    global _context, _last_trace
     if _context is not None:
         raise NKIRuntimeError("a kernel cannot launch another kernel with a grid",
                               "err_nested_kernel_with_spmd_grid")
     grid = tuple(int(g) for g in (grid if isinstance(grid, tuple) else (grid,))) if grid else ()
-    flags = _annotation_flags(func)
+    returns = returns_value(func)
+    convention = None if returns is None else ("return" if returns else "output")
+    arguments = _Arguments(func, convention)
     try:
         names = list(inspect.signature(func).parameters)
     except (TypeError, ValueError):
         names = []
-    positional = []
-    framework = []
-    for i, value in enumerate(args):
-        argname = names[i] if i < len(names) else f"arg{i}"
-        positional.append(_convert_argument(value, argname, i, flags, framework))
-    keywords = {k: _convert_argument(v, k, k, flags, framework) for k, v in kwargs.items()}
+    positional = [arguments.convert(value, names[i] if i < len(names) else f"arg{i}", i)
+                  for i, value in enumerate(args)]
+    keywords = {k: arguments.convert(v, k, k) for k, v in kwargs.items()}
     _check_annotations(func, positional, keywords)
     ctx = Context(target, getattr(func, "__code__", None))
     ctx.check_affine = check_affine
     ctx.grid = grid
+    ctx.convention = convention
     _context = ctx
     try:
         result = None
@@ -266,19 +402,28 @@ def run(func, args, kwargs, *, grid=(), target=None, check_affine=True, expected
             ctx.program_id = pid
             ctx.shared_hbm_cursor = 0
             result = func(*positional, **keywords)
-        params = [p for p in list(positional) + list(keywords.values()) if isinstance(p, Tensor)]
-        outputs = _finish(result, params, expected_outputs)
+        outputs = _finish(result, arguments.params, expected_outputs)
     finally:
         _context = None
-    return outputs, ctx.trace, params
+        _last_trace = ctx.trace
+    if outputs is None:
+        arguments.hand_back()
+    outputs = _restore_framework(outputs, arguments.framework)
+    return outputs, ctx.trace, arguments.params
 
 
 def _finish(result, params, expected_outputs):
     """Apply the calling-convention checks and convert the result to NumPy."""
     if result is None:
+        outputs = [p for p in params if isinstance(p.storage.param_index, int)]
         if expected_outputs:
-            for tensor in params[-expected_outputs:]:
+            for tensor in outputs[-expected_outputs:]:
                 _check_written(tensor)
+        elif params and not any(p.storage.written for p in params):
+            raise NKIValueError(
+                "the kernel returned nothing and wrote none of its parameters: an output "
+                "parameter must be written (or return the outputs)",
+                "err_tensor_output_not_written_to")
         return None
     returned = result if isinstance(result, (tuple, list)) else (result,)
     returned_storages = set()
@@ -293,15 +438,23 @@ def _finish(result, params, expected_outputs):
         if tensor.storage.written and tensor.storage.kind == "param":
             if not tensor.storage.mutable:
                 raise NKIValueError(
-                    f"kernel input `{tensor.name}` is written but inputs are immutable when the "
-                    "kernel returns its outputs; annotate it nki.typing.mutable_tensor and return"
-                    " it, or write into an nl.shared_hbm tensor",
-                    "err_cannot_update_immutable_parameter")
+                    f"Cannot update immutable parameter `{tensor.name}`: inputs are immutable "
+                    "when the kernel returns its outputs; annotate it "
+                    "nki.typing.mutable_tensor and return it, or write into an nl.shared_hbm "
+                    "tensor", "err_cannot_update_immutable_parameter")
             if tensor.storage.id not in returned_storages:
-                raise NKIValueError(f"mutable parameter `{tensor.name}` is written but not "
-                                    "returned", "err_mutable_parameter_not_returned")
-    arrays = [np.array(item.data, copy=True) for item in returned]
+                raise NKIValueError(f"Mutable kernel parameter `{tensor.name}` is written but "
+                                    "not returned by the kernel",
+                                    "err_mutable_parameter_not_returned")
+    arrays = [_result_array(item) for item in returned]
     return tuple(arrays) if isinstance(result, (tuple, list)) else arrays[0]
+
+
+def _result_array(tensor: Tensor) -> np.ndarray:
+    data = tensor.data
+    if data is tensor.storage.array and data.flags.writeable and tensor.storage.kind != "param":
+        return data  # the run is over: the kernel's output buffer is the caller's now
+    return np.array(data, copy=True)
 
 
 def _check_written(tensor: Tensor) -> None:
@@ -312,66 +465,26 @@ def _check_written(tensor: Tensor) -> None:
 
 def _check_annotations(func, positional, keywords) -> None:
     try:
-        bound = inspect.signature(func).bind_partial(*positional, **keywords)
+        signature = inspect.signature(func)
+    except (TypeError, ValueError):
+        return
+    try:
+        bound = signature.bind(*positional, **keywords)
     except TypeError as exc:
         raise NKITypeError(f"kernel arguments do not match its signature: {exc}",
                            "err_kernel_signature") from exc
-    for name, param in inspect.signature(func).parameters.items():
-        shape = getattr(param.annotation, "__nki_shape__", None)
+    annotations = _annotations(func)
+    for name in signature.parameters:
+        shape = getattr(annotations.get(name), "__nki_shape__", None)
         value = bound.arguments.get(name)
         if shape is not None and isinstance(value, Tensor) and tuple(value.shape) != shape:
             raise NKIValueError(f"argument `{name}` has shape {value.shape}, the annotation "
                                 f"says {shape}", "err_annotation_shape_mismatch")
 
 
-def _write_back(args, params) -> None:
-    """Output-parameter convention: copy what the kernel stored into the caller's arrays."""
-    by_index = {p.storage.param_index: p for p in params if p.storage.kind == "param"}
-    for i, value in enumerate(args):
-        tensor = by_index.get(i)
-        if isinstance(value, np.ndarray) and tensor is not None and tensor.storage.written:
-            value[...] = tensor.data
-
-
-class Kernel:
-    """A kernel wrapped by ``nki.jit`` (or ``baremetal`` / ``benchmark``)."""
-
-    def __init__(self, func, mode="auto", grid=(), **options):
-        functools.update_wrapper(self, func)
-        self.func = func
-        self.mode = mode
-        self.grid = grid
-        self.options = options
-        self.benchmark_result = None
-
-    def __getitem__(self, grid):
-        if active() is not None:
-            raise NKIRuntimeError("a kernel with a launch grid cannot be called from a kernel",
-                                  "err_nested_kernel_with_spmd_grid")
-        return Kernel(self.func, self.mode, grid if isinstance(grid, tuple) else (grid,),
-                      **self.options)
-
-    def __call__(self, *args, **kwargs):
-        if active() is not None:  # a sub-kernel (mode="trace") inlined into its caller
-            return self.func(*args, **kwargs)
-        target = self.options.get("platform_target")
-        outputs, trace, params = run(self.func, args, kwargs, grid=self.grid, target=target)
-        self.last_trace = trace
-        if self.mode == "benchmark":
-            from .profiler import benchmark_result_from_trace
-
-            self.benchmark_result = benchmark_result_from_trace(trace)
-        if outputs is None:
-            _write_back(args, params)
-        return _restore_framework(outputs, args)
-
-
-def _restore_framework(outputs, args):
+def _restore_framework(outputs, sample):
     """Return framework arrays when the kernel was called with them (torch / JAX)."""
-    if outputs is None:
-        return None
-    sample = next((a for a in args if not isinstance(a, (np.ndarray, *_CONSTANT_TYPES))), None)
-    if sample is None:
+    if outputs is None or sample is None:
         return outputs
     module = type(sample).__module__
     convert = _from_numpy_torch if module.startswith("torch") else _from_numpy_jax
@@ -384,14 +497,54 @@ def _from_numpy_torch(array):
     import torch
 
     if array.dtype == dt.bfloat16:
-        return torch.from_numpy(array.view(np.int16).copy()).view(torch.bfloat16)
-    return torch.from_numpy(array.copy())
+        return torch.from_numpy(np.ascontiguousarray(array).view(np.int16).copy()).view(
+            torch.bfloat16)
+    return torch.from_numpy(np.array(array, copy=True))
 
 
 def _from_numpy_jax(array):
     import jax.numpy as jnp
 
     return jnp.asarray(array)
+
+
+# --- entry points ----------------------------------------------------------------------------
+class Kernel:
+    """A kernel wrapped by ``nki.jit`` (or ``baremetal`` / ``benchmark``)."""
+
+    def __init__(self, func, mode="auto", grid=(), **options):
+        if mode not in MODES:
+            raise NKIValueError(f"mode={mode!r} is not one of {', '.join(MODES)}",
+                                "err_unsupported_mode")
+        functools.update_wrapper(self, func)
+        self.func = func
+        self.mode = mode
+        self.grid = grid
+        self.options = options
+        self.benchmark_result = None
+        self.last_trace = None
+
+    def __getitem__(self, grid):
+        if active() is not None:
+            raise NKIRuntimeError("Calling a kernel with a SPMD grid from another NKI kernel is "
+                                  "not supported", "err_nested_kernel_with_spmd_grid")
+        return Kernel(self.func, self.mode, grid if isinstance(grid, tuple) else (grid,),
+                      **self.options)
+
+    def __call__(self, *args, **kwargs):
+        if active() is not None:  # a sub-kernel (mode="trace") inlined into its caller
+            return self.func(*args, **kwargs)
+        target = self.options.get("platform_target")
+        outputs, trace, _ = run(self.func, args, kwargs, grid=self.grid, target=target)
+        self.last_trace = trace
+        if self.mode == "benchmark":
+            from .profiler import benchmark_result_from_trace
+
+            self.benchmark_result = benchmark_result_from_trace(trace)
+        return outputs
+
+    def __repr__(self):
+        return f"<nki kernel {self.func.__name__} mode={self.mode} grid={self.grid}>"
 
 
 def jit(func=None, mode="auto", **options):
@@ -404,18 +557,22 @@ def jit(func=None, mode="auto", **options):
     if func is None:
         return lambda f: jit(f, mode=mode, **options)
     if isinstance(func, Kernel):
+        options = {**func.options, **options}
         func = func.func
     return Kernel(func, mode, **options)
 
 
+def _unwrap(kernel):
+    if isinstance(kernel, Kernel):
+        return kernel.func, kernel.grid, kernel.options.get("platform_target")
+    return kernel, (), None
+
+
 def simulate_kernel(kernel, *args, **kwargs):
-    """``nki.simulate_kernel(kernel, *args, **kwargs)``: run on the CPU, return NumPy outputs."""
-    func = kernel.func if isinstance(kernel, Kernel) else kernel
-    grid = kernel.grid if isinstance(kernel, Kernel) else ()
-    target = kernel.options.get("platform_target") if isinstance(kernel, Kernel) else None
-    outputs, _, params = run(func, args, kwargs, grid=grid, target=target)
-    if outputs is None:
-        _write_back(args, params)
+    """``nki.simulate_kernel(kernel, *args, **kwargs)``: run on the CPU, return NumPy outputs
+    (None for an output-parameter kernel, whose output arrays are written in place)."""
+    func, grid, target = _unwrap(kernel)
+    outputs, _, _ = run(func, args, kwargs, grid=grid, target=target)
     return outputs
 
 
@@ -431,16 +588,12 @@ def benchmark(kernel=None, warmup=10, iters=100, **options):
     from the cost model (modeled microseconds, not a device measurement)."""
     if kernel is None:
         return lambda f: benchmark(f, warmup=warmup, iters=iters, **options)
-    return jit(kernel, mode="benchmark", **options)
+    return jit(kernel, mode="benchmark", warmup=warmup, iters=iters, **options)
 
 
 def trace_kernel(kernel, *args, target=None, grid=None, **kwargs):
     """Run a kernel and return ``(outputs, trace)`` (outputs as :func:`simulate_kernel`)."""
-    func = kernel.func if isinstance(kernel, Kernel) else kernel
-    grid = grid if grid is not None else (kernel.grid if isinstance(kernel, Kernel) else ())
-    if target is None and isinstance(kernel, Kernel):
-        target = kernel.options.get("platform_target")
-    outputs, trace, params = run(func, args, kwargs, grid=grid, target=target)
-    if outputs is None:
-        _write_back(args, params)
+    func, kernel_grid, kernel_target = _unwrap(kernel)
+    outputs, trace, _ = run(func, args, kwargs, grid=kernel_grid if grid is None else grid,
+                            target=target or kernel_target)
     return outputs, trace

@@ -5,6 +5,11 @@ declared dtype, plus where it lives. Basic indexing (ints, slices, ``nl.ds``) gi
 ``Tensor`` sharing memory; indexing with index expressions gives an :class:`Access`, which
 instructions read (gather) or write (scatter) under a mask. Both know the region of their
 storage they cover, which feeds the instruction trace and the ``affine_range`` checker.
+
+Accesses whose index expressions are arithmetic progressions along distinct axes (the
+``t[i * 128 + i_p, i_f]`` idiom) are turned into NumPy slices, and a mask whose true points
+form a box (``i * 128 + i_p < n``) narrows those slices, so whole tiles move as array views
+and nothing loops over elements.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from .errors import (
     NKITypeError,
     NKIValueError,
 )
-from .indexing import IndexExpr, Predicate
+from .indexing import IndexExpr, Predicate, align_mask, mask_box
 from .targets import PMAX
 from .trace import Region
 
@@ -52,225 +57,42 @@ def _slice_bounds(sl: slice, dim: int, axis: int, name: str) -> tuple[int, int, 
     return start, stop, step
 
 
-class Tensor:
-    """A tensor in HBM, SBUF or PSUM (``nl.ndarray`` and friends return these)."""
+def _address(array: np.ndarray) -> int:
+    return array.__array_interface__["data"][0]
+
+
+def _region(storage, root: np.ndarray, lo: int, hi: int) -> Region:
+    """Region of the bytes from offset ``lo`` (first element) to ``hi`` (last element) of
+    ``root``, the storage's backing array. On chip: per-partition offsets and partitions."""
+    isz = root.itemsize
+    if storage.memory == "hbm":
+        return Region("hbm", storage.id, lo, hi + isz)
+    shape = root.shape
+    pa = storage.par_axis
+    corners = []
+    for offset in (lo // isz, hi // isz):
+        coords = []
+        for n in reversed(shape):
+            offset, c = divmod(offset, n)
+            coords.append(c)
+        corners.append(coords[::-1])
+    (c_lo, c_hi) = corners
+    free_lo = free_hi = 0
+    for axis, n in enumerate(shape):
+        if axis != pa:
+            free_lo, free_hi = free_lo * n + c_lo[axis], free_hi * n + c_hi[axis]
+    if free_hi < free_lo:  # not a box (a reshaped view): the whole partition
+        free_lo, free_hi = 0, root.size // max(1, shape[pa]) - 1
+    start = storage.address
+    return Region(storage.memory, storage.id, start + free_lo * isz, start + (free_hi + 1) * isz,
+                  (int(c_lo[pa]), int(c_hi[pa]) + 1))
+
+
+class TileOperators:
+    """Python operators on tiles: Vector-engine instructions, no partition broadcast."""
 
     __array_priority__ = 1000  # keep NumPy scalars from swallowing tile arithmetic
 
-    def __init__(self, data: np.ndarray, dtype, storage, *, layout=None, par_axis: int = 0,
-                 loops=()):
-        self.data = data
-        self.dtype = dtype
-        self.storage = storage
-        # layout: (base shape, start per base axis, step per base axis, view axis of each
-        # base axis or None where an integer index fixed it): the box a view covers
-        if layout is None:
-            layout = (data.shape, (0,) * data.ndim, (1,) * data.ndim, tuple(range(data.ndim)))
-        self.layout = layout
-        self.par_axis = par_axis
-        self.loops = loops  # the loop frames active when it was allocated
-        self.fresh = None  # (instruction, mask) while it is the just-produced result of an op
-
-    # --- NumPy-like attributes -------------------------------------------------------------
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return self.data.shape
-
-    @property
-    def ndim(self) -> int:
-        return self.data.ndim
-
-    @property
-    def itemsize(self) -> int:
-        return self.data.dtype.itemsize
-
-    @property
-    def buffer(self) -> str:
-        return self.storage.memory
-
-    @property
-    def name(self) -> str:
-        return self.storage.name
-
-    @property
-    def on_chip(self) -> bool:
-        return self.storage.memory != "hbm"
-
-    def __len__(self):
-        return self.shape[0]
-
-    def __repr__(self):
-        return (f"Tensor({self.name or 'tile'}, shape={self.shape}, dtype={dt.name(self.dtype)}, "
-                f"buffer={self.buffer})")
-
-    def __bool__(self):
-        raise NKIValueError(
-            "the truth value of a tile is ambiguous: control flow cannot depend on tile values",
-            "err_ambiguous_tensor_truth_value",
-        )
-
-    # --- regions --------------------------------------------------------------------------
-    def region(self) -> Region:
-        """The byte range of the storage this view covers (bounding box per partition)."""
-        storage = self.storage
-        if self.data.size == 0:
-            return Region(storage.memory, storage.id, 0, 0)
-        base = self.data
-        while base.base is not None and isinstance(base.base, np.ndarray):
-            base = base.base
-        lo_ptr = self.data.__array_interface__["data"][0]
-        base_ptr = base.__array_interface__["data"][0]
-        offset = lo_ptr - base_ptr
-        span = sum((n - 1) * s for n, s in zip(self.data.shape, self.data.strides, strict=True)
-                   if s > 0) + self.data.itemsize
-        if storage.memory == "hbm":
-            return Region("hbm", storage.id, offset, offset + span)
-        # on chip: the partition axis of `data` is par_axis; bytes per partition are the rest
-        pstride = self.data.strides[self.par_axis] or 1
-        base_pstride = base.strides[0] if base.ndim else 1
-        first_p = offset // base_pstride if base_pstride else 0
-        within = offset - first_p * base_pstride
-        free_span = span - (self.data.shape[self.par_axis] - 1) * pstride
-        start = storage.address + within
-        nparts = self.data.shape[self.par_axis]
-        return Region(storage.memory, storage.id, start, start + free_span,
-                      (first_p, first_p + nparts))
-
-    # --- indexing -------------------------------------------------------------------------
-    def __getitem__(self, key):
-        if isinstance(key, Predicate):
-            return Access(self, None, operand_mask=key)
-        key = key if isinstance(key, tuple) else (key,)
-        if any(isinstance(k, (IndexExpr, Tensor)) for k in key):
-            return Access(self, key)
-        return self._basic_view(key)
-
-    def _basic_view(self, key) -> Tensor:
-        if any(k is None for k in key):
-            raise NKIIndexError("np.newaxis is not supported when indexing tensors",
-                                "err_unsupported_indexing")
-        if key.count(Ellipsis) > 1:
-            raise NKIIndexError("at most one '...' in an index", "err_unsupported_indexing")
-        if Ellipsis in key:
-            at = key.index(Ellipsis)
-            fill = (slice(None),) * (self.ndim - len(key) + 1)
-            key = key[:at] + fill + key[at + 1:]
-        if len(key) > self.ndim:
-            raise NKIIndexError(
-                f"too many indices for tensor `{self.name}` of rank {self.ndim}",
-                "err_tensor_access_out_of_bound",
-            )
-        key = key + (slice(None),) * (self.ndim - len(key))
-        np_key = []
-        base_shape, starts, steps, vmap = self.layout
-        starts, steps, vmap = list(starts), list(steps), list(vmap)
-        base_of_view = {v: b for b, v in enumerate(vmap) if v is not None}
-        par_axis = self.par_axis
-        dropped_before_par = 0
-        kept = 0
-        for axis, (k, dim) in enumerate(zip(key, self.shape, strict=True)):
-            b = base_of_view.get(axis)
-            if isinstance(k, slice):
-                start, stop, step = _slice_bounds(k, dim, axis, self.name)
-                np_key.append(slice(start, stop, step))
-                if b is not None:
-                    starts[b] += start * steps[b]
-                    steps[b] *= step
-                    vmap[b] = kept
-                kept += 1
-            elif isinstance(k, (int, np.integer)):
-                k = int(k)
-                if not 0 <= k < dim:
-                    raise NKIIndexError(
-                        f"Out-of-bound access for tensor `{self.name}` on dimension {axis}: "
-                        f"index {k} exceed dimension size of {dim}",
-                        "err_tensor_access_out_of_bound",
-                    )
-                np_key.append(k)
-                if b is not None:
-                    starts[b] += k * steps[b]
-                    vmap[b] = None
-                if axis < self.par_axis:
-                    dropped_before_par += 1
-            else:
-                raise NKIIndexError(
-                    f"unsupported index {k!r} on axis {axis} of `{self.name}`",
-                    "err_unsupported_indexing",
-                )
-        data = self.data[tuple(np_key)]
-        par_axis = max(0, par_axis - dropped_before_par)
-        if self.on_chip and data.ndim == 1 and self.par_axis < self.ndim and isinstance(
-                key[self.par_axis], slice):
-            # an integer on the only free axis: docs treat the result as (P, 1)
-            data = data[:, None]
-        layout = (base_shape, tuple(starts), tuple(steps), tuple(vmap))
-        return Tensor(data, self.dtype, self.storage, layout=layout, par_axis=par_axis,
-                      loops=self.loops)
-
-    def box(self, lo=None, hi=None):
-        """Per base axis (first, last, step) of the elements this view covers; ``lo``/``hi``
-        narrow it to view-index bounds (for accesses). Keyed by the base layout."""
-        base_shape, starts, steps, vmap = self.layout
-        out = []
-        for b, v in enumerate(vmap):
-            if v is None or v >= self.ndim:
-                out.append((starts[b], starts[b], 1))
-                continue
-            first = 0 if lo is None else lo[v]
-            last = self.shape[v] - 1 if hi is None else hi[v]
-            out.append((starts[b] + first * steps[b], starts[b] + last * steps[b], steps[b]))
-        return (base_shape, tuple(out))
-
-    def __setitem__(self, key, value):
-        from . import language  # late: language builds on tensors
-
-        language.assign(self[key], value)
-
-    # --- HBM views ------------------------------------------------------------------------
-    def reshape(self, shape) -> Tensor:
-        """A view with another shape (HBM: free; on-chip: the partition dim must not change)."""
-        shape = tuple(int(s) for s in (shape if isinstance(shape, (tuple, list)) else (shape,)))
-        if not self.data.flags.c_contiguous:
-            raise NKIValueError(f"cannot reshape a strided view of `{self.name}`",
-                                "err_reshape_non_contiguous")
-        if int(np.prod(shape)) != self.data.size:
-            raise NKIValueError(f"cannot reshape `{self.name}` of shape {self.shape} to {shape}",
-                                "err_reshape_size_mismatch")
-        if self.on_chip and shape[0] != self.shape[0]:
-            raise NKIValueError("reshaping an on-chip tile cannot change its partition dim",
-                                "err_reshape_partition")
-        return Tensor(self.data.reshape(shape), self.dtype, self.storage, loops=self.loops)
-
-    def view(self, dtype) -> Tensor:
-        """Reinterpret the bits as another dtype of the same size."""
-        dtype = dt.as_dtype(dtype)
-        if dtype.itemsize != self.itemsize:
-            raise NKIValueError("view() needs a dtype of the same size", "err_view_dtype_size")
-        return Tensor(self.data.view(dtype), dtype, self.storage, layout=self.layout,
-                      par_axis=self.par_axis, loops=self.loops)
-
-    def astype(self, dtype) -> Tensor:
-        from . import language
-
-        return language.copy(self, dtype=dtype)
-
-    def broadcast_to(self, shape) -> Tensor:
-        from . import language
-
-        return language.broadcast_to(self, shape=shape)
-
-    def expand_dims(self, axis) -> Tensor:
-        from . import language
-
-        return language.expand_dims(self, axis)
-
-    def assert_shape(self, shape):
-        if tuple(shape) != self.shape:
-            raise NKIValueError(f"tensor `{self.name}` has shape {self.shape}, expected {shape}",
-                                "err_annotation_shape_mismatch")
-        return self
-
-    # --- operators (Vector-engine instructions; no partition broadcast) --------------------
     def _binary(self, other, op, reverse=False):
         from . import language
 
@@ -304,14 +126,26 @@ class Tensor:
     def __pow__(self, o):
         return self._binary(o, "power")
 
+    def __rpow__(self, o):
+        return self._binary(o, "power", True)
+
+    def __mod__(self, o):
+        return self._binary(o, "mod")
+
     def __and__(self, o):
         return self._binary(o, "bitwise_and")
+
+    __rand__ = __and__
 
     def __or__(self, o):
         return self._binary(o, "bitwise_or")
 
+    __ror__ = __or__
+
     def __xor__(self, o):
         return self._binary(o, "bitwise_xor")
+
+    __rxor__ = __xor__
 
     def __lshift__(self, o):
         return self._binary(o, "left_shift")
@@ -344,6 +178,11 @@ class Tensor:
 
         return language.negative(self)
 
+    def __abs__(self):
+        from . import language
+
+        return language.abs(self)
+
     def __invert__(self):
         from . import language
 
@@ -353,6 +192,7 @@ class Tensor:
         from . import language
 
         language.accumulate(self, other, op)
+        self.updated_in_place = True
         return self
 
     def __iadd__(self, o):
@@ -367,20 +207,260 @@ class Tensor:
     def __itruediv__(self, o):
         return self._inplace(o, "divide")
 
+    def __bool__(self):
+        if int(np.prod(self.shape)) == 1:
+            raise NKITypeError(
+                "control flow cannot depend on tile values (the kernel is compiled before the "
+                "data exists)", "err_dynamic_control_flow_not_supported")
+        raise NKIValueError(
+            "the truth value of a multi-element tile is ambiguous: use '&', '|', '~' for "
+            "elementwise logic and 'is None' checks for optional tensors",
+            "err_ambiguous_tensor_truth_value",
+        )
 
-class Access:
+    def broadcast_to(self, shape):
+        from . import language
+
+        return language.broadcast_to(self, shape=shape)
+
+    def astype(self, dtype):
+        from . import language
+
+        return language.copy(self, dtype=dtype)
+
+
+class Tensor(TileOperators):
+    """A tensor in HBM, SBUF or PSUM (``nl.ndarray`` and friends return these)."""
+
+    def __init__(self, data: np.ndarray, dtype, storage, *, layout=None, par_axis: int = 0,
+                 loops=()):
+        self.data = data
+        self.dtype = dtype
+        self.storage = storage
+        # layout: (base shape, start per base axis, step per base axis, view axis of each
+        # base axis or None where an integer index fixed it): the box a view covers
+        if layout is None:
+            layout = (data.shape, (0,) * data.ndim, (1,) * data.ndim, tuple(range(data.ndim)))
+        self.layout = layout
+        self.par_axis = par_axis
+        self.loops = loops  # the loop frames active when it was allocated
+        self.fresh = None  # (instruction, mask, fp32 values) while it is an op's new result
+        self.updated_in_place = False
+
+    # --- NumPy-like attributes -------------------------------------------------------------
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.data.shape
+
+    @property
+    def ndim(self) -> int:
+        return self.data.ndim
+
+    @property
+    def size(self) -> int:
+        return self.data.size
+
+    @property
+    def itemsize(self) -> int:
+        return self.data.dtype.itemsize
+
+    @property
+    def buffer(self) -> str:
+        return self.storage.memory
+
+    @property
+    def name(self) -> str:
+        return self.storage.name
+
+    @property
+    def on_chip(self) -> bool:
+        return self.storage.memory != "hbm"
+
+    @property
+    def tensor(self) -> Tensor:
+        return self
+
+    def __len__(self):
+        return self.shape[0]
+
+    def __repr__(self):
+        return (f"Tensor({self.name or 'tile'}, shape={self.shape}, dtype={dt.name(self.dtype)}, "
+                f"buffer={self.buffer})")
+
+    # --- regions --------------------------------------------------------------------------
+    def region(self, mask=None) -> Region:
+        """The bytes of the storage this view covers (bounding box; per partition on chip)."""
+        storage = self.storage
+        data = self.data
+        if mask is not None:
+            box = mask_box(align_mask(mask, data.shape), data.shape)
+            if box is not None:
+                data = data[box]
+        if data.size == 0:
+            return Region(storage.memory, storage.id, 0, 0)
+        root = storage.array
+        lo = _address(data) - _address(root)
+        hi = lo + sum((n - 1) * s for n, s in zip(data.shape, data.strides) if s > 0)
+        return _region(storage, root, lo, hi)
+
+    # --- indexing -------------------------------------------------------------------------
+    def __getitem__(self, key):
+        if isinstance(key, Predicate):
+            return Access(self, None, operand_mask=key)
+        key = key if isinstance(key, tuple) else (key,)
+        if any(isinstance(k, (IndexExpr, Tensor, Access)) for k in key):
+            return Access(self, key)
+        return self._basic_view(key)
+
+    def _basic_view(self, key) -> Tensor:
+        if any(k is None for k in key):
+            raise NKIIndexError("np.newaxis is not supported when indexing tensors",
+                                "err_unsupported_indexing")
+        if key.count(Ellipsis) > 1:
+            raise NKIIndexError("at most one '...' in an index", "err_unsupported_indexing")
+        if Ellipsis in key:
+            at = key.index(Ellipsis)
+            fill = (slice(None),) * (self.ndim - len(key) + 1)
+            key = key[:at] + fill + key[at + 1:]
+        if len(key) > self.ndim:
+            raise NKIIndexError(
+                f"too many indices for tensor `{self.name}` of rank {self.ndim}",
+                "err_tensor_access_out_of_bound",
+            )
+        key = key + (slice(None),) * (self.ndim - len(key))
+        np_key = []
+        base_shape, starts, steps, vmap = self.layout
+        starts, steps, vmap = list(starts), list(steps), list(vmap)
+        base_of_view = {v: b for b, v in enumerate(vmap) if v is not None}
+        dropped_before_par = 0
+        kept = 0
+        for axis, (k, dim) in enumerate(zip(key, self.shape, strict=True)):
+            b = base_of_view.get(axis)
+            if isinstance(k, slice):
+                start, stop, step = _slice_bounds(k, dim, axis, self.name)
+                np_key.append(slice(start, stop, step))
+                if b is not None:
+                    starts[b] += start * steps[b]
+                    steps[b] *= step
+                    vmap[b] = kept
+                kept += 1
+            elif isinstance(k, (int, np.integer)):
+                k = int(k)
+                if not 0 <= k < dim:
+                    raise NKIIndexError(
+                        f"Out-of-bound access for tensor `{self.name}` on dimension {axis}: "
+                        f"index {k} exceed dimension size of {dim}",
+                        "err_tensor_access_out_of_bound",
+                    )
+                np_key.append(k)
+                if b is not None:
+                    starts[b] += k * steps[b]
+                    vmap[b] = None
+                if axis < self.par_axis:
+                    dropped_before_par += 1
+            else:
+                raise NKIIndexError(
+                    f"unsupported index {k!r} on axis {axis} of `{self.name}`",
+                    "err_unsupported_indexing",
+                )
+        data = self.data[tuple(np_key)]
+        par_axis = max(0, self.par_axis - dropped_before_par)
+        if self.on_chip and data.ndim == 1 and self.par_axis < self.ndim and isinstance(
+                key[self.par_axis], slice):
+            # an integer on the only free axis: docs treat the result as (P, 1)
+            data = data[:, None]
+        layout = (base_shape, tuple(starts), tuple(steps), tuple(vmap))
+        return Tensor(data, self.dtype, self.storage, layout=layout, par_axis=par_axis,
+                      loops=self.loops)
+
+    def box(self, lo=None, hi=None):
+        """Per base axis (first, last, step) of the elements this view covers; ``lo``/``hi``
+        narrow it to view-index bounds (for accesses). Keyed by the base layout."""
+        base_shape, starts, steps, vmap = self.layout
+        out = []
+        for b, v in enumerate(vmap):
+            if v is None or v >= self.ndim:
+                out.append((starts[b], starts[b], 1))
+                continue
+            first = 0 if lo is None else lo[v]
+            last = self.shape[v] - 1 if hi is None else hi[v]
+            out.append((starts[b] + first * steps[b], starts[b] + last * steps[b], steps[b]))
+        return (base_shape, tuple(out))
+
+    def __setitem__(self, key, value):
+        from . import language  # late: language builds on tensors
+
+        language.assign(self[key], value)
+
+    # --- views ----------------------------------------------------------------------------
+    def reshape(self, shape) -> Tensor:
+        """A view with another shape (HBM: free; on-chip: the partition dim must not change)."""
+        shape = tuple(int(s) for s in (shape if isinstance(shape, (tuple, list)) else (shape,)))
+        if not self.data.flags.c_contiguous:
+            raise NKIValueError(f"cannot reshape a strided view of `{self.name}`",
+                                "err_reshape_non_contiguous")
+        if int(np.prod(shape)) != self.data.size:
+            raise NKIValueError(f"cannot reshape `{self.name}` of shape {self.shape} to {shape}",
+                                "err_reshape_size_mismatch")
+        if self.on_chip and shape[0] != self.shape[0]:
+            raise NKIValueError("reshaping an on-chip tile cannot change its partition dim",
+                                "err_reshape_partition")
+        return Tensor(self.data.reshape(shape), self.dtype, self.storage, loops=self.loops)
+
+    def view(self, dtype) -> Tensor:
+        """Reinterpret the bits as another dtype of the same size."""
+        dtype = dt.as_dtype(dtype)
+        if dtype.itemsize != self.itemsize:
+            raise NKIValueError("view() needs a dtype of the same size", "err_view_dtype_size")
+        return Tensor(self.data.view(dtype), dtype, self.storage, layout=self.layout,
+                      par_axis=self.par_axis, loops=self.loops)
+
+    def expand_dims(self, axis) -> Tensor:
+        from . import language
+
+        return language.expand_dims(self, axis)
+
+    def assert_shape(self, shape):
+        if tuple(shape) != self.shape:
+            raise NKIValueError(f"tensor `{self.name}` has shape {self.shape}, expected {shape}",
+                                "err_annotation_shape_mismatch")
+        return self
+
+
+def _progression(values: np.ndarray, rank: int):
+    """``("const", v)`` or ``("range", axis, start, step)`` when ``values`` (broadcastable to a
+    rank-``rank`` shape) is constant or an increasing arithmetic progression along one
+    axis; None otherwise."""
+    a = values.reshape((1,) * (rank - values.ndim) + values.shape)
+    varying = [d for d, n in enumerate(a.shape) if n > 1]
+    flat = a.reshape(-1)
+    if not varying:
+        return ("const", int(flat[0])) if flat.size else None
+    if len(varying) != 1:
+        return None
+    step = int(flat[1] - flat[0])
+    if step <= 0 or (flat.size > 2 and not (np.diff(flat) == step).all()):
+        return None
+    return ("range", varying[0], int(flat[0]), step)
+
+
+class Access(TileOperators):
     """A tensor indexed with index expressions (advanced indexing), optionally operand-masked.
 
     ``indices`` holds one entry per axis of the tensor: an integer array broadcastable to the
-    access shape, or an SBUF integer tile (indirect indexing, first axis only).
+    access shape, or, on the first axis of an HBM tensor, an SBUF integer tile whose values
+    are read when the access is used (indirect indexing).
     """
 
     def __init__(self, tensor: Tensor, key, operand_mask: Predicate | None = None):
         self.tensor = tensor
         self.operand_mask = operand_mask
+        self.fresh = None
+        self.updated_in_place = False
+        self.indirect = None
+        self._plan = None
         if key is None:  # tile[mask]: the whole tile, restricted by the mask
             self.indices = None
-            self.indirect = None
             self.shape = tensor.shape
             return
         if any(isinstance(k, (slice, type(Ellipsis))) for k in key):
@@ -393,7 +473,6 @@ class Access:
             raise NKIIndexError(
                 f"tensor `{tensor.name}` of rank {tensor.ndim} indexed with {len(key)} index "
                 "expressions; index every axis", "err_tensor_access_out_of_bound")
-        self.indirect = None
         arrays = []
         for axis, k in enumerate(key):
             if isinstance(k, IndexExpr):
@@ -404,22 +483,24 @@ class Access:
                         "err_1d_arange_not_supported",
                     )
                 arrays.append(k.values)
-            elif isinstance(k, Tensor):
+            elif isinstance(k, (Tensor, Access)):
                 self._check_indirect(axis, k)
                 self.indirect = (axis, k)
-                arrays.append(np.zeros((k.shape[0],) + (1,) * (k.ndim - 1), np.int64))
+                arrays.append(np.zeros((k.shape[0],) + (1,) * (len(k.shape) - 1), np.int64))
             elif isinstance(k, (int, np.integer)):
                 arrays.append(np.asarray(int(k)))
             else:
                 raise NKIIndexError(f"unsupported index {k!r} on axis {axis}",
                                     "err_unsupported_indexing")
         self.indices = arrays
-        self.shape = np.broadcast_shapes(*(a.shape for a in arrays))
+        self.shape = tuple(np.broadcast_shapes(*(a.shape for a in arrays)))
 
-    def _check_indirect(self, axis: int, index_tile: Tensor) -> None:
+    def _check_indirect(self, axis: int, index_tile) -> None:
         if self.tensor.on_chip:
-            raise NKIIndexError("indirect (runtime) indices only address HBM tensors",
-                                "err_indirect_indices_free_dim")
+            raise NKIIndexError(
+                "indirect (runtime) indices address HBM tensors only (nl.load / nl.store / "
+                "nisa.dma_copy); on chip use nisa.tensor_copy_dynamic_src",
+                "err_copy_dynamic_indirect_indices_not_natively_supported")
         if axis != 0:
             raise NKIIndexError(
                 "indirect indices are only supported on the first (partition) dimension",
@@ -438,6 +519,10 @@ class Access:
         return len(self.shape)
 
     @property
+    def size(self):
+        return int(np.prod(self.shape))
+
+    @property
     def storage(self):
         return self.tensor.storage
 
@@ -448,6 +533,13 @@ class Access:
     @property
     def on_chip(self):
         return self.tensor.on_chip
+
+    @property
+    def itemsize(self):
+        return self.tensor.itemsize
+
+    def __repr__(self):
+        return f"Access({self.tensor!r}, shape={self.shape})"
 
     def __getitem__(self, key):
         if isinstance(key, Predicate) and self.operand_mask is None:
@@ -468,65 +560,80 @@ class Access:
         arrays = list(self.indices)
         if self.indirect is not None:
             axis, tile = self.indirect
-            values = tile.data.astype(np.int64)
+            values = tile.read()[0] if isinstance(tile, Access) else tile.data
+            values = np.asarray(values).astype(np.int64)
             if values.ndim > 1:
                 values = values.reshape(values.shape[0], *([1] * (len(self.shape) - 1)))
             arrays[axis] = values
         return arrays
 
-    def _slices(self, arrays):
-        """Basic slices equivalent to the index arrays, when every array is an arithmetic
-        progression along its own axis (the common ``t[i*128 + ip, if]`` case)."""
-        if self.indirect is not None:
-            return None
-        rank = len(self.shape)
-        key = []
-        for axis, a in enumerate(arrays):
-            a = a.reshape((1,) * (rank - a.ndim) + a.shape) if a.ndim < rank else a
-            varying = [d for d, n in enumerate(a.shape) if n > 1]
-            if not varying:
-                v = int(a.reshape(-1)[0])
-                key.append(slice(v, v + 1))
-                if self.shape[axis] != 1 if axis < rank else False:
-                    return None
-                continue
-            if varying != [axis] or a.shape[axis] != self.shape[axis]:
-                return None
-            flat = a.reshape(-1)
-            step = int(flat[1] - flat[0]) if flat.size > 1 else 1
-            if step <= 0 or (flat.size > 2 and not np.all(np.diff(flat) == step)):
-                return None
-            key.append(slice(int(flat[0]), int(flat[-1]) + 1, step))
-        if len(arrays) != rank:
-            return None
-        return tuple(key)
+    def plan(self):
+        """Per tensor axis a constant or a progression along one access axis, when every
+        index is one and the progressions run along distinct, increasing access axes (so
+        the access is a strided NumPy view); None otherwise."""
+        if self._plan is None:
+            self._plan = False
+            if self.indices is not None and self.indirect is None:
+                rank = len(self.shape)
+                steps = [_progression(a, rank) for a in self.indices]
+                order = [s[1] for s in steps if s is not None and s[0] == "range"]
+                if all(s is not None for s in steps) and order == sorted(set(order)):
+                    self._plan = steps
+        return self._plan or None
 
-    def _check_bounds(self, arrays, mask) -> None:
-        for axis, (a, dim) in enumerate(zip(arrays, self.tensor.shape, strict=True)):
-            sel = a if mask is None else np.broadcast_to(a, self.shape)[mask]
-            if sel.size == 0:
-                continue
-            lo, hi = int(sel.min()), int(sel.max())
+    def _view(self, plan, box=None) -> np.ndarray:
+        """The NumPy view of the addressed elements (restricted to ``box``), bounds-checked."""
+        key = []
+        for axis, (step, dim) in enumerate(zip(plan, self.tensor.shape)):
+            if step[0] == "const":
+                lo = hi = step[1]
+                key.append(slice(lo, lo + 1))  # a slice keeps a view even if all are const
+            else:
+                _, d, start, stride = step
+                first, count = 0, self.shape[d]
+                if box is not None and box[d].start is not None:
+                    first, count = box[d].start, box[d].stop - box[d].start
+                lo = start + first * stride
+                hi = lo + (count - 1) * stride
+                key.append(slice(lo, hi + 1, stride))
             if lo < 0 or hi >= dim:
-                if self.indirect is not None and axis == self.indirect[0]:
-                    bad = hi if hi >= dim else lo
-                    raise NKIIndexError(
-                        f"index {bad} is out of bounds for axis {axis} with size {dim}",
-                        "err_dynamic_index_out_of_bound")
-                raise NKIIndexError(
-                    f"Out-of-bound access for tensor `{self.name}` on dimension {axis}: index "
-                    f"range [{lo}, {hi}] exceed dimension size of {dim} (mask the "
-                    "out-of-range points with mask=)",
-                    "err_tensor_access_out_of_bound",
-                )
+                self._out_of_bound(axis, min(lo, hi), max(lo, hi), dim)
+        shape = self.shape if box is None else tuple(
+            len(range(*b.indices(n))) for b, n in zip(box, self.shape))
+        return self.tensor.data[tuple(key)].reshape(shape)
+
+    def _out_of_bound(self, axis, lo, hi, dim):
+        if self.indirect is not None and axis == self.indirect[0]:
+            bad = hi if hi >= dim else lo
+            raise NKIIndexError(f"index {bad} is out of bounds for axis {axis} with size {dim}",
+                                "err_dynamic_index_out_of_bound")
+        raise NKIIndexError(
+            f"Out-of-bound access for tensor `{self.name}` on dimension {axis}: index range "
+            f"[{lo}, {hi}] exceed dimension size of {dim} (mask the out-of-range points with "
+            "mask=)", "err_tensor_access_out_of_bound")
+
+    def _points(self, mask):
+        """Index arrays of every addressed point (where ``mask`` holds), bounds-checked."""
+        points = []
+        full = None if mask is None else np.broadcast_to(mask, self.shape)
+        for axis, (a, dim) in enumerate(zip(self._arrays(), self.tensor.shape)):
+            a = np.broadcast_to(a, self.shape)
+            sel = a if full is None else a[full]
+            if sel.size:
+                lo, hi = int(sel.min()), int(sel.max())
+                if lo < 0 or hi >= dim:
+                    self._out_of_bound(axis, lo, hi, dim)
+            points.append(sel)
+        return tuple(points)
 
     def combined_mask(self, mask):
-        """AND the instruction mask with the operand mask, broadcast to the access shape."""
+        """AND the instruction mask with the operand mask: a compact boolean array
+        broadcastable to the access shape, or None when every point is addressed."""
         if self.operand_mask is not None:
-            om = np.broadcast_to(self.operand_mask.values, self.shape)
-            mask = om if mask is None else (np.broadcast_to(mask, self.shape) & om)
+            om = align_mask(self.operand_mask.values, self.shape)
+            mask = om if mask is None else (align_mask(mask, self.shape) & om)
         if mask is not None:
-            mask = np.broadcast_to(mask, self.shape)
+            mask = align_mask(mask, self.shape)
             if mask.all():
                 return None
         return mask
@@ -537,84 +644,131 @@ class Access:
         mask = self.combined_mask(mask)
         if self.indices is None:
             return self.tensor.data, mask
-        arrays = self._arrays()
-        self._check_bounds(arrays, mask)
+        plan = self.plan()
         if mask is None:
-            key = self._slices(arrays)
-            if key is not None:
-                return self.tensor.data[key].reshape(self.shape), None
-            return self.tensor.data[tuple(arrays)], None
+            if plan:
+                return self._view(plan), None
+            return self.tensor.data[self._points(None)].reshape(self.shape), None
         out = np.full(self.shape, dt.uninitialised(self.dtype), dtype=self.tensor.data.dtype)
-        full = [np.broadcast_to(a, self.shape)[mask] for a in arrays]
-        out[mask] = self.tensor.data[tuple(full)]
+        box = mask_box(mask, self.shape)
+        if plan and box is not None:
+            out[box] = self._view(plan, box)
+        else:
+            out[np.broadcast_to(mask, self.shape)] = self.tensor.data[self._points(mask)]
         return out, mask
 
     def write(self, values: np.ndarray, mask=None) -> None:
-        """Scatter ``values`` (already in the tensor's dtype, access-shaped) to the addressed
-        elements where the mask holds."""
+        """Scatter ``values`` (in the tensor's dtype, broadcastable to the access shape) to
+        the addressed elements where the mask holds."""
         mask = self.combined_mask(mask)
         target = self.tensor.data
+        values = np.broadcast_to(values, self.shape)
         if self.indices is None:
             if mask is None:
                 target[...] = values
             else:
-                target[mask] = np.broadcast_to(values, self.shape)[mask]
+                full = np.broadcast_to(mask, self.shape)
+                target[full] = values[full]
             return
-        arrays = self._arrays()
-        self._check_bounds(arrays, mask)
+        plan = self.plan()
+        box = None if mask is None else mask_box(mask, self.shape)
+        if plan and (mask is None or box is not None):
+            # the view only gains or loses size-1 axes, so it always aliases the tensor
+            self._view(plan, box)[...] = values if box is None else values[box]
+            return
         if mask is None:
-            key = self._slices(arrays)
-            if key is not None:
-                view = target[key]
-                view[...] = np.broadcast_to(values, self.shape).reshape(view.shape)
-                return
-            target[tuple(np.broadcast_to(a, self.shape) for a in arrays)] = values
-            return
-        full = tuple(np.broadcast_to(a, self.shape)[mask] for a in arrays)
-        target[full] = np.broadcast_to(values, self.shape)[mask]
+            target[self._points(None)] = values
+        else:
+            target[self._points(mask)] = values[np.broadcast_to(mask, self.shape)]
+
+    def count(self, mask=None) -> int:
+        """How many points the access addresses under ``mask``."""
+        mask = self.combined_mask(mask)
+        if mask is None:
+            return self.size
+        return int(np.broadcast_to(mask, self.shape).sum())
+
+    def _bounds(self, mask=None):
+        """Per tensor axis (lowest, highest) index addressed under ``mask``."""
+        mask = self.combined_mask(mask)
+        plan = self.plan()
+        box = None if mask is None else mask_box(mask, self.shape)
+        if plan and (mask is None or box is not None):
+            out = []
+            for step in plan:
+                if step[0] == "const":
+                    out.append((step[1], step[1]))
+                    continue
+                _, d, start, stride = step
+                first, last = 0, self.shape[d] - 1
+                if box is not None and box[d].start is not None:
+                    first, last = box[d].start, box[d].stop - 1
+                out.append((start + first * stride, start + last * stride))
+            return out
+        out = []
+        for a in self._points(mask):
+            out.append((int(a.min()), int(a.max())) if a.size else (0, 0))
+        return out
 
     def box(self, mask=None):
-        """Per base axis (first, last, step) of the addressed elements (see Tensor.box)."""
-        mask = self.combined_mask(mask)
-        if self.indices is None or self.indirect is not None:
+        """Per base axis (first, last, step) of the addressed elements (see Tensor.box);
+        None for indirect accesses, whose elements are only known at run time."""
+        if self.indirect is not None:
+            return None
+        if self.indices is None:
             return self.tensor.box()
-        lo, hi = [], []
-        for a in self.indices:
-            sel = a if mask is None else np.broadcast_to(a, self.shape)[mask]
-            lo.append(int(sel.min()) if sel.size else 0)
-            hi.append(int(sel.max()) if sel.size else 0)
-        return self.tensor.box(lo, hi)
+        bounds = self._bounds(mask)
+        return self.tensor.box([b[0] for b in bounds], [b[1] for b in bounds])
 
     def region(self, mask=None) -> Region:
-        """Bounding byte range of the addressed elements (whole tensor if indirect)."""
-        storage = self.tensor.storage
-        if self.indices is None or self.indirect is not None:
-            return self.tensor.region()
-        arrays = self.indices
-        lo_idx, hi_idx = [], []
-        for a in arrays:
-            lo_idx.append(int(a.min()) if a.size else 0)
-            hi_idx.append(int(a.max()) if a.size else 0)
-        data = self.tensor.data
-        strides = data.strides
-        if storage.memory == "hbm":
-            start = sum(i * s for i, s in zip(lo_idx, strides, strict=True))
-            stop = sum(i * s for i, s in zip(hi_idx, strides, strict=True)) + data.itemsize
-            base = self.tensor.region()
-            return Region("hbm", storage.id, base.start + start, base.start + stop)
-        base = self.tensor.region()
-        pa = self.tensor.par_axis
-        free_lo = sum(i * s for d, (i, s) in enumerate(zip(lo_idx, strides, strict=True))
-                      if d != pa)
-        free_hi = sum(i * s for d, (i, s) in enumerate(zip(hi_idx, strides, strict=True))
-                      if d != pa) + data.itemsize
-        p0 = base.partitions[0] + lo_idx[pa]
-        return Region(storage.memory, storage.id, base.start + free_lo, base.start + free_hi,
-                      (p0, base.partitions[0] + hi_idx[pa] + 1))
+        """Bounding byte range of the addressed elements."""
+        tensor = self.tensor
+        if self.indices is None:
+            return tensor.region()
+        bounds = self._bounds(mask)
+        data = tensor.data
+        root = tensor.storage.array
+        base = _address(data) - _address(root)
+        lo = base + sum(b[0] * s for b, s in zip(bounds, data.strides))
+        hi = base + sum(b[1] * s for b, s in zip(bounds, data.strides))
+        return _region(tensor.storage, root, lo, hi)
+
+    def row_bytes(self, mask=None) -> int:
+        """Contiguous bytes per partition row of the addressed elements (a DMA descriptor)."""
+        plan = self.plan()
+        if not plan:
+            return self.itemsize
+        mask = self.combined_mask(mask)
+        box = None if mask is None else mask_box(mask, self.shape)
+        strides = self.tensor.data.strides
+        free = []  # (count, byte stride) of the free access axes, in order
+        for axis, step in enumerate(plan):
+            if step[0] == "range" and step[1] >= 1:
+                d = step[1]
+                count = self.shape[d]
+                if box is not None and box[d].start is not None:
+                    count = box[d].stop - box[d].start
+                free.append((count, step[3] * strides[axis]))
+        run = self.itemsize
+        for count, stride in reversed(free):
+            if count == 1:
+                continue
+            if stride != run:
+                break
+            run *= count
+        return run
 
 
-def partition_count(shape) -> int:
-    return int(shape[0]) if len(shape) else 1
+def contiguous_row_bytes(array: np.ndarray) -> int:
+    """Contiguous bytes per partition row of a view (one DMA descriptor)."""
+    run = array.itemsize
+    for n, stride in zip(reversed(array.shape[1:]), reversed(array.strides[1:])):
+        if n == 1:
+            continue
+        if stride != run:
+            break
+        run *= n
+    return run
 
 
 def check_tile_shape(shape, what: str) -> None:

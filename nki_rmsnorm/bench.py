@@ -1,0 +1,294 @@
+"""``nki-rmsnorm bench``: the benchmark sweep, on the simulator's cost model.
+
+For every case (kind × target × shape) it runs the kernel once in the simulator, checks the
+result against the float64 reference (a wrong result stops the run with exit code 1), and
+reports the modeled latency, effective bandwidth, MBU (share of the per-core HBM roofline),
+the busiest engine, HBM bytes over the minimum, the simulator's wall time, and the speed-up
+over a deliberately simple tutorial-style kernel. Times are cost-model estimates, not device
+measurements (see ``simulate/cost.py`` for what the model assumes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from dataclasses import asdict, dataclass
+
+import ml_dtypes
+import numpy as np
+
+from nki_rmsnorm import reference
+
+DEFAULT_SHAPES = ((29, 17389), (256, 65536), (1024, 32768), (2048, 16384), (4096, 1024),
+                  (4096, 12288), (8192, 2048), (8192, 4096), (8192, 8192), (16384, 4096))
+QUICK_SHAPES = ((129, 1024), (256, 4096))
+KINDS = ("fwd", "bwd", "fused_add")
+TARGETS = ("inf2", "trn1", "trn2", "trn3")
+DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16",
+          "fp32": "float32", "float32": "float32"}
+EPS = 1e-6
+# Largest error against the float64 reference, in units of the dtype's epsilon times the
+# largest |reference| value (forward: ≤ 1 ulp for bf16/fp16 in gemma mode; backward: the
+# fp32 row statistic adds a few ulp).
+TOLERANCE_EPS = {"fwd": 2.0, "fused_add": 2.0, "bwd": 8.0}
+
+
+@dataclass
+class Record:
+    kind: str
+    target: str
+    M: int  # noqa: N815 - the issue's key names
+    N: int  # noqa: N815
+    dtype: str
+    modeled_us: float
+    gbps: float
+    mbu: float
+    busiest_engine: str
+    busiest_engine_util: float
+    hbm_bytes: int
+    min_hbm_bytes: int
+    hbm_bytes_ratio: float
+    sim_wall_s: float
+    baseline_us: float | None
+    speedup_vs_baseline: float | None
+    correct: bool
+    max_error: float
+
+
+def minimal_hbm_bytes(kind: str, M: int, N: int, itemsize: int) -> int:
+    """Bytes each kernel must move at least (hw_cost_facts §6a), incl. the fp32 rstd."""
+    if kind == "fwd":
+        return 2 * itemsize * M * N + itemsize * N + 4 * M
+    if kind == "fused_add":
+        return 4 * itemsize * M * N + itemsize * N + 4 * M
+    return 3 * itemsize * M * N + itemsize * N + 4 * N + 4 * M
+
+
+def parse_shapes(text: str) -> tuple[tuple[int, int], ...]:
+    shapes = []
+    for item in text.split(","):
+        match = re.fullmatch(r"\s*(\d+)\s*[xX×]\s*(\d+)\s*", item)
+        if not match or int(match[1]) < 1 or int(match[2]) < 1:
+            raise ValueError(f"malformed shape {item!r}: expected MxN with positive integers, "
+                             "e.g. 4096x4096")
+        shapes.append((int(match[1]), int(match[2])))
+    return tuple(shapes)
+
+
+def _parse_list(text: str, allowed, what: str) -> tuple[str, ...]:
+    items = tuple(s.strip() for s in text.split(",") if s.strip())
+    for item in items:
+        if item not in allowed:
+            raise ValueError(f"unknown {what} {item!r}: expected one of {', '.join(allowed)}")
+    return items
+
+
+def _inputs(kind: str, M: int, N: int, dtype, rng):
+    x = rng.standard_normal((M, N)).astype(dtype)
+    weight = (1.0 + 0.1 * rng.standard_normal(N)).astype(dtype)
+    residual = rng.standard_normal((M, N)).astype(dtype) if kind == "fused_add" else None
+    dy = rng.standard_normal((M, N)).astype(dtype) if kind == "bwd" else None
+    return x, weight, residual, dy
+
+
+def _max_error(got, want) -> float:
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    if got.shape != want.shape or not np.all(np.isfinite(got)):
+        return float("inf")
+    return float(np.max(np.abs(got - want))) if got.size else 0.0
+
+
+def run_case(kind, target, M, N, dtype_name, rng, with_baseline=True) -> Record:
+    """Simulate one case with the cost model and check it against the reference."""
+    import simulate
+    import simulate.cost
+    from nki_rmsnorm.kernels import rmsnorm_bwd, rmsnorm_fwd
+
+    dtype = np.dtype(ml_dtypes.bfloat16 if dtype_name == "bfloat16" else dtype_name)
+    x, weight, residual, dy = _inputs(kind, M, N, dtype, rng)
+    start = time.perf_counter()
+    if kind == "bwd":
+        _, rstd = reference.rms_norm_fwd(x, weight, EPS)
+        outputs, prof = simulate.profile(rmsnorm_bwd, dy, x, weight, rstd, None, 0.0, False,
+                                         "gemma", target=target)
+        want = reference.rms_norm_bwd(dy, x, weight, rstd)
+        errors = [_max_error(outputs[0], want[0]) / _scale(want[0]),
+                  _max_error(outputs[1], want[1]) / _scale(want[1])]
+    else:
+        outputs, prof = simulate.profile(rmsnorm_fwd, x, weight, None, residual, EPS, 0.0,
+                                         "gemma", dtype, target=target)
+        want = reference.rms_norm_fwd(x, weight, EPS, residual=residual)
+        errors = [_max_error(o, w) / _scale(w) for o, w in zip(outputs[:-1], want[:-1])]
+    wall = time.perf_counter() - start
+    eps_dtype = float(np.finfo(np.float32).eps) if dtype_name == "float32" else (
+        2.0 ** -8 if dtype_name == "bfloat16" else 2.0 ** -11)
+    max_error = max(errors)
+    correct = max_error <= TOLERANCE_EPS[kind] * eps_dtype
+    baseline_us = _baseline_us(kind, target, x, weight, residual, dy) if with_baseline else None
+    hbm = prof.hbm_read_bytes + prof.hbm_write_bytes
+    minimal = minimal_hbm_bytes(kind, M, N, dtype.itemsize)
+    busiest = max(("pe", "act", "dve", "pool", "dma"), key=lambda e: prof.engine_busy_us[e])
+    roofline_gbps = simulate.cost.CostTable(target).hbm_share_gbps
+    gbps = minimal / (prof.latency_us * 1e3)
+    return Record(
+        kind=kind, target=target, M=M, N=N, dtype=dtype_name, modeled_us=prof.latency_us,
+        gbps=gbps, mbu=gbps / roofline_gbps, busiest_engine=busiest,
+        busiest_engine_util=prof.engine_busy_us[busiest] / prof.latency_us,
+        hbm_bytes=hbm, min_hbm_bytes=minimal, hbm_bytes_ratio=hbm / minimal, sim_wall_s=wall,
+        baseline_us=baseline_us,
+        speedup_vs_baseline=baseline_us / prof.latency_us if baseline_us else None,
+        correct=bool(correct), max_error=max_error)
+
+
+def _scale(reference_values) -> float:
+    values = np.abs(np.asarray(reference_values, np.float64))
+    return float(values.max()) if values.size and values.max() > 0 else 1.0
+
+
+def _baseline_us(kind, target, x, weight, residual, dy) -> float | None:
+    """Modeled time of the tutorial-style kernel(s) doing the same work (None when the
+    baseline cannot run the shape, e.g. a row that does not fit SBUF)."""
+    import simulate
+    from nki_rmsnorm.kernels import baseline
+
+    try:
+        if kind == "fwd":
+            return simulate.profile(baseline.tutorial_rmsnorm_fwd, x, weight, EPS,
+                                    target=target)[1].latency_us
+        if kind == "fused_add":
+            h, add = simulate.profile(baseline.tutorial_add, x, residual, target=target)
+            _, norm = simulate.profile(baseline.tutorial_rmsnorm_fwd, h, weight, EPS,
+                                       target=target)
+            return add.latency_us + norm.latency_us
+        _, rstd = reference.rms_norm_fwd(x, weight, EPS)
+        return simulate.profile(baseline.tutorial_rmsnorm_bwd, dy, x, weight, rstd,
+                                target=target)[1].latency_us
+    except simulate.NKIError:
+        return None
+
+
+HEADER = (f"{'kind':9s} {'target':6s} {'shape':>12s} {'model µs':>10s} {'GB/s':>7s} "
+          f"{'MBU':>6s} {'busiest':>12s} {'HBM/min':>8s} {'sim s':>6s} {'vs base':>8s} ok")
+
+
+def format_row(r: Record) -> str:
+    speedup = f"{r.speedup_vs_baseline:7.2f}×" if r.speedup_vs_baseline else "     n/a"
+    return (f"{r.kind:9s} {r.target:6s} {f'{r.M}x{r.N}':>12s} {r.modeled_us:10.1f} "
+            f"{r.gbps:7.1f} {100 * r.mbu:5.1f}% {r.busiest_engine:>5s} "
+            f"{100 * r.busiest_engine_util:5.1f}% "
+            f"{r.hbm_bytes_ratio:8.3f} {r.sim_wall_s:6.2f} {speedup} "
+            f"{'yes' if r.correct else 'NO'}")
+
+
+def _progress(done: int, total: int, label: str) -> None:
+    """A one-line progress bar on stderr (only on a terminal, so logs stay clean)."""
+    if not sys.stderr.isatty():
+        return
+    width = 30
+    filled = width * done // max(total, 1)
+    sys.stderr.write(f"\r\033[K[{'#' * filled}{'.' * (width - filled)}] {done}/{total} {label}")
+    if done == total:
+        sys.stderr.write("\r\033[K")
+    sys.stderr.flush()
+
+
+def _clear_progress() -> None:
+    if sys.stderr.isatty():
+        sys.stderr.write("\r\033[K")
+
+
+def plot(records, path: str) -> None:
+    """MBU per shape and target (one panel per kind), with the roofline at 100 %."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    kinds = [k for k in KINDS if any(r.kind == k for r in records)]
+    fig, axes = plt.subplots(len(kinds), 1, figsize=(11, 3.2 * len(kinds)), squeeze=False)
+    for ax, kind in zip(axes[:, 0], kinds):
+        rows = [r for r in records if r.kind == kind]
+        shapes = list(dict.fromkeys(f"{r.M}x{r.N}" for r in rows))
+        targets = list(dict.fromkeys(r.target for r in rows))
+        width = 0.8 / max(len(targets), 1)
+        for t, target in enumerate(targets):
+            values = [next((100 * r.mbu for r in rows if r.target == target
+                            and f"{r.M}x{r.N}" == s), 0.0) for s in shapes]
+            ax.bar(np.arange(len(shapes)) + t * width, values, width, label=target)
+        ax.axhline(100, color="black", linestyle="--", linewidth=1, label="HBM roofline")
+        ax.set_xticks(np.arange(len(shapes)) + width * (len(targets) - 1) / 2, shapes,
+                      rotation=20, fontsize=8)
+        ax.set_ylabel("MBU %")
+        ax.set_ylim(0, 110)
+        ax.set_title(f"{kind} ({rows[0].dtype}), modeled")
+        ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def bench(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="nki-rmsnorm bench", description=__doc__.split("\n")[0])
+    parser.add_argument("--shapes", help="comma-separated MxN list, e.g. 4096x4096,8192x2048")
+    parser.add_argument("--dtype", default="bf16", help="bf16 (default), fp16 or fp32")
+    parser.add_argument("--target", default="trn1,trn2", help="comma list of " + ",".join(TARGETS))
+    parser.add_argument("--kind", default=",".join(KINDS), help="comma list of fwd,bwd,fused_add")
+    parser.add_argument("--json", help="write the records as a JSON list to this path")
+    parser.add_argument("--plot", help="write a PNG of MBU per shape and target to this path")
+    parser.add_argument("--quick", action="store_true", help="a small smoke run (used by tests)")
+    parser.add_argument("--no-baseline", action="store_true", help="skip the baseline column")
+    parser.add_argument("--seed", type=int, default=0)
+    try:
+        args = parser.parse_args(argv)
+        shapes = parse_shapes(args.shapes) if args.shapes else (
+            QUICK_SHAPES if args.quick else DEFAULT_SHAPES)
+        if args.dtype not in DTYPES:
+            raise ValueError(f"unknown dtype {args.dtype!r}: expected bf16, fp16 or fp32")
+        dtype_name = DTYPES[args.dtype]
+        targets = _parse_list(args.target, TARGETS, "target")
+        kinds = _parse_list(args.kind, KINDS, "kind")
+    except ValueError as exc:
+        print(f"nki-rmsnorm bench: error: {exc}", file=sys.stderr)
+        return 2
+    rng = np.random.default_rng(args.seed)
+    cases = [(k, t, M, N) for k in kinds for t in targets for M, N in shapes]
+    records = []
+    print(HEADER)
+    for i, (kind, target, M, N) in enumerate(cases):
+        _progress(i, len(cases), f"{kind} {target} {M}x{N}")
+        record = run_case(kind, target, M, N, dtype_name, rng, not args.no_baseline)
+        records.append(record)
+        _clear_progress()
+        print(format_row(record), flush=True)
+    _progress(len(cases), len(cases), "done")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump([asdict(r) for r in records], f, indent=1)
+    if args.plot:
+        plot(records, args.plot)
+    wrong = [r for r in records if not r.correct]
+    if wrong:
+        for r in wrong:
+            print(f"WRONG RESULT: {r.kind} {r.target} {r.M}x{r.N} {r.dtype}: max error "
+                  f"{r.max_error:.3g} (relative to max |reference|)", file=sys.stderr)
+        return 1
+    return 0
+
+
+def main(argv=None) -> int:
+    """Entry point of the ``nki-rmsnorm`` console script."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print("usage: nki-rmsnorm bench [options]   (nki-rmsnorm bench --help for options)")
+        return 0 if argv else 2
+    if argv[0] != "bench":
+        print(f"nki-rmsnorm: error: unknown command {argv[0]!r} (expected 'bench')",
+              file=sys.stderr)
+        return 2
+    return bench(argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,248 @@
+"""NumPy launchers of the RMSNorm kernels: validate, flatten, launch, reshape back.
+
+Each function checks every argument before any kernel runs (``TypeError`` for a wrong
+type or dtype, ``ValueError`` for a wrong shape or value, the message naming the argument
+and what was expected), flattens the leading dimensions into rows, launches the ``nki.jit``
+kernel through :mod:`nki_rmsnorm.nki` (the simulator here, the Neuron compiler on a
+NeuronDevice) and gives the outputs the caller's shape back. Inputs with no rows return
+empty outputs without launching anything; non-contiguous arrays are copied to contiguous
+ones first.
+
+Decisions beyond ``design.md``:
+
+* ``offset`` shifts the weight (``weight + offset``), so a non-zero ``offset`` without a
+  ``weight`` is a ``ValueError`` rather than silently ignored; pass ``weight=np.zeros(N)``
+  for a constant scale.
+* ``eps = 0`` is allowed: an all-zero row then has ``rstd = inf`` and ``y = 0 · inf = NaN``,
+  as on the hardware (``reference.py`` documents the same).
+* ``weight`` and ``bias`` are float32 or x's dtype; a ``residual`` is x's dtype or float32
+  (an fp32 residual stream beside bf16 activations), and ``h`` comes back in its dtype.
+* In the backward pass ``dy`` and ``dh_out`` may be in any kernel dtype (``y`` may have had
+  an ``out_dtype``); ``rstd`` must be the float32 array the forward returned.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import ml_dtypes
+import numpy as np
+
+from nki_rmsnorm import kernels
+from nki_rmsnorm.reference import CASTING_MODES
+
+__all__ = ["KERNEL_DTYPES", "rms_norm", "rms_norm_bwd", "rms_norm_fwd"]
+
+#: The floating-point dtypes the kernels take and return.
+KERNEL_DTYPES = (np.dtype(np.float32), np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16))
+_FLOAT32 = np.dtype(np.float32)
+_DTYPE_NAMES = "float32, bfloat16 or float16"
+
+
+def rms_norm(x, weight=None, eps=1e-6, *, offset=0.0, bias=None, residual=None,
+             casting_mode="gemma", out_dtype=None):
+    """RMSNorm over the last axis: ``y``, or ``(y, h)`` when ``residual`` is given.
+
+    ``h = x + residual``, ``y = h / sqrt(mean(h²) + eps) · (weight + offset) + bias``; see
+    :func:`rms_norm_fwd` for the arguments.
+    """
+    outputs = rms_norm_fwd(x, weight, eps, offset=offset, bias=bias, residual=residual,
+                           casting_mode=casting_mode, out_dtype=out_dtype)
+    return outputs[0] if residual is None else outputs[:2]
+
+
+def rms_norm_fwd(x, weight=None, eps=1e-6, *, offset=0.0, bias=None, residual=None,
+                 casting_mode="gemma", out_dtype=None):
+    """RMSNorm forward that also returns the fp32 ``rstd`` the backward pass needs.
+
+    Args:
+        x: array of rank ≥ 1 in float32, bfloat16 or float16; normalised over its last axis.
+        weight: ``(N,)`` scale in float32 or x's dtype, or None for no scale.
+        eps: finite and ≥ 0, added to the mean square inside the root.
+        offset: added to ``weight`` (Gemma's ``1 + w``); needs a weight.
+        bias: ``(N,)`` in float32 or x's dtype, added last, or None.
+        residual: array shaped like ``x`` (x's dtype or float32), added to ``x`` first.
+        casting_mode: "gemma", "llama" or "none" (see :mod:`nki_rmsnorm.reference`).
+        out_dtype: dtype of ``y`` (float32, bfloat16 or float16); default x's dtype.
+
+    Returns:
+        ``(y, rstd)``, or ``(y, h, rstd)`` with a residual; ``rstd`` is float32 of shape
+        ``x.shape[:-1]`` and ``h`` has the residual's dtype.
+    """
+    x = _kernel_array(x, "x")
+    if x.ndim == 0:
+        raise ValueError("x must have at least one dimension (the normalised one), got a 0-d "
+                         "array")
+    n = x.shape[-1]
+    if n == 0:
+        raise ValueError(f"x must have a non-empty last (normalised) dimension, got shape "
+                         f"{x.shape}")
+    weight = _parameter(weight, "weight", n, x.dtype)
+    bias = _parameter(bias, "bias", n, x.dtype)
+    if residual is not None:
+        residual = _kernel_array(residual, "residual")
+        if residual.shape != x.shape:
+            raise ValueError(f"residual must have x's shape {x.shape}, got {residual.shape}")
+        if residual.dtype not in (x.dtype, _FLOAT32):
+            raise TypeError(f"residual must have x's dtype ({x.dtype}) or float32, got "
+                            f"{residual.dtype}")
+    eps = _eps(eps)
+    offset = _offset(offset, weight)
+    _casting_mode(casting_mode)
+    out_dtype = x.dtype if out_dtype is None else _dtype(out_dtype, "out_dtype")
+
+    lead = x.shape[:-1]
+    rows = math.prod(lead)
+    if rows == 0:
+        outputs = [np.empty(x.shape, out_dtype)]
+        if residual is not None:
+            outputs.append(np.empty(x.shape, residual.dtype))
+        return (*outputs, np.empty(lead, np.float32))
+
+    outputs = kernels.rmsnorm_fwd(
+        _rows(x, rows, n), weight, bias, None if residual is None else _rows(residual, rows, n),
+        eps, offset, casting_mode, out_dtype)
+    *tiles, rstd = outputs
+    return (*(t.reshape(x.shape) for t in tiles), rstd.reshape(lead))
+
+
+def rms_norm_bwd(dy, x_or_h, weight, rstd, *, offset=0.0, has_bias=False, dh_out=None,
+                 casting_mode="gemma"):
+    """RMSNorm backward from the forward's saved ``rstd``.
+
+    Args:
+        dy: gradient of ``y``, shaped like ``x_or_h`` (float32, bfloat16 or float16).
+        x_or_h: the normalised input: ``x``, or ``h`` when the forward added a residual.
+        weight: the forward's ``(N,)`` weight, or None.
+        rstd: the forward's float32 ``rstd``, shape ``x_or_h.shape[:-1]``.
+        offset: the forward's weight offset (needs a weight).
+        has_bias: whether the forward added a bias (then ``dbias`` is returned).
+        dh_out: gradient flowing into the ``h`` output, shaped like ``x_or_h``, or None;
+            it is added into ``dx``.
+        casting_mode: the forward's casting mode.
+
+    Returns:
+        ``(dx, dweight, dbias)``: ``dx`` in x_or_h's dtype and shape; ``dweight`` ``(N,)`` in
+        the weight's dtype, None without a weight; ``dbias`` ``(N,)`` in the weight's dtype
+        (float32 without one), None unless ``has_bias``.
+    """
+    x = _kernel_array(x_or_h, "x_or_h")
+    if x.ndim == 0:
+        raise ValueError("x_or_h must have at least one dimension, got a 0-d array")
+    n = x.shape[-1]
+    if n == 0:
+        raise ValueError(f"x_or_h must have a non-empty last dimension, got shape {x.shape}")
+    dy = _kernel_array(dy, "dy")
+    if dy.shape != x.shape:
+        raise ValueError(f"dy must have x_or_h's shape {x.shape}, got {dy.shape}")
+    if weight is not None:
+        weight = _kernel_array(weight, "weight")
+        if weight.shape != (n,):
+            raise ValueError(f"weight must have shape (N,) = ({n},), got {weight.shape}")
+    rstd = _array(rstd, "rstd")
+    if rstd.dtype != _FLOAT32:
+        raise TypeError(f"rstd must be float32 (as rms_norm_fwd returns it), got {rstd.dtype}")
+    if rstd.shape != x.shape[:-1]:
+        raise ValueError(f"rstd must have shape x_or_h.shape[:-1] = {x.shape[:-1]}, got "
+                         f"{rstd.shape}")
+    if dh_out is not None:
+        dh_out = _kernel_array(dh_out, "dh_out")
+        if dh_out.shape != x.shape:
+            raise ValueError(f"dh_out must have x_or_h's shape {x.shape}, got {dh_out.shape}")
+    offset = _offset(offset, weight)
+    if not isinstance(has_bias, (bool, np.bool_)):
+        raise TypeError(f"has_bias must be a bool, got {type(has_bias).__name__}")
+    has_bias = bool(has_bias)
+    _casting_mode(casting_mode)
+
+    lead = x.shape[:-1]
+    rows = math.prod(lead)
+    param_dtype = _FLOAT32 if weight is None else weight.dtype
+    if rows == 0:  # gradients of a sum over no rows
+        return (np.empty(x.shape, x.dtype),
+                None if weight is None else np.zeros(n, param_dtype),
+                np.zeros(n, param_dtype) if has_bias else None)
+
+    grads = list(kernels.rmsnorm_bwd(
+        _rows(dy, rows, n), _rows(x, rows, n), weight, np.ascontiguousarray(rstd.reshape(rows)),
+        None if dh_out is None else _rows(dh_out, rows, n), offset, has_bias, casting_mode))
+    dx = grads.pop(0).reshape(x.shape)
+    dweight = grads.pop(0) if weight is not None else None
+    dbias = grads.pop(0) if has_bias else None
+    return dx, dweight, dbias
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation helpers
+# ---------------------------------------------------------------------------------------------
+
+
+def _array(value, name: str) -> np.ndarray:
+    if not isinstance(value, np.ndarray):
+        raise TypeError(f"{name} must be a NumPy array, got {type(value).__name__}")
+    return value
+
+
+def _kernel_array(value, name: str) -> np.ndarray:
+    """A NumPy array in one of the kernels' floating-point dtypes."""
+    array = _array(value, name)
+    if array.dtype not in KERNEL_DTYPES:
+        raise TypeError(f"{name} must have dtype {_DTYPE_NAMES}, got {array.dtype}")
+    return array
+
+
+def _parameter(value, name: str, n: int, x_dtype) -> np.ndarray | None:
+    """``weight`` / ``bias``: None, or an ``(N,)`` array in float32 or x's dtype."""
+    if value is None:
+        return None
+    array = _array(value, name)
+    if array.shape != (n,):
+        raise ValueError(f"{name} must have shape (N,) = ({n},), got {array.shape}")
+    if array.dtype not in (_FLOAT32, x_dtype):
+        raise TypeError(f"{name} must be float32 or x's dtype ({x_dtype}), got {array.dtype}")
+    return np.ascontiguousarray(array)
+
+
+def _real(value, name: str) -> float:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
+    return float(value)
+
+
+def _eps(eps) -> float:
+    eps = _real(eps, "eps")
+    if not math.isfinite(eps) or eps < 0:
+        raise ValueError(f"eps must be finite and >= 0, got {eps}")
+    return eps
+
+
+def _offset(offset, weight) -> float:
+    offset = _real(offset, "offset")
+    if not math.isfinite(offset):
+        raise ValueError(f"offset must be finite, got {offset}")
+    if offset and weight is None:
+        raise ValueError(f"offset={offset} needs a weight: it shifts the weight "
+                         "(y = x̂·(weight + offset)); pass weight=np.zeros(N) for a constant "
+                         "scale")
+    return offset
+
+
+def _casting_mode(casting_mode) -> None:
+    if not isinstance(casting_mode, str) or casting_mode not in CASTING_MODES:
+        raise ValueError(f"casting_mode must be one of {CASTING_MODES}, got {casting_mode!r}")
+
+
+def _dtype(value, name: str) -> np.dtype:
+    try:
+        dtype = np.dtype(value)
+    except TypeError as exc:
+        raise TypeError(f"{name} must be a dtype ({_DTYPE_NAMES}), got {value!r}") from exc
+    if dtype not in KERNEL_DTYPES:
+        raise TypeError(f"{name} must be {_DTYPE_NAMES}, got {dtype}")
+    return dtype
+
+
+def _rows(array: np.ndarray, rows: int, n: int) -> np.ndarray:
+    """``array`` as a contiguous (rows, N) matrix."""
+    return np.ascontiguousarray(array.reshape(rows, n))

@@ -1,0 +1,675 @@
+"""The cost model: turns an instruction trace into modeled time on one NeuronCore.
+
+Every number comes from ``CONSTANTS`` below, one row per constant with a column per
+NeuronCore generation and the source tag of ``hw_cost_facts.md``: **D** documented, **D→**
+arithmetic on documented numbers, **I** inferred (fitted to a published measurement, read
+off a chart, or assumed). Targets: ``inf2`` and ``trn1`` (NeuronCore-v2), ``trn2`` (v3, one
+physical core, LNC=1), ``trn3`` (v4).
+
+What the model assumes
+----------------------
+* **Engines.** Tensor (PE), Scalar (ACT), Vector (DVE) and GpSimd (Pool) run concurrently.
+  An instruction occupies its engine for its cost in that engine's cycles (the documented
+  per-instruction rules, hw_cost_facts §2b-§2c): ``max(MIN_II, k·N / fast_mode)`` for ACT and
+  DVE, ``GPSIMD_START + N`` for Pool index ops, ``max(min(64, N_stationary), N_moving)`` (×4
+  for fp32) for matmuls; ``N`` is the free size (elements per partition). The partition
+  count never changes the cost; the dtype does only through the documented fast modes
+  (bf16/fp16 on NC-v3/v4) and fp32 matmuls; an innermost stride over 16 bytes halves the
+  rate. A partition broadcast (``broadcast_to`` along partitions)
+  runs on PE, as the compiler lowers it to a matmul against ones, and its result counts as
+  PSUM for the reader.
+* **Dependencies.** Read-after-write, write-after-read and write-after-write between
+  instructions whose memory regions overlap (same tile or HBM tensor, overlapping byte and
+  partition ranges). On-chip memory is tracked per tile: the compiler gives the tiles a loop
+  body allocates enough buffers to overlap iterations, so only reuse the kernel spells out
+  (one tile rewritten in every iteration) makes a writer wait for earlier readers.
+  (``schedule(..., by_address=True)`` tracks on-chip addresses instead; the simulator's
+  allocator hands a freed address out at once, which pins loops to about two buffers and
+  makes small tiles wait for unrelated ones that held their address before.) A consumer on
+  the same engine waits ``D_raw`` cycles after its producer ends (pipeline drain; fits the
+  measured 264-cycle chain of dependent 1-element activations); a consumer on another
+  engine waits a semaphore latency; PE accumulation into the same PSUM tile chains with no
+  wait.
+* **Scheduling.** Whenever an engine (or DMA queue) is free it starts, among the next
+  ``schedule_window`` instructions of its program-order stream, the first one whose inputs
+  are ready, or else the one ready soonest (list scheduling, as the compiler's static
+  scheduler does), so independent work, e.g. from the next loop iteration, fills dependency
+  bubbles. ``affine_range`` and ``static_range`` iterations may overlap;
+  each ``sequential_range`` iteration (and each SPMD program instance, which run serially
+  on one core) starts only after everything of the previous one has finished (a barrier).
+  On NeuronCore-v2, DVE and Pool share the SBUF port and DVE and ACT share the PSUM port:
+  instructions that need the same port do not overlap.
+* **DMA.** A ``dma_copy`` (``nl.load``/``nl.store``) goes on a queue by direction (loads,
+  stores, on-chip/HBM copies). The queue issues one transfer per ``dma_fixed_us`` (the
+  per-transfer fixed cost that makes small transfers overhead-bound); the data then moves
+  on the DMA engines that serve its partitions (8 partitions per engine, 16 engines), each
+  at ``dma_engine_peak_gbps · dma_efficiency``, no faster than one descriptor (contiguous
+  row) per ``dma_descriptor_ns``, with all HBM traffic capped at the core's HBM share.
+  Consumers see the data ``dma_latency_us`` after issue plus the transfer time.
+* **Latency** is from the first instruction to the last completion. It excludes the fixed
+  launch cost of a kernel on a device (≈10-15 µs, I), which ``nki.benchmark`` on hardware
+  includes.
+
+What the model ignores: instruction fetch, ACT table loads, SBUF bank conflicts beyond the
+NC-v2 ports, spills (the simulator raises when SBUF is full), DVE/Pool bus arbitration on
+v3/v4, HBM page effects, and anything the compiler would rewrite (fusion, hoisting). It is
+deterministic. Expect ±15 % on steady-state engine-bound kernels and ±50-100 % on fixed costs
+(DMA setup, semaphores); see ``docs/calibration.md``.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+
+from .targets import get_target
+from .trace import Trace
+
+# --- the constants ------------------------------------------------------------------------
+# (NC-v2 = inf2/trn1, NC-v3 = trn2, NC-v4 = trn3)   tag and source in hw_cost_facts.md
+CONSTANTS: dict[str, tuple[float, float, float]] = {
+    # engine clocks, GHz
+    "pe_clock_ghz": (2.8, 2.4, 2.4),  # D S1 L65-73; S2 L44-64; S3 L44-61
+    "act_clock_ghz": (1.4, 1.2, 1.2),  # D same
+    "dve_clock_ghz": (1.12, 0.96, 1.2),  # D same (DVE instruction clock, §7 #5)
+    "pool_clock_ghz": (1.4, 1.2, 1.2),  # D same
+    # per-instruction rules, engine cycles
+    "min_ii_cycles": (64, 64, 64),  # D S10 (every ACT/DVE cost); v3/v4 same: I
+    "dependent_latency_cycles": (200, 200, 200),  # D→ S4 L424-429: 264-cycle RAW chain - MIN_II
+    "act_read_accumulator_cycles": (64, 64, 64),  # D S1 L492
+    "pool_start_cycles": (150, 150, 150),  # D S10 L289-292, L565-567 (GPSIMD_START)
+    "pe_stationary_floor": (64, 64, 64),  # D S10 L896-915: max(min(64, N_st), N_mov)
+    "pe_fp32_factor": (4, 4, 4),  # D S1 L67; S2 L50-52 (fp32 at 1/4 rate)
+    "pe_transpose_fp32_factor": (4, 2, 2),  # D S2 L194-201 (v3 transpose mode: 2x for fp32)
+    "mm_init_latency_cycles": (64, 64, 64),  # D S1 L267; S4 L679
+    "k_two_inputs": (2, 2, 2),  # D S10 L1660-1685, L1210-1222, L1382-1394: 2N for 2 SBUF inputs
+    "k_scan": (2, 2, 2),  # D S10 L1753-1759: tensor_tensor_scan 2N
+    "k_reduce_half": (0.5, 0.5, 0.5),  # D S10 L1466-1480: bf16 add/max tensor_reduce N/2
+    "k_memset_zero_half": (0.5, 1, 1),  # D S10a L420 (v2: N/2); v3/v4 use dve_fast_copy
+    "k_reciprocal": (8, 8, 8),  # D S10 L1182-1185
+    "k_bn_aggr": (13 / 3, 13 / 3, 13 / 3),  # D S10 L335-338
+    "stride_penalty_bytes": (16, 16, 16),  # D S1 L756-762: innermost stride > 16 B ...
+    "stride_penalty_factor": (2, 2, 2),  # D S1 L756-762: ... halves the access bandwidth
+    # dtype fast modes (speed-up over the generic rule; hw_cost_facts §2c)
+    "dve_fast_copy": (1, 4, 4),  # D S2 L224-229: tensor_copy/tensor_scalar bf16/fp16 SBUF
+    "dve_fast_copy_slow_path": (1, 2, 2),  # D S2 L231-234: strided or one side in PSUM
+    "dve_fast_tensor_tensor": (1, 2, 2),  # D S2 L235-236 (? unverified: "2x vs NC-v2")
+    "act_fast_copy": (1, 1, 2),  # D S3 L218: ACT tensor_scalar/tensor_copy bf16/fp16
+    # dependencies
+    "semaphore_latency_us": (0.1, 0.1, 0.1),  # I (§7 #8: compute->compute undocumented)
+    "schedule_window": (8, 8, 8),  # I (compiler list-scheduling look-ahead per engine)
+    "nc_v2_ports": (1, 0, 0),  # D S1 L594-598, L764-770; lifted on v3 (S2 L266-273)
+    # DMA
+    "dma_engines": (16, 16, 16),  # D S6 L7; S1 L613; S2 L289
+    "dma_partitions_per_engine": (8, 8, 8),  # D S6 L14, L34
+    "dma_engine_peak_gbps": (27.2, 27.2, 38.4),  # D S6 L16
+    "dma_efficiency": (0.62, 0.85, 0.86),  # D S5 L59-64 table (17/23/33 B/ns); v3 fits S6 1416 ns
+    "hbm_share_gbps": (410.0, 362.5, 612.0),  # D→ chip HBM bandwidth / physical cores (§1b)
+    "dma_fixed_us": (0.8, 0.75, 0.75),  # I S6 chart knee (0.7-0.85 us); D 600 ns HWDGE (S7)
+    "dma_latency_us": (1.3, 1.1, 1.1),  # D S5 L39-42 (~1300 ns); I S6 screenshots (1.0-1.3)
+    "dma_descriptor_ns": (12.0, 12.0, 12.0),  # I S6: 97 ns per 8 descriptors of 256 B
+}
+
+_GENERATION_COLUMN = {2: 0, 3: 1, 4: 2}
+COMPUTE_ENGINES = ("pe", "act", "dve", "pool")
+DMA_QUEUES = ("dma_load", "dma_store", "dma_copy")
+RESOURCES = COMPUTE_ENGINES + DMA_QUEUES
+_PE, _ACT, _DVE, _POOL = range(4)
+_BARRIER = -1
+
+
+class CostTable:
+    """The constants of one target (attributes named as the rows of ``CONSTANTS``)."""
+
+    def __init__(self, target, overrides=None):
+        spec = get_target(target)
+        self.target = spec.name
+        self.nc_version = spec.nc_version
+        column = _GENERATION_COLUMN[spec.nc_version]
+        values = {key: row[column] for key, row in CONSTANTS.items()}
+        for key, value in (overrides or {}).items():
+            if key not in values:
+                raise KeyError(f"unknown cost-model constant {key!r}; expected one of "
+                               f"{', '.join(CONSTANTS)}")
+            values[key] = value
+        self.values = values
+        self.__dict__.update(values)
+
+    def clock_ghz(self, engine: str) -> float:
+        return self.values[f"{engine}_clock_ghz"]
+
+
+# --- per-instruction cost -----------------------------------------------------------------
+_ITEMSIZE = {"float32": 4, "tfloat32": 4, "bfloat16": 2, "float16": 2, "float8_e4m3": 1,
+             "float8_e5m2": 1, "int8": 1, "uint8": 1, "int16": 2, "uint16": 2, "int32": 4,
+             "uint32": 4, "bool": 1}
+_HALF = ("bfloat16", "float16")
+_ADD_MUL_SUB = ("add", "multiply", "subtract")
+_REDUCE_FAST = ("add", "sum", "max", "maximum")
+
+
+def _op_names(details) -> tuple[str, ...]:
+    op = details.get("op", ())
+    return tuple(op) if isinstance(op, (list, tuple)) else (op,)
+
+
+@dataclass
+class Operands:
+    """What the cost rules need to know about an instruction's streamed operands."""
+
+    dtypes: tuple[str, ...]  # streamed inputs, then the output
+    psum: tuple[bool, ...]  # per streamed input: in PSUM (or a PSUM-resident broadcast)
+    out_psum: bool
+    stride_bytes: int  # largest innermost stride of a streamed operand (0: one element)
+
+
+def compute_cycles(opcode: str, engine: str, n: int, ops: Operands, details: dict,
+                   table: CostTable) -> tuple[float, bool]:
+    """Engine cycles of one compute instruction; also whether a documented rule covers it."""
+    min_ii = table.min_ii_cycles
+    stride = table.stride_penalty_factor if ops.stride_bytes > table.stride_penalty_bytes else 1
+    half = all(d in _HALF for d in ops.dtypes)
+    unit_stride = ops.stride_bytes <= 2
+    any_psum = any(ops.psum) or ops.out_psum
+    if engine == "pe":
+        if opcode == "nc_matmul":
+            floor = min(table.pe_stationary_floor, details.get("stationary_free", 128))
+            factor = table.pe_fp32_factor if details.get("fp32") else 1
+            if details.get("transpose") and details.get("fp32"):
+                factor = table.pe_transpose_fp32_factor
+            return max(floor, n) * factor, True
+        if opcode in ("nc_transpose", "partition_broadcast"):
+            partitions = details.get("_partitions", 128)
+            fp32 = "float32" in ops.dtypes
+            if opcode == "nc_transpose":
+                factor = table.pe_transpose_fp32_factor if fp32 else 1
+                return max(partitions, min(table.pe_stationary_floor, n)) * factor, True
+            # I: lowered to a matmul against a row of ones, moving the broadcast row
+            return max(table.pe_stationary_floor, n) * (table.pe_fp32_factor if fp32 else 1), True
+        return max(min_ii, n), False
+    if engine == "pool":
+        if opcode in ("iota", "affine_select", "rand", "tensor_partition_reduce"):
+            return table.pool_start_cycles + n, True
+        k = table.k_two_inputs if opcode == "tensor_tensor" else 1  # as DVE v2: no rule exists
+        return max(min_ii, k * n) * stride, False
+    if engine == "act":
+        if opcode in ("activation", "activation_reduce"):
+            extra = table.act_read_accumulator_cycles if (
+                opcode == "activation_reduce" or details.get("_reduce_out")) else 0
+            return max(min_ii, n) * stride + extra, True
+        if opcode in ("tensor_scalar", "tensor_copy", "memset"):
+            speed = table.act_fast_copy if half else 1
+            return max(min_ii, n * stride / speed), True
+        return max(min_ii, n) * stride, False
+    # Vector engine
+    v2 = table.nc_version == 2
+    if opcode in ("tensor_scalar", "tensor_copy", "memset", "nc_transpose"):
+        speed = 1
+        if half and opcode != "nc_transpose":
+            speed = table.dve_fast_copy if unit_stride and not any_psum else \
+                table.dve_fast_copy_slow_path
+        k = table.k_memset_zero_half if (
+            opcode == "memset" and details.get("value", 1.0) == 0.0 and half) else 1
+        return max(min_ii, k * n * stride / speed), True
+    if opcode == "tensor_tensor":
+        k = table.k_two_inputs
+        if sum(ops.psum) == 1:
+            k = 1  # D S10 L1660-1685
+        elif v2 and half and unit_stride and set(_op_names(details)) <= set(_ADD_MUL_SUB):
+            k = 1  # D S10a L734-744
+        elif not v2 and half and not any_psum:
+            k = table.k_two_inputs / table.dve_fast_tensor_tensor
+        return max(min_ii, k * n * stride), True
+    if opcode == "scalar_tensor_tensor":
+        names = _op_names(details)
+        fast = half and names[:2] == ("subtract", "multiply") and n % 2 == 0
+        return max(min_ii, (1 if fast else table.k_two_inputs) * n * stride), True
+    if opcode == "tensor_tensor_scan":
+        return max(min_ii, table.k_scan * n * stride), True
+    if opcode == "tensor_reduce":
+        fast = half and _op_names(details)[0] in _REDUCE_FAST
+        return max(min_ii, (table.k_reduce_half if fast else 1) * n * stride), True
+    if opcode == "tensor_scalar_reduce":
+        return max(min_ii, n * stride) + min_ii, True
+    if opcode == "bn_stats":
+        return max(min_ii, n * stride), True
+    if opcode == "bn_aggr":
+        return max(min_ii, table.k_bn_aggr * n), True
+    if opcode == "reciprocal":
+        return max(min_ii, table.k_reciprocal * n * stride), True
+    if opcode == "select":  # tensor_copy_predicated
+        return max(min_ii, (1 if any(ops.psum) else table.k_two_inputs) * n * stride), True
+    return max(min_ii, n * stride), False
+
+
+# --- dependency tracking ------------------------------------------------------------------
+_ONCHIP_CHUNK = 4096  # bytes of the per-partition address space per bucket
+_HBM_CHUNK = 1 << 20
+_READER_CAP = 16  # identical consecutive reads of one range keep their last 16 readers
+
+
+class _Tracker:
+    """Last writers and readers of every byte range (on-chip by address, HBM by tensor)."""
+
+    def __init__(self, by_address: bool):
+        self.writers: dict = {}
+        self.readers: dict = {}
+        self.by_address = by_address
+
+    def _keys(self, region):
+        if region.memory == "hbm":
+            base, size = region.storage, _HBM_CHUNK
+        elif self.by_address:
+            base, size = region.memory, _ONCHIP_CHUNK
+        else:
+            base, size = (region.memory, region.storage), _ONCHIP_CHUNK
+        first = region.start // size
+        last = (region.stop - 1) // size
+        return [(base, c) for c in range(first, last + 1)]
+
+    @staticmethod
+    def _overlaps(rec, start, stop, p0, p1):
+        return rec[0] < stop and start < rec[1] and rec[2] < p1 and p0 < rec[3]
+
+    def writers_of(self, region, keys):
+        p0, p1 = region.partitions
+        found = []
+        for key in keys:
+            for rec in self.writers.get(key, ()):
+                if self._overlaps(rec, region.start, region.stop, p0, p1):
+                    found.extend(rec[4])
+        return found
+
+    def readers_of(self, region, keys):
+        p0, p1 = region.partitions
+        found = []
+        for key in keys:
+            for rec in self.readers.get(key, ()):
+                if self._overlaps(rec, region.start, region.stop, p0, p1):
+                    found.extend(rec[4])
+        return found
+
+    def add_read(self, region, keys, index):
+        p0, p1 = region.partitions
+        for key in keys:
+            records = self.readers.setdefault(key, [])
+            last = records[-1] if records else None
+            if last is not None and last[0] == region.start and last[1] == region.stop \
+                    and last[2] == p0 and last[3] == p1:
+                if last[4][-1] != index:
+                    last[4].append(index)
+                    if len(last[4]) > _READER_CAP:
+                        del last[4][0]
+                continue
+            records.append((region.start, region.stop, p0, p1, [index]))
+
+    def add_write(self, region, keys, index):
+        p0, p1 = region.partitions
+        start, stop = region.start, region.stop
+        for key in keys:
+            for table in (self.writers, self.readers):
+                records = table.get(key)
+                if records:
+                    kept = [r for r in records
+                            if not (start <= r[0] and r[1] <= stop and p0 <= r[2] and r[3] <= p1)]
+                    if len(kept) != len(records):
+                        table[key] = kept
+            self.writers.setdefault(key, []).append((start, stop, p0, p1, [index]))
+
+
+# --- the schedule -------------------------------------------------------------------------
+@dataclass
+class Schedule:
+    """The modeled timeline of one trace (times in microseconds from the first issue)."""
+
+    target: str
+    latency_us: float
+    resource: list[str]  # per instruction: "pe", "act", "dve", "pool" or a DMA queue
+    start_us: list[float]
+    end_us: list[float]  # when its engine (or for DMA: its data transfer) is done
+    finish_us: list[float]  # when consumers may use the result
+    busy_us: dict[str, float]  # per compute engine and DMA queue; "dma" = any DMA in flight
+    stalls: dict[str, int]  # instructions that found their engine idle waiting for inputs
+    stall_us: dict[str, float]  # total idle time of each engine spent waiting for inputs
+    unmodeled: dict[str, int] = field(default_factory=dict)  # opcodes without a documented rule
+
+
+def _dma_queue(direction: str) -> int:
+    if direction.startswith("hbm") and not direction.endswith("hbm"):
+        return len(COMPUTE_ENGINES)  # loads
+    if direction.endswith("hbm") and not direction.startswith("hbm"):
+        return len(COMPUTE_ENGINES) + 1  # stores
+    return len(COMPUTE_ENGINES) + 2
+
+
+def schedule(trace: Trace, target=None, overrides=None, by_address=False) -> Schedule:
+    """Model the execution of ``trace`` on ``target`` (default: the trace's target)."""
+    table = CostTable(target or trace.target, overrides)
+    insts = trace.instructions
+    n = len(insts)
+    window = int(table.schedule_window)
+    ports_on = bool(table.nc_v2_ports)
+    sem = table.semaphore_latency_us
+    mm_init = table.mm_init_latency_cycles / (table.pe_clock_ghz * 1000.0)
+    clocks = [table.clock_ghz(e) * 1000.0 for e in COMPUTE_ENGINES]  # cycles per us
+    dep_lat = [table.dependent_latency_cycles / c for c in clocks]
+
+    # node arrays: instructions 0..n-1, then barrier nodes
+    res: list[int] = []
+    dur: list[float] = []
+    preds: list[dict] = []
+    ports: list[tuple] = []
+    dma_info: list = []
+    unmodeled: dict[str, int] = {}
+    tracker = _Tracker(by_address)
+    broadcast_nodes: set[int] = set()
+    barriers: dict = {}  # loop id -> [iteration, members, barrier node]
+    barrier_preds: list[list[int]] = []  # per barrier node (index n + k)
+
+    def barrier_for(key, iteration, index):
+        state = barriers.get(key)
+        if state is None:
+            barriers[key] = [iteration, [index], None]
+            return None
+        if state[0] != iteration:
+            members = state[1] + ([state[2]] if state[2] is not None else [])
+            barrier_preds.append(members)
+            node = n + len(barrier_preds) - 1
+            barriers[key] = state = [iteration, [], node]
+        state[1].append(index)
+        return state[2]
+
+    for i, inst in enumerate(insts):
+        engine = inst.engine
+        if inst.opcode == "partition_broadcast":
+            engine = "pe"
+            broadcast_nodes.add(i)
+        deps: dict[int, bool] = {}  # predecessor -> is read-after-write
+        psum_reads = []
+        for region in inst.reads:
+            if region is None or region.stop <= region.start:
+                psum_reads.append(False)
+                continue
+            keys = tracker._keys(region)
+            writers = tracker.writers_of(region, keys)
+            for w in writers:
+                deps[w] = True
+            psum_reads.append(region.memory == "psum" or any(w in broadcast_nodes
+                                                              for w in writers)
+                              or (region.partitions[1] - region.partitions[0] == 1
+                                  and inst.partitions > 1))
+        for region in inst.writes:
+            if region.stop <= region.start:
+                continue
+            keys = tracker._keys(region)
+            for w in tracker.readers_of(region, keys) + tracker.writers_of(region, keys):
+                deps.setdefault(w, False)
+        for region in inst.reads:
+            if region is not None and region.stop > region.start:
+                tracker.add_read(region, tracker._keys(region), i)
+        for region in inst.writes:
+            if region.stop > region.start:
+                tracker.add_write(region, tracker._keys(region), i)
+        deps.pop(i, None)
+
+        if engine == "dma":
+            r = _dma_queue(inst.dma_direction)
+            dma_info.append(_dma_plan(inst, table))
+            dur.append(0.0)
+            ports.append(())
+        else:
+            r = COMPUTE_ENGINES.index(engine)
+            dma_info.append(None)
+            ops = _operands(inst, psum_reads)
+            details = inst.details
+            if inst.opcode == "activation" and details.get("reduce") and len(inst.writes) > 1:
+                details = dict(details, _reduce_out=True)
+            if engine == "pe" and inst.opcode != "nc_matmul":
+                details = dict(details, _partitions=inst.partitions)
+            cycles, documented = compute_cycles(inst.opcode, engine, inst.free_size, ops,
+                                                details, table)
+            if not documented:
+                unmodeled[f"{engine}.{inst.opcode}"] = unmodeled.get(
+                    f"{engine}.{inst.opcode}", 0) + 1
+            dur.append(cycles / clocks[r])
+            touches_psum = any(ops.psum) or ops.out_psum
+            if not ports_on:
+                ports.append(())
+            elif r == _DVE:
+                ports.append((0, 1) if touches_psum else (0,))
+            elif r == _POOL:
+                ports.append((0,))
+            elif r == _ACT and touches_psum:
+                ports.append((1,))
+            else:
+                ports.append(())
+        res.append(r)
+
+        edges = {}
+        for p, raw in deps.items():
+            rp = res[p]
+            if rp >= len(COMPUTE_ENGINES):
+                lat = 0.0  # a DMA's finish time already includes its completion latency
+            elif rp == r:  # PSUM accumulation is a write-after-write: it chains freely
+                lat = dep_lat[r] if raw else 0.0
+            else:
+                lat = sem + (mm_init if rp == _PE else 0.0)
+            edges[p] = lat
+        for fid, kind, iteration in inst.loops:
+            if kind == "sequential_range":
+                node = barrier_for(fid, iteration, i)
+                if node is not None:
+                    edges[node] = 0.0
+        if inst.program:
+            node = barrier_for("spmd", inst.program, i)
+            if node is not None:
+                edges[node] = 0.0
+        preds.append(edges)
+
+    total = n + len(barrier_preds)
+    for members in barrier_preds:
+        preds.append(dict.fromkeys(members, 0.0))
+        res.append(_BARRIER)
+    return _list_schedule(table, insts, res, dur, preds, ports, dma_info, total, window,
+                          unmodeled)
+
+
+def _operands(inst, psum_reads) -> Operands:
+    """The streamed inputs (not per-partition scalars) and the output of an instruction."""
+    dtypes, psum = [], []
+    n = max(1, inst.free_size)
+    if len(inst.reads) == len(inst.in_dtypes):
+        for region, dtype, in_psum in zip(inst.reads, inst.in_dtypes, psum_reads):
+            if n == 1 or region.stop - region.start >= n * _ITEMSIZE.get(dtype, 4):
+                dtypes.append(dtype)
+                psum.append(in_psum)
+    else:  # an operand without a region (a constant): keep every dtype, memories as read
+        dtypes.extend(inst.in_dtypes)
+        psum.extend(psum_reads)
+    out_psum = bool(inst.writes) and inst.writes[0].memory == "psum"
+    if inst.out_dtype:
+        dtypes.append(inst.out_dtype)
+    return Operands(tuple(dtypes), tuple(psum), out_psum,
+                     int(inst.details.get("max_stride_bytes", 0)))
+
+
+def _dma_plan(inst, table: CostTable):
+    """(DMA engines used with their transfer time in us, bytes through HBM)."""
+    chip = [r for r in inst.writes + inst.reads if r is not None and r.memory != "hbm"]
+    if chip:
+        p0, p1 = chip[0].partitions
+    else:
+        p0, p1 = 0, max(1, inst.partitions)
+    count = max(1, p1 - p0)
+    per_partition = inst.dma_bytes / count
+    rows = inst.dma_bytes / inst.dma_row_bytes if inst.dma_row_bytes else 0
+    rate = table.dma_engine_peak_gbps * table.dma_efficiency  # bytes per ns = GB/s
+    group = int(table.dma_partitions_per_engine)
+    engines = int(table.dma_engines)
+    usage: dict[int, int] = {}
+    for p in range(p0, p1):
+        e = (p // group) % engines
+        usage[e] = usage.get(e, 0) + 1
+    plan = []
+    for e, parts in usage.items():
+        ns = max(per_partition * parts / rate, rows * parts / count * table.dma_descriptor_ns)
+        plan.append((e, ns / 1000.0))
+    hbm_bytes = inst.dma_bytes if "hbm" in inst.dma_direction else 0
+    if inst.dma_direction == "hbm->hbm":
+        hbm_bytes *= 2
+    return plan, hbm_bytes
+
+
+def _list_schedule(table, insts, res, dur, preds, ports, dma_info, total, window, unmodeled):
+    n = len(insts)
+    n_res = len(RESOURCES)
+    succs: list[list] = [[] for _ in range(total)]
+    npend = [0] * total
+    for i in range(total):
+        for p, lat in preds[i].items():
+            succs[p].append((i, lat))
+        npend[i] = len(preds[i])
+    ready = [0.0] * total
+    start = [0.0] * total
+    end = [0.0] * total
+    finish = [0.0] * total
+
+    streams: list[list[int]] = [[] for _ in range(n_res)]
+    for i in range(n):
+        streams[res[i]].append(i)
+    cursor = [0] * n_res
+    windows: list[list[int]] = [[] for _ in range(n_res)]
+    in_window = [False] * total
+    free = [0.0] * n_res
+    port_free = [0.0, 0.0]
+    port_users = {0: (_DVE, _POOL), 1: (_DVE, _ACT)}
+    dma_engine_free = [0.0] * int(table.dma_engines)
+    hbm_free = 0.0
+    hbm_rate = table.hbm_share_gbps * 1000.0  # bytes per us
+    fixed = table.dma_fixed_us
+    tail = max(0.0, table.dma_latency_us - fixed)
+    version = [0] * n_res
+    heap: list = []
+    busy = [0.0] * n_res
+    stalls = [0] * n_res
+    stall_us = [0.0] * n_res
+    dma_intervals: list[list[tuple[float, float]]] = [[] for _ in range(n_res)]
+
+    def refill(r):
+        win, stream = windows[r], streams[r]
+        while len(win) < window and cursor[r] < len(stream):
+            j = stream[cursor[r]]
+            cursor[r] += 1
+            win.append(j)
+            in_window[j] = True
+
+    def push(r):
+        best_i, best_t = -1, 0.0
+        f = free[r]
+        for j in windows[r]:
+            if npend[j]:
+                continue
+            t = ready[j] if ready[j] > f else f
+            for p in ports[j]:
+                if port_free[p] > t:
+                    t = port_free[p]
+            if best_i < 0 or t < best_t:
+                best_i, best_t = j, t
+        version[r] += 1
+        if best_i >= 0:
+            heapq.heappush(heap, (best_t, best_i, r, version[r]))
+
+    def release(node, dirty):
+        stack = [node]
+        while stack:
+            j = stack.pop()
+            for s, lat in succs[j]:
+                t = finish[j] + lat
+                if t > ready[s]:
+                    ready[s] = t
+                npend[s] -= 1
+                if npend[s] == 0:
+                    if res[s] == _BARRIER:
+                        start[s] = end[s] = finish[s] = ready[s]
+                        stack.append(s)
+                    elif in_window[s]:
+                        dirty.add(res[s])
+
+    for r in range(n_res):
+        refill(r)
+        push(r)
+    while heap:
+        t, i, r, v = heapq.heappop(heap)
+        if v != version[r]:
+            continue
+        if t > free[r] + 1e-9 and free[r] > 0.0:
+            stalls[r] += 1
+            stall_us[r] += t - free[r]
+        start[i] = t
+        dirty = {r}
+        if r >= len(COMPUTE_ENGINES):
+            plan, hbm_bytes = dma_info[i]
+            free[r] = t + fixed
+            data_start = t + fixed
+            for e, _ in plan:
+                if dma_engine_free[e] > data_start:
+                    data_start = dma_engine_free[e]
+            data_end = data_start + max((s for _, s in plan), default=0.0)
+            if hbm_bytes:
+                hbm_start = hbm_free if hbm_free > data_start else data_start
+                hbm_free = hbm_start + hbm_bytes / hbm_rate
+                if hbm_free > data_end:
+                    data_end = hbm_free
+            for e, _ in plan:
+                dma_engine_free[e] = data_end
+            end[i] = data_end
+            finish[i] = data_end + tail
+            dma_intervals[r].append((t, data_end))
+        else:
+            end[i] = finish[i] = free[r] = t + dur[i]
+            busy[r] += dur[i]
+            for p in ports[i]:
+                port_free[p] = end[i]
+                dirty.update(port_users[p])
+        windows[r].remove(i)
+        in_window[i] = False
+        refill(r)
+        release(i, dirty)
+        for d in dirty:
+            push(d)
+
+    if any(cursor[r] < len(streams[r]) or windows[r] for r in range(n_res)):
+        raise RuntimeError("cost model: the schedule stopped with instructions left")
+    latency = max(finish[:n], default=0.0)
+    busy_us = {name: busy[k] for k, name in enumerate(COMPUTE_ENGINES)}
+    all_dma = []
+    for k, name in enumerate(DMA_QUEUES):
+        intervals = dma_intervals[len(COMPUTE_ENGINES) + k]
+        busy_us[name] = _union(intervals)
+        all_dma.extend(intervals)
+    busy_us["dma"] = _union(all_dma)
+    names = [RESOURCES[r] if r >= 0 else "barrier" for r in res[:n]]
+    return Schedule(
+        target=table.target, latency_us=latency, resource=names, start_us=start[:n],
+        end_us=end[:n], finish_us=finish[:n], busy_us=busy_us,
+        stalls={RESOURCES[k]: stalls[k] for k in range(n_res)},
+        stall_us={RESOURCES[k]: stall_us[k] for k in range(n_res)}, unmodeled=unmodeled)
+
+
+def _union(intervals) -> float:
+    """Total length of the union of (start, end) intervals."""
+    total, cur_start, cur_end = 0.0, None, None
+    for s, e in sorted(intervals):
+        if cur_end is None or s > cur_end:
+            if cur_end is not None:
+                total += cur_end - cur_start
+            cur_start, cur_end = s, e
+        elif e > cur_end:
+            cur_end = e
+    if cur_end is not None:
+        total += cur_end - cur_start
+    return total
+
+
+__all__ = ["CONSTANTS", "COMPUTE_ENGINES", "DMA_QUEUES", "CostTable", "Schedule",
+           "compute_cycles", "schedule"]

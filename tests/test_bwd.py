@@ -1,0 +1,246 @@
+"""The RMSNorm backward kernel (``nki_rmsnorm.kernels.rmsnorm_bwd``) in the simulator, against
+the float64 reference ``nki_rmsnorm.reference.rms_norm_bwd``.
+
+Tolerances, per output (``ref`` = ``reference.rms_norm_bwd``: computed in float64 and rounded
+once to the output dtype):
+
+========================  =====================================================================
+output                    accepted error
+========================  =====================================================================
+float32 dx                ``|dx − ref| ≤ 1e-5 · S`` with S the row's largest term (rstd·|g|,
+                          rstd·|x̂·c| or |dh_out|): a handful of fp32 roundings (2⁻²⁴ each)
+                          on terms of that size; dx itself may be far smaller after the
+                          cancellation in g − x̂·c.
+bf16 / fp16 dx            at most 1 ulp from ref (the kernel rounds an fp32 value once, so fp32
+                          noise can tip a rounding to the neighbour), or the fp32 bound above
+                          where dx is small next to its row's terms.
+float32 dweight, dbias    ``|d − ref| ≤ 1e-5 · max|ref|``: fp32 products and fp32 accumulation
+                          over M rows (one PSUM rounding per 128-row tile).
+bf16 / fp16 dweight,      at most 1 ulp from ref (one rounding at the end), or the fp32 bound.
+dbias
+llama / none dweight      additionally the exact effect of one rounding difference: the kernel
+                          rounds x̂ = x·rstd to fp32 and then to the input dtype, the reference
+                          once from float64; the two differ by one ulp in rare near-tie cases
+                          (≈ 2⁻¹⁶ of the elements for bf16, 2⁻¹³ for fp16), so each column
+                          may be off by Σ |dy|·|twice − once| over its rows (usually 0).
+========================  =====================================================================
+
+Every output is a fresh ``nl.shared_hbm`` tensor that the simulator fills with NaN (its
+uninitialised-memory value) before the kernel runs, so an element the kernel fails to write
+shows up as NaN; every check below also requires the outputs to be finite where the
+reference is.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import simulate
+from nki_rmsnorm import reference
+from nki_rmsnorm.kernels.rmsnorm_bwd import CHUNK_SCRATCH_BYTES, MAX_HIDDEN, rmsnorm_bwd
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+F16 = np.dtype(np.float16)
+F32 = np.dtype(np.float32)
+FP32_REL = 1e-5
+
+
+def _assert_close(out, ref, dtype, *, scale, extra=0.0, what=""):
+    """``out`` (kernel) against ``ref`` (the reference, rounded to ``dtype``) with the
+    table's rule: |err| ≤ 1e-5·scale (+ extra), or, for narrow dtypes, ≤ 1 ulp apart."""
+    assert out.dtype == np.dtype(dtype), f"{what}: dtype {out.dtype}, expected {dtype}"
+    assert out.shape == ref.shape, f"{what}: shape {out.shape}, expected {ref.shape}"
+    out64, ref64 = out.astype(np.float64), ref.astype(np.float64)
+    finite = np.isfinite(ref64)
+    assert np.array_equal(np.isfinite(out64), finite), f"{what}: non-finite where ref is finite"
+    err = np.where(finite, np.abs(out64 - ref64), 0.0)
+    ok = err <= FP32_REL * scale + extra
+    if np.dtype(dtype) != F32:
+        ok |= reference.ulp_distance(out64, ref64, dtype) <= 1
+    assert ok.all(), (
+        f"{what}: {(~ok).sum()} of {ok.size} elements off, worst error {err[~ok].max():.3g} "
+        f"at ref {ref64[~ok][np.argmax(err[~ok])]:.6g}")
+
+
+def _make_inputs(rng, M, N, dtype, w_dtype, offset, with_dh, mode, eps=1e-6):
+    x = rng.standard_normal((M, N)).astype(dtype)
+    dy = rng.standard_normal((M, N)).astype(dtype)
+    weight = None if w_dtype is None else (1.0 + 0.5 * rng.standard_normal(N)).astype(w_dtype)
+    dh_out = rng.standard_normal((M, N)).astype(dtype) if with_dh else None
+    _, rstd = reference.rms_norm_fwd(x, weight, eps, offset=offset, casting_mode=mode)
+    return dy, x, weight, rstd, dh_out
+
+
+def _run(dy, x, weight, rstd, dh_out, offset, has_bias, mode):
+    outs = simulate.simulate_kernel(rmsnorm_bwd, dy, x, weight, rstd, dh_out, offset,
+                                    has_bias, mode)
+    assert isinstance(outs, tuple)
+    assert len(outs) == 1 + (weight is not None) + has_bias
+    dx = outs[0]
+    dweight = outs[1] if weight is not None else None
+    dbias = outs[-1] if has_bias else None
+    return dx, dweight, dbias
+
+
+def _check_against_reference(dy, x, weight, rstd, dh_out, offset, has_bias, mode):
+    dx, dweight, dbias = _run(dy, x, weight, rstd, dh_out, offset, has_bias, mode)
+    ref_dx, ref_dw, ref_db = reference.rms_norm_bwd(dy, x, weight, rstd, offset=offset,
+                                                    has_bias=has_bias, dh_out=dh_out,
+                                                    casting_mode=mode)
+    # dx is row-local: the fp32 bound scales with the row's largest term, rstd·|g|,
+    # rstd·|x̂·c| or |dh_out| (dx itself can be far smaller after the cancellation).
+    with np.errstate(invalid="ignore", over="ignore"):
+        r = rstd.astype(np.float64)[:, None]
+        xhat = x.astype(np.float64) * r
+        g = dy.astype(np.float64)
+        if weight is not None:
+            g = g * (weight.astype(np.float64) + offset)
+        c = np.abs(np.mean(g * xhat, axis=1, keepdims=True))
+        terms = r * np.maximum(np.abs(g), np.abs(xhat) * c)
+        if dh_out is not None:
+            terms = np.maximum(terms, np.abs(dh_out.astype(np.float64)))
+        row_scale = np.max(terms, axis=1, keepdims=True)
+    _assert_close(dx, ref_dx, x.dtype, scale=row_scale, what="dx")
+
+    if weight is not None:
+        extra = 0.0
+        if mode != "gemma" and x.dtype != F32:
+            # The kernel rounds x̂ to fp32 (x·rstd) and then to x's dtype; the reference rounds
+            # once. Allow exactly the columns' share of the rare double-rounding differences.
+            once = reference.round_to(xhat, x.dtype)
+            twice = xhat.astype(np.float32).astype(x.dtype).astype(np.float64)
+            extra = (np.abs(dy.astype(np.float64)) * np.abs(twice - once)).sum(axis=0)
+        _assert_close(dweight, ref_dw, weight.dtype,
+                      scale=np.abs(ref_dw.astype(np.float64)).max(), extra=extra,
+                      what="dweight")
+    else:
+        assert dweight is None
+    if has_bias:
+        _assert_close(dbias, ref_db, ref_db.dtype,
+                      scale=np.abs(ref_db.astype(np.float64)).max(), what="dbias")
+
+
+# (M, N, x dtype, weight dtype or None, offset, bias, dh_out, casting mode): a covering
+# design over rows, hidden sizes, dtypes, options and modes, not the cross product. The
+# hidden sizes also cover the three residency regimes of the kernel (rows and weight in
+# SBUF; rows in SBUF, weight streamed; rows streamed) and ragged chunks / 128-blocks.
+CASES = [
+    (1, 1, F32, F32, 0.0, False, False, "gemma"),
+    (2, 3, BF16, BF16, 1.0, True, False, "llama"),
+    (127, 64, F16, None, 0.0, True, True, "gemma"),
+    (128, 100, BF16, F32, 0.5, False, True, "none"),
+    (129, 1024, F32, F32, 0.0, True, True, "llama"),
+    (1000, 64, BF16, BF16, 0.0, False, False, "gemma"),
+    (4097, 100, BF16, BF16, 1.0, True, True, "gemma"),
+    (129, 4096, BF16, BF16, 0.0, True, False, "gemma"),
+    (128, 5120, F16, F32, 1.0, False, False, "llama"),
+    (200, 8192, F32, F32, 0.0, True, False, "none"),
+    (129, 16384, BF16, BF16, 0.0, False, True, "none"),
+    (2, 16384, F32, F32, 1.0, True, False, "gemma"),  # rows resident, weight streamed
+    (127, 20000, BF16, BF16, 0.0, True, True, "llama"),
+    (129, 20000, F32, None, 0.0, True, False, "gemma"),  # rows streamed
+    (2, 65536, F32, F32, 1.0, True, True, "gemma"),  # rows and weight streamed
+]
+
+
+@pytest.mark.parametrize(
+    "M, N, dtype, w_dtype, offset, has_bias, with_dh, mode", CASES,
+    ids=[f"{c[0]}x{c[1]}-{c[2].name}-w{c[3].name if c[3] else 'none'}-off{c[4]}"
+         f"{'-bias' if c[5] else ''}{'-dh' if c[6] else ''}-{c[7]}" for c in CASES])
+def test_matches_reference(M, N, dtype, w_dtype, offset, has_bias, with_dh, mode):
+    rng = np.random.default_rng([M, N, len(mode)])
+    inputs = _make_inputs(rng, M, N, dtype, w_dtype, offset, with_dh, mode)
+    _check_against_reference(*inputs, offset, has_bias, mode)
+
+
+def test_deterministic_and_batch_invariant():
+    """Two runs are bitwise identical; a row's dx does not depend on the other rows."""
+    rng = np.random.default_rng(7)
+    M, N = 300, 3000
+    dy, x, weight, rstd, _ = _make_inputs(rng, M, N, BF16, BF16, 1.0, False, "gemma")
+    first = _run(dy, x, weight, rstd, None, 1.0, True, "gemma")
+    second = _run(dy, x, weight, rstd, None, 1.0, True, "gemma")
+    for a, b in zip(first, second):
+        assert a.tobytes() == b.tobytes()
+    for lo, hi in ((5, 133), (299, 300), (128, 256)):
+        part = _run(dy[lo:hi], x[lo:hi], weight, rstd[lo:hi], None, 1.0, True, "gemma")
+        assert part[0].tobytes() == first[0][lo:hi].tobytes()
+
+
+def test_zero_rows():
+    """All-zero rows of x (rstd = 1/sqrt(eps)) give dx = rstd·g and contribute nothing to
+    dweight."""
+    rng = np.random.default_rng(11)
+    M, N = 130, 200
+    x = rng.standard_normal((M, N)).astype(BF16)
+    x[[0, 64, 129]] = 0
+    dy = rng.standard_normal((M, N)).astype(BF16)
+    weight = rng.standard_normal(N).astype(F32)
+    _, rstd = reference.rms_norm_fwd(x, weight, 1e-5)
+    _check_against_reference(dy, x, weight, rstd, None, 0.0, True, "gemma")
+
+
+def test_nan_row_stays_in_its_row():
+    """A NaN in one row of x makes that row's dx NaN and dweight NaN (a column sum over
+    rows), but leaves every other row's dx and dbias exact."""
+    rng = np.random.default_rng(13)
+    M, N = 200, 300
+    dy, x, weight, rstd, _ = _make_inputs(rng, M, N, F32, F32, 0.0, False, "gemma")
+    x[150, 17] = np.nan
+    _, rstd = reference.rms_norm_fwd(x, weight, 1e-6)
+    dx, dweight, dbias = _run(dy, x, weight, rstd, None, 0.0, True, "gemma")
+    ref_dx, _, ref_db = reference.rms_norm_bwd(dy, x, weight, rstd, has_bias=True)
+    assert np.isnan(dx[150]).all()
+    others = np.arange(M) != 150
+    assert np.isfinite(dx[others]).all()
+    scale = np.abs(ref_dx[others]).max()
+    assert np.abs(dx[others] - ref_dx[others]).max() <= FP32_REL * scale
+    assert np.isnan(dweight).all()
+    assert np.abs(dbias - ref_db).max() <= FP32_REL * np.abs(ref_db).max()
+
+
+def test_fp16_large_values():
+    """fp16 inputs near the top of the range: every statistic is fp32, nothing overflows."""
+    rng = np.random.default_rng(17)
+    M, N = 129, 512
+    x = np.clip(20000 * rng.standard_normal((M, N)), -65000, 65000).astype(F16)
+    dy = np.clip(300 * rng.standard_normal((M, N)), -65000, 65000).astype(F16)
+    weight = rng.standard_normal(N).astype(F16)
+    _, rstd = reference.rms_norm_fwd(x, weight, 1e-6)
+    _check_against_reference(dy, x, weight, rstd, None, 0.0, True, "gemma")
+
+
+def test_reads_each_input_once_when_rows_fit():
+    """With the rows resident in SBUF the kernel moves the minimal HBM bytes: dy, x, dh_out,
+    weight and rstd read once; dx, dweight, dbias written once."""
+    rng = np.random.default_rng(19)
+    M, N = 257, 1000
+    dy, x, weight, rstd, dh_out = _make_inputs(rng, M, N, BF16, BF16, 0.0, True, "gemma")
+    _, trace = simulate.trace_kernel(rmsnorm_bwd, dy, x, weight, rstd, dh_out, 0.0, True,
+                                     "gemma")
+    read, written = trace.hbm_bytes()
+    assert read == 3 * 2 * M * N + 2 * N + 4 * M
+    assert written == 2 * M * N + 2 * 2 * N
+    assert trace.sbuf_peak_bytes_per_partition <= 3 * 2 * N + CHUNK_SCRATCH_BYTES
+
+
+@pytest.mark.parametrize("target", ["inf2", "trn2", "trn3"])
+def test_other_targets(target):
+    """The same kernel runs within every target's limits and gives the same bits."""
+    rng = np.random.default_rng(23)
+    dy, x, weight, rstd, dh_out = _make_inputs(rng, 130, 2100, BF16, F32, 1.0, True, "llama")
+    args = (dy, x, weight, rstd, dh_out, 1.0, True, "llama")
+    outs, _ = simulate.trace_kernel(rmsnorm_bwd, *args, target=target)
+    for a, b in zip(outs, simulate.simulate_kernel(rmsnorm_bwd, *args)):
+        assert a.tobytes() == b.tobytes()
+
+
+def test_hidden_size_limit():
+    """Past MAX_HIDDEN the PSUM accumulators would not fit: a clear error, not a wrong answer."""
+    N = MAX_HIDDEN + 1
+    x = np.ones((1, N), np.float32)
+    with pytest.raises(ValueError, match=f"hidden size {N}"):
+        simulate.simulate_kernel(rmsnorm_bwd, x, x, x[0], np.ones(1, np.float32), None, 0.0,
+                                 False, "gemma")

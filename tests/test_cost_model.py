@@ -1,0 +1,441 @@
+"""The cost model (simulate.cost) and the profiler API (simulate.profile, nki.benchmark).
+
+Most cases build small traces by hand, so each rule of the model is checked in isolation with
+the expected time written out from the constants; a few run tiny kernels end to end.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+import simulate as nki
+import simulate.isa as nisa
+import simulate.language as nl
+from simulate.cost import CONSTANTS, CostTable, schedule
+from simulate.errors import NKIError
+from simulate.trace import Region, Trace
+
+_storage = itertools.count(1_000_000)
+
+
+def _const(name, target):
+    return CostTable(target).values[name]
+
+
+def _us(cycles, engine, target):
+    return cycles / (_const(f"{engine}_clock_ghz", target) * 1000.0)
+
+
+class TraceBuilder:
+    """Hand-written traces: tiles are fresh storages, instructions default to fp32."""
+
+    def __init__(self, target="trn1"):
+        self.trace = Trace(target)
+
+    @staticmethod
+    def tile(nbytes=4096, partitions=128, memory="sbuf", storage=None, start=0):
+        storage = next(_storage) if storage is None else storage
+        return Region(memory, storage, start, start + nbytes, (0, partitions))
+
+    def op(self, engine, opcode, n, reads=(), writes=(), dtype="float32", loops=(),
+           partitions=128, **details):
+        return self.trace.add(
+            engine=engine, opcode=opcode, partitions=partitions, free_size=n,
+            in_dtypes=(dtype,) * len(reads), out_dtype=dtype, reads=tuple(reads),
+            writes=tuple(writes), loops=tuple(loops), details=details)
+
+    def dma(self, direction, nbytes, partitions, reads=(), writes=(), row_bytes=None, loops=()):
+        return self.trace.add(
+            engine="dma", opcode="load" if direction.startswith("hbm") else "store",
+            partitions=partitions, free_size=nbytes // partitions, in_dtypes=("bfloat16",),
+            out_dtype="bfloat16", reads=tuple(reads), writes=tuple(writes), loops=tuple(loops),
+            dma_bytes=nbytes, dma_direction=direction,
+            dma_row_bytes=row_bytes or nbytes // partitions)
+
+    def hbm(self, nbytes):
+        return Region("hbm", next(_storage), 0, nbytes)
+
+    def run(self, target=None, **kwargs):
+        return schedule(self.trace, target, **kwargs)
+
+
+def _duration(sched, index):
+    return sched.end_us[index] - sched.start_us[index]
+
+
+# --- engines, dependencies, scheduling ---------------------------------------------------------
+def test_independent_instructions_on_different_engines_overlap():
+    b = TraceBuilder()
+    b.op("act", "activation", 4096, [b.tile()], [b.tile()], op="exp")
+    b.op("dve", "tensor_scalar", 4096, [b.tile()], [b.tile()], op=["multiply"])
+    sched = b.run()
+    act, dve = _us(4096, "act", "trn1"), _us(4096, "dve", "trn1")
+    assert sched.latency_us == pytest.approx(max(act, dve))
+    assert sched.busy_us["act"] == pytest.approx(act)
+    assert sched.busy_us["dve"] == pytest.approx(dve)
+
+
+def test_read_after_write_across_engines_serialises_with_a_semaphore():
+    b = TraceBuilder()
+    produced = b.tile()
+    b.op("dve", "tensor_scalar", 4096, [b.tile()], [produced], op=["multiply"])
+    b.op("act", "activation", 4096, [produced], [b.tile()], op="exp")
+    sched = b.run()
+    expected = (_us(4096, "dve", "trn1") + _const("semaphore_latency_us", "trn1")
+                + _us(4096, "act", "trn1"))
+    assert sched.latency_us == pytest.approx(expected)
+    assert sched.start_us[1] == pytest.approx(sched.end_us[0] + 0.1)
+
+
+def test_partition_ranges_decide_whether_regions_overlap():
+    b = TraceBuilder()
+    shared = next(_storage)
+    b.op("dve", "tensor_scalar", 4096, [b.tile()],
+         [Region("sbuf", shared, 0, 4096, (0, 64))], op=["multiply"])
+    b.op("act", "activation", 4096, [Region("sbuf", shared, 0, 4096, (64, 128))], [b.tile()],
+         op="exp")
+    assert b.run().start_us[1] == 0.0  # the other half of the partitions: no dependency
+
+
+def test_min_ii_floors_small_instructions():
+    b = TraceBuilder()
+    b.op("dve", "tensor_scalar", 8, [b.tile(32)], [b.tile(32)], op=["add"])
+    b.op("dve", "tensor_scalar", 640, [b.tile()], [b.tile()], op=["add"])
+    sched = b.run()
+    assert _duration(sched, 0) == pytest.approx(_us(64, "dve", "trn1"))
+    assert _duration(sched, 1) == pytest.approx(_us(640, "dve", "trn1"))
+
+
+def test_dependent_chain_costs_the_measured_initiation_interval():
+    b = TraceBuilder()
+    value = b.tile(4)
+    for _ in range(10):
+        nxt = b.tile(4)
+        b.op("act", "activation", 1, [value], [nxt], op="copy")
+        value = nxt
+    sched = b.run()
+    interval = (sched.start_us[9] - sched.start_us[0]) / 9
+    assert interval == pytest.approx(_us(264, "act", "trn1"))  # 189 ns (S4 L424-429)
+
+
+def test_list_scheduling_fills_a_dependency_bubble_with_independent_work():
+    b = TraceBuilder()
+    produced = b.tile()
+    b.op("dve", "tensor_scalar", 1024, [b.tile()], [produced], op=["multiply"])
+    b.op("dve", "tensor_scalar", 1024, [produced], [b.tile()], op=["add"])
+    b.op("dve", "tensor_scalar", 1024, [b.tile()], [b.tile()], op=["add"])
+    in_order = b.run(overrides={"schedule_window": 1})
+    listed = b.run()
+    work = 3 * _us(1024, "dve", "trn1")
+    assert in_order.latency_us == pytest.approx(work + _us(200, "dve", "trn1"))
+    assert listed.latency_us == pytest.approx(work)
+    assert listed.start_us[2] < listed.start_us[1]  # the independent one ran in the gap
+
+
+def test_nc_v2_shares_the_sbuf_port_between_vector_and_gpsimd():
+    results = {}
+    for target in ("trn1", "trn2"):
+        b = TraceBuilder(target)
+        b.op("dve", "tensor_scalar", 2048, [b.tile()], [b.tile()], op=["add"])
+        b.op("pool", "iota", 2048, [], [b.tile()], dtype="int32")
+        results[target] = b.run()
+    dve, pool = _us(2048, "dve", "trn1"), _us(150 + 2048, "pool", "trn1")
+    assert results["trn1"].latency_us == pytest.approx(dve + pool)
+    assert results["trn2"].latency_us == pytest.approx(
+        max(_us(2048, "dve", "trn2"), _us(150 + 2048, "pool", "trn2")))
+
+
+def test_address_tracking_turns_buffer_reuse_into_a_wait():
+    b = TraceBuilder()
+    old = b.tile(storage=next(_storage), start=8192)
+    new = b.tile(storage=next(_storage), start=8192)  # a later tile at the same address
+    b.op("act", "activation", 4096, [old], [b.tile()], op="exp")
+    b.op("dve", "tensor_scalar", 512, [b.tile()], [new], op=["add"])
+    by_tile, by_address = b.run(), b.run(by_address=True)
+    assert by_tile.start_us[1] == 0.0
+    assert by_address.start_us[1] == pytest.approx(
+        _us(4096, "act", "trn1") + _const("semaphore_latency_us", "trn1"))
+
+
+def test_sequential_range_iterations_do_not_overlap_affine_ones_do():
+    def build(kind, iterations):
+        b = TraceBuilder("trn2")
+        source, dest = b.hbm(1 << 20), b.hbm(1 << 20)
+        for i in range(iterations):
+            loops = [(7, kind, i)]
+            x, y = b.tile(8192), b.tile(8192)
+            b.dma("hbm->sbuf", 1 << 20, 128, [source], [x], loops=loops)
+            b.op("act", "activation", 4096, [x], [y], dtype="bfloat16", loops=loops, op="exp")
+            b.dma("sbuf->hbm", 1 << 20, 128, [y], [dest], loops=loops)
+        return b.run().latency_us
+
+    one = build("sequential_range", 1)
+    assert build("sequential_range", 4) == pytest.approx(4 * one)
+    assert build("affine_range", 4) < 0.75 * 4 * one
+
+
+def test_spmd_program_instances_run_one_after_another():
+    b = TraceBuilder()
+    for program, engine, opcode in (((0,), "act", "activation"), ((1,), "dve", "tensor_copy")):
+        b.trace.add(engine=engine, opcode=opcode, partitions=128, free_size=1024,
+                    in_dtypes=("float32",), out_dtype="float32", reads=(b.tile(),),
+                    writes=(b.tile(),), loops=(), program=program, details={})
+    sched = b.run()  # independent work on two engines, yet the second instance waits
+    assert sched.start_us[1] == pytest.approx(sched.end_us[0])
+    assert sched.latency_us == pytest.approx(_us(1024, "act", "trn1") + _us(1024, "dve", "trn1"))
+
+
+def test_accumulating_matmuls_chain_without_waiting():
+    b = TraceBuilder()
+    psum = b.tile(2048, memory="psum")
+    for _ in range(8):
+        b.op("pe", "nc_matmul", 512, [b.tile(256), b.tile(1024)], [psum], dtype="bfloat16",
+             stationary_free=128, accumulate=True)
+    assert b.run().latency_us == pytest.approx(8 * _us(512, "pe", "trn1"))
+
+
+def test_fp32_matmul_takes_four_times_as_long():
+    times = {}
+    for fp32 in (False, True):
+        b = TraceBuilder()
+        b.op("pe", "nc_matmul", 512, [b.tile(256), b.tile(1024)], [b.tile(2048, memory="psum")],
+             stationary_free=128, fp32=fp32)
+        times[fp32] = b.run().latency_us
+    assert times[False] == pytest.approx(_us(512, "pe", "trn1"))
+    assert times[True] == pytest.approx(4 * times[False])
+
+
+def test_matmul_with_a_narrow_stationary_and_short_moving_pays_the_floor():
+    b = TraceBuilder()
+    b.op("pe", "nc_matmul", 16, [b.tile(256), b.tile(32)], [b.tile(64, memory="psum")],
+         dtype="bfloat16", stationary_free=128)
+    b.op("pe", "nc_matmul", 16, [b.tile(64), b.tile(32)], [b.tile(64, memory="psum")],
+         dtype="bfloat16", stationary_free=32)
+    sched = b.run()
+    assert _duration(sched, 0) == pytest.approx(_us(64, "pe", "trn1"))
+    assert _duration(sched, 1) == pytest.approx(_us(32, "pe", "trn1"))
+
+
+# --- dtype rules and per-target differences ----------------------------------------------------
+@pytest.mark.parametrize(("target", "dtype", "stride", "cycles"), [
+    ("trn1", "bfloat16", 2, 4096),  # NC-v2: no fast mode
+    ("trn2", "bfloat16", 2, 1024),  # NC-v3: 4x for bf16 SBUF unit stride
+    ("trn3", "bfloat16", 2, 1024),
+    ("trn2", "float32", 4, 4096),  # fp32: no fast mode
+    ("trn2", "bfloat16", 4, 2048),  # not unit stride: 2x
+    ("trn2", "bfloat16", 32, 4096),  # 2x mode, halved by the > 16 B stride
+    ("trn1", "float32", 32, 8192),  # stride penalty alone
+])
+def test_vector_copy_fast_modes(target, dtype, stride, cycles):
+    b = TraceBuilder(target)
+    b.op("dve", "tensor_copy", 4096, [b.tile(8192)], [b.tile(8192)], dtype=dtype,
+         max_stride_bytes=stride)
+    assert b.run().latency_us == pytest.approx(_us(cycles, "dve", target))
+
+
+@pytest.mark.parametrize(("target", "dtype", "in_psum", "cycles"), [
+    ("trn1", "float32", False, 2 * 2048),  # two SBUF inputs: 2N
+    ("trn1", "bfloat16", False, 2048),  # NC-v2 bf16 add with unit stride: N
+    ("trn1", "float32", True, 2048),  # one input in PSUM: N
+    ("trn2", "bfloat16", False, 2048),  # NC-v3 all-bf16: 2x over 2N
+    ("trn2", "float32", False, 2 * 2048),
+])
+def test_tensor_tensor_rules(target, dtype, in_psum, cycles):
+    b = TraceBuilder(target)
+    other = b.tile(8192, memory="psum" if in_psum else "sbuf")
+    b.op("dve", "tensor_tensor", 2048, [b.tile(8192), other], [b.tile(8192)], dtype=dtype,
+         op="add", max_stride_bytes=2 if dtype == "bfloat16" else 4)
+    assert b.run().latency_us == pytest.approx(_us(cycles, "dve", target))
+
+
+@pytest.mark.parametrize(("target", "dtype", "value", "cycles"), [
+    ("trn1", "bfloat16", 0.0, 2048),  # NC-v2: zero fill of bf16 at N/2
+    ("trn1", "bfloat16", 1.0, 4096),
+    ("trn1", "float32", 0.0, 4096),
+    ("trn2", "bfloat16", 0.0, 1024),  # NC-v3: the bf16 fast mode
+])
+def test_memset_rules(target, dtype, value, cycles):
+    b = TraceBuilder(target)
+    b.op("dve", "memset", 4096, [], [b.tile(8192)], dtype=dtype, value=value)
+    assert b.run().latency_us == pytest.approx(_us(cycles, "dve", target))
+
+
+@pytest.mark.parametrize(("opcode", "dtype", "op", "cycles"), [
+    ("tensor_tensor_scan", "float32", None, 2 * 1024),
+    ("tensor_reduce", "bfloat16", "add", 512),
+    ("tensor_reduce", "float32", "add", 1024),
+    ("reciprocal", "float32", None, 8 * 1024),
+    ("bn_aggr", "float32", None, 13 * 1024 / 3),
+    ("tensor_scalar_reduce", "float32", "add", 1024 + 64),
+])
+def test_vector_instruction_rules(opcode, dtype, op, cycles):
+    b = TraceBuilder("trn1")
+    b.op("dve", opcode, 1024, [b.tile(4096)], [b.tile(4096)], dtype=dtype, op=op)
+    assert b.run().latency_us == pytest.approx(_us(cycles, "dve", "trn1"))
+
+
+def test_opcodes_without_a_documented_rule_are_listed():
+    b = TraceBuilder("trn1")
+    b.op("pool", "gather_flattened", 1024, [b.tile()], [b.tile()])
+    sched = b.run()
+    assert sched.unmodeled == {"pool.gather_flattened": 1}
+    assert sched.latency_us == pytest.approx(_us(1024, "pool", "trn1"))
+
+
+def test_act_copy_fast_mode_only_on_trn3():
+    for target, speed in (("trn2", 1), ("trn3", 2)):
+        b = TraceBuilder(target)
+        b.op("act", "tensor_copy", 4096, [b.tile(8192)], [b.tile(8192)], dtype="bfloat16",
+             max_stride_bytes=2)
+        assert b.run().latency_us == pytest.approx(_us(4096 / speed, "act", target))
+
+
+def test_per_partition_scalar_operands_do_not_disable_fast_modes():
+    b = TraceBuilder("trn2")
+    data, scale = b.tile(8192), b.tile(4)
+    b.trace.add(engine="dve", opcode="tensor_scalar", partitions=128, free_size=4096,
+                in_dtypes=("bfloat16", "float32"), out_dtype="bfloat16", reads=(data, scale),
+                writes=(b.tile(8192),), loops=(), details={"op": ["multiply"],
+                                                          "max_stride_bytes": 2})
+    assert b.run().latency_us == pytest.approx(_us(1024, "dve", "trn2"))
+
+
+def test_every_constant_has_a_value_per_generation_and_overrides_are_checked():
+    assert all(len(row) == 3 for row in CONSTANTS.values())
+    assert CostTable("inf2").dve_clock_ghz == CostTable("trn1").dve_clock_ghz == 1.12
+    assert CostTable("trn2", {"dma_fixed_us": 2.0}).dma_fixed_us == 2.0
+    with pytest.raises(KeyError, match="dma_fixed_seconds"):
+        CostTable("trn2", {"dma_fixed_seconds": 2.0})
+    with pytest.raises(NKIError, match="unknown platform target"):
+        CostTable("trn9")
+
+
+# --- DMA ---------------------------------------------------------------------------------------
+def test_small_transfers_are_bound_by_the_fixed_cost_per_dma():
+    b = TraceBuilder("trn2")
+    source = b.hbm(1 << 20)
+    for _ in range(6):  # 256 B per partition: far below the knee
+        b.dma("hbm->sbuf", 128 * 256, 128, [source], [b.tile(256)])
+    sched = b.run()
+    fixed = _const("dma_fixed_us", "trn2")
+    assert np.diff(sched.start_us) == pytest.approx([fixed] * 5)
+    per_engine = max(8 * 256 / 23.12, 8 * _const("dma_descriptor_ns", "trn2")) / 1000
+    assert sched.latency_us == pytest.approx(5 * fixed + _const("dma_latency_us", "trn2")
+                                             + per_engine)
+
+
+def test_large_transfers_are_bound_by_bandwidth():
+    b = TraceBuilder("trn2")
+    source = b.hbm(1 << 24)
+    nbytes = 128 * 16384
+    for _ in range(4):
+        b.dma("hbm->sbuf", nbytes, 128, [source], [b.tile(16384)])
+    sched = b.run()
+    engines = 16 * 27.2 * 0.85  # GB/s = bytes per ns
+    per_transfer = nbytes / min(engines, 362.5) / 1000.0  # the HBM share binds on trn2
+    assert np.diff(sched.end_us) == pytest.approx([per_transfer] * 3)
+
+
+def test_few_partitions_use_few_dma_engines():
+    b = TraceBuilder("trn2")
+    b.dma("hbm->sbuf", 32768, 4, [b.hbm(32768)], [b.tile(8192, partitions=4)])
+    sched = b.run()
+    data = _duration(sched, 0) - _const("dma_fixed_us", "trn2")
+    assert data == pytest.approx(32768 / 23.12 / 1000)  # one engine: the S6 1,416 ns
+
+
+def test_short_rows_are_bound_by_descriptors():
+    b = TraceBuilder("trn2")
+    b.dma("hbm->sbuf", 128 * 512, 128, [b.hbm(1 << 20)], [b.tile(512)], row_bytes=16)
+    sched = b.run()
+    rows_per_engine = 8 * 512 // 16
+    expected = rows_per_engine * _const("dma_descriptor_ns", "trn2") / 1000
+    assert _duration(sched, 0) - _const("dma_fixed_us", "trn2") == pytest.approx(expected)
+
+
+def test_compute_waits_for_the_dma_completion():
+    b = TraceBuilder("trn1")
+    tile = b.tile(4096)
+    b.dma("hbm->sbuf", 128 * 4096, 128, [b.hbm(1 << 20)], [tile])
+    b.op("act", "activation", 2048, [tile], [b.tile(4096)], dtype="bfloat16", op="exp")
+    sched = b.run()
+    assert sched.start_us[1] == pytest.approx(sched.finish_us[0])
+    assert sched.finish_us[0] == pytest.approx(
+        _const("dma_latency_us", "trn1") + 128 * 4096 / (16 * 27.2 * 0.62) / 1000)
+
+
+# --- kernels through the profiler ----------------------------------------------------------------
+@nki.jit
+def exp_tiles(x, sequential: bool = False):
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    P = nl.tile_size.pmax
+    loop = nl.sequential_range if sequential else nl.affine_range
+    for i in loop(x.shape[0] // P):
+        tile = nl.load(x[i * P:(i + 1) * P, :])
+        nl.store(out[i * P:(i + 1) * P, :], value=nisa.activation(op=nl.exp, data=tile))
+    return out
+
+
+def test_profile_returns_outputs_and_the_documented_fields():
+    x = np.random.default_rng(0).standard_normal((256, 512)).astype(np.float32)
+    out, prof = nki.profile(exp_tiles, x, target="trn1")
+    np.testing.assert_allclose(out, np.exp(x.astype(np.float64)), rtol=1e-6)
+    assert prof.target == "trn1"
+    assert prof.instructions == {"pe": 0, "act": 2, "dve": 0, "pool": 0, "dma": 4}
+    assert prof.hbm_read_bytes == prof.hbm_write_bytes == x.nbytes
+    assert prof.engine_busy_us["act"] == pytest.approx(2 * _us(512, "act", "trn1"))
+    assert prof.sbuf_peak_bytes_per_partition >= 2 * 512 * 4
+    assert prof.psum_peak_bytes_per_partition == 0
+    assert prof.busiest_engine == "dma"
+    assert 0 < prof.engine_utilization["act"] < 1
+    assert prof.latency_us > prof.engine_busy_us["act"]
+    assert prof.mbu == pytest.approx(
+        2 * x.nbytes / prof.latency_us / 1000 / _const("hbm_share_gbps", "trn1"))
+    assert prof.dma_transfers == 4 and prof.dma_small_transfers == 0
+    text = prof.summary()
+    for word in ("latency", "pe", "act", "dve", "pool", "dma", "HBM read", "SBUF peak"):
+        assert word in text
+
+
+def test_profile_sequential_loop_is_slower_than_affine():
+    x = np.random.default_rng(1).standard_normal((512, 1024)).astype(np.float32)
+    _, affine = nki.profile(exp_tiles, x, target="trn2")
+    out, sequential = nki.profile(exp_tiles, x, True, target="trn2")
+    np.testing.assert_allclose(out, np.exp(x.astype(np.float64)), rtol=1e-6)
+    assert sequential.latency_us > 1.5 * affine.latency_us
+    assert sequential.dependency_stalls["dma_load"] > affine.dependency_stalls["dma_load"]
+
+
+def test_profile_targets_give_different_latencies():
+    x = np.random.default_rng(2).standard_normal((256, 2048)).astype(np.float32)
+    latencies = {t: nki.profile(exp_tiles, x, target=t)[1].latency_us
+                 for t in ("inf2", "trn1", "trn2", "trn3")}
+    assert latencies["inf2"] == latencies["trn1"]
+    assert len({latencies["trn1"], latencies["trn2"], latencies["trn3"]}) == 3
+
+
+def test_profile_of_a_failing_kernel_raises_the_simulator_error():
+    @nki.jit
+    def too_many_partitions(x):
+        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        nl.store(out, value=nl.load(x))
+        return out
+
+    with pytest.raises(NKIError, match="128"):
+        nki.profile(too_many_partitions, np.ones((256, 4), np.float32) * 2.5, target="trn2")
+
+
+def test_benchmark_reports_the_modeled_latency_at_every_percentile():
+    x = np.random.default_rng(3).standard_normal((128, 1024)).astype(np.float32)
+    bench = nki.benchmark(exp_tiles)
+    out = bench(x)
+    np.testing.assert_allclose(out, np.exp(x.astype(np.float64)), rtol=1e-6)
+    latency = bench.benchmark_result.nc_latency
+    expected = nki.profile(exp_tiles, x, target="trn1")[1].latency_us
+    for p in (0, 1, 10, 25, 50, 90, 99, 100):
+        assert latency.get_latency_percentile(p) == pytest.approx(expected)
+    with pytest.raises(ValueError, match="percentile"):
+        latency.get_latency_percentile(75)

@@ -1,0 +1,53 @@
+"""Sharded training on existing engines, CPU only: JAX ``shard_map`` over 8 host devices and
+PyTorch ``DistributedDataParallel`` (gloo) over 2 processes, each against one device/process.
+
+Both run in a fresh interpreter (``tests/dist_*.py``): the JAX host device count must be set
+before JAX initialises, and the DDP workers are spawned processes talking over loopback.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).parent
+TIMEOUT_S = 240
+
+
+def _run(script: str, *args: str) -> str:
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    env.pop("XLA_FLAGS", None)
+    done = subprocess.run(
+        [sys.executable, str(HERE / script), *args], capture_output=True, text=True,
+        timeout=TIMEOUT_S, env=env, cwd=HERE.parent,
+    )
+    assert done.returncode == 0, f"{script} failed:\n{done.stdout}\n{done.stderr[-4000:]}"
+    return done.stdout
+
+
+def _free_loopback_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_jax_shard_map_over_8_devices_matches_one_device():
+    pytest.importorskip("jax")
+    out = _run("dist_jax_shard_map.py")
+    # float32 and bfloat16, each with check_vma on (JAX psums dweight) and off (explicit
+    # psum), plus a gradient taken outside shard_map.
+    assert out.count("shards match one device") == 4, out
+    assert out.count("grad outside shard_map matches one device") == 2, out
+
+
+def test_torch_ddp_gloo_2_processes_matches_one_process():
+    torch = pytest.importorskip("torch")
+    if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
+        pytest.skip("torch.distributed with the gloo backend is not available")
+    out = _run("dist_torch_ddp.py", str(_free_loopback_port()))
+    assert "DDP over 2 gloo processes matches one process" in out, out

@@ -1,0 +1,362 @@
+"""The forward kernel (``nki_rmsnorm.kernels.rmsnorm_fwd``) against the float64 reference.
+
+Shapes and options follow a covering design rather than the full cross product: every M
+with a couple of N, every N with a couple of M, every option combination at one mid shape,
+every dtype × casting mode, and the hidden-tiled path (rows too long for SBUF) with every
+option. Inputs are fresh random draws (``rng`` from conftest.py, seeded from the test id);
+the simulator fills every output with NaN before the kernel runs, so a point the kernel
+never writes shows up.
+
+Tolerances (``ulp`` = unit in the last place of the output dtype at the reference value;
+the reference is float64, rounded once to the output dtype):
+
+=========  ==============  ===========================================================
+dtype      mode            bound on y
+=========  ==============  ===========================================================
+float32    every mode      relative error ≤ 1e-5
+bf16/fp16  gemma           ≤ 1 ulp: the kernel's fp32 intermediates are ~2⁻²³ off the
+                           exact value, far below half an output ulp, so only the final
+                           rounding can differ, and by one ulp at most
+bf16/fp16  llama           ≤ 2 ulp: x̂ = h·rstd is rounded to the input dtype mid-way;
+                           when the exact x̂ sits within ~2⁻²³ of a rounding tie the
+                           kernel's fp32 x̂ may round to the neighbour, and one ulp of x̂
+                           times the weight is under two ulps of y
+bf16/fp16  none            ≤ 2 ulp: as llama; ``weight + offset`` is rounded through fp32
+                           (a possible double rounding, one ulp of the weight); products
+                           of two bf16/fp16 numbers are exact in fp32, so nothing else
+                           can differ
+=========  ==============  ===========================================================
+
+On top of the bound, at most 1 % (+2) of the bf16/fp16 points may differ from the reference
+at all: a point can only differ when its exact value lies within fp32 rounding noise
+(~2⁻²³ relative) of a rounding boundary of the output (or x̂) dtype, which happens to about
+2⁻¹⁵ (bf16) or 2⁻¹² (fp16) of random points, while a wrong rounding order (say llama
+computed as gemma) changes about 30 % of them: the ulp bound alone could not tell.
+
+With a bias, ``y = x̂·w + b`` can cancel, and an error relative to the (small) result says
+nothing about the kernel; there the same bound is also accepted in units of the largest
+term, ``|x̂·w| + |b|``. ``rstd`` (fp32, from fp32 statistics) is within 1e-5 relative in
+every case, and ``h = x + residual`` (one fp32 add, one rounding, as the reference) is
+bitwise equal.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import simulate
+from nki_rmsnorm import reference as ref
+from nki_rmsnorm.kernels import rmsnorm_fwd
+from nki_rmsnorm.kernels.rmsnorm_fwd import make_plan
+
+FP32, FP16 = np.dtype(np.float32), np.dtype(np.float16)
+BF16 = np.dtype(ml_dtypes.bfloat16)
+DTYPES = {"fp32": FP32, "bf16": BF16, "fp16": FP16}
+
+FP32_RTOL = 1e-5
+MAX_ULPS = {"gemma": 1, "llama": 2, "none": 2}
+MAX_INEXACT_FRACTION = 0.01
+RSTD_RTOL = 1e-5
+EPS = 1e-6
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers
+# ---------------------------------------------------------------------------------------------
+
+
+def _data(rng, shape, dtype, scale=1.0):
+    """Normal data with a per-row scale and a non-zero mean, rounded to ``dtype``."""
+    rows = scale * np.exp(rng.uniform(-1.5, 1.5, size=shape[:-1] + (1,)))
+    return (rows * (rng.standard_normal(shape) + 0.3)).astype(dtype)
+
+
+def _inputs(rng, M, N, dtype, *, weight=True, bias=False, residual=False, offset=0.0,
+            weight_dtype=FP32, residual_dtype=None):
+    x = _data(rng, (M, N), dtype)
+    # Around 1 with offset 0, around 0 with offset 1 (Gemma's 1 + w): both realistic.
+    w = None
+    if weight:
+        w = (rng.normal(1.0 - offset, 0.2, N)).astype(weight_dtype)
+    b = rng.normal(0.0, 0.5, N).astype(weight_dtype) if bias else None
+    r = None
+    if residual:
+        r = _data(rng, (M, N), residual_dtype or dtype, scale=2.0)
+    return dict(x=x, weight=w, bias=b, residual=r, offset=offset)
+
+
+def _run(x, weight=None, bias=None, residual=None, eps=EPS, offset=0.0, casting_mode="gemma",
+         out_dtype=None, target=None):
+    """Simulate the kernel: ``(outputs, trace)``."""
+    return simulate.trace_kernel(rmsnorm_fwd, x, weight, bias, residual, eps, offset,
+                                 casting_mode, out_dtype, target=target)
+
+
+def _term_magnitude(x, weight, bias, residual, offset, eps):
+    """|x̂·(w + offset)| + |b| in float64: the size of the terms a bias may cancel."""
+    h = ref.rms_norm_fwd(x, None, eps, residual=residual)[1] if residual is not None else x
+    h = np.asarray(h, np.float64)
+    rstd = 1.0 / np.sqrt(np.mean(h * h, axis=-1, keepdims=True) + eps)
+    mag = np.abs(h * rstd)
+    if weight is not None:
+        mag = mag * np.abs(weight.astype(np.float64) + offset)
+    return mag + np.abs(bias.astype(np.float64))
+
+
+def _ulp(v, dtype):
+    """Spacing of ``dtype`` at the float64 values ``v``."""
+    fi = ml_dtypes.finfo(dtype) if dtype == BF16 else np.finfo(dtype)
+    _, e = np.frexp(np.abs(v))
+    return np.ldexp(1.0, np.maximum(e - 1, fi.minexp) - fi.nmant)
+
+
+def assert_y_close(y, y64, dtype, casting_mode, magnitude=None, what="y"):
+    """y against the float64 reference with the bound of the module docstring's table."""
+    assert y.dtype == dtype, f"{what} has dtype {y.dtype}, expected {dtype}"
+    got = y.astype(np.float64)
+    assert not np.isnan(got).any(), f"{what} has NaN: points the kernel never wrote?"
+    want = np.asarray(y64, np.float64)
+    err = np.abs(got - want)
+    if dtype == FP32:
+        scale = np.abs(want) if magnitude is None else np.maximum(np.abs(want), magnitude)
+        bad = err > FP32_RTOL * scale
+        bound = f"{FP32_RTOL} relative"
+    else:
+        max_ulps = MAX_ULPS[casting_mode]
+        ulps = ref.ulp_distance(got, want, dtype)
+        inexact = int(np.count_nonzero(ulps))
+        assert inexact <= MAX_INEXACT_FRACTION * ulps.size + 2, (
+            f"{what}: {inexact} of {ulps.size} points differ from the correctly rounded "
+            f"reference ({casting_mode} mode)")
+        bad = ulps > max_ulps
+        if magnitude is not None:
+            bad &= err > max_ulps * _ulp(magnitude, dtype)
+        bound = f"{max_ulps} ulp"
+    if bad.any():
+        i = tuple(np.argwhere(bad)[0])
+        pytest.fail(f"{what}: {int(bad.sum())} of {bad.size} points beyond {bound}, first at "
+                    f"{i}: kernel {got[i]!r}, reference {want[i]!r}")
+
+
+def check_forward(inputs, casting_mode="gemma", out_dtype=None, eps=EPS, target=None):
+    """Run the kernel and compare every output with the reference; returns the trace."""
+    x, w, b, r, offset = (inputs[k] for k in ("x", "weight", "bias", "residual", "offset"))
+    outputs, trace = _run(x, w, b, r, eps, offset, casting_mode, out_dtype, target)
+    want = ref.rms_norm_fwd(x, w, eps, offset=offset, bias=b, residual=r,
+                            casting_mode=casting_mode, out_dtype=out_dtype)
+    assert len(outputs) == len(want)
+    y_dtype = x.dtype if out_dtype is None else np.dtype(out_dtype)
+    magnitude = None if b is None else _term_magnitude(x, w, b, r, offset, eps)
+    assert_y_close(outputs[0], want[0], y_dtype, casting_mode, magnitude)
+    if r is not None:
+        assert outputs[1].dtype == r.dtype
+        np.testing.assert_array_equal(outputs[1], want[1], err_msg="h = x + residual")
+    rstd = outputs[-1]
+    assert rstd.dtype == FP32 and rstd.shape == (x.shape[0],)
+    np.testing.assert_allclose(rstd, want[-1], rtol=RSTD_RTOL, err_msg="rstd")
+    return trace
+
+
+# ---------------------------------------------------------------------------------------------
+# Shapes: every M with a couple of N, every N with a couple of M
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("M", [1, 2, 127, 128, 129, 1000, 4097])
+@pytest.mark.parametrize("N", [64, 1000])
+def test_rows(rng, M, N):
+    check_forward(_inputs(rng, M, N, BF16, weight_dtype=BF16))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("M", [2, 129])
+@pytest.mark.parametrize("N", [1, 3, 64, 100, 1024, 4096, 5120, 8192, 16384, 20000])
+def test_hidden_sizes(rng, M, N, dtype):
+    check_forward(_inputs(rng, M, N, DTYPES[dtype]))
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_hidden_65536(rng, dtype):
+    """The largest required hidden size (hidden-tiled on every target), two ragged tiles."""
+    check_forward(_inputs(rng, 3, 65536, DTYPES[dtype], bias=True, residual=True, offset=1.0),
+                  casting_mode="gemma")
+
+
+# ---------------------------------------------------------------------------------------------
+# Options and casting modes
+# ---------------------------------------------------------------------------------------------
+
+OPTION_SETS = {
+    "plain": dict(weight=False),
+    "w": dict(),
+    "w_offset": dict(offset=1.0),
+    "bias": dict(weight=False, bias=True),
+    "w_bias": dict(bias=True),
+    "w_offset_bias": dict(offset=1.0, bias=True),
+    "res": dict(weight=False, residual=True),
+    "w_res": dict(residual=True),
+    "w_offset_res": dict(offset=1.0, residual=True),
+    "bias_res": dict(weight=False, bias=True, residual=True),
+    "w_bias_res": dict(bias=True, residual=True),
+    "w_offset_bias_res": dict(offset=1.0, bias=True, residual=True),
+}
+
+
+@pytest.mark.parametrize("casting_mode", ref.CASTING_MODES)
+@pytest.mark.parametrize("options", OPTION_SETS, ids=list(OPTION_SETS))
+def test_options(rng, options, casting_mode):
+    check_forward(_inputs(rng, 129, 200, BF16, **OPTION_SETS[options]), casting_mode)
+
+
+@pytest.mark.parametrize("casting_mode", ref.CASTING_MODES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("weight_dtype", ["fp32", "input"])
+def test_dtypes_and_modes(rng, dtype, casting_mode, weight_dtype):
+    x_dtype = DTYPES[dtype]
+    wd = FP32 if weight_dtype == "fp32" else x_dtype
+    check_forward(_inputs(rng, 130, 256, x_dtype, bias=True, residual=True, offset=0.5,
+                          weight_dtype=wd), casting_mode)
+
+
+@pytest.mark.parametrize("casting_mode", ref.CASTING_MODES)
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_hidden_tiled_path_with_every_option(rng, dtype, casting_mode):
+    """N = 20000 does not fit SBUF with all options: statistics pass, then scale pass,
+    over column chunks with a ragged last chunk and a ragged last row tile."""
+    inputs = _inputs(rng, 130, 20000, DTYPES[dtype], bias=True, residual=True, offset=1.0)
+    trace = check_forward(inputs, casting_mode)
+    read, _ = trace.hbm_bytes()
+    assert read > 2 * inputs["x"].nbytes, "expected the two-pass path (x read twice)"
+
+
+@pytest.mark.parametrize("options", OPTION_SETS, ids=list(OPTION_SETS))
+def test_hidden_tiled_path_options(rng, options):
+    inputs = _inputs(rng, 3, 40000, BF16, **OPTION_SETS[options])
+    trace = check_forward(inputs, "llama")
+    assert trace.hbm_bytes()[0] >= 2 * inputs["x"].nbytes, "expected the two-pass path"
+
+
+@pytest.mark.parametrize("casting_mode", ref.CASTING_MODES)
+def test_hidden_tiled_path_out_dtype(rng, casting_mode):
+    check_forward(_inputs(rng, 5, 30000, BF16, bias=True, offset=1.0), casting_mode,
+                  out_dtype=FP32)
+
+
+@pytest.mark.parametrize("in_out", [("bf16", "fp32"), ("fp32", "bf16"), ("fp16", "bf16"),
+                                    ("bf16", "fp16")])
+@pytest.mark.parametrize("casting_mode", ref.CASTING_MODES)
+def test_out_dtype(rng, in_out, casting_mode):
+    x_dtype, y_dtype = (DTYPES[d] for d in in_out)
+    check_forward(_inputs(rng, 129, 96, x_dtype, bias=True, offset=1.0), casting_mode,
+                  out_dtype=y_dtype)
+
+
+def test_residual_in_float32_beside_bf16_activations(rng):
+    inputs = _inputs(rng, 129, 512, BF16, weight_dtype=BF16, residual=True,
+                     residual_dtype=FP32)
+    check_forward(inputs, "llama")
+
+
+# ---------------------------------------------------------------------------------------------
+# Memory traffic and SBUF
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("residual", [False, True])
+def test_rows_that_fit_are_read_and_written_once(rng, residual):
+    M, N = 300, 1024
+    inputs = _inputs(rng, M, N, BF16, weight_dtype=BF16, bias=True, residual=residual)
+    trace = check_forward(inputs)
+    e = 2
+    streams = 2 if residual else 1  # x (and residual) in; y (and h) out
+    read, written = trace.hbm_bytes()
+    assert read == streams * e * M * N + 2 * e * N  # + weight and bias, once
+    assert written == streams * e * M * N + 4 * M  # + rstd
+
+
+@pytest.mark.parametrize("target", ["trn1", "trn2", "trn3"])
+def test_plan_matches_the_simulated_sbuf(rng, target):
+    """At the widest N the plan keeps resident, the kernel runs within the target's SBUF
+    and reads x once; one step wider it switches to hidden tiling."""
+    budget = simulate.get_target(target).sbuf_bytes_per_partition
+    plan = make_plan(BF16, FP32, None, None, 1.0, "gemma", None)
+    n = max(n for n in range(8192, 32768, 16) if plan.fits_rows(n, budget))
+    x = _data(rng, (2, n), BF16)
+    w = rng.normal(0.0, 0.2, n).astype(np.float32)
+    (y, rstd), trace = _run(x, w, offset=1.0, target=target)
+    assert trace.sbuf_peak_bytes_per_partition <= budget
+    assert trace.hbm_bytes()[0] == x.nbytes + w.nbytes
+    assert_y_close(y, ref.rms_norm(x, w, EPS, offset=1.0), BF16, "gemma")
+    assert not plan.fits_rows(n + 16, budget)
+
+
+# ---------------------------------------------------------------------------------------------
+# Batch invariance and numerical edge cases
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("N", [1000, 20000])
+def test_batch_invariance(rng, N):
+    """A row's y and rstd are bitwise the same whatever batch (and tile position) it is in."""
+    inputs = _inputs(rng, 200, N, BF16, bias=True, residual=True, offset=1.0)
+    full = _run(**inputs)[0]
+    for rows in (slice(3, 4), slice(70, 199), slice(128, 200)):
+        part = _run(**{k: (v[rows] if k in ("x", "residual") else v)
+                       for k, v in inputs.items()})[0]
+        for got, want in zip(part, full):
+            np.testing.assert_array_equal(got, want[rows])
+
+
+@pytest.mark.parametrize("eps", [0.0, 1e-5, 0.5])
+def test_eps_goes_inside_the_root(rng, eps):
+    """eps = 0.5 is comparable to mean(x²): it changes every rstd noticeably."""
+    check_forward(_inputs(rng, 129, 64, FP32, bias=True), eps=eps)
+
+
+@pytest.mark.parametrize("casting_mode", ref.CASTING_MODES)
+def test_zero_row_is_finite(rng, casting_mode):
+    inputs = _inputs(rng, 130, 64, BF16, bias=True)
+    inputs["x"][5] = 0
+    inputs["x"][129] = 0
+    (y, rstd), _ = _run(**inputs, casting_mode=casting_mode)
+    np.testing.assert_allclose(rstd[[5, 129]], 1 / np.sqrt(EPS), rtol=RSTD_RTOL)
+    assert np.isfinite(y.astype(np.float32)).all()
+    check_forward(inputs, casting_mode)
+
+
+def test_eps_zero_on_a_zero_row_gives_inf_rstd_and_nan_y(rng):
+    """Documented behaviour: rstd = 1/sqrt(0) = inf and y = 0·inf = NaN for that row only."""
+    inputs = _inputs(rng, 20, 64, FP32)
+    inputs["x"][7] = 0
+    (y, rstd), _ = _run(**inputs, eps=0.0)
+    assert np.isposinf(rstd[7]) and np.isnan(y[7]).all()
+    others = np.arange(20) != 7
+    want_y, want_rstd = ref.rms_norm_fwd(inputs["x"], inputs["weight"], 0.0)
+    assert np.isfinite(y[others]).all()
+    assert_y_close(y[others], want_y[others], FP32, "gemma")
+    np.testing.assert_allclose(rstd[others], want_rstd[others], rtol=RSTD_RTOL)
+
+
+def test_fp16_values_whose_squares_overflow_fp16(rng):
+    """|x| near 60000: x² overflows fp16 (max 65504) but the statistics are fp32."""
+    inputs = _inputs(rng, 129, 256, FP16, weight_dtype=FP16)
+    big = np.sign(rng.standard_normal((129, 256))) * rng.uniform(3e4, 6e4, (129, 256))
+    inputs["x"] = big.astype(np.float16)
+    check_forward(inputs)
+    # The discarded squares go to a bf16 scratch tile, not the fp16 y tile.
+    assert make_plan(FP16, FP16, None, None, 0.0, "gemma", None).squares_in == "scratch"
+
+
+@pytest.mark.parametrize("N", [300, 20000])
+def test_nan_in_one_row_leaves_the_others_untouched(rng, N):
+    inputs = _inputs(rng, 140, N, BF16, residual=True)
+    clean = _run(**inputs)[0]
+    inputs["x"][131, N // 2] = np.nan
+    dirty = _run(**inputs)[0]
+    rows = np.arange(140) != 131
+    for got, want in zip(dirty, clean):
+        np.testing.assert_array_equal(got[rows], want[rows])
+    y, h, rstd = dirty
+    assert np.isnan(rstd[131]) and np.isnan(y[131].astype(np.float32)).all()

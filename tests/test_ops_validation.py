@@ -1,0 +1,169 @@
+"""Bad input to the NumPy launchers is rejected before any kernel runs.
+
+Every case replaces both kernels with a function that fails the test when called, then
+checks the exception type and that the message names the offending argument. The last
+tests check the launchers' other promises: empty inputs, leading dimensions and
+non-contiguous arrays.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from nki_rmsnorm import kernels, ops, reference
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+M, N = 4, 8
+
+
+def _refuse(*args, **kwargs):
+    pytest.fail("a kernel was launched for invalid input")
+
+
+@pytest.fixture
+def no_launch(monkeypatch):
+    monkeypatch.setattr(kernels, "rmsnorm_fwd", _refuse)
+    monkeypatch.setattr(kernels, "rmsnorm_bwd", _refuse, raising=False)
+
+
+def _x(rng, shape=(M, N), dtype=np.float32):
+    return (rng.standard_normal(shape) + 0.5).astype(dtype)
+
+
+FORWARD_CASES = {
+    # id: (kwargs overriding a valid call, expected error, word the message must contain)
+    "x_list": (dict(x=[[1.0, 2.0]]), TypeError, "x"),
+    "x_int": (dict(x=np.ones((M, N), np.int32)), TypeError, "x"),
+    "x_complex": (dict(x=np.ones((M, N), np.complex64)), TypeError, "x"),
+    "x_float64": (dict(x=np.ones((M, N), np.float64)), TypeError, "x"),
+    "x_bool": (dict(x=np.ones((M, N), bool)), TypeError, "x"),
+    "x_0d": (dict(x=np.ones((), np.float32)), ValueError, "x"),
+    "x_n0": (dict(x=np.ones((M, 0), np.float32), weight=None), ValueError, "x"),
+    "weight_shape": (dict(weight=np.ones(N + 1, np.float32)), ValueError, "weight"),
+    "weight_2d": (dict(weight=np.ones((1, N), np.float32)), ValueError, "weight"),
+    "weight_dtype": (dict(weight=np.ones(N, np.float16)), TypeError, "weight"),
+    "weight_float64": (dict(weight=np.ones(N, np.float64)), TypeError, "weight"),
+    "weight_list": (dict(weight=[1.0] * N), TypeError, "weight"),
+    "bias_shape": (dict(bias=np.ones(N - 1, np.float32)), ValueError, "bias"),
+    "bias_dtype": (dict(bias=np.ones(N, np.int32)), TypeError, "bias"),
+    "residual_shape": (dict(residual=np.ones((M, N + 1), np.float32)), ValueError, "residual"),
+    "residual_dtype": (dict(residual=np.ones((M, N), np.float16)), TypeError, "residual"),
+    "residual_list": (dict(residual=[[0.0] * N] * M), TypeError, "residual"),
+    "eps_negative": (dict(eps=-1e-6), ValueError, "eps"),
+    "eps_nan": (dict(eps=float("nan")), ValueError, "eps"),
+    "eps_inf": (dict(eps=float("inf")), ValueError, "eps"),
+    "eps_string": (dict(eps="1e-6"), TypeError, "eps"),
+    "eps_array": (dict(eps=np.ones(2)), TypeError, "eps"),
+    "offset_nan": (dict(offset=float("nan")), ValueError, "offset"),
+    "offset_without_weight": (dict(weight=None, offset=1.0), ValueError, "offset"),
+    "casting_mode": (dict(casting_mode="bf16"), ValueError, "casting_mode"),
+    "casting_mode_none": (dict(casting_mode=None), ValueError, "casting_mode"),
+    "out_dtype_int": (dict(out_dtype=np.int32), TypeError, "out_dtype"),
+    "out_dtype_float64": (dict(out_dtype=np.float64), TypeError, "out_dtype"),
+    "out_dtype_garbage": (dict(out_dtype="not-a-dtype"), TypeError, "out_dtype"),
+}
+
+
+@pytest.mark.parametrize("fn", [ops.rms_norm, ops.rms_norm_fwd])
+@pytest.mark.parametrize("case", FORWARD_CASES, ids=list(FORWARD_CASES))
+def test_forward_rejects_bad_input_before_launch(no_launch, rng, fn, case):
+    overrides, error, word = FORWARD_CASES[case]
+    kwargs = dict(x=_x(rng), weight=np.ones(N, np.float32), eps=1e-6)
+    kwargs.update(overrides)
+    with pytest.raises(error, match=word):
+        fn(**kwargs)
+
+
+def _bwd_kwargs(rng):
+    x = _x(rng)
+    return dict(dy=_x(rng), x_or_h=x, weight=np.ones(N, np.float32),
+                rstd=np.ones(M, np.float32))
+
+
+BACKWARD_CASES = {
+    "dy_shape": (dict(dy=np.ones((M, N + 1), np.float32)), ValueError, "dy"),
+    "dy_dtype": (dict(dy=np.ones((M, N), np.float64)), TypeError, "dy"),
+    "dy_list": (dict(dy=[[0.0] * N] * M), TypeError, "dy"),
+    "x_int": (dict(x_or_h=np.ones((M, N), np.int16)), TypeError, "x_or_h"),
+    "x_0d": (dict(x_or_h=np.ones((), np.float32)), ValueError, "x_or_h"),
+    "x_n0": (dict(x_or_h=np.ones((M, 0), np.float32), dy=np.ones((M, 0), np.float32),
+                  weight=None), ValueError, "x_or_h"),
+    "weight_shape": (dict(weight=np.ones(N + 2, np.float32)), ValueError, "weight"),
+    "weight_dtype": (dict(weight=np.ones(N, np.int32)), TypeError, "weight"),
+    "rstd_shape": (dict(rstd=np.ones(M + 1, np.float32)), ValueError, "rstd"),
+    "rstd_2d": (dict(rstd=np.ones((M, 1), np.float32)), ValueError, "rstd"),
+    "rstd_dtype": (dict(rstd=np.ones(M, np.float16)), TypeError, "rstd"),
+    "rstd_list": (dict(rstd=[1.0] * M), TypeError, "rstd"),
+    "dh_out_shape": (dict(dh_out=np.ones((M + 1, N), np.float32)), ValueError, "dh_out"),
+    "dh_out_dtype": (dict(dh_out=np.ones((M, N), np.complex64)), TypeError, "dh_out"),
+    "offset_without_weight": (dict(weight=None, offset=1.0), ValueError, "offset"),
+    "offset_inf": (dict(offset=float("-inf")), ValueError, "offset"),
+    "has_bias": (dict(has_bias="yes"), TypeError, "has_bias"),
+    "casting_mode": (dict(casting_mode="fp8"), ValueError, "casting_mode"),
+}
+
+
+@pytest.mark.parametrize("case", BACKWARD_CASES, ids=list(BACKWARD_CASES))
+def test_backward_rejects_bad_input_before_launch(no_launch, rng, case):
+    overrides, error, word = BACKWARD_CASES[case]
+    kwargs = _bwd_kwargs(rng)
+    kwargs.update(overrides)
+    with pytest.raises(error, match=word):
+        ops.rms_norm_bwd(**kwargs)
+
+
+def test_a_valid_call_does_launch(monkeypatch, rng):
+    """The refusing fixture would catch a valid call too: the launch path is really there."""
+    calls = []
+
+    def record(*args):
+        calls.append(args)
+        m = args[0].shape[0]
+        return np.zeros(args[0].shape, args[0].dtype), np.zeros(m, np.float32)
+
+    monkeypatch.setattr(kernels, "rmsnorm_fwd", record)
+    ops.rms_norm(_x(rng, (2, 3, N)), np.ones(N, np.float32))
+    assert len(calls) == 1 and calls[0][0].shape == (6, N)
+
+
+@pytest.mark.parametrize("residual", [False, True])
+def test_empty_leading_dims_return_empty_outputs_without_launch(no_launch, rng, residual):
+    x = np.empty((0, 3, N), BF16)
+    r = np.empty((0, 3, N), np.float32) if residual else None
+    outputs = ops.rms_norm_fwd(x, np.ones(N, BF16), residual=r, out_dtype=np.float16)
+    assert [o.shape for o in outputs] == [x.shape] * (2 if residual else 1) + [(0, 3)]
+    assert [o.dtype for o in outputs] == (
+        [np.dtype(np.float16)] + ([np.dtype(np.float32)] if residual else [])
+        + [np.dtype(np.float32)])
+
+
+def test_empty_leading_dims_backward_gives_zero_parameter_grads(no_launch):
+    x = np.empty((2, 0, N), np.float16)
+    dx, dweight, dbias = ops.rms_norm_bwd(x, x, np.ones(N, np.float16), np.empty((2, 0),
+                                          np.float32), has_bias=True)
+    assert dx.shape == x.shape and dx.dtype == x.dtype
+    assert dweight.dtype == np.float16 and dbias.dtype == np.float16
+    np.testing.assert_array_equal(dweight, 0)
+    np.testing.assert_array_equal(dbias, 0)
+
+
+def test_leading_dims_and_non_contiguous_input(rng):
+    """A transposed (non-contiguous) 3-D input: flattened, run, and reshaped back."""
+    base = _x(rng, (N, 5, 3))
+    x = base.transpose(1, 2, 0)  # (5, 3, N), not contiguous
+    assert not x.flags.c_contiguous
+    w = rng.standard_normal(N).astype(np.float32)
+    y, rstd = ops.rms_norm_fwd(x, w, 1e-5)
+    y_ref, rstd_ref = reference.rms_norm_fwd(x, w, 1e-5)
+    assert y.shape == x.shape and rstd.shape == (5, 3)
+    np.testing.assert_allclose(y, y_ref, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(rstd, rstd_ref, rtol=1e-5)
+
+
+def test_one_dimensional_input_gives_scalar_rstd(rng):
+    x = _x(rng, (N,))
+    y, rstd = ops.rms_norm_fwd(x)
+    assert y.shape == (N,) and rstd.shape == ()
+    np.testing.assert_allclose(y, reference.rms_norm(x), rtol=1e-5, atol=1e-6)
