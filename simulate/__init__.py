@@ -11,7 +11,7 @@ import importlib.util
 import sys
 
 from . import compiler, isa, language, typing
-from .errors import CapacityError, CapacityWarning, NKIError
+from .errors import CapacityError, NKIError
 from .profiler import Profile, profile
 from .runtime import (
     Kernel,
@@ -28,7 +28,7 @@ from .trace import Instruction, Trace
 tensor = language.Tensor
 
 __all__ = [
-    "CapacityError", "CapacityWarning", "Instruction", "Kernel", "NKIError", "Profile",
+    "CapacityError", "Instruction", "Kernel", "NKIError", "Profile",
     "TARGETS", "Trace", "baremetal", "benchmark", "compiler", "get_target", "install", "isa",
     "jit", "language", "last_trace", "profile", "real_nki_available", "simulate_kernel",
     "trace_kernel", "typing",

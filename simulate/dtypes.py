@@ -194,6 +194,25 @@ def cast(values, dtype) -> np.ndarray:
         return values.astype(dtype)
 
 
+def fill(data: np.ndarray, value) -> None:
+    """``data[...] = value`` (cast to ``data``'s dtype), through an integer view of the bits
+    for 1- and 2-byte types (NumPy's generic fill of ml_dtypes arrays is slow, and an
+    uninitialised output can be large)."""
+    bits = np.asarray(value).astype(data.dtype)
+    if data.dtype.kind == "V" or data.dtype.itemsize < 4:
+        unsigned = np.dtype(f"u{data.dtype.itemsize}")
+        data.view(unsigned).fill(bits.view(unsigned))
+    else:
+        data.fill(bits)
+
+
+def full(shape, value, dtype) -> np.ndarray:
+    """``np.full`` that is fast for ml_dtypes types."""
+    data = np.empty(shape, dtype=dtype)
+    fill(data, value)
+    return data
+
+
 def compute(values) -> np.ndarray:
     """The float32 view an engine computes on (integers stay integers for bit ops)."""
     values = np.asarray(values)

@@ -50,8 +50,3 @@ class CapacityError(NKIValueError):
     """SBUF or PSUM over capacity for the target."""
 
     key = "err_capacity_exceeded"
-
-
-class CapacityWarning(UserWarning):
-    """Live SBUF or PSUM tiles together exceed the target's capacity (the compiler would
-    spill); the run continues and the trace records the peak."""

@@ -179,7 +179,8 @@ def allocate(shape, dtype, buffer: str = "sbuf", name: str = "", fill=None) -> T
                 "(one bank: psum_fmax = 512 fp32)", "err_size_of_dimension_exceed_arch_limit")
         (ctx.sbuf if buffer == "sbuf" else ctx.psum).allocate(
             storage, per_partition, f"tile `{name or 'tile'}` of shape {shape} "
-                                    f"{dt.name(dtype)}")
+                                    f"{dt.name(dtype)}",
+            scope=tuple((frame, frame.iteration) for frame in ctx.loops))
     else:
         storage = Storage("hbm", buffer, name)
     if isinstance(fill, np.ndarray) and fill.shape == shape:
@@ -187,21 +188,10 @@ def allocate(shape, dtype, buffer: str = "sbuf", name: str = "", fill=None) -> T
     else:
         data = np.empty(shape, dtype=dtype)
         if fill is not None:
-            _fill(data, fill)
+            dt.fill(data, fill)
     storage.par_axis = par_axis
     storage.array = data
     return Tensor(data, dtype, storage, par_axis=par_axis, loops=tuple(ctx.loops))
-
-
-def _fill(data: np.ndarray, value) -> None:
-    """``data[...] = value``, through an integer view of the bits (NumPy's generic fill of
-    ml_dtypes arrays is slow, and an uninitialised output can be large)."""
-    bits = np.asarray(value).astype(data.dtype)
-    if data.dtype.kind == "V" or data.dtype.itemsize < 4:
-        unsigned = np.dtype(f"u{data.dtype.itemsize}")
-        data.view(unsigned).fill(bits.view(unsigned))
-    else:
-        data.fill(bits)
 
 
 def shape_and_par_axis(shape):

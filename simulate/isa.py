@@ -598,7 +598,7 @@ def memset(shape, value, dtype, *, mask=None, engine=None, **kwargs):
     m = resolve_mask(mask, shape)
     if m is False:
         return _skipped(shape, dtype)
-    values = np.full(shape, dt.cast(np.asarray(value), dtype), dtype=dtype)
+    values = dt.full(shape, dt.cast(np.asarray(value), dtype), dtype)
     return compute_result(_engine_name(engine, "dve"), "memset", values, dtype, m, [],
                           details={"value": float(value)})
 

@@ -3,19 +3,22 @@
 A tile owns its bytes while the kernel holds a reference to it (CPython frees it when the
 last reference goes, which is when the compiler's liveness analysis would reuse the space),
 so the high-water mark the trace reports is what the kernel really keeps live, and reused
-addresses give the cost model the write-after-read hazards of buffer reuse. A single tile
-larger than the memory is an error; live tiles that together exceed it raise a
-:class:`~simulate.errors.CapacityWarning` (the compiler would spill).
+addresses give the cost model the write-after-read hazards of buffer reuse.
+
+NKI scoping decides what counts as live: a tile created inside a loop body is out of scope
+once that iteration is over (``err_local_variable_used_out_of_scope``), so a tile from an
+earlier iteration that Python still holds (``x = nl.load(...)`` keeps the previous ``x``
+until the assignment) does not count. Live tiles that need more than the target's SBUF or
+PSUM per partition are an error, as the compiler's allocator fails on them.
 """
 
 from __future__ import annotations
 
 import bisect
 import itertools
-import warnings
 import weakref
 
-from .errors import CapacityError, CapacityWarning
+from .errors import CapacityError
 
 _storage_ids = itertools.count(1)
 
@@ -40,6 +43,11 @@ class Storage:
         self.array = None  # the C-contiguous backing array every view of the storage is in
 
 
+def _stale(scope) -> bool:
+    """True once any loop iteration the tile was created in is over."""
+    return any(not frame.active or frame.iteration != iteration for frame, iteration in scope)
+
+
 class PartitionAllocator:
     """First-fit allocator of byte ranges within every partition (all partitions alike)."""
 
@@ -47,49 +55,52 @@ class PartitionAllocator:
         self.memory = memory
         self.capacity = capacity
         self.granule = granule
-        self.blocks: list[tuple[int, int]] = []  # sorted (start, size)
-        self.used = 0
+        self.blocks: list[tuple[int, int, int]] = []  # sorted (start, size, block id)
+        self.scopes: dict[int, tuple] = {}  # block id -> ((loop frame, iteration), ...)
+        self.ids = itertools.count()
         self.trace = trace
         self.peak_attr = peak_attr
-        self.oversubscribed = False
 
-    def allocate(self, storage: Storage, nbytes: int, what: str) -> None:
-        """Place a tile. A tile larger than the whole memory is an error; live tiles that
-        together exceed it only warn (the compiler would spill, and Python may keep a
-        rebound tile alive a little longer than the compiler's liveness analysis)."""
+    def live_bytes(self) -> int:
+        """Bytes per partition held by tiles still in scope."""
+        return sum(size for _, size, block in self.blocks if not _stale(self.scopes[block]))
+
+    def allocate(self, storage: Storage, nbytes: int, what: str, scope=()) -> None:
+        """Place a tile created in the loop iterations ``scope``; raise when the tiles in
+        scope would need more than the target's bytes per partition."""
         size = max(self.granule, -(-nbytes // self.granule) * self.granule)
-        unit = "PSUM" if self.memory == "psum" else "SBUF"
-        if size > self.capacity:
+        live = self.live_bytes()
+        if live + size > self.capacity:
+            unit = "PSUM" if self.memory == "psum" else "SBUF"
             raise CapacityError(
-                f"{unit} over capacity: {what} needs {nbytes} bytes per partition, more than the "
-                f"target's {self.capacity} bytes per partition; tile the free dimension",
+                f"{unit} over capacity: {what} needs {nbytes} bytes per partition while live "
+                f"tiles hold {live} of the target's {self.capacity} bytes per partition"
+                + (" (PSUM is allocated in 2 KiB banks)" if self.memory == "psum" else "")
+                + "; release tiles earlier or tile the free dimension",
                 "err_sbuf_capacity_exceeded" if self.memory == "sbuf"
                 else "err_psum_capacity_exceeded",
             )
+        # first fit among tiles in scope; out-of-scope tiles' bytes are free to reuse
         start = 0
-        for block_start, block_size in self.blocks:
+        for block_start, block_size, block in self.blocks:
+            if _stale(self.scopes[block]):
+                continue
             if block_start - start >= size:
                 break
-            start = block_start + block_size
-        if start + size > self.capacity:
-            start = max((b + n for b, n in self.blocks), default=0)
-            if not self.oversubscribed:
-                self.oversubscribed = True
-                warnings.warn(
-                    f"{unit} oversubscribed: {what} needs {nbytes} bytes per partition while live"
-                    f" tiles hold {self.used} of the target's {self.capacity}; the compiler "
-                    "would have to spill (release tiles earlier or tile the free dimension)",
-                    CapacityWarning, stacklevel=5)
-        bisect.insort(self.blocks, (start, size))
-        self.used += size
+            start = max(start, block_start + block_size)
+        if start + size > self.capacity:  # fragmented: place after everything in scope
+            start = self.capacity - size
+        block = next(self.ids)
+        self.scopes[block] = tuple(scope)
+        bisect.insort(self.blocks, (start, size, block))
         storage.address = start
         storage.bytes_per_partition = size
-        if self.used > getattr(self.trace, self.peak_attr):
-            setattr(self.trace, self.peak_attr, self.used)
-        weakref.finalize(storage, self._release, start, size)
+        if live + size > getattr(self.trace, self.peak_attr):
+            setattr(self.trace, self.peak_attr, live + size)
+        weakref.finalize(storage, self._release, start, size, block)
 
-    def _release(self, start: int, size: int) -> None:
-        index = bisect.bisect_left(self.blocks, (start, size))
-        if index < len(self.blocks) and self.blocks[index] == (start, size):
+    def _release(self, start: int, size: int, block: int) -> None:
+        index = bisect.bisect_left(self.blocks, (start, size, block))
+        if index < len(self.blocks) and self.blocks[index] == (start, size, block):
             del self.blocks[index]
-            self.used -= size
+            del self.scopes[block]

@@ -44,6 +44,7 @@ class LoopFrame:
         self.id = next(self._ids)
         self.kind = kind
         self.iteration = 0
+        self.active = True
         self.writes: dict[int, list] = {}  # storage id -> [(iteration, box)] (affine checker)
 
 
@@ -103,6 +104,7 @@ def _loop(kind: str, args):
             frame.iteration = i
             yield i
     finally:
+        frame.active = False
         ctx.loops.remove(frame)
 
 

@@ -649,7 +649,7 @@ class Access(TileOperators):
             if plan:
                 return self._view(plan), None
             return self.tensor.data[self._points(None)].reshape(self.shape), None
-        out = np.full(self.shape, dt.uninitialised(self.dtype), dtype=self.tensor.data.dtype)
+        out = dt.full(self.shape, dt.uninitialised(self.dtype), self.tensor.data.dtype)
         box = mask_box(mask, self.shape)
         if plan and box is not None:
             out[box] = self._view(plan, box)

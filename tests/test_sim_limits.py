@@ -11,7 +11,7 @@ import simulate as nki
 import simulate.isa as nisa
 import simulate.language as nl
 import simulate.typing as nt
-from simulate.errors import CapacityError, CapacityWarning, NKIError
+from simulate.errors import CapacityError, NKIError
 
 X = np.zeros((128, 64), np.float32)
 
@@ -321,22 +321,40 @@ def test_limits_follow_the_target():
         nki.jit(kernel, platform_target="trn1")(X)
 
 
-def test_live_tiles_beyond_capacity_warn_and_released_tiles_free_their_space():
-    """Tiles are freed when the kernel drops them, so a loop reuses the space; live tiles that
-    together exceed SBUF only warn (the compiler would spill)."""
+def test_tiles_of_finished_iterations_do_not_count_but_live_tiles_beyond_capacity_raise():
+    """A tile created in an earlier loop iteration is out of scope (Python still holds it
+    while `big` is rebound), so a loop reuses the space; tiles live together beyond the
+    target's SBUF are an error naming the limit."""
     def kernel(x):
         out = nl.ndarray((128, 1), nl.int8, buffer=nl.shared_hbm)
         for _ in nl.sequential_range(4):
-            big = nl.zeros((128, 60_000), nl.int8)
+            big = nl.zeros((128, 100_000), nl.int8)
             nl.store(out, value=big[:, 0:1])
-        del big
+        return out
+
+    _, trace = nki.trace_kernel(kernel, X, target="trn1")
+    assert trace.sbuf_peak_bytes_per_partition == 100_000
+
+    def too_much(x):
+        out = nl.ndarray((128, 1), nl.int8, buffer=nl.shared_hbm)
         both = [nl.zeros((128, 100_000), nl.int8) for _ in range(2)]
         nl.store(out, value=both[1][:, 0:1])
         return out
 
-    with pytest.warns(CapacityWarning, match="SBUF oversubscribed"):
-        _, trace = nki.trace_kernel(kernel, X, target="trn1")
-    assert trace.sbuf_peak_bytes_per_partition == 200_000  # the loop peaked at two `big`s
+    with pytest.raises(CapacityError, match="err_sbuf_capacity_exceeded.*180224"):
+        nki.trace_kernel(too_much, X, target="trn1")
+    nki.trace_kernel(too_much, X, target="trn3")  # 245,752 bytes per partition hold both
+
+    def in_loop(x):
+        out = nl.ndarray((128, 1), nl.int8, buffer=nl.shared_hbm)
+        keep = nl.zeros((128, 90_000), nl.int8)
+        for _ in nl.affine_range(2):
+            tmp = nl.zeros((128, 95_000), nl.int8)
+            nl.store(out, value=nl.add(keep[:, 0:1], tmp[:, 0:1]))
+        return out
+
+    with pytest.raises(CapacityError, match="SBUF over capacity"):
+        nki.trace_kernel(in_loop, X, target="trn1")
 
 
 def test_legal_patterns_do_not_raise():

@@ -252,6 +252,9 @@ def test_compiler_directives_allocation_and_views_are_accepted(rng):
         buf = nl.ndarray((nl.par_dim(128), 16), nl.float32, buffer=ncc.sbuf.mod_alloc(base_addr=0))
         buf[...] = nl.load(x)
         assert nisa.get_nc_version() >= nisa.nc_version.gen3
+        assert (nl.tile_size.pmax, nl.tile_size.psum_fmax, nl.tile_size.gemm_moving_fmax,
+                nl.tile_size.bn_stats_fmax) == (128, 512, 512, 512)
+        assert nl.tile_size.total_available_sbuf_size == 212984  # the trn2 target
         for _ in nl.sequential_range(1, directives=ncc.multi_buffer(2)):
             nl.store(out, value=nl.multiply(buf, 2.0))
         nl.store(bits, value=nl.copy(buf).view(nl.int32))
