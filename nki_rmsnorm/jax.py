@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
-import numbers
 import threading
 
 import jax
@@ -31,7 +29,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from nki_rmsnorm import ops
-from nki_rmsnorm.reference import CASTING_MODES
 
 __all__ = ["fused_add_rms_norm", "rms_norm"]
 
@@ -80,18 +77,7 @@ def _config(x, weight, bias, residual, eps, offset, casting_mode) -> _Config:
     hidden = x.shape[-1]
     if hidden == 0:
         raise ValueError("x must have a non-empty last (normalised) axis")
-    if casting_mode not in CASTING_MODES:
-        raise ValueError(f"casting_mode must be one of {CASTING_MODES}, got {casting_mode!r}")
-    for name, value in (("eps", eps), ("offset", offset)):
-        if isinstance(value, bool) or not isinstance(value, numbers.Real):
-            raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
-    if not math.isfinite(eps) or eps < 0:
-        raise ValueError(f"eps must be finite and >= 0, got {eps}")
-    if not math.isfinite(offset):
-        raise ValueError(f"offset must be finite, got {offset}")
-    if offset and weight is None:
-        raise ValueError(f"offset={offset} needs a weight: it shifts the weight, "
-                         "y = x̂·(weight + offset)")
+    eps, offset = ops.check_options(eps, offset, weight, casting_mode)
     param_dtypes = (np.dtype(np.float32), x_dtype)
     if weight is not None:
         _check_array("weight", weight, (hidden,), param_dtypes)

@@ -233,6 +233,16 @@ def _casting_mode(casting_mode) -> None:
         raise ValueError(f"casting_mode must be one of {CASTING_MODES}, got {casting_mode!r}")
 
 
+def check_options(eps, offset, weight, casting_mode) -> tuple[float, float]:
+    """Validate the scalar options every binding shares; returns ``(eps, offset)`` as floats.
+
+    ``eps`` must be a finite real ≥ 0, ``offset`` a finite real that needs a ``weight``,
+    ``casting_mode`` one of "gemma", "llama", "none".
+    """
+    _casting_mode(casting_mode)
+    return _eps(eps), _offset(offset, weight)
+
+
 def _dtype(value, name: str) -> np.dtype:
     try:
         dtype = np.dtype(value)

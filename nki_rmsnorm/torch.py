@@ -17,7 +17,6 @@ backward pass, next to the weight it needs anyway.
 
 from __future__ import annotations
 
-import math
 import numbers
 import threading
 from collections.abc import Sequence
@@ -78,19 +77,6 @@ def _check_tensor(name: str, t, expected_shape, input: torch.Tensor, dtypes) -> 
         raise ValueError(f"{name} is on {t.device} but input is on {input.device}")
 
 
-def _check_scalars(eps, offset, weight) -> None:
-    for name, value in (("eps", eps), ("offset", offset)):
-        if isinstance(value, bool) or not isinstance(value, numbers.Real):
-            raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
-    if not math.isfinite(eps) or eps < 0:
-        raise ValueError(f"eps must be finite and >= 0, got {eps}")
-    if not math.isfinite(offset):
-        raise ValueError(f"offset must be finite, got {offset}")
-    if offset and weight is None:
-        raise ValueError(f"offset={offset} needs a weight: it shifts the weight, "
-                         "y = x̂·(weight + offset)")
-
-
 def _check_args(input, normalized_shape, weight, bias, residual, eps, offset, casting_mode):
     """Validate the arguments; return ``(normalized_shape, hidden_size, eps)``."""
     if not isinstance(input, torch.Tensor):
@@ -107,13 +93,11 @@ def _check_args(input, normalized_shape, weight, bias, residual, eps, offset, ca
             f"expected input of shape [*, {', '.join(map(str, shape))}], "
             f"got {list(input.shape)}"
         )
-    if casting_mode not in CASTING_MODES:
-        raise ValueError(f"casting_mode must be one of {CASTING_MODES}, got {casting_mode!r}")
     if eps is None:
         # PyTorch's default: the machine epsilon of the opmath type, which is float32 for
         # every dtype the kernels take (torch.nn.RMSNorm docs).
         eps = torch.finfo(torch.float32).eps
-    _check_scalars(eps, offset, weight)
+    eps, offset = ops.check_options(eps, offset, weight, casting_mode)
 
     param_dtypes = (torch.float32, input.dtype)
     if weight is not None:
