@@ -57,15 +57,21 @@ def main() -> None:
     y, dx, dw = forward_backward(x, w, dy)
     y_ref, dx_ref, dw_ref = reference(x, w, dy, eps)
 
+    eps_dtype = float(jnp.finfo(dtype).eps)
+
     def max_err(a, b):
-        return float(np.max(np.abs(np.asarray(a, np.float64) - b)))
+        """Largest error, and that error relative to max |reference| in units of the dtype's
+        epsilon (≈ 1 for a correctly rounded result at the largest value)."""
+        err = float(np.max(np.abs(np.asarray(a, np.float64) - b)))
+        scale = float(np.max(np.abs(b))) or 1.0
+        return f"{err:.3e}  ({err / scale / eps_dtype:.2f} eps of max |ref|)"
 
     print(f"backend: {jax.default_backend()} "
           f"({'NKI on device' if jax.default_backend() == 'neuron' else 'kernels simulated'});"
           f" x {shape} {args.dtype}")
-    print(f"max |y - reference|        = {max_err(y, y_ref):.3e}")
-    print(f"max |dx - reference|       = {max_err(dx, dx_ref):.3e}")
-    print(f"max |dweight - reference|  = {max_err(dw, dw_ref):.3e}"
+    print(f"max |y - reference|        = {max_err(y, y_ref)}")
+    print(f"max |dx - reference|       = {max_err(dx, dx_ref)}")
+    print(f"max |dweight - reference|  = {max_err(dw, dw_ref)}"
           f"  (sum over {args.batch * args.rows} rows)")
 
     def timed(fn, *a):

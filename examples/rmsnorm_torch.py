@@ -60,13 +60,19 @@ def main() -> None:
     y64 = theirs(x64)
     y64.backward(dy.double())
 
+    eps_dtype = torch.finfo(dtype).eps
+
     def max_err(a, b):
-        return (a.detach().cpu().double() - b.detach()).abs().max().item()
+        """Largest error, and that error relative to max |reference| in units of the dtype's
+        epsilon (≈ 1 for a correctly rounded result at the largest value)."""
+        err = (a.detach().cpu().double() - b.detach()).abs().max().item()
+        scale = b.detach().abs().max().item() or 1.0
+        return f"{err:.3e}  ({err / scale / eps_dtype:.2f} eps of max |ref|)"
 
     print(f"device: {where}; x {tuple(shape)} {args.dtype}")
-    print(f"max |y - torch.nn.RMSNorm|        = {max_err(y, y64):.3e}")
-    print(f"max |dx - torch.nn.RMSNorm|       = {max_err(x_dev.grad, x64.grad):.3e}")
-    print(f"max |dweight - torch.nn.RMSNorm|  = {max_err(ours.weight.grad, theirs.weight.grad):.3e}"
+    print(f"max |y - torch.nn.RMSNorm|        = {max_err(y, y64)}")
+    print(f"max |dx - torch.nn.RMSNorm|       = {max_err(x_dev.grad, x64.grad)}")
+    print(f"max |dweight - torch.nn.RMSNorm|  = {max_err(ours.weight.grad, theirs.weight.grad)}"
           f"  (sum over {args.batch * args.rows} rows)")
 
     def timed(fn):
