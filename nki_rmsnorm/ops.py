@@ -30,6 +30,7 @@ import ml_dtypes
 import numpy as np
 
 from nki_rmsnorm import kernels
+from nki_rmsnorm.kernels.rmsnorm_bwd import MAX_HIDDEN as MAX_HIDDEN_BWD
 from nki_rmsnorm.reference import CASTING_MODES
 
 __all__ = ["KERNEL_DTYPES", "rms_norm", "rms_norm_bwd", "rms_norm_fwd"]
@@ -133,6 +134,9 @@ def rms_norm_bwd(dy, x_or_h, weight, rstd, *, offset=0.0, has_bias=False, dh_out
     n = x.shape[-1]
     if n == 0:
         raise ValueError(f"x_or_h must have a non-empty last dimension, got shape {x.shape}")
+    if n > MAX_HIDDEN_BWD:
+        raise ValueError(f"x_or_h has hidden size N={n}; the backward kernel supports "
+                         f"N <= {MAX_HIDDEN_BWD} (its dweight/dbias accumulators live in PSUM)")
     dy = _kernel_array(dy, "dy")
     if dy.shape != x.shape:
         raise ValueError(f"dy must have x_or_h's shape {x.shape}, got {dy.shape}")

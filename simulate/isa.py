@@ -192,10 +192,11 @@ def activation(op, data, *, bias=None, scale=1.0, reduce_op=None, reduce_res=Non
     if m is False:
         return _skipped(src.shape, out_dtype)
     x = work_f32(src, out_dtype)
-    if scale_op is not None or scale_v != 1.0:
-        np.multiply(x, _per_partition(scale_v, x.ndim), out=x)
-    if bias_op is not None:
-        np.add(x, _per_partition(bias_v, x.ndim), out=x)
+    with np.errstate(all="ignore"):  # inf·0 and overflow are values here, not errors
+        if scale_op is not None or scale_v != 1.0:
+            np.multiply(x, _per_partition(scale_v, x.ndim), out=x)
+        if bias_op is not None:
+            np.add(x, _per_partition(bias_v, x.ndim), out=x)
     values = spec.apply(x, out=x)
     details = {"op": spec.name}
     extra = ()

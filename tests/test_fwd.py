@@ -49,7 +49,7 @@ import pytest
 import simulate
 from nki_rmsnorm import reference as ref
 from nki_rmsnorm.kernels import rmsnorm_fwd
-from nki_rmsnorm.kernels.rmsnorm_fwd import make_plan
+from nki_rmsnorm.kernels.rmsnorm_fwd import choose_layout, make_plan
 
 FP32, FP16 = np.dtype(np.float32), np.dtype(np.float16)
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -92,6 +92,26 @@ def _run(x, weight=None, bias=None, residual=None, eps=EPS, offset=0.0, casting_
     """Simulate the kernel: ``(outputs, trace)``."""
     return simulate.trace_kernel(rmsnorm_fwd, x, weight, bias, residual, eps, offset,
                                  casting_mode, out_dtype, target=target)
+
+
+def _layout(inputs, casting_mode="gemma", target="trn1"):
+    """The layout the kernel picks for ``inputs`` on ``target`` (pure Python)."""
+    x, w, b, r = (inputs[k] for k in ("x", "weight", "bias", "residual"))
+    spec = simulate.get_target(target)
+    plan = make_plan(x.dtype, None if w is None else w.dtype, None if b is None else b.dtype,
+                     None if r is None else r.dtype, inputs["offset"], casting_mode, None,
+                     tensor_engine=spec.nc_version >= 3)
+    return choose_layout(plan, *x.shape, spec.sbuf_bytes_per_partition)
+
+
+def _streamed_bytes(inputs):
+    """Bytes of the (M, N) inputs: x and the residual."""
+    return sum(inputs[k].nbytes for k in ("x", "residual") if inputs[k] is not None)
+
+
+def _parameter_bytes(inputs):
+    """Bytes of the weight and bias."""
+    return sum(inputs[k].nbytes for k in ("weight", "bias") if inputs[k] is not None)
 
 
 def _term_magnitude(x, weight, bias, residual, offset, eps):
@@ -222,20 +242,34 @@ def test_dtypes_and_modes(rng, dtype, casting_mode, weight_dtype):
 
 @pytest.mark.parametrize("casting_mode", ref.CASTING_MODES)
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
-def test_hidden_tiled_path_with_every_option(rng, dtype, casting_mode):
-    """N = 20000 does not fit SBUF with all options: statistics pass, then scale pass,
-    over column chunks with a ragged last chunk and a ragged last row tile."""
+def test_long_rows_with_every_option(rng, dtype, casting_mode):
+    """N = 20000 with every option is too long for two row tiles on trn1: one row tile
+    stays on chip, worked through in column chunks (a ragged last chunk and a ragged last
+    row tile); x and the residual are still read once."""
     inputs = _inputs(rng, 130, 20000, DTYPES[dtype], bias=True, residual=True, offset=1.0)
+    assert _layout(inputs, casting_mode).regime == "long"
     trace = check_forward(inputs, casting_mode)
     read, _ = trace.hbm_bytes()
-    assert read > 2 * inputs["x"].nbytes, "expected the two-pass path (x read twice)"
+    tiles = 2  # the weight and bias are read once per row tile
+    assert read == _streamed_bytes(inputs) + tiles * _parameter_bytes(inputs)
 
 
 @pytest.mark.parametrize("options", OPTION_SETS, ids=list(OPTION_SETS))
-def test_hidden_tiled_path_options(rng, options):
+def test_long_rows_options(rng, options):
     inputs = _inputs(rng, 3, 40000, BF16, **OPTION_SETS[options])
+    assert _layout(inputs, "llama").regime == "long"
     trace = check_forward(inputs, "llama")
-    assert trace.hbm_bytes()[0] >= 2 * inputs["x"].nbytes, "expected the two-pass path"
+    assert trace.hbm_bytes()[0] == _streamed_bytes(inputs) + _parameter_bytes(inputs)
+
+
+@pytest.mark.parametrize("residual", [False, True])
+def test_two_pass_reads_x_twice(rng, residual):
+    """fp32 rows of 65536 with a bias and an offset fit neither two row tiles nor one: the
+    statistics pass and the output pass each read x (and the residual)."""
+    inputs = _inputs(rng, 3, 65536, FP32, bias=True, residual=residual, offset=1.0)
+    assert _layout(inputs).regime == "two_pass"
+    trace = check_forward(inputs)
+    assert trace.hbm_bytes()[0] == 2 * _streamed_bytes(inputs) + _parameter_bytes(inputs)
 
 
 @pytest.mark.parametrize("casting_mode", ref.CASTING_MODES)
@@ -279,17 +313,88 @@ def test_rows_that_fit_are_read_and_written_once(rng, residual):
 @pytest.mark.parametrize("target", ["trn1", "trn2", "trn3"])
 def test_plan_matches_the_simulated_sbuf(rng, target):
     """At the widest N the plan keeps resident, the kernel runs within the target's SBUF
-    and reads x once; one step wider it switches to hidden tiling."""
-    budget = simulate.get_target(target).sbuf_bytes_per_partition
-    plan = make_plan(BF16, FP32, None, None, 1.0, "gemma", None)
-    n = max(n for n in range(8192, 32768, 16) if plan.fits_rows(n, budget))
+    and reads x once; one step wider it switches regime."""
+    spec = simulate.get_target(target)
+    budget = spec.sbuf_bytes_per_partition
+    plan = make_plan(BF16, FP32, None, None, 1.0, "gemma", None,
+                     tensor_engine=spec.nc_version >= 3)
+    n = max(n for n in range(8192, 32768, 16) if plan.fits_rows(n, 1, budget))
     x = _data(rng, (2, n), BF16)
     w = rng.normal(0.0, 0.2, n).astype(np.float32)
     (y, rstd), trace = _run(x, w, offset=1.0, target=target)
     assert trace.sbuf_peak_bytes_per_partition <= budget
     assert trace.hbm_bytes()[0] == x.nbytes + w.nbytes
     assert_y_close(y, ref.rms_norm(x, w, EPS, offset=1.0), BF16, "gemma")
-    assert not plan.fits_rows(n + 16, budget)
+    assert not plan.fits_rows(n + 16, 1, budget)
+
+
+# ---------------------------------------------------------------------------------------------
+# Regimes and engine plans per target (the tests above run on the default target, trn1)
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("casting_mode", ref.CASTING_MODES)
+@pytest.mark.parametrize("options", OPTION_SETS, ids=list(OPTION_SETS))
+def test_options_on_trn2(rng, options, casting_mode):
+    """gemma with a weight: rstd ⊗ w on the Tensor engine; the rest on the Vector engine."""
+    check_forward(_inputs(rng, 129, 700, BF16, **OPTION_SETS[options]), casting_mode,
+                  target="trn2")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("weight_dtype", ["fp32", "input"])
+@pytest.mark.parametrize("offset", [0.0, 1.0])
+def test_tensor_engine_weights_on_trn2(rng, dtype, weight_dtype, offset):
+    """Three bf16 pieces of rstd against a bf16 weight, or fp32 rstd against an fp32
+    weight (+ offset): still one gemma rounding."""
+    x_dtype = DTYPES[dtype]
+    inputs = _inputs(rng, 130, 600, x_dtype, offset=offset,
+                     weight_dtype=FP32 if weight_dtype == "fp32" else x_dtype)
+    plan = make_plan(x_dtype, inputs["weight"].dtype, None, None, offset, "gemma", None,
+                     tensor_engine=True)
+    assert plan.product_engine == "tensor"
+    assert plan.rstd_pieces == (3 if x_dtype == BF16 and weight_dtype == "input"
+                                and not offset else 1)
+    check_forward(inputs, target="trn2")
+
+
+@pytest.mark.parametrize("target", ["trn1", "trn2"])
+@pytest.mark.parametrize("residual", [False, True])
+def test_several_rows_per_partition(rng, target, residual):
+    """Short rows: two consecutive rows per partition in each tile (one DMA moves both),
+    a ragged last tile, x read once."""
+    inputs = _inputs(rng, 4100, 256, BF16, weight_dtype=BF16, bias=True, residual=residual)
+    assert _layout(inputs, target=target).rows_per_partition == 2
+    trace = check_forward(inputs, target=target)
+    assert trace.hbm_bytes()[0] == _streamed_bytes(inputs) + _parameter_bytes(inputs)
+
+
+@pytest.mark.parametrize("casting_mode", ref.CASTING_MODES)
+@pytest.mark.parametrize("options", ["w", "w_offset_bias_res", "bias", "plain"])
+@pytest.mark.parametrize("M", [3, 130])
+def test_split_rows_on_trn2(rng, M, options, casting_mode):
+    """N = 40000 is too long for whole rows: each row is spread over 16 partitions (2500
+    columns each), statistics combined across them; x and the residual read once, the
+    weight and bias at most three times (the Tensor engine's moving rows)."""
+    inputs = _inputs(rng, M, 40000, BF16, weight_dtype=BF16, **OPTION_SETS[options])
+    layout = _layout(inputs, casting_mode, target="trn2")
+    assert (layout.regime, layout.segments) == ("split", 16)
+    trace = check_forward(inputs, casting_mode, target="trn2")
+    read = trace.hbm_bytes()[0]
+    assert _streamed_bytes(inputs) < read <= _streamed_bytes(inputs) + 3 * _parameter_bytes(
+        inputs) or (read == _streamed_bytes(inputs) and not _parameter_bytes(inputs))
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+def test_split_rows_dtypes_on_trn2(rng, dtype):
+    inputs = _inputs(rng, 20, 40000, DTYPES[dtype], bias=True, residual=True, offset=0.5)
+    assert _layout(inputs, target="trn2").regime == "split"
+    check_forward(inputs, target="trn2")
+
+
+@pytest.mark.parametrize("N", [700, 40000])
+def test_trn3(rng, N):
+    check_forward(_inputs(rng, 129, N, BF16, weight_dtype=BF16, residual=True), target="trn3")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -297,14 +402,15 @@ def test_plan_matches_the_simulated_sbuf(rng, target):
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("target", ["trn1", "trn2"])
 @pytest.mark.parametrize("N", [1000, 20000])
-def test_batch_invariance(rng, N):
+def test_batch_invariance(rng, N, target):
     """A row's y and rstd are bitwise the same whatever batch (and tile position) it is in."""
     inputs = _inputs(rng, 200, N, BF16, bias=True, residual=True, offset=1.0)
-    full = _run(**inputs)[0]
+    full = _run(**inputs, target=target)[0]
     for rows in (slice(3, 4), slice(70, 199), slice(128, 200)):
         part = _run(**{k: (v[rows] if k in ("x", "residual") else v)
-                       for k, v in inputs.items()})[0]
+                       for k, v in inputs.items()}, target=target)[0]
         for got, want in zip(part, full):
             np.testing.assert_array_equal(got, want[rows])
 
@@ -326,16 +432,18 @@ def test_zero_row_is_finite(rng, casting_mode):
     check_forward(inputs, casting_mode)
 
 
-def test_eps_zero_on_a_zero_row_gives_inf_rstd_and_nan_y(rng):
+@pytest.mark.parametrize("target", ["trn1", "trn2"])
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_eps_zero_on_a_zero_row_gives_inf_rstd_and_nan_y(rng, dtype, target):
     """Documented behaviour: rstd = 1/sqrt(0) = inf and y = 0·inf = NaN for that row only."""
-    inputs = _inputs(rng, 20, 64, FP32)
+    inputs = _inputs(rng, 20, 64, DTYPES[dtype], weight_dtype=DTYPES[dtype])
     inputs["x"][7] = 0
-    (y, rstd), _ = _run(**inputs, eps=0.0)
-    assert np.isposinf(rstd[7]) and np.isnan(y[7]).all()
+    (y, rstd), _ = _run(**inputs, eps=0.0, target=target)
+    assert np.isposinf(rstd[7]) and np.isnan(y[7].astype(np.float32)).all()
     others = np.arange(20) != 7
     want_y, want_rstd = ref.rms_norm_fwd(inputs["x"], inputs["weight"], 0.0)
-    assert np.isfinite(y[others]).all()
-    assert_y_close(y[others], want_y[others], FP32, "gemma")
+    assert np.isfinite(y[others].astype(np.float32)).all()
+    assert_y_close(y[others], want_y[others], DTYPES[dtype], "gemma")
     np.testing.assert_allclose(rstd[others], want_rstd[others], rtol=RSTD_RTOL)
 
 
@@ -349,12 +457,15 @@ def test_fp16_values_whose_squares_overflow_fp16(rng):
     assert make_plan(FP16, FP16, None, None, 0.0, "gemma", None).squares_in == "scratch"
 
 
-@pytest.mark.parametrize("N", [300, 20000])
-def test_nan_in_one_row_leaves_the_others_untouched(rng, N):
-    inputs = _inputs(rng, 140, N, BF16, residual=True)
-    clean = _run(**inputs)[0]
+@pytest.mark.parametrize("target", ["trn1", "trn2"])
+@pytest.mark.parametrize("N", [300, 20000, 40000])
+def test_nan_in_one_row_leaves_the_others_untouched(rng, N, target):
+    """Also across the partitions a split row shares with its neighbours (trn2, N = 40000)
+    and the Tensor-engine transposes of rstd (trn2)."""
+    inputs = _inputs(rng, 140, N, BF16, weight_dtype=BF16, residual=True)
+    clean = _run(**inputs, target=target)[0]
     inputs["x"][131, N // 2] = np.nan
-    dirty = _run(**inputs)[0]
+    dirty = _run(**inputs, target=target)[0]
     rows = np.arange(140) != 131
     for got, want in zip(dirty, clean):
         np.testing.assert_array_equal(got[rows], want[rows])

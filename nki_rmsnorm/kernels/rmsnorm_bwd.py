@@ -1,118 +1,187 @@
 """RMSNorm backward kernel: ``dx``, ``dweight`` and ``dbias`` from the saved ``rstd``.
 
-Math (per row of length N; every statistic and intermediate in fp32)::
+Math (per row of length N; statistics and intermediates in fp32)::
 
-    x̂  = x · rstd                      g = dy · (w + offset)     (g = dy without a weight)
-    c  = mean(g · x̂)                   dx = rstd · (g − x̂ · c) + dh_out
-    dweight = Σ_rows dy · x̂            dbias = Σ_rows dy
+    w' = weight + offset (1 without a weight)     a  = rstd · w'   (outer product per tile)
+    p1 = dy · a                                   s  = Σ_j p1 · x
+    −k = −rstd² · s / N                           dx = p1 + (−k) · x  (+ dh_out)
+    dweight = Σ_rows rstd · (dy · x)              dbias = Σ_rows dy
 
+which is the usual ``dx = rstd · (g − x̂ · mean(g · x̂))`` with ``g = dy · w'`` and
+``x̂ = x · rstd``, rearranged so that every per-element step is one product or one sum.
 ``x`` is ``h`` when the forward pass added a residual; ``dh_out`` is the gradient flowing into
-that ``h`` output. In the "llama" and "none" casting modes the forward multiplied the weight by
-``x̂`` rounded to the input dtype, so there ``dweight = Σ_rows dy · round(x̂)`` (an fp32 input
-rounds to itself, so nothing extra runs for it); ``dx`` is the same in every mode.
+that ``h`` output. In the "llama" and "none" casting modes the forward multiplied the weight
+by ``x̂`` rounded to the input dtype, so there ``dweight = Σ_rows dy · round(x̂)``; ``dx`` is
+the same in every mode.
 
 Shapes and dtypes: ``dy``, ``x``, ``dh_out``: (M, N) in float32 / bfloat16 / float16;
-``weight``: (N,) float32 or x's dtype, or None; ``rstd``: (M,) float32. ``dx`` comes back in x's
-dtype, ``dweight`` in the weight's dtype, ``dbias`` in the weight's dtype (float32 without a
-weight). Hidden sizes 1 ≤ N ≤ ``MAX_HIDDEN`` (196,608), rows M ≥ 1.
+``weight``: (N,) float32 or x's dtype, or None; ``rstd``: (M,) float32. ``dx`` comes back in
+x's dtype (one rounding of an fp32 value), ``dweight`` and ``dbias`` in the weight's dtype
+(float32 without a weight). Rows M ≥ 1; hidden sizes 1 ≤ N ≤ ``MAX_HIDDEN`` (131,072), and
+a row too long for SBUF must be divisible by the power of two that folds it (see Tiling),
+otherwise a ``ValueError``: every N up to 19,967 (bf16) / 15,359 (fp32) on trn1 and inf2,
+24,063 / 18,431 on trn2 and 28,159 / 22,015 on trn3 fits unfolded.
 
-Tiling. Rows go on the partitions, 128 per row tile; a ragged last tile (M % 128 rows) runs
-the same code with fewer partitions, so no masks are needed and nothing beyond row M is read.
-The hidden axis is worked through in chunks of ``CHUNK_COLS`` columns (fp32 working tiles of
-8 KiB per partition), in two passes per row tile:
+Engines. Per element the kernel needs four products of two tiles (p1, p1 · x, dy · x and
+the dx sum). The Vector engine (DVE) takes N cycles (N = elements per partition) for one of
+them when one operand is in PSUM and 2N when both are in SBUF; GpSimd (Pool) takes 2N from
+SBUF and cannot read PSUM; the Scalar engine (ACT) takes N for a one-input pass and adds a
+row sum for free; the Tensor engine (PE) is otherwise idle. So PE and ACT put the second
+operand of the Vector engine's products into PSUM, and Pool takes the rest. Per column
+group of a row tile, in 512-column chunks (one fp32 PSUM bank each):
 
-1. statistic pass, per chunk: load dy and x (DMA); ``dy·x̂`` = (x·rstd)·dy (Vector,
-   ``scalar_tensor_tensor``); ``g·x̂`` = (w + offset)·(dy·x̂) (Vector, ``scalar_tensor_tensor``);
-   its row sum into one column of a per-chunk partials tile (Scalar, ``activation_reduce``).
-   The same pass feeds the parameter gradients: per 128-column block, the column sums of
-   ``dy·x̂`` (fp32, dweight) and of ``dy`` (its own dtype, dbias) are added into fp32 PSUM
-   accumulators by an ``nc_matmul`` of the block (stationary) with a ones vector (moving) on
-   the Tensor engine, which is also the cross-partition reduction; nothing is accumulated in
-   SBUF.
-   In llama/none mode ``round(x̂)`` comes from one Scalar ``activation`` (x·rstd cast to the
-   input dtype) and ``dy·round(x̂)`` from one Vector ``tensor_tensor``.
-2. after the pass: ``k = rstd · Σ(g·x̂) / N`` (Vector ``tensor_reduce`` over the chunk partials,
-   ``tensor_scalar``).
-3. gradient pass, per chunk: ``g`` (Vector ``scalar_tensor_tensor``), ``t = g − x·k`` (Vector
-   ``scalar_tensor_tensor``), ``dx = rstd·t`` cast to x's dtype (Scalar ``activation``), or
-   ``rstd·t + dh_out`` (Vector ``scalar_tensor_tensor``) with a residual; store (DMA).
+====  ===================================================================================
+PE    ``a = rstd ⊗ w'`` into PSUM: three accumulating matmuls, one per bf16 part of the
+      tile's rstd (stationary), against w' split likewise (moving, ``kw`` rows per fold
+      segment; ``kw = 1`` for a bf16 weight without offset); the bf16 products are exact
+      and the sum is fp32, so ``a`` is fp32-accurate
+Pool  ``q = dy · x`` from SBUF (exact for 2-byte inputs; ``dy · round(x̂)`` in llama /
+      none, with ``round(x̂) = x · rstd`` rounded by ACT)
+DVE   ``p1 = dy · a``, kept in SBUF for the gradient pass
+DVE   ``p1 · x = q · a`` for a share of the chunks (in llama / none ``p1 · x`` with x copied
+      into PSUM by ACT); Pool ``p1 · x`` from SBUF for the rest
+ACT   row sums of ``p1 · x`` (``activation_reduce``); at the end of the tile
+      ``−k = −rstd²/N · s`` in one more reduction
+PE    ``dweight += qᵀ · rstd`` per 128 columns (the tile's rstd column as the moving
+      operand gives the row scaling and the sum over rows for free) into an fp32 PSUM
+      accumulator kept for the whole kernel; ``dbias += dyᵀ · 1`` likewise
+ACT   ``−k · x`` into PSUM (gradient pass)
+DVE   ``dx = p1 + (−k · x)`` rounded to x's dtype (Pool adds dh_out); DMA stores it
+====  ===================================================================================
 
-Residency, decided from N and the dtypes only (the SBUF budget is
-``nl.tile_size.total_available_sbuf_size`` per partition, 176 KiB on trn1/inf2 and the figure
-the simulator reports for every target, less ``CHUNK_SCRATCH_BYTES`` for the chunk working
-tiles); the figures below are for that budget:
+No tile of data passes through a matmul (only rstd, the weight and the products that are
+summed over rows anyway): a matmul multiplies every element by the zeros of the other
+operand, and 0 · NaN would spread a NaN or Inf of one row to the others.
 
-* dy and x rows stay in SBUF between the two passes when ``2·e·N`` bytes fit next to the
-  scratch (e = x's item size): each element of dy and x is then read from HBM once. Otherwise
-  (bf16 N > 32,768, fp32 N > 16,384 on trn1) the gradient pass loads them again: 4·e·M·N
-  instead of 2·e·M·N bytes read for them, ≈ 1.67× the minimal traffic of the kernel.
-* the weight is broadcast across the partitions once (``broadcast_to``) and kept when its
-  ``e_w·N`` bytes fit as well (bf16 rows and weight: N ≤ 21,845; fp32: N ≤ 10,922);
-  otherwise each chunk of it is loaded (e_w·N bytes per row tile and pass) and broadcast
-  where it is used.
+The shares follow the cost model's port rules. On NeuronCore-v2 (trn1, inf2) the Vector and
+GpSimd engines share the SBUF port and the Vector and Scalar engines the PSUM port, so DVE
+computes all of ``p1 · x`` (3N per element, plus Pool's 2N on the same port) and ACT writes
+PSUM only for ``−k · x``. From v3 on (trn2, trn3) the engines run independently and
+``DVE_P1X_SHARE`` balances them: on trn2 DVE takes half of ``p1 · x`` (2.5N cycles at
+0.96 GHz) and Pool the other half next to ``q`` (3N at 1.2 GHz); on trn3, where both run at
+1.2 GHz, DVE takes three quarters.
 
-The parameter-gradient accumulators hold column block j (columns 128·j … 128·j + 127) in PSUM
-column j, one 2 KiB bank per 65,536 columns (at most 3 banks each, hence ``MAX_HIDDEN``); after
-the last row tile they are rounded to the parameter dtype once (Vector copy out of PSUM) and
-stored with a strided DMA (element (p, j) to column 128·j + p).
+Tiling. Rows go on the partitions, 128 per row tile (a ragged last tile uses fewer), and the
+row is worked through in column groups of ``G`` (2048, 1024 or 512) columns. A row whose
+working set does not fit SBUF is folded: ``x`` is viewed as (M·f, N/f), a reshape, so each
+row spreads over ``f`` consecutive partitions and one DMA still covers 128 partitions; the
+row statistic then adds the f partial sums with two small on-chip DMAs per row tile (no
+arithmetic across rows), and the parameter gradients keep one accumulator column per fold
+segment. ``f`` (the smallest power of two ≤ 32 dividing N that fits), ``G`` and the ring
+length depend on N, the dtypes and the target only, never on M. bf16 (gemma, bf16 weight)
+folds at N ≥ 20,224 on trn1 / inf2, 24,320 on trn2 and 28,416 on trn3 (f = 2; f = 4 from
+twice that, and so on).
+
+The two passes of a row tile are software-pipelined: the loop body runs the statistic pass
+of row tile t and the gradient pass of row tile t − 1 group by group (the instruction
+streams interleave them, so every engine always has independent work). ``p1`` and ``x`` live
+in a ring of group slots, up to two row tiles plus ``MAX_SLACK`` groups, so that loads run
+ahead of the gradient pass that frees their slots: each element of dy, x and dh_out is read
+from HBM once and dx written once; the last row tile's column sums are stored group by group
+as soon as they are final, during the last gradient pass. rstd's per-tile operands (the bf16
+rows of ``a``'s stationary, the fp32 columns rstd and −rstd²/N) come from a small HBM table
+built once at the start with the row tiles on the partitions (no transposes), two small
+loads per row tile.
 
 Determinism and batch invariance: every reduction has a fixed order that depends only on N
-(chunk partials summed in chunk order; PSUM accumulation in row-tile order), so two runs give
-bitwise identical results, and a row's ``dx`` never depends on the other rows or on M.
-A NaN in a row makes that row's ``dx`` NaN and, through the column sums, ``dweight``; the other
-rows' ``dx`` are untouched.
+(group partials summed in group order, then the fold segments; PSUM accumulation in row-tile
+order), so two runs give bitwise identical results, and a row's ``dx`` never depends on the
+other rows or on M. A NaN in a row makes that row's ``dx`` NaN and, through the column sums,
+``dweight``; the other rows' ``dx`` are untouched.
 """
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
+import numpy as np
+
+from nki_rmsnorm.kernels.rmsnorm_bwd_streamed import streamed_backward
 from nki_rmsnorm.nki import nisa, nki, nl
 
-#: Columns of one fp32 working tile: 8 KiB per partition, large enough to amortise the fixed
-#: cost of an instruction and small enough to leave SBUF to the resident rows.
-CHUNK_COLS = 2048
-#: SBUF bytes per partition kept for the working tiles of one chunk next to the resident rows
-#: and weight. The simulator measures at most ≈ 33 KiB live for them (fp32 rows with a streamed
-#: fp32 weight); the rest is headroom for the compiler's extra buffers.
-CHUNK_SCRATCH_BYTES = 48 * 1024
-#: fp32 columns in one 2 KiB PSUM bank: each accumulator bank covers 512 · 128 columns.
+#: Columns of one fp32 PSUM bank: the width of every instruction with a PSUM operand.
+CHUNK = 512
+#: Column-group widths tried, widest first (wider groups amortise the per-instruction cost
+#: of the Scalar reduction and the GpSimd products; narrower ones need less SBUF).
+GROUP_WIDTHS = (2048, 1024, 512)
+#: Column groups of look-ahead the ring may hold beyond two row tiles.
+MAX_SLACK = 2
+#: Share of the p1·x chunks the Vector engine takes, by NeuronCore version; GpSimd takes the
+#: rest next to dy·x. v2: all (the two share the SBUF port); v3: half (GpSimd's clock is
+#: 25 % faster than the Vector engine's); v4: three quarters (same clocks).
+DVE_P1X_SHARE = {2: 1.0, 3: 0.5, 4: 0.75}
+#: Folds tried (partitions per row), smallest first.
+FOLDS = (1, 2, 4, 8, 16, 32)
+#: bf16 parts of an fp32 value (8 + 8 + 8 mantissa bits).
+SPLIT = 3
+#: SBUF bytes per partition kept for the constants and per-tile columns.
+RESERVED_BYTES = 4 * 1024
+#: fp32 columns in one 2 KiB PSUM bank.
 PSUM_BANK_COLS = 512
-#: Largest hidden size: 3 PSUM banks each for the dweight and dbias accumulators, 2 of the 8
-#: banks left for the matmul results in flight.
-MAX_HIDDEN = 3 * PSUM_BANK_COLS * 128
+#: PSUM banks each parameter-gradient accumulator may use (2 each for dweight and dbias, the
+#: rest for the chunk operands a, −k·x and llama's x copy).
+ACC_BANKS = 2
+#: Largest hidden size: one accumulator column per 128 columns of the row.
+MAX_HIDDEN = ACC_BANKS * PSUM_BANK_COLS * 128
 
 
 class _Plan(NamedTuple):
-    """Static choices of one launch. They depend on N and the dtypes only, never on M, so a
-    row's arithmetic is the same whatever the batch."""
+    """Static choices of one launch; they depend on N, the dtypes and the target only."""
 
-    rows_resident: bool  # dy and x rows stay in SBUF between the two passes
-    weight_resident: bool  # the broadcast weight stays in SBUF for the whole kernel
-    round_xhat: bool  # dweight uses x̂ rounded to the input dtype (llama / none, narrow x)
-    n_chunks: int  # column chunks of CHUNK_COLS per row
+    fold: int  # partitions per row
+    width: int  # L = N / fold: columns of a view row
+    group: int  # G: columns per group
+    n_groups: int
+    ring: int  # group slots of p1 and x
+    kw: int  # bf16 parts of w' (1: a bf16 weight without offset)
+    dve_p1x_share: float  # share of a group's p1·x chunks the Vector engine computes
+    round_xhat: bool  # llama / none with a 2-byte x: dweight uses round(x̂)
 
-
-class _Inputs(NamedTuple):
-    """The kernel's HBM operands and scalars, plus the resident weight broadcast (or None)."""
-
-    dy: object
-    x: object
-    weight: object
-    w_all: object
-    rstd: object  # (M, 1) view
-    dh_out: object
-    offset: float
+    @property
+    def stationary_rows(self) -> int:
+        """Contraction rows of ``a``'s matmuls: one per bf16 part of w' and fold segment."""
+        return self.kw * self.fold
 
 
-class _ParamGrads(NamedTuple):
-    """PSUM column-sum accumulators (None when not wanted) and the ones vectors that feed
-    them to the Tensor engine."""
+def _make_plan(N, x_dtype, weight, offset, casting_mode, has_dh):
+    """The smallest fold, then the widest group and the longest ring, that fit the target's
+    SBUF; the engine shares. None when no power-of-two fold of N fits."""
+    e = np.dtype(x_dtype).itemsize
+    version = int(nisa.get_nc_version())
+    round_xhat = weight is not None and casting_mode != "gemma" and e == 2
+    bf16_weight = weight is not None and np.dtype(weight.dtype) == np.dtype(nl.bfloat16)
+    kw = 1 if weight is None or (bf16_weight and offset == 0.0) else SPLIT
+    budget = nl.tile_size.total_available_sbuf_size - RESERVED_BYTES
+    for fold in (f for f in FOLDS if N % f == 0):
+        width = N // fold
+        for group in GROUP_WIDTHS:
+            group = min(group, width)
+            n_groups = -(-width // group)
+            # per column of two groups in flight: dy, p1·x, dy·x, dx; round(x̂); with
+            # dh_out an fp32 dx before the sum and dh_out itself
+            scratch = 2 * group * (2 * e + 8 + (e if round_xhat else 0)
+                                   + (4 + e if has_dh else 0))
+            for slack in range(n_groups + MAX_SLACK, 0, -1):
+                ring = n_groups + slack
+                if ring * group * (4 + e) + 2 * width + scratch <= budget:
+                    return _Plan(fold, width, group, n_groups, ring, kw,
+                                 DVE_P1X_SHARE[min(version, 4)], round_xhat)
+    return None  # no fold fits: the streamed regime re-reads the rows instead
 
-    dweight: list | None
-    dbias: list | None
-    ones_f32: object
-    ones_dy: object
+
+class _Consts(NamedTuple):
+    """Tiles built once: the moving rows of w', fold masks, PSUM accumulators, the HBM
+    tables of per-tile rstd operands."""
+
+    w_rows: object  # (kw·fold, L) bf16
+    w_lazy: object  # the bf16 weight (HBM) whose rows the first row tile loads, or None
+    dweight_moving: object  # (P, fold) fp32 0/1 fold mask (llama / none), or None
+    dbias_moving: object  # (P, fold) 0/1 in dy's dtype, or None
+    dweight_acc: list | None
+    dbias_acc: list | None
+    table_rows: object  # HBM (tiles, kw·fold, SPLIT, P) bf16: each tile's stationary rows
+    table_cols: object  # HBM (tiles, P, n_cols) fp32: each tile's rstd columns
 
 
 @nki.jit
@@ -120,7 +189,6 @@ def rmsnorm_bwd(dy, x, weight, rstd, dh_out, offset, has_bias, casting_mode):
     """RMSNorm backward. Returns ``(dx,) + ((dweight,) if weight is not None) + ((dbias,)
     if has_bias)``; see the module docstring for the math, the tiling and the engines."""
     M, N = x.shape
-    P = nl.tile_size.pmax
     if N > MAX_HIDDEN:
         raise ValueError(f"rmsnorm_bwd: hidden size {N} exceeds the supported {MAX_HIDDEN}")
     param_dtype = nl.float32 if weight is None else weight.dtype
@@ -133,200 +201,336 @@ def rmsnorm_bwd(dy, x, weight, rstd, dh_out, offset, has_bias, casting_mode):
         dbias = nl.ndarray((N,), dtype=param_dtype, buffer=nl.shared_hbm)
         outputs += (dbias,)
 
-    plan = _make_plan(N, x, weight, casting_mode)
-    w_all = _broadcast_weight(weight) if plan.weight_resident else None
-    inputs = _Inputs(dy, x, weight, w_all, rstd.reshape((M, 1)), dh_out, offset)
-    grads = _ParamGrads(_column_sum_accumulators(N) if weight is not None else None,
-                        _column_sum_accumulators(N) if has_bias else None,
-                        nl.ones((P, 1), dtype=nl.float32), nl.ones((P, 1), dtype=dy.dtype))
+    plan = _make_plan(N, x.dtype, weight, offset, casting_mode, dh_out is not None)
+    if plan is None:
+        streamed_backward(dy, x, weight, rstd, dh_out, offset, has_bias, casting_mode, dx,
+                          dweight if weight is not None else None,
+                          dbias if has_bias else None)
+        return outputs
+    consts = _constants(plan, M, N, dy, weight, rstd, offset, has_bias)
+    f, L = plan.fold, plan.width
+    views = (dy.reshape((M * f, L)), x.reshape((M * f, L)), dx.reshape((M * f, L)),
+             None if dh_out is None else dh_out.reshape((M * f, L)))
+    P = nl.tile_size.pmax
+    p1_ring = [nl.ndarray((P, plan.group), dtype=nl.float32) for _ in range(plan.ring)]
+    x_ring = [nl.ndarray((P, plan.group), dtype=x.dtype) for _ in range(plan.ring)]
+    rings = (p1_ring, x_ring)
 
-    for tile in nl.affine_range(M // P):
-        _row_tile(plan, inputs, grads, dx, tile * P, P)
-    if M % P:
-        _row_tile(plan, inputs, grads, dx, M - M % P, M % P)
-
-    if weight is not None:
-        _store_column_sums(dweight, grads.dweight)
-    if has_bias:
-        _store_column_sums(dbias, grads.dbias)
+    # Software pipeline: statistic pass of tile t next to the gradient pass of tile t − 1.
+    n_tiles = -(-M * f // P)
+    last_outputs = (dweight if weight is not None else None, dbias if has_bias else None)
+    tiles = {}
+    for t in range(n_tiles + 1):
+        if t < n_tiles:
+            tiles[t] = _Tile(plan, consts, t, min(P, M * f - t * P))
+        for g in range(plan.n_groups):
+            if t < n_tiles:
+                column_terms = _statistic_group(plan, consts, views, rings, tiles[t], t, g)
+            if t > 0:
+                _gradient_group(plan, views, rings, tiles[t - 1], t - 1, g)
+            if t < n_tiles:
+                _column_sums_group(plan, consts, tiles[t], g, *column_terms,
+                                   last_outputs if t == n_tiles - 1 else (None, None))
+        if t < n_tiles:
+            _finish_statistic(plan, tiles[t])
+        tiles.pop(t - 1, None)
     return outputs
 
 
-def _make_plan(N, x, weight, casting_mode):
-    """Residency of the dy/x rows and of the broadcast weight in the SBUF budget left next to
-    the chunk scratch (rows first: they save HBM traffic), and the llama/none rounding."""
-    budget = nl.tile_size.total_available_sbuf_size - CHUNK_SCRATCH_BYTES
-    rows_bytes = 2 * x.itemsize * N
-    rows_resident = rows_bytes <= budget
-    kept = rows_bytes if rows_resident else 0
-    weight_resident = weight is not None and kept + weight.itemsize * N <= budget
-    round_xhat = casting_mode != "gemma" and x.dtype != nl.float32
-    return _Plan(rows_resident, weight_resident, round_xhat,
-                 (N + CHUNK_COLS - 1) // CHUNK_COLS)
-
-
-def _row_tile(plan, inputs, grads, dx, r0, rows):
-    """Both passes over rows r0 … r0+rows (one per partition), chunk by chunk."""
-    N = inputs.x.shape[1]
-    rstd_t = nl.load(inputs.rstd[nl.ds(r0, rows), :], dtype=nl.float32)
-    dy_row = x_row = None
-    if plan.rows_resident:
-        dy_row = nl.ndarray((rows, N), dtype=inputs.dy.dtype)
-        x_row = nl.ndarray((rows, N), dtype=inputs.x.dtype)
-    partials = nl.ndarray((rows, plan.n_chunks), dtype=nl.float32)
-    for c in nl.static_range(plan.n_chunks):
-        c0 = c * CHUNK_COLS
-        _statistic_chunk(plan, inputs, grads, r0, rows, c0, min(CHUNK_COLS, N - c0), rstd_t,
-                         dy_row, x_row, partials[:, c:c + 1])
-    # k = rstd · mean(g·x̂), so that dx = rstd · (g − x·k).
-    g_xhat_sum = partials
-    if plan.n_chunks > 1:
-        g_xhat_sum = nisa.tensor_reduce(nl.add, partials, axis=[1], dtype=nl.float32)
-    k = nisa.tensor_scalar(g_xhat_sum, nl.multiply, rstd_t, op1=nl.multiply, operand1=1.0 / N)
-    for c in nl.static_range(plan.n_chunks):
-        c0 = c * CHUNK_COLS
-        _gradient_chunk(inputs, dx, r0, rows, c0, min(CHUNK_COLS, N - c0), rstd_t, k, dy_row,
-                        x_row)
-
-
-def _statistic_chunk(plan, inputs, grads, r0, rows, c0, width, rstd_t, dy_row, x_row,
-                     partial_col):
-    """Pass 1 on one chunk: Σ g·x̂ into ``partial_col``; the dweight / dbias column sums.
-    With resident rows the chunk is loaded into them, for pass 2."""
-    dy_c = _load_chunk(inputs.dy, dy_row, r0, rows, c0, width)
-    x_c = _load_chunk(inputs.x, x_row, r0, rows, c0, width)
-    dy_xhat = nisa.scalar_tensor_tensor(data=x_c, op0=nl.multiply, operand0=rstd_t,
-                                        op1=nl.multiply, operand1=dy_c, dtype=nl.float32)
-    _row_sum_g_xhat(dy_xhat, _weight_chunk(inputs, rows, c0, width), inputs.offset,
-                    partial_col)
-    if grads.dweight is not None:
-        dw_terms = _dy_times_rounded_xhat(dy_c, x_c, rstd_t) if plan.round_xhat else dy_xhat
-        _accumulate_column_sums(grads.dweight, dw_terms, grads.ones_f32, c0)
-    if grads.dbias is not None:
-        _accumulate_column_sums(grads.dbias, dy_c, grads.ones_dy, c0)
-
-
-def _gradient_chunk(inputs, dx, r0, rows, c0, width, rstd_t, k, dy_row, x_row):
-    """Pass 2 on one chunk: dx from the resident rows (or loaded again), stored."""
-    if dy_row is not None:
-        dy_c = dy_row[:, c0:c0 + width]
-        x_c = x_row[:, c0:c0 + width]
-    else:
-        dy_c = _load_chunk(inputs.dy, None, r0, rows, c0, width)
-        x_c = _load_chunk(inputs.x, None, r0, rows, c0, width)
-    dh_c = None
-    if inputs.dh_out is not None:
-        dh_c = _load_chunk(inputs.dh_out, None, r0, rows, c0, width)
-    dx_c = _dx_chunk(dy_c, x_c, _weight_chunk(inputs, rows, c0, width), dh_c, inputs.offset,
-                     rstd_t, k, inputs.x.dtype)
-    nl.store(dx[nl.ds(r0, rows), nl.ds(c0, width)], value=dx_c)
-
-
-def _load_chunk(src, resident_row, r0, rows, c0, width):
-    """Load columns c0 … c0+width of rows r0 … r0+rows of ``src`` (DMA); when a resident row
-    buffer is given, into its slice, which is returned."""
-    chunk = nl.load(src[nl.ds(r0, rows), nl.ds(c0, width)])
-    if resident_row is None:
-        return chunk
-    resident_row[:, c0:c0 + width] = chunk
-    return resident_row[:, c0:c0 + width]
-
-
-def _broadcast_weight(weight):
-    """The weight replicated on every partition, (P, N) in its own dtype, chunk by chunk:
-    load (DMA) and partition broadcast (``broadcast_to``)."""
+# --- setup ---------------------------------------------------------------------------------
+def _constants(plan, M, N, dy, weight, rstd, offset, has_bias):
+    """The kernel's constants and accumulators (see ``_Consts``)."""
     P = nl.tile_size.pmax
-    N = weight.shape[0]
-    w_row = weight.reshape((1, N))
-    w_all = nl.ndarray((P, N), dtype=weight.dtype)
-    for c in nl.static_range((N + CHUNK_COLS - 1) // CHUNK_COLS):
-        c0 = c * CHUNK_COLS
-        width = min(CHUNK_COLS, N - c0)
-        w_all[:, c0:c0 + width] = nl.broadcast_to(nl.load(w_row[0:1, c0:c0 + width]),
-                                                  shape=(P, width))
-    return w_all
+    f = plan.fold
+    fold_mask = np.equal.outer(np.arange(P) % f, np.arange(f))
+    # llama / none: dweight sums dy·round(x̂) unscaled; gemma: the moving operand is the
+    # tile's rstd column (masked per fold segment), from the table
+    dweight_moving = None
+    if weight is not None and plan.round_xhat:
+        dweight_moving = nl.load(nl.shared_constant(fold_mask, dtype=nl.float32))
+    dbias_moving = None
+    if has_bias:
+        dbias_moving = nl.load(nl.shared_constant(fold_mask, dtype=dy.dtype))
+    n_cols = 2 + (f if (weight is not None and not plan.round_xhat and f > 1) else 0)
+    table_rows, table_cols = _rstd_tables(plan, M, N, rstd, n_cols)
+    return _Consts(_weight_rows(plan, N, weight, offset), weight if plan.kw == 1 else None,
+                   dweight_moving, dbias_moving,
+                   _column_sum_accumulators(plan) if weight is not None else None,
+                   _column_sum_accumulators(plan) if has_bias else None,
+                   table_rows, table_cols)
 
 
-def _weight_chunk(inputs, rows, c0, width):
-    """Columns c0 … c0+width of the weight on ``rows`` partitions (None without a weight): a
-    slice of the resident broadcast, or loaded and broadcast here when it does not stay."""
-    if inputs.weight is None:
-        return None
-    if inputs.w_all is not None:
-        return inputs.w_all[0:rows, c0:c0 + width]
-    w_row = inputs.weight.reshape((1, inputs.weight.shape[0]))
-    return nl.broadcast_to(nl.load(w_row[0:1, c0:c0 + width]), shape=(rows, width))
+def _bf16_parts(values):
+    """Three bf16 tiles whose fp32 sum is ``values`` (fp32) to its last bit (Vector)."""
+    parts = []
+    rest = values
+    for i in range(SPLIT):
+        part = nisa.tensor_copy(rest, dtype=nl.bfloat16)
+        parts.append(part)
+        if i < SPLIT - 1:
+            rest = nisa.tensor_tensor(rest, part, op=nl.subtract, dtype=nl.float32)
+    return parts
 
 
-def _scaled_grad(dy_c, w_c, offset):
-    """``g = (w + offset) · dy`` in fp32 (Vector ``scalar_tensor_tensor``; the offset is added
-    in fp32, not in the weight's dtype); ``dy`` itself without a weight."""
-    if w_c is None:
-        return dy_c
-    return nisa.scalar_tensor_tensor(data=w_c, op0=nl.add, operand0=offset, op1=nl.multiply,
-                                     operand1=dy_c, dtype=nl.float32)
+def _weight_rows(plan, N, weight, offset):
+    """The moving operand of ``a = rstd · w'``: row (b, h) holds bf16 part b of w' over
+    fold segment h (columns h·L … h·L + L − 1). A bf16 weight is its own single part and
+    is loaded group by group as the first row tile needs it (``_load_weight_group``);
+    otherwise w' is computed and split here."""
+    f, L = plan.fold, plan.width
+    if weight is None:
+        return nl.ones((f, L), dtype=nl.bfloat16)
+    rows = nl.ndarray((plan.kw * f, L), dtype=nl.bfloat16)
+    if plan.kw > 1:
+        # w' = weight + offset in fp32, split, on as many partitions as divide N
+        lanes = max(d for d in range(1, nl.tile_size.pmax + 1) if N % d == 0)
+        w = nl.load(weight.reshape((lanes, N // lanes)), dtype=nl.float32)
+        w_parts = _bf16_parts(nisa.tensor_scalar(w, nl.add, float(offset), dtype=nl.float32))
+        for b, part in enumerate(w_parts):
+            nisa.dma_copy(dst=rows[b * f:(b + 1) * f, :], src=part)
+    return rows
 
 
-def _row_sum_g_xhat(dy_xhat, w_c, offset, partial_col):
-    """``partial_col = Σ_chunk g·x̂ = Σ (w + offset)·(dy·x̂)``: the product on the Vector
-    engine, the row sum by the Scalar engine's reduction (an fp32 identity ``activation``)."""
-    g_xhat = _scaled_grad(dy_xhat, w_c, offset)
-    nisa.activation_reduce(op=nl.copy, data=g_xhat, reduce_op=nl.add, reduce_res=partial_col,
-                           dtype=nl.float32)
+def _load_weight_group(plan, rows, weight, g0, width):
+    """Columns g0 … g0+width of the bf16 weight rows (one row per fold segment)."""
+    f, L = plan.fold, plan.width
+    rows[:, g0:g0 + width] = nl.load(weight.reshape((f, L))[:, g0:g0 + width])
 
 
-def _dy_times_rounded_xhat(dy_c, x_c, rstd_t):
-    """``dy · round(x̂)`` in fp32 for llama/none mode: x·rstd rounded to the input dtype
-    (Scalar ``activation``), times dy (Vector ``tensor_tensor``)."""
-    xhat_rounded = nisa.activation(op=nl.copy, data=x_c, scale=rstd_t, dtype=x_c.dtype)
-    return nisa.tensor_tensor(dy_c, xhat_rounded, op=nl.multiply, dtype=nl.float32)
+def _rstd_tables(plan, M, N, rstd, n_cols):
+    """HBM tables, one entry per row tile: the stationary rows of ``a = rstd · w'`` (row
+    (b, h) of part a: bf16 part a of rstd at the partitions of fold segment h, zero
+    elsewhere, repeated for each part b of w') and the fp32 columns (rstd and −rstd²/N per
+    partition; with a gemma fold also rstd masked per segment, the moving operand of
+    dweight). Built from rstd laid out with the row tiles on the partitions, so every step
+    stays within one row."""
+    P = nl.tile_size.pmax
+    f, K = plan.fold, plan.stationary_rows
+    R = P // f
+    n_tiles = -(-M // R)
+    table_rows = nl.ndarray((n_tiles, K, SPLIT, P), dtype=nl.bfloat16,
+                            buffer=nl.private_hbm)
+    table_cols = nl.ndarray((n_tiles, P, n_cols), dtype=nl.float32, buffer=nl.private_hbm)
+    for t0 in range(0, n_tiles, P):
+        nt = min(P, n_tiles - t0)
+        full = min(nt, (M - t0 * R) // R)
+        r_t = nl.zeros((nt, R), dtype=nl.float32)
+        if full:
+            r_t[0:full, :] = nl.load(rstd[t0 * R:(t0 + full) * R].reshape((full, R)))
+        if full < nt:
+            rest = M - (t0 + full) * R
+            r_t[full:nt, 0:rest] = nl.load(rstd[(t0 + full) * R:M].reshape((1, rest)))
+        rows = nl.zeros((nt, K, SPLIT, P), dtype=nl.bfloat16)
+        for a, part in enumerate(_bf16_parts(r_t)):
+            for b in range(plan.kw):
+                for h in range(f):
+                    rows[:, b * f + h, a, h::f] = nisa.tensor_copy(part)
+        nl.store(table_rows[t0:t0 + nt], value=rows)
+        neg_scale = nisa.scalar_tensor_tensor(data=r_t, op0=nl.multiply, operand0=-1.0 / N,
+                                              op1=nl.multiply, operand1=r_t,
+                                              dtype=nl.float32)
+        cols = nl.zeros((nt, P, n_cols), dtype=nl.float32)
+        for h in range(f):
+            cols[:, h::f, 0] = nisa.tensor_copy(r_t)
+            cols[:, h::f, 1] = nisa.tensor_copy(neg_scale)
+            if n_cols > 2:
+                cols[:, h::f, 2 + h] = nisa.tensor_copy(r_t)
+        nl.store(table_cols[t0:t0 + nt], value=cols)
+    return table_rows, table_cols
 
 
-def _dx_chunk(dy_c, x_c, w_c, dh_c, offset, rstd_t, k, out_dtype):
-    """``dx = rstd · (g − x·k) (+ dh_out)`` for one chunk, rounded once to ``out_dtype``:
-    ``g − x·k`` on the Vector engine, then the rstd scale on the Scalar engine, or fused with
-    the dh_out add on the Vector engine."""
-    t = nisa.scalar_tensor_tensor(data=x_c, op0=nl.multiply, operand0=k, op1=nl.subtract,
-                                  operand1=_scaled_grad(dy_c, w_c, offset), reverse1=True,
+def _column_sum_accumulators(plan):
+    """Zeroed fp32 PSUM tiles for column sums, ``(P, n_groups · G/128 · fold)`` split into
+    banks: see ``_accumulate_column_sums`` for the layout."""
+    P = nl.tile_size.pmax
+    n = plan.n_groups * (-(-plan.group // P)) * plan.fold
+    return [nl.zeros((P, min(PSUM_BANK_COLS, n - c0)), dtype=nl.float32, buffer=nl.psum)
+            for c0 in range(0, n, PSUM_BANK_COLS)]
+
+
+# --- the pipeline steps ---------------------------------------------------------------------
+class _Tile:
+    """A row tile's operands, carried from its statistic pass to its gradient pass."""
+
+    __slots__ = ("v0", "p", "rows", "cols", "partials", "negk")
+
+    def __init__(self, plan, consts, t, p):
+        self.v0 = t * nl.tile_size.pmax  # first view row
+        self.p = p  # partitions (view rows) in use
+        # (kw·fold, SPLIT, p) bf16: the stationary rows of a = rstd · w'
+        self.rows = nl.load(consts.table_rows[t])[:, :, 0:p]
+        # (p, n_cols) fp32: rstd, −rstd²/N, then (gemma fold) rstd in the column of the
+        # partition's fold segment, the moving operand of dweight
+        self.cols = nl.load(consts.table_cols[t])[0:p, :]
+        self.partials = nl.ndarray((p, plan.n_groups), dtype=nl.float32)
+        self.negk = None  # (p, 1) fp32 −k, once the statistic pass is done
+
+
+def _slot(plan, t, g):
+    return (t * plan.n_groups + g) % plan.ring
+
+
+def _statistic_group(plan, consts, views, rings, tile, t, g):
+    """Statistic pass over column group g of row tile t: p1 into the ring, the row-sum
+    partial of p1·x, and the products whose column sums give dweight (returned, with dy,
+    for ``_column_sums_group``)."""
+    dy_v, x_v = views[0], views[1]
+    p, g0 = tile.p, g * plan.group
+    width = min(plan.group, plan.width - g0)
+    slot = _slot(plan, t, g)
+    p1 = rings[0][slot][0:p, 0:width]
+    xs = rings[1][slot][0:p, 0:width]
+    dy_g = nl.load(dy_v[nl.ds(tile.v0, p), nl.ds(g0, width)])
+    xs[...] = nl.load(x_v[nl.ds(tile.v0, p), nl.ds(g0, width)])
+    if t == 0 and consts.w_lazy is not None:
+        _load_weight_group(plan, consts.w_rows, consts.w_lazy, g0, width)
+    dw_x = xs
+    if plan.round_xhat:
+        dw_x = nisa.activation(op=nl.copy, data=xs, scale=tile.cols[:, 0:1], dtype=xs.dtype)
+    n_chunks = -(-width // CHUNK)
+    split = min(width, math.ceil(n_chunks * plan.dve_p1x_share) * CHUNK)
+    # GpSimd: dy·x (for dweight and, in gemma mode, for the Vector engine's p1·x =
+    # (dy·x)·a), first the columns the Vector engine needs
+    dydx = nl.ndarray((p, width), dtype=nl.float32)
+    for lo, hi in ((0, split), (split, width)):
+        if lo < hi:
+            dydx[:, lo:hi] = nisa.tensor_tensor(dy_g[:, lo:hi], dw_x[:, lo:hi], op=nl.multiply,
+                                                dtype=nl.float32, engine=nisa.gpsimd_engine)
+    p1x = nl.ndarray((p, width), dtype=nl.float32)
+    for c in range(n_chunks):
+        lo, hi = c * CHUNK, min(width, (c + 1) * CHUNK)
+        a = _outer_product(tile.rows, consts.w_rows[:, g0 + lo:g0 + hi])
+        p1[:, lo:hi] = nisa.tensor_tensor(dy_g[:, lo:hi], a, op=nl.multiply,
+                                          dtype=nl.float32)
+        if hi <= split:
+            if plan.round_xhat:  # dy·round(x̂) is not dy·x: copy x into PSUM (Scalar)
+                x_ps = nl.ndarray((p, hi - lo), dtype=nl.float32, buffer=nl.psum)
+                x_ps[...] = nisa.activation(op=nl.copy, data=xs[:, lo:hi], dtype=nl.float32)
+                p1x[:, lo:hi] = nisa.tensor_tensor(p1[:, lo:hi], x_ps, op=nl.multiply,
+                                                   dtype=nl.float32)
+            else:
+                p1x[:, lo:hi] = nisa.tensor_tensor(dydx[:, lo:hi], a, op=nl.multiply,
+                                                   dtype=nl.float32)
+    if split < width:
+        p1x[:, split:] = nisa.tensor_tensor(p1[:, split:], xs[:, split:], op=nl.multiply,
+                                            dtype=nl.float32, engine=nisa.gpsimd_engine)
+    nisa.activation_reduce(op=nl.copy, data=p1x, reduce_op=nl.add,
+                           reduce_res=tile.partials[:, g:g + 1], dtype=nl.float32)
+    return dy_g, dydx
+
+
+def _column_sums_group(plan, consts, tile, g, dy_g, dydx, outputs):
+    """dweight and dbias column sums of group g of a row tile (emitted after the gradient
+    group that follows it, so that the Tensor engine's in-order stream reaches the gradient
+    pass's matmuls first); with ``outputs`` (the last row tile) the group's sums are final
+    and stored at once, overlapping the last gradient pass."""
+    p = tile.p
+    dweight, dbias = outputs
+    if consts.dweight_acc is not None:
+        moving = consts.dweight_moving
+        if moving is None:
+            moving = tile.cols[:, 0:1] if plan.fold == 1 else tile.cols[:, 2:]
+        _accumulate_column_sums(plan, consts.dweight_acc, dydx, moving[0:p, :], g)
+        if dweight is not None:
+            _store_column_sums(plan, dweight, consts.dweight_acc, g)
+    if consts.dbias_acc is not None:
+        _accumulate_column_sums(plan, consts.dbias_acc, dy_g, consts.dbias_moving[0:p, :], g)
+        if dbias is not None:
+            _store_column_sums(plan, dbias, consts.dbias_acc, g)
+
+
+def _outer_product(rstd_rows, w_rows):
+    """``a = rstd ⊗ w'`` for one chunk into PSUM: one matmul per bf16 part of rstd (the
+    tile's stationary rows for that part against the rows of w'), accumulated in fp32."""
+    a = nisa.nc_matmul(rstd_rows[:, 0, :], w_rows)
+    for part in range(1, SPLIT):
+        a += nisa.nc_matmul(rstd_rows[:, part, :], w_rows)
+    return a
+
+
+def _finish_statistic(plan, tile):
+    """``−k = −rstd²/N · s`` per partition once all groups of the tile are summed (Scalar
+    engine: the partials scaled by the tile's −rstd²/N column and added); with a fold the
+    segment sums of a row are added next (on-chip DMAs, no arithmetic across rows)."""
+    negk = nl.ndarray((tile.p, 1), dtype=nl.float32)
+    nisa.activation_reduce(op=nl.copy, data=tile.partials, reduce_op=nl.add, reduce_res=negk,
+                           scale=tile.cols[:, 1:2], dtype=nl.float32)
+    if plan.fold > 1:
+        negk = _add_fold_segments(negk, tile.p, plan.fold)
+    tile.negk = negk
+
+
+def _add_fold_segments(s, p, f):
+    """Row sums of the per-partition sums ``s`` (p, 1), broadcast back to the f partitions
+    of each row: one on-chip DMA gathers the f segments of a row onto one partition
+    ((p, 1) → (p/f, f)), the Vector engine adds them and repeats the sum f times, and one
+    DMA scatters it back."""
+    rows = p // f
+    segments = nl.ndarray((rows, f), dtype=nl.float32)
+    nisa.dma_copy(dst=segments, src=s)
+    total = nisa.tensor_reduce(nl.add, segments, axis=[1], dtype=nl.float32)
+    out = nl.ndarray((p, 1), dtype=nl.float32)
+    nisa.dma_copy(dst=out, src=nl.broadcast_to(total, shape=(rows, f)))
+    return out
+
+
+def _gradient_group(plan, views, rings, tile, t, g):
+    """Gradient pass over column group g of row tile t: dx = p1 − k·x (+ dh_out)."""
+    dx_v, dh_v = views[2], views[3]
+    p, g0 = tile.p, g * plan.group
+    width = min(plan.group, plan.width - g0)
+    slot = _slot(plan, t, g)
+    p1 = rings[0][slot][0:p, 0:width]
+    xs = rings[1][slot][0:p, 0:width]
+    out_dtype = xs.dtype if dh_v is None else nl.float32
+    dx_g = nl.ndarray((p, width), dtype=out_dtype)
+    for c in range(-(-width // CHUNK)):
+        lo, hi = c * CHUNK, min(width, (c + 1) * CHUNK)
+        kx = nl.ndarray((p, hi - lo), dtype=nl.float32, buffer=nl.psum)
+        kx[...] = nisa.activation(op=nl.copy, data=xs[:, lo:hi], scale=tile.negk,
                                   dtype=nl.float32)
-    if dh_c is None:
-        return nisa.activation(op=nl.copy, data=t, scale=rstd_t, dtype=out_dtype)
-    return nisa.scalar_tensor_tensor(data=t, op0=nl.multiply, operand0=rstd_t, op1=nl.add,
-                                     operand1=dh_c, dtype=out_dtype)
+        dx_g[:, lo:hi] = nisa.tensor_tensor(p1[:, lo:hi], kx, op=nl.add, dtype=out_dtype)
+    if dh_v is not None:  # + dh_out from SBUF (GpSimd), rounded once
+        dh_g = nl.load(dh_v[nl.ds(tile.v0, p), nl.ds(g0, width)])
+        dx_g = nisa.tensor_tensor(dx_g, dh_g, op=nl.add, dtype=xs.dtype,
+                                  engine=nisa.gpsimd_engine)
+    nl.store(dx_v[nl.ds(tile.v0, p), nl.ds(g0, width)], value=dx_g)
 
 
-def _column_sum_accumulators(N):
-    """Zeroed fp32 PSUM tiles holding the column sums of an (M, N) operand: column j of the
-    tiles (bank j // 512, column j % 512) accumulates the 128 columns 128·j … 128·j + 127,
-    one per partition."""
+# --- parameter gradients --------------------------------------------------------------------
+def _accumulate_column_sums(plan, acc, data, moving, g):
+    """``acc += dataᵀ · moving`` for column group g (``data`` (p, width)): the Tensor engine
+    sums the partitions (rows), weighted by the moving columns (rstd and/or the fold-segment
+    mask, one output column per segment h). Set b takes every n-th column of the group
+    (n = ⌈width / 128⌉), so accumulator partition m collects the group's columns
+    m·n … m·n + n − 1: contiguous in the output, which makes the final store one DMA row per
+    partition and group. Accumulator column ((g·G/128) + b)·fold + h."""
     P = nl.tile_size.pmax
-    blocks = (N + P - 1) // P
-    return [nl.zeros((P, min(PSUM_BANK_COLS, blocks - b0)), dtype=nl.float32, buffer=nl.psum)
-            for b0 in range(0, blocks, PSUM_BANK_COLS)]
+    f = plan.fold
+    width = data.shape[1]
+    n = -(-width // P)
+    for b in range(n):
+        count = -(-(width - b) // n)
+        bank, c = divmod((g * (-(-plan.group // P)) + b) * f, PSUM_BANK_COLS)
+        acc[bank][0:count, c:c + f] += nisa.nc_matmul(data[:, b::n], moving)
 
 
-def _accumulate_column_sums(acc, data, ones, c0):
-    """``acc += Σ_rows data`` for the chunk ``data`` (rows, width) starting at column c0 (a
-    multiple of 128): per 128-column block, ``data_blockᵀ @ ones`` on the Tensor engine sums
-    the rows (partitions) into one fp32 PSUM column."""
+def _store_column_sums(plan, dst, acc, g):
+    """Round the PSUM column sums of group g to ``dst``'s dtype once (Vector copy) and
+    store them, one DMA per fold segment h: accumulator partition m, set b is
+    ``dst[h·L + g·G + m·n + b]``, a contiguous run of n per partition."""
     P = nl.tile_size.pmax
-    rows, width = data.shape
-    for b in nl.static_range((width + P - 1) // P):
-        lo = b * P
-        block = min(P, width - lo)
-        bank, col = divmod((c0 + lo) // P, PSUM_BANK_COLS)
-        acc[bank][0:block, col:col + 1] += nisa.nc_matmul(data[:, lo:lo + block],
-                                                          ones[0:rows, :],
-                                                          is_moving_onezero=True)
-
-
-def _store_column_sums(dst, acc):
-    """Round the PSUM column sums to ``dst``'s dtype once (Vector copy) and store them:
-    element (p, j) of bank b is ``dst[(512·b + j)·128 + p]`` (strided DMA, masked past N)."""
-    P = nl.tile_size.pmax
-    N = dst.shape[0]
-    i_p = nl.arange(P)[:, None]
-    for bank, sums in enumerate(acc):
-        i_j = nl.arange(sums.shape[1])[None, :]
-        index = (bank * PSUM_BANK_COLS + i_j) * P + i_p
-        nl.store(dst[index], value=nl.copy(sums, dtype=dst.dtype), mask=(index < N))
+    f, L, G = plan.fold, plan.width, plan.group
+    per_group = -(-G // P)
+    width = min(G, L - g * G)
+    n = -(-width // P)
+    bank, c0 = divmod(g * per_group * f, PSUM_BANK_COLS)
+    rounded = nl.ndarray((P, n, f), dtype=dst.dtype)
+    rounded.reshape((P, n * f))[...] = nl.copy(acc[bank][:, c0:c0 + n * f], dtype=dst.dtype)
+    for h in range(f):
+        g0 = h * L + g * G
+        if width == P * n:
+            nl.store(dst[g0:g0 + width].reshape((P, n)), value=rounded[:, :, h])
+        else:
+            index = nl.arange(P)[:, None] * n + nl.arange(n)[None, :]
+            nl.store(dst[g0 + index], value=rounded[:, :, h], mask=(index < width))

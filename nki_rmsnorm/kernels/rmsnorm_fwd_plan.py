@@ -1,0 +1,244 @@
+"""What the forward kernel keeps on chip and how it tiles: pure Python, no NKI calls.
+
+Every decision here depends on N, the dtypes, the options and the NeuronCore generation,
+never on the data. M only picks how many rows go into one tile (``rows_per_partition``),
+which changes no row's arithmetic, so a row's outputs are the same in any batch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from nki_rmsnorm.nki import nl
+
+CASTING_MODES = ("gemma", "llama", "none")
+
+#: Per-partition bytes kept aside for the small tiles next to the rows: eps, Σh², rstd and
+#: its pieces, the identity and the transposed rstd the Tensor engine works with.
+RESERVED_BYTES = 2048
+#: Columns of one Tensor-engine product: one 2 KiB PSUM bank of fp32.
+PSUM_COLS = 512
+#: A row tile moves at most this many bytes per partition and row stream in one DMA ...
+TILE_TARGET_BYTES = 32 * 1024
+#: ... while the kernel keeps at least this many row tiles to pipeline.
+MIN_TILES = 16
+#: Rows per partition of one tile at most (one PSUM bank of transposed bf16 rstd pieces).
+MAX_ROWS_PER_PARTITION = 8
+#: Rows one Scalar/Vector instruction may cover at once is bounded by its 64 K free elements.
+MAX_FREE_ELEMENTS = 65536
+#: Column chunk of the long-row regimes, in bytes of the row dtype per partition: ≥ 4 KiB
+#: saturates a DMA, and a smaller chunk shortens the pipeline bubble between row tiles.
+CHUNK_BYTES = 4096
+#: Column chunks kept in flight by the long-row regimes (double buffering).
+CHUNKS_IN_FLIGHT = 2
+#: The "long" output pass stores chunks up to this many times wider than it reduces, while
+#: a row keeps at least ``MIN_OUTPUT_CHUNKS`` of them: the column chunks of one row tile
+#: overlap in HBM address range, so each store waits for the one before it, and a wider
+#: store amortises that wait (too wide, and the next row tile refills its buffer late).
+MAX_OUTPUT_CHUNK_FACTOR = 2
+MIN_OUTPUT_CHUNKS = 8
+#: The "split" regime spreads a row over the fewest partitions (a power of two) that bring
+#: its per-partition segment down to this many bytes of h.
+SPLIT_SEGMENT_BYTES = 8 * 1024
+#: ... and at most this many: a tile keeps at least 128 / 32 = 4 whole rows, and the
+#: Tensor engine contracts 3 rstd pieces × 32 segments ≤ 128 rows.
+MAX_SEGMENTS = 32
+#: Tiles the "split" regime keeps in flight (loading, reducing, normalising and storing).
+SPLIT_SLOTS = 6
+
+
+def _size(dtype) -> int:
+    return np.dtype(dtype).itemsize
+
+
+def _holds_squares(dtype) -> bool:
+    """fp32 and bf16 have fp32's 8 exponent bits: a square of any input fits."""
+    return np.dtype(dtype) in (np.dtype(nl.float32), np.dtype(nl.bfloat16))
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The dtype of every on-chip step and the engine of the weight product."""
+
+    in_dtype: object  # x's dtype; x̂ is rounded to it in llama / none
+    out_dtype: object  # y's dtype
+    result_dtype: object  # dtype of the last arithmetic step (x's dtype in "none" mode)
+    residual_dtype: object | None
+    scale_dtype: object | None  # weight + offset on chip; None without a weight
+    bias_dtype: object | None
+    product_dtype: object | None  # the pre-bias product, when there is a weight and a bias
+    rounds_xhat: bool  # llama / none: x̂ = round(h·rstd) before the weight multiply
+    squares_in: str  # where activation_reduce's discarded squares go: product, y, scratch
+    #: Who multiplies by rstd and the weight (see rmsnorm_fwd_steps): "tensor" (PE forms
+    #: rstd ⊗ w in PSUM; gemma on NeuronCore-v3+), "scalar" (ACT scales h by rstd, PE
+    #: broadcasts w into PSUM; NeuronCore-v2) or "vector" (DVE alone; no weight, or llama /
+    #: none on v3+, where the bf16 fast modes make it cheap).
+    product_engine: str
+    #: "tensor" only: 3 bf16 pieces of rstd against a bf16 weight, or 1 fp32 rstd against
+    #: an fp32 weight + offset (a matmul at a quarter of the bf16 rate).
+    rstd_pieces: int
+    #: The Tensor engine transposes exactly and NaN-safely (NeuronCore-v3+), which the
+    #: "split" regime needs to move row statistics across partitions.
+    exact_transpose: bool
+
+    @property
+    def h_dtype(self):
+        """dtype of h = x (+ residual)."""
+        return self.in_dtype if self.residual_dtype is None else self.residual_dtype
+
+    def resident_bytes(self) -> int:
+        """Per column: the weight and bias kept on chip for the whole kernel."""
+        return sum(_size(d) for d in (self.scale_dtype, self.bias_dtype) if d is not None)
+
+    def row_bytes(self) -> int:
+        """Per column and row of a tile: x, the residual, y and their intermediates."""
+        dtypes = [self.in_dtype, self.residual_dtype, self.result_dtype, self.product_dtype]
+        if self.result_dtype != self.out_dtype:
+            dtypes.append(self.out_dtype)
+        if self.squares_in == "scratch":
+            dtypes.append(nl.bfloat16)
+        return sum(_size(d) for d in dtypes if d is not None)
+
+    def fits_rows(self, n: int, rows: int, budget: int) -> bool:
+        """Whole rows fit: the weight and bias once, two tiles of ``rows`` rows per
+        partition in flight."""
+        per_column = self.resident_bytes() + 2 * rows * self.row_bytes()
+        return n * per_column + RESERVED_BYTES <= budget
+
+    def fits_split(self, segment: int, segments: int, budget: int) -> bool:
+        """Segments of ``segment`` columns fit: the weight and bias segments once (one row
+        per partition, or 3·``segments`` moving rows), ``SPLIT_SLOTS`` tiles in flight."""
+        per_column = SPLIT_SLOTS * self.row_bytes() + self.resident_bytes()
+        return segment * per_column + RESERVED_BYTES <= budget
+
+    def chunk_columns(self) -> int:
+        """Column chunk of the long-row regimes."""
+        return max(PSUM_COLS, CHUNK_BYTES // _size(self.h_dtype))
+
+    def fits_one_row_tile(self, n: int, budget: int, output_chunk: int) -> bool:
+        """One tile of h rows stays on chip next to the chunks in flight: the statistics
+        pass's squares and the output pass's y, intermediates and weight and bias chunks."""
+        output = [self.result_dtype, self.product_dtype, self.scale_dtype, self.bias_dtype]
+        if self.result_dtype != self.out_dtype:
+            output.append(self.out_dtype)
+        if self.rounds_xhat:
+            output.append(self.in_dtype)
+        chunks = CHUNKS_IN_FLIGHT * (
+            self.chunk_columns() * _size(nl.bfloat16)
+            + output_chunk * sum(_size(d) for d in output if d is not None))
+        return n * _size(self.h_dtype) + chunks + RESERVED_BYTES + 4 * math.ceil(
+            n / self.chunk_columns()) <= budget
+
+    def two_pass_chunk(self, n: int, budget: int) -> int:
+        """Column chunk of the two-pass regime: two chunks in flight of the busier pass
+        (statistics: x, residual, squares; scale: the tile's buffers plus the weight and
+        bias chunks), and a weight or bias row with its converted copy."""
+        stats = _size(self.in_dtype) + _size(nl.bfloat16)
+        if self.residual_dtype is not None:
+            stats += _size(self.residual_dtype)
+        per_column = 2 * max(stats, self.row_bytes() + self.resident_bytes())
+        per_column += 2 * _size(nl.float32)
+        for width in (8192, 4096, 2048, 1024, 512):
+            if width * per_column + RESERVED_BYTES <= budget:
+                break
+        chunks = math.ceil(n / width)
+        return min(width, PSUM_COLS * math.ceil(n / chunks / PSUM_COLS))
+
+
+def make_plan(x_dtype, weight_dtype, bias_dtype, residual_dtype, offset, casting_mode,
+              out_dtype, tensor_engine=False) -> Plan:
+    """The :class:`Plan` for the given dtypes (None for an absent tensor) and options;
+    ``tensor_engine``: the target is a NeuronCore-v3+ (trn2, trn3), whose exact, NaN-safe
+    Tensor-engine transpose lets gemma form rstd ⊗ weight there, and whose bf16 Vector fast
+    modes make llama / none cheap on the Vector engine alone."""
+    if casting_mode not in CASTING_MODES:
+        raise ValueError(f"casting_mode must be one of {CASTING_MODES}, got {casting_mode!r}")
+    in_dtype = np.dtype(x_dtype)
+    out_dtype = in_dtype if out_dtype is None else np.dtype(out_dtype)
+    low_precision = casting_mode == "none"
+    rstd_pieces = 0
+    if weight_dtype is None:
+        scale_dtype, product_engine = None, "vector"
+    elif casting_mode == "gemma" and tensor_engine:
+        bf16_weight = np.dtype(weight_dtype) == np.dtype(nl.bfloat16) and not offset
+        scale_dtype = np.dtype(nl.bfloat16 if bf16_weight else nl.float32)
+        product_engine, rstd_pieces = "tensor", 3 if bf16_weight else 1
+    else:
+        product_engine = "vector" if tensor_engine else "scalar"
+        if low_precision:
+            scale_dtype = in_dtype
+        else:
+            # Multiplying by the weight as stored is exact in fp32; only an offset needs a
+            # fp32 sum.
+            scale_dtype = np.dtype(nl.float32) if offset else np.dtype(weight_dtype)
+    if bias_dtype is not None:
+        bias_dtype = in_dtype if low_precision else np.dtype(bias_dtype)
+    product_dtype = None
+    if scale_dtype is not None and bias_dtype is not None:
+        product_dtype = in_dtype if low_precision else np.dtype(nl.float32)
+    result_dtype = in_dtype if low_precision else out_dtype
+    if product_dtype is not None and _holds_squares(product_dtype):
+        squares_in = "product"
+    elif _holds_squares(result_dtype):
+        squares_in = "y"
+    else:
+        squares_in = "scratch"
+    return Plan(in_dtype, out_dtype, result_dtype,
+                None if residual_dtype is None else np.dtype(residual_dtype), scale_dtype,
+                bias_dtype, product_dtype, casting_mode != "gemma", squares_in, product_engine,
+                rstd_pieces, tensor_engine)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How the rows are tiled: ``regime`` is "rows" (whole rows, ``rows_per_partition``
+    consecutive rows per partition in a tile), "split" (each row spread over ``segments``
+    partitions), "long" (one row tile kept, column chunks of ``chunk`` columns, stored in
+    chunks of ``output_chunk``) or "two_pass" (x read twice, column chunks of ``chunk``)."""
+
+    regime: str
+    rows_per_partition: int = 1
+    segments: int = 1
+    chunk: int = 0
+    output_chunk: int = 0
+
+
+def choose_layout(plan: Plan, m: int, n: int, budget: int) -> Layout:
+    """The regime for an (m, n) input within ``budget`` SBUF bytes per partition."""
+    if plan.fits_rows(n, 1, budget):
+        rows = max(k for k in range(1, MAX_ROWS_PER_PARTITION + 1)
+                   if k == 1 or _more_rows_help(plan, m, n, k, budget))
+        return Layout("rows", rows_per_partition=rows)
+    segments = 2
+    while plan.exact_transpose and segments <= MAX_SEGMENTS and n % segments == 0:
+        segment = n // segments
+        if (segment * _size(plan.h_dtype) <= SPLIT_SEGMENT_BYTES
+                and plan.fits_split(segment, segments, budget)):
+            return Layout("split", segments=segments)
+        segments *= 2
+    chunk = plan.chunk_columns()
+    factor = MAX_OUTPUT_CHUNK_FACTOR
+    while factor >= 1:
+        if (factor == 1 or n >= MIN_OUTPUT_CHUNKS * factor * chunk) and plan.fits_one_row_tile(
+                n, budget, factor * chunk):
+            return Layout("long", chunk=chunk, output_chunk=factor * chunk)
+        factor //= 2
+    return Layout("two_pass", chunk=plan.two_pass_chunk(n, budget))
+
+
+def _more_rows_help(plan: Plan, m: int, n: int, rows: int, budget: int) -> bool:
+    """Whether tiles of ``rows`` rows per partition are still worth it: they move at most
+    ``TILE_TARGET_BYTES`` per partition, leave ``MIN_TILES`` tiles to pipeline, fit SBUF,
+    one instruction and one PSUM bank of transposed rstd, and divide m (the kernel views
+    the rows as (m / rows, rows·n))."""
+    pmax = nl.tile_size.pmax
+    transposed = rows * pmax * (2 if plan.rstd_pieces == 3 else 4)
+    return (m % rows == 0
+            and rows * n * _size(plan.in_dtype) <= TILE_TARGET_BYTES
+            and m >= MIN_TILES * pmax * rows
+            and rows * n <= MAX_FREE_ELEMENTS
+            and transposed <= PSUM_COLS * 4
+            and plan.fits_rows(n, rows, budget))

@@ -1,0 +1,140 @@
+"""Forward regime "rows": whole rows on chip, several consecutive rows per partition.
+
+A tile is (parts, k·N): partition p holds rows ``row0 + p·k … row0 + p·k + k − 1``, which
+are contiguous in HBM (the tensors are viewed as (M / k, k·N)), so each DMA moves k·N
+elements per partition in one descriptor, and the per-tile fixed costs (a DMA's issue cost,
+the small instructions that turn Σh² into rstd, the rstd store) are paid once per k rows.
+Tiles cover consecutive row blocks, so their HBM ranges never overlap; the last one may
+have fewer partitions, and nothing is masked. The weight (and bias) is loaded and prepared
+once, before the row loop; the tiles are allocated in the loop body, so the compiler
+double-buffers them (the SBUF budget counts two).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from nki_rmsnorm.kernels import rmsnorm_fwd_steps as steps
+from nki_rmsnorm.nki import nisa, nl
+
+
+class _Resident(NamedTuple):
+    """On-chip tiles every row tile reads: eps; the weight (broadcast across the partitions
+    for the Vector engine, or the Tensor engine's moving row(s)); the broadcast bias; the
+    transpose identity ("tensor") or the ones row that broadcasts the weight ("scalar")."""
+
+    eps_col: object
+    scale: object
+    shift: object
+    ident: object
+    ones: object
+
+
+def rows_resident(plan, k, hbm, eps, offset):
+    """Every row read once and written once; tiles of ``k`` rows per partition."""
+    M, N = hbm.x.shape
+    P = nl.tile_size.pmax
+    parts = min(P, M)
+    i_0 = nl.arange(1)[:, None]
+    i_n = nl.arange(N)[None, :]
+
+    scale = shift = ident = ones = None
+    if hbm.weight is not None:
+        weight_row = hbm.weight.reshape((1, N))[i_0, i_n]
+        if plan.product_engine == "tensor":
+            scale = steps.weight_rows(plan, weight_row, offset)
+            ident = steps.identity(parts, plan.scale_dtype)
+        elif plan.product_engine == "scalar":
+            scale = steps.scale_row(plan, weight_row, offset)
+            ones = nl.full((1, parts), 1.0, dtype=plan.scale_dtype)
+        else:
+            scale = steps.broadcast_row(weight_row, parts, plan.scale_dtype, offset)
+    if hbm.bias is not None:
+        shift = steps.broadcast_row(hbm.bias.reshape((1, N))[i_0, i_n], parts, plan.bias_dtype)
+    resident = _Resident(nl.full((parts, 1), eps, dtype=nl.float32), scale, shift, ident,
+                         ones)
+
+    # k consecutive rows are one row of these views: one contiguous run per partition.
+    views = _RowViews(*(None if t is None else t.reshape((M // k, k * N))
+                        for t in (hbm.x, hbm.residual, hbm.y, hbm.h)),
+                      hbm.rstd.reshape((M // k, k)))
+    groups = M // k
+    full_tiles = groups // P
+    for t in nl.affine_range(full_tiles):
+        _row_tile(plan, views, resident, t * P, P, k, N)
+    if groups % P:
+        _row_tile(plan, views, resident, full_tiles * P, groups % P, k, N)
+
+
+class _RowViews(NamedTuple):
+    """The HBM tensors viewed as (M / k, k·N) (rstd as (M / k, k))."""
+
+    x: object
+    residual: object
+    y: object
+    h: object
+    rstd: object
+
+
+def _row_tile(plan, views, resident, group0, parts, k, N):
+    """Rows ``k·group0 … k·(group0 + parts) − 1``, k consecutive rows per partition."""
+    i_p = nl.arange(parts)[:, None]
+    groups = group0 + i_p
+    i_f = nl.arange(k * N)[None, :]
+    i_k = nl.arange(k)[None, :]
+
+    def row(t, j):
+        return None if t is None else t[:, j * N:(j + 1) * N]
+
+    # DMA in (h = x + residual by a DMA read-modify-write; DMA h out).
+    h_dtype = plan.h_dtype
+    h_tile = nl.ndarray((parts, k * N), dtype=h_dtype)
+    steps.load_h(h_tile, views.x[groups, i_f],
+                 None if views.residual is None else views.residual[groups, i_f],
+                 None if views.h is None else views.h[groups, i_f])
+    xhat_tile = h_tile
+    if views.residual is not None and plan.rounds_xhat:
+        xhat_tile = nl.ndarray((parts, k * N), dtype=plan.in_dtype)
+
+    y_tile = nl.ndarray((parts, k * N), dtype=plan.result_dtype)
+    product = None
+    if plan.product_dtype is not None:
+        product = nl.ndarray((parts, k * N), dtype=plan.product_dtype)
+    if plan.squares_in == "product":
+        squares = product
+    elif plan.squares_in == "y":
+        squares = y_tile
+    else:
+        squares = nl.ndarray((parts, k * N), dtype=nl.bfloat16)
+
+    # ACT: Σh² per row (the squares themselves are discarded), then rstd; DMA rstd out.
+    sum_sq = nl.ndarray((parts, k), dtype=nl.float32)
+    for j in nl.static_range(k):
+        row(squares, j)[...] = nisa.activation_reduce(op=nl.square, data=row(h_tile, j),
+                                                      reduce_op=nl.add,
+                                                      reduce_res=sum_sq[:, j:j + 1],
+                                                      dtype=squares.dtype)
+    rstd_tile = steps.rstd_from_sum(sum_sq, resident.eps_col[:parts], N)
+    nl.store(views.rstd[groups, i_k], value=rstd_tile)
+
+    shift = None if resident.shift is None else resident.shift[:parts]
+    if plan.product_engine == "tensor":
+        # PE: rstd ⊗ w per PSUM bank; DVE: y = h · (rstd ⊗ w) [+ bias].
+        stationary = steps.rstd_rows(plan, rstd_tile, resident.ident[:parts, :parts])
+        for j in nl.static_range(k):
+            steps.outer_normalize(row(y_tile, j), row(h_tile, j), [stationary[:, j, :]],
+                                  resident.scale, shift, row(product, j))
+    elif plan.product_engine == "scalar":
+        # ACT: h · rstd; PE: w broadcast into PSUM; DVE: the product [+ bias].
+        for j in nl.static_range(k):
+            steps.scaled_normalize(plan, row(y_tile, j), row(h_tile, j), rstd_tile[:, j:j + 1],
+                                   resident.ones[:, :parts], resident.scale, shift,
+                                   row(product, j))
+    else:
+        scale = None if resident.scale is None else resident.scale[:parts]
+        for j in nl.static_range(k):
+            steps.normalize(plan, row(y_tile, j), row(h_tile, j), rstd_tile[:, j:j + 1],
+                            row(xhat_tile, j), scale, shift, row(product, j))
+    if plan.result_dtype != plan.out_dtype:
+        y_tile = nisa.tensor_copy(y_tile, dtype=plan.out_dtype)
+    nl.store(views.y[groups, i_f], value=y_tile)

@@ -1,0 +1,225 @@
+"""On-chip steps the forward regimes share: loading h, rstd from Σh², the weight as the
+Tensor engine's moving rows, rstd as its stationary rows, and the three ways of forming
+``y = h · rstd · w`` (``Plan.product_engine``):
+
+* "tensor" (:func:`outer_normalize`): the Tensor engine writes rstd[p]·w[j] into an fp32
+  PSUM bank (a K = 3 matmul of rstd's bf16 pieces, transposed into a row, against three
+  copies of the bf16 weight row: each product exact, the sum fp32, as accurate as fp32
+  rstd·w; or K = 1 in fp32 for an fp32 weight) and the Vector engine multiplies h by it,
+  one cycle per element with one input in PSUM.
+* "scalar" (:func:`scaled_normalize`): the Scalar engine scales h by rstd, the Tensor engine
+  broadcasts the weight row into PSUM, the Vector engine multiplies the two.
+* "vector" (:func:`normalize`): the Vector engine alone, one ``scalar_tensor_tensor`` or
+  x̂ = h·rstd then x̂·w (bf16 fast modes on NeuronCore-v3+).
+
+All three compute in fp32 and round as the casting mode says: gemma once at the end, llama
+and none x̂ first.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from nki_rmsnorm.kernels.rmsnorm_fwd_plan import PSUM_COLS
+from nki_rmsnorm.nki import nisa, nl
+
+
+class Tensors(NamedTuple):
+    """The kernel's HBM tensors: inputs x, residual (or None), weight, bias (or None);
+    outputs y, h (None without a residual) and rstd."""
+
+    x: object
+    residual: object
+    weight: object
+    bias: object
+    y: object
+    h: object
+    rstd: object
+
+
+def load_h(h_tile, x_src, residual_src, h_dst, mask=None):
+    """h = x (+ residual) into ``h_tile``: the x load, or the residual load with x added
+    onto it by a DMA read-modify-write (fp32 add, one rounding to h's dtype, as a Vector
+    ``tensor_tensor`` would do, but with no compute engine involved), then stored to
+    ``h_dst``."""
+    if residual_src is None:
+        h_tile[...] = nl.load(x_src, mask=mask)
+        return
+    h_tile[...] = nl.load(residual_src, mask=mask)
+    nisa.dma_copy(dst=h_tile, src=x_src, mask=mask, dst_rmw_op=nl.add)
+    nl.store(h_dst, value=h_tile, mask=mask)
+
+
+def identity(parts, dtype):
+    """A (parts, parts) identity for Tensor-engine transposes, built on chip (GpSimd iota,
+    Vector compare) rather than read from HBM."""
+    i_p = nl.arange(parts)[:, None]
+    i_f = nl.arange(parts)[None, :]
+    return nisa.tensor_scalar(nisa.iota(i_f - i_p, nl.int32), op0=nl.equal, operand0=0,
+                              dtype=dtype)
+
+
+def rstd_from_sum(sum_sq, eps_col, n, mask=None):
+    """rstd = 1 / sqrt(Σh² / n + eps), fp32 (Scalar engine)."""
+    return nisa.activation(op=nl.rsqrt, data=sum_sq, bias=eps_col, scale=1.0 / n, mask=mask)
+
+
+def weight_rows(plan, row_hbm, offset=0.0, stacked=True):
+    """The weight row ``row_hbm`` (1, F) as the Tensor engine's moving operand. For three
+    stacked rstd pieces: three copies of the bf16 row (loaded once, copied on chip, so HBM
+    is read once); otherwise one row of weight + offset in the scale dtype."""
+    if plan.rstd_pieces != 3 or not stacked:
+        return scale_row(plan, row_hbm, offset)
+    rows = nl.ndarray((plan.rstd_pieces, row_hbm.shape[1]), dtype=plan.scale_dtype)
+    rows[0:1, :] = nl.load(row_hbm)
+    for piece in nl.static_range(1, plan.rstd_pieces):
+        nisa.dma_copy(dst=rows[piece:piece + 1, :], src=rows[0:1, :])
+    return rows
+
+
+def scale_row(plan, row_hbm, offset=0.0, mask=None):
+    """Load a (1, F) HBM row, add ``offset`` and convert to the plan's scale dtype (one
+    Vector instruction, fp32 arithmetic, one rounding)."""
+    return convert_row(nl.load(row_hbm, mask=mask), plan.scale_dtype, offset, mask)
+
+
+def convert_row(row, dtype, offset=0.0, mask=None):
+    """``row + offset`` in ``dtype`` (Vector engine; nothing when there is nothing to do)."""
+    if offset:
+        return nisa.tensor_scalar(row, op0=nl.add, operand0=offset, dtype=dtype, mask=mask)
+    if row.dtype != dtype:
+        return nisa.tensor_copy(row, dtype=dtype, mask=mask)
+    return row
+
+
+def broadcast_row(row_hbm, partitions, dtype, offset=0.0, mask=None):
+    """Load a (1, F) HBM row, add ``offset``, convert to ``dtype`` and broadcast it to
+    ``partitions`` partitions (the compiler's ones-vector matmul)."""
+    row = convert_row(nl.load(row_hbm, mask=mask), dtype, offset, mask)
+    return row.broadcast_to((partitions, row.shape[1]))
+
+
+def split_rstd(plan, rstd):
+    """rstd (parts, k) fp32 as the Tensor engine's operand dtype: for three pieces,
+    (parts, 3k) bf16 with row j's hi, mid, lo in columns 3j, 3j + 1, 3j + 2 (GpSimd, which
+    is otherwise idle, so the pieces run ahead of the Vector engine); for one piece, rstd."""
+    if plan.rstd_pieces != 3:
+        return rstd
+    parts, k = rstd.shape
+    dtype = plan.scale_dtype
+    split = nl.ndarray((parts, 3 * k), dtype=dtype)
+    for j in nl.static_range(k):
+        hi, mid, lo = (split[:, 3 * j + b:3 * j + b + 1] for b in range(3))
+        hi[...] = nisa.tensor_copy(rstd[:, j:j + 1], dtype=dtype, engine=nisa.gpsimd_engine)
+        rest = nisa.tensor_scalar(rstd[:, j:j + 1], op0=nl.subtract, operand0=hi,
+                                  dtype=nl.float32, engine=nisa.gpsimd_engine)
+        mid[...] = nisa.tensor_copy(rest, dtype=dtype, engine=nisa.gpsimd_engine)
+        lo[...] = nisa.tensor_scalar(rest, op0=nl.subtract, operand0=mid, dtype=dtype,
+                                     engine=nisa.gpsimd_engine)
+    return split
+
+
+def rstd_rows(plan, rstd, ident, stacked=True):
+    """rstd (parts, k) fp32, one column per row of the tile, as Tensor-engine stationary
+    operands: with ``stacked``, (pieces, k, parts), the ``plan.rstd_pieces`` pieces of row
+    j's rstd for partition p in column p of block j (a K = pieces matmul against stacked
+    weight rows); otherwise (1, k·pieces, parts), one block per row and piece (``pieces``
+    accumulating K = 1 matmuls against one weight row). Pieces from :func:`split_rstd`,
+    transposes on the Tensor engine (exact), the PSUM → SBUF copy on the Vector engine."""
+    parts, k = rstd.shape
+    pieces = plan.rstd_pieces
+    dtype = plan.scale_dtype
+    split = split_rstd(plan, rstd)
+    if stacked:
+        transposed = nl.ndarray((pieces, k, parts), dtype=dtype, buffer=nl.psum)
+        for j in nl.static_range(k):
+            transposed[:, j, :] = nisa.nc_matmul(split[:, pieces * j:pieces * (j + 1)], ident,
+                                                 is_transpose=True)
+    else:
+        transposed = nl.ndarray((1, k * pieces, parts), dtype=dtype, buffer=nl.psum)
+        for b in nl.static_range(k * pieces):
+            transposed[:, b, :] = nisa.nc_matmul(split[:, b:b + 1], ident, is_transpose=True)
+    return nisa.tensor_copy(transposed, dtype=dtype)
+
+
+def outer_normalize(y_row, h_row, stationaries, moving, shift, product_row):
+    """y = h · (rstd ⊗ w) [+ bias] for one row of the tile: per PSUM bank of columns, the
+    Tensor engine writes rstd ⊗ w (the sum over ``stationaries`` (K, parts) against the
+    ``moving`` (K, F) weight rows) and the Vector engine multiplies h by it; the bias is
+    added in fp32 after (``product_row`` holds the pre-bias product)."""
+    target = y_row if shift is None else product_row
+    for c0, c1 in _banks(h_row.shape[-1]):
+        outer = nisa.nc_matmul(stationaries[0], moving[:, c0:c1])
+        for stationary in stationaries[1:]:
+            outer += nisa.nc_matmul(stationary, moving[:, c0:c1])
+        target[:, c0:c1] = nisa.tensor_tensor(h_row[:, c0:c1], outer, op=nl.multiply,
+                                              dtype=target.dtype)
+    _add_shift(y_row, product_row, shift)
+
+
+def scaled_normalize(plan, y_row, h_row, rstd_col, ones, weight_row, shift, product_row):
+    """y = (h · rstd) · w [+ bias] for one row of the tile: per PSUM bank of columns, the
+    Scalar engine scales h by rstd (fp32, or x̂ rounded to x's dtype in llama / none), the
+    Tensor engine broadcasts the weight row into PSUM (``ones`` (1, parts) against it) and
+    the Vector engine multiplies the two."""
+    target = y_row if shift is None else product_row
+    scaled_dtype = plan.in_dtype if plan.rounds_xhat else nl.float32
+    for c0, c1 in _banks(h_row.shape[-1]):
+        weight = nisa.nc_matmul(ones, weight_row[:, c0:c1])
+        scaled = nisa.activation(op=nl.copy, data=h_row[:, c0:c1], scale=rstd_col,
+                                 dtype=scaled_dtype)
+        target[:, c0:c1] = nisa.tensor_tensor(scaled, weight, op=nl.multiply,
+                                              dtype=target.dtype)
+    _add_shift(y_row, product_row, shift)
+
+
+def _banks(width):
+    """(start, stop) of the PSUM-bank-wide column blocks of ``width`` columns."""
+    return [(c0, min(width, c0 + PSUM_COLS)) for c0 in range(0, width, PSUM_COLS)]
+
+
+def _add_shift(y_row, product_row, shift):
+    """y = product + bias, fp32, one rounding (Vector engine); nothing without a bias."""
+    if shift is not None:
+        y_row[...] = nisa.tensor_tensor(product_row, shift, op=nl.add, dtype=y_row.dtype)
+
+
+def normalize(plan, y_tile, h_tile, rstd_col, xhat_tile, scale, shift, product, mask=None):
+    """Write ``h · rstd · scale + shift`` into ``y_tile`` (Vector engine), rounding as the
+    casting mode says. llama / none round x̂ = h·rstd to x's dtype first, in ``xhat_tile``
+    (a tile of x's dtype that is no longer needed)."""
+    if plan.rounds_xhat:
+        xhat_tile[...] = nisa.tensor_scalar(h_tile, op0=nl.multiply, operand0=rstd_col,
+                                            dtype=xhat_tile.dtype, mask=mask)
+        data, row_scale = xhat_tile, None
+    else:
+        data, row_scale = h_tile, rstd_col
+
+    if scale is not None and shift is not None:
+        _multiply(product, data, row_scale, scale, mask)
+        y_tile[...] = nisa.tensor_tensor(product, shift, op=nl.add, dtype=y_tile.dtype,
+                                         mask=mask)
+    elif scale is not None:
+        _multiply(y_tile, data, row_scale, scale, mask)
+    elif shift is not None and row_scale is not None:
+        y_tile[...] = nisa.scalar_tensor_tensor(data=data, op0=nl.multiply, operand0=row_scale,
+                                                op1=nl.add, operand1=shift,
+                                                dtype=y_tile.dtype, mask=mask)
+    elif shift is not None:
+        y_tile[...] = nisa.tensor_tensor(data, shift, op=nl.add, dtype=y_tile.dtype, mask=mask)
+    elif row_scale is not None:
+        y_tile[...] = nisa.tensor_scalar(data, op0=nl.multiply, operand0=row_scale,
+                                         dtype=y_tile.dtype, mask=mask)
+    else:
+        y_tile[...] = nisa.tensor_copy(data, dtype=y_tile.dtype, mask=mask)
+
+
+def _multiply(dst, data, row_scale, scale, mask):
+    """``dst = data · row_scale · scale``: one ``scalar_tensor_tensor``, or a
+    ``tensor_tensor`` when there is no per-row factor."""
+    if row_scale is None:
+        dst[...] = nisa.tensor_tensor(data, scale, op=nl.multiply, dtype=dst.dtype, mask=mask)
+    else:
+        dst[...] = nisa.scalar_tensor_tensor(data=data, op0=nl.multiply, operand0=row_scale,
+                                             op1=nl.multiply, operand1=scale, dtype=dst.dtype,
+                                             mask=mask)
