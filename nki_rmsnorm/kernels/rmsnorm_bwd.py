@@ -370,16 +370,21 @@ def _slot(plan, t, g):
     return (t * plan.n_groups + g) % plan.ring
 
 
+def _group_slot(plan, rings, tile, t, g):
+    """Column group g of row tile t: its rows, first column, width, and the p1 and x ring
+    slots the statistic pass fills and the gradient pass reads."""
+    p, g0 = tile.p, g * plan.group
+    width = min(plan.group, plan.width - g0)
+    slot = _slot(plan, t, g)
+    return p, g0, width, rings[0][slot][0:p, 0:width], rings[1][slot][0:p, 0:width]
+
+
 def _statistic_group(plan, consts, views, rings, tile, t, g):
     """Statistic pass over column group g of row tile t: p1 into the ring, the row-sum
     partial of p1·x, and the products whose column sums give dweight (returned, with dy,
     for ``_column_sums_group``)."""
     dy_v, x_v = views[0], views[1]
-    p, g0 = tile.p, g * plan.group
-    width = min(plan.group, plan.width - g0)
-    slot = _slot(plan, t, g)
-    p1 = rings[0][slot][0:p, 0:width]
-    xs = rings[1][slot][0:p, 0:width]
+    p, g0, width, p1, xs = _group_slot(plan, rings, tile, t, g)
     dy_g = nl.load(dy_v[nl.ds(tile.v0, p), nl.ds(g0, width)])
     xs[...] = nl.load(x_v[nl.ds(tile.v0, p), nl.ds(g0, width)])
     if t == 0 and consts.w_lazy is not None:
@@ -477,11 +482,7 @@ def _add_fold_segments(s, p, f):
 def _gradient_group(plan, views, rings, tile, t, g):
     """Gradient pass over column group g of row tile t: dx = p1 − k·x (+ dh_out)."""
     dx_v, dh_v = views[2], views[3]
-    p, g0 = tile.p, g * plan.group
-    width = min(plan.group, plan.width - g0)
-    slot = _slot(plan, t, g)
-    p1 = rings[0][slot][0:p, 0:width]
-    xs = rings[1][slot][0:p, 0:width]
+    p, g0, width, p1, xs = _group_slot(plan, rings, tile, t, g)
     out_dtype = xs.dtype if dh_v is None else nl.float32
     dx_g = nl.ndarray((p, width), dtype=out_dtype)
     for c in range(-(-width // CHUNK)):
