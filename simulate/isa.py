@@ -108,6 +108,18 @@ def _same_partitions(api, *operands):
             f"'{api}': {sorted(counts)}", "err_num_partition_mismatch")
 
 
+def _two_tiles(api, a, b):
+    """The rules of every two-tile Vector instruction: same partition count, same elements
+    per partition, at most one operand in PSUM."""
+    _same_partitions(api, a, b)
+    if a.free_size != b.free_size:
+        raise NKIValueError(f"{api} operands have {a.free_size} and {b.free_size} elements per "
+                            "partition", "err_num_partition_mismatch")
+    if a.memory == "psum" and b.memory == "psum":
+        raise NKITypeError(f"{api}: at most one tile operand may be in PSUM",
+                           "err_unsupported_memory")
+
+
 def _skipped(shape, dtype):
     """The result of an instruction whose mask selects nothing: it does not run."""
     return allocate(shape, dtype, fill=dt.uninitialised(dtype))
@@ -331,13 +343,7 @@ def tensor_tensor(data1, data2, op, *, dtype=None, mask=None, engine=None, **kwa
     b = tile_operand(data2, "data2", "tensor_tensor", mask=m)
     for o in (a, b):
         check_free_size(o, "nisa.tensor_tensor")
-    _same_partitions("tensor_tensor", a, b)
-    if a.free_size != b.free_size:
-        raise NKIValueError(f"tensor_tensor operands have {a.free_size} and {b.free_size} "
-                            "elements per partition", "err_num_partition_mismatch")
-    if a.memory == "psum" and b.memory == "psum":
-        raise NKITypeError("tensor_tensor: at most one input may be in PSUM",
-                           "err_unsupported_memory")
+    _two_tiles("tensor_tensor", a, b)
     spec = fn.lookup(op, "op")
     exact_int = (dt.is_int(a.dtype) and dt.is_int(b.dtype)
                  and spec.name in ("add", "subtract", "multiply"))
@@ -369,13 +375,7 @@ def scalar_tensor_tensor(*, data, op0, operand0, op1, operand1, reverse0=False, 
     other = tile_operand(operand1, "operand1", "scalar_tensor_tensor", mask=m)
     for o in (src, other):
         check_free_size(o, "nisa.scalar_tensor_tensor")
-    _same_partitions("scalar_tensor_tensor", src, other)
-    if src.free_size != other.free_size:
-        raise NKIValueError("scalar_tensor_tensor: operand1 must have the shape of data",
-                            "err_num_partition_mismatch")
-    if src.memory == "psum" and other.memory == "psum":
-        raise NKITypeError("scalar_tensor_tensor: data and operand1 cannot both be in PSUM",
-                           "err_unsupported_memory")
+    _two_tiles("scalar_tensor_tensor", src, other)
     spec0, spec1 = fn.lookup(op0, "op0"), fn.lookup(op1, "op1")
     s0, s0_op = scalar_or_tile(operand0, "operand0", "scalar_tensor_tensor", src.partitions)
     out_dtype = dt.as_dtype(dtype or dt.promote(src.dtype, other.dtype))
@@ -481,13 +481,7 @@ def tensor_tensor_scan(data0, data1, initial, op0, op1, reverse0=False, reverse1
     m = resolve_mask(mask)
     a = tile_operand(data0, "data0", "tensor_tensor_scan")
     b = tile_operand(data1, "data1", "tensor_tensor_scan")
-    _same_partitions("tensor_tensor_scan", a, b)
-    if a.free_size != b.free_size:
-        raise NKIValueError("tensor_tensor_scan inputs must have the same shape",
-                            "err_num_partition_mismatch")
-    if a.memory == "psum" and b.memory == "psum":
-        raise NKITypeError("tensor_tensor_scan: at most one input may be in PSUM",
-                           "err_unsupported_memory")
+    _two_tiles("tensor_tensor_scan", a, b)
     spec0, spec1 = fn.lookup(op0, "op0"), fn.lookup(op1, "op1")
     init, init_op = scalar_or_tile(initial, "initial", "tensor_tensor_scan", a.partitions)
     av = a.f32().reshape(a.partitions, -1)
