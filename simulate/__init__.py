@@ -10,9 +10,13 @@ from __future__ import annotations
 import importlib.util
 import sys
 
-from . import compiler, isa, language, typing
+from . import compiler, isa, language, sdk, typing
+from .approx import approx_bound, set_approx, use_approx
 from .errors import CapacityError, NKIError
 from .profiler import Profile, profile
+from .sdk import RELEASES as SDK_RELEASES
+from .sdk import set_sdk, sdk_version
+from .sdk import sdk as use_sdk
 from .runtime import (
     Kernel,
     baremetal,
@@ -28,10 +32,11 @@ from .trace import Instruction, Trace
 tensor = language.Tensor
 
 __all__ = [
-    "CapacityError", "Instruction", "Kernel", "NKIError", "Profile",
-    "TARGETS", "Trace", "baremetal", "benchmark", "compiler", "get_target", "install", "isa",
-    "jit", "language", "last_trace", "profile", "real_nki_available", "simulate_kernel",
-    "trace_kernel", "typing",
+    "CapacityError", "Instruction", "Kernel", "NKIError", "Profile", "SDK_RELEASES",
+    "TARGETS", "Trace", "approx_bound", "baremetal", "benchmark", "compiler", "get_target",
+    "install", "isa", "jit", "language", "last_trace", "profile", "real_nki_available",
+    "sdk_version", "set_approx", "set_sdk", "simulate_kernel", "trace_kernel", "typing",
+    "use_approx", "use_sdk",
 ]
 
 _ALIASES = {
@@ -41,6 +46,9 @@ _ALIASES = {
     "neuronxcc.nki.typing": typing,
     "neuronxcc.nki.compiler": compiler,
 }
+
+
+sdk.gate_module(sys.modules[__name__], "nki")
 
 
 def real_nki_available() -> bool:

@@ -18,6 +18,7 @@ from .errors import (
     NKITypeError,
     NKIValueError,
 )
+from .loop_index import LoopCondition, LoopIndex
 
 
 def _values(operand):
@@ -25,6 +26,8 @@ def _values(operand):
         return operand.values
     if isinstance(operand, (int, np.integer)):
         return int(operand)
+    if isinstance(operand, LoopIndex):
+        return operand.value
     raise NKIValueError(
         f"index expressions are affine: {type(operand).__name__} operands are not supported",
         "err_unsupported_expression_in_mask",
@@ -80,7 +83,10 @@ class IndexExpr:
     __mod__ = __rmod__ = __floordiv__ = __rfloordiv__ = __truediv__ = _not_affine
 
     def _compare(self, other, fn):
-        return Predicate(fn(self.values, _values(other)))
+        values = fn(self.values, _values(other))
+        # the tile axes this comparison restricts (a box mask restricts one per comparison)
+        axes = frozenset(a for a, n in enumerate(np.shape(values)) if n > 1)
+        return Predicate(values, (axes,))
 
     def __lt__(self, other):
         return self._compare(other, np.less)
@@ -123,20 +129,24 @@ class IndexExpr:
 
 
 class Predicate:
-    """A mask: comparisons of affine expressions combined with ``&``."""
+    """A mask: comparisons of affine expressions combined with ``&``. ``comparisons`` holds,
+    per comparison, the set of tile axes it restricts."""
 
-    __slots__ = ("values",)
+    __slots__ = ("values", "comparisons")
 
-    def __init__(self, values: np.ndarray):
+    def __init__(self, values: np.ndarray, comparisons=()):
         self.values = np.asarray(values, dtype=bool)
+        self.comparisons = tuple(comparisons)
 
     def __and__(self, other):
+        if isinstance(other, LoopCondition):
+            other = other.value
         if isinstance(other, (bool, np.bool_)):
-            return Predicate(self.values & bool(other))
+            return Predicate(self.values & bool(other), self.comparisons + ((),))
         if not isinstance(other, Predicate):
             raise NKIValueError("masks combine only with '&' of comparisons",
                                 "err_unsupported_expression_in_mask")
-        return Predicate(self.values & other.values)
+        return Predicate(self.values & other.values, self.comparisons + other.comparisons)
 
     __rand__ = __and__
 
@@ -220,9 +230,14 @@ def mask_values(mask):
     execution) or a compact boolean array."""
     if mask is None:
         return None
+    if isinstance(mask, LoopCondition):
+        mask = mask.value
     if isinstance(mask, (bool, np.bool_)):
         return None if mask else False
     if isinstance(mask, Predicate):
+        from .rules import check_mask_comparison_axes
+
+        check_mask_comparison_axes(mask.comparisons)
         values = mask.values
         if values.all():
             return None

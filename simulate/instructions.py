@@ -11,11 +11,12 @@ import weakref
 import numpy as np
 
 from . import dtypes as dt
+from . import rules
 from .errors import NKITypeError, NKIValueError
 from .indexing import align_mask, mask_box, mask_values
 from .memory import Storage
 from .runtime import check_writable, current, record_write
-from .targets import MAX_FREE_ELEMENTS_PSUM, MAX_FREE_ELEMENTS_SBUF, PSUM_BANK_BYTES
+from .targets import MAX_FREE_ELEMENTS_PSUM, MAX_FREE_ELEMENTS_SBUF
 from .tensor import Access, Tensor, _check_partitions, check_tile_shape, par_dim
 
 
@@ -112,6 +113,7 @@ def tile_operand(value, argname: str, api: str, mask=None, allow_psum=True,
     if not is_tile(value):
         raise NKITypeError(f"`{argname}` of {api} must be a tile, got {type(value).__name__}",
                            "err_failed_to_infer_tile_from_local_tensor")
+    check_in_scope(value, f"operand '{argname}' of '{api}'")
     if not value.on_chip:
         raise NKITypeError(
             f"Expected operand '{argname}' of '{api}' to be in address space 'psum|sbuf', but "
@@ -136,6 +138,19 @@ def tile_operand(value, argname: str, api: str, mask=None, allow_psum=True,
             "has block dimensions before its partition dimension; index them away first "
             "(t[i])", "err_failed_to_infer_tile_from_local_tensor")
     return Operand(value.data, value.dtype, value.storage.memory, value.region(), value)
+
+
+def check_in_scope(value, use: str) -> None:
+    """A tile created inside an if/else/for/while block of the kernel and bound to a name
+    there is out of scope once the block (or that loop iteration) is over."""
+    where = getattr(value.storage, "out_of_scope", None)
+    if where:
+        raise NKIValueError(
+            f"Local variable {where} is referenced outside of its parent scope ({use}): "
+            "tensors defined in if/else/for control blocks are not allowed to be used outside "
+            "of the scope; create it before the block and assign into it with `t[...] = ...` "
+            "(general/nki/api/nki.errors.rst@8a38e733, L417-L474)",
+            "err_local_variable_used_out_of_scope")
 
 
 def scalar_or_tile(value, argname, api, partitions=None, key="err_scalar_or_vector",
@@ -172,11 +187,10 @@ def allocate(shape, dtype, buffer: str = "sbuf", name: str = "", fill=None) -> T
         check_tile_shape(shape[par_axis:], f"tile `{name or 'tile'}` of shape {shape}")
         per_partition = int(np.prod(shape[:par_axis] + shape[par_axis + 1:])) * dtype.itemsize
         storage = Storage(buffer, buffer, name)
-        if buffer == "psum" and per_partition > PSUM_BANK_BYTES:
-            raise NKIValueError(
-                f"PSUM tile `{name or 'tile'}` of shape {shape} needs {per_partition} bytes per "
-                f"partition; one PSUM tile holds at most {PSUM_BANK_BYTES} bytes per partition "
-                "(one bank: psum_fmax = 512 fp32)", "err_size_of_dimension_exceed_arch_limit")
+        if buffer == "psum":
+            rules.check_psum_tile(per_partition // dtype.itemsize, dtype.itemsize,
+                                  f"PSUM tile `{name or 'tile'}` of shape {shape} "
+                                  f"{dt.name(dtype)}")
         (ctx.sbuf if buffer == "sbuf" else ctx.psum).allocate(
             storage, per_partition, f"tile `{name or 'tile'}` of shape {shape} "
                                     f"{dt.name(dtype)}",
@@ -304,6 +318,7 @@ def compute_result(engine, opcode, values, dtype, mask, inputs, *, partitions=No
     """Common tail of a compute instruction producing a new tile from its fp32 ``values``
     (``extra_writes``: regions it also writes, e.g. a ``reduce_res``)."""
     values = np.asarray(values)
+    rules.check_gpsimd_memory(opcode, engine, (buffer,))
     # a temporary the instruction computed (not an operand's own array) can become the tile
     owned = (values.base is None and not is_scratch(values)
              and all(op is None or op.values is not values for op in inputs))
@@ -358,6 +373,7 @@ def write_into(dst, values: np.ndarray, mask, accumulate=False) -> None:
     holds, rounding to the destination dtype."""
     ctx = current("write")
     check_writable(ctx, dst.storage)
+    check_in_scope(dst, f"destination `{dst.name or 'tile'}` of a write")
     shape = tuple(dst.shape)
     values = fit_values(np.asarray(values), shape, dst.name)
     cast = dt.cast(values, dst.dtype)

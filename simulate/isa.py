@@ -10,15 +10,20 @@ are uninitialised, masked-off points of a tile it is assigned into keep their va
 from __future__ import annotations
 
 import enum
+import sys
 
 import numpy as np
 
+from . import approx as approx_mode
 from . import dtypes as dt
 from . import functions as fn
+from . import rules, sdk
 from .errors import NKIIndexError, NKITypeError, NKIValueError
 from .indexing import IndexExpr, Predicate, align_mask
+from .loop_index import LoopIndex
 from .instructions import (
     allocate,
+    check_in_scope,
     check_free_size,
     compute_result,
     extent,
@@ -100,6 +105,17 @@ def _engine_name(requested, default: str) -> str:
     raise NKIValueError(f"engine={requested!r} is not a nisa.engine", "err_unsupported_engine")
 
 
+def _describe(op) -> str:
+    """An operand for error messages: name, shape, dtype and memory."""
+    source = getattr(op, "source", None)
+    name = getattr(source, "name", "") or "tile"
+    return f"`{name}` {tuple(op.shape)} {dt.name(op.dtype)} in {op.memory.upper()}"
+
+
+def _nc_version(api) -> int:
+    return current(api).target.nc_version
+
+
 def _same_partitions(api, *operands):
     counts = {op.partitions for op in operands if op is not None}
     if len(counts) > 1:
@@ -176,6 +192,7 @@ def activation(op, data, *, bias=None, scale=1.0, reduce_op=None, reduce_res=Non
     if not spec.is_activation:
         raise NKIValueError(f"op={spec.name} is not an activation function of the Scalar engine",
                             "err_unsupported_activation")
+    sdk.check_op("nisa.activation", spec.name)
     m = resolve_mask(mask)
     src = tile_operand(data, "data", "activation", mask=m)
     check_free_size(src, "nisa.activation")
@@ -209,7 +226,10 @@ def activation(op, data, *, bias=None, scale=1.0, reduce_op=None, reduce_res=Non
             np.multiply(x, _per_partition(scale_v, x.ndim), out=x)
         if bias_op is not None:
             np.add(x, _per_partition(bias_v, x.ndim), out=x)
+    inputs = x.copy() if approx_mode.approx_bound() else None
     values = spec.apply(x, out=x)
+    if inputs is not None:  # the Scalar engine's piece-wise polynomial approximation
+        values = approx_mode.scalar_engine(spec.name, inputs, values)
     details = {"op": spec.name}
     extra = ()
     if reduce_op is not None or reduce_res is not None or reduce_cmd is not reduce_cmd.idle:
@@ -310,13 +330,15 @@ def tensor_scalar(data, op0, operand0, reverse0=False, op1=None, operand1=None, 
     if spec1 is not None and spec0.bitvec != spec1.bitvec:
         raise NKIValueError("op0 and op1 must both be arithmetic or both bitvec operators",
                             "err_mixed_operator_kinds")
-    eng = _engine_name(engine, "dve")
     names = (spec0.name,) + ((spec1.name,) if spec1 else ())
-    if eng == "act" and names not in (("multiply",), ("add",), ("multiply", "add")):
-        raise NKIValueError("the Scalar engine runs tensor_scalar only as (multiply), (add) or "
-                            "(multiply, add)", "err_unsupported_engine")
-    if eng == "pool" and src.memory == "psum":
-        raise NKITypeError("GpSimd instructions cannot read PSUM", "err_unsupported_memory")
+    for name in names:
+        sdk.check_op("tensor instruction", name)
+    eng = _engine_name(engine, "") or rules.default_engine(names) or "dve"
+    rules.check_tensor_scalar_engine(eng, names, _nc_version("tensor_scalar"), _describe(src))
+    rules.check_gpsimd_memory("nisa.tensor_scalar", eng,
+                              [src.memory] + [getattr(o, "memory", "sbuf")
+                                              for o in (operand0, operand1) if is_tile(o)],
+                              _describe(src))
     out_dtype = dt.as_dtype(dtype or src.dtype)
     s0, s0_op = _alu_scalar(operand0, "operand0", "tensor_scalar", src, spec0)
     inputs = [src, s0_op]
@@ -347,10 +369,12 @@ def tensor_tensor(data1, data2, op, *, dtype=None, mask=None, engine=None, **kwa
     spec = fn.lookup(op, "op")
     exact_int = (dt.is_int(a.dtype) and dt.is_int(b.dtype)
                  and spec.name in ("add", "subtract", "multiply"))
+    sdk.check_op("tensor instruction", spec.name)
     default_engine = "pool" if spec.name == "power" or exact_int else "dve"
     eng = _engine_name(engine, default_engine)
-    if eng == "pool" and "psum" in (a.memory, b.memory):
-        raise NKITypeError("GpSimd instructions cannot read PSUM", "err_unsupported_memory")
+    rules.check_tensor_tensor_engine(eng, spec.name, dt.is_int(a.dtype) and dt.is_int(b.dtype),
+                                     _describe(a))
+    rules.check_gpsimd_memory("nisa.tensor_tensor", eng, (a.memory, b.memory), _describe(a))
     out_dtype = dt.as_dtype(dtype or dt.promote(a.dtype, b.dtype))
     if m is False:
         return _skipped(a.shape, out_dtype)
@@ -377,6 +401,8 @@ def scalar_tensor_tensor(*, data, op0, operand0, op1, operand1, reverse0=False, 
         check_free_size(o, "nisa.scalar_tensor_tensor")
     _two_tiles("scalar_tensor_tensor", src, other)
     spec0, spec1 = fn.lookup(op0, "op0"), fn.lookup(op1, "op1")
+    rules.check_alu_engine("nisa.scalar_tensor_tensor", "dve", (spec0.name, spec1.name),
+                           _nc_version("scalar_tensor_tensor"), _describe(src))
     s0, s0_op = scalar_or_tile(operand0, "operand0", "scalar_tensor_tensor", src.partitions)
     out_dtype = dt.as_dtype(dtype or dt.promote(src.dtype, other.dtype))
     if m is False:
@@ -408,6 +434,8 @@ def tensor_reduce(op, data, axis, *, negate=False, keepdims=False, mask=None, dt
     if spec.name not in fn.REDUCIBLE:
         raise NKIValueError(f"op={spec.name} is not a legal reduction operator",
                             "err_unsupported_reduce_op")
+    rules.check_alu_engine("nisa.tensor_reduce", "dve", (spec.name,),
+                           _nc_version("tensor_reduce"), _describe(src))
     ndim = src.values.ndim
     axes = tuple(sorted({int(a) % ndim for a in (axis if isinstance(axis, (list, tuple))
                                                   else (axis,))}))
@@ -483,6 +511,8 @@ def tensor_tensor_scan(data0, data1, initial, op0, op1, reverse0=False, reverse1
     b = tile_operand(data1, "data1", "tensor_tensor_scan")
     _two_tiles("tensor_tensor_scan", a, b)
     spec0, spec1 = fn.lookup(op0, "op0"), fn.lookup(op1, "op1")
+    rules.check_alu_engine("nisa.tensor_tensor_scan", "dve", (spec0.name, spec1.name),
+                           _nc_version("tensor_tensor_scan"), _describe(a))
     init, init_op = scalar_or_tile(initial, "initial", "tensor_tensor_scan", a.partitions)
     av = a.f32().reshape(a.partitions, -1)
     bv = b.f32().reshape(a.partitions, -1)
@@ -542,6 +572,12 @@ def bn_stats(data, *, mask=None, dtype=None, **kwargs):
         raise NKIValueError(f"bn_stats reads at most 512 elements per partition "
                             f"(bn_stats_fmax), got {op.free_size}",
                             "err_size_of_dimension_exceed_arch_limit")
+    if m is not None and m is not False:
+        aligned = np.broadcast_to(align_mask(m, op.shape), op.shape)
+        restricted = [axis for axis in range(aligned.ndim)
+                      if not aligned.any(axis=tuple(a for a in range(aligned.ndim)
+                                                    if a != axis)).all()]
+        rules.check_bn_stats_mask(restricted, _describe(op))
     out_dtype = dt.as_dtype(dtype or op.dtype)
     if m is False:
         return _skipped((op.partitions, 6), out_dtype)
@@ -602,6 +638,8 @@ def iota(expr, dtype, *, mask=None, **kwargs):
     """``nisa.iota(expr, dtype)``: materialise an index expression (or a loop index) as a
     tile (GpSimd; values computed in int32, then cast). The shape is the expression's
     broadcast shape (a plain integer gives a ``(1, 1)`` tile)."""
+    if isinstance(expr, LoopIndex):
+        expr = expr.value
     if isinstance(expr, (int, np.integer)) and not isinstance(expr, bool):
         values = np.full((1, 1), int(expr), np.int32)
     elif isinstance(expr, IndexExpr):
@@ -626,6 +664,8 @@ def affine_select(pred, on_true_tile, on_false_value, *, mask=None, dtype=None, 
     if not isinstance(pred, Predicate):
         raise NKITypeError("affine_select pred must be an affine predicate",
                            "err_unsupported_expression_in_mask")
+    rules.check_affine_select_pred(len(pred.comparisons),
+                                   f"on_true_tile `{getattr(on_true_tile, 'name', '') or 'tile'}`")
     m = resolve_mask(mask)
     op = tile_operand(on_true_tile, "on_true_tile", "affine_select", mask=m, allow_psum=False)
     out_dtype = dt.as_dtype(dtype or op.dtype)
@@ -753,6 +793,7 @@ def _dma_operand(t, name):
     if not is_tile(t):
         raise NKITypeError(f"`{name}` of dma_copy must be a tensor, got {type(t).__name__}",
                            "err_unsupported_memory")
+    check_in_scope(t, f"operand '{name}' of 'dma_copy'")
     if t.storage.memory == "psum":
         raise NKITypeError(f"Expected operand '{name}' of 'dma_copy' to be in address space "
                            "'hbm|sbuf', but got a tile in 'psum' instead",
@@ -791,6 +832,8 @@ def dma_copy(*, dst, src, mask=None, dst_rmw_op=None, oob_mode=oob_mode.error,
 
     _dma_operand(dst, "dst")
     _dma_operand(src, "src")
+    rules.check_dst_rmw(None if dst_rmw_op is None else fn.lookup(dst_rmw_op, "dst_rmw_op").name,
+                        dst.storage.memory, f"dst `{dst.name or 'tensor'}`")
     skip = oob_mode is globals()["oob_mode"].skip
     if dst_rmw_op is not None and skip:
         raise NKIValueError("dst_rmw_op requires oob_mode=error", "err_dma_rmw_oob")
@@ -866,3 +909,6 @@ def dma_transpose(src, *, axes=None, mask=None, dtype=None, **kwargs):
                       src.size * src.itemsize, src.itemsize,
                       f"{src.storage.memory}->sbuf", src.dtype, out_dtype)
     return finish(tile, inst, m, None)
+
+
+sdk.gate_module(sys.modules[__name__], "nisa")

@@ -15,8 +15,10 @@ import sys
 
 import numpy as np
 
+from . import approx as approx_mode
 from . import dtypes as dt
 from . import functions as fn
+from . import rules, sdk
 from .dtypes import (  # noqa: F401 - re-exported NKI names
     bfloat16,
     bfp16,
@@ -112,6 +114,14 @@ def _kernel_frame():
 
 
 def _shared_hbm(ctx, shape, dtype, name):
+    if ctx.blocks:
+        # general/nki/api/nki.errors.rst@8a38e733, L586-L590: not "inside a loop, under if
+        # condition or inside another function"
+        kind, line = ctx.blocks[-1]
+        raise NKIValueError(
+            f"shared_hbm tensor `{name}` can only be created in top level kernel scope, not "
+            f"inside the {kind} block at line {line} (general/nki/api/nki.errors.rst@8a38e733, "
+            "L581-L615)", "err_shared_hbm_must_in_kernel_level")
     if ctx.loops:
         raise NKIValueError("shared_hbm tensor can only be created in top level kernel scope, "
                             "not inside a loop", "err_shared_hbm_must_in_kernel_level")
@@ -362,6 +372,8 @@ def assign(dst, value) -> None:
     fresh = getattr(value, "fresh", None)
     if fresh is not None and ctx.trace.instructions and fresh[0] is ctx.trace.instructions[-1]:
         inst, m, f32 = fresh
+        rules.check_gpsimd_memory(f"{inst.opcode} (assigned into `{dst.name or 'tile'}`)",
+                                  inst.engine, (dst.storage.memory,))
         write_into(dst, f32 if f32 is not None else value.data, m)
         inst.writes = (dst.region(),) + tuple(inst.writes[1:])
         inst.out_dtype = dt.name(dst.dtype)
@@ -538,7 +550,10 @@ def elementwise_unary(name: str, x, dtype=None, mask=None):
         values = spec.apply(op.f32())
     else:
         work = work_f32(op, out_dtype)
+        inputs = work.copy() if name in fn.TRANSCENDENTAL and approx_mode.approx_bound() else None
         values = spec.apply(work, out=work)
+        if inputs is not None:  # the Scalar engine's approximation
+            values = approx_mode.scalar_engine(name, inputs, values)
     engine, opcode = ("act", "activation") if name in fn.TRANSCENDENTAL else (
         "dve", "tensor_scalar")
     return compute_result(engine, opcode, values, out_dtype, m, [op], details={"op": name})
@@ -815,9 +830,7 @@ def gather_flattened(data, indices, *, mask=None, dtype=None, **kwargs):
     garbage on the hardware; here they read the uninitialised value."""
     src = tile_operand(data, "data", "gather_flattened", allow_psum=False)
     idx = tile_operand(indices, "indices", "gather_flattened", allow_psum=False)
-    if not dt.is_int(idx.dtype):
-        raise NKITypeError("gather_flattened indices must be an integer tile",
-                           "err_indirect_index_type")
+    rules.check_gather_indices(dt.name(idx.dtype), f"indices `{indices.name or 'tile'}`")
     if src.partitions != idx.partitions:
         raise NKIValueError("gather_flattened: data and indices have different partition counts",
                             "err_num_partition_mismatch")
@@ -837,8 +850,11 @@ def atomic_rmw(dst, value, op=np.add, *, mask=None, **kwargs):
     (indirect indices allowed) by DMA read-modify-write."""
     from . import isa
 
+    rules.check_atomic_rmw(fn.lookup(op, "op").name,
+                           isinstance(dst, Access) and dst.indirect is not None,
+                           f"dst `{getattr(dst, 'name', '') or 'tensor'}`")
     if is_tile(value):
-        isa.dma_copy(dst=dst, src=value, mask=mask, dst_rmw_op=op)
+        vars(isa)["dma_copy"](dst=dst, src=value, mask=mask, dst_rmw_op=op)
         return None
     raise NKITypeError("atomic_rmw value must be a tile", "err_unsupported_memory")
 
@@ -850,3 +866,6 @@ def device_print(prefix, x, *, mask=None, **kwargs):
         return
     values = x.data if isinstance(x, Tensor) else (x.read()[0] if isinstance(x, Access) else x)
     print(prefix, np.asarray(values))
+
+
+sdk.gate_module(sys.modules[__name__], "nl")

@@ -27,7 +27,7 @@ class Storage:
     """One allocation: an on-chip tile (SBUF/PSUM) or an HBM tensor."""
 
     __slots__ = ("id", "memory", "kind", "name", "address", "bytes_per_partition", "written",
-                 "param_index", "mutable", "par_axis", "array", "__weakref__")
+                 "param_index", "mutable", "par_axis", "array", "out_of_scope", "__weakref__")
 
     def __init__(self, memory: str, kind: str, name: str = "", bytes_per_partition: int = 0):
         self.id = next(_storage_ids)
@@ -41,6 +41,7 @@ class Storage:
         self.mutable = False
         self.par_axis = 0  # axis of the backing array that is the partition axis
         self.array = None  # the C-contiguous backing array every view of the storage is in
+        self.out_of_scope = ""  # set when the kernel block that created it has ended
 
 
 def _stale(scope) -> bool:

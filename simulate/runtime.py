@@ -23,6 +23,7 @@ import operator
 import numpy as np
 
 from . import dtypes as dt
+from . import sdk
 from .errors import NKIRuntimeError, NKITypeError, NKIValueError
 from .memory import PartitionAllocator, Storage
 from .targets import PMAX, PSUM_BANK_BYTES, get_target
@@ -72,6 +73,7 @@ class Context:
         # first reset is undefined (NaN)
         self.act_accumulator = np.full((PMAX, 1), np.nan, np.float32)
         self.fresh_tile = None  # weak reference to the latest instruction's result tile
+        self.blocks: list[tuple[str, int]] = []  # kernel-level if/else/for/while being run
 
     def loops_key(self):
         return tuple((f.id, f.kind, f.iteration) for f in self.loops)
@@ -384,6 +386,8 @@ def run(func, args, kwargs, *, grid=(), target=None, check_affine=True, expected
     grid = tuple(int(g) for g in (grid if isinstance(grid, tuple) else (grid,))) if grid else ()
     returns = returns_value(func)
     convention = None if returns is None else ("return" if returns else "output")
+    if convention is not None:
+        sdk.require_convention(convention)
     arguments = _Arguments(func, convention)
     try:
         names = list(inspect.signature(func).parameters)
@@ -393,6 +397,9 @@ def run(func, args, kwargs, *, grid=(), target=None, check_affine=True, expected
                   for i, value in enumerate(args)]
     keywords = {k: arguments.convert(v, k, k) for k, v in kwargs.items()}
     _check_annotations(func, positional, keywords)
+    from . import scoping  # late: it builds on this module's loop frames and context
+
+    func = scoping.prepare(func)
     ctx = Context(target, getattr(func, "__code__", None))
     ctx.check_affine = check_affine
     ctx.grid = grid

@@ -53,7 +53,9 @@ class _TileSizeMeta(type):
         """Usable SBUF bytes per partition of the running kernel's target (the default
         target outside a kernel), as the compiler reports it for its compile target."""
         from .runtime import active
+        from .sdk import require
 
+        require("nl.tile_size.total_available_sbuf_size")
         ctx = active()
         return (ctx.target if ctx else TARGETS[DEFAULT_TARGET]).sbuf_bytes_per_partition
 

@@ -25,6 +25,7 @@ from .errors import (
     NKIValueError,
 )
 from .indexing import IndexExpr, Predicate, align_mask, mask_box
+from .loop_index import concrete
 from .targets import PMAX
 from .trace import Region
 
@@ -308,6 +309,7 @@ class Tensor(TileOperators):
         if isinstance(key, Predicate):
             return Access(self, None, operand_mask=key)
         key = key if isinstance(key, tuple) else (key,)
+        key = tuple(concrete(k) for k in key)  # symbolic loop indices address their value
         if any(isinstance(k, (IndexExpr, Tensor, Access)) for k in key):
             return Access(self, key)
         return self._basic_view(key)
@@ -338,6 +340,11 @@ class Tensor(TileOperators):
             b = base_of_view.get(axis)
             if isinstance(k, slice):
                 start, stop, step = _slice_bounds(k, dim, axis, self.name)
+                if self.on_chip and axis == self.par_axis:
+                    from .rules import check_partition_step
+
+                    check_partition_step(step, f"`{self.name or 'tile'}`[{k.start}:{k.stop}:"
+                                               f"{k.step}]")
                 np_key.append(slice(start, stop, step))
                 if b is not None:
                     starts[b] += start * steps[b]
@@ -494,6 +501,12 @@ class Access(TileOperators):
                                     "err_unsupported_indexing")
         self.indices = arrays
         self.shape = tuple(np.broadcast_shapes(*(a.shape for a in arrays)))
+        if tensor.on_chip and isinstance(key[tensor.par_axis], IndexExpr):
+            step = _progression(arrays[tensor.par_axis], len(self.shape))
+            if step is not None and step[0] == "range":
+                from .rules import check_partition_step
+
+                check_partition_step(step[3], f"partition index of `{tensor.name or 'tile'}`")
 
     def _check_indirect(self, axis: int, index_tile) -> None:
         if self.tensor.on_chip:

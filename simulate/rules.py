@@ -1,0 +1,237 @@
+"""The legacy NKI compiler's rules, as tables and checks the front-ends call.
+
+Front-end-agnostic: this module imports no ``nl``/``nisa`` module, only the error classes,
+so the same rules can serve another dialect. Every check cites the documentation it
+enforces (repository ``aws-neuron/aws-neuron-sdk``, paths under ``general/nki/``) and raises
+one error naming the rule (the ``err_`` key of ``api/nki.errors.rst`` where one exists,
+otherwise a short name and the doc's words), the instruction and the tile.
+
+Engines are named as in the trace: ``dve`` (Vector), ``act`` (Scalar), ``pool`` (GpSimd),
+``pe`` (Tensor).
+"""
+
+from __future__ import annotations
+
+from .errors import NKITypeError, NKIValueError
+
+SHARED = "general/nki/api/nki.api.shared.rst@8a38e733"
+ISA = "general/nki/api/nki/isa/__init__.py@8a38e733"
+LANG = "general/nki/api/nki/language/__init__.py@8a38e733"
+PM = "general/nki/programming_model.rst@8a38e733"
+KI = "general/nki/nki_known_issues.rst@8a38e733"
+ERRORS = "general/nki/api/nki.errors.rst@8a38e733"
+
+ENGINE_NAMES = {"dve": "Vector", "act": "Scalar", "pool": "GpSimd", "pe": "Tensor"}
+
+# Supported Math Operators for NKI ISA: the "Supported Engine" column
+# (nki.api.shared.rst@8a38e733, L63-L119)
+ALU_ENGINES: dict[str, frozenset[str]] = {
+    **{op: frozenset({"dve"}) for op in (
+        "invert", "bitwise_and", "bitwise_or", "bitwise_xor", "left_shift", "right_shift",
+        "subtract", "maximum", "minimum", "equal", "not_equal", "greater_equal", "greater",
+        "less_equal", "less", "logical_not", "logical_and", "logical_or", "logical_xor")},
+    "add": frozenset({"dve", "pool", "act"}),  # L82
+    "multiply": frozenset({"dve", "pool", "act"}),  # L86
+    "rsqrt": frozenset({"pool", "act"}),  # L112
+    "reciprocal": frozenset({"dve", "act"}),  # L114
+    "abs": frozenset({"dve", "act"}),  # L116
+    "power": frozenset({"pool"}),  # L118
+}
+# ALU ops the table does not list (divide, mod, fmod, ...): the Vector engine, where the
+# nl.* lowering puts them (the table is the only per-engine statement)
+DEFAULT_ALU_ENGINES = frozenset({"dve"})
+
+# "Add and Multiply are supported on Scalar Engine only from NeuronCore-v3" (L121)
+SCALAR_ALU_FROM_V3 = frozenset({"add", "multiply"})
+# tensor_scalar on the Scalar engine of trn2: only these combinations (isa L1663-L1667)
+SCALAR_TENSOR_SCALAR_COMBOS = frozenset({("multiply", "add"), ("multiply",), ("add",)})
+# tensor_tensor on GpSimd: power and integer add/subtract/multiply (isa L1767)
+GPSIMD_TENSOR_TENSOR_FLOAT = frozenset({"power"})
+GPSIMD_TENSOR_TENSOR_INT = frozenset({"add", "subtract", "multiply"})
+
+PSUM_FMAX = 512  # PM L346-L347 (TC#2)
+PSUM_PARTITION_BYTES = 2048  # one PSUM bank per partition
+
+
+def _tile(what) -> str:
+    return f" ({what})" if what else ""
+
+
+def alu_engines(op: str) -> frozenset[str]:
+    return ALU_ENGINES.get(op, DEFAULT_ALU_ENGINES)
+
+
+def check_alu_engine(api: str, engine: str, ops, nc_version: int, tile="") -> None:
+    """Every ALU op of an instruction must run on its engine (shared L63-L119, L121)."""
+    for op in ops:
+        # general/nki/api/nki.api.shared.rst@8a38e733, L63-L119 (Supported Engine column)
+        if engine not in alu_engines(op):
+            allowed = "/".join(ENGINE_NAMES[e] for e in sorted(alu_engines(op)))
+            raise NKIValueError(
+                f"{api}: operator {op} is not supported on the {ENGINE_NAMES[engine]} engine "
+                f"(Supported Math Operators table: {allowed} only; {SHARED}, L63-L119)"
+                f"{_tile(tile)}", "unsupported_engine_for_operator")
+        # general/nki/api/nki.api.shared.rst@8a38e733, L121
+        if engine == "act" and op in SCALAR_ALU_FROM_V3 and nc_version < 3:
+            raise NKIValueError(
+                f"{api}: Add and Multiply are supported on Scalar Engine only from "
+                f"NeuronCore-v3 ({SHARED}, L121){_tile(tile)}",
+                "unsupported_engine_for_operator")
+
+
+def default_engine(ops, candidates=("dve", "pool", "act")) -> str | None:
+    """The engine the compiler would pick for ``engine=unknown``: the first that runs
+    every op (None when none does)."""
+    for engine in candidates:
+        if all(engine in alu_engines(op) for op in ops):
+            return engine
+    return None
+
+
+def check_tensor_scalar_engine(engine: str, ops, nc_version: int, tile="") -> None:
+    """``nisa.tensor_scalar`` engine rules."""
+    ops = tuple(ops)
+    if engine == "pool" and "rsqrt" not in ops:
+        # general/nki/api/nki/isa/__init__.py@8a38e733, L1699
+        raise NKIValueError(
+            f"nisa.tensor_scalar: engine=nisa.gpsimd_engine is only allowed for rsqrt, got "
+            f"op0/op1={'/'.join(ops)} ({ISA}, L1699){_tile(tile)}",
+            "unsupported_engine_for_operator")
+    if engine == "act" and nc_version >= 3 and ops not in SCALAR_TENSOR_SCALAR_COMBOS:
+        # general/nki/api/nki/isa/__init__.py@8a38e733, L1663-L1667
+        raise NKIValueError(
+            "nisa.tensor_scalar: the Scalar Engine on trn2 only supports op0=multiply, "
+            f"op1=add / op0=multiply / op0=add, got {'/'.join(ops)} ({ISA}, L1663-L1667)"
+            f"{_tile(tile)}", "unsupported_engine_for_operator")
+    check_alu_engine("nisa.tensor_scalar", engine, ops, nc_version, tile)
+
+
+def check_tensor_tensor_engine(engine: str, op: str, integer: bool, tile="") -> None:
+    """``nisa.tensor_tensor``: Vector runs the Vector ops; GpSimd runs power and integer
+    add/subtract/multiply (isa L1766-L1767)."""
+    if engine == "pool":
+        legal = GPSIMD_TENSOR_TENSOR_FLOAT | (GPSIMD_TENSOR_TENSOR_INT if integer else set())
+        if op not in legal:
+            # general/nki/api/nki/isa/__init__.py@8a38e733, L1766-L1767
+            raise NKIValueError(
+                f"nisa.tensor_tensor: op={op} does not run on the GpSimd engine: it runs "
+                f"``power`` or integer ``add``, ``multiply``, ``subtract`` ({ISA}, L1767)"
+                f"{_tile(tile)}", "unsupported_engine_for_operator")
+        return
+    if engine == "dve" and "dve" not in alu_engines(op):
+        # general/nki/api/nki.api.shared.rst@8a38e733, L118
+        raise NKIValueError(
+            f"nisa.tensor_tensor: operator {op} is not supported on the Vector engine "
+            f"({SHARED}, L63-L119){_tile(tile)}", "unsupported_engine_for_operator")
+
+
+def check_gpsimd_memory(api: str, engine: str, memories, tile="") -> None:
+    """GpSimd cannot read or write PSUM (isa L1392, L1778)."""
+    if engine == "pool" and "psum" in memories:
+        # general/nki/api/nki/isa/__init__.py@8a38e733, L1392 and L1778
+        raise NKITypeError(
+            f"{api}: GpSimd Engine cannot access PSUM, so its input or output tiles cannot be "
+            f"in PSUM ({ISA}, L1392, L1778){_tile(tile)}", "err_unsupported_memory")
+
+
+def check_psum_tile(free_elements: int, itemsize: int, what: str) -> None:
+    """A PSUM tile holds at most psum_fmax = 512 elements per partition (TC#2) in one 2 KiB
+    bank."""
+    if free_elements > PSUM_FMAX:
+        # general/nki/programming_model.rst@8a38e733, L346-L347 and L354-L357
+        raise NKIValueError(
+            f"{what}: for tiles in PSUM, the F dimension size must not exceed "
+            f"nki.tile_size.psum_fmax == {PSUM_FMAX} elements, got {free_elements} "
+            f"({PM}, L346-L347, [TC#2])", "err_size_of_dimension_exceed_arch_limit")
+    if free_elements * itemsize > PSUM_PARTITION_BYTES:
+        raise NKIValueError(
+            f"{what}: a PSUM tile holds at most {PSUM_PARTITION_BYTES} bytes per partition "
+            f"(one bank), got {free_elements * itemsize} ({PM}, L346-L347)",
+            "err_size_of_dimension_exceed_arch_limit")
+
+
+def check_mask_comparison_axes(axes_per_comparison, what="mask") -> None:
+    """Each comparison of a mask restricts one axis of the tile: the valid points form a box
+    (shared L201-L207). ``axes_per_comparison``: for each comparison, the tile axes its
+    index expression varies along."""
+    for axes in axes_per_comparison:
+        if len(axes) > 1:
+            # general/nki/api/nki.api.shared.rst@8a38e733, L206-L207
+            raise NKIValueError(
+                f"{what}: each comparison expression should indicate which range of indices "
+                f"along one of the input tile axes should be valid; this one mixes axes "
+                f"{sorted(axes)} (a non-box, 'staircase' mask; {SHARED}, L201-L207)",
+                "err_unsupported_expression_in_mask")
+
+
+def check_partition_step(step: int, what: str) -> None:
+    """Strided indexing is supported along the free dimension only (PM L536-L540)."""
+    if step != 1:
+        # general/nki/programming_model.rst@8a38e733, L536-L540
+        raise NKIValueError(
+            f"{what}: partition index with stride {step}: flexible (strided) indexing is not "
+            f"supported along the partition dimension ({PM}, L536-L540)",
+            "partition_stride")
+
+
+def check_dst_rmw(op: str | None, dst_memory: str, tile="") -> None:
+    """``dma_copy(dst_rmw_op=)``: only np.add (isa L414), at an HBM destination."""
+    if op is None:
+        return
+    if op != "add":
+        # general/nki/api/nki/isa/__init__.py@8a38e733, L413-L414
+        raise NKIValueError(
+            f"nisa.dma_copy: dst_rmw_op={op}: currently only np.add is supported ({ISA}, "
+            f"L414){_tile(tile)}", "dst_rmw_op")
+    if dst_memory != "hbm":
+        # general/nki/api/nki/isa/__init__.py@8a38e733, L405-L416: the read-modify-write is
+        # documented only with its example, an indirect HBM store
+        # (general/nki/test/test_nki_isa_dma_copy.py@8a38e733, L146); strict reading
+        raise NKITypeError(
+            "nisa.dma_copy: dst_rmw_op is documented only for a destination in device memory "
+            f"(HBM), got a destination in {dst_memory.upper()} ({ISA}, L405-L416){_tile(tile)}",
+            "err_unsupported_memory")
+
+
+def check_bn_stats_mask(restricted_axes, tile="") -> None:
+    """bn_stats: no mask on the reduce (free) dimension (known issues L41-L42)."""
+    if any(axis >= 1 for axis in restricted_axes):
+        # general/nki/nki_known_issues.rst@8a38e733, L41-L42
+        raise NKIValueError(
+            "nisa.bn_stats does not support mask on the reduce dimension: the mask sent to "
+            f"bn_stats could not contain any indices from the reduction dimension ({KI}, "
+            f"L41-L42){_tile(tile)}", "bn_stats_mask")
+
+
+def check_atomic_rmw(op: str, indirect: bool, tile="") -> None:
+    """nl.atomic_rmw: op only np.add, dst with indirect indexing (language L345-L347)."""
+    if op != "add":
+        # general/nki/api/nki/language/__init__.py@8a38e733, L347
+        raise NKIValueError(
+            f"nl.atomic_rmw: op={op}: atomic operation only supports np.add currently ({LANG}, "
+            f"L347){_tile(tile)}", "atomic_rmw_op")
+    if not indirect:
+        # general/nki/api/nki/language/__init__.py@8a38e733, L345
+        raise NKIValueError(
+            "nl.atomic_rmw: dst is an HBM tensor with subscripts that only supports indirect "
+            f"dynamic indexing currently ({LANG}, L345){_tile(tile)}",
+            "atomic_rmw_dst")
+
+
+def check_gather_indices(dtype_name: str, tile="") -> None:
+    """nl.gather_flattened: indices are uint32 (language L668)."""
+    if dtype_name != "uint32":
+        # general/nki/api/nki/language/__init__.py@8a38e733, L668
+        raise NKITypeError(
+            f"nl.gather_flattened: the indices tensor must contain uint32 values, got "
+            f"{dtype_name} ({LANG}, L668){_tile(tile)}", "gather_indices_dtype")
+
+
+def check_affine_select_pred(comparisons: int, tile="") -> None:
+    """affine_select: pred is one affine comparison, not masks combined with & (isa L268)."""
+    if comparisons > 1:
+        # general/nki/api/nki/isa/__init__.py@8a38e733, L268
+        raise NKIValueError(
+            "nisa.affine_select: pred can't be multiple masks combined using logical operators "
+            f"such as & and | ({ISA}, L268); use nl.where for a complex predicate{_tile(tile)}",
+            "err_unsupported_expression_in_mask")

@@ -1,0 +1,268 @@
+"""Kernel-level language rules that need the kernel's source: block scopes, kernel-level
+``range`` loops and annotations of local variables.
+
+Before a kernel runs, its function is recompiled from its source with small hooks added
+(line numbers kept, so tracebacks point at the user's lines):
+
+- every ``if``/``else`` body and every iteration of a ``for``/``while`` body is a scope:
+  "control blocks in if/else/for statements will introduce their own scope for tensors. A
+  tensor defined in if/else/for control blocks are not allowed to be used outside of the
+  scope" (``general/nki/api/nki.errors.rst@8a38e733``, L417-L474). When a block ends, the
+  on-chip tiles it created and bound to a name are marked, and any later use of them raises
+  ``err_local_variable_used_out_of_scope``. The same hook tells ``nl.ndarray(...,
+  buffer=nl.shared_hbm)`` that it runs "under if condition" or "inside a loop"
+  (``err_shared_hbm_must_in_kernel_level``, L581-L615);
+- ``for v in range(...)`` statements of the kernel function become ``sequential_range``
+  loops whose variable is a symbolic :class:`~simulate.loop_index.LoopIndex`
+  (``general/nki/api/nki/language/__init__.py@8a38e733``, L1416-L1417); helpers the kernel
+  calls keep Python's ``range`` (nki-samples ``rmsnorm_quant.py``, "NKI-917");
+- ``name: nt.tensor[...] = value`` checks the shape (``err_annotation_shape_mismatch``,
+  L126-L141).
+
+A kernel whose source is unavailable (e.g. defined in an interactive session) runs as it
+is, without these checks.
+"""
+
+from __future__ import annotations
+
+import __future__
+
+import ast
+import inspect
+import itertools
+import textwrap
+import weakref
+
+from . import memory
+from .errors import NKIValueError
+from .loop_index import LoopIndex
+from .runtime import LoopFrame, current
+
+_PREFIX = "__nki_"
+
+
+class _Hooks:
+    """The callbacks the recompiled kernel calls."""
+
+    @staticmethod
+    def enter(kind: str, line: int):
+        ctx = current("kernel block")
+        ctx.blocks.append((kind, line))
+        return (next(memory._storage_ids), kind, line)
+
+    @staticmethod
+    def exit(token, values: dict, names: tuple) -> None:
+        ctx = current("kernel block")
+        if ctx.blocks:
+            ctx.blocks.pop()
+        first_id, kind, line = token
+        from .tensor import Tensor
+
+        for name in names:
+            value = values.get(name)
+            if isinstance(value, Tensor) and value.on_chip and value.storage.id > first_id \
+                    and not value.storage.out_of_scope:
+                value.storage.out_of_scope = (f"'{name}' (a tile created in the {kind} block "
+                                              f"at line {line})")
+
+    @staticmethod
+    def annotation(value, annotation_thunk, name: str, line: int) -> None:
+        try:
+            annotation = annotation_thunk()
+        except Exception:  # noqa: BLE001 - an annotation the simulator cannot evaluate
+            return
+        shape = getattr(annotation, "__nki_shape__", None)
+        actual = getattr(value, "shape", None)
+        if shape is not None and actual is not None and tuple(actual) != tuple(shape):
+            raise NKIValueError(
+                f"Tensor shape and the annotated shape mismatch: `{name}` (line {line}) has "
+                f"shape {list(actual)}, the annotation expects {list(shape)} "
+                "(general/nki/api/nki.errors.rst@8a38e733, L126-L141)",
+                "err_annotation_shape_mismatch")
+
+    @staticmethod
+    def range(name: str, line: int):
+        def sequential(*args):
+            import operator
+
+            ctx = current("range")
+            bounds = range(*(operator.index(a) for a in args))
+            frame = LoopFrame("sequential_range")
+            ctx.loops.append(frame)
+            try:
+                for i in bounds:
+                    frame.iteration = i
+                    yield LoopIndex(i, name)
+            finally:
+                frame.active = False
+                ctx.loops.remove(frame)
+
+        return sequential
+
+
+def _bound_names(statements) -> list[str]:
+    """Names a list of statements binds (not inside nested functions, classes, lambdas or
+    comprehensions)."""
+    names: list[str] = []
+
+    class Collector(ast.NodeVisitor):
+        def visit_Name(self, node):
+            if isinstance(node.ctx, ast.Store) and node.id not in names \
+                    and not node.id.startswith(_PREFIX):
+                names.append(node.id)
+
+        def _skip(self, node):
+            return None
+
+        visit_FunctionDef = visit_AsyncFunctionDef = visit_ClassDef = visit_Lambda = _skip
+        visit_ListComp = visit_SetComp = visit_DictComp = visit_GeneratorExp = _skip
+
+    collector = Collector()
+    for statement in statements:
+        collector.visit(statement)
+    return names
+
+
+class _Rewriter(ast.NodeTransformer):
+    """Adds the hooks to the kernel function's own statements."""
+
+    def __init__(self):
+        self.counter = itertools.count()
+        self.root = None
+
+    def _body(self, statements):
+        out = []
+        for statement in statements:
+            result = self.visit(statement)
+            out.extend(result if isinstance(result, list) else [result])
+        return out
+
+    def _hook(self, name, args):
+        return ast.Call(func=ast.Attribute(value=ast.Name(f"{_PREFIX}hooks__", ast.Load()),
+                                           attr=name, ctx=ast.Load()), args=args, keywords=[])
+
+    def _scoped(self, body, kind, line):
+        """``tok = enter(); try: body finally: exit(tok, locals(), names)``."""
+        body = self._body(body)
+        token = f"{_PREFIX}token_{next(self.counter)}"
+        names = _bound_names(body)
+        enter = ast.Assign(targets=[ast.Name(token, ast.Store())],
+                           value=self._hook("enter", [ast.Constant(kind), ast.Constant(line)]))
+        leave = ast.Expr(self._hook("exit", [
+            ast.Name(token, ast.Load()),
+            ast.Call(func=ast.Name("locals", ast.Load()), args=[], keywords=[]),
+            ast.Tuple([ast.Constant(n) for n in names], ast.Load())]))
+        return [enter, ast.Try(body=body, handlers=[], orelse=[], finalbody=[leave])]
+
+    def visit_FunctionDef(self, node):
+        if self.root is None:
+            self.root = node
+            node.decorator_list = []
+            node.body = self._body(node.body)
+        return node  # nested functions are helpers: left alone
+
+    def visit_AsyncFunctionDef(self, node):
+        return node
+
+    visit_ClassDef = visit_Lambda = visit_AsyncFunctionDef
+
+    def visit_If(self, node):
+        node.test = self.visit(node.test)
+        node.body = self._scoped(node.body, "if", node.lineno)
+        if node.orelse:
+            line = node.orelse[0].lineno
+            node.orelse = self._scoped(node.orelse, "else", line)
+        return node
+
+    def visit_For(self, node):
+        node.iter = self.visit(node.iter)
+        call = node.iter
+        if (isinstance(call, ast.Call) and isinstance(call.func, ast.Name)
+                and call.func.id == "range"):
+            maker = self._hook("range", [ast.Constant(ast.unparse(node.target)),
+                                         ast.Constant(node.lineno)])
+            node.iter = ast.Call(func=maker, args=call.args, keywords=call.keywords)
+        node.body = self._scoped(node.body, "for", node.lineno)
+        node.orelse = self._body(node.orelse)
+        return node
+
+    def visit_While(self, node):
+        node.test = self.visit(node.test)
+        node.body = self._scoped(node.body, "while", node.lineno)
+        node.orelse = self._body(node.orelse)
+        return node
+
+    def visit_AnnAssign(self, node):
+        if node.value is None or not isinstance(node.target, ast.Name):
+            return node
+        thunk = ast.Lambda(args=ast.arguments(posonlyargs=[], args=[], kwonlyargs=[],
+                                              kw_defaults=[], defaults=[]),
+                           body=node.annotation)
+        check = ast.Expr(self._hook("annotation", [
+            ast.Name(node.target.id, ast.Load()), thunk, ast.Constant(node.target.id),
+            ast.Constant(node.lineno)]))
+        return [node, check]
+
+
+_prepared: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def prepare(func):
+    """The kernel function recompiled with the hooks (``func`` itself when its source is not
+    available)."""
+    try:
+        return _prepared[func]
+    except (KeyError, TypeError):
+        pass
+    prepared = _compile(func) or func
+    try:
+        _prepared[func] = prepared
+    except TypeError:
+        pass
+    return prepared
+
+
+def _compile(func):
+    code = getattr(func, "__code__", None)
+    if code is None or code.co_name == "<lambda>":
+        return None
+    try:
+        lines, first = inspect.getsourcelines(func)
+    except (OSError, TypeError):
+        return None
+    try:
+        tree = ast.parse(textwrap.dedent("".join(lines)))
+    except SyntaxError:
+        return None
+    if not tree.body or not isinstance(tree.body[0], ast.FunctionDef):
+        return None
+    ast.increment_lineno(tree, first - 1)
+    kernel = _Rewriter().visit(tree.body[0])
+    free = list(code.co_freevars)
+    factory = ast.FunctionDef(
+        name=f"{_PREFIX}factory__",
+        args=ast.arguments(posonlyargs=[], args=[ast.arg(f"{_PREFIX}hooks__")]
+                           + [ast.arg(n) for n in free], kwonlyargs=[], kw_defaults=[],
+                           defaults=[]),
+        body=[kernel, ast.Return(ast.Name(kernel.name, ast.Load()))], decorator_list=[],
+        returns=None)
+    if "type_params" in ast.FunctionDef._fields:
+        factory.type_params = []
+    module = ast.Module(body=[factory], type_ignores=[])
+    ast.copy_location(factory, kernel)
+    ast.fix_missing_locations(module)
+    flags = code.co_flags & __future__.annotations.compiler_flag
+    try:
+        compiled = compile(module, code.co_filename, "exec", flags=flags, dont_inherit=True)
+        namespace: dict = {}
+        exec(compiled, func.__globals__, namespace)  # noqa: S102 - the kernel's own source
+        cells = [cell.cell_contents for cell in (func.__closure__ or ())]
+        new = namespace[f"{_PREFIX}factory__"](_Hooks, *cells)
+    except Exception:  # noqa: BLE001 - anything unusual: run the kernel unchanged
+        return None
+    new.__defaults__ = func.__defaults__
+    new.__kwdefaults__ = func.__kwdefaults__
+    new.__annotations__ = dict(getattr(func, "__annotations__", {}))
+    new.__doc__, new.__module__ = func.__doc__, func.__module__
+    new.__qualname__ = func.__qualname__
+    return new
