@@ -14,9 +14,6 @@ from . import compiler, isa, language, sdk, typing
 from .approx import approx_bound, set_approx, use_approx
 from .errors import CapacityError, NKIError
 from .profiler import Profile, profile
-from .sdk import RELEASES as SDK_RELEASES
-from .sdk import set_sdk, sdk_version
-from .sdk import sdk as use_sdk
 from .runtime import (
     Kernel,
     baremetal,
@@ -26,6 +23,9 @@ from .runtime import (
     simulate_kernel,
     trace_kernel,
 )
+from .sdk import RELEASES as SDK_RELEASES
+from .sdk import sdk as use_sdk
+from .sdk import sdk_version, set_sdk
 from .targets import TARGETS, get_target
 from .trace import Instruction, Trace
 

@@ -56,8 +56,9 @@ def _from_env() -> float:
     return DEFAULT_BOUND
 
 
+_ENV_BOUND = _from_env()
 _bound: contextvars.ContextVar[float] = contextvars.ContextVar("nki_sim_approx",
-                                                               default=_from_env())
+                                                               default=_ENV_BOUND)
 
 
 def approx_bound() -> float:

@@ -20,11 +20,10 @@ from . import functions as fn
 from . import rules, sdk
 from .errors import NKIIndexError, NKITypeError, NKIValueError
 from .indexing import IndexExpr, Predicate, align_mask
-from .loop_index import LoopIndex
 from .instructions import (
     allocate,
-    check_in_scope,
     check_free_size,
+    check_in_scope,
     compute_result,
     extent,
     fill_masked_off,
@@ -36,6 +35,7 @@ from .instructions import (
     work_f32,
     write_into,
 )
+from .loop_index import LoopIndex
 from .runtime import current
 from .tensor import Access, Tensor, contiguous_row_bytes
 

@@ -24,7 +24,6 @@ is, without these checks.
 """
 
 from __future__ import annotations
-
 import __future__
 
 import ast

@@ -125,8 +125,9 @@ def _parse(release) -> str:
     return text
 
 
-_current: contextvars.ContextVar[str] = contextvars.ContextVar(
-    "nki_sim_sdk", default=_parse(os.environ.get("NKI_SIM_SDK") or NEWEST))
+_ENV_RELEASE = _parse(os.environ.get("NKI_SIM_SDK") or NEWEST)
+_current: contextvars.ContextVar[str] = contextvars.ContextVar("nki_sim_sdk",
+                                                              default=_ENV_RELEASE)
 
 
 def sdk_version() -> str:
@@ -218,7 +219,7 @@ class _GatedModule(types.ModuleType):
 _GATED_FUNCTIONS = {api for api, _ in PARAM_TABLE}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _param_gate(api, func):
     @functools.wraps(func)
     def gated(*args, **kwargs):
