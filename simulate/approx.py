@@ -33,19 +33,19 @@ import os
 
 import numpy as np
 
-DEFAULT_BOUND = 2.0 ** -9
+DEFAULT_BOUND = 2.0**-9
 
 _EXACT = frozenset({"copy", "identity", "square", "relu", "sign", "abs"})
 
 # nki.api.shared.rst@8a38e733, table "Supported Activation Functions by NKI ISA": (lo, hi)
 # of the Valid Input Range; symmetric=True means ±[lo, hi]
 VALID_RANGES = {
-    "log": (2.0 ** -64, 2.0 ** 64, False),  # L172
+    "log": (2.0**-64, 2.0**64, False),  # L172
     "sin": (-np.pi, np.pi, False),  # L174
     "arctan": (-np.pi / 2, np.pi / 2, False),  # L176
-    "sqrt": (2.0 ** -116, 2.0 ** 118, False),  # L178
-    "rsqrt": (2.0 ** -87, 2.0 ** 97, False),  # L180
-    "reciprocal": (2.0 ** -42, 2.0 ** 42, True),  # L182
+    "sqrt": (2.0**-116, 2.0**118, False),  # L178
+    "rsqrt": (2.0**-87, 2.0**97, False),  # L180
+    "reciprocal": (2.0**-42, 2.0**42, True),  # L182
 }
 
 
@@ -57,8 +57,7 @@ def _from_env() -> float:
 
 
 _ENV_BOUND = _from_env()
-_bound: contextvars.ContextVar[float] = contextvars.ContextVar("nki_sim_approx",
-                                                               default=_ENV_BOUND)
+_bound: contextvars.ContextVar[float] = contextvars.ContextVar("nki_sim_approx", default=_ENV_BOUND)
 
 
 def approx_bound() -> float:
@@ -97,7 +96,7 @@ def _unit_hash(x: np.ndarray) -> np.ndarray:
     h = (h ^ (h >> np.uint64(16))) * np.uint64(0x7FEB352D) & np.uint64(0xFFFFFFFF)
     h = (h ^ (h >> np.uint64(15))) * np.uint64(0x846CA68B) & np.uint64(0xFFFFFFFF)
     h = h ^ (h >> np.uint64(16))
-    return (h.astype(np.float64) / 2.0 ** 31 - 1.0).astype(np.float32)
+    return (h.astype(np.float64) / 2.0**31 - 1.0).astype(np.float32)
 
 
 def scalar_engine(name: str, inputs: np.ndarray, values: np.ndarray) -> np.ndarray:

@@ -28,7 +28,8 @@ def _misuse(expr: str, use: str, error=NKITypeError):
         f"any use of Python range(...) is replaced with sequential_range(...) ({_CITATION}), "
         f"so it cannot be used as a Python int ({use}); use nl.static_range for a "
         "compile-time integer, or keep it in index arithmetic",
-        "sequential_range_index")
+        "sequential_range_index",
+    )
 
 
 class LoopIndex:
@@ -64,8 +65,10 @@ class LoopIndex:
 
     def __mul__(self, other):
         if isinstance(other, LoopIndex):
-            raise NKIValueError(f"`{self.expr} * {other.expr}`: the product of two loop "
-                                "indices is not affine", "err_unsupported_expression_in_mask")
+            raise NKIValueError(
+                f"`{self.expr} * {other.expr}`: the product of two loop indices is not affine",
+                "err_unsupported_expression_in_mask",
+            )
         if isinstance(other, int) and not isinstance(other, bool):
             return LoopIndex(self.value * other, f"{self.expr} * {other}")
         return NotImplemented
@@ -82,7 +85,8 @@ class LoopIndex:
         raise NKIValueError(
             f"`{self.expr}` with '%', '//' or '/': not an affine expression of the loop index "
             "(general/nki/api/nki.errors.rst@8a38e733, L834-L838)",
-            "err_unsupported_expression_in_mask")
+            "err_unsupported_expression_in_mask",
+        )
 
     __mod__ = __rmod__ = __floordiv__ = __rfloordiv__ = __truediv__ = __rtruediv__ = _not_affine
     __pow__ = __rpow__ = _not_affine
@@ -158,7 +162,9 @@ class LoopCondition:
         raise NKIControlFlowError(
             f"`{self.expr}` compares the symbolic index of a kernel-level `range` loop "
             f"(replaced with sequential_range, {_CITATION}): Python control flow cannot depend "
-            "on it; pass it as mask= or use nl.static_range", "sequential_range_index")
+            "on it; pass it as mask= or use nl.static_range",
+            "sequential_range_index",
+        )
 
     def __repr__(self):
         return self.expr
@@ -169,7 +175,8 @@ def concrete(value):
     own indexing code only."""
     if isinstance(value, LoopIndex):
         return value.value
-    if isinstance(value, slice) and any(isinstance(v, LoopIndex)
-                                        for v in (value.start, value.stop, value.step)):
+    if isinstance(value, slice) and any(
+        isinstance(v, LoopIndex) for v in (value.start, value.stop, value.step)
+    ):
         return slice(concrete(value.start), concrete(value.stop), concrete(value.step))
     return value

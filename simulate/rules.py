@@ -26,10 +26,30 @@ ENGINE_NAMES = {"dve": "Vector", "act": "Scalar", "pool": "GpSimd", "pe": "Tenso
 # Supported Math Operators for NKI ISA: the "Supported Engine" column
 # (nki.api.shared.rst@8a38e733, L63-L119)
 ALU_ENGINES: dict[str, frozenset[str]] = {
-    **{op: frozenset({"dve"}) for op in (
-        "invert", "bitwise_and", "bitwise_or", "bitwise_xor", "left_shift", "right_shift",
-        "subtract", "maximum", "minimum", "equal", "not_equal", "greater_equal", "greater",
-        "less_equal", "less", "logical_not", "logical_and", "logical_or", "logical_xor")},
+    **{
+        op: frozenset({"dve"})
+        for op in (
+            "invert",
+            "bitwise_and",
+            "bitwise_or",
+            "bitwise_xor",
+            "left_shift",
+            "right_shift",
+            "subtract",
+            "maximum",
+            "minimum",
+            "equal",
+            "not_equal",
+            "greater_equal",
+            "greater",
+            "less_equal",
+            "less",
+            "logical_not",
+            "logical_and",
+            "logical_or",
+            "logical_xor",
+        )
+    },
     "add": frozenset({"dve", "pool", "act"}),  # L82
     "multiply": frozenset({"dve", "pool", "act"}),  # L86
     "rsqrt": frozenset({"pool", "act"}),  # L112
@@ -70,13 +90,16 @@ def check_alu_engine(api: str, engine: str, ops, nc_version: int, tile="") -> No
             raise NKIValueError(
                 f"{api}: operator {op} is not supported on the {ENGINE_NAMES[engine]} engine "
                 f"(Supported Math Operators table: {allowed} only; {SHARED}, L63-L119)"
-                f"{_tile(tile)}", "unsupported_engine_for_operator")
+                f"{_tile(tile)}",
+                "unsupported_engine_for_operator",
+            )
         # general/nki/api/nki.api.shared.rst@8a38e733, L121
         if engine == "act" and op in SCALAR_ALU_FROM_V3 and nc_version < 3:
             raise NKIValueError(
                 f"{api}: Add and Multiply are supported on Scalar Engine only from "
                 f"NeuronCore-v3 ({SHARED}, L121){_tile(tile)}",
-                "unsupported_engine_for_operator")
+                "unsupported_engine_for_operator",
+            )
 
 
 def default_engine(ops, candidates=("dve", "pool", "act")) -> str | None:
@@ -96,13 +119,16 @@ def check_tensor_scalar_engine(engine: str, ops, nc_version: int, tile="") -> No
         raise NKIValueError(
             f"nisa.tensor_scalar: engine=nisa.gpsimd_engine is only allowed for rsqrt, got "
             f"op0/op1={'/'.join(ops)} ({ISA}, L1699){_tile(tile)}",
-            "unsupported_engine_for_operator")
+            "unsupported_engine_for_operator",
+        )
     if engine == "act" and nc_version >= 3 and ops not in SCALAR_TENSOR_SCALAR_COMBOS:
         # general/nki/api/nki/isa/__init__.py@8a38e733, L1663-L1667
         raise NKIValueError(
             "nisa.tensor_scalar: the Scalar Engine on trn2 only supports op0=multiply, "
             f"op1=add / op0=multiply / op0=add, got {'/'.join(ops)} ({ISA}, L1663-L1667)"
-            f"{_tile(tile)}", "unsupported_engine_for_operator")
+            f"{_tile(tile)}",
+            "unsupported_engine_for_operator",
+        )
     check_alu_engine("nisa.tensor_scalar", engine, ops, nc_version, tile)
 
 
@@ -116,13 +142,17 @@ def check_tensor_tensor_engine(engine: str, op: str, integer: bool, tile="") -> 
             raise NKIValueError(
                 f"nisa.tensor_tensor: op={op} does not run on the GpSimd engine: it runs "
                 f"``power`` or integer ``add``, ``multiply``, ``subtract`` ({ISA}, L1767)"
-                f"{_tile(tile)}", "unsupported_engine_for_operator")
+                f"{_tile(tile)}",
+                "unsupported_engine_for_operator",
+            )
         return
     if engine == "dve" and "dve" not in alu_engines(op):
         # general/nki/api/nki.api.shared.rst@8a38e733, L118
         raise NKIValueError(
             f"nisa.tensor_tensor: operator {op} is not supported on the Vector engine "
-            f"({SHARED}, L63-L119){_tile(tile)}", "unsupported_engine_for_operator")
+            f"({SHARED}, L63-L119){_tile(tile)}",
+            "unsupported_engine_for_operator",
+        )
 
 
 def check_gpsimd_memory(api: str, engine: str, memories, tile="") -> None:
@@ -131,7 +161,9 @@ def check_gpsimd_memory(api: str, engine: str, memories, tile="") -> None:
         # general/nki/api/nki/isa/__init__.py@8a38e733, L1392 and L1778
         raise NKITypeError(
             f"{api}: GpSimd Engine cannot access PSUM, so its input or output tiles cannot be "
-            f"in PSUM ({ISA}, L1392, L1778){_tile(tile)}", "err_unsupported_memory")
+            f"in PSUM ({ISA}, L1392, L1778){_tile(tile)}",
+            "err_unsupported_memory",
+        )
 
 
 def check_psum_tile(free_elements: int, itemsize: int, what: str) -> None:
@@ -142,12 +174,15 @@ def check_psum_tile(free_elements: int, itemsize: int, what: str) -> None:
         raise NKIValueError(
             f"{what}: for tiles in PSUM, the F dimension size must not exceed "
             f"nki.tile_size.psum_fmax == {PSUM_FMAX} elements, got {free_elements} "
-            f"({PM}, L346-L347, [TC#2])", "err_size_of_dimension_exceed_arch_limit")
+            f"({PM}, L346-L347, [TC#2])",
+            "err_size_of_dimension_exceed_arch_limit",
+        )
     if free_elements * itemsize > PSUM_PARTITION_BYTES:
         raise NKIValueError(
             f"{what}: a PSUM tile holds at most {PSUM_PARTITION_BYTES} bytes per partition "
             f"(one bank), got {free_elements * itemsize} ({PM}, L346-L347)",
-            "err_size_of_dimension_exceed_arch_limit")
+            "err_size_of_dimension_exceed_arch_limit",
+        )
 
 
 def check_mask_comparison_axes(axes_per_comparison, what="mask") -> None:
@@ -161,7 +196,8 @@ def check_mask_comparison_axes(axes_per_comparison, what="mask") -> None:
                 f"{what}: each comparison expression should indicate which range of indices "
                 f"along one of the input tile axes should be valid; this one mixes axes "
                 f"{sorted(axes)} (a non-box, 'staircase' mask; {SHARED}, L201-L207)",
-                "err_unsupported_expression_in_mask")
+                "err_unsupported_expression_in_mask",
+            )
 
 
 def check_partition_step(step: int, what: str) -> None:
@@ -171,7 +207,8 @@ def check_partition_step(step: int, what: str) -> None:
         raise NKIValueError(
             f"{what}: partition index with stride {step}: flexible (strided) indexing is not "
             f"supported along the partition dimension ({PM}, L536-L540)",
-            "partition_stride")
+            "partition_stride",
+        )
 
 
 def check_dst_rmw(op: str | None, dst_memory: str, tile="") -> None:
@@ -182,7 +219,9 @@ def check_dst_rmw(op: str | None, dst_memory: str, tile="") -> None:
         # general/nki/api/nki/isa/__init__.py@8a38e733, L413-L414
         raise NKIValueError(
             f"nisa.dma_copy: dst_rmw_op={op}: currently only np.add is supported ({ISA}, "
-            f"L414){_tile(tile)}", "dst_rmw_op")
+            f"L414){_tile(tile)}",
+            "dst_rmw_op",
+        )
     if dst_memory != "hbm":
         # general/nki/api/nki/isa/__init__.py@8a38e733, L405-L416: the read-modify-write is
         # documented only with its example, an indirect HBM store
@@ -190,7 +229,8 @@ def check_dst_rmw(op: str | None, dst_memory: str, tile="") -> None:
         raise NKITypeError(
             "nisa.dma_copy: dst_rmw_op is documented only for a destination in device memory "
             f"(HBM), got a destination in {dst_memory.upper()} ({ISA}, L405-L416){_tile(tile)}",
-            "err_unsupported_memory")
+            "err_unsupported_memory",
+        )
 
 
 def check_bn_stats_mask(restricted_axes, tile="") -> None:
@@ -200,7 +240,9 @@ def check_bn_stats_mask(restricted_axes, tile="") -> None:
         raise NKIValueError(
             "nisa.bn_stats does not support mask on the reduce dimension: the mask sent to "
             f"bn_stats could not contain any indices from the reduction dimension ({KI}, "
-            f"L41-L42){_tile(tile)}", "bn_stats_mask")
+            f"L41-L42){_tile(tile)}",
+            "bn_stats_mask",
+        )
 
 
 def check_atomic_rmw(op: str, indirect: bool, tile="") -> None:
@@ -209,13 +251,16 @@ def check_atomic_rmw(op: str, indirect: bool, tile="") -> None:
         # general/nki/api/nki/language/__init__.py@8a38e733, L347
         raise NKIValueError(
             f"nl.atomic_rmw: op={op}: atomic operation only supports np.add currently ({LANG}, "
-            f"L347){_tile(tile)}", "atomic_rmw_op")
+            f"L347){_tile(tile)}",
+            "atomic_rmw_op",
+        )
     if not indirect:
         # general/nki/api/nki/language/__init__.py@8a38e733, L345
         raise NKIValueError(
             "nl.atomic_rmw: dst is an HBM tensor with subscripts that only supports indirect "
             f"dynamic indexing currently ({LANG}, L345){_tile(tile)}",
-            "atomic_rmw_dst")
+            "atomic_rmw_dst",
+        )
 
 
 def check_gather_indices(dtype_name: str, tile="") -> None:
@@ -224,7 +269,9 @@ def check_gather_indices(dtype_name: str, tile="") -> None:
         # general/nki/api/nki/language/__init__.py@8a38e733, L668
         raise NKITypeError(
             f"nl.gather_flattened: the indices tensor must contain uint32 values, got "
-            f"{dtype_name} ({LANG}, L668){_tile(tile)}", "gather_indices_dtype")
+            f"{dtype_name} ({LANG}, L668){_tile(tile)}",
+            "gather_indices_dtype",
+        )
 
 
 def check_affine_select_pred(comparisons: int, tile="") -> None:
@@ -234,4 +281,5 @@ def check_affine_select_pred(comparisons: int, tile="") -> None:
         raise NKIValueError(
             "nisa.affine_select: pred can't be multiple masks combined using logical operators "
             f"such as & and | ({ISA}, L268); use nl.where for a complex predicate{_tile(tile)}",
-            "err_unsupported_expression_in_mask")
+            "err_unsupported_expression_in_mask",
+        )

@@ -59,10 +59,15 @@ class _Hooks:
 
         for name in names:
             value = values.get(name)
-            if isinstance(value, Tensor) and value.on_chip and value.storage.id > first_id \
-                    and not value.storage.out_of_scope:
-                value.storage.out_of_scope = (f"'{name}' (a tile created in the {kind} block "
-                                              f"at line {line})")
+            if (
+                isinstance(value, Tensor)
+                and value.on_chip
+                and value.storage.id > first_id
+                and not value.storage.out_of_scope
+            ):
+                value.storage.out_of_scope = (
+                    f"'{name}' (a tile created in the {kind} block at line {line})"
+                )
 
     @staticmethod
     def annotation(value, annotation_thunk, name: str, line: int) -> None:
@@ -77,7 +82,8 @@ class _Hooks:
                 f"Tensor shape and the annotated shape mismatch: `{name}` (line {line}) has "
                 f"shape {list(actual)}, the annotation expects {list(shape)} "
                 "(general/nki/api/nki.errors.rst@8a38e733, L126-L141)",
-                "err_annotation_shape_mismatch")
+                "err_annotation_shape_mismatch",
+            )
 
     @staticmethod
     def range(name: str, line: int):
@@ -106,8 +112,11 @@ def _bound_names(statements) -> list[str]:
 
     class Collector(ast.NodeVisitor):
         def visit_Name(self, node):
-            if isinstance(node.ctx, ast.Store) and node.id not in names \
-                    and not node.id.startswith(_PREFIX):
+            if (
+                isinstance(node.ctx, ast.Store)
+                and node.id not in names
+                and not node.id.startswith(_PREFIX)
+            ):
                 names.append(node.id)
 
         def _skip(self, node):
@@ -137,20 +146,33 @@ class _Rewriter(ast.NodeTransformer):
         return out
 
     def _hook(self, name, args):
-        return ast.Call(func=ast.Attribute(value=ast.Name(f"{_PREFIX}hooks__", ast.Load()),
-                                           attr=name, ctx=ast.Load()), args=args, keywords=[])
+        return ast.Call(
+            func=ast.Attribute(
+                value=ast.Name(f"{_PREFIX}hooks__", ast.Load()), attr=name, ctx=ast.Load()
+            ),
+            args=args,
+            keywords=[],
+        )
 
     def _scoped(self, body, kind, line):
         """``tok = enter(); try: body finally: exit(tok, locals(), names)``."""
         body = self._body(body)
         token = f"{_PREFIX}token_{next(self.counter)}"
         names = _bound_names(body)
-        enter = ast.Assign(targets=[ast.Name(token, ast.Store())],
-                           value=self._hook("enter", [ast.Constant(kind), ast.Constant(line)]))
-        leave = ast.Expr(self._hook("exit", [
-            ast.Name(token, ast.Load()),
-            ast.Call(func=ast.Name("locals", ast.Load()), args=[], keywords=[]),
-            ast.Tuple([ast.Constant(n) for n in names], ast.Load())]))
+        enter = ast.Assign(
+            targets=[ast.Name(token, ast.Store())],
+            value=self._hook("enter", [ast.Constant(kind), ast.Constant(line)]),
+        )
+        leave = ast.Expr(
+            self._hook(
+                "exit",
+                [
+                    ast.Name(token, ast.Load()),
+                    ast.Call(func=ast.Name("locals", ast.Load()), args=[], keywords=[]),
+                    ast.Tuple([ast.Constant(n) for n in names], ast.Load()),
+                ],
+            )
+        )
         return [enter, ast.Try(body=body, handlers=[], orelse=[], finalbody=[leave])]
 
     def visit_FunctionDef(self, node):
@@ -176,10 +198,14 @@ class _Rewriter(ast.NodeTransformer):
     def visit_For(self, node):
         node.iter = self.visit(node.iter)
         call = node.iter
-        if (isinstance(call, ast.Call) and isinstance(call.func, ast.Name)
-                and call.func.id == "range"):
-            maker = self._hook("range", [ast.Constant(ast.unparse(node.target)),
-                                         ast.Constant(node.lineno)])
+        if (
+            isinstance(call, ast.Call)
+            and isinstance(call.func, ast.Name)
+            and call.func.id == "range"
+        ):
+            maker = self._hook(
+                "range", [ast.Constant(ast.unparse(node.target)), ast.Constant(node.lineno)]
+            )
             node.iter = ast.Call(func=maker, args=call.args, keywords=call.keywords)
         node.body = self._scoped(node.body, "for", node.lineno)
         node.orelse = self._body(node.orelse)
@@ -194,12 +220,21 @@ class _Rewriter(ast.NodeTransformer):
     def visit_AnnAssign(self, node):
         if node.value is None or not isinstance(node.target, ast.Name):
             return node
-        thunk = ast.Lambda(args=ast.arguments(posonlyargs=[], args=[], kwonlyargs=[],
-                                              kw_defaults=[], defaults=[]),
-                           body=node.annotation)
-        check = ast.Expr(self._hook("annotation", [
-            ast.Name(node.target.id, ast.Load()), thunk, ast.Constant(node.target.id),
-            ast.Constant(node.lineno)]))
+        thunk = ast.Lambda(
+            args=ast.arguments(posonlyargs=[], args=[], kwonlyargs=[], kw_defaults=[], defaults=[]),
+            body=node.annotation,
+        )
+        check = ast.Expr(
+            self._hook(
+                "annotation",
+                [
+                    ast.Name(node.target.id, ast.Load()),
+                    thunk,
+                    ast.Constant(node.target.id),
+                    ast.Constant(node.lineno),
+                ],
+            )
+        )
         return [node, check]
 
 
@@ -240,11 +275,17 @@ def _compile(func):
     free = list(code.co_freevars)
     factory = ast.FunctionDef(
         name=f"{_PREFIX}factory__",
-        args=ast.arguments(posonlyargs=[], args=[ast.arg(f"{_PREFIX}hooks__")]
-                           + [ast.arg(n) for n in free], kwonlyargs=[], kw_defaults=[],
-                           defaults=[]),
-        body=[kernel, ast.Return(ast.Name(kernel.name, ast.Load()))], decorator_list=[],
-        returns=None)
+        args=ast.arguments(
+            posonlyargs=[],
+            args=[ast.arg(f"{_PREFIX}hooks__")] + [ast.arg(n) for n in free],
+            kwonlyargs=[],
+            kw_defaults=[],
+            defaults=[],
+        ),
+        body=[kernel, ast.Return(ast.Name(kernel.name, ast.Load()))],
+        decorator_list=[],
+        returns=None,
+    )
     if "type_params" in ast.FunctionDef._fields:
         factory.type_params = []
     module = ast.Module(body=[factory], type_ignores=[])

@@ -33,8 +33,13 @@ _RN = "general/nki/nki_rn.rst@8a38e733"
 _ISA = "general/nki/api/nki/isa/__init__.py"
 _LANG = "general/nki/api/nki/language/__init__.py"
 _NKI = "general/nki/api/nki/__init__.py"
-_COMMIT = {"2.21": "752349fd", "2.22": "2ae3525e", "2.23": "4eba310f", "2.24": "65992b22",
-           "2.26": "8a38e733"}
+_COMMIT = {
+    "2.21": "752349fd",
+    "2.22": "2ae3525e",
+    "2.23": "4eba310f",
+    "2.24": "65992b22",
+    "2.26": "8a38e733",
+}
 
 
 def _doc(path, release, line):
@@ -120,14 +125,14 @@ def _parse(release) -> str:
     if text.count(".") > 1:  # "2.24.0"
         text = ".".join(text.split(".")[:2])
     if text not in RELEASES:
-        raise ValueError(f"Neuron SDK release {release!r} is not emulated; choose one of "
-                         f"{', '.join(RELEASES)}")
+        raise ValueError(
+            f"Neuron SDK release {release!r} is not emulated; choose one of {', '.join(RELEASES)}"
+        )
     return text
 
 
 _ENV_RELEASE = _parse(os.environ.get("NKI_SIM_SDK") or NEWEST)
-_current: contextvars.ContextVar[str] = contextvars.ContextVar("nki_sim_sdk",
-                                                              default=_ENV_RELEASE)
+_current: contextvars.ContextVar[str] = contextvars.ContextVar("nki_sim_sdk", default=_ENV_RELEASE)
 
 
 def sdk_version() -> str:
@@ -169,7 +174,8 @@ def require(name: str) -> None:
     if row is not None and not at_least(row[0]):
         raise AttributeError(
             f"{name} does not exist in Neuron SDK {sdk_version()}: it first appears in SDK "
-            f"{row[0]} ({row[1]})")
+            f"{row[0]} ({row[1]})"
+        )
 
 
 def require_convention(convention: str) -> None:
@@ -178,7 +184,8 @@ def require_convention(convention: str) -> None:
     if convention == "return" and not at_least(row[0]):
         raise TypeError(
             f"a kernel that returns its outputs needs Neuron SDK {row[0]} or later (the "
-            f"emulated SDK {sdk_version()} only has output parameters; {row[1]})")
+            f"emulated SDK {sdk_version()} only has output parameters; {row[1]})"
+        )
 
 
 def check_params(api: str, names) -> None:
@@ -188,15 +195,18 @@ def check_params(api: str, names) -> None:
         if row is not None and not at_least(row[0]):
             raise TypeError(
                 f"{api}() got an unexpected keyword argument '{name}' in Neuron SDK "
-                f"{sdk_version()}: it first appears in SDK {row[0]} ({row[1]})")
+                f"{sdk_version()}: it first appears in SDK {row[0]} ({row[1]})"
+            )
 
 
 def check_op(api: str, op_name: str) -> None:
     """Raise ``TypeError`` for an operator ``api`` does not accept yet in this release."""
     row = OP_TABLE.get((api, op_name))
     if row is not None and not at_least(row[0]):
-        raise TypeError(f"{api} does not support op={op_name} in Neuron SDK {sdk_version()}: "
-                        f"it first appears in SDK {row[0]} ({row[1]})")
+        raise TypeError(
+            f"{api} does not support op={op_name} in Neuron SDK {sdk_version()}: "
+            f"it first appears in SDK {row[0]} ({row[1]})"
+        )
 
 
 class _GatedModule(types.ModuleType):

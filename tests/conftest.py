@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 import zlib
 
 import ml_dtypes
@@ -45,3 +47,54 @@ def random_array(rng, shape, dtype, low=-4.0, high=4.0) -> np.ndarray:
 def poison_fixture():
     """The :func:`poison` helper as a fixture."""
     return poison
+
+
+# --- simulator modes ---------------------------------------------------------------------
+# The kernel suite can run under another emulated Neuron SDK release and with approximate
+# Scalar-engine transcendentals: ``pytest --nki-sdk=2.21 --nki-approx`` (or the environment
+# variables NKI_SIM_SDK / NKI_SIM_APPROX, which the options set for xdist workers too).
+# The simulator's own tests (test_sim_*, the cost model and its calibration) always run on
+# the newest release with exact math: they test the simulator, not the kernels.
+_SIMULATOR_SUITES = ("test_sim_", "test_cost_model", "test_calibration")
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("nki simulator")
+    group.addoption("--nki-sdk", default=None,
+                    help="emulate this Neuron SDK release (2.20 ... 2.29) in the kernel tests")
+    group.addoption("--nki-approx", action="store_true",
+                    help="approximate the Scalar engine's transcendental functions")
+
+
+def pytest_configure(config):
+    release = config.getoption("--nki-sdk")
+    if release:
+        os.environ["NKI_SIM_SDK"] = release
+    if config.getoption("--nki-approx"):
+        os.environ["NKI_SIM_APPROX"] = "1"
+    if "simulate" in sys.modules:  # imported already (a plugin): apply to this context too
+        import simulate
+
+        if release:
+            simulate.set_sdk(release)
+        if config.getoption("--nki-approx"):
+            simulate.set_approx(True)
+
+
+def pytest_report_header(config):
+    import simulate
+
+    return (f"nki simulator: Neuron SDK {simulate.sdk_version()}, approximate "
+            f"transcendentals {'on' if simulate.approx_bound() else 'off'}")
+
+
+@pytest.fixture(autouse=True)
+def _simulator_mode(request):
+    """Pin the simulator's own tests to the newest release and exact math."""
+    if not request.module.__name__.startswith(_SIMULATOR_SUITES):
+        yield
+        return
+    import simulate
+
+    with simulate.use_sdk(simulate.SDK_RELEASES[-1]), simulate.use_approx(False):
+        yield
