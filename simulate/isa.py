@@ -196,6 +196,8 @@ def activation(op, data, *, bias=None, scale=1.0, reduce_op=None, reduce_res=Non
     m = resolve_mask(mask)
     src = tile_operand(data, "data", "activation", mask=m)
     check_free_size(src, "nisa.activation")
+    rules.check_allocated_bias("nisa.activation", current("activation").allocated,
+                               bias is not None)
     if is_tile(scale):
         if dt.name(scale.dtype) != "float32":
             raise NKITypeError("Scale parameter of activation must be a scalar or vector of type "
@@ -774,6 +776,8 @@ def nc_transpose(data, *, mask=None, dtype=None, engine=None, **kwargs):
     collapsed). Tensor engine: ≤ 128×128 into PSUM; Vector engine: ≤ 32×32."""
     op = tile_operand(data, "data", "nc_transpose")
     eng = _engine_name(engine, "pe")
+    if eng == "pe":
+        rules.check_allocated_transpose("nisa.nc_transpose", current("nc_transpose").allocated)
     limit = 32 if eng == "dve" else 128
     if op.partitions > limit or op.free_size > limit:
         raise NKIValueError(f"nc_transpose on the {eng} engine takes at most {limit}×{limit}, "

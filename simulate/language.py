@@ -81,6 +81,8 @@ def _buffer(buffer) -> str:
     if buffer is None:
         return sbuf
     name = getattr(buffer, "__nki_buffer__", buffer)
+    if name is not buffer:  # an ncc.sbuf / ncc.psum allocator: an allocated kernel
+        current("allocation").allocated = True
     if name not in _BUFFERS:
         raise NKIValueError(f"buffer={buffer!r} is not one of nl.sbuf, nl.psum, nl.hbm, "
                             "nl.private_hbm, nl.shared_hbm", "err_unsupported_buffer")
@@ -147,6 +149,7 @@ def _shared_hbm(ctx, shape, dtype, name):
 
 
 def _filled(shape, value, dtype, buffer, name, api):
+    rules.check_allocated_init_value(api, hasattr(buffer, "__nki_buffer__"))
     buffer = _buffer(buffer)
     if buffer not in (sbuf, psum):
         raise NKIValueError(f"{api}: Creating HBM tensor with init value is not supported",
@@ -481,6 +484,7 @@ def transpose(x, *, dtype=None, mask=None, **kwargs):
     """``nl.transpose(x)``: swap partition and free axes of a 2-D tile (Tensor engine, ≤128
     on both axes; result in PSUM)."""
     op = tile_operand(x, "x", "transpose", allow_psum=False)
+    rules.check_allocated_transpose("nl.transpose", current("transpose").allocated)
     if len(op.shape) > 2:
         raise NKIValueError(
             f"parameter 'x{list(op.shape)}' of 'transpose' exceed max supported number of "
@@ -558,6 +562,8 @@ def elementwise_unary(name: str, x, dtype=None, mask=None):
             values = approx_mode.scalar_engine(name, inputs, values)
     engine, opcode = ("act", "activation") if name in fn.TRANSCENDENTAL else (
         "dve", "tensor_scalar")
+    rules.check_allocated_bias(f"nl.{name}", engine == "act" and current(name).allocated,
+                               False)
     return compute_result(engine, opcode, values, out_dtype, m, [op], details={"op": name})
 
 

@@ -274,6 +274,51 @@ def check_gather_indices(dtype_name: str, tile="") -> None:
         )
 
 
+def check_allocated_init_value(api: str, allocated: bool) -> None:
+    """No init value for SBUF/PSUM tensors of allocated kernels (errors L685-L695)."""
+    if allocated:
+        # general/nki/api/nki.errors.rst@8a38e733, L685-L695
+        raise NKIValueError(
+            f"{api}: Creating SBUF/PSUM tensor with init value is not supported in allocated "
+            f"NKI kernels ({ERRORS}, L685-L695)",
+            "err_tensor_creation_on_scratchpad_with_init_value_not_supported",
+        )
+
+
+def check_allocated_bias(api: str, allocated: bool, has_bias: bool) -> None:
+    """Activations of allocated kernels name their bias tensor (errors L143-L158)."""
+    if allocated and not has_bias:
+        # general/nki/api/nki.errors.rst@8a38e733, L143-L158
+        raise NKIValueError(
+            f"{api}: Bias tensor of an activation op must be specified in allocated NKI "
+            f"kernels (nl.* functions that map to activation cannot; {ERRORS}, L143-L158)",
+            "err_bias_tensor_must_be_specified_in_allocation",
+        )
+
+
+def check_allocated_transpose(api: str, allocated: bool) -> None:
+    """No Tensor-engine transpose in allocated kernels (errors L751-L773)."""
+    if allocated:
+        # general/nki/api/nki.errors.rst@8a38e733, L751-L773
+        raise NKIValueError(
+            f"{api}: transpose on the Tensor engine is not allowed in allocated NKI kernels: "
+            f"call nisa.nc_matmul with your own identity matrix, or nc_transpose on the Vector "
+            f"engine ({ERRORS}, L751-L773)",
+            "err_transpose_on_tensor_engine_not_allowed_in_allocated_kernel",
+        )
+
+
+def check_while_entry(entered: bool, line: int) -> None:
+    """Only do-while loops: the first iteration is always executed (errors L902-L947)."""
+    if not entered:
+        # general/nki/api/nki.errors.rst@8a38e733, L902-L947
+        raise NKIValueError(
+            f"while loop at line {line}: Traditional while loops are not supported - use "
+            f"do-while pattern instead (the condition is false on entry; {ERRORS}, L902-L947)",
+            "err_while_loop_requires_unconditional_entry",
+        )
+
+
 def check_affine_select_pred(comparisons: int, tile="") -> None:
     """affine_select: pred is one affine comparison, not masks combined with & (isa L268)."""
     if comparisons > 1:

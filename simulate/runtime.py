@@ -74,6 +74,7 @@ class Context:
         self.act_accumulator = np.full((PMAX, 1), np.nan, np.float32)
         self.fresh_tile = None  # weak reference to the latest instruction's result tile
         self.blocks: list[tuple[str, int]] = []  # kernel-level if/else/for/while being run
+        self.allocated = False  # the kernel places tiles itself (ncc.sbuf/psum allocators)
 
     def loops_key(self):
         return tuple((f.id, f.kind, f.iteration) for f in self.loops)

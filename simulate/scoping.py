@@ -32,7 +32,7 @@ import itertools
 import textwrap
 import weakref
 
-from . import memory
+from . import memory, rules
 from .errors import NKIValueError
 from .loop_index import LoopIndex
 from .runtime import LoopFrame, current
@@ -84,6 +84,10 @@ class _Hooks:
                 "(general/nki/api/nki.errors.rst@8a38e733, L126-L141)",
                 "err_annotation_shape_mismatch",
             )
+
+    @staticmethod
+    def while_entry(condition_thunk, line: int) -> None:
+        rules.check_while_entry(bool(condition_thunk()), line)
 
     @staticmethod
     def range(name: str, line: int):
@@ -213,9 +217,14 @@ class _Rewriter(ast.NodeTransformer):
 
     def visit_While(self, node):
         node.test = self.visit(node.test)
+        thunk = ast.Lambda(
+            args=ast.arguments(posonlyargs=[], args=[], kwonlyargs=[], kw_defaults=[], defaults=[]),
+            body=node.test,
+        )
+        entry = ast.Expr(self._hook("while_entry", [thunk, ast.Constant(node.lineno)]))
         node.body = self._scoped(node.body, "while", node.lineno)
         node.orelse = self._body(node.orelse)
-        return node
+        return [entry, node]
 
     def visit_AnnAssign(self, node):
         if node.value is None or not isinstance(node.target, ast.Name):

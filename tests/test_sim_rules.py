@@ -520,3 +520,56 @@ def test_helper_range_and_static_range_variables_are_python_ints(rng):
         return out
 
     np.testing.assert_allclose(run(kernel, x), x.reshape(128, 4, 8).sum(axis=1), rtol=1e-5)
+
+
+# --- allocated kernels and while loops -------------------------------------------------------
+def test_allocated_kernels_rules(rng):
+    import simulate.compiler as ncc
+
+    x = random_array(rng, (128, 64), np.float32)
+
+    def kernel(x, violation):
+        out = nl.ndarray((128, 64), nl.float32, buffer=nl.shared_hbm)
+        buf = nl.ndarray((128, 64), nl.float32, buffer=ncc.sbuf.mod_alloc(base_addr=0))
+        buf[...] = nl.load(x)
+        zero = nl.ndarray((128, 1), nl.float32, buffer=ncc.sbuf.mod_alloc(base_addr=512))
+        zero[...] = nisa.memset((128, 1), 0.0, nl.float32)
+        if violation == "init value":
+            nl.zeros((128, 64), nl.float32, buffer=ncc.sbuf.mod_alloc(base_addr=1024))
+        elif violation == "no bias":
+            buf[...] = nisa.activation(op=nl.exp, data=buf)
+        elif violation == "nl.exp":
+            buf[...] = nl.exp(buf)
+        elif violation == "transpose":
+            nisa.nc_transpose(buf[0:64, 0:64])
+        else:
+            buf[...] = nisa.activation(op=nl.exp, data=buf, bias=zero)
+        nl.store(out, value=buf)
+        return out
+
+    rejects(
+        "err_tensor_creation_on_scratchpad_with_init_value_not_supported", kernel, x, "init value"
+    )
+    rejects("err_bias_tensor_must_be_specified_in_allocation", kernel, x, "no bias")
+    rejects("err_bias_tensor_must_be_specified_in_allocation", kernel, x, "nl.exp")
+    rejects(
+        "err_transpose_on_tensor_engine_not_allowed_in_allocated_kernel", kernel, x, "transpose"
+    )
+    np.testing.assert_allclose(run(kernel, x, "legal"), np.exp(x.astype(np.float64)), rtol=1e-6)
+
+
+def test_while_loops_enter_unconditionally(rng):
+    x = random_array(rng, (128, 8), np.float32)
+
+    def kernel(x, start):
+        out = nl.ndarray(x.shape, nl.float32, buffer=nl.shared_hbm)
+        acc = nl.load(x)
+        count = start
+        while count < 3:
+            acc[...] = nl.add(acc, 1.0)
+            count += 1
+        nl.store(out, value=acc)
+        return out
+
+    rejects("err_while_loop_requires_unconditional_entry", kernel, x, 5, match="do-while")
+    np.testing.assert_allclose(run(kernel, x, 0), x + 3.0, rtol=1e-6)
