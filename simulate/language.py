@@ -116,16 +116,7 @@ def _kernel_frame():
 
 
 def _shared_hbm(ctx, shape, dtype, name):
-    conditional = [block for block in ctx.blocks if block[0] in ("if", "else", "while")]
-    if conditional:
-        # general/nki/api/nki.errors.rst@8a38e733, L586-L590: not "inside a loop, under if
-        # condition or inside another function" (NKI loops are in ctx.loops, checked below; a
-        # Python for over a sequence is unrolled while tracing and not counted)
-        kind, line = conditional[-1]
-        raise NKIValueError(
-            f"shared_hbm tensor `{name}` can only be created in top level kernel scope, not "
-            f"inside the {kind} block at line {line} (general/nki/api/nki.errors.rst@8a38e733, "
-            "L581-L615)", "err_shared_hbm_must_in_kernel_level")
+    rules.check_shared_hbm_blocks(ctx.blocks, name)
     if ctx.loops:
         raise NKIValueError("shared_hbm tensor can only be created in top level kernel scope, "
                             "not inside a loop", "err_shared_hbm_must_in_kernel_level")

@@ -308,6 +308,22 @@ def check_allocated_transpose(api: str, allocated: bool) -> None:
         )
 
 
+def check_shared_hbm_blocks(blocks, name: str) -> None:
+    """No shared_hbm tensor under an if/else or in a while loop of the kernel (NKI loops are
+    checked by the front-end; a Python ``for`` over a sequence is unrolled while tracing and
+    not counted)."""
+    conditional = [block for block in blocks if block[0] in ("if", "else", "while")]
+    if conditional:
+        kind, line = conditional[-1]
+        # general/nki/api/nki.errors.rst@8a38e733, L586-L590
+        raise NKIValueError(
+            f"shared_hbm tensor `{name}` can only be created in top level kernel scope, not "
+            f"inside the {kind} block at line {line}: creating shared_hbm tensors inside a "
+            f"loop, under if condition or inside another function called by the top-level nki "
+            f"kernel is not supported ({ERRORS}, L581-L615)",
+            "err_shared_hbm_must_in_kernel_level")
+
+
 def check_while_entry(entered: bool, line: int) -> None:
     """Only do-while loops: the first iteration is always executed (errors L902-L947)."""
     if not entered:
