@@ -12,6 +12,8 @@ Engines are named as in the trace: ``dve`` (Vector), ``act`` (Scalar), ``pool`` 
 
 from __future__ import annotations
 
+import sys
+
 from .errors import NKITypeError, NKIValueError
 
 SHARED = "general/nki/api/nki.api.shared.rst@8a38e733"
@@ -75,6 +77,18 @@ PSUM_PARTITION_BYTES = 2048  # one PSUM bank per partition
 
 def _tile(what) -> str:
     return f" ({what})" if what else ""
+
+
+def _kernel_line() -> str:
+    """``file:line (function)`` of the innermost caller outside the simulator: the kernel
+    statement a rule without an instruction name (masks, indexing) is about."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_globals.get("__name__", "").startswith("simulate"):
+        frame = frame.f_back
+    if frame is None:
+        return ""
+    code = frame.f_code
+    return f" at {code.co_filename.rsplit('/', 1)[-1]}:{frame.f_lineno} ({code.co_name})"
 
 
 def alu_engines(op: str) -> frozenset[str]:
@@ -193,9 +207,9 @@ def check_mask_comparison_axes(axes_per_comparison, what="mask") -> None:
         if len(axes) > 1:
             # general/nki/api/nki.api.shared.rst@8a38e733, L206-L207
             raise NKIValueError(
-                f"{what}: each comparison expression should indicate which range of indices "
-                f"along one of the input tile axes should be valid; this one mixes axes "
-                f"{sorted(axes)} (a non-box, 'staircase' mask; {SHARED}, L201-L207)",
+                f"{what}{_kernel_line()}: each comparison expression should indicate which "
+                f"range of indices along one of the input tile axes should be valid; this one "
+                f"mixes axes {sorted(axes)} (a non-box, 'staircase' mask; {SHARED}, L201-L207)",
                 "err_unsupported_expression_in_mask",
             )
 
@@ -205,8 +219,8 @@ def check_partition_step(step: int, what: str) -> None:
     if step != 1:
         # general/nki/programming_model.rst@8a38e733, L536-L540
         raise NKIValueError(
-            f"{what}: partition index with stride {step}: flexible (strided) indexing is not "
-            f"supported along the partition dimension ({PM}, L536-L540)",
+            f"{what}{_kernel_line()}: partition index with stride {step}: flexible (strided) "
+            f"indexing is not supported along the partition dimension ({PM}, L536-L540)",
             "partition_stride",
         )
 
@@ -321,7 +335,8 @@ def check_shared_hbm_blocks(blocks, name: str) -> None:
             f"inside the {kind} block at line {line}: creating shared_hbm tensors inside a "
             f"loop, under if condition or inside another function called by the top-level nki "
             f"kernel is not supported ({ERRORS}, L581-L615)",
-            "err_shared_hbm_must_in_kernel_level")
+            "err_shared_hbm_must_in_kernel_level",
+        )
 
 
 def check_while_entry(entered: bool, line: int) -> None:

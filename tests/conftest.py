@@ -43,6 +43,18 @@ def random_array(rng, shape, dtype, low=-4.0, high=4.0) -> np.ndarray:
     return rng.uniform(low, high, size=shape).astype(np.float32).astype(dtype)
 
 
+def fresh_interpreter(code: str, **env: str) -> str:
+    """stdout of ``python -c code`` in a new interpreter whose environment has no NKI_SIM_*
+    variables except ``env`` (the simulator modes are read at import)."""
+    import subprocess
+
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("NKI_SIM_")}
+    environment.update(env, PYTHONPATH=os.pathsep.join(sys.path))
+    result = subprocess.run([sys.executable, "-c", code], env=environment,
+                            capture_output=True, text=True, timeout=120, check=True)
+    return result.stdout.strip()
+
+
 @pytest.fixture(name="poison")
 def poison_fixture():
     """The :func:`poison` helper as a fixture."""

@@ -4,13 +4,9 @@ documented as more precise stay exact."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import numpy as np
 import pytest
-from conftest import random_array
+from conftest import fresh_interpreter, random_array
 
 import simulate as nki
 import simulate.isa as nisa
@@ -119,13 +115,5 @@ def test_set_approx_and_bound_validation():
 
 def test_environment_variable_turns_it_on():
     code = "import simulate; print(simulate.approx_bound())"
-    env = {**os.environ, "NKI_SIM_APPROX": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
-    result = subprocess.run(
-        [sys.executable, "-c", code],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-    assert float(result.stdout) == DEFAULT_BOUND
+    assert float(fresh_interpreter(code, NKI_SIM_APPROX="1")) == DEFAULT_BOUND
+    assert float(fresh_interpreter(code)) == 0.0

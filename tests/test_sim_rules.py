@@ -160,23 +160,16 @@ def test_gpsimd_reads_and_writes_no_psum(rng):
         nl.store(out, value=nisa.tensor_scalar(acc, nl.rsqrt, 0.0, engine=nisa.gpsimd_engine))
         return out
 
-    def write_psum(x):
+    def write(x, buffer):
         out = nl.ndarray(x.shape, nl.float32, buffer=nl.shared_hbm)
-        acc = nl.ndarray(x.shape, nl.float32, buffer=nl.psum)
-        acc[...] = nisa.memset(x.shape, 1.5, nl.float32, engine=nisa.gpsimd_engine)
-        nl.store(out, value=acc)
-        return out
-
-    def write_sbuf(x):
-        out = nl.ndarray(x.shape, nl.float32, buffer=nl.shared_hbm)
-        acc = nl.ndarray(x.shape, nl.float32, buffer=nl.sbuf)
+        acc = nl.ndarray(x.shape, nl.float32, buffer=buffer)
         acc[...] = nisa.memset(x.shape, 1.5, nl.float32, engine=nisa.gpsimd_engine)
         nl.store(out, value=acc)
         return out
 
     rejects("err_unsupported_memory", read_psum, x, match="GpSimd")
-    rejects("err_unsupported_memory", write_psum, x, match="GpSimd")
-    np.testing.assert_array_equal(run(write_sbuf, x), np.full(x.shape, 1.5, np.float32))
+    rejects("err_unsupported_memory", write, x, nl.psum, match="GpSimd")
+    np.testing.assert_array_equal(run(write, x, nl.sbuf), np.full(x.shape, 1.5, np.float32))
 
 
 def test_vector_only_instructions_take_vector_operators(rng):

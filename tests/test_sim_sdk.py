@@ -3,14 +3,11 @@ the choice is per context (thread), and the environment variable sets the defaul
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import threading
 
 import numpy as np
 import pytest
-from conftest import random_array
+from conftest import fresh_interpreter, random_array
 
 import simulate as nki
 import simulate.isa as nisa
@@ -18,22 +15,8 @@ import simulate.language as nl
 from simulate import sdk
 
 
-def _fresh_interpreter(code, **env):
-    environment = {k: v for k, v in os.environ.items() if not k.startswith("NKI_SIM_")}
-    environment.update(env, PYTHONPATH=os.pathsep.join(sys.path))
-    result = subprocess.run(
-        [sys.executable, "-c", code],
-        env=environment,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-    return result.stdout.strip()
-
-
 def test_default_is_the_newest_release():
-    assert _fresh_interpreter("import simulate; print(simulate.sdk_version())") == "2.29"
+    assert fresh_interpreter("import simulate; print(simulate.sdk_version())") == "2.29"
     assert nki.SDK_RELEASES[0] == "2.20" and nki.SDK_RELEASES[-1] == "2.29"
 
 
@@ -149,4 +132,4 @@ def test_release_is_per_thread():
 
 def test_environment_variable_sets_the_default():
     code = "import simulate; print(simulate.sdk_version())"
-    assert _fresh_interpreter(code, NKI_SIM_SDK="2.24") == "2.24"
+    assert fresh_interpreter(code, NKI_SIM_SDK="2.24") == "2.24"
