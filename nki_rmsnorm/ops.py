@@ -108,8 +108,8 @@ def rms_norm_fwd(x, weight=None, eps=1e-6, *, offset=0.0, bias=None, residual=No
     return (*(t.reshape(x.shape) for t in tiles), rstd.reshape(lead))
 
 
-def rms_norm_bwd(dy, x_or_h, weight, rstd, *, offset=0.0, has_bias=False, dh_out=None,
-                 casting_mode="gemma"):
+def rms_norm_bwd(dy, x_or_h, weight, rstd, *, offset=0.0, has_bias=False, bias_dtype=None,
+                 dh_out=None, casting_mode="gemma"):
     """RMSNorm backward from the forward's saved ``rstd``.
 
     Args:
@@ -119,14 +119,16 @@ def rms_norm_bwd(dy, x_or_h, weight, rstd, *, offset=0.0, has_bias=False, dh_out
         rstd: the forward's float32 ``rstd``, shape ``x_or_h.shape[:-1]``.
         offset: the forward's weight offset (needs a weight).
         has_bias: whether the forward added a bias (then ``dbias`` is returned).
+        bias_dtype: dtype of ``dbias`` (float32 or a kernel dtype); None is the weight's
+            dtype (float32 without a weight). It is summed in fp32 and rounded once.
         dh_out: gradient flowing into the ``h`` output, shaped like ``x_or_h``, or None;
             it is added into ``dx``.
         casting_mode: the forward's casting mode.
 
     Returns:
         ``(dx, dweight, dbias)``: ``dx`` in x_or_h's dtype and shape; ``dweight`` ``(N,)`` in
-        the weight's dtype, None without a weight; ``dbias`` ``(N,)`` in the weight's dtype
-        (float32 without one), None unless ``has_bias``.
+        the weight's dtype, None without a weight; ``dbias`` ``(N,)`` in ``bias_dtype``,
+        None unless ``has_bias``.
     """
     x = _kernel_array(x_or_h, "x_or_h")
     if x.ndim == 0:
@@ -163,17 +165,25 @@ def rms_norm_bwd(dy, x_or_h, weight, rstd, *, offset=0.0, has_bias=False, dh_out
     lead = x.shape[:-1]
     rows = math.prod(lead)
     param_dtype = _FLOAT32 if weight is None else weight.dtype
+    bias_dtype = param_dtype if bias_dtype is None else _dtype(bias_dtype, "bias_dtype")
     if rows == 0:  # gradients of a sum over no rows
         return (np.empty(x.shape, x.dtype),
                 None if weight is None else np.zeros(n, param_dtype),
-                np.zeros(n, param_dtype) if has_bias else None)
+                np.zeros(n, bias_dtype) if has_bias else None)
 
+    # The kernel sums dbias in fp32 and rounds it once to the weight's dtype; an fp32 bias
+    # beside a narrower weight takes the kernel's fp32-weight variant (the same values, the
+    # same fp32 sums) and rounds dweight afterwards, once, as the kernel would have.
+    kernel_weight = weight
+    if has_bias and weight is not None and bias_dtype == _FLOAT32 != param_dtype:
+        kernel_weight = weight.astype(_FLOAT32)
     grads = list(kernels.rmsnorm_bwd(
-        _rows(dy, rows, n), _rows(x, rows, n), weight, np.ascontiguousarray(rstd.reshape(rows)),
+        _rows(dy, rows, n), _rows(x, rows, n), kernel_weight,
+        np.ascontiguousarray(rstd.reshape(rows)),
         None if dh_out is None else _rows(dh_out, rows, n), offset, has_bias, casting_mode))
     dx = grads.pop(0).reshape(x.shape)
-    dweight = grads.pop(0) if weight is not None else None
-    dbias = grads.pop(0) if has_bias else None
+    dweight = grads.pop(0).astype(param_dtype, copy=False) if weight is not None else None
+    dbias = grads.pop(0).astype(bias_dtype, copy=False) if has_bias else None
     return dx, dweight, dbias
 
 

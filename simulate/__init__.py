@@ -11,6 +11,7 @@ import importlib.util
 import sys
 
 from . import compiler, isa, language, typing
+from . import torch_neuronx as _torch_neuronx
 from .errors import CapacityError, NKIError
 from .profiler import Profile, profile
 from .runtime import (
@@ -55,7 +56,8 @@ def real_nki_available() -> bool:
 
 def install() -> bool:
     """Make ``import neuronxcc.nki`` (and ``.language``, ``.isa``, ``.typing``,
-    ``.compiler``) resolve to this simulator. Returns True when the aliases were installed,
+    ``.compiler``) resolve to this simulator, and ``from torch_neuronx import nki_jit`` to its
+    CPU twin when ``torch_neuronx`` is not installed. Returns True when the aliases were installed,
     False (doing nothing) when the real Neuron compiler is present."""
     if real_nki_available():
         return False
@@ -70,4 +72,5 @@ def install() -> bool:
     package.nki = sys.modules[__name__]
     for name, module in _ALIASES.items():
         sys.modules[name] = module
+    _torch_neuronx.install()
     return True
