@@ -86,9 +86,7 @@ def _check_tensor(name: str, t, expected_shape, input: Tensor, dtypes) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor or None, got {type(t).__name__}")
     if tuple(t.shape) != tuple(expected_shape):
-        raise ValueError(
-            f"{name} must have shape {tuple(expected_shape)}, got {tuple(t.shape)}"
-        )
+        raise ValueError(f"{name} must have shape {tuple(expected_shape)}, got {tuple(t.shape)}")
     if t.dtype not in dtypes:
         allowed = " or ".join(_dtype_name(d) for d in dict.fromkeys(dtypes))
         raise TypeError(
@@ -107,8 +105,9 @@ def _check_out_dtype(out_dtype) -> None:
         )
 
 
-def _check_args(input, normalized_shape, weight, bias, residual, eps, offset, casting_mode,
-                out_dtype):
+def _check_args(
+    input, normalized_shape, weight, bias, residual, eps, offset, casting_mode, out_dtype
+):
     """Validate the arguments; return ``(normalized_shape, hidden_size, eps, offset)``."""
     if not isinstance(input, torch.Tensor):
         raise TypeError(f"input must be a torch.Tensor, got {type(input).__name__}")
@@ -123,7 +122,7 @@ def _check_args(input, normalized_shape, weight, bias, residual, eps, offset, ca
             "device), simulated on the CPU, or shape-only on 'meta'"
         )
     shape = _as_shape(normalized_shape)
-    if input.dim() < len(shape) or tuple(input.shape[input.dim() - len(shape):]) != shape:
+    if input.dim() < len(shape) or tuple(input.shape[input.dim() - len(shape) :]) != shape:
         raise ValueError(
             f"normalized_shape={list(shape)} must match the trailing dims of input, "
             f"expected input of shape [*, {', '.join(map(str, shape))}], "
@@ -280,8 +279,7 @@ def _allocate_backward(x_or_h, weight, has_bias, bias_dtype):
     return dx, dweight, dbias
 
 
-def _launch_output_kernels(launch, x, weight, bias, residual, eps, offset, casting_mode,
-                           out_dtype):
+def _launch_output_kernels(launch, x, weight, bias, residual, eps, offset, casting_mode, out_dtype):
     """Forward through an output-parameter kernel: allocate, launch, return the buffers."""
     fwd_out, add_fwd_out, _ = _output_kernels()
     y, h, rstd = _allocate_forward(x, residual, out_dtype)
@@ -293,12 +291,23 @@ def _launch_output_kernels(launch, x, weight, bias, residual, eps, offset, casti
     return y, h, rstd
 
 
-def _launch_output_bwd(launch, dy, x_or_h, weight, rstd, dh_out, offset, has_bias, bias_dtype,
-                       casting_mode):
+def _launch_output_bwd(
+    launch, dy, x_or_h, weight, rstd, dh_out, offset, has_bias, bias_dtype, casting_mode
+):
     _, _, bwd_out = _output_kernels()
     dx, dweight, dbias = _allocate_backward(x_or_h, weight, has_bias, bias_dtype)
-    launch(bwd_out)(dy, x_or_h, weight, rstd, dh_out, dx, dweight, dbias,
-                    offset=offset, casting_mode=casting_mode)
+    launch(bwd_out)(
+        dy,
+        x_or_h,
+        weight,
+        rstd,
+        dh_out,
+        dx,
+        dweight,
+        dbias,
+        offset=offset,
+        casting_mode=casting_mode,
+    )
     return dx, dweight, dbias
 
 
@@ -339,27 +348,41 @@ class _XlaLaunch:
         nki_jit = cls._nki_jit(x.device.type)
         if nki_jit is not None:
             _record("nki_jit")
-            return _launch_output_kernels(nki_jit, x, weight, bias, residual, eps, offset,
-                                          casting_mode, out_dtype)
+            return _launch_output_kernels(
+                nki_jit, x, weight, bias, residual, eps, offset, casting_mode, out_dtype
+            )
         from nki_rmsnorm import kernels
 
         _record("nki.jit")
-        return tuple(kernels.rmsnorm_fwd(x, weight, bias, residual, eps, offset, casting_mode,
-                                         _nki_dtype(out_dtype)))
+        return tuple(
+            kernels.rmsnorm_fwd(
+                x, weight, bias, residual, eps, offset, casting_mode, _nki_dtype(out_dtype)
+            )
+        )
 
     @classmethod
-    def backward(cls, dy, x_or_h, weight, rstd, dh_out, offset, has_bias, bias_dtype,
-                 casting_mode):
+    def backward(cls, dy, x_or_h, weight, rstd, dh_out, offset, has_bias, bias_dtype, casting_mode):
         nki_jit = cls._nki_jit(x_or_h.device.type)
         if nki_jit is not None:
             _record("nki_jit")
-            return _launch_output_bwd(nki_jit, dy, x_or_h, weight, rstd, dh_out, offset,
-                                      has_bias, bias_dtype, casting_mode)
+            return _launch_output_bwd(
+                nki_jit,
+                dy,
+                x_or_h,
+                weight,
+                rstd,
+                dh_out,
+                offset,
+                has_bias,
+                bias_dtype,
+                casting_mode,
+            )
         from nki_rmsnorm import kernels
 
         _record("nki.jit")
-        grads = list(kernels.rmsnorm_bwd(dy, x_or_h, weight, rstd, dh_out, offset, has_bias,
-                                         casting_mode))
+        grads = list(
+            kernels.rmsnorm_bwd(dy, x_or_h, weight, rstd, dh_out, offset, has_bias, casting_mode)
+        )
         dx = grads.pop(0)
         dweight = grads.pop(0) if weight is not None else None
         dbias = grads.pop(0) if has_bias else None
@@ -381,14 +404,16 @@ class _NeuronLaunch:
     @staticmethod
     def forward(x, weight, bias, residual, eps, offset, casting_mode, out_dtype):
         _record("neuron")
-        return _launch_output_kernels(_direct, x, weight, bias, residual, eps, offset,
-                                      casting_mode, out_dtype)
+        return _launch_output_kernels(
+            _direct, x, weight, bias, residual, eps, offset, casting_mode, out_dtype
+        )
 
     @staticmethod
     def backward(dy, x_or_h, weight, rstd, dh_out, offset, has_bias, bias_dtype, casting_mode):
         _record("neuron")
-        return _launch_output_bwd(_direct, dy, x_or_h, weight, rstd, dh_out, offset, has_bias,
-                                  bias_dtype, casting_mode)
+        return _launch_output_bwd(
+            _direct, dy, x_or_h, weight, rstd, dh_out, offset, has_bias, bias_dtype, casting_mode
+        )
 
 
 #: Device type → launcher. Tests route CPU tensors through the XLA launch code by setting
@@ -433,8 +458,7 @@ def _rms_norm_fwd(
 ) -> tuple[Tensor, Tensor]:
     if x.shape[0] == 0:
         return _empty_forward(x, None, out_dtype)
-    return _launcher(x.device).forward(x, weight, bias, None, eps, offset, casting_mode,
-                                       out_dtype)
+    return _launcher(x.device).forward(x, weight, bias, None, eps, offset, casting_mode, out_dtype)
 
 
 @_rms_norm_fwd.register_fake
@@ -455,8 +479,9 @@ def _rms_norm_add_fwd(
 ) -> tuple[Tensor, Tensor, Tensor]:
     if x.shape[0] == 0:
         return _empty_forward(x, residual, out_dtype)
-    return _launcher(x.device).forward(x, weight, bias, residual, eps, offset, casting_mode,
-                                       out_dtype)
+    return _launcher(x.device).forward(
+        x, weight, bias, residual, eps, offset, casting_mode, out_dtype
+    )
 
 
 @_rms_norm_add_fwd.register_fake
@@ -470,23 +495,30 @@ def _batched_rows(op, n_row_args: int):
     is folded into the rows (one launch); a batched weight or bias launches once per element."""
 
     def rule(info, in_dims, *args):
-        rows, params, options = args[:n_row_args], args[n_row_args:n_row_args + 2], args[
-            n_row_args + 2:]
+        rows, params, options = (
+            args[:n_row_args],
+            args[n_row_args : n_row_args + 2],
+            args[n_row_args + 2 :],
+        )
         size = info.batch_size
 
         def batch_first(t, dim):
             return t.expand(size, *t.shape) if dim is None else t.movedim(dim, 0)
 
         rows = [batch_first(t, d) for t, d in zip(rows, in_dims)]
-        if all(d is None for d in in_dims[n_row_args:n_row_args + 2]):
+        if all(d is None for d in in_dims[n_row_args : n_row_args + 2]):
             m, n = rows[0].shape[1:]
             outputs = op(*(t.reshape(size * m, n) for t in rows), *params, *options)
-            return tuple(o.reshape(size, m, n) if o.dim() == 2 else o.reshape(size, m)
-                         for o in outputs), (0,) * len(outputs)
-        params = [None if t is None else batch_first(t, d)
-                  for t, d in zip(params, in_dims[n_row_args:])]
-        per_element = [op(*(t[i] for t in rows), *(None if t is None else t[i] for t in params),
-                          *options) for i in range(size)]
+            return tuple(
+                o.reshape(size, m, n) if o.dim() == 2 else o.reshape(size, m) for o in outputs
+            ), (0,) * len(outputs)
+        params = [
+            None if t is None else batch_first(t, d) for t, d in zip(params, in_dims[n_row_args:])
+        ]
+        per_element = [
+            op(*(t[i] for t in rows), *(None if t is None else t[i] for t in params), *options)
+            for i in range(size)
+        ]
         return tuple(torch.stack(o) for o in zip(*per_element)), (0,) * len(per_element[0])
 
     op.register_vmap(rule)
@@ -496,16 +528,19 @@ _batched_rows(_rms_norm_fwd, 1)
 _batched_rows(_rms_norm_add_fwd, 2)
 
 
-def _backward_kernel(dy, x_or_h, weight, rstd, dh_out, offset, has_bias, bias_dtype,
-                     casting_mode):
+def _backward_kernel(dy, x_or_h, weight, rstd, dh_out, offset, has_bias, bias_dtype, casting_mode):
     """``(dx, dweight, dbias)``, launching only when there are rows (the sums over no rows
     are zeros)."""
     if x_or_h.shape[0] == 0:
         dx, dweight, dbias = _allocate_backward(x_or_h, weight, has_bias, bias_dtype)
-        return dx, None if dweight is None else dweight.zero_(), (
-            None if dbias is None else dbias.zero_())
-    return _launcher(x_or_h.device).backward(dy, x_or_h, weight, rstd, dh_out, offset,
-                                             has_bias, bias_dtype, casting_mode)
+        return (
+            dx,
+            None if dweight is None else dweight.zero_(),
+            (None if dbias is None else dbias.zero_()),
+        )
+    return _launcher(x_or_h.device).backward(
+        dy, x_or_h, weight, rstd, dh_out, offset, has_bias, bias_dtype, casting_mode
+    )
 
 
 def _present(*tensors) -> list[Tensor]:
@@ -523,8 +558,9 @@ def _rms_norm_bwd(
     bias_dtype: torch.dtype | None,
     casting_mode: str,
 ) -> list[Tensor]:
-    return _present(*_backward_kernel(dy, x, weight, rstd, None, offset, has_bias, bias_dtype,
-                                      casting_mode))
+    return _present(
+        *_backward_kernel(dy, x, weight, rstd, None, offset, has_bias, bias_dtype, casting_mode)
+    )
 
 
 @_rms_norm_bwd.register_fake
@@ -545,8 +581,9 @@ def _rms_norm_add_bwd(
     bias_dtype: torch.dtype | None,
     casting_mode: str,
 ) -> list[Tensor]:
-    dh_total, dweight, dbias = _backward_kernel(dy, h, weight, rstd, dh, offset, has_bias,
-                                                bias_dtype, casting_mode)
+    dh_total, dweight, dbias = _backward_kernel(
+        dy, h, weight, rstd, dh, offset, has_bias, bias_dtype, casting_mode
+    )
     # x and residual receive the same gradient, as two tensors: autograd accumulates into
     # each one's .grad in place, so they must not share storage.
     dx = dh_total.to(x_dtype, copy=True)
@@ -609,8 +646,11 @@ def _fwd_backward(ctx, dy, _drstd):
     if _graph_of_gradient_needed(ctx, dy):
         dx, dweight, dbias = _differentiable_backward(ctx, dy, None)
     else:
-        grads = iter(_rms_norm_bwd(dy, x, weight, rstd, ctx.offset, bias is not None,
-                                   ctx.bias_dtype, ctx.casting_mode))
+        grads = iter(
+            _rms_norm_bwd(
+                dy, x, weight, rstd, ctx.offset, bias is not None, ctx.bias_dtype, ctx.casting_mode
+            )
+        )
         dx = next(grads)
         dweight = None if weight is None else next(grads)
         dbias = None if bias is None else next(grads)
@@ -625,8 +665,20 @@ def _add_fwd_backward(ctx, dy, dh, _drstd):
     else:
         if dy is None:  # only h was used downstream
             dy = torch.zeros_like(h, dtype=ctx.x_dtype)
-        grads = iter(_rms_norm_add_bwd(dy, h, weight, rstd, dh, ctx.x_dtype, ctx.offset,
-                                       bias is not None, ctx.bias_dtype, ctx.casting_mode))
+        grads = iter(
+            _rms_norm_add_bwd(
+                dy,
+                h,
+                weight,
+                rstd,
+                dh,
+                ctx.x_dtype,
+                ctx.offset,
+                bias is not None,
+                ctx.bias_dtype,
+                ctx.casting_mode,
+            )
+        )
         dx, dres = next(grads), next(grads)
         dweight = None if weight is None else next(grads)
         dbias = None if bias is None else next(grads)
@@ -672,8 +724,7 @@ class _RMSNormAddFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(x, residual, weight, bias, eps, offset, casting_mode, out_dtype):
-        return _rms_norm_add_fwd(x, residual, weight, bias, eps, offset, casting_mode,
-                                 out_dtype)
+        return _rms_norm_add_fwd(x, residual, weight, bias, eps, offset, casting_mode, out_dtype)
 
     setup_context = staticmethod(_setup_add_fwd_context)
     backward = staticmethod(_add_fwd_backward)
@@ -805,12 +856,15 @@ class RMSNorm(nn.Module):
         # construction (check_options only asks whether a weight exists; affine or not is
         # checked below with its own message).
         _, offset = ops.check_options(
-            torch.finfo(torch.float32).eps if eps is None else eps, offset, "weight",
+            torch.finfo(torch.float32).eps if eps is None else eps,
+            offset,
+            "weight",
             casting_mode,
         )
         if (bias or offset) and not elementwise_affine:
-            raise ValueError("bias and offset need elementwise_affine=True (they act on the "
-                             "weight)")
+            raise ValueError(
+                "bias and offset need elementwise_affine=True (they act on the weight)"
+            )
         factory = {"device": device, "dtype": dtype}
         self.normalized_shape = _as_shape(normalized_shape)
         self.eps = eps

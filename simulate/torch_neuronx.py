@@ -61,11 +61,14 @@ class _SimulatedNkiJit:
         copies = {}  # argument name → (caller's tensor, the NumPy copy the kernel sees)
         positional = [_numpy_copy(torch, v, names[i], copies) for i, v in enumerate(args)]
         keywords = {k: _numpy_copy(torch, v, k, copies) for k, v in kwargs.items()}
-        returned, _, params = run(self.func, positional, keywords, grid=self.grid,
-                                  target=self.target)
+        returned, _, params = run(
+            self.func, positional, keywords, grid=self.grid, target=self.target
+        )
         if returned is not None:
-            raise TypeError(f"nki_jit takes output-parameter kernels, but {self.__name__} "
-                            "returned its outputs; call a return-convention kernel directly")
+            raise TypeError(
+                f"nki_jit takes output-parameter kernels, but {self.__name__} "
+                "returned its outputs; call a return-convention kernel directly"
+            )
         written_names = {p.storage.name for p in params if p.storage.written}
         written = [name for name in copies if name in written_names]
         for name in written:
@@ -89,8 +92,9 @@ def _numpy_copy(torch, value, name: str, copies: dict):
     if not isinstance(value, torch.Tensor):
         return value
     if value.device.type != "cpu":
-        raise TypeError(f"argument `{name}` is on {value.device}; the simulated nki_jit takes "
-                        "CPU tensors")
+        raise TypeError(
+            f"argument `{name}` is on {value.device}; the simulated nki_jit takes CPU tensors"
+        )
     detached = value.detach()
     if detached.dtype == torch.bfloat16:
         array = detached.view(torch.int16).numpy().view(dt.bfloat16)
@@ -98,8 +102,9 @@ def _numpy_copy(torch, value, name: str, copies: dict):
         try:
             array = detached.numpy()
         except TypeError as err:
-            raise TypeError(f"argument `{name}` has dtype {value.dtype}, which NeuronCores do "
-                            "not support") from err
+            raise TypeError(
+                f"argument `{name}` has dtype {value.dtype}, which NeuronCores do not support"
+            ) from err
     copy = np.array(array, order="C", copy=True)
     copies[name] = (value, copy)
     return copy
@@ -108,19 +113,27 @@ def _numpy_copy(torch, value, name: str, copies: dict):
 def _check_writable(torch, name: str, copies: dict) -> None:
     tensor, _ = copies[name]
     if not tensor.is_contiguous():
-        raise ValueError(f"output `{name}` must be a contiguous tensor (the kernel writes it "
-                         f"in place), got strides {tensor.stride()} for shape "
-                         f"{tuple(tensor.shape)}")
+        raise ValueError(
+            f"output `{name}` must be a contiguous tensor (the kernel writes it "
+            f"in place), got strides {tensor.stride()} for shape "
+            f"{tuple(tensor.shape)}"
+        )
     if tensor.requires_grad:
-        raise ValueError(f"output `{name}` requires grad, so it cannot be written in place; "
-                         "pass a buffer from torch.empty(...)")
+        raise ValueError(
+            f"output `{name}` requires grad, so it cannot be written in place; "
+            "pass a buffer from torch.empty(...)"
+        )
     if tensor.is_inference() and not torch.is_inference_mode_enabled():
-        raise ValueError(f"output `{name}` is an inference tensor, which cannot be written in "
-                         "place outside torch.inference_mode()")
+        raise ValueError(
+            f"output `{name}` is an inference tensor, which cannot be written in "
+            "place outside torch.inference_mode()"
+        )
     for other, (other_tensor, _) in copies.items():
         if other != name and _overlap(tensor, other_tensor):
-            raise ValueError(f"output `{name}` shares memory with argument `{other}`; outputs "
-                             "must be separate buffers")
+            raise ValueError(
+                f"output `{name}` shares memory with argument `{other}`; outputs "
+                "must be separate buffers"
+            )
 
 
 def _overlap(a, b) -> bool:

@@ -20,7 +20,7 @@ import pytest
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
 
-from nki_rmsnorm import ops  # noqa: E402
+from nki_rmsnorm import kernels, ops  # noqa: E402
 from nki_rmsnorm import torch as nki_torch  # noqa: E402
 
 # (rtol, atol) for values of order one, by dtype: a few ulps of the output dtype.
@@ -435,11 +435,19 @@ def _run_example(name, *argv, monkeypatch):
     return runpy.run_path(str(EXAMPLES / name), run_name="not_main")["main"]()
 
 
+@pytest.mark.skipif(not hasattr(kernels, "rmsnorm_fwd_out"),
+                    reason="needs the output-parameter kernels")
 def test_example_rmsnorm_torch(monkeypatch, capsys):
+    for name in ("torch_neuronx", "torch_neuronx.xla_impl", "torch_neuronx.xla_impl.ops"):
+        monkeypatch.delitem(sys.modules, name, raising=False)  # the example installs its own
     _run_example("rmsnorm_torch.py", "--rows", "16", "--hidden", "64", "--iters", "1",
                  monkeypatch=monkeypatch)
     out = capsys.readouterr().out
-    assert "max |y - torch.nn.RMSNorm|" in out and "forward+backward" in out
+    assert "[tutorial launch] torch_neuronx.nki_jit(rmsnorm_fwd_out)" in out
+    errors = [float(line.split("=")[1].split("(")[1].split()[0])
+              for line in out.splitlines() if line.startswith("max |")]
+    assert len(errors) == 4 and all(e < 4 for e in errors), out  # in eps of max |ref|
+    assert "bitwise equal to eager: True" in out and "forward+backward" in out
 
 
 def test_example_train_tiny_llama_loss_curves_agree(monkeypatch, capsys):

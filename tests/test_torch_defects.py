@@ -70,8 +70,11 @@ def test_gradient_accumulation_into_input_residual_weight_and_bias(residual_dtyp
 
 def test_gradient_accumulation_through_rms_norm():
     def make_inputs():
-        return [_randn(5, 12, seed=8).requires_grad_(), _randn(12, seed=9).requires_grad_(),
-                _randn(12, seed=10).requires_grad_()]
+        return [
+            _randn(5, 12, seed=8).requires_grad_(),
+            _randn(12, seed=9).requires_grad_(),
+            _randn(12, seed=10).requires_grad_(),
+        ]
 
     weights = _randn(5, 12, seed=11)
     _two_steps_equal_twice_one(
@@ -97,8 +100,9 @@ def test_double_backward_matches_torch(with_weight):
     x = _randn(4, 8, seed=12)
     w = _randn(8, seed=13) if with_weight else None
     ours = _second_order(lambda x, w: nki_torch.rms_norm(x, (8,), w, 1e-6), x, w)
-    ref = _second_order(lambda x, w: F.rms_norm(x, (8,), w, 1e-6), x.double(),
-                        None if w is None else w.double())
+    ref = _second_order(
+        lambda x, w: F.rms_norm(x, (8,), w, 1e-6), x.double(), None if w is None else w.double()
+    )
     for got, want in zip(ours, ref):
         scale = want.abs().max().item()
         torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-5 * scale)
@@ -117,8 +121,7 @@ def test_double_backward_of_the_fused_add_into_weight_and_residual():
         h = x + r
         return F.rms_norm(h, (8,), w, 1e-6), h
 
-    ours = second_order(lambda x, r, w: nki_torch.fused_add_rms_norm(x, r, w, 1e-6),
-                        torch.float32)
+    ours = second_order(lambda x, r, w: nki_torch.fused_add_rms_norm(x, r, w, 1e-6), torch.float32)
     ref = second_order(reference, torch.float64)
     for got, want in zip(ours, ref):
         scale = want.abs().max().item()
@@ -149,10 +152,12 @@ def test_fp32_bias_gradient_keeps_fp32_accuracy_beside_a_bf16_weight():
 
 
 def test_zero_row_fused_add_returns_h_in_the_residual_dtype():
-    y, h = nki_torch.fused_add_rms_norm(torch.zeros(0, 8, dtype=torch.bfloat16),
-                                        torch.zeros(0, 8), None)
-    one_y, one_h = nki_torch.fused_add_rms_norm(torch.ones(1, 8, dtype=torch.bfloat16),
-                                                torch.ones(1, 8), None)
+    y, h = nki_torch.fused_add_rms_norm(
+        torch.zeros(0, 8, dtype=torch.bfloat16), torch.zeros(0, 8), None
+    )
+    one_y, one_h = nki_torch.fused_add_rms_norm(
+        torch.ones(1, 8, dtype=torch.bfloat16), torch.ones(1, 8), None
+    )
     assert (y.dtype, h.dtype) == (one_y.dtype, one_h.dtype) == (torch.bfloat16, torch.float32)
     assert y.shape == h.shape == (0, 8)
 
@@ -173,8 +178,9 @@ def test_zero_row_backward_gives_zero_parameter_gradients_in_their_dtypes():
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("offset, error", [("abc", TypeError), (None, TypeError),
-                                           (float("inf"), ValueError)])
+@pytest.mark.parametrize(
+    "offset, error", [("abc", TypeError), (None, TypeError), (float("inf"), ValueError)]
+)
 def test_module_offset_errors_name_offset(offset, error):
     with pytest.raises(error, match="offset"):
         nki_torch.RMSNorm(8, offset=offset)

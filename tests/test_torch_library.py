@@ -96,8 +96,8 @@ def _add_bwd_cases():
 
 def _with_grad(args, first_n):
     return tuple(
-        a.detach().clone().requires_grad_() if i < first_n and isinstance(a, torch.Tensor)
-        else a for i, a in enumerate(args)
+        a.detach().clone().requires_grad_() if i < first_n and isinstance(a, torch.Tensor) else a
+        for i, a in enumerate(args)
     )
 
 
@@ -130,8 +130,9 @@ def test_opcheck_detects_a_fake_implementation_that_lies(monkeypatch):
 
     monkeypatch.setattr(opdef, "_abstract_fn", wrong_fake)
     with pytest.raises(Exception, match="dtype|float16"):
-        torch.library.opcheck(OPS.rms_norm_fwd.default, _fwd_cases()[0],
-                              test_utils=("test_faketensor",))
+        torch.library.opcheck(
+            OPS.rms_norm_fwd.default, _fwd_cases()[0], test_utils=("test_faketensor",)
+        )
 
 
 # ---------------------------------------------------------------------------------------------
