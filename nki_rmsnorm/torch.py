@@ -436,14 +436,19 @@ def _launcher(device: torch.device):
 # ---------------------------------------------------------------------------------------------
 
 
-def _param_dtype(weight: Tensor | None) -> torch.dtype:
-    return torch.float32 if weight is None else weight.dtype
-
-
 def _empty_forward(x, residual, out_dtype):
     """The forward's outputs for an input without rows (no launch)."""
     y, h, rstd = _allocate_forward(x, residual, out_dtype)
     return (y, rstd) if residual is None else (y, h, rstd)
+
+
+def _forward(x, residual, weight, bias, eps, offset, casting_mode, out_dtype):
+    """Both forward operators: launch on ``x``'s device, or nothing for an input without rows."""
+    if x.shape[0] == 0:
+        return _empty_forward(x, residual, out_dtype)
+    return _launcher(x.device).forward(
+        x, weight, bias, residual, eps, offset, casting_mode, out_dtype
+    )
 
 
 @torch.library.custom_op("nki_rmsnorm::rms_norm_fwd", mutates_args=())
@@ -456,9 +461,7 @@ def _rms_norm_fwd(
     casting_mode: str,
     out_dtype: torch.dtype | None,
 ) -> tuple[Tensor, Tensor]:
-    if x.shape[0] == 0:
-        return _empty_forward(x, None, out_dtype)
-    return _launcher(x.device).forward(x, weight, bias, None, eps, offset, casting_mode, out_dtype)
+    return _forward(x, None, weight, bias, eps, offset, casting_mode, out_dtype)
 
 
 @_rms_norm_fwd.register_fake
@@ -477,11 +480,7 @@ def _rms_norm_add_fwd(
     casting_mode: str,
     out_dtype: torch.dtype | None,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    if x.shape[0] == 0:
-        return _empty_forward(x, residual, out_dtype)
-    return _launcher(x.device).forward(
-        x, weight, bias, residual, eps, offset, casting_mode, out_dtype
-    )
+    return _forward(x, residual, weight, bias, eps, offset, casting_mode, out_dtype)
 
 
 @_rms_norm_add_fwd.register_fake

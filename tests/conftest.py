@@ -45,3 +45,16 @@ def random_array(rng, shape, dtype, low=-4.0, high=4.0) -> np.ndarray:
 def poison_fixture():
     """The :func:`poison` helper as a fixture."""
     return poison
+
+
+@pytest.fixture
+def no_launch(monkeypatch):
+    """Make any kernel launch through :mod:`nki_rmsnorm.ops` fail loudly: the bindings' errors
+    must come before it."""
+    from nki_rmsnorm import ops
+
+    def launched(*args, **kwargs):
+        raise AssertionError("a kernel was launched")
+
+    monkeypatch.setattr(ops, "rms_norm_fwd", launched)
+    monkeypatch.setattr(ops, "rms_norm_bwd", launched)
