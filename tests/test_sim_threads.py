@@ -23,11 +23,11 @@ def _scaled_exp(tile, scale):
 def _row_softmax_like(x):
     out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
     for i in nl.affine_range(x.shape[0] // 32):
-        tile = nl.load(x[i * 32:(i + 1) * 32, :])
+        tile = nl.load(x[i * 32 : (i + 1) * 32, :])
         shifted = nl.subtract(tile, nl.max(tile, axis=1, keepdims=True))
         expo = _scaled_exp(shifted, 0.5)
         total = nisa.tensor_reduce(np.add, expo, axis=1, keepdims=True)
-        nl.store(out[i * 32:(i + 1) * 32, :], nl.divide(expo, total))
+        nl.store(out[i * 32 : (i + 1) * 32, :], nl.divide(expo, total))
     return out
 
 
