@@ -28,8 +28,8 @@ import types
 
 import numpy as np
 
-from . import dtypes as dt
-from .runtime import _unwrap, run
+from .core import dtypes as dt
+from .core.runtime import _unwrap, run
 
 __all__ = ["install", "nki_jit"]
 
