@@ -388,8 +388,8 @@ class _XlaLaunch:
         dbias = grads.pop(0) if has_bias else None
         if dbias is not None and bias_dtype is not None and dbias.dtype != bias_dtype:
             raise NotImplementedError(
-                f"a {_dtype_name(bias_dtype)} bias beside a {_dtype_name(weight.dtype)} weight "
-                "needs the output-parameter backward kernel (dbias in the bias's dtype)"
+                f"the return-convention backward kernel gives dbias in {_dtype_name(dbias.dtype)}"
+                f", not the bias's {_dtype_name(bias_dtype)}; pass a bias of the weight's dtype"
             )
         return dx, dweight, dbias
 

@@ -349,3 +349,9 @@ def test_on_torchneuron_matches_the_simulator():
     for got in (run("neuron"), run("neuron", "neuron")):
         for g, w_ in zip(got, want):
             torch.testing.assert_close(g, w_, rtol=3e-2, atol=3e-2)
+
+
+def test_a_device_without_a_launcher_is_rejected_before_launch(monkeypatch, no_launch):
+    monkeypatch.delitem(nki_torch.LAUNCHERS, "cpu")
+    with pytest.raises(ValueError, match="input is on cpu; the kernels run on a NeuronCore"):
+        nki_torch.rms_norm(_randn(2, 8, seed=30), 8)
