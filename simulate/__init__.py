@@ -79,7 +79,9 @@ def real_nki_available() -> bool:
 def install() -> bool:
     """Make ``import neuronxcc.nki`` (and ``.language``, ``.isa``, ``.typing``,
     ``.compiler``) resolve to this simulator. Returns True when the aliases were installed,
-    False (doing nothing) when the real Neuron compiler is present."""
+    False (doing nothing) when the real Neuron compiler is present. Also makes ``import nki``
+    resolve to the ``nki`` 0.6 front-end when the real ``nki`` is absent."""
+    __import__("simulate.nki06", fromlist=["install"]).install()
     if real_nki_available():
         return False
     import types
