@@ -162,7 +162,11 @@ def _convert(value, argname, region, params):
 def _check_annotations(func, bound) -> None:
     from .typing import TensorAnnotation
 
-    for name, annotation in getattr(func, "__annotations__", {}).items():
+    try:  # string annotations (``from __future__ import annotations``) are evaluated
+        annotations = inspect.get_annotations(func, eval_str=True)
+    except Exception:  # noqa: BLE001 - an annotation the kernel's module cannot evaluate
+        annotations = {}
+    for name, annotation in annotations.items():
         value = bound.get(name)
         if (
             isinstance(annotation, TensorAnnotation)
