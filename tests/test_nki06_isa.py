@@ -679,3 +679,63 @@ def test_dma_transpose_shape_must_be_the_permuted_shape(rng):
     np.testing.assert_array_equal(run(kernel, x, (8, 16)), x.T)
     with pytest.raises(AssertionError, match="must equal the permuted src shape"):
         run(kernel, x, (8, 16, 1))
+
+
+def test_broadcast_views_are_read_only(rng):
+    col = f32(rng, 8, 1)
+
+    def kernel(col, into_broadcast):
+        c = sbuf(col)
+        wide = nl.ndarray((8, 6), nl.float32)
+        dst = c.broadcast(1, 6) if into_broadcast else wide
+        nisa.tensor_copy(dst=dst, src=c.broadcast(1, 6))
+        return out(wide if not into_broadcast else c)
+
+    np.testing.assert_array_equal(run(kernel, col, False), np.repeat(col, 6, axis=1))
+    with pytest.raises(AssertionError, match="broadcast"):
+        run(kernel, col, True)
+
+
+def test_psum_and_sbuf_capacity_are_enforced():
+    def kernel(x, banks):
+        tiles = [nl.ndarray((128, 512), nl.float32, buffer=nl.psum) for _ in range(banks)]
+        return (len(tiles),)
+
+    nki.simulate(kernel)(np.zeros(1, np.float32), 8)
+    with pytest.raises(ValueError, match="PSUM over capacity"):
+        nki.simulate(kernel)(np.zeros(1, np.float32), 9)
+
+    def big(x, columns):
+        return (nl.ndarray((128, columns), nl.float32).shape,)
+
+    nki.simulate(big)(np.zeros(1, np.float32), 212984 // 4)
+    with pytest.raises(ValueError, match="SBUF over capacity"):
+        nki.simulate(big)(np.zeros(1, np.float32), 212984 // 4 + 1)
+
+
+def test_the_cost_model_reads_norm_kernel_traces(rng):
+    from simulate import cost
+
+    x, w = f32(rng, 128, 256), f32(rng, 1, 256)
+
+    def kernel(x, w):
+        xs = sbuf(x)
+        sq = nl.ndarray(x.shape, nl.float32)
+        ss = nl.ndarray((128, 1), nl.float32)
+        nisa.activation_reduce(dst=sq, op=nl.square, data=xs, reduce_op=nl.add, reduce_res=ss)
+        nisa.activation(dst=ss, op=nl.rsqrt, data=ss, scale=1.0 / 256, bias=1e-6)
+        ones = nl.ndarray((1, 128), nl.float32)
+        nisa.memset(dst=ones, value=1.0)
+        wb = nl.ndarray((128, 256), nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(dst=wb, stationary=ones, moving=sbuf(w))
+        y = nl.ndarray(x.shape, nl.float32)
+        nisa.scalar_tensor_tensor(
+            dst=y, data=xs, op0=nl.multiply, operand0=ss, op1=nl.multiply, operand1=wb
+        )
+        return out(y)
+
+    y = run(kernel, x, w)
+    ref = x / np.sqrt((x.astype(np.float64) ** 2).mean(1, keepdims=True) + 1e-6) * w
+    np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-6)
+    schedule = cost.schedule(nki.last_trace())
+    assert schedule.unmodeled == {} and schedule.latency_us > 0

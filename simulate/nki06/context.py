@@ -151,12 +151,10 @@ class Program:
             "psum_peak_bytes_per_partition",
         )
         self.shared_cursor = 0
-        self.sendrecv_count: dict = {}
         self.barrier_cursor = 0
         # the Scalar engine's 128 fp32 reduce registers: undefined (NaN) until reset
         self.act_regs = np.full((launch.target.partitions, 1), np.nan, np.float32)
         self.vector_regs = np.full((launch.target.partitions, 1), np.nan, np.float32)
-        self.in_kernel_call = False
 
 
 def current(api: str = "this API") -> Program:

@@ -626,6 +626,10 @@ def region(t: NkiTensor) -> Region:
 def write(t: NkiTensor, values: np.ndarray, accumulated_by_matmul: bool = False) -> None:
     """Round ``values`` (any shape with ``t.size`` elements, paired in row-major order) into
     the view ``t``; a non-matmul write into PSUM forgets the matmul accumulation state."""
+    if any(s == 0 and n > 1 for n, s in zip(t.shape, t.strides)):
+        raise NkiValidationError(
+            f"`{t.name}`: an instruction cannot write through a broadcast (stride-0) view"
+        )
     target = t.array()
     target[...] = dt.cast(np.asarray(values).reshape(target.shape), t.dtype, target.dtype)
     storage = t.storage
