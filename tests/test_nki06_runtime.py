@@ -291,3 +291,25 @@ def test_deprecated_while_reg_warns():
         warnings.simplefilter("always")
         assert bool(reg)
     assert caught and issubclass(caught[0].category, DeprecationWarning)
+
+
+def test_torch_tensors_in_and_out(rng):
+    torch = pytest.importorskip("torch")
+    x = torch.from_numpy(rng.standard_normal((8, 6)).astype(np.float32)).to(torch.bfloat16)
+    y = torch.full((8, 6), float("nan"), dtype=torch.bfloat16)
+
+    def kernel(x, y):
+        nl.store(y, value=nl.multiply(nl.load(x), 2.0))
+        return double(x)
+
+    result = nki.simulate(kernel)(x, y)
+    assert isinstance(result, torch.Tensor) and result.dtype == torch.bfloat16
+    assert torch.equal(result, x * 2) and torch.equal(y, x * 2)
+
+
+def test_jax_arrays_come_back_as_numpy(rng):
+    jnp = pytest.importorskip("jax.numpy")
+    x = rng.standard_normal((4, 4)).astype(np.float32)
+    result = nki.simulate(double)(jnp.asarray(x))
+    assert isinstance(result, np.ndarray)
+    np.testing.assert_array_equal(result, 2 * x)
