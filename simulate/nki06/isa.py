@@ -290,6 +290,23 @@ def _emit(
     return NkiInstruction(opcode, name)
 
 
+def _write_and_emit(engine_name, api, name, dst, values, reads, details=None, dma=None):
+    """Write an instruction's result into ``dst`` and record it over ``dst``'s extent."""
+    write(dst, values)
+    return _emit(
+        engine_name,
+        api,
+        name,
+        reads=reads,
+        writes=[dst],
+        partitions=dst.shape[0],
+        free_size=_free(dst),
+        out_dtype=dst.dtype,
+        details=details,
+        dma=dma,
+    )
+
+
 def _op(api, argname, op):
     try:
         return fn.lookup(op, argname)
@@ -465,16 +482,13 @@ def dma_transpose(
         )
     if src.dtype is not dst.dtype:
         raise NkiValidationError(f"{api} dst dtype {dst.dtype} must equal src dtype {src.dtype}")
-    write(dst, np.transpose(src.values(), perm))
-    return _emit(
+    return _write_and_emit(
         "dma",
         api,
         name,
-        reads=[src],
-        writes=[dst],
-        partitions=dst.shape[0],
-        free_size=_free(dst),
-        out_dtype=dst.dtype,
+        dst,
+        np.transpose(src.values(), perm),
+        [src],
         dma=_dma_fields(src, dst, dst.size) | {"dma_row_bytes": src.itemsize},
     )
 
@@ -531,15 +545,13 @@ def memset(dst, value, engine=engine.unknown, name=None):
         )
     if not isinstance(value, (bool, int, float, np.number)):
         raise NkiTypeError(f"{api} value must be a number, got {type(value).__name__}")
-    write(dst, np.full(dst.size, value, np.float64 if dt.is_float(dst.dtype) else np.int64))
-    return _emit(
+    return _write_and_emit(
         _TRACE_ENGINE[eng],
         api,
         name,
-        writes=[dst],
-        partitions=dst.shape[0],
-        free_size=_free(dst),
-        out_dtype=dst.dtype,
+        dst,
+        np.full(dst.size, value, np.float64 if dt.is_float(dst.dtype) else np.int64),
+        [],
         details={"value": float(value)},
     )
 
@@ -562,16 +574,7 @@ def iota(dst, pattern, offset=0, channel_multiplier=0, name=None):
     free = sum(g for g in grids).reshape(-1)
     rows = np.arange(dst.shape[0], dtype=np.int64)[:, None] * int(channel_multiplier)
     values = (start + rows + free[None, :]).astype(np.int32)
-    write(dst, values)
-    return _emit(
-        "pool",
-        api,
-        name,
-        writes=[dst],
-        partitions=dst.shape[0],
-        free_size=_free(dst),
-        out_dtype=dst.dtype,
-    )
+    return _write_and_emit("pool", api, name, dst, values, [])
 
 
 # --- Scalar engine -----------------------------------------------------------------------------
@@ -747,16 +750,13 @@ def tensor_tensor(dst, data1, data2, op, engine=engine.unknown, name=None):
         values = spec.apply(_pf(data1, False).astype(np.int64), _pf(data2, False).astype(np.int64))
     else:
         values = spec.apply(_pf(data1), _pf(data2))
-    write(dst, values)
-    return _emit(
+    return _write_and_emit(
         _TRACE_ENGINE[eng],
         api,
         name,
-        reads=[data1, data2],
-        writes=[dst],
-        partitions=dst.shape[0],
-        free_size=_free(dst),
-        out_dtype=dst.dtype,
+        dst,
+        values,
+        [data1, data2],
         details={"op": spec.name},
     )
 
@@ -787,16 +787,13 @@ def tensor_scalar(
     )
     if op1 is None and operand1 is not None:
         raise NkiValidationError(f"{api} operand1 given without op1")
-    write(dst, values)
-    return _emit(
+    return _write_and_emit(
         _TRACE_ENGINE[eng],
         api,
         name,
-        reads=reads,
-        writes=[dst],
-        partitions=dst.shape[0],
-        free_size=_free(dst),
-        out_dtype=dst.dtype,
+        dst,
+        values,
+        reads,
         details={"op": list(names)},
     )
 
@@ -871,16 +868,13 @@ def scalar_tensor_tensor(
     scalar, tile = _scalar(api, "operand0", operand0, data.shape[0])
     values = _alu(spec0, _pf(data), scalar, reverse0)
     values = _alu(spec1, values, _pf(operand1), reverse1)
-    write(dst, values)
-    return _emit(
+    return _write_and_emit(
         "dve",
         api,
         name,
-        reads=[data, tile, operand1],
-        writes=[dst],
-        partitions=dst.shape[0],
-        free_size=_free(dst),
-        out_dtype=dst.dtype,
+        dst,
+        values,
+        [data, tile, operand1],
         details={"op": [spec0.name, spec1.name]},
     )
 
@@ -893,17 +887,7 @@ def reciprocal(dst, data, name=None):
     _pair(api, "data", data, "dst", dst)
     with np.errstate(divide="ignore", invalid="ignore"):
         values = np.float32(1.0) / _pf(data)
-    write(dst, values)
-    return _emit(
-        "dve",
-        api,
-        name,
-        reads=[data],
-        writes=[dst],
-        partitions=dst.shape[0],
-        free_size=_free(dst),
-        out_dtype=dst.dtype,
-    )
+    return _write_and_emit("dve", api, name, dst, values, [data])
 
 
 def _legacy_result(api, dst, reads, fn_, name, **arguments):
@@ -1303,16 +1287,13 @@ def sendrecv(src, dst, send_to_rank, recv_from_rank, pipe_id, dma_engine=dma_eng
     launch.turns.block_until(me, lambda: bool(launch.mailbox.get(inbox)), api)
     with launch.lock:
         values = launch.mailbox[inbox].pop(0)
-    write(dst, values)
-    return _emit(
+    return _write_and_emit(
         "dma",
         api,
         name,
-        reads=[src],
-        writes=[dst],
-        partitions=dst.shape[0],
-        free_size=_free(dst),
-        out_dtype=dst.dtype,
+        dst,
+        values,
+        [src],
         dma={
             "dma_bytes": src.size * src.itemsize,
             "dma_direction": "sbuf->sbuf",
