@@ -373,3 +373,20 @@ def test_tile_size_constants_follow_the_target(monkeypatch):
     assert nl.tile_size.sbuf_fmax_bytes == 245752
     with pytest.warns(DeprecationWarning):
         assert nl.tile_size.psum_fmax == 512
+
+
+def test_item_assignment_copies_with_a_cast_or_fills(rng):
+    x = rng.standard_normal((8, 6)).astype(np.float32)
+
+    def kernel(x):
+        t = nl.ndarray((8, 6), nl.bfloat16)
+        t[:, :] = x  # HBM -> SBUF: a DMA with a cast
+        t[0:2, 0:3] = 5  # a fill
+        o = nl.ndarray((8, 6), nl.float32, buffer=nl.shared_hbm)
+        o[...] = t
+        return o
+
+    expected = x.astype(BF16).astype(np.float32)
+    expected[0:2, 0:3] = 5
+    np.testing.assert_array_equal(run(kernel, x), expected)
+    assert [i.opcode for i in nki.last_trace()] == ["dma_copy", "memset", "dma_copy"]

@@ -18,9 +18,9 @@ import threading
 
 import numpy as np
 
-from simulate.memory import PartitionAllocator
-from simulate.targets import PSUM_BANK_BYTES, TARGETS, Target
-from simulate.trace import Trace
+from simulate.core.memory import PartitionAllocator
+from simulate.core.targets import PSUM_BANK_BYTES, TARGETS, Target
+from simulate.core.trace import Trace
 
 from .errors import NkiDeadlockError, NkiRuntimeError, NkiValueError
 

@@ -3,7 +3,7 @@
 NumPy / ml_dtypes dtype the simulator stores it as.
 
 Rounding on write is the core's (:func:`simulate.dtypes.cast`: round to nearest even,
-float->int saturating, tfloat32 10-bit mantissa). The OCP types the legacy core does not
+float->int saturating, tfloat32 10-bit mantissa). The OCP types the core does not
 know (``float8_e4m3fn``, ``float8_e8m0fnu``) are cast through float32 by ml_dtypes.
 
 ``NKI_PRECISE_FP=0`` (aws-neuron-sdk ``nki/guides/nki_simulator.rst``, "Precise
@@ -17,7 +17,7 @@ import os
 import ml_dtypes
 import numpy as np
 
-from simulate import dtypes as core
+from simulate.core import dtypes as core
 
 from .errors import NkiTypeError
 
@@ -90,7 +90,7 @@ ALL = (
 _BY_NAME = {str.__str__(d): d for d in ALL}
 _BY_NAME["bool"] = bool_
 _BY_NUMPY = {d.numpy: d for d in ALL if d is not tfloat32}
-# dtypes the legacy core's cast and promotion know; the others go through float32
+# dtypes the core's cast and promotion know; the others go through float32
 _CORE_KNOWN = frozenset(d for d in ALL if d not in (float8_e4m3fn, float8_e8m0fnu))
 _LOW_PRECISION = frozenset(
     (float16, bfloat16, tfloat32, float8_e4m3, float8_e4m3fn, float8_e5m2, float8_e8m0fnu)

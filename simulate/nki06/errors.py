@@ -8,12 +8,12 @@ tensor_tensor data1 partition dimension 256 exceeds maximum 128``
 (``nki/api/nki/isa/__init__.py@81ce03ae``, line 168). Every error here is an
 ``NkiValidationError`` that is also an ``AssertionError`` (the documented simulator
 behaviour), also the natural builtin where there is one, and also the legacy
-:class:`simulate.errors.NKIError` so code written against the legacy front-end catches both.
+:class:`simulate.core.errors.NKIError` so code written against the legacy front-end catches both.
 """
 
 from __future__ import annotations
 
-from simulate.errors import NKIError
+from simulate.core.errors import NKIError
 
 
 class NkiValidationError(NKIError, AssertionError):

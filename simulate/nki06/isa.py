@@ -18,16 +18,15 @@ import warnings
 
 import numpy as np
 
-from simulate import functions as fn
-from simulate import isa as legacy_isa
+from simulate.core import functions as fn
 
-from . import context, legacy
+from . import context, engines
 from . import dtypes as dt
 from .errors import (
     NkiTypeError,
     NkiValidationError,
 )
-from .tensor import NkiTensor, matmul_mask, partition_start, region, write
+from .tensor import NkiTensor, VirtualRegister, matmul_mask, partition_start, region, write
 
 PMAX = 128
 
@@ -85,7 +84,10 @@ class dma_engine(enum.Enum):  # noqa: N801
     gpsimd_dma = 2
 
 
-nc_version = legacy_isa.nc_version  # IntEnum gen2/gen3/gen4: NKILIB compares them with >=
+class nc_version(enum.IntEnum):  # noqa: N801 - ordered: NKILIB compares versions with >=
+    gen2 = 2
+    gen3 = 3
+    gen4 = 4
 
 
 def get_nc_version() -> nc_version:
@@ -108,33 +110,6 @@ class NkiInstruction:
             if not isinstance(p, NkiInstruction):
                 raise NkiTypeError(f"depends_on takes NkiInstruction handles, got {p!r}")
         return self
-
-
-class VirtualRegister:
-    """A 32-bit engine register holding a value known when the simulation runs it."""
-
-    def __init__(self, value=0, read_only: bool = False):
-        self.value = int(value)
-        self.read_only = read_only
-
-    def __int__(self):
-        raise NkiTypeError(
-            "a VirtualRegister has no compile-time value: use it as a loop bound, "
-            "scalar_offset or iota offset"
-        )
-
-    __index__ = __int__
-
-    def __bool__(self):
-        warnings.warn(
-            "`while reg:` is deprecated in NKI 0.6: use nl.while_loop",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return self.value != 0
-
-    def __repr__(self):
-        return f"VirtualRegister({self.value})"
 
 
 # --- operand checks ----------------------------------------------------------------------------
@@ -310,7 +285,7 @@ def _write_and_emit(engine_name, api, name, dst, values, reads, details=None, dm
 def _op(api, argname, op):
     try:
         return fn.lookup(op, argname)
-    except Exception as exc:  # the legacy lookup's error carries a legacy key
+    except Exception as exc:  # the core lookup's error carries a legacy error key
         raise NkiValidationError(f"{api} {argname}={op!r} is not an NKI operator") from exc
 
 
@@ -890,25 +865,6 @@ def reciprocal(dst, data, name=None):
     return _write_and_emit("dve", api, name, dst, values, [data])
 
 
-def _legacy_result(api, dst, reads, fn_, name, **arguments):
-    """Run a legacy instruction for its semantics, write its float32 result into ``dst`` and
-    record the instruction with the 0.6 operands."""
-    program = context.current(api)
-    values, record = legacy.call(fn_, program.target, dtype=dt.float32.numpy, **arguments)
-    write(dst, values)
-    return _emit(
-        record.engine,
-        api,
-        name,
-        reads=reads,
-        writes=[dst],
-        partitions=record.partitions,
-        free_size=record.free_size,
-        out_dtype=dst.dtype,
-        details={k: v for k, v in record.details.items() if k != "max_stride_bytes"},
-    )
-
-
 def tensor_reduce(dst, op, data, axis, negate=False, keepdims=False, name=None):
     """Reduce ``data`` along ``axis`` (real dims since 0.3: a contiguous run of free dims
     ending at the last one, never dim 0) into ``dst`` (elements per partition = the kept
@@ -935,17 +891,16 @@ def tensor_reduce(dst, op, data, axis, negate=False, keepdims=False, name=None):
         raise NkiValidationError(f"{api} op={spec.name} is not a reduction operator")
     if negate and spec.bitvec:
         raise NkiValidationError(f"{api} negate applies to arithmetic reductions only")
-    return _legacy_result(
+    values = data.values().reshape(data.shape[0], kept, -1)
+    values = values if spec.bitvec else values.astype(np.float32)
+    return _write_and_emit(
+        "dve",
         api,
-        dst,
-        [data],
-        legacy_isa.tensor_reduce,
         name,
-        op=op,
-        data=data,
-        axis=list(axes),
-        negate=negate,
-        keepdims=keepdims,
+        dst,
+        engines.reduce_last(spec, values, negate),
+        [data],
+        details={"op": spec.name},
     )
 
 
@@ -1025,21 +980,14 @@ def tensor_tensor_scan(
     _pair(api, "data0", data0, "data1", data1)
     _pair(api, "data0", data0, "dst", dst)
     _not_both_psum(api, "data0", data0, "data1", data1)
-    _scalar(api, "initial", initial, data0.shape[0])
     reads = [data0, data1] + ([initial] if isinstance(initial, NkiTensor) else [])
-    return _legacy_result(
-        api,
-        dst,
-        reads,
-        legacy_isa.tensor_tensor_scan,
-        name,
-        data0=data0,
-        data1=data1,
-        initial=initial,
-        op0=op0,
-        op1=op1,
-        reverse0=reverse0,
-        reverse1=reverse1,
+    initial_values, _ = _scalar(api, "initial", initial, data0.shape[0])
+    spec0, spec1 = _op(api, "op0", op0), _op(api, "op1", op1)
+    values = engines.scan(
+        _alu, _pf(data0), _pf(data1), initial_values, spec0, spec1, reverse0, reverse1
+    )
+    return _write_and_emit(
+        "dve", api, name, dst, values, reads, details={"op": [spec0.name, spec1.name]}
     )
 
 
@@ -1056,7 +1004,7 @@ def bn_stats(dst, data, name=None):
         )
     if dst.shape[0] != data.shape[0] or _free(dst) != 6:
         raise NkiValidationError(f"{api} dst must be ({data.shape[0]}, 6), got {tuple(dst.shape)}")
-    return _legacy_result(api, dst, [data], legacy_isa.bn_stats, name, data=data)
+    return _write_and_emit("dve", api, name, dst, engines.batch_norm_stats(_pf(data)), [data])
 
 
 def bn_aggr(dst, data, name=None):
@@ -1070,7 +1018,7 @@ def bn_aggr(dst, data, name=None):
         )
     if dst.shape[0] != data.shape[0] or _free(dst) != 2:
         raise NkiValidationError(f"{api} dst must be ({data.shape[0]}, 2), got {tuple(dst.shape)}")
-    return _legacy_result(api, dst, [data], legacy_isa.bn_aggr, name, data=data)
+    return _write_and_emit("dve", api, name, dst, engines.batch_norm_aggregate(_pf(data)), [data])
 
 
 # --- Tensor engine --------------------------------------------------------------------------------
@@ -1362,9 +1310,8 @@ __all__ = [
         "warnings",
         "np",
         "fn",
-        "legacy_isa",
         "context",
-        "legacy",
+        "engines",
         "dt",
         "NkiIndexError",
         "NkiTypeError",
@@ -1375,3 +1322,20 @@ __all__ = [
         "matmul_mask",
     )
 ]
+
+
+def _assign(self, key, value):
+    """``t[key] = value`` (undocumented in 0.6; spec decision): a cast copy of a tensor
+    (DMA when either side is in HBM, else a Vector ``tensor_copy``) or a ``memset`` fill.
+    Defined here, with the instructions it issues, so that the tensor module does not import
+    this one."""
+    dst = self[key]
+    if not isinstance(value, NkiTensor):
+        memset(dst=dst, value=value)
+    elif dst.on_chip and value.on_chip:
+        tensor_copy(dst=dst, src=value)
+    else:
+        dma_copy(dst=dst, src=value)
+
+
+NkiTensor.__setitem__ = _assign

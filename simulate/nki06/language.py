@@ -12,7 +12,7 @@ import warnings
 
 import numpy as np
 
-from simulate.targets import PMAX
+from simulate.core.targets import PMAX
 
 from . import context
 from . import dtypes as dt

@@ -17,8 +17,8 @@ import warnings
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from simulate.memory import Storage
-from simulate.trace import Region
+from simulate.core.memory import Storage
+from simulate.core.trace import Region
 
 from . import context
 from . import dtypes as dt
@@ -263,19 +263,6 @@ class NkiTensor:
         if not shape:  # HBM: an index never leaves rank 0
             shape, strides = [1], [1]
         return self._derive(shape, strides, offset)
-
-    def __setitem__(self, key, value):
-        """``t[key] = value``: copy with a cast (spec decision; undocumented in 0.6)."""
-        from . import isa
-
-        dst = self[key]
-        if isinstance(value, NkiTensor):
-            if dst.on_chip and value.on_chip:
-                isa.tensor_copy(dst=dst, src=value)
-            else:
-                isa.dma_copy(dst=dst, src=value)
-        else:
-            isa.memset(dst=dst, value=value)
 
     # --- view methods (STUB-NL NkiTensor, RN 0.5) --------------------------------------------
     def _dim(self, dim: int, api: str, allow_partition: bool = False) -> int:
@@ -523,8 +510,6 @@ class NkiTensor:
 
 
 def _scalar_value(value, api) -> int:
-    from .isa import VirtualRegister
-
     if isinstance(value, VirtualRegister):
         return int(value.value)
     if isinstance(value, NkiTensor) and value.size == 1:
@@ -546,10 +531,37 @@ def _slice_range(k: slice, n: int, dim: int, name: str) -> tuple[int, int, int]:
     return start, stop, step
 
 
+class VirtualRegister:
+    """A 32-bit engine register holding a value known when the simulation runs it."""
+
+    def __init__(self, value=0, read_only: bool = False):
+        self.value = int(value)
+        self.read_only = read_only
+
+    def __int__(self):
+        raise NkiTypeError(
+            "a VirtualRegister has no compile-time value: use it as a loop bound, "
+            "scalar_offset or iota offset"
+        )
+
+    __index__ = __int__
+
+    def __bool__(self):
+        warnings.warn(
+            "`while reg:` is deprecated in NKI 0.6: use nl.while_loop",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.value != 0
+
+    def __repr__(self):
+        return f"VirtualRegister({self.value})"
+
+
 # --- allocation --------------------------------------------------------------------------------
 def allocate(shape, dtype, buffer, name: str = "", fill="uninitialised") -> NkiTensor:
     """A new tensor in the running program; on-chip bytes are accounted against the target's
-    SBUF/PSUM per partition (the legacy allocator), fresh memory holds NaN / 4 (SIM)."""
+    SBUF/PSUM per partition (the core allocator), fresh memory holds NaN / 4 (SIM)."""
     program = context.current("nl.ndarray")
     region = as_buffer(buffer)
     dtype = dt.as_dtype(dtype)
