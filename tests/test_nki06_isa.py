@@ -739,3 +739,20 @@ def test_the_cost_model_reads_norm_kernel_traces(rng):
     np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-6)
     schedule = cost.schedule(nki.last_trace())
     assert schedule.unmodeled == {} and schedule.latency_us > 0
+
+
+def test_tensor_copy_predicated_keeps_dst_where_false(rng):
+    x, y = f32(rng, 16, 10), f32(rng, 16, 10)
+    mask = (rng.random((16, 10)) < 0.5).astype(np.uint8)
+
+    def kernel(x, y, mask, reverse):
+        dst = sbuf(y)
+        nisa.tensor_copy_predicated(
+            dst=dst, src=sbuf(x), predicate=sbuf(mask), reverse_pred=reverse
+        )
+        return out(dst)
+
+    np.testing.assert_array_equal(run(kernel, x, y, mask, False), np.where(mask, x, y))
+    np.testing.assert_array_equal(run(kernel, x, y, mask, True), np.where(mask, y, x))
+    with pytest.raises(TypeError, match="predicate must be uint8"):
+        run(kernel, x, y, mask.astype(np.float32), False)

@@ -390,3 +390,29 @@ def test_item_assignment_copies_with_a_cast_or_fills(rng):
     expected[0:2, 0:3] = 5
     np.testing.assert_array_equal(run(kernel, x), expected)
     assert [i.opcode for i in nki.last_trace()] == ["dma_copy", "memset", "dma_copy"]
+
+
+def test_nl_where_var_all_and_load_transpose2d(rng):
+    x = rng.standard_normal((16, 12)).astype(np.float32)
+    cond = (rng.random((16, 12)) < 0.5).astype(np.float32)
+
+    def kernel(x, cond):
+        t = nl.load(x)
+        results = (
+            nl.where(nl.load(cond), t, 0.0),
+            nl.var(t, axis=1),
+            nl.all(nl.load(cond), axis=1),
+            nl.load_transpose2d(x),
+        )
+        outs = []
+        for r in results:
+            o = nl.ndarray(r.shape, r.dtype, buffer=nl.shared_hbm)
+            nl.store(o, value=r)
+            outs.append(o)
+        return tuple(outs)
+
+    chosen, variance, every, transposed = run(kernel, x, cond)
+    np.testing.assert_array_equal(chosen, np.where(cond != 0, x, 0))
+    np.testing.assert_allclose(variance[:, 0], x.astype(np.float64).var(1), rtol=1e-5)
+    np.testing.assert_array_equal(every[:, 0], cond.all(1))
+    np.testing.assert_array_equal(transposed, x.T)

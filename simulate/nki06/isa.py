@@ -854,6 +854,36 @@ def scalar_tensor_tensor(
     )
 
 
+def tensor_copy_predicated(dst, src, predicate, reverse_pred=False, name=None):
+    """Where ``predicate`` (uint8/16/32) is non-zero (zero with ``reverse_pred``), ``dst``
+    takes ``src`` (a tile of ``dst``'s dtype or a number); elsewhere ``dst`` keeps its
+    values. ``src`` and ``predicate`` not both in PSUM (Vector engine)."""
+    api = "tensor_copy_predicated"
+    _on_chip(api, "dst", dst)
+    _on_chip(api, "predicate", predicate)
+    _pair(api, "dst", dst, "predicate", predicate)
+    if predicate.dtype not in (dt.uint8, dt.uint16, dt.uint32):
+        raise NkiTypeError(
+            f"{api} predicate must be uint8, uint16 or uint32, got {predicate.dtype}"
+        )
+    reads = [predicate, dst]
+    if isinstance(src, NkiTensor):
+        _on_chip(api, "src", src)
+        _pair(api, "dst", dst, "src", src)
+        _not_both_psum(api, "src", src, "predicate", predicate)
+        if src.dtype is not dst.dtype:
+            raise NkiTypeError(f"{api} src dtype {src.dtype} must equal dst dtype {dst.dtype}")
+        values = _pf(src, f32=False)
+        reads.append(src)
+    elif _is_number(src):
+        values = np.full((dst.shape[0], _free(dst)), src)
+    else:
+        raise NkiTypeError(f"{api} src must be a tensor or a number, got {type(src).__name__}")
+    take = (_pf(predicate, f32=False) != 0) != bool(reverse_pred)
+    merged = np.where(take, dt.cast(values, dst.dtype), _pf(dst, f32=False))
+    return _write_and_emit("dve", api, name, dst, merged, reads)
+
+
 def reciprocal(dst, data, name=None):
     """``dst = 1 / data`` in float32 (Vector engine)."""
     api = "reciprocal"

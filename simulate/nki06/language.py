@@ -228,6 +228,32 @@ def broadcast_to(x, shape, dtype=None) -> NkiTensor:
     return out
 
 
+def where(condition, x, y, dtype=None) -> NkiTensor:
+    """``x`` where ``condition`` (1/0 values) is non-zero, else ``y``; ``x``/``y`` tiles or
+    numbers (a copy of ``y`` and a predicated copy of ``x``)."""
+    template = next(v for v in (x, y, condition) if isinstance(v, NkiTensor))
+    out_dtype = dtype or (x.dtype if isinstance(x, NkiTensor) else template.dtype)
+    out = ndarray(template.shape, out_dtype, sbuf)
+    if isinstance(y, NkiTensor):
+        nisa.tensor_copy(dst=out, src=y)
+    else:
+        nisa.memset(dst=out, value=y)
+    predicate = ndarray(condition.shape, uint8, sbuf)
+    nisa.tensor_scalar(dst=predicate, data=condition, op0=not_equal, operand0=0.0)
+    source = copy(x, out_dtype) if isinstance(x, NkiTensor) and x.dtype is not out_dtype else x
+    nisa.tensor_copy_predicated(dst=out, src=source, predicate=predicate)
+    return out
+
+
+def load_transpose2d(src, dtype=None) -> NkiTensor:
+    """A 2-D HBM tensor -> its transpose in a new SBUF tile (DMA transpose)."""
+    if src.ndim != 2:
+        raise NkiValidationError(f"load_transpose2d takes a 2-D tensor, got {tuple(src.shape)}")
+    out = ndarray((src.shape[1], src.shape[0]), src.dtype, sbuf)
+    nisa.dma_transpose(dst=out, src=src)
+    return out if dtype is None else copy(out, dtype)
+
+
 def expand_dims(x, axis) -> NkiTensor:
     return x.expand_dim(axis)
 
@@ -451,6 +477,31 @@ def mean(x, axis, dtype=None, keepdims=False):
     out = ndarray(total.shape, dtype or x.dtype, sbuf)
     nisa.tensor_scalar(dst=out, data=total, op0=multiply, operand0=1.0 / count)
     return out
+
+
+def var(x, axis, dtype=None, keepdims=False):
+    """Population variance over free ``axis``; dims are always kept (STUB-NL)."""
+    axes = tuple(
+        sorted({int(a) % x.ndim for a in (axis if isinstance(axis, (list, tuple)) else (axis,))})
+    )
+    flat = x.flatten_dims(axes[0], x.ndim - 1) if len(axes) > 1 else x
+    centred = ndarray(flat.shape, float32, sbuf)
+    mu = mean(flat, axis=flat.ndim - 1, dtype=float32, keepdims=True)
+    nisa.tensor_tensor(
+        dst=centred, data1=flat, data2=mu.broadcast(flat.ndim - 1, flat.shape[-1]), op=subtract
+    )
+    squared = ndarray(flat.shape, float32, sbuf)
+    nisa.activation(dst=squared, op=square, data=centred)
+    result = mean(squared, axis=flat.ndim - 1, dtype=dtype or x.dtype, keepdims=True)
+    kept = tuple(1 if d in axes else n for d, n in enumerate(x.shape))
+    return result.reshape(kept)
+
+
+def all(x, axis, dtype=None):  # noqa: A001 - the NKI name
+    """1 where every element along ``axis`` is non-zero, else 0."""
+    nonzero = ndarray(x.shape, float32, sbuf)
+    nisa.tensor_scalar(dst=nonzero, data=x, op0=not_equal, operand0=0.0)
+    return _reduce(minimum, nonzero, axis, dtype or x.dtype, False, "all")
 
 
 # --- loops and control flow (STUB-NL, MIG 0.5->0.6) ------------------------------------------
