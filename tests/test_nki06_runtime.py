@@ -313,3 +313,15 @@ def test_jax_arrays_come_back_as_numpy(rng):
     result = nki.simulate(double)(jnp.asarray(x))
     assert isinstance(result, np.ndarray)
     np.testing.assert_array_equal(result, 2 * x)
+
+
+def test_launches_from_several_threads_are_independent(rng):
+    from concurrent.futures import ThreadPoolExecutor
+
+    inputs = [rng.standard_normal((64, 40)).astype(np.float32) for _ in range(6)]
+    kernel = nki.jit(swap_partial_sums)
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        futures = [pool.submit(kernel[2], x) for x in inputs]
+        results = [f.result(timeout=120) for f in futures]
+    for x, result in zip(inputs, results):
+        np.testing.assert_allclose(result[:, 0], (x.astype(np.float64) ** 2).sum(1), rtol=1e-5)
