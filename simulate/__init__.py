@@ -81,7 +81,9 @@ def install() -> bool:
     ``.compiler``) resolve to this simulator. Returns True when the aliases were installed,
     False (doing nothing) when the real Neuron compiler is present. Also makes ``import nki``
     resolve to the ``nki`` 0.6 front-end when the real ``nki`` is absent."""
-    __import__("simulate.nki06", fromlist=["install"]).install()
+    from .nki06 import install as install_nki06  # the 0.6 front-end loads only when asked
+
+    install_nki06()
     if real_nki_available():
         return False
     import types

@@ -179,7 +179,7 @@ def _not_both_psum(api, a_name, a, b_name, b) -> None:
 def _pf(t: NkiTensor, f32: bool = True) -> np.ndarray:
     """The operand's values as (partitions, elements per partition)."""
     values = t.values().reshape(t.shape[0], -1)
-    return values.astype(np.float32) if f32 else values
+    return values.astype(np.float32, copy=False) if f32 else values
 
 
 def _version(api) -> int:

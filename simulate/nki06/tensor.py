@@ -118,6 +118,7 @@ class NkiTensor:
         self._shape = Shape(int(n) for n in shape)
         _check_rank(self._shape, name or "tensor")
         self.dtype = dt.as_dtype(dtype)
+        self._stored = dt.storage_dtype(self.dtype)  # the element type views read and write
         self.storage = storage
         self.buffer = storage.region_kind if buffer is None else as_buffer(buffer)
         self.name = name or storage.name
@@ -156,8 +157,7 @@ class NkiTensor:
     def free_units(self) -> int:
         """Elements of this view's dtype per partition of its storage."""
         storage = self.storage
-        nbytes = storage.free_size * storage.array.dtype.itemsize
-        return nbytes // self._flat().dtype.itemsize
+        return storage.free_size * storage.array.dtype.itemsize // self._stored.itemsize
 
     def __repr__(self):
         return (
@@ -172,8 +172,7 @@ class NkiTensor:
     def _flat(self) -> np.ndarray:
         """The storage as a flat array of this view's (storage) element type."""
         flat = self.storage.array
-        stored = dt.storage_dtype(self.dtype)
-        return flat if flat.dtype == stored else flat.view(stored)
+        return flat if flat.dtype == self._stored else flat.view(self._stored)
 
     def _extent(self) -> tuple[int, int]:
         lo = hi = self.offset
