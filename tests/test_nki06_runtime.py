@@ -325,3 +325,44 @@ def test_launches_from_several_threads_are_independent(rng):
         results = [f.result(timeout=120) for f in futures]
     for x, result in zip(inputs, results):
         np.testing.assert_allclose(result[:, 0], (x.astype(np.float64) ** 2).sum(1), rtol=1e-5)
+
+
+def test_runtime_loops_cannot_sit_inside_no_reorder():
+    def kernel(x, inside):
+        t = nl.zeros((2, 1), nl.float32)
+
+        def body(i):
+            nisa.tensor_scalar(dst=t, data=t, op0=nl.add, operand0=1.0)
+
+        if inside:
+            with nl.no_reorder():
+                nl.fori_loop(0, 2, body)
+        else:
+            with nl.no_reorder():
+                body(None)
+            nl.fori_loop(0, 2, body)
+
+    nki.simulate(kernel)(np.zeros(1, np.float32), False)
+    with pytest.raises(AssertionError, match="cannot sit inside an nl.no_reorder"):
+        nki.simulate(kernel)(np.zeros(1, np.float32), True)
+
+
+def test_while_loop_runs_until_the_register_is_zero():
+    def kernel(x):
+        t = nl.zeros((2, 1), nl.float32)
+        counter = nl.full((1, 1), 3, nl.int32)
+
+        def body(reg):
+            nisa.tensor_scalar(dst=t, data=t, op0=nl.add, operand0=1.0)
+            nisa.tensor_scalar(dst=counter, data=counter, op0=nl.subtract, operand0=1.0)
+            nisa.register_load(reg, counter)
+            return reg
+
+        condition = nisa.register_alloc()
+        nisa.register_load(condition, counter)
+        nl.while_loop(condition, body)
+        o = nl.ndarray((2, 1), nl.float32, buffer=nl.shared_hbm)
+        nl.store(o, value=t)
+        return o
+
+    np.testing.assert_array_equal(nki.simulate(kernel)(np.zeros(1, np.float32)), 3)

@@ -536,6 +536,7 @@ def _value(bound) -> int:
 def fori_loop(lower, upper, body_fun, step=1) -> None:
     """``for i in range(lower, upper, step): body_fun(i)`` on the device; ``i`` is a read-only
     register; the body returns nothing."""
+    _runtime_loop("nl.fori_loop")
     if not isinstance(step, int) or step < 1:
         raise NkiValidationError(f"fori_loop step must be a positive int, got {step!r}")
     for i in builtins.range(_value(lower), _value(upper), step):
@@ -547,6 +548,7 @@ def fori_loop(lower, upper, body_fun, step=1) -> None:
 
 def while_loop(init, body_fun) -> None:
     """``r = init; while r != 0: r = body_fun(r)`` on the device."""
+    _runtime_loop("nl.while_loop")
     register = init
     while (register.value if isinstance(register, nisa.VirtualRegister) else int(register)) != 0:
         register = body_fun(register)
@@ -558,8 +560,19 @@ def while_loop(init, body_fun) -> None:
 
 @contextlib.contextmanager
 def no_reorder():
-    """Pins program order; the simulator runs in program order anyway."""
-    yield
+    """Pins program order (the simulator runs in program order anyway); runtime loops may not
+    sit inside (MIG 0.5->0.6, ``nki/migration/index.rst@81ce03ae``, line 141)."""
+    program = context.current("nl.no_reorder")
+    program.no_reorder_depth += 1
+    try:
+        yield
+    finally:
+        program.no_reorder_depth -= 1
+
+
+def _runtime_loop(api):
+    if context.current(api).no_reorder_depth:
+        raise NkiValidationError(f"{api} cannot sit inside an nl.no_reorder() block")
 
 
 # --- LNC / SPMD ------------------------------------------------------------------------------
