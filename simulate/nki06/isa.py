@@ -488,17 +488,7 @@ def tensor_copy(dst, src, engine=engine.unknown, name=None):
         )
     _no_gpsimd_psum(api, eng, ("dst", dst), ("src", src))
     values = _pf(src, f32=src.dtype is not dst.dtype)
-    write(dst, values)
-    return _emit(
-        _TRACE_ENGINE[eng],
-        api,
-        name,
-        reads=[src],
-        writes=[dst],
-        partitions=src.shape[0],
-        free_size=_free(src),
-        out_dtype=dst.dtype,
-    )
+    return _write_and_emit(_TRACE_ENGINE[eng], api, name, dst, values, [src])
 
 
 def memset(dst, value, engine=engine.unknown, name=None):
