@@ -756,3 +756,44 @@ def test_tensor_copy_predicated_keeps_dst_where_false(rng):
     np.testing.assert_array_equal(run(kernel, x, y, mask, True), np.where(mask, y, x))
     with pytest.raises(TypeError, match="predicate must be uint8"):
         run(kernel, x, y, mask.astype(np.float32), False)
+
+
+def test_nc_matmul_tiling_and_perf_mode_rules(rng):
+    a = f32(rng, 32, 32)
+
+    def kernel(a, position, size, dtype, mode):
+        st = sbuf(a, dtype)
+        acc = nl.ndarray((32, 32), nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(
+            dst=acc,
+            stationary=st,
+            moving=st,
+            tile_position=position,
+            tile_size=size,
+            perf_mode=mode,
+        )
+        return out(acc)
+
+    none, double = nisa.matmul_perf_mode.none, nisa.matmul_perf_mode.double_row
+    ref = a.astype(np.float64).T @ a
+    np.testing.assert_allclose(
+        run(kernel, a, (32, 0), (32, 32), nl.float32, none), ref, rtol=1e-5, atol=1e-5
+    )
+    run(kernel, a, (), (), nl.float8_e4m3, double)
+    with pytest.raises(AssertionError, match="multiples of 32"):
+        run(kernel, a, (16, 0), (32, 32), nl.float32, none)
+    with pytest.raises(AssertionError, match="double_row needs fp8"):
+        run(kernel, a, (), (), nl.bfloat16, double)
+
+
+def test_dma_oob_skip_needs_an_indirect_access(rng):
+    x = f32(rng, 4, 4)
+
+    def kernel(x, mode):
+        t = nl.ndarray(x.shape, nl.float32)
+        nisa.dma_copy(dst=t, src=x, oob_mode=mode)
+        return out(t)
+
+    run(kernel, x, nisa.oob_mode.error)
+    with pytest.raises(AssertionError, match="oob_mode=skip needs an indirect"):
+        run(kernel, x, nisa.oob_mode.skip)

@@ -401,6 +401,8 @@ def dma_compute(
     if scales is not None and any(float(s) != 1.0 for s in scales):
         raise NkiValidationError(f"{api} scales must all be 1.0 (or None)")
     _enum(oob_mode, globals()["oob_mode"], "oob_mode", api)
+    if oob_mode is globals()["oob_mode"].skip:
+        raise NkiValidationError(f"{api} oob_mode=skip needs an indirect (vector_offset) access")
     if len(srcs) == 1:
         warnings.warn(
             "dma_compute with one source is a copy: pass dst as a source too to accumulate into it",
@@ -1113,9 +1115,22 @@ def nc_matmul(
         raise NkiTypeError(f"{api} cannot mix float8_e4m3 and float8_e4m3fn")
     if bool(tile_position) != bool(tile_size):
         raise NkiValidationError(f"{api} tile_position and tile_size go together")
+    granule = 64 if version == 2 else 32  # row/column tiles of the PE array (STUB-ISA)
+    if tile_size and any(int(v) % granule for v in (*tile_position, *tile_size)):
+        raise NkiValidationError(
+            f"{api} tile_position {tuple(tile_position)} and tile_size {tuple(tile_size)} must "
+            f"be multiples of {granule} on NeuronCore-v{version}"
+        )
     if tile_size and (int(tile_size[0]) < k or int(tile_size[1]) < m):
         raise NkiValidationError(
             f"{api} the stationary ({k} x {m}) does not fit tile_size {tuple(tile_size)}"
+        )
+    if perf_mode is matmul_perf_mode.double_row and (
+        version < 3 or not kinds <= {dt.float8_e4m3, dt.float8_e5m2, dt.float8_e4m3fn}
+    ):
+        raise NkiValidationError(
+            f"{api} perf_mode=double_row needs fp8 inputs on NeuronCore-v3+, got "
+            f"{stationary.dtype} x {moving.dtype} on NeuronCore-v{version}"
         )
     a = _pf(stationary)
     b = _pf(moving)
