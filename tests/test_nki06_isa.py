@@ -696,21 +696,40 @@ def test_broadcast_views_are_read_only(rng):
         run(kernel, col, True)
 
 
-def test_psum_and_sbuf_capacity_are_enforced():
-    def kernel(x, banks):
-        tiles = [nl.ndarray((128, 512), nl.float32, buffer=nl.psum) for _ in range(banks)]
-        return (len(tiles),)
+def test_psum_and_sbuf_capacity_count_tiles_live_together():
+    def kernel(x, banks, together):
+        tiles = []
+        for _ in range(banks):
+            t = nl.ndarray((128, 512), nl.float32, buffer=nl.psum)
+            nisa.memset(dst=t, value=0.0)
+            if not together:  # last use right away: the next tile may take its bank
+                nisa.tensor_scalar(dst=t, data=t, op0=nl.add, operand0=1.0)
+            tiles.append(t)
+        if together:  # all read at the end: every bank is live at once
+            for t in tiles:
+                nisa.tensor_scalar(dst=t, data=t, op0=nl.add, operand0=1.0)
 
-    nki.simulate(kernel)(np.zeros(1, np.float32), 8)
-    with pytest.raises(ValueError, match="PSUM over capacity"):
-        nki.simulate(kernel)(np.zeros(1, np.float32), 9)
+    nki.simulate(kernel)(np.zeros(1, np.float32), 8, True)
+    assert nki.last_trace().psum_peak_bytes_per_partition == 8 * 2048
+    nki.simulate(kernel)(np.zeros(1, np.float32), 9, False)
+    assert nki.last_trace().psum_peak_bytes_per_partition == 2048
+    with pytest.raises(ValueError, match="PSUM over capacity on trn2: .* 18432 of 16384"):
+        nki.simulate(kernel)(np.zeros(1, np.float32), 9, True)
 
-    def big(x, columns):
-        return (nl.ndarray((128, columns), nl.float32).shape,)
 
-    nki.simulate(big)(np.zeros(1, np.float32), 212984 // 4)
+def test_sbuf_capacity_is_the_targets(rng):
+    usable = 212984  # trn2 bytes per partition (nl.tile_size.sbuf_fmax_bytes)
+
+    def kernel(x, columns):
+        a = nl.ndarray((128, columns), nl.float32)
+        nisa.memset(dst=a, value=1.0)
+        b = nl.ndarray((128, 16), nl.float32)
+        nisa.tensor_copy(dst=b, src=a[:, 0:16])
+        return out(b)
+
+    run(kernel, np.zeros(1, np.float32), (usable - 64) // 4)
     with pytest.raises(ValueError, match="SBUF over capacity"):
-        nki.simulate(big)(np.zeros(1, np.float32), 212984 // 4 + 1)
+        run(kernel, np.zeros(1, np.float32), (usable - 64) // 4 + 1)
 
 
 def test_the_cost_model_reads_norm_kernel_traces(rng):
@@ -797,3 +816,18 @@ def test_dma_oob_skip_needs_an_indirect_access(rng):
     run(kernel, x, nisa.oob_mode.error)
     with pytest.raises(AssertionError, match="oob_mode=skip needs an indirect"):
         run(kernel, x, nisa.oob_mode.skip)
+
+
+def test_a_tile_allocated_per_loop_iteration_reuses_the_last_ones_space(rng):
+    x = f32(rng, 128, 4)
+
+    def kernel(x):
+        total = nl.zeros((128, 4), nl.float32)
+        for _ in range(3):  # each iteration's 120 KB tile is dead before the next one
+            big = nl.ndarray((128, 30000), nl.float32)
+            nisa.memset(dst=big, value=1.0)
+            nisa.tensor_tensor(dst=total, data1=total, data2=big[:, 0:4], op=nl.add)
+        return out(total)
+
+    np.testing.assert_array_equal(run(kernel, x), np.full((128, 4), 3.0))
+    assert nki.last_trace().sbuf_peak_bytes_per_partition == 120000 + 16

@@ -18,6 +18,7 @@ import threading
 
 import numpy as np
 
+from simulate.core.errors import CapacityError
 from simulate.core.memory import PartitionAllocator
 from simulate.core.targets import PSUM_BANK_BYTES, TARGETS, Target
 from simulate.core.trace import Trace
@@ -125,37 +126,85 @@ class Launch:
         self.turns = Turns(lnc)
         self.mailbox: dict = {}  # (pipe_id, sender) -> list of pending sends
         self.barrier_counts: dict[int, int] = {}
+        self.peaks: dict[int, dict[str, int]] = {}  # program -> live-range peak per memory
         self.lock = threading.Lock()
 
 
 class Program:
-    """One physical core's view of a launch."""
+    """One physical core's view of a launch.
+
+    SBUF/PSUM capacity is checked when the program ends, on the live ranges of its tiles
+    (from the first to the last instruction that touches each), as the compiler's allocator
+    sees them after unrolling: a tile still referenced by a Python variable but no longer
+    used does not count, a tile kept in a list for later use does. Addresses come from the
+    core's first-fit allocator, which places tiles among those still referenced (only the
+    cost model's reuse hazards depend on them).
+    """
 
     def __init__(self, launch: Launch, program_id: int):
         self.launch = launch
         self.program_id = program_id
         self.target = launch.target
         trace = launch.trace
-        self.sbuf = PartitionAllocator(
-            "sbuf",
-            launch.target.sbuf_bytes_per_partition,
-            4,
-            trace,
-            "sbuf_peak_bytes_per_partition",
-        )
+        # placement only: capacity is checked on live ranges by check_capacity()
+        self.sbuf = PartitionAllocator("sbuf", UNBOUNDED, 4, trace, "sbuf_peak_bytes_per_partition")
         self.psum = PartitionAllocator(
-            "psum",
-            launch.target.psum_bytes_per_partition,
-            PSUM_BANK_BYTES,
-            trace,
-            "psum_peak_bytes_per_partition",
+            "psum", UNBOUNDED, PSUM_BANK_BYTES, trace, "psum_peak_bytes_per_partition"
         )
+        self.tiles: dict[int, tuple[str, int, str]] = {}  # storage id -> (memory, bytes, what)
+        self.instructions: list = []  # this program's trace records, in program order
         self.shared_cursor = 0
         self.barrier_cursor = 0
         self.no_reorder_depth = 0  # open nl.no_reorder() blocks
         # the Scalar engine's 128 fp32 reduce registers: undefined (NaN) until reset
         self.act_regs = np.full((launch.target.partitions, 1), np.nan, np.float32)
         self.vector_regs = np.full((launch.target.partitions, 1), np.nan, np.float32)
+
+    def check_capacity(self) -> None:
+        """Raise when the tiles live at some instruction need more SBUF or PSUM per partition
+        than the target has; record this program's peaks in ``launch.peaks``."""
+        spans: dict[int, list[int]] = {}
+        for position, inst in enumerate(self.instructions):
+            for region in inst.reads + inst.writes:
+                if region.storage in self.tiles:
+                    span = spans.setdefault(region.storage, [position, position])
+                    span[1] = position
+        limits = {
+            "sbuf": self.target.sbuf_bytes_per_partition,
+            "psum": self.target.psum_bytes_per_partition,
+        }
+        peaks = {}
+        for memory, limit in limits.items():
+            # a tile takes its bytes at its first instruction and frees them after its last;
+            # at one position frees (-1) sort before takes (+1)
+            events = sorted(
+                event
+                for sid, (first, last) in spans.items()
+                if self.tiles[sid][0] == memory
+                for event in ((first, 1, sid), (last + 1, -1, sid))
+            )
+            live, peak, at, held, worst = 0, 0, None, set(), set()
+            for position, step, sid in events:
+                live += step * self.tiles[sid][1]
+                (held.add if step > 0 else held.discard)(sid)
+                if live > peak:
+                    peak, at, worst = live, position, set(held)
+            peaks[memory] = peak
+            if peak > limit:
+                biggest = sorted(worst, key=lambda sid: -self.tiles[sid][1])[:3]
+                raise CapacityError(
+                    f"{memory.upper()} over capacity on {self.target.name}: at instruction "
+                    f"{self.instructions[at].index} ({self.instructions[at].opcode}) live tiles "
+                    f"need {peak} of {limit} bytes per partition; largest: "
+                    + ", ".join(
+                        f"{self.tiles[sid][2]} ({self.tiles[sid][1]} B)" for sid in biggest
+                    ),
+                    f"err_{memory}_capacity_exceeded",
+                )
+        self.launch.peaks[self.program_id] = peaks
+
+
+UNBOUNDED = 1 << 40
 
 
 def current(api: str = "this API") -> Program:

@@ -261,7 +261,7 @@ def _emit(
             max((abs(t.strides[-1]) * t.itemsize for t in reads if t.shape[-1] > 1), default=0),
         )
     with program.launch.lock:
-        program.launch.trace.add(**fields)
+        program.instructions.append(program.launch.trace.add(**fields))
     return NkiInstruction(opcode, name)
 
 

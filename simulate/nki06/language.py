@@ -142,15 +142,21 @@ def ndarray(shape, dtype, buffer=sbuf, name="", address=None) -> NkiTensor:
 
 
 def zeros(shape, dtype, buffer=sbuf, name="") -> NkiTensor:
-    return allocate(shape, dtype, buffer, name, fill=0)
+    return full(shape, 0, dtype, buffer, name)
 
 
 def ones(shape, dtype, buffer=sbuf, name="") -> NkiTensor:
-    return allocate(shape, dtype, buffer, name, fill=1)
+    return full(shape, 1, dtype, buffer, name)
 
 
 def full(shape, fill_value, dtype, buffer=sbuf, name="") -> NkiTensor:
-    return allocate(shape, dtype, buffer, name, fill=fill_value)
+    """A filled tensor: on chip a ``memset`` instruction, in HBM filled at allocation."""
+    if is_hbm(buffer):
+        return allocate(shape, dtype, buffer, name, fill=fill_value)
+    out = allocate(shape, dtype, buffer, name)
+    value = int(fill_value) if dt.is_int(out.dtype) else float(fill_value)
+    nisa.memset(dst=out, value=value)
+    return out
 
 
 def zeros_like(x, dtype=None, buffer=None, name="") -> NkiTensor:

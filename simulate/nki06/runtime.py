@@ -207,6 +207,12 @@ def launch(func, args, kwargs, lnc):
     _check_annotations(func, bound)
     state = context.Launch(target, degree, 0 if lnc is None else 1)
     results = _run_programs(func, positional, keywords, state)
+    for memory in ("sbuf", "psum"):  # live-range peaks replace the allocator's running ones
+        setattr(
+            state.trace,
+            f"{memory}_peak_bytes_per_partition",
+            max(peaks[memory] for peaks in state.peaks.values()),
+        )
     _last.trace = state.trace
     outputs = _outputs(results[0])
     for p in params:
@@ -217,26 +223,20 @@ def launch(func, args, kwargs, lnc):
 
 def _run_programs(func, positional, keywords, state):
     if state.lnc == 1:
-        previous = context.enter(context.Program(state, 0))
-        try:
-            return [func(*positional, **keywords)]
-        finally:
-            context.enter(previous)
+        return [_run_program(func, positional, keywords, context.Program(state, 0))]
     results: list = [None] * state.lnc
     errors: list = [None] * state.lnc
 
     def body(pid):
-        context.enter(context.Program(state, pid))
         failed = False
         try:
             state.turns.start(pid)
-            results[pid] = func(*positional, **keywords)
+            results[pid] = _run_program(func, positional, keywords, context.Program(state, pid))
         except BaseException as exc:  # noqa: BLE001 - handed to the launching thread
             errors[pid] = exc
             failed = True
         finally:
             state.turns.finish(pid, failed)
-            context.enter(None)
 
     threads = [
         threading.Thread(target=body, args=(pid,), name=f"nki-program-{pid}", daemon=True)
@@ -255,6 +255,17 @@ def _run_programs(func, positional, keywords, state):
     if first is not None:
         raise first
     return results
+
+
+def _run_program(func, positional, keywords, program):
+    """The kernel body as one program, then its SBUF/PSUM capacity check."""
+    previous = context.enter(program)
+    try:
+        result = func(*positional, **keywords)
+        program.check_capacity()
+        return result
+    finally:
+        context.enter(previous)
 
 
 def _outputs(result):

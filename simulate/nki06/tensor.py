@@ -589,6 +589,11 @@ def allocate(shape, dtype, buffer, name: str = "", fill="uninitialised") -> NkiT
     allocator.allocate(
         storage, free * dtype.itemsize, f"`{name or 'tensor'}` of shape {shape} {dtype}"
     )
+    program.tiles[storage.id] = (
+        region.memory,
+        storage.bytes_per_partition,
+        f"`{name or 'tensor'}` {shape} {dtype}",
+    )
     return NkiTensor(shape, dtype, storage, region, name)
 
 
