@@ -176,6 +176,17 @@ def _not_both_psum(api, a_name, a, b_name, b) -> None:
         raise NkiValidationError(f"{api} {a_name} and {b_name} cannot both be in PSUM")
 
 
+def _two_tiles(api, first, second, dst) -> None:
+    """The operand rules of a two-tile Vector instruction: all on chip, the two inputs and
+    ``dst`` paired, the two inputs not both in PSUM (``first``/``second``: (name, tensor))."""
+    (a_name, a), (b_name, b) = first, second
+    for argname, t in (first, second, ("dst", dst)):
+        _on_chip(api, argname, t)
+    _pair(api, a_name, a, b_name, b)
+    _pair(api, a_name, a, "dst", dst)
+    _not_both_psum(api, a_name, a, b_name, b)
+
+
 def _pf(t: NkiTensor, f32: bool = True) -> np.ndarray:
     """The operand's values as (partitions, elements per partition)."""
     values = t.values().reshape(t.shape[0], -1)
@@ -688,11 +699,7 @@ def tensor_tensor(dst, data1, data2, op, engine=engine.unknown, name=None):
     """``dst = op(data1, data2)`` elementwise. Vector engine; GpSimd for ``power`` and by
     default when every operand is (u)int32 and none is in PSUM (exact integer math)."""
     api = "tensor_tensor"
-    for argname, t in (("data1", data1), ("data2", data2), ("dst", dst)):
-        _on_chip(api, argname, t)
-    _pair(api, "data1", data1, "data2", data2)
-    _pair(api, "data1", data1, "dst", dst)
-    _not_both_psum(api, "data1", data1, "data2", data2)
+    _two_tiles(api, ("data1", data1), ("data2", data2), dst)
     spec = _op(api, "op", op)
     if spec.unary and spec.name not in fn.BINARY:
         raise NkiValidationError(f"{api} op={spec.name} is not a binary operator")
@@ -824,11 +831,7 @@ def scalar_tensor_tensor(
     """``dst = (data op0 operand0) op1 operand1``: ``operand0`` a scalar or ``(P, 1)`` tile,
     ``operand1`` a tile paired with ``data`` (Vector engine, arithmetic ops)."""
     api = "scalar_tensor_tensor"
-    for argname, t in (("data", data), ("operand1", operand1), ("dst", dst)):
-        _on_chip(api, argname, t)
-    _pair(api, "data", data, "operand1", operand1)
-    _pair(api, "data", data, "dst", dst)
-    _not_both_psum(api, "data", data, "operand1", operand1)
+    _two_tiles(api, ("data", data), ("operand1", operand1), dst)
     spec0, spec1 = _op(api, "op0", op0), _op(api, "op1", op1)
     if spec0.bitvec or spec1.bitvec:
         raise NkiValidationError(f"{api} takes arithmetic operators only")
@@ -997,11 +1000,7 @@ def tensor_tensor_scan(
     """Per partition along the free elements: ``r[i] = (data0[i] op0 r[i-1]) op1 data1[i]``
     with ``r[-1] = initial`` (a scalar or ``(P, 1)`` tile); Vector engine."""
     api = "tensor_tensor_scan"
-    for argname, t in (("data0", data0), ("data1", data1), ("dst", dst)):
-        _on_chip(api, argname, t)
-    _pair(api, "data0", data0, "data1", data1)
-    _pair(api, "data0", data0, "dst", dst)
-    _not_both_psum(api, "data0", data0, "data1", data1)
+    _two_tiles(api, ("data0", data0), ("data1", data1), dst)
     reads = [data0, data1] + ([initial] if isinstance(initial, NkiTensor) else [])
     initial_values, _ = _scalar(api, "initial", initial, data0.shape[0])
     spec0, spec1 = _op(api, "op0", op0), _op(api, "op1", op1)
