@@ -275,6 +275,7 @@ def test_install_aliases_nki_and_never_shadows_a_real_one(monkeypatch):
     import nki.language as imported_nl
 
     assert imported is nki and imported_nl is nl and imported_isa is nisa
+    assert imported.__simulated__ and imported.__version__ == "0.6.0"
     monkeypatch.setitem(sys.modules, "nki", types.ModuleType("nki"))  # a real nki
     assert nki.install() is False and sys.modules["nki"] is not nki
 

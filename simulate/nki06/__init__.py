@@ -22,7 +22,8 @@ from .runtime import Kernel, jit, last_trace, simulate
 from .tensor import NkiTensor
 
 cpu_simulate = simulate  # NKILIB's harness name (spec §1.4 decision)
-__simulated__ = True
+__simulated__ = True  # tells a shim that ``import nki`` found this front-end, not the SDK
+__version__ = "0.6.0"  # the NKI release (Neuron SDK 2.32) whose API this front-end mirrors
 
 __all__ = [
     "Kernel",
