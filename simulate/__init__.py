@@ -81,7 +81,11 @@ def install() -> bool:
     """Make ``import neuronxcc.nki`` (and ``.language``, ``.isa``, ``.typing``,
     ``.compiler``) resolve to this simulator, and ``from torch_neuronx import nki_jit`` to its
     CPU twin when ``torch_neuronx`` is not installed. Returns True when the aliases were
-    installed, False (doing nothing) when the real Neuron compiler is present."""
+    installed, False (doing nothing) when the real Neuron compiler is present. Also makes
+    ``import nki`` resolve to the ``nki`` 0.6 front-end when the real ``nki`` is absent."""
+    from .nki06 import install as install_nki06  # the 0.6 front-end loads only when asked
+
+    install_nki06()
     if real_nki_available():
         return False
     import types
