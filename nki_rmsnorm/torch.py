@@ -17,6 +17,10 @@ backward pass, next to the weight it needs anyway.
 
 from __future__ import annotations
 
+from nki_rmsnorm._optional import require
+
+require("torch", extra="torch")  # a missing torch is an ImportError naming the extra
+
 import numbers
 import threading
 from collections.abc import Sequence
@@ -33,6 +37,8 @@ __all__ = ["RMSNorm", "fused_add_rms_norm", "rms_norm"]
 
 #: Input dtypes the kernels take (there is no float64 path on the NeuronCore engines).
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_NUMPY_DTYPES = {torch.float32: np.dtype(np.float32), torch.float16: np.dtype(np.float16),
+                 torch.bfloat16: np.dtype(ml_dtypes.bfloat16)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -144,7 +150,7 @@ class _SimulatorLaunch:
     """CPU tensors: the kernels run in the NKI simulator through :mod:`nki_rmsnorm.ops`."""
 
     @staticmethod
-    def forward(x, weight, bias, residual, eps, offset, casting_mode):
+    def forward(x, weight, bias, residual, eps, offset, casting_mode, out_dtype=None):
         with _SIMULATOR_LOCK:
             outputs = ops.rms_norm_fwd(
                 _to_numpy(x),
@@ -154,6 +160,7 @@ class _SimulatorLaunch:
                 bias=_to_numpy_or_none(bias),
                 residual=_to_numpy_or_none(residual),
                 casting_mode=casting_mode,
+                out_dtype=None if out_dtype is None else _NUMPY_DTYPES[out_dtype],
             )
         return tuple(_from_numpy(a) for a in outputs)
 
@@ -203,9 +210,10 @@ class _NeuronLaunch:
         return kernels.rmsnorm_fwd, kernels.rmsnorm_bwd
 
     @classmethod
-    def forward(cls, x, weight, bias, residual, eps, offset, casting_mode):
+    def forward(cls, x, weight, bias, residual, eps, offset, casting_mode, out_dtype=None):
         fwd_kernel, _ = cls._kernels()
-        return tuple(fwd_kernel(x, weight, bias, residual, eps, offset, casting_mode, None))
+        out_dtype = None if out_dtype is None else _NUMPY_DTYPES[out_dtype]
+        return tuple(fwd_kernel(x, weight, bias, residual, eps, offset, casting_mode, out_dtype))
 
     @classmethod
     def backward(cls, dy, x_or_h, weight, rstd, dh_out, offset, has_bias, casting_mode):
@@ -236,13 +244,14 @@ class _RMSNormFunction(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x, weight, bias, residual, eps, offset, casting_mode):
+    def forward(ctx, x, weight, bias, residual, eps, offset, casting_mode, out_dtype=None):
         launch = _launcher(x)
         if x.shape[0] == 0:
-            outputs = (torch.empty_like(x),) * (1 if residual is None else 2)
+            outputs = (torch.empty_like(x, dtype=out_dtype),) * (1 if residual is None else 2)
             rstd = torch.empty(0, dtype=torch.float32, device=x.device)
         else:
-            *outputs, rstd = launch.forward(x, weight, bias, residual, eps, offset, casting_mode)
+            *outputs, rstd = launch.forward(x, weight, bias, residual, eps, offset, casting_mode,
+                                            out_dtype)
         x_or_h = x if residual is None else outputs[1]
         ctx.save_for_backward(x_or_h, weight, rstd)
         ctx.launch, ctx.offset, ctx.casting_mode = launch, offset, casting_mode
@@ -267,7 +276,7 @@ class _RMSNormFunction(torch.autograd.Function):
                 dy, x_or_h, weight, rstd, dh, ctx.offset, ctx.has_bias, ctx.casting_mode
             )
         dresidual = dx if ctx.needs_input_grad[3] else None
-        return dx.to(ctx.x_dtype), dweight, dbias, dresidual, None, None, None
+        return dx.to(ctx.x_dtype), dweight, dbias, dresidual, None, None, None, None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -284,6 +293,7 @@ def rms_norm(
     offset: float = 0.0,
     bias: torch.Tensor | None = None,
     casting_mode: str = "gemma",
+    out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """RMSNorm over the trailing ``normalized_shape`` dims, like ``torch.nn.functional.rms_norm``.
 
@@ -301,13 +311,16 @@ def rms_norm(
         bias: ``normalized_shape``, added after scaling, or None.
         casting_mode: "gemma" (fp32 math, one rounding), "llama" (``x·rstd`` rounded to the
             input dtype before the weight multiply, as HF LlamaRMSNorm) or "none".
+        out_dtype: dtype of ``y`` (float32, float16 or bfloat16); None: the input's.
 
     Returns:
-        ``y`` of ``input``'s shape and dtype.
+        ``y`` of ``input``'s shape, in ``out_dtype``.
     """
     shape, hidden, eps = _check_args(
         input, normalized_shape, weight, bias, None, eps, offset, casting_mode
     )
+    if out_dtype is not None and out_dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"out_dtype must be float32, float16 or bfloat16, got {out_dtype!r}")
     y = _RMSNormFunction.apply(
         input.reshape(-1, hidden),
         None if weight is None else weight.reshape(hidden),
@@ -316,6 +329,7 @@ def rms_norm(
         eps,
         float(offset),
         casting_mode,
+        out_dtype,
     )
     return y.reshape(input.shape)
 
