@@ -37,10 +37,17 @@ __all__ = ["GemmaRMSNorm", "LlamaRMSNorm", "apply"]
 
 #: ``transformers`` RMSNorm classes computed as LlamaRMSNorm does (checked against the
 #: modeling sources by tests/test_hf.py).
-LLAMA_STYLE = frozenset({
-    "LlamaRMSNorm", "MistralRMSNorm", "MixtralRMSNorm", "Qwen2RMSNorm", "Qwen2MoeRMSNorm",
-    "Qwen3RMSNorm", "Qwen3MoeRMSNorm",
-})
+LLAMA_STYLE = frozenset(
+    {
+        "LlamaRMSNorm",
+        "MistralRMSNorm",
+        "MixtralRMSNorm",
+        "Qwen2RMSNorm",
+        "Qwen2MoeRMSNorm",
+        "Qwen3RMSNorm",
+        "Qwen3MoeRMSNorm",
+    }
+)
 #: ``transformers`` RMSNorm classes computed as GemmaRMSNorm does (``1 + weight``).
 GEMMA_STYLE = frozenset({"GemmaRMSNorm", "Gemma2RMSNorm", "Gemma3RMSNorm"})
 
@@ -49,7 +56,9 @@ def _kernel_weight(weight: torch.Tensor, input: torch.Tensor) -> torch.Tensor:
     """The weight in a dtype the kernels take beside ``input``: its own, or fp32 (exact for
     a bf16/fp16 weight, and what HF's arithmetic promotes it to)."""
     if weight.dtype in (torch.float32, input.dtype) or weight.dtype not in (
-            torch.bfloat16, torch.float16):
+        torch.bfloat16,
+        torch.float16,
+    ):
         return weight
     return weight.float()
 
@@ -67,8 +76,10 @@ class LlamaRMSNorm(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return nki_torch.rms_norm(
-            hidden_states, hidden_states.shape[-1:],
-            _kernel_weight(self.weight, hidden_states), self.variance_epsilon,
+            hidden_states,
+            hidden_states.shape[-1:],
+            _kernel_weight(self.weight, hidden_states),
+            self.variance_epsilon,
             casting_mode="llama",
             out_dtype=torch.promote_types(self.weight.dtype, hidden_states.dtype),
         )
@@ -89,8 +100,14 @@ class GemmaRMSNorm(nn.Module):
         nn.init.zeros_(self.weight)  # scale 1 + 0: Gemma's initial identity
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return nki_torch.rms_norm(x, x.shape[-1:], _kernel_weight(self.weight, x), self.eps,
-                                  offset=1.0, casting_mode="gemma")
+        return nki_torch.rms_norm(
+            x,
+            x.shape[-1:],
+            _kernel_weight(self.weight, x),
+            self.eps,
+            offset=1.0,
+            casting_mode="gemma",
+        )
 
     def extra_repr(self) -> str:
         return f"{tuple(self.weight.shape)}, eps={self.eps}, NKI gemma preset"
@@ -113,12 +130,17 @@ def apply(model: nn.Module) -> list[str]:
     (empty when the model has none)."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    swaps = [(name, new) for name, module in model.named_modules()
-             if (new := _replacement(module)) is not None]
+    swaps = [
+        (name, new)
+        for name, module in model.named_modules()
+        if (new := _replacement(module)) is not None
+    ]
     for name, new in swaps:
         if not name:
-            raise ValueError("model is itself an RMSNorm; wrap it in a parent module or use "
-                             "nki_rmsnorm.hf.LlamaRMSNorm / GemmaRMSNorm directly")
+            raise ValueError(
+                "model is itself an RMSNorm; wrap it in a parent module or use "
+                "nki_rmsnorm.hf.LlamaRMSNorm / GemmaRMSNorm directly"
+            )
         parent_name, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent_name), child, new)
     return [name for name, _ in swaps]

@@ -69,13 +69,14 @@ def parameter(value: Any, name: str, n: int, x_dtype: np.dtype) -> np.ndarray | 
 def real(value: Any, name: str) -> float:
     """``value`` as a Python float: a real number (not a bool) within the float range."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a real number (int or float), got "
-                        f"{type(value).__name__}")
+        raise TypeError(f"{name} must be a real number (int or float), got {type(value).__name__}")
     try:
         return float(value)
     except OverflowError:  # an int or Fraction beyond ±1.8e308
-        raise ValueError(f"{name} must be finite and within the float range, got a "
-                         f"{type(value).__name__} too large for a float") from None
+        raise ValueError(
+            f"{name} must be finite and within the float range, got a "
+            f"{type(value).__name__} too large for a float"
+        ) from None
 
 
 def eps_value(eps: Any) -> float:
@@ -92,9 +93,11 @@ def offset_value(offset: Any, weight: object | None) -> float:
     if not math.isfinite(value):
         raise ValueError(f"offset must be finite, got {value}")
     if value and weight is None:
-        raise ValueError(f"offset={value} needs a weight: it shifts the weight "
-                         "(y = x̂·(weight + offset)); pass weight=np.zeros(N) for a constant "
-                         "scale")
+        raise ValueError(
+            f"offset={value} needs a weight: it shifts the weight "
+            "(y = x̂·(weight + offset)); pass weight=np.zeros(N) for a constant "
+            "scale"
+        )
     return value
 
 
@@ -104,8 +107,9 @@ def check_casting_mode(casting_mode: Any) -> None:
         raise ValueError(f"casting_mode must be one of {CASTING_MODES}, got {casting_mode!r}")
 
 
-def check_options(eps: Any, offset: Any, weight: object | None,
-                  casting_mode: Any) -> tuple[float, float]:
+def check_options(
+    eps: Any, offset: Any, weight: object | None, casting_mode: Any
+) -> tuple[float, float]:
     """Validate the scalar options every binding shares; returns ``(eps, offset)`` as floats.
 
     ``eps`` must be a finite real ≥ 0, ``offset`` a finite real that needs a ``weight``,

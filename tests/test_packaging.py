@@ -30,11 +30,14 @@ def test_package_is_marked_typed_and_ships_the_marker():
     assert 'nki_rmsnorm = ["py.typed"]' in pyproject
 
 
-@pytest.mark.parametrize("module, framework, extra", [
-    ("nki_rmsnorm.torch", "torch", "torch"),
-    ("nki_rmsnorm.jax", "jax", "jax"),
-    ("nki_rmsnorm.hf", "transformers", "hf"),
-])
+@pytest.mark.parametrize(
+    "module, framework, extra",
+    [
+        ("nki_rmsnorm.torch", "torch", "torch"),
+        ("nki_rmsnorm.jax", "jax", "jax"),
+        ("nki_rmsnorm.hf", "transformers", "hf"),
+    ],
+)
 def test_missing_framework_names_the_extra(module, framework, extra):
     """In a fresh interpreter where ``framework`` cannot be imported (``sys.modules`` entry
     None: Python's documented way to block an import), importing the binding raises an
@@ -49,8 +52,9 @@ def test_missing_framework_names_the_extra(module, framework, extra):
         "else:\n"
         "    print('imported')\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            timeout=120, cwd=ROOT)
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
     assert result.returncode == 0, result.stderr
     assert f"pip install 'nki-rmsnorm[{extra}]'" in result.stdout, result.stdout
 
