@@ -4,12 +4,16 @@ Tiny random models are built from configs (no downloads); the RMSNorm weights ar
 at random (HF initialises them to constants) so that a wrong weight, offset or cast shows.
 A patched model's logits are compared with the original's:
 
-* bf16: bit for bit. The kernels do HF's arithmetic in HF's order and roundings; the one
-  value computed differently is the fp32 ``rstd`` (the kernel sums x² in its own order),
-  which differs from HF's in the last bit in about 20 % of rows. That can change an output
-  only where ``x·rstd`` lies within an fp32 ulp of a bf16 rounding tie (about 1 in 10⁵
-  elements, see ``test_llama_preset_differs_only_by_the_rstd_rounding``); these models'
-  inputs contain none, so any change here is a real regression.
+* bf16 and fp16: every norm call is checked, by a forward hook, against the HF module on
+  the same input: bit for bit in every row whose fp32 ``rstd`` equals HF's. The kernels do
+  HF's arithmetic in HF's order and roundings; the one value computed differently is
+  ``rstd`` (the kernel sums x² in its own order), one or two fp32 ulps off HF's in 15–35 %
+  of rows. That changes an output only where ``x·rstd`` lies within an fp32 ulp of a
+  rounding tie of the input dtype (about 1 in 10⁵ elements for bf16, 4 in 10⁵ for fp16,
+  see ``test_llama_preset_differs_only_by_the_rstd_rounding``), by at most 2 ulps. When no
+  norm output differs, the logits must be bit for bit equal (the rest is HF's own code);
+  of these 7 models × 2 dtypes, Qwen3 bf16 and Llama, Qwen2, Qwen3 fp16 have one to three
+  differing norm elements, which then move some logits.
 * fp32: within 1e-5 of the largest logit (different fp32 summation orders), and every
   parameter's gradient within 1e-5 of its largest element.
 """
@@ -115,7 +119,9 @@ def _logits_and_grads(model, ids):
     return logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize(
+    "dtype", [torch.bfloat16, torch.float16, torch.float32], ids=["bf16", "fp16", "fp32"]
+)
 @pytest.mark.parametrize("family", MODELS)
 def test_patched_model_matches_unpatched(family, dtype):
     reference = _tiny_model(family, dtype)
@@ -134,9 +140,11 @@ def test_patched_model_matches_unpatched(family, dtype):
     got, got_grads = _logits_and_grads(patched, ids)
     assert got.dtype == want.dtype
     assert len(norm_differences) == len(swapped)
-    if dtype == torch.bfloat16:
+    if dtype != torch.float32:
         # The rest of the model is HF's own code: equal norm outputs give equal logits. A
         # norm call may differ (rarely) through the rstd rounding, checked by the hooks.
+        # (The gradients are not compared: HF's backward runs in bf16/fp16 arithmetic,
+        # ours in fp32 with one rounding.)
         if sum(norm_differences) == 0:
             assert torch.equal(got, want), "equal norm outputs but different logits"
         return
@@ -339,7 +347,7 @@ def test_apply_leaves_other_modules_and_rejects_bad_input():
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("dtype, max_fraction", [(torch.bfloat16, 2e-5), (torch.float16, 1e-4)])
+@pytest.mark.parametrize("dtype, max_fraction", [(torch.bfloat16, 4e-5), (torch.float16, 1e-4)])
 def test_llama_preset_differs_only_by_the_rstd_rounding(dtype, max_fraction):
     """1.2 M elements against HF LlamaRMSNorm. Our fp32 rstd (the kernel's summation order)
     differs from HF's (torch's) in the last bit in 15–35 % of rows, never by more; rows
