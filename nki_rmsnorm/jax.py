@@ -20,6 +20,10 @@ afterwards), so it uses ``vmap_method="sequential"``: one launch per batch eleme
 
 from __future__ import annotations
 
+from nki_rmsnorm._optional import require
+
+require("jax", extra="jax")  # a missing jax is an ImportError naming the extra
+
 import dataclasses
 import functools
 import threading

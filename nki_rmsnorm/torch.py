@@ -33,6 +33,10 @@ kernel is picked by the input's device type (:data:`LAUNCHERS`):
 
 from __future__ import annotations
 
+from nki_rmsnorm._optional import require
+
+require("torch", extra="torch")  # a missing torch is an ImportError naming the extra
+
 import logging
 import math
 import numbers
@@ -52,6 +56,8 @@ logger = logging.getLogger(__name__)
 
 #: Input dtypes the kernels take (there is no float64 path on the NeuronCore engines).
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_NUMPY_DTYPES = {torch.float32: np.dtype(np.float32), torch.float16: np.dtype(np.float16),
+                 torch.bfloat16: np.dtype(ml_dtypes.bfloat16)}
 
 #: The launch path of the latest kernel launch: "simulator", "nki_jit", "nki.jit" or "neuron".
 last_launch_path: str | None = None
