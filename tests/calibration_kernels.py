@@ -139,35 +139,6 @@ def matmul_tiled(lhs_t, rhs):
     return result
 
 
-@nki.jit
-def matmul_hoisted(lhs_t, rhs):
-    """The tutorial's first optimisation: for each 128-column strip of lhs_t all its K/128
-    tiles are loaded once and kept; for each 512-column strip of rhs its K/128 tiles are
-    loaded, then the K matmuls accumulate in PSUM, and the tile is copied out and stored."""
-    K, M = lhs_t.shape
-    _, N = rhs.shape
-    k_tiles = K // _TILE_K
-    result = nl.ndarray((M, N), dtype=lhs_t.dtype, buffer=nl.shared_hbm)
-    for m in nl.affine_range(M // _TILE_M):
-        lhs_tiles = nl.ndarray((k_tiles, nl.par_dim(_TILE_K), _TILE_M), dtype=lhs_t.dtype,
-                               buffer=nl.sbuf)
-        for k in nl.affine_range(k_tiles):
-            lhs_tiles[k] = nl.load(lhs_t[k * _TILE_K:(k + 1) * _TILE_K,
-                                         m * _TILE_M:(m + 1) * _TILE_M])
-        for n in nl.affine_range(N // _TILE_N):
-            rhs_tiles = nl.ndarray((k_tiles, nl.par_dim(_TILE_K), _TILE_N), dtype=rhs.dtype,
-                                   buffer=nl.sbuf)
-            for k in nl.affine_range(k_tiles):
-                rhs_tiles[k] = nl.load(rhs[k * _TILE_K:(k + 1) * _TILE_K,
-                                           n * _TILE_N:(n + 1) * _TILE_N])
-            acc = nl.zeros((_TILE_M, _TILE_N), nl.float32, buffer=nl.psum)
-            for k in nl.affine_range(k_tiles):
-                acc += nl.matmul(lhs_tiles[k], rhs_tiles[k], transpose_x=True)
-            nl.store(result[m * _TILE_M:(m + 1) * _TILE_M, n * _TILE_N:(n + 1) * _TILE_N],
-                     value=nl.copy(acc, dtype=result.dtype))
-    return result
-
-
 def _column_strips(matrix, first, count, width):
     """Strips ``first … first+count−1`` of ``width`` columns of ``matrix`` [K, ·], each as its
     K/128 tiles of [128, width]: one load per tile."""
@@ -180,6 +151,27 @@ def _column_strips(matrix, first, count, width):
         for k in nl.affine_range(k_tiles):
             tiles[strip, k] = nl.load(matrix[k * _TILE_K:(k + 1) * _TILE_K, col:col + width])
     return tiles
+
+
+@nki.jit
+def matmul_hoisted(lhs_t, rhs):
+    """The tutorial's first optimisation: for each 128-column strip of lhs_t all its K/128
+    tiles are loaded once and kept; for each 512-column strip of rhs its K/128 tiles are
+    loaded, then the K matmuls accumulate in PSUM, and the tile is copied out and stored."""
+    K, M = lhs_t.shape
+    _, N = rhs.shape
+    k_tiles = K // _TILE_K
+    result = nl.ndarray((M, N), dtype=lhs_t.dtype, buffer=nl.shared_hbm)
+    for m in nl.affine_range(M // _TILE_M):
+        lhs_tiles = _column_strips(lhs_t, m, 1, _TILE_M)
+        for n in nl.affine_range(N // _TILE_N):
+            rhs_tiles = _column_strips(rhs, n, 1, _TILE_N)
+            acc = nl.zeros((_TILE_M, _TILE_N), nl.float32, buffer=nl.psum)
+            for k in nl.affine_range(k_tiles):
+                acc += nl.matmul(lhs_tiles[0, k], rhs_tiles[0, k], transpose_x=True)
+            nl.store(result[m * _TILE_M:(m + 1) * _TILE_M, n * _TILE_N:(n + 1) * _TILE_N],
+                     value=nl.copy(acc, dtype=result.dtype))
+    return result
 
 
 @nki.jit
