@@ -123,7 +123,7 @@ CONSTANTS: dict[str, tuple[float, float, float]] = {
     "dma_fixed_us": (1.3, 0.75, 0.75),
     "dma_latency_us": (1.3, 1.1, 1.1),  # D S5 L39-42 (~1300 ns); I S6 screenshots (1.0-1.3)
     "dma_descriptor_ns": (12.0, 12.0, 12.0),  # I S6: 97 ns per 8 descriptors of 256 B
-    # partition broadcasts: a ones-matmul writes one PSUM bank (D S1 L790: 2 KiB/partition);
+    # partition broadcasts: a ones-matmul writes one PSUM bank (D S1 L170: 512 fp32 per partition)
     # a wider broadcast is evacuated to SBUF and read from there
     "psum_bank_bytes": (2048, 2048, 2048),
     # kernel launch seen by nki.benchmark on a device, reported beside the kernel's latency:

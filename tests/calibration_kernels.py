@@ -578,7 +578,7 @@ def calibrate_layernorm() -> list[CalibrationPoint]:
         total = times[0] + 30 * (times[1] - times[0])
         points.append(CalibrationPoint(
             case + ", 4096x8192 fp32", "trn1", measured, total, "us",
-            "S12 layernorm.rst@55b69c91 L111-137 (p50)",
+            "S12 layernorm.rst@55b69c91 L122, L134 (p50); shape L192-193",
             f"kernel latency, extrapolated from 2 and 3 row tiles "
             f"({times[1] - times[0]:.1f} us per tile)", output_error=err, tolerance=1e-4))
     return points
@@ -638,7 +638,7 @@ def calibrate_mamba() -> list[CalibrationPoint]:
     source = "S11 fused_mamba.rst@81ce03ae"
     points = [
         _mamba_point(mamba_state_outer, 512, "Mamba v1 (states outer), 4096 ch, seq 512",
-                     2340.0, source + " L550", rng),
+                     2340.0, source + " L548", rng),
         _mamba_point(mamba_channel_outer, 512, "Mamba v2 (channels outer), 4096 ch, seq 512",
                      1610.0, source + " L731", rng),
     ]
