@@ -101,15 +101,18 @@ def rms_norm_fwd(x, weight=None, eps=1e-6, *, offset=0.0, bias=None, residual=No
             outputs.append(np.empty(x.shape, residual.dtype))
         return (*outputs, np.empty(lead, np.float32))
 
-    outputs = kernels.rmsnorm_fwd(
-        _rows(x, rows, n), weight, bias, None if residual is None else _rows(residual, rows, n),
-        eps, offset, casting_mode, out_dtype)
+    if residual is None:
+        outputs = kernels.rmsnorm_fwd(_rows(x, rows, n), weight, bias, eps, offset,
+                                      casting_mode, out_dtype)
+    else:
+        outputs = kernels.rmsnorm_add_fwd(_rows(x, rows, n), _rows(residual, rows, n), weight,
+                                          bias, eps, offset, casting_mode, out_dtype)
     *tiles, rstd = outputs
     return (*(t.reshape(x.shape) for t in tiles), rstd.reshape(lead))
 
 
-def rms_norm_bwd(dy, x_or_h, weight, rstd, *, offset=0.0, has_bias=False, dh_out=None,
-                 casting_mode="gemma"):
+def rms_norm_bwd(dy, x_or_h, weight, rstd, *, offset=0.0, has_bias=False, bias_dtype=None,
+                 dh_out=None, casting_mode="gemma"):
     """RMSNorm backward from the forward's saved ``rstd``.
 
     Args:
@@ -119,14 +122,17 @@ def rms_norm_bwd(dy, x_or_h, weight, rstd, *, offset=0.0, has_bias=False, dh_out
         rstd: the forward's float32 ``rstd``, shape ``x_or_h.shape[:-1]``.
         offset: the forward's weight offset (needs a weight).
         has_bias: whether the forward added a bias (then ``dbias`` is returned).
+        bias_dtype: the bias's dtype, ``dbias``'s dtype (float32 or x_or_h's dtype); None:
+            the weight's dtype (float32 without a weight). ``dbias`` is summed in fp32 and
+            rounded once, so an fp32 bias beside a bf16 weight gets an fp32 gradient.
         dh_out: gradient flowing into the ``h`` output, shaped like ``x_or_h``, or None;
             it is added into ``dx``.
         casting_mode: the forward's casting mode.
 
     Returns:
         ``(dx, dweight, dbias)``: ``dx`` in x_or_h's dtype and shape; ``dweight`` ``(N,)`` in
-        the weight's dtype, None without a weight; ``dbias`` ``(N,)`` in the weight's dtype
-        (float32 without one), None unless ``has_bias``.
+        the weight's dtype, None without a weight; ``dbias`` ``(N,)`` in ``bias_dtype``, None
+        unless ``has_bias``.
     """
     x = _kernel_array(x_or_h, "x_or_h")
     if x.ndim == 0:
@@ -158,19 +164,28 @@ def rms_norm_bwd(dy, x_or_h, weight, rstd, *, offset=0.0, has_bias=False, dh_out
     if not isinstance(has_bias, (bool, np.bool_)):
         raise TypeError(f"has_bias must be a bool, got {type(has_bias).__name__}")
     has_bias = bool(has_bias)
+    param_dtype = _FLOAT32 if weight is None else weight.dtype
+    if bias_dtype is not None:
+        bias_dtype = _dtype(bias_dtype, "bias_dtype")
+        if bias_dtype not in (_FLOAT32, x.dtype):
+            raise TypeError(f"bias_dtype must be float32 or x_or_h's dtype ({x.dtype}), got "
+                            f"{bias_dtype}")
+        if not has_bias:
+            raise ValueError("bias_dtype is given but has_bias is False: there is no dbias")
+    bias_dtype = param_dtype if bias_dtype is None else bias_dtype
     _casting_mode(casting_mode)
 
     lead = x.shape[:-1]
     rows = math.prod(lead)
-    param_dtype = _FLOAT32 if weight is None else weight.dtype
     if rows == 0:  # gradients of a sum over no rows
         return (np.empty(x.shape, x.dtype),
                 None if weight is None else np.zeros(n, param_dtype),
-                np.zeros(n, param_dtype) if has_bias else None)
+                np.zeros(n, bias_dtype) if has_bias else None)
 
     grads = list(kernels.rmsnorm_bwd(
         _rows(dy, rows, n), _rows(x, rows, n), weight, np.ascontiguousarray(rstd.reshape(rows)),
-        None if dh_out is None else _rows(dh_out, rows, n), offset, has_bias, casting_mode))
+        None if dh_out is None else _rows(dh_out, rows, n), offset, has_bias, casting_mode,
+        bias_dtype))
     dx = grads.pop(0).reshape(x.shape)
     dweight = grads.pop(0) if weight is not None else None
     dbias = grads.pop(0) if has_bias else None
