@@ -93,4 +93,5 @@ def install() -> bool:
     package.nki = sys.modules[__name__]
     for name, module in _ALIASES.items():
         sys.modules[name] = module
+    importlib.import_module(f"{__name__}.jax_neuronx").install()  # jax_neuronx.nki_call
     return True
