@@ -6,7 +6,10 @@ Neuron SDK 2.20 - 2.22 shipped (``jax_neuronx.nki_call``; end of support announc
 removed in jax-neuronx 0.5.3.1.0, ``release-notes/jax-neuronx/index.rst``@8a38e733, line 39):
 the kernel is in the output-parameter convention and receives ``*args`` followed by one
 preallocated output per ``out_shape`` entry, which it writes in place
-(``general/nki/examples/rmsnorm/rmsnorm_jax.py``@72825d50, lines 29-33). Compile-time constants
+(``general/nki/examples/rmsnorm/rmsnorm_jax.py``@72825d50, lines 29-33). A kernel that
+returns its outputs instead has them checked against ``out_shape``. ``out_shape`` that
+disagrees with the kernel (output count, or the returned shapes and dtypes) is an error
+naming ``out_shape``; nothing is reshaped. Compile-time constants
 are bound beforehand with ``functools.partial``; non-array arguments (numbers, strings, None)
 are passed to the kernel unchanged.
 
@@ -142,13 +145,20 @@ def nki_call(kernel, *args, out_shape, grid=()):
         outputs = [np.asarray(o) for o in outputs]
         for out in outputs:
             _poison(out)
-        if returns:
-            returned, _, _ = runtime.run(func, kernel_args, {}, grid=grid)
-            for out, array in zip(outputs, _check_returned(returned, structs)):
-                out[...] = array
-        else:
-            runtime.run(func, (*kernel_args, *outputs), {}, grid=grid,
-                        expected_outputs=len(outputs))
+        try:
+            if returns:
+                returned, _, _ = runtime.run(func, kernel_args, {}, grid=grid)
+                for out, array in zip(outputs, _check_returned(returned, structs)):
+                    out[...] = array
+            else:
+                runtime.run(func, (*kernel_args, *outputs), {}, grid=grid,
+                            expected_outputs=len(outputs))
+        except Exception as error:
+            described = ", ".join(f"{tuple(s.shape)} {np.dtype(s.dtype).name}" for s in structs)
+            name = getattr(getattr(func, "func", func), "__name__", "kernel")
+            raise ValueError(f"nki_call: kernel {name!r} failed with "
+                             f"the outputs out_shape describes ({described}): "
+                             f"{type(error).__name__}: {error}") from error
 
     results = buffer_callback(on_host, result_types, vmap_method="sequential")(*arrays)
     return results[0] if single else tuple(results)

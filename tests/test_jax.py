@@ -21,6 +21,13 @@ jnp = jax.numpy
 from nki_rmsnorm import jax as nki_jax  # noqa: E402
 from nki_rmsnorm import ops, reference  # noqa: E402
 
+@pytest.fixture(autouse=True)
+def _simulator_path(monkeypatch):
+    """These tests exercise the simulator path: no ``jax_neuronx`` twin left registered by a
+    test that called ``simulate.install()`` (test_jax_launchers.py covers that path)."""
+    monkeypatch.delitem(sys.modules, "jax_neuronx", raising=False)
+
+
 TOL = {
     jnp.float32: (2e-5, 2e-5),
     jnp.float16: (2e-3, 2e-3),
