@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 		if command -v python3.11 >/dev/null 2>&1; then python3.11 -m venv $(VENV); \
 		else python3 -m venv $(VENV); fi; \
 	fi
-	$(PYTHON) -m pip install -e '.[test,torch,jax,bench]'
+	$(PYTHON) -m pip install -e '.[test,torch,jax,bench,flax,equinox]'
 	touch $@
 
 lint: venv
