@@ -16,8 +16,9 @@ import math
 try:
     import equinox as eqx
 except ImportError as error:  # pragma: no cover - depends on the environment
-    raise ImportError("nki_rmsnorm.equinox needs equinox; install the extra: "
-                      "pip install 'nki-rmsnorm[equinox]'") from error
+    raise ImportError(
+        "nki_rmsnorm.equinox needs equinox; install the extra: pip install 'nki-rmsnorm[equinox]'"
+    ) from error
 
 import jax.numpy as jnp
 
@@ -36,8 +37,10 @@ class RMSNorm(eqx.nn.RMSNorm):
         through / ignored as in equinox."""
         del key
         if x.shape != self.shape:
-            raise ValueError(f"x must have the module's shape {self.shape}, got {x.shape}; "
-                             "use jax.vmap over a batch")
+            raise ValueError(
+                f"x must have the module's shape {self.shape}, got {x.shape}; "
+                "use jax.vmap over a batch"
+            )
         size = math.prod(self.shape)
         weight = None if self.weight is None else self.weight.astype(jnp.float32).reshape(size)
         bias = None if self.bias is None else self.bias.astype(jnp.float32).reshape(size)

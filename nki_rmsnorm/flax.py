@@ -23,8 +23,9 @@ import math
 try:
     from flax import nnx
 except ImportError as error:  # pragma: no cover - depends on the environment
-    raise ImportError("nki_rmsnorm.flax needs flax; install the extra: "
-                      "pip install 'nki-rmsnorm[flax]'") from error
+    raise ImportError(
+        "nki_rmsnorm.flax needs flax; install the extra: pip install 'nki-rmsnorm[flax]'"
+    ) from error
 
 import jax.numpy as jnp
 
@@ -39,8 +40,10 @@ def _trailing_axes(axes, ndim: int, name: str) -> int:
     positive = sorted(a % ndim if -ndim <= a < ndim else a for a in axes)
     count = len(positive)
     if not count or positive != list(range(ndim - count, ndim)):
-        raise ValueError(f"{name} must name the last axes of the input (e.g. -1 or (-2, -1)) "
-                         f"for the NKI kernels, got {axes} for a {ndim}-d input")
+        raise ValueError(
+            f"{name} must name the last axes of the input (e.g. -1 or (-2, -1)) "
+            f"for the NKI kernels, got {axes} for a {ndim}-d input"
+        )
     return count
 
 
@@ -50,21 +53,24 @@ class RMSNorm(nnx.RMSNorm):
     def __call__(self, x, mask=None):
         """Normalise ``x`` over ``reduction_axes`` and scale it by ``scale``."""
         if mask is not None:
-            raise ValueError("mask is not supported by the NKI RMSNorm kernels; use "
-                             "flax.nnx.RMSNorm for masked statistics")
+            raise ValueError(
+                "mask is not supported by the NKI RMSNorm kernels; use "
+                "flax.nnx.RMSNorm for masked statistics"
+            )
         if self.axis_name is not None or self.axis_index_groups is not None:
-            raise ValueError("axis_name / axis_index_groups (statistics across devices) are not "
-                             "supported; shard the rows instead (each row is normalised on "
-                             "the device that holds it)")
+            raise ValueError(
+                "axis_name / axis_index_groups (statistics across devices) are not "
+                "supported; shard the rows instead (each row is normalised on "
+                "the device that holds it)"
+            )
         scale = self.scale[...] if self.scale is not None else None
         x, scale = self.promote_dtype((x, scale), dtype=self.dtype)
         reduced = _trailing_axes(self.reduction_axes, x.ndim, "reduction_axes")
         if _trailing_axes(self.feature_axes, x.ndim, "feature_axes") != 1:
-            raise ValueError(f"feature_axes must be -1 (the scale's axis), got "
-                             f"{self.feature_axes}")
-        rows_shape = x.shape[:x.ndim - reduced]
-        flat = jnp.reshape(x, (*rows_shape, math.prod(x.shape[x.ndim - reduced:])))
+            raise ValueError(f"feature_axes must be -1 (the scale's axis), got {self.feature_axes}")
+        rows_shape = x.shape[: x.ndim - reduced]
+        flat = jnp.reshape(x, (*rows_shape, math.prod(x.shape[x.ndim - reduced :])))
         if scale is not None and reduced > 1:
             # The scale runs along the last axis only: repeat it over the other reduced axes.
-            scale = jnp.tile(scale, math.prod(x.shape[x.ndim - reduced:-1]))
+            scale = jnp.tile(scale, math.prod(x.shape[x.ndim - reduced : -1]))
         return jnp.reshape(nki_jax.rms_norm(flat, scale, self.epsilon), x.shape)

@@ -205,7 +205,6 @@ def _vary_like(arrays, *like):
     return [None if a is None else vary(a) for a in arrays]
 
 
-
 #: The simulator's run context is per thread (``simulate.core.runtime``), so launches from
 #: XLA's callback threads (one per device under ``shard_map``) and from user threads need no
 #: lock. The host functions below only touch NumPy views of XLA's own buffers.
@@ -213,8 +212,15 @@ def _vary_like(arrays, *like):
 
 def _simulate_forward(cfg: _Config, outputs, x, weight, bias, residual) -> None:
     """Host side of the ``"simulator"`` path: writes ``(y, [h], rstd)`` into ``outputs``."""
-    results = ops.rms_norm_fwd(x, weight, cfg.eps, offset=cfg.offset, bias=bias,
-                               residual=residual, casting_mode=cfg.casting_mode)
+    results = ops.rms_norm_fwd(
+        x,
+        weight,
+        cfg.eps,
+        offset=cfg.offset,
+        bias=bias,
+        residual=residual,
+        casting_mode=cfg.casting_mode,
+    )
     for out, result in zip(outputs, results):
         out[...] = result
 
@@ -222,8 +228,16 @@ def _simulate_forward(cfg: _Config, outputs, x, weight, bias, residual) -> None:
 def _simulate_backward(cfg: _Config, outputs, dy, x_or_h, weight, rstd, dh) -> None:
     """Host side of the ``"simulator"`` path: writes ``(dx, [dweight], [dbias])``."""
     dx, dweight, dbias = ops.rms_norm_bwd(
-        dy, x_or_h, weight, rstd, offset=cfg.offset, has_bias=cfg.bias_dtype is not None,
-        bias_dtype=cfg.bias_dtype, dh_out=dh, casting_mode=cfg.casting_mode)
+        dy,
+        x_or_h,
+        weight,
+        rstd,
+        offset=cfg.offset,
+        has_bias=cfg.bias_dtype is not None,
+        bias_dtype=cfg.bias_dtype,
+        dh_out=dh,
+        casting_mode=cfg.casting_mode,
+    )
     results = [dx, dweight, dbias]
     for out, result in zip(outputs, [r for r in results if r is not None]):
         out[...] = result
@@ -242,16 +256,21 @@ def _host_call(host_function, result_types, *args):
     """
 
     def on_host(_context, outputs, *buffers):
-        host_function([np.asarray(o) for o in outputs],
-                      *(None if b is None else np.asarray(b) for b in buffers))
+        host_function(
+            [np.asarray(o) for o in outputs],
+            *(None if b is None else np.asarray(b) for b in buffers),
+        )
 
     return tuple(buffer_callback(on_host, result_types)(*args))
 
 
 def _nki_call(kernel, args, result_types, **constants):
     """``jax_neuronx.nki_call`` of an output-parameter kernel with constants bound."""
-    return tuple(_jax_neuronx().nki_call(functools.partial(kernel, **constants), *args,
-                                         out_shape=result_types))
+    return tuple(
+        _jax_neuronx().nki_call(
+            functools.partial(kernel, **constants), *args, out_shape=result_types
+        )
+    )
 
 
 def _neuron_kernels():
@@ -269,20 +288,25 @@ def _launch_forward(cfg: _Config, x, weight, bias, residual):
     if path == "nki_call":
         kernels = _neuron_kernels()
         if residual is None:
-            return _nki_call(kernels.rmsnorm_fwd_out, (x, weight, bias), result_types,
-                             **constants)
-        return _nki_call(kernels.rmsnorm_add_fwd_out, (x, residual, weight, bias),
-                         result_types, **constants)
+            return _nki_call(kernels.rmsnorm_fwd_out, (x, weight, bias), result_types, **constants)
+        return _nki_call(
+            kernels.rmsnorm_add_fwd_out, (x, residual, weight, bias), result_types, **constants
+        )
     if path == "nki.jit":
         # Return convention, called with the traced arrays (SDK >= 2.21).
         kernels = _neuron_kernels()
         if residual is None:
-            return tuple(kernels.rmsnorm_fwd(x, weight, bias, cfg.eps, cfg.offset,
-                                             cfg.casting_mode, None))
-        return tuple(kernels.rmsnorm_add_fwd(x, residual, weight, bias, cfg.eps, cfg.offset,
-                                             cfg.casting_mode, None))
-    return _host_call(functools.partial(_simulate_forward, cfg), result_types, x, weight, bias,
-                      residual)
+            return tuple(
+                kernels.rmsnorm_fwd(x, weight, bias, cfg.eps, cfg.offset, cfg.casting_mode, None)
+            )
+        return tuple(
+            kernels.rmsnorm_add_fwd(
+                x, residual, weight, bias, cfg.eps, cfg.offset, cfg.casting_mode, None
+            )
+        )
+    return _host_call(
+        functools.partial(_simulate_forward, cfg), result_types, x, weight, bias, residual
+    )
 
 
 def _launch_backward(cfg: _Config, dy, x_or_h, weight, rstd, dh):
@@ -298,21 +322,33 @@ def _launch_backward(cfg: _Config, dy, x_or_h, weight, rstd, dh):
         kernel_weight, dropped = weight, ()
         if weight is None and has_bias:
             kernel_weight = jnp.ones(x_or_h.shape[1:], x_or_h.dtype)
-            result_types = (result_types[0], *_structs((x_or_h.shape[1:], x_or_h.dtype)),
-                            result_types[1])
+            result_types = (
+                result_types[0],
+                *_structs((x_or_h.shape[1:], x_or_h.dtype)),
+                result_types[1],
+            )
             dropped = (1,)
         absent = {} if kernel_weight is not None else {"dweight": None}
         if not has_bias:
             absent["dbias"] = None
-        grads = _nki_call(_neuron_kernels().rmsnorm_bwd_out,
-                          (dy, x_or_h, kernel_weight, rstd, dh), result_types,
-                          offset=cfg.offset, casting_mode=cfg.casting_mode, **absent)
+        grads = _nki_call(
+            _neuron_kernels().rmsnorm_bwd_out,
+            (dy, x_or_h, kernel_weight, rstd, dh),
+            result_types,
+            offset=cfg.offset,
+            casting_mode=cfg.casting_mode,
+            **absent,
+        )
         return tuple(g for i, g in enumerate(grads) if i not in dropped)
     if path == "nki.jit":
-        return tuple(_neuron_kernels().rmsnorm_bwd(dy, x_or_h, weight, rstd, dh, cfg.offset,
-                                                   has_bias, cfg.casting_mode, cfg.bias_dtype))
-    return _host_call(functools.partial(_simulate_backward, cfg), result_types, dy, x_or_h,
-                      weight, rstd, dh)
+        return tuple(
+            _neuron_kernels().rmsnorm_bwd(
+                dy, x_or_h, weight, rstd, dh, cfg.offset, has_bias, cfg.casting_mode, cfg.bias_dtype
+            )
+        )
+    return _host_call(
+        functools.partial(_simulate_backward, cfg), result_types, dy, x_or_h, weight, rstd, dh
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -339,9 +375,12 @@ def _forward_op(cfg: _Config, present: tuple[bool, ...]):
         if any(in_batched[i] for i in parameter_slots) or not in_batched[0]:
             return _sequential(op, axis_size, in_batched, arrays)
         rows = arrays[0].shape[:2]
-        flat = [a if i in parameter_slots else a.reshape(-1, a.shape[-1])
-                for i, a in enumerate(_broadcast_batched(axis_size, in_batched, arrays,
-                                                         skip=parameter_slots))]
+        flat = [
+            a if i in parameter_slots else a.reshape(-1, a.shape[-1])
+            for i, a in enumerate(
+                _broadcast_batched(axis_size, in_batched, arrays, skip=parameter_slots)
+            )
+        ]
         outputs = op(*flat)
         return tuple(o.reshape(rows + o.shape[1:]) for o in outputs), (True,) * len(outputs)
 
@@ -364,14 +403,18 @@ def _backward_op(cfg: _Config, present: tuple[bool, ...]):
 
 def _broadcast_batched(axis_size, in_batched, arrays, skip=()):
     """Every array except those in ``skip`` with a leading batch axis of ``axis_size``."""
-    return [a if i in skip or batched else jnp.broadcast_to(a, (axis_size, *a.shape))
-            for i, (a, batched) in enumerate(zip(arrays, in_batched))]
+    return [
+        a if i in skip or batched else jnp.broadcast_to(a, (axis_size, *a.shape))
+        for i, (a, batched) in enumerate(zip(arrays, in_batched))
+    ]
 
 
 def _sequential(op, axis_size, in_batched, arrays):
     """``vmap`` rule: one launch per batch element, results stacked."""
-    per_element = [op(*(a[i] if batched else a for a, batched in zip(arrays, in_batched)))
-                   for i in range(axis_size)]
+    per_element = [
+        op(*(a[i] if batched else a for a, batched in zip(arrays, in_batched)))
+        for i in range(axis_size)
+    ]
     outputs = tuple(jnp.stack(parts) for parts in zip(*per_element))
     return outputs, (True,) * len(outputs)
 
@@ -452,11 +495,18 @@ def _row_sharding(x):
     mesh = getattr(sharding, "mesh", None)
     if mesh is None or not mesh.axis_names:
         return None
-    explicit = {name for name, kind in zip(mesh.axis_names, mesh.axis_types)
-                if kind == jax.sharding.AxisType.Explicit}
-    leading = (tuple(sharding.spec) + (None,) * x.ndim)[:x.ndim - 1]
-    used = {name for entry in leading if entry is not None
-            for name in (entry if isinstance(entry, tuple) else (entry,))}
+    explicit = {
+        name
+        for name, kind in zip(mesh.axis_names, mesh.axis_types)
+        if kind == jax.sharding.AxisType.Explicit
+    }
+    leading = (tuple(sharding.spec) + (None,) * x.ndim)[: x.ndim - 1]
+    used = {
+        name
+        for entry in leading
+        if entry is not None
+        for name in (entry if isinstance(entry, tuple) else (entry,))
+    }
     if not used or not used <= explicit:
         return None
     return mesh, P(*leading, None)
@@ -474,8 +524,7 @@ def _on_own_rows(function, row_arrays, parameters):
     present = tuple(p is not None for p in parameters)
 
     def local(*arrays):
-        return function(*arrays[:len(row_arrays)],
-                        *_unpack(arrays[len(row_arrays):], present))
+        return function(*arrays[: len(row_arrays)], *_unpack(arrays[len(row_arrays) :], present))
 
     def placed(a, a_spec):
         current = getattr(jax.typeof(a), "sharding", None)
@@ -540,5 +589,6 @@ def fused_add_rms_norm(
     if residual is None:
         raise TypeError("residual must be an array, got None; use rms_norm without one")
     cfg = _config(x, weight, bias, residual, eps, offset, casting_mode)
-    return _on_own_rows(functools.partial(_fused_add_rms_norm_rows, cfg), (x, residual),
-                        (weight, bias))
+    return _on_own_rows(
+        functools.partial(_fused_add_rms_norm_rows, cfg), (x, residual), (weight, bias)
+    )

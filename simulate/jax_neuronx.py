@@ -44,10 +44,15 @@ def _out_structs(out_shape):
     """``(structs, single)``: the output descriptions as a tuple, and whether one was given."""
     single = hasattr(out_shape, "shape") and hasattr(out_shape, "dtype")
     structs = (out_shape,) if single else out_shape
-    if not isinstance(structs, (tuple, list)) or not structs or not all(
-            hasattr(s, "shape") and hasattr(s, "dtype") for s in structs):
-        raise TypeError("out_shape must be a jax.ShapeDtypeStruct or a non-empty tuple of them, "
-                        f"got {out_shape!r}")
+    if (
+        not isinstance(structs, (tuple, list))
+        or not structs
+        or not all(hasattr(s, "shape") and hasattr(s, "dtype") for s in structs)
+    ):
+        raise TypeError(
+            "out_shape must be a jax.ShapeDtypeStruct or a non-empty tuple of them, "
+            f"got {out_shape!r}"
+        )
     return tuple(structs), single
 
 
@@ -64,13 +69,16 @@ def _check_returned(returned, structs) -> list[np.ndarray]:
     """A return-convention kernel's outputs, checked against ``out_shape`` (never reshaped)."""
     returned = list(returned) if isinstance(returned, (tuple, list)) else [returned]
     if len(returned) != len(structs):
-        raise ValueError(f"out_shape describes {len(structs)} output(s), the kernel returned "
-                         f"{len(returned)}")
+        raise ValueError(
+            f"out_shape describes {len(structs)} output(s), the kernel returned {len(returned)}"
+        )
     for i, (array, struct) in enumerate(zip(returned, structs)):
         expected = (tuple(struct.shape), np.dtype(struct.dtype))
         if (array.shape, array.dtype) != expected:
-            raise ValueError(f"out_shape[{i}] is {expected[0]} {expected[1].name}, the kernel "
-                             f"returned {array.shape} {array.dtype.name}")
+            raise ValueError(
+                f"out_shape[{i}] is {expected[0]} {expected[1].name}, the kernel "
+                f"returned {array.shape} {array.dtype.name}"
+            )
     return returned
 
 
@@ -90,15 +98,19 @@ def _check_output_count(func, n_args: int, n_outputs: int) -> None:
         params = inspect.signature(func).parameters.values()
     except (TypeError, ValueError):
         return
-    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-                  and p.default is p.empty]
+    positional = [
+        p
+        for p in params
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
+    ]
     if any(p.kind is p.VAR_POSITIONAL for p in params):
         return
     if len(positional) != n_args + n_outputs:
         raise ValueError(
             f"out_shape describes {n_outputs} output(s), but the kernel takes "
             f"{len(positional) - n_args} output parameter(s) after its {n_args} input(s) "
-            f"(parameters: {', '.join(p.name for p in positional)})")
+            f"(parameters: {', '.join(p.name for p in positional)})"
+        )
 
 
 def _poison(array: np.ndarray) -> None:
@@ -151,14 +163,17 @@ def nki_call(kernel, *args, out_shape, grid=()):
                 for out, array in zip(outputs, _check_returned(returned, structs)):
                     out[...] = array
             else:
-                runtime.run(func, (*kernel_args, *outputs), {}, grid=grid,
-                            expected_outputs=len(outputs))
+                runtime.run(
+                    func, (*kernel_args, *outputs), {}, grid=grid, expected_outputs=len(outputs)
+                )
         except Exception as error:
             described = ", ".join(f"{tuple(s.shape)} {np.dtype(s.dtype).name}" for s in structs)
             name = getattr(getattr(func, "func", func), "__name__", "kernel")
-            raise ValueError(f"nki_call: kernel {name!r} failed with "
-                             f"the outputs out_shape describes ({described}): "
-                             f"{type(error).__name__}: {error}") from error
+            raise ValueError(
+                f"nki_call: kernel {name!r} failed with "
+                f"the outputs out_shape describes ({described}): "
+                f"{type(error).__name__}: {error}"
+            ) from error
 
     results = buffer_callback(on_host, result_types, vmap_method="sequential")(*arrays)
     return results[0] if single else tuple(results)

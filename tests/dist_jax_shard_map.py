@@ -60,8 +60,10 @@ def y_loss(mesh, w, x, r):
         y = loss(w, x, r)[1]
     else:
         y = jax.shard_map(
-            lambda w, x, r: loss(w, x, r)[1], mesh=mesh,
-            in_specs=(P(), P("rows"), P("rows")), out_specs=P("rows"),
+            lambda w, x, r: loss(w, x, r)[1],
+            mesh=mesh,
+            in_specs=(P(), P("rows"), P("rows")),
+            out_specs=P("rows"),
         )(w, x, r)
     return jnp.sum(y.astype(jnp.float32) ** 2)
 
@@ -80,16 +82,19 @@ def check_user_shard_map(dtype, step, check_vma, mesh, w, x, r, single):
     # Reductions over rows only change their summation order.
     np.testing.assert_allclose(np.asarray(dw_s), np.asarray(dw_1), rtol=1e-5, atol=1e-4)
     np.testing.assert_allclose(float(loss_s), float(loss_1), rtol=1e-5)
-    print(f"{x.shape[0]}x{x.shape[1]} {jnp.dtype(dtype).name} shard_map check_vma={check_vma}:"
-          f" {DEVICES} shards match one device ({seconds:.2f} s)")
+    print(
+        f"{x.shape[0]}x{x.shape[1]} {jnp.dtype(dtype).name} shard_map check_vma={check_vma}:"
+        f" {DEVICES} shards match one device ({seconds:.2f} s)"
+    )
 
 
 def user_shard_map_cases(mesh, rows, hidden, dtype, rng):
     x = jnp.asarray(rng.standard_normal((rows, hidden)), dtype)
     r = jnp.asarray(rng.standard_normal((rows, hidden)), dtype)
     w = jnp.asarray(rng.standard_normal(hidden) * 0.1, jnp.float32)
-    (loss_1, y_1), (dw_1, dx_1) = jax.jit(
-        jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))(w, x, r)
+    (loss_1, y_1), (dw_1, dx_1) = jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))(
+        w, x, r
+    )
     single = (loss_1, dw_1, dx_1, y_1)
     row_sharding = NamedSharding(mesh, P("rows"))
     x_s, r_s = jax.device_put(x, row_sharding), jax.device_put(r, row_sharding)
@@ -121,8 +126,10 @@ def sharded_jit_case(mesh, rows, hidden, dtype, rng):
     seconds = time.perf_counter() - start
     assert y_s.sharding.is_equivalent_to(x_s.sharding, 2), (y_s.sharding, x_s.sharding)
     assert dx_s.sharding.is_equivalent_to(x_s.sharding, 2), (dx_s.sharding, x_s.sharding)
-    for name, compiled in (("forward", forward.lower(x_s, w_s).compile()),
-                           ("grad", grads.lower(x_s, w_s).compile())):
+    for name, compiled in (
+        ("forward", forward.lower(x_s, w_s).compile()),
+        ("grad", grads.lower(x_s, w_s).compile()),
+    ):
         hlo = compiled.as_text()
         assert "all-gather" not in hlo, f"the {name} program gathers the rows"
 
@@ -131,10 +138,16 @@ def sharded_jit_case(mesh, rows, hidden, dtype, rng):
     np.testing.assert_array_equal(np.asarray(y_s), np.asarray(y_1))
     np.testing.assert_array_equal(np.asarray(dx_s), np.asarray(dx_1))
     # dweight: per-shard partial sums (rounded to the weight's dtype) psummed by JAX.
-    np.testing.assert_allclose(np.asarray(dw_s, np.float32), np.asarray(dw_1, np.float32),
-                               rtol=2e-2, atol=2e-2 * float(jnp.max(jnp.abs(dw_1))))
-    print(f"{rows}x{hidden} {jnp.dtype(dtype).name} jit on a row-sharded input: stays sharded "
-          f"over {DEVICES} devices, no all-gather, matches one device ({seconds:.2f} s)")
+    np.testing.assert_allclose(
+        np.asarray(dw_s, np.float32),
+        np.asarray(dw_1, np.float32),
+        rtol=2e-2,
+        atol=2e-2 * float(jnp.max(jnp.abs(dw_1))),
+    )
+    print(
+        f"{rows}x{hidden} {jnp.dtype(dtype).name} jit on a row-sharded input: stays sharded "
+        f"over {DEVICES} devices, no all-gather, matches one device ({seconds:.2f} s)"
+    )
 
 
 def main() -> None:

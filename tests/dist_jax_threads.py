@@ -71,12 +71,16 @@ def main() -> None:
         thread.join(max(0.0, deadline - time.perf_counter()))
     alive = sum(thread.is_alive() for thread in threads)
     if alive:
-        print(f"DEADLOCK: {alive} of {THREADS} threads still running after {JOIN_TIMEOUT_S} s",
-              flush=True)
+        print(
+            f"DEADLOCK: {alive} of {THREADS} threads still running after {JOIN_TIMEOUT_S} s",
+            flush=True,
+        )
         os._exit(3)  # the stuck callback threads would keep the interpreter from exiting
     assert not failures, failures
-    print(f"{THREADS} threads x {CALLS} jitted value_and_grad calls match the serial results "
-          f"bit for bit ({time.perf_counter() - start:.1f} s)")
+    print(
+        f"{THREADS} threads x {CALLS} jitted value_and_grad calls match the serial results "
+        f"bit for bit ({time.perf_counter() - start:.1f} s)"
+    )
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ far below the tolerances, which are a few ulps of the dtype under test).
 from __future__ import annotations
 
 import importlib.util
+import re
 import runpy
 import sys
 from pathlib import Path
@@ -20,6 +21,7 @@ jnp = jax.numpy
 
 from nki_rmsnorm import jax as nki_jax  # noqa: E402
 from nki_rmsnorm import ops, reference  # noqa: E402
+
 
 @pytest.fixture(autouse=True)
 def _simulator_path(monkeypatch):
@@ -290,3 +292,7 @@ def test_example_rmsnorm_jax(monkeypatch, capsys):
     runpy.run_path(str(example), run_name="not_main")["main"]()
     out = capsys.readouterr().out
     assert "max |dweight - reference|" in out and "forward+backward" in out
+    # The tutorial's nki_call launch ran (simulated) and agrees with jax.numpy in bfloat16.
+    assert "nki_call(rmsnorm_fwd_out, x, w, out_shape=...)" in out, out
+    jnp_errors = re.findall(r"max \|y - jnp\|\s*=\s*([0-9.e+-]+)", out)
+    assert len(jnp_errors) == 2 and all(float(e) <= 0.0625 for e in jnp_errors), out

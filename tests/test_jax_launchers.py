@@ -24,10 +24,9 @@ jax = pytest.importorskip("jax")
 jnp = jax.numpy
 
 import simulate  # noqa: E402
-from simulate import jax_neuronx as twin  # noqa: E402
-
 from nki_rmsnorm import jax as nki_jax  # noqa: E402
 from nki_rmsnorm import kernels, reference  # noqa: E402
+from simulate import jax_neuronx as twin  # noqa: E402
 
 
 @pytest.fixture
@@ -69,8 +68,9 @@ def test_install_registers_the_twin_only_without_a_real_jax_neuronx(monkeypatch)
     monkeypatch.setitem(sys.modules, "jax_neuronx", real)
     assert twin.install() is False and sys.modules["jax_neuronx"] is real
     monkeypatch.delitem(sys.modules, "jax_neuronx")
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: object() if name == "jax_neuronx" else None)
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: object() if name == "jax_neuronx" else None
+    )
     assert twin.install() is False and "jax_neuronx" not in sys.modules
 
 
@@ -83,8 +83,9 @@ def test_the_tutorials_jax_launch_code_runs_on_the_twin(simulated_jax_neuronx, t
         import neuronxcc.nki.language as nl
 
         rstd = nl.ndarray((a_tensor.shape[0],), dtype=nl.float32, buffer=nl.shared_hbm)
-        kernels.rmsnorm_fwd_out(a_tensor, g_tensor, None, out_tensor, rstd, eps=0.0,
-                                offset=0.0, casting_mode="gemma")
+        kernels.rmsnorm_fwd_out(
+            a_tensor, g_tensor, None, out_tensor, rstd, eps=0.0, offset=0.0, casting_mode="gemma"
+        )
 
     for nki_rmsnorm_kernel in (tutorial_kernel, our_kernel):
         a_key, g_key = jax.random.split(jax.random.PRNGKey(42))
@@ -92,17 +93,21 @@ def test_the_tutorials_jax_launch_code_runs_on_the_twin(simulated_jax_neuronx, t
         g_tensor = jax.random.uniform(g_key, (512,))
 
         output_nki = nki_call(
-          nki_rmsnorm_kernel,
-          a_tensor, g_tensor,
-          out_shape=jax.ShapeDtypeStruct(a_tensor.shape, dtype=a_tensor.dtype),
+            nki_rmsnorm_kernel,
+            a_tensor,
+            g_tensor,
+            out_shape=jax.ShapeDtypeStruct(a_tensor.shape, dtype=a_tensor.dtype),
         )
 
         output_ref = reference.rms_norm(np.asarray(a_tensor), np.asarray(g_tensor), 0.0)
         assert output_nki.shape == (250, 512) and output_nki.dtype == jnp.float32
         np.testing.assert_allclose(np.asarray(output_nki), output_ref, rtol=2e-6, atol=2e-6)
         # The tutorial's own check:
-        output_jax = a_tensor * jnp.reciprocal(
-            jnp.sqrt(jnp.square(a_tensor).mean(axis=1, keepdims=True))) * g_tensor
+        output_jax = (
+            a_tensor
+            * jnp.reciprocal(jnp.sqrt(jnp.square(a_tensor).mean(axis=1, keepdims=True)))
+            * g_tensor
+        )
         assert jnp.allclose(output_jax, output_nki, atol=1e-5, rtol=1e-3)
 
 
@@ -111,40 +116,56 @@ def test_nki_call_under_jit_and_vmap_with_several_outputs(simulated_jax_neuronx)
 
     x = _randn((3, 40, 96), jnp.bfloat16, seed=1)
     w = _randn((96,), jnp.bfloat16, seed=2, scale=0.2, shift=1.0)
-    kernel = functools.partial(kernels.rmsnorm_fwd_out, eps=1e-6, offset=0.0,
-                               casting_mode="gemma")
+    kernel = functools.partial(kernels.rmsnorm_fwd_out, eps=1e-6, offset=0.0, casting_mode="gemma")
 
     def launch(x, w):
-        return nki_call(kernel, x, w, None,
-                        out_shape=(jax.ShapeDtypeStruct(x.shape, x.dtype),
-                                   jax.ShapeDtypeStruct(x.shape[:1], jnp.float32)))
+        return nki_call(
+            kernel,
+            x,
+            w,
+            None,
+            out_shape=(
+                jax.ShapeDtypeStruct(x.shape, x.dtype),
+                jax.ShapeDtypeStruct(x.shape[:1], jnp.float32),
+            ),
+        )
 
     y, rstd = jax.jit(jax.vmap(launch, in_axes=(0, None)))(x, w)
     assert y.shape == x.shape and rstd.shape == (3, 40) and y.dtype == jnp.bfloat16
     x64 = np.asarray(x, np.float64)
-    np.testing.assert_allclose(np.asarray(y, np.float64),
-                               reference.rms_norm(x64, np.asarray(w, np.float64)),
-                               rtol=1.6e-2, atol=1.6e-2)
-    np.testing.assert_allclose(np.asarray(rstd), 1 / np.sqrt(np.mean(x64 ** 2, -1) + 1e-6),
-                               rtol=1e-5)
+    np.testing.assert_allclose(
+        np.asarray(y, np.float64),
+        reference.rms_norm(x64, np.asarray(w, np.float64)),
+        rtol=1.6e-2,
+        atol=1.6e-2,
+    )
+    np.testing.assert_allclose(np.asarray(rstd), 1 / np.sqrt(np.mean(x64**2, -1) + 1e-6), rtol=1e-5)
 
 
 def test_nki_call_out_shape_that_disagrees_with_the_kernel_is_an_error(
-        simulated_jax_neuronx, tutorial_kernel):
+    simulated_jax_neuronx, tutorial_kernel
+):
     from jax_neuronx import nki_call
 
     a, g = _randn((8, 32), seed=3), _randn((32,), seed=4)
     struct = jax.ShapeDtypeStruct(a.shape, a.dtype)
-    with pytest.raises(ValueError, match=r"out_shape describes 2 output\(s\), but the kernel "
-                                         r"takes 1 output parameter"):
+    with pytest.raises(
+        ValueError,
+        match=r"out_shape describes 2 output\(s\), but the kernel "
+        r"takes 1 output parameter",
+    ):
         nki_call(tutorial_kernel, a, g, out_shape=(struct, struct))
     with pytest.raises(TypeError, match="out_shape must be a jax.ShapeDtypeStruct"):
         nki_call(tutorial_kernel, a, g, out_shape=(8, 32))
     # A wrong output shape reaches the kernel, which rejects it; the error names out_shape.
-    with pytest.raises(Exception, match=r"failed with the outputs out_shape describes "
-                                        r"\(\(8, 16\) float32\)"):
+    with pytest.raises(
+        Exception,
+        match=r"failed with the outputs out_shape describes "
+        r"\(\(8, 16\) float32\)",
+    ):
         jax.block_until_ready(
-            nki_call(tutorial_kernel, a, g, out_shape=jax.ShapeDtypeStruct((8, 16), a.dtype)))
+            nki_call(tutorial_kernel, a, g, out_shape=jax.ShapeDtypeStruct((8, 16), a.dtype))
+        )
 
     def returns_its_output(a_tensor):
         import neuronxcc.nki.language as nl
@@ -153,12 +174,15 @@ def test_nki_call_out_shape_that_disagrees_with_the_kernel_is_an_error(
         nl.store(out, nl.load(a_tensor))
         return out
 
-    np.testing.assert_array_equal(
-        nki_call(returns_its_output, a, out_shape=struct), np.asarray(a))
-    with pytest.raises(Exception, match=r"out_shape\[0\] is \(8, 32\) float16, the kernel "
-                                        r"returned \(8, 32\) float32"):
-        jax.block_until_ready(nki_call(returns_its_output, a,
-                                       out_shape=jax.ShapeDtypeStruct(a.shape, jnp.float16)))
+    np.testing.assert_array_equal(nki_call(returns_its_output, a, out_shape=struct), np.asarray(a))
+    with pytest.raises(
+        Exception,
+        match=r"out_shape\[0\] is \(8, 32\) float16, the kernel "
+        r"returned \(8, 32\) float32",
+    ):
+        jax.block_until_ready(
+            nki_call(returns_its_output, a, out_shape=jax.ShapeDtypeStruct(a.shape, jnp.float16))
+        )
 
 
 def _training_step(x, residual, w, b):
@@ -169,9 +193,11 @@ def _training_step(x, residual, w, b):
     def loss_without_weight(x, b):
         return jnp.sum(nki_jax.rms_norm(x, None, bias=b).astype(jnp.float32) ** 3)
 
-    return (nki_jax.fused_add_rms_norm(x, residual, w, offset=0.5, bias=b),
-            jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3)))(x, residual, w, b),
-            jax.jit(jax.grad(loss_without_weight, argnums=(0, 1)))(x, b))
+    return (
+        nki_jax.fused_add_rms_norm(x, residual, w, offset=0.5, bias=b),
+        jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3)))(x, residual, w, b),
+        jax.jit(jax.grad(loss_without_weight, argnums=(0, 1)))(x, b),
+    )
 
 
 def test_simulator_and_nki_call_paths_give_the_same_bits(monkeypatch, caplog):

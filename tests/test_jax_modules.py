@@ -39,8 +39,13 @@ def _close(actual, expected, what, computed_in=None):
     assert actual.dtype == expected.dtype, (what, actual.dtype, expected.dtype)
     rtol, atol = TOL[jnp.dtype(computed_in or actual.dtype).type]
     scale = max(1.0, float(jnp.max(jnp.abs(expected.astype(jnp.float32)))))
-    np.testing.assert_allclose(np.asarray(actual, np.float64), np.asarray(expected, np.float64),
-                               rtol=rtol, atol=atol * scale, err_msg=what)
+    np.testing.assert_allclose(
+        np.asarray(actual, np.float64),
+        np.asarray(expected, np.float64),
+        rtol=rtol,
+        atol=atol * scale,
+        err_msg=what,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -70,13 +75,16 @@ def _flax_forward_and_grads(model, x, dy):
     return y, dx, None if model.scale is None else grads.scale[...]
 
 
-@pytest.mark.parametrize("x_dtype, param_dtype, dtype", [
-    (jnp.float32, jnp.float32, None),
-    (jnp.bfloat16, jnp.bfloat16, None),
-    (jnp.bfloat16, jnp.float32, None),  # flax promotes: float32 output
-    (jnp.float16, jnp.float16, None),
-    (jnp.float32, jnp.float32, jnp.bfloat16),  # dtype= forces the computation dtype
-])
+@pytest.mark.parametrize(
+    "x_dtype, param_dtype, dtype",
+    [
+        (jnp.float32, jnp.float32, None),
+        (jnp.bfloat16, jnp.bfloat16, None),
+        (jnp.bfloat16, jnp.float32, None),  # flax promotes: float32 output
+        (jnp.float16, jnp.float16, None),
+        (jnp.float32, jnp.float32, jnp.bfloat16),  # dtype= forces the computation dtype
+    ],
+)
 def test_flax_rmsnorm_matches_flax(x_dtype, param_dtype, dtype):
     ours, anchor = _flax_pair(96, seed=1, param_dtype=param_dtype, dtype=dtype)
     np.testing.assert_array_equal(np.asarray(ours.scale[...]), np.asarray(anchor.scale[...]))
@@ -92,8 +100,11 @@ def test_flax_rmsnorm_over_two_trailing_axes_and_without_scale():
     ours, anchor = _flax_pair(32, seed=4, reduction_axes=(-2, -1))
     x = _randn((5, 4, 32), jnp.float32, seed=5)
     dy = _randn((5, 4, 32), jnp.float32, seed=6)
-    for g, w, what in zip(_flax_forward_and_grads(ours, x, dy),
-                          _flax_forward_and_grads(anchor, x, dy), ("y", "dx", "dscale")):
+    for g, w, what in zip(
+        _flax_forward_and_grads(ours, x, dy),
+        _flax_forward_and_grads(anchor, x, dy),
+        ("y", "dx", "dscale"),
+    ):
         _close(g, w, what)
 
     ours, anchor = _flax_pair(32, seed=7, use_scale=False, epsilon=1e-3)
@@ -103,13 +114,19 @@ def test_flax_rmsnorm_over_two_trailing_axes_and_without_scale():
     _close(got[1], want[1], "dx")
 
 
-@pytest.mark.parametrize("options, call, match", [
-    ({}, lambda m, x: m(x, mask=x > 0), "mask is not supported"),
-    ({"axis_name": "batch"}, lambda m, x: m(x), "axis_name"),
-    ({"reduction_axes": 0}, lambda m, x: m(x), "reduction_axes must name the last axes"),
-    ({"reduction_axes": (-2, -1), "feature_axes": (-2, -1)}, lambda m, x: m(x),
-     "feature_axes must be -1"),
-])
+@pytest.mark.parametrize(
+    "options, call, match",
+    [
+        ({}, lambda m, x: m(x, mask=x > 0), "mask is not supported"),
+        ({"axis_name": "batch"}, lambda m, x: m(x), "axis_name"),
+        ({"reduction_axes": 0}, lambda m, x: m(x), "reduction_axes must name the last axes"),
+        (
+            {"reduction_axes": (-2, -1), "feature_axes": (-2, -1)},
+            lambda m, x: m(x),
+            "feature_axes must be -1",
+        ),
+    ],
+)
 def test_flax_rmsnorm_rejects_what_the_kernels_cannot_do(options, call, match):
     ours, _ = _flax_pair(32, seed=8, **options)
     with pytest.raises(ValueError, match=match):
@@ -130,8 +147,7 @@ def _equinox_pair(shape, seed, **options):
     # Random parameters in place of the ones / zeros defaults, the same in both.
     for name, shift in (("weight", 1.0), ("bias", 0.0)):
         if getattr(ours, name) is not None:
-            value = _randn(getattr(ours, name).shape, getattr(ours, name).dtype, seed, 0.3,
-                           shift)
+            value = _randn(getattr(ours, name).shape, getattr(ours, name).dtype, seed, 0.3, shift)
             seed += 1
             ours = eqx.tree_at(lambda m, n=name: getattr(m, n), ours, value)
             anchor = eqx.tree_at(lambda m, n=name: getattr(m, n), anchor, value)
@@ -149,12 +165,15 @@ def _equinox_forward_and_grads(model, x, dy):
     return y, dx, grads.weight, grads.bias
 
 
-@pytest.mark.parametrize("x_dtype, param_dtype", [
-    (jnp.float32, jnp.float32),
-    (jnp.bfloat16, jnp.float32),
-    (jnp.float16, jnp.float32),
-    (jnp.bfloat16, jnp.bfloat16),
-])
+@pytest.mark.parametrize(
+    "x_dtype, param_dtype",
+    [
+        (jnp.float32, jnp.float32),
+        (jnp.bfloat16, jnp.float32),
+        (jnp.float16, jnp.float32),
+        (jnp.bfloat16, jnp.bfloat16),
+    ],
+)
 def test_equinox_rmsnorm_matches_equinox(x_dtype, param_dtype):
     ours, anchor = _equinox_pair(80, seed=10, dtype=param_dtype)
     x = _randn((6, 80), x_dtype, seed=12, scale=2.0)
@@ -165,10 +184,15 @@ def test_equinox_rmsnorm_matches_equinox(x_dtype, param_dtype):
         _close(g, w, what)
 
 
-@pytest.mark.parametrize("options", [
-    {"use_weight": False}, {"use_bias": False}, {"use_weight": False, "use_bias": False},
-    {"eps": 1e-2},
-])
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"use_weight": False},
+        {"use_bias": False},
+        {"use_weight": False, "use_bias": False},
+        {"eps": 1e-2},
+    ],
+)
 def test_equinox_rmsnorm_options_and_multi_axis_shape(options):
     ours, anchor = _equinox_pair((4, 24), seed=14, **options)
     assert (ours.weight is None) == (anchor.weight is None)
