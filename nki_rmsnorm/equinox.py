@@ -13,16 +13,12 @@ from __future__ import annotations
 
 import math
 
-try:
-    import equinox as eqx
-except ImportError as error:  # pragma: no cover - depends on the environment
-    raise ImportError(
-        "nki_rmsnorm.equinox needs equinox; install the extra: pip install 'nki-rmsnorm[equinox]'"
-    ) from error
-
 import jax.numpy as jnp
 
 from nki_rmsnorm import jax as nki_jax
+from nki_rmsnorm._optional import require
+
+eqx = require("equinox", "equinox")
 
 __all__ = ["RMSNorm"]
 

@@ -20,16 +20,12 @@ from __future__ import annotations
 
 import math
 
-try:
-    from flax import nnx
-except ImportError as error:  # pragma: no cover - depends on the environment
-    raise ImportError(
-        "nki_rmsnorm.flax needs flax; install the extra: pip install 'nki-rmsnorm[flax]'"
-    ) from error
-
 import jax.numpy as jnp
 
 from nki_rmsnorm import jax as nki_jax
+from nki_rmsnorm._optional import require
+
+nnx = require("flax.nnx", "flax")
 
 __all__ = ["RMSNorm"]
 

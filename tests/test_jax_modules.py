@@ -218,7 +218,8 @@ def test_equinox_rmsnorm_options_and_multi_axis_shape(options):
 
 @pytest.mark.parametrize("module, framework", [("flax", "flax"), ("equinox", "equinox")])
 def test_import_without_the_framework_names_the_extra(monkeypatch, module, framework):
-    monkeypatch.setitem(sys.modules, framework, None)  # makes `import flax` fail
+    for name in [n for n in sys.modules if n == framework or n.startswith(f"{framework}.")]:
+        monkeypatch.setitem(sys.modules, name, None)  # makes `import flax.nnx` fail
     monkeypatch.delitem(sys.modules, f"nki_rmsnorm.{module}", raising=False)
     with pytest.raises(ImportError, match=rf"pip install 'nki-rmsnorm\[{framework}\]'"):
         importlib.import_module(f"nki_rmsnorm.{module}")
