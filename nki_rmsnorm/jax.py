@@ -1,21 +1,27 @@
 """JAX bindings: ``rms_norm`` and ``fused_add_rms_norm`` as ``jax.custom_vjp`` functions.
 
 Both normalise over the last axis and are differentiable in every array argument; they work
-under ``jax.jit``, ``jax.grad``, ``jax.vmap`` and ``jax.shard_map``. The forward and the
-backward rule each launch one NKI kernel:
+under ``jax.jit``, ``jax.grad``, ``jax.vmap`` and ``jax.shard_map``, and from several
+threads at once. The forward and the backward rule each launch one NKI kernel, through the
+path :func:`launch_path` picks:
 
-* on a Neuron backend (``jax.default_backend() == "neuron"`` with the Neuron compiler
-  installed) the ``nki.jit`` kernels are called with the traced arrays, which the SDK
-  (≥ 2.21) lowers to a custom call in the XLA program;
-* elsewhere the kernels run in the NKI simulator through :mod:`nki_rmsnorm.ops`, inside a
-  ``jax.pure_callback``.
+* ``"nki_call"``: ``jax_neuronx.nki_call`` with the output-parameter kernels, where the
+  installed ``jax_neuronx`` has it (Neuron SDK 2.20 - 2.22 on a Neuron backend; on CPU the
+  simulated twin that ``simulate.install()`` registers);
+* ``"nki.jit"``: on a Neuron backend without ``nki_call`` (SDK >= 2.23), the
+  return-convention ``nki.jit`` kernels called with the traced arrays, which the SDK lowers
+  to a custom call in the XLA program;
+* ``"simulator"``: elsewhere, the kernels run in the NKI simulator through
+  :mod:`nki_rmsnorm.ops`, inside a ``jax.experimental.buffer_callback`` that works on NumPy
+  views of XLA's own buffers (see :func:`_host_call` for why not ``jax.pure_callback``).
 
-Batching (``vmap``) of the callbacks: the forward pass is row-wise, so it uses
-``vmap_method="expand_dims"`` and runs all batch elements in one launch when the weight and
-bias are shared by them (the usual case), one launch per element when they are batched too.
-The backward pass reduces ``dweight``/``dbias`` over rows, and under ``vmap`` each batch
-element needs its own sums (per-example gradients; ``grad`` of a ``vmap`` sums them
-afterwards), so it uses ``vmap_method="sequential"``: one launch per batch element.
+``vmap``: each launch is a ``custom_vmap``; the forward runs all batch elements' rows in one
+launch when the weight and bias are shared by them (the usual case), the backward one launch
+per element (each needs its own ``dweight``/``dbias`` sums: per-example gradients).
+
+Sharding: rows whose split over mesh axes is visible in the traced type (``Explicit`` axes)
+stay where they are: the binding runs the launch in a ``shard_map`` over that mesh
+(:func:`_on_own_rows`), and JAX reduces the parameters' gradients.
 """
 
 from __future__ import annotations
