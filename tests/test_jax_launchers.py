@@ -185,6 +185,28 @@ def test_nki_call_out_shape_that_disagrees_with_the_kernel_is_an_error(
         )
 
 
+def test_nki_call_grid_runs_every_program_and_outputs_start_poisoned(simulated_jax_neuronx):
+    """``grid=(2,)`` runs two programs, each on its own 128-row block; without the grid only
+    the first block is written and the rest keeps the twin's NaN poison."""
+    from jax_neuronx import nki_call
+
+    def add_one_per_block(a_tensor, out_tensor):
+        import neuronxcc.nki.language as nl
+
+        block = nl.program_id(0)
+        i_row, i_col = nl.arange(128)[:, None], nl.arange(a_tensor.shape[1])[None, :]
+        tile = nl.load(a_tensor[block * 128 + i_row, i_col])
+        nl.store(out_tensor[block * 128 + i_row, i_col], value=nl.add(tile, 1.0))
+
+    a = _randn((256, 64), seed=14)
+    struct = jax.ShapeDtypeStruct(a.shape, a.dtype)
+    out = jax.jit(lambda a: nki_call(add_one_per_block, a, out_shape=struct, grid=(2,)))(a)
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(a) + np.float32(1))
+    first_block_only = np.asarray(nki_call(add_one_per_block, a, out_shape=struct))
+    np.testing.assert_array_equal(first_block_only[:128], np.asarray(a[:128]) + np.float32(1))
+    assert np.isnan(first_block_only[128:]).all()
+
+
 def _training_step(x, residual, w, b):
     def loss(x, residual, w, b):
         y, h = nki_jax.fused_add_rms_norm(x, residual, w, offset=0.5, bias=b)
