@@ -117,7 +117,7 @@ def run_case(kind, target, M, N, dtype_name, rng, with_baseline=True) -> Record:
     """Simulate one case with the cost model and check it against the reference."""
     import simulate
     import simulate.cost
-    from nki_rmsnorm.kernels import rmsnorm_bwd, rmsnorm_fwd
+    from nki_rmsnorm.kernels import rmsnorm_add_fwd, rmsnorm_bwd, rmsnorm_fwd
 
     dtype = np.dtype(ml_dtypes.bfloat16 if dtype_name == "bfloat16" else dtype_name)
     x, weight, residual, dy = _inputs(kind, M, N, dtype, rng)
@@ -130,8 +130,10 @@ def run_case(kind, target, M, N, dtype_name, rng, with_baseline=True) -> Record:
         errors = [_max_error(outputs[0], want[0], _dx_row_scale(dy, x, weight, rstd)),
                   _max_error(outputs[1], want[1], _scale(want[1]))]
     else:
-        outputs, prof = simulate.profile(rmsnorm_fwd, x, weight, None, residual, EPS, 0.0,
-                                         "gemma", dtype, target=target)
+        launch = ((rmsnorm_fwd, x) if residual is None
+                  else (rmsnorm_add_fwd, x, residual))
+        outputs, prof = simulate.profile(*launch, weight, None, EPS, 0.0, "gemma", dtype,
+                                         target=target)
         want = reference.rms_norm_fwd(x, weight, EPS, residual=residual)
         errors = [_max_error(o, w, _scale(w)) for o, w in zip(outputs[:-1], want[:-1])]
     wall = time.perf_counter() - start

@@ -110,9 +110,12 @@ def rms_norm_fwd(x: np.ndarray, weight: np.ndarray | None = None, eps: float = 1
             outputs.append(np.empty(x.shape, residual.dtype))
         return (*outputs, np.empty(lead, np.float32))
 
-    outputs = kernels.rmsnorm_fwd(
-        _rows(x, rows, n), weight, bias, None if residual is None else _rows(residual, rows, n),
-        eps, offset, casting_mode, out_dtype)
+    if residual is None:
+        outputs = kernels.rmsnorm_fwd(_rows(x, rows, n), weight, bias, eps, offset,
+                                      casting_mode, out_dtype)
+    else:
+        outputs = kernels.rmsnorm_add_fwd(_rows(x, rows, n), _rows(residual, rows, n), weight,
+                                          bias, eps, offset, casting_mode, out_dtype)
     *tiles, rstd = outputs
     return (*(t.reshape(x.shape) for t in tiles), rstd.reshape(lead))
 
@@ -131,16 +134,17 @@ def rms_norm_bwd(dy: np.ndarray, x_or_h: np.ndarray, weight: np.ndarray | None,
         rstd: the forward's float32 ``rstd``, shape ``x_or_h.shape[:-1]``.
         offset: the forward's weight offset (needs a weight).
         has_bias: whether the forward added a bias (then ``dbias`` is returned).
-        bias_dtype: dtype of ``dbias`` (float32 or a kernel dtype); None is the weight's
-            dtype (float32 without a weight). It is summed in fp32 and rounded once.
+        bias_dtype: the bias's dtype, ``dbias``'s dtype (float32 or x_or_h's dtype); None:
+            the weight's dtype (float32 without a weight). ``dbias`` is summed in fp32 and
+            rounded once, so an fp32 bias beside a bf16 weight gets an fp32 gradient.
         dh_out: gradient flowing into the ``h`` output, shaped like ``x_or_h``, or None;
             it is added into ``dx``.
         casting_mode: the forward's casting mode.
 
     Returns:
         ``(dx, dweight, dbias)``: ``dx`` in x_or_h's dtype and shape; ``dweight`` ``(N,)`` in
-        the weight's dtype, None without a weight; ``dbias`` ``(N,)`` in ``bias_dtype``,
-        None unless ``has_bias``.
+        the weight's dtype, None without a weight; ``dbias`` ``(N,)`` in ``bias_dtype``, None
+        unless ``has_bias``.
     """
     x = _kernel_array(x_or_h, "x_or_h")
     if x.ndim == 0:
@@ -172,30 +176,31 @@ def rms_norm_bwd(dy: np.ndarray, x_or_h: np.ndarray, weight: np.ndarray | None,
     if not isinstance(has_bias, (bool, np.bool_)):
         raise TypeError(f"has_bias must be a bool, got {type(has_bias).__name__}")
     has_bias = bool(has_bias)
+    param_dtype = _FLOAT32 if weight is None else weight.dtype
+    if bias_dtype is not None:
+        bias_dtype = _dtype(bias_dtype, "bias_dtype")
+        if bias_dtype not in (_FLOAT32, x.dtype):
+            raise TypeError(f"bias_dtype must be float32 or x_or_h's dtype ({x.dtype}), got "
+                            f"{bias_dtype}")
+        if not has_bias:
+            raise ValueError("bias_dtype is given but has_bias is False: there is no dbias")
+    bias_dtype = param_dtype if bias_dtype is None else bias_dtype
     _casting_mode(casting_mode)
 
     lead = x.shape[:-1]
     rows = math.prod(lead)
-    param_dtype = _FLOAT32 if weight is None else weight.dtype
-    bias_dtype = param_dtype if bias_dtype is None else _dtype(bias_dtype, "bias_dtype")
     if rows == 0:  # gradients of a sum over no rows
         return (np.empty(x.shape, x.dtype),
                 None if weight is None else np.zeros(n, param_dtype),
                 np.zeros(n, bias_dtype) if has_bias else None)
 
-    # The kernel sums dbias in fp32 and rounds it once to the weight's dtype; an fp32 bias
-    # beside a narrower weight takes the kernel's fp32-weight variant (the same values, the
-    # same fp32 sums) and rounds dweight afterwards, once, as the kernel would have.
-    kernel_weight = weight
-    if has_bias and weight is not None and bias_dtype == _FLOAT32 != param_dtype:
-        kernel_weight = weight.astype(_FLOAT32)
     grads = list(kernels.rmsnorm_bwd(
-        _rows(dy, rows, n), _rows(x, rows, n), kernel_weight,
-        np.ascontiguousarray(rstd.reshape(rows)),
-        None if dh_out is None else _rows(dh_out, rows, n), offset, has_bias, casting_mode))
+        _rows(dy, rows, n), _rows(x, rows, n), weight, np.ascontiguousarray(rstd.reshape(rows)),
+        None if dh_out is None else _rows(dh_out, rows, n), offset, has_bias, casting_mode,
+        bias_dtype))
     dx = grads.pop(0).reshape(x.shape)
-    dweight = grads.pop(0).astype(param_dtype, copy=False) if weight is not None else None
-    dbias = grads.pop(0).astype(bias_dtype, copy=False) if has_bias else None
+    dweight = grads.pop(0) if weight is not None else None
+    dbias = grads.pop(0) if has_bias else None
     return dx, dweight, dbias
 
 

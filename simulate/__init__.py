@@ -100,4 +100,5 @@ def install() -> bool:
     for name, module in _ALIASES.items():
         sys.modules[name] = module
     _torch_neuronx.install()
+    importlib.import_module(f"{__name__}.jax_neuronx").install()  # jax_neuronx.nki_call
     return True

@@ -51,7 +51,7 @@ import pytest
 
 import simulate
 from nki_rmsnorm import reference as ref
-from nki_rmsnorm.kernels import rmsnorm_fwd
+from nki_rmsnorm.kernels import rmsnorm_add_fwd, rmsnorm_fwd
 from nki_rmsnorm.kernels.rmsnorm_fwd import choose_layout, make_plan
 
 FP32, FP16 = np.dtype(np.float32), np.dtype(np.float16)
@@ -93,7 +93,10 @@ def _inputs(rng, M, N, dtype, *, weight=True, bias=False, residual=False, offset
 def _run(x, weight=None, bias=None, residual=None, eps=EPS, offset=0.0, casting_mode="gemma",
          out_dtype=None, target=None):
     """Simulate the kernel: ``(outputs, trace)``."""
-    return simulate.trace_kernel(rmsnorm_fwd, x, weight, bias, residual, eps, offset,
+    if residual is None:
+        return simulate.trace_kernel(rmsnorm_fwd, x, weight, bias, eps, offset, casting_mode,
+                                     out_dtype, target=target)
+    return simulate.trace_kernel(rmsnorm_add_fwd, x, residual, weight, bias, eps, offset,
                                  casting_mode, out_dtype, target=target)
 
 

@@ -98,7 +98,7 @@ from typing import NamedTuple
 import numpy as np
 
 from nki_rmsnorm.kernels.rmsnorm_bwd_streamed import streamed_backward
-from nki_rmsnorm.nki import nisa, nki, nl
+from nki_rmsnorm.nki import nisa, nki, nl, usable_sbuf_bytes
 
 #: Columns of one fp32 PSUM bank: the width of every instruction with a PSUM operand.
 CHUNK = 512
@@ -144,30 +144,51 @@ class _Plan(NamedTuple):
         return self.kw * self.fold
 
 
-def _make_plan(N, x_dtype, weight, offset, casting_mode, has_dh):
-    """The smallest fold, then the widest group and the longest ring, that fit the target's
-    SBUF; the engine shares. None when no power-of-two fold of N fits."""
-    e = np.dtype(x_dtype).itemsize
-    version = int(nisa.get_nc_version())
-    round_xhat = weight is not None and casting_mode != "gemma" and e == 2
-    bf16_weight = weight is not None and np.dtype(weight.dtype) == np.dtype(nl.bfloat16)
-    kw = 1 if weight is None or (bf16_weight and offset == 0.0) else SPLIT
-    budget = nl.tile_size.total_available_sbuf_size - RESERVED_BYTES
+def _make_plan(N, dtypes, offset, casting_mode, version, budget):
+    """The smallest fold, then the widest group and the longest ring, that fit ``budget``
+    SBUF bytes per partition (less ``RESERVED_BYTES``); the engine shares. ``dtypes``: a
+    ``BwdDtypes``; ``version``: the NeuronCore version. None when no power-of-two fold of N
+    fits. Pure Python, so tests can check every accepted input against the capacity."""
+    e_x = np.dtype(dtypes.x).itemsize
+    round_xhat = dtypes.weight is not None and casting_mode != "gemma" and e_x == 2
+    bf16_weight = (dtypes.weight is not None
+                   and np.dtype(dtypes.weight) == np.dtype(nl.bfloat16))
+    kw = 1 if dtypes.weight is None or (bf16_weight and offset == 0.0) else SPLIT
     for fold in (f for f in FOLDS if N % f == 0):
         width = N // fold
         for group in GROUP_WIDTHS:
             group = min(group, width)
             n_groups = -(-width // group)
-            # per column of two groups in flight: dy, p1·x, dy·x, dx; round(x̂); with
-            # dh_out an fp32 dx before the sum and dh_out itself
-            scratch = 2 * group * (2 * e + 8 + (e if round_xhat else 0)
-                                   + (4 + e if has_dh else 0))
             for slack in range(n_groups + MAX_SLACK, 0, -1):
                 ring = n_groups + slack
-                if ring * group * (4 + e) + 2 * width + scratch <= budget:
-                    return _Plan(fold, width, group, n_groups, ring, kw,
-                                 DVE_P1X_SHARE[min(version, 4)], round_xhat)
+                plan = _Plan(fold, width, group, n_groups, ring, kw,
+                             DVE_P1X_SHARE[min(version, 4)], round_xhat)
+                if plan_bytes(plan, dtypes) <= budget:
+                    return plan
     return None  # no fold fits: the streamed regime re-reads the rows instead
+
+
+def plan_bytes(plan, dtypes) -> int:
+    """SBUF bytes per partition the main regime allocates for ``plan``: the ring of p1 (fp32)
+    and x slots, the bf16 moving rows of w', the working tiles of two column groups in
+    flight (dy, p1·x and dy·x in fp32, dx; round(x̂); with dh_out an fp32 dx before the sum
+    and dh_out itself) and ``RESERVED_BYTES`` for the constants and per-tile columns."""
+    e_x = np.dtype(dtypes.x).itemsize
+    e_dy = np.dtype(dtypes.dy).itemsize
+    per_group_column = e_dy + 4 + 4 + e_x + (e_x if plan.round_xhat else 0)
+    if dtypes.dh_out is not None:
+        per_group_column += 4 + np.dtype(dtypes.dh_out).itemsize
+    return (plan.ring * plan.group * (4 + e_x) + 2 * plan.width
+            + 2 * plan.group * per_group_column + RESERVED_BYTES)
+
+
+class BwdDtypes(NamedTuple):
+    """The dtypes the backward's SBUF plan depends on (None for an absent tensor)."""
+
+    x: object
+    dy: object
+    weight: object
+    dh_out: object
 
 
 class _Consts(NamedTuple):
@@ -185,60 +206,86 @@ class _Consts(NamedTuple):
 
 
 @nki.jit
-def rmsnorm_bwd(dy, x, weight, rstd, dh_out, offset, has_bias, casting_mode):
-    """RMSNorm backward. Returns ``(dx,) + ((dweight,) if weight is not None) + ((dbias,)
-    if has_bias)``; see the module docstring for the math, the tiling and the engines."""
+def rmsnorm_bwd(dy, x, weight, rstd, dh_out, offset, has_bias, casting_mode, bias_dtype=None):
+    """RMSNorm backward, return convention. Returns ``(dx,) + ((dweight,) if weight is not
+    None) + ((dbias,) if has_bias)``: dx in x's dtype, dweight in the weight's dtype, dbias
+    in ``bias_dtype`` (None: the weight's dtype, float32 without a weight). All three are
+    created and computed unconditionally (``shared_hbm`` tensors may be created only at
+    the kernel's top level, not under ``if``: general/nki/api/nki.errors.rst@8a38e733,
+    lines 583-617); the column sums nobody asked for cost a few Tensor-engine matmuls.
+    See the module docstring for the math, the tiling and the engines."""
+    M, N = x.shape
+    param_dtype = nl.float32 if weight is None else weight.dtype
+    dx = nl.ndarray((M, N), dtype=x.dtype, buffer=nl.shared_hbm)
+    dweight = nl.ndarray((N,), dtype=param_dtype, buffer=nl.shared_hbm)
+    dbias = nl.ndarray((N,), dtype=param_dtype if bias_dtype is None else bias_dtype,
+                       buffer=nl.shared_hbm)
+    backward_body(dy, x, weight, rstd, dh_out, dx, dweight, dbias, offset, casting_mode)
+    return (dx,) + ((dweight,) if weight is not None else ()) + ((dbias,) if has_bias else ())
+
+
+@nki.jit
+def rmsnorm_bwd_out(dy, x, weight, rstd, dh_out, dx, dweight, dbias, offset, casting_mode):
+    """RMSNorm backward, output-parameter convention: writes the caller's ``dx`` (M, N),
+    ``dweight`` (N,) and ``dbias`` (N,) in place (``dweight`` / ``dbias`` may be None: not
+    computed) and returns nothing. Each gradient is computed in fp32 and rounded once to its
+    buffer's dtype. Same code and results as :func:`rmsnorm_bwd`; the outputs must not alias
+    the inputs."""
+    backward_body(dy, x, weight, rstd, dh_out, dx, dweight, dbias, offset, casting_mode)
+
+
+def backward_body(dy, x, weight, rstd, dh_out, dx, dweight, dbias, offset, casting_mode):
+    """Write dx (and dweight / dbias when not None): the code both entry points share."""
     M, N = x.shape
     if N > MAX_HIDDEN:
         raise ValueError(f"rmsnorm_bwd: hidden size {N} exceeds the supported {MAX_HIDDEN}")
-    param_dtype = nl.float32 if weight is None else weight.dtype
-    dx = nl.ndarray((M, N), dtype=x.dtype, buffer=nl.shared_hbm)
-    outputs = (dx,)
-    if weight is not None:
-        dweight = nl.ndarray((N,), dtype=param_dtype, buffer=nl.shared_hbm)
-        outputs += (dweight,)
-    if has_bias:
-        dbias = nl.ndarray((N,), dtype=param_dtype, buffer=nl.shared_hbm)
-        outputs += (dbias,)
-
-    plan = _make_plan(N, x.dtype, weight, offset, casting_mode, dh_out is not None)
+    dtypes = BwdDtypes(x.dtype, dy.dtype, None if weight is None else weight.dtype,
+                       None if dh_out is None else dh_out.dtype)
+    plan = _make_plan(N, dtypes, offset, casting_mode, int(nisa.get_nc_version()),
+                      usable_sbuf_bytes())
     if plan is None:
-        streamed_backward(dy, x, weight, rstd, dh_out, offset, has_bias, casting_mode, dx,
-                          dweight if weight is not None else None,
-                          dbias if has_bias else None)
-        return outputs
-    consts = _constants(plan, M, N, dy, weight, rstd, offset, has_bias)
+        streamed_backward(dy, x, weight, rstd, dh_out, offset, casting_mode, dx, dweight,
+                          dbias)
+    else:
+        _folded_backward(plan, dy, x, weight, rstd, dh_out, dx, dweight, dbias, offset)
+
+
+def _folded_backward(plan, dy, x, weight, rstd, dh_out, dx, dweight, dbias, offset):
+    """The main regime: rows (folded over ``plan.fold`` partitions) kept on chip between
+    the two passes of a row tile."""
+    M, N = x.shape
+    consts = _constants(plan, M, N, dy, weight, rstd, offset, dweight is not None,
+                        dbias is not None)
     f, L = plan.fold, plan.width
     views = (dy.reshape((M * f, L)), x.reshape((M * f, L)), dx.reshape((M * f, L)),
              None if dh_out is None else dh_out.reshape((M * f, L)))
     P = nl.tile_size.pmax
-    p1_ring = [nl.ndarray((P, plan.group), dtype=nl.float32) for _ in range(plan.ring)]
-    x_ring = [nl.ndarray((P, plan.group), dtype=x.dtype) for _ in range(plan.ring)]
+    p1_ring = [nl.ndarray((P, plan.group), dtype=nl.float32)
+               for _ in nl.static_range(plan.ring)]
+    x_ring = [nl.ndarray((P, plan.group), dtype=x.dtype) for _ in nl.static_range(plan.ring)]
     rings = (p1_ring, x_ring)
 
     # Software pipeline: statistic pass of tile t next to the gradient pass of tile t − 1.
     n_tiles = -(-M * f // P)
-    last_outputs = (dweight if weight is not None else None, dbias if has_bias else None)
     tiles = {}
-    for t in range(n_tiles + 1):
+    for t in nl.static_range(n_tiles + 1):
         if t < n_tiles:
             tiles[t] = _Tile(plan, consts, t, min(P, M * f - t * P))
-        for g in range(plan.n_groups):
+        for g in nl.static_range(plan.n_groups):
             if t < n_tiles:
                 column_terms = _statistic_group(plan, consts, views, rings, tiles[t], t, g)
             if t > 0:
                 _gradient_group(plan, views, rings, tiles[t - 1], t - 1, g)
             if t < n_tiles:
                 _column_sums_group(plan, consts, tiles[t], g, *column_terms,
-                                   last_outputs if t == n_tiles - 1 else (None, None))
+                                   (dweight, dbias) if t == n_tiles - 1 else (None, None))
         if t < n_tiles:
             _finish_statistic(plan, tiles[t])
         tiles.pop(t - 1, None)
-    return outputs
 
 
 # --- setup ---------------------------------------------------------------------------------
-def _constants(plan, M, N, dy, weight, rstd, offset, has_bias):
+def _constants(plan, M, N, dy, weight, rstd, offset, want_dweight, want_dbias):
     """The kernel's constants and accumulators (see ``_Consts``)."""
     P = nl.tile_size.pmax
     f = plan.fold
@@ -246,17 +293,17 @@ def _constants(plan, M, N, dy, weight, rstd, offset, has_bias):
     # llama / none: dweight sums dy·round(x̂) unscaled; gemma: the moving operand is the
     # tile's rstd column (masked per fold segment), from the table
     dweight_moving = None
-    if weight is not None and plan.round_xhat:
+    if want_dweight and plan.round_xhat:
         dweight_moving = nl.load(nl.shared_constant(fold_mask, dtype=nl.float32))
     dbias_moving = None
-    if has_bias:
+    if want_dbias:
         dbias_moving = nl.load(nl.shared_constant(fold_mask, dtype=dy.dtype))
-    n_cols = 2 + (f if (weight is not None and not plan.round_xhat and f > 1) else 0)
+    n_cols = 2 + (f if (want_dweight and not plan.round_xhat and f > 1) else 0)
     table_rows, table_cols = _rstd_tables(plan, M, N, rstd, n_cols)
     return _Consts(_weight_rows(plan, N, weight, offset), weight if plan.kw == 1 else None,
                    dweight_moving, dbias_moving,
-                   _column_sum_accumulators(plan) if weight is not None else None,
-                   _column_sum_accumulators(plan) if has_bias else None,
+                   _column_sum_accumulators(plan) if want_dweight else None,
+                   _column_sum_accumulators(plan) if want_dbias else None,
                    table_rows, table_cols)
 
 

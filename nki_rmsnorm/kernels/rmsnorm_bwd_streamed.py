@@ -73,7 +73,9 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from nki_rmsnorm.nki import nisa, nl
+import numpy as np
+
+from nki_rmsnorm.nki import nisa, nl, usable_sbuf_bytes
 
 #: Columns of one fp32 working tile: 8 KiB per partition, large enough to amortise the fixed
 #: cost of an instruction and small enough to leave SBUF to the resident rows.
@@ -118,17 +120,17 @@ class _ParamGrads(NamedTuple):
     ones_dy: object
 
 
-def streamed_backward(dy, x, weight, rstd, dh_out, offset, has_bias, casting_mode, dx,
-                      dweight, dbias):
+def streamed_backward(dy, x, weight, rstd, dh_out, offset, casting_mode, dx, dweight, dbias):
     """Write ``dx`` (and ``dweight`` / ``dbias`` when not None) of the RMSNorm backward into
     the given HBM outputs; see the module docstring for the math, tiling and engines."""
     M, N = x.shape
     P = nl.tile_size.pmax
-    plan = _make_plan(N, x, weight, casting_mode)
+    plan = _make_plan(N, x.dtype, dy.dtype, None if weight is None else weight.dtype,
+                      casting_mode, usable_sbuf_bytes())
     w_all = _broadcast_weight(weight) if plan.weight_resident else None
     inputs = _Inputs(dy, x, weight, w_all, rstd.reshape((M, 1)), dh_out, offset)
-    grads = _ParamGrads(_column_sum_accumulators(N) if weight is not None else None,
-                        _column_sum_accumulators(N) if has_bias else None,
+    grads = _ParamGrads(_column_sum_accumulators(N) if dweight is not None else None,
+                        _column_sum_accumulators(N) if dbias is not None else None,
                         nl.ones((P, 1), dtype=nl.float32), nl.ones((P, 1), dtype=dy.dtype))
 
     for tile in nl.affine_range(M // P):
@@ -136,21 +138,24 @@ def streamed_backward(dy, x, weight, rstd, dh_out, offset, has_bias, casting_mod
     if M % P:
         _row_tile(plan, inputs, grads, dx, M - M % P, M % P)
 
-    if weight is not None:
+    if dweight is not None:
         _store_column_sums(dweight, grads.dweight)
-    if has_bias:
+    if dbias is not None:
         _store_column_sums(dbias, grads.dbias)
 
 
-def _make_plan(N, x, weight, casting_mode):
-    """Residency of the dy/x rows and of the broadcast weight in the SBUF budget left next to
-    the chunk scratch (rows first: they save HBM traffic), and the llama/none rounding."""
-    budget = nl.tile_size.total_available_sbuf_size - CHUNK_SCRATCH_BYTES
-    rows_bytes = 2 * x.itemsize * N
+def _make_plan(N, x_dtype, dy_dtype, weight_dtype, casting_mode, sbuf_bytes):
+    """Residency of the dy/x rows and of the broadcast weight in the SBUF left next to the
+    chunk scratch (rows first: they save HBM traffic), and the llama/none rounding. The rows
+    are budgeted in their own dtypes: dy may be wider than x (a y with an fp32
+    ``out_dtype``). Pure Python."""
+    budget = sbuf_bytes - CHUNK_SCRATCH_BYTES
+    rows_bytes = (np.dtype(x_dtype).itemsize + np.dtype(dy_dtype).itemsize) * N
     rows_resident = rows_bytes <= budget
     kept = rows_bytes if rows_resident else 0
-    weight_resident = weight is not None and kept + weight.itemsize * N <= budget
-    round_xhat = casting_mode != "gemma" and x.dtype != nl.float32
+    weight_resident = (weight_dtype is not None
+                       and kept + np.dtype(weight_dtype).itemsize * N <= budget)
+    round_xhat = casting_mode != "gemma" and np.dtype(x_dtype) != np.dtype(nl.float32)
     return _Plan(rows_resident, weight_resident, round_xhat,
                  (N + CHUNK_COLS - 1) // CHUNK_COLS)
 

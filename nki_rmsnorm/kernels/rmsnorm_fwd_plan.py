@@ -25,8 +25,9 @@ PSUM_COLS = 512
 TILE_TARGET_BYTES = 32 * 1024
 #: ... while the kernel keeps at least this many row tiles to pipeline.
 MIN_TILES = 16
-#: Rows per partition of one tile at most (one PSUM bank of transposed bf16 rstd pieces).
-MAX_ROWS_PER_PARTITION = 8
+#: Rows per partition of one tile at most (the transposed rstd of a tile, rows·128 elements
+#: per partition, stays within one PSUM tile's 512 elements).
+MAX_ROWS_PER_PARTITION = 4
 #: Rows one Scalar/Vector instruction may cover at once is bounded by its 64 K free elements.
 MAX_FREE_ELEMENTS = 65536
 #: Column chunk of the long-row regimes, in bytes of the row dtype per partition: ≥ 4 KiB
@@ -120,14 +121,17 @@ class Plan:
 
     def fits_one_row_tile(self, n: int, budget: int, output_chunk: int) -> bool:
         """One tile of h rows stays on chip next to the chunks in flight: the statistics
-        pass's squares and the output pass's y, intermediates and weight and bias chunks."""
+        pass's squares (and x, with a residual) and the output pass's y, intermediates and
+        weight and bias chunks."""
         output = [self.result_dtype, self.product_dtype, self.scale_dtype, self.bias_dtype]
         if self.result_dtype != self.out_dtype:
             output.append(self.out_dtype)
         if self.rounds_xhat:
             output.append(self.in_dtype)
+        statistics = _size(nl.bfloat16) + (0 if self.residual_dtype is None
+                                            else _size(self.in_dtype))
         chunks = CHUNKS_IN_FLIGHT * (
-            self.chunk_columns() * _size(nl.bfloat16)
+            self.chunk_columns() * statistics
             + output_chunk * sum(_size(d) for d in output if d is not None))
         return n * _size(self.h_dtype) + chunks + RESERVED_BYTES + 4 * math.ceil(
             n / self.chunk_columns()) <= budget
@@ -235,8 +239,12 @@ def _more_rows_help(plan: Plan, m: int, n: int, rows: int, budget: int) -> bool:
     one instruction and one PSUM bank of transposed rstd, and divide m (the kernel views
     the rows as (m / rows, rows·n))."""
     pmax = nl.tile_size.pmax
+    # The transposed rstd pieces are one PSUM tile of rows·128 elements per partition: at
+    # most psum_fmax = 512 whatever the dtype (general/nki/programming_model.rst@8a38e733,
+    # lines 346-347), and one 2 KiB bank.
     transposed = rows * pmax * (2 if plan.rstd_pieces == 3 else 4)
     return (m % rows == 0
+            and rows * pmax <= PSUM_COLS
             and rows * n * _size(plan.in_dtype) <= TILE_TARGET_BYTES
             and m >= MIN_TILES * pmax * rows
             and rows * n <= MAX_FREE_ELEMENTS

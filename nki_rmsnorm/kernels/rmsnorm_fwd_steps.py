@@ -20,8 +20,18 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import numpy as np
+
 from nki_rmsnorm.kernels.rmsnorm_fwd_plan import PSUM_COLS
 from nki_rmsnorm.nki import nisa, nl
+
+#: The Scalar engine's rsqrt is valid for inputs in [2⁻⁸⁷, 2⁹⁷]
+#: (general/nki/api/nki.api.shared.rst@8a38e733, line 180).
+RSQRT_MIN_INPUT = 2.0 ** -87
+RSQRT_MAX_INPUT = 2.0 ** 97
+#: Newton steps refining the Scalar engine's rsqrt (see :func:`rstd_from_sum`).
+NEWTON_STEPS = 2
+FP32_MAX = float(np.finfo(np.float32).max)
 
 
 class Tensors(NamedTuple):
@@ -37,17 +47,30 @@ class Tensors(NamedTuple):
     rstd: object
 
 
-def load_h(h_tile, x_src, residual_src, h_dst, mask=None):
-    """h = x (+ residual) into ``h_tile``: the x load, or the residual load with x added
-    onto it by a DMA read-modify-write (fp32 add, one rounding to h's dtype, as a Vector
-    ``tensor_tensor`` would do, but with no compute engine involved), then stored to
-    ``h_dst``."""
+def load_h(h_tile, x_tile, x_src, residual_src, h_dst, mask=None):
+    """h = x (+ residual) into ``h_tile``: the x load, or the residual load into ``h_tile``
+    and the x load into ``x_tile``, added by the Vector engine (``tensor_tensor``: fp32
+    add, one rounding to h's dtype, as reference.py does) and stored to ``h_dst`` unless
+    it is None. (A DMA
+    read-modify-write would spare the Vector engine, but legacy NKI documents
+    ``dma_copy(dst_rmw_op=)`` neither into SBUF nor its arithmetic:
+    general/nki/api/nki/isa/__init__.py@8a38e733, lines 405-466.)"""
     if residual_src is None:
         h_tile[...] = nl.load(x_src, mask=mask)
         return
     h_tile[...] = nl.load(residual_src, mask=mask)
-    nisa.dma_copy(dst=h_tile, src=x_src, mask=mask, dst_rmw_op=nl.add)
-    nl.store(h_dst, value=h_tile, mask=mask)
+    x_tile[...] = nl.load(x_src, mask=mask)
+    h_tile[...] = nisa.tensor_tensor(x_tile, h_tile, op=nl.add, dtype=h_tile.dtype, mask=mask)
+    if h_dst is not None:  # None: h was stored already (the two-pass regime's second pass)
+        nl.store(h_dst, value=h_tile, mask=mask)
+
+
+def store_y(plan, y_dst, y_tile, mask=None):
+    """Store y, converted to the output dtype first when the last step rounded to another
+    (Vector copy, "none" mode with an ``out_dtype``)."""
+    converted = (y_tile if plan.result_dtype == plan.out_dtype
+                 else nisa.tensor_copy(y_tile, dtype=plan.out_dtype, mask=mask))
+    nl.store(y_dst, value=converted, mask=mask)
 
 
 def identity(parts, dtype):
@@ -59,9 +82,51 @@ def identity(parts, dtype):
                               dtype=dtype)
 
 
-def rstd_from_sum(sum_sq, eps_col, n, mask=None):
-    """rstd = 1 / sqrt(Σh² / n + eps), fp32 (Scalar engine)."""
-    return nisa.activation(op=nl.rsqrt, data=sum_sq, bias=eps_col, scale=1.0 / n, mask=mask)
+def rstd_from_sum(sum_sq, eps, n, mask=None):
+    """rstd = 1 / sqrt(Σh² / n + eps), fp32, for a (parts, k) tile of row sums.
+
+    The Scalar engine's rsqrt is a piecewise-polynomial approximation, less precise than
+    GpSimd's and valid only for inputs in [2⁻⁸⁷, 2⁹⁷] (general/nki/api/nki.api.shared.rst
+    @8a38e733, lines 167-180 and 444-448). So the mean square v = Σh²/n + eps is formed on
+    the Vector engine (fp32), clamped into that range, and the Scalar engine's estimate is
+    refined by ``NEWTON_STEPS`` Newton steps r ← r·(1.5 − 0.5·v·r²) on the Vector engine:
+    from a relative error ε ≤ 2⁻⁹ each step leaves ≈ 1.5·ε², so two steps reach fp32
+    rounding noise (a few fp32 ulp) whatever the Scalar engine's accuracy within 2⁻⁹.
+
+    Out of range: a row with v > 2⁹⁷ (rms above ≈ 4·10¹⁴) gets the rstd of 2⁹⁷, one with
+    0 < v < 2⁻⁸⁷ (only possible when eps < 2⁻⁸⁷) the rstd of 2⁻⁸⁷; a row with v = 0 (an
+    all-zero row with eps = 0) gets rstd = +inf, so y = 0·inf = NaN, as reference.py says.
+    """
+    v = nisa.tensor_scalar(sum_sq, op0=nl.multiply, operand0=1.0 / n, op1=nl.add,
+                           operand1=float(eps), dtype=nl.float32, mask=mask)
+    clamped = nisa.tensor_scalar(v, op0=nl.minimum, operand0=RSQRT_MAX_INPUT, op1=nl.maximum,
+                                 operand1=RSQRT_MIN_INPUT, dtype=nl.float32, mask=mask)
+    rstd = nl.ndarray(sum_sq.shape, dtype=nl.float32)
+    rstd[...] = nisa.activation(op=nl.rsqrt, data=clamped, dtype=nl.float32, mask=mask)
+    for _ in nl.static_range(NEWTON_STEPS):
+        rstd[...] = newton_rsqrt_step(rstd, clamped, mask)
+    return _infinite_where_zero(rstd, v, mask) if eps == 0.0 else rstd
+
+
+def newton_rsqrt_step(rstd, v, mask=None):
+    """One Newton step towards 1/sqrt(v): r·(1.5 − 0.5·v·r²), three fp32 Vector
+    instructions on the small (parts, k) tile."""
+    square = nisa.tensor_tensor(rstd, rstd, op=nl.multiply, dtype=nl.float32, mask=mask)
+    half_error = nisa.scalar_tensor_tensor(data=square, op0=nl.multiply, operand0=-0.5,
+                                           op1=nl.multiply, operand1=v, dtype=nl.float32,
+                                           mask=mask)
+    return nisa.scalar_tensor_tensor(data=half_error, op0=nl.add, operand0=1.5,
+                                     op1=nl.multiply, operand1=rstd, dtype=nl.float32,
+                                     mask=mask)
+
+
+def _infinite_where_zero(rstd, v, mask=None):
+    """rstd + (v == 0 ? 2·FP32_MAX : 0): +inf where the mean square is zero (fp32 overflow of
+    2·FP32_MAX), rstd elsewhere (Vector engine; compare then multiply-add)."""
+    huge = nisa.tensor_scalar(v, op0=nl.equal, operand0=0.0, op1=nl.multiply,
+                              operand1=FP32_MAX, dtype=nl.float32, mask=mask)
+    return nisa.scalar_tensor_tensor(data=huge, op0=nl.multiply, operand0=2.0, op1=nl.add,
+                                     operand1=rstd, dtype=nl.float32, mask=mask)
 
 
 def weight_rows(plan, row_hbm, offset=0.0, stacked=True):
@@ -101,21 +166,24 @@ def broadcast_row(row_hbm, partitions, dtype, offset=0.0, mask=None):
 
 def split_rstd(plan, rstd):
     """rstd (parts, k) fp32 as the Tensor engine's operand dtype: for three pieces,
-    (parts, 3k) bf16 with row j's hi, mid, lo in columns 3j, 3j + 1, 3j + 2 (GpSimd, which
-    is otherwise idle, so the pieces run ahead of the Vector engine); for one piece, rstd."""
+    (parts, 3k) bf16 with row j's hi, mid, lo in columns 3j, 3j + 1, 3j + 2 (Vector engine:
+    GpSimd's ``tensor_scalar`` is documented for rsqrt only and subtract is a Vector-engine
+    ALU op, general/nki/api/nki/isa/__init__.py@8a38e733 line 1699 and
+    general/nki/api/nki.api.shared.rst@8a38e733 line 84); for one piece, rstd."""
     if plan.rstd_pieces != 3:
         return rstd
     parts, k = rstd.shape
     dtype = plan.scale_dtype
     split = nl.ndarray((parts, 3 * k), dtype=dtype)
     for j in nl.static_range(k):
-        hi, mid, lo = (split[:, 3 * j + b:3 * j + b + 1] for b in range(3))
-        hi[...] = nisa.tensor_copy(rstd[:, j:j + 1], dtype=dtype, engine=nisa.gpsimd_engine)
+        hi = split[:, 3 * j:3 * j + 1]
+        mid = split[:, 3 * j + 1:3 * j + 2]
+        lo = split[:, 3 * j + 2:3 * j + 3]
+        hi[...] = nisa.tensor_copy(rstd[:, j:j + 1], dtype=dtype)
         rest = nisa.tensor_scalar(rstd[:, j:j + 1], op0=nl.subtract, operand0=hi,
-                                  dtype=nl.float32, engine=nisa.gpsimd_engine)
-        mid[...] = nisa.tensor_copy(rest, dtype=dtype, engine=nisa.gpsimd_engine)
-        lo[...] = nisa.tensor_scalar(rest, op0=nl.subtract, operand0=mid, dtype=dtype,
-                                     engine=nisa.gpsimd_engine)
+                                  dtype=nl.float32)
+        mid[...] = nisa.tensor_copy(rest, dtype=dtype)
+        lo[...] = nisa.tensor_scalar(rest, op0=nl.subtract, operand0=mid, dtype=dtype)
     return split
 
 
