@@ -56,14 +56,20 @@ def sdk_version() -> tuple[int, int]:
     when neither says."""
     if SIMULATED:
         emulated = getattr(simulate, "sdk_version", None)
-        return tuple(emulated()) if emulated is not None else NEWEST_SDK
+        return NEWEST_SDK if emulated is None else _release(emulated())
     from importlib.metadata import PackageNotFoundError, version  # pragma: no cover
 
     try:  # pragma: no cover - needs the Neuron SDK
-        major, minor = (int(part) for part in version("neuronx-cc").split(".")[:2])
-    except (PackageNotFoundError, ValueError):  # pragma: no cover
+        major, minor = _release(version("neuronx-cc"))
+    except (PackageNotFoundError, ValueError, IndexError):  # pragma: no cover
         return NEWEST_SDK
     return (major, minor + _COMPILER_TO_SDK_MINOR)  # pragma: no cover
+
+
+def _release(value) -> tuple[int, int]:
+    """``"2.24"`` (or ``"2.24.0"``, or ``(2, 24)``) as ``(2, 24)``."""
+    parts = value.split(".") if isinstance(value, str) else value
+    return int(parts[0]), int(parts[1])
 
 
 def usable_sbuf_bytes() -> int:
