@@ -16,50 +16,51 @@ the same in every mode.
 
 Shapes and dtypes: ``dy``, ``x``, ``dh_out``: (M, N) in float32 / bfloat16 / float16;
 ``weight``: (N,) float32 or x's dtype, or None; ``rstd``: (M,) float32. ``dx`` comes back in
-x's dtype (one rounding of an fp32 value), ``dweight`` and ``dbias`` in the weight's dtype
-(float32 without a weight). Rows M ≥ 1; hidden sizes 1 ≤ N ≤ ``MAX_HIDDEN`` (131,072), and
-a row too long for SBUF must be divisible by the power of two that folds it (see Tiling),
-otherwise a ``ValueError``: every N up to 19,967 (bf16) / 15,359 (fp32) on trn1 and inf2,
-24,063 / 18,431 on trn2 and 28,159 / 22,015 on trn3 fits unfolded.
+x's dtype (one rounding of an fp32 value), ``dweight`` in the weight's dtype (float32
+without a weight) and ``dbias`` in the bias's dtype (``bias_dtype``; the output buffer's
+dtype in ``rmsnorm_bwd_out``), each summed in fp32 and rounded once. Rows M ≥ 1; hidden
+sizes 1 ≤ N ≤ ``MAX_HIDDEN`` (131,072). A row too long for SBUF is folded over the
+partitions when a power of two divides N (see Tiling); otherwise ``rmsnorm_bwd_streamed``
+reads dy and x twice. Every N up to 19,967 (bf16) / 15,359 (fp32) on trn1 and inf2,
+24,063 / 18,431 on trn2 and 28,159 / 22,015 on trn3 fits unfolded (dy in x's dtype).
 
-Engines. Per element the kernel needs four products of two tiles (p1, p1 · x, dy · x and
-the dx sum). The Vector engine (DVE) takes N cycles (N = elements per partition) for one of
-them when one operand is in PSUM and 2N when both are in SBUF; GpSimd (Pool) takes 2N from
-SBUF and cannot read PSUM; the Scalar engine (ACT) takes N for a one-input pass and adds a
-row sum for free; the Tensor engine (PE) is otherwise idle. So PE and ACT put the second
-operand of the Vector engine's products into PSUM, and Pool takes the rest. Per column
-group of a row tile, in 512-column chunks (one fp32 PSUM bank each):
+Entry points and SDK releases: ``rmsnorm_bwd`` (return convention) and ``rmsnorm_bwd_out``
+(output parameters) share ``backward_body``; both run on legacy Neuron SDK 2.21-2.29 (the
+SBUF budget comes from ``nki_rmsnorm.nki.usable_sbuf_bytes``: the compiler's
+``total_available_sbuf_size`` from 2.26, the documented per-generation figure before).
+
+Engines. Per element the kernel needs four products of two tiles (q = dy · x, p1, p1 · x
+and the dx sum). The Vector engine (DVE) takes N cycles (N = elements per partition) for one
+of them when one operand is in PSUM and 2N when both are in SBUF; the Scalar engine (ACT)
+takes N for a one-input pass and adds a row sum for free; the Tensor engine (PE) is
+otherwise idle. GpSimd (Pool) stays out: its ``tensor_tensor`` runs only ``power`` and
+integer arithmetic (general/nki/api/nki/isa/__init__.py@8a38e733, lines 1766-1767) and its
+``tensor_scalar`` only rsqrt (line 1699). So PE and ACT put the second operand of each of
+the Vector engine's products into PSUM. Per column group of a row tile, in 512-column chunks
+(one fp32 PSUM bank each):
 
 ====  ===================================================================================
 PE    ``a = rstd ⊗ w'`` into PSUM: three accumulating matmuls, one per bf16 part of the
       tile's rstd (stationary), against w' split likewise (moving, ``kw`` rows per fold
       segment; ``kw = 1`` for a bf16 weight without offset); the bf16 products are exact
       and the sum is fp32, so ``a`` is fp32-accurate
-Pool  ``q = dy · x`` from SBUF (exact for 2-byte inputs; ``dy · round(x̂)`` in llama /
-      none, with ``round(x̂) = x · rstd`` rounded by ACT)
+ACT   x copied into PSUM (fp32)
+DVE   ``q = dy · x`` against that copy (exact for 2-byte inputs); in llama / none
+      ``q = dy · round(x̂)`` from SBUF, with ``round(x̂) = x · rstd`` rounded by ACT
 DVE   ``p1 = dy · a``, kept in SBUF for the gradient pass
-DVE   ``p1 · x = q · a`` for a share of the chunks (in llama / none ``p1 · x`` with x copied
-      into PSUM by ACT); Pool ``p1 · x`` from SBUF for the rest
+DVE   ``p1 · x = q · a`` (in llama / none ``p1`` times the PSUM copy of x)
 ACT   row sums of ``p1 · x`` (``activation_reduce``); at the end of the tile
       ``−k = −rstd²/N · s`` in one more reduction
 PE    ``dweight += qᵀ · rstd`` per 128 columns (the tile's rstd column as the moving
       operand gives the row scaling and the sum over rows for free) into an fp32 PSUM
       accumulator kept for the whole kernel; ``dbias += dyᵀ · 1`` likewise
 ACT   ``−k · x`` into PSUM (gradient pass)
-DVE   ``dx = p1 + (−k · x)`` rounded to x's dtype (Pool adds dh_out); DMA stores it
+DVE   ``dx = p1 + (−k · x)`` rounded to x's dtype (DVE adds dh_out from SBUF); DMA stores
 ====  ===================================================================================
 
 No tile of data passes through a matmul (only rstd, the weight and the products that are
 summed over rows anyway): a matmul multiplies every element by the zeros of the other
 operand, and 0 · NaN would spread a NaN or Inf of one row to the others.
-
-The shares follow the cost model's port rules. On NeuronCore-v2 (trn1, inf2) the Vector and
-GpSimd engines share the SBUF port and the Vector and Scalar engines the PSUM port, so DVE
-computes all of ``p1 · x`` (3N per element, plus Pool's 2N on the same port) and ACT writes
-PSUM only for ``−k · x``. From v3 on (trn2, trn3) the engines run independently and
-``DVE_P1X_SHARE`` balances them: on trn2 DVE takes half of ``p1 · x`` (2.5N cycles at
-0.96 GHz) and Pool the other half next to ``q`` (3N at 1.2 GHz); on trn3, where both run at
-1.2 GHz, DVE takes three quarters.
 
 Tiling. Rows go on the partitions, 128 per row tile (a ragged last tile uses fewer), and the
 row is worked through in column groups of ``G`` (2048, 1024 or 512) columns. A row whose
@@ -92,7 +93,6 @@ other rows or on M. A NaN in a row makes that row's ``dx`` NaN and, through the 
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import numpy as np
@@ -107,10 +107,6 @@ CHUNK = 512
 GROUP_WIDTHS = (2048, 1024, 512)
 #: Column groups of look-ahead the ring may hold beyond two row tiles.
 MAX_SLACK = 2
-#: Share of the p1·x chunks the Vector engine takes, by NeuronCore version; GpSimd takes the
-#: rest next to dy·x. v2: all (the two share the SBUF port); v3: half (GpSimd's clock is
-#: 25 % faster than the Vector engine's); v4: three quarters (same clocks).
-DVE_P1X_SHARE = {2: 1.0, 3: 0.5, 4: 0.75}
 #: Folds tried (partitions per row), smallest first.
 FOLDS = (1, 2, 4, 8, 16, 32)
 #: bf16 parts of an fp32 value (8 + 8 + 8 mantissa bits).
@@ -135,7 +131,6 @@ class _Plan(NamedTuple):
     n_groups: int
     ring: int  # group slots of p1 and x
     kw: int  # bf16 parts of w' (1: a bf16 weight without offset)
-    dve_p1x_share: float  # share of a group's p1·x chunks the Vector engine computes
     round_xhat: bool  # llama / none with a 2-byte x: dweight uses round(x̂)
 
     @property
@@ -144,11 +139,11 @@ class _Plan(NamedTuple):
         return self.kw * self.fold
 
 
-def _make_plan(N, dtypes, offset, casting_mode, version, budget):
+def _make_plan(N, dtypes, offset, casting_mode, budget):
     """The smallest fold, then the widest group and the longest ring, that fit ``budget``
-    SBUF bytes per partition (less ``RESERVED_BYTES``); the engine shares. ``dtypes``: a
-    ``BwdDtypes``; ``version``: the NeuronCore version. None when no power-of-two fold of N
-    fits. Pure Python, so tests can check every accepted input against the capacity."""
+    SBUF bytes per partition (``plan_bytes``). ``dtypes``: a ``BwdDtypes``. None when no
+    power-of-two fold of N fits. Pure Python, so tests can check every accepted input
+    against the capacity."""
     e_x = np.dtype(dtypes.x).itemsize
     round_xhat = dtypes.weight is not None and casting_mode != "gemma" and e_x == 2
     bf16_weight = (dtypes.weight is not None
@@ -161,8 +156,7 @@ def _make_plan(N, dtypes, offset, casting_mode, version, budget):
             n_groups = -(-width // group)
             for slack in range(n_groups + MAX_SLACK, 0, -1):
                 ring = n_groups + slack
-                plan = _Plan(fold, width, group, n_groups, ring, kw,
-                             DVE_P1X_SHARE[min(version, 4)], round_xhat)
+                plan = _Plan(fold, width, group, n_groups, ring, kw, round_xhat)
                 if plan_bytes(plan, dtypes) <= budget:
                     return plan
     return None  # no fold fits: the streamed regime re-reads the rows instead
@@ -241,8 +235,7 @@ def backward_body(dy, x, weight, rstd, dh_out, dx, dweight, dbias, offset, casti
         raise ValueError(f"rmsnorm_bwd: hidden size {N} exceeds the supported {MAX_HIDDEN}")
     dtypes = BwdDtypes(x.dtype, dy.dtype, None if weight is None else weight.dtype,
                        None if dh_out is None else dh_out.dtype)
-    plan = _make_plan(N, dtypes, offset, casting_mode, int(nisa.get_nc_version()),
-                      usable_sbuf_bytes())
+    plan = _make_plan(N, dtypes, offset, casting_mode, usable_sbuf_bytes())
     if plan is None:
         streamed_backward(dy, x, weight, rstd, dh_out, offset, casting_mode, dx, dweight,
                           dbias)
