@@ -166,24 +166,22 @@ def broadcast_row(row_hbm, partitions, dtype, offset=0.0, mask=None):
 
 def split_rstd(plan, rstd):
     """rstd (parts, k) fp32 as the Tensor engine's operand dtype: for three pieces,
-    (parts, 3k) bf16 with row j's hi, mid, lo in columns 3j, 3j + 1, 3j + 2 (Vector engine:
-    GpSimd's ``tensor_scalar`` is documented for rsqrt only and subtract is a Vector-engine
-    ALU op, general/nki/api/nki/isa/__init__.py@8a38e733 line 1699 and
-    general/nki/api/nki.api.shared.rst@8a38e733 line 84); for one piece, rstd."""
+    (parts, 3k) bf16 with row j's hi, mid, lo in columns 3j, 3j + 1, 3j + 2 (four Vector
+    instructions for all k rows, written with a column stride of 3; GpSimd's
+    ``tensor_scalar`` is documented for rsqrt only and its ``tensor_tensor`` for power and
+    integer arithmetic, general/nki/api/nki/isa/__init__.py@8a38e733 lines 1699 and 1767);
+    for one piece, rstd."""
     if plan.rstd_pieces != 3:
         return rstd
     parts, k = rstd.shape
     dtype = plan.scale_dtype
     split = nl.ndarray((parts, 3 * k), dtype=dtype)
-    for j in nl.static_range(k):
-        hi = split[:, 3 * j:3 * j + 1]
-        mid = split[:, 3 * j + 1:3 * j + 2]
-        lo = split[:, 3 * j + 2:3 * j + 3]
-        hi[...] = nisa.tensor_copy(rstd[:, j:j + 1], dtype=dtype)
-        rest = nisa.tensor_scalar(rstd[:, j:j + 1], op0=nl.subtract, operand0=hi,
-                                  dtype=nl.float32)
-        mid[...] = nisa.tensor_copy(rest, dtype=dtype)
-        lo[...] = nisa.tensor_scalar(rest, op0=nl.subtract, operand0=mid, dtype=dtype)
+    hi = split[:, 0:3 * k:3]
+    mid = split[:, 1:3 * k:3]
+    hi[...] = nisa.tensor_copy(rstd, dtype=dtype)
+    rest = nisa.tensor_tensor(rstd, hi, op=nl.subtract, dtype=nl.float32)
+    mid[...] = nisa.tensor_copy(rest, dtype=dtype)
+    split[:, 2:3 * k:3] = nisa.tensor_tensor(rest, mid, op=nl.subtract, dtype=dtype)
     return split
 
 
