@@ -205,9 +205,13 @@ def _launch_forward(cfg: _Config, x, weight, bias, residual):
         # The nki.jit kernels take JAX arrays directly (return convention, SDK >= 2.21;
         # jax_neuronx.nki_call, 2.20 - 2.22, only takes output-parameter kernels).
         fwd_kernel, _ = _neuron_kernels()
-        outputs = fwd_kernel(
-            x, weight, bias, residual, cfg.eps, cfg.offset, cfg.casting_mode, None
-        )
+        options = (cfg.eps, cfg.offset, cfg.casting_mode, None)
+        if residual is None:
+            outputs = fwd_kernel(x, weight, bias, *options)
+        else:
+            from nki_rmsnorm import kernels
+
+            outputs = kernels.rmsnorm_add_fwd(x, residual, weight, bias, *options)
     else:
         result = [jax.ShapeDtypeStruct(x.shape, x.dtype)]
         if residual is not None:

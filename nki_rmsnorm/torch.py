@@ -205,7 +205,12 @@ class _NeuronLaunch:
     @classmethod
     def forward(cls, x, weight, bias, residual, eps, offset, casting_mode):
         fwd_kernel, _ = cls._kernels()
-        return tuple(fwd_kernel(x, weight, bias, residual, eps, offset, casting_mode, None))
+        options = (eps, offset, casting_mode, None)
+        if residual is None:
+            return tuple(fwd_kernel(x, weight, bias, *options))
+        from nki_rmsnorm import kernels
+
+        return tuple(kernels.rmsnorm_add_fwd(x, residual, weight, bias, *options))
 
     @classmethod
     def backward(cls, dy, x_or_h, weight, rstd, dh_out, offset, has_bias, casting_mode):
