@@ -19,9 +19,11 @@ $(STAMP): pyproject.toml
 
 lint: venv
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
 
 test: venv
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
 	$(PYTHON) -m pytest -n 2 -q
 
 bench: venv

@@ -6,7 +6,7 @@ reports the modeled latency, effective bandwidth, MBU (share of the per-core HBM
 the busiest compute engine and its utilisation, the share of the time a DMA is in flight,
 HBM bytes over the minimum, the simulator's wall time, and the speed-up over a deliberately
 simple tutorial-style kernel. Times are cost-model estimates, not device
-measurements (see ``simulate/cost.py`` for what the model assumes).
+measurements (see ``simulate/perf/cost.py`` for what the model assumes).
 """
 
 from __future__ import annotations

@@ -10,10 +10,19 @@ from __future__ import annotations
 import importlib.util
 import sys
 
-from . import compiler, isa, language, typing
-from .errors import CapacityError, NKIError
-from .profiler import Profile, profile
-from .runtime import (
+from .core import (
+    dtypes,
+    errors,
+    functions,
+    indexing,
+    instructions,
+    memory,
+    runtime,
+    targets,
+    trace,
+)
+from .core.errors import CapacityError, NKIError
+from .core.runtime import (
     Kernel,
     baremetal,
     benchmark,
@@ -22,10 +31,24 @@ from .runtime import (
     simulate_kernel,
     trace_kernel,
 )
-from .targets import TARGETS, get_target
-from .trace import Instruction, Trace
+from .core.targets import TARGETS, get_target
+from .core.trace import Instruction, Trace
+from .legacy import compiler, isa, language, typing
+from .perf import cost, profiler
+from .perf.profiler import Profile, profile
 
-tensor = language.Tensor
+runtime.register_benchmark_reporter(profiler.benchmark_result_from_trace)
+
+# The modules' paths before the core / perf / legacy layout (``simulate.language``,
+# ``simulate.cost``, ...) name the same module objects, so old imports and ``sys.modules``
+# aliases keep working.
+for _module in (compiler, cost, dtypes, errors, functions, indexing, instructions, isa,
+                language, memory, profiler, runtime, targets, trace, typing):
+    sys.modules[f"{__name__}.{_module.__name__.rpartition('.')[2]}"] = _module
+sys.modules[f"{__name__}.tensor"] = sys.modules[f"{__name__}.core.tensor"]
+del _module
+
+tensor = language.Tensor  # ``nki.tensor``: the class (the module is ``simulate.core.tensor``)
 
 __all__ = [
     "CapacityError", "Instruction", "Kernel", "NKIError", "Profile",

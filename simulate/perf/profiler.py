@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..core.trace import Trace
 from .cost import COMPUTE_ENGINES, DMA_QUEUES, CostTable, Schedule, schedule
-from .trace import Trace
 
 PROFILE_ENGINES = COMPUTE_ENGINES + ("dma",)
 PERCENTILES = (0, 1, 10, 25, 50, 90, 99, 100)
@@ -136,7 +136,7 @@ def profile(kernel, *args, target=None, **kwargs):
     "trn3"); without ``target`` the kernel's ``platform_target`` or trn1. A kernel that fails
     raises the simulator's error; no timing is produced for it.
     """
-    from .runtime import trace_kernel
+    from ..core.runtime import trace_kernel
 
     outputs, trace = trace_kernel(kernel, *args, target=target, **kwargs)
     return outputs, Profile.from_trace(trace)

@@ -13,16 +13,18 @@ import enum
 
 import numpy as np
 
-from . import dtypes as dt
-from . import functions as fn
-from .errors import NKIIndexError, NKITypeError, NKIValueError
-from .indexing import IndexExpr, Predicate, align_mask
-from .instructions import (
+from ..core import dtypes as dt
+from ..core import functions as fn
+from ..core.errors import NKIIndexError, NKITypeError, NKIValueError
+from ..core.indexing import IndexExpr, Predicate, align_mask
+from ..core.instructions import (
     allocate,
     check_free_size,
     compute_result,
+    dma_record,
     extent,
     fill_masked_off,
+    indirect_inputs,
     is_tile,
     resolve_mask,
     scalar_or_tile,
@@ -31,8 +33,8 @@ from .instructions import (
     work_f32,
     write_into,
 )
-from .runtime import current
-from .tensor import Access, Tensor, contiguous_row_bytes
+from ..core.runtime import current
+from ..core.tensor import Access, Tensor, contiguous_row_bytes
 
 
 class engine(enum.Enum):  # noqa: N801 - the NKI name
@@ -787,8 +789,6 @@ def dma_copy(*, dst, src, mask=None, dst_rmw_op=None, oob_mode=oob_mode.error,
     cast) between HBM and SBUF in any direction; ``dst_rmw_op=np.add`` accumulates into dst.
     Indirect indices address the first axis; with ``oob_mode=skip`` out-of-range rows are
     not transferred (the destination keeps its data)."""
-    from .language import dma_record, indirect_inputs
-
     _dma_operand(dst, "dst")
     _dma_operand(src, "src")
     skip = oob_mode is globals()["oob_mode"].skip
@@ -839,8 +839,6 @@ def dma_copy(*, dst, src, mask=None, dst_rmw_op=None, oob_mode=oob_mode.error,
 def dma_transpose(src, *, axes=None, mask=None, dtype=None, **kwargs):
     """``nisa.dma_transpose(src, *, axes=None)``: a transposed copy of an HBM or SBUF tile into
     a new SBUF tile (DMA); the permutation is (1, 0), (2, 1, 0) or (3, 1, 2, 0) by rank."""
-    from .language import dma_record
-
     _dma_operand(src, "src")
     if isinstance(src, Access) and src.indirect is not None:
         raise NKIIndexError("dma_transpose does not support indirect indices",
@@ -859,7 +857,7 @@ def dma_transpose(src, *, axes=None, mask=None, dtype=None, **kwargs):
     m = resolve_mask(mask)
     if m is False:
         return _skipped(values.shape, out_dtype)
-    from .instructions import finish, result_tile
+    from ..core.instructions import finish, result_tile
 
     tile = result_tile(values, out_dtype, m)
     inst = dma_record("dma_transpose", src.region(), tile.region(), tile.shape[0],

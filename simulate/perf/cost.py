@@ -62,8 +62,8 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass, field
 
-from .targets import get_target
-from .trace import Trace
+from ..core.targets import get_target
+from ..core.trace import Trace
 
 # --- the constants ------------------------------------------------------------------------
 # (NC-v2 = inf2/trn1, NC-v3 = trn2, NC-v4 = trn3)   tag and source in hw_cost_facts.md
