@@ -28,7 +28,6 @@ from hypothesis import strategies as st
 
 import simulate
 import simulate.functions
-import simulate.targets
 from nki_rmsnorm import kernels, ops
 from nki_rmsnorm import nki as nki_module
 from nki_rmsnorm import reference as ref
@@ -173,7 +172,7 @@ def _emulated_sdk(monkeypatch, release):
         def missing(_cls):
             raise AttributeError("total_available_sbuf_size first appears in SDK 2.26")
 
-        monkeypatch.setattr(simulate.targets._TileSizeMeta, "total_available_sbuf_size",
+        monkeypatch.setattr(type(nki_module.nl.tile_size), "total_available_sbuf_size",
                             property(missing))
     yield
 
