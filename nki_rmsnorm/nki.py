@@ -42,8 +42,9 @@ _COMPILER_TO_SDK_MINOR = 5
 SBUF_SIZE_API_SDK = (2, 26)
 #: Per-partition SBUF a kernel may allocate before that API, by NeuronCore version: the
 #: physical partition (192 KiB on v2, general/nki/arch/trainium_inferentia2_arch.rst@8a38e733
-#: line 76; 224 KiB on v3 and 256 KiB on v4, nki/guides/architecture/trainium2_arch.rst and
-#: trainium3_arch.rst at the mirror's HEAD) less the 16 KiB the compiler keeps for itself
+#: line 76; 224 KiB on v3, nki/guides/architecture/trainium2_arch.rst line 39, and 32 MiB /
+#: 128 = 256 KiB on v4, trainium3_arch.rst line 36, at the mirror's HEAD, aws-neuron-sdk
+#: repository) less the 16 KiB the compiler keeps for itself
 #: (general/nki/nki_direct_allocation_guide.rst@8a38e733, lines 153-155). v3 and v4 keep 8
 #: more bytes: the figure ``total_available_sbuf_size`` reports for them from 2.26 on.
 SBUF_BYTES_BY_NC_VERSION = {2: (192 - 16) * 1024, 3: (224 - 16) * 1024 - 8,

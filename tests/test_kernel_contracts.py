@@ -165,8 +165,14 @@ def test_backward_output_parameters_match_return_convention(rng, options, castin
 
 @contextlib.contextmanager
 def _emulated_sdk(monkeypatch, release):
-    """Emulate legacy SDK ``release`` for the kernels: before 2.26, reading
+    """Emulate legacy SDK ``release`` for the kernels: the simulator's own SDK emulation
+    where it has one; else ``nki.sdk_version`` is patched and, before 2.26, reading
     ``nl.tile_size.total_available_sbuf_size`` raises, as it would on such a release."""
+    if hasattr(simulate, "use_sdk"):
+        with simulate.use_sdk(f"{release[0]}.{release[1]}"):
+            assert nki_module.sdk_version() == release
+            yield
+        return
     monkeypatch.setattr(nki_module, "sdk_version", lambda: release)
     if release < nki_module.SBUF_SIZE_API_SDK:
         def missing(_cls):

@@ -87,7 +87,7 @@ def rstd_from_sum(sum_sq, eps, n, mask=None):
 
     The Scalar engine's rsqrt is a piecewise-polynomial approximation, less precise than
     GpSimd's and valid only for inputs in [2⁻⁸⁷, 2⁹⁷] (general/nki/api/nki.api.shared.rst
-    @8a38e733, lines 167-180 and 444-448). So the mean square v = Σh²/n + eps is formed on
+    @8a38e733, lines 127-130, 180 and 444-448). So the mean square v = Σh²/n + eps is formed on
     the Vector engine (fp32), clamped into that range, and the Scalar engine's estimate is
     refined by ``NEWTON_STEPS`` Newton steps r ← r·(1.5 − 0.5·v·r²) on the Vector engine:
     from a relative error ε ≤ 2⁻⁹ each step leaves ≈ 1.5·ε², so two steps reach fp32
