@@ -73,8 +73,9 @@ def _assert_bitwise(got, want, what):
 @pytest.mark.parametrize("casting_mode", ref.CASTING_MODES)
 @pytest.mark.parametrize("options", FWD_OPTIONS, ids=list(FWD_OPTIONS))
 @pytest.mark.parametrize("residual", [False, True], ids=["norm", "add"])
-def test_forward_output_parameters_match_return_convention(rng, options, casting_mode,
-                                                           residual, target):
+def test_forward_output_parameters_match_return_convention(
+    rng, options, casting_mode, residual, target
+):
     M, N = 130, 384
     opts = FWD_OPTIONS[options]
     x = _data(rng, (M, N), BF16)
@@ -86,20 +87,25 @@ def test_forward_output_parameters_match_return_convention(rng, options, casting
     if residual:
         r = _data(rng, (M, N), FP32)
         h = poison((M, N), FP32)
-        want, _ = simulate.trace_kernel(kernels.rmsnorm_add_fwd, x, r, w, b, *common,
-                                        out_dtype, target=target)
-        got, _ = simulate.trace_kernel(kernels.rmsnorm_add_fwd_out, x, r, w, b, y, h, rstd,
-                                       *common, target=target)
+        want, _ = simulate.trace_kernel(
+            kernels.rmsnorm_add_fwd, x, r, w, b, *common, out_dtype, target=target
+        )
+        got, _ = simulate.trace_kernel(
+            kernels.rmsnorm_add_fwd_out, x, r, w, b, y, h, rstd, *common, target=target
+        )
         outputs = (y, h, rstd)
     else:
-        want, _ = simulate.trace_kernel(kernels.rmsnorm_fwd, x, w, b, *common, out_dtype,
-                                        target=target)
-        got, _ = simulate.trace_kernel(kernels.rmsnorm_fwd_out, x, w, b, y, rstd, *common,
-                                       target=target)
+        want, _ = simulate.trace_kernel(
+            kernels.rmsnorm_fwd, x, w, b, *common, out_dtype, target=target
+        )
+        got, _ = simulate.trace_kernel(
+            kernels.rmsnorm_fwd_out, x, w, b, y, rstd, *common, target=target
+        )
         outputs = (y, rstd)
     assert got is None, "an output-parameter kernel returns nothing"
-    for name, buffer, expected in zip(("y", "h", "rstd")[-len(outputs):] if residual
-                                      else ("y", "rstd"), outputs, want):
+    for name, buffer, expected in zip(
+        ("y", "h", "rstd")[-len(outputs) :] if residual else ("y", "rstd"), outputs, want
+    ):
         _assert_bitwise(buffer, expected, name)
 
 
@@ -109,10 +115,12 @@ def test_forward_output_parameters_long_rows(rng):
     M, N = 6, 40000
     x, w = _data(rng, (M, N), BF16), _param(rng, N, BF16)
     y, rstd = poison((M, N), BF16), poison((M,), FP32)
-    want, _ = simulate.trace_kernel(kernels.rmsnorm_fwd, x, w, None, EPS, 0.0, "gemma", None,
-                                    target="trn2")
-    simulate.trace_kernel(kernels.rmsnorm_fwd_out, x, w, None, y, rstd, EPS, 0.0, "gemma",
-                          target="trn2")
+    want, _ = simulate.trace_kernel(
+        kernels.rmsnorm_fwd, x, w, None, EPS, 0.0, "gemma", None, target="trn2"
+    )
+    simulate.trace_kernel(
+        kernels.rmsnorm_fwd_out, x, w, None, y, rstd, EPS, 0.0, "gemma", target="trn2"
+    )
     _assert_bitwise(y, want[0], "y")
     _assert_bitwise(rstd, want[1], "rstd")
 
@@ -120,9 +128,19 @@ def test_forward_output_parameters_long_rows(rng):
 def test_add_forward_output_parameter_h_dtype_is_checked(rng):
     x, r = _data(rng, (4, 64), BF16), _data(rng, (4, 64), FP32)
     with pytest.raises(TypeError, match="h must have the residual's dtype"):
-        simulate.trace_kernel(kernels.rmsnorm_add_fwd_out, x, r, None, None,
-                              poison((4, 64), BF16), poison((4, 64), BF16), poison((4,), FP32),
-                              EPS, 0.0, "gemma")
+        simulate.trace_kernel(
+            kernels.rmsnorm_add_fwd_out,
+            x,
+            r,
+            None,
+            None,
+            poison((4, 64), BF16),
+            poison((4, 64), BF16),
+            poison((4,), FP32),
+            EPS,
+            0.0,
+            "gemma",
+        )
 
 
 BWD_OPTIONS = {
@@ -144,13 +162,36 @@ def test_backward_output_parameters_match_return_convention(rng, options, castin
     dh = None if opts["dh"] is None else _data(rng, (M, N), opts["dh"])
     rstd = ref.rms_norm_fwd(x, w, EPS)[1]
     has_bias = opts["bias"] is not None
-    want, _ = simulate.trace_kernel(kernels.rmsnorm_bwd, dy, x, w, rstd, dh, opts["offset"],
-                                    has_bias, casting_mode, opts["bias"], target="trn2")
+    want, _ = simulate.trace_kernel(
+        kernels.rmsnorm_bwd,
+        dy,
+        x,
+        w,
+        rstd,
+        dh,
+        opts["offset"],
+        has_bias,
+        casting_mode,
+        opts["bias"],
+        target="trn2",
+    )
     dx = poison((M, N), BF16)
     dweight = None if w is None else poison((N,), w.dtype)
     dbias = poison((N,), opts["bias"]) if has_bias else None
-    got, _ = simulate.trace_kernel(kernels.rmsnorm_bwd_out, dy, x, w, rstd, dh, dx, dweight,
-                                   dbias, opts["offset"], casting_mode, target="trn2")
+    got, _ = simulate.trace_kernel(
+        kernels.rmsnorm_bwd_out,
+        dy,
+        x,
+        w,
+        rstd,
+        dh,
+        dx,
+        dweight,
+        dbias,
+        opts["offset"],
+        casting_mode,
+        target="trn2",
+    )
     assert got is None
     buffers = [dx] + [b for b in (dweight, dbias) if b is not None]
     assert len(want) == len(buffers)
@@ -175,11 +216,13 @@ def _emulated_sdk(monkeypatch, release):
         return
     monkeypatch.setattr(nki_module, "sdk_version", lambda: release)
     if release < nki_module.SBUF_SIZE_API_SDK:
+
         def missing(_cls):
             raise AttributeError("total_available_sbuf_size first appears in SDK 2.26")
 
-        monkeypatch.setattr(type(nki_module.nl.tile_size), "total_available_sbuf_size",
-                            property(missing))
+        monkeypatch.setattr(
+            type(nki_module.nl.tile_size), "total_available_sbuf_size", property(missing)
+        )
     yield
 
 
@@ -188,8 +231,7 @@ def test_sbuf_constant_before_2_26_matches_the_api(target):
     """The documented per-generation figure the kernels use before SDK 2.26 equals what
     ``total_available_sbuf_size`` reports from 2.26 on."""
     spec = simulate.get_target(target)
-    assert nki_module.SBUF_BYTES_BY_NC_VERSION[spec.nc_version] == \
-        spec.sbuf_bytes_per_partition
+    assert nki_module.SBUF_BYTES_BY_NC_VERSION[spec.nc_version] == spec.sbuf_bytes_per_partition
 
 
 @pytest.mark.parametrize("release", [(2, 21), (2, 29)], ids=["sdk2.21", "sdk2.29"])
@@ -218,7 +260,7 @@ def test_sdk_version_parses_releases():
 # An approximate Scalar-engine rsqrt
 # ---------------------------------------------------------------------------------------------
 
-RSQRT_ERROR = 2.0 ** -9
+RSQRT_ERROR = 2.0**-9
 
 
 def _hash_unit(values):
@@ -226,7 +268,7 @@ def _hash_unit(values):
     h = np.ascontiguousarray(values, np.float32).view(np.uint32).astype(np.uint64)
     h = (h ^ (h >> np.uint64(16))) * np.uint64(0x7FEB352D) & np.uint64(0xFFFFFFFF)
     h = (h ^ (h >> np.uint64(15))) * np.uint64(0x846CA68B) & np.uint64(0xFFFFFFFF)
-    return ((h ^ (h >> np.uint64(16))).astype(np.float64) / 2.0 ** 31 - 1.0)
+    return (h ^ (h >> np.uint64(16))).astype(np.float64) / 2.0**31 - 1.0
 
 
 @pytest.fixture
@@ -243,8 +285,8 @@ def approximate_rsqrt(monkeypatch):
 
     def approximate(x):
         x32 = np.asarray(x, np.float32)
-        out = (exact(x32).astype(np.float64) * (1.0 + RSQRT_ERROR * _hash_unit(x32)))
-        out[~((x32 >= 2.0 ** -87) & (x32 <= 2.0 ** 97))] = np.nan
+        out = exact(x32).astype(np.float64) * (1.0 + RSQRT_ERROR * _hash_unit(x32))
+        out[~((x32 >= 2.0**-87) & (x32 <= 2.0**97))] = np.nan
         return out.astype(np.float32)
 
     monkeypatch.setitem(simulate.functions.UNARY, "rsqrt", approximate)
@@ -265,17 +307,20 @@ def test_the_approximate_rsqrt_is_in_force(approximate_rsqrt):
     v = np.linspace(0.5, 4.0, 128 * 64, dtype=np.float32).reshape(128, 64)
     got = rsqrt_kernel(v).astype(np.float64)
     err = np.abs(got * np.sqrt(v.astype(np.float64)) - 1.0)
-    assert err.max() > 2.0 ** -12, "rsqrt is still exact"
+    assert err.max() > 2.0**-12, "rsqrt is still exact"
     assert err.max() <= RSQRT_ERROR * 1.01
 
 
 @pytest.mark.parametrize("casting_mode", ref.CASTING_MODES)
 @pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
-@pytest.mark.parametrize("shape,target", [((257, 512), "trn1"), ((130, 512), "trn2"),
-                                          ((6, 40000), "trn2"), ((130, 20000), "trn1")],
-                         ids=["rows-trn1", "rows-trn2", "split-trn2", "long-trn1"])
-def test_forward_accuracy_with_approximate_rsqrt(rng, approximate_rsqrt, shape, target, dtype,
-                                                 casting_mode):
+@pytest.mark.parametrize(
+    "shape,target",
+    [((257, 512), "trn1"), ((130, 512), "trn2"), ((6, 40000), "trn2"), ((130, 20000), "trn1")],
+    ids=["rows-trn1", "rows-trn2", "split-trn2", "long-trn1"],
+)
+def test_forward_accuracy_with_approximate_rsqrt(
+    rng, approximate_rsqrt, shape, target, dtype, casting_mode
+):
     """test_fwd.py's bounds (≤ 1 ulp gemma / 2 ulp llama, none; ≤ 1 % inexact points;
     fp32 1e-5; rstd 1e-5) hold with the approximate rsqrt: the Newton steps bring rstd to
     fp32 rounding noise."""
@@ -283,8 +328,13 @@ def test_forward_accuracy_with_approximate_rsqrt(rng, approximate_rsqrt, shape, 
 
     x_dtype = {"bf16": BF16, "fp16": FP16, "fp32": FP32}[dtype]
     M, N = shape
-    inputs = dict(x=_data(rng, (M, N), x_dtype), weight=_param(rng, N, x_dtype),
-                  bias=_param(rng, N, x_dtype, 0.0), residual=None, offset=0.0)
+    inputs = dict(
+        x=_data(rng, (M, N), x_dtype),
+        weight=_param(rng, N, x_dtype),
+        bias=_param(rng, N, x_dtype, 0.0),
+        residual=None,
+        offset=0.0,
+    )
     check_forward(inputs, casting_mode, target=target)
 
 
@@ -295,8 +345,9 @@ def test_rstd_within_a_few_fp32_ulp_with_approximate_rsqrt(rng, approximate_rsqr
     M, N = 256, 64
     scales = np.exp2(rng.uniform(-30, 30, size=(M, 1)))
     x = (scales * rng.standard_normal((M, N))).astype(np.float32)
-    (_, rstd), _ = simulate.trace_kernel(kernels.rmsnorm_fwd, x, None, None, 0.0, 0.0, "gemma",
-                                         None, target=target)
+    (_, rstd), _ = simulate.trace_kernel(
+        kernels.rmsnorm_fwd, x, None, None, 0.0, 0.0, "gemma", None, target=target
+    )
     exact = 1.0 / np.sqrt(np.mean(x.astype(np.float64) ** 2, axis=1))
     ulps = np.abs(rstd - exact) / np.spacing(exact.astype(np.float32)).astype(np.float64)
     assert ulps.max() <= 4, f"rstd off by {ulps.max():.1f} fp32 ulp"
@@ -310,15 +361,20 @@ def test_zero_row_with_zero_eps(rng, approximate_rsqrt, target):
     x = _data(rng, (130, 256), BF16)
     x[7] = 0
     w = _param(rng, 256, BF16)
-    (y, rstd), _ = simulate.trace_kernel(kernels.rmsnorm_fwd, x, w, None, 0.0, 0.0, "gemma",
-                                         None, target=target)
+    (y, rstd), _ = simulate.trace_kernel(
+        kernels.rmsnorm_fwd, x, w, None, 0.0, 0.0, "gemma", None, target=target
+    )
     want_y, want_rstd = ref.rms_norm_fwd(x, w, 0.0)
     assert np.isposinf(rstd[7]) and np.isposinf(want_rstd[7])
     assert np.isnan(y[7].astype(np.float32)).all()
     others = np.arange(130) != 7
     np.testing.assert_allclose(rstd[others], want_rstd[others], rtol=1e-5)
-    assert ref.ulp_distance(y[others].astype(np.float64), want_y[others].astype(np.float64),
-                            BF16).max() <= 1
+    assert (
+        ref.ulp_distance(
+            y[others].astype(np.float64), want_y[others].astype(np.float64), BF16
+        ).max()
+        <= 1
+    )
 
 
 @pytest.mark.parametrize("target", ["trn1", "trn2"])
@@ -331,9 +387,13 @@ def test_backward_accuracy_with_approximate_rsqrt(rng, approximate_rsqrt, target
     dx, dw, _ = ops.rms_norm_bwd(dy, x, w, rstd)
     want_dx, want_dw, _ = ref.rms_norm_bwd(dy, x, w, ref.rms_norm_fwd(x, w, EPS)[1])
     scale = np.abs(want_dx.astype(np.float64)).max(axis=1, keepdims=True)
-    assert (np.abs(dx.astype(np.float64) - want_dx) <= 8 * 2.0 ** -8 * scale).all()
-    np.testing.assert_allclose(dw.astype(np.float64), want_dw.astype(np.float64),
-                               rtol=2.0 ** -7, atol=2.0 ** -7 * np.abs(want_dw).max())
+    assert (np.abs(dx.astype(np.float64) - want_dx) <= 8 * 2.0**-8 * scale).all()
+    np.testing.assert_allclose(
+        dw.astype(np.float64),
+        want_dw.astype(np.float64),
+        rtol=2.0**-7,
+        atol=2.0**-7 * np.abs(want_dw).max(),
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -345,8 +405,16 @@ OPTIONAL_DTYPES = st.sampled_from((None,) + KERNEL_DTYPES)
 
 def _forward_budget(target, m, n, x, weight, bias, residual, offset, casting_mode, out_dtype):
     spec = simulate.get_target(target)
-    plan = make_plan(x, weight, bias, residual, offset, casting_mode, out_dtype,
-                     tensor_engine=spec.nc_version >= 3)
+    plan = make_plan(
+        x,
+        weight,
+        bias,
+        residual,
+        offset,
+        casting_mode,
+        out_dtype,
+        tensor_engine=spec.nc_version >= 3,
+    )
     layout = choose_layout(plan, m, n, spec.sbuf_bytes_per_partition)
     return layout, layout_bytes(plan, layout, n), spec.sbuf_bytes_per_partition
 
@@ -357,38 +425,57 @@ def _backward_budget(target, n, x, dy, weight, dh_out, offset, casting_mode):
     plan = bwd_module._make_plan(n, dtypes, offset, casting_mode, spec.sbuf_bytes_per_partition)
     if plan is not None:
         return "folded", bwd_module.plan_bytes(plan, dtypes), spec.sbuf_bytes_per_partition
-    streamed = streamed_module._make_plan(n, x, dy, weight, casting_mode,
-                                          spec.sbuf_bytes_per_partition)
-    return ("streamed", streamed_module.plan_bytes(streamed, n, x, dy, weight),
-            spec.sbuf_bytes_per_partition)
+    streamed = streamed_module._make_plan(
+        n, x, dy, weight, casting_mode, spec.sbuf_bytes_per_partition
+    )
+    return (
+        "streamed",
+        streamed_module.plan_bytes(streamed, n, x, dy, weight),
+        spec.sbuf_bytes_per_partition,
+    )
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(target=st.sampled_from(TARGETS), m=st.integers(1, 1 << 16),
-       n=st.integers(1, bwd_module.MAX_HIDDEN), x=st.sampled_from(KERNEL_DTYPES),
-       weight=OPTIONAL_DTYPES, bias=OPTIONAL_DTYPES, residual=OPTIONAL_DTYPES,
-       offset=st.sampled_from((0.0, 1.0)), casting_mode=st.sampled_from(ref.CASTING_MODES),
-       out_dtype=OPTIONAL_DTYPES)
-def test_forward_plan_fits_every_accepted_input(target, m, n, x, weight, bias, residual,
-                                                offset, casting_mode, out_dtype):
+@given(
+    target=st.sampled_from(TARGETS),
+    m=st.integers(1, 1 << 16),
+    n=st.integers(1, bwd_module.MAX_HIDDEN),
+    x=st.sampled_from(KERNEL_DTYPES),
+    weight=OPTIONAL_DTYPES,
+    bias=OPTIONAL_DTYPES,
+    residual=OPTIONAL_DTYPES,
+    offset=st.sampled_from((0.0, 1.0)),
+    casting_mode=st.sampled_from(ref.CASTING_MODES),
+    out_dtype=OPTIONAL_DTYPES,
+)
+def test_forward_plan_fits_every_accepted_input(
+    target, m, n, x, weight, bias, residual, offset, casting_mode, out_dtype
+):
     if weight is None:
         offset = 0.0
-    _, planned, capacity = _forward_budget(target, m, n, x, weight, bias, residual, offset,
-                                           casting_mode, out_dtype)
+    _, planned, capacity = _forward_budget(
+        target, m, n, x, weight, bias, residual, offset, casting_mode, out_dtype
+    )
     assert planned <= capacity
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(target=st.sampled_from(TARGETS), n=st.integers(1, bwd_module.MAX_HIDDEN),
-       x=st.sampled_from(KERNEL_DTYPES), dy=st.sampled_from(KERNEL_DTYPES),
-       weight=OPTIONAL_DTYPES, dh_out=OPTIONAL_DTYPES, offset=st.sampled_from((0.0, 0.5)),
-       casting_mode=st.sampled_from(ref.CASTING_MODES))
-def test_backward_plan_fits_every_accepted_input(target, n, x, dy, weight, dh_out, offset,
-                                                 casting_mode):
+@given(
+    target=st.sampled_from(TARGETS),
+    n=st.integers(1, bwd_module.MAX_HIDDEN),
+    x=st.sampled_from(KERNEL_DTYPES),
+    dy=st.sampled_from(KERNEL_DTYPES),
+    weight=OPTIONAL_DTYPES,
+    dh_out=OPTIONAL_DTYPES,
+    offset=st.sampled_from((0.0, 0.5)),
+    casting_mode=st.sampled_from(ref.CASTING_MODES),
+)
+def test_backward_plan_fits_every_accepted_input(
+    target, n, x, dy, weight, dh_out, offset, casting_mode
+):
     if weight is None:
         offset = 0.0
-    _, planned, capacity = _backward_budget(target, n, x, dy, weight, dh_out, offset,
-                                            casting_mode)
+    _, planned, capacity = _backward_budget(target, n, x, dy, weight, dh_out, offset, casting_mode)
     assert planned <= capacity
 
 
@@ -411,31 +498,44 @@ TIGHT_BACKWARD = [
 @pytest.mark.parametrize("case", TIGHT_FORWARD, ids=lambda c: f"{c[0]}-{c[2]}-{c[8]}")
 def test_forward_plan_bounds_the_allocation(rng, case):
     target, m, n, x_dtype, w_dtype, b_dtype, r_dtype, offset, mode, out_dtype = case
-    layout, planned, capacity = _forward_budget(target, m, n, x_dtype, w_dtype, b_dtype,
-                                                r_dtype, offset, mode, out_dtype)
+    layout, planned, capacity = _forward_budget(
+        target, m, n, x_dtype, w_dtype, b_dtype, r_dtype, offset, mode, out_dtype
+    )
     assert planned <= capacity
     x, w, b = _data(rng, (m, n), x_dtype), _param(rng, n, w_dtype), _param(rng, n, b_dtype)
     common = (w, b, 1e-6, offset, mode, out_dtype)
     if r_dtype is None:
         _, trace = simulate.trace_kernel(kernels.rmsnorm_fwd, x, *common, target=target)
     else:
-        _, trace = simulate.trace_kernel(kernels.rmsnorm_add_fwd, x, _data(rng, (m, n), r_dtype),
-                                         *common, target=target)
+        _, trace = simulate.trace_kernel(
+            kernels.rmsnorm_add_fwd, x, _data(rng, (m, n), r_dtype), *common, target=target
+        )
     assert trace.sbuf_peak_bytes_per_partition <= planned, layout
 
 
 @pytest.mark.parametrize("case", TIGHT_BACKWARD, ids=lambda c: f"{c[0]}-{c[1]}-{c[3]}")
 def test_backward_plan_bounds_the_allocation(rng, case):
     target, n, x_dtype, dy_dtype, w_dtype, dh_dtype, offset, mode = case
-    regime, planned, capacity = _backward_budget(target, n, x_dtype, dy_dtype, w_dtype,
-                                                 dh_dtype, offset, mode)
+    regime, planned, capacity = _backward_budget(
+        target, n, x_dtype, dy_dtype, w_dtype, dh_dtype, offset, mode
+    )
     assert planned <= capacity
     m = 130
     x, dy = _data(rng, (m, n), x_dtype), _data(rng, (m, n), dy_dtype)
     dh = None if dh_dtype is None else _data(rng, (m, n), dh_dtype)
     rstd = rng.uniform(0.5, 2.0, m).astype(np.float32)
-    _, trace = simulate.trace_kernel(kernels.rmsnorm_bwd, dy, x, _param(rng, n, w_dtype), rstd,
-                                     dh, offset, True, mode, target=target)
+    _, trace = simulate.trace_kernel(
+        kernels.rmsnorm_bwd,
+        dy,
+        x,
+        _param(rng, n, w_dtype),
+        rstd,
+        dh,
+        offset,
+        True,
+        mode,
+        target=target,
+    )
     assert trace.sbuf_peak_bytes_per_partition <= planned, regime
 
 
@@ -455,10 +555,14 @@ def test_backward_with_fp32_dy_fits(rng, x_dtype, n):
     dx, dw, _ = ops.rms_norm_bwd(dy, x, w, rstd)
     want_dx, want_dw, _ = ref.rms_norm_bwd(dy, x, w, rstd)
     scale = np.abs(want_dx.astype(np.float64)).max(axis=1, keepdims=True)
-    ulp = 2.0 ** -8 if x_dtype == BF16 else 2.0 ** -11
+    ulp = 2.0**-8 if x_dtype == BF16 else 2.0**-11
     assert (np.abs(dx.astype(np.float64) - want_dx) <= 8 * ulp * scale).all()
-    np.testing.assert_allclose(dw.astype(np.float64), want_dw.astype(np.float64),
-                               rtol=4 * ulp, atol=4 * ulp * np.abs(want_dw).max())
+    np.testing.assert_allclose(
+        dw.astype(np.float64),
+        want_dw.astype(np.float64),
+        rtol=4 * ulp,
+        atol=4 * ulp * np.abs(want_dw).max(),
+    )
 
 
 def test_dbias_in_the_bias_dtype(rng):
@@ -472,8 +576,10 @@ def test_dbias_in_the_bias_dtype(rng):
     assert dbias.dtype == FP32
     exact = gy.astype(np.float64).sum(axis=0)
     np.testing.assert_allclose(dbias, exact, rtol=1e-6, atol=1e-6 * np.abs(exact).max())
-    assert np.abs(dbias.astype(np.float64) - exact).max() < \
-        np.abs(exact.astype(BF16).astype(np.float64) - exact).max()
+    assert (
+        np.abs(dbias.astype(np.float64) - exact).max()
+        < np.abs(exact.astype(BF16).astype(np.float64) - exact).max()
+    )
     # default: the weight's dtype, as before
     _, _, dbias_default = ops.rms_norm_bwd(gy, x, w, rstd, has_bias=True)
     assert dbias_default.dtype == BF16
