@@ -75,7 +75,11 @@ def _release(value) -> tuple[int, int]:
 
 def usable_sbuf_bytes() -> int:
     """SBUF bytes per partition a kernel may allocate on the running target: the compiler's
-    own figure from SDK 2.26 on, the documented per-generation figure before."""
+    own figure from SDK 2.26 on (or whenever the API answers), the documented
+    per-generation figure before."""
     if sdk_version() >= SBUF_SIZE_API_SDK:
-        return nl.tile_size.total_available_sbuf_size
+        try:
+            return nl.tile_size.total_available_sbuf_size
+        except AttributeError:  # an older SDK whose version could not be read
+            pass
     return SBUF_BYTES_BY_NC_VERSION[min(int(nisa.get_nc_version()), 4)]
