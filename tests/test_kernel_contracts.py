@@ -339,16 +339,18 @@ def test_forward_accuracy_with_approximate_rsqrt(
 
 
 @pytest.mark.parametrize("target", ["trn1", "trn2"])
-def test_rstd_within_a_few_fp32_ulp_with_approximate_rsqrt(rng, approximate_rsqrt, target):
+@pytest.mark.parametrize("eps", [0.0, 2.0**-50], ids=["vector-chain", "scalar-chain"])
+def test_rstd_within_a_few_fp32_ulp_with_approximate_rsqrt(rng, approximate_rsqrt, target, eps):
     """Two Newton steps from a 2⁻⁹ estimate: rstd within 4 fp32 ulp of the exact value, over
-    mean squares spread across 2⁻⁶⁰ … 2⁶⁰."""
+    mean squares spread across 2⁻⁶⁰ … 2⁶⁰, on both chains (the Vector-engine one, which eps
+    = 0 takes, and the Scalar-engine one with its 2⁻³² prescaling)."""
     M, N = 256, 64
     scales = np.exp2(rng.uniform(-30, 30, size=(M, 1)))
     x = (scales * rng.standard_normal((M, N))).astype(np.float32)
     (_, rstd), _ = simulate.trace_kernel(
-        kernels.rmsnorm_fwd, x, None, None, 0.0, 0.0, "gemma", None, target=target
+        kernels.rmsnorm_fwd, x, None, None, eps, 0.0, "gemma", None, target=target
     )
-    exact = 1.0 / np.sqrt(np.mean(x.astype(np.float64) ** 2, axis=1))
+    exact = 1.0 / np.sqrt(np.mean(x.astype(np.float64) ** 2, axis=1) + eps)
     ulps = np.abs(rstd - exact) / np.spacing(exact.astype(np.float32)).astype(np.float64)
     assert ulps.max() <= 4, f"rstd off by {ulps.max():.1f} fp32 ulp"
 

@@ -66,10 +66,12 @@ Engine plan per row (``Plan.product_engine``; DMA moves everything):
 ======== ==================================================================================
 DVE      h = x + residual (``tensor_tensor``, fp32, one rounding to the residual's dtype)
 ACT      Σh² (``activation_reduce(square)``, fp32 accumulation)
-rstd     DVE v = Σh²/N + eps, clamped into the Scalar engine's rsqrt range [2⁻⁸⁷, 2⁹⁷]; ACT
-         ``activation(rsqrt)``; two Newton steps on DVE (``rmsnorm_fwd_steps.rstd_from_sum``):
-         within ≈ 2.5 fp32 ulp of 1/sqrt(v) even when ACT's rsqrt is off by 2⁻⁹
-tensor   gemma with a weight on NeuronCore-v3+ (trn2, trn3): DVE splits rstd into three
+rstd     ACT ``activation(rsqrt)`` of the mean square brought into its valid range
+         [2⁻⁸⁷, 2⁹⁷] (ACT: v·2⁻³², exact; or DVE: v clamped), refined by two Newton steps
+         (``rmsnorm_fwd_steps.rstd_from_sum``): within ≈ 2.5 fp32 ulp of 1/sqrt(v) even when
+         ACT's rsqrt is off by 2⁻⁹. The chain runs on ACT (with the bf16 split of the
+         "tensor" plan) unless ACT carries the product ("scalar" plan) or eps < 2⁻⁵⁵
+tensor   gemma with a weight on NeuronCore-v3+ (trn2, trn3): ACT splits rstd into three
          bf16 pieces (hi, mid, lo; their sum is rstd within 2⁻²⁴), the Tensor engine
          transposes them exactly into a row (``is_transpose``) and forms rstd ⊗ w per
          512-column PSUM bank with a K = 3 matmul (bf16 products are exact, the sum is
