@@ -49,7 +49,7 @@ def tutorial_launch(x, weight, eps, device):
     x, weight = x.to(device), weight.to(device)
     nki_jit = getattr(torch_neuronx, "nki_jit", None)
     if nki_jit is None:  # SDK ≥ 2.24: call the nki.jit kernel directly
-        y, _ = kernels.rmsnorm_fwd(x, weight, None, None, eps, 0.0, "gemma", None)
+        y, _ = kernels.rmsnorm_fwd(x, weight, None, eps, 0.0, "gemma", None)
         return y, "nki.jit kernel called directly"
     y = torch.empty_like(x)
     rstd = torch.empty(x.shape[0], dtype=torch.float32, device=device)

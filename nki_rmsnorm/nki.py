@@ -42,8 +42,9 @@ _COMPILER_TO_SDK_MINOR = 5
 SBUF_SIZE_API_SDK = (2, 26)
 #: Per-partition SBUF a kernel may allocate before that API, by NeuronCore version: the
 #: physical partition (192 KiB on v2, general/nki/arch/trainium_inferentia2_arch.rst@8a38e733
-#: line 76; 224 KiB on v3 and 256 KiB on v4, nki/guides/architecture/trainium2_arch.rst and
-#: trainium3_arch.rst at the mirror's HEAD) less the 16 KiB the compiler keeps for itself
+#: line 76; 224 KiB on v3, nki/guides/architecture/trainium2_arch.rst line 39, and 32 MiB /
+#: 128 = 256 KiB on v4, trainium3_arch.rst line 36, at the mirror's HEAD, aws-neuron-sdk
+#: repository) less the 16 KiB the compiler keeps for itself
 #: (general/nki/nki_direct_allocation_guide.rst@8a38e733, lines 153-155). v3 and v4 keep 8
 #: more bytes: the figure ``total_available_sbuf_size`` reports for them from 2.26 on.
 SBUF_BYTES_BY_NC_VERSION = {2: (192 - 16) * 1024, 3: (224 - 16) * 1024 - 8,
@@ -56,19 +57,29 @@ def sdk_version() -> tuple[int, int]:
     when neither says."""
     if SIMULATED:
         emulated = getattr(simulate, "sdk_version", None)
-        return tuple(emulated()) if emulated is not None else NEWEST_SDK
+        return NEWEST_SDK if emulated is None else _release(emulated())
     from importlib.metadata import PackageNotFoundError, version  # pragma: no cover
 
     try:  # pragma: no cover - needs the Neuron SDK
-        major, minor = (int(part) for part in version("neuronx-cc").split(".")[:2])
-    except (PackageNotFoundError, ValueError):  # pragma: no cover
+        major, minor = _release(version("neuronx-cc"))
+    except (PackageNotFoundError, ValueError, IndexError):  # pragma: no cover
         return NEWEST_SDK
     return (major, minor + _COMPILER_TO_SDK_MINOR)  # pragma: no cover
 
 
+def _release(value) -> tuple[int, int]:
+    """``"2.24"`` (or ``"2.24.0"``, or ``(2, 24)``) as ``(2, 24)``."""
+    parts = value.split(".") if isinstance(value, str) else value
+    return int(parts[0]), int(parts[1])
+
+
 def usable_sbuf_bytes() -> int:
     """SBUF bytes per partition a kernel may allocate on the running target: the compiler's
-    own figure from SDK 2.26 on, the documented per-generation figure before."""
+    own figure from SDK 2.26 on (or whenever the API answers), the documented
+    per-generation figure before."""
     if sdk_version() >= SBUF_SIZE_API_SDK:
-        return nl.tile_size.total_available_sbuf_size
+        try:
+            return nl.tile_size.total_available_sbuf_size
+        except AttributeError:  # an older SDK whose version could not be read
+            pass
     return SBUF_BYTES_BY_NC_VERSION[min(int(nisa.get_nc_version()), 4)]

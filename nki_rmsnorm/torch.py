@@ -360,11 +360,10 @@ class _XlaLaunch:
         from nki_rmsnorm import kernels
 
         _record("nki.jit")
-        return tuple(
-            kernels.rmsnorm_fwd(
-                x, weight, bias, residual, eps, offset, casting_mode, _nki_dtype(out_dtype)
-            )
-        )
+        options = (eps, offset, casting_mode, _nki_dtype(out_dtype))
+        if residual is None:
+            return tuple(kernels.rmsnorm_fwd(x, weight, bias, *options))
+        return tuple(kernels.rmsnorm_add_fwd(x, residual, weight, bias, *options))
 
     @classmethod
     def backward(cls, dy, x_or_h, weight, rstd, dh_out, offset, has_bias, bias_dtype, casting_mode):
@@ -387,16 +386,21 @@ class _XlaLaunch:
 
         _record("nki.jit")
         grads = list(
-            kernels.rmsnorm_bwd(dy, x_or_h, weight, rstd, dh_out, offset, has_bias, casting_mode)
+            kernels.rmsnorm_bwd(
+                dy,
+                x_or_h,
+                weight,
+                rstd,
+                dh_out,
+                offset,
+                has_bias,
+                casting_mode,
+                _nki_dtype(bias_dtype),
+            )
         )
         dx = grads.pop(0)
         dweight = grads.pop(0) if weight is not None else None
         dbias = grads.pop(0) if has_bias else None
-        if dbias is not None and bias_dtype is not None and dbias.dtype != bias_dtype:
-            raise NotImplementedError(
-                f"the return-convention backward kernel gives dbias in {_dtype_name(dbias.dtype)}"
-                f", not the bias's {_dtype_name(bias_dtype)}; pass a bias of the weight's dtype"
-            )
         return dx, dweight, dbias
 
 

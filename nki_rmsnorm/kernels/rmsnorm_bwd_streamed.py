@@ -160,6 +160,15 @@ def _make_plan(N, x_dtype, dy_dtype, weight_dtype, casting_mode, sbuf_bytes):
                  (N + CHUNK_COLS - 1) // CHUNK_COLS)
 
 
+def plan_bytes(plan, N, x_dtype, dy_dtype, weight_dtype) -> int:
+    """SBUF bytes per partition the streamed regime allocates for ``plan``: the resident
+    dy and x rows and broadcast weight, and ``CHUNK_SCRATCH_BYTES`` for a chunk's tiles."""
+    rows = (np.dtype(x_dtype).itemsize + np.dtype(dy_dtype).itemsize) * N
+    weight = 0 if weight_dtype is None else np.dtype(weight_dtype).itemsize * N
+    return ((rows if plan.rows_resident else 0) + (weight if plan.weight_resident else 0)
+            + CHUNK_SCRATCH_BYTES)
+
+
 def _row_tile(plan, inputs, grads, dx, r0, rows):
     """Both passes over rows r0 … r0+rows (one per partition), chunk by chunk."""
     N = inputs.x.shape[1]
@@ -229,7 +238,8 @@ def _load_chunk(src, resident_row, r0, rows, c0, width):
 
 def _broadcast_weight(weight):
     """The weight replicated on every partition, (P, N) in its own dtype, chunk by chunk:
-    load (DMA) and partition broadcast (``broadcast_to``)."""
+    load (DMA) and partition broadcast (the tile's ``broadcast_to``: ``nl.broadcast_to``
+    appears only in SDK 2.22, general/nki/nki_rn.rst@8a38e733)."""
     P = nl.tile_size.pmax
     N = weight.shape[0]
     w_row = weight.reshape((1, N))
@@ -237,8 +247,7 @@ def _broadcast_weight(weight):
     for c in nl.static_range((N + CHUNK_COLS - 1) // CHUNK_COLS):
         c0 = c * CHUNK_COLS
         width = min(CHUNK_COLS, N - c0)
-        w_all[:, c0:c0 + width] = nl.broadcast_to(nl.load(w_row[0:1, c0:c0 + width]),
-                                                  shape=(P, width))
+        w_all[:, c0:c0 + width] = nl.load(w_row[0:1, c0:c0 + width]).broadcast_to((P, width))
     return w_all
 
 
@@ -250,7 +259,7 @@ def _weight_chunk(inputs, rows, c0, width):
     if inputs.w_all is not None:
         return inputs.w_all[0:rows, c0:c0 + width]
     w_row = inputs.weight.reshape((1, inputs.weight.shape[0]))
-    return nl.broadcast_to(nl.load(w_row[0:1, c0:c0 + width]), shape=(rows, width))
+    return nl.load(w_row[0:1, c0:c0 + width]).broadcast_to((rows, width))
 
 
 def _scaled_grad(dy_c, w_c, offset):
@@ -291,13 +300,13 @@ def _dx_chunk(dy_c, x_c, w_c, dh_c, offset, rstd_t, k, out_dtype):
 
 
 def _column_sum_accumulators(N):
-    """Zeroed fp32 PSUM tiles holding the column sums of an (M, N) operand: column j of the
-    tiles (bank j // 512, column j % 512) accumulates the 128 columns 128·j … 128·j + 127,
-    one per partition."""
+    """A zeroed fp32 PSUM tile ``(banks, P, 512)`` holding the column sums of an (M, N)
+    operand: column j (bank j // 512, column j % 512) accumulates the 128 columns
+    128·j … 128·j + 127, one per partition."""
     P = nl.tile_size.pmax
     blocks = (N + P - 1) // P
-    return [nl.zeros((P, min(PSUM_BANK_COLS, blocks - b0)), dtype=nl.float32, buffer=nl.psum)
-            for b0 in range(0, blocks, PSUM_BANK_COLS)]
+    return nl.zeros((-(-blocks // PSUM_BANK_COLS), nl.par_dim(P), PSUM_BANK_COLS),
+                    dtype=nl.float32, buffer=nl.psum)
 
 
 def _accumulate_column_sums(acc, data, ones, c0):
@@ -310,18 +319,30 @@ def _accumulate_column_sums(acc, data, ones, c0):
         lo = b * P
         block = min(P, width - lo)
         bank, col = divmod((c0 + lo) // P, PSUM_BANK_COLS)
-        acc[bank][0:block, col:col + 1] += nisa.nc_matmul(data[:, lo:lo + block],
+        acc[bank, 0:block, col:col + 1] += nisa.nc_matmul(data[:, lo:lo + block],
                                                           ones[0:rows, :],
                                                           is_moving_onezero=True)
 
 
 def _store_column_sums(dst, acc):
     """Round the PSUM column sums to ``dst``'s dtype once (Vector copy) and store them:
-    element (p, j) of bank b is ``dst[(512·b + j)·128 + p]`` (strided DMA, masked past N)."""
+    element (p, j) of bank b is ``dst[(512·b + j)·128 + p]`` (strided DMA). The full
+    128-column blocks go in one store per bank, the last partial block (N mod 128 columns)
+    in its own, so no mask mixes the two axes (general/nki/api/nki.api.shared.rst@8a38e733,
+    lines 201-207)."""
     P = nl.tile_size.pmax
     N = dst.shape[0]
+    full_blocks, rest = divmod(N, P)
     i_p = nl.arange(P)[:, None]
-    for bank, sums in enumerate(acc):
-        i_j = nl.arange(sums.shape[1])[None, :]
-        index = (bank * PSUM_BANK_COLS + i_j) * P + i_p
-        nl.store(dst[index], value=nl.copy(sums, dtype=dst.dtype), mask=(index < N))
+    for bank in nl.static_range(acc.shape[0]):
+        first = bank * PSUM_BANK_COLS
+        full = max(0, min(PSUM_BANK_COLS, full_blocks - first))
+        sums = nl.copy(acc[bank], dtype=dst.dtype)
+        if full:
+            i_j = nl.arange(full)[None, :]
+            nl.store(dst[(first + i_j) * P + i_p], value=sums[:, 0:full])
+        if rest and first <= full_blocks < first + PSUM_BANK_COLS:
+            last = full_blocks - first
+            start = full_blocks * P
+            nl.store(dst[start:start + rest].reshape((rest, 1)),
+                     value=sums[0:rest, last:last + 1])

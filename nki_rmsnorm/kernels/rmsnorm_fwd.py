@@ -18,8 +18,26 @@ Casting modes (``casting_mode``):
 
 Shapes and dtypes: ``x`` (M, N) in float32 / bfloat16 / float16; ``weight``, ``bias`` (N,)
 in float32 or x's dtype, or None; ``residual`` (M, N) or None; ``eps``, ``offset`` Python
-floats; ``out_dtype`` y's dtype (None: x's dtype). Returns ``(y, rstd)``, or
-``(y, h, rstd)`` with a residual; ``rstd`` is (M,) float32, ``h`` in the residual's dtype.
+floats; ``out_dtype`` y's dtype (None: x's dtype); ``rstd`` is (M,) float32, ``h`` in the
+residual's dtype.
+
+Entry points (all share ``forward_body``, so results are bitwise the same):
+
+============================ ==================================================================
+``rmsnorm_fwd``              return convention: ``(y, rstd)``
+``rmsnorm_add_fwd``          return convention, fused residual add: ``(y, h, rstd)`` (its own
+                             kernel, so every ``shared_hbm`` output is created unconditionally
+                             at the kernel's top level: general/nki/api/nki.errors.rst
+                             @8a38e733, lines 583-617)
+``rmsnorm_fwd_out``          output parameters: writes the caller's ``y`` (its dtype is the
+                             output dtype) and ``rstd`` in place, returns nothing
+``rmsnorm_add_fwd_out``      output parameters, fused residual add: ``y``, ``h``, ``rstd``
+============================ ==================================================================
+
+Supported legacy Neuron SDK releases: 2.21-2.29 for every entry point and regime (the return
+convention and ``activation_reduce`` / ``scalar_tensor_tensor`` / ``get_nc_version`` appear in
+2.21; the SBUF budget is ``nl.tile_size.total_available_sbuf_size`` from 2.26 and the
+documented per-generation figure before, ``nki_rmsnorm.nki.usable_sbuf_bytes``).
 
 Regimes (``rmsnorm_fwd_plan.choose_layout``; decided from N, the dtypes, the options and the
 target, never from the data; M only sets the rows per partition of the first one):
@@ -43,13 +61,17 @@ HBM traffic: every regime but two_pass reads x and the residual once and writes 
 once; the weight and bias are read once ("rows"), three times at most ("split": the Tensor
 engine's moving rows, 2·N·e bytes) or once per row tile ("long": N·e bytes per 128 rows).
 
-Engine plan per row (``Plan.product_engine``; DMA moves everything, h = x + residual is a
-DMA read-modify-write onto the loaded residual, so no compute engine adds it):
+Engine plan per row (``Plan.product_engine``; DMA moves everything):
 
 ======== ==================================================================================
-ACT      Σh² (``activation_reduce(square)``, fp32 accumulation), rstd (``activation(rsqrt,
-         scale=1/N, bias=eps)``)
-tensor   gemma with a weight on NeuronCore-v3+ (trn2, trn3): DVE splits rstd into three
+DVE      h = x + residual (``tensor_tensor``, fp32, one rounding to the residual's dtype)
+ACT      Σh² (``activation_reduce(square)``, fp32 accumulation)
+rstd     ACT ``activation(rsqrt)`` of the mean square brought into its valid range
+         [2⁻⁸⁷, 2⁹⁷] (ACT: v·2⁻³², exact; or DVE: v clamped), refined by two Newton steps
+         (``rmsnorm_fwd_steps.rstd_from_sum``): within ≈ 2.5 fp32 ulp of 1/sqrt(v) even when
+         ACT's rsqrt is off by 2⁻⁹. The chain runs on ACT (with the bf16 split of the
+         "tensor" plan) unless ACT carries the product ("scalar" plan) or eps < 2⁻⁵⁵
+tensor   gemma with a weight on NeuronCore-v3+ (trn2, trn3): ACT splits rstd into three
          bf16 pieces (hi, mid, lo; their sum is rstd within 2⁻²⁴), the Tensor engine
          transposes them exactly into a row (``is_transpose``) and forms rstd ⊗ w per
          512-column PSUM bank with a K = 3 matmul (bf16 products are exact, the sum is

@@ -75,7 +75,7 @@ def _long_tile(plan, engine, chunks, hbm, offset, h_rows, eps, helper, row0, par
                                               reduce_res=partial_sq[:, c:c + 1],
                                               dtype=squares.dtype)
     sum_sq = nisa.tensor_reduce(nl.add, partial_sq, axis=1, keepdims=True, dtype=nl.float32)
-    rstd_tile = steps.rstd_from_sum(sum_sq, eps, N)
+    rstd_tile = steps.rstd_from_sum(sum_sq, eps, N, on_scalar=engine != "scalar")
     nl.store(hbm.rstd[rows], value=rstd_tile)
     stationary = (steps.rstd_rows(plan, rstd_tile, helper[:parts, :parts], stacked=False)
                   if engine == "tensor" else None)

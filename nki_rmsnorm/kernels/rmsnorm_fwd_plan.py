@@ -103,26 +103,35 @@ class Plan:
             dtypes.append(nl.bfloat16)
         return sum(_size(d) for d in dtypes if d is not None)
 
-    def fits_rows(self, n: int, rows: int, budget: int) -> bool:
-        """Whole rows fit: the weight and bias once, two tiles of ``rows`` rows per
+    def rows_bytes(self, n: int, rows: int) -> int:
+        """Regime "rows": the weight and bias once, two tiles of ``rows`` rows per
         partition in flight."""
         per_column = self.resident_bytes() + 2 * rows * self.row_bytes()
-        return n * per_column + RESERVED_BYTES <= budget
+        return n * per_column + RESERVED_BYTES
 
-    def fits_split(self, segment: int, segments: int, budget: int) -> bool:
-        """Segments of ``segment`` columns fit: the weight and bias segments once (one row
-        per partition, or 3·``segments`` moving rows), ``SPLIT_SLOTS`` tiles in flight."""
-        per_column = SPLIT_SLOTS * self.row_bytes() + self.resident_bytes()
-        return segment * per_column + RESERVED_BYTES <= budget
+    def fits_rows(self, n: int, rows: int, budget: int) -> bool:
+        return self.rows_bytes(n, rows) <= budget
+
+    def split_bytes(self, segment: int) -> int:
+        """Regime "split", segments of ``segment`` columns: the weight and bias segments
+        once (one row per partition, or 3·s moving rows) and as loaded (up to fp32, before
+        the conversion), ``SPLIT_SLOTS`` tiles in flight."""
+        staging = sum(_size(nl.float32) for d in (self.scale_dtype, self.bias_dtype)
+                      if d is not None)
+        per_column = SPLIT_SLOTS * self.row_bytes() + self.resident_bytes() + staging
+        return segment * per_column + RESERVED_BYTES
+
+    def fits_split(self, segment: int, budget: int) -> bool:
+        return self.split_bytes(segment) <= budget
 
     def chunk_columns(self) -> int:
         """Column chunk of the long-row regimes."""
         return max(PSUM_COLS, CHUNK_BYTES // _size(self.h_dtype))
 
-    def fits_one_row_tile(self, n: int, budget: int, output_chunk: int) -> bool:
-        """One tile of h rows stays on chip next to the chunks in flight: the statistics
-        pass's squares (and x, with a residual) and the output pass's y, intermediates and
-        weight and bias chunks."""
+    def long_bytes(self, n: int, output_chunk: int) -> int:
+        """Regime "long": one tile of h rows stays on chip next to the chunks in flight:
+        the statistics pass's squares (and x, with a residual) and the output pass's y,
+        intermediates and weight and bias chunks."""
         output = [self.result_dtype, self.product_dtype, self.scale_dtype, self.bias_dtype]
         if self.result_dtype != self.out_dtype:
             output.append(self.out_dtype)
@@ -133,20 +142,29 @@ class Plan:
         chunks = CHUNKS_IN_FLIGHT * (
             self.chunk_columns() * statistics
             + output_chunk * sum(_size(d) for d in output if d is not None))
-        return n * _size(self.h_dtype) + chunks + RESERVED_BYTES + 4 * math.ceil(
-            n / self.chunk_columns()) <= budget
+        return (n * _size(self.h_dtype) + chunks + RESERVED_BYTES
+                + 4 * math.ceil(n / self.chunk_columns()))
 
-    def two_pass_chunk(self, n: int, budget: int) -> int:
-        """Column chunk of the two-pass regime: two chunks in flight of the busier pass
-        (statistics: x, residual, squares; scale: the tile's buffers plus the weight and
-        bias chunks), and a weight or bias row with its converted copy."""
+    def fits_one_row_tile(self, n: int, budget: int, output_chunk: int) -> bool:
+        return self.long_bytes(n, output_chunk) <= budget
+
+    def two_pass_bytes(self, chunk: int) -> int:
+        """Regime "two_pass", column chunks of ``chunk``: two chunks in flight of the busier
+        pass (statistics: x, residual, squares; scale: the tile's buffers plus the weight
+        and bias chunks), and a weight or bias row with its converted copy."""
         stats = _size(self.in_dtype) + _size(nl.bfloat16)
         if self.residual_dtype is not None:
             stats += _size(self.residual_dtype)
         per_column = 2 * max(stats, self.row_bytes() + self.resident_bytes())
         per_column += 2 * _size(nl.float32)
+        return chunk * per_column + RESERVED_BYTES
+
+    def two_pass_chunk(self, n: int, budget: int) -> int:
+        """Column chunk of the two-pass regime: the widest of 8192 … 512 columns that fits
+        (512 when none does: the kernel then fails to allocate, which the planner's property
+        test would show), evened out over the row."""
         for width in (8192, 4096, 2048, 1024, 512):
-            if width * per_column + RESERVED_BYTES <= budget:
+            if self.two_pass_bytes(width) <= budget:
                 break
         chunks = math.ceil(n / width)
         return min(width, PSUM_COLS * math.ceil(n / chunks / PSUM_COLS))
@@ -220,7 +238,7 @@ def choose_layout(plan: Plan, m: int, n: int, budget: int) -> Layout:
     while plan.exact_transpose and segments <= MAX_SEGMENTS and n % segments == 0:
         segment = n // segments
         if (segment * _size(plan.h_dtype) <= SPLIT_SEGMENT_BYTES
-                and plan.fits_split(segment, segments, budget)):
+                and plan.fits_split(segment, budget)):
             return Layout("split", segments=segments)
         segments *= 2
     chunk = plan.chunk_columns()
@@ -250,3 +268,14 @@ def _more_rows_help(plan: Plan, m: int, n: int, rows: int, budget: int) -> bool:
             and rows * n <= MAX_FREE_ELEMENTS
             and transposed <= PSUM_COLS * 4
             and plan.fits_rows(n, rows, budget))
+
+
+def layout_bytes(plan: Plan, layout: Layout, n: int) -> int:
+    """SBUF bytes per partition the planner budgets for ``layout`` of rows of ``n``."""
+    if layout.regime == "rows":
+        return plan.rows_bytes(n, layout.rows_per_partition)
+    if layout.regime == "split":
+        return plan.split_bytes(n // layout.segments)
+    if layout.regime == "long":
+        return plan.long_bytes(n, layout.output_chunk)
+    return plan.two_pass_bytes(layout.chunk)

@@ -109,7 +109,7 @@ def _row_tile(plan, views, resident, eps, group0, parts, k, N):
                                                       reduce_op=nl.add,
                                                       reduce_res=sum_sq[:, j:j + 1],
                                                       dtype=squares.dtype)
-    rstd_tile = steps.rstd_from_sum(sum_sq, eps, N)
+    rstd_tile = steps.rstd_from_sum(sum_sq, eps, N, on_scalar=plan.product_engine != "scalar")
     nl.store(views.rstd[groups, i_k], value=rstd_tile)
 
     shift = None if resident.shift is None else resident.shift[:parts]

@@ -29,6 +29,9 @@ from nki_rmsnorm.nki import nisa, nl
 #: (general/nki/api/nki.api.shared.rst@8a38e733, line 180).
 RSQRT_MIN_INPUT = 2.0 ** -87
 RSQRT_MAX_INPUT = 2.0 ** 97
+#: Power-of-two scalings around the Scalar engine's rsqrt (see :func:`_rstd_on_scalar`).
+RSQRT_PRESCALE = 2.0 ** -32
+RSQRT_POSTSCALE = 2.0 ** -16
 #: Newton steps refining the Scalar engine's rsqrt (see :func:`rstd_from_sum`).
 NEWTON_STEPS = 2
 FP32_MAX = float(np.finfo(np.float32).max)
@@ -82,21 +85,72 @@ def identity(parts, dtype):
                               dtype=dtype)
 
 
-def rstd_from_sum(sum_sq, eps, n, mask=None):
+def rstd_from_sum(sum_sq, eps, n, mask=None, on_scalar=True):
     """rstd = 1 / sqrt(Σh² / n + eps), fp32, for a (parts, k) tile of row sums.
 
     The Scalar engine's rsqrt is a piecewise-polynomial approximation, less precise than
     GpSimd's and valid only for inputs in [2⁻⁸⁷, 2⁹⁷] (general/nki/api/nki.api.shared.rst
-    @8a38e733, lines 167-180 and 444-448). So the mean square v = Σh²/n + eps is formed on
-    the Vector engine (fp32), clamped into that range, and the Scalar engine's estimate is
-    refined by ``NEWTON_STEPS`` Newton steps r ← r·(1.5 − 0.5·v·r²) on the Vector engine:
-    from a relative error ε ≤ 2⁻⁹ each step leaves ≈ 1.5·ε², so two steps reach fp32
-    rounding noise (a few fp32 ulp) whatever the Scalar engine's accuracy within 2⁻⁹.
+    @8a38e733, lines 127-130, 180 and 444-448). So its estimate is refined by
+    ``NEWTON_STEPS`` Newton steps r ← r·(1.5 − 0.5·v·r²): from a relative error ε ≤ 2⁻⁹
+    each step leaves ≈ 1.5·ε², so two steps reach fp32 rounding noise (≈ 2.5 fp32 ulp
+    measured) whatever the Scalar engine's accuracy within 2⁻⁹.
 
-    Out of range: a row with v > 2⁹⁷ (rms above ≈ 4·10¹⁴) gets the rstd of 2⁹⁷, one with
-    0 < v < 2⁻⁸⁷ (only possible when eps < 2⁻⁸⁷) the rstd of 2⁻⁸⁷; a row with v = 0 (an
-    all-zero row with eps = 0) gets rstd = +inf, so y = 0·inf = NaN, as reference.py says.
+    ``on_scalar``: the whole chain on the Scalar engine (:func:`_rstd_on_scalar`), for plans
+    whose long per-tile product runs on the Vector engine, so the chain does not wait behind
+    it in the Vector engine's in-order stream; else on the Vector engine
+    (:func:`_rstd_on_vector`), for the "scalar" plan, whose product keeps ACT busy, and for
+    eps < 2⁻⁵⁵, where the Scalar-engine chain's fixed scaling cannot cover every row.
+
+    A row with v = 0 (an all-zero row with eps = 0) gets rstd = +inf, so y = 0·inf = NaN,
+    as reference.py says.
     """
+    if on_scalar and eps >= RSQRT_MIN_INPUT / RSQRT_PRESCALE:
+        return _rstd_on_scalar(sum_sq, eps, n, mask)
+    return _rstd_on_vector(sum_sq, eps, n, mask)
+
+
+def _rstd_on_scalar(sum_sq, eps, n, mask=None):
+    """rstd on the Scalar engine alone (its ``activation`` computes f(data·scale + bias) in
+    fp32, with per-partition scale and bias columns). The rsqrt input is u = v·2⁻³², an
+    exact power-of-two scaling that brings every v in [2⁻⁵⁵, 2¹²⁹] — every finite row, as
+    the caller guarantees eps ≥ 2⁻⁵⁵ — into the valid range; Newton runs on u, and
+    rstd = r·2⁻¹⁶."""
+    parts, k = sum_sq.shape
+    u = nl.ndarray((parts, k), dtype=nl.float32)
+    u[...] = nisa.activation(op=nl.copy, data=sum_sq, scale=RSQRT_PRESCALE / n,
+                             bias=_column(parts, eps * RSQRT_PRESCALE), dtype=nl.float32,
+                             mask=mask)
+    r = nl.ndarray((parts, k), dtype=nl.float32)
+    r[...] = nisa.activation(op=nl.rsqrt, data=u, dtype=nl.float32, mask=mask)
+    minus_half_u = nisa.activation(op=nl.copy, data=u, scale=-0.5, dtype=nl.float32,
+                                   mask=mask)
+    three_halves = _column(parts, 1.5)
+    for _ in nl.static_range(NEWTON_STEPS):
+        for j in nl.static_range(k):
+            r_j = r[:, j:j + 1]
+            square = nisa.activation(op=nl.copy, data=r_j, scale=r_j, dtype=nl.float32,
+                                     mask=mask)
+            factor = nisa.activation(op=nl.copy, data=square, scale=minus_half_u[:, j:j + 1],
+                                     bias=three_halves, dtype=nl.float32, mask=mask)
+            r_j[...] = nisa.activation(op=nl.copy, data=factor, scale=r_j, dtype=nl.float32,
+                                       mask=mask)
+    return nisa.activation(op=nl.copy, data=r, scale=RSQRT_POSTSCALE, dtype=nl.float32,
+                           mask=mask)
+
+
+def _column(parts, value):
+    """A (parts, 1) fp32 column of ``value`` (GpSimd memset: the engine is otherwise idle),
+    an ``activation`` bias."""
+    column = nl.ndarray((parts, 1), dtype=nl.float32)
+    column[...] = nisa.memset((parts, 1), value, dtype=nl.float32, engine=nisa.gpsimd_engine)
+    return column
+
+
+def _rstd_on_vector(sum_sq, eps, n, mask=None):
+    """rstd with the mean square v = Σh²/n + eps formed and clamped into rsqrt's valid range
+    on the Vector engine, the Scalar engine's rsqrt, and the Newton steps on the Vector
+    engine. Out of range: a row with v > 2⁹⁷ (rms above ≈ 4·10¹⁴) gets the rstd of 2⁹⁷,
+    one with 0 < v < 2⁻⁸⁷ (only when eps < 2⁻⁸⁷) the rstd of 2⁻⁸⁷."""
     v = nisa.tensor_scalar(sum_sq, op0=nl.multiply, operand0=1.0 / n, op1=nl.add,
                            operand1=float(eps), dtype=nl.float32, mask=mask)
     clamped = nisa.tensor_scalar(v, op0=nl.minimum, operand0=RSQRT_MAX_INPUT, op1=nl.maximum,
@@ -121,8 +175,8 @@ def newton_rsqrt_step(rstd, v, mask=None):
 
 
 def _infinite_where_zero(rstd, v, mask=None):
-    """rstd + (v == 0 ? 2·FP32_MAX : 0): +inf where the mean square is zero (fp32 overflow of
-    2·FP32_MAX), rstd elsewhere (Vector engine; compare then multiply-add)."""
+    """rstd + (v == 0 ? 2·FP32_MAX : 0): +inf where the mean square is zero (fp32 overflow
+    of 2·FP32_MAX), rstd elsewhere (Vector engine; compare then multiply-add)."""
     huge = nisa.tensor_scalar(v, op0=nl.equal, operand0=0.0, op1=nl.multiply,
                               operand1=FP32_MAX, dtype=nl.float32, mask=mask)
     return nisa.scalar_tensor_tensor(data=huge, op0=nl.multiply, operand0=2.0, op1=nl.add,
@@ -166,24 +220,27 @@ def broadcast_row(row_hbm, partitions, dtype, offset=0.0, mask=None):
 
 def split_rstd(plan, rstd):
     """rstd (parts, k) fp32 as the Tensor engine's operand dtype: for three pieces,
-    (parts, 3k) bf16 with row j's hi, mid, lo in columns 3j, 3j + 1, 3j + 2 (Vector engine:
-    GpSimd's ``tensor_scalar`` is documented for rsqrt only and subtract is a Vector-engine
-    ALU op, general/nki/api/nki/isa/__init__.py@8a38e733 line 1699 and
-    general/nki/api/nki.api.shared.rst@8a38e733 line 84); for one piece, rstd."""
+    (parts, 3k) bf16 with row j's hi, mid, lo in columns 3j, 3j + 1, 3j + 2; for one piece,
+    rstd. On the Scalar engine, whose ``activation`` adds a per-partition bias column:
+    hi = bf16(r), rest = r − hi (exact: hi is r rounded), mid = bf16(rest),
+    lo = bf16(rest − mid), whatever ACT's rounding mode (GpSimd may not subtract: its
+    ``tensor_scalar`` runs only rsqrt and its ``tensor_tensor`` only power and integer
+    arithmetic, general/nki/api/nki/isa/__init__.py@8a38e733 lines 1699 and 1767; the
+    Vector engine is busy with the product)."""
     if plan.rstd_pieces != 3:
         return rstd
     parts, k = rstd.shape
     dtype = plan.scale_dtype
     split = nl.ndarray((parts, 3 * k), dtype=dtype)
     for j in nl.static_range(k):
+        r_j = rstd[:, j:j + 1]
         hi = split[:, 3 * j:3 * j + 1]
         mid = split[:, 3 * j + 1:3 * j + 2]
-        lo = split[:, 3 * j + 2:3 * j + 3]
-        hi[...] = nisa.tensor_copy(rstd[:, j:j + 1], dtype=dtype)
-        rest = nisa.tensor_scalar(rstd[:, j:j + 1], op0=nl.subtract, operand0=hi,
-                                  dtype=nl.float32)
-        mid[...] = nisa.tensor_copy(rest, dtype=dtype)
-        lo[...] = nisa.tensor_scalar(rest, op0=nl.subtract, operand0=mid, dtype=dtype)
+        hi[...] = nisa.activation(op=nl.copy, data=r_j, dtype=dtype)
+        rest = nisa.activation(op=nl.copy, data=hi, scale=-1.0, bias=r_j, dtype=nl.float32)
+        mid[...] = nisa.activation(op=nl.copy, data=rest, dtype=dtype)
+        split[:, 3 * j + 2:3 * j + 3] = nisa.activation(op=nl.copy, data=mid, scale=-1.0,
+                                                         bias=rest, dtype=dtype)
     return split
 
 
