@@ -14,14 +14,19 @@ $(STAMP): pyproject.toml
 		if command -v python3.11 >/dev/null 2>&1; then python3.11 -m venv $(VENV); \
 		else python3 -m venv $(VENV); fi; \
 	fi
-	$(PYTHON) -m pip install -e '.[test,torch,jax,bench]'
+	# The CPU torch wheel first: the package's torch extra is unpinned, and an unpinned torch
+	# resolves to a CUDA build elsewhere (gigabytes of nvidia-* wheels and triton).
+	$(PYTHON) -m pip install torch==2.13.0
+	$(PYTHON) -m pip install -e '.[test,torch,jax,flax,equinox,bench,hf]'
 	touch $@
 
 lint: venv
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
 
 test: venv
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
 	$(PYTHON) -m pytest -n 2 -q
 
 bench: venv

@@ -1,9 +1,16 @@
 """RMSNorm through the NKI kernels from JAX, checked against a float64 NumPy RMSNorm.
 
+Two ways in:
+
+1. the Neuron RMSNorm tutorial's launch, ``jax_neuronx.nki_call(kernel, x, w, out_shape=...)``
+   with the output-parameter kernel ``rmsnorm_fwd_out`` (jax-neuronx of Neuron SDK 2.20 -
+   2.22; on CPU, ``simulate.install()`` provides a simulated ``nki_call``);
+2. the high-level API, ``nki_rmsnorm.jax.rms_norm``, differentiable, under ``jax.jit``.
+
 On a Neuron JAX backend (``jax.default_backend() == "neuron"``) the kernels are compiled
-into the XLA program; on any other backend they run in the NKI simulator through
-``jax.pure_callback``. Prints the largest error of the output and of the gradients against
-the plain formula evaluated in float64, and the time per jitted call.
+into the XLA program; on any other backend they run in the NKI simulator inside a host
+callback. Prints the largest error of each output and gradient against the plain formula
+evaluated in float64 and against ``jax.numpy``, and the time per jitted call.
 
     python examples/rmsnorm_jax.py [--rows 256] [--hidden 1024] [--dtype bfloat16]
 """
@@ -11,6 +18,7 @@ the plain formula evaluated in float64, and the time per jitted call.
 from __future__ import annotations
 
 import argparse
+import functools
 import time
 
 import jax
@@ -18,6 +26,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from nki_rmsnorm import jax as nki_jax
+from nki_rmsnorm import kernels, nki
+
+if nki.SIMULATED:  # no Neuron compiler: kernels and jax_neuronx.nki_call are simulated
+    import simulate
+
+    simulate.install()
+try:
+    from jax_neuronx import nki_call
+except ImportError:  # Neuron SDK >= 2.23: nki_call is gone, kernels are called directly
+    nki_call = None
 
 
 def reference(x, w, dy, eps):
@@ -47,6 +65,41 @@ def main() -> None:
     w = (1 + 0.1 * jax.random.normal(kw, (args.hidden,))).astype(dtype)
     dy = jax.random.normal(kd, shape).astype(dtype)
 
+    eps_dtype = float(jnp.finfo(dtype).eps)
+
+    def max_err(a, b):
+        """Largest error, and that error relative to max |reference| in units of the dtype's
+        epsilon (≈ 1 for a correctly rounded result at the largest value)."""
+        err = float(np.max(np.abs(np.asarray(a, np.float64) - b)))
+        scale = float(np.max(np.abs(b))) or 1.0
+        return f"{err:.3e}  ({err / scale / eps_dtype:.2f} eps of max |ref|)"
+
+    def jnp_rms_norm(x, w):
+        """The formula in jax.numpy, float32 math on upcast inputs, one rounding."""
+        xf = x.astype(jnp.float32)
+        y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, -1, keepdims=True) + eps) * w
+        return y.astype(x.dtype)
+
+    print(f"backend: {jax.default_backend()} "
+          f"({'NKI on device' if jax.default_backend() == 'neuron' else 'kernels simulated'});"
+          f" x {shape} {args.dtype}; launch path: {nki_jax.launch_path()}")
+
+    # 1. The tutorial's launch: an output-parameter kernel, outputs described by out_shape.
+    if nki_call is None:
+        print("jax_neuronx.nki_call: not in this Neuron SDK (removed in 2.23), skipped")
+    else:
+        kernel = functools.partial(kernels.rmsnorm_fwd_out, eps=eps, offset=0.0,
+                                   casting_mode="gemma")
+        x2d = x.reshape(-1, args.hidden)
+        y_call, _ = nki_call(kernel, x2d, w, None,
+                             out_shape=(jax.ShapeDtypeStruct(x2d.shape, x2d.dtype),
+                                        jax.ShapeDtypeStruct(x2d.shape[:1], jnp.float32)))
+        y_call = y_call.reshape(shape)
+        print(f"nki_call(rmsnorm_fwd_out, x, w, out_shape=...):"
+              f" max |y - reference| = {max_err(y_call, reference(x, w, dy, eps)[0])}, "
+              f"max |y - jnp| = {max_err(y_call, np.asarray(jnp_rms_norm(x, w), np.float64))}")
+
+    # 2. The high-level API.
     @jax.jit
     def forward_backward(x, w, dy):
         y, vjp = jax.vjp(lambda x, w: nki_jax.rms_norm(x, w, eps), x, w)
@@ -57,19 +110,10 @@ def main() -> None:
     y, dx, dw = forward_backward(x, w, dy)
     y_ref, dx_ref, dw_ref = reference(x, w, dy, eps)
 
-    eps_dtype = float(jnp.finfo(dtype).eps)
-
-    def max_err(a, b):
-        """Largest error, and that error relative to max |reference| in units of the dtype's
-        epsilon (≈ 1 for a correctly rounded result at the largest value)."""
-        err = float(np.max(np.abs(np.asarray(a, np.float64) - b)))
-        scale = float(np.max(np.abs(b))) or 1.0
-        return f"{err:.3e}  ({err / scale / eps_dtype:.2f} eps of max |ref|)"
-
-    print(f"backend: {jax.default_backend()} "
-          f"({'NKI on device' if jax.default_backend() == 'neuron' else 'kernels simulated'});"
-          f" x {shape} {args.dtype}")
+    print("nki_rmsnorm.jax.rms_norm (jit, vjp):")
     print(f"max |y - reference|        = {max_err(y, y_ref)}")
+    print(f"max |y - jnp|              = "
+          f"{max_err(y, np.asarray(jnp_rms_norm(x, w), np.float64))}")
     print(f"max |dx - reference|       = {max_err(dx, dx_ref)}")
     print(f"max |dweight - reference|  = {max_err(dw, dw_ref)}"
           f"  (sum over {args.batch * args.rows} rows)")

@@ -3,9 +3,17 @@
 ``rms_norm``, ``rms_norm_fwd`` and ``rms_norm_bwd`` take and return NumPy arrays and run the
 NKI kernels (in the simulator unless the Neuron compiler is installed);
 :mod:`nki_rmsnorm.reference` has the same functions in float64 NumPy, and
-:mod:`nki_rmsnorm.torch` / :mod:`nki_rmsnorm.jax` the framework bindings.
+:mod:`nki_rmsnorm.torch` / :mod:`nki_rmsnorm.jax` the framework bindings (extras ``torch`` and
+``jax``), :mod:`nki_rmsnorm.hf` the Hugging Face ``transformers`` patching (extra ``hf``).
 """
+
+from importlib import metadata as _metadata
 
 from nki_rmsnorm.ops import rms_norm, rms_norm_bwd, rms_norm_fwd
 
-__all__ = ["rms_norm", "rms_norm_bwd", "rms_norm_fwd"]
+try:
+    __version__: str = _metadata.version("nki-rmsnorm")
+except _metadata.PackageNotFoundError:  # a source tree on sys.path, never installed
+    __version__ = "0+unknown"
+
+__all__ = ["__version__", "rms_norm", "rms_norm_bwd", "rms_norm_fwd"]

@@ -4,15 +4,20 @@ For every case (kind × target × shape) it runs the kernel once in the simulato
 result against the float64 reference (a wrong result stops the run with exit code 1), and
 reports the modeled latency, effective bandwidth, MBU (share of the per-core HBM roofline),
 the busiest compute engine and its utilisation, the share of the time a DMA is in flight,
-HBM bytes over the minimum, the simulator's wall time, and the speed-up over a deliberately
-simple tutorial-style kernel. Times are cost-model estimates, not device
-measurements (see ``simulate/cost.py`` for what the model assumes).
+HBM bytes over the minimum, the simulator's wall time, the ratio to a plain DMA copy of the
+same bytes on the same target (the yardstick: it does not depend on the model's HBM and DMA
+efficiencies), and the speed-up over the kernel a user would start from (the Neuron RMSNorm
+tutorial's). Times are cost-model estimates, not device measurements (see
+``simulate/perf/cost.py`` for what the model assumes).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
+import importlib.util
 import json
+import os
 import re
 import sys
 import time
@@ -22,19 +27,25 @@ import ml_dtypes
 import numpy as np
 
 from nki_rmsnorm import reference
+from nki_rmsnorm.kernels.rmsnorm_bwd import MAX_HIDDEN as MAX_HIDDEN_BWD
 
 DEFAULT_SHAPES = ((29, 17389), (256, 65536), (1024, 32768), (2048, 16384), (4096, 1024),
                   (4096, 12288), (8192, 2048), (8192, 4096), (8192, 8192), (16384, 4096))
 QUICK_SHAPES = ((129, 1024), (256, 4096))
 KINDS = ("fwd", "bwd", "fused_add")
 TARGETS = ("inf2", "trn1", "trn2", "trn3")
+DIALECTS = ("legacy", "nki06")
 DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16",
           "fp32": "float32", "float32": "float32"}
 EPS = 1e-6
 # Largest error against the float64 reference, in units of the dtype's epsilon times the
-# largest |reference| value (forward: ≤ 1 ulp for bf16/fp16 in gemma mode; backward: the
-# fp32 row statistic adds a few ulp).
+# error's scale: the largest |reference| value for the forward outputs and dweight (≤ 1 ulp
+# for bf16/fp16 in gemma mode), and for dx the row's largest term rstd·max(|g|, |x̂·c|), as in
+# tests/test_bwd.py (dx itself can be far smaller than its terms after the cancellation).
 TOLERANCE_EPS = {"fwd": 2.0, "fused_add": 2.0, "bwd": 8.0}
+BASELINES = {"fwd": "Neuron RMSNorm tutorial kernel",
+             "fused_add": "tutorial add, then the tutorial RMSNorm kernel",
+             "bwd": "straightforward nl backward (no published kernel)"}
 
 
 @dataclass
@@ -54,6 +65,9 @@ class Record:
     min_hbm_bytes: int
     hbm_bytes_ratio: float
     sim_wall_s: float
+    copy_us: float  # a plain HBM → SBUF → HBM DMA copy of the same tensors
+    copy_ratio: float  # modeled_us / copy_us
+    baseline: str
     baseline_us: float | None
     speedup_vs_baseline: float | None
     correct: bool
@@ -82,6 +96,9 @@ def parse_shapes(text: str) -> tuple[tuple[int, int], ...]:
 
 def _parse_list(text: str, allowed, what: str) -> tuple[str, ...]:
     items = tuple(s.strip() for s in text.split(",") if s.strip())
+    if not items:
+        raise ValueError(f"--{what} {text!r} names no {what}: expected a comma list of "
+                         f"{', '.join(allowed)}")
     for item in items:
         if item not in allowed:
             raise ValueError(f"unknown {what} {item!r}: expected one of {', '.join(allowed)}")
@@ -96,18 +113,11 @@ def _inputs(kind: str, M: int, N: int, dtype, rng):
     return x, weight, residual, dy
 
 
-def _max_error(got, want) -> float:
-    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
-    if got.shape != want.shape or not np.all(np.isfinite(got)):
-        return float("inf")
-    return float(np.max(np.abs(got - want))) if got.size else 0.0
-
-
 def run_case(kind, target, M, N, dtype_name, rng, with_baseline=True) -> Record:
     """Simulate one case with the cost model and check it against the reference."""
     import simulate
     import simulate.cost
-    from nki_rmsnorm.kernels import rmsnorm_bwd, rmsnorm_fwd
+    from nki_rmsnorm.kernels import rmsnorm_add_fwd, rmsnorm_bwd, rmsnorm_fwd
 
     dtype = np.dtype(ml_dtypes.bfloat16 if dtype_name == "bfloat16" else dtype_name)
     x, weight, residual, dy = _inputs(kind, M, N, dtype, rng)
@@ -117,18 +127,21 @@ def run_case(kind, target, M, N, dtype_name, rng, with_baseline=True) -> Record:
         outputs, prof = simulate.profile(rmsnorm_bwd, dy, x, weight, rstd, None, 0.0, False,
                                          "gemma", target=target)
         want = reference.rms_norm_bwd(dy, x, weight, rstd)
-        errors = [_max_error(outputs[0], want[0]) / _scale(want[0]),
-                  _max_error(outputs[1], want[1]) / _scale(want[1])]
+        errors = [_max_error(outputs[0], want[0], _dx_row_scale(dy, x, weight, rstd)),
+                  _max_error(outputs[1], want[1], _scale(want[1]))]
     else:
-        outputs, prof = simulate.profile(rmsnorm_fwd, x, weight, None, residual, EPS, 0.0,
-                                         "gemma", dtype, target=target)
+        launch = ((rmsnorm_fwd, x) if residual is None
+                  else (rmsnorm_add_fwd, x, residual))
+        outputs, prof = simulate.profile(*launch, weight, None, EPS, 0.0, "gemma", dtype,
+                                         target=target)
         want = reference.rms_norm_fwd(x, weight, EPS, residual=residual)
-        errors = [_max_error(o, w) / _scale(w) for o, w in zip(outputs[:-1], want[:-1])]
+        errors = [_max_error(o, w, _scale(w)) for o, w in zip(outputs[:-1], want[:-1])]
     wall = time.perf_counter() - start
     eps_dtype = float(np.finfo(np.float32).eps) if dtype_name == "float32" else (
         2.0 ** -8 if dtype_name == "bfloat16" else 2.0 ** -11)
     max_error = max(errors)
     correct = max_error <= TOLERANCE_EPS[kind] * eps_dtype
+    copy_us = _copy_us(kind, target, x, residual, dy)
     baseline_us = _baseline_us(kind, target, x, weight, residual, dy) if with_baseline else None
     hbm = prof.hbm_read_bytes + prof.hbm_write_bytes
     minimal = minimal_hbm_bytes(kind, M, N, dtype.itemsize)
@@ -141,9 +154,18 @@ def run_case(kind, target, M, N, dtype_name, rng, with_baseline=True) -> Record:
         busiest_engine_util=prof.engine_busy_us[busiest] / prof.latency_us,
         dma_busy=prof.engine_busy_us["dma"] / prof.latency_us,
         hbm_bytes=hbm, min_hbm_bytes=minimal, hbm_bytes_ratio=hbm / minimal, sim_wall_s=wall,
+        copy_us=copy_us, copy_ratio=prof.latency_us / copy_us, baseline=BASELINES[kind],
         baseline_us=baseline_us,
         speedup_vs_baseline=baseline_us / prof.latency_us if baseline_us else None,
         correct=bool(correct), max_error=max_error)
+
+
+def _max_error(got, want, scale) -> float:
+    """Largest |got − want| relative to ``scale`` (a number or a per-row column)."""
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    if got.shape != want.shape or not np.all(np.isfinite(got)):
+        return float("inf")
+    return float(np.max(np.abs(got - want) / scale)) if got.size else 0.0
 
 
 def _scale(reference_values) -> float:
@@ -151,31 +173,55 @@ def _scale(reference_values) -> float:
     return float(values.max()) if values.size and values.max() > 0 else 1.0
 
 
-def _baseline_us(kind, target, x, weight, residual, dy) -> float | None:
-    """Modeled time of the tutorial-style kernel(s) doing the same work (None when the
-    baseline cannot run the shape, e.g. a row that does not fit SBUF)."""
+def _dx_row_scale(dy, x, weight, rstd) -> np.ndarray:
+    """Per row, the largest term of ``dx = rstd·(g − x̂·c)``: rstd·max(|g|, |x̂·c|)."""
+    r = np.asarray(rstd, np.float64)[:, None]
+    x_hat = np.asarray(x, np.float64) * r
+    g = np.asarray(dy, np.float64) * np.asarray(weight, np.float64)
+    c = np.abs(np.mean(g * x_hat, axis=1, keepdims=True))
+    scale = np.max(r * np.maximum(np.abs(g), np.abs(x_hat) * c), axis=1, keepdims=True)
+    return np.where(scale > 0, scale, 1.0)
+
+
+def _copy_us(kind, target, x, residual, dy) -> float:
+    """Modeled time of a plain DMA copy moving the tensors the case moves: x → y (forward),
+    x, residual → y, h (fused add), dy, x read and one tensor written (backward)."""
     import simulate
     from nki_rmsnorm.kernels import baseline
 
+    if kind == "fwd":
+        return simulate.profile(baseline.copy_one, x, target=target)[1].latency_us
+    if kind == "fused_add":
+        return simulate.profile(baseline.copy_two, x, residual, target=target)[1].latency_us
+    return simulate.profile(baseline.copy_two_store_one, dy, x, target=target)[1].latency_us
+
+
+def _baseline_us(kind, target, x, weight, residual, dy) -> float | None:
+    """Modeled time of the kernel(s) a user would start from doing the same work (None when
+    it cannot run the shape, e.g. a row that does not fit SBUF)."""
+    import simulate
+    from nki_rmsnorm.kernels import baseline
+
+    out = np.empty_like(x)
     try:
         if kind == "fwd":
-            return simulate.profile(baseline.tutorial_rmsnorm_fwd, x, weight, EPS,
+            return simulate.profile(baseline.tutorial_rmsnorm, x, weight, out,
                                     target=target)[1].latency_us
         if kind == "fused_add":
-            h, add = simulate.profile(baseline.tutorial_add, x, residual, target=target)
-            _, norm = simulate.profile(baseline.tutorial_rmsnorm_fwd, h, weight, EPS,
+            _, add = simulate.profile(baseline.tutorial_add, x, residual, out, target=target)
+            _, norm = simulate.profile(baseline.tutorial_rmsnorm, out, weight, np.empty_like(x),
                                        target=target)
             return add.latency_us + norm.latency_us
         _, rstd = reference.rms_norm_fwd(x, weight, EPS)
-        return simulate.profile(baseline.tutorial_rmsnorm_bwd, dy, x, weight, rstd,
-                                target=target)[1].latency_us
+        return simulate.profile(baseline.tutorial_rmsnorm_bwd, dy, x, weight, rstd, out,
+                                np.empty_like(weight), target=target)[1].latency_us
     except simulate.NKIError:
         return None
 
 
 HEADER = (f"{'kind':9s} {'target':6s} {'shape':>12s} {'model µs':>10s} {'GB/s':>7s} "
           f"{'MBU':>6s} {'busiest':>11s} {'DMA':>6s} {'HBM/min':>8s} {'sim s':>6s} "
-          f"{'vs base':>8s} ok")
+          f"{'×copy':>6s} {'vs base':>8s} ok")
 
 
 def format_row(r: Record) -> str:
@@ -183,25 +229,18 @@ def format_row(r: Record) -> str:
     return (f"{r.kind:9s} {r.target:6s} {f'{r.M}x{r.N}':>12s} {r.modeled_us:10.1f} "
             f"{r.gbps:7.1f} {100 * r.mbu:5.1f}% {r.busiest_engine:>4s} "
             f"{100 * r.busiest_engine_util:5.1f}% {100 * r.dma_busy:5.1f}% "
-            f"{r.hbm_bytes_ratio:8.3f} {r.sim_wall_s:6.2f} {speedup} "
+            f"{r.hbm_bytes_ratio:8.3f} {r.sim_wall_s:6.2f} {r.copy_ratio:6.3f} {speedup} "
             f"{'yes' if r.correct else 'NO'}")
 
 
-def _progress(done: int, total: int, label: str) -> None:
-    """A one-line progress bar on stderr (only on a terminal, so logs stay clean)."""
-    if not sys.stderr.isatty():
-        return
-    width = 30
-    filled = width * done // max(total, 1)
-    sys.stderr.write(f"\r\033[K[{'#' * filled}{'.' * (width - filled)}] {done}/{total} {label}")
-    if done == total:
-        sys.stderr.write("\r\033[K")
-    sys.stderr.flush()
+def _progress_bar(total: int):
+    """A tqdm bar with an ETA on stderr (tqdm hides itself when stderr is not a terminal);
+    ``None`` without tqdm (the ``bench`` extra installs it)."""
+    if importlib.util.find_spec("tqdm") is None:
+        return None
+    from tqdm import tqdm
 
-
-def _clear_progress() -> None:
-    if sys.stderr.isatty():
-        sys.stderr.write("\r\033[K")
+    return tqdm(total=total, unit="case", disable=None, leave=False, file=sys.stderr)
 
 
 def plot(records, path: str) -> None:
@@ -233,40 +272,104 @@ def plot(records, path: str) -> None:
     fig.savefig(path, dpi=110)
 
 
-def bench(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="nki-rmsnorm bench", description=__doc__.split("\n")[0])
-    parser.add_argument("--shapes", help="comma-separated MxN list, e.g. 4096x4096,8192x2048")
-    parser.add_argument("--dtype", default="bf16", help="bf16 (default), fp16 or fp32")
-    parser.add_argument("--target", default="trn1,trn2", help="comma list of " + ",".join(TARGETS))
-    parser.add_argument("--kind", default=",".join(KINDS), help="comma list of fwd,bwd,fused_add")
-    parser.add_argument("--json", help="write the records as a JSON list to this path")
-    parser.add_argument("--plot", help="write a PNG of MBU per shape and target to this path")
-    parser.add_argument("--quick", action="store_true", help="a small smoke run (used by tests)")
-    parser.add_argument("--no-baseline", action="store_true", help="skip the baseline column")
-    parser.add_argument("--seed", type=int, default=0)
+class _UsageError(Exception):
+    """A bad command line: reported as one line, exit code 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise _UsageError(message)
+
+
+def _version() -> str:
     try:
-        args = parser.parse_args(argv)
-        shapes = parse_shapes(args.shapes) if args.shapes else (
-            QUICK_SHAPES if args.quick else DEFAULT_SHAPES)
-        if args.dtype not in DTYPES:
-            raise ValueError(f"unknown dtype {args.dtype!r}: expected bf16, fp16 or fp32")
-        dtype_name = DTYPES[args.dtype]
-        targets = _parse_list(args.target, TARGETS, "target")
-        kinds = _parse_list(args.kind, KINDS, "kind")
-    except ValueError as exc:
-        print(f"nki-rmsnorm bench: error: {exc}", file=sys.stderr)
-        return 2
+        return importlib.metadata.version("nki-rmsnorm")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="nki-rmsnorm", description="RMSNorm kernels for AWS Trainium: tools.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser,
+                                     metavar="command")
+    sweep = commands.add_parser("bench", help=__doc__.split("\n")[0],
+                                description=__doc__.split("\n")[0])
+    sweep.add_argument("--shapes", help="comma-separated MxN list, e.g. 4096x4096,8192x2048")
+    sweep.add_argument("--dtype", default="bf16", help="bf16 (default), fp16 or fp32")
+    sweep.add_argument("--target", default="trn1,trn2,trn3",
+                       help="comma list of " + ",".join(TARGETS))
+    sweep.add_argument("--kind", default=",".join(KINDS), help="comma list of fwd,bwd,fused_add")
+    sweep.add_argument("--dialect", default="legacy",
+                       help="kernel dialect: legacy (neuronxcc.nki) or nki06")
+    sweep.add_argument("--json", help="write the records as a JSON list to this path")
+    sweep.add_argument("--plot", help="write a PNG of MBU per shape and target to this path "
+                                      "(needs matplotlib)")
+    sweep.add_argument("--quick", action="store_true", help="a small smoke run (used by tests)")
+    sweep.add_argument("--no-baseline", action="store_true", help="skip the baseline column")
+    sweep.add_argument("--seed", type=int, default=0)
+    return parser
+
+
+@dataclass
+class _Sweep:
+    shapes: tuple[tuple[int, int], ...]
+    dtype_name: str
+    targets: tuple[str, ...]
+    kinds: tuple[str, ...]
+
+
+def _check(args) -> _Sweep:
+    """Every argument, checked before the first case runs (ValueError names the bad one)."""
+    shapes = parse_shapes(args.shapes) if args.shapes else (
+        QUICK_SHAPES if args.quick else DEFAULT_SHAPES)
+    if args.dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {args.dtype!r}: expected bf16, fp16 or fp32")
+    targets = _parse_list(args.target, TARGETS, "target")
+    kinds = _parse_list(args.kind, KINDS, "kind")
+    if args.dialect not in DIALECTS:
+        raise ValueError(f"unknown dialect {args.dialect!r}: expected one of "
+                         f"{', '.join(DIALECTS)}")
+    if args.dialect == "nki06":
+        raise ValueError("--dialect nki06 is not available yet: the NKI 0.6 kernels are not "
+                         "written; use --dialect legacy")
+    if "bwd" in kinds:
+        for M, N in shapes:
+            if N > MAX_HIDDEN_BWD:
+                raise ValueError(f"shape {M}x{N}: N={N} is over the backward kernel's limit "
+                                 f"N <= {MAX_HIDDEN_BWD}; drop it or leave bwd out of --kind")
+    for option, path in (("--json", args.json), ("--plot", args.plot)):
+        if path:
+            folder = os.path.dirname(os.path.abspath(path))
+            if not os.path.isdir(folder):
+                raise ValueError(f"{option} {path}: directory {folder} does not exist")
+    if args.plot and importlib.util.find_spec("matplotlib") is None:
+        raise ValueError("--plot needs matplotlib: pip install 'nki-rmsnorm[bench]'")
+    return _Sweep(shapes, DTYPES[args.dtype], targets, kinds)
+
+
+def bench(args, sweep: _Sweep) -> int:
+    """Run the checked sweep (``args`` as parsed by :func:`build_parser`)."""
     rng = np.random.default_rng(args.seed)
-    cases = [(k, t, M, N) for k in kinds for t in targets for M, N in shapes]
+    cases = [(k, t, M, N) for k in sweep.kinds for t in sweep.targets for M, N in sweep.shapes]
     records = []
-    print(HEADER)
-    for i, (kind, target, M, N) in enumerate(cases):
-        _progress(i, len(cases), f"{kind} {target} {M}x{N}")
-        record = run_case(kind, target, M, N, dtype_name, rng, not args.no_baseline)
-        records.append(record)
-        _clear_progress()
-        print(format_row(record), flush=True)
-    _progress(len(cases), len(cases), "done")
+    print(HEADER, flush=True)
+    bar = _progress_bar(len(cases))
+    try:
+        for kind, target, M, N in cases:
+            if bar is not None:
+                bar.set_description(f"{kind} {target} {M}x{N}")
+            record = run_case(kind, target, M, N, sweep.dtype_name, rng, not args.no_baseline)
+            records.append(record)
+            line = format_row(record)
+            if bar is not None:
+                bar.write(line, file=sys.stdout)
+                bar.update()
+            else:
+                print(line, flush=True)
+    finally:
+        if bar is not None:
+            bar.close()
     if args.json:
         with open(args.json, "w") as f:
             json.dump([asdict(r) for r in records], f, indent=1)
@@ -276,22 +379,25 @@ def bench(argv=None) -> int:
     if wrong:
         for r in wrong:
             print(f"WRONG RESULT: {r.kind} {r.target} {r.M}x{r.N} {r.dtype}: max error "
-                  f"{r.max_error:.3g} (relative to max |reference|)", file=sys.stderr)
+                  f"{r.max_error:.3g} (relative to the output's scale)", file=sys.stderr)
         return 1
     return 0
 
 
 def main(argv=None) -> int:
-    """Entry point of the ``nki-rmsnorm`` console script."""
+    """Entry point of the ``nki-rmsnorm`` console script: exit code 0 on success, 1 on a
+    wrong kernel result, 2 on a bad command line (one line on stderr, before anything runs)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help"):
-        print("usage: nki-rmsnorm bench [options]   (nki-rmsnorm bench --help for options)")
-        return 0 if argv else 2
-    if argv[0] != "bench":
-        print(f"nki-rmsnorm: error: unknown command {argv[0]!r} (expected 'bench')",
-              file=sys.stderr)
+    prog = "nki-rmsnorm" + (" bench" if argv[:1] == ["bench"] else "")
+    try:
+        args = build_parser().parse_args(argv)
+        sweep = _check(args)
+    except (_UsageError, ValueError) as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
-    return bench(argv[1:])
+    except SystemExit as exc:  # --help and --version
+        return exc.code if isinstance(exc.code, int) else 0
+    return bench(args, sweep)
 
 
 if __name__ == "__main__":

@@ -1,36 +1,54 @@
 """JAX bindings: ``rms_norm`` and ``fused_add_rms_norm`` as ``jax.custom_vjp`` functions.
 
 Both normalise over the last axis and are differentiable in every array argument; they work
-under ``jax.jit``, ``jax.grad``, ``jax.vmap`` and ``jax.shard_map``. The forward and the
-backward rule each launch one NKI kernel:
+under ``jax.jit``, ``jax.grad``, ``jax.vmap`` and ``jax.shard_map``, and from several
+threads at once. The forward and the backward rule each launch one NKI kernel, through the
+path :func:`launch_path` picks:
 
-* on a Neuron backend (``jax.default_backend() == "neuron"`` with the Neuron compiler
-  installed) the ``nki.jit`` kernels are called with the traced arrays, which the SDK
-  (≥ 2.21) lowers to a custom call in the XLA program;
-* elsewhere the kernels run in the NKI simulator through :mod:`nki_rmsnorm.ops`, inside a
-  ``jax.pure_callback``.
+* ``"nki_call"``: ``jax_neuronx.nki_call`` with the output-parameter kernels, where the
+  installed ``jax_neuronx`` has it (Neuron SDK 2.20 - 2.22 on a Neuron backend; on CPU the
+  simulated twin that ``simulate.install()`` registers);
+* ``"nki.jit"``: on a Neuron backend without ``nki_call`` (SDK >= 2.23), the
+  return-convention ``nki.jit`` kernels called with the traced arrays, which the SDK lowers
+  to a custom call in the XLA program;
+* ``"simulator"``: elsewhere, the kernels run in the NKI simulator through
+  :mod:`nki_rmsnorm.ops`, inside a ``jax.experimental.buffer_callback`` that works on NumPy
+  views of XLA's own buffers (see :func:`_host_call` for why not ``jax.pure_callback``).
 
-Batching (``vmap``) of the callbacks: the forward pass is row-wise, so it uses
-``vmap_method="expand_dims"`` and runs all batch elements in one launch when the weight and
-bias are shared by them (the usual case), one launch per element when they are batched too.
-The backward pass reduces ``dweight``/``dbias`` over rows, and under ``vmap`` each batch
-element needs its own sums (per-example gradients; ``grad`` of a ``vmap`` sums them
-afterwards), so it uses ``vmap_method="sequential"``: one launch per batch element.
+``vmap``: each launch is a ``custom_vmap``; the forward runs all batch elements' rows in one
+launch when the weight and bias are shared by them (the usual case), the backward one launch
+per element (each needs its own ``dweight``/``dbias`` sums: per-example gradients).
+
+Sharding: rows whose split over mesh axes is visible in the traced type (``Explicit`` axes)
+stay where they are: the binding runs the launch in a ``shard_map`` over that mesh
+(:func:`_on_own_rows`), and JAX reduces the parameters' gradients.
 """
 
 from __future__ import annotations
 
+from nki_rmsnorm._optional import require
+
+require("jax", extra="jax")  # a missing jax is an ImportError naming the extra
+
 import dataclasses
 import functools
-import threading
+import importlib
+import importlib.util
+import logging
+import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.custom_batching import custom_vmap
+from jax.experimental.buffer_callback import buffer_callback
+from jax.sharding import PartitionSpec as P
 
 from nki_rmsnorm import ops
 
-__all__ = ["fused_add_rms_norm", "rms_norm"]
+__all__ = ["LAUNCH_PATHS", "fused_add_rms_norm", "launch_path", "rms_norm"]
+
+logger = logging.getLogger(__name__)
 
 #: Input dtypes the kernels take (no float64 on the NeuronCore engines).
 SUPPORTED_DTYPES = tuple(np.dtype(d) for d in (jnp.float32, jnp.float16, jnp.bfloat16))
@@ -97,8 +115,11 @@ def _config(x, weight, bias, residual, eps, offset, casting_mode) -> _Config:
 
 
 # ---------------------------------------------------------------------------------------------
-# Launchers
+# Launch paths
 # ---------------------------------------------------------------------------------------------
+
+#: How the kernels are launched, most specific first (see :func:`launch_path`).
+LAUNCH_PATHS = ("nki_call", "nki.jit", "simulator")
 
 
 def _on_neuron() -> bool:
@@ -107,6 +128,65 @@ def _on_neuron() -> bool:
     from nki_rmsnorm import nki
 
     return not nki.SIMULATED
+
+
+def _jax_neuronx():
+    """The ``jax_neuronx`` module (real, or simulate's twin once registered), or None."""
+    module = sys.modules.get("jax_neuronx")
+    if module is not None:
+        return module
+    try:
+        found = importlib.util.find_spec("jax_neuronx") is not None
+    except (ImportError, ValueError):
+        found = False
+    return importlib.import_module("jax_neuronx") if found else None
+
+
+def launch_path() -> str:
+    """How :func:`rms_norm` and :func:`fused_add_rms_norm` launch their kernels when traced now.
+
+    * ``"nki_call"``: ``jax_neuronx.nki_call`` with the output-parameter kernels
+      (``rmsnorm_fwd_out``, ``rmsnorm_add_fwd_out``, ``rmsnorm_bwd_out``), when a
+      ``jax_neuronx`` with ``nki_call`` is importable: the Neuron SDK's on a Neuron backend
+      (jax-neuronx up to SDK 2.22; removed in 2.23), or ``simulate.jax_neuronx``'s CPU twin
+      after ``simulate.install()``;
+    * ``"nki.jit"``: on a Neuron backend without ``nki_call`` (SDK >= 2.23): the
+      return-convention ``nki.jit`` kernels called with the traced arrays;
+    * ``"simulator"``: on any other backend, the return-convention kernels run in the NKI
+      simulator through :mod:`nki_rmsnorm.ops` inside a host callback.
+
+    The path is chosen when a function is traced (a jitted function keeps the path it was
+    traced with) and logged at DEBUG level on this module's logger.
+    """
+    module = _jax_neuronx()
+    on_neuron = _on_neuron()
+    if hasattr(module, "nki_call") and (on_neuron or getattr(module, "__simulated__", False)):
+        return "nki_call"
+    return "nki.jit" if on_neuron else "simulator"
+
+
+def _structs(*described):
+    """``jax.ShapeDtypeStruct`` for each ``(shape, dtype)``."""
+    return tuple(jax.ShapeDtypeStruct(tuple(shape), dtype) for shape, dtype in described)
+
+
+def _forward_outputs(cfg: _Config, x):
+    """Shapes and dtypes of ``(y, [h], rstd)`` for 2-D ``x``."""
+    described = [(x.shape, x.dtype)]
+    if cfg.residual_dtype is not None:
+        described.append((x.shape, cfg.residual_dtype))
+    described.append((x.shape[:1], jnp.float32))
+    return _structs(*described)
+
+
+def _backward_outputs(cfg: _Config, x_or_h, weight):
+    """Shapes and dtypes of ``(dx, [dweight], [dbias])``."""
+    described = [(x_or_h.shape, x_or_h.dtype)]
+    if weight is not None:
+        described.append((weight.shape, weight.dtype))
+    if cfg.bias_dtype is not None:
+        described.append((x_or_h.shape[1:], cfg.bias_dtype))
+    return _structs(*described)
 
 
 def _varying_axes(a) -> frozenset:
@@ -135,112 +215,218 @@ def _vary_like(arrays, *like):
     return [None if a is None else vary(a) for a in arrays]
 
 
-#: The simulator keeps one global kernel context, and XLA runs the callbacks of different
-#: devices (``shard_map``, ``pmap``) on different threads: launches take turns.
-_SIMULATOR_LOCK = threading.Lock()
+#: The simulator's run context is per thread (``simulate.core.runtime``), so launches from
+#: XLA's callback threads (one per device under ``shard_map``) and from user threads need no
+#: lock. The host functions below only touch NumPy views of XLA's own buffers.
 
 
-def _leading(a, batch_ndim):
-    return () if a is None else tuple(a.shape[:batch_ndim])
+def _simulate_forward(cfg: _Config, outputs, x, weight, bias, residual) -> None:
+    """Host side of the ``"simulator"`` path: writes ``(y, [h], rstd)`` into ``outputs``."""
+    results = ops.rms_norm_fwd(
+        x,
+        weight,
+        cfg.eps,
+        offset=cfg.offset,
+        bias=bias,
+        residual=residual,
+        casting_mode=cfg.casting_mode,
+    )
+    for out, result in zip(outputs, results):
+        out[...] = result
 
 
-def _forward_host(cfg: _Config, x, weight, bias, residual):
-    """Simulated forward on host arrays with ``batch_ndim`` leading vmap dims (expand_dims).
+def _simulate_backward(cfg: _Config, outputs, dy, x_or_h, weight, rstd, dh) -> None:
+    """Host side of the ``"simulator"`` path: writes ``(dx, [dweight], [dbias])``."""
+    dx, dweight, dbias = ops.rms_norm_bwd(
+        dy,
+        x_or_h,
+        weight,
+        rstd,
+        offset=cfg.offset,
+        has_bias=cfg.bias_dtype is not None,
+        bias_dtype=cfg.bias_dtype,
+        dh_out=dh,
+        casting_mode=cfg.casting_mode,
+    )
+    results = [dx, dweight, dbias]
+    for out, result in zip(outputs, [r for r in results if r is not None]):
+        out[...] = result
 
-    ``x``/``residual`` are ``(*batch, M, N)``, ``weight``/``bias`` ``(*batch, N)``, where
-    every batch dim is either the full vmap size or 1 (that argument is not batched).
+
+def _host_call(host_function, result_types, *args):
+    """Run ``host_function(outputs, *args)`` on NumPy views of XLA's buffers.
+
+    ``jax.experimental.buffer_callback`` hands the callback XLA's own input and output
+    buffers. ``jax.pure_callback`` instead ``device_put``s every argument to CPU device 0
+    and hands over ``jax.Array``s; reading one (``np.asarray``) waits for that transfer,
+    which runs on the XLA CPU client's worker threads — the same threads that are running
+    the callbacks. With several devices (``shard_map``) or threads launching at once, every
+    worker can be parked in a callback waiting for a transfer that no free worker runs: the
+    deadlock of issue 13, defect 5.
     """
-    as_np = [None if a is None else np.asarray(a) for a in (x, weight, bias, residual)]
-    x, weight, bias, residual = as_np
-    batch_ndim = x.ndim - 2
-    batch = np.broadcast_shapes(*(_leading(a, batch_ndim) for a in as_np))
-    x = np.broadcast_to(x, batch + x.shape[batch_ndim:])
-    if residual is not None:
-        residual = np.broadcast_to(residual, x.shape)
 
-    def launch(x, weight, bias, residual):
-        with _SIMULATOR_LOCK:
-            return ops.rms_norm_fwd(
-                x, weight, cfg.eps, offset=cfg.offset, bias=bias, residual=residual,
-                casting_mode=cfg.casting_mode,
-            )
-
-    if all(a is None or a.size == a.shape[-1] for a in (weight, bias)):
-        # Weight and bias are the same for every batch element: one launch over all rows.
-        shared = [None if a is None else a.reshape(a.shape[-1]) for a in (weight, bias)]
-        return launch(x, *shared, residual)
-    per_element = []
-    for index in np.ndindex(*batch):
-        def pick(a, index=index):
-            return None if a is None else a[tuple(min(i, n - 1) for i, n in zip(index, a.shape))]
-
-        per_element.append(launch(x[index], pick(weight), pick(bias), pick(residual)))
-    return tuple(np.stack(parts).reshape(batch + parts[0].shape) for parts in zip(*per_element))
-
-
-def _backward_host(cfg: _Config, dy, x_or_h, weight, rstd, dh):
-    with _SIMULATOR_LOCK:
-        dx, dweight, dbias = ops.rms_norm_bwd(
-            np.asarray(dy), np.asarray(x_or_h), None if weight is None else np.asarray(weight),
-            np.asarray(rstd), offset=cfg.offset, has_bias=cfg.bias_dtype is not None,
-            dh_out=None if dh is None else np.asarray(dh), casting_mode=cfg.casting_mode,
+    def on_host(_context, outputs, *buffers):
+        host_function(
+            [np.asarray(o) for o in outputs],
+            *(None if b is None else np.asarray(b) for b in buffers),
         )
-    grads = [dx]
-    if weight is not None:
-        grads.append(dweight.astype(np.asarray(weight).dtype, copy=False))
-    if cfg.bias_dtype is not None:
-        grads.append(dbias.astype(cfg.bias_dtype, copy=False))
-    return tuple(grads)
+
+    return tuple(buffer_callback(on_host, result_types)(*args))
+
+
+def _nki_call(kernel, args, result_types, **constants):
+    """``jax_neuronx.nki_call`` of an output-parameter kernel with constants bound."""
+    return tuple(
+        _jax_neuronx().nki_call(
+            functools.partial(kernel, **constants), *args, out_shape=result_types
+        )
+    )
 
 
 def _neuron_kernels():
     from nki_rmsnorm import kernels
 
-    return kernels.rmsnorm_fwd, kernels.rmsnorm_bwd
+    return kernels
 
 
 def _launch_forward(cfg: _Config, x, weight, bias, residual):
-    """``(y, rstd)`` or ``(y, h, rstd)`` for 2-D ``x``."""
-    if _on_neuron():
-        # The nki.jit kernels take JAX arrays directly (return convention, SDK >= 2.21;
-        # jax_neuronx.nki_call, 2.20 - 2.22, only takes output-parameter kernels).
-        fwd_kernel, _ = _neuron_kernels()
-        outputs = fwd_kernel(
-            x, weight, bias, residual, cfg.eps, cfg.offset, cfg.casting_mode, None
+    """``(y, rstd)`` or ``(y, h, rstd)`` for 2-D ``x``, through :func:`launch_path`."""
+    path = launch_path()
+    logger.debug("rms_norm forward %s launched through %s", x.shape, path)
+    result_types = _forward_outputs(cfg, x)
+    constants = dict(eps=cfg.eps, offset=cfg.offset, casting_mode=cfg.casting_mode)
+    if path == "nki_call":
+        kernels = _neuron_kernels()
+        if residual is None:
+            return _nki_call(kernels.rmsnorm_fwd_out, (x, weight, bias), result_types, **constants)
+        return _nki_call(
+            kernels.rmsnorm_add_fwd_out, (x, residual, weight, bias), result_types, **constants
         )
-    else:
-        result = [jax.ShapeDtypeStruct(x.shape, x.dtype)]
-        if residual is not None:
-            result.append(jax.ShapeDtypeStruct(x.shape, residual.dtype))
-        result.append(jax.ShapeDtypeStruct(x.shape[:-1], jnp.float32))
-        outputs = jax.pure_callback(
-            functools.partial(_forward_host, cfg), tuple(result), x, weight, bias, residual,
-            vmap_method="expand_dims",
+    if path == "nki.jit":
+        # Return convention, called with the traced arrays (SDK >= 2.21).
+        kernels = _neuron_kernels()
+        if residual is None:
+            return tuple(
+                kernels.rmsnorm_fwd(x, weight, bias, cfg.eps, cfg.offset, cfg.casting_mode, None)
+            )
+        return tuple(
+            kernels.rmsnorm_add_fwd(
+                x, residual, weight, bias, cfg.eps, cfg.offset, cfg.casting_mode, None
+            )
         )
-    return tuple(_vary_like(outputs, x, weight, bias, residual))
+    return _host_call(
+        functools.partial(_simulate_forward, cfg), result_types, x, weight, bias, residual
+    )
 
 
 def _launch_backward(cfg: _Config, dy, x_or_h, weight, rstd, dh):
-    """``(dx, dweight, dbias)`` (None for absent ones) for 2-D ``dy``."""
+    """``(dx, [dweight], [dbias])`` for 2-D ``dy``, through :func:`launch_path`."""
+    path = launch_path()
+    logger.debug("rms_norm backward %s launched through %s", dy.shape, path)
     has_bias = cfg.bias_dtype is not None
-    if _on_neuron():
-        _, bwd_kernel = _neuron_kernels()
-        grads = bwd_kernel(dy, x_or_h, weight, rstd, dh, cfg.offset, has_bias, cfg.casting_mode)
-    else:
-        result = [jax.ShapeDtypeStruct(x_or_h.shape, x_or_h.dtype)]
-        if weight is not None:
-            result.append(jax.ShapeDtypeStruct(weight.shape, weight.dtype))
-        if has_bias:
-            result.append(jax.ShapeDtypeStruct(x_or_h.shape[-1:], cfg.bias_dtype))
-        grads = jax.pure_callback(
-            functools.partial(_backward_host, cfg), tuple(result), dy, x_or_h, weight, rstd,
-            dh, vmap_method="sequential",
+    result_types = _backward_outputs(cfg, x_or_h, weight)
+    if path == "nki_call":
+        # nki_call passes the outputs positionally after the inputs, so an absent dweight
+        # cannot be skipped while dbias is wanted: with a bias and no weight, a weight of
+        # ones (exact: y = x̂·1 + b) stands in and its gradient is dropped.
+        kernel_weight, dropped = weight, ()
+        if weight is None and has_bias:
+            kernel_weight = jnp.ones(x_or_h.shape[1:], x_or_h.dtype)
+            result_types = (
+                result_types[0],
+                *_structs((x_or_h.shape[1:], x_or_h.dtype)),
+                result_types[1],
+            )
+            dropped = (1,)
+        absent = {} if kernel_weight is not None else {"dweight": None}
+        if not has_bias:
+            absent["dbias"] = None
+        grads = _nki_call(
+            _neuron_kernels().rmsnorm_bwd_out,
+            (dy, x_or_h, kernel_weight, rstd, dh),
+            result_types,
+            offset=cfg.offset,
+            casting_mode=cfg.casting_mode,
+            **absent,
         )
-    grads = _vary_like(grads, dy, x_or_h, weight, rstd, dh)
-    dx = grads.pop(0)
-    dweight = grads.pop(0) if weight is not None else None
-    dbias = grads.pop(0).astype(cfg.bias_dtype) if has_bias else None
-    return dx, dweight, dbias
+        return tuple(g for i, g in enumerate(grads) if i not in dropped)
+    if path == "nki.jit":
+        return tuple(
+            _neuron_kernels().rmsnorm_bwd(
+                dy, x_or_h, weight, rstd, dh, cfg.offset, has_bias, cfg.casting_mode, cfg.bias_dtype
+            )
+        )
+    return _host_call(
+        functools.partial(_simulate_backward, cfg), result_types, dy, x_or_h, weight, rstd, dh
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Batching (vmap) of a launch
+# ---------------------------------------------------------------------------------------------
+
+
+def _unpack(arrays, present):
+    """Put None back where ``present`` says an optional argument was absent."""
+    arrays = iter(arrays)
+    return [next(arrays) if flag else None for flag in present]
+
+
+@functools.cache
+def _forward_op(cfg: _Config, present: tuple[bool, ...]):
+    """The forward launch on ``(x, [weight], [bias], [residual])``, batched under ``vmap``:
+    with the weight and bias shared by the batch (the usual case) all batch elements' rows
+    go to one launch, else one launch per batch element."""
+    op = custom_vmap(lambda *arrays: tuple(_launch_forward(cfg, *_unpack(arrays, present))))
+    parameter_slots = {sum(present[:i]) for i in (1, 2) if present[i]}
+
+    @op.def_vmap
+    def _rule(axis_size, in_batched, *arrays):
+        if any(in_batched[i] for i in parameter_slots) or not in_batched[0]:
+            return _sequential(op, axis_size, in_batched, arrays)
+        rows = arrays[0].shape[:2]
+        flat = [
+            a if i in parameter_slots else a.reshape(-1, a.shape[-1])
+            for i, a in enumerate(
+                _broadcast_batched(axis_size, in_batched, arrays, skip=parameter_slots)
+            )
+        ]
+        outputs = op(*flat)
+        return tuple(o.reshape(rows + o.shape[1:]) for o in outputs), (True,) * len(outputs)
+
+    return op
+
+
+@functools.cache
+def _backward_op(cfg: _Config, present: tuple[bool, ...]):
+    """The backward launch on ``(dy, x_or_h, [weight], rstd, [dh])``; under ``vmap`` one
+    launch per batch element, since each element needs its own ``dweight``/``dbias`` sums
+    (per-example gradients; ``grad`` of a ``vmap`` sums them afterwards)."""
+    op = custom_vmap(lambda *arrays: tuple(_launch_backward(cfg, *_unpack(arrays, present))))
+
+    @op.def_vmap
+    def _rule(axis_size, in_batched, *arrays):
+        return _sequential(op, axis_size, in_batched, arrays)
+
+    return op
+
+
+def _broadcast_batched(axis_size, in_batched, arrays, skip=()):
+    """Every array except those in ``skip`` with a leading batch axis of ``axis_size``."""
+    return [
+        a if i in skip or batched else jnp.broadcast_to(a, (axis_size, *a.shape))
+        for i, (a, batched) in enumerate(zip(arrays, in_batched))
+    ]
+
+
+def _sequential(op, axis_size, in_batched, arrays):
+    """``vmap`` rule: one launch per batch element, results stacked."""
+    per_element = [
+        op(*(a[i] if batched else a for a, batched in zip(arrays, in_batched)))
+        for i in range(axis_size)
+    ]
+    outputs = tuple(jnp.stack(parts) for parts in zip(*per_element))
+    return outputs, (True,) * len(outputs)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -255,7 +441,14 @@ def _forward(cfg: _Config, x, weight, bias, residual):
         if residual is not None:
             outputs += (jnp.zeros(x.shape, residual.dtype),)
         return outputs, jnp.zeros(x.shape[:-1], jnp.float32)
-    *outputs, rstd = _launch_forward(cfg, x, weight, bias, residual)
+    arrays = (x, weight, bias, residual)
+    if launch_path() == "nki.jit":
+        # The SDK's nki.jit call is its own custom call: it takes the arrays as they are.
+        launched = _launch_forward(cfg, *arrays)
+    else:
+        present = tuple(a is not None for a in arrays)
+        launched = _forward_op(cfg, present)(*(a for a in arrays if a is not None))
+    *outputs, rstd = _vary_like(launched, *arrays)
     return tuple(outputs), rstd
 
 
@@ -281,7 +474,15 @@ def _rms_norm_2d_bwd(cfg: _Config, saved, cotangents):
         if cfg.bias_dtype is not None:
             dbias = jnp.zeros(x_or_h.shape[-1:], cfg.bias_dtype)
     else:
-        dx, dweight, dbias = _launch_backward(cfg, dy, x_or_h, weight, rstd, dh)
+        arrays = (dy, x_or_h, weight, rstd, dh)
+        if launch_path() == "nki.jit":
+            grads = _launch_backward(cfg, *arrays)
+        else:
+            present = tuple(a is not None for a in arrays)
+            grads = _backward_op(cfg, present)(*(a for a in arrays if a is not None))
+        dx, *sums = _vary_like(grads, *arrays)
+        dweight = sums.pop(0) if weight is not None else None
+        dbias = sums.pop(0) if cfg.bias_dtype is not None else None
     dresidual = None if cfg.residual_dtype is None else dx.astype(cfg.residual_dtype)
     return dx.astype(cfg.x_dtype), dweight, dbias, dresidual
 
@@ -292,6 +493,76 @@ _rms_norm_2d.defvjp(_rms_norm_2d_fwd, _rms_norm_2d_bwd)
 # ---------------------------------------------------------------------------------------------
 # Public API
 # ---------------------------------------------------------------------------------------------
+
+
+def _row_sharding(x):
+    """``(mesh, spec)`` when ``x``'s leading (row) axes are split over mesh axes whose
+    sharding is part of the traced type (``Explicit`` axes, the default of
+    ``jax.make_mesh``): ``spec`` keeps that split and replicates the hidden axis. None when
+    the rows are not split that way (one device, replicated, ``Auto`` axes, or already
+    inside ``shard_map``)."""
+    sharding = getattr(jax.typeof(x), "sharding", None)
+    mesh = getattr(sharding, "mesh", None)
+    if mesh is None or not mesh.axis_names:
+        return None
+    explicit = {
+        name
+        for name, kind in zip(mesh.axis_names, mesh.axis_types)
+        if kind == jax.sharding.AxisType.Explicit
+    }
+    leading = (tuple(sharding.spec) + (None,) * x.ndim)[: x.ndim - 1]
+    used = {
+        name
+        for entry in leading
+        if entry is not None
+        for name in (entry if isinstance(entry, tuple) else (entry,))
+    }
+    if not used or not used <= explicit:
+        return None
+    return mesh, P(*leading, None)
+
+
+def _on_own_rows(function, row_arrays, parameters):
+    """``function(*row_arrays, *parameters)``, run by every device on its own rows when the
+    rows are sharded (:func:`_row_sharding`): a ``shard_map`` over the mesh with the rows
+    split as they are and the parameters replicated, so nothing is gathered; JAX ``psum``s
+    the parameters' gradients over the row shards when it transposes the replication."""
+    layout = _row_sharding(row_arrays[0])
+    if layout is None:
+        return function(*row_arrays, *parameters)
+    mesh, spec = layout
+    present = tuple(p is not None for p in parameters)
+
+    def local(*arrays):
+        return function(*arrays[: len(row_arrays)], *_unpack(arrays[len(row_arrays) :], present))
+
+    def placed(a, a_spec):
+        current = getattr(jax.typeof(a), "sharding", None)
+        if current is not None and tuple(current.spec) == tuple(a_spec):
+            return a
+        return jax.sharding.reshard(a, jax.sharding.NamedSharding(mesh, a_spec))
+
+    arrays = [placed(a, spec) for a in row_arrays]
+    arrays += [placed(p, P(*(None,) * p.ndim)) for p in parameters if p is not None]
+    in_specs = (spec,) * len(row_arrays) + (P(),) * sum(present)
+    out_specs = spec if len(row_arrays) == 1 else (spec,) * len(row_arrays)
+    return jax.shard_map(local, mesh=mesh, in_specs=in_specs, out_specs=out_specs)(*arrays)
+
+
+def _rms_norm_rows(cfg: _Config, x, weight, bias):
+    hidden = x.shape[-1]
+    weight, bias = _vary_like((weight, bias), x)
+    (y,) = _rms_norm_2d(cfg, jnp.reshape(x, (-1, hidden)), weight, bias, None)
+    return jnp.reshape(y, x.shape)
+
+
+def _fused_add_rms_norm_rows(cfg: _Config, x, residual, weight, bias):
+    hidden = x.shape[-1]
+    x, residual, weight, bias = _vary_like((x, residual, weight, bias), x, residual)
+    y, h = _rms_norm_2d(
+        cfg, jnp.reshape(x, (-1, hidden)), weight, bias, jnp.reshape(residual, (-1, hidden))
+    )
+    return jnp.reshape(y, x.shape), jnp.reshape(h, x.shape)
 
 
 def rms_norm(x, weight=None, eps=1e-6, *, offset=0.0, bias=None, casting_mode="gemma"):
@@ -310,10 +581,7 @@ def rms_norm(x, weight=None, eps=1e-6, *, offset=0.0, bias=None, casting_mode="g
         ``y`` of ``x``'s shape and dtype; differentiable in ``x``, ``weight`` and ``bias``.
     """
     cfg = _config(x, weight, bias, None, eps, offset, casting_mode)
-    hidden = x.shape[-1]
-    weight, bias = _vary_like((weight, bias), x)
-    (y,) = _rms_norm_2d(cfg, jnp.reshape(x, (-1, hidden)), weight, bias, None)
-    return jnp.reshape(y, x.shape)
+    return _on_own_rows(functools.partial(_rms_norm_rows, cfg), (x,), (weight, bias))
 
 
 def fused_add_rms_norm(
@@ -331,9 +599,6 @@ def fused_add_rms_norm(
     if residual is None:
         raise TypeError("residual must be an array, got None; use rms_norm without one")
     cfg = _config(x, weight, bias, residual, eps, offset, casting_mode)
-    hidden = x.shape[-1]
-    x, residual, weight, bias = _vary_like((x, residual, weight, bias), x, residual)
-    y, h = _rms_norm_2d(
-        cfg, jnp.reshape(x, (-1, hidden)), weight, bias, jnp.reshape(residual, (-1, hidden))
+    return _on_own_rows(
+        functools.partial(_fused_add_rms_norm_rows, cfg), (x, residual), (weight, bias)
     )
-    return jnp.reshape(y, x.shape), jnp.reshape(h, x.shape)

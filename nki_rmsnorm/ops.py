@@ -24,25 +24,32 @@ Decisions beyond ``design.md``:
 from __future__ import annotations
 
 import math
-import numbers
 
-import ml_dtypes
 import numpy as np
+from numpy.typing import DTypeLike
 
 from nki_rmsnorm import kernels
 from nki_rmsnorm.kernels.rmsnorm_bwd import MAX_HIDDEN as MAX_HIDDEN_BWD
-from nki_rmsnorm.reference import CASTING_MODES
 
-__all__ = ["KERNEL_DTYPES", "rms_norm", "rms_norm_bwd", "rms_norm_fwd"]
+# The argument rules live in one module shared by every front end; the launchers below use
+# them under their historical private names.
+from nki_rmsnorm.validation import FLOAT32 as _FLOAT32
+from nki_rmsnorm.validation import KERNEL_DTYPES, check_options
+from nki_rmsnorm.validation import as_array as _array
+from nki_rmsnorm.validation import check_casting_mode as _casting_mode
+from nki_rmsnorm.validation import eps_value as _eps
+from nki_rmsnorm.validation import kernel_array as _kernel_array
+from nki_rmsnorm.validation import kernel_dtype as _dtype
+from nki_rmsnorm.validation import offset_value as _offset
+from nki_rmsnorm.validation import parameter as _parameter
 
-#: The floating-point dtypes the kernels take and return.
-KERNEL_DTYPES = (np.dtype(np.float32), np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16))
-_FLOAT32 = np.dtype(np.float32)
-_DTYPE_NAMES = "float32, bfloat16 or float16"
+__all__ = ["KERNEL_DTYPES", "check_options", "rms_norm", "rms_norm_bwd", "rms_norm_fwd"]
 
 
-def rms_norm(x, weight=None, eps=1e-6, *, offset=0.0, bias=None, residual=None,
-             casting_mode="gemma", out_dtype=None):
+def rms_norm(x: np.ndarray, weight: np.ndarray | None = None, eps: float = 1e-6, *,
+             offset: float = 0.0, bias: np.ndarray | None = None,
+             residual: np.ndarray | None = None, casting_mode: str = "gemma",
+             out_dtype: DTypeLike | None = None) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
     """RMSNorm over the last axis: ``y``, or ``(y, h)`` when ``residual`` is given.
 
     ``h = x + residual``, ``y = h / sqrt(mean(h²) + eps) · (weight + offset) + bias``; see
@@ -53,8 +60,10 @@ def rms_norm(x, weight=None, eps=1e-6, *, offset=0.0, bias=None, residual=None,
     return outputs[0] if residual is None else outputs[:2]
 
 
-def rms_norm_fwd(x, weight=None, eps=1e-6, *, offset=0.0, bias=None, residual=None,
-                 casting_mode="gemma", out_dtype=None):
+def rms_norm_fwd(x: np.ndarray, weight: np.ndarray | None = None, eps: float = 1e-6, *,
+                 offset: float = 0.0, bias: np.ndarray | None = None,
+                 residual: np.ndarray | None = None, casting_mode: str = "gemma",
+                 out_dtype: DTypeLike | None = None) -> tuple[np.ndarray, ...]:
     """RMSNorm forward that also returns the fp32 ``rstd`` the backward pass needs.
 
     Args:
@@ -101,15 +110,21 @@ def rms_norm_fwd(x, weight=None, eps=1e-6, *, offset=0.0, bias=None, residual=No
             outputs.append(np.empty(x.shape, residual.dtype))
         return (*outputs, np.empty(lead, np.float32))
 
-    outputs = kernels.rmsnorm_fwd(
-        _rows(x, rows, n), weight, bias, None if residual is None else _rows(residual, rows, n),
-        eps, offset, casting_mode, out_dtype)
+    if residual is None:
+        outputs = kernels.rmsnorm_fwd(_rows(x, rows, n), weight, bias, eps, offset,
+                                      casting_mode, out_dtype)
+    else:
+        outputs = kernels.rmsnorm_add_fwd(_rows(x, rows, n), _rows(residual, rows, n), weight,
+                                          bias, eps, offset, casting_mode, out_dtype)
     *tiles, rstd = outputs
     return (*(t.reshape(x.shape) for t in tiles), rstd.reshape(lead))
 
 
-def rms_norm_bwd(dy, x_or_h, weight, rstd, *, offset=0.0, has_bias=False, dh_out=None,
-                 casting_mode="gemma"):
+def rms_norm_bwd(dy: np.ndarray, x_or_h: np.ndarray, weight: np.ndarray | None,
+                 rstd: np.ndarray, *, offset: float = 0.0, has_bias: bool = False,
+                 bias_dtype=None,
+                 dh_out: np.ndarray | None = None, casting_mode: str = "gemma",
+                 ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
     """RMSNorm backward from the forward's saved ``rstd``.
 
     Args:
@@ -119,14 +134,17 @@ def rms_norm_bwd(dy, x_or_h, weight, rstd, *, offset=0.0, has_bias=False, dh_out
         rstd: the forward's float32 ``rstd``, shape ``x_or_h.shape[:-1]``.
         offset: the forward's weight offset (needs a weight).
         has_bias: whether the forward added a bias (then ``dbias`` is returned).
+        bias_dtype: the bias's dtype, ``dbias``'s dtype (float32 or x_or_h's dtype); None:
+            the weight's dtype (float32 without a weight). ``dbias`` is summed in fp32 and
+            rounded once, so an fp32 bias beside a bf16 weight gets an fp32 gradient.
         dh_out: gradient flowing into the ``h`` output, shaped like ``x_or_h``, or None;
             it is added into ``dx``.
         casting_mode: the forward's casting mode.
 
     Returns:
         ``(dx, dweight, dbias)``: ``dx`` in x_or_h's dtype and shape; ``dweight`` ``(N,)`` in
-        the weight's dtype, None without a weight; ``dbias`` ``(N,)`` in the weight's dtype
-        (float32 without one), None unless ``has_bias``.
+        the weight's dtype, None without a weight; ``dbias`` ``(N,)`` in ``bias_dtype``, None
+        unless ``has_bias``.
     """
     x = _kernel_array(x_or_h, "x_or_h")
     if x.ndim == 0:
@@ -158,103 +176,32 @@ def rms_norm_bwd(dy, x_or_h, weight, rstd, *, offset=0.0, has_bias=False, dh_out
     if not isinstance(has_bias, (bool, np.bool_)):
         raise TypeError(f"has_bias must be a bool, got {type(has_bias).__name__}")
     has_bias = bool(has_bias)
+    param_dtype = _FLOAT32 if weight is None else weight.dtype
+    if bias_dtype is not None:
+        bias_dtype = _dtype(bias_dtype, "bias_dtype")
+        if bias_dtype not in (_FLOAT32, x.dtype):
+            raise TypeError(f"bias_dtype must be float32 or x_or_h's dtype ({x.dtype}), got "
+                            f"{bias_dtype}")
+        if not has_bias:
+            raise ValueError("bias_dtype is given but has_bias is False: there is no dbias")
+    bias_dtype = param_dtype if bias_dtype is None else bias_dtype
     _casting_mode(casting_mode)
 
     lead = x.shape[:-1]
     rows = math.prod(lead)
-    param_dtype = _FLOAT32 if weight is None else weight.dtype
     if rows == 0:  # gradients of a sum over no rows
         return (np.empty(x.shape, x.dtype),
                 None if weight is None else np.zeros(n, param_dtype),
-                np.zeros(n, param_dtype) if has_bias else None)
+                np.zeros(n, bias_dtype) if has_bias else None)
 
     grads = list(kernels.rmsnorm_bwd(
         _rows(dy, rows, n), _rows(x, rows, n), weight, np.ascontiguousarray(rstd.reshape(rows)),
-        None if dh_out is None else _rows(dh_out, rows, n), offset, has_bias, casting_mode))
+        None if dh_out is None else _rows(dh_out, rows, n), offset, has_bias, casting_mode,
+        bias_dtype))
     dx = grads.pop(0).reshape(x.shape)
     dweight = grads.pop(0) if weight is not None else None
     dbias = grads.pop(0) if has_bias else None
     return dx, dweight, dbias
-
-
-# ---------------------------------------------------------------------------------------------
-# Validation helpers
-# ---------------------------------------------------------------------------------------------
-
-
-def _array(value, name: str) -> np.ndarray:
-    if not isinstance(value, np.ndarray):
-        raise TypeError(f"{name} must be a NumPy array, got {type(value).__name__}")
-    return value
-
-
-def _kernel_array(value, name: str) -> np.ndarray:
-    """A NumPy array in one of the kernels' floating-point dtypes."""
-    array = _array(value, name)
-    if array.dtype not in KERNEL_DTYPES:
-        raise TypeError(f"{name} must have dtype {_DTYPE_NAMES}, got {array.dtype}")
-    return array
-
-
-def _parameter(value, name: str, n: int, x_dtype) -> np.ndarray | None:
-    """``weight`` / ``bias``: None, or an ``(N,)`` array in float32 or x's dtype."""
-    if value is None:
-        return None
-    array = _array(value, name)
-    if array.shape != (n,):
-        raise ValueError(f"{name} must have shape (N,) = ({n},), got {array.shape}")
-    if array.dtype not in (_FLOAT32, x_dtype):
-        raise TypeError(f"{name} must be float32 or x's dtype ({x_dtype}), got {array.dtype}")
-    return np.ascontiguousarray(array)
-
-
-def _real(value, name: str) -> float:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
-    return float(value)
-
-
-def _eps(eps) -> float:
-    eps = _real(eps, "eps")
-    if not math.isfinite(eps) or eps < 0:
-        raise ValueError(f"eps must be finite and >= 0, got {eps}")
-    return eps
-
-
-def _offset(offset, weight) -> float:
-    offset = _real(offset, "offset")
-    if not math.isfinite(offset):
-        raise ValueError(f"offset must be finite, got {offset}")
-    if offset and weight is None:
-        raise ValueError(f"offset={offset} needs a weight: it shifts the weight "
-                         "(y = x̂·(weight + offset)); pass weight=np.zeros(N) for a constant "
-                         "scale")
-    return offset
-
-
-def _casting_mode(casting_mode) -> None:
-    if not isinstance(casting_mode, str) or casting_mode not in CASTING_MODES:
-        raise ValueError(f"casting_mode must be one of {CASTING_MODES}, got {casting_mode!r}")
-
-
-def check_options(eps, offset, weight, casting_mode) -> tuple[float, float]:
-    """Validate the scalar options every binding shares; returns ``(eps, offset)`` as floats.
-
-    ``eps`` must be a finite real ≥ 0, ``offset`` a finite real that needs a ``weight``,
-    ``casting_mode`` one of "gemma", "llama", "none".
-    """
-    _casting_mode(casting_mode)
-    return _eps(eps), _offset(offset, weight)
-
-
-def _dtype(value, name: str) -> np.dtype:
-    try:
-        dtype = np.dtype(value)
-    except TypeError as exc:
-        raise TypeError(f"{name} must be a dtype ({_DTYPE_NAMES}), got {value!r}") from exc
-    if dtype not in KERNEL_DTYPES:
-        raise TypeError(f"{name} must be {_DTYPE_NAMES}, got {dtype}")
-    return dtype
 
 
 def _rows(array: np.ndarray, rows: int, n: int) -> np.ndarray:

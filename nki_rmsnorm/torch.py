@@ -1,22 +1,44 @@
 """PyTorch bindings: ``rms_norm``, ``fused_add_rms_norm`` and the ``RMSNorm`` module.
 
 The functions follow ``torch.nn.functional.rms_norm`` (``normalized_shape`` names the
-trailing dims that are normalised together; ``eps=None`` is PyTorch's default) and are
-differentiable in every tensor argument through one ``torch.autograd.Function`` whose
-forward and backward launch the NKI kernels:
+trailing dims that are normalised together; ``eps=None`` is PyTorch's default). Underneath,
+the forward and backward passes are four ``torch.library`` custom operators on
+``(rows, hidden)`` matrices::
 
-* tensors on an XLA device (a NeuronCore, with ``torch_neuronx`` and the Neuron compiler
-  installed) go straight to the ``nki.jit`` kernels, which the SDK (≥ 2.21) inserts into the
-  XLA graph as custom calls;
-* CPU tensors go through :mod:`nki_rmsnorm.ops`, which runs the same kernels in the NKI
-  simulator on NumPy views of the tensors (bfloat16 is passed bit for bit).
+    nki_rmsnorm::rms_norm_fwd(x, weight?, bias?, eps, offset, casting_mode, out_dtype?)
+        -> (y, rstd)
+    nki_rmsnorm::rms_norm_add_fwd(x, residual, weight?, bias?, eps, offset, casting_mode,
+                                  out_dtype?) -> (y, h, rstd)
+    nki_rmsnorm::rms_norm_bwd(dy, x, weight?, rstd, offset, has_bias, bias_dtype?,
+                              casting_mode) -> [dx, dweight?, dbias?]
+    nki_rmsnorm::rms_norm_add_bwd(dy, h, weight?, rstd, dh?, x_dtype, offset, has_bias,
+                                  bias_dtype?, casting_mode) -> [dx, dresidual, dweight?, dbias?]
 
-Only ``x`` (``h = x + residual`` for the fused add) and the fp32 ``rstd`` are saved for the
-backward pass, next to the weight it needs anyway.
+Each has a fake (meta) implementation, so ``torch.compile`` (no graph breaks), ``torch.export``,
+``FakeTensorMode`` and ``"meta"`` tensors see shapes and dtypes without running a kernel; the
+forward operators get their backward through ``torch.library.register_autograd``. The device
+kernel is picked by the input's device type (:data:`LAUNCHERS`):
+
+* ``"cpu"``: :mod:`nki_rmsnorm.ops` runs the kernels in the NKI simulator on NumPy views of the
+  tensors (bfloat16 passed bit for bit);
+* ``"xla"`` (PyTorch/XLA on a NeuronCore): through ``torch_neuronx.nki_jit`` with the
+  output-parameter kernels where the installed ``torch_neuronx`` has it (Neuron SDK 2.20 –
+  2.23), else by calling the return-convention ``nki.jit`` kernels directly (SDK ≥ 2.21);
+* ``"neuron"`` (TorchNeuron, SDK ≥ 2.31): the output-parameter kernels are called directly
+  with the neuron tensors and preallocated outputs, as the TorchNeuron docs show.
+
+:data:`last_launch_path` names the path the latest launch took ("simulator", "nki_jit",
+"nki.jit" or "neuron"); the module's logger says the same at DEBUG level.
 """
 
 from __future__ import annotations
 
+from nki_rmsnorm._optional import require
+
+require("torch", extra="torch")  # a missing torch is an ImportError naming the extra
+
+import logging
+import math
 import numbers
 import threading
 from collections.abc import Sequence
@@ -24,15 +46,21 @@ from collections.abc import Sequence
 import ml_dtypes
 import numpy as np
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from nki_rmsnorm import ops
-from nki_rmsnorm.reference import CASTING_MODES
 
-__all__ = ["RMSNorm", "fused_add_rms_norm", "rms_norm"]
+__all__ = ["LAUNCHERS", "RMSNorm", "fused_add_rms_norm", "last_launch_path", "rms_norm"]
+
+logger = logging.getLogger(__name__)
 
 #: Input dtypes the kernels take (there is no float64 path on the NeuronCore engines).
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_NUMPY_DTYPES = {torch.float32: np.dtype(np.float32), torch.float16: np.dtype(np.float16),
+                 torch.bfloat16: np.dtype(ml_dtypes.bfloat16)}
+
+#: The launch path of the latest kernel launch: "simulator", "nki_jit", "nki.jit" or "neuron".
+last_launch_path: str | None = None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -59,14 +87,12 @@ def _as_shape(normalized_shape) -> tuple[int, ...]:
     return shape
 
 
-def _check_tensor(name: str, t, expected_shape, input: torch.Tensor, dtypes) -> None:
+def _check_tensor(name: str, t, expected_shape, input: Tensor, dtypes) -> None:
     """``t`` is a tensor of ``expected_shape``, of one of ``dtypes``, on ``input``'s device."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor or None, got {type(t).__name__}")
     if tuple(t.shape) != tuple(expected_shape):
-        raise ValueError(
-            f"{name} must have shape {tuple(expected_shape)}, got {tuple(t.shape)}"
-        )
+        raise ValueError(f"{name} must have shape {tuple(expected_shape)}, got {tuple(t.shape)}")
     if t.dtype not in dtypes:
         allowed = " or ".join(_dtype_name(d) for d in dict.fromkeys(dtypes))
         raise TypeError(
@@ -77,8 +103,18 @@ def _check_tensor(name: str, t, expected_shape, input: torch.Tensor, dtypes) -> 
         raise ValueError(f"{name} is on {t.device} but input is on {input.device}")
 
 
-def _check_args(input, normalized_shape, weight, bias, residual, eps, offset, casting_mode):
-    """Validate the arguments; return ``(normalized_shape, hidden_size, eps)``."""
+def _check_out_dtype(out_dtype) -> None:
+    if out_dtype is not None and out_dtype not in SUPPORTED_DTYPES:
+        raise TypeError(
+            "out_dtype must be None, torch.float32, torch.float16 or torch.bfloat16, "
+            f"got {out_dtype!r}"
+        )
+
+
+def _check_args(
+    input, normalized_shape, weight, bias, residual, eps, offset, casting_mode, out_dtype
+):
+    """Validate the arguments; return ``(normalized_shape, hidden_size, eps, offset)``."""
     if not isinstance(input, torch.Tensor):
         raise TypeError(f"input must be a torch.Tensor, got {type(input).__name__}")
     if input.dtype not in SUPPORTED_DTYPES:
@@ -86,8 +122,13 @@ def _check_args(input, normalized_shape, weight, bias, residual, eps, offset, ca
             f"input dtype {_dtype_name(input.dtype)} is not supported by the NKI kernels; "
             "expected float32, float16 or bfloat16"
         )
+    if input.device.type not in LAUNCHERS and input.device.type != "meta":
+        raise ValueError(
+            f"input is on {input.device}; the kernels run on a NeuronCore ('xla' or 'neuron' "
+            "device), simulated on the CPU, or shape-only on 'meta'"
+        )
     shape = _as_shape(normalized_shape)
-    if input.dim() < len(shape) or tuple(input.shape[input.dim() - len(shape):]) != shape:
+    if input.dim() < len(shape) or tuple(input.shape[input.dim() - len(shape) :]) != shape:
         raise ValueError(
             f"normalized_shape={list(shape)} must match the trailing dims of input, "
             f"expected input of shape [*, {', '.join(map(str, shape))}], "
@@ -98,6 +139,7 @@ def _check_args(input, normalized_shape, weight, bias, residual, eps, offset, ca
         # every dtype the kernels take (torch.nn.RMSNorm docs).
         eps = torch.finfo(torch.float32).eps
     eps, offset = ops.check_options(eps, offset, weight, casting_mode)
+    _check_out_dtype(out_dtype)
 
     param_dtypes = (torch.float32, input.dtype)
     if weight is not None:
@@ -107,15 +149,25 @@ def _check_args(input, normalized_shape, weight, bias, residual, eps, offset, ca
     if residual is not None:
         # An fp32 residual stream beside low-precision activations is allowed; h has its dtype.
         _check_tensor("residual", residual, input.shape, input, (input.dtype, torch.float32))
-    return shape, int(np.prod(shape)), float(eps)
+    hidden = math.prod(shape)
+    needs_grad = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (input, weight, bias, residual)
+    )
+    if needs_grad and hidden > ops.MAX_HIDDEN_BWD:
+        raise ValueError(
+            f"normalized_shape={list(shape)} gives a hidden size of {hidden}, above the "
+            f"backward kernel's limit N <= {ops.MAX_HIDDEN_BWD} (MAX_HIDDEN_BWD), and gradients "
+            "are enabled; run the forward under torch.no_grad() or split the hidden dim"
+        )
+    return shape, hidden, eps, offset
 
 
 # ---------------------------------------------------------------------------------------------
-# Launchers: the same two calls (forward, backward) on a NeuronCore or in the simulator.
+# Launchers: the same two calls (forward, backward) in the simulator or on a NeuronCore.
 # ---------------------------------------------------------------------------------------------
 
 
-def _to_numpy(t: torch.Tensor) -> np.ndarray:
+def _to_numpy(t: Tensor) -> np.ndarray:
     """A NumPy view of a CPU tensor; bfloat16 is reinterpreted bit for bit."""
     t = t.detach().contiguous()
     if t.dtype == torch.bfloat16:
@@ -123,9 +175,7 @@ def _to_numpy(t: torch.Tensor) -> np.ndarray:
     return t.numpy()
 
 
-def _from_numpy(a: np.ndarray | None) -> torch.Tensor | None:
-    if a is None:
-        return None
+def _from_numpy(a: np.ndarray) -> Tensor:
     a = np.ascontiguousarray(a) if a.flags.writeable else a.copy()
     if a.dtype == ml_dtypes.bfloat16:
         return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
@@ -136,6 +186,23 @@ def _to_numpy_or_none(t):
     return None if t is None else _to_numpy(t)
 
 
+_NUMPY_DTYPES = {
+    torch.float32: np.dtype(np.float32),
+    torch.float16: np.dtype(np.float16),
+    torch.bfloat16: np.dtype(ml_dtypes.bfloat16),
+}
+
+
+def _numpy_dtype(dtype: torch.dtype | None):
+    return None if dtype is None else _NUMPY_DTYPES[dtype]
+
+
+def _record(path: str) -> None:
+    global last_launch_path
+    last_launch_path = path
+    logger.debug("nki_rmsnorm launch path: %s", path)
+
+
 #: The simulator keeps one global kernel context: launches from several threads take turns.
 _SIMULATOR_LOCK = threading.Lock()
 
@@ -144,7 +211,7 @@ class _SimulatorLaunch:
     """CPU tensors: the kernels run in the NKI simulator through :mod:`nki_rmsnorm.ops`."""
 
     @staticmethod
-    def forward(x, weight, bias, residual, eps, offset, casting_mode):
+    def forward(x, weight, bias, residual, eps, offset, casting_mode, out_dtype):
         with _SIMULATOR_LOCK:
             outputs = ops.rms_norm_fwd(
                 _to_numpy(x),
@@ -154,120 +221,522 @@ class _SimulatorLaunch:
                 bias=_to_numpy_or_none(bias),
                 residual=_to_numpy_or_none(residual),
                 casting_mode=casting_mode,
+                out_dtype=_numpy_dtype(out_dtype),
             )
+        _record("simulator")
         return tuple(_from_numpy(a) for a in outputs)
 
     @staticmethod
-    def backward(dy, x_or_h, weight, rstd, dh_out, offset, has_bias, casting_mode):
+    def backward(dy, x_or_h, weight, rstd, dh_out, offset, has_bias, bias_dtype, casting_mode):
         with _SIMULATOR_LOCK:
-            grads = ops.rms_norm_bwd(
+            dx, dweight, dbias = ops.rms_norm_bwd(
                 _to_numpy(dy),
                 _to_numpy(x_or_h),
                 _to_numpy_or_none(weight),
                 _to_numpy(rstd),
                 offset=offset,
                 has_bias=has_bias,
+                bias_dtype=_numpy_dtype(bias_dtype),
                 dh_out=_to_numpy_or_none(dh_out),
                 casting_mode=casting_mode,
             )
-        return tuple(_from_numpy(a) for a in grads)
+        _record("simulator")
+        return _from_numpy(dx), _from_numpy_or_none(dweight), _from_numpy_or_none(dbias)
 
 
-class _NeuronLaunch:
-    """XLA tensors on a NeuronCore: the ``nki.jit`` kernels are called with the XLA tensors.
+def _from_numpy_or_none(a):
+    return None if a is None else _from_numpy(a)
 
-    The kernels use the return convention (outputs allocated in ``shared_hbm`` and returned),
-    which needs Neuron SDK ≥ 2.21; from that release on the documented way to put a kernel in
-    a torch-xla graph is to call the ``nki.jit`` function directly (``torch_neuronx.nki_jit``,
-    2.20 – 2.23, only takes output-parameter kernels). The kernels take 2-D ``(rows, hidden)``
-    HBM tensors and ``None`` for absent optional tensors; constants are trace-time arguments.
+
+def _nki_language():
+    from nki_rmsnorm.nki import nl
+
+    return nl
+
+
+def _nki_dtype(dtype: torch.dtype | None):
+    """The NKI dtype (``nl.float32`` ...) a kernel's dtype argument takes."""
+    return None if dtype is None else getattr(_nki_language(), _dtype_name(dtype))
+
+
+def _output_kernels():
+    """The output-parameter kernels (issue 9), imported when a launch needs them."""
+    from nki_rmsnorm import kernels
+
+    return kernels.rmsnorm_fwd_out, kernels.rmsnorm_add_fwd_out, kernels.rmsnorm_bwd_out
+
+
+def _allocate_forward(x, residual, out_dtype):
+    rows = x.shape[0]
+    y = torch.empty(x.shape, dtype=out_dtype or x.dtype, device=x.device)
+    h = None if residual is None else torch.empty(x.shape, dtype=residual.dtype, device=x.device)
+    rstd = torch.empty(rows, dtype=torch.float32, device=x.device)
+    return y, h, rstd
+
+
+def _allocate_backward(x_or_h, weight, has_bias, bias_dtype):
+    n = x_or_h.shape[1]
+    param_dtype = torch.float32 if weight is None else weight.dtype
+    dx = torch.empty_like(x_or_h)
+    dweight = None if weight is None else torch.empty(n, dtype=param_dtype, device=dx.device)
+    dbias = None
+    if has_bias:
+        dbias = torch.empty(n, dtype=bias_dtype or param_dtype, device=dx.device)
+    return dx, dweight, dbias
+
+
+def _launch_output_kernels(launch, x, weight, bias, residual, eps, offset, casting_mode, out_dtype):
+    """Forward through an output-parameter kernel: allocate, launch, return the buffers."""
+    fwd_out, add_fwd_out, _ = _output_kernels()
+    y, h, rstd = _allocate_forward(x, residual, out_dtype)
+    options = {"eps": eps, "offset": offset, "casting_mode": casting_mode}
+    if residual is None:
+        launch(fwd_out)(x, weight, bias, y, rstd, **options)
+        return y, rstd
+    launch(add_fwd_out)(x, residual, weight, bias, y, h, rstd, **options)
+    return y, h, rstd
+
+
+def _launch_output_bwd(
+    launch, dy, x_or_h, weight, rstd, dh_out, offset, has_bias, bias_dtype, casting_mode
+):
+    _, _, bwd_out = _output_kernels()
+    dx, dweight, dbias = _allocate_backward(x_or_h, weight, has_bias, bias_dtype)
+    launch(bwd_out)(
+        dy,
+        x_or_h,
+        weight,
+        rstd,
+        dh_out,
+        dx,
+        dweight,
+        dbias,
+        offset=offset,
+        casting_mode=casting_mode,
+    )
+    return dx, dweight, dbias
+
+
+def _direct(kernel):
+    return kernel
+
+
+class _XlaLaunch:
+    """PyTorch/XLA tensors on a NeuronCore.
+
+    With ``torch_neuronx.nki_jit`` (Neuron SDK 2.20 – 2.23: the 2.23 end-of-support notice and
+    the 2.24 removal notice under ``general/announcements/neuron2.x/``) the output-parameter
+    kernels are wrapped by it and called with preallocated XLA outputs, as the RMSNorm tutorial
+    does. Without it (SDK ≥ 2.24), the return-convention ``nki.jit`` kernels are called
+    directly with the XLA tensors, the documented replacement (SDK ≥ 2.21).
     """
 
     @staticmethod
-    def _kernels():
+    def _nki_jit(device_type):
         try:
-            import torch_neuronx  # noqa: F401  (registers the Neuron XLA backend)
-            import torch_xla  # noqa: F401
+            import torch_neuronx
         except ImportError as err:
             raise RuntimeError(
-                "input is on an XLA device, but torch_xla/torch_neuronx are not importable; "
-                "install the Neuron SDK or move the tensors to the CPU (simulated kernels)"
+                "input is on an XLA device, but torch_neuronx is not importable; install the "
+                "Neuron SDK or move the tensors to the CPU (simulated kernels)"
             ) from err
-        from nki_rmsnorm import kernels, nki
+        from nki_rmsnorm import nki
 
-        if nki.SIMULATED:
+        if device_type == "xla" and nki.SIMULATED:
             raise RuntimeError(
                 "input is on an XLA device, but the Neuron compiler (neuronxcc) is not "
                 "installed, so the kernels can only run simulated, on CPU tensors"
             )
-        return kernels.rmsnorm_fwd, kernels.rmsnorm_bwd
+        return getattr(torch_neuronx, "nki_jit", None)
 
     @classmethod
-    def forward(cls, x, weight, bias, residual, eps, offset, casting_mode):
-        fwd_kernel, _ = cls._kernels()
-        return tuple(fwd_kernel(x, weight, bias, residual, eps, offset, casting_mode, None))
+    def forward(cls, x, weight, bias, residual, eps, offset, casting_mode, out_dtype):
+        nki_jit = cls._nki_jit(x.device.type)
+        if nki_jit is not None:
+            _record("nki_jit")
+            return _launch_output_kernels(
+                nki_jit, x, weight, bias, residual, eps, offset, casting_mode, out_dtype
+            )
+        from nki_rmsnorm import kernels
+
+        _record("nki.jit")
+        options = (eps, offset, casting_mode, _nki_dtype(out_dtype))
+        if residual is None:
+            return tuple(kernels.rmsnorm_fwd(x, weight, bias, *options))
+        return tuple(kernels.rmsnorm_add_fwd(x, residual, weight, bias, *options))
 
     @classmethod
-    def backward(cls, dy, x_or_h, weight, rstd, dh_out, offset, has_bias, casting_mode):
-        _, bwd_kernel = cls._kernels()
-        grads = list(bwd_kernel(dy, x_or_h, weight, rstd, dh_out, offset, has_bias, casting_mode))
+    def backward(cls, dy, x_or_h, weight, rstd, dh_out, offset, has_bias, bias_dtype, casting_mode):
+        nki_jit = cls._nki_jit(x_or_h.device.type)
+        if nki_jit is not None:
+            _record("nki_jit")
+            return _launch_output_bwd(
+                nki_jit,
+                dy,
+                x_or_h,
+                weight,
+                rstd,
+                dh_out,
+                offset,
+                has_bias,
+                bias_dtype,
+                casting_mode,
+            )
+        from nki_rmsnorm import kernels
+
+        _record("nki.jit")
+        grads = list(
+            kernels.rmsnorm_bwd(
+                dy,
+                x_or_h,
+                weight,
+                rstd,
+                dh_out,
+                offset,
+                has_bias,
+                casting_mode,
+                _nki_dtype(bias_dtype),
+            )
+        )
         dx = grads.pop(0)
         dweight = grads.pop(0) if weight is not None else None
         dbias = grads.pop(0) if has_bias else None
         return dx, dweight, dbias
 
 
-def _launcher(x: torch.Tensor):
-    if x.device.type == "cpu":
-        return _SimulatorLaunch
-    if x.device.type == "xla":
-        return _NeuronLaunch
-    raise ValueError(
-        f"input is on {x.device}; the kernels run on a NeuronCore (XLA device) "
-        "or, simulated, on the CPU"
+class _NeuronLaunch:
+    """TorchNeuron (device ``"neuron"``): the ``nki.jit`` output-parameter kernels are called
+    directly with neuron tensors and outputs preallocated by ``torch.empty``, the pattern of
+    ``frameworks/torch/pytorch-native-overview.rst`` (the ``NKI_sin`` autograd example) and of
+    the ``nki_op`` example in ``nki/get-started/about/index.rst``; this operator is the custom
+    op that ``nki_op`` would register."""
+
+    @staticmethod
+    def forward(x, weight, bias, residual, eps, offset, casting_mode, out_dtype):
+        _record("neuron")
+        return _launch_output_kernels(
+            _direct, x, weight, bias, residual, eps, offset, casting_mode, out_dtype
+        )
+
+    @staticmethod
+    def backward(dy, x_or_h, weight, rstd, dh_out, offset, has_bias, bias_dtype, casting_mode):
+        _record("neuron")
+        return _launch_output_bwd(
+            _direct, dy, x_or_h, weight, rstd, dh_out, offset, has_bias, bias_dtype, casting_mode
+        )
+
+
+#: Device type → launcher. Tests route CPU tensors through the XLA launch code by setting
+#: ``LAUNCHERS["cpu"] = LAUNCHERS["xla"]`` (with the simulated ``torch_neuronx`` installed).
+LAUNCHERS = {"cpu": _SimulatorLaunch, "xla": _XlaLaunch, "neuron": _NeuronLaunch}
+
+
+def _launcher(device: torch.device):
+    try:
+        return LAUNCHERS[device.type]
+    except KeyError:
+        raise ValueError(
+            f"input is on {device}; the kernels run on a NeuronCore ('xla' or 'neuron' "
+            "device) or, simulated, on the CPU"
+        ) from None
+
+
+# ---------------------------------------------------------------------------------------------
+# The custom operators. Shapes: x (M, N); weight, bias (N,); rstd (M,) float32.
+# ---------------------------------------------------------------------------------------------
+
+
+def _empty_forward(x, residual, out_dtype):
+    """The forward's outputs for an input without rows (no launch)."""
+    y, h, rstd = _allocate_forward(x, residual, out_dtype)
+    return (y, rstd) if residual is None else (y, h, rstd)
+
+
+def _forward(x, residual, weight, bias, eps, offset, casting_mode, out_dtype):
+    """Both forward operators: launch on ``x``'s device, or nothing for an input without rows."""
+    if x.shape[0] == 0:
+        return _empty_forward(x, residual, out_dtype)
+    return _launcher(x.device).forward(
+        x, weight, bias, residual, eps, offset, casting_mode, out_dtype
     )
 
 
-class _RMSNormFunction(torch.autograd.Function):
-    """``y = h·rstd·(weight + offset) + bias`` over the rows of 2-D ``x`` (``h = x + residual``).
+@torch.library.custom_op("nki_rmsnorm::rms_norm_fwd", mutates_args=())
+def _rms_norm_fwd(
+    x: Tensor,
+    weight: Tensor | None,
+    bias: Tensor | None,
+    eps: float,
+    offset: float,
+    casting_mode: str,
+    out_dtype: torch.dtype | None,
+) -> tuple[Tensor, Tensor]:
+    return _forward(x, None, weight, bias, eps, offset, casting_mode, out_dtype)
 
-    Returns ``y``, or ``(y, h)`` with a residual. The gradient of ``h`` flows back into the
-    backward kernel as ``dh_out``; ``x`` and ``residual`` receive the same gradient.
-    """
 
-    @staticmethod
-    def forward(ctx, x, weight, bias, residual, eps, offset, casting_mode):
-        launch = _launcher(x)
-        if x.shape[0] == 0:
-            outputs = (torch.empty_like(x),) * (1 if residual is None else 2)
-            rstd = torch.empty(0, dtype=torch.float32, device=x.device)
-        else:
-            *outputs, rstd = launch.forward(x, weight, bias, residual, eps, offset, casting_mode)
-        x_or_h = x if residual is None else outputs[1]
-        ctx.save_for_backward(x_or_h, weight, rstd)
-        ctx.launch, ctx.offset, ctx.casting_mode = launch, offset, casting_mode
-        ctx.has_bias, ctx.bias_dtype = bias is not None, None if bias is None else bias.dtype
+@_rms_norm_fwd.register_fake
+def _(x, weight, bias, eps, offset, casting_mode, out_dtype):
+    return _empty_forward(x, None, out_dtype)
+
+
+@torch.library.custom_op("nki_rmsnorm::rms_norm_add_fwd", mutates_args=())
+def _rms_norm_add_fwd(
+    x: Tensor,
+    residual: Tensor,
+    weight: Tensor | None,
+    bias: Tensor | None,
+    eps: float,
+    offset: float,
+    casting_mode: str,
+    out_dtype: torch.dtype | None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    return _forward(x, residual, weight, bias, eps, offset, casting_mode, out_dtype)
+
+
+@_rms_norm_add_fwd.register_fake
+def _(x, residual, weight, bias, eps, offset, casting_mode, out_dtype):
+    return _empty_forward(x, residual, out_dtype)
+
+
+def _batched_rows(op, n_row_args: int):
+    """A vmap rule for a forward operator whose first ``n_row_args`` tensors are ``(M, N)``
+    rows and the next two the ``(N,)`` weight and bias: with unbatched parameters the batch
+    is folded into the rows (one launch); a batched weight or bias launches once per element."""
+
+    def rule(info, in_dims, *args):
+        rows, params, options = (
+            args[:n_row_args],
+            args[n_row_args : n_row_args + 2],
+            args[n_row_args + 2 :],
+        )
+        size = info.batch_size
+
+        def batch_first(t, dim):
+            return t.expand(size, *t.shape) if dim is None else t.movedim(dim, 0)
+
+        rows = [batch_first(t, d) for t, d in zip(rows, in_dims)]
+        if all(d is None for d in in_dims[n_row_args : n_row_args + 2]):
+            m, n = rows[0].shape[1:]
+            outputs = op(*(t.reshape(size * m, n) for t in rows), *params, *options)
+            return tuple(
+                o.reshape(size, m, n) if o.dim() == 2 else o.reshape(size, m) for o in outputs
+            ), (0,) * len(outputs)
+        params = [
+            None if t is None else batch_first(t, d) for t, d in zip(params, in_dims[n_row_args:])
+        ]
+        per_element = [
+            op(*(t[i] for t in rows), *(None if t is None else t[i] for t in params), *options)
+            for i in range(size)
+        ]
+        return tuple(torch.stack(o) for o in zip(*per_element)), (0,) * len(per_element[0])
+
+    op.register_vmap(rule)
+
+
+_batched_rows(_rms_norm_fwd, 1)
+_batched_rows(_rms_norm_add_fwd, 2)
+
+
+def _backward_kernel(dy, x_or_h, weight, rstd, dh_out, offset, has_bias, bias_dtype, casting_mode):
+    """``(dx, dweight, dbias)``, launching only when there are rows (the sums over no rows
+    are zeros)."""
+    if x_or_h.shape[0] == 0:
+        dx, dweight, dbias = _allocate_backward(x_or_h, weight, has_bias, bias_dtype)
+        return (
+            dx,
+            None if dweight is None else dweight.zero_(),
+            (None if dbias is None else dbias.zero_()),
+        )
+    return _launcher(x_or_h.device).backward(
+        dy, x_or_h, weight, rstd, dh_out, offset, has_bias, bias_dtype, casting_mode
+    )
+
+
+def _present(*tensors) -> list[Tensor]:
+    return [t for t in tensors if t is not None]
+
+
+@torch.library.custom_op("nki_rmsnorm::rms_norm_bwd", mutates_args=())
+def _rms_norm_bwd(
+    dy: Tensor,
+    x: Tensor,
+    weight: Tensor | None,
+    rstd: Tensor,
+    offset: float,
+    has_bias: bool,
+    bias_dtype: torch.dtype | None,
+    casting_mode: str,
+) -> list[Tensor]:
+    return _present(
+        *_backward_kernel(dy, x, weight, rstd, None, offset, has_bias, bias_dtype, casting_mode)
+    )
+
+
+@_rms_norm_bwd.register_fake
+def _(dy, x, weight, rstd, offset, has_bias, bias_dtype, casting_mode):
+    return _present(*_allocate_backward(x, weight, has_bias, bias_dtype))
+
+
+@torch.library.custom_op("nki_rmsnorm::rms_norm_add_bwd", mutates_args=())
+def _rms_norm_add_bwd(
+    dy: Tensor,
+    h: Tensor,
+    weight: Tensor | None,
+    rstd: Tensor,
+    dh: Tensor | None,
+    x_dtype: torch.dtype,
+    offset: float,
+    has_bias: bool,
+    bias_dtype: torch.dtype | None,
+    casting_mode: str,
+) -> list[Tensor]:
+    dh_total, dweight, dbias = _backward_kernel(
+        dy, h, weight, rstd, dh, offset, has_bias, bias_dtype, casting_mode
+    )
+    # x and residual receive the same gradient, as two tensors: autograd accumulates into
+    # each one's .grad in place, so they must not share storage.
+    dx = dh_total.to(x_dtype, copy=True)
+    return _present(dx, dh_total, dweight, dbias)
+
+
+@_rms_norm_add_bwd.register_fake
+def _(dy, h, weight, rstd, dh, x_dtype, offset, has_bias, bias_dtype, casting_mode):
+    dresidual, dweight, dbias = _allocate_backward(h, weight, has_bias, bias_dtype)
+    return _present(torch.empty_like(h, dtype=x_dtype), dresidual, dweight, dbias)
+
+
+# ---------------------------------------------------------------------------------------------
+# Autograd
+# ---------------------------------------------------------------------------------------------
+
+
+def _setup_context(ctx, inputs, output, residual: bool):
+    if residual:
+        x, res, weight, bias, eps, offset, casting_mode, _ = inputs
+        _, x_or_h, rstd = output
         ctx.x_dtype = x.dtype
-        ctx.set_materialize_grads(False)
-        return outputs[0] if residual is None else tuple(outputs)
+    else:
+        x_or_h, weight, bias, eps, offset, casting_mode, _ = inputs
+        rstd = output[1]
+    ctx.save_for_backward(x_or_h, weight, bias, rstd)
+    ctx.eps, ctx.offset, ctx.casting_mode = eps, offset, casting_mode
+    ctx.bias_dtype = None if bias is None else bias.dtype
+
+
+def _differentiable_backward(ctx, dy, dh):
+    """The backward in differentiable torch ops (fp32), for a graph of the gradient itself
+    (``create_graph=True``: double backward, ``torch.func`` transforms of a gradient). ``rstd``
+    is recomputed from ``h`` so that its dependence on ``h`` is part of the graph."""
+    x_or_h, weight, bias, _ = ctx.saved_tensors
+    with torch.enable_grad():
+        h = x_or_h.float()
+        rstd = torch.rsqrt(h.square().mean(-1, keepdim=True) + ctx.eps)
+        xhat = h * rstd
+        g = dy.float() if dy is not None else torch.zeros_like(h)
+        scale = None if weight is None else weight.float() + ctx.offset
+        gs = g if scale is None else g * scale
+        dx = rstd * (gs - xhat * (gs * xhat).mean(-1, keepdim=True))
+        if dh is not None:
+            dx = dx + dh.float()
+        dweight = None if weight is None else (g * xhat).sum(0).to(weight.dtype)
+        dbias = None if bias is None else g.sum(0).to(bias.dtype)
+    return dx.to(x_or_h.dtype), dweight, dbias
+
+
+def _graph_of_gradient_needed(ctx, *tensors) -> bool:
+    saved = ctx.saved_tensors
+    return torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (*tensors, *saved[:3])
+    )
+
+
+def _fwd_backward(ctx, dy, _drstd):
+    x, weight, bias, rstd = ctx.saved_tensors
+    if _graph_of_gradient_needed(ctx, dy):
+        dx, dweight, dbias = _differentiable_backward(ctx, dy, None)
+    else:
+        grads = iter(
+            _rms_norm_bwd(
+                dy, x, weight, rstd, ctx.offset, bias is not None, ctx.bias_dtype, ctx.casting_mode
+            )
+        )
+        dx = next(grads)
+        dweight = None if weight is None else next(grads)
+        dbias = None if bias is None else next(grads)
+    return dx, dweight, dbias, None, None, None, None
+
+
+def _add_fwd_backward(ctx, dy, dh, _drstd):
+    h, weight, bias, rstd = ctx.saved_tensors
+    if _graph_of_gradient_needed(ctx, dy, dh):
+        dres, dweight, dbias = _differentiable_backward(ctx, dy, dh)
+        dx = dres.to(ctx.x_dtype)
+    else:
+        if dy is None:  # only h was used downstream
+            dy = torch.zeros_like(h, dtype=ctx.x_dtype)
+        grads = iter(
+            _rms_norm_add_bwd(
+                dy,
+                h,
+                weight,
+                rstd,
+                dh,
+                ctx.x_dtype,
+                ctx.offset,
+                bias is not None,
+                ctx.bias_dtype,
+                ctx.casting_mode,
+            )
+        )
+        dx, dres = next(grads), next(grads)
+        dweight = None if weight is None else next(grads)
+        dbias = None if bias is None else next(grads)
+    return dx, dres, dweight, dbias, None, None, None, None
+
+
+def _setup_fwd_context(ctx, inputs, output):
+    _setup_context(ctx, inputs, output, residual=False)
+
+
+def _setup_add_fwd_context(ctx, inputs, output):
+    _setup_context(ctx, inputs, output, residual=True)
+
+
+torch.library.register_autograd(
+    "nki_rmsnorm::rms_norm_fwd", _fwd_backward, setup_context=_setup_fwd_context
+)
+torch.library.register_autograd(
+    "nki_rmsnorm::rms_norm_add_fwd", _add_fwd_backward, setup_context=_setup_add_fwd_context
+)
+
+
+class _RMSNormFunction(torch.autograd.Function):
+    """The forward operator with the same ``setup_context`` and backward as its
+    ``register_autograd`` registration, as an ``autograd.Function`` that ``torch.func``
+    transforms accept: PyTorch 2.13's ``register_autograd`` wrapper lacks ``setup_context``,
+    so ``torch.func.grad`` rejects it (pytorch/pytorch#170834). The public functions use it."""
+
+    generate_vmap_rule = True
 
     @staticmethod
-    def backward(ctx, dy, dh=None):
-        x_or_h, weight, rstd = ctx.saved_tensors
-        if dy is None:  # only h was used downstream
-            dy = torch.zeros_like(x_or_h, dtype=ctx.x_dtype)
-        if x_or_h.shape[0] == 0:
-            dx = torch.zeros_like(x_or_h)
-            dweight = None if weight is None else torch.zeros_like(weight)
-            dbias = None
-            if ctx.has_bias:
-                dbias = torch.zeros(x_or_h.shape[1], dtype=ctx.bias_dtype, device=dx.device)
-        else:
-            dx, dweight, dbias = ctx.launch.backward(
-                dy, x_or_h, weight, rstd, dh, ctx.offset, ctx.has_bias, ctx.casting_mode
-            )
-        dresidual = dx if ctx.needs_input_grad[3] else None
-        return dx.to(ctx.x_dtype), dweight, dbias, dresidual, None, None, None
+    def forward(x, weight, bias, eps, offset, casting_mode, out_dtype):
+        return _rms_norm_fwd(x, weight, bias, eps, offset, casting_mode, out_dtype)
+
+    setup_context = staticmethod(_setup_fwd_context)
+    backward = staticmethod(_fwd_backward)
+
+
+class _RMSNormAddFunction(torch.autograd.Function):
+    """:class:`_RMSNormFunction` for the fused residual add."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x, residual, weight, bias, eps, offset, casting_mode, out_dtype):
+        return _rms_norm_add_fwd(x, residual, weight, bias, eps, offset, casting_mode, out_dtype)
+
+    setup_context = staticmethod(_setup_add_fwd_context)
+    backward = staticmethod(_add_fwd_backward)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -276,15 +745,16 @@ class _RMSNormFunction(torch.autograd.Function):
 
 
 def rms_norm(
-    input: torch.Tensor,
+    input: Tensor,
     normalized_shape,
-    weight: torch.Tensor | None = None,
+    weight: Tensor | None = None,
     eps: float | None = None,
     *,
     offset: float = 0.0,
-    bias: torch.Tensor | None = None,
+    bias: Tensor | None = None,
     casting_mode: str = "gemma",
-) -> torch.Tensor:
+    out_dtype: torch.dtype | None = None,
+) -> Tensor:
     """RMSNorm over the trailing ``normalized_shape`` dims, like ``torch.nn.functional.rms_norm``.
 
     ``y = x · rsqrt(mean(x²) + eps) · (weight + offset) + bias``, with the mean taken over the
@@ -292,7 +762,7 @@ def rms_norm(
 
     Args:
         input: ``(*, *normalized_shape)``, float32, float16 or bfloat16, on the CPU
-            (simulated kernels) or an XLA NeuronCore device.
+            (simulated kernels), a NeuronCore (``"xla"`` or ``"neuron"``) or ``"meta"``.
         normalized_shape: int or tuple, the trailing dims to normalise over.
         weight: ``normalized_shape``, float32 or the input dtype, or None (no scale).
         eps: added to the mean square; None is PyTorch's default,
@@ -301,35 +771,37 @@ def rms_norm(
         bias: ``normalized_shape``, added after scaling, or None.
         casting_mode: "gemma" (fp32 math, one rounding), "llama" (``x·rstd`` rounded to the
             input dtype before the weight multiply, as HF LlamaRMSNorm) or "none".
+        out_dtype: dtype of ``y`` (float32, float16 or bfloat16); None is input's dtype.
 
     Returns:
-        ``y`` of ``input``'s shape and dtype.
+        ``y`` of ``input``'s shape, in ``out_dtype``.
     """
-    shape, hidden, eps = _check_args(
-        input, normalized_shape, weight, bias, None, eps, offset, casting_mode
+    shape, hidden, eps, offset = _check_args(
+        input, normalized_shape, weight, bias, None, eps, offset, casting_mode, out_dtype
     )
-    y = _RMSNormFunction.apply(
+    y, _ = _RMSNormFunction.apply(
         input.reshape(-1, hidden),
         None if weight is None else weight.reshape(hidden),
         None if bias is None else bias.reshape(hidden),
-        None,
         eps,
-        float(offset),
+        offset,
         casting_mode,
+        out_dtype,
     )
     return y.reshape(input.shape)
 
 
 def fused_add_rms_norm(
-    input: torch.Tensor,
-    residual: torch.Tensor,
-    weight: torch.Tensor | None,
+    input: Tensor,
+    residual: Tensor,
+    weight: Tensor | None,
     eps: float | None = None,
     *,
     offset: float = 0.0,
-    bias: torch.Tensor | None = None,
+    bias: Tensor | None = None,
     casting_mode: str = "gemma",
-) -> tuple[torch.Tensor, torch.Tensor]:
+    out_dtype: torch.dtype | None = None,
+) -> tuple[Tensor, Tensor]:
     """``h = input + residual`` and ``y = rms_norm(h)`` over the last dim, in one kernel.
 
     The pre-norm transformer step: ``h`` is the new residual stream, ``y`` feeds the next
@@ -338,24 +810,26 @@ def fused_add_rms_norm(
     (an fp32 residual stream).
 
     Returns:
-        ``(y, h)`` of ``input``'s shape; ``y`` in ``input``'s dtype, ``h`` in the residual's.
-        Gradients flow from both into ``input``, ``residual``, ``weight`` and ``bias``.
+        ``(y, h)`` of ``input``'s shape; ``y`` in ``out_dtype`` (default ``input``'s dtype),
+        ``h`` in the residual's. Gradients flow from both into ``input``, ``residual``,
+        ``weight`` and ``bias``.
     """
     if not isinstance(input, torch.Tensor) or input.dim() == 0:
         raise TypeError("input must be a torch.Tensor with at least one dim")
     if residual is None:
         raise TypeError("residual must be a torch.Tensor, got None; use rms_norm without one")
-    _, hidden, eps = _check_args(
-        input, input.shape[-1:], weight, bias, residual, eps, offset, casting_mode
+    _, hidden, eps, offset = _check_args(
+        input, input.shape[-1:], weight, bias, residual, eps, offset, casting_mode, out_dtype
     )
-    y, h = _RMSNormFunction.apply(
+    y, h, _ = _RMSNormAddFunction.apply(
         input.reshape(-1, hidden),
+        residual.reshape(-1, hidden),
         weight,
         bias,
-        residual.reshape(-1, hidden),
         eps,
-        float(offset),
+        offset,
         casting_mode,
+        out_dtype,
     )
     return y.reshape(input.shape), h.reshape(input.shape)
 
@@ -369,7 +843,7 @@ class RMSNorm(nn.Module):
         offset: added to the weight in fp32; ``weight`` is initialised to ``1 - offset`` so a
             fresh module scales by one (ones for ``offset=0``, zeros for Gemma's ``offset=1``).
         bias: add a learnable ``bias`` (initialised to zeros); needs ``elementwise_affine``.
-        casting_mode: see :func:`rms_norm`; "llama" matches HF LlamaRMSNorm bit for bit.
+        casting_mode: see :func:`rms_norm`.
     """
 
     __constants__ = ["normalized_shape", "eps", "elementwise_affine", "offset", "casting_mode"]
@@ -387,16 +861,24 @@ class RMSNorm(nn.Module):
         dtype=None,
     ) -> None:
         super().__init__()
-        if casting_mode not in CASTING_MODES:
-            raise ValueError(f"casting_mode must be one of {CASTING_MODES}, got {casting_mode!r}")
+        # The call's checks, now, so that a bad eps, offset or casting_mode names itself at
+        # construction (check_options only asks whether a weight exists; affine or not is
+        # checked below with its own message).
+        _, offset = ops.check_options(
+            torch.finfo(torch.float32).eps if eps is None else eps,
+            offset,
+            "weight",
+            casting_mode,
+        )
         if (bias or offset) and not elementwise_affine:
-            raise ValueError("bias and offset need elementwise_affine=True (they act on the "
-                             "weight)")
+            raise ValueError(
+                "bias and offset need elementwise_affine=True (they act on the weight)"
+            )
         factory = {"device": device, "dtype": dtype}
         self.normalized_shape = _as_shape(normalized_shape)
         self.eps = eps
         self.elementwise_affine = elementwise_affine
-        self.offset = float(offset)
+        self.offset = offset
         self.casting_mode = casting_mode
         if elementwise_affine:
             self.weight = nn.Parameter(torch.empty(self.normalized_shape, **factory))
@@ -414,7 +896,7 @@ class RMSNorm(nn.Module):
         if self.bias is not None:
             nn.init.zeros_(self.bias)
 
-    def forward(self, input: torch.Tensor) -> torch.Tensor:
+    def forward(self, input: Tensor) -> Tensor:
         return rms_norm(
             input,
             self.normalized_shape,

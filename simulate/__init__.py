@@ -10,11 +10,26 @@ from __future__ import annotations
 import importlib.util
 import sys
 
-from . import compiler, isa, language, sdk, typing
-from .approx import approx_bound, set_approx, use_approx
-from .errors import CapacityError, NKIError
-from .profiler import Profile, profile
-from .runtime import (
+from . import torch_neuronx as _torch_neuronx
+from .core import (
+    approx,
+    dtypes,
+    errors,
+    functions,
+    indexing,
+    instructions,
+    loop_index,
+    memory,
+    rules,
+    runtime,
+    scoping,
+    sdk,
+    targets,
+    trace,
+)
+from .core.approx import approx_bound, set_approx, use_approx
+from .core.errors import CapacityError, NKIError
+from .core.runtime import (
     Kernel,
     baremetal,
     benchmark,
@@ -23,13 +38,28 @@ from .runtime import (
     simulate_kernel,
     trace_kernel,
 )
-from .sdk import RELEASES as SDK_RELEASES
-from .sdk import sdk as use_sdk
-from .sdk import sdk_version, set_sdk
-from .targets import TARGETS, get_target
-from .trace import Instruction, Trace
+from .core.sdk import RELEASES as SDK_RELEASES
+from .core.sdk import sdk as use_sdk
+from .core.sdk import sdk_version, set_sdk
+from .core.targets import TARGETS, get_target
+from .core.trace import Instruction, Trace
+from .legacy import compiler, isa, language, typing
+from .perf import cost, profiler
+from .perf.profiler import Profile, profile
 
-tensor = language.Tensor
+runtime.register_benchmark_reporter(profiler.benchmark_result_from_trace)
+
+# The modules' paths before the core / perf / legacy layout (``simulate.language``,
+# ``simulate.cost``, ...) name the same module objects, so old imports and ``sys.modules``
+# aliases keep working.
+for _module in (approx, compiler, cost, dtypes, errors, functions, indexing, instructions, isa,
+                language, loop_index, memory, profiler, rules, runtime, scoping, sdk, targets,
+                trace, typing):
+    sys.modules[f"{__name__}.{_module.__name__.rpartition('.')[2]}"] = _module
+sys.modules[f"{__name__}.tensor"] = sys.modules[f"{__name__}.core.tensor"]
+del _module
+
+tensor = language.Tensor  # ``nki.tensor``: the class (the module is ``simulate.core.tensor``)
 
 __all__ = [
     "CapacityError", "Instruction", "Kernel", "NKIError", "Profile", "SDK_RELEASES",
@@ -63,8 +93,13 @@ def real_nki_available() -> bool:
 
 def install() -> bool:
     """Make ``import neuronxcc.nki`` (and ``.language``, ``.isa``, ``.typing``,
-    ``.compiler``) resolve to this simulator. Returns True when the aliases were installed,
-    False (doing nothing) when the real Neuron compiler is present."""
+    ``.compiler``) resolve to this simulator, and ``from torch_neuronx import nki_jit`` to its
+    CPU twin when ``torch_neuronx`` is not installed. Returns True when the aliases were
+    installed, False (doing nothing) when the real Neuron compiler is present. Also makes
+    ``import nki`` resolve to the ``nki`` 0.6 front-end when the real ``nki`` is absent."""
+    from .nki06 import install as install_nki06  # the 0.6 front-end loads only when asked
+
+    install_nki06()
     if real_nki_available():
         return False
     import types
@@ -78,4 +113,6 @@ def install() -> bool:
     package.nki = sys.modules[__name__]
     for name, module in _ALIASES.items():
         sys.modules[name] = module
+    _torch_neuronx.install()
+    importlib.import_module(f"{__name__}.jax_neuronx").install()  # jax_neuronx.nki_call
     return True

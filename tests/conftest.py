@@ -110,3 +110,16 @@ def _simulator_mode(request):
 
     with simulate.use_sdk(simulate.SDK_RELEASES[-1]), simulate.use_approx(False):
         yield
+
+
+@pytest.fixture
+def no_launch(monkeypatch):
+    """Make any kernel launch through :mod:`nki_rmsnorm.ops` fail loudly: the bindings' errors
+    must come before it."""
+    from nki_rmsnorm import ops
+
+    def launched(*args, **kwargs):
+        raise AssertionError("a kernel was launched")
+
+    monkeypatch.setattr(ops, "rms_norm_fwd", launched)
+    monkeypatch.setattr(ops, "rms_norm_bwd", launched)

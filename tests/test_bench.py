@@ -1,16 +1,41 @@
-"""The ``nki-rmsnorm bench`` command: the --quick smoke run, its JSON records, and the
-one-line errors (exit code 2) for bad arguments."""
+"""The ``nki-rmsnorm`` command: the ``bench --quick`` smoke run and its JSON records, the copy
+kernel and the tutorial baseline it compares against, the one-line errors (exit code 2,
+before any case runs) for bad arguments, and the README's bench tables against
+``docs/bench.json``."""
 
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
 import json
+from pathlib import Path
 
+import ml_dtypes
+import numpy as np
 import pytest
 
-from nki_rmsnorm import bench
+import simulate
+from nki_rmsnorm import bench, reference
+from nki_rmsnorm.kernels import baseline
 
-REQUIRED_KEYS = {"kind", "target", "M", "N", "dtype", "modeled_us", "mbu", "hbm_bytes_ratio",
-                 "busiest_engine", "speedup_vs_baseline", "sim_wall_s", "correct"}
+ROOT = Path(__file__).resolve().parent.parent
+REQUIRED_KEYS = {
+    "kind",
+    "target",
+    "M",
+    "N",
+    "dtype",
+    "modeled_us",
+    "mbu",
+    "hbm_bytes_ratio",
+    "busiest_engine",
+    "copy_us",
+    "copy_ratio",
+    "baseline",
+    "speedup_vs_baseline",
+    "sim_wall_s",
+    "correct",
+}
 
 
 def test_quick_run_checks_results_and_writes_json(tmp_path, capsys):
@@ -18,7 +43,8 @@ def test_quick_run_checks_results_and_writes_json(tmp_path, capsys):
     assert bench.main(["bench", "--quick", "--target", "trn2", "--json", str(path)]) == 0
     records = json.loads(path.read_text())
     assert {(r["kind"], r["M"], r["N"]) for r in records} == {
-        (k, M, N) for k in bench.KINDS for M, N in bench.QUICK_SHAPES}
+        (k, M, N) for k in bench.KINDS for M, N in bench.QUICK_SHAPES
+    }
     for r in records:
         assert REQUIRED_KEYS <= set(r)
         assert r["correct"] is True and r["target"] == "trn2" and r["dtype"] == "bfloat16"
@@ -27,6 +53,9 @@ def test_quick_run_checks_results_and_writes_json(tmp_path, capsys):
         assert r["hbm_bytes_ratio"] >= 0.99  # never fewer bytes than the data itself
         assert r["busiest_engine"] in ("pe", "act", "dve", "pool")
         assert 0 < r["busiest_engine_util"] <= 1.0 and 0 < r["dma_busy"] <= 1.0
+        # no kernel moving the same bytes beats a plain copy of them
+        assert r["copy_ratio"] == pytest.approx(r["modeled_us"] / r["copy_us"])
+        assert r["copy_ratio"] > 0.98
         assert r["speedup_vs_baseline"] is None or r["speedup_vs_baseline"] > 0
     out = capsys.readouterr().out
     assert out.splitlines()[0].startswith("kind") and out.count("trn2") == len(records)
@@ -39,15 +68,152 @@ def test_minimal_bytes_follow_the_roofline_table():
     assert bench.minimal_hbm_bytes("fused_add", 1, 1, 4) == 4 * 4 + 4 + 4
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["bench", "--target", "trn9"], "unknown target 'trn9'"),
-    (["bench", "--dtype", "fp64"], "unknown dtype 'fp64'"),
-    (["bench", "--shapes", "4096by4096"], "malformed shape '4096by4096'"),
-    (["bench", "--shapes", "0x4096"], "malformed shape '0x4096'"),
-    (["bench", "--kind", "fwd,sideways"], "unknown kind 'sideways'"),
-    (["frobnicate"], "unknown command 'frobnicate'"),
-])
-def test_bad_arguments_exit_2_with_one_line_error(argv, message, capsys):
+@pytest.mark.parametrize("M, N", [(29, 17389), (300, 1000), (1, 130)])
+def test_copy_kernels_copy_and_use_all_dma_engines_when_they_can(M, N):
+    rng = np.random.default_rng(M)
+    a = rng.standard_normal((M, N)).astype(ml_dtypes.bfloat16)
+    b = rng.standard_normal((M, N)).astype(ml_dtypes.bfloat16)
+    out, prof = simulate.profile(baseline.copy_one, a, target="trn2")
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(a))
+    assert prof.hbm_read_bytes == prof.hbm_write_bytes == a.nbytes
+    out_a, out_b = simulate.profile(baseline.copy_two, a, b, target="trn2")[0]
+    np.testing.assert_array_equal(np.asarray(out_b), np.asarray(b))
+    out, prof = simulate.profile(baseline.copy_two_store_one, a, b, target="trn2")
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(a))
+    assert prof.hbm_read_bytes == 2 * a.nbytes and prof.hbm_write_bytes == a.nbytes
+    row = baseline.copy_row_length(M * N, 2)
+    assert 1 <= row and row * 2 <= 16 * 1024
+    assert M * N // row >= 128  # every 128-row transfer spans all 16 DMA engines
+
+
+def test_copy_reaches_the_modeled_memory_ceiling():
+    x = np.random.default_rng(0).standard_normal((2048, 4096)).astype(ml_dtypes.bfloat16)
+    _, prof = simulate.profile(baseline.copy_one, x, target="trn2")
+    table = simulate.cost.CostTable("trn2")
+    ceiling = min(
+        table.hbm_share_gbps * table.hbm_efficiency,
+        16 * table.dma_engine_peak_gbps * table.dma_efficiency,
+    )
+    assert 2 * x.nbytes / prof.latency_us / 1000 > 0.95 * ceiling
+
+
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16])
+def test_tutorial_baseline_matches_the_tutorial_formula(dtype):
+    rng = np.random.default_rng(1)
+    a = (rng.standard_normal((200, 384)) + 0.5).astype(dtype)
+    g = rng.uniform(0.5, 1.5, 384).astype(dtype)
+    out = np.full(a.shape, np.nan, dtype)
+    simulate.profile(baseline.tutorial_rmsnorm, a, g, out, target="trn1")
+    a64 = a.astype(np.float64)
+    want = a64 / np.sqrt(np.mean(a64 * a64, axis=1, keepdims=True)) * g.astype(np.float64)
+    rtol = 2e-6 if dtype == np.float32 else 3e-2
+    np.testing.assert_allclose(out.astype(np.float64), want, rtol=rtol, atol=rtol * 1e-2)
+
+
+def test_backward_baseline_keeps_the_input_dtype_on_the_vector_engine():
+    rng = np.random.default_rng(2)
+    x, dy = (rng.standard_normal((256, 2048)).astype(ml_dtypes.bfloat16) for _ in range(2))
+    w = (1 + 0.1 * rng.standard_normal(2048)).astype(ml_dtypes.bfloat16)
+    _, rstd = reference.rms_norm_fwd(x, w, 1e-6)
+    dx, dw = np.empty_like(x), np.empty_like(w)
+    _, trace = simulate.trace_kernel(baseline.tutorial_rmsnorm_bwd, dy, x, w, rstd, dx, dw)
+    full_width = [
+        i
+        for i in trace
+        if i.engine == "dve"
+        and i.free_size == 2048
+        and i.opcode in ("tensor_tensor", "tensor_scalar")
+    ]
+    assert full_width and all(i.out_dtype == "bfloat16" for i in full_width)
+    ref_dx = reference.rms_norm_bwd(dy, x, w, rstd)[0]
+    scale = bench._dx_row_scale(dy, x, w, rstd)
+    assert np.max(np.abs(dx.astype(np.float64) - ref_dx.astype(np.float64)) / scale) < 0.1
+
+
+def test_backward_check_scales_dx_by_its_row_terms(capsys):
+    # one element per row: dx = rstd·(g − x̂·g·x̂) cancels to ~0, so max|reference| is no scale
+    assert (
+        bench.main(
+            [
+                "bench",
+                "--shapes",
+                "1x1",
+                "--dtype",
+                "fp16",
+                "--kind",
+                "bwd",
+                "--target",
+                "trn2",
+                "--no-baseline",
+            ]
+        )
+        == 0
+    )
+    assert "WRONG RESULT" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["bench", "--target", "trn9"], "unknown target 'trn9'"),
+        (["bench", "--dtype", "fp64"], "unknown dtype 'fp64'"),
+        (["bench", "--shapes", "4096by4096"], "malformed shape '4096by4096'"),
+        (["bench", "--shapes", "0x4096"], "malformed shape '0x4096'"),
+        (["bench", "--kind", "fwd,sideways"], "unknown kind 'sideways'"),
+        (["bench", "--target", ","], "names no target"),
+        (["bench", "--kind", ","], "names no kind"),
+        (["bench", "--shapes", "1x140000", "--kind", "bwd"], "over the backward kernel's limit"),
+        (["bench", "--json", "/missing/dir/x.json"], "directory /missing/dir does not exist"),
+        (["bench", "--plot", "/missing/dir/x.png"], "directory /missing/dir does not exist"),
+        (["bench", "--dialect", "nki06"], "not available yet"),
+        (["bench", "--dialect", "v7"], "unknown dialect 'v7'"),
+        (["bench", "--frobnicate"], "unrecognized arguments: --frobnicate"),
+        (["frobnicate"], "invalid choice: 'frobnicate'"),
+        ([], "required: command"),
+    ],
+)
+def test_bad_arguments_exit_2_with_one_line_error_before_any_case(
+    argv, message, capsys, monkeypatch
+):
+    monkeypatch.setattr(bench, "run_case", lambda *a, **k: pytest.fail("a case ran"))
     assert bench.main(argv) == 2
-    err = capsys.readouterr().err.strip()
-    assert message in err and len(err.splitlines()) == 1
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert message in err and len(err.splitlines()) == 1 and captured.out == ""
+
+
+def test_plot_without_matplotlib_is_a_usage_error(monkeypatch, capsys, tmp_path):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "matplotlib" else real(name, *a),
+    )
+    assert bench.main(["bench", "--plot", str(tmp_path / "x.png")]) == 2
+    assert "--plot needs matplotlib" in capsys.readouterr().err
+
+
+def test_version_and_help(capsys):
+    assert bench.main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == (
+        f"nki-rmsnorm {importlib.metadata.version('nki-rmsnorm')}"
+    )
+    assert bench.main(["bench", "--help"]) == 0
+    assert "--shapes" in capsys.readouterr().out
+
+
+def _gen_tables():
+    spec = importlib.util.spec_from_file_location("gen_tables", ROOT / "scripts" / "gen_tables.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_readme_bench_tables_are_generated_from_the_json():
+    gen = _gen_tables()
+    records = json.loads((ROOT / "docs" / "bench.json").read_text())
+    assert REQUIRED_KEYS <= set(records[0])
+    assert gen.bench_tables(records) in (ROOT / "README.md").read_text(), (
+        "README.md is out of date: run python scripts/gen_tables.py"
+    )
+    assert gen.out_of_date() == []

@@ -25,6 +25,9 @@ bf16/fp16  none            ≤ 2 ulp: as llama; ``weight + offset`` is rounded t
                            (a possible double rounding, one ulp of the weight); products
                            of two bf16/fp16 numbers are exact in fp32, so nothing else
                            can differ
+y finer    llama, none     as y's dtype, or ≤ 2 ulp of x's dtype (bf16 x with fp16 or
+than x                     fp32 y, fp16 x with fp32 y): x̂ is rounded to x's dtype
+                           mid-way, and a near-tie neighbour is an ulp of x's dtype
 =========  ==============  ===========================================================
 
 On top of the bound, at most 1 % (+2) of the bf16/fp16 points may differ from the reference
@@ -48,7 +51,7 @@ import pytest
 
 import simulate
 from nki_rmsnorm import reference as ref
-from nki_rmsnorm.kernels import rmsnorm_fwd
+from nki_rmsnorm.kernels import rmsnorm_add_fwd, rmsnorm_fwd
 from nki_rmsnorm.kernels.rmsnorm_fwd import choose_layout, make_plan
 
 FP32, FP16 = np.dtype(np.float32), np.dtype(np.float16)
@@ -90,7 +93,10 @@ def _inputs(rng, M, N, dtype, *, weight=True, bias=False, residual=False, offset
 def _run(x, weight=None, bias=None, residual=None, eps=EPS, offset=0.0, casting_mode="gemma",
          out_dtype=None, target=None):
     """Simulate the kernel: ``(outputs, trace)``."""
-    return simulate.trace_kernel(rmsnorm_fwd, x, weight, bias, residual, eps, offset,
+    if residual is None:
+        return simulate.trace_kernel(rmsnorm_fwd, x, weight, bias, eps, offset, casting_mode,
+                                     out_dtype, target=target)
+    return simulate.trace_kernel(rmsnorm_add_fwd, x, residual, weight, bias, eps, offset,
                                  casting_mode, out_dtype, target=target)
 
 
@@ -132,7 +138,11 @@ def _ulp(v, dtype):
     return np.ldexp(1.0, np.maximum(e - 1, fi.minexp) - fi.nmant)
 
 
-def assert_y_close(y, y64, dtype, casting_mode, magnitude=None, what="y"):
+def _mantissa_bits(dtype):
+    return (ml_dtypes.finfo(dtype) if dtype == BF16 else np.finfo(dtype)).nmant
+
+
+def assert_y_close(y, y64, dtype, casting_mode, magnitude=None, what="y", x_dtype=None):
     """y against the float64 reference with the bound of the module docstring's table."""
     assert y.dtype == dtype, f"{what} has dtype {y.dtype}, expected {dtype}"
     got = y.astype(np.float64)
@@ -154,6 +164,17 @@ def assert_y_close(y, y64, dtype, casting_mode, magnitude=None, what="y"):
         if magnitude is not None:
             bad &= err > max_ulps * _ulp(magnitude, dtype)
         bound = f"{max_ulps} ulp"
+    if x_dtype is not None and casting_mode != "gemma" and _mantissa_bits(x_dtype) < \
+            _mantissa_bits(dtype):
+        # x̂ is rounded to x's (coarser) dtype mid-way: a near-tie neighbour is an ulp of
+        # x's dtype, many ulps of y's
+        within = ref.ulp_distance(got, want, x_dtype) <= MAX_ULPS[casting_mode]
+        if magnitude is not None:  # a bias may cancel: ulps of the largest term
+            within |= err <= MAX_ULPS[casting_mode] * _ulp(magnitude, x_dtype)
+        flips = bad & within
+        assert flips.sum() <= MAX_INEXACT_FRACTION * flips.size + 2, (
+            f"{what}: {int(flips.sum())} of {flips.size} x̂ roundings differ")
+        bad &= ~flips
     if bad.any():
         i = tuple(np.argwhere(bad)[0])
         pytest.fail(f"{what}: {int(bad.sum())} of {bad.size} points beyond {bound}, first at "
@@ -169,7 +190,7 @@ def check_forward(inputs, casting_mode="gemma", out_dtype=None, eps=EPS, target=
     assert len(outputs) == len(want)
     y_dtype = x.dtype if out_dtype is None else np.dtype(out_dtype)
     magnitude = None if b is None else _term_magnitude(x, w, b, r, offset, eps)
-    assert_y_close(outputs[0], want[0], y_dtype, casting_mode, magnitude)
+    assert_y_close(outputs[0], want[0], y_dtype, casting_mode, magnitude, x_dtype=x.dtype)
     if r is not None:
         assert outputs[1].dtype == r.dtype
         np.testing.assert_array_equal(outputs[1], want[1], err_msg="h = x + residual")

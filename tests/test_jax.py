@@ -8,6 +8,7 @@ far below the tolerances, which are a few ulps of the dtype under test).
 from __future__ import annotations
 
 import importlib.util
+import re
 import runpy
 import sys
 from pathlib import Path
@@ -20,6 +21,14 @@ jnp = jax.numpy
 
 from nki_rmsnorm import jax as nki_jax  # noqa: E402
 from nki_rmsnorm import ops, reference  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _simulator_path(monkeypatch):
+    """These tests exercise the simulator path: no ``jax_neuronx`` twin left registered by a
+    test that called ``simulate.install()`` (test_jax_launchers.py covers that path)."""
+    monkeypatch.delitem(sys.modules, "jax_neuronx", raising=False)
+
 
 TOL = {
     jnp.float32: (2e-5, 2e-5),
@@ -276,6 +285,33 @@ def test_on_neuron_backend_matches_the_simulated_reference():
     np.testing.assert_allclose(np.float32(dw), np.float32(dw_ref), rtol=5e-2, atol=5e-1)
 
 
+@pytest.mark.neuron
+@pytest.mark.skipif(importlib.util.find_spec("jax_neuronx") is None,
+                    reason="needs the Neuron SDK's jax_neuronx")
+def test_on_neuron_the_launch_path_follows_the_installed_jax_neuronx():
+    """SDK 2.20 - 2.22: jax_neuronx.nki_call with the output-parameter kernels; from 2.23 (no
+    nki_call): the nki.jit kernels called directly. Either way the results match jax.numpy."""
+    if jax.default_backend() != "neuron":
+        pytest.skip("the default JAX backend is not a NeuronDevice")
+    import jax_neuronx
+
+    expected = "nki_call" if hasattr(jax_neuronx, "nki_call") else "nki.jit"
+    assert nki_jax.launch_path() == expected
+    x = _randn(256, 1024, dtype=jnp.bfloat16, seed=30)
+    w = _randn(1024, dtype=jnp.bfloat16, seed=31, scale=0.2, shift=1.0)
+    b = _randn(1024, seed=32)
+    dx, dw, db = jax.jit(jax.grad(
+        lambda x, w, b: jnp.sum(nki_jax.rms_norm(x, w, bias=b).astype(jnp.float32) ** 2),
+        argnums=(0, 1, 2)))(x, w, b)
+    dx_ref, dw_ref, db_ref = jax.grad(
+        lambda x, w, b: jnp.sum(_jnp_rms_norm(x, w, bias=b)[0].astype(jnp.bfloat16)
+                                .astype(jnp.float32) ** 2), argnums=(0, 1, 2))(x, w, b)
+    assert db.dtype == jnp.float32
+    _close(dx, dx_ref, jnp.bfloat16, scale=4, what="dx")
+    _close(dw, dw_ref, jnp.bfloat16, scale=64, what="dweight")
+    _close(db, db_ref, jnp.bfloat16, scale=64, what="dbias")
+
+
 def test_example_rmsnorm_jax(monkeypatch, capsys):
     example = Path(__file__).parent.parent / "examples" / "rmsnorm_jax.py"
     monkeypatch.setattr(sys, "argv", ["rmsnorm_jax.py", "--rows", "16", "--hidden", "64",
@@ -283,3 +319,7 @@ def test_example_rmsnorm_jax(monkeypatch, capsys):
     runpy.run_path(str(example), run_name="not_main")["main"]()
     out = capsys.readouterr().out
     assert "max |dweight - reference|" in out and "forward+backward" in out
+    # The tutorial's nki_call launch ran (simulated) and agrees with jax.numpy in bfloat16.
+    assert "nki_call(rmsnorm_fwd_out, x, w, out_shape=...)" in out, out
+    jnp_errors = re.findall(r"max \|y - jnp\|\s*=\s*([0-9.e+-]+)", out)
+    assert len(jnp_errors) == 2 and all(float(e) <= 0.0625 for e in jnp_errors), out

@@ -8,11 +8,13 @@ non-contiguous arrays.
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 import ml_dtypes
 import numpy as np
 import pytest
 
-from nki_rmsnorm import kernels, ops, reference
+from nki_rmsnorm import kernels, ops, reference, validation
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 M, N = 4, 8
@@ -58,6 +60,21 @@ FORWARD_CASES = {
     "eps_array": (dict(eps=np.ones(2)), TypeError, "eps"),
     "offset_nan": (dict(offset=float("nan")), ValueError, "offset"),
     "offset_without_weight": (dict(weight=None, offset=1.0), ValueError, "offset"),
+    # Scalars beyond what float() takes quietly (issue 13 defect 8): each names its argument.
+    "eps_huge_int": (dict(eps=10**400), ValueError, "eps"),
+    "eps_huge_fraction": (dict(eps=Fraction(10**400, 3)), ValueError, "eps"),
+    "eps_none": (dict(eps=None), TypeError, "eps"),
+    "eps_bool": (dict(eps=True), TypeError, "eps"),
+    "eps_numpy_bool": (dict(eps=np.bool_(True)), TypeError, "eps"),
+    "eps_numpy_nan": (dict(eps=np.float32("nan")), ValueError, "eps"),
+    "eps_longdouble_inf": (dict(eps=np.longdouble("1e4000")), ValueError, "eps"),
+    "eps_0d_array": (dict(eps=np.array(1e-6)), TypeError, "eps"),
+    "offset_string": (dict(offset="abc"), TypeError, "offset"),
+    "offset_none": (dict(offset=None), TypeError, "offset"),
+    "offset_bool": (dict(offset=False), TypeError, "offset"),
+    "offset_huge_int": (dict(offset=-(10**400)), ValueError, "offset"),
+    "offset_numpy_inf": (dict(offset=np.float16("inf")), ValueError, "offset"),
+    "offset_complex": (dict(offset=1 + 0j), TypeError, "offset"),
     "casting_mode": (dict(casting_mode="bf16"), ValueError, "casting_mode"),
     "casting_mode_none": (dict(casting_mode=None), ValueError, "casting_mode"),
     "out_dtype_int": (dict(out_dtype=np.int32), TypeError, "out_dtype"),
@@ -103,6 +120,9 @@ BACKWARD_CASES = {
     "dh_out_dtype": (dict(dh_out=np.ones((M, N), np.complex64)), TypeError, "dh_out"),
     "offset_without_weight": (dict(weight=None, offset=1.0), ValueError, "offset"),
     "offset_inf": (dict(offset=float("-inf")), ValueError, "offset"),
+    "offset_huge_int": (dict(offset=10**400), ValueError, "offset"),
+    "offset_string": (dict(offset="1"), TypeError, "offset"),
+    "offset_none": (dict(offset=None), TypeError, "offset"),
     "has_bias": (dict(has_bias="yes"), TypeError, "has_bias"),
     "casting_mode": (dict(casting_mode="fp8"), ValueError, "casting_mode"),
 }
@@ -170,3 +190,19 @@ def test_one_dimensional_input_gives_scalar_rstd(rng):
     y, rstd = ops.rms_norm_fwd(x)
     assert y.shape == (N,) and rstd.shape == ()
     np.testing.assert_allclose(y, reference.rms_norm(x), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("value, expected", [
+    (np.float32(0.25), 0.25), (np.int64(2), 2.0), (Fraction(1, 4), 0.25), (10**300, 1e300),
+    (np.float16(1e-3), float(np.float16(1e-3))),
+])
+def test_numeric_scalars_of_any_kind_are_accepted(value, expected):
+    """NumPy scalars, Fractions and big (but representable) ints are real numbers: accepted
+    and converted exactly as float() does."""
+    assert validation.check_options(value, value, np.ones(1), "gemma") == (expected, expected)
+
+
+def test_ops_keeps_the_shared_validation_names():
+    """The bindings call ``ops.check_options``; it is the one in the shared module."""
+    assert ops.check_options is validation.check_options
+    assert ops.KERNEL_DTYPES is validation.KERNEL_DTYPES

@@ -1,5 +1,5 @@
-"""The strict rules of the legacy NKI compiler the simulator enforces (``simulate.rules``,
-``simulate.scoping``): each rule has a kernel that must be rejected with one error naming
+"""The strict rules of the legacy NKI compiler the simulator enforces (``simulate.core.rules``,
+``simulate.core.scoping``): each rule has a kernel that must be rejected with one error naming
 the rule, and a legal twin that must run and give the right numbers."""
 
 from __future__ import annotations

@@ -16,50 +16,51 @@ the same in every mode.
 
 Shapes and dtypes: ``dy``, ``x``, ``dh_out``: (M, N) in float32 / bfloat16 / float16;
 ``weight``: (N,) float32 or x's dtype, or None; ``rstd``: (M,) float32. ``dx`` comes back in
-x's dtype (one rounding of an fp32 value), ``dweight`` and ``dbias`` in the weight's dtype
-(float32 without a weight). Rows M ≥ 1; hidden sizes 1 ≤ N ≤ ``MAX_HIDDEN`` (131,072), and
-a row too long for SBUF must be divisible by the power of two that folds it (see Tiling),
-otherwise a ``ValueError``: every N up to 19,967 (bf16) / 15,359 (fp32) on trn1 and inf2,
-24,063 / 18,431 on trn2 and 28,159 / 22,015 on trn3 fits unfolded.
+x's dtype (one rounding of an fp32 value), ``dweight`` in the weight's dtype (float32
+without a weight) and ``dbias`` in the bias's dtype (``bias_dtype``; the output buffer's
+dtype in ``rmsnorm_bwd_out``), each summed in fp32 and rounded once. Rows M ≥ 1; hidden
+sizes 1 ≤ N ≤ ``MAX_HIDDEN`` (131,072). A row too long for SBUF is folded over the
+partitions when a power of two divides N (see Tiling); otherwise ``rmsnorm_bwd_streamed``
+reads dy and x twice. Every N up to 19,967 (bf16) / 15,359 (fp32) on trn1 and inf2,
+24,063 / 18,431 on trn2 and 28,159 / 22,015 on trn3 fits unfolded (dy in x's dtype).
 
-Engines. Per element the kernel needs four products of two tiles (p1, p1 · x, dy · x and
-the dx sum). The Vector engine (DVE) takes N cycles (N = elements per partition) for one of
-them when one operand is in PSUM and 2N when both are in SBUF; GpSimd (Pool) takes 2N from
-SBUF and cannot read PSUM; the Scalar engine (ACT) takes N for a one-input pass and adds a
-row sum for free; the Tensor engine (PE) is otherwise idle. So PE and ACT put the second
-operand of the Vector engine's products into PSUM, and Pool takes the rest. Per column
-group of a row tile, in 512-column chunks (one fp32 PSUM bank each):
+Entry points and SDK releases: ``rmsnorm_bwd`` (return convention) and ``rmsnorm_bwd_out``
+(output parameters) share ``backward_body``; both run on legacy Neuron SDK 2.21-2.29 (the
+SBUF budget comes from ``nki_rmsnorm.nki.usable_sbuf_bytes``: the compiler's
+``total_available_sbuf_size`` from 2.26, the documented per-generation figure before).
+
+Engines. Per element the kernel needs four products of two tiles (q = dy · x, p1, p1 · x
+and the dx sum). The Vector engine (DVE) takes N cycles (N = elements per partition) for one
+of them when one operand is in PSUM and 2N when both are in SBUF; the Scalar engine (ACT)
+takes N for a one-input pass and adds a row sum for free; the Tensor engine (PE) is
+otherwise idle. GpSimd (Pool) stays out: its ``tensor_tensor`` runs only ``power`` and
+integer arithmetic (general/nki/api/nki/isa/__init__.py@8a38e733, lines 1766-1767) and its
+``tensor_scalar`` only rsqrt (line 1699). So PE and ACT put the second operand of each of
+the Vector engine's products into PSUM. Per column group of a row tile, in 512-column chunks
+(one fp32 PSUM bank each):
 
 ====  ===================================================================================
 PE    ``a = rstd ⊗ w'`` into PSUM: three accumulating matmuls, one per bf16 part of the
       tile's rstd (stationary), against w' split likewise (moving, ``kw`` rows per fold
       segment; ``kw = 1`` for a bf16 weight without offset); the bf16 products are exact
       and the sum is fp32, so ``a`` is fp32-accurate
-Pool  ``q = dy · x`` from SBUF (exact for 2-byte inputs; ``dy · round(x̂)`` in llama /
-      none, with ``round(x̂) = x · rstd`` rounded by ACT)
+ACT   x copied into PSUM (fp32)
+DVE   ``q = dy · x`` against that copy (exact for 2-byte inputs); in llama / none
+      ``q = dy · round(x̂)`` from SBUF, with ``round(x̂) = x · rstd`` rounded by ACT
 DVE   ``p1 = dy · a``, kept in SBUF for the gradient pass
-DVE   ``p1 · x = q · a`` for a share of the chunks (in llama / none ``p1 · x`` with x copied
-      into PSUM by ACT); Pool ``p1 · x`` from SBUF for the rest
+DVE   ``p1 · x = q · a`` (in llama / none ``p1`` times the PSUM copy of x)
 ACT   row sums of ``p1 · x`` (``activation_reduce``); at the end of the tile
       ``−k = −rstd²/N · s`` in one more reduction
 PE    ``dweight += qᵀ · rstd`` per 128 columns (the tile's rstd column as the moving
       operand gives the row scaling and the sum over rows for free) into an fp32 PSUM
       accumulator kept for the whole kernel; ``dbias += dyᵀ · 1`` likewise
 ACT   ``−k · x`` into PSUM (gradient pass)
-DVE   ``dx = p1 + (−k · x)`` rounded to x's dtype (Pool adds dh_out); DMA stores it
+DVE   ``dx = p1 + (−k · x)`` rounded to x's dtype (DVE adds dh_out from SBUF); DMA stores
 ====  ===================================================================================
 
 No tile of data passes through a matmul (only rstd, the weight and the products that are
 summed over rows anyway): a matmul multiplies every element by the zeros of the other
 operand, and 0 · NaN would spread a NaN or Inf of one row to the others.
-
-The shares follow the cost model's port rules. On NeuronCore-v2 (trn1, inf2) the Vector and
-GpSimd engines share the SBUF port and the Vector and Scalar engines the PSUM port, so DVE
-computes all of ``p1 · x`` (3N per element, plus Pool's 2N on the same port) and ACT writes
-PSUM only for ``−k · x``. From v3 on (trn2, trn3) the engines run independently and
-``DVE_P1X_SHARE`` balances them: on trn2 DVE takes half of ``p1 · x`` (2.5N cycles at
-0.96 GHz) and Pool the other half next to ``q`` (3N at 1.2 GHz); on trn3, where both run at
-1.2 GHz, DVE takes three quarters.
 
 Tiling. Rows go on the partitions, 128 per row tile (a ragged last tile uses fewer), and the
 row is worked through in column groups of ``G`` (2048, 1024 or 512) columns. A row whose
@@ -92,13 +93,12 @@ other rows or on M. A NaN in a row makes that row's ``dx`` NaN and, through the 
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import numpy as np
 
 from nki_rmsnorm.kernels.rmsnorm_bwd_streamed import streamed_backward
-from nki_rmsnorm.nki import nisa, nki, nl
+from nki_rmsnorm.nki import nisa, nki, nl, usable_sbuf_bytes
 
 #: Columns of one fp32 PSUM bank: the width of every instruction with a PSUM operand.
 CHUNK = 512
@@ -107,10 +107,6 @@ CHUNK = 512
 GROUP_WIDTHS = (2048, 1024, 512)
 #: Column groups of look-ahead the ring may hold beyond two row tiles.
 MAX_SLACK = 2
-#: Share of the p1·x chunks the Vector engine takes, by NeuronCore version; GpSimd takes the
-#: rest next to dy·x. v2: all (the two share the SBUF port); v3: half (GpSimd's clock is
-#: 25 % faster than the Vector engine's); v4: three quarters (same clocks).
-DVE_P1X_SHARE = {2: 1.0, 3: 0.5, 4: 0.75}
 #: Folds tried (partitions per row), smallest first.
 FOLDS = (1, 2, 4, 8, 16, 32)
 #: bf16 parts of an fp32 value (8 + 8 + 8 mantissa bits).
@@ -135,7 +131,6 @@ class _Plan(NamedTuple):
     n_groups: int
     ring: int  # group slots of p1 and x
     kw: int  # bf16 parts of w' (1: a bf16 weight without offset)
-    dve_p1x_share: float  # share of a group's p1·x chunks the Vector engine computes
     round_xhat: bool  # llama / none with a 2-byte x: dweight uses round(x̂)
 
     @property
@@ -144,30 +139,50 @@ class _Plan(NamedTuple):
         return self.kw * self.fold
 
 
-def _make_plan(N, x_dtype, weight, offset, casting_mode, has_dh):
-    """The smallest fold, then the widest group and the longest ring, that fit the target's
-    SBUF; the engine shares. None when no power-of-two fold of N fits."""
-    e = np.dtype(x_dtype).itemsize
-    version = int(nisa.get_nc_version())
-    round_xhat = weight is not None and casting_mode != "gemma" and e == 2
-    bf16_weight = weight is not None and np.dtype(weight.dtype) == np.dtype(nl.bfloat16)
-    kw = 1 if weight is None or (bf16_weight and offset == 0.0) else SPLIT
-    budget = nl.tile_size.total_available_sbuf_size - RESERVED_BYTES
+def _make_plan(N, dtypes, offset, casting_mode, budget):
+    """The smallest fold, then the widest group and the longest ring, that fit ``budget``
+    SBUF bytes per partition (``plan_bytes``). ``dtypes``: a ``BwdDtypes``. None when no
+    power-of-two fold of N fits. Pure Python, so tests can check every accepted input
+    against the capacity."""
+    e_x = np.dtype(dtypes.x).itemsize
+    round_xhat = dtypes.weight is not None and casting_mode != "gemma" and e_x == 2
+    bf16_weight = (dtypes.weight is not None
+                   and np.dtype(dtypes.weight) == np.dtype(nl.bfloat16))
+    kw = 1 if dtypes.weight is None or (bf16_weight and offset == 0.0) else SPLIT
     for fold in (f for f in FOLDS if N % f == 0):
         width = N // fold
         for group in GROUP_WIDTHS:
             group = min(group, width)
             n_groups = -(-width // group)
-            # per column of two groups in flight: dy, p1·x, dy·x, dx; round(x̂); with
-            # dh_out an fp32 dx before the sum and dh_out itself
-            scratch = 2 * group * (2 * e + 8 + (e if round_xhat else 0)
-                                   + (4 + e if has_dh else 0))
             for slack in range(n_groups + MAX_SLACK, 0, -1):
                 ring = n_groups + slack
-                if ring * group * (4 + e) + 2 * width + scratch <= budget:
-                    return _Plan(fold, width, group, n_groups, ring, kw,
-                                 DVE_P1X_SHARE[min(version, 4)], round_xhat)
+                plan = _Plan(fold, width, group, n_groups, ring, kw, round_xhat)
+                if plan_bytes(plan, dtypes) <= budget:
+                    return plan
     return None  # no fold fits: the streamed regime re-reads the rows instead
+
+
+def plan_bytes(plan, dtypes) -> int:
+    """SBUF bytes per partition the main regime allocates for ``plan``: the ring of p1 (fp32)
+    and x slots, the bf16 moving rows of w', the working tiles of two column groups in
+    flight (dy, p1·x and dy·x in fp32, dx; round(x̂); with dh_out an fp32 dx before the sum
+    and dh_out itself) and ``RESERVED_BYTES`` for the constants and per-tile columns."""
+    e_x = np.dtype(dtypes.x).itemsize
+    e_dy = np.dtype(dtypes.dy).itemsize
+    per_group_column = e_dy + 4 + 4 + e_x + (e_x if plan.round_xhat else 0)
+    if dtypes.dh_out is not None:
+        per_group_column += 4 + np.dtype(dtypes.dh_out).itemsize
+    return (plan.ring * plan.group * (4 + e_x) + 2 * plan.width
+            + 2 * plan.group * per_group_column + RESERVED_BYTES)
+
+
+class BwdDtypes(NamedTuple):
+    """The dtypes the backward's SBUF plan depends on (None for an absent tensor)."""
+
+    x: object
+    dy: object
+    weight: object
+    dh_out: object
 
 
 class _Consts(NamedTuple):
@@ -185,60 +200,92 @@ class _Consts(NamedTuple):
 
 
 @nki.jit
-def rmsnorm_bwd(dy, x, weight, rstd, dh_out, offset, has_bias, casting_mode):
-    """RMSNorm backward. Returns ``(dx,) + ((dweight,) if weight is not None) + ((dbias,)
-    if has_bias)``; see the module docstring for the math, the tiling and the engines."""
+def rmsnorm_bwd(dy, x, weight, rstd, dh_out, offset, has_bias, casting_mode, bias_dtype=None):
+    """RMSNorm backward, return convention. Returns ``(dx,) + ((dweight,) if weight is not
+    None) + ((dbias,) if has_bias)``: dx in x's dtype, dweight in the weight's dtype, dbias
+    in ``bias_dtype`` (None: the weight's dtype, float32 without a weight). All three are
+    created and computed unconditionally (``shared_hbm`` tensors may be created only at
+    the kernel's top level, not under ``if``: general/nki/api/nki.errors.rst@8a38e733,
+    lines 583-617); the column sums nobody asked for cost a few Tensor-engine matmuls.
+    See the module docstring for the math, the tiling and the engines."""
+    M, N = x.shape
+    param_dtype = nl.float32 if weight is None else weight.dtype
+    dx = nl.ndarray((M, N), dtype=x.dtype, buffer=nl.shared_hbm)
+    dweight = nl.ndarray((N,), dtype=param_dtype, buffer=nl.shared_hbm)
+    dbias = nl.ndarray((N,), dtype=param_dtype if bias_dtype is None else bias_dtype,
+                       buffer=nl.shared_hbm)
+    backward_body(dy, x, weight, rstd, dh_out, dx, dweight, dbias, offset, casting_mode)
+    return (dx,) + ((dweight,) if weight is not None else ()) + ((dbias,) if has_bias else ())
+
+
+@nki.jit
+def rmsnorm_bwd_out(dy, x, weight, rstd, dh_out, dx, dweight, dbias, offset, casting_mode):
+    """RMSNorm backward, output-parameter convention: writes the caller's ``dx`` (M, N),
+    ``dweight`` (N,) and ``dbias`` (N,) in place (``dweight`` / ``dbias`` may be None: not
+    computed) and returns nothing. Each gradient is computed in fp32 and rounded once to its
+    buffer's dtype. Same code and results as :func:`rmsnorm_bwd`; the outputs must not alias
+    the inputs."""
+    backward_body(dy, x, weight, rstd, dh_out, dx, dweight, dbias, offset, casting_mode)
+
+
+def backward_body(dy, x, weight, rstd, dh_out, dx, dweight, dbias, offset, casting_mode):
+    """Write dx (and dweight / dbias when not None): the code both entry points share."""
     M, N = x.shape
     if N > MAX_HIDDEN:
         raise ValueError(f"rmsnorm_bwd: hidden size {N} exceeds the supported {MAX_HIDDEN}")
-    param_dtype = nl.float32 if weight is None else weight.dtype
-    dx = nl.ndarray((M, N), dtype=x.dtype, buffer=nl.shared_hbm)
-    outputs = (dx,)
-    if weight is not None:
-        dweight = nl.ndarray((N,), dtype=param_dtype, buffer=nl.shared_hbm)
-        outputs += (dweight,)
-    if has_bias:
-        dbias = nl.ndarray((N,), dtype=param_dtype, buffer=nl.shared_hbm)
-        outputs += (dbias,)
-
-    plan = _make_plan(N, x.dtype, weight, offset, casting_mode, dh_out is not None)
+    dtypes = BwdDtypes(x.dtype, dy.dtype, None if weight is None else weight.dtype,
+                       None if dh_out is None else dh_out.dtype)
+    plan = _make_plan(N, dtypes, offset, casting_mode, usable_sbuf_bytes())
     if plan is None:
-        streamed_backward(dy, x, weight, rstd, dh_out, offset, has_bias, casting_mode, dx,
-                          dweight if weight is not None else None,
-                          dbias if has_bias else None)
-        return outputs
-    consts = _constants(plan, M, N, dy, weight, rstd, offset, has_bias)
+        streamed_backward(dy, x, weight, rstd, dh_out, offset, casting_mode, dx, dweight,
+                          dbias)
+    else:
+        _folded_backward(plan, dy, x, weight, rstd, dh_out, dx, dweight, dbias, offset)
+
+
+def _folded_backward(plan, dy, x, weight, rstd, dh_out, dx, dweight, dbias, offset):
+    """The main regime: rows (folded over ``plan.fold`` partitions) kept on chip between
+    the two passes of a row tile."""
+    M, N = x.shape
+    consts = _constants(plan, M, N, dy, weight, rstd, offset, dweight is not None,
+                        dbias is not None)
     f, L = plan.fold, plan.width
     views = (dy.reshape((M * f, L)), x.reshape((M * f, L)), dx.reshape((M * f, L)),
              None if dh_out is None else dh_out.reshape((M * f, L)))
     P = nl.tile_size.pmax
-    p1_ring = [nl.ndarray((P, plan.group), dtype=nl.float32) for _ in range(plan.ring)]
-    x_ring = [nl.ndarray((P, plan.group), dtype=x.dtype) for _ in range(plan.ring)]
-    rings = (p1_ring, x_ring)
+    # Every buffer that outlives one loop iteration is created here, before the loops, with
+    # a leading block dimension (the ring of group slots; two slots of per-tile operands),
+    # and written with ``[...] =`` inside them: a tile created in a loop body may not be
+    # used after it (general/nki/api/nki.errors.rst@8a38e733, lines 419-475).
+    rings = (nl.ndarray((plan.ring, nl.par_dim(P), plan.group), dtype=nl.float32),
+             nl.ndarray((plan.ring, nl.par_dim(P), plan.group), dtype=x.dtype))
+    slots = _TileSlots(
+        nl.ndarray((2, nl.par_dim(plan.stationary_rows), SPLIT, P), dtype=nl.bfloat16),
+        nl.ndarray((2, nl.par_dim(P), consts.table_cols.shape[2]), dtype=nl.float32),
+        nl.ndarray((2, nl.par_dim(P), plan.n_groups), dtype=nl.float32),
+        nl.ndarray((2, nl.par_dim(P), 1), dtype=nl.float32))
 
     # Software pipeline: statistic pass of tile t next to the gradient pass of tile t − 1.
     n_tiles = -(-M * f // P)
-    last_outputs = (dweight if weight is not None else None, dbias if has_bias else None)
-    tiles = {}
-    for t in range(n_tiles + 1):
-        if t < n_tiles:
-            tiles[t] = _Tile(plan, consts, t, min(P, M * f - t * P))
-        for g in range(plan.n_groups):
-            if t < n_tiles:
-                column_terms = _statistic_group(plan, consts, views, rings, tiles[t], t, g)
-            if t > 0:
-                _gradient_group(plan, views, rings, tiles[t - 1], t - 1, g)
-            if t < n_tiles:
-                _column_sums_group(plan, consts, tiles[t], g, *column_terms,
-                                   last_outputs if t == n_tiles - 1 else (None, None))
-        if t < n_tiles:
-            _finish_statistic(plan, tiles[t])
-        tiles.pop(t - 1, None)
-    return outputs
+    for t in nl.static_range(n_tiles + 1):
+        tile = _tile_view(slots, t, min(P, M * f - t * P)) if t < n_tiles else None
+        previous = _tile_view(slots, t - 1, min(P, M * f - (t - 1) * P)) if t > 0 else None
+        if tile is not None:
+            _load_tile_operands(consts, tile, t)
+        for g in nl.static_range(plan.n_groups):
+            if tile is not None:
+                dy_g, dydx = _statistic_group(plan, consts, views, rings, tile, t, g)
+            if previous is not None:
+                _gradient_group(plan, views, rings, previous, t - 1, g)
+            if tile is not None:
+                _column_sums_group(plan, consts, tile, g, dy_g, dydx,
+                                   (dweight, dbias) if t == n_tiles - 1 else (None, None))
+        if tile is not None:
+            _finish_statistic(plan, tile)
 
 
 # --- setup ---------------------------------------------------------------------------------
-def _constants(plan, M, N, dy, weight, rstd, offset, has_bias):
+def _constants(plan, M, N, dy, weight, rstd, offset, want_dweight, want_dbias):
     """The kernel's constants and accumulators (see ``_Consts``)."""
     P = nl.tile_size.pmax
     f = plan.fold
@@ -246,30 +293,27 @@ def _constants(plan, M, N, dy, weight, rstd, offset, has_bias):
     # llama / none: dweight sums dy·round(x̂) unscaled; gemma: the moving operand is the
     # tile's rstd column (masked per fold segment), from the table
     dweight_moving = None
-    if weight is not None and plan.round_xhat:
+    if want_dweight and plan.round_xhat:
         dweight_moving = nl.load(nl.shared_constant(fold_mask, dtype=nl.float32))
     dbias_moving = None
-    if has_bias:
+    if want_dbias:
         dbias_moving = nl.load(nl.shared_constant(fold_mask, dtype=dy.dtype))
-    n_cols = 2 + (f if (weight is not None and not plan.round_xhat and f > 1) else 0)
+    n_cols = 2 + (f if (want_dweight and not plan.round_xhat and f > 1) else 0)
     table_rows, table_cols = _rstd_tables(plan, M, N, rstd, n_cols)
     return _Consts(_weight_rows(plan, N, weight, offset), weight if plan.kw == 1 else None,
                    dweight_moving, dbias_moving,
-                   _column_sum_accumulators(plan) if weight is not None else None,
-                   _column_sum_accumulators(plan) if has_bias else None,
+                   _column_sum_accumulators(plan) if want_dweight else None,
+                   _column_sum_accumulators(plan) if want_dbias else None,
                    table_rows, table_cols)
 
 
 def _bf16_parts(values):
     """Three bf16 tiles whose fp32 sum is ``values`` (fp32) to its last bit (Vector)."""
-    parts = []
-    rest = values
-    for i in range(SPLIT):
-        part = nisa.tensor_copy(rest, dtype=nl.bfloat16)
-        parts.append(part)
-        if i < SPLIT - 1:
-            rest = nisa.tensor_tensor(rest, part, op=nl.subtract, dtype=nl.float32)
-    return parts
+    high = nisa.tensor_copy(values, dtype=nl.bfloat16)
+    rest = nisa.tensor_tensor(values, high, op=nl.subtract, dtype=nl.float32)
+    middle = nisa.tensor_copy(rest, dtype=nl.bfloat16)
+    rest_low = nisa.tensor_tensor(rest, middle, op=nl.subtract, dtype=nl.float32)
+    return [high, middle, nisa.tensor_copy(rest_low, dtype=nl.bfloat16)]
 
 
 def _weight_rows(plan, N, weight, offset):
@@ -278,16 +322,16 @@ def _weight_rows(plan, N, weight, offset):
     is loaded group by group as the first row tile needs it (``_load_weight_group``);
     otherwise w' is computed and split here."""
     f, L = plan.fold, plan.width
-    if weight is None:
-        return nl.ones((f, L), dtype=nl.bfloat16)
     rows = nl.ndarray((plan.kw * f, L), dtype=nl.bfloat16)
-    if plan.kw > 1:
+    if weight is None:
+        rows[...] = nisa.memset((plan.kw * f, L), 1.0, dtype=nl.bfloat16)
+    elif plan.kw > 1:
         # w' = weight + offset in fp32, split, on as many partitions as divide N
         lanes = max(d for d in range(1, nl.tile_size.pmax + 1) if N % d == 0)
         w = nl.load(weight.reshape((lanes, N // lanes)), dtype=nl.float32)
         w_parts = _bf16_parts(nisa.tensor_scalar(w, nl.add, float(offset), dtype=nl.float32))
-        for b, part in enumerate(w_parts):
-            nisa.dma_copy(dst=rows[b * f:(b + 1) * f, :], src=part)
+        for b in nl.static_range(SPLIT):
+            nisa.dma_copy(dst=rows[b * f:(b + 1) * f, :], src=w_parts[b])
     return rows
 
 
@@ -311,7 +355,8 @@ def _rstd_tables(plan, M, N, rstd, n_cols):
     table_rows = nl.ndarray((n_tiles, K, SPLIT, P), dtype=nl.bfloat16,
                             buffer=nl.private_hbm)
     table_cols = nl.ndarray((n_tiles, P, n_cols), dtype=nl.float32, buffer=nl.private_hbm)
-    for t0 in range(0, n_tiles, P):
+    for block in nl.static_range(-(-n_tiles // P)):
+        t0 = block * P
         nt = min(P, n_tiles - t0)
         full = min(nt, (M - t0 * R) // R)
         r_t = nl.zeros((nt, R), dtype=nl.float32)
@@ -321,16 +366,17 @@ def _rstd_tables(plan, M, N, rstd, n_cols):
             rest = M - (t0 + full) * R
             r_t[full:nt, 0:rest] = nl.load(rstd[(t0 + full) * R:M].reshape((1, rest)))
         rows = nl.zeros((nt, K, SPLIT, P), dtype=nl.bfloat16)
-        for a, part in enumerate(_bf16_parts(r_t)):
-            for b in range(plan.kw):
-                for h in range(f):
-                    rows[:, b * f + h, a, h::f] = nisa.tensor_copy(part)
+        parts = _bf16_parts(r_t)
+        for a in nl.static_range(SPLIT):
+            for b in nl.static_range(plan.kw):
+                for h in nl.static_range(f):
+                    rows[:, b * f + h, a, h::f] = nisa.tensor_copy(parts[a])
         nl.store(table_rows[t0:t0 + nt], value=rows)
         neg_scale = nisa.scalar_tensor_tensor(data=r_t, op0=nl.multiply, operand0=-1.0 / N,
                                               op1=nl.multiply, operand1=r_t,
                                               dtype=nl.float32)
         cols = nl.zeros((nt, P, n_cols), dtype=nl.float32)
-        for h in range(f):
+        for h in nl.static_range(f):
             cols[:, h::f, 0] = nisa.tensor_copy(r_t)
             cols[:, h::f, 1] = nisa.tensor_copy(neg_scale)
             if n_cols > 2:
@@ -340,30 +386,52 @@ def _rstd_tables(plan, M, N, rstd, n_cols):
 
 
 def _column_sum_accumulators(plan):
-    """Zeroed fp32 PSUM tiles for column sums, ``(P, n_groups · G/128 · fold)`` split into
-    banks: see ``_accumulate_column_sums`` for the layout."""
+    """A zeroed fp32 PSUM tile for column sums, ``(banks, P, 512)``: ``n_groups · G/128 ·
+    fold`` columns, one 2 KiB bank per block; see ``_accumulate_column_sums`` for the
+    layout."""
     P = nl.tile_size.pmax
     n = plan.n_groups * (-(-plan.group // P)) * plan.fold
-    return [nl.zeros((P, min(PSUM_BANK_COLS, n - c0)), dtype=nl.float32, buffer=nl.psum)
-            for c0 in range(0, n, PSUM_BANK_COLS)]
+    return nl.zeros((-(-n // PSUM_BANK_COLS), nl.par_dim(P), PSUM_BANK_COLS),
+                    dtype=nl.float32, buffer=nl.psum)
 
 
 # --- the pipeline steps ---------------------------------------------------------------------
-class _Tile:
-    """A row tile's operands, carried from its statistic pass to its gradient pass."""
+class _TileSlots(NamedTuple):
+    """Per-row-tile operands carried from a tile's statistic pass to its gradient pass, in
+    two slots (tile t uses slot t mod 2): the stationary rows of a = rstd · w' (kw·fold,
+    SPLIT, P) bf16, the rstd columns (P, n_cols) fp32 (rstd, −rstd²/N, then with a gemma
+    fold rstd in the column of the partition's fold segment, the moving operand of dweight),
+    the group partials of Σ p1·x (P, n_groups) and −k (P, 1)."""
 
-    __slots__ = ("v0", "p", "rows", "cols", "partials", "negk")
+    rows: object
+    cols: object
+    partials: object
+    negk: object
 
-    def __init__(self, plan, consts, t, p):
-        self.v0 = t * nl.tile_size.pmax  # first view row
-        self.p = p  # partitions (view rows) in use
-        # (kw·fold, SPLIT, p) bf16: the stationary rows of a = rstd · w'
-        self.rows = nl.load(consts.table_rows[t])[:, :, 0:p]
-        # (p, n_cols) fp32: rstd, −rstd²/N, then (gemma fold) rstd in the column of the
-        # partition's fold segment, the moving operand of dweight
-        self.cols = nl.load(consts.table_cols[t])[0:p, :]
-        self.partials = nl.ndarray((p, plan.n_groups), dtype=nl.float32)
-        self.negk = None  # (p, 1) fp32 −k, once the statistic pass is done
+
+class _Tile(NamedTuple):
+    """Row tile t: its first view row, its partitions and its slot's operands."""
+
+    v0: int
+    p: int
+    rows: object
+    cols: object
+    partials: object
+    negk: object
+
+
+def _tile_view(slots, t, p):
+    """Row tile ``t`` of ``p`` partitions, its operands in slot t mod 2."""
+    slot = t % 2
+    return _Tile(t * nl.tile_size.pmax, p, slots.rows[slot, :, :, 0:p],
+                 slots.cols[slot, 0:p, :], slots.partials[slot, 0:p, :],
+                 slots.negk[slot, 0:p, :])
+
+
+def _load_tile_operands(consts, tile, t):
+    """Load row tile t's stationary rows and rstd columns from the HBM tables."""
+    tile.rows[...] = nl.load(consts.table_rows[t][:, :, 0:tile.p])
+    tile.cols[...] = nl.load(consts.table_cols[t][0:tile.p, :])
 
 
 def _slot(plan, t, g):
@@ -376,7 +444,7 @@ def _group_slot(plan, rings, tile, t, g):
     p, g0 = tile.p, g * plan.group
     width = min(plan.group, plan.width - g0)
     slot = _slot(plan, t, g)
-    return p, g0, width, rings[0][slot][0:p, 0:width], rings[1][slot][0:p, 0:width]
+    return p, g0, width, rings[0][slot, 0:p, 0:width], rings[1][slot, 0:p, 0:width]
 
 
 def _statistic_group(plan, consts, views, rings, tile, t, g):
@@ -389,36 +457,32 @@ def _statistic_group(plan, consts, views, rings, tile, t, g):
     xs[...] = nl.load(x_v[nl.ds(tile.v0, p), nl.ds(g0, width)])
     if t == 0 and consts.w_lazy is not None:
         _load_weight_group(plan, consts.w_rows, consts.w_lazy, g0, width)
-    dw_x = xs
-    if plan.round_xhat:
-        dw_x = nisa.activation(op=nl.copy, data=xs, scale=tile.cols[:, 0:1], dtype=xs.dtype)
-    n_chunks = -(-width // CHUNK)
-    split = min(width, math.ceil(n_chunks * plan.dve_p1x_share) * CHUNK)
-    # GpSimd: dy·x (for dweight and, in gemma mode, for the Vector engine's p1·x =
-    # (dy·x)·a), first the columns the Vector engine needs
+    # dy·x for dweight and for p1·x = (dy·x)·a: the Vector engine against x copied into
+    # PSUM by the Scalar engine (one cycle per element instead of two from SBUF); llama /
+    # none: dy·round(x̂) from SBUF, round(x̂) = x·rstd rounded by the Scalar engine. (GpSimd
+    # would share the load, but its tensor_tensor runs only power and integer arithmetic:
+    # general/nki/api/nki/isa/__init__.py@8a38e733, lines 1766-1767.)
     dydx = nl.ndarray((p, width), dtype=nl.float32)
-    for lo, hi in ((0, split), (split, width)):
-        if lo < hi:
-            dydx[:, lo:hi] = nisa.tensor_tensor(dy_g[:, lo:hi], dw_x[:, lo:hi], op=nl.multiply,
-                                                dtype=nl.float32, engine=nisa.gpsimd_engine)
+    rounded = (nisa.activation(op=nl.copy, data=xs, scale=tile.cols[:, 0:1], dtype=xs.dtype)
+               if plan.round_xhat else None)
     p1x = nl.ndarray((p, width), dtype=nl.float32)
-    for c in range(n_chunks):
+    for c in nl.static_range(-(-width // CHUNK)):
         lo, hi = c * CHUNK, min(width, (c + 1) * CHUNK)
         a = _outer_product(tile.rows, consts.w_rows[:, g0 + lo:g0 + hi])
         p1[:, lo:hi] = nisa.tensor_tensor(dy_g[:, lo:hi], a, op=nl.multiply,
                                           dtype=nl.float32)
-        if hi <= split:
-            if plan.round_xhat:  # dy·round(x̂) is not dy·x: copy x into PSUM (Scalar)
-                x_ps = nl.ndarray((p, hi - lo), dtype=nl.float32, buffer=nl.psum)
-                x_ps[...] = nisa.activation(op=nl.copy, data=xs[:, lo:hi], dtype=nl.float32)
-                p1x[:, lo:hi] = nisa.tensor_tensor(p1[:, lo:hi], x_ps, op=nl.multiply,
-                                                   dtype=nl.float32)
-            else:
-                p1x[:, lo:hi] = nisa.tensor_tensor(dydx[:, lo:hi], a, op=nl.multiply,
-                                                   dtype=nl.float32)
-    if split < width:
-        p1x[:, split:] = nisa.tensor_tensor(p1[:, split:], xs[:, split:], op=nl.multiply,
-                                            dtype=nl.float32, engine=nisa.gpsimd_engine)
+        x_ps = nl.ndarray((p, hi - lo), dtype=nl.float32, buffer=nl.psum)
+        x_ps[...] = nisa.activation(op=nl.copy, data=xs[:, lo:hi], dtype=nl.float32)
+        if plan.round_xhat:  # dweight sums dy·round(x̂); p1·x is p1 times x itself
+            dydx[:, lo:hi] = nisa.tensor_tensor(dy_g[:, lo:hi], rounded[:, lo:hi],
+                                                op=nl.multiply, dtype=nl.float32)
+            p1x[:, lo:hi] = nisa.tensor_tensor(p1[:, lo:hi], x_ps, op=nl.multiply,
+                                               dtype=nl.float32)
+        else:
+            dydx[:, lo:hi] = nisa.tensor_tensor(dy_g[:, lo:hi], x_ps, op=nl.multiply,
+                                                dtype=nl.float32)
+            p1x[:, lo:hi] = nisa.tensor_tensor(dydx[:, lo:hi], a, op=nl.multiply,
+                                               dtype=nl.float32)
     nisa.activation_reduce(op=nl.copy, data=p1x, reduce_op=nl.add,
                            reduce_res=tile.partials[:, g:g + 1], dtype=nl.float32)
     return dy_g, dydx
@@ -432,10 +496,9 @@ def _column_sums_group(plan, consts, tile, g, dy_g, dydx, outputs):
     p = tile.p
     dweight, dbias = outputs
     if consts.dweight_acc is not None:
-        moving = consts.dweight_moving
-        if moving is None:
-            moving = tile.cols[:, 0:1] if plan.fold == 1 else tile.cols[:, 2:]
-        _accumulate_column_sums(plan, consts.dweight_acc, dydx, moving[0:p, :], g)
+        moving = (consts.dweight_moving[0:p, :] if consts.dweight_moving is not None
+                  else tile.cols[:, 0:1] if plan.fold == 1 else tile.cols[:, 2:])
+        _accumulate_column_sums(plan, consts.dweight_acc, dydx, moving, g)
         if dweight is not None:
             _store_column_sums(plan, dweight, consts.dweight_acc, g)
     if consts.dbias_acc is not None:
@@ -447,9 +510,10 @@ def _column_sums_group(plan, consts, tile, g, dy_g, dydx, outputs):
 def _outer_product(rstd_rows, w_rows):
     """``a = rstd ⊗ w'`` for one chunk into PSUM: one matmul per bf16 part of rstd (the
     tile's stationary rows for that part against the rows of w'), accumulated in fp32."""
-    a = nisa.nc_matmul(rstd_rows[:, 0, :], w_rows)
-    for part in range(1, SPLIT):
-        a += nisa.nc_matmul(rstd_rows[:, part, :], w_rows)
+    a = nl.ndarray((rstd_rows.shape[2], w_rows.shape[1]), dtype=nl.float32, buffer=nl.psum)
+    a[...] = nisa.nc_matmul(rstd_rows[:, 0, :], w_rows)
+    for part in nl.static_range(1, SPLIT):
+        a[...] += nisa.nc_matmul(rstd_rows[:, part, :], w_rows)
     return a
 
 
@@ -457,26 +521,24 @@ def _finish_statistic(plan, tile):
     """``−k = −rstd²/N · s`` per partition once all groups of the tile are summed (Scalar
     engine: the partials scaled by the tile's −rstd²/N column and added); with a fold the
     segment sums of a row are added next (on-chip DMAs, no arithmetic across rows)."""
-    negk = nl.ndarray((tile.p, 1), dtype=nl.float32)
-    nisa.activation_reduce(op=nl.copy, data=tile.partials, reduce_op=nl.add, reduce_res=negk,
-                           scale=tile.cols[:, 1:2], dtype=nl.float32)
+    segment_negk = tile.negk if plan.fold == 1 else nl.ndarray((tile.p, 1), dtype=nl.float32)
+    nisa.activation_reduce(op=nl.copy, data=tile.partials, reduce_op=nl.add,
+                           reduce_res=segment_negk, scale=tile.cols[:, 1:2], dtype=nl.float32)
     if plan.fold > 1:
-        negk = _add_fold_segments(negk, tile.p, plan.fold)
-    tile.negk = negk
+        _add_fold_segments(tile.negk, segment_negk, tile.p, plan.fold)
 
 
-def _add_fold_segments(s, p, f):
-    """Row sums of the per-partition sums ``s`` (p, 1), broadcast back to the f partitions
-    of each row: one on-chip DMA gathers the f segments of a row onto one partition
-    ((p, 1) → (p/f, f)), the Vector engine adds them and repeats the sum f times, and one
-    DMA scatters it back."""
+def _add_fold_segments(out, s, p, f):
+    """Write into ``out`` the row sums of the per-partition sums ``s`` (p, 1), broadcast
+    back to the f partitions of each row: one on-chip DMA gathers the f segments of a row
+    onto one partition ((p, 1) → (p/f, f)), the Vector engine adds them and repeats the sum
+    f times, and one DMA scatters it back."""
     rows = p // f
     segments = nl.ndarray((rows, f), dtype=nl.float32)
     nisa.dma_copy(dst=segments, src=s)
-    total = nisa.tensor_reduce(nl.add, segments, axis=[1], dtype=nl.float32)
-    out = nl.ndarray((p, 1), dtype=nl.float32)
-    nisa.dma_copy(dst=out, src=nl.broadcast_to(total, shape=(rows, f)))
-    return out
+    total = nisa.tensor_reduce(nl.add, segments, axis=[1], dtype=nl.float32, keepdims=True)
+    repeated = nisa.tensor_copy(total.broadcast_to((rows, f)), dtype=nl.float32)
+    nisa.dma_copy(dst=out, src=repeated)
 
 
 def _gradient_group(plan, views, rings, tile, t, g):
@@ -485,17 +547,18 @@ def _gradient_group(plan, views, rings, tile, t, g):
     p, g0, width, p1, xs = _group_slot(plan, rings, tile, t, g)
     out_dtype = xs.dtype if dh_v is None else nl.float32
     dx_g = nl.ndarray((p, width), dtype=out_dtype)
-    for c in range(-(-width // CHUNK)):
+    for c in nl.static_range(-(-width // CHUNK)):
         lo, hi = c * CHUNK, min(width, (c + 1) * CHUNK)
         kx = nl.ndarray((p, hi - lo), dtype=nl.float32, buffer=nl.psum)
         kx[...] = nisa.activation(op=nl.copy, data=xs[:, lo:hi], scale=tile.negk,
                                   dtype=nl.float32)
         dx_g[:, lo:hi] = nisa.tensor_tensor(p1[:, lo:hi], kx, op=nl.add, dtype=out_dtype)
-    if dh_v is not None:  # + dh_out from SBUF (GpSimd), rounded once
+    dx_dst = dx_v[nl.ds(tile.v0, p), nl.ds(g0, width)]
+    if dh_v is None:
+        nl.store(dx_dst, value=dx_g)
+    else:  # + dh_out (Vector engine, from SBUF), rounded once
         dh_g = nl.load(dh_v[nl.ds(tile.v0, p), nl.ds(g0, width)])
-        dx_g = nisa.tensor_tensor(dx_g, dh_g, op=nl.add, dtype=xs.dtype,
-                                  engine=nisa.gpsimd_engine)
-    nl.store(dx_v[nl.ds(tile.v0, p), nl.ds(g0, width)], value=dx_g)
+        nl.store(dx_dst, value=nisa.tensor_tensor(dx_g, dh_g, op=nl.add, dtype=xs.dtype))
 
 
 # --- parameter gradients --------------------------------------------------------------------
@@ -510,16 +573,19 @@ def _accumulate_column_sums(plan, acc, data, moving, g):
     f = plan.fold
     width = data.shape[1]
     n = -(-width // P)
-    for b in range(n):
+    for b in nl.static_range(n):
         count = -(-(width - b) // n)
         bank, c = divmod((g * (-(-plan.group // P)) + b) * f, PSUM_BANK_COLS)
-        acc[bank][0:count, c:c + f] += nisa.nc_matmul(data[:, b::n], moving)
+        acc[bank, 0:count, c:c + f] += nisa.nc_matmul(data[:, b::n], moving)
 
 
 def _store_column_sums(plan, dst, acc, g):
     """Round the PSUM column sums of group g to ``dst``'s dtype once (Vector copy) and
     store them, one DMA per fold segment h: accumulator partition m, set b is
-    ``dst[h·L + g·G + m·n + b]``, a contiguous run of n per partition."""
+    ``dst[h·L + g·G + m·n + b]``, a contiguous run of n per partition. A group narrower than
+    128·n has ``width // n`` full partitions and one partial one, stored separately: a mask
+    may restrict each axis only to a range (general/nki/api/nki.api.shared.rst@8a38e733,
+    lines 201-207), which the staircase ``m·n + b < width`` is not."""
     P = nl.tile_size.pmax
     f, L, G = plan.fold, plan.width, plan.group
     per_group = -(-G // P)
@@ -527,11 +593,12 @@ def _store_column_sums(plan, dst, acc, g):
     n = -(-width // P)
     bank, c0 = divmod(g * per_group * f, PSUM_BANK_COLS)
     rounded = nl.ndarray((P, n, f), dtype=dst.dtype)
-    rounded.reshape((P, n * f))[...] = nl.copy(acc[bank][:, c0:c0 + n * f], dtype=dst.dtype)
-    for h in range(f):
+    rounded.reshape((P, n * f))[...] = nl.copy(acc[bank, :, c0:c0 + n * f], dtype=dst.dtype)
+    full, rest = divmod(width, n)
+    for h in nl.static_range(f):
         g0 = h * L + g * G
-        if width == P * n:
-            nl.store(dst[g0:g0 + width].reshape((P, n)), value=rounded[:, :, h])
-        else:
-            index = nl.arange(P)[:, None] * n + nl.arange(n)[None, :]
-            nl.store(dst[g0 + index], value=rounded[:, :, h], mask=(index < width))
+        if full:
+            nl.store(dst[g0:g0 + full * n].reshape((full, n)), value=rounded[0:full, :, h])
+        if rest:
+            nl.store(dst[g0 + full * n:g0 + width].reshape((1, rest)),
+                     value=rounded[full:full + 1, 0:rest, h])

@@ -73,7 +73,9 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from nki_rmsnorm.nki import nisa, nl
+import numpy as np
+
+from nki_rmsnorm.nki import nisa, nl, usable_sbuf_bytes
 
 #: Columns of one fp32 working tile: 8 KiB per partition, large enough to amortise the fixed
 #: cost of an instruction and small enough to leave SBUF to the resident rows.
@@ -118,17 +120,17 @@ class _ParamGrads(NamedTuple):
     ones_dy: object
 
 
-def streamed_backward(dy, x, weight, rstd, dh_out, offset, has_bias, casting_mode, dx,
-                      dweight, dbias):
+def streamed_backward(dy, x, weight, rstd, dh_out, offset, casting_mode, dx, dweight, dbias):
     """Write ``dx`` (and ``dweight`` / ``dbias`` when not None) of the RMSNorm backward into
     the given HBM outputs; see the module docstring for the math, tiling and engines."""
     M, N = x.shape
     P = nl.tile_size.pmax
-    plan = _make_plan(N, x, weight, casting_mode)
+    plan = _make_plan(N, x.dtype, dy.dtype, None if weight is None else weight.dtype,
+                      casting_mode, usable_sbuf_bytes())
     w_all = _broadcast_weight(weight) if plan.weight_resident else None
     inputs = _Inputs(dy, x, weight, w_all, rstd.reshape((M, 1)), dh_out, offset)
-    grads = _ParamGrads(_column_sum_accumulators(N) if weight is not None else None,
-                        _column_sum_accumulators(N) if has_bias else None,
+    grads = _ParamGrads(_column_sum_accumulators(N) if dweight is not None else None,
+                        _column_sum_accumulators(N) if dbias is not None else None,
                         nl.ones((P, 1), dtype=nl.float32), nl.ones((P, 1), dtype=dy.dtype))
 
     for tile in nl.affine_range(M // P):
@@ -136,23 +138,35 @@ def streamed_backward(dy, x, weight, rstd, dh_out, offset, has_bias, casting_mod
     if M % P:
         _row_tile(plan, inputs, grads, dx, M - M % P, M % P)
 
-    if weight is not None:
+    if dweight is not None:
         _store_column_sums(dweight, grads.dweight)
-    if has_bias:
+    if dbias is not None:
         _store_column_sums(dbias, grads.dbias)
 
 
-def _make_plan(N, x, weight, casting_mode):
-    """Residency of the dy/x rows and of the broadcast weight in the SBUF budget left next to
-    the chunk scratch (rows first: they save HBM traffic), and the llama/none rounding."""
-    budget = nl.tile_size.total_available_sbuf_size - CHUNK_SCRATCH_BYTES
-    rows_bytes = 2 * x.itemsize * N
+def _make_plan(N, x_dtype, dy_dtype, weight_dtype, casting_mode, sbuf_bytes):
+    """Residency of the dy/x rows and of the broadcast weight in the SBUF left next to the
+    chunk scratch (rows first: they save HBM traffic), and the llama/none rounding. The rows
+    are budgeted in their own dtypes: dy may be wider than x (a y with an fp32
+    ``out_dtype``). Pure Python."""
+    budget = sbuf_bytes - CHUNK_SCRATCH_BYTES
+    rows_bytes = (np.dtype(x_dtype).itemsize + np.dtype(dy_dtype).itemsize) * N
     rows_resident = rows_bytes <= budget
     kept = rows_bytes if rows_resident else 0
-    weight_resident = weight is not None and kept + weight.itemsize * N <= budget
-    round_xhat = casting_mode != "gemma" and x.dtype != nl.float32
+    weight_resident = (weight_dtype is not None
+                       and kept + np.dtype(weight_dtype).itemsize * N <= budget)
+    round_xhat = casting_mode != "gemma" and np.dtype(x_dtype) != np.dtype(nl.float32)
     return _Plan(rows_resident, weight_resident, round_xhat,
                  (N + CHUNK_COLS - 1) // CHUNK_COLS)
+
+
+def plan_bytes(plan, N, x_dtype, dy_dtype, weight_dtype) -> int:
+    """SBUF bytes per partition the streamed regime allocates for ``plan``: the resident
+    dy and x rows and broadcast weight, and ``CHUNK_SCRATCH_BYTES`` for a chunk's tiles."""
+    rows = (np.dtype(x_dtype).itemsize + np.dtype(dy_dtype).itemsize) * N
+    weight = 0 if weight_dtype is None else np.dtype(weight_dtype).itemsize * N
+    return ((rows if plan.rows_resident else 0) + (weight if plan.weight_resident else 0)
+            + CHUNK_SCRATCH_BYTES)
 
 
 def _row_tile(plan, inputs, grads, dx, r0, rows):
@@ -224,7 +238,8 @@ def _load_chunk(src, resident_row, r0, rows, c0, width):
 
 def _broadcast_weight(weight):
     """The weight replicated on every partition, (P, N) in its own dtype, chunk by chunk:
-    load (DMA) and partition broadcast (``broadcast_to``)."""
+    load (DMA) and partition broadcast (the tile's ``broadcast_to``: ``nl.broadcast_to``
+    appears only in SDK 2.22, general/nki/nki_rn.rst@8a38e733)."""
     P = nl.tile_size.pmax
     N = weight.shape[0]
     w_row = weight.reshape((1, N))
@@ -232,8 +247,7 @@ def _broadcast_weight(weight):
     for c in nl.static_range((N + CHUNK_COLS - 1) // CHUNK_COLS):
         c0 = c * CHUNK_COLS
         width = min(CHUNK_COLS, N - c0)
-        w_all[:, c0:c0 + width] = nl.broadcast_to(nl.load(w_row[0:1, c0:c0 + width]),
-                                                  shape=(P, width))
+        w_all[:, c0:c0 + width] = nl.load(w_row[0:1, c0:c0 + width]).broadcast_to((P, width))
     return w_all
 
 
@@ -245,7 +259,7 @@ def _weight_chunk(inputs, rows, c0, width):
     if inputs.w_all is not None:
         return inputs.w_all[0:rows, c0:c0 + width]
     w_row = inputs.weight.reshape((1, inputs.weight.shape[0]))
-    return nl.broadcast_to(nl.load(w_row[0:1, c0:c0 + width]), shape=(rows, width))
+    return nl.load(w_row[0:1, c0:c0 + width]).broadcast_to((rows, width))
 
 
 def _scaled_grad(dy_c, w_c, offset):
@@ -286,13 +300,13 @@ def _dx_chunk(dy_c, x_c, w_c, dh_c, offset, rstd_t, k, out_dtype):
 
 
 def _column_sum_accumulators(N):
-    """Zeroed fp32 PSUM tiles holding the column sums of an (M, N) operand: column j of the
-    tiles (bank j // 512, column j % 512) accumulates the 128 columns 128·j … 128·j + 127,
-    one per partition."""
+    """A zeroed fp32 PSUM tile ``(banks, P, 512)`` holding the column sums of an (M, N)
+    operand: column j (bank j // 512, column j % 512) accumulates the 128 columns
+    128·j … 128·j + 127, one per partition."""
     P = nl.tile_size.pmax
     blocks = (N + P - 1) // P
-    return [nl.zeros((P, min(PSUM_BANK_COLS, blocks - b0)), dtype=nl.float32, buffer=nl.psum)
-            for b0 in range(0, blocks, PSUM_BANK_COLS)]
+    return nl.zeros((-(-blocks // PSUM_BANK_COLS), nl.par_dim(P), PSUM_BANK_COLS),
+                    dtype=nl.float32, buffer=nl.psum)
 
 
 def _accumulate_column_sums(acc, data, ones, c0):
@@ -305,18 +319,30 @@ def _accumulate_column_sums(acc, data, ones, c0):
         lo = b * P
         block = min(P, width - lo)
         bank, col = divmod((c0 + lo) // P, PSUM_BANK_COLS)
-        acc[bank][0:block, col:col + 1] += nisa.nc_matmul(data[:, lo:lo + block],
+        acc[bank, 0:block, col:col + 1] += nisa.nc_matmul(data[:, lo:lo + block],
                                                           ones[0:rows, :],
                                                           is_moving_onezero=True)
 
 
 def _store_column_sums(dst, acc):
     """Round the PSUM column sums to ``dst``'s dtype once (Vector copy) and store them:
-    element (p, j) of bank b is ``dst[(512·b + j)·128 + p]`` (strided DMA, masked past N)."""
+    element (p, j) of bank b is ``dst[(512·b + j)·128 + p]`` (strided DMA). The full
+    128-column blocks go in one store per bank, the last partial block (N mod 128 columns)
+    in its own, so no mask mixes the two axes (general/nki/api/nki.api.shared.rst@8a38e733,
+    lines 201-207)."""
     P = nl.tile_size.pmax
     N = dst.shape[0]
+    full_blocks, rest = divmod(N, P)
     i_p = nl.arange(P)[:, None]
-    for bank, sums in enumerate(acc):
-        i_j = nl.arange(sums.shape[1])[None, :]
-        index = (bank * PSUM_BANK_COLS + i_j) * P + i_p
-        nl.store(dst[index], value=nl.copy(sums, dtype=dst.dtype), mask=(index < N))
+    for bank in nl.static_range(acc.shape[0]):
+        first = bank * PSUM_BANK_COLS
+        full = max(0, min(PSUM_BANK_COLS, full_blocks - first))
+        sums = nl.copy(acc[bank], dtype=dst.dtype)
+        if full:
+            i_j = nl.arange(full)[None, :]
+            nl.store(dst[(first + i_j) * P + i_p], value=sums[:, 0:full])
+        if rest and first <= full_blocks < first + PSUM_BANK_COLS:
+            last = full_blocks - first
+            start = full_blocks * P
+            nl.store(dst[start:start + rest].reshape((rest, 1)),
+                     value=sums[0:rest, last:last + 1])

@@ -18,8 +18,26 @@ Casting modes (``casting_mode``):
 
 Shapes and dtypes: ``x`` (M, N) in float32 / bfloat16 / float16; ``weight``, ``bias`` (N,)
 in float32 or x's dtype, or None; ``residual`` (M, N) or None; ``eps``, ``offset`` Python
-floats; ``out_dtype`` y's dtype (None: x's dtype). Returns ``(y, rstd)``, or
-``(y, h, rstd)`` with a residual; ``rstd`` is (M,) float32, ``h`` in the residual's dtype.
+floats; ``out_dtype`` y's dtype (None: x's dtype); ``rstd`` is (M,) float32, ``h`` in the
+residual's dtype.
+
+Entry points (all share ``forward_body``, so results are bitwise the same):
+
+============================ ==================================================================
+``rmsnorm_fwd``              return convention: ``(y, rstd)``
+``rmsnorm_add_fwd``          return convention, fused residual add: ``(y, h, rstd)`` (its own
+                             kernel, so every ``shared_hbm`` output is created unconditionally
+                             at the kernel's top level: general/nki/api/nki.errors.rst
+                             @8a38e733, lines 583-617)
+``rmsnorm_fwd_out``          output parameters: writes the caller's ``y`` (its dtype is the
+                             output dtype) and ``rstd`` in place, returns nothing
+``rmsnorm_add_fwd_out``      output parameters, fused residual add: ``y``, ``h``, ``rstd``
+============================ ==================================================================
+
+Supported legacy Neuron SDK releases: 2.21-2.29 for every entry point and regime (the return
+convention and ``activation_reduce`` / ``scalar_tensor_tensor`` / ``get_nc_version`` appear in
+2.21; the SBUF budget is ``nl.tile_size.total_available_sbuf_size`` from 2.26 and the
+documented per-generation figure before, ``nki_rmsnorm.nki.usable_sbuf_bytes``).
 
 Regimes (``rmsnorm_fwd_plan.choose_layout``; decided from N, the dtypes, the options and the
 target, never from the data; M only sets the rows per partition of the first one):
@@ -29,7 +47,7 @@ rows     whole rows, double-buffered, with the weight (and bias) on chip for the
          ``N · (resident + 2 · k · per-row bytes) + 2 KiB`` ≤ usable SBUF. A tile holds
          ``k`` consecutive rows per partition (``rmsnorm_fwd_rows``): ``k`` grows while a
          tile moves ≤ 32 KiB per partition and stream, ≥ 16 tiles remain, k divides M and
-         one PSUM bank holds the transposed rstd (k ≤ 8). One DMA per stream and tile.
+         one PSUM tile holds the transposed rstd (k ≤ 4). One DMA per stream and tile.
 split    NeuronCore-v3+ only, rows too long for "rows": each row spread over s partitions
          (s a power of two ≤ 32 dividing N, the smallest that makes a segment ≤ 8 KiB of h),
          so a tile is R = 128 / s whole rows, one contiguous DMA (``rmsnorm_fwd_split``).
@@ -43,13 +61,17 @@ HBM traffic: every regime but two_pass reads x and the residual once and writes 
 once; the weight and bias are read once ("rows"), three times at most ("split": the Tensor
 engine's moving rows, 2·N·e bytes) or once per row tile ("long": N·e bytes per 128 rows).
 
-Engine plan per row (``Plan.product_engine``; DMA moves everything, h = x + residual is a
-DMA read-modify-write onto the loaded residual, so no compute engine adds it):
+Engine plan per row (``Plan.product_engine``; DMA moves everything):
 
 ======== ==================================================================================
-ACT      Σh² (``activation_reduce(square)``, fp32 accumulation), rstd (``activation(rsqrt,
-         scale=1/N, bias=eps)``)
-tensor   gemma with a weight on NeuronCore-v3+ (trn2, trn3): GpSimd splits rstd into three
+DVE      h = x + residual (``tensor_tensor``, fp32, one rounding to the residual's dtype)
+ACT      Σh² (``activation_reduce(square)``, fp32 accumulation)
+rstd     ACT ``activation(rsqrt)`` of the mean square brought into its valid range
+         [2⁻⁸⁷, 2⁹⁷] (ACT: v·2⁻³², exact; or DVE: v clamped), refined by two Newton steps
+         (``rmsnorm_fwd_steps.rstd_from_sum``): within ≈ 2.5 fp32 ulp of 1/sqrt(v) even when
+         ACT's rsqrt is off by 2⁻⁹. The chain runs on ACT (with the bf16 split of the
+         "tensor" plan) unless ACT carries the product ("scalar" plan) or eps < 2⁻⁵⁵
+tensor   gemma with a weight on NeuronCore-v3+ (trn2, trn3): ACT splits rstd into three
          bf16 pieces (hi, mid, lo; their sum is rstd within 2⁻²⁴), the Tensor engine
          transposes them exactly into a row (``is_transpose``) and forms rstd ⊗ w per
          512-column PSUM bank with a K = 3 matmul (bf16 products are exact, the sum is
@@ -91,30 +113,23 @@ from nki_rmsnorm.kernels.rmsnorm_fwd_plan import (
 )
 from nki_rmsnorm.kernels.rmsnorm_fwd_rows import rows_resident
 from nki_rmsnorm.kernels.rmsnorm_fwd_split import split_rows
-from nki_rmsnorm.nki import nisa, nki, nl
+from nki_rmsnorm.nki import nisa, nki, nl, usable_sbuf_bytes
 
-__all__ = ["CASTING_MODES", "Layout", "Plan", "choose_layout", "make_plan", "rmsnorm_fwd"]
+__all__ = ["CASTING_MODES", "Layout", "Plan", "choose_layout", "forward_body", "make_plan",
+           "rmsnorm_add_fwd", "rmsnorm_add_fwd_out", "rmsnorm_fwd", "rmsnorm_fwd_out"]
 
 
-@nki.jit
-def rmsnorm_fwd(x, weight, bias, residual, eps, offset, casting_mode, out_dtype):
-    """RMSNorm forward of ``x`` (M, N); see the module docstring for math, engines and tiling.
-
-    Returns ``(y, rstd)``, or ``(y, h, rstd)`` when ``residual`` is given.
-    """
-    M, N = x.shape
-    plan = make_plan(x.dtype, None if weight is None else weight.dtype,
-                     None if bias is None else bias.dtype,
-                     None if residual is None else residual.dtype, offset, casting_mode,
+def _plan(x, weight, bias, h_dtype, offset, casting_mode, out_dtype):
+    """The :class:`Plan` for these HBM tensors on the running target."""
+    return make_plan(x.dtype, None if weight is None else weight.dtype,
+                     None if bias is None else bias.dtype, h_dtype, offset, casting_mode,
                      out_dtype, tensor_engine=nisa.get_nc_version() != nisa.nc_version.gen2)
-    y = nl.ndarray((M, N), dtype=plan.out_dtype, buffer=nl.shared_hbm)
-    h = None
-    if residual is not None:
-        h = nl.ndarray((M, N), dtype=residual.dtype, buffer=nl.shared_hbm)
-    rstd = nl.ndarray((M,), dtype=nl.float32, buffer=nl.shared_hbm)
-    hbm = steps.Tensors(x, residual, weight, bias, y, h, rstd)
 
-    layout = choose_layout(plan, M, N, nl.tile_size.total_available_sbuf_size)
+
+def forward_body(plan, hbm, eps, offset):
+    """Write y, rstd (and h) of ``hbm`` (a ``Tensors``): the code every entry point shares."""
+    M, N = hbm.x.shape
+    layout = choose_layout(plan, M, N, usable_sbuf_bytes())
     if layout.regime == "rows":
         rows_resident(plan, layout.rows_per_partition, hbm, eps, offset)
     elif layout.regime == "split":
@@ -123,4 +138,50 @@ def rmsnorm_fwd(x, weight, bias, residual, eps, offset, casting_mode, out_dtype)
         long_rows(plan, layout.chunk, layout.output_chunk, hbm, eps, offset)
     else:
         two_pass(plan, layout.chunk, hbm, eps, offset)
-    return (y, rstd) if h is None else (y, h, rstd)
+
+
+@nki.jit
+def rmsnorm_fwd(x, weight, bias, eps, offset, casting_mode, out_dtype):
+    """RMSNorm forward of ``x`` (M, N), return convention: ``(y, rstd)``, y in
+    ``out_dtype`` (None: x's dtype), rstd (M,) fp32. See the module docstring."""
+    M, N = x.shape
+    plan = _plan(x, weight, bias, None, offset, casting_mode, out_dtype)
+    y = nl.ndarray((M, N), dtype=plan.out_dtype, buffer=nl.shared_hbm)
+    rstd = nl.ndarray((M,), dtype=nl.float32, buffer=nl.shared_hbm)
+    forward_body(plan, steps.Tensors(x, None, weight, bias, y, None, rstd), eps, offset)
+    return y, rstd
+
+
+@nki.jit
+def rmsnorm_fwd_out(x, weight, bias, y, rstd, eps, offset, casting_mode):
+    """RMSNorm forward of ``x`` (M, N), output-parameter convention: writes the caller's
+    ``y`` (M, N; its dtype is the output dtype) and ``rstd`` (M,) float32 in place and
+    returns nothing (``torch_neuronx.nki_jit`` / ``jax_neuronx.nki_call``). Same code and
+    results as :func:`rmsnorm_fwd`. The outputs must not alias the inputs."""
+    plan = _plan(x, weight, bias, None, offset, casting_mode, y.dtype)
+    forward_body(plan, steps.Tensors(x, None, weight, bias, y, None, rstd), eps, offset)
+
+
+@nki.jit
+def rmsnorm_add_fwd(x, residual, weight, bias, eps, offset, casting_mode, out_dtype):
+    """Fused residual add and RMSNorm, return convention: ``h = x + residual`` (in the
+    residual's dtype), ``(y, h, rstd)`` of h. See the module docstring."""
+    M, N = x.shape
+    plan = _plan(x, weight, bias, residual.dtype, offset, casting_mode, out_dtype)
+    y = nl.ndarray((M, N), dtype=plan.out_dtype, buffer=nl.shared_hbm)
+    h = nl.ndarray((M, N), dtype=residual.dtype, buffer=nl.shared_hbm)
+    rstd = nl.ndarray((M,), dtype=nl.float32, buffer=nl.shared_hbm)
+    forward_body(plan, steps.Tensors(x, residual, weight, bias, y, h, rstd), eps, offset)
+    return y, h, rstd
+
+
+@nki.jit
+def rmsnorm_add_fwd_out(x, residual, weight, bias, y, h, rstd, eps, offset, casting_mode):
+    """Fused residual add and RMSNorm, output-parameter convention: writes the caller's
+    ``y`` (its dtype is the output dtype), ``h`` (the residual's dtype) and ``rstd`` (M,)
+    float32 in place, returns nothing. Same code and results as :func:`rmsnorm_add_fwd`."""
+    if h.dtype != residual.dtype:
+        raise TypeError(f"rmsnorm_add_fwd_out: h must have the residual's dtype "
+                        f"({residual.dtype}), got {h.dtype}")
+    plan = _plan(x, weight, bias, residual.dtype, offset, casting_mode, y.dtype)
+    forward_body(plan, steps.Tensors(x, residual, weight, bias, y, h, rstd), eps, offset)

@@ -36,24 +36,20 @@ def long_rows(plan, chunk, output_chunk, hbm, eps, offset):
     P = nl.tile_size.pmax
     parts = min(P, M)
     h_rows = nl.ndarray((parts, N), dtype=plan.h_dtype)
-    eps_col = nl.full((parts, 1), eps, dtype=nl.float32)
     engine = plan.product_engine if hbm.weight is not None else "vector"
-    if engine == "tensor" and plan.rstd_pieces != 3:
-        engine = "vector"
-    helper = None
-    if engine == "tensor":
-        helper = steps.identity(parts, plan.scale_dtype)
-    elif engine == "scalar":
-        helper = nl.full((1, parts), 1.0, dtype=plan.scale_dtype)
+    engine = "vector" if engine == "tensor" and plan.rstd_pieces != 3 else engine
+    helper = (steps.identity(parts, plan.scale_dtype) if engine == "tensor"
+              else nl.full((1, parts), 1.0, dtype=plan.scale_dtype) if engine == "scalar"
+              else None)
     for t in nl.static_range(M // P):
-        _long_tile(plan, engine, (chunk, output_chunk), hbm, offset, h_rows, eps_col, helper,
+        _long_tile(plan, engine, (chunk, output_chunk), hbm, offset, h_rows, eps, helper,
                    t * P, P)
     if M % P:
-        _long_tile(plan, engine, (chunk, output_chunk), hbm, offset, h_rows, eps_col, helper,
+        _long_tile(plan, engine, (chunk, output_chunk), hbm, offset, h_rows, eps, helper,
                    M - M % P, M % P)
 
 
-def _long_tile(plan, engine, chunks, hbm, offset, h_rows, eps_col, helper, row0, parts):
+def _long_tile(plan, engine, chunks, hbm, offset, h_rows, eps, helper, row0, parts):
     """Rows ``row0 … row0 + parts − 1``: statistics pass, then output pass."""
     N = hbm.x.shape[1]
     chunk, output_chunk = chunks
@@ -61,15 +57,17 @@ def _long_tile(plan, engine, chunks, hbm, offset, h_rows, eps_col, helper, row0,
     i_0 = nl.arange(1)[:, None]
     rows = row0 + nl.arange(parts)[:, None]
 
-    # Statistics pass. DMA in (h = x + residual by DMA read-modify-write, DMA h out); ACT
-    # Σh² of the chunk.
+    # Statistics pass. DMA in (with a residual: DVE h = x + residual, DMA h out); ACT Σh² of
+    # the chunk.
     partial_sq = nl.ndarray((parts, n_chunks), dtype=nl.float32)
     for c in nl.static_range(n_chunks):
         c0 = c * chunk
         width = min(chunk, N - c0)
         cols = c0 + nl.arange(width)[None, :]
         h_chunk = h_rows[:parts, c0:c0 + width]
-        steps.load_h(h_chunk, hbm.x[rows, cols],
+        x_chunk = (None if hbm.residual is None
+                   else nl.ndarray((parts, width), dtype=plan.in_dtype))
+        steps.load_h(h_chunk, x_chunk, hbm.x[rows, cols],
                      None if hbm.residual is None else hbm.residual[rows, cols],
                      None if hbm.h is None else hbm.h[rows, cols])
         squares = nl.ndarray((parts, width), dtype=nl.bfloat16)
@@ -77,12 +75,10 @@ def _long_tile(plan, engine, chunks, hbm, offset, h_rows, eps_col, helper, row0,
                                               reduce_res=partial_sq[:, c:c + 1],
                                               dtype=squares.dtype)
     sum_sq = nisa.tensor_reduce(nl.add, partial_sq, axis=1, keepdims=True, dtype=nl.float32)
-    rstd_tile = steps.rstd_from_sum(sum_sq, eps_col[:parts], N)
+    rstd_tile = steps.rstd_from_sum(sum_sq, eps, N, on_scalar=engine != "scalar")
     nl.store(hbm.rstd[rows], value=rstd_tile)
-    stationaries = None
-    if engine == "tensor":
-        stationary = steps.rstd_rows(plan, rstd_tile, helper[:parts, :parts], stacked=False)
-        stationaries = [stationary[:, b, :] for b in range(plan.rstd_pieces)]
+    stationary = (steps.rstd_rows(plan, rstd_tile, helper[:parts, :parts], stacked=False)
+                  if engine == "tensor" else None)
 
     # Output pass: the weight (and bias) chunk, y = h · rstd · w (+ bias), DMA y out.
     for c in nl.static_range(math.ceil(N / output_chunk)):
@@ -91,29 +87,25 @@ def _long_tile(plan, engine, chunks, hbm, offset, h_rows, eps_col, helper, row0,
         cols = c0 + nl.arange(width)[None, :]
         h_chunk = h_rows[:parts, c0:c0 + width]
         y_chunk = nl.ndarray((parts, width), dtype=plan.result_dtype)
-        product = None
-        if plan.product_dtype is not None:
-            product = nl.ndarray((parts, width), dtype=plan.product_dtype)
-        shift = None
-        if hbm.bias is not None:
-            shift = steps.broadcast_row(hbm.bias.reshape((1, N))[i_0, cols], parts,
-                                        plan.bias_dtype)
+        product = (None if plan.product_dtype is None
+                   else nl.ndarray((parts, width), dtype=plan.product_dtype))
+        shift = (None if hbm.bias is None
+                 else steps.broadcast_row(hbm.bias.reshape((1, N))[i_0, cols], parts,
+                                          plan.bias_dtype))
         weight_cols = None if hbm.weight is None else hbm.weight.reshape((1, N))[i_0, cols]
         if engine == "tensor":
             moving = steps.weight_rows(plan, weight_cols, stacked=False)
+            stationaries = [stationary[:, b, :] for b in nl.static_range(plan.rstd_pieces)]
             steps.outer_normalize(y_chunk, h_chunk, stationaries, moving, shift, product)
         elif engine == "scalar":
             steps.scaled_normalize(plan, y_chunk, h_chunk, rstd_tile, helper[:, :parts],
                                    steps.scale_row(plan, weight_cols, offset), shift, product)
         else:
-            scale = None
-            if weight_cols is not None:
-                scale = steps.broadcast_row(weight_cols, parts, plan.scale_dtype, offset)
+            scale = (None if weight_cols is None
+                     else steps.broadcast_row(weight_cols, parts, plan.scale_dtype, offset))
             xhat = nl.ndarray((parts, width), dtype=plan.in_dtype) if plan.rounds_xhat else None
             steps.normalize(plan, y_chunk, h_chunk, rstd_tile, xhat, scale, shift, product)
-        if plan.result_dtype != plan.out_dtype:
-            y_chunk = nisa.tensor_copy(y_chunk, dtype=plan.out_dtype)
-        nl.store(hbm.y[rows, cols], value=y_chunk)
+        steps.store_y(plan, hbm.y[rows, cols], y_chunk)
 
 
 def two_pass(plan, chunk, hbm, eps, offset):
@@ -127,7 +119,6 @@ def two_pass(plan, chunk, hbm, eps, offset):
     i_0 = nl.arange(1)[:, None]
     i_1 = nl.arange(1)[None, :]
     rstd_col = hbm.rstd.reshape((M, 1))
-    eps_col = nl.full((P, 1), eps, dtype=nl.float32)
 
     for t in nl.affine_range(math.ceil(M / P)):
         rows = t * P + i_p
@@ -140,7 +131,9 @@ def two_pass(plan, chunk, hbm, eps, offset):
             cols = c * chunk + i_c
             inside = in_rows & (cols < N)
             h_chunk = nl.ndarray((P, chunk), dtype=plan.h_dtype)
-            steps.load_h(h_chunk, hbm.x[rows, cols],
+            x_chunk = (None if hbm.residual is None
+                       else nl.ndarray((P, chunk), dtype=plan.in_dtype))
+            steps.load_h(h_chunk, x_chunk, hbm.x[rows, cols],
                          None if hbm.residual is None else hbm.residual[rows, cols],
                          None if hbm.h is None else hbm.h[rows, cols], mask=inside)
             squares = nl.ndarray((P, chunk), dtype=nl.bfloat16)
@@ -149,7 +142,7 @@ def two_pass(plan, chunk, hbm, eps, offset):
                                                   dtype=squares.dtype, mask=inside)
         sum_sq = nisa.tensor_reduce(nl.add, partial_sq, axis=1, keepdims=True,
                                     dtype=nl.float32, mask=in_rows)
-        rstd_tile = steps.rstd_from_sum(sum_sq, eps_col, N, mask=in_rows)
+        rstd_tile = steps.rstd_from_sum(sum_sq, eps, N, mask=in_rows)
         nl.store(rstd_col[rows, i_1], value=rstd_tile, mask=in_rows)
 
         # Scale pass: reload each chunk (recomputing h, which is cheaper to trust than a
@@ -159,29 +152,22 @@ def two_pass(plan, chunk, hbm, eps, offset):
             in_cols = cols < N
             inside = in_rows & in_cols
             h_chunk = nl.ndarray((P, chunk), dtype=plan.h_dtype)
-            if hbm.residual is None:
-                h_chunk[...] = nl.load(hbm.x[rows, cols], mask=inside)
-            else:
-                h_chunk[...] = nl.load(hbm.residual[rows, cols], mask=inside)
-                nisa.dma_copy(dst=h_chunk, src=hbm.x[rows, cols], mask=inside,
-                              dst_rmw_op=nl.add)
-            xhat = h_chunk
-            if hbm.residual is not None and plan.rounds_xhat:
-                xhat = nl.ndarray((P, chunk), dtype=plan.in_dtype)
-            scale = None
-            if hbm.weight is not None:
-                scale = steps.broadcast_row(hbm.weight.reshape((1, N))[i_0, cols], P,
-                                            plan.scale_dtype, offset, mask=in_cols)
-            shift = None
-            if hbm.bias is not None:
-                shift = steps.broadcast_row(hbm.bias.reshape((1, N))[i_0, cols], P,
-                                            plan.bias_dtype, mask=in_cols)
+            x_chunk = (None if hbm.residual is None
+                       else nl.ndarray((P, chunk), dtype=plan.in_dtype))
+            steps.load_h(h_chunk, x_chunk, hbm.x[rows, cols],
+                         None if hbm.residual is None else hbm.residual[rows, cols], None,
+                         mask=inside)
+            # llama / none round x̂ into x's tile (h itself when there is no residual)
+            xhat = h_chunk if x_chunk is None else x_chunk
+            scale = (None if hbm.weight is None
+                     else steps.broadcast_row(hbm.weight.reshape((1, N))[i_0, cols], P,
+                                              plan.scale_dtype, offset, mask=in_cols))
+            shift = (None if hbm.bias is None
+                     else steps.broadcast_row(hbm.bias.reshape((1, N))[i_0, cols], P,
+                                              plan.bias_dtype, mask=in_cols))
             y_chunk = nl.ndarray((P, chunk), dtype=plan.result_dtype)
-            product = None
-            if plan.product_dtype is not None:
-                product = nl.ndarray((P, chunk), dtype=plan.product_dtype)
+            product = (None if plan.product_dtype is None
+                       else nl.ndarray((P, chunk), dtype=plan.product_dtype))
             steps.normalize(plan, y_chunk, h_chunk, rstd_tile, xhat, scale, shift, product,
                             inside)
-            if plan.result_dtype != plan.out_dtype:
-                y_chunk = nisa.tensor_copy(y_chunk, dtype=plan.out_dtype, mask=inside)
-            nl.store(hbm.y[rows, cols], value=y_chunk, mask=inside)
+            steps.store_y(plan, hbm.y[rows, cols], y_chunk, mask=inside)

@@ -25,8 +25,9 @@ PSUM_COLS = 512
 TILE_TARGET_BYTES = 32 * 1024
 #: ... while the kernel keeps at least this many row tiles to pipeline.
 MIN_TILES = 16
-#: Rows per partition of one tile at most (one PSUM bank of transposed bf16 rstd pieces).
-MAX_ROWS_PER_PARTITION = 8
+#: Rows per partition of one tile at most (the transposed rstd of a tile, rows·128 elements
+#: per partition, stays within one PSUM tile's 512 elements).
+MAX_ROWS_PER_PARTITION = 4
 #: Rows one Scalar/Vector instruction may cover at once is bounded by its 64 K free elements.
 MAX_FREE_ELEMENTS = 65536
 #: Column chunk of the long-row regimes, in bytes of the row dtype per partition: ≥ 4 KiB
@@ -102,47 +103,68 @@ class Plan:
             dtypes.append(nl.bfloat16)
         return sum(_size(d) for d in dtypes if d is not None)
 
-    def fits_rows(self, n: int, rows: int, budget: int) -> bool:
-        """Whole rows fit: the weight and bias once, two tiles of ``rows`` rows per
+    def rows_bytes(self, n: int, rows: int) -> int:
+        """Regime "rows": the weight and bias once, two tiles of ``rows`` rows per
         partition in flight."""
         per_column = self.resident_bytes() + 2 * rows * self.row_bytes()
-        return n * per_column + RESERVED_BYTES <= budget
+        return n * per_column + RESERVED_BYTES
 
-    def fits_split(self, segment: int, segments: int, budget: int) -> bool:
-        """Segments of ``segment`` columns fit: the weight and bias segments once (one row
-        per partition, or 3·``segments`` moving rows), ``SPLIT_SLOTS`` tiles in flight."""
-        per_column = SPLIT_SLOTS * self.row_bytes() + self.resident_bytes()
-        return segment * per_column + RESERVED_BYTES <= budget
+    def fits_rows(self, n: int, rows: int, budget: int) -> bool:
+        return self.rows_bytes(n, rows) <= budget
+
+    def split_bytes(self, segment: int) -> int:
+        """Regime "split", segments of ``segment`` columns: the weight and bias segments
+        once (one row per partition, or 3·s moving rows) and as loaded (up to fp32, before
+        the conversion), ``SPLIT_SLOTS`` tiles in flight."""
+        staging = sum(_size(nl.float32) for d in (self.scale_dtype, self.bias_dtype)
+                      if d is not None)
+        per_column = SPLIT_SLOTS * self.row_bytes() + self.resident_bytes() + staging
+        return segment * per_column + RESERVED_BYTES
+
+    def fits_split(self, segment: int, budget: int) -> bool:
+        return self.split_bytes(segment) <= budget
 
     def chunk_columns(self) -> int:
         """Column chunk of the long-row regimes."""
         return max(PSUM_COLS, CHUNK_BYTES // _size(self.h_dtype))
 
-    def fits_one_row_tile(self, n: int, budget: int, output_chunk: int) -> bool:
-        """One tile of h rows stays on chip next to the chunks in flight: the statistics
-        pass's squares and the output pass's y, intermediates and weight and bias chunks."""
+    def long_bytes(self, n: int, output_chunk: int) -> int:
+        """Regime "long": one tile of h rows stays on chip next to the chunks in flight:
+        the statistics pass's squares (and x, with a residual) and the output pass's y,
+        intermediates and weight and bias chunks."""
         output = [self.result_dtype, self.product_dtype, self.scale_dtype, self.bias_dtype]
         if self.result_dtype != self.out_dtype:
             output.append(self.out_dtype)
         if self.rounds_xhat:
             output.append(self.in_dtype)
+        statistics = _size(nl.bfloat16) + (0 if self.residual_dtype is None
+                                            else _size(self.in_dtype))
         chunks = CHUNKS_IN_FLIGHT * (
-            self.chunk_columns() * _size(nl.bfloat16)
+            self.chunk_columns() * statistics
             + output_chunk * sum(_size(d) for d in output if d is not None))
-        return n * _size(self.h_dtype) + chunks + RESERVED_BYTES + 4 * math.ceil(
-            n / self.chunk_columns()) <= budget
+        return (n * _size(self.h_dtype) + chunks + RESERVED_BYTES
+                + 4 * math.ceil(n / self.chunk_columns()))
 
-    def two_pass_chunk(self, n: int, budget: int) -> int:
-        """Column chunk of the two-pass regime: two chunks in flight of the busier pass
-        (statistics: x, residual, squares; scale: the tile's buffers plus the weight and
-        bias chunks), and a weight or bias row with its converted copy."""
+    def fits_one_row_tile(self, n: int, budget: int, output_chunk: int) -> bool:
+        return self.long_bytes(n, output_chunk) <= budget
+
+    def two_pass_bytes(self, chunk: int) -> int:
+        """Regime "two_pass", column chunks of ``chunk``: two chunks in flight of the busier
+        pass (statistics: x, residual, squares; scale: the tile's buffers plus the weight
+        and bias chunks), and a weight or bias row with its converted copy."""
         stats = _size(self.in_dtype) + _size(nl.bfloat16)
         if self.residual_dtype is not None:
             stats += _size(self.residual_dtype)
         per_column = 2 * max(stats, self.row_bytes() + self.resident_bytes())
         per_column += 2 * _size(nl.float32)
+        return chunk * per_column + RESERVED_BYTES
+
+    def two_pass_chunk(self, n: int, budget: int) -> int:
+        """Column chunk of the two-pass regime: the widest of 8192 … 512 columns that fits
+        (512 when none does: the kernel then fails to allocate, which the planner's property
+        test would show), evened out over the row."""
         for width in (8192, 4096, 2048, 1024, 512):
-            if width * per_column + RESERVED_BYTES <= budget:
+            if self.two_pass_bytes(width) <= budget:
                 break
         chunks = math.ceil(n / width)
         return min(width, PSUM_COLS * math.ceil(n / chunks / PSUM_COLS))
@@ -216,7 +238,7 @@ def choose_layout(plan: Plan, m: int, n: int, budget: int) -> Layout:
     while plan.exact_transpose and segments <= MAX_SEGMENTS and n % segments == 0:
         segment = n // segments
         if (segment * _size(plan.h_dtype) <= SPLIT_SEGMENT_BYTES
-                and plan.fits_split(segment, segments, budget)):
+                and plan.fits_split(segment, budget)):
             return Layout("split", segments=segments)
         segments *= 2
     chunk = plan.chunk_columns()
@@ -235,10 +257,25 @@ def _more_rows_help(plan: Plan, m: int, n: int, rows: int, budget: int) -> bool:
     one instruction and one PSUM bank of transposed rstd, and divide m (the kernel views
     the rows as (m / rows, rows·n))."""
     pmax = nl.tile_size.pmax
+    # The transposed rstd pieces are one PSUM tile of rows·128 elements per partition: at
+    # most psum_fmax = 512 whatever the dtype (general/nki/programming_model.rst@8a38e733,
+    # lines 346-347), and one 2 KiB bank.
     transposed = rows * pmax * (2 if plan.rstd_pieces == 3 else 4)
     return (m % rows == 0
+            and rows * pmax <= PSUM_COLS
             and rows * n * _size(plan.in_dtype) <= TILE_TARGET_BYTES
             and m >= MIN_TILES * pmax * rows
             and rows * n <= MAX_FREE_ELEMENTS
             and transposed <= PSUM_COLS * 4
             and plan.fits_rows(n, rows, budget))
+
+
+def layout_bytes(plan: Plan, layout: Layout, n: int) -> int:
+    """SBUF bytes per partition the planner budgets for ``layout`` of rows of ``n``."""
+    if layout.regime == "rows":
+        return plan.rows_bytes(n, layout.rows_per_partition)
+    if layout.regime == "split":
+        return plan.split_bytes(n // layout.segments)
+    if layout.regime == "long":
+        return plan.long_bytes(n, layout.output_chunk)
+    return plan.two_pass_bytes(layout.chunk)

@@ -19,11 +19,10 @@ from nki_rmsnorm.nki import nisa, nl
 
 
 class _Resident(NamedTuple):
-    """On-chip tiles every row tile reads: eps; the weight (broadcast across the partitions
+    """On-chip tiles every row tile reads: the weight (broadcast across the partitions
     for the Vector engine, or the Tensor engine's moving row(s)); the broadcast bias; the
     transpose identity ("tensor") or the ones row that broadcasts the weight ("scalar")."""
 
-    eps_col: object
     scale: object
     shift: object
     ident: object
@@ -38,21 +37,19 @@ def rows_resident(plan, k, hbm, eps, offset):
     i_0 = nl.arange(1)[:, None]
     i_n = nl.arange(N)[None, :]
 
-    scale = shift = ident = ones = None
-    if hbm.weight is not None:
-        weight_row = hbm.weight.reshape((1, N))[i_0, i_n]
-        if plan.product_engine == "tensor":
-            scale = steps.weight_rows(plan, weight_row, offset)
-            ident = steps.identity(parts, plan.scale_dtype)
-        elif plan.product_engine == "scalar":
-            scale = steps.scale_row(plan, weight_row, offset)
-            ones = nl.full((1, parts), 1.0, dtype=plan.scale_dtype)
-        else:
-            scale = steps.broadcast_row(weight_row, parts, plan.scale_dtype, offset)
-    if hbm.bias is not None:
-        shift = steps.broadcast_row(hbm.bias.reshape((1, N))[i_0, i_n], parts, plan.bias_dtype)
-    resident = _Resident(nl.full((parts, 1), eps, dtype=nl.float32), scale, shift, ident,
-                         ones)
+    weight = hbm.weight is not None
+    weight_row = hbm.weight.reshape((1, N))[i_0, i_n] if weight else None
+    engine = plan.product_engine if weight else None
+    # PE's moving rows, ACT's scale row or DVE's broadcast weight, as the plan says
+    scale = (steps.weight_rows(plan, weight_row, offset) if engine == "tensor"
+             else steps.scale_row(plan, weight_row, offset) if engine == "scalar"
+             else steps.broadcast_row(weight_row, parts, plan.scale_dtype, offset) if weight
+             else None)
+    ident = steps.identity(parts, plan.scale_dtype) if engine == "tensor" else None
+    ones = nl.full((1, parts), 1.0, dtype=plan.scale_dtype) if engine == "scalar" else None
+    shift = (steps.broadcast_row(hbm.bias.reshape((1, N))[i_0, i_n], parts, plan.bias_dtype)
+             if hbm.bias is not None else None)
+    resident = _Resident(scale, shift, ident, ones)
 
     # k consecutive rows are one row of these views: one contiguous run per partition.
     views = _RowViews(*(None if t is None else t.reshape((M // k, k * N))
@@ -61,9 +58,9 @@ def rows_resident(plan, k, hbm, eps, offset):
     groups = M // k
     full_tiles = groups // P
     for t in nl.affine_range(full_tiles):
-        _row_tile(plan, views, resident, t * P, P, k, N)
+        _row_tile(plan, views, resident, eps, t * P, P, k, N)
     if groups % P:
-        _row_tile(plan, views, resident, full_tiles * P, groups % P, k, N)
+        _row_tile(plan, views, resident, eps, full_tiles * P, groups % P, k, N)
 
 
 class _RowViews(NamedTuple):
@@ -76,7 +73,7 @@ class _RowViews(NamedTuple):
     rstd: object
 
 
-def _row_tile(plan, views, resident, group0, parts, k, N):
+def _row_tile(plan, views, resident, eps, group0, parts, k, N):
     """Rows ``k·group0 … k·(group0 + parts) − 1``, k consecutive rows per partition."""
     i_p = nl.arange(parts)[:, None]
     groups = group0 + i_p
@@ -86,26 +83,24 @@ def _row_tile(plan, views, resident, group0, parts, k, N):
     def row(t, j):
         return None if t is None else t[:, j * N:(j + 1) * N]
 
-    # DMA in (h = x + residual by a DMA read-modify-write; DMA h out).
-    h_dtype = plan.h_dtype
-    h_tile = nl.ndarray((parts, k * N), dtype=h_dtype)
-    steps.load_h(h_tile, views.x[groups, i_f],
-                 None if views.residual is None else views.residual[groups, i_f],
-                 None if views.h is None else views.h[groups, i_f])
-    xhat_tile = h_tile
-    if views.residual is not None and plan.rounds_xhat:
-        xhat_tile = nl.ndarray((parts, k * N), dtype=plan.in_dtype)
+    # DMA in (with a residual: DVE h = x + residual; DMA h out). Tiles that only some plans
+    # need are created by conditional expressions, never inside an ``if`` block, whose
+    # tiles could not be used after it (general/nki/api/nki.errors.rst@8a38e733, lines
+    # 419-450, err_local_variable_used_out_of_scope).
+    residual = views.residual is not None
+    h_tile = nl.ndarray((parts, k * N), dtype=plan.h_dtype)
+    x_tile = nl.ndarray((parts, k * N), dtype=plan.in_dtype) if residual else h_tile
+    steps.load_h(h_tile, x_tile, views.x[groups, i_f],
+                 views.residual[groups, i_f] if residual else None,
+                 views.h[groups, i_f] if residual else None)
+    # llama / none round x̂ into a tile of x's dtype that is no longer needed
+    xhat_tile = x_tile
 
     y_tile = nl.ndarray((parts, k * N), dtype=plan.result_dtype)
-    product = None
-    if plan.product_dtype is not None:
-        product = nl.ndarray((parts, k * N), dtype=plan.product_dtype)
-    if plan.squares_in == "product":
-        squares = product
-    elif plan.squares_in == "y":
-        squares = y_tile
-    else:
-        squares = nl.ndarray((parts, k * N), dtype=nl.bfloat16)
+    product = (None if plan.product_dtype is None
+               else nl.ndarray((parts, k * N), dtype=plan.product_dtype))
+    squares = {"product": product, "y": y_tile}.get(plan.squares_in)
+    squares = nl.ndarray((parts, k * N), dtype=nl.bfloat16) if squares is None else squares
 
     # ACT: Σh² per row (the squares themselves are discarded), then rstd; DMA rstd out.
     sum_sq = nl.ndarray((parts, k), dtype=nl.float32)
@@ -114,7 +109,7 @@ def _row_tile(plan, views, resident, group0, parts, k, N):
                                                       reduce_op=nl.add,
                                                       reduce_res=sum_sq[:, j:j + 1],
                                                       dtype=squares.dtype)
-    rstd_tile = steps.rstd_from_sum(sum_sq, resident.eps_col[:parts], N)
+    rstd_tile = steps.rstd_from_sum(sum_sq, eps, N, on_scalar=plan.product_engine != "scalar")
     nl.store(views.rstd[groups, i_k], value=rstd_tile)
 
     shift = None if resident.shift is None else resident.shift[:parts]
@@ -135,6 +130,4 @@ def _row_tile(plan, views, resident, group0, parts, k, N):
         for j in nl.static_range(k):
             steps.normalize(plan, row(y_tile, j), row(h_tile, j), rstd_tile[:, j:j + 1],
                             row(xhat_tile, j), scale, shift, row(product, j))
-    if plan.result_dtype != plan.out_dtype:
-        y_tile = nisa.tensor_copy(y_tile, dtype=plan.out_dtype)
-    nl.store(views.y[groups, i_f], value=y_tile)
+    steps.store_y(plan, views.y[groups, i_f], y_tile)

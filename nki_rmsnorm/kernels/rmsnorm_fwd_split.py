@@ -10,8 +10,7 @@ transposes (NaN-safe there, not on v2).
 Per tile:
 
 ====  ===================================================================================
-DMA   load the (P, F) segments of x (with a residual: load it, add x onto it by DMA
-      read-modify-write, store h)
+DMA   load the (P, F) segments of x (with a residual: load both, DVE adds them, store h)
 ACT   Σh² per segment (``activation_reduce``) into an fp32 column
 PE    transpose that column into one row; DVE: each row's s segment sums added
       (``tensor_reduce``, segment order)
@@ -19,7 +18,7 @@ ACT   rstd (1, R); DMA rstd out; GpSimd: rstd repeated into each segment's place
       transposed back, one rstd per partition
 PE    "tensor" (gemma): rstd ⊗ w per PSUM bank from a K = 3·s matmul: the bf16 pieces of
       partition p's rstd sit in the rows of its own segment q = p mod s (zeros in the other
-      segments' rows; GpSimd places them), the moving rows hold the s weight segments;
+      segments' rows; DVE places them), the moving rows hold the s weight segments;
       DVE y = h · it. Otherwise DVE, against the weight segments laid out one per partition
       (row p holds segment p mod s), as the "vector" plan of ``rmsnorm_fwd_steps``.
 DMA   store y
@@ -43,7 +42,7 @@ from nki_rmsnorm.nki import nisa, nl
 class _Resident(NamedTuple):
     """On-chip tiles every tile reads (see :func:`split_rows`)."""
 
-    eps_col: object
+    eps: float
     scale: object  # weight segments: (3s | s, F) moving rows ("tensor") or (P, F) per row
     shift: object  # bias segments, (P, F) per row
     segment_mask: object  # (P, s): 1 where q == p mod s ("tensor")
@@ -55,7 +54,7 @@ class _Slot(NamedTuple):
     """One of the two sets of tile buffers the tiles rotate through (tile t uses slot
     t mod 2), so the statistics of tile t + 1 can run while tile t is normalised."""
 
-    x: object  # scratch for x̂ in llama / none, when h (with a residual) is not x
+    x: object  # with a residual: x, then x̂ in llama / none
     h: object
     y: object
     product: object
@@ -87,7 +86,7 @@ def split_rows(plan, s, hbm, eps, offset):
         scale = _segments_per_row(weight_segments, parts, plan.scale_dtype, offset)
     if bias_segments is not None:
         shift = _segments_per_row(bias_segments, parts, plan.bias_dtype)
-    resident = _Resident(nl.full((1, 1), eps, dtype=nl.float32), scale, shift, mask, ident,
+    resident = _Resident(eps, scale, shift, mask, ident,
                          steps.identity(parts, nl.float32))
 
     def buffer(dtype):
@@ -98,7 +97,7 @@ def split_rows(plan, s, hbm, eps, offset):
             return nl.ndarray((parts, 1), dtype=nl.float32)
         return nl.ndarray((plan.rstd_pieces * s, parts), dtype=plan.scale_dtype)
 
-    xhat_dtype = plan.in_dtype if hbm.residual is not None and plan.rounds_xhat else None
+    xhat_dtype = plan.in_dtype if hbm.residual is not None else None
     slots = [_Slot(buffer(xhat_dtype),
                    buffer(plan.h_dtype), buffer(plan.result_dtype), buffer(plan.product_dtype),
                    buffer(nl.bfloat16 if plan.squares_in == "scratch" else None),
@@ -173,9 +172,10 @@ def _split_statistics(plan, s, views, hbm, resident, slot, seg0, parts):
     i_f = nl.arange(F)[None, :]
     segs = seg0 + i_p
 
-    # DMA in (h = x + residual by DMA read-modify-write, DMA h out).
+    # DMA in (with a residual: DVE h = x + residual, DMA h out).
     h_tile = slot.h[:parts]
-    steps.load_h(h_tile, x_v[segs, i_f], None if residual_v is None else residual_v[segs, i_f],
+    steps.load_h(h_tile, None if slot.x is None else slot.x[:parts], x_v[segs, i_f],
+                 None if residual_v is None else residual_v[segs, i_f],
                  None if h_v is None else h_v[segs, i_f])
     squares = {"product": slot.product, "y": slot.y}.get(plan.squares_in, slot.squares)
 
@@ -191,7 +191,7 @@ def _split_statistics(plan, s, views, hbm, resident, slot, seg0, parts):
 
     # ACT: rstd per row, stored. GpSimd: repeated for each segment of its row; PE:
     # transposed back to one rstd per partition.
-    rstd_row = steps.rstd_from_sum(row_sq, resident.eps_col, N)
+    rstd_row = steps.rstd_from_sum(row_sq, resident.eps, N)
     nl.store(hbm.rstd.reshape((1, hbm.rstd.shape[0]))[nl.arange(1)[:, None],
                                                        seg0 // s + nl.arange(R)[None, :]],
              value=rstd_row)
@@ -225,15 +225,15 @@ def _split_output(plan, views, resident, slot, seg0, parts):
         xhat = slot.h[:parts] if slot.x is None else slot.x[:parts]
         steps.normalize(plan, y_tile, slot.h[:parts], slot.rstd[:parts], xhat, scale, shift,
                         product)
-    if plan.result_dtype != plan.out_dtype:
-        y_tile = nisa.tensor_copy(y_tile, dtype=plan.out_dtype)
-    nl.store(y_v[segs, i_f], value=y_tile)
+    steps.store_y(plan, y_v[segs, i_f], y_tile)
 
 
 def _segment_stationary(plan, s, rstd_col, mask, ident, out):
     """Write into ``out`` (pieces·s, parts): column p holds the pieces of partition p's rstd
-    in the rows b·s + (p mod s), zeros elsewhere. Pieces and masking on GpSimd, the
-    transpose on the Tensor engine, the PSUM → SBUF copy on the Vector engine."""
+    in the rows b·s + (p mod s), zeros elsewhere. Pieces and masking on the Vector engine, the
+    transpose on the Tensor engine, the PSUM → SBUF copy on the Vector engine (the masking
+    multiply is a ``tensor_scalar``, which GpSimd may run only for rsqrt:
+    general/nki/api/nki/isa/__init__.py@8a38e733, line 1699)."""
     parts = rstd_col.shape[0]
     pieces = plan.rstd_pieces
     dtype = plan.scale_dtype
@@ -242,6 +242,6 @@ def _segment_stationary(plan, s, rstd_col, mask, ident, out):
     for b in nl.static_range(pieces):
         placed[:, b * s:(b + 1) * s] = nisa.tensor_scalar(mask, op0=nl.multiply,
                                                           operand0=split[:, b:b + 1],
-                                                          dtype=dtype, engine=nisa.gpsimd_engine)
+                                                          dtype=dtype)
     transposed = nisa.nc_matmul(placed, ident, is_transpose=True)
     out[...] = nisa.tensor_copy(transposed, dtype=dtype)

@@ -20,8 +20,21 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import numpy as np
+
 from nki_rmsnorm.kernels.rmsnorm_fwd_plan import PSUM_COLS
 from nki_rmsnorm.nki import nisa, nl
+
+#: The Scalar engine's rsqrt is valid for inputs in [2⁻⁸⁷, 2⁹⁷]
+#: (general/nki/api/nki.api.shared.rst@8a38e733, line 180).
+RSQRT_MIN_INPUT = 2.0 ** -87
+RSQRT_MAX_INPUT = 2.0 ** 97
+#: Power-of-two scalings around the Scalar engine's rsqrt (see :func:`_rstd_on_scalar`).
+RSQRT_PRESCALE = 2.0 ** -32
+RSQRT_POSTSCALE = 2.0 ** -16
+#: Newton steps refining the Scalar engine's rsqrt (see :func:`rstd_from_sum`).
+NEWTON_STEPS = 2
+FP32_MAX = float(np.finfo(np.float32).max)
 
 
 class Tensors(NamedTuple):
@@ -37,17 +50,30 @@ class Tensors(NamedTuple):
     rstd: object
 
 
-def load_h(h_tile, x_src, residual_src, h_dst, mask=None):
-    """h = x (+ residual) into ``h_tile``: the x load, or the residual load with x added
-    onto it by a DMA read-modify-write (fp32 add, one rounding to h's dtype, as a Vector
-    ``tensor_tensor`` would do, but with no compute engine involved), then stored to
-    ``h_dst``."""
+def load_h(h_tile, x_tile, x_src, residual_src, h_dst, mask=None):
+    """h = x (+ residual) into ``h_tile``: the x load, or the residual load into ``h_tile``
+    and the x load into ``x_tile``, added by the Vector engine (``tensor_tensor``: fp32
+    add, one rounding to h's dtype, as reference.py does) and stored to ``h_dst`` unless
+    it is None. (A DMA
+    read-modify-write would spare the Vector engine, but legacy NKI documents
+    ``dma_copy(dst_rmw_op=)`` neither into SBUF nor its arithmetic:
+    general/nki/api/nki/isa/__init__.py@8a38e733, lines 405-466.)"""
     if residual_src is None:
         h_tile[...] = nl.load(x_src, mask=mask)
         return
     h_tile[...] = nl.load(residual_src, mask=mask)
-    nisa.dma_copy(dst=h_tile, src=x_src, mask=mask, dst_rmw_op=nl.add)
-    nl.store(h_dst, value=h_tile, mask=mask)
+    x_tile[...] = nl.load(x_src, mask=mask)
+    h_tile[...] = nisa.tensor_tensor(x_tile, h_tile, op=nl.add, dtype=h_tile.dtype, mask=mask)
+    if h_dst is not None:  # None: h was stored already (the two-pass regime's second pass)
+        nl.store(h_dst, value=h_tile, mask=mask)
+
+
+def store_y(plan, y_dst, y_tile, mask=None):
+    """Store y, converted to the output dtype first when the last step rounded to another
+    (Vector copy, "none" mode with an ``out_dtype``)."""
+    converted = (y_tile if plan.result_dtype == plan.out_dtype
+                 else nisa.tensor_copy(y_tile, dtype=plan.out_dtype, mask=mask))
+    nl.store(y_dst, value=converted, mask=mask)
 
 
 def identity(parts, dtype):
@@ -59,9 +85,102 @@ def identity(parts, dtype):
                               dtype=dtype)
 
 
-def rstd_from_sum(sum_sq, eps_col, n, mask=None):
-    """rstd = 1 / sqrt(Σh² / n + eps), fp32 (Scalar engine)."""
-    return nisa.activation(op=nl.rsqrt, data=sum_sq, bias=eps_col, scale=1.0 / n, mask=mask)
+def rstd_from_sum(sum_sq, eps, n, mask=None, on_scalar=True):
+    """rstd = 1 / sqrt(Σh² / n + eps), fp32, for a (parts, k) tile of row sums.
+
+    The Scalar engine's rsqrt is a piecewise-polynomial approximation, less precise than
+    GpSimd's and valid only for inputs in [2⁻⁸⁷, 2⁹⁷] (general/nki/api/nki.api.shared.rst
+    @8a38e733, lines 127-130, 180 and 444-448). So its estimate is refined by
+    ``NEWTON_STEPS`` Newton steps r ← r·(1.5 − 0.5·v·r²): from a relative error ε ≤ 2⁻⁹
+    each step leaves ≈ 1.5·ε², so two steps reach fp32 rounding noise (≈ 2.5 fp32 ulp
+    measured) whatever the Scalar engine's accuracy within 2⁻⁹.
+
+    ``on_scalar``: the whole chain on the Scalar engine (:func:`_rstd_on_scalar`), for plans
+    whose long per-tile product runs on the Vector engine, so the chain does not wait behind
+    it in the Vector engine's in-order stream; else on the Vector engine
+    (:func:`_rstd_on_vector`), for the "scalar" plan, whose product keeps ACT busy, and for
+    eps < 2⁻⁵⁵, where the Scalar-engine chain's fixed scaling cannot cover every row.
+
+    A row with v = 0 (an all-zero row with eps = 0) gets rstd = +inf, so y = 0·inf = NaN,
+    as reference.py says.
+    """
+    if on_scalar and eps >= RSQRT_MIN_INPUT / RSQRT_PRESCALE:
+        return _rstd_on_scalar(sum_sq, eps, n, mask)
+    return _rstd_on_vector(sum_sq, eps, n, mask)
+
+
+def _rstd_on_scalar(sum_sq, eps, n, mask=None):
+    """rstd on the Scalar engine alone (its ``activation`` computes f(data·scale + bias) in
+    fp32, with per-partition scale and bias columns). The rsqrt input is u = v·2⁻³², an
+    exact power-of-two scaling that brings every v in [2⁻⁵⁵, 2¹²⁹] — every finite row, as
+    the caller guarantees eps ≥ 2⁻⁵⁵ — into the valid range; Newton runs on u, and
+    rstd = r·2⁻¹⁶."""
+    parts, k = sum_sq.shape
+    u = nl.ndarray((parts, k), dtype=nl.float32)
+    u[...] = nisa.activation(op=nl.copy, data=sum_sq, scale=RSQRT_PRESCALE / n,
+                             bias=_column(parts, eps * RSQRT_PRESCALE), dtype=nl.float32,
+                             mask=mask)
+    r = nl.ndarray((parts, k), dtype=nl.float32)
+    r[...] = nisa.activation(op=nl.rsqrt, data=u, dtype=nl.float32, mask=mask)
+    minus_half_u = nisa.activation(op=nl.copy, data=u, scale=-0.5, dtype=nl.float32,
+                                   mask=mask)
+    three_halves = _column(parts, 1.5)
+    for _ in nl.static_range(NEWTON_STEPS):
+        for j in nl.static_range(k):
+            r_j = r[:, j:j + 1]
+            square = nisa.activation(op=nl.copy, data=r_j, scale=r_j, dtype=nl.float32,
+                                     mask=mask)
+            factor = nisa.activation(op=nl.copy, data=square, scale=minus_half_u[:, j:j + 1],
+                                     bias=three_halves, dtype=nl.float32, mask=mask)
+            r_j[...] = nisa.activation(op=nl.copy, data=factor, scale=r_j, dtype=nl.float32,
+                                       mask=mask)
+    return nisa.activation(op=nl.copy, data=r, scale=RSQRT_POSTSCALE, dtype=nl.float32,
+                           mask=mask)
+
+
+def _column(parts, value):
+    """A (parts, 1) fp32 column of ``value`` (GpSimd memset: the engine is otherwise idle),
+    an ``activation`` bias."""
+    column = nl.ndarray((parts, 1), dtype=nl.float32)
+    column[...] = nisa.memset((parts, 1), value, dtype=nl.float32, engine=nisa.gpsimd_engine)
+    return column
+
+
+def _rstd_on_vector(sum_sq, eps, n, mask=None):
+    """rstd with the mean square v = Σh²/n + eps formed and clamped into rsqrt's valid range
+    on the Vector engine, the Scalar engine's rsqrt, and the Newton steps on the Vector
+    engine. Out of range: a row with v > 2⁹⁷ (rms above ≈ 4·10¹⁴) gets the rstd of 2⁹⁷,
+    one with 0 < v < 2⁻⁸⁷ (only when eps < 2⁻⁸⁷) the rstd of 2⁻⁸⁷."""
+    v = nisa.tensor_scalar(sum_sq, op0=nl.multiply, operand0=1.0 / n, op1=nl.add,
+                           operand1=float(eps), dtype=nl.float32, mask=mask)
+    clamped = nisa.tensor_scalar(v, op0=nl.minimum, operand0=RSQRT_MAX_INPUT, op1=nl.maximum,
+                                 operand1=RSQRT_MIN_INPUT, dtype=nl.float32, mask=mask)
+    rstd = nl.ndarray(sum_sq.shape, dtype=nl.float32)
+    rstd[...] = nisa.activation(op=nl.rsqrt, data=clamped, dtype=nl.float32, mask=mask)
+    for _ in nl.static_range(NEWTON_STEPS):
+        rstd[...] = newton_rsqrt_step(rstd, clamped, mask)
+    return _infinite_where_zero(rstd, v, mask) if eps == 0.0 else rstd
+
+
+def newton_rsqrt_step(rstd, v, mask=None):
+    """One Newton step towards 1/sqrt(v): r·(1.5 − 0.5·v·r²), three fp32 Vector
+    instructions on the small (parts, k) tile."""
+    square = nisa.tensor_tensor(rstd, rstd, op=nl.multiply, dtype=nl.float32, mask=mask)
+    half_error = nisa.scalar_tensor_tensor(data=square, op0=nl.multiply, operand0=-0.5,
+                                           op1=nl.multiply, operand1=v, dtype=nl.float32,
+                                           mask=mask)
+    return nisa.scalar_tensor_tensor(data=half_error, op0=nl.add, operand0=1.5,
+                                     op1=nl.multiply, operand1=rstd, dtype=nl.float32,
+                                     mask=mask)
+
+
+def _infinite_where_zero(rstd, v, mask=None):
+    """rstd + (v == 0 ? 2·FP32_MAX : 0): +inf where the mean square is zero (fp32 overflow
+    of 2·FP32_MAX), rstd elsewhere (Vector engine; compare then multiply-add)."""
+    huge = nisa.tensor_scalar(v, op0=nl.equal, operand0=0.0, op1=nl.multiply,
+                              operand1=FP32_MAX, dtype=nl.float32, mask=mask)
+    return nisa.scalar_tensor_tensor(data=huge, op0=nl.multiply, operand0=2.0, op1=nl.add,
+                                     operand1=rstd, dtype=nl.float32, mask=mask)
 
 
 def weight_rows(plan, row_hbm, offset=0.0, stacked=True):
@@ -101,21 +220,27 @@ def broadcast_row(row_hbm, partitions, dtype, offset=0.0, mask=None):
 
 def split_rstd(plan, rstd):
     """rstd (parts, k) fp32 as the Tensor engine's operand dtype: for three pieces,
-    (parts, 3k) bf16 with row j's hi, mid, lo in columns 3j, 3j + 1, 3j + 2 (GpSimd, which
-    is otherwise idle, so the pieces run ahead of the Vector engine); for one piece, rstd."""
+    (parts, 3k) bf16 with row j's hi, mid, lo in columns 3j, 3j + 1, 3j + 2; for one piece,
+    rstd. On the Scalar engine, whose ``activation`` adds a per-partition bias column:
+    hi = bf16(r), rest = r − hi (exact: hi is r rounded), mid = bf16(rest),
+    lo = bf16(rest − mid), whatever ACT's rounding mode (GpSimd may not subtract: its
+    ``tensor_scalar`` runs only rsqrt and its ``tensor_tensor`` only power and integer
+    arithmetic, general/nki/api/nki/isa/__init__.py@8a38e733 lines 1699 and 1767; the
+    Vector engine is busy with the product)."""
     if plan.rstd_pieces != 3:
         return rstd
     parts, k = rstd.shape
     dtype = plan.scale_dtype
     split = nl.ndarray((parts, 3 * k), dtype=dtype)
     for j in nl.static_range(k):
-        hi, mid, lo = (split[:, 3 * j + b:3 * j + b + 1] for b in range(3))
-        hi[...] = nisa.tensor_copy(rstd[:, j:j + 1], dtype=dtype, engine=nisa.gpsimd_engine)
-        rest = nisa.tensor_scalar(rstd[:, j:j + 1], op0=nl.subtract, operand0=hi,
-                                  dtype=nl.float32, engine=nisa.gpsimd_engine)
-        mid[...] = nisa.tensor_copy(rest, dtype=dtype, engine=nisa.gpsimd_engine)
-        lo[...] = nisa.tensor_scalar(rest, op0=nl.subtract, operand0=mid, dtype=dtype,
-                                     engine=nisa.gpsimd_engine)
+        r_j = rstd[:, j:j + 1]
+        hi = split[:, 3 * j:3 * j + 1]
+        mid = split[:, 3 * j + 1:3 * j + 2]
+        hi[...] = nisa.activation(op=nl.copy, data=r_j, dtype=dtype)
+        rest = nisa.activation(op=nl.copy, data=hi, scale=-1.0, bias=r_j, dtype=nl.float32)
+        mid[...] = nisa.activation(op=nl.copy, data=rest, dtype=dtype)
+        split[:, 3 * j + 2:3 * j + 3] = nisa.activation(op=nl.copy, data=mid, scale=-1.0,
+                                                         bias=rest, dtype=dtype)
     return split
 
 

@@ -14,19 +14,21 @@ import sys
 
 import numpy as np
 
-from . import approx as approx_mode
-from . import dtypes as dt
-from . import functions as fn
-from . import rules, sdk
-from .errors import NKIIndexError, NKITypeError, NKIValueError
-from .indexing import IndexExpr, Predicate, align_mask
-from .instructions import (
+from ..core import approx as approx_mode
+from ..core import dtypes as dt
+from ..core import functions as fn
+from ..core import rules, sdk
+from ..core.errors import NKIIndexError, NKITypeError, NKIValueError
+from ..core.indexing import IndexExpr, Predicate, align_mask
+from ..core.instructions import (
     allocate,
     check_free_size,
     check_in_scope,
     compute_result,
+    dma_record,
     extent,
     fill_masked_off,
+    indirect_inputs,
     is_tile,
     resolve_mask,
     scalar_or_tile,
@@ -35,9 +37,9 @@ from .instructions import (
     work_f32,
     write_into,
 )
-from .loop_index import LoopIndex
-from .runtime import current
-from .tensor import Access, Tensor, contiguous_row_bytes
+from ..core.loop_index import LoopIndex
+from ..core.runtime import current
+from ..core.tensor import Access, Tensor, contiguous_row_bytes
 
 
 class engine(enum.Enum):  # noqa: N801 - the NKI name
@@ -832,8 +834,6 @@ def dma_copy(*, dst, src, mask=None, dst_rmw_op=None, oob_mode=oob_mode.error,
     cast) between HBM and SBUF in any direction; ``dst_rmw_op=np.add`` accumulates into dst.
     Indirect indices address the first axis; with ``oob_mode=skip`` out-of-range rows are
     not transferred (the destination keeps its data)."""
-    from .language import dma_record, indirect_inputs
-
     _dma_operand(dst, "dst")
     _dma_operand(src, "src")
     rules.check_dst_rmw(None if dst_rmw_op is None else fn.lookup(dst_rmw_op, "dst_rmw_op").name,
@@ -886,8 +886,6 @@ def dma_copy(*, dst, src, mask=None, dst_rmw_op=None, oob_mode=oob_mode.error,
 def dma_transpose(src, *, axes=None, mask=None, dtype=None, **kwargs):
     """``nisa.dma_transpose(src, *, axes=None)``: a transposed copy of an HBM or SBUF tile into
     a new SBUF tile (DMA); the permutation is (1, 0), (2, 1, 0) or (3, 1, 2, 0) by rank."""
-    from .language import dma_record
-
     _dma_operand(src, "src")
     if isinstance(src, Access) and src.indirect is not None:
         raise NKIIndexError("dma_transpose does not support indirect indices",
@@ -906,7 +904,7 @@ def dma_transpose(src, *, axes=None, mask=None, dtype=None, **kwargs):
     m = resolve_mask(mask)
     if m is False:
         return _skipped(values.shape, out_dtype)
-    from .instructions import finish, result_tile
+    from ..core.instructions import finish, result_tile
 
     tile = result_tile(values, out_dtype, m)
     inst = dma_record("dma_transpose", src.region(), tile.region(), tile.shape[0],

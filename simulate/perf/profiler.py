@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..core.trace import Trace
 from .cost import COMPUTE_ENGINES, DMA_QUEUES, CostTable, Schedule, schedule
-from .trace import Trace
 
 PROFILE_ENGINES = COMPUTE_ENGINES + ("dma",)
 PERCENTILES = (0, 1, 10, 25, 50, 90, 99, 100)
@@ -30,8 +30,10 @@ class Profile:
     the core's HBM share (the memory-bandwidth utilisation of ``nki_perf_guide``).
     ``unmodeled`` lists opcodes no documented cost rule covers (costed as ``max(MIN_II, N)``).
     ``instructions`` counts by the engine the model runs them on (a partition broadcast, which
-    the trace records on the Vector engine, counts as "pe"). ``schedule`` holds the modeled
-    start and end of every instruction.
+    the trace records on the Vector engine, counts as "pe" when its result fits one PSUM
+    bank). ``launch_us`` is the fixed cost of launching a kernel on a device, which
+    ``nki.benchmark`` on hardware includes; it is not part of ``latency_us``. ``schedule``
+    holds the modeled start and end of every instruction.
     """
 
     target: str
@@ -53,6 +55,7 @@ class Profile:
     hbm_bandwidth_gbps: float
     mbu: float
     unmodeled: dict[str, int]
+    launch_us: float
     schedule: Schedule = field(repr=False)
 
     @classmethod
@@ -91,6 +94,7 @@ class Profile:
             hbm_bandwidth_gbps=bandwidth,
             mbu=bandwidth / table.hbm_share_gbps,
             unmodeled=dict(sched.unmodeled),
+            launch_us=table.kernel_launch_us,
             schedule=sched,
         )
 
@@ -115,6 +119,7 @@ class Profile:
             f"{self.dma_small_transfers:,} under 2 KiB/partition",
             f"  HBM read {self.hbm_read_bytes:,} B, written {self.hbm_write_bytes:,} B: "
             f"{self.hbm_bandwidth_gbps:,.1f} GB/s = {self.mbu:.1%} of the HBM share",
+            f"  kernel launch on a device: +{self.launch_us:,.1f} us (not in the latency)",
             f"  SBUF peak {self.sbuf_peak_bytes_per_partition:,} B/partition, "
             f"PSUM peak {self.psum_peak_bytes_per_partition:,} B/partition",
         ]
@@ -136,7 +141,7 @@ def profile(kernel, *args, target=None, **kwargs):
     "trn3"); without ``target`` the kernel's ``platform_target`` or trn1. A kernel that fails
     raises the simulator's error; no timing is produced for it.
     """
-    from .runtime import trace_kernel
+    from ..core.runtime import trace_kernel
 
     outputs, trace = trace_kernel(kernel, *args, target=target, **kwargs)
     return outputs, Profile.from_trace(trace)
@@ -162,10 +167,12 @@ class BenchmarkResult:
 
     nc_latency: LatencyStats
     profile: Profile = field(repr=False)
+    launch_overhead_us: float = 0.0  # what a device run adds on top of ``nc_latency``
 
 
 def benchmark_result_from_trace(trace: Trace) -> BenchmarkResult:
     """The ``nki.benchmark`` result of a traced run: the cost model's latency (a model
-    estimate, deterministic, so all percentiles are equal) and the full :class:`Profile`."""
+    estimate, deterministic, so all percentiles are equal), the full :class:`Profile`, and
+    the modeled kernel launch cost, reported beside the latency rather than in it."""
     prof = Profile.from_trace(trace)
-    return BenchmarkResult(LatencyStats(prof.latency_us), prof)
+    return BenchmarkResult(LatencyStats(prof.latency_us), prof, prof.launch_us)

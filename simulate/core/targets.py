@@ -47,31 +47,6 @@ def get_target(name: str | Target | None) -> Target:
     return TARGETS[key]
 
 
-class _TileSizeMeta(type):
-    @property
-    def total_available_sbuf_size(cls) -> int:
-        """Usable SBUF bytes per partition of the running kernel's target (the default
-        target outside a kernel), as the compiler reports it for its compile target."""
-        from .runtime import active
-        from .sdk import require
-
-        require("nl.tile_size.total_available_sbuf_size")
-        ctx = active()
-        return (ctx.target if ctx else TARGETS[DEFAULT_TARGET]).sbuf_bytes_per_partition
-
-
-class tile_size(metaclass=_TileSizeMeta):  # noqa: N801 - the NKI name
-    """``nl.tile_size``: architectural tile limits (PM "Tile size considerations")."""
-
-    pmax = PMAX
-    psum_fmax = 512
-    gemm_stationary_fmax = 128
-    gemm_moving_fmax = 512
-    bn_stats_fmax = 512
-    psum_min_align = 4
-    sbuf_min_align = 1
-
-
 # Largest free size one Vector/Scalar instruction may read (ARCH2 "Layout & Tile Size").
 MAX_FREE_ELEMENTS_SBUF = 65536
 MAX_FREE_ELEMENTS_PSUM = 4096

@@ -15,6 +15,7 @@ PSUM per partition are an error, as the compiler's allocator fails on them.
 from __future__ import annotations
 
 import bisect
+import collections
 import itertools
 import weakref
 
@@ -59,11 +60,16 @@ class PartitionAllocator:
         self.blocks: list[tuple[int, int, int]] = []  # sorted (start, size, block id)
         self.scopes: dict[int, tuple] = {}  # block id -> ((loop frame, iteration), ...)
         self.ids = itertools.count()
+        # Blocks whose tiles were garbage-collected. Their finalizers run on whichever thread
+        # collects them, at any point (also in the middle of ``allocate``), so they only queue
+        # the block; the allocator's own thread removes it before it next reads the blocks.
+        self.released: collections.deque[tuple[int, int, int]] = collections.deque()
         self.trace = trace
         self.peak_attr = peak_attr
 
     def live_bytes(self) -> int:
         """Bytes per partition held by tiles still in scope."""
+        self._remove_released()
         return sum(size for _, size, block in self.blocks if not _stale(self.scopes[block]))
 
     def allocate(self, storage: Storage, nbytes: int, what: str, scope=()) -> None:
@@ -98,10 +104,12 @@ class PartitionAllocator:
         storage.bytes_per_partition = size
         if live + size > getattr(self.trace, self.peak_attr):
             setattr(self.trace, self.peak_attr, live + size)
-        weakref.finalize(storage, self._release, start, size, block)
+        weakref.finalize(storage, self.released.append, (start, size, block))
 
-    def _release(self, start: int, size: int, block: int) -> None:
-        index = bisect.bisect_left(self.blocks, (start, size, block))
-        if index < len(self.blocks) and self.blocks[index] == (start, size, block):
-            del self.blocks[index]
-            del self.scopes[block]
+    def _remove_released(self) -> None:
+        while self.released:
+            entry = self.released.popleft()
+            index = bisect.bisect_left(self.blocks, entry)
+            if index < len(self.blocks) and self.blocks[index] == entry:
+                del self.blocks[index]
+                del self.scopes[entry[2]]

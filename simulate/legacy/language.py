@@ -15,11 +15,11 @@ import sys
 
 import numpy as np
 
-from . import approx as approx_mode
-from . import dtypes as dt
-from . import functions as fn
-from . import rules, sdk
-from .dtypes import (  # noqa: F401 - re-exported NKI names
+from ..core import approx as approx_mode
+from ..core import dtypes as dt
+from ..core import functions as fn
+from ..core import rules, sdk
+from ..core.dtypes import (  # noqa: F401 - re-exported NKI names
     bfloat16,
     bfp16,
     bool_,
@@ -36,17 +36,19 @@ from .dtypes import (  # noqa: F401 - re-exported NKI names
     uint16,
     uint32,
 )
-from .errors import NKIIndexError, NKITypeError, NKIValueError
-from .indexing import align_mask, arange, ds, mask_box, mgrid  # noqa: F401
-from .instructions import (
+from ..core.errors import NKIIndexError, NKITypeError, NKIValueError
+from ..core.indexing import align_mask, arange, ds, mask_box, mgrid  # noqa: F401
+from ..core.instructions import (
     Operand,
     align_shapes,
     allocate,
     check_free_size,
     compute_result,
+    dma_record,
     emit,
     extent,
     finish,
+    indirect_inputs,
     is_tile,
     resolve_mask,
     result_tile,
@@ -54,7 +56,7 @@ from .instructions import (
     work_f32,
     write_into,
 )
-from .runtime import (  # noqa: F401
+from ..core.runtime import (  # noqa: F401
     affine_range,
     current,
     nc,
@@ -64,9 +66,18 @@ from .runtime import (  # noqa: F401
     sequential_range,
     spmd_dim,
     static_range,
+    tile_size,
 )
-from .targets import tile_size  # noqa: F401
-from .tensor import Access, Tensor, contiguous_row_bytes, par_dim  # noqa: F401
+from ..core.tensor import (  # noqa: F401
+    Access,
+    Tensor,
+    contiguous_row_bytes,
+    par_dim,
+    register_operators,
+)
+
+# Tile operators (``a + b``, ``t[...] = v``, ``t.astype``) run this module's functions.
+register_operators(sys.modules[__name__])
 
 # --- buffers ---------------------------------------------------------------------------------
 sbuf = "sbuf"
@@ -208,18 +219,14 @@ def shared_identity_matrix(n, dtype=uint8, **kwargs):
     return shared_constant(np.identity(n), dtype)
 
 
-_rng = np.random.default_rng(0)
-
-
 def random_seed(seed, **kwargs):
-    """``nl.random_seed(seed)``: seed ``nl.rand``."""
-    global _rng
-    _rng = np.random.default_rng(int(seed))
+    """``nl.random_seed(seed)``: seed ``nl.rand`` (per kernel run; a run starts at seed 0)."""
+    current("nl.random_seed").rng = np.random.default_rng(int(seed))
 
 
 def rand(shape, dtype=float32, **kwargs):
     """``nl.rand(shape, dtype=float32)``: uniform [0, 1) in SBUF."""
-    values = _rng.random(tuple(shape), dtype=np.float32)
+    values = current("nl.rand").rng.random(tuple(shape), dtype=np.float32)
     return compute_result("pool", "rand", values, dt.as_dtype(dtype), None, [])
 
 
@@ -255,18 +262,6 @@ def hbm_access(view, mask):
     return values, mask, count, view.region(mask), contiguous_row_bytes(view.data)
 
 
-def dma_record(opcode, src_region, dst_region, partitions, nbytes, row_bytes, direction,
-               in_dtype, out_dtype, inputs=(), details=None):
-    """Append a DMA transfer to the trace. ``nbytes`` counts the elements actually moved
-    (masked-off points excluded) at the HBM side's itemsize."""
-    src = [Operand.reference(src_region, in_dtype)] if src_region is not None else []
-    return emit("dma", opcode, inputs=src + list(inputs), outputs=[dst_region],
-                partitions=partitions, free_size=nbytes // builtins.max(1, partitions),
-                out_dtype=out_dtype, details=details or {},
-                dma={"dma_bytes": int(nbytes), "dma_direction": direction,
-                     "dma_row_bytes": int(row_bytes)})
-
-
 def load(src, *, mask=None, dtype=None, **kwargs):
     """``nl.load(src, *, mask=None, dtype=None)``: HBM → a new SBUF tile (DMA).
 
@@ -287,14 +282,6 @@ def load(src, *, mask=None, dtype=None, **kwargs):
                       count * src.itemsize, row_bytes, "hbm->sbuf", src.dtype, out_dtype,
                       inputs=indirect_inputs(src))
     return finish(tile, inst, tile_mask, None)
-
-
-def indirect_inputs(access):
-    """The index tile an indirect access reads, as an operand of the DMA."""
-    if isinstance(access, Access) and access.indirect is not None:
-        tile = access.indirect[1]
-        return [Operand.reference(tile.region(), tile.dtype)]
-    return []
 
 
 def store(dst, value, *, mask=None, **kwargs):

@@ -13,7 +13,7 @@ Before a kernel runs, its function is recompiled from its source with small hook
   buffer=nl.shared_hbm)`` that it runs "under if condition" or "inside a loop"
   (``err_shared_hbm_must_in_kernel_level``, L581-L615);
 - ``for v in range(...)`` statements of the kernel function become ``sequential_range``
-  loops whose variable is a symbolic :class:`~simulate.loop_index.LoopIndex`
+  loops whose variable is a symbolic :class:`~simulate.core.loop_index.LoopIndex`
   (``general/nki/api/nki/language/__init__.py@8a38e733``, L1416-L1417); helpers the kernel
   calls keep Python's ``range`` (nki-samples ``rmsnorm_quant.py``, "NKI-917");
 - ``name: nt.tensor[...] = value`` checks the shape (``err_annotation_shape_mismatch``,
@@ -35,28 +35,29 @@ import weakref
 from . import memory, rules
 from .errors import NKIValueError
 from .loop_index import LoopIndex
-from .runtime import LoopFrame, current
+from .tensor import Tensor
 
 _PREFIX = "__nki_"
 
 
-class _Hooks:
-    """The callbacks the recompiled kernel calls."""
+class Hooks:
+    """The callbacks the recompiled kernel calls. The run module hands in its context lookup
+    ``current(what)`` and its loop-frame class (this module sits below it: no import cycle)."""
 
-    @staticmethod
-    def enter(kind: str, line: int):
-        ctx = current("kernel block")
+    def __init__(self, current, loop_frame):
+        self._current = current
+        self._loop_frame = loop_frame
+
+    def enter(self, kind: str, line: int):
+        ctx = self._current("kernel block")
         ctx.blocks.append((kind, line))
         return (next(memory._storage_ids), kind, line)
 
-    @staticmethod
-    def exit(token, values: dict, names: tuple) -> None:
-        ctx = current("kernel block")
+    def exit(self, token, values: dict, names: tuple) -> None:
+        ctx = self._current("kernel block")
         if ctx.blocks:
             ctx.blocks.pop()
         first_id, kind, line = token
-        from .tensor import Tensor
-
         for name in names:
             value = values.get(name)
             if (
@@ -89,14 +90,13 @@ class _Hooks:
     def while_entry(condition_thunk, line: int) -> None:
         rules.check_while_entry(bool(condition_thunk()), line)
 
-    @staticmethod
-    def range(name: str, line: int):
+    def range(self, name: str, line: int):
         def sequential(*args):
             import operator
 
-            ctx = current("range")
+            ctx = self._current("range")
             bounds = range(*(operator.index(a) for a in args))
-            frame = LoopFrame("sequential_range")
+            frame = self._loop_frame("sequential_range")
             ctx.loops.append(frame)
             try:
                 for i in bounds:
@@ -250,14 +250,15 @@ class _Rewriter(ast.NodeTransformer):
 _prepared: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def prepare(func):
-    """The kernel function recompiled with the hooks (``func`` itself when its source is not
-    available)."""
+def prepare(func, hooks: Hooks):
+    """The kernel function recompiled to call ``hooks`` (``func`` itself when its source is
+    not available). A function is recompiled once; the run module always passes the same
+    hooks."""
     try:
         return _prepared[func]
     except (KeyError, TypeError):
         pass
-    prepared = _compile(func) or func
+    prepared = _compile(func, hooks) or func
     try:
         _prepared[func] = prepared
     except TypeError:
@@ -265,7 +266,7 @@ def prepare(func):
     return prepared
 
 
-def _compile(func):
+def _compile(func, hooks):
     code = getattr(func, "__code__", None)
     if code is None or code.co_name == "<lambda>":
         return None
@@ -306,7 +307,7 @@ def _compile(func):
         namespace: dict = {}
         exec(compiled, func.__globals__, namespace)  # noqa: S102 - the kernel's own source
         cells = [cell.cell_contents for cell in (func.__closure__ or ())]
-        new = namespace[f"{_PREFIX}factory__"](_Hooks, *cells)
+        new = namespace[f"{_PREFIX}factory__"](hooks, *cells)
     except Exception:  # noqa: BLE001 - anything unusual: run the kernel unchanged
         return None
     new.__defaults__ = func.__defaults__

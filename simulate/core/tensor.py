@@ -89,16 +89,27 @@ def _region(storage, root: np.ndarray, lo: int, hi: int) -> Region:
                   (int(c_lo[pa]), int(c_hi[pa]) + 1))
 
 
+# The module whose functions implement the Python operators on tiles (``elementwise_binary``,
+# ``negative``, ``abs``, ``invert``, ``accumulate``, ``assign``, ``broadcast_to``, ``copy``,
+# ``expand_dims``). They live in a front-end today and the core must not import one, so the
+# front-end registers itself when it is imported.
+_operators = None
+
+
+def register_operators(module) -> None:
+    """Make ``module``'s functions the implementation of the tile operators."""
+    global _operators
+    _operators = module
+
+
 class TileOperators:
     """Python operators on tiles: Vector-engine instructions, no partition broadcast."""
 
     __array_priority__ = 1000  # keep NumPy scalars from swallowing tile arithmetic
 
     def _binary(self, other, op, reverse=False):
-        from . import language
-
         a, b = (other, self) if reverse else (self, other)
-        return language.elementwise_binary(op, a, b, operator=True)
+        return _operators.elementwise_binary(op, a, b, operator=True)
 
     def __add__(self, o):
         return self._binary(o, "add")
@@ -175,24 +186,16 @@ class TileOperators:
     __hash__ = object.__hash__
 
     def __neg__(self):
-        from . import language
-
-        return language.negative(self)
+        return _operators.negative(self)
 
     def __abs__(self):
-        from . import language
-
-        return language.abs(self)
+        return _operators.abs(self)
 
     def __invert__(self):
-        from . import language
-
-        return language.invert(self)
+        return _operators.invert(self)
 
     def _inplace(self, other, op):
-        from . import language
-
-        language.accumulate(self, other, op)
+        _operators.accumulate(self, other, op)
         self.updated_in_place = True
         return self
 
@@ -220,14 +223,10 @@ class TileOperators:
         )
 
     def broadcast_to(self, shape):
-        from . import language
-
-        return language.broadcast_to(self, shape=shape)
+        return _operators.broadcast_to(self, shape=shape)
 
     def astype(self, dtype):
-        from . import language
-
-        return language.copy(self, dtype=dtype)
+        return _operators.copy(self, dtype=dtype)
 
 
 class Tensor(TileOperators):
@@ -395,9 +394,7 @@ class Tensor(TileOperators):
         return (base_shape, tuple(out))
 
     def __setitem__(self, key, value):
-        from . import language  # late: language builds on tensors
-
-        language.assign(self[key], value)
+        _operators.assign(self[key], value)
 
     # --- views ----------------------------------------------------------------------------
     def reshape(self, shape) -> Tensor:
@@ -423,9 +420,7 @@ class Tensor(TileOperators):
                       par_axis=self.par_axis, loops=self.loops)
 
     def expand_dims(self, axis) -> Tensor:
-        from . import language
-
-        return language.expand_dims(self, axis)
+        return _operators.expand_dims(self, axis)
 
     def assert_shape(self, shape):
         if tuple(shape) != self.shape:
@@ -564,9 +559,7 @@ class Access(TileOperators):
                             "err_unsupported_indexing")
 
     def __setitem__(self, key, value):
-        from . import language
-
-        language.assign(self[key], value)
+        _operators.assign(self[key], value)
 
     # --- concrete index arrays ------------------------------------------------------------
     def _arrays(self) -> list[np.ndarray]:

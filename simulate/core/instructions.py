@@ -6,6 +6,7 @@ results under masks, and appending the instruction to the trace.
 
 from __future__ import annotations
 
+import threading
 import weakref
 
 import numpy as np
@@ -60,22 +61,31 @@ class Operand:
         return dt.compute(self.values)
 
 
-_SCRATCH: dict[tuple, np.ndarray] = {}
+# One set of work arrays per thread: kernels launched concurrently must not share them.
+_SCRATCH = threading.local()
+
+
+def _scratch_arrays() -> dict[tuple, np.ndarray]:
+    arrays = getattr(_SCRATCH, "arrays", None)
+    if arrays is None:
+        arrays = _SCRATCH.arrays = {}
+    return arrays
 
 
 def _scratch(shape) -> np.ndarray:
     """A float32 work array of ``shape`` reused from instruction to instruction (fresh large
     arrays cost page faults on every instruction). Never the storage of a tile."""
-    buf = _SCRATCH.get(shape)
+    arrays = _scratch_arrays()
+    buf = arrays.get(shape)
     if buf is None:
-        if len(_SCRATCH) >= 8:
-            _SCRATCH.clear()
-        buf = _SCRATCH[shape] = np.empty(shape, np.float32)
+        if len(arrays) >= 8:
+            arrays.clear()
+        buf = arrays[shape] = np.empty(shape, np.float32)
     return buf
 
 
 def is_scratch(values) -> bool:
-    buf = _SCRATCH.get(np.shape(values))
+    buf = _scratch_arrays().get(np.shape(values))
     return buf is not None and values is buf
 
 
@@ -411,3 +421,23 @@ def align_shapes(a: np.ndarray, b: np.ndarray):
     elif b.ndim < a.ndim:
         b = b.reshape(b.shape + (1,) * (a.ndim - b.ndim))
     return a, b
+
+
+def dma_record(opcode, src_region, dst_region, partitions, nbytes, row_bytes, direction,
+               in_dtype, out_dtype, inputs=(), details=None):
+    """Append a DMA transfer to the trace. ``nbytes`` counts the elements actually moved
+    (masked-off points excluded) at the HBM side's itemsize."""
+    src = [Operand.reference(src_region, in_dtype)] if src_region is not None else []
+    return emit("dma", opcode, inputs=src + list(inputs), outputs=[dst_region],
+                partitions=partitions, free_size=nbytes // max(1, partitions),
+                out_dtype=out_dtype, details=details or {},
+                dma={"dma_bytes": int(nbytes), "dma_direction": direction,
+                     "dma_row_bytes": int(row_bytes)})
+
+
+def indirect_inputs(access):
+    """The index tile an indirect access reads, as an operand of the DMA."""
+    if isinstance(access, Access) and access.indirect is not None:
+        tile = access.indirect[1]
+        return [Operand.reference(tile.region(), tile.dtype)]
+    return []

@@ -14,24 +14,40 @@ caller's arrays directly).
 
 from __future__ import annotations
 
+import contextvars
 import dis
 import functools
 import inspect
 import itertools
 import operator
+import threading
 
 import numpy as np
 
 from . import dtypes as dt
-from . import sdk
+from . import scoping, sdk
 from .errors import NKIRuntimeError, NKITypeError, NKIValueError
 from .memory import PartitionAllocator, Storage
-from .targets import PMAX, PSUM_BANK_BYTES, get_target
+from .targets import DEFAULT_TARGET, PMAX, PSUM_BANK_BYTES, TARGETS, get_target
 from .tensor import Tensor
 from .trace import Trace
 
-_context = None
-_last_trace: Trace | None = None
+# The running kernel's context. A context variable, not a global: every thread launching
+# kernels (torch / JAX bindings, thread pools) sees only its own run, and a sub-kernel
+# (``mode="trace"``) called inside a kernel sees its caller's, which runs on the same thread.
+_context: contextvars.ContextVar[Context | None] = contextvars.ContextVar("simulate_context",
+                                                                          default=None)
+_finished = threading.local()  # .trace: the calling thread's most recent run
+
+# Turns a ``mode="benchmark"`` run's trace into ``kernel.benchmark_result``. The cost model
+# sits in the layer above the core (``simulate.perf``), which registers it when imported.
+_benchmark_reporter = None
+
+
+def register_benchmark_reporter(reporter) -> None:
+    """Make ``reporter(trace)`` the source of ``kernel.benchmark_result``."""
+    global _benchmark_reporter
+    _benchmark_reporter = reporter
 
 MODES = ("auto", "jax", "torchxla", "baremetal", "benchmark", "simulation", "trace")
 
@@ -73,6 +89,7 @@ class Context:
         # first reset is undefined (NaN)
         self.act_accumulator = np.full((PMAX, 1), np.nan, np.float32)
         self.fresh_tile = None  # weak reference to the latest instruction's result tile
+        self.rng = np.random.default_rng(0)  # ``nl.rand`` state; ``nl.random_seed`` reseeds it
         self.blocks: list[tuple[str, int]] = []  # kernel-level if/else/for/while being run
         self.allocated = False  # the kernel places tiles itself (ncc.sbuf/psum allocators)
 
@@ -82,19 +99,47 @@ class Context:
 
 def current(api: str = "this API") -> Context:
     """The running kernel's context; NKI APIs outside a kernel are an error."""
-    if _context is None:
+    ctx = _context.get()
+    if ctx is None:
         raise NKIRuntimeError(f"{api} can only be called inside an NKI kernel",
                               "err_nki_api_outside_of_nki_kernel")
-    return _context
+    return ctx
 
 
 def active() -> Context | None:
-    return _context
+    return _context.get()
+
+
+# What a kernel recompiled for its block scopes and kernel-level ``range`` loops calls.
+_SCOPE_HOOKS = scoping.Hooks(current, LoopFrame)
 
 
 def last_trace() -> Trace | None:
-    """The instruction trace of the most recent kernel run (any entry point)."""
-    return _last_trace
+    """The instruction trace of the calling thread's most recent kernel run (any entry
+    point)."""
+    return getattr(_finished, "trace", None)
+
+
+class _TileSizeMeta(type):
+    @property
+    def total_available_sbuf_size(cls) -> int:
+        """Usable SBUF bytes per partition of the running kernel's target (the default
+        target outside a kernel), as the compiler reports it for its compile target."""
+        sdk.require("nl.tile_size.total_available_sbuf_size")
+        ctx = active()
+        return (ctx.target if ctx else TARGETS[DEFAULT_TARGET]).sbuf_bytes_per_partition
+
+
+class tile_size(metaclass=_TileSizeMeta):  # noqa: N801 - the NKI name
+    """``nl.tile_size``: architectural tile limits (PM "Tile size considerations")."""
+
+    pmax = PMAX
+    psum_fmax = 512
+    gemm_stationary_fmax = 128
+    gemm_moving_fmax = 512
+    bn_stats_fmax = 512
+    psum_min_align = 4
+    sbuf_min_align = 1
 
 
 # --- loop iterators --------------------------------------------------------------------------
@@ -380,8 +425,7 @@ def run(func, args, kwargs, *, grid=(), target=None, check_affine=True, expected
     the kernel's return value converted to NumPy (None in the output-parameter convention,
     where the kernel has written the caller's arrays). ``expected_outputs=k`` says the last
     ``k`` array parameters are outputs that must be written (bindings pass it)."""
-    global _context, _last_trace
-    if _context is not None:
+    if _context.get() is not None:
         raise NKIRuntimeError("a kernel cannot launch another kernel with a grid",
                               "err_nested_kernel_with_spmd_grid")
     grid = tuple(int(g) for g in (grid if isinstance(grid, tuple) else (grid,))) if grid else ()
@@ -398,14 +442,12 @@ def run(func, args, kwargs, *, grid=(), target=None, check_affine=True, expected
                   for i, value in enumerate(args)]
     keywords = {k: arguments.convert(v, k, k) for k, v in kwargs.items()}
     _check_annotations(func, positional, keywords)
-    from . import scoping  # late: it builds on this module's loop frames and context
-
-    func = scoping.prepare(func)
+    func = scoping.prepare(func, _SCOPE_HOOKS)
     ctx = Context(target, getattr(func, "__code__", None))
     ctx.check_affine = check_affine
     ctx.grid = grid
     ctx.convention = convention
-    _context = ctx
+    token = _context.set(ctx)
     try:
         result = None
         for pid in itertools.product(*map(range, grid)) if grid else [()]:
@@ -414,8 +456,8 @@ def run(func, args, kwargs, *, grid=(), target=None, check_affine=True, expected
             result = func(*positional, **keywords)
         outputs = _finish(result, arguments.params, expected_outputs)
     finally:
-        _context = None
-        _last_trace = ctx.trace
+        _context.reset(token)
+        _finished.trace = ctx.trace
     if outputs is None:
         arguments.hand_back()
     outputs = _restore_framework(outputs, arguments.framework)
@@ -531,8 +573,17 @@ class Kernel:
         self.mode = mode
         self.grid = grid
         self.options = options
-        self.benchmark_result = None
-        self.last_trace = None
+        self._finished = threading.local()  # per thread: .trace and .benchmark_result
+
+    @property
+    def last_trace(self) -> Trace | None:
+        """The trace of this kernel's most recent run on the calling thread."""
+        return getattr(self._finished, "trace", None)
+
+    @property
+    def benchmark_result(self):
+        """``nki.benchmark`` result of this kernel's most recent run on the calling thread."""
+        return getattr(self._finished, "benchmark_result", None)
 
     def __getitem__(self, grid):
         if active() is not None:
@@ -546,11 +597,12 @@ class Kernel:
             return self.func(*args, **kwargs)
         target = self.options.get("platform_target")
         outputs, trace, _ = run(self.func, args, kwargs, grid=self.grid, target=target)
-        self.last_trace = trace
+        self._finished.trace = trace
         if self.mode == "benchmark":
-            from .profiler import benchmark_result_from_trace
-
-            self.benchmark_result = benchmark_result_from_trace(trace)
+            if _benchmark_reporter is None:
+                raise NKIRuntimeError("nki.benchmark needs the cost model: import simulate",
+                                      "err_benchmark_without_cost_model")
+            self._finished.benchmark_result = _benchmark_reporter(trace)
         return outputs
 
     def __repr__(self):

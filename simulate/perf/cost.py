@@ -15,12 +15,15 @@ What the model assumes
   for fp32) for matmuls; ``N`` is the free size (elements per partition). The partition
   count never changes the cost; the dtype does only through the documented fast modes
   (bf16/fp16 on NC-v3/v4) and fp32 matmuls; an innermost stride over 16 bytes halves the
-  rate. A partition broadcast (``broadcast_to`` along partitions)
-  runs on PE, as the compiler lowers it to a matmul against ones, and its result counts as
-  PSUM for the reader.
-* **Dependencies.** Read-after-write, write-after-read and write-after-write between
-  instructions whose memory regions overlap (same tile or HBM tensor, overlapping byte and
-  partition ranges). On-chip memory is tracked per tile: the compiler gives the tiles a loop
+  rate. A partition broadcast (``broadcast_to`` along partitions) is a matmul against ones
+  on PE into one PSUM bank, and its reader streams it from PSUM, when its result fits a
+  bank (2 KiB per partition as fp32); a wider one is copied out to SBUF (costed as that copy
+  on the Vector engine) and read from SBUF.
+* **Dependencies.** Read-after-write, write-after-read and (on chip) write-after-write
+  between instructions whose memory regions overlap (same tile or HBM tensor, overlapping
+  byte and partition ranges). An HBM access is one byte interval, so interleaved but
+  disjoint stores would look overlapping; HBM write-after-write orders data, not progress,
+  and is not a dependency. On-chip memory is tracked per tile: the compiler gives the tiles a loop
   body allocates enough buffers to overlap iterations, so only reuse the kernel spells out
   (one tile rewritten in every iteration) makes a writer wait for earlier readers.
   (``schedule(..., by_address=True)`` tracks on-chip addresses instead; the simulator's
@@ -39,22 +42,25 @@ What the model assumes
   on one core) starts only after everything of the previous one has finished (a barrier).
   On NeuronCore-v2, DVE and Pool share the SBUF port and DVE and ACT share the PSUM port:
   instructions that need the same port do not overlap.
-* **DMA.** A ``dma_copy`` (``nl.load``/``nl.store``) goes on a queue by direction (loads,
-  stores, on-chip/HBM copies). The queue issues one transfer per ``dma_fixed_us`` (the
+* **DMA.** A ``dma_copy`` (``nl.load``/``nl.store``) goes on a queue chosen by its
+  direction and the HBM tensor it reads or writes (up to ``dma_queues``; in order within a
+  queue, queues overlap). The queue issues one transfer per ``dma_fixed_us`` (the
   per-transfer fixed cost that makes small transfers overhead-bound); the data then moves
   on the DMA engines that serve its partitions (8 partitions per engine, 16 engines), each
   at ``dma_engine_peak_gbps · dma_efficiency``, no faster than one descriptor (contiguous
-  row) per ``dma_descriptor_ns``, with all HBM traffic capped at the core's HBM share.
+  row) per ``dma_descriptor_ns``, with all HBM traffic capped at ``hbm_efficiency`` times
+  the core's HBM share. An engine serves transfers in the order they were issued.
   Consumers see the data ``dma_latency_us`` after issue plus the transfer time.
 * **Latency** is from the first instruction to the last completion. It excludes the fixed
-  launch cost of a kernel on a device (≈10-15 µs, I), which ``nki.benchmark`` on hardware
-  includes.
+  launch cost of a kernel on a device (``kernel_launch_us``), which ``nki.benchmark`` on
+  hardware includes; the profiler reports it beside the latency.
 
 What the model ignores: instruction fetch, ACT table loads, SBUF bank conflicts beyond the
-NC-v2 ports, spills (the simulator raises when SBUF is full), DVE/Pool bus arbitration on
-v3/v4, HBM page effects, and anything the compiler would rewrite (fusion, hoisting). It is
-deterministic. Expect ±15 % on steady-state engine-bound kernels and ±50-100 % on fixed costs
-(DMA setup, semaphores); see ``docs/calibration.md``.
+NC-v2 ports, spills and buffer starvation (the simulator raises when SBUF is full), DVE/Pool
+bus arbitration on v3/v4, HBM page effects, round-robin sharing of a DMA engine between
+queues, and anything the compiler would rewrite (fusion, hoisting). It is deterministic.
+Over 15 published measurements it is within 26 % (median 17 %); fixed costs (DMA setup,
+semaphores) are ±50-100 %; see ``docs/calibration.md``.
 """
 
 from __future__ import annotations
@@ -62,8 +68,8 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass, field
 
-from .targets import get_target
-from .trace import Trace
+from ..core.targets import get_target
+from ..core.trace import Trace
 
 # --- the constants ------------------------------------------------------------------------
 # (NC-v2 = inf2/trn1, NC-v3 = trn2, NC-v4 = trn3)   tag and source in hw_cost_facts.md
@@ -102,12 +108,27 @@ CONSTANTS: dict[str, tuple[float, float, float]] = {
     # DMA
     "dma_engines": (16, 16, 16),  # D S6 L7; S1 L613; S2 L289
     "dma_partitions_per_engine": (8, 8, 8),  # D S6 L14, L34
+    "dma_queues": (16, 16, 16),  # D S6 L26-29: 16 queues per engine, round robin between them
     "dma_engine_peak_gbps": (27.2, 27.2, 38.4),  # D S6 L16
-    "dma_efficiency": (0.62, 0.85, 0.86),  # D S5 L59-64 table (17/23/33 B/ns); v3 fits S6 1416 ns
+    # v2: 17.5 B/ns = one engine moving 32 KiB in 1.81-1.93 us (I, S4 fig30; 17.0-18.1 B/ns);
+    # v3/v4: D S5 L59-64 table (23/33 B/ns); v3 fits the S6 1416 ns tooltip
+    "dma_efficiency": (17.5 / 27.2, 0.85, 0.86),
     "hbm_share_gbps": (410.0, 362.5, 612.0),  # D→ chip HBM bandwidth / physical cores (§1b)
-    "dma_fixed_us": (0.8, 0.75, 0.75),  # I S6 chart knee (0.7-0.85 us); D 600 ns HWDGE (S7)
+    # I: HBM sustains ~85 % of its pin rate even for a plain copy (no NeuronCore figure is
+    # published; a GPU device-to-device copy reaches ~85 % of nominal HBM bandwidth)
+    "hbm_efficiency": (0.85, 0.85, 0.85),
+    # per-transfer fixed cost on its queue: v2 has no hardware DGE, D S5 L39-42 "~1300 ns"
+    # per transfer (fits the matmul tutorial's hoist/block kernels); v3/v4 I S6 chart knee
+    # (0.7-0.85 us) and D S7 L124 (~600 ns per hardware-DGE DMA instruction)
+    "dma_fixed_us": (1.3, 0.75, 0.75),
     "dma_latency_us": (1.3, 1.1, 1.1),  # D S5 L39-42 (~1300 ns); I S6 screenshots (1.0-1.3)
     "dma_descriptor_ns": (12.0, 12.0, 12.0),  # I S6: 97 ns per 8 descriptors of 256 B
+    # partition broadcasts: a ones-matmul writes one PSUM bank (D S1 L170: 512 fp32 per partition)
+    # a wider broadcast is evacuated to SBUF and read from there
+    "psum_bank_bytes": (2048, 2048, 2048),
+    # kernel launch seen by nki.benchmark on a device, reported beside the kernel's latency:
+    # I (S6 figure 3: ~10 us of device activity for a trivial kernel; S14: 14-40 us thresholds)
+    "kernel_launch_us": (12.0, 12.0, 12.0),
 }
 
 _GENERATION_COLUMN = {2: 0, 3: 1, 4: 2}
@@ -203,7 +224,8 @@ def compute_cycles(opcode: str, engine: str, n: int, ops: Operands, details: dic
         return max(min_ii, n) * stride, False
     # Vector engine
     v2 = table.nc_version == 2
-    if opcode in ("tensor_scalar", "tensor_copy", "memset", "nc_transpose"):
+    if opcode in ("tensor_scalar", "tensor_copy", "memset", "nc_transpose",
+                  "partition_broadcast"):  # a wide broadcast: its copy out of PSUM
         speed = 1
         if half and opcode != "nc_transpose":
             speed = table.dve_fast_copy if unit_stride and not any_psum else \
@@ -334,12 +356,24 @@ class Schedule:
     unmodeled: dict[str, int] = field(default_factory=dict)  # opcodes without a documented rule
 
 
-def _dma_queue(direction: str) -> int:
+def _dma_class(direction: str) -> int:
+    """0 loads, 1 stores, 2 other copies (the index into ``DMA_QUEUES``, used to report)."""
     if direction.startswith("hbm") and not direction.endswith("hbm"):
-        return len(COMPUTE_ENGINES)  # loads
+        return 0
     if direction.endswith("hbm") and not direction.startswith("hbm"):
-        return len(COMPUTE_ENGINES) + 1  # stores
-    return len(COMPUTE_ENGINES) + 2
+        return 1
+    return 2
+
+
+def _dma_queue_key(inst) -> tuple:
+    """What decides a transfer's DMA queue: its direction and the HBM tensor it reads or
+    writes. The compiler issues every DMA instruction from one trigger engine, and the queue
+    "is typically tied to the trigger engine" (S6 L29), so the transfers of one instruction
+    in a loop share a queue and run in order; transfers of different tensors overlap (I: the
+    matmul tutorial's "tiled" kernel loads two tensors per step in the time the "hoist
+    load" kernel takes for one)."""
+    hbm = [r.storage for r in inst.reads + inst.writes if r is not None and r.memory == "hbm"]
+    return (_dma_class(inst.dma_direction), hbm[0] if hbm else None)
 
 
 def schedule(trace: Trace, target=None, overrides=None, by_address=False) -> Schedule:
@@ -362,7 +396,10 @@ def schedule(trace: Trace, target=None, overrides=None, by_address=False) -> Sch
     dma_info: list = []
     unmodeled: dict[str, int] = {}
     tracker = _Tracker(by_address)
-    broadcast_nodes: set[int] = set()
+    broadcast_nodes: set[int] = set()  # partition broadcasts whose result stays in PSUM
+    bank = table.psum_bank_bytes
+    queue_of: dict[tuple, int] = {}  # DMA queue key -> queue slot
+    dma_class: list[int] = []  # per node: index into DMA_QUEUES (-1 for compute nodes)
     barriers: dict = {}  # loop id -> [iteration, members, barrier node]
     barrier_preds: list[list[int]] = []  # per barrier node (index n + k)
 
@@ -382,8 +419,11 @@ def schedule(trace: Trace, target=None, overrides=None, by_address=False) -> Sch
     for i, inst in enumerate(insts):
         engine = inst.engine
         if inst.opcode == "partition_broadcast":
-            engine = "pe"
-            broadcast_nodes.add(i)
+            # a ones-matmul on PE into one PSUM bank, read from there; a result wider than
+            # a bank is copied out to SBUF bank by bank (the copy from PSUM binds: DVE)
+            if _fp32_row_bytes(inst) <= bank:
+                engine = "pe"
+                broadcast_nodes.add(i)
         deps: dict[int, bool] = {}  # predecessor -> is read-after-write
         psum_reads = []
         for region in inst.reads:
@@ -397,12 +437,19 @@ def schedule(trace: Trace, target=None, overrides=None, by_address=False) -> Sch
             psum_reads.append(region.memory == "psum" or any(w in broadcast_nodes
                                                               for w in writers)
                               or (region.partitions[1] - region.partitions[0] == 1
-                                  and inst.partitions > 1))
+                                  and inst.partitions > 1
+                                  and _fp32_row_bytes(inst) <= bank))
         for region in inst.writes:
             if region.stop <= region.start:
                 continue
             keys = tracker._keys(region)
-            for w in tracker.readers_of(region, keys) + tracker.writers_of(region, keys):
+            earlier = tracker.readers_of(region, keys)
+            if region.memory != "hbm":
+                # HBM regions are one byte interval per access, so two stores of
+                # interleaved rows look overlapping; a write-after-write on HBM orders data,
+                # not the hardware's progress, so only on-chip WAW is a dependency
+                earlier = earlier + tracker.writers_of(region, keys)
+            for w in earlier:
                 deps.setdefault(w, False)
         for region in inst.reads:
             if region is not None and region.stop > region.start:
@@ -413,12 +460,17 @@ def schedule(trace: Trace, target=None, overrides=None, by_address=False) -> Sch
         deps.pop(i, None)
 
         if engine == "dma":
-            r = _dma_queue(inst.dma_direction)
+            key = _dma_queue_key(inst)
+            if key not in queue_of:
+                queue_of[key] = len(queue_of) % int(table.dma_queues)
+            r = len(COMPUTE_ENGINES) + queue_of[key]
+            dma_class.append(key[0])
             dma_info.append(_dma_plan(inst, table))
             dur.append(0.0)
             ports.append(())
         else:
             r = COMPUTE_ENGINES.index(engine)
+            dma_class.append(-1)
             dma_info.append(None)
             ops = _operands(inst, psum_reads)
             details = inst.details
@@ -426,6 +478,8 @@ def schedule(trace: Trace, target=None, overrides=None, by_address=False) -> Sch
                 details = dict(details, _reduce_out=True)
             if engine == "pe" and inst.opcode != "nc_matmul":
                 details = dict(details, _partitions=inst.partitions)
+            if inst.opcode == "partition_broadcast" and engine == "dve":
+                ops = Operands(ops.dtypes, (True,), False, ops.stride_bytes)
             cycles, documented = compute_cycles(inst.opcode, engine, inst.free_size, ops,
                                                 details, table)
             if not documented:
@@ -471,7 +525,12 @@ def schedule(trace: Trace, target=None, overrides=None, by_address=False) -> Sch
         preds.append(dict.fromkeys(members, 0.0))
         res.append(_BARRIER)
     return _list_schedule(table, insts, res, dur, preds, ports, dma_info, total, window,
-                          unmodeled)
+                          unmodeled, dma_class)
+
+
+def _fp32_row_bytes(inst) -> int:
+    """Bytes per partition of an instruction's result held as fp32 (as PSUM holds it)."""
+    return 4 * max(1, inst.free_size)
 
 
 def _operands(inst, psum_reads) -> Operands:
@@ -520,9 +579,11 @@ def _dma_plan(inst, table: CostTable):
     return plan, hbm_bytes
 
 
-def _list_schedule(table, insts, res, dur, preds, ports, dma_info, total, window, unmodeled):
+def _list_schedule(table, insts, res, dur, preds, ports, dma_info, total, window, unmodeled,
+                   dma_class):
     n = len(insts)
-    n_res = len(RESOURCES)
+    n_compute = len(COMPUTE_ENGINES)
+    n_res = n_compute + int(table.dma_queues)
     succs: list[list] = [[] for _ in range(total)]
     npend = [0] * total
     for i in range(total):
@@ -545,15 +606,14 @@ def _list_schedule(table, insts, res, dur, preds, ports, dma_info, total, window
     port_users = {0: (_DVE, _POOL), 1: (_DVE, _ACT)}
     dma_engine_free = [0.0] * int(table.dma_engines)
     hbm_free = 0.0
-    hbm_rate = table.hbm_share_gbps * 1000.0  # bytes per us
+    hbm_rate = table.hbm_share_gbps * table.hbm_efficiency * 1000.0  # bytes per us
     fixed = table.dma_fixed_us
     tail = max(0.0, table.dma_latency_us - fixed)
     version = [0] * n_res
     heap: list = []
     busy = [0.0] * n_res
-    stalls = [0] * n_res
-    stall_us = [0.0] * n_res
-    dma_intervals: list[list[tuple[float, float]]] = [[] for _ in range(n_res)]
+    stall_us_of: list = [None] * total  # idle time of its engine/queue it waited for inputs
+    dma_intervals: list[list[tuple[float, float]]] = [[] for _ in DMA_QUEUES]
 
     def refill(r):
         win, stream = windows[r], streams[r]
@@ -603,11 +663,10 @@ def _list_schedule(table, insts, res, dur, preds, ports, dma_info, total, window
         if v != version[r]:
             continue
         if t > free[r] + 1e-9 and free[r] > 0.0:
-            stalls[r] += 1
-            stall_us[r] += t - free[r]
+            stall_us_of[i] = t - free[r]
         start[i] = t
         dirty = {r}
-        if r >= len(COMPUTE_ENGINES):
+        if r >= n_compute:
             plan, hbm_bytes = dma_info[i]
             free[r] = t + fixed
             data_start = t + fixed
@@ -624,7 +683,7 @@ def _list_schedule(table, insts, res, dur, preds, ports, dma_info, total, window
                 dma_engine_free[e] = data_end
             end[i] = data_end
             finish[i] = data_end + tail
-            dma_intervals[r].append((t, data_end))
+            dma_intervals[dma_class[i]].append((t, data_end))
         else:
             end[i] = finish[i] = free[r] = t + dur[i]
             busy[r] += dur[i]
@@ -644,16 +703,22 @@ def _list_schedule(table, insts, res, dur, preds, ports, dma_info, total, window
     busy_us = {name: busy[k] for k, name in enumerate(COMPUTE_ENGINES)}
     all_dma = []
     for k, name in enumerate(DMA_QUEUES):
-        intervals = dma_intervals[len(COMPUTE_ENGINES) + k]
+        intervals = dma_intervals[k]
         busy_us[name] = _union(intervals)
         all_dma.extend(intervals)
     busy_us["dma"] = _union(all_dma)
-    names = [RESOURCES[r] if r >= 0 else "barrier" for r in res[:n]]
+    names = [RESOURCES[r] if 0 <= r < n_compute else
+             DMA_QUEUES[dma_class[i]] if r >= 0 else "barrier" for i, r in enumerate(res[:n])]
+    by_name = {name: [0, 0.0] for name in RESOURCES}
+    for i in range(n):  # stalls of the DMA queues are reported per direction
+        if stall_us_of[i] is not None:
+            by_name[names[i]][0] += 1
+            by_name[names[i]][1] += stall_us_of[i]
     return Schedule(
         target=table.target, latency_us=latency, resource=names, start_us=start[:n],
         end_us=end[:n], finish_us=finish[:n], busy_us=busy_us,
-        stalls={RESOURCES[k]: stalls[k] for k in range(n_res)},
-        stall_us={RESOURCES[k]: stall_us[k] for k in range(n_res)}, unmodeled=unmodeled)
+        stalls={k: v[0] for k, v in by_name.items()},
+        stall_us={k: v[1] for k, v in by_name.items()}, unmodeled=unmodeled)
 
 
 def _union(intervals) -> float:

@@ -1,0 +1,146 @@
+"""Hugging Face ``transformers``: swap every RMSNorm of a model for the NKI kernels in one call.
+
+>>> from nki_rmsnorm import hf
+>>> hf.apply(model)          # every Llama/Mistral/Qwen/Gemma RMSNorm, Qwen3's q_norm/k_norm too
+['model.layers.0.input_layernorm', ...]
+
+Two families of RMSNorm exist in ``transformers``, and each swapped module reproduces its
+family's arithmetic and output dtype (read from ``transformers`` 5.23's modeling files):
+
+* **Llama** (``LlamaRMSNorm``, and the identical Mistral, Mixtral, Qwen2, Qwen2-MoE, Qwen3,
+  Qwen3-MoE classes): ``weight * (x·rstd).to(input_dtype)`` with ``x·rstd`` in fp32; the
+  result has ``torch.promote_types(weight.dtype, input.dtype)`` (an fp32 weight with a bf16
+  input returns fp32). Our preset: ``casting_mode="llama"``, no offset, that ``out_dtype``.
+* **Gemma** (``GemmaRMSNorm``, ``Gemma2RMSNorm``, ``Gemma3RMSNorm``): ``(x·rstd) · (1 +
+  weight)`` in fp32, cast to the input dtype; the weight starts at zeros. Our preset:
+  ``casting_mode="gemma"``, ``offset=1.0``, the input dtype.
+
+The swapped module keeps the original ``weight`` Parameter (same object: optimiser state, tied
+weights and ``state_dict`` keys stay as they were) and the original epsilon attribute
+(``variance_epsilon`` or ``eps``). A weight in a third dtype (fp16 beside a bf16 input) is
+widened to fp32 exactly, as HF's own promotion does; float64 is refused by the kernels. Modules
+of other classes are left alone.
+"""
+
+from __future__ import annotations
+
+from nki_rmsnorm._optional import require
+
+require("transformers", extra="hf")  # a missing transformers is an ImportError naming the extra
+
+import torch
+from torch import nn
+
+from nki_rmsnorm import torch as nki_torch
+
+__all__ = ["GemmaRMSNorm", "LlamaRMSNorm", "apply"]
+
+#: ``transformers`` RMSNorm classes computed as LlamaRMSNorm does (checked against the
+#: modeling sources by tests/test_hf.py).
+LLAMA_STYLE = frozenset(
+    {
+        "LlamaRMSNorm",
+        "MistralRMSNorm",
+        "MixtralRMSNorm",
+        "Qwen2RMSNorm",
+        "Qwen2MoeRMSNorm",
+        "Qwen3RMSNorm",
+        "Qwen3MoeRMSNorm",
+    }
+)
+#: ``transformers`` RMSNorm classes computed as GemmaRMSNorm does (``1 + weight``).
+GEMMA_STYLE = frozenset({"GemmaRMSNorm", "Gemma2RMSNorm", "Gemma3RMSNorm"})
+
+
+def _kernel_weight(weight: torch.Tensor, input: torch.Tensor) -> torch.Tensor:
+    """The weight in a dtype the kernels take beside ``input``: its own, or fp32 (exact for
+    a bf16/fp16 weight, and what HF's arithmetic promotes it to)."""
+    if weight.dtype in (torch.float32, input.dtype) or weight.dtype not in (
+        torch.bfloat16,
+        torch.float16,
+    ):
+        return weight
+    return weight.float()
+
+
+class LlamaRMSNorm(nn.Module):
+    """HF ``LlamaRMSNorm`` on the NKI kernels: ``weight * (x·rstd).to(x.dtype)``."""
+
+    def __init__(self, weight: nn.Parameter, variance_epsilon: float) -> None:
+        super().__init__()
+        self.weight = weight
+        self.variance_epsilon = variance_epsilon
+
+    def reset_parameters(self) -> None:
+        nn.init.ones_(self.weight)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return nki_torch.rms_norm(
+            hidden_states,
+            hidden_states.shape[-1:],
+            _kernel_weight(self.weight, hidden_states),
+            self.variance_epsilon,
+            casting_mode="llama",
+            out_dtype=torch.promote_types(self.weight.dtype, hidden_states.dtype),
+        )
+
+    def extra_repr(self) -> str:
+        return f"{tuple(self.weight.shape)}, eps={self.variance_epsilon}, NKI llama preset"
+
+
+class GemmaRMSNorm(nn.Module):
+    """HF ``GemmaRMSNorm`` on the NKI kernels: ``((x·rstd) · (1 + weight)).to(x.dtype)``."""
+
+    def __init__(self, weight: nn.Parameter, eps: float) -> None:
+        super().__init__()
+        self.weight = weight
+        self.eps = eps
+
+    def reset_parameters(self) -> None:
+        nn.init.zeros_(self.weight)  # scale 1 + 0: Gemma's initial identity
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nki_torch.rms_norm(
+            x,
+            x.shape[-1:],
+            _kernel_weight(self.weight, x),
+            self.eps,
+            offset=1.0,
+            casting_mode="gemma",
+        )
+
+    def extra_repr(self) -> str:
+        return f"{tuple(self.weight.shape)}, eps={self.eps}, NKI gemma preset"
+
+
+def _replacement(module: nn.Module) -> nn.Module | None:
+    cls = type(module)
+    if not cls.__module__.startswith("transformers."):
+        return None
+    if cls.__name__ in LLAMA_STYLE:
+        return LlamaRMSNorm(module.weight, float(module.variance_epsilon))
+    if cls.__name__ in GEMMA_STYLE:
+        return GemmaRMSNorm(module.weight, float(module.eps))
+    return None
+
+
+def apply(model: nn.Module) -> list[str]:
+    """Replace, in place, every Llama-/Gemma-family RMSNorm of a ``transformers`` model by
+    the NKI-kernel module of its family; returns the qualified names of the replaced modules
+    (empty when the model has none)."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    swaps = [
+        (name, new)
+        for name, module in model.named_modules()
+        if (new := _replacement(module)) is not None
+    ]
+    for name, new in swaps:
+        if not name:
+            raise ValueError(
+                "model is itself an RMSNorm; wrap it in a parent module or use "
+                "nki_rmsnorm.hf.LlamaRMSNorm / GemmaRMSNorm directly"
+            )
+        parent_name, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent_name), child, new)
+    return [name for name, _ in swaps]

@@ -1,0 +1,1 @@
+"""The ``neuronxcc.nki`` front-end (``nl``, ``nisa``, ``typing``, ``compiler``) over the core."""

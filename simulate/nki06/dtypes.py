@@ -1,0 +1,177 @@
+"""NKI 0.6 dtypes: one object per dtype that is the NKI name (the stubs type dtypes as
+``str``, ``nki/api/nki/language/__init__.py@81ce03ae``) and also compares equal to the
+NumPy / ml_dtypes dtype the simulator stores it as.
+
+Rounding on write is the core's (:func:`simulate.dtypes.cast`: round to nearest even,
+float->int saturating, tfloat32 10-bit mantissa). The OCP types the core does not
+know (``float8_e4m3fn``, ``float8_e8m0fnu``) are cast through float32 by ml_dtypes.
+
+``NKI_PRECISE_FP=0`` (aws-neuron-sdk ``nki/guides/nki_simulator.rst``, "Precise
+Floating-Point Mode") stores every low-precision float tensor as float32, so nothing rounds.
+"""
+
+from __future__ import annotations
+
+import os
+
+import ml_dtypes
+import numpy as np
+
+from simulate.core import dtypes as core
+
+from .errors import NkiTypeError
+
+
+class NkiDtype(str):
+    """An NKI dtype: ``str(d)`` is its NKI name, ``d.numpy`` the NumPy dtype it stores as."""
+
+    numpy: np.dtype
+
+    def __new__(cls, name: str, numpy_dtype):
+        obj = super().__new__(cls, name)
+        obj.numpy = np.dtype(numpy_dtype) if not isinstance(numpy_dtype, np.dtype) else numpy_dtype
+        return obj
+
+    def __eq__(self, other):
+        if isinstance(other, str):
+            return str.__eq__(self, other)
+        try:
+            return as_dtype(other) is self
+        except (TypeError, NkiTypeError):
+            return NotImplemented
+
+    def __ne__(self, other):
+        eq = self.__eq__(other)
+        return eq if eq is NotImplemented else not eq
+
+    __hash__ = str.__hash__
+
+    def __repr__(self):
+        return f"nl.{str.__str__(self)}"
+
+    @property
+    def itemsize(self) -> int:
+        return self.numpy.itemsize
+
+
+float32 = NkiDtype("float32", core.float32)
+float16 = NkiDtype("float16", core.float16)
+bfloat16 = NkiDtype("bfloat16", core.bfloat16)
+tfloat32 = NkiDtype("tfloat32", core.tfloat32)
+float8_e4m3 = NkiDtype("float8_e4m3", core.float8_e4m3)
+float8_e4m3fn = NkiDtype("float8_e4m3fn", ml_dtypes.float8_e4m3fn)
+float8_e5m2 = NkiDtype("float8_e5m2", core.float8_e5m2)
+float8_e8m0fnu = NkiDtype("float8_e8m0fnu", ml_dtypes.float8_e8m0fnu)
+int8 = NkiDtype("int8", core.int8)
+int16 = NkiDtype("int16", core.int16)
+int32 = NkiDtype("int32", core.int32)
+uint8 = NkiDtype("uint8", core.uint8)
+uint16 = NkiDtype("uint16", core.uint16)
+uint32 = NkiDtype("uint32", core.uint32)
+bool_ = NkiDtype("bool_", core.bool_)
+
+ALL = (
+    float32,
+    float16,
+    bfloat16,
+    tfloat32,
+    float8_e4m3,
+    float8_e4m3fn,
+    float8_e5m2,
+    float8_e8m0fnu,
+    int8,
+    int16,
+    int32,
+    uint8,
+    uint16,
+    uint32,
+    bool_,
+)
+_BY_NAME = {str.__str__(d): d for d in ALL}
+_BY_NAME["bool"] = bool_
+_BY_NUMPY = {d.numpy: d for d in ALL if d is not tfloat32}
+# dtypes the core's cast and promotion know; the others go through float32
+_CORE_KNOWN = frozenset(d for d in ALL if d not in (float8_e4m3fn, float8_e8m0fnu))
+_LOW_PRECISION = frozenset(
+    (float16, bfloat16, tfloat32, float8_e4m3, float8_e4m3fn, float8_e5m2, float8_e8m0fnu)
+)
+
+
+def as_dtype(dtype, argname: str = "dtype") -> NkiDtype:
+    """The :class:`NkiDtype` of an NKI, NumPy, ml_dtypes, torch or JAX dtype (or its name)."""
+    if isinstance(dtype, NkiDtype):
+        return dtype
+    if isinstance(dtype, str):
+        found = _BY_NAME.get(dtype)
+        if found is not None:
+            return found
+    if isinstance(dtype, np.dtype) and core.is_tf32(dtype):
+        return tfloat32
+    text = str(dtype)
+    if text.startswith("torch."):  # torch dtypes spell the NumPy names
+        found = _BY_NAME.get({"torch.bool": "bool_"}.get(text, text[6:]))
+        if found is not None:
+            return found
+    try:
+        found = _BY_NUMPY.get(np.dtype(dtype))
+    except TypeError:
+        found = None
+    if found is None:
+        raise NkiTypeError(
+            f"{argname}={dtype!r} is not an NKI dtype; expected one of " + ", ".join(map(str, ALL))
+        )
+    return found
+
+
+def precise_fp() -> bool:
+    """``NKI_PRECISE_FP`` (default 1 since NKI 0.4, RN 0.4): store low precision for real."""
+    return os.environ.get("NKI_PRECISE_FP", "1").strip() not in ("0", "false", "False")
+
+
+def storage_dtype(dtype: NkiDtype) -> np.dtype:
+    """What a tensor of ``dtype`` is stored as in this run (float32 without precise FP)."""
+    if dtype in _LOW_PRECISION and not precise_fp():
+        return core.float32
+    return core.tfloat32 if dtype is tfloat32 else dtype.numpy
+
+
+def cast(values, dtype: NkiDtype, stored_as: np.dtype | None = None) -> np.ndarray:
+    """``values`` rounded into ``dtype`` as the engines write it, in the storage type."""
+    stored_as = storage_dtype(dtype) if stored_as is None else stored_as
+    if stored_as == core.float32 and not core.is_tf32(stored_as):
+        return core.cast(values, core.float32)
+    if dtype in _CORE_KNOWN:
+        return core.cast(values, stored_as)
+    with np.errstate(over="ignore", invalid="ignore"):
+        return np.asarray(values).astype(np.float32).astype(stored_as)
+
+
+def is_float(dtype) -> bool:
+    return as_dtype(dtype) not in (int8, int16, int32, uint8, uint16, uint32, bool_)
+
+
+def is_int(dtype) -> bool:
+    return not is_float(dtype)
+
+
+def promote(a, b) -> NkiDtype:
+    """Result dtype of an ``nl.*`` binary op: the legacy NKI promotion table (spec decision,
+    0.6 dropped the promotion page); OCP fp8 types promote like ``float8_e4m3``."""
+    a, b = as_dtype(a), as_dtype(b)
+    if a is b:
+        return a
+    if a not in _CORE_KNOWN or b not in _CORE_KNOWN:
+        other = b if a not in _CORE_KNOWN else a
+        return other if is_float(other) and other.itemsize > 1 else bfloat16
+    return _BY_NUMPY.get(
+        core.promote(
+            a.numpy if a is not tfloat32 else core.tfloat32,
+            b.numpy if b is not tfloat32 else core.tfloat32,
+        ),
+        float32,
+    )
+
+
+def uninitialised(dtype: NkiDtype):
+    """Fresh memory: NaN for floats, 4 for integers (SIM "How It Works")."""
+    return np.nan if is_float(dtype) else 4

@@ -1,0 +1,1375 @@
+"""``nki.isa`` (0.6): one function per instruction, destination first.
+
+Every instruction writes into a caller-supplied ``dst`` view and returns an opaque
+:class:`NkiInstruction`; there are no ``dtype=`` or ``mask=`` parameters: the output type is
+``dst.dtype`` (MIG 0.1->0.2, ``nki/migration/index.rst@81ce03ae``). Arithmetic runs in
+float32 and rounds on write (SHARED ``nki/api/nki.api.shared.rst@81ce03ae``). Operands pair
+element by element in row-major order when they have the same partition count and the same
+number of elements per partition (spec §3.0 decision). Constraint violations raise
+:class:`NkiValidationError` (an ``AssertionError``) naming the instruction and operand, in
+the wording of the official simulator (``nki/guides/nki_simulator.rst@81ce03ae``, line 269).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import warnings
+
+import numpy as np
+
+from simulate.core import functions as fn
+
+from . import context, engines
+from . import dtypes as dt
+from .errors import (
+    NkiTypeError,
+    NkiValidationError,
+)
+from .tensor import NkiTensor, VirtualRegister, matmul_mask, partition_start, region, write
+
+PMAX = 128
+
+
+# --- enums (STUB-ISA) ---------------------------------------------------------------------------
+class engine(enum.Enum):  # noqa: N801 - the NKI name
+    unknown = 0
+    tensor = 1
+    scalar = 2
+    gpsimd = 3
+    dma = 4
+    vector = 5
+    sync = 6
+
+
+tensor_engine, scalar_engine, gpsimd_engine = engine.tensor, engine.scalar, engine.gpsimd
+vector_engine, unknown_engine = engine.vector, engine.unknown
+_TRACE_ENGINE = {
+    engine.tensor: "pe",
+    engine.scalar: "act",
+    engine.gpsimd: "pool",
+    engine.vector: "dve",
+    engine.dma: "dma",
+    engine.sync: "dma",
+}
+
+
+class reduce_cmd(enum.Enum):  # noqa: N801
+    idle = 0
+    reset = 1
+    reduce = 2
+    reset_reduce = 3
+    load_reduce = 4
+
+
+class dge_mode(enum.Enum):  # noqa: N801
+    unknown = 0
+    swdge = 1
+    hwdge = 2
+    none = 3
+
+
+class oob_mode(enum.Enum):  # noqa: N801
+    error = 0
+    skip = 1
+
+
+class matmul_perf_mode(enum.Enum):  # noqa: N801
+    none = 0
+    double_row = 1
+
+
+class dma_engine(enum.Enum):  # noqa: N801
+    dma = 1
+    gpsimd_dma = 2
+
+
+class nc_version(enum.IntEnum):  # noqa: N801 - ordered: NKILIB compares versions with >=
+    gen2 = 2
+    gen3 = 3
+    gen4 = 4
+
+
+def get_nc_version() -> nc_version:
+    return nc_version(context.current("nisa.get_nc_version").target.nc_version)
+
+
+def get_nc_sub_version() -> int:
+    return 0
+
+
+class NkiInstruction:
+    """What every instruction returns: a handle for scheduling edges (SCHED)."""
+
+    def __init__(self, opcode: str, name: str | None):
+        self.opcode = opcode
+        self.name = name
+
+    def depends_on(self, *producers) -> NkiInstruction:
+        for p in producers:
+            if not isinstance(p, NkiInstruction):
+                raise NkiTypeError(f"depends_on takes NkiInstruction handles, got {p!r}")
+        return self
+
+
+# --- operand checks ----------------------------------------------------------------------------
+def _enum(value, cls, argname, api):
+    if not isinstance(value, cls):
+        raise NkiTypeError(
+            f"{api} {argname}={value!r}: expected a nisa.{cls.__name__} member "
+            "(raw integers are not accepted since NKI 0.3)"
+        )
+    return value
+
+
+def _tensor(api, argname, t) -> NkiTensor:
+    if not isinstance(t, NkiTensor):
+        raise NkiTypeError(f"{api} {argname} must be an NkiTensor, got {type(t).__name__}")
+    return t
+
+
+def _on_chip(api, argname, t, *, psum=True, sbuf=True) -> NkiTensor:
+    """An SBUF/PSUM operand: <= 128 partitions, contiguous partitions, in the allowed memory."""
+    _tensor(api, argname, t)
+    memory = t.storage.memory
+    if memory == "hbm":
+        raise NkiTypeError(
+            f"{api} {argname} must be in SBUF or PSUM, got a tensor in "
+            f"{t.buffer.value} (`{t.name}`)"
+        )
+    if memory == "psum" and not psum:
+        raise NkiTypeError(f"{api} {argname} cannot be in PSUM (`{t.name}`)")
+    if memory == "sbuf" and not sbuf:
+        raise NkiTypeError(f"{api} {argname} must be in PSUM, got a tensor in SBUF (`{t.name}`)")
+    if t.shape[0] > PMAX:
+        raise NkiValidationError(
+            f"{api} {argname} partition dimension {t.shape[0]} exceeds maximum {PMAX}"
+        )
+    if t.shape[0] > 1 and t.strides[0] != t.free_units():
+        raise NkiValidationError(
+            f"{api} {argname} must access consecutive partitions (partition "
+            f"stride {t.strides[0]}, partition size {t.free_units()})"
+        )
+    if partition_start(t) + t.shape[0] > PMAX:
+        raise NkiValidationError(
+            f"{api} {argname} reaches partition "
+            f"{partition_start(t) + t.shape[0] - 1}, beyond {PMAX - 1}"
+        )
+    return t
+
+
+def _free(t: NkiTensor) -> int:
+    return t.size // t.shape[0]
+
+
+def _pair(api, a_name, a, b_name, b) -> None:
+    if a.shape[0] != b.shape[0] or _free(a) != _free(b):
+        raise NkiValidationError(
+            f"{api} {b_name} has {b.shape[0]} partitions x {_free(b)} elements, {a_name} has "
+            f"{a.shape[0]} x {_free(a)}: operands need the same partitions and elements per "
+            "partition"
+        )
+
+
+def _not_both_psum(api, a_name, a, b_name, b) -> None:
+    if a.storage.memory == "psum" and b.storage.memory == "psum":
+        raise NkiValidationError(f"{api} {a_name} and {b_name} cannot both be in PSUM")
+
+
+def _two_tiles(api, first, second, dst) -> None:
+    """The operand rules of a two-tile Vector instruction: all on chip, the two inputs and
+    ``dst`` paired, the two inputs not both in PSUM (``first``/``second``: (name, tensor))."""
+    (a_name, a), (b_name, b) = first, second
+    for argname, t in (first, second, ("dst", dst)):
+        _on_chip(api, argname, t)
+    _pair(api, a_name, a, b_name, b)
+    _pair(api, a_name, a, "dst", dst)
+    _not_both_psum(api, a_name, a, b_name, b)
+
+
+def _pf(t: NkiTensor, f32: bool = True) -> np.ndarray:
+    """The operand's values as (partitions, elements per partition)."""
+    values = t.values().reshape(t.shape[0], -1)
+    return values.astype(np.float32, copy=False) if f32 else values
+
+
+def _version(api) -> int:
+    return context.current(api).target.nc_version
+
+
+def _engine_of(api, requested, default: engine, allowed) -> engine:
+    requested = _enum(requested, engine, "engine", api)
+    chosen = default if requested is engine.unknown else requested
+    if chosen not in allowed:
+        raise NkiValidationError(
+            f"{api} cannot run on the {chosen.name} engine; allowed: "
+            + ", ".join(e.name for e in allowed)
+        )
+    return chosen
+
+
+def _no_gpsimd_psum(api, eng, *operands) -> None:
+    if eng is engine.gpsimd:
+        for name, t in operands:
+            if t is not None and t.storage.memory == "psum":
+                raise NkiValidationError(f"{api} on the gpsimd engine cannot access PSUM ({name})")
+
+
+def _scalar(api, argname, value, partitions, *, f32_tile=False):
+    """A compile-time scalar or a (P, 1) per-partition tile -> (fp32 scalar or (P, 1), tile)."""
+    if isinstance(value, NkiTensor):
+        _on_chip(api, argname, value)
+        if _free(value) != 1 or value.shape[0] != partitions:
+            raise NkiValidationError(
+                f"{api} {argname} must be a scalar or a ({partitions}, 1) "
+                f"tile, got shape {tuple(value.shape)}"
+            )
+        if f32_tile and value.dtype is not dt.float32:
+            raise NkiTypeError(f"{api} {argname} must be a float32 tile, got {value.dtype}")
+        return _pf(value), value
+    if isinstance(value, (bool, int, float, np.number)):
+        return np.float32(value), None
+    raise NkiTypeError(
+        f"{api} {argname} must be a scalar or a (P, 1) tile, got {type(value).__name__}"
+    )
+
+
+def _emit(
+    engine_name,
+    opcode,
+    name,
+    *,
+    reads=(),
+    writes=(),
+    partitions,
+    free_size,
+    out_dtype,
+    details=None,
+    dma=None,
+) -> NkiInstruction:
+    """Append the instruction to the launch's trace (the cost model's input)."""
+    program = context.current(opcode)
+    reads = [t for t in reads if isinstance(t, NkiTensor)]
+    details = dict(details or {})
+    fields = dict(
+        engine=engine_name,
+        opcode=opcode,
+        partitions=int(partitions),
+        free_size=int(free_size),
+        in_dtypes=tuple(str(t.dtype) for t in reads),
+        out_dtype=str(out_dtype),
+        reads=tuple(region(t) for t in reads),
+        writes=tuple(region(t) for t in writes),
+        loops=(),
+        program=(program.program_id,) if program.launch.grid_ndim else (),
+        details=details,
+    )
+    if dma is not None:
+        fields.update(dma)
+    else:  # the cost model slows strided operands down
+        details.setdefault(
+            "max_stride_bytes",
+            max((abs(t.strides[-1]) * t.itemsize for t in reads if t.shape[-1] > 1), default=0),
+        )
+    with program.launch.lock:
+        program.instructions.append(program.launch.trace.add(**fields))
+    return NkiInstruction(opcode, name)
+
+
+def _write_and_emit(engine_name, api, name, dst, values, reads, details=None, dma=None):
+    """Write an instruction's result into ``dst`` and record it over ``dst``'s extent."""
+    write(dst, values)
+    return _emit(
+        engine_name,
+        api,
+        name,
+        reads=reads,
+        writes=[dst],
+        partitions=dst.shape[0],
+        free_size=_free(dst),
+        out_dtype=dst.dtype,
+        details=details,
+        dma=dma,
+    )
+
+
+def _op(api, argname, op):
+    try:
+        return fn.lookup(op, argname)
+    except Exception as exc:  # the core lookup's error carries a legacy error key
+        raise NkiValidationError(f"{api} {argname}={op!r} is not an NKI operator") from exc
+
+
+def _alu(spec, a, b, reverse):
+    if spec.unary and spec.name not in fn.BINARY:
+        return spec.apply(a)
+    return spec.apply(b, a) if reverse else spec.apply(a, b)
+
+
+# --- data movement -----------------------------------------------------------------------------
+def _dma_side(api, argname, t) -> NkiTensor:
+    _tensor(api, argname, t)
+    if t.storage.memory == "psum":
+        raise NkiValidationError(
+            f"{api} {argname} cannot be in PSUM: DMA reads and writes HBM or SBUF only (NKI 0.3)"
+        )
+    if t.on_chip:
+        _on_chip(api, argname, t)
+    return t
+
+
+def _row_bytes(t: NkiTensor) -> int:
+    run = 1
+    for n, s in zip(reversed(t.shape), reversed(t.strides)):
+        if s != run and n != 1:
+            break
+        run *= n
+    return run * t.itemsize
+
+
+def _dma_fields(src: NkiTensor | None, dst: NkiTensor, count: int) -> dict:
+    src_mem = "sbuf" if src is None else src.storage.memory
+    dst_mem = dst.storage.memory
+    hbm = dst if dst_mem == "hbm" and src_mem != "hbm" else (src if src is not None else dst)
+    return {
+        "dma_bytes": count * hbm.itemsize,
+        "dma_direction": f"{src_mem}->{dst_mem}",
+        "dma_row_bytes": _row_bytes(hbm),
+    }
+
+
+def _chip_partitions(*ts) -> int:
+    return next((t.shape[0] for t in ts if t is not None and t.on_chip), 1)
+
+
+def dma_copy(
+    dst,
+    src,
+    priority=None,
+    oob_mode=oob_mode.error,
+    dge_mode=dge_mode.unknown,
+    engine=engine.unknown,
+    name=None,
+):
+    """``dst = src`` by DMA between HBM and SBUF (any direction; not PSUM since 0.3); equal
+    element counts, different dtypes cast through float32; ``dge_mode.hwdge`` needs equal
+    dtypes and NeuronCore-v3+."""
+    api = "dma_copy"
+    _dma_side(api, "dst", dst)
+    _dma_side(api, "src", src)
+    _enum(oob_mode, globals()["oob_mode"], "oob_mode", api)
+    mode = _enum(dge_mode, globals()["dge_mode"], "dge_mode", api)
+    _enum(engine, globals()["engine"], "engine", api)
+    if oob_mode is globals()["oob_mode"].skip:
+        raise NkiValidationError(f"{api} oob_mode=skip needs an indirect (vector_offset) access")
+    if mode is globals()["dge_mode"].hwdge:
+        if _version(api) < 3:
+            raise NkiValidationError(f"{api} dge_mode=hwdge needs NeuronCore-v3 or later")
+        if src.dtype is not dst.dtype:
+            raise NkiValidationError(
+                f"{api} with dge_mode=hwdge cannot cast: src is {src.dtype}, "
+                f"dst is {dst.dtype} (use .view())"
+            )
+    if src.size != dst.size:
+        raise NkiValidationError(
+            f"{api} src has {src.size} elements {tuple(src.shape)}, dst has "
+            f"{dst.size} {tuple(dst.shape)}"
+        )
+    values = src.values()
+    if src.dtype is not dst.dtype:
+        values = values.astype(np.float32)
+    write(dst, values)
+    return _emit(
+        "dma",
+        api,
+        name,
+        reads=[src],
+        writes=[dst],
+        partitions=_chip_partitions(dst, src),
+        free_size=dst.size // _chip_partitions(dst, src),
+        out_dtype=dst.dtype,
+        details={"dge_mode": mode.name},
+        dma=_dma_fields(src, dst, dst.size),
+    )
+
+
+def dma_compute(
+    dst, srcs, reduce_op, scales=None, unique_indices=True, oob_mode=oob_mode.error, name=None
+):
+    """``dst = reduce_op(srcs[0] * scales[0], ...)`` in float32 on the DMA engine; only
+    ``nl.add``; ``dst`` is read only when it is one of ``srcs`` (spec §3.3 decision)."""
+    api = "dma_compute"
+    _dma_side(api, "dst", dst)
+    if not isinstance(srcs, (list, tuple)) or not 1 <= len(srcs) <= 16:
+        raise NkiValidationError(f"{api} srcs must be a list of 1 to 16 tensors")
+    for i, s in enumerate(srcs):
+        _dma_side(api, f"srcs[{i}]", s)
+        if s.size != dst.size:
+            raise NkiValidationError(f"{api} srcs[{i}] has {s.size} elements, dst {dst.size}")
+    spec = _op(api, "reduce_op", reduce_op)
+    if spec.name != "add":
+        raise NkiValidationError(f"{api} reduce_op must be nl.add, got {spec.name}")
+    if scales is not None and any(float(s) != 1.0 for s in scales):
+        raise NkiValidationError(f"{api} scales must all be 1.0 (or None)")
+    _enum(oob_mode, globals()["oob_mode"], "oob_mode", api)
+    if oob_mode is globals()["oob_mode"].skip:
+        raise NkiValidationError(f"{api} oob_mode=skip needs an indirect (vector_offset) access")
+    if len(srcs) == 1:
+        warnings.warn(
+            "dma_compute with one source is a copy: pass dst as a source too to accumulate into it",
+            stacklevel=2,
+        )
+    total = np.zeros(dst.size, np.float32)
+    for s in srcs:
+        total += s.values().reshape(-1).astype(np.float32)
+    write(dst, total)
+    return _emit(
+        "dma",
+        api,
+        name,
+        reads=list(srcs),
+        writes=[dst],
+        partitions=_chip_partitions(dst, *srcs),
+        free_size=dst.size // _chip_partitions(dst, *srcs),
+        out_dtype=dst.dtype,
+        details={"rmw": True},
+        dma=_dma_fields(srcs[0], dst, dst.size * len(srcs)),
+    )
+
+
+_TRANSPOSE_AXES = {2: (1, 0), 3: (2, 1, 0), 4: (3, 1, 2, 0)}
+
+
+def dma_transpose(
+    dst,
+    src,
+    axes=None,
+    priority=None,
+    dge_mode=dge_mode.unknown,
+    oob_mode=oob_mode.error,
+    name=None,
+):
+    """A transposing DMA into SBUF; permutations (1,0), (2,1,0), (3,1,2,0) by rank; ``dst``
+    must have exactly the permuted shape and rank (0.4) and the same dtype."""
+    api = "dma_transpose"
+    _dma_side(api, "src", src)
+    _on_chip(api, "dst", dst, psum=False)
+    _enum(dge_mode, globals()["dge_mode"], "dge_mode", api)
+    rank = src.ndim
+    if rank not in _TRANSPOSE_AXES:
+        raise NkiValidationError(f"{api} src must have rank 2 to 4, got {rank}")
+    perm = _TRANSPOSE_AXES[rank] if axes is None else tuple(int(a) for a in axes)
+    if perm != _TRANSPOSE_AXES[rank]:
+        raise NkiValidationError(
+            f"{api} axes {perm} unsupported for rank {rank}; expected {_TRANSPOSE_AXES[rank]}"
+        )
+    expected = tuple(src.shape[a] for a in perm)
+    if tuple(dst.shape) != expected:
+        raise NkiValidationError(
+            f"{api} dst shape {tuple(dst.shape)} must equal the permuted src shape {expected}"
+        )
+    if src.dtype is not dst.dtype:
+        raise NkiValidationError(f"{api} dst dtype {dst.dtype} must equal src dtype {src.dtype}")
+    return _write_and_emit(
+        "dma",
+        api,
+        name,
+        dst,
+        np.transpose(src.values(), perm),
+        [src],
+        dma=_dma_fields(src, dst, dst.size) | {"dma_row_bytes": src.itemsize},
+    )
+
+
+def tensor_copy(dst, src, engine=engine.unknown, name=None):
+    """Copy with a cast (Vector by default; Scalar or GpSimd on request). Same dtype: bit
+    exact; the NeuronCore-v2 Scalar engine has no tensor_copy (use activation(nl.copy))."""
+    api = "tensor_copy"
+    _on_chip(api, "dst", dst)
+    _on_chip(api, "src", src)
+    _pair(api, "dst", dst, "src", src)
+    eng = _engine_of(
+        api,
+        engine,
+        globals()["engine"].vector,
+        (globals()["engine"].vector, globals()["engine"].scalar, globals()["engine"].gpsimd),
+    )
+    if eng is globals()["engine"].scalar and _version(api) == 2:
+        raise NkiValidationError(
+            f"{api} is not available on the scalar engine of NeuronCore-v2; "
+            "use activation(op=nl.copy)"
+        )
+    _no_gpsimd_psum(api, eng, ("dst", dst), ("src", src))
+    values = _pf(src, f32=src.dtype is not dst.dtype)
+    return _write_and_emit(_TRACE_ENGINE[eng], api, name, dst, values, [src])
+
+
+def memset(dst, value, engine=engine.unknown, name=None):
+    """Fill ``dst`` with a compile-time constant whose Python type fits the dtype (a float
+    literal into an integer tensor is an error since 0.3)."""
+    api = "memset"
+    _on_chip(api, "dst", dst)
+    eng = _engine_of(
+        api,
+        engine,
+        globals()["engine"].vector,
+        (globals()["engine"].vector, globals()["engine"].gpsimd),
+    )
+    _no_gpsimd_psum(api, eng, ("dst", dst))
+    if isinstance(value, (float, np.floating)) and dt.is_int(dst.dtype):
+        raise NkiTypeError(
+            f"{api} value {value!r} is a float but dst is {dst.dtype}: the value "
+            "type must match the dtype"
+        )
+    if not isinstance(value, (bool, int, float, np.number)):
+        raise NkiTypeError(f"{api} value must be a number, got {type(value).__name__}")
+    return _write_and_emit(
+        _TRACE_ENGINE[eng],
+        api,
+        name,
+        dst,
+        np.full(dst.size, value, np.float64 if dt.is_float(dst.dtype) else np.int64),
+        [],
+        details={"value": float(value)},
+    )
+
+
+def iota(dst, pattern, offset=0, channel_multiplier=0, name=None):
+    """``dst[p, (w,z,y,x)] = offset + p * channel_multiplier + w*s_w + z*s_z + y*s_y + x*s_x``
+    in int32, cast to ``dst.dtype`` (GpSimd, SBUF)."""
+    api = "iota"
+    _on_chip(api, "dst", dst, psum=False)
+    pairs = [tuple(int(v) for v in pair) for pair in pattern]
+    if not 1 <= len(pairs) <= 4 or any(len(p) != 2 for p in pairs):
+        raise NkiValidationError(f"{api} pattern must be 1 to 4 [step, num] pairs")
+    if math.prod(n for _, n in pairs) != _free(dst):
+        raise NkiValidationError(
+            f"{api} pattern covers {math.prod(n for _, n in pairs)} "
+            f"elements per partition, dst has {_free(dst)}"
+        )
+    start = offset.value if isinstance(offset, VirtualRegister) else int(offset)
+    grids = np.meshgrid(*[np.arange(n, dtype=np.int64) * s for s, n in pairs], indexing="ij")
+    free = sum(g for g in grids).reshape(-1)
+    rows = np.arange(dst.shape[0], dtype=np.int64)[:, None] * int(channel_multiplier)
+    values = (start + rows + free[None, :]).astype(np.int32)
+    return _write_and_emit("pool", api, name, dst, values, [])
+
+
+# --- Scalar engine -----------------------------------------------------------------------------
+def activation(
+    dst,
+    op,
+    data,
+    bias=None,
+    scale=1.0,
+    reduce_op=None,
+    reduce_res=None,
+    reduce_cmd=reduce_cmd.idle,
+    name=None,
+):
+    """``dst = op(data * scale + bias)`` on the Scalar engine in float32. ``scale``: a float
+    or a float32 ``(P, 1)`` tile; ``bias``: a ``(P, 1)`` tile (any dtype but tfloat32; a
+    scalar bias only on NeuronCore-v3+). The per-partition reduction of the float32 result
+    folds into the Scalar engine's reduce registers per ``reduce_cmd`` (``idle`` leaves them
+    unchanged, spec §3.4 decision); ``reduce_res`` receives the registers after the update."""
+    return _activation(
+        "activation", dst, op, data, bias, scale, reduce_op, reduce_res, reduce_cmd, name
+    )
+
+
+def activation_reduce(dst, op, data, reduce_op, reduce_res, bias=None, scale=1.0, name=None):
+    """``activation`` with ``reduce_cmd=reset_reduce`` (kept for backward compatibility)."""
+    if reduce_res is None:
+        raise NkiValidationError("activation_reduce needs a reduce_res tile")
+    return _activation(
+        "activation_reduce",
+        dst,
+        op,
+        data,
+        bias,
+        scale,
+        reduce_op,
+        reduce_res,
+        globals()["reduce_cmd"].reset_reduce,
+        name,
+    )
+
+
+_REDUCE_IDENTITY = {"add": 0.0, "maximum": -np.inf, "minimum": np.inf, "multiply": 1.0}
+
+
+def _activation(api, dst, op, data, bias, scale, reduce_op, reduce_res, cmd, name):
+    _on_chip(api, "dst", dst)
+    _on_chip(api, "data", data)
+    _pair(api, "data", data, "dst", dst)
+    cmd = _enum(cmd, reduce_cmd, "reduce_cmd", api)
+    spec = _op(api, "op", op)
+    if not spec.is_activation:
+        raise NkiValidationError(f"{api} op={spec.name} is not an activation function")
+    program = context.current(api)
+    version = program.target.nc_version
+    partitions = data.shape[0]
+    if isinstance(scale, NkiTensor):
+        scale_v, scale_t = _scalar(api, "scale", scale, partitions, f32_tile=True)
+    elif isinstance(scale, (int, float, np.number)) and not isinstance(scale, bool):
+        scale_v, scale_t = np.float32(scale), None
+    else:
+        raise NkiTypeError(f"{api} scale must be a float or a float32 (P, 1) tile")
+    bias_v, bias_t = np.float32(0.0), None
+    if bias is not None:
+        if isinstance(bias, NkiTensor):
+            if _free(bias) != 1:
+                raise NkiValidationError(
+                    f"{api} bias must have free size 1, got shape {tuple(bias.shape)}"
+                )
+            if bias.dtype is dt.tfloat32:
+                raise NkiTypeError(f"{api} bias cannot be tfloat32")
+        elif version == 2:
+            raise NkiValidationError(
+                f"{api} a scalar bias needs NeuronCore-v3 or later; pass a "
+                "(P, 1) tile on NeuronCore-v2"
+            )
+        bias_v, bias_t = _scalar(api, "bias", bias, partitions)
+        if spec.name == "reciprocal" and version == 2:
+            raise NkiValidationError(
+                f"{api} op=nl.reciprocal with a bias is not supported on NeuronCore-v2"
+            )
+    x = _pf(data)
+    with np.errstate(all="ignore"):
+        out = np.asarray(spec.apply(x * scale_v + bias_v), np.float32)
+    reduced = None
+    if reduce_op is not None or reduce_res is not None or cmd is not reduce_cmd.idle:
+        reduced = _reduce_registers(api, program, out, reduce_op, cmd, reduce_res)
+    write(dst, out)
+    writes = [dst]
+    if reduce_res is not None:  # written last: reduce_res may alias dst (RN 0.6 fix)
+        _on_chip(api, "reduce_res", reduce_res)
+        if reduce_res.shape[0] != partitions or _free(reduce_res) != 1:
+            raise NkiValidationError(
+                f"{api} reduce_res must be ({partitions}, 1), got {tuple(reduce_res.shape)}"
+            )
+        write(reduce_res, reduced)
+        writes.append(reduce_res)
+    return _emit(
+        "act",
+        api,
+        name,
+        reads=[data, scale_t, bias_t],
+        writes=writes,
+        partitions=partitions,
+        free_size=_free(data),
+        out_dtype=dst.dtype,
+        details={"op": spec.name, "reduce": reduced is not None},
+    )
+
+
+def _reduce_registers(api, program, out, reduce_op, cmd, reduce_res):
+    spec = _op(api, "reduce_op", reduce_op if reduce_op is not None else "add")
+    if spec.name not in ("add", "maximum", "minimum"):
+        raise NkiValidationError(
+            f"{api} reduce_op must be nl.add (nl.maximum / nl.minimum on "
+            f"NeuronCore-v3+), got {spec.name}"
+        )
+    if spec.name != "add":
+        if program.target.nc_version == 2:
+            raise NkiValidationError(f"{api} reduce_op must be nl.add on NeuronCore-v2")
+        warnings.warn(f"{api} reduce_op={spec.name}: the docs only promise nl.add", stacklevel=3)
+    if cmd is reduce_cmd.load_reduce:
+        raise NkiValidationError(f"{api} reduce_cmd=load_reduce is a Vector-engine command")
+    if cmd is reduce_cmd.idle and reduce_res is not None:
+        warnings.warn(
+            f"{api} reduce_res with reduce_cmd=idle reads the reduce registers "
+            "unchanged (pass reduce_cmd=reset_reduce or use activation_reduce)",
+            stacklevel=3,
+        )
+    partitions = out.shape[0]
+    regs = program.act_regs[:partitions]
+    identity = np.float32(_REDUCE_IDENTITY[spec.name])
+    if cmd is reduce_cmd.reset:
+        regs[...] = identity
+    elif cmd is reduce_cmd.reset_reduce:
+        regs[...] = spec.reduce(out, 1)[:, None]
+    elif cmd is reduce_cmd.reduce:
+        regs[...] = spec.apply(regs, spec.reduce(out, 1)[:, None])
+    return regs.copy()
+
+
+# --- Vector engine -------------------------------------------------------------------------------
+def tensor_tensor(dst, data1, data2, op, engine=engine.unknown, name=None):
+    """``dst = op(data1, data2)`` elementwise. Vector engine; GpSimd for ``power`` and by
+    default when every operand is (u)int32 and none is in PSUM (exact integer math)."""
+    api = "tensor_tensor"
+    _two_tiles(api, ("data1", data1), ("data2", data2), dst)
+    spec = _op(api, "op", op)
+    if spec.unary and spec.name not in fn.BINARY:
+        raise NkiValidationError(f"{api} op={spec.name} is not a binary operator")
+    int32s = all(t.dtype in (dt.int32, dt.uint32) for t in (data1, data2, dst))
+    any_psum = any(t.storage.memory == "psum" for t in (data1, data2, dst))
+    default = (
+        globals()["engine"].gpsimd
+        if (spec.name == "power" or int32s) and not any_psum
+        else globals()["engine"].vector
+    )
+    eng = _engine_of(api, engine, default, (globals()["engine"].vector, globals()["engine"].gpsimd))
+    _no_gpsimd_psum(api, eng, ("data1", data1), ("data2", data2), ("dst", dst))
+    if spec.bitvec:
+        if not (dt.is_int(data1.dtype) and dt.is_int(data2.dtype)):
+            raise NkiValidationError(f"{api} bitvec op {spec.name} needs integer operands")
+        values = spec.apply(_pf(data1, False), _pf(data2, False))
+    elif (
+        eng is globals()["engine"].gpsimd
+        and int32s
+        and spec.name in ("add", "subtract", "multiply")
+    ):
+        values = spec.apply(_pf(data1, False).astype(np.int64), _pf(data2, False).astype(np.int64))
+    else:
+        values = spec.apply(_pf(data1), _pf(data2))
+    return _write_and_emit(
+        _TRACE_ENGINE[eng],
+        api,
+        name,
+        dst,
+        values,
+        [data1, data2],
+        details={"op": spec.name},
+    )
+
+
+def tensor_scalar(
+    dst,
+    data,
+    op0,
+    operand0,
+    reverse0=False,
+    op1=None,
+    operand1=None,
+    reverse1=False,
+    engine=engine.unknown,
+    name=None,
+):
+    """``dst = (data op0 operand0) op1 operand1`` with per-partition operands (scalars or
+    ``(P, 1)`` tiles, float32 for arithmetic ops); unary ops take ``operand0`` None or 0.
+    Vector by default; Scalar for (multiply), (add), (multiply, add) on NeuronCore-v3+;
+    GpSimd only for ``rsqrt``."""
+    api = "tensor_scalar"
+    values, reads, eng, names = _tensor_scalar(
+        api,
+        dst,
+        data,
+        ((op0, operand0, reverse0),) + (((op1, operand1, reverse1),) if op1 is not None else ()),
+        engine,
+    )
+    if op1 is None and operand1 is not None:
+        raise NkiValidationError(f"{api} operand1 given without op1")
+    return _write_and_emit(
+        _TRACE_ENGINE[eng],
+        api,
+        name,
+        dst,
+        values,
+        reads,
+        details={"op": list(names)},
+    )
+
+
+def _tensor_scalar(api, dst, data, stages, requested_engine):
+    """The float32 (or integer, for bitvec ops) result of ``tensor_scalar``'s stages."""
+    _on_chip(api, "data", data)
+    _on_chip(api, "dst", dst)
+    _pair(api, "data", data, "dst", dst)
+    specs = [_op(api, f"op{i}", op) for i, (op, _, _) in enumerate(stages)]
+    if len({s.bitvec for s in specs}) > 1:
+        raise NkiValidationError(f"{api} op0 and op1 must both be arithmetic or both bitvec")
+    names = tuple(s.name for s in specs)
+    bitvec = specs[0].bitvec
+    vector, scalar_eng, gpsimd = engine.vector, engine.scalar, engine.gpsimd
+    eng = _engine_of(api, requested_engine, vector, (vector, scalar_eng, gpsimd))
+    if eng is scalar_eng and (
+        _version(api) < 3 or names not in (("multiply",), ("add",), ("multiply", "add"))
+    ):
+        raise NkiValidationError(
+            f"{api} on the scalar engine runs only (multiply), (add) or "
+            "(multiply, add) on NeuronCore-v3+, got " + ", ".join(names)
+        )
+    if eng is gpsimd and names != ("rsqrt",):
+        raise NkiValidationError(
+            f"{api} runs on the gpsimd engine only for nl.rsqrt, got " + ", ".join(names)
+        )
+    if bitvec and (eng is not vector or not dt.is_int(data.dtype)):
+        raise NkiValidationError(f"{api} bitvec ops run on the vector engine on integer data")
+    _no_gpsimd_psum(api, eng, ("data", data), ("dst", dst))
+    values = _pf(data, f32=not bitvec)
+    reads = [data]
+    for i, (spec, (_, operand, reverse)) in enumerate(zip(specs, stages)):
+        argname = f"operand{i}"
+        if spec.unary and spec.name not in fn.BINARY:
+            if operand is not None and not (_is_number(operand) and operand == 0):
+                raise NkiValidationError(
+                    f"{api} {argname} of unary op {spec.name} must be None or 0"
+                )
+            values = spec.apply(values)
+            continue
+        if bitvec and not isinstance(operand, NkiTensor):
+            scalar, tile = np.asarray(int(operand)).astype(values.dtype), None
+        elif bitvec:
+            _scalar(api, argname, operand, data.shape[0])
+            scalar, tile = _pf(operand, False).astype(values.dtype), operand
+        else:
+            scalar, tile = _scalar(api, argname, operand, data.shape[0], f32_tile=True)
+        reads.append(tile)
+        values = _alu(spec, values, scalar, reverse)
+    return np.asarray(values), reads, eng, names
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (bool, int, float, np.number))
+
+
+def scalar_tensor_tensor(
+    dst, data, op0, operand0, op1, operand1, reverse0=False, reverse1=False, name=None
+):
+    """``dst = (data op0 operand0) op1 operand1``: ``operand0`` a scalar or ``(P, 1)`` tile,
+    ``operand1`` a tile paired with ``data`` (Vector engine, arithmetic ops)."""
+    api = "scalar_tensor_tensor"
+    _two_tiles(api, ("data", data), ("operand1", operand1), dst)
+    spec0, spec1 = _op(api, "op0", op0), _op(api, "op1", op1)
+    if spec0.bitvec or spec1.bitvec:
+        raise NkiValidationError(f"{api} takes arithmetic operators only")
+    scalar, tile = _scalar(api, "operand0", operand0, data.shape[0])
+    values = _alu(spec0, _pf(data), scalar, reverse0)
+    values = _alu(spec1, values, _pf(operand1), reverse1)
+    return _write_and_emit(
+        "dve",
+        api,
+        name,
+        dst,
+        values,
+        [data, tile, operand1],
+        details={"op": [spec0.name, spec1.name]},
+    )
+
+
+def tensor_copy_predicated(dst, src, predicate, reverse_pred=False, name=None):
+    """Where ``predicate`` (uint8/16/32) is non-zero (zero with ``reverse_pred``), ``dst``
+    takes ``src`` (a tile of ``dst``'s dtype or a number); elsewhere ``dst`` keeps its
+    values. ``src`` and ``predicate`` not both in PSUM (Vector engine)."""
+    api = "tensor_copy_predicated"
+    _on_chip(api, "dst", dst)
+    _on_chip(api, "predicate", predicate)
+    _pair(api, "dst", dst, "predicate", predicate)
+    if predicate.dtype not in (dt.uint8, dt.uint16, dt.uint32):
+        raise NkiTypeError(
+            f"{api} predicate must be uint8, uint16 or uint32, got {predicate.dtype}"
+        )
+    reads = [predicate, dst]
+    if isinstance(src, NkiTensor):
+        _on_chip(api, "src", src)
+        _pair(api, "dst", dst, "src", src)
+        _not_both_psum(api, "src", src, "predicate", predicate)
+        if src.dtype is not dst.dtype:
+            raise NkiTypeError(f"{api} src dtype {src.dtype} must equal dst dtype {dst.dtype}")
+        values = _pf(src, f32=False)
+        reads.append(src)
+    elif _is_number(src):
+        values = np.full((dst.shape[0], _free(dst)), src)
+    else:
+        raise NkiTypeError(f"{api} src must be a tensor or a number, got {type(src).__name__}")
+    take = (_pf(predicate, f32=False) != 0) != bool(reverse_pred)
+    merged = np.where(take, dt.cast(values, dst.dtype), _pf(dst, f32=False))
+    return _write_and_emit("dve", api, name, dst, merged, reads)
+
+
+def reciprocal(dst, data, name=None):
+    """``dst = 1 / data`` in float32 (Vector engine)."""
+    api = "reciprocal"
+    _on_chip(api, "dst", dst)
+    _on_chip(api, "data", data)
+    _pair(api, "data", data, "dst", dst)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        values = np.float32(1.0) / _pf(data)
+    return _write_and_emit("dve", api, name, dst, values, [data])
+
+
+def tensor_reduce(dst, op, data, axis, negate=False, keepdims=False, name=None):
+    """Reduce ``data`` along ``axis`` (real dims since 0.3: a contiguous run of free dims
+    ending at the last one, never dim 0) into ``dst`` (elements per partition = the kept
+    dims); ``negate`` multiplies arithmetic results by -1 (Vector engine)."""
+    api = "tensor_reduce"
+    _on_chip(api, "data", data)
+    _on_chip(api, "dst", dst)
+    axes = tuple(
+        sorted({int(a) % data.ndim for a in (axis if isinstance(axis, (list, tuple)) else (axis,))})
+    )
+    if not axes or axes[0] == 0 or axes != tuple(range(axes[0], data.ndim)):
+        raise NkiValidationError(
+            f"{api} axis={axis} must be free dims forming a contiguous run "
+            f"that ends at the last dim (rank {data.ndim})"
+        )
+    kept = math.prod(data.shape[1 : axes[0]])
+    if dst.shape[0] != data.shape[0] or _free(dst) != kept:
+        raise NkiValidationError(
+            f"{api} dst {tuple(dst.shape)} must hold {data.shape[0]} "
+            f"partitions x {kept} elements (the dims kept by axis={axis})"
+        )
+    spec = _op(api, "op", op)
+    if spec.name not in fn.REDUCIBLE:
+        raise NkiValidationError(f"{api} op={spec.name} is not a reduction operator")
+    if negate and spec.bitvec:
+        raise NkiValidationError(f"{api} negate applies to arithmetic reductions only")
+    values = data.values().reshape(data.shape[0], kept, -1)
+    values = values if spec.bitvec else values.astype(np.float32)
+    return _write_and_emit(
+        "dve",
+        api,
+        name,
+        dst,
+        engines.reduce_last(spec, values, negate),
+        [data],
+        details={"op": spec.name},
+    )
+
+
+def tensor_scalar_reduce(
+    dst,
+    data,
+    op0,
+    operand0,
+    reduce_op,
+    reduce_res=None,
+    reverse0=False,
+    reduce_cmd=reduce_cmd.reset_reduce,
+    reduce_init=None,
+    reduce_res_negate=False,
+    name=None,
+):
+    """``dst = data op0 operand0``; the per-partition ``reduce_op`` (add, multiply, max, min)
+    of the float32 result folds into the Vector accumulators per ``reduce_cmd``; ``reduce_res``
+    (``(P, 1)``, optional since 0.6) receives them, negated if ``reduce_res_negate``."""
+    api = "tensor_scalar_reduce"
+    if reverse0:
+        raise NkiValidationError(f"{api} does not support reverse0")
+    cmd = _enum(reduce_cmd, globals()["reduce_cmd"], "reduce_cmd", api)
+    spec = _op(api, "reduce_op", reduce_op)
+    if spec.name not in _REDUCE_IDENTITY:
+        raise NkiValidationError(
+            f"{api} reduce_op must be add, multiply, maximum or minimum, got {spec.name}"
+        )
+    values, reads, _, names = _tensor_scalar(
+        api, dst, data, ((op0, operand0, False),), engine.vector
+    )
+    program = context.current(api)
+    regs = program.vector_regs[: data.shape[0]]
+    folded = spec.reduce(values.reshape(data.shape[0], -1).astype(np.float32), 1)[:, None]
+    commands = globals()["reduce_cmd"]
+    if cmd is commands.reset_reduce:
+        regs[...] = folded
+    elif cmd is commands.reduce:
+        regs[...] = spec.apply(regs, folded)
+    elif cmd is commands.load_reduce:
+        if reduce_init is None:
+            raise NkiValidationError(f"{api} reduce_cmd=load_reduce needs reduce_init")
+        regs[...] = spec.apply(np.float32(reduce_init), folded)
+    elif cmd is commands.reset:
+        regs[...] = np.float32(_REDUCE_IDENTITY[spec.name])
+    write(dst, values)
+    writes = [dst]
+    if reduce_res is not None:
+        _on_chip(api, "reduce_res", reduce_res)
+        if reduce_res.shape[0] != data.shape[0] or _free(reduce_res) != 1:
+            raise NkiValidationError(
+                f"{api} reduce_res must be ({data.shape[0]}, 1), got {tuple(reduce_res.shape)}"
+            )
+        write(reduce_res, -regs if reduce_res_negate else regs)
+        writes.append(reduce_res)
+    return _emit(
+        "dve",
+        api,
+        name,
+        reads=reads,
+        writes=writes,
+        partitions=dst.shape[0],
+        free_size=_free(dst),
+        out_dtype=dst.dtype,
+        details={"op": list(names), "reduce": True},
+    )
+
+
+def tensor_tensor_scan(
+    dst, data0, data1, initial, op0, op1, reverse0=False, reverse1=False, name=None
+):
+    """Per partition along the free elements: ``r[i] = (data0[i] op0 r[i-1]) op1 data1[i]``
+    with ``r[-1] = initial`` (a scalar or ``(P, 1)`` tile); Vector engine."""
+    api = "tensor_tensor_scan"
+    _two_tiles(api, ("data0", data0), ("data1", data1), dst)
+    reads = [data0, data1] + ([initial] if isinstance(initial, NkiTensor) else [])
+    initial_values, _ = _scalar(api, "initial", initial, data0.shape[0])
+    spec0, spec1 = _op(api, "op0", op0), _op(api, "op1", op1)
+    values = engines.scan(
+        _alu, _pf(data0), _pf(data1), initial_values, spec0, spec1, reverse0, reverse1
+    )
+    return _write_and_emit(
+        "dve", api, name, dst, values, reads, details={"op": [spec0.name, spec1.name]}
+    )
+
+
+def bn_stats(dst, data, name=None):
+    """Per partition over at most 512 free elements (``bn_stats_fmax``): ``[count, mean,
+    var*count]`` of the even- and of the odd-indexed elements (6 per partition)."""
+    api = "bn_stats"
+    _on_chip(api, "data", data)
+    _on_chip(api, "dst", dst)
+    if _free(data) > 512:
+        raise NkiValidationError(
+            f"{api} data has {_free(data)} elements per partition, exceeds "
+            "maximum 512 (nl.tile_size.bn_stats_fmax)"
+        )
+    if dst.shape[0] != data.shape[0] or _free(dst) != 6:
+        raise NkiValidationError(f"{api} dst must be ({data.shape[0]}, 6), got {tuple(dst.shape)}")
+    return _write_and_emit("dve", api, name, dst, engines.batch_norm_stats(_pf(data)), [data])
+
+
+def bn_aggr(dst, data, name=None):
+    """Combine ``(count, mean, var*count)`` triples into ``[mean, var]`` per partition."""
+    api = "bn_aggr"
+    _on_chip(api, "data", data)
+    _on_chip(api, "dst", dst)
+    if _free(data) % 3:
+        raise NkiValidationError(
+            f"{api} data elements per partition ({_free(data)}) must be a multiple of 3"
+        )
+    if dst.shape[0] != data.shape[0] or _free(dst) != 2:
+        raise NkiValidationError(f"{api} dst must be ({data.shape[0]}, 2), got {tuple(dst.shape)}")
+    return _write_and_emit("dve", api, name, dst, engines.batch_norm_aggregate(_pf(data)), [data])
+
+
+# --- Tensor engine --------------------------------------------------------------------------------
+_MATMUL_INPUTS = frozenset(
+    (
+        dt.float8_e4m3,
+        dt.float8_e5m2,
+        dt.bfloat16,
+        dt.float16,
+        dt.tfloat32,
+        dt.float32,
+        dt.float8_e4m3fn,
+    )
+)
+
+
+def nc_matmul(
+    dst,
+    stationary,
+    moving,
+    is_stationary_onezero=False,
+    is_moving_onezero=False,
+    is_transpose=False,
+    accumulate=None,
+    tile_position=(),
+    tile_size=(),
+    perf_mode=matmul_perf_mode.none,
+    name=None,
+):
+    """``dst = stationary.T @ moving`` on the Tensor engine (SBUF inputs, PSUM ``dst``; free
+    dims flattened). ``accumulate``: False overwrites, True adds to PSUM, None (default)
+    overwrites the elements no matmul wrote since allocation and adds elsewhere (STUB-ISA,
+    MIG 0.3). Products are exact and summed in float64, rounded once to float32 (spec
+    decision), then added to PSUM in float32 and rounded to ``dst.dtype``."""
+    api = "nc_matmul"
+    _on_chip(api, "stationary", stationary, psum=False)
+    _on_chip(api, "moving", moving, psum=False)
+    _on_chip(api, "dst", dst, sbuf=False)
+    _enum(perf_mode, matmul_perf_mode, "perf_mode", api)
+    version = _version(api)
+    k, m, n = stationary.shape[0], _free(stationary), _free(moving)
+    if moving.shape[0] != k:
+        raise NkiValidationError(
+            f"{api} moving has {moving.shape[0]} partitions, stationary "
+            f"{k}: the contraction dims must match"
+        )
+    if m > 128:
+        raise NkiValidationError(
+            f"{api} stationary free size {m} exceeds maximum 128 "
+            "(nl.tile_size.gemm_stationary_fmax)"
+        )
+    n_max = 512 if version < 4 else (8192 if dst.dtype is dt.bfloat16 else 4096)
+    if n > n_max:
+        raise NkiValidationError(f"{api} moving free size {n} exceeds maximum {n_max}")
+    if dst.shape[0] != m or _free(dst) != n:
+        raise NkiValidationError(
+            f"{api} dst {tuple(dst.shape)} must hold {m} partitions x {n} "
+            "elements (stationary free size x moving free size)"
+        )
+    for argname, t in (("stationary", stationary), ("moving", moving)):
+        if t.dtype not in _MATMUL_INPUTS:
+            raise NkiTypeError(f"{api} {argname} dtype {t.dtype} is not a matmul input type")
+        if t.dtype is dt.float8_e4m3fn and version < 4:
+            raise NkiTypeError(f"{api} {argname} float8_e4m3fn needs NeuronCore-v4")
+    kinds = {stationary.dtype, moving.dtype}
+    if kinds & {dt.float32, dt.tfloat32} and not kinds <= {dt.float32, dt.tfloat32}:
+        raise NkiTypeError(
+            f"{api} float32/tfloat32 inputs pair only with float32/tfloat32, got "
+            f"{stationary.dtype} and {moving.dtype}"
+        )
+    if {dt.float8_e4m3, dt.float8_e4m3fn} <= kinds:
+        raise NkiTypeError(f"{api} cannot mix float8_e4m3 and float8_e4m3fn")
+    if bool(tile_position) != bool(tile_size):
+        raise NkiValidationError(f"{api} tile_position and tile_size go together")
+    granule = 64 if version == 2 else 32  # row/column tiles of the PE array (STUB-ISA)
+    if tile_size and any(int(v) % granule for v in (*tile_position, *tile_size)):
+        raise NkiValidationError(
+            f"{api} tile_position {tuple(tile_position)} and tile_size {tuple(tile_size)} must "
+            f"be multiples of {granule} on NeuronCore-v{version}"
+        )
+    if tile_size and (int(tile_size[0]) < k or int(tile_size[1]) < m):
+        raise NkiValidationError(
+            f"{api} the stationary ({k} x {m}) does not fit tile_size {tuple(tile_size)}"
+        )
+    if perf_mode is matmul_perf_mode.double_row and (
+        version < 3 or not kinds <= {dt.float8_e4m3, dt.float8_e5m2, dt.float8_e4m3fn}
+    ):
+        raise NkiValidationError(
+            f"{api} perf_mode=double_row needs fp8 inputs on NeuronCore-v3+, got "
+            f"{stationary.dtype} x {moving.dtype} on NeuronCore-v{version}"
+        )
+    a = _pf(stationary)
+    b = _pf(moving)
+    if is_transpose:
+        if n != k or not np.array_equal(b, np.eye(k, dtype=np.float32)):
+            raise NkiValidationError(f"{api} is_transpose=True needs an identity as moving")
+        if dst.dtype is not stationary.dtype:
+            raise NkiTypeError(
+                f"{api} is_transpose=True needs dst dtype {stationary.dtype} (the "
+                f"stationary dtype), got {dst.dtype}"
+            )
+        write(dst, _pf(stationary, f32=False).T, accumulated_by_matmul=True)
+        matmul_mask(dst)[...] = True
+    else:
+        if dst.dtype is not dt.float32 and not (version >= 4 and dst.dtype is dt.bfloat16):
+            raise NkiTypeError(
+                f"{api} dst must be float32 (or bfloat16 on NeuronCore-v4), got {dst.dtype}"
+            )
+        if stationary.dtype is dt.tfloat32 or moving.dtype is dt.tfloat32:
+            a, b = dt.cast(a, dt.tfloat32), dt.cast(b, dt.tfloat32)
+        product = (a.astype(np.float64).T @ b.astype(np.float64)).astype(np.float32)
+        flags = matmul_mask(dst).reshape(m, n)
+        if accumulate is None:
+            add = flags.copy()
+        elif accumulate is True:
+            if not flags.all():
+                warnings.warn(
+                    f"{api} accumulate=True onto PSUM elements no matmul wrote "
+                    f"(`{dst.name}`): undefined on hardware",
+                    stacklevel=2,
+                )
+            add = np.ones_like(flags)
+        elif accumulate is False:
+            add = np.zeros_like(flags)
+        else:
+            raise NkiTypeError(f"{api} accumulate must be None, True or False")
+        current_values = _pf(dst)
+        result = np.where(add, current_values + product, product)
+        write(dst, result, accumulated_by_matmul=True)
+        matmul_mask(dst)[...] = True
+    return _emit(
+        "pe",
+        api,
+        name,
+        reads=[stationary, moving],
+        writes=[dst],
+        partitions=k,
+        free_size=n,
+        out_dtype=dst.dtype,
+        details={
+            "stationary_free": m,
+            "transpose": bool(is_transpose),
+            "fp32": dt.float32 in kinds,
+            "accumulate": accumulate,
+        },
+    )
+
+
+def nc_transpose(dst, data, engine=engine.unknown, name=None):
+    """Swap partitions and (flattened) free elements; ``dst.dtype == data.dtype``. Tensor
+    engine (<= 128x128, SBUF -> PSUM) or Vector engine (<= 32x32); ``engine.unknown`` picks
+    from the destination buffer (spec decision)."""
+    api = "nc_transpose"
+    _on_chip(api, "data", data)
+    _on_chip(api, "dst", dst)
+    eng = _enum(engine, globals()["engine"], "engine", api)
+    if eng is globals()["engine"].unknown:
+        eng = (
+            globals()["engine"].tensor
+            if dst.storage.memory == "psum"
+            else globals()["engine"].vector
+        )
+    if eng not in (globals()["engine"].tensor, globals()["engine"].vector):
+        raise NkiValidationError(f"{api} runs on the tensor or vector engine, not {eng.name}")
+    limit = 128 if eng is globals()["engine"].tensor else 32
+    p, f = data.shape[0], _free(data)
+    if p > limit or f > limit:
+        raise NkiValidationError(
+            f"{api} data ({p} x {f}) exceeds {limit} x {limit} on the {eng.name} engine"
+        )
+    if eng is globals()["engine"].tensor and (
+        data.storage.memory != "sbuf" or dst.storage.memory != "psum"
+    ):
+        raise NkiValidationError(f"{api} on the tensor engine reads SBUF and writes PSUM")
+    if dst.dtype is not data.dtype:
+        raise NkiTypeError(f"{api} dst dtype {dst.dtype} must equal data dtype {data.dtype}")
+    if dst.shape[0] != f or _free(dst) != p:
+        raise NkiValidationError(f"{api} dst {tuple(dst.shape)} must be {f} x {p}")
+    write(dst, _pf(data, f32=False).T)
+    return _emit(
+        _TRACE_ENGINE[eng],
+        api,
+        name,
+        reads=[data],
+        writes=[dst],
+        partitions=p,
+        free_size=f,
+        out_dtype=dst.dtype,
+    )
+
+
+# --- LNC: sendrecv, core_barrier ----------------------------------------------------------------
+def _lnc2(api) -> context.Program:
+    program = context.current(api)
+    if program.target.nc_version < 3 or program.launch.lnc != 2:
+        raise NkiValidationError(
+            f"{api} needs an LNC=2 launch (kernel[2]) on NeuronCore-v3+ "
+            f"(this launch: LNC={program.launch.lnc} on "
+            f"{program.target.name})"
+        )
+    return program
+
+
+def sendrecv(src, dst, send_to_rank, recv_from_rank, pipe_id, dma_engine=dma_engine.dma, name=None):
+    """Send ``src`` to the peer core's ``dst`` while receiving the peer's ``src`` into this
+    core's ``dst`` (SBUF, same dtype and shape); calls with the same ``pipe_id`` meet."""
+    api = "sendrecv"
+    program = _lnc2(api)
+    _on_chip(api, "src", src, psum=False)
+    _on_chip(api, "dst", dst, psum=False)
+    _enum(dma_engine, globals()["dma_engine"], "dma_engine", api)
+    if src.dtype is not dst.dtype or tuple(src.shape) != tuple(dst.shape):
+        raise NkiValidationError(
+            f"{api} src {tuple(src.shape)} {src.dtype} and dst "
+            f"{tuple(dst.shape)} {dst.dtype} must match"
+        )
+    me = program.program_id
+    for argname, rank in (("send_to_rank", send_to_rank), ("recv_from_rank", recv_from_rank)):
+        if int(rank) not in (0, 1) or int(rank) == me:
+            raise NkiValidationError(
+                f"{api} {argname}={rank} must be the other core (this is core {me})"
+            )
+    launch = program.launch
+    with launch.lock:
+        launch.mailbox.setdefault((pipe_id, me, int(send_to_rank)), []).append(src.values())
+    inbox = (pipe_id, int(recv_from_rank), me)
+    launch.turns.block_until(me, lambda: bool(launch.mailbox.get(inbox)), api)
+    with launch.lock:
+        values = launch.mailbox[inbox].pop(0)
+    return _write_and_emit(
+        "dma",
+        api,
+        name,
+        dst,
+        values,
+        [src],
+        dma={
+            "dma_bytes": src.size * src.itemsize,
+            "dma_direction": "sbuf->sbuf",
+            "dma_row_bytes": _free(src) * src.itemsize,
+        },
+    )
+
+
+def core_barrier(data, cores, engine=engine.gpsimd, name=None):
+    """Both cores wait here until both arrive (``cores=(0, 1)``; ``data`` the shared tensor
+    they synchronise on)."""
+    api = "core_barrier"
+    program = _lnc2(api)
+    _tensor(api, "data", data)
+    if tuple(int(c) for c in cores) != (0, 1):
+        raise NkiValidationError(f"{api} cores must be (0, 1), got {tuple(cores)}")
+    launch = program.launch
+    generation = program.barrier_cursor
+    program.barrier_cursor += 1
+    with launch.lock:
+        launch.barrier_counts[generation] = launch.barrier_counts.get(generation, 0) + 1
+    launch.turns.block_until(
+        program.program_id, lambda: launch.barrier_counts[generation] >= launch.lnc, api
+    )
+    return NkiInstruction(api, name)
+
+
+# --- registers ----------------------------------------------------------------------------------
+def register_alloc(x=None) -> VirtualRegister:
+    return VirtualRegister(0 if x is None else int(x))
+
+
+def register_move(dst, src) -> None:
+    if not isinstance(dst, VirtualRegister):
+        raise NkiTypeError("register_move dst must be a VirtualRegister")
+    if dst.read_only:
+        raise NkiValidationError("register_move: the loop induction register is read-only")
+    dst.value = src.value if isinstance(src, VirtualRegister) else int(src)
+
+
+def register_load(dst, src) -> None:
+    if not isinstance(dst, VirtualRegister):
+        raise NkiTypeError("register_load dst must be a VirtualRegister")
+    if not isinstance(src, NkiTensor) or src.size != 1 or src.storage.memory == "psum":
+        raise NkiValidationError("register_load src must be a 1-element HBM or SBUF tensor")
+    dst.value = int(src.array().reshape(-1)[0])
+
+
+def register_store(dst, src) -> None:
+    if not isinstance(src, VirtualRegister):
+        raise NkiTypeError("register_store src must be a VirtualRegister")
+    if not isinstance(dst, NkiTensor) or dst.size != 1 or dst.storage.memory == "psum":
+        raise NkiValidationError("register_store dst must be a 1-element HBM or SBUF tensor")
+    write(dst, np.asarray([src.value]))
+
+
+__all__ = [
+    n
+    for n in dir()
+    if not n.startswith("_")
+    and n
+    not in (
+        "annotations",
+        "enum",
+        "math",
+        "warnings",
+        "np",
+        "fn",
+        "context",
+        "engines",
+        "dt",
+        "NkiIndexError",
+        "NkiTypeError",
+        "NkiValueError",
+        "partition_start",
+        "region",
+        "write",
+        "matmul_mask",
+    )
+]
+
+
+def _assign(self, key, value):
+    """``t[key] = value`` (undocumented in 0.6; spec decision): a cast copy of a tensor
+    (DMA when either side is in HBM, else a Vector ``tensor_copy``) or a ``memset`` fill.
+    Defined here, with the instructions it issues, so that the tensor module does not import
+    this one."""
+    dst = self[key]
+    if not isinstance(value, NkiTensor):
+        memset(dst=dst, value=value)
+    elif dst.on_chip and value.on_chip:
+        tensor_copy(dst=dst, src=value)
+    else:
+        dma_copy(dst=dst, src=value)
+
+
+NkiTensor.__setitem__ = _assign
