@@ -83,6 +83,30 @@ def test_operators_appear_in_their_release(rng):
         np.testing.assert_array_equal(nki.simulate_kernel(kernel, x), np.abs(x))
 
 
+def test_tile_broadcast_to_predates_nl_broadcast_to(rng):
+    """``tile.broadcast_to`` is an ``nki.tensor`` method from 2.20 on
+    (general/nki/api/nki/__init__.py@72825d50, L317); ``nl.broadcast_to`` appears in 2.22."""
+    column = random_array(rng, (128, 1), np.float32)
+
+    def method(column):
+        out = nl.ndarray((128, 8), nl.float32, buffer=nl.shared_hbm)
+        nl.store(out, value=nl.load(column).broadcast_to((128, 8)))
+        return out
+
+    def function(column):
+        out = nl.ndarray((128, 8), nl.float32, buffer=nl.shared_hbm)
+        nl.store(out, value=nl.broadcast_to(nl.load(column), shape=(128, 8)))
+        return out
+
+    expected = np.broadcast_to(column, (128, 8))
+    with nki.use_sdk("2.21"):
+        np.testing.assert_array_equal(nki.simulate_kernel(method, column), expected)
+        with pytest.raises(AttributeError, match="nl.broadcast_to.*first appears in SDK 2.22"):
+            nki.simulate_kernel(function, column)
+    with nki.use_sdk("2.22"):
+        np.testing.assert_array_equal(nki.simulate_kernel(function, column), expected)
+
+
 def test_return_convention_needs_2_21(rng):
     x = random_array(rng, (128, 16), np.float32)
 

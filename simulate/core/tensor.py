@@ -96,10 +96,27 @@ def _region(storage, root: np.ndarray, lo: int, hi: int) -> Region:
 _operators = None
 
 
+class _OperatorFunctions:
+    """A front-end module's functions read from its namespace directly, past the SDK-release
+    gate on its attributes (``core.sdk.gate_module``): the tile methods are ``nki.tensor``
+    API, not ``nl`` names. ``tile.broadcast_to`` is documented from 2.20 on
+    (``general/nki/api/nki/__init__.py@72825d50``, L317; ``@752349fd``, L425) while
+    ``nl.broadcast_to`` first appears in 2.22."""
+
+    def __init__(self, module):
+        self._namespace = vars(module)
+
+    def __getattr__(self, name):
+        try:
+            return self._namespace[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
 def register_operators(module) -> None:
     """Make ``module``'s functions the implementation of the tile operators."""
     global _operators
-    _operators = module
+    _operators = _OperatorFunctions(module)
 
 
 class TileOperators:
