@@ -157,3 +157,14 @@ def test_release_is_per_thread():
 def test_environment_variable_sets_the_default():
     code = "import simulate; print(simulate.sdk_version())"
     assert fresh_interpreter(code, NKI_SIM_SDK="2.24") == "2.24"
+
+
+def test_strict_modules_live_in_the_core_under_their_old_names_too():
+    """The strict modules moved into ``simulate.core``; ``simulate.<name>`` still imports."""
+    import importlib
+
+    import simulate.core as core
+
+    for name in ("approx", "loop_index", "rules", "scoping", "sdk"):
+        assert importlib.import_module(f"simulate.{name}") is getattr(core, name)
+    assert nki.use_sdk is sdk.sdk and nki.set_approx is core.approx.set_approx
