@@ -40,7 +40,6 @@ require("torch", extra="torch")  # a missing torch is an ImportError naming the 
 import logging
 import math
 import numbers
-import threading
 from collections.abc import Sequence
 
 import ml_dtypes
@@ -203,43 +202,37 @@ def _record(path: str) -> None:
     logger.debug("nki_rmsnorm launch path: %s", path)
 
 
-#: The simulator keeps one global kernel context: launches from several threads take turns.
-_SIMULATOR_LOCK = threading.Lock()
-
-
 class _SimulatorLaunch:
     """CPU tensors: the kernels run in the NKI simulator through :mod:`nki_rmsnorm.ops`."""
 
     @staticmethod
     def forward(x, weight, bias, residual, eps, offset, casting_mode, out_dtype):
-        with _SIMULATOR_LOCK:
-            outputs = ops.rms_norm_fwd(
-                _to_numpy(x),
-                _to_numpy_or_none(weight),
-                eps,
-                offset=offset,
-                bias=_to_numpy_or_none(bias),
-                residual=_to_numpy_or_none(residual),
-                casting_mode=casting_mode,
-                out_dtype=_numpy_dtype(out_dtype),
-            )
+        outputs = ops.rms_norm_fwd(
+            _to_numpy(x),
+            _to_numpy_or_none(weight),
+            eps,
+            offset=offset,
+            bias=_to_numpy_or_none(bias),
+            residual=_to_numpy_or_none(residual),
+            casting_mode=casting_mode,
+            out_dtype=_numpy_dtype(out_dtype),
+        )
         _record("simulator")
         return tuple(_from_numpy(a) for a in outputs)
 
     @staticmethod
     def backward(dy, x_or_h, weight, rstd, dh_out, offset, has_bias, bias_dtype, casting_mode):
-        with _SIMULATOR_LOCK:
-            dx, dweight, dbias = ops.rms_norm_bwd(
-                _to_numpy(dy),
-                _to_numpy(x_or_h),
-                _to_numpy_or_none(weight),
-                _to_numpy(rstd),
-                offset=offset,
-                has_bias=has_bias,
-                bias_dtype=_numpy_dtype(bias_dtype),
-                dh_out=_to_numpy_or_none(dh_out),
-                casting_mode=casting_mode,
-            )
+        dx, dweight, dbias = ops.rms_norm_bwd(
+            _to_numpy(dy),
+            _to_numpy(x_or_h),
+            _to_numpy_or_none(weight),
+            _to_numpy(rstd),
+            offset=offset,
+            has_bias=has_bias,
+            bias_dtype=_numpy_dtype(bias_dtype),
+            dh_out=_to_numpy_or_none(dh_out),
+            casting_mode=casting_mode,
+        )
         _record("simulator")
         return _from_numpy(dx), _from_numpy_or_none(dweight), _from_numpy_or_none(dbias)
 
