@@ -29,7 +29,7 @@ import numpy as np
 from numpy.typing import DTypeLike
 
 from nki_rmsnorm import kernels
-from nki_rmsnorm.kernels.rmsnorm_bwd import MAX_HIDDEN as MAX_HIDDEN_BWD
+from nki_rmsnorm.plan.backward import MAX_HIDDEN as MAX_HIDDEN_BWD
 
 # The argument rules live in one module shared by every front end; the launchers below use
 # them under their historical private names.
@@ -134,7 +134,8 @@ def rms_norm_bwd(dy: np.ndarray, x_or_h: np.ndarray, weight: np.ndarray | None,
         rstd: the forward's float32 ``rstd``, shape ``x_or_h.shape[:-1]``.
         offset: the forward's weight offset (needs a weight).
         has_bias: whether the forward added a bias (then ``dbias`` is returned).
-        bias_dtype: the bias's dtype, ``dbias``'s dtype (float32 or x_or_h's dtype); None:
+        bias_dtype: the bias's dtype, ``dbias``'s dtype (float32 or x_or_h's dtype; any
+            kernel dtype when x_or_h is an fp32 h); None:
             the weight's dtype (float32 without a weight). ``dbias`` is summed in fp32 and
             rounded once, so an fp32 bias beside a bf16 weight gets an fp32 gradient.
         dh_out: gradient flowing into the ``h`` output, shaped like ``x_or_h``, or None;
@@ -179,7 +180,9 @@ def rms_norm_bwd(dy: np.ndarray, x_or_h: np.ndarray, weight: np.ndarray | None,
     param_dtype = _FLOAT32 if weight is None else weight.dtype
     if bias_dtype is not None:
         bias_dtype = _dtype(bias_dtype, "bias_dtype")
-        if bias_dtype not in (_FLOAT32, x.dtype):
+        # An fp32 x_or_h may be the h of an fp32 residual stream beside a bias in x's
+        # narrower dtype, which the forward accepts; otherwise the forward's rule holds.
+        if x.dtype != _FLOAT32 and bias_dtype not in (_FLOAT32, x.dtype):
             raise TypeError(f"bias_dtype must be float32 or x_or_h's dtype ({x.dtype}), got "
                             f"{bias_dtype}")
         if not has_bias:

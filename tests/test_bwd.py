@@ -40,7 +40,8 @@ import pytest
 
 import simulate
 from nki_rmsnorm import reference
-from nki_rmsnorm.kernels.rmsnorm_bwd import MAX_HIDDEN, rmsnorm_bwd
+from nki_rmsnorm.kernels.legacy.rmsnorm_bwd import rmsnorm_bwd
+from nki_rmsnorm.plan.backward import MAX_HIDDEN
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 F16 = np.dtype(np.float16)

@@ -7,8 +7,9 @@ A patched model's logits are compared with the original's:
 * bf16 and fp16: every norm call is checked, by a forward hook, against the HF module on
   the same input: bit for bit in every row whose fp32 ``rstd`` equals HF's. The kernels do
   HF's arithmetic in HF's order and roundings; the one value computed differently is
-  ``rstd`` (the kernel sums x² in its own order), one or two fp32 ulps off HF's in 15–35 %
-  of rows. That changes an output only where ``x·rstd`` lies within an fp32 ulp of a
+  ``rstd`` (the kernel sums x² in its own order and Newton-refines the approximate rsqrt),
+  one to three fp32 ulps off HF's in up to about half of the rows. That changes an output
+  only where ``x·rstd`` lies within an fp32 ulp of a
   rounding tie of the input dtype (about 1 in 10⁵ elements for bf16, 4 in 10⁵ for fp16,
   see ``test_llama_preset_differs_only_by_the_rstd_rounding``), by at most 2 ulps. When no
   norm output differs, the logits must be bit for bit equal (the rest is HF's own code);
@@ -349,12 +350,13 @@ def test_apply_leaves_other_modules_and_rejects_bad_input():
 
 @pytest.mark.parametrize("dtype, max_fraction", [(torch.bfloat16, 4e-5), (torch.float16, 1e-4)])
 def test_llama_preset_differs_only_by_the_rstd_rounding(dtype, max_fraction):
-    """1.2 M elements against HF LlamaRMSNorm. Our fp32 rstd (the kernel's summation order)
-    differs from HF's (torch's) in the last bit in 15–35 % of rows, never by more; rows
-    with equal rstd are bit for bit equal; elsewhere an output differs only where x·rstd
-    lies within an fp32 ulp of a rounding tie of the input dtype: then by 1 ulp of x̂, at
-    most 2 ulps of y. Measured: bf16 0–12, fp16 20–53 of 1.2 M elements per draw; the
-    bound allows 24 (bf16) and 120 (fp16)."""
+    """1.2 M elements against HF LlamaRMSNorm. Our fp32 rstd (the kernel's summation
+    order, then two Newton steps on the Scalar engine's approximate rsqrt) differs from HF's
+    (torch's) by one to three fp32 ulps in 5–60 % of rows; rows with equal rstd are bit for
+    bit equal; elsewhere an output differs only where x·rstd lies within an fp32 ulp of a
+    rounding tie of the input dtype: then by 1 ulp of x̂, at most 2 ulps of y. Measured: bf16
+    0–12, fp16 20–53 of 1.2 M elements per draw before the Newton refinement, bf16 0 and
+    fp16 100 in this draw after it; the bound allows 24 (bf16) and 120 (fp16)."""
     m, n = 1200, 1000
     reference = _hf_norm("LlamaRMSNorm", n, dtype)
     ours = hf.LlamaRMSNorm(reference.weight, reference.variance_epsilon)
@@ -365,7 +367,7 @@ def test_llama_preset_differs_only_by_the_rstd_rounding(dtype, max_fraction):
         want, got = reference(x), ours(x)
     ours_rstd, hf_rstd = _ours_rstd(x), _hf_rstd(x)
     rstd_ulps = (ours_rstd.view(torch.int32).long() - hf_rstd.view(torch.int32).long()).abs()
-    assert int(rstd_ulps.max()) <= 2
-    assert 0.05 < float((rstd_ulps > 0).float().mean()) < 0.5
+    assert int(rstd_ulps.max()) <= 3
+    assert 0.05 < float((rstd_ulps > 0).float().mean()) < 0.6
     differ = assert_matches_hf_except_rstd_rounding(got, want, x)
     assert differ <= max_fraction * got.numel()

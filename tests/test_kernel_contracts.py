@@ -17,7 +17,6 @@
 from __future__ import annotations
 
 import contextlib
-import importlib
 
 import ml_dtypes
 import numpy as np
@@ -31,10 +30,8 @@ import simulate.functions
 from nki_rmsnorm import kernels, ops
 from nki_rmsnorm import nki as nki_module
 from nki_rmsnorm import reference as ref
-from nki_rmsnorm.kernels.rmsnorm_fwd_plan import choose_layout, layout_bytes, make_plan
-
-bwd_module = importlib.import_module("nki_rmsnorm.kernels.rmsnorm_bwd")
-streamed_module = importlib.import_module("nki_rmsnorm.kernels.rmsnorm_bwd_streamed")
+from nki_rmsnorm.plan import backward as bwd_plan
+from nki_rmsnorm.plan.forward import choose_layout, layout_bytes, make_plan
 
 FP32, FP16 = np.dtype(np.float32), np.dtype(np.float16)
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -423,16 +420,16 @@ def _forward_budget(target, m, n, x, weight, bias, residual, offset, casting_mod
 
 def _backward_budget(target, n, x, dy, weight, dh_out, offset, casting_mode):
     spec = simulate.get_target(target)
-    dtypes = bwd_module.BwdDtypes(x, dy, weight, dh_out)
-    plan = bwd_module._make_plan(n, dtypes, offset, casting_mode, spec.sbuf_bytes_per_partition)
+    dtypes = bwd_plan.BwdDtypes(x, dy, weight, dh_out)
+    plan = bwd_plan.make_plan(n, dtypes, offset, casting_mode, spec.sbuf_bytes_per_partition)
     if plan is not None:
-        return "folded", bwd_module.plan_bytes(plan, dtypes), spec.sbuf_bytes_per_partition
-    streamed = streamed_module._make_plan(
+        return "folded", bwd_plan.plan_bytes(plan, dtypes), spec.sbuf_bytes_per_partition
+    streamed = bwd_plan.make_streamed_plan(
         n, x, dy, weight, casting_mode, spec.sbuf_bytes_per_partition
     )
     return (
         "streamed",
-        streamed_module.plan_bytes(streamed, n, x, dy, weight),
+        bwd_plan.streamed_plan_bytes(streamed, n, x, dy, weight),
         spec.sbuf_bytes_per_partition,
     )
 
@@ -441,7 +438,7 @@ def _backward_budget(target, n, x, dy, weight, dh_out, offset, casting_mode):
 @given(
     target=st.sampled_from(TARGETS),
     m=st.integers(1, 1 << 16),
-    n=st.integers(1, bwd_module.MAX_HIDDEN),
+    n=st.integers(1, bwd_plan.MAX_HIDDEN),
     x=st.sampled_from(KERNEL_DTYPES),
     weight=OPTIONAL_DTYPES,
     bias=OPTIONAL_DTYPES,
@@ -464,7 +461,7 @@ def test_forward_plan_fits_every_accepted_input(
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     target=st.sampled_from(TARGETS),
-    n=st.integers(1, bwd_module.MAX_HIDDEN),
+    n=st.integers(1, bwd_plan.MAX_HIDDEN),
     x=st.sampled_from(KERNEL_DTYPES),
     dy=st.sampled_from(KERNEL_DTYPES),
     weight=OPTIONAL_DTYPES,
