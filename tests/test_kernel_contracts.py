@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 
 import simulate
 import simulate.functions
+import simulate.nki06 as nki06
 from nki_rmsnorm import kernels, ops
 from nki_rmsnorm import nki as nki_module
 from nki_rmsnorm import reference as ref
@@ -148,10 +149,22 @@ BWD_OPTIONS = {
 }
 
 
+def _launch_backward(kernel_dialect, name, monkeypatch, *args):
+    """Run backward entry point ``name`` of ``kernel_dialect`` on trn2: its outputs."""
+    kernel = kernels.kernel(name, kernel_dialect)
+    if kernel_dialect == "legacy":
+        return simulate.trace_kernel(kernel, *args, target="trn2")[0]
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn2")
+    return nki06.simulate(kernel)(*args)
+
+
+@pytest.mark.parametrize("kernel_dialect", ["legacy", "nki06"])
 @pytest.mark.parametrize("N", [200, 30001], ids=["folded", "streamed"])
 @pytest.mark.parametrize("casting_mode", ["gemma", "llama"])
 @pytest.mark.parametrize("options", BWD_OPTIONS, ids=list(BWD_OPTIONS))
-def test_backward_output_parameters_match_return_convention(rng, options, casting_mode, N):
+def test_backward_output_parameters_match_return_convention(
+    rng, monkeypatch, options, casting_mode, N, kernel_dialect
+):
     M = 3 if N > 1000 else 130
     opts = BWD_OPTIONS[options]
     x, dy = _data(rng, (M, N), BF16), _data(rng, (M, N), FP32)
@@ -159,8 +172,10 @@ def test_backward_output_parameters_match_return_convention(rng, options, castin
     dh = None if opts["dh"] is None else _data(rng, (M, N), opts["dh"])
     rstd = ref.rms_norm_fwd(x, w, EPS)[1]
     has_bias = opts["bias"] is not None
-    want, _ = simulate.trace_kernel(
-        kernels.rmsnorm_bwd,
+    want = _launch_backward(
+        kernel_dialect,
+        "rmsnorm_bwd",
+        monkeypatch,
         dy,
         x,
         w,
@@ -170,13 +185,14 @@ def test_backward_output_parameters_match_return_convention(rng, options, castin
         has_bias,
         casting_mode,
         opts["bias"],
-        target="trn2",
     )
     dx = poison((M, N), BF16)
     dweight = None if w is None else poison((N,), w.dtype)
     dbias = poison((N,), opts["bias"]) if has_bias else None
-    got, _ = simulate.trace_kernel(
-        kernels.rmsnorm_bwd_out,
+    got = _launch_backward(
+        kernel_dialect,
+        "rmsnorm_bwd_out",
+        monkeypatch,
         dy,
         x,
         w,
@@ -187,7 +203,6 @@ def test_backward_output_parameters_match_return_convention(rng, options, castin
         dbias,
         opts["offset"],
         casting_mode,
-        target="trn2",
     )
     assert got is None
     buffers = [dx] + [b for b in (dweight, dbias) if b is not None]
