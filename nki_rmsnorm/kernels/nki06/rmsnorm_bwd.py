@@ -39,7 +39,12 @@ from typing import NamedTuple
 import numpy as np
 
 from nki_rmsnorm.kernels.nki06._nki import nisa, nki, nl, usable_sbuf_bytes
-from nki_rmsnorm.kernels.nki06.rmsnorm_bwd_streamed import streamed_backward
+from nki_rmsnorm.kernels.nki06.rmsnorm_bwd_streamed import (
+    column_sum_partials,
+    copy_column_sums,
+    exchange_column_sums,
+    streamed_backward,
+)
 from nki_rmsnorm.plan.backward import (
     CHUNK,
     MAX_HIDDEN,
@@ -140,7 +145,11 @@ def _rows_backward(plan, dy, x, weight, rstd, dh_out, dx, dweight, dbias, offset
         [nl.ndarray((P, 1), dtype=nl.float32) for _ in range(2)],
     )
     # with two halves on this core, the first half's column sums wait here (fp32, SBUF)
-    first_half = _column_sum_partials(plan, consts) if share is None and len(halves) == 2 else None
+    accumulators = (consts.dweight_acc, consts.dbias_acc)
+    used = _column_sum_columns(plan)
+    first_half = None
+    if share is None and len(halves) == 2:
+        first_half = column_sum_partials(accumulators, used)
     # the tile (local index) where each half starts: its first products overwrite PSUM
     starts = {h0 - t_first for h0, _ in halves}
     n_local = t_end - t_first
@@ -173,7 +182,7 @@ def _rows_backward(plan, dy, x, weight, rstd, dh_out, dx, dweight, dbias, offset
         if tile is not None:
             _finish_statistic(plan, tile)
             if first_half is not None and t + 1 in starts:
-                _copy_column_sums(plan, consts, first_half)
+                copy_column_sums(accumulators, first_half, used)
     if share is not None:
         _exchange_and_store(plan, consts, dweight, dbias, share)
 
@@ -181,18 +190,8 @@ def _rows_backward(plan, dy, x, weight, rstd, dh_out, dx, dweight, dbias, offset
 def _exchange_and_store(plan, consts, dweight, dbias, core):
     """LNC=2: swap this core's column sums with the other core's (``sendrecv``), then store
     the groups ``g ≡ core (mod 2)`` of ``own + other``."""
-    own = _column_sum_partials(plan, consts)
-    _copy_column_sums(plan, consts, own)
-    other = _column_sum_partials(plan, consts)
-    for mine, theirs in zip(own, other):
-        if mine is not None:
-            nisa.sendrecv(
-                src=mine,
-                dst=theirs,
-                send_to_rank=1 - core,
-                recv_from_rank=1 - core,
-                pipe_id=COLUMN_SUM_PIPE,
-            )
+    accumulators = (consts.dweight_acc, consts.dbias_acc)
+    other = exchange_column_sums(accumulators, _column_sum_columns(plan), core, COLUMN_SUM_PIPE)
     for g in range(core, plan.n_groups, 2):
         if consts.dweight_acc is not None and dweight is not None:
             _store_column_sums(plan, dweight, consts.dweight_acc, g, other[0])
@@ -203,27 +202,6 @@ def _exchange_and_store(plan, consts, dweight, dbias, core):
 def _column_sum_columns(plan):
     """Accumulator columns in use: ``⌈G/128⌉ · fold`` per column group."""
     return plan.n_groups * (-(-plan.group // nl.tile_size.pmax)) * plan.fold
-
-
-def _column_sum_partials(plan, consts):
-    """SBUF fp32 tiles for the accumulators' columns (None for an absent accumulator)."""
-    return tuple(
-        None
-        if acc is None
-        else nl.ndarray((nl.tile_size.pmax, _column_sum_columns(plan)), dtype=nl.float32)
-        for acc in (consts.dweight_acc, consts.dbias_acc)
-    )
-
-
-def _copy_column_sums(plan, consts, partials):
-    """``partials = accumulators`` (PSUM → SBUF, exact fp32 copies, Vector engine)."""
-    used = _column_sum_columns(plan)
-    for acc, partial in zip((consts.dweight_acc, consts.dbias_acc), partials):
-        if acc is not None:
-            for bank, tile in enumerate(acc):
-                k0 = bank * PSUM_BANK_COLS
-                k1 = min(used, k0 + PSUM_BANK_COLS)
-                nisa.tensor_copy(dst=partial[:, k0:k1], src=tile[:, 0 : k1 - k0])
 
 
 # --- setup ---------------------------------------------------------------------------------

@@ -73,30 +73,22 @@ def streamed_backward(
         nl.ones((P, 1), dtype=nl.float32),
         nl.ones((P, 1), dtype=dy.dtype),
     )
-    first_half = _partials(grads, N) if share is None and len(halves) == 2 else None
+    blocks = -(-N // P)
+    accumulators = (grads.dweight, grads.dbias)
+    first_half = None
+    if share is None and len(halves) == 2:
+        first_half = column_sum_partials(accumulators, blocks)
     starts = {h0 for h0, _ in halves}
     for t in range(halves[0][0], halves[-1][1]):
         r0 = t * P
         _row_tile(plan, inputs, grads, dx, r0, min(P, M - r0), t in starts, ones_w)
         if first_half is not None and t + 1 in starts:
-            _copy_column_sums(grads, first_half, N)
-    if share is None:
-        other = first_half if first_half is not None else (None, None)
-        banks = range(len(_any_acc(grads)))
-    else:  # LNC=2: swap the column sums with the other core; core c stores banks ≡ c (mod 2)
-        own = _partials(grads, N)
-        _copy_column_sums(grads, own, N)
-        other = _partials(grads, N)
-        for mine, theirs in zip(own, other):
-            if mine is not None:
-                nisa.sendrecv(
-                    src=mine,
-                    dst=theirs,
-                    send_to_rank=1 - share,
-                    recv_from_rank=1 - share,
-                    pipe_id=COLUMN_SUM_PIPE,
-                )
-        banks = range(share, len(_any_acc(grads)), 2)
+            copy_column_sums(accumulators, first_half, blocks)
+    banks = range(len(_any_acc(grads)))
+    other = first_half if first_half is not None else (None, None)
+    if share is not None:  # LNC=2: core c stores banks ≡ c (mod 2) of both halves' sums
+        other = exchange_column_sums(accumulators, blocks, share, COLUMN_SUM_PIPE)
+        banks = banks[share::2]
     for bank in banks:
         if dweight is not None:
             _store_column_sums(dweight, grads.dweight, bank, other[0])
@@ -314,24 +306,42 @@ def _column_sum_accumulators(N):
     ]
 
 
-def _partials(grads, N):
-    """SBUF fp32 tiles for the accumulators' used columns (None for an absent one)."""
-    blocks = -(-N // nl.tile_size.pmax)
+def column_sum_partials(accumulators, used):
+    """SBUF fp32 (P, used) tiles for the used columns of each accumulator (a list of PSUM
+    banks; None for an absent one gives None)."""
     return tuple(
-        None if acc is None else nl.ndarray((nl.tile_size.pmax, blocks), dtype=nl.float32)
-        for acc in (grads.dweight, grads.dbias)
+        None if acc is None else nl.ndarray((nl.tile_size.pmax, used), dtype=nl.float32)
+        for acc in accumulators
     )
 
 
-def _copy_column_sums(grads, partials, N):
-    """``partials = accumulators`` (PSUM → SBUF, exact fp32 copies, Vector engine)."""
-    blocks = -(-N // nl.tile_size.pmax)
-    for acc, partial in zip((grads.dweight, grads.dbias), partials):
+def copy_column_sums(accumulators, partials, used):
+    """``partials = accumulators`` over the used columns (PSUM → SBUF, exact fp32 copies,
+    Vector engine)."""
+    for acc, partial in zip(accumulators, partials):
         if acc is not None:
             for bank, tile in enumerate(acc):
                 k0 = bank * PSUM_BANK_COLS
-                k1 = min(blocks, k0 + PSUM_BANK_COLS)
+                k1 = min(used, k0 + PSUM_BANK_COLS)
                 nisa.tensor_copy(dst=partial[:, k0:k1], src=tile[:, 0 : k1 - k0])
+
+
+def exchange_column_sums(accumulators, used, core, pipe_id):
+    """LNC=2: this core's column sums, copied out of PSUM, swapped with the other core's
+    (``nisa.sendrecv``); returns the other core's fp32 sums (SBUF tiles)."""
+    own = column_sum_partials(accumulators, used)
+    copy_column_sums(accumulators, own, used)
+    other = column_sum_partials(accumulators, used)
+    for mine, theirs in zip(own, other):
+        if mine is not None:
+            nisa.sendrecv(
+                src=mine,
+                dst=theirs,
+                send_to_rank=1 - core,
+                recv_from_rank=1 - core,
+                pipe_id=pipe_id,
+            )
+    return other
 
 
 def _accumulate_column_sums(acc, data, ones, c0, first):
