@@ -27,7 +27,7 @@ import ml_dtypes
 import numpy as np
 
 from nki_rmsnorm import reference
-from nki_rmsnorm.kernels.rmsnorm_bwd import MAX_HIDDEN as MAX_HIDDEN_BWD
+from nki_rmsnorm.plan.backward import MAX_HIDDEN as MAX_HIDDEN_BWD
 
 DEFAULT_SHAPES = ((29, 17389), (256, 65536), (1024, 32768), (2048, 16384), (4096, 1024),
                   (4096, 12288), (8192, 2048), (8192, 4096), (8192, 8192), (16384, 4096))

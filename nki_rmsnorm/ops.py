@@ -29,7 +29,7 @@ import numpy as np
 from numpy.typing import DTypeLike
 
 from nki_rmsnorm import kernels
-from nki_rmsnorm.kernels.rmsnorm_bwd import MAX_HIDDEN as MAX_HIDDEN_BWD
+from nki_rmsnorm.plan.backward import MAX_HIDDEN as MAX_HIDDEN_BWD
 
 # The argument rules live in one module shared by every front end; the launchers below use
 # them under their historical private names.

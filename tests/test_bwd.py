@@ -30,9 +30,17 @@ Every output is a fresh ``nl.shared_hbm`` tensor that the simulator fills with N
 uninitialised-memory value) before the kernel runs, so an element the kernel fails to write
 shows up as NaN; every check below also requires the outputs to be finite where the
 reference is.
+
+Every test runs in both NKI dialects (the ``dialect`` parameter): the legacy kernel
+(``nki_rmsnorm.kernels.legacy``) and the ``nki`` 0.6 one (``nki_rmsnorm.kernels.nki06``),
+with the same tolerances, in every regime (``test_bwd_nki06.py`` has the 0.6 kernel's LNC=2
+and trace-parity tests).
 """
 
 from __future__ import annotations
+
+import contextlib
+import os
 
 import ml_dtypes
 import numpy as np
@@ -40,12 +48,39 @@ import pytest
 
 import simulate
 from nki_rmsnorm import reference
-from nki_rmsnorm.kernels.rmsnorm_bwd import MAX_HIDDEN, rmsnorm_bwd
+from nki_rmsnorm.kernels.legacy.rmsnorm_bwd import rmsnorm_bwd
+from nki_rmsnorm.kernels.nki06 import rmsnorm_bwd as bwd06
+from nki_rmsnorm.plan.backward import MAX_HIDDEN
+from simulate import nki06
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 F16 = np.dtype(np.float16)
 F32 = np.dtype(np.float32)
 FP32_REL = 1e-5
+#: The legacy simulator's default target, which the 0.6 runs use too when a test names none.
+DEFAULT_TARGET = "trn1"
+
+
+@pytest.fixture(params=["legacy", "nki06"])
+def dialect(request):
+    """The NKI dialect whose backward kernel a test runs."""
+    return request.param
+
+
+@contextlib.contextmanager
+def _on_target(target):
+    """The 0.6 front-end picks its target from ``NEURON_PLATFORM_TARGET_OVERRIDE``."""
+    name = "NEURON_PLATFORM_TARGET_OVERRIDE"
+    saved = os.environ.get(name)
+    os.environ[name] = target or DEFAULT_TARGET
+    try:
+        yield
+    finally:
+        if saved is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = saved
+
 
 
 def _assert_close(out, ref, dtype, *, scale, extra=0.0, what=""):
@@ -76,9 +111,18 @@ def _make_inputs(rng, M, N, dtype, w_dtype, offset, with_dh, mode, eps=1e-6):
     return dy, x, weight, rstd, dh_out
 
 
-def _run(dy, x, weight, rstd, dh_out, offset, has_bias, mode, target=None):
-    outs, _ = simulate.trace_kernel(rmsnorm_bwd, dy, x, weight, rstd, dh_out, offset, has_bias,
-                                    mode, target=target)
+def _launch(dialect, *args, target=None):
+    """Run the return-convention backward of ``dialect``: (outputs, trace)."""
+    if dialect == "legacy":
+        return simulate.trace_kernel(rmsnorm_bwd, *args, target=target)
+    with _on_target(target):
+        outs = nki06.simulate(bwd06.rmsnorm_bwd)(*args)
+        return outs, nki06.last_trace()
+
+
+def _run(dy, x, weight, rstd, dh_out, offset, has_bias, mode, target=None, dialect="legacy"):
+    outs, _ = _launch(dialect, dy, x, weight, rstd, dh_out, offset, has_bias, mode,
+                      target=target)
     assert isinstance(outs, tuple)
     assert len(outs) == 1 + (weight is not None) + has_bias
     dx = outs[0]
@@ -88,8 +132,9 @@ def _run(dy, x, weight, rstd, dh_out, offset, has_bias, mode, target=None):
 
 
 def _check_against_reference(dy, x, weight, rstd, dh_out, offset, has_bias, mode,
-                             target=None):
-    dx, dweight, dbias = _run(dy, x, weight, rstd, dh_out, offset, has_bias, mode, target)
+                             target=None, dialect="legacy"):
+    dx, dweight, dbias = _run(dy, x, weight, rstd, dh_out, offset, has_bias, mode, target,
+                              dialect)
     ref_dx, ref_dw, ref_db = reference.rms_norm_bwd(dy, x, weight, rstd, offset=offset,
                                                     has_bias=has_bias, dh_out=dh_out,
                                                     casting_mode=mode)
@@ -156,27 +201,28 @@ CASES = [
     "M, N, dtype, w_dtype, offset, has_bias, with_dh, mode", CASES,
     ids=[f"{c[0]}x{c[1]}-{c[2].name}-w{c[3].name if c[3] else 'none'}-off{c[4]}"
          f"{'-bias' if c[5] else ''}{'-dh' if c[6] else ''}-{c[7]}" for c in CASES])
-def test_matches_reference(M, N, dtype, w_dtype, offset, has_bias, with_dh, mode):
+def test_matches_reference(dialect, M, N, dtype, w_dtype, offset, has_bias, with_dh, mode):
     rng = np.random.default_rng([M, N, len(mode)])
     inputs = _make_inputs(rng, M, N, dtype, w_dtype, offset, with_dh, mode)
-    _check_against_reference(*inputs, offset, has_bias, mode)
+    _check_against_reference(*inputs, offset, has_bias, mode, dialect=dialect)
 
 
-def test_deterministic_and_batch_invariant():
+def test_deterministic_and_batch_invariant(dialect):
     """Two runs are bitwise identical; a row's dx does not depend on the other rows."""
     rng = np.random.default_rng(7)
     M, N = 300, 3000
     dy, x, weight, rstd, _ = _make_inputs(rng, M, N, BF16, BF16, 1.0, False, "gemma")
-    first = _run(dy, x, weight, rstd, None, 1.0, True, "gemma")
-    second = _run(dy, x, weight, rstd, None, 1.0, True, "gemma")
+    first = _run(dy, x, weight, rstd, None, 1.0, True, "gemma", dialect=dialect)
+    second = _run(dy, x, weight, rstd, None, 1.0, True, "gemma", dialect=dialect)
     for a, b in zip(first, second):
         assert a.tobytes() == b.tobytes()
     for lo, hi in ((5, 133), (299, 300), (128, 256)):
-        part = _run(dy[lo:hi], x[lo:hi], weight, rstd[lo:hi], None, 1.0, True, "gemma")
+        part = _run(dy[lo:hi], x[lo:hi], weight, rstd[lo:hi], None, 1.0, True, "gemma",
+                    dialect=dialect)
         assert part[0].tobytes() == first[0][lo:hi].tobytes()
 
 
-def test_zero_rows():
+def test_zero_rows(dialect):
     """All-zero rows of x (rstd = 1/sqrt(eps)) give dx = rstd·g and contribute nothing to
     dweight."""
     rng = np.random.default_rng(11)
@@ -186,10 +232,10 @@ def test_zero_rows():
     dy = rng.standard_normal((M, N)).astype(BF16)
     weight = rng.standard_normal(N).astype(F32)
     _, rstd = reference.rms_norm_fwd(x, weight, 1e-5)
-    _check_against_reference(dy, x, weight, rstd, None, 0.0, True, "gemma")
+    _check_against_reference(dy, x, weight, rstd, None, 0.0, True, "gemma", dialect=dialect)
 
 
-def test_nan_row_stays_in_its_row():
+def test_nan_row_stays_in_its_row(dialect):
     """A NaN in one row of x makes that row's dx NaN and dweight NaN (a column sum over
     rows), but leaves every other row's dx and dbias exact."""
     rng = np.random.default_rng(13)
@@ -197,7 +243,7 @@ def test_nan_row_stays_in_its_row():
     dy, x, weight, rstd, _ = _make_inputs(rng, M, N, F32, F32, 0.0, False, "gemma")
     x[150, 17] = np.nan
     _, rstd = reference.rms_norm_fwd(x, weight, 1e-6)
-    dx, dweight, dbias = _run(dy, x, weight, rstd, None, 0.0, True, "gemma")
+    dx, dweight, dbias = _run(dy, x, weight, rstd, None, 0.0, True, "gemma", dialect=dialect)
     ref_dx, _, ref_db = reference.rms_norm_bwd(dy, x, weight, rstd, has_bias=True)
     assert np.isnan(dx[150]).all()
     others = np.arange(M) != 150
@@ -208,7 +254,7 @@ def test_nan_row_stays_in_its_row():
     assert np.abs(dbias - ref_db).max() <= FP32_REL * np.abs(ref_db).max()
 
 
-def test_fp16_large_values():
+def test_fp16_large_values(dialect):
     """fp16 inputs near the top of the range: every statistic is fp32, nothing overflows."""
     rng = np.random.default_rng(17)
     M, N = 129, 512
@@ -216,7 +262,7 @@ def test_fp16_large_values():
     dy = np.clip(300 * rng.standard_normal((M, N)), -65000, 65000).astype(F16)
     weight = rng.standard_normal(N).astype(F16)
     _, rstd = reference.rms_norm_fwd(x, weight, 1e-6)
-    _check_against_reference(dy, x, weight, rstd, None, 0.0, True, "gemma")
+    _check_against_reference(dy, x, weight, rstd, None, 0.0, True, "gemma", dialect=dialect)
 
 
 def _hbm_bytes_per_tensor(trace):
@@ -240,15 +286,14 @@ def _remove_each(values, wanted, what):
 
 
 @pytest.mark.parametrize("M, N", [(257, 1000), (37, 40000)])
-def test_reads_each_input_once(M, N):
+def test_reads_each_input_once(dialect, M, N):
     """dy, x, dh_out, weight and rstd are read from HBM once and dx, dweight, dbias written
     once, folded rows (N = 40000) included; the only other traffic is the small per-row-tile
     rstd table the kernel writes and reads back (under 1 % of the minimal bytes) and two
     128×128 bf16 identity matrices (for x and dh_out)."""
     rng = np.random.default_rng(19)
     dy, x, weight, rstd, dh_out = _make_inputs(rng, M, N, BF16, BF16, 0.0, True, "gemma")
-    _, trace = simulate.trace_kernel(rmsnorm_bwd, dy, x, weight, rstd, dh_out, 0.0, True,
-                                     "gemma")
+    _, trace = _launch(dialect, dy, x, weight, rstd, dh_out, 0.0, True, "gemma")
     read, written = _hbm_bytes_per_tensor(trace)
     minimal_read = [2 * M * N] * 3 + [2 * N, 4 * M]
     minimal_written = [2 * M * N, 2 * N, 2 * N]
@@ -260,20 +305,21 @@ def test_reads_each_input_once(M, N):
         "trn1").sbuf_bytes_per_partition
 
 
-def test_folded_rows_keep_nans_and_batch_invariance():
+def test_folded_rows_keep_nans_and_batch_invariance(dialect):
     """With rows folded over several partitions (N = 24576 bf16 on trn1), a row's dx does
     not depend on the other rows, and a NaN in dy or x leaves every other row's dx bitwise
     unchanged (no data tile passes through a matmul, where 0 · NaN would spread it)."""
     rng = np.random.default_rng(29)
     M, N = 70, 24576
     dy, x, weight, rstd, _ = _make_inputs(rng, M, N, BF16, BF16, 0.0, False, "gemma")
-    first = _run(dy, x, weight, rstd, None, 0.0, False, "gemma")
-    part = _run(dy[3:40], x[3:40], weight, rstd[3:40], None, 0.0, False, "gemma")
+    first = _run(dy, x, weight, rstd, None, 0.0, False, "gemma", dialect=dialect)
+    part = _run(dy[3:40], x[3:40], weight, rstd[3:40], None, 0.0, False, "gemma",
+                dialect=dialect)
     assert part[0].tobytes() == first[0][3:40].tobytes()
     dy[40, 5] = np.nan
     x[10, 100] = np.nan
     rstd[10] = reference.rms_norm_fwd(x[10:11], weight, 1e-6)[1][0]
-    dx, dweight, _ = _run(dy, x, weight, rstd, None, 0.0, False, "gemma")
+    dx, dweight, _ = _run(dy, x, weight, rstd, None, 0.0, False, "gemma", dialect=dialect)
     assert np.isnan(dx[40]).any() and np.isnan(dx[10]).all()
     others = (np.arange(M) != 40) & (np.arange(M) != 10)
     assert dx[others].tobytes() == first[0][others].tobytes()
@@ -281,7 +327,7 @@ def test_folded_rows_keep_nans_and_batch_invariance():
 
 
 @pytest.mark.parametrize("target", ["inf2", "trn2", "trn3"])
-def test_other_targets(target):
+def test_other_targets(dialect, target):
     """The kernel runs within every target's limits (NeuronCore-v3+ share the products
     between the Vector and GpSimd engines, see the kernel) and matches the reference, and a
     row's dx is the same in any batch there too."""
@@ -289,32 +335,32 @@ def test_other_targets(target):
     for mode, w_dtype in (("gemma", BF16), ("llama", F32)):
         dy, x, weight, rstd, dh_out = _make_inputs(rng, 130, 2100, BF16, w_dtype, 1.0, True,
                                                    mode)
-        _check_against_reference(dy, x, weight, rstd, dh_out, 1.0, True, mode, target)
-    dx = _run(dy, x, weight, rstd, dh_out, 1.0, True, mode, target)[0]
-    part = _run(dy[7:99], x[7:99], weight, rstd[7:99], dh_out[7:99], 1.0, True, mode, target)
+        _check_against_reference(dy, x, weight, rstd, dh_out, 1.0, True, mode, target,
+                                 dialect)
+    dx = _run(dy, x, weight, rstd, dh_out, 1.0, True, mode, target, dialect)[0]
+    part = _run(dy[7:99], x[7:99], weight, rstd[7:99], dh_out[7:99], 1.0, True, mode, target,
+                dialect)
     assert part[0].tobytes() == dx[7:99].tobytes()
 
 
-def test_hidden_size_limit():
+def test_hidden_size_limit(dialect):
     """Past MAX_HIDDEN the PSUM accumulators would not fit: a clear error, not a wrong
     answer."""
     N = MAX_HIDDEN + 1
     x = np.ones((1, N), np.float32)
     with pytest.raises(ValueError, match=f"hidden size {N}"):
-        simulate.simulate_kernel(rmsnorm_bwd, x, x, x[0], np.ones(1, np.float32), None, 0.0,
-                                 False, "gemma")
+        _launch(dialect, x, x, x[0], np.ones(1, np.float32), None, 0.0, False, "gemma")
 
 
-def test_rows_that_neither_fit_nor_fold_are_streamed():
+def test_rows_that_neither_fit_nor_fold_are_streamed(dialect):
     """bf16 N = 30,001 on trn1 does not fit SBUF and has no power-of-two factor to fold it
     by: the streamed regime re-reads the rows (≈ 1.67× the minimal HBM bytes) and is exact."""
     rng = np.random.default_rng(30001)
     M, N = 130, 30001
     inputs = _make_inputs(rng, M, N, BF16, BF16, 0.5, True, "gemma")
-    _check_against_reference(*inputs, 0.5, True, "gemma")
+    _check_against_reference(*inputs, 0.5, True, "gemma", dialect=dialect)
     dy, x, weight, rstd, dh_out = inputs
-    _, trace = simulate.trace_kernel(rmsnorm_bwd, dy, x, weight, rstd, dh_out, 0.5, True,
-                                     "gemma", target="trn1")
+    _, trace = _launch(dialect, dy, x, weight, rstd, dh_out, 0.5, True, "gemma", target="trn1")
     read, _ = trace.hbm_bytes()
     assert read > 2 * 3 * M * N  # dy and x (and dh_out) read twice, not folded
 

@@ -52,7 +52,7 @@ import pytest
 import simulate
 from nki_rmsnorm import reference as ref
 from nki_rmsnorm.kernels import rmsnorm_add_fwd, rmsnorm_fwd
-from nki_rmsnorm.kernels.rmsnorm_fwd import choose_layout, make_plan
+from nki_rmsnorm.plan.forward import choose_layout, make_plan
 
 FP32, FP16 = np.dtype(np.float32), np.dtype(np.float16)
 BF16 = np.dtype(ml_dtypes.bfloat16)

@@ -17,7 +17,6 @@
 from __future__ import annotations
 
 import contextlib
-import importlib
 
 import ml_dtypes
 import numpy as np
@@ -28,13 +27,12 @@ from hypothesis import strategies as st
 
 import simulate
 import simulate.functions
+import simulate.nki06 as nki06
 from nki_rmsnorm import kernels, ops
 from nki_rmsnorm import nki as nki_module
 from nki_rmsnorm import reference as ref
-from nki_rmsnorm.kernels.rmsnorm_fwd_plan import choose_layout, layout_bytes, make_plan
-
-bwd_module = importlib.import_module("nki_rmsnorm.kernels.rmsnorm_bwd")
-streamed_module = importlib.import_module("nki_rmsnorm.kernels.rmsnorm_bwd_streamed")
+from nki_rmsnorm.plan import backward as bwd_plan
+from nki_rmsnorm.plan.forward import choose_layout, layout_bytes, make_plan
 
 FP32, FP16 = np.dtype(np.float32), np.dtype(np.float16)
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -151,10 +149,22 @@ BWD_OPTIONS = {
 }
 
 
+def _launch_backward(kernel_dialect, name, monkeypatch, *args):
+    """Run backward entry point ``name`` of ``kernel_dialect`` on trn2: its outputs."""
+    kernel = kernels.kernel(name, kernel_dialect)
+    if kernel_dialect == "legacy":
+        return simulate.trace_kernel(kernel, *args, target="trn2")[0]
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn2")
+    return nki06.simulate(kernel)(*args)
+
+
+@pytest.mark.parametrize("kernel_dialect", ["legacy", "nki06"])
 @pytest.mark.parametrize("N", [200, 30001], ids=["folded", "streamed"])
 @pytest.mark.parametrize("casting_mode", ["gemma", "llama"])
 @pytest.mark.parametrize("options", BWD_OPTIONS, ids=list(BWD_OPTIONS))
-def test_backward_output_parameters_match_return_convention(rng, options, casting_mode, N):
+def test_backward_output_parameters_match_return_convention(
+    rng, monkeypatch, options, casting_mode, N, kernel_dialect
+):
     M = 3 if N > 1000 else 130
     opts = BWD_OPTIONS[options]
     x, dy = _data(rng, (M, N), BF16), _data(rng, (M, N), FP32)
@@ -162,8 +172,10 @@ def test_backward_output_parameters_match_return_convention(rng, options, castin
     dh = None if opts["dh"] is None else _data(rng, (M, N), opts["dh"])
     rstd = ref.rms_norm_fwd(x, w, EPS)[1]
     has_bias = opts["bias"] is not None
-    want, _ = simulate.trace_kernel(
-        kernels.rmsnorm_bwd,
+    want = _launch_backward(
+        kernel_dialect,
+        "rmsnorm_bwd",
+        monkeypatch,
         dy,
         x,
         w,
@@ -173,13 +185,14 @@ def test_backward_output_parameters_match_return_convention(rng, options, castin
         has_bias,
         casting_mode,
         opts["bias"],
-        target="trn2",
     )
     dx = poison((M, N), BF16)
     dweight = None if w is None else poison((N,), w.dtype)
     dbias = poison((N,), opts["bias"]) if has_bias else None
-    got, _ = simulate.trace_kernel(
-        kernels.rmsnorm_bwd_out,
+    got = _launch_backward(
+        kernel_dialect,
+        "rmsnorm_bwd_out",
+        monkeypatch,
         dy,
         x,
         w,
@@ -190,7 +203,6 @@ def test_backward_output_parameters_match_return_convention(rng, options, castin
         dbias,
         opts["offset"],
         casting_mode,
-        target="trn2",
     )
     assert got is None
     buffers = [dx] + [b for b in (dweight, dbias) if b is not None]
@@ -423,16 +435,16 @@ def _forward_budget(target, m, n, x, weight, bias, residual, offset, casting_mod
 
 def _backward_budget(target, n, x, dy, weight, dh_out, offset, casting_mode):
     spec = simulate.get_target(target)
-    dtypes = bwd_module.BwdDtypes(x, dy, weight, dh_out)
-    plan = bwd_module._make_plan(n, dtypes, offset, casting_mode, spec.sbuf_bytes_per_partition)
+    dtypes = bwd_plan.BwdDtypes(x, dy, weight, dh_out)
+    plan = bwd_plan.make_plan(n, dtypes, offset, casting_mode, spec.sbuf_bytes_per_partition)
     if plan is not None:
-        return "folded", bwd_module.plan_bytes(plan, dtypes), spec.sbuf_bytes_per_partition
-    streamed = streamed_module._make_plan(
+        return "folded", bwd_plan.plan_bytes(plan, dtypes), spec.sbuf_bytes_per_partition
+    streamed = bwd_plan.make_streamed_plan(
         n, x, dy, weight, casting_mode, spec.sbuf_bytes_per_partition
     )
     return (
         "streamed",
-        streamed_module.plan_bytes(streamed, n, x, dy, weight),
+        bwd_plan.streamed_plan_bytes(streamed, n, x, dy, weight),
         spec.sbuf_bytes_per_partition,
     )
 
@@ -441,7 +453,7 @@ def _backward_budget(target, n, x, dy, weight, dh_out, offset, casting_mode):
 @given(
     target=st.sampled_from(TARGETS),
     m=st.integers(1, 1 << 16),
-    n=st.integers(1, bwd_module.MAX_HIDDEN),
+    n=st.integers(1, bwd_plan.MAX_HIDDEN),
     x=st.sampled_from(KERNEL_DTYPES),
     weight=OPTIONAL_DTYPES,
     bias=OPTIONAL_DTYPES,
@@ -464,7 +476,7 @@ def test_forward_plan_fits_every_accepted_input(
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     target=st.sampled_from(TARGETS),
-    n=st.integers(1, bwd_module.MAX_HIDDEN),
+    n=st.integers(1, bwd_plan.MAX_HIDDEN),
     x=st.sampled_from(KERNEL_DTYPES),
     dy=st.sampled_from(KERNEL_DTYPES),
     weight=OPTIONAL_DTYPES,

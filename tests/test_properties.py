@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 from test_bwd import _check_against_reference, _make_inputs
 from test_fwd import _inputs, check_forward
 
-from nki_rmsnorm.kernels.rmsnorm_bwd import MAX_HIDDEN as MAX_HIDDEN_BWD
+from nki_rmsnorm.plan.backward import MAX_HIDDEN as MAX_HIDDEN_BWD
 from nki_rmsnorm.reference import CASTING_MODES
 
 settings.register_profile(

@@ -1,4 +1,9 @@
-"""NKI kernels (NKI only: they import NKI through :mod:`nki_rmsnorm.nki`).
+"""The NKI kernels, in the dialect :mod:`nki_rmsnorm.dialect` picks.
+
+Each kernel exists once per dialect, under the same module and function name:
+:mod:`nki_rmsnorm.kernels.legacy` (``neuronxcc.nki``) and :mod:`nki_rmsnorm.kernels.nki06`
+(``nki`` 0.6). ``nki_rmsnorm.kernels.rmsnorm_fwd`` etc. resolve at each attribute access
+(:func:`kernel`), so a dialect chosen later (``dialect.use_dialect``) takes effect.
 
 Two calling conventions over the same code:
 
@@ -12,13 +17,65 @@ Two calling conventions over the same code:
 The NumPy launchers in :mod:`nki_rmsnorm.ops` validate, reshape and call them.
 """
 
-from nki_rmsnorm.kernels.rmsnorm_bwd import rmsnorm_bwd, rmsnorm_bwd_out
-from nki_rmsnorm.kernels.rmsnorm_fwd import (
-    rmsnorm_add_fwd,
-    rmsnorm_add_fwd_out,
-    rmsnorm_fwd,
-    rmsnorm_fwd_out,
-)
+from __future__ import annotations
 
-__all__ = ["rmsnorm_add_fwd", "rmsnorm_add_fwd_out", "rmsnorm_bwd", "rmsnorm_bwd_out",
-           "rmsnorm_fwd", "rmsnorm_fwd_out"]
+import importlib
+
+from nki_rmsnorm import dialect
+
+#: Entry point → the module (same name in both dialects) that defines it.
+MODULES = {
+    "rmsnorm_fwd": "rmsnorm_fwd",
+    "rmsnorm_fwd_out": "rmsnorm_fwd",
+    "rmsnorm_add_fwd": "rmsnorm_fwd",
+    "rmsnorm_add_fwd_out": "rmsnorm_fwd",
+    "rmsnorm_bwd": "rmsnorm_bwd",
+    "rmsnorm_bwd_out": "rmsnorm_bwd",
+}
+
+__all__ = [*MODULES, "available", "kernel"]
+
+
+def kernel(name: str, dialect_name: str | None = None):
+    """Entry point ``name`` in ``dialect_name`` (default: :func:`nki_rmsnorm.dialect.current`).
+    ``NotImplementedError`` when that dialect does not have it yet."""
+    if name not in MODULES:
+        raise ValueError(f"name must be one of {tuple(MODULES)}, got {name!r}")
+    chosen = dialect.current() if dialect_name is None else dialect_name
+    if chosen not in dialect.DIALECTS:
+        raise ValueError(f"dialect_name must be one of {dialect.DIALECTS}, got {chosen!r}")
+    module_name = f"{__name__}.{chosen}.{MODULES[name]}"
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as error:
+        if error.name != module_name:
+            raise
+        module = None
+    if module is None or not hasattr(module, name):
+        raise NotImplementedError(
+            f"{name} is not written in the {chosen!r} NKI dialect yet; it has "
+            f"{available(chosen)} (choose the dialect with nki_rmsnorm.dialect.use_dialect or "
+            f"{dialect.ENV_VAR})"
+        )
+    return getattr(module, name)
+
+
+def available(dialect_name: str) -> tuple[str, ...]:
+    """The entry points dialect ``dialect_name`` has."""
+    found = []
+    for name, module in MODULES.items():
+        try:
+            found_module = importlib.import_module(f"{__name__}.{dialect_name}.{module}")
+        except ModuleNotFoundError as error:
+            if error.name != f"{__name__}.{dialect_name}.{module}":
+                raise
+            continue
+        if hasattr(found_module, name):
+            found.append(name)
+    return tuple(found)
+
+
+def __getattr__(name: str):
+    if name in MODULES:
+        return kernel(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

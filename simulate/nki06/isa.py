@@ -319,8 +319,11 @@ def _dma_side(api, argname, t) -> NkiTensor:
 
 
 def _row_bytes(t: NkiTensor) -> int:
+    """Contiguous bytes per partition row of the HBM side (one DMA descriptor): the first
+    dim pairs with the on-chip partitions, so a run never spans it (the legacy front-end's
+    rule, ``simulate.core.tensor.contiguous_row_bytes``)."""
     run = 1
-    for n, s in zip(reversed(t.shape), reversed(t.strides)):
+    for n, s in zip(reversed(t.shape[1:]), reversed(t.strides[1:])):
         if s != run and n != 1:
             break
         run *= n

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 
-from nki_rmsnorm.kernels import rmsnorm_fwd_steps as steps
+from nki_rmsnorm.kernels.legacy import rmsnorm_fwd_steps as steps
 from nki_rmsnorm.nki import nisa, nl
 
 

@@ -102,18 +102,18 @@ the same whatever batch it is part of.
 
 from __future__ import annotations
 
-from nki_rmsnorm.kernels import rmsnorm_fwd_steps as steps
-from nki_rmsnorm.kernels.rmsnorm_fwd_long import long_rows, two_pass
-from nki_rmsnorm.kernels.rmsnorm_fwd_plan import (
+from nki_rmsnorm.kernels.legacy import rmsnorm_fwd_steps as steps
+from nki_rmsnorm.kernels.legacy.rmsnorm_fwd_long import long_rows, two_pass
+from nki_rmsnorm.kernels.legacy.rmsnorm_fwd_rows import rows_resident
+from nki_rmsnorm.kernels.legacy.rmsnorm_fwd_split import split_rows
+from nki_rmsnorm.nki import nisa, nki, nl, usable_sbuf_bytes
+from nki_rmsnorm.plan.forward import (
     CASTING_MODES,
     Layout,
     Plan,
     choose_layout,
     make_plan,
 )
-from nki_rmsnorm.kernels.rmsnorm_fwd_rows import rows_resident
-from nki_rmsnorm.kernels.rmsnorm_fwd_split import split_rows
-from nki_rmsnorm.nki import nisa, nki, nl, usable_sbuf_bytes
 
 __all__ = ["CASTING_MODES", "Layout", "Plan", "choose_layout", "forward_body", "make_plan",
            "rmsnorm_add_fwd", "rmsnorm_add_fwd_out", "rmsnorm_fwd", "rmsnorm_fwd_out"]

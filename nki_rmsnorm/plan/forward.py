@@ -1,4 +1,5 @@
-"""What the forward kernel keeps on chip and how it tiles: pure Python, no NKI calls.
+"""What the forward kernel keeps on chip and how it tiles: pure Python, no NKI import, shared
+by both dialects' kernels (``nki_rmsnorm.kernels.legacy`` and ``nki_rmsnorm.kernels.nki06``).
 
 Every decision here depends on N, the dtypes, the options and the NeuronCore generation,
 never on the data. M only picks how many rows go into one tile (``rows_per_partition``),
@@ -11,10 +12,14 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-
-from nki_rmsnorm.nki import nl
+from ml_dtypes import bfloat16
 
 CASTING_MODES = ("gemma", "llama", "none")
+
+FLOAT32 = np.dtype(np.float32)
+BFLOAT16 = np.dtype(bfloat16)
+#: Partitions of SBUF / PSUM (``nl.tile_size.pmax`` on every NeuronCore generation).
+PMAX = 128
 
 #: Per-partition bytes kept aside for the small tiles next to the rows: eps, Σh², rstd and
 #: its pieces, the identity and the transposed rstd the Tensor engine works with.
@@ -57,7 +62,7 @@ def _size(dtype) -> int:
 
 def _holds_squares(dtype) -> bool:
     """fp32 and bf16 have fp32's 8 exponent bits: a square of any input fits."""
-    return np.dtype(dtype) in (np.dtype(nl.float32), np.dtype(nl.bfloat16))
+    return np.dtype(dtype) in (FLOAT32, BFLOAT16)
 
 
 @dataclass(frozen=True)
@@ -100,7 +105,7 @@ class Plan:
         if self.result_dtype != self.out_dtype:
             dtypes.append(self.out_dtype)
         if self.squares_in == "scratch":
-            dtypes.append(nl.bfloat16)
+            dtypes.append(BFLOAT16)
         return sum(_size(d) for d in dtypes if d is not None)
 
     def rows_bytes(self, n: int, rows: int) -> int:
@@ -116,7 +121,7 @@ class Plan:
         """Regime "split", segments of ``segment`` columns: the weight and bias segments
         once (one row per partition, or 3·s moving rows) and as loaded (up to fp32, before
         the conversion), ``SPLIT_SLOTS`` tiles in flight."""
-        staging = sum(_size(nl.float32) for d in (self.scale_dtype, self.bias_dtype)
+        staging = sum(_size(FLOAT32) for d in (self.scale_dtype, self.bias_dtype)
                       if d is not None)
         per_column = SPLIT_SLOTS * self.row_bytes() + self.resident_bytes() + staging
         return segment * per_column + RESERVED_BYTES
@@ -137,7 +142,7 @@ class Plan:
             output.append(self.out_dtype)
         if self.rounds_xhat:
             output.append(self.in_dtype)
-        statistics = _size(nl.bfloat16) + (0 if self.residual_dtype is None
+        statistics = _size(BFLOAT16) + (0 if self.residual_dtype is None
                                             else _size(self.in_dtype))
         chunks = CHUNKS_IN_FLIGHT * (
             self.chunk_columns() * statistics
@@ -152,11 +157,11 @@ class Plan:
         """Regime "two_pass", column chunks of ``chunk``: two chunks in flight of the busier
         pass (statistics: x, residual, squares; scale: the tile's buffers plus the weight
         and bias chunks), and a weight or bias row with its converted copy."""
-        stats = _size(self.in_dtype) + _size(nl.bfloat16)
+        stats = _size(self.in_dtype) + _size(BFLOAT16)
         if self.residual_dtype is not None:
             stats += _size(self.residual_dtype)
         per_column = 2 * max(stats, self.row_bytes() + self.resident_bytes())
-        per_column += 2 * _size(nl.float32)
+        per_column += 2 * _size(FLOAT32)
         return chunk * per_column + RESERVED_BYTES
 
     def two_pass_chunk(self, n: int, budget: int) -> int:
@@ -185,8 +190,8 @@ def make_plan(x_dtype, weight_dtype, bias_dtype, residual_dtype, offset, casting
     if weight_dtype is None:
         scale_dtype, product_engine = None, "vector"
     elif casting_mode == "gemma" and tensor_engine:
-        bf16_weight = np.dtype(weight_dtype) == np.dtype(nl.bfloat16) and not offset
-        scale_dtype = np.dtype(nl.bfloat16 if bf16_weight else nl.float32)
+        bf16_weight = np.dtype(weight_dtype) == BFLOAT16 and not offset
+        scale_dtype = BFLOAT16 if bf16_weight else FLOAT32
         product_engine, rstd_pieces = "tensor", 3 if bf16_weight else 1
     else:
         product_engine = "vector" if tensor_engine else "scalar"
@@ -195,12 +200,12 @@ def make_plan(x_dtype, weight_dtype, bias_dtype, residual_dtype, offset, casting
         else:
             # Multiplying by the weight as stored is exact in fp32; only an offset needs a
             # fp32 sum.
-            scale_dtype = np.dtype(nl.float32) if offset else np.dtype(weight_dtype)
+            scale_dtype = FLOAT32 if offset else np.dtype(weight_dtype)
     if bias_dtype is not None:
         bias_dtype = in_dtype if low_precision else np.dtype(bias_dtype)
     product_dtype = None
     if scale_dtype is not None and bias_dtype is not None:
-        product_dtype = in_dtype if low_precision else np.dtype(nl.float32)
+        product_dtype = in_dtype if low_precision else FLOAT32
     result_dtype = in_dtype if low_precision else out_dtype
     if product_dtype is not None and _holds_squares(product_dtype):
         squares_in = "product"
@@ -256,7 +261,7 @@ def _more_rows_help(plan: Plan, m: int, n: int, rows: int, budget: int) -> bool:
     ``TILE_TARGET_BYTES`` per partition, leave ``MIN_TILES`` tiles to pipeline, fit SBUF,
     one instruction and one PSUM bank of transposed rstd, and divide m (the kernel views
     the rows as (m / rows, rows·n))."""
-    pmax = nl.tile_size.pmax
+    pmax = PMAX
     # The transposed rstd pieces are one PSUM tile of rows·128 elements per partition: at
     # most psum_fmax = 512 whatever the dtype (general/nki/programming_model.rst@8a38e733,
     # lines 346-347), and one 2 KiB bank.

@@ -34,9 +34,9 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from nki_rmsnorm.kernels import rmsnorm_fwd_steps as steps
-from nki_rmsnorm.kernels.rmsnorm_fwd_plan import SPLIT_SLOTS
+from nki_rmsnorm.kernels.legacy import rmsnorm_fwd_steps as steps
 from nki_rmsnorm.nki import nisa, nl
+from nki_rmsnorm.plan.forward import SPLIT_SLOTS
 
 
 class _Resident(NamedTuple):

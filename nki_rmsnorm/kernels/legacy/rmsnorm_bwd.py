@@ -97,92 +97,16 @@ from typing import NamedTuple
 
 import numpy as np
 
-from nki_rmsnorm.kernels.rmsnorm_bwd_streamed import streamed_backward
+from nki_rmsnorm.kernels.legacy.rmsnorm_bwd_streamed import streamed_backward
 from nki_rmsnorm.nki import nisa, nki, nl, usable_sbuf_bytes
-
-#: Columns of one fp32 PSUM bank: the width of every instruction with a PSUM operand.
-CHUNK = 512
-#: Column-group widths tried, widest first (wider groups amortise the per-instruction cost
-#: of the Scalar reduction and the GpSimd products; narrower ones need less SBUF).
-GROUP_WIDTHS = (2048, 1024, 512)
-#: Column groups of look-ahead the ring may hold beyond two row tiles.
-MAX_SLACK = 2
-#: Folds tried (partitions per row), smallest first.
-FOLDS = (1, 2, 4, 8, 16, 32)
-#: bf16 parts of an fp32 value (8 + 8 + 8 mantissa bits).
-SPLIT = 3
-#: SBUF bytes per partition kept for the constants and per-tile columns.
-RESERVED_BYTES = 4 * 1024
-#: fp32 columns in one 2 KiB PSUM bank.
-PSUM_BANK_COLS = 512
-#: PSUM banks each parameter-gradient accumulator may use (2 each for dweight and dbias, the
-#: rest for the chunk operands a, −k·x and llama's x copy).
-ACC_BANKS = 2
-#: Largest hidden size: one accumulator column per 128 columns of the row.
-MAX_HIDDEN = ACC_BANKS * PSUM_BANK_COLS * 128
-
-
-class _Plan(NamedTuple):
-    """Static choices of one launch; they depend on N, the dtypes and the target only."""
-
-    fold: int  # partitions per row
-    width: int  # L = N / fold: columns of a view row
-    group: int  # G: columns per group
-    n_groups: int
-    ring: int  # group slots of p1 and x
-    kw: int  # bf16 parts of w' (1: a bf16 weight without offset)
-    round_xhat: bool  # llama / none with a 2-byte x: dweight uses round(x̂)
-
-    @property
-    def stationary_rows(self) -> int:
-        """Contraction rows of ``a``'s matmuls: one per bf16 part of w' and fold segment."""
-        return self.kw * self.fold
-
-
-def _make_plan(N, dtypes, offset, casting_mode, budget):
-    """The smallest fold, then the widest group and the longest ring, that fit ``budget``
-    SBUF bytes per partition (``plan_bytes``). ``dtypes``: a ``BwdDtypes``. None when no
-    power-of-two fold of N fits. Pure Python, so tests can check every accepted input
-    against the capacity."""
-    e_x = np.dtype(dtypes.x).itemsize
-    round_xhat = dtypes.weight is not None and casting_mode != "gemma" and e_x == 2
-    bf16_weight = (dtypes.weight is not None
-                   and np.dtype(dtypes.weight) == np.dtype(nl.bfloat16))
-    kw = 1 if dtypes.weight is None or (bf16_weight and offset == 0.0) else SPLIT
-    for fold in (f for f in FOLDS if N % f == 0):
-        width = N // fold
-        for group in GROUP_WIDTHS:
-            group = min(group, width)
-            n_groups = -(-width // group)
-            for slack in range(n_groups + MAX_SLACK, 0, -1):
-                ring = n_groups + slack
-                plan = _Plan(fold, width, group, n_groups, ring, kw, round_xhat)
-                if plan_bytes(plan, dtypes) <= budget:
-                    return plan
-    return None  # no fold fits: the streamed regime re-reads the rows instead
-
-
-def plan_bytes(plan, dtypes) -> int:
-    """SBUF bytes per partition the main regime allocates for ``plan``: the ring of p1 (fp32)
-    and x slots, the bf16 moving rows of w', the working tiles of two column groups in
-    flight (dy, p1·x and dy·x in fp32, dx; round(x̂); with dh_out an fp32 dx before the sum
-    and dh_out itself) and ``RESERVED_BYTES`` for the constants and per-tile columns."""
-    e_x = np.dtype(dtypes.x).itemsize
-    e_dy = np.dtype(dtypes.dy).itemsize
-    per_group_column = e_dy + 4 + 4 + e_x + (e_x if plan.round_xhat else 0)
-    if dtypes.dh_out is not None:
-        per_group_column += 4 + np.dtype(dtypes.dh_out).itemsize
-    return (plan.ring * plan.group * (4 + e_x) + 2 * plan.width
-            + 2 * plan.group * per_group_column + RESERVED_BYTES)
-
-
-class BwdDtypes(NamedTuple):
-    """The dtypes the backward's SBUF plan depends on (None for an absent tensor)."""
-
-    x: object
-    dy: object
-    weight: object
-    dh_out: object
+from nki_rmsnorm.plan.backward import (
+    CHUNK,
+    MAX_HIDDEN,
+    PSUM_BANK_COLS,
+    SPLIT,
+    BwdDtypes,
+    make_plan,
+)
 
 
 class _Consts(NamedTuple):
@@ -235,7 +159,7 @@ def backward_body(dy, x, weight, rstd, dh_out, dx, dweight, dbias, offset, casti
         raise ValueError(f"rmsnorm_bwd: hidden size {N} exceeds the supported {MAX_HIDDEN}")
     dtypes = BwdDtypes(x.dtype, dy.dtype, None if weight is None else weight.dtype,
                        None if dh_out is None else dh_out.dtype)
-    plan = _make_plan(N, dtypes, offset, casting_mode, usable_sbuf_bytes())
+    plan = make_plan(N, dtypes, offset, casting_mode, usable_sbuf_bytes())
     if plan is None:
         streamed_backward(dy, x, weight, rstd, dh_out, offset, casting_mode, dx, dweight,
                           dbias)

@@ -22,8 +22,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from nki_rmsnorm.kernels.rmsnorm_fwd_plan import PSUM_COLS
 from nki_rmsnorm.nki import nisa, nl
+from nki_rmsnorm.plan.forward import PSUM_COLS
 
 #: The Scalar engine's rsqrt is valid for inputs in [2⁻⁸⁷, 2⁹⁷]
 #: (general/nki/api/nki.api.shared.rst@8a38e733, line 180).

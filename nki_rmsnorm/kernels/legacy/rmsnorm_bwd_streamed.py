@@ -73,29 +73,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-import numpy as np
-
 from nki_rmsnorm.nki import nisa, nl, usable_sbuf_bytes
-
-#: Columns of one fp32 working tile: 8 KiB per partition, large enough to amortise the fixed
-#: cost of an instruction and small enough to leave SBUF to the resident rows.
-CHUNK_COLS = 2048
-#: SBUF bytes per partition kept for the working tiles of one chunk next to the resident rows
-#: and weight. The simulator measures at most ≈ 33 KiB live for them (fp32 rows with a streamed
-#: fp32 weight); the rest is headroom for the compiler's extra buffers.
-CHUNK_SCRATCH_BYTES = 48 * 1024
-#: fp32 columns in one 2 KiB PSUM bank: each accumulator bank covers 512 · 128 columns.
-PSUM_BANK_COLS = 512
-
-
-class _Plan(NamedTuple):
-    """Static choices of one launch. They depend on N and the dtypes only, never on M, so a
-    row's arithmetic is the same whatever the batch."""
-
-    rows_resident: bool  # dy and x rows stay in SBUF between the two passes
-    weight_resident: bool  # the broadcast weight stays in SBUF for the whole kernel
-    round_xhat: bool  # dweight uses x̂ rounded to the input dtype (llama / none, narrow x)
-    n_chunks: int  # column chunks of CHUNK_COLS per row
+from nki_rmsnorm.plan.backward import CHUNK_COLS, PSUM_BANK_COLS, make_streamed_plan
 
 
 class _Inputs(NamedTuple):
@@ -125,7 +104,7 @@ def streamed_backward(dy, x, weight, rstd, dh_out, offset, casting_mode, dx, dwe
     the given HBM outputs; see the module docstring for the math, tiling and engines."""
     M, N = x.shape
     P = nl.tile_size.pmax
-    plan = _make_plan(N, x.dtype, dy.dtype, None if weight is None else weight.dtype,
+    plan = make_streamed_plan(N, x.dtype, dy.dtype, None if weight is None else weight.dtype,
                       casting_mode, usable_sbuf_bytes())
     w_all = _broadcast_weight(weight) if plan.weight_resident else None
     inputs = _Inputs(dy, x, weight, w_all, rstd.reshape((M, 1)), dh_out, offset)
@@ -142,31 +121,6 @@ def streamed_backward(dy, x, weight, rstd, dh_out, offset, casting_mode, dx, dwe
         _store_column_sums(dweight, grads.dweight)
     if dbias is not None:
         _store_column_sums(dbias, grads.dbias)
-
-
-def _make_plan(N, x_dtype, dy_dtype, weight_dtype, casting_mode, sbuf_bytes):
-    """Residency of the dy/x rows and of the broadcast weight in the SBUF left next to the
-    chunk scratch (rows first: they save HBM traffic), and the llama/none rounding. The rows
-    are budgeted in their own dtypes: dy may be wider than x (a y with an fp32
-    ``out_dtype``). Pure Python."""
-    budget = sbuf_bytes - CHUNK_SCRATCH_BYTES
-    rows_bytes = (np.dtype(x_dtype).itemsize + np.dtype(dy_dtype).itemsize) * N
-    rows_resident = rows_bytes <= budget
-    kept = rows_bytes if rows_resident else 0
-    weight_resident = (weight_dtype is not None
-                       and kept + np.dtype(weight_dtype).itemsize * N <= budget)
-    round_xhat = casting_mode != "gemma" and np.dtype(x_dtype) != np.dtype(nl.float32)
-    return _Plan(rows_resident, weight_resident, round_xhat,
-                 (N + CHUNK_COLS - 1) // CHUNK_COLS)
-
-
-def plan_bytes(plan, N, x_dtype, dy_dtype, weight_dtype) -> int:
-    """SBUF bytes per partition the streamed regime allocates for ``plan``: the resident
-    dy and x rows and broadcast weight, and ``CHUNK_SCRATCH_BYTES`` for a chunk's tiles."""
-    rows = (np.dtype(x_dtype).itemsize + np.dtype(dy_dtype).itemsize) * N
-    weight = 0 if weight_dtype is None else np.dtype(weight_dtype).itemsize * N
-    return ((rows if plan.rows_resident else 0) + (weight if plan.weight_resident else 0)
-            + CHUNK_SCRATCH_BYTES)
 
 
 def _row_tile(plan, inputs, grads, dx, r0, rows):

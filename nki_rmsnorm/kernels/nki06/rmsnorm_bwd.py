@@ -1,0 +1,563 @@
+"""RMSNorm backward in the NKI 0.6 dialect (``import nki``, Neuron SDK 2.30-2.32).
+
+The same kernel as the legacy ``nki_rmsnorm.kernels.legacy.rmsnorm_bwd`` (see its module
+docstring for the math, the engines, the tiling and the software pipeline): the same plan,
+the same instructions on the same engines but for the differences below, the same HBM
+traffic and the same numerics; only the instruction-emitting code differs, written to the
+0.6 API (destination-first ``nki.isa`` calls without ``dtype``/``mask``, slices instead of
+``nl.arange`` and masks, Python lists of tiles instead of block dimensions;
+``nki/migration/index.rst@81ce03ae``).
+
+Differences from the legacy code, all forced or allowed by 0.6:
+
+* PSUM accumulation is explicit: every ``nc_matmul`` passes ``accumulate=`` (False for the
+  first product into an element, True after), so the column-sum accumulators need no memset
+  ("The first matmul targeting a PSUM location must use this overwrite mode",
+  nki/api/nki/isa/__init__.py@81ce03ae, lines 538-547).
+* LNC=2 (``kernel[2]`` on trn2/trn3): the row tiles (of ``128 / fold`` rows) are split in
+  two halves (the first ``⌈T/2⌉`` row tiles, then the rest) and core ``nl.program_id(0)``
+  runs one half; each core's column sums of dweight/dbias are exchanged with
+  ``nisa.sendrecv`` (both cores of an LNC, ranks 0 and 1: nki/api/nki/isa/__init__.py@81ce03ae,
+  lines 2971-2996) and every core adds the two halves (addition of two fp32 values is
+  commutative, so both orders give the same bits) and stores its share of the column
+  groups. Under LNC=1 the one core accumulates the two halves separately too (the first
+  half's sums are copied to SBUF at the boundary, and the final sums add the halves instead
+  of copying one accumulator), so dweight and dbias are bitwise the same at LNC=1 and
+  LNC=2; dx is row-local and the row tiles start at the same rows either way.
+* A folded row's sum is repeated over its partitions through a broadcast view
+  (``NkiTensor.broadcast``), not a Vector copy of a ``broadcast_to`` tile.
+
+Both regimes are ported: the main one (rows on the partitions, folded over ``plan.fold``
+partitions when too long for SBUF) here, the streamed one (rows that fit neither way) in
+:mod:`nki_rmsnorm.kernels.nki06.rmsnorm_bwd_streamed`.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from nki_rmsnorm.kernels.nki06._nki import nisa, nki, nl, usable_sbuf_bytes
+from nki_rmsnorm.kernels.nki06.rmsnorm_bwd_streamed import (
+    column_sum_partials,
+    copy_column_sums,
+    exchange_column_sums,
+    streamed_backward,
+)
+from nki_rmsnorm.plan.backward import (
+    CHUNK,
+    MAX_HIDDEN,
+    PSUM_BANK_COLS,
+    SPLIT,
+    BwdDtypes,
+    make_plan,
+)
+
+#: ``sendrecv`` pipe of the LNC=2 column-sum exchange (any id both cores agree on).
+COLUMN_SUM_PIPE = 0
+
+
+@nki.jit
+def rmsnorm_bwd(dy, x, weight, rstd, dh_out, offset, has_bias, casting_mode, bias_dtype=None):
+    """RMSNorm backward, return convention: ``(dx,) + ((dweight,) if weight is not None) +
+    ((dbias,) if has_bias)``, as the legacy kernel. The outputs are created at the kernel's
+    top level as ``shared_hbm`` tensors (kernel outputs must be ``shared_hbm`` since NKI 0.3,
+    nki/migration/index.rst@81ce03ae)."""
+    M, N = x.shape
+    param_dtype = nl.float32 if weight is None else weight.dtype
+    dx = nl.ndarray((M, N), dtype=x.dtype, buffer=nl.shared_hbm)
+    dweight = nl.ndarray((N,), dtype=param_dtype, buffer=nl.shared_hbm)
+    dbias = nl.ndarray(
+        (N,), dtype=param_dtype if bias_dtype is None else bias_dtype, buffer=nl.shared_hbm
+    )
+    backward_body(dy, x, weight, rstd, dh_out, dx, dweight, dbias, offset, casting_mode)
+    return (dx,) + ((dweight,) if weight is not None else ()) + ((dbias,) if has_bias else ())
+
+
+@nki.jit
+def rmsnorm_bwd_out(dy, x, weight, rstd, dh_out, dx, dweight, dbias, offset, casting_mode):
+    """RMSNorm backward, output-parameter convention: writes ``dx`` and (when not None)
+    ``dweight``/``dbias`` in place and returns nothing, as the legacy kernel."""
+    backward_body(dy, x, weight, rstd, dh_out, dx, dweight, dbias, offset, casting_mode)
+
+
+def backward_body(dy, x, weight, rstd, dh_out, dx, dweight, dbias, offset, casting_mode):
+    """Write dx (and dweight / dbias when not None): the code both entry points share. Under
+    LNC=2 core ``nl.program_id(0)`` takes one half of the row tiles."""
+    M, N = x.shape
+    if N > MAX_HIDDEN:
+        raise ValueError(f"rmsnorm_bwd: hidden size {N} exceeds the supported {MAX_HIDDEN}")
+    dtypes = BwdDtypes(
+        _numpy_dtype(x.dtype),
+        _numpy_dtype(dy.dtype),
+        None if weight is None else _numpy_dtype(weight.dtype),
+        None if dh_out is None else _numpy_dtype(dh_out.dtype),
+    )
+    plan = make_plan(N, dtypes, offset, casting_mode, usable_sbuf_bytes())
+    fold = 1 if plan is None else plan.fold
+    n_tiles = -(-M * fold // nl.tile_size.pmax)
+    half = -(-n_tiles // 2)  # row tiles of the first half; the second has the rest
+    halves = ((0, half), (half, n_tiles)) if n_tiles > 1 else ((0, n_tiles),)
+    share = None  # this core runs every half and adds them itself
+    if nl.num_programs(0) == 2 and len(halves) == 2:
+        share = nl.program_id(0)
+        halves = halves[share : share + 1]
+    elif nl.num_programs(0) == 2 and nl.program_id(0) == 1:
+        return  # one row tile: core 1 has no rows and nothing to add
+    if plan is None:
+        streamed_backward(
+            dy, x, weight, rstd, dh_out, offset, casting_mode, dx, dweight, dbias, halves, share
+        )
+    else:
+        _rows_backward(plan, dy, x, weight, rstd, dh_out, dx, dweight, dbias, offset, halves, share)
+
+
+def _numpy_dtype(dtype):
+    """The NumPy dtype of an NKI dtype (the planner is pure Python on NumPy dtypes)."""
+    return np.dtype(getattr(dtype, "numpy", dtype))
+
+
+def _rows_backward(plan, dy, x, weight, rstd, dh_out, dx, dweight, dbias, offset, halves, share):
+    """The pipelined backward over the row tiles ``halves[0][0] … halves[-1][1] − 1``.
+    ``share``: None when this core runs every half (it adds them itself), else the core's
+    index under LNC=2 (it exchanges its column sums with the other core)."""
+    M, N = x.shape
+    P = nl.tile_size.pmax
+    f, L = plan.fold, plan.width
+    t_first, t_end = halves[0][0], halves[-1][1]
+    r0, r1 = t_first * (P // f), min(M, t_end * (P // f))
+    rows = r1 - r0
+    want_dweight, want_dbias = dweight is not None, dbias is not None
+    consts = _constants(plan, rows, N, dy, weight, rstd[r0:r1], offset, want_dweight, want_dbias)
+    # row r of the slice spreads over partitions r·f … r·f + f − 1 (a free HBM reshape)
+    views = tuple(
+        None if t is None else t[r0:r1, :].reshape((rows * f, L)) for t in (dy, x, dx, dh_out)
+    )
+    rings = (
+        [nl.ndarray((P, plan.group), dtype=nl.float32) for _ in range(plan.ring)],
+        [nl.ndarray((P, plan.group), dtype=x.dtype) for _ in range(plan.ring)],
+    )
+    slots = _TileSlots(
+        [nl.ndarray((plan.stationary_rows, SPLIT, P), dtype=nl.bfloat16) for _ in range(2)],
+        [nl.ndarray((P, consts.table_cols.shape[2]), dtype=nl.float32) for _ in range(2)],
+        [nl.ndarray((P, plan.n_groups), dtype=nl.float32) for _ in range(2)],
+        [nl.ndarray((P, 1), dtype=nl.float32) for _ in range(2)],
+    )
+    # with two halves on this core, the first half's column sums wait here (fp32, SBUF)
+    accumulators = (consts.dweight_acc, consts.dbias_acc)
+    used = _column_sum_columns(plan)
+    first_half = None
+    if share is None and len(halves) == 2:
+        first_half = column_sum_partials(accumulators, used)
+    # the tile (local index) where each half starts: its first products overwrite PSUM
+    starts = {h0 - t_first for h0, _ in halves}
+    n_local = t_end - t_first
+    final_outputs = (dweight, dbias) if share is None else (None, None)
+
+    # Software pipeline: statistic pass of tile t next to the gradient pass of tile t − 1.
+    for t in range(n_local + 1):
+        tile = _tile_view(slots, t, min(P, rows * f - t * P)) if t < n_local else None
+        previous = _tile_view(slots, t - 1, min(P, rows * f - (t - 1) * P)) if t > 0 else None
+        if tile is not None:
+            _load_tile_operands(consts, tile, t)
+        for g in range(plan.n_groups):
+            if tile is not None:
+                dy_g, dydx = _statistic_group(plan, consts, views, rings, tile, t, g)
+            if previous is not None:
+                _gradient_group(plan, views, rings, previous, t - 1, g)
+            if tile is not None:
+                last = t == n_local - 1
+                _column_sums_group(
+                    plan,
+                    consts,
+                    tile,
+                    g,
+                    dy_g,
+                    dydx,
+                    t in starts,
+                    final_outputs if last else (None, None),
+                    first_half if last else None,
+                )
+        if tile is not None:
+            _finish_statistic(plan, tile)
+            if first_half is not None and t + 1 in starts:
+                copy_column_sums(accumulators, first_half, used)
+    if share is not None:
+        _exchange_and_store(plan, consts, dweight, dbias, share)
+
+
+def _exchange_and_store(plan, consts, dweight, dbias, core):
+    """LNC=2: swap this core's column sums with the other core's (``sendrecv``), then store
+    the groups ``g ≡ core (mod 2)`` of ``own + other``."""
+    accumulators = (consts.dweight_acc, consts.dbias_acc)
+    other = exchange_column_sums(accumulators, _column_sum_columns(plan), core, COLUMN_SUM_PIPE)
+    for g in range(core, plan.n_groups, 2):
+        if consts.dweight_acc is not None and dweight is not None:
+            _store_column_sums(plan, dweight, consts.dweight_acc, g, other[0])
+        if consts.dbias_acc is not None and dbias is not None:
+            _store_column_sums(plan, dbias, consts.dbias_acc, g, other[1])
+
+
+def _column_sum_columns(plan):
+    """Accumulator columns in use: ``⌈G/128⌉ · fold`` per column group."""
+    return plan.n_groups * (-(-plan.group // nl.tile_size.pmax)) * plan.fold
+
+
+# --- setup ---------------------------------------------------------------------------------
+class _Consts(NamedTuple):
+    """Tiles built once: the moving rows of w', the column-sum moving operands, PSUM
+    accumulators (lists of banks), the HBM tables of per-tile rstd operands."""
+
+    w_rows: object  # (kw·fold, L) bf16
+    w_lazy: object  # the bf16 weight (HBM) whose rows the first row tile loads, or None
+    dweight_moving: object  # (P, fold) fp32 0/1 fold mask (llama / none), or None
+    dbias_moving: object  # (P, fold) 0/1 in dy's dtype, or None
+    dweight_acc: list | None
+    dbias_acc: list | None
+    table_rows: object  # HBM (tiles, kw·fold, SPLIT, P) bf16
+    table_cols: object  # HBM (tiles, P, n_cols) fp32: rstd, −rstd²/N (, masked rstd)
+
+
+def _constants(plan, M, N, dy, weight, rstd, offset, want_dweight, want_dbias):
+    P = nl.tile_size.pmax
+    f = plan.fold
+    fold_mask = np.equal.outer(np.arange(P) % f, np.arange(f))
+    # llama / none: dweight sums dy·round(x̂) unscaled; gemma: the moving operand is the
+    # tile's rstd column (masked per fold segment), from the table
+    dweight_moving = None
+    if want_dweight and plan.round_xhat:
+        dweight_moving = nl.load(nl.shared_constant(fold_mask.astype(np.float32)))
+    dbias_moving = None
+    if want_dbias:
+        dbias_moving = nl.load(nl.shared_constant(fold_mask.astype(_numpy_dtype(dy.dtype))))
+    n_cols = 2 + (f if (want_dweight and not plan.round_xhat and f > 1) else 0)
+    table_rows, table_cols = _rstd_tables(plan, M, N, rstd, n_cols)
+    return _Consts(
+        _weight_rows(plan, N, weight, offset),
+        weight if plan.kw == 1 else None,
+        dweight_moving,
+        dbias_moving,
+        _column_sum_accumulators(plan) if want_dweight else None,
+        _column_sum_accumulators(plan) if want_dbias else None,
+        table_rows,
+        table_cols,
+    )
+
+
+def _bf16_parts(values):
+    """Three bf16 tiles whose fp32 sum is ``values`` (fp32) to its last bit (Vector)."""
+    shape = values.shape
+    high = nl.ndarray(shape, dtype=nl.bfloat16)
+    nisa.tensor_copy(dst=high, src=values)
+    rest = nl.ndarray(shape, dtype=nl.float32)
+    nisa.tensor_tensor(dst=rest, data1=values, data2=high, op=nl.subtract)
+    middle = nl.ndarray(shape, dtype=nl.bfloat16)
+    nisa.tensor_copy(dst=middle, src=rest)
+    rest_low = nl.ndarray(shape, dtype=nl.float32)
+    nisa.tensor_tensor(dst=rest_low, data1=rest, data2=middle, op=nl.subtract)
+    low = nl.ndarray(shape, dtype=nl.bfloat16)
+    nisa.tensor_copy(dst=low, src=rest_low)
+    return [high, middle, low]
+
+
+def _weight_rows(plan, N, weight, offset):
+    """The moving operand of ``a = rstd · w'``: row (b, h) holds bf16 part b of w' over
+    fold segment h (columns h·L … h·L + L − 1). A bf16 weight is its own single part,
+    loaded group by group by the first row tile."""
+    f, L = plan.fold, plan.width
+    rows = nl.ndarray((plan.kw * f, L), dtype=nl.bfloat16)
+    if weight is None:
+        nisa.memset(dst=rows, value=1.0)
+    elif plan.kw > 1:
+        # w' = weight + offset in fp32, split, on as many partitions as divide N
+        lanes = max(d for d in range(1, nl.tile_size.pmax + 1) if N % d == 0)
+        w = nl.load(weight.reshape((lanes, N // lanes)), dtype=nl.float32)
+        shifted = nl.ndarray((lanes, N // lanes), dtype=nl.float32)
+        nisa.tensor_scalar(dst=shifted, data=w, op0=nl.add, operand0=float(offset))
+        for b, part in enumerate(_bf16_parts(shifted)):
+            nisa.dma_copy(dst=rows[b * f : (b + 1) * f, :], src=part)
+    return rows
+
+
+def _rstd_tables(plan, M, N, rstd, n_cols):
+    """HBM tables, one entry per row tile: the stationary rows of ``a = rstd · w'`` (row
+    (b, h) of part a: bf16 part a of rstd at the partitions of fold segment h, zero
+    elsewhere) and the fp32 columns (rstd and −rstd²/N per partition; with a gemma fold also
+    rstd masked per segment, the moving operand of dweight), built from rstd laid out with
+    the row tiles on the partitions (no transposes)."""
+    P = nl.tile_size.pmax
+    f, K = plan.fold, plan.stationary_rows
+    R = P // f
+    n_tiles = -(-M // R)
+    table_rows = nl.ndarray((n_tiles, K, SPLIT, P), dtype=nl.bfloat16, buffer=nl.private_hbm)
+    table_cols = nl.ndarray((n_tiles, P, n_cols), dtype=nl.float32, buffer=nl.private_hbm)
+    for block in range(-(-n_tiles // P)):
+        t0 = block * P
+        nt = min(P, n_tiles - t0)
+        full = min(nt, (M - t0 * R) // R)
+        r_t = nl.zeros((nt, R), dtype=nl.float32)
+        if full:
+            nisa.dma_copy(dst=r_t[0:full, :], src=rstd[t0 * R : (t0 + full) * R].reshape((full, R)))
+        if full < nt:
+            rest = M - (t0 + full) * R
+            nisa.dma_copy(
+                dst=r_t[full:nt, 0:rest], src=rstd[(t0 + full) * R : M].reshape((1, rest))
+            )
+        rows = nl.zeros((nt, K, SPLIT, P), dtype=nl.bfloat16)
+        parts = _bf16_parts(r_t)
+        for a in range(SPLIT):
+            for b in range(plan.kw):
+                for h in range(f):
+                    nisa.tensor_copy(dst=rows[:, b * f + h, a, h::f], src=parts[a])
+        nl.store(table_rows[t0 : t0 + nt], value=rows)
+        neg_scale = nl.ndarray((nt, R), dtype=nl.float32)
+        nisa.scalar_tensor_tensor(
+            dst=neg_scale,
+            data=r_t,
+            op0=nl.multiply,
+            operand0=-1.0 / N,
+            op1=nl.multiply,
+            operand1=r_t,
+        )
+        cols = nl.zeros((nt, P, n_cols), dtype=nl.float32)
+        for h in range(f):
+            nisa.tensor_copy(dst=cols[:, h::f, 0], src=r_t)
+            nisa.tensor_copy(dst=cols[:, h::f, 1], src=neg_scale)
+            if n_cols > 2:
+                nisa.tensor_copy(dst=cols[:, h::f, 2 + h], src=r_t)
+        nl.store(table_cols[t0 : t0 + nt], value=cols)
+    return table_rows, table_cols
+
+
+def _column_sum_accumulators(plan):
+    """fp32 PSUM banks for column sums, ``n_groups · ⌈G/128⌉ · fold`` columns in all (see
+    ``_accumulate_column_sums``); not zeroed: the first products overwrite them."""
+    return [
+        nl.ndarray((nl.tile_size.pmax, PSUM_BANK_COLS), dtype=nl.float32, buffer=nl.psum)
+        for _ in range(-(-_column_sum_columns(plan) // PSUM_BANK_COLS))
+    ]
+
+
+# --- the pipeline steps ---------------------------------------------------------------------
+class _TileSlots(NamedTuple):
+    """Per-row-tile operands carried from a tile's statistic pass to its gradient pass, two
+    of each (tile t uses slot t mod 2): the stationary rows of a (kw·fold, SPLIT, P) bf16,
+    the rstd columns (P, n_cols) fp32, the group partials of Σ p1·x (P, n_groups) and −k
+    (P, 1)."""
+
+    rows: list
+    cols: list
+    partials: list
+    negk: list
+
+
+class _Tile(NamedTuple):
+    v0: int  # first view row (local)
+    p: int  # partitions
+    rows: object
+    cols: object
+    partials: object
+    negk: object
+
+
+def _tile_view(slots, t, p):
+    slot = t % 2
+    return _Tile(
+        t * nl.tile_size.pmax,
+        p,
+        slots.rows[slot][:, :, 0:p],
+        slots.cols[slot][0:p, :],
+        slots.partials[slot][0:p, :],
+        slots.negk[slot][0:p, :],
+    )
+
+
+def _load_tile_operands(consts, tile, t):
+    nisa.dma_copy(dst=tile.rows, src=consts.table_rows[t, :, :, 0 : tile.p])
+    nisa.dma_copy(dst=tile.cols, src=consts.table_cols[t, 0 : tile.p, :])
+
+
+def _group_slot(plan, rings, tile, t, g):
+    p, g0 = tile.p, g * plan.group
+    width = min(plan.group, plan.width - g0)
+    slot = (t * plan.n_groups + g) % plan.ring
+    return p, g0, width, rings[0][slot][0:p, 0:width], rings[1][slot][0:p, 0:width]
+
+
+def _statistic_group(plan, consts, views, rings, tile, t, g):
+    """Statistic pass over column group g of row tile t (see the legacy kernel)."""
+    dy_v, x_v = views[0], views[1]
+    p, g0, width, p1, xs = _group_slot(plan, rings, tile, t, g)
+    dy_g = nl.load(dy_v[tile.v0 : tile.v0 + p, g0 : g0 + width])
+    nisa.dma_copy(dst=xs, src=x_v[tile.v0 : tile.v0 + p, g0 : g0 + width])
+    if t == 0 and consts.w_lazy is not None:
+        nisa.dma_copy(
+            dst=consts.w_rows[:, g0 : g0 + width],
+            src=consts.w_lazy.reshape((plan.fold, plan.width))[:, g0 : g0 + width],
+        )
+    dydx = nl.ndarray((p, width), dtype=nl.float32)
+    rounded = None
+    if plan.round_xhat:
+        rounded = nl.ndarray((p, width), dtype=xs.dtype)
+        nisa.activation(dst=rounded, op=nl.copy, data=xs, scale=tile.cols[:, 0:1])
+    p1x = nl.ndarray((p, width), dtype=nl.float32)
+    for c in range(-(-width // CHUNK)):
+        lo, hi = c * CHUNK, min(width, (c + 1) * CHUNK)
+        a = _outer_product(tile.rows, consts.w_rows[:, g0 + lo : g0 + hi])
+        nisa.tensor_tensor(dst=p1[:, lo:hi], data1=dy_g[:, lo:hi], data2=a, op=nl.multiply)
+        x_ps = nl.ndarray((p, hi - lo), dtype=nl.float32, buffer=nl.psum)
+        nisa.activation(dst=x_ps, op=nl.copy, data=xs[:, lo:hi])
+        if plan.round_xhat:  # dweight sums dy·round(x̂); p1·x is p1 times x itself
+            nisa.tensor_tensor(
+                dst=dydx[:, lo:hi], data1=dy_g[:, lo:hi], data2=rounded[:, lo:hi], op=nl.multiply
+            )
+            nisa.tensor_tensor(dst=p1x[:, lo:hi], data1=p1[:, lo:hi], data2=x_ps, op=nl.multiply)
+        else:
+            nisa.tensor_tensor(dst=dydx[:, lo:hi], data1=dy_g[:, lo:hi], data2=x_ps, op=nl.multiply)
+            nisa.tensor_tensor(dst=p1x[:, lo:hi], data1=dydx[:, lo:hi], data2=a, op=nl.multiply)
+    nisa.activation_reduce(
+        dst=p1x, op=nl.copy, data=p1x, reduce_op=nl.add, reduce_res=tile.partials[:, g : g + 1]
+    )
+    return dy_g, dydx
+
+
+def _outer_product(rstd_rows, w_rows):
+    """``a = rstd ⊗ w'`` for one chunk into PSUM: one matmul per bf16 part of rstd, the
+    first overwriting and the others accumulating in fp32."""
+    a = nl.ndarray((rstd_rows.shape[2], w_rows.shape[1]), dtype=nl.float32, buffer=nl.psum)
+    for part in range(SPLIT):
+        nisa.nc_matmul(dst=a, stationary=rstd_rows[:, part, :], moving=w_rows, accumulate=part > 0)
+    return a
+
+
+def _finish_statistic(plan, tile):
+    """``−k = −rstd²/N · s`` per partition once all groups of the tile are summed (Scalar
+    engine); with a fold the segment sums of a row are added next."""
+    segment_negk = tile.negk if plan.fold == 1 else nl.ndarray((tile.p, 1), dtype=nl.float32)
+    nisa.activation_reduce(
+        dst=tile.partials,
+        op=nl.copy,
+        data=tile.partials,
+        reduce_op=nl.add,
+        reduce_res=segment_negk,
+        scale=tile.cols[:, 1:2],
+    )
+    if plan.fold > 1:
+        _add_fold_segments(tile.negk, segment_negk, tile.p, plan.fold)
+
+
+def _add_fold_segments(out, s, p, f):
+    """Write into ``out`` the row sums of the per-partition sums ``s`` (p, 1), repeated on
+    the f partitions of each row: one on-chip DMA gathers the f segments of a row onto one
+    partition ((p, 1) → (p/f, f)), the Vector engine adds them and repeats the sum f times
+    (a broadcast view), and one DMA scatters it back."""
+    rows = p // f
+    segments = nl.ndarray((rows, f), dtype=nl.float32)
+    nisa.dma_copy(dst=segments, src=s)
+    total = nl.ndarray((rows, 1), dtype=nl.float32)
+    nisa.tensor_reduce(dst=total, op=nl.add, data=segments, axis=1, keepdims=True)
+    repeated = nl.ndarray((rows, f), dtype=nl.float32)
+    nisa.tensor_copy(dst=repeated, src=total.broadcast(1, f))
+    nisa.dma_copy(dst=out, src=repeated)
+
+
+def _gradient_group(plan, views, rings, tile, t, g):
+    """Gradient pass over column group g of row tile t: dx = p1 − k·x (+ dh_out)."""
+    dx_v, dh_v = views[2], views[3]
+    p, g0, width, p1, xs = _group_slot(plan, rings, tile, t, g)
+    out_dtype = xs.dtype if dh_v is None else nl.float32
+    dx_g = nl.ndarray((p, width), dtype=out_dtype)
+    for c in range(-(-width // CHUNK)):
+        lo, hi = c * CHUNK, min(width, (c + 1) * CHUNK)
+        kx = nl.ndarray((p, hi - lo), dtype=nl.float32, buffer=nl.psum)
+        nisa.activation(dst=kx, op=nl.copy, data=xs[:, lo:hi], scale=tile.negk)
+        nisa.tensor_tensor(dst=dx_g[:, lo:hi], data1=p1[:, lo:hi], data2=kx, op=nl.add)
+    dx_dst = dx_v[tile.v0 : tile.v0 + p, g0 : g0 + width]
+    if dh_v is None:
+        nl.store(dx_dst, value=dx_g)
+    else:  # + dh_out (Vector engine, from SBUF), rounded once
+        dh_g = nl.load(dh_v[tile.v0 : tile.v0 + p, g0 : g0 + width])
+        total = nl.ndarray((p, width), dtype=xs.dtype)
+        nisa.tensor_tensor(dst=total, data1=dx_g, data2=dh_g, op=nl.add)
+        nl.store(dx_dst, value=total)
+
+
+# --- parameter gradients --------------------------------------------------------------------
+def _column_sums_group(plan, consts, tile, g, dy_g, dydx, first, outputs, first_half):
+    """dweight and dbias column sums of group g of a row tile; ``first``: the tile starts a
+    half (its products overwrite the accumulator); with ``outputs`` (the last row tile of a
+    core that adds its own halves) the group's sums are final and stored at once."""
+    p = tile.p
+    dweight, dbias = outputs
+    halves = first_half if first_half is not None else (None, None)
+    if consts.dweight_acc is not None:
+        moving = (
+            consts.dweight_moving[0:p, :]
+            if consts.dweight_moving is not None
+            else tile.cols[:, 0:1]
+            if plan.fold == 1
+            else tile.cols[:, 2:]
+        )
+        _accumulate_column_sums(plan, consts.dweight_acc, dydx, moving, g, first)
+        if dweight is not None:
+            _store_column_sums(plan, dweight, consts.dweight_acc, g, halves[0])
+    if consts.dbias_acc is not None:
+        _accumulate_column_sums(plan, consts.dbias_acc, dy_g, consts.dbias_moving[0:p, :], g, first)
+        if dbias is not None:
+            _store_column_sums(plan, dbias, consts.dbias_acc, g, halves[1])
+
+
+def _accumulate_column_sums(plan, acc, data, moving, g, first):
+    """``acc += dataᵀ · moving`` for column group g (``data`` (p, width)): the Tensor engine
+    sums the partitions (rows), weighted by the moving columns (rstd and/or the fold-segment
+    mask, one output column per segment h). Set b takes every n-th column of the group
+    (n = ⌈width / 128⌉), so accumulator partition m collects the group's columns
+    m·n … m·n + n − 1. Accumulator column ((g·⌈G/128⌉) + b)·fold + h."""
+    P = nl.tile_size.pmax
+    f = plan.fold
+    width = data.shape[1]
+    n = -(-width // P)
+    for b in range(n):
+        count = -(-(width - b) // n)
+        bank, c = divmod((g * (-(-plan.group // P)) + b) * f, PSUM_BANK_COLS)
+        nisa.nc_matmul(
+            dst=acc[bank][0:count, c : c + f],
+            stationary=data[:, b::n],
+            moving=moving,
+            accumulate=not first,
+        )
+
+
+def _store_column_sums(plan, dst, acc, g, other):
+    """Round the column sums of group g (plus ``other``'s, the other half's fp32 sums in
+    SBUF, when given) to ``dst``'s dtype once (Vector) and store them, one DMA per fold
+    segment h: accumulator partition m, set b is ``dst[h·L + g·G + m·n + b]``. A group
+    narrower than 128·n has ``width // n`` full partitions and one partial one, stored
+    separately."""
+    P = nl.tile_size.pmax
+    f, L, G = plan.fold, plan.width, plan.group
+    width = min(G, L - g * G)
+    n = -(-width // P)
+    bank, c0 = divmod(g * (-(-G // P)) * f, PSUM_BANK_COLS)
+    rounded = nl.ndarray((P, n * f), dtype=dst.dtype)  # column b·f + h: set b, segment h
+    if other is None:
+        nisa.tensor_copy(dst=rounded, src=acc[bank][:, c0 : c0 + n * f])
+    else:
+        k0 = bank * PSUM_BANK_COLS + c0
+        nisa.tensor_tensor(
+            dst=rounded,
+            data1=acc[bank][:, c0 : c0 + n * f],
+            data2=other[:, k0 : k0 + n * f],
+            op=nl.add,
+        )
+    full, rest = divmod(width, n)
+    for h in range(f):
+        g0 = h * L + g * G
+        if full:
+            nl.store(dst[g0 : g0 + full * n].reshape((full, n)), value=rounded[0:full, h::f])
+        if rest:
+            nl.store(
+                dst[g0 + full * n : g0 + width].reshape((1, rest)),
+                value=rounded[full : full + 1, h : h + (rest - 1) * f + 1 : f],
+            )

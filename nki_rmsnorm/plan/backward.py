@@ -1,0 +1,157 @@
+"""The backward kernel's static choices: pure Python, no NKI import, shared by both
+dialects' kernels (``nki_rmsnorm.kernels.legacy`` and ``nki_rmsnorm.kernels.nki06``).
+
+Two regimes (see ``rmsnorm_bwd.py`` and ``rmsnorm_bwd_streamed.py`` in either dialect):
+the folded one (:func:`make_plan`: a row folded over a power-of-two number of partitions,
+read from HBM once) and, when no fold of N fits SBUF, the streamed one
+(:func:`make_streamed_plan`: column chunks, rows re-read when they do not stay resident).
+Every choice depends on N, the dtypes, the options and the SBUF budget, never on M.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+from ml_dtypes import bfloat16
+
+FLOAT32 = np.dtype(np.float32)
+BFLOAT16 = np.dtype(bfloat16)
+
+#: Columns of one fp32 PSUM bank: the width of every instruction with a PSUM operand.
+CHUNK = 512
+#: Column-group widths tried, widest first (wider groups amortise the per-instruction cost
+#: of the Scalar reduction and the GpSimd products; narrower ones need less SBUF).
+GROUP_WIDTHS = (2048, 1024, 512)
+#: Column groups of look-ahead the ring may hold beyond two row tiles.
+MAX_SLACK = 2
+#: Folds tried (partitions per row), smallest first.
+FOLDS = (1, 2, 4, 8, 16, 32)
+#: bf16 parts of an fp32 value (8 + 8 + 8 mantissa bits).
+SPLIT = 3
+#: SBUF bytes per partition kept for the constants and per-tile columns.
+RESERVED_BYTES = 4 * 1024
+#: fp32 columns in one 2 KiB PSUM bank.
+PSUM_BANK_COLS = 512
+#: PSUM banks each parameter-gradient accumulator may use (2 each for dweight and dbias, the
+#: rest for the chunk operands a, −k·x and llama's x copy).
+ACC_BANKS = 2
+#: Largest hidden size: one accumulator column per 128 columns of the row.
+MAX_HIDDEN = ACC_BANKS * PSUM_BANK_COLS * 128
+
+
+class FoldedPlan(NamedTuple):
+    """Static choices of one launch; they depend on N, the dtypes and the target only."""
+
+    fold: int  # partitions per row
+    width: int  # L = N / fold: columns of a view row
+    group: int  # G: columns per group
+    n_groups: int
+    ring: int  # group slots of p1 and x
+    kw: int  # bf16 parts of w' (1: a bf16 weight without offset)
+    round_xhat: bool  # llama / none with a 2-byte x: dweight uses round(x̂)
+
+    @property
+    def stationary_rows(self) -> int:
+        """Contraction rows of ``a``'s matmuls: one per bf16 part of w' and fold segment."""
+        return self.kw * self.fold
+
+
+def make_plan(N, dtypes, offset, casting_mode, budget):
+    """The smallest fold, then the widest group and the longest ring, that fit ``budget``
+    SBUF bytes per partition (``plan_bytes``). ``dtypes``: a ``BwdDtypes``. None when no
+    power-of-two fold of N fits. Pure Python, so tests can check every accepted input
+    against the capacity."""
+    e_x = np.dtype(dtypes.x).itemsize
+    round_xhat = dtypes.weight is not None and casting_mode != "gemma" and e_x == 2
+    bf16_weight = dtypes.weight is not None and np.dtype(dtypes.weight) == BFLOAT16
+    kw = 1 if dtypes.weight is None or (bf16_weight and offset == 0.0) else SPLIT
+    for fold in (f for f in FOLDS if N % f == 0):
+        width = N // fold
+        for group in GROUP_WIDTHS:
+            group = min(group, width)
+            n_groups = -(-width // group)
+            for slack in range(n_groups + MAX_SLACK, 0, -1):
+                ring = n_groups + slack
+                plan = FoldedPlan(fold, width, group, n_groups, ring, kw, round_xhat)
+                if plan_bytes(plan, dtypes) <= budget:
+                    return plan
+    return None  # no fold fits: the streamed regime re-reads the rows instead
+
+
+def plan_bytes(plan, dtypes) -> int:
+    """SBUF bytes per partition the main regime allocates for ``plan``: the ring of p1 (fp32)
+    and x slots, the bf16 moving rows of w', the working tiles of two column groups in
+    flight (dy, p1·x and dy·x in fp32, dx; round(x̂); with dh_out an fp32 dx before the sum
+    and dh_out itself) and ``RESERVED_BYTES`` for the constants and per-tile columns."""
+    e_x = np.dtype(dtypes.x).itemsize
+    e_dy = np.dtype(dtypes.dy).itemsize
+    per_group_column = e_dy + 4 + 4 + e_x + (e_x if plan.round_xhat else 0)
+    if dtypes.dh_out is not None:
+        per_group_column += 4 + np.dtype(dtypes.dh_out).itemsize
+    return (
+        plan.ring * plan.group * (4 + e_x)
+        + 2 * plan.width
+        + 2 * plan.group * per_group_column
+        + RESERVED_BYTES
+    )
+
+
+class BwdDtypes(NamedTuple):
+    """The dtypes the backward's SBUF plan depends on (None for an absent tensor)."""
+
+    x: object
+    dy: object
+    weight: object
+    dh_out: object
+
+
+# The streamed regime.
+
+#: Columns of one fp32 working tile: 8 KiB per partition, large enough to amortise the fixed
+#: cost of an instruction and small enough to leave SBUF to the resident rows.
+CHUNK_COLS = 2048
+#: SBUF bytes per partition kept for the working tiles of one chunk next to the resident rows
+#: and weight. The simulator measures at most ≈ 33 KiB live for them (fp32 rows with a streamed
+#: fp32 weight); the rest is headroom for the compiler's extra buffers.
+CHUNK_SCRATCH_BYTES = 48 * 1024
+
+
+class StreamedPlan(NamedTuple):
+    """Static choices of one launch. They depend on N and the dtypes only, never on M, so a
+    row's arithmetic is the same whatever the batch."""
+
+    rows_resident: bool  # dy and x rows stay in SBUF between the two passes
+    weight_resident: bool  # the broadcast weight stays in SBUF for the whole kernel
+    round_xhat: bool  # dweight uses x̂ rounded to the input dtype (llama / none, narrow x)
+    n_chunks: int  # column chunks of CHUNK_COLS per row
+
+
+def make_streamed_plan(N, x_dtype, dy_dtype, weight_dtype, casting_mode, sbuf_bytes):
+    """Residency of the dy/x rows and of the broadcast weight in the SBUF left next to the
+    chunk scratch (rows first: they save HBM traffic), and the llama/none rounding. The rows
+    are budgeted in their own dtypes: dy may be wider than x (a y with an fp32
+    ``out_dtype``). Pure Python."""
+    budget = sbuf_bytes - CHUNK_SCRATCH_BYTES
+    rows_bytes = (np.dtype(x_dtype).itemsize + np.dtype(dy_dtype).itemsize) * N
+    rows_resident = rows_bytes <= budget
+    kept = rows_bytes if rows_resident else 0
+    weight_resident = (
+        weight_dtype is not None and kept + np.dtype(weight_dtype).itemsize * N <= budget
+    )
+    round_xhat = casting_mode != "gemma" and np.dtype(x_dtype) != FLOAT32
+    return StreamedPlan(
+        rows_resident, weight_resident, round_xhat, (N + CHUNK_COLS - 1) // CHUNK_COLS
+    )
+
+
+def streamed_plan_bytes(plan, N, x_dtype, dy_dtype, weight_dtype) -> int:
+    """SBUF bytes per partition the streamed regime allocates for ``plan``: the resident
+    dy and x rows and broadcast weight, and ``CHUNK_SCRATCH_BYTES`` for a chunk's tiles."""
+    rows = (np.dtype(x_dtype).itemsize + np.dtype(dy_dtype).itemsize) * N
+    weight = 0 if weight_dtype is None else np.dtype(weight_dtype).itemsize * N
+    return (
+        (rows if plan.rows_resident else 0)
+        + (weight if plan.weight_resident else 0)
+        + CHUNK_SCRATCH_BYTES
+    )
