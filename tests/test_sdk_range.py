@@ -16,7 +16,7 @@ from test_fwd import BF16, _inputs, _layout, check_forward
 
 import simulate
 from nki_rmsnorm import nki as nki_module
-from nki_rmsnorm.kernels.rmsnorm_bwd import BwdDtypes, _make_plan
+from nki_rmsnorm.plan.backward import BwdDtypes, make_plan
 
 OLDEST = "{}.{}".format(*nki_module.OLDEST_SDK)
 NEWEST = "{}.{}".format(*nki_module.NEWEST_SDK)
@@ -65,7 +65,7 @@ BACKWARD = [
 
 def _backward_regime(x, weight, offset, dh_out, casting_mode) -> str:
     dtypes = BwdDtypes(x.dtype, x.dtype, weight.dtype, None if dh_out is None else dh_out.dtype)
-    plan = _make_plan(
+    plan = make_plan(
         x.shape[1],
         dtypes,
         offset,
