@@ -22,13 +22,13 @@ would give another regime ("split", "long", "two_pass": rows too long for SBUF) 
 
 from __future__ import annotations
 
-from nki_rmsnorm.kernels.nki06 import rmsnorm_fwd_steps as steps
 from nki_rmsnorm.kernels.nki06._nki import nisa, nki, nl, usable_sbuf_bytes
 from nki_rmsnorm.kernels.nki06.rmsnorm_fwd_rows import rows_resident
 from nki_rmsnorm.plan.forward import (
     CASTING_MODES,
     Layout,
     Plan,
+    Tensors,
     choose_layout,
     make_plan,
 )
@@ -93,7 +93,7 @@ def rmsnorm_fwd(x, weight, bias, eps, offset, casting_mode, out_dtype):
     layout_for(plan, M, N)
     y = nl.ndarray((M, N), dtype=plan.out_dtype, buffer=nl.shared_hbm)
     rstd = nl.ndarray((M,), dtype=nl.float32, buffer=nl.shared_hbm)
-    forward_body(plan, steps.Tensors(x, None, weight, bias, y, None, rstd), eps, offset)
+    forward_body(plan, Tensors(x, None, weight, bias, y, None, rstd), eps, offset)
     return y, rstd
 
 
@@ -103,7 +103,7 @@ def rmsnorm_fwd_out(x, weight, bias, y, rstd, eps, offset, casting_mode):
     ``y`` (its dtype is the output dtype) and ``rstd`` (M,) float32 in place, returns
     nothing. Same code and results as :func:`rmsnorm_fwd`."""
     plan = _plan(x, weight, bias, None, offset, casting_mode, y.dtype)
-    forward_body(plan, steps.Tensors(x, None, weight, bias, y, None, rstd), eps, offset)
+    forward_body(plan, Tensors(x, None, weight, bias, y, None, rstd), eps, offset)
 
 
 @nki.jit
@@ -116,7 +116,7 @@ def rmsnorm_add_fwd(x, residual, weight, bias, eps, offset, casting_mode, out_dt
     y = nl.ndarray((M, N), dtype=plan.out_dtype, buffer=nl.shared_hbm)
     h = nl.ndarray((M, N), dtype=residual.dtype, buffer=nl.shared_hbm)
     rstd = nl.ndarray((M,), dtype=nl.float32, buffer=nl.shared_hbm)
-    forward_body(plan, steps.Tensors(x, residual, weight, bias, y, h, rstd), eps, offset)
+    forward_body(plan, Tensors(x, residual, weight, bias, y, h, rstd), eps, offset)
     return y, h, rstd
 
 
@@ -131,4 +131,4 @@ def rmsnorm_add_fwd_out(x, residual, weight, bias, y, h, rstd, eps, offset, cast
             f"({residual.dtype}), got {h.dtype}"
         )
     plan = _plan(x, weight, bias, residual.dtype, offset, casting_mode, y.dtype)
-    forward_body(plan, steps.Tensors(x, residual, weight, bias, y, h, rstd), eps, offset)
+    forward_body(plan, Tensors(x, residual, weight, bias, y, h, rstd), eps, offset)
