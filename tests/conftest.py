@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import zlib
 
 import ml_dtypes
@@ -123,3 +124,60 @@ def no_launch(monkeypatch):
 
     monkeypatch.setattr(ops, "rms_norm_fwd", launched)
     monkeypatch.setattr(ops, "rms_norm_bwd", launched)
+
+
+@pytest.fixture(params=["legacy", "nki06"])
+def dialect(request):
+    """Run the test with the kernels of each NKI dialect (``nki_rmsnorm.dialect``): yields
+    the dialect's name while ``nki_rmsnorm.kernels`` resolves to it."""
+    from nki_rmsnorm import dialect as dialects
+
+    with dialects.use_dialect(request.param) as name:
+        yield name
+
+
+#: Serialises the nki06 front-end's target environment variable between threads.
+_TARGET_LOCK = threading.Lock()
+
+
+def trace_launch(kernel, *args, target=None, lnc=None, **kwargs):
+    """Simulate ``kernel`` (either dialect) on ``target`` (default: the legacy simulator's,
+    trn1, for both): ``(outputs, trace)``. ``lnc``: the nki06 launch's LNC degree
+    (``kernel[lnc]``); None launches without a bracket."""
+    import simulate
+    import simulate.nki06 as nki06
+
+    if not isinstance(kernel, nki06.Kernel):
+        if lnc is not None:
+            raise ValueError("lnc applies to nki06 kernels only")
+        return simulate.trace_kernel(kernel, *args, target=target, **kwargs)
+    name = target or simulate.core.targets.DEFAULT_TARGET
+    with _TARGET_LOCK:
+        saved = os.environ.get(_TARGET_ENV)
+        os.environ[_TARGET_ENV] = name
+        try:
+            outputs = (kernel if lnc is None else kernel[lnc])(*args, **kwargs)
+        finally:
+            if saved is None:
+                del os.environ[_TARGET_ENV]
+            else:
+                os.environ[_TARGET_ENV] = saved
+    return outputs, nki06.last_trace()
+
+
+_TARGET_ENV = "NEURON_PLATFORM_TARGET_OVERRIDE"
+
+
+def unported_regime(kernel_dialect, plan, m, n, target):
+    """The forward regime the shared planner picks for ``plan`` and (m, n) on ``target`` when
+    ``kernel_dialect`` has not got it yet (None when it has)."""
+    import simulate
+    from nki_rmsnorm.plan.forward import choose_layout
+
+    if kernel_dialect != "nki06":
+        return None
+    from nki_rmsnorm.kernels.nki06.rmsnorm_fwd import REGIMES
+
+    spec = simulate.get_target(target or simulate.core.targets.DEFAULT_TARGET)
+    regime = choose_layout(plan, m, n, spec.sbuf_bytes_per_partition).regime
+    return None if regime in REGIMES else regime

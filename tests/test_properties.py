@@ -19,7 +19,7 @@ for a soak before a release.
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import os
 
 import ml_dtypes
@@ -30,6 +30,7 @@ from hypothesis import strategies as st
 from test_bwd import _check_against_reference, _make_inputs
 from test_fwd import _inputs, check_forward
 
+from nki_rmsnorm.dialect import use_dialect
 from nki_rmsnorm.plan.backward import MAX_HIDDEN as MAX_HIDDEN_BWD
 from nki_rmsnorm.reference import CASTING_MODES
 
@@ -53,10 +54,11 @@ TARGETS = ("trn1", "trn2", "trn3")
 MAX_ELEMENTS = 2**18
 LONG_ROWS = (2048, 4096, 5120, 8192, 16384, 20000, 30001, 32768, 65536)
 
-#: The NKI dialects the kernels are emitted in. Each needs a context in which the kernels of
-#: ``test_fwd``/``test_bwd`` are that dialect's; only the legacy (neuronxcc.nki) kernels
-#: exist today, and they are the default. Adding the NKI 0.6 dialect is one entry here.
-DIALECTS = {"legacy": contextlib.nullcontext}
+#: The NKI dialects the kernels are emitted in: a context in which the kernels of
+#: ``test_fwd``/``test_bwd`` are that dialect's. The backward exists in the legacy dialect
+#: only so far; the forward (and fused add) in both.
+DIALECTS = {"legacy": functools.partial(use_dialect, "legacy")}
+FORWARD_DIALECTS = {**DIALECTS, "nki06": functools.partial(use_dialect, "nki06")}
 
 
 def _shape(draw, max_hidden=LONG_ROWS[-1]):
@@ -129,7 +131,14 @@ def _check_forward_case(case):
         spec.pop("dtype"),
         **spec,
     )
-    check_forward(x_inputs, **options)
+    try:
+        check_forward(x_inputs, **options)
+    except pytest.skip.Exception as skipped:
+        # A regime the dialect has not got: check_forward has checked that the launch
+        # raises NotImplementedError; the other examples go on.
+        if "is not written in the" not in str(skipped):
+            raise
+        event("regime not written in this dialect")
 
 
 def _check_backward_case(case):
@@ -155,7 +164,7 @@ def _check_backward_case(case):
 # bf16/fp16 x beside an fp32 y, once with a bias cancelling the product (test_fwd's table
 # lacked that row), and the llama dweight's double rounding plus the output's rounding
 # (test_bwd's bound lacked the latter).
-@pytest.mark.parametrize("dialect", DIALECTS)
+@pytest.mark.parametrize("dialect", FORWARD_DIALECTS)
 @settings(PROFILE)
 @given(case=forward_cases(residual=False))
 @example(
@@ -176,11 +185,11 @@ def _check_backward_case(case):
     )
 )
 def test_forward(dialect, case):
-    with DIALECTS[dialect]():
+    with FORWARD_DIALECTS[dialect]():
         _check_forward_case(case)
 
 
-@pytest.mark.parametrize("dialect", DIALECTS)
+@pytest.mark.parametrize("dialect", FORWARD_DIALECTS)
 @settings(PROFILE)
 @given(case=forward_cases(residual=True))
 @example(
@@ -201,7 +210,7 @@ def test_forward(dialect, case):
     )
 )
 def test_fused_add_forward(dialect, case):
-    with DIALECTS[dialect]():
+    with FORWARD_DIALECTS[dialect]():
         _check_forward_case(case)
 
 

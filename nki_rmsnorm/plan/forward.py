@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 from ml_dtypes import bfloat16
@@ -54,6 +55,33 @@ SPLIT_SEGMENT_BYTES = 8 * 1024
 MAX_SEGMENTS = 32
 #: Tiles the "split" regime keeps in flight (loading, reducing, normalising and storing).
 SPLIT_SLOTS = 6
+
+
+# The rstd chain's constants and the entry points' HBM tensors, shared by both dialects.
+#: The Scalar engine's rsqrt is valid for inputs in [2⁻⁸⁷, 2⁹⁷]
+#: (general/nki/api/nki.api.shared.rst@8a38e733, line 180).
+RSQRT_MIN_INPUT = 2.0**-87
+RSQRT_MAX_INPUT = 2.0**97
+#: Power-of-two scalings around the Scalar engine's rsqrt
+#: (``rmsnorm_fwd_steps._rstd_on_scalar`` of either dialect).
+RSQRT_PRESCALE = 2.0**-32
+RSQRT_POSTSCALE = 2.0**-16
+#: Newton steps refining the Scalar engine's rsqrt (``rmsnorm_fwd_steps.rstd_from_sum``).
+NEWTON_STEPS = 2
+FP32_MAX = float(np.finfo(np.float32).max)
+
+
+class Tensors(NamedTuple):
+    """The kernel's HBM tensors: inputs x, residual (or None), weight, bias (or None);
+    outputs y, h (None without a residual) and rstd."""
+
+    x: object
+    residual: object
+    weight: object
+    bias: object
+    y: object
+    h: object
+    rstd: object
 
 
 def _size(dtype) -> int:

@@ -102,7 +102,6 @@ the same whatever batch it is part of.
 
 from __future__ import annotations
 
-from nki_rmsnorm.kernels.legacy import rmsnorm_fwd_steps as steps
 from nki_rmsnorm.kernels.legacy.rmsnorm_fwd_long import long_rows, two_pass
 from nki_rmsnorm.kernels.legacy.rmsnorm_fwd_rows import rows_resident
 from nki_rmsnorm.kernels.legacy.rmsnorm_fwd_split import split_rows
@@ -111,6 +110,7 @@ from nki_rmsnorm.plan.forward import (
     CASTING_MODES,
     Layout,
     Plan,
+    Tensors,
     choose_layout,
     make_plan,
 )
@@ -148,7 +148,7 @@ def rmsnorm_fwd(x, weight, bias, eps, offset, casting_mode, out_dtype):
     plan = _plan(x, weight, bias, None, offset, casting_mode, out_dtype)
     y = nl.ndarray((M, N), dtype=plan.out_dtype, buffer=nl.shared_hbm)
     rstd = nl.ndarray((M,), dtype=nl.float32, buffer=nl.shared_hbm)
-    forward_body(plan, steps.Tensors(x, None, weight, bias, y, None, rstd), eps, offset)
+    forward_body(plan, Tensors(x, None, weight, bias, y, None, rstd), eps, offset)
     return y, rstd
 
 
@@ -159,7 +159,7 @@ def rmsnorm_fwd_out(x, weight, bias, y, rstd, eps, offset, casting_mode):
     returns nothing (``torch_neuronx.nki_jit`` / ``jax_neuronx.nki_call``). Same code and
     results as :func:`rmsnorm_fwd`. The outputs must not alias the inputs."""
     plan = _plan(x, weight, bias, None, offset, casting_mode, y.dtype)
-    forward_body(plan, steps.Tensors(x, None, weight, bias, y, None, rstd), eps, offset)
+    forward_body(plan, Tensors(x, None, weight, bias, y, None, rstd), eps, offset)
 
 
 @nki.jit
@@ -171,7 +171,7 @@ def rmsnorm_add_fwd(x, residual, weight, bias, eps, offset, casting_mode, out_dt
     y = nl.ndarray((M, N), dtype=plan.out_dtype, buffer=nl.shared_hbm)
     h = nl.ndarray((M, N), dtype=residual.dtype, buffer=nl.shared_hbm)
     rstd = nl.ndarray((M,), dtype=nl.float32, buffer=nl.shared_hbm)
-    forward_body(plan, steps.Tensors(x, residual, weight, bias, y, h, rstd), eps, offset)
+    forward_body(plan, Tensors(x, residual, weight, bias, y, h, rstd), eps, offset)
     return y, h, rstd
 
 
@@ -184,4 +184,4 @@ def rmsnorm_add_fwd_out(x, residual, weight, bias, y, h, rstd, eps, offset, cast
         raise TypeError(f"rmsnorm_add_fwd_out: h must have the residual's dtype "
                         f"({residual.dtype}), got {h.dtype}")
     plan = _plan(x, weight, bias, residual.dtype, offset, casting_mode, y.dtype)
-    forward_body(plan, steps.Tensors(x, residual, weight, bias, y, h, rstd), eps, offset)
+    forward_body(plan, Tensors(x, residual, weight, bias, y, h, rstd), eps, offset)

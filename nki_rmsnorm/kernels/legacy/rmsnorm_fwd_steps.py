@@ -18,36 +18,16 @@ and none x̂ first.
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
-import numpy as np
-
 from nki_rmsnorm.nki import nisa, nl
-from nki_rmsnorm.plan.forward import PSUM_COLS
-
-#: The Scalar engine's rsqrt is valid for inputs in [2⁻⁸⁷, 2⁹⁷]
-#: (general/nki/api/nki.api.shared.rst@8a38e733, line 180).
-RSQRT_MIN_INPUT = 2.0 ** -87
-RSQRT_MAX_INPUT = 2.0 ** 97
-#: Power-of-two scalings around the Scalar engine's rsqrt (see :func:`_rstd_on_scalar`).
-RSQRT_PRESCALE = 2.0 ** -32
-RSQRT_POSTSCALE = 2.0 ** -16
-#: Newton steps refining the Scalar engine's rsqrt (see :func:`rstd_from_sum`).
-NEWTON_STEPS = 2
-FP32_MAX = float(np.finfo(np.float32).max)
-
-
-class Tensors(NamedTuple):
-    """The kernel's HBM tensors: inputs x, residual (or None), weight, bias (or None);
-    outputs y, h (None without a residual) and rstd."""
-
-    x: object
-    residual: object
-    weight: object
-    bias: object
-    y: object
-    h: object
-    rstd: object
+from nki_rmsnorm.plan.forward import (
+    FP32_MAX,
+    NEWTON_STEPS,
+    PSUM_COLS,
+    RSQRT_MAX_INPUT,
+    RSQRT_MIN_INPUT,
+    RSQRT_POSTSCALE,
+    RSQRT_PRESCALE,
+)
 
 
 def load_h(h_tile, x_tile, x_src, residual_src, h_dst, mask=None):

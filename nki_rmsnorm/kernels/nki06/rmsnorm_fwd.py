@@ -1,0 +1,134 @@
+"""RMSNorm forward kernel in the ``nki`` 0.6 dialect (NKI 0.4 – 0.6, Neuron SDK 2.30 – 2.32):
+``y = h · rstd · (weight + offset) + bias`` over the last axis, with the optional fused
+residual add ``h = x + residual``.
+
+The math, casting modes, dtypes, engine plans, numerics and HBM traffic are those of the
+legacy kernel (``nki_rmsnorm/kernels/legacy/rmsnorm_fwd.py``, whose docstring documents
+them); both plan with :mod:`nki_rmsnorm.plan.forward`, so the same inputs give the same
+regime, tiles and instructions, written in the 0.6 dialect (``rmsnorm_fwd_steps``).
+
+Entry points (all share ``forward_body``): ``rmsnorm_fwd`` → ``(y, rstd)``,
+``rmsnorm_add_fwd`` → ``(y, h, rstd)`` (outputs ``shared_hbm``, as 0.3+ requires of kernel
+outputs: nki/migration/index.rst, 0.2→0.3), and the output-parameter twins
+``rmsnorm_fwd_out`` / ``rmsnorm_add_fwd_out``.
+
+Launch with ``kernel[2]`` on trn2 / trn3 to split the row tiles across the two physical
+cores of a logical core (``rmsnorm_fwd_rows``); results are bitwise the same as LNC=1.
+
+Regimes written in this dialect: :data:`REGIMES` ("rows"). An input the shared planner
+would give another regime ("split", "long", "two_pass": rows too long for SBUF) raises
+``NotImplementedError`` before any instruction runs.
+"""
+
+from __future__ import annotations
+
+from nki_rmsnorm.kernels.nki06._nki import nisa, nki, nl, usable_sbuf_bytes
+from nki_rmsnorm.kernels.nki06.rmsnorm_fwd_rows import rows_resident
+from nki_rmsnorm.plan.forward import (
+    CASTING_MODES,
+    Layout,
+    Plan,
+    Tensors,
+    choose_layout,
+    make_plan,
+)
+
+__all__ = [
+    "CASTING_MODES",
+    "REGIMES",
+    "Layout",
+    "Plan",
+    "choose_layout",
+    "forward_body",
+    "make_plan",
+    "rmsnorm_add_fwd",
+    "rmsnorm_add_fwd_out",
+    "rmsnorm_fwd",
+    "rmsnorm_fwd_out",
+]
+
+#: The forward regimes this dialect has.
+REGIMES = ("rows",)
+
+
+def _plan(x, weight, bias, h_dtype, offset, casting_mode, out_dtype):
+    """The :class:`Plan` for these HBM tensors on the running target."""
+    return make_plan(
+        x.dtype,
+        None if weight is None else weight.dtype,
+        None if bias is None else bias.dtype,
+        h_dtype,
+        offset,
+        casting_mode,
+        out_dtype,
+        tensor_engine=nisa.get_nc_version() != nisa.nc_version.gen2,
+    )
+
+
+def layout_for(plan, M, N):
+    """The shared planner's layout, or ``NotImplementedError`` when its regime is not
+    written in this dialect yet."""
+    layout = choose_layout(plan, M, N, usable_sbuf_bytes())
+    if layout.regime not in REGIMES:
+        raise NotImplementedError(
+            f"rmsnorm_fwd (nki06 dialect): rows of N={N} need the {layout.regime!r} regime, "
+            f"which is written only in the legacy dialect; this dialect has {REGIMES}"
+        )
+    return layout
+
+
+def forward_body(plan, hbm, eps, offset):
+    """Write y, rstd (and h) of ``hbm`` (a ``Tensors``): the code every entry point shares."""
+    M, N = hbm.x.shape
+    layout = layout_for(plan, M, N)
+    rows_resident(plan, layout.rows_per_partition, hbm, eps, offset)
+
+
+@nki.jit
+def rmsnorm_fwd(x, weight, bias, eps, offset, casting_mode, out_dtype):
+    """RMSNorm forward of ``x`` (M, N), return convention: ``(y, rstd)``, y in
+    ``out_dtype`` (None: x's dtype), rstd (M,) fp32."""
+    M, N = x.shape
+    plan = _plan(x, weight, bias, None, offset, casting_mode, out_dtype)
+    layout_for(plan, M, N)
+    y = nl.ndarray((M, N), dtype=plan.out_dtype, buffer=nl.shared_hbm)
+    rstd = nl.ndarray((M,), dtype=nl.float32, buffer=nl.shared_hbm)
+    forward_body(plan, Tensors(x, None, weight, bias, y, None, rstd), eps, offset)
+    return y, rstd
+
+
+@nki.jit
+def rmsnorm_fwd_out(x, weight, bias, y, rstd, eps, offset, casting_mode):
+    """RMSNorm forward of ``x`` (M, N), output-parameter convention: writes the caller's
+    ``y`` (its dtype is the output dtype) and ``rstd`` (M,) float32 in place, returns
+    nothing. Same code and results as :func:`rmsnorm_fwd`."""
+    plan = _plan(x, weight, bias, None, offset, casting_mode, y.dtype)
+    forward_body(plan, Tensors(x, None, weight, bias, y, None, rstd), eps, offset)
+
+
+@nki.jit
+def rmsnorm_add_fwd(x, residual, weight, bias, eps, offset, casting_mode, out_dtype):
+    """Fused residual add and RMSNorm, return convention: ``h = x + residual`` (in the
+    residual's dtype), ``(y, h, rstd)`` of h."""
+    M, N = x.shape
+    plan = _plan(x, weight, bias, residual.dtype, offset, casting_mode, out_dtype)
+    layout_for(plan, M, N)
+    y = nl.ndarray((M, N), dtype=plan.out_dtype, buffer=nl.shared_hbm)
+    h = nl.ndarray((M, N), dtype=residual.dtype, buffer=nl.shared_hbm)
+    rstd = nl.ndarray((M,), dtype=nl.float32, buffer=nl.shared_hbm)
+    forward_body(plan, Tensors(x, residual, weight, bias, y, h, rstd), eps, offset)
+    return y, h, rstd
+
+
+@nki.jit
+def rmsnorm_add_fwd_out(x, residual, weight, bias, y, h, rstd, eps, offset, casting_mode):
+    """Fused residual add and RMSNorm, output-parameter convention: writes the caller's
+    ``y``, ``h`` (the residual's dtype) and ``rstd`` (M,) float32 in place, returns nothing.
+    Same code and results as :func:`rmsnorm_add_fwd`."""
+    if h.dtype != residual.dtype:
+        raise TypeError(
+            f"rmsnorm_add_fwd_out: h must have the residual's dtype "
+            f"({residual.dtype}), got {h.dtype}"
+        )
+    plan = _plan(x, weight, bias, residual.dtype, offset, casting_mode, y.dtype)
+    forward_body(plan, Tensors(x, residual, weight, bias, y, h, rstd), eps, offset)

@@ -1,0 +1,165 @@
+"""Forward regime "rows" in the ``nki`` 0.6 dialect: whole rows on chip, k consecutive rows
+per partition (see the legacy ``rmsnorm_fwd_rows`` for the tiling; the arithmetic and the
+HBM traffic are the same).
+
+LNC: under ``kernel[2]`` (trn2 / trn3, two physical cores per logical core) the row tiles
+are split between the cores by ``nl.program_id(0)``: core c takes a contiguous block of
+tiles, and the last core the ragged tile. A row's instructions do not depend on which tile
+or core it is in, so the results are bitwise the same as at LNC=1; each core loads and
+prepares the weight (and bias) itself, so those are read once per core.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from nki_rmsnorm.kernels.nki06 import rmsnorm_fwd_steps as steps
+from nki_rmsnorm.kernels.nki06._nki import nisa, nl
+
+
+class _Resident(NamedTuple):
+    """On-chip tiles every row tile reads: the weight (broadcast across the partitions
+    for the Vector engine, or the Tensor engine's moving row(s)); the broadcast bias; the
+    transpose identity ("tensor") or the ones row that broadcasts the weight ("scalar")."""
+
+    scale: object
+    shift: object
+    ident: object
+    ones: object
+
+
+def rows_resident(plan, k, hbm, eps, offset):
+    """Every row read once and written once; tiles of ``k`` rows per partition."""
+    M, N = hbm.x.shape
+    P = nl.tile_size.pmax
+    parts = min(P, M)
+
+    weight = hbm.weight is not None
+    weight_row = hbm.weight.reshape((1, N)) if weight else None
+    engine = plan.product_engine if weight else None
+    # PE's moving rows, ACT's scale row or DVE's broadcast weight, as the plan says
+    if engine == "tensor":
+        scale = steps.weight_rows(plan, weight_row, offset)
+    elif engine == "scalar":
+        scale = steps.scale_row(plan, weight_row, offset)
+    elif weight:
+        scale = steps.broadcast_row(weight_row, parts, plan.scale_dtype, offset)
+    else:
+        scale = None
+    ident = steps.identity(parts, plan.scale_dtype) if engine == "tensor" else None
+    ones = None
+    if engine == "scalar":
+        ones = steps.sbuf((1, parts), plan.scale_dtype)
+        nisa.memset(dst=ones, value=1.0)
+    shift = None
+    if hbm.bias is not None:
+        shift = steps.broadcast_row(hbm.bias.reshape((1, N)), parts, plan.bias_dtype)
+    resident = _Resident(scale, shift, ident, ones)
+
+    # k consecutive rows are one row of these views: one contiguous run per partition.
+    views = _RowViews(
+        *(
+            None if t is None else t.reshape((M // k, k * N))
+            for t in (hbm.x, hbm.residual, hbm.y, hbm.h)
+        ),
+        hbm.rstd.reshape((M // k, k)),
+    )
+    groups = M // k
+    full_tiles = groups // P
+    cores = nl.num_programs(0)
+    core = nl.program_id(0)
+    per_core = -(-full_tiles // cores)
+    for t in range(core * per_core, min(full_tiles, (core + 1) * per_core)):
+        _row_tile(plan, views, resident, eps, t * P, P, k, N)
+    if groups % P and core == cores - 1:
+        _row_tile(plan, views, resident, eps, full_tiles * P, groups % P, k, N)
+
+
+class _RowViews(NamedTuple):
+    """The HBM tensors viewed as (M / k, k·N) (rstd as (M / k, k))."""
+
+    x: object
+    residual: object
+    y: object
+    h: object
+    rstd: object
+
+
+def _row_tile(plan, views, resident, eps, group0, parts, k, N):
+    """Rows ``k·group0 … k·(group0 + parts) − 1``, k consecutive rows per partition."""
+    groups = slice(group0, group0 + parts)
+
+    def row(t, j):
+        return None if t is None else t[:, j * N : (j + 1) * N]
+
+    residual = views.residual is not None
+    h_tile = steps.sbuf((parts, k * N), plan.h_dtype)
+    x_tile = steps.sbuf((parts, k * N), plan.in_dtype) if residual else h_tile
+    steps.load_h(
+        h_tile,
+        x_tile,
+        views.x[groups, :],
+        views.residual[groups, :] if residual else None,
+        views.h[groups, :] if residual else None,
+    )
+    # llama / none round x̂ into a tile of x's dtype that is no longer needed
+    xhat_tile = x_tile
+
+    y_tile = steps.sbuf((parts, k * N), plan.result_dtype)
+    product = None if plan.product_dtype is None else steps.sbuf((parts, k * N), plan.product_dtype)
+    squares = {"product": product, "y": y_tile}.get(plan.squares_in)
+    squares = steps.sbuf((parts, k * N), nl.bfloat16) if squares is None else squares
+
+    # ACT: Σh² per row (the squares themselves are discarded), then rstd; DMA rstd out.
+    sum_sq = steps.sbuf((parts, k), nl.float32)
+    for j in range(k):
+        nisa.activation_reduce(
+            dst=row(squares, j),
+            op=nl.square,
+            data=row(h_tile, j),
+            reduce_op=nl.add,
+            reduce_res=sum_sq[:, j : j + 1],
+        )
+    rstd_tile = steps.rstd_from_sum(sum_sq, eps, N, on_scalar=plan.product_engine != "scalar")
+    nisa.dma_copy(dst=views.rstd[groups, :], src=rstd_tile)
+
+    shift = None if resident.shift is None else resident.shift[:parts]
+    if plan.product_engine == "tensor":
+        # PE: rstd ⊗ w per PSUM bank; DVE: y = h · (rstd ⊗ w) [+ bias].
+        stationary = steps.rstd_rows(plan, rstd_tile, resident.ident[:parts, :parts])
+        for j in range(k):
+            steps.outer_normalize(
+                row(y_tile, j),
+                row(h_tile, j),
+                stationary[:, j, :],
+                resident.scale,
+                shift,
+                row(product, j),
+            )
+    elif plan.product_engine == "scalar":
+        # ACT: h · rstd; PE: w broadcast into PSUM; DVE: the product [+ bias].
+        for j in range(k):
+            steps.scaled_normalize(
+                plan,
+                row(y_tile, j),
+                row(h_tile, j),
+                rstd_tile[:, j : j + 1],
+                resident.ones[:, :parts],
+                resident.scale,
+                shift,
+                row(product, j),
+            )
+    else:
+        scale = None if resident.scale is None else resident.scale[:parts]
+        for j in range(k):
+            steps.normalize(
+                plan,
+                row(y_tile, j),
+                row(h_tile, j),
+                rstd_tile[:, j : j + 1],
+                row(xhat_tile, j),
+                scale,
+                shift,
+                row(product, j),
+            )
+    steps.store_y(plan, views.y[groups, :], y_tile)

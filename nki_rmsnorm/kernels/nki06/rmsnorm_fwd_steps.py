@@ -1,0 +1,371 @@
+"""On-chip steps of the forward kernel in the ``nki`` 0.6 dialect: the legacy
+``rmsnorm_fwd_steps`` (see its docstring for the three ways of forming y = h·rstd·w and the
+rounding of each casting mode) with the same arithmetic, instruction by instruction, written
+in 0.6 idioms: every ``nisa`` instruction writes a ``dst`` given first (its dtype is the
+output dtype), DMA is ``nisa.dma_copy``, tiles are ``nl.ndarray(..., buffer=nl.sbuf /
+nl.psum)`` and ragged tiles are slices, not masks (nki/migration/index.rst, 0.1→0.2).
+
+Two steps differ from the legacy ones because 0.6 has no equivalent instruction:
+
+* a row broadcast across partitions (legacy ``broadcast_to``, one Vector
+  ``partition_broadcast``) is a ones-row matmul into PSUM per 512-column bank and a copy out
+  (exact: every product is 1·w), done once per kernel;
+* the Tensor-engine accumulation of several matmuls into one PSUM tile says so with
+  ``accumulate=True`` (0.3; the legacy ``+=``).
+"""
+
+from __future__ import annotations
+
+from nki_rmsnorm.kernels.nki06._nki import nisa, nl
+from nki_rmsnorm.plan.forward import (
+    FP32_MAX,
+    NEWTON_STEPS,
+    PSUM_COLS,
+    RSQRT_MAX_INPUT,
+    RSQRT_MIN_INPUT,
+    RSQRT_POSTSCALE,
+    RSQRT_PRESCALE,
+)
+
+
+def sbuf(shape, dtype):
+    """A new SBUF tile."""
+    return nl.ndarray(shape, dtype=dtype, buffer=nl.sbuf)
+
+
+def load_h(h_tile, x_tile, x_src, residual_src, h_dst):
+    """h = x (+ residual) into ``h_tile``: the x load, or the residual load into ``h_tile``
+    and the x load into ``x_tile``, added by the Vector engine (fp32 add, one rounding to
+    h's dtype) and stored to ``h_dst``."""
+    if residual_src is None:
+        nisa.dma_copy(dst=h_tile, src=x_src)
+        return
+    nisa.dma_copy(dst=h_tile, src=residual_src)
+    nisa.dma_copy(dst=x_tile, src=x_src)
+    nisa.tensor_tensor(dst=h_tile, data1=x_tile, data2=h_tile, op=nl.add)
+    nisa.dma_copy(dst=h_dst, src=h_tile)
+
+
+def store_y(plan, y_dst, y_tile):
+    """Store y, converted to the output dtype first when the last step rounded to another
+    (Vector copy, "none" mode with an ``out_dtype``)."""
+    if plan.result_dtype != plan.out_dtype:
+        converted = sbuf(y_tile.shape, plan.out_dtype)
+        nisa.tensor_copy(dst=converted, src=y_tile)
+        y_tile = converted
+    nisa.dma_copy(dst=y_dst, src=y_tile)
+
+
+def identity(parts, dtype):
+    """A (parts, parts) identity for Tensor-engine transposes, built on chip (GpSimd iota of
+    f − p, Vector compare with 0) rather than read from HBM."""
+    offsets = sbuf((parts, parts), nl.int32)
+    nisa.iota(offsets, pattern=[[1, parts]], offset=0, channel_multiplier=-1)
+    ident = sbuf((parts, parts), dtype)
+    nisa.tensor_scalar(dst=ident, data=offsets, op0=nl.equal, operand0=0)
+    return ident
+
+
+def rstd_from_sum(sum_sq, eps, n, on_scalar=True):
+    """rstd = 1 / sqrt(Σh² / n + eps), fp32, for a (parts, k) tile of row sums: the legacy
+    chain (Scalar rsqrt refined by ``NEWTON_STEPS`` Newton steps, on the Scalar engine unless
+    it carries the product or eps < 2⁻⁵⁵)."""
+    if on_scalar and eps >= RSQRT_MIN_INPUT / RSQRT_PRESCALE:
+        return _rstd_on_scalar(sum_sq, eps, n)
+    return _rstd_on_vector(sum_sq, eps, n)
+
+
+def _activation(shape, op, data, scale=1.0, bias=None):
+    out = sbuf(shape, nl.float32)
+    nisa.activation(dst=out, op=op, data=data, scale=scale, bias=bias)
+    return out
+
+
+def _rstd_on_scalar(sum_sq, eps, n):
+    """rstd on the Scalar engine alone: rsqrt of u = v·2⁻³² (exact scaling into rsqrt's valid
+    range), Newton on u, rstd = r·2⁻¹⁶."""
+    parts, k = sum_sq.shape
+    u = _activation(
+        (parts, k),
+        nl.copy,
+        sum_sq,
+        scale=RSQRT_PRESCALE / n,
+        bias=_column(parts, eps * RSQRT_PRESCALE),
+    )
+    r = _activation((parts, k), nl.rsqrt, u)
+    minus_half_u = _activation((parts, k), nl.copy, u, scale=-0.5)
+    three_halves = _column(parts, 1.5)
+    for _ in range(NEWTON_STEPS):
+        for j in range(k):
+            r_j = r[:, j : j + 1]
+            square = _activation((parts, 1), nl.copy, r_j, scale=r_j)
+            factor = _activation(
+                (parts, 1), nl.copy, square, scale=minus_half_u[:, j : j + 1], bias=three_halves
+            )
+            nisa.activation(dst=r_j, op=nl.copy, data=factor, scale=r_j)
+    return _activation((parts, k), nl.copy, r, scale=RSQRT_POSTSCALE)
+
+
+def _column(parts, value):
+    """A (parts, 1) fp32 column of ``value`` (GpSimd memset), an ``activation`` bias."""
+    column = sbuf((parts, 1), nl.float32)
+    nisa.memset(dst=column, value=float(value), engine=nisa.gpsimd_engine)
+    return column
+
+
+def _vector(shape, function, **operands):
+    out = sbuf(shape, nl.float32)
+    function(dst=out, **operands)
+    return out
+
+
+def _rstd_on_vector(sum_sq, eps, n):
+    """rstd with v = Σh²/n + eps formed and clamped into rsqrt's valid range on the Vector
+    engine, the Scalar engine's rsqrt, and the Newton steps on the Vector engine."""
+    shape = sum_sq.shape
+    v = _vector(
+        shape,
+        nisa.tensor_scalar,
+        data=sum_sq,
+        op0=nl.multiply,
+        operand0=1.0 / n,
+        op1=nl.add,
+        operand1=float(eps),
+    )
+    clamped = _vector(
+        shape,
+        nisa.tensor_scalar,
+        data=v,
+        op0=nl.minimum,
+        operand0=RSQRT_MAX_INPUT,
+        op1=nl.maximum,
+        operand1=RSQRT_MIN_INPUT,
+    )
+    rstd = _activation(shape, nl.rsqrt, clamped)
+    for _ in range(NEWTON_STEPS):
+        newton_rsqrt_step(rstd, clamped)
+    return _infinite_where_zero(rstd, v) if eps == 0.0 else rstd
+
+
+def newton_rsqrt_step(rstd, v):
+    """One Newton step towards 1/sqrt(v), in place: r·(1.5 − 0.5·v·r²)."""
+    square = _vector(rstd.shape, nisa.tensor_tensor, data1=rstd, data2=rstd, op=nl.multiply)
+    half_error = _vector(
+        rstd.shape,
+        nisa.scalar_tensor_tensor,
+        data=square,
+        op0=nl.multiply,
+        operand0=-0.5,
+        op1=nl.multiply,
+        operand1=v,
+    )
+    nisa.scalar_tensor_tensor(
+        dst=rstd, data=half_error, op0=nl.add, operand0=1.5, op1=nl.multiply, operand1=rstd
+    )
+
+
+def _infinite_where_zero(rstd, v):
+    """rstd + (v == 0 ? 2·FP32_MAX : 0): +inf where the mean square is zero."""
+    huge = _vector(
+        v.shape,
+        nisa.tensor_scalar,
+        data=v,
+        op0=nl.equal,
+        operand0=0.0,
+        op1=nl.multiply,
+        operand1=FP32_MAX,
+    )
+    return _vector(
+        v.shape,
+        nisa.scalar_tensor_tensor,
+        data=huge,
+        op0=nl.multiply,
+        operand0=2.0,
+        op1=nl.add,
+        operand1=rstd,
+    )
+
+
+def weight_rows(plan, row_hbm, offset=0.0):
+    """The weight row ``row_hbm`` (1, F) as the Tensor engine's moving operand: for three
+    rstd pieces, three copies of the bf16 row (loaded once, copied on chip by DMA);
+    otherwise one row of weight + offset in the scale dtype."""
+    if plan.rstd_pieces != 3:
+        return scale_row(plan, row_hbm, offset)
+    rows = sbuf((plan.rstd_pieces, row_hbm.shape[1]), plan.scale_dtype)
+    nisa.dma_copy(dst=rows[0:1, :], src=row_hbm)
+    for piece in range(1, plan.rstd_pieces):
+        nisa.dma_copy(dst=rows[piece : piece + 1, :], src=rows[0:1, :])
+    return rows
+
+
+def scale_row(plan, row_hbm, offset=0.0):
+    """Load a (1, F) HBM row, add ``offset`` and convert to the plan's scale dtype."""
+    return convert_row(_load(row_hbm), plan.scale_dtype, offset)
+
+
+def _load(src):
+    tile = sbuf(tuple(src.shape), src.dtype)
+    nisa.dma_copy(dst=tile, src=src)
+    return tile
+
+
+def convert_row(row, dtype, offset=0.0):
+    """``row + offset`` in ``dtype`` (Vector engine; nothing when there is nothing to do)."""
+    if offset:
+        out = sbuf(tuple(row.shape), dtype)
+        nisa.tensor_scalar(dst=out, data=row, op0=nl.add, operand0=offset)
+        return out
+    if row.dtype != dtype:
+        out = sbuf(tuple(row.shape), dtype)
+        nisa.tensor_copy(dst=out, src=row)
+        return out
+    return row
+
+
+def broadcast_row(row_hbm, partitions, dtype, offset=0.0):
+    """Load a (1, F) HBM row, add ``offset``, convert to ``dtype`` and broadcast it to
+    ``partitions`` partitions: per PSUM bank, a ones row (1, partitions) against it on the
+    Tensor engine (exact) and a Vector copy out of PSUM."""
+    row = convert_row(_load(row_hbm), dtype, offset)
+    if partitions == 1:
+        return row
+    width = row.shape[1]
+    ones = sbuf((1, partitions), row.dtype)
+    nisa.memset(dst=ones, value=1.0)
+    out = sbuf((partitions, width), dtype)
+    for c0, c1 in _banks(width):
+        bank = nl.ndarray((partitions, c1 - c0), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(dst=bank, stationary=ones, moving=row[:, c0:c1], accumulate=False)
+        nisa.tensor_copy(dst=out[:, c0:c1], src=bank)
+    return out
+
+
+def split_rstd(plan, rstd):
+    """rstd (parts, k) fp32 as the Tensor engine's operand dtype: for three pieces,
+    (parts, 3k) bf16 with row j's hi, mid, lo in columns 3j … 3j + 2 (Scalar engine, as in
+    the legacy kernel); for one piece, rstd."""
+    if plan.rstd_pieces != 3:
+        return rstd
+    parts, k = rstd.shape
+    dtype = plan.scale_dtype
+    split = sbuf((parts, 3 * k), dtype)
+    for j in range(k):
+        r_j = rstd[:, j : j + 1]
+        hi = split[:, 3 * j : 3 * j + 1]
+        mid = split[:, 3 * j + 1 : 3 * j + 2]
+        nisa.activation(dst=hi, op=nl.copy, data=r_j)
+        rest = _activation((parts, 1), nl.copy, hi, scale=-1.0, bias=r_j)
+        nisa.activation(dst=mid, op=nl.copy, data=rest)
+        nisa.activation(
+            dst=split[:, 3 * j + 2 : 3 * j + 3], op=nl.copy, data=mid, scale=-1.0, bias=rest
+        )
+    return split
+
+
+def rstd_rows(plan, rstd, ident):
+    """rstd (parts, k) fp32 as Tensor-engine stationary operands (pieces, k, parts): the
+    ``plan.rstd_pieces`` pieces of row j's rstd for partition p in column p of block j.
+    Transposes on the Tensor engine (exact), the PSUM → SBUF copy on the Vector engine."""
+    parts, k = rstd.shape
+    pieces = plan.rstd_pieces
+    dtype = plan.scale_dtype
+    split = split_rstd(plan, rstd)
+    transposed = nl.ndarray((pieces, k, parts), dtype=dtype, buffer=nl.psum)
+    for j in range(k):
+        nisa.nc_matmul(
+            dst=transposed[:, j, :],
+            stationary=split[:, pieces * j : pieces * (j + 1)],
+            moving=ident,
+            is_transpose=True,
+        )
+    stationary = sbuf((pieces, k, parts), dtype)
+    nisa.tensor_copy(dst=stationary, src=transposed)
+    return stationary
+
+
+def outer_normalize(y_row, h_row, stationary, moving, shift, product_row):
+    """y = h · (rstd ⊗ w) [+ bias] for one row of the tile: per PSUM bank, the Tensor engine
+    writes rstd ⊗ w (``stationary`` (K, parts) against the ``moving`` (K, F) weight rows)
+    and the Vector engine multiplies h by it; the bias is added in fp32 after."""
+    target = y_row if shift is None else product_row
+    parts = h_row.shape[0]
+    for c0, c1 in _banks(h_row.shape[-1]):
+        outer = nl.ndarray((parts, c1 - c0), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(dst=outer, stationary=stationary, moving=moving[:, c0:c1], accumulate=False)
+        nisa.tensor_tensor(dst=target[:, c0:c1], data1=h_row[:, c0:c1], data2=outer, op=nl.multiply)
+    _add_shift(y_row, product_row, shift)
+
+
+def scaled_normalize(plan, y_row, h_row, rstd_col, ones, weight_row, shift, product_row):
+    """y = (h · rstd) · w [+ bias] for one row of the tile: per PSUM bank, the Scalar engine
+    scales h by rstd (fp32, or x̂ rounded to x's dtype in llama / none), the Tensor engine
+    broadcasts the weight row into PSUM and the Vector engine multiplies the two."""
+    target = y_row if shift is None else product_row
+    scaled_dtype = plan.in_dtype if plan.rounds_xhat else nl.float32
+    parts = h_row.shape[0]
+    for c0, c1 in _banks(h_row.shape[-1]):
+        weight = nl.ndarray((parts, c1 - c0), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(dst=weight, stationary=ones, moving=weight_row[:, c0:c1], accumulate=False)
+        scaled = sbuf((parts, c1 - c0), scaled_dtype)
+        nisa.activation(dst=scaled, op=nl.copy, data=h_row[:, c0:c1], scale=rstd_col)
+        nisa.tensor_tensor(dst=target[:, c0:c1], data1=scaled, data2=weight, op=nl.multiply)
+    _add_shift(y_row, product_row, shift)
+
+
+def _banks(width):
+    """(start, stop) of the PSUM-bank-wide column blocks of ``width`` columns."""
+    return [(c0, min(width, c0 + PSUM_COLS)) for c0 in range(0, width, PSUM_COLS)]
+
+
+def _add_shift(y_row, product_row, shift):
+    """y = product + bias, fp32, one rounding (Vector engine); nothing without a bias."""
+    if shift is not None:
+        nisa.tensor_tensor(dst=y_row, data1=product_row, data2=shift, op=nl.add)
+
+
+def normalize(plan, y_tile, h_tile, rstd_col, xhat_tile, scale, shift, product):
+    """Write ``h · rstd · scale + shift`` into ``y_tile`` (Vector engine), rounding as the
+    casting mode says: llama / none round x̂ = h·rstd to x's dtype first, in ``xhat_tile``."""
+    if plan.rounds_xhat:
+        nisa.tensor_scalar(dst=xhat_tile, data=h_tile, op0=nl.multiply, operand0=rstd_col)
+        data, row_scale = xhat_tile, None
+    else:
+        data, row_scale = h_tile, rstd_col
+
+    if scale is not None and shift is not None:
+        _multiply(product, data, row_scale, scale)
+        nisa.tensor_tensor(dst=y_tile, data1=product, data2=shift, op=nl.add)
+    elif scale is not None:
+        _multiply(y_tile, data, row_scale, scale)
+    elif shift is not None and row_scale is not None:
+        nisa.scalar_tensor_tensor(
+            dst=y_tile,
+            data=data,
+            op0=nl.multiply,
+            operand0=row_scale,
+            op1=nl.add,
+            operand1=shift,
+        )
+    elif shift is not None:
+        nisa.tensor_tensor(dst=y_tile, data1=data, data2=shift, op=nl.add)
+    elif row_scale is not None:
+        nisa.tensor_scalar(dst=y_tile, data=data, op0=nl.multiply, operand0=row_scale)
+    else:
+        nisa.tensor_copy(dst=y_tile, src=data)
+
+
+def _multiply(dst, data, row_scale, scale):
+    """``dst = data · row_scale · scale``: one ``scalar_tensor_tensor``, or a
+    ``tensor_tensor`` when there is no per-row factor."""
+    if row_scale is None:
+        nisa.tensor_tensor(dst=dst, data1=data, data2=scale, op=nl.multiply)
+    else:
+        nisa.scalar_tensor_tensor(
+            dst=dst,
+            data=data,
+            op0=nl.multiply,
+            operand0=row_scale,
+            op1=nl.multiply,
+            operand1=scale,
+        )
