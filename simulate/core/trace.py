@@ -58,6 +58,9 @@ class Trace:
 
     def __init__(self, target: str):
         self.target = target
+        # physical cores running the programs concurrently: 2 for an ``nki`` 0.6 kernel[2]
+        # launch (LNC=2); 1 otherwise, where SPMD instances run one after another
+        self.lnc = 1
         self.instructions: list[Instruction] = []
         self.sbuf_peak_bytes_per_partition = 0
         self.psum_peak_bytes_per_partition = 0
