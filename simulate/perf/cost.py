@@ -592,6 +592,8 @@ def _join_partners(partners, raw_preds, preds, sem):
         a, b = members
         for mine, theirs in ((a, b), (b, a)):
             for p, lat in raw_preds[theirs].items():
+                if p == mine:  # the later core's barrier already waits for the earlier one
+                    continue
                 hop = lat + sem
                 if preds[mine].get(p, -1.0) < hop:
                     preds[mine][p] = hop
