@@ -518,10 +518,10 @@ def _core_copies(b, nbytes_per_partition, partitions, program, transfers=4, pipe
         tile = b.tile(nbytes_per_partition, partitions=partitions)
         b.dma("hbm->sbuf", nbytes, partitions,
               [Region("hbm", source.storage, k * nbytes, (k + 1) * nbytes)], [tile])
-        b.trace.instructions[-1].program = program
+        b.trace.instructions[-1].program, b.trace.instructions[-1].core = program, program[0]
         b.dma("sbuf->hbm", nbytes, partitions, [tile],
               [Region("hbm", target.storage, k * nbytes, (k + 1) * nbytes)])
-        b.trace.instructions[-1].program = program
+        b.trace.instructions[-1].program, b.trace.instructions[-1].core = program, program[0]
 
 
 def _two_core_copy(lnc, per_partition=32768, partitions=128, **overrides):
@@ -576,6 +576,7 @@ def test_shared_hbm_dependency_between_the_cores_serialises_them():
     b.dma("hbm->sbuf", 128 * 32768, 128, [shared], [tile1])  # core 1 reads core 0's output
     for index, program in enumerate(((0,), (0,), (1,))):
         b.trace.instructions[index].program = program
+        b.trace.instructions[index].core = program[0]
     b.trace.lnc = 2
     sched = b.run()
     assert sched.core == [0, 0, 1]
@@ -585,7 +586,8 @@ def test_shared_hbm_dependency_between_the_cores_serialises_them():
 def _activation(b, n, program, reads, writes):
     b.trace.add(engine="act", opcode="activation", partitions=128, free_size=n,
                 in_dtypes=("float32",), out_dtype="float32", reads=tuple(reads),
-                writes=tuple(writes), loops=(), program=program, details={"op": "exp"})
+                writes=tuple(writes), loops=(), program=program, core=program[0],
+                details={"op": "exp"})
 
 
 def test_sendrecv_waits_for_the_peer_source():
@@ -596,7 +598,7 @@ def test_sendrecv_waits_for_the_peer_source():
     for core in (0, 1):
         b.trace.add(engine="dma", opcode="sendrecv", partitions=128, free_size=1,
                     in_dtypes=("float32",), out_dtype="float32", reads=(sources[core],),
-                    writes=(targets[core],), loops=(), program=(core,), dma_bytes=512,
+                    writes=(targets[core],), loops=(), program=(core,), core=core, dma_bytes=512,
                     dma_direction="sbuf->sbuf", dma_row_bytes=4, details={"pipe_id": 0})
     b.trace.lnc = 2
     sched = b.run()
@@ -669,3 +671,33 @@ def test_profile_reports_the_lnc_and_each_core_busy_time(monkeypatch, rng):
     assert 0 < two.mbu <= 1 and two.mbu == pytest.approx(one.mbu, rel=0.1)
     assert "LNC=2" in two.summary() and "core 1 busy" in two.summary()
     assert "LNC" not in one.summary()
+
+
+def _legacy_tile_copies(x):
+    """Each SPMD instance copies its own 128 rows (legacy dialect, DMA only)."""
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    row = (nl.program_id(0) * nl.num_programs(1) + nl.program_id(1)) * 128
+    tile = nl.load(x[row:row + 128, :])
+    nl.store(out[row:row + 128, :], value=tile)
+    return out
+
+
+@pytest.mark.parametrize("grid, cores", [
+    ((nl.nc(2), 2), [0, 0, 1, 1]),  # legacy language docs: kernel[nl.nc(2), 2]
+    ((nl.spmd_dim(nl.nc(2), 2), 1), [0, 0, 1, 1]),  # test_nki_spmd_grid.py example 2
+    ((2 * nl.nc(2), 1), [0, 1, 0, 1]),  # example 3: spmd_dim(2, nl.nc(2))
+])
+def test_legacy_grid_with_an_nc_dimension_runs_on_two_cores_of_trn2(grid, cores):
+    x = np.random.default_rng(5).standard_normal((512, 2048)).astype(np.float32)
+    kernel = nki.jit(_legacy_tile_copies)
+    out, two = nki.profile(kernel[grid], x, target="trn2")
+    np.testing.assert_array_equal(out, x)
+    trace = nki.last_trace()
+    assert trace.lnc == 2
+    by_program = {inst.program: inst.core for inst in trace}
+    assert [by_program[p] for p in sorted(by_program)] == cores
+    plain = nki.profile(kernel[4, 1] if grid[1] == 1 else kernel[2, 2], x, target="trn2")[1]
+    assert plain.lnc == 1 and two.lnc == 2
+    assert two.latency_us < 0.6 * plain.latency_us  # two instances at a time, not one
+    one_core = nki.profile(kernel[grid], x, target="trn1")[1]  # NeuronCore-v2: no LNC=2
+    assert one_core.lnc == 1

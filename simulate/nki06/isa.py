@@ -262,6 +262,7 @@ def _emit(
         writes=tuple(region(t) for t in writes),
         loops=(),
         program=(program.program_id,) if program.launch.grid_ndim else (),
+        core=program.program_id,
         details=details,
     )
     if dma is not None:

@@ -438,7 +438,7 @@ def schedule(trace: Trace, target=None, overrides=None, by_address=False) -> Sch
 
     for i, inst in enumerate(insts):
         engine = inst.engine
-        core = inst.program[0] if lnc > 1 and inst.program else 0
+        core = inst.core if lnc > 1 else 0
         core_of.append(core)
         offset = core * per_core
         tracker.core = core
@@ -541,8 +541,8 @@ def schedule(trace: Trace, target=None, overrides=None, by_address=False) -> Sch
                 node = barrier_for((core, fid), iteration, i)
                 if node is not None:
                     edges[node] = 0.0
-        if inst.program and lnc == 1:  # SPMD instances on one core run one after another
-            node = barrier_for("spmd", inst.program, i)
+        if inst.program:  # SPMD instances on one core run one after another
+            node = barrier_for(("spmd", core), inst.program, i)
             if node is not None:
                 edges[node] = 0.0
         if lnc > 1 and inst.opcode in _CROSS_CORE:
@@ -569,9 +569,10 @@ _CROSS_CORE = ("sendrecv", "core_barrier")
 
 
 def trace_lnc(trace: Trace, table: CostTable) -> int:
-    """The physical cores a trace ran on concurrently: its launch's LNC degree (``Trace.lnc``,
-    set by the ``nki`` 0.6 front-end for ``kernel[2]``); 1 for every other trace, whose SPMD
-    instances the model runs one after another on one core."""
+    """The physical cores a trace ran on concurrently: its launch's LNC degree (``Trace.lnc``:
+    2 for an ``nki`` 0.6 ``kernel[2]`` or a legacy grid with an ``nl.nc(2)`` dimension on
+    trn2/trn3, each instruction's ``core`` saying where it runs); 1 for every other trace,
+    whose SPMD instances the model runs one after another on one core."""
     lnc = int(getattr(trace, "lnc", 1) or 1)
     if lnc not in (1, 2) or (lnc == 2 and table.nc_version < 3):
         raise ValueError(f"trace.lnc={lnc}: LNC=2 exists only on trn2/trn3 (NeuronCore-v3+), "
