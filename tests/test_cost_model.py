@@ -701,3 +701,19 @@ def test_legacy_grid_with_an_nc_dimension_runs_on_two_cores_of_trn2(grid, cores)
     assert two.latency_us < 0.6 * plain.latency_us  # two instances at a time, not one
     one_core = nki.profile(kernel[grid], x, target="trn1")[1]  # NeuronCore-v2: no LNC=2
     assert one_core.lnc == 1
+
+
+@pytest.mark.parametrize("lnc", [1, 2])
+def test_dma_busy_time_is_reported_per_direction_on_every_core(lnc):
+    b = TraceBuilder("trn2")
+    for core in range(lnc):
+        tile = b.tile(8192)
+        b.dma("hbm->sbuf", 128 * 8192, 128, [b.hbm(1 << 20)], [tile])
+        b.dma("sbuf->hbm", 128 * 8192, 128, [tile], [b.hbm(1 << 20)])
+        for inst in b.trace.instructions[-2:]:
+            inst.program, inst.core = (core,), core
+    b.trace.lnc = lnc
+    sched = b.run()
+    assert sched.resource == ["dma_load", "dma_store"] * lnc
+    assert sched.busy_us["dma_load"] > 0 and sched.busy_us["dma_store"] > 0
+    assert sched.busy_us["dma_copy"] == 0

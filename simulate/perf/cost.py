@@ -489,7 +489,7 @@ def schedule(trace: Trace, target=None, overrides=None, by_address=False) -> Sch
                 queue_of[key] = queues_used[core] % int(table.dma_queues)
                 queues_used[core] += 1
             r = offset + len(COMPUTE_ENGINES) + queue_of[key]
-            dma_class.append(key[0])
+            dma_class.append(key[1][0])
             dma_info.append(_dma_plan(inst, table))
             dur.append(0.0)
             ports.append(())
