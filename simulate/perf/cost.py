@@ -114,11 +114,12 @@ CONSTANTS: dict[str, tuple[float, float, float]] = {
     # v3/v4: D S5 L59-64 table (23/33 B/ns); v3 fits the S6 1416 ns tooltip
     "dma_efficiency": (17.5 / 27.2, 0.85, 0.86),
     "hbm_share_gbps": (410.0, 362.5, 612.0),  # D→ chip HBM bandwidth / physical cores (§1b)
-    # LNC=2: a logical core is two physical cores (D S9 L14: trn2/trn3 only) that share one
-    # HBM bank ("Each bank is shared by two physical NeuronCore-v3", D S9 L65, L100), so
-    # their DMA traffic draws on one pool of 2 x hbm_share_gbps (D→: 2.9 TB/s / 4 banks =
-    # 725 GB/s on trn2). No trn3 bank figure is published: I, the same two-cores-per-pool
-    # split (1.22 TB/s), as hw_cost_facts §1b. v2 has no LNC=2 (the column is never read).
+    # LNC=2: a logical core is two physical cores (D S9 L14: trn2/trn3 only) "that have
+    # shared HBM memory" (D nki/get-started/about/lnc.rst@81ce03ae L18-21). trn2: "four 24GB
+    # HBM banks. Each bank is shared by two physical NeuronCore-v3" (D S9 L65, L100), so the
+    # two cores' DMA traffic draws on one pool of 2 x hbm_share_gbps (D→: 2.9 TB/s / 4 banks
+    # = 725 GB/s). trn3: 8 NeuronCores and "4 HBM stacks" (D S3 L15-16), two cores a stack
+    # (D→: 1.22 TB/s). v2 has no LNC=2 (its column is never read).
     "hbm_cores_per_pool": (1, 2, 2),
     # I: HBM sustains ~85 % of its pin rate even for a plain copy (no NeuronCore figure is
     # published; a GPU device-to-device copy reaches ~85 % of nominal HBM bandwidth)
