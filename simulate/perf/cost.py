@@ -4,7 +4,7 @@ Every number comes from ``CONSTANTS`` below, one row per constant with a column 
 NeuronCore generation and the source tag of ``hw_cost_facts.md``: **D** documented, **D→**
 arithmetic on documented numbers, **I** inferred (fitted to a published measurement, read
 off a chart, or assumed). Targets: ``inf2`` and ``trn1`` (NeuronCore-v2), ``trn2`` (v3, one
-physical core, LNC=1), ``trn3`` (v4).
+physical core, LNC=1, or a logical core of two under LNC=2), ``trn3`` (v4, the same).
 
 What the model assumes
 ----------------------
@@ -51,6 +51,16 @@ What the model assumes
   row) per ``dma_descriptor_ns``, with all HBM traffic capped at ``hbm_efficiency`` times
   the core's HBM share. An engine serves transfers in the order they were issued.
   Consumers see the data ``dma_latency_us`` after issue plus the transfer time.
+* **LNC=2** (``Trace.lnc == 2``: an ``nki`` 0.6 ``kernel[2]``, or a legacy grid with an
+  ``nl.nc(2)`` dimension, on trn2/trn3). Each instruction runs on its ``core``: the two
+  physical cores have their own four engines, DMA queues and 16 DMA engines and run
+  concurrently; their HBM traffic shares one pool of ``hbm_cores_per_pool`` HBM shares (the
+  bank both cores sit on). Cross-core dependencies: data through shared HBM (as above); the
+  k-th ``sendrecv`` of a pipe on each core also waits for the writers of the other core's
+  source; the k-th ``core_barrier`` (a GpSimd instruction that reads and writes its
+  ``data``) of each core waits for everything the other core's waits for; the later core
+  reaches the other after ``semaphore_latency_us``. SPMD instances placed on one core still
+  run one after another.
 * **Latency** is from the first instruction to the last completion. It excludes the fixed
   launch cost of a kernel on a device (``kernel_launch_us``), which ``nki.benchmark`` on
   hardware includes; the profiler reports it beside the latency.
