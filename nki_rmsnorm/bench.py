@@ -9,6 +9,13 @@ same bytes on the same target (the yardstick: it does not depend on the model's 
 efficiencies), and the speed-up over the kernel a user would start from (the Neuron RMSNorm
 tutorial's). Times are cost-model estimates, not device measurements (see
 ``simulate/perf/cost.py`` for what the model assumes).
+
+``--dialect nki06`` runs the NKI 0.6 kernels (``nki_rmsnorm.kernels.nki06``, selected with
+``NKI_RMSNORM_DIALECT=nki06`` before they are imported) and measures them against the 0.6
+copy yardstick (:mod:`nki_rmsnorm.kernels.nki06_baseline`); ``--lnc 2`` launches both as
+``kernel[2]`` on a trn2/trn3 logical core of two physical cores, which the cost model runs
+concurrently on one shared HBM bank, so MBU is then against the logical core's HBM. The
+"vs base" column always compares with the legacy tutorial kernel on one core.
 """
 
 from __future__ import annotations
@@ -35,6 +42,9 @@ QUICK_SHAPES = ((129, 1024), (256, 4096))
 KINDS = ("fwd", "bwd", "fused_add")
 TARGETS = ("inf2", "trn1", "trn2", "trn3")
 DIALECTS = ("legacy", "nki06")
+LNC_TARGETS = ("trn2", "trn3")  # logical cores of two physical cores (LNC=2) exist only there
+DIALECT_ENV = "NKI_RMSNORM_DIALECT"  # read by nki_rmsnorm.dialect when kernels are imported
+NKI06_MODULES = ("nki_rmsnorm.dialect", "nki_rmsnorm.kernels.nki06")
 DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16",
           "fp32": "float32", "float32": "float32"}
 EPS = 1e-6
@@ -72,6 +82,8 @@ class Record:
     speedup_vs_baseline: float | None
     correct: bool
     max_error: float
+    dialect: str = "legacy"
+    lnc: int = 1  # physical cores of the logical core the kernel ran on
 
 
 def minimal_hbm_bytes(kind: str, M: int, N: int, itemsize: int) -> int:
@@ -113,27 +125,62 @@ def _inputs(kind: str, M: int, N: int, dtype, rng):
     return x, weight, residual, dy
 
 
-def run_case(kind, target, M, N, dtype_name, rng, with_baseline=True) -> Record:
-    """Simulate one case with the cost model and check it against the reference."""
-    import simulate
-    import simulate.cost
-    from nki_rmsnorm.kernels import rmsnorm_add_fwd, rmsnorm_bwd, rmsnorm_fwd
+def _kernels(dialect: str):
+    """The (rmsnorm_fwd, rmsnorm_add_fwd, rmsnorm_bwd) kernels of ``dialect``; for nki06 the
+    dialect setting is made before the kernels are imported."""
+    import importlib
 
+    if dialect == "nki06":
+        os.environ[DIALECT_ENV] = "nki06"
+        module = importlib.import_module("nki_rmsnorm.kernels.nki06")
+    else:
+        module = importlib.import_module("nki_rmsnorm.kernels")
+    return module.rmsnorm_fwd, module.rmsnorm_add_fwd, module.rmsnorm_bwd
+
+
+def _profile(dialect, lnc, kernel, *args, target):
+    """Run ``kernel`` once in the simulator: (outputs, Profile). A legacy kernel goes through
+    ``simulate.profile``; an ``nki`` 0.6 kernel is launched as ``kernel[lnc]`` with the
+    target in ``NEURON_PLATFORM_TARGET_OVERRIDE`` (how 0.6 names it) and its trace modeled."""
+    import simulate
+
+    if dialect == "legacy":
+        return simulate.profile(kernel, *args, target=target)
+    import simulate.nki06
+
+    previous = os.environ.get("NEURON_PLATFORM_TARGET_OVERRIDE")
+    os.environ["NEURON_PLATFORM_TARGET_OVERRIDE"] = target
+    try:
+        outputs = kernel[lnc](*args)
+    finally:
+        if previous is None:
+            del os.environ["NEURON_PLATFORM_TARGET_OVERRIDE"]
+        else:
+            os.environ["NEURON_PLATFORM_TARGET_OVERRIDE"] = previous
+    return outputs, simulate.Profile.from_trace(simulate.nki06.last_trace())
+
+
+def run_case(kind, target, M, N, dtype_name, rng, with_baseline=True, dialect="legacy",
+             lnc=1) -> Record:
+    """Simulate one case with the cost model and check it against the reference."""
+    import simulate.cost
+
+    rmsnorm_fwd, rmsnorm_add_fwd, rmsnorm_bwd = _kernels(dialect)
     dtype = np.dtype(ml_dtypes.bfloat16 if dtype_name == "bfloat16" else dtype_name)
     x, weight, residual, dy = _inputs(kind, M, N, dtype, rng)
     start = time.perf_counter()
     if kind == "bwd":
         _, rstd = reference.rms_norm_fwd(x, weight, EPS)
-        outputs, prof = simulate.profile(rmsnorm_bwd, dy, x, weight, rstd, None, 0.0, False,
-                                         "gemma", target=target)
+        outputs, prof = _profile(dialect, lnc, rmsnorm_bwd, dy, x, weight, rstd, None, 0.0,
+                                 False, "gemma", target=target)
         want = reference.rms_norm_bwd(dy, x, weight, rstd)
         errors = [_max_error(outputs[0], want[0], _dx_row_scale(dy, x, weight, rstd)),
                   _max_error(outputs[1], want[1], _scale(want[1]))]
     else:
         launch = ((rmsnorm_fwd, x) if residual is None
                   else (rmsnorm_add_fwd, x, residual))
-        outputs, prof = simulate.profile(*launch, weight, None, EPS, 0.0, "gemma", dtype,
-                                         target=target)
+        outputs, prof = _profile(dialect, lnc, *launch, weight, None, EPS, 0.0, "gemma",
+                                 dtype, target=target)
         want = reference.rms_norm_fwd(x, weight, EPS, residual=residual)
         errors = [_max_error(o, w, _scale(w)) for o, w in zip(outputs[:-1], want[:-1])]
     wall = time.perf_counter() - start
@@ -141,12 +188,13 @@ def run_case(kind, target, M, N, dtype_name, rng, with_baseline=True) -> Record:
         2.0 ** -8 if dtype_name == "bfloat16" else 2.0 ** -11)
     max_error = max(errors)
     correct = max_error <= TOLERANCE_EPS[kind] * eps_dtype
-    copy_us = _copy_us(kind, target, x, residual, dy)
+    copy_us = _copy_us(kind, target, x, residual, dy, dialect, lnc)
     baseline_us = _baseline_us(kind, target, x, weight, residual, dy) if with_baseline else None
     hbm = prof.hbm_read_bytes + prof.hbm_write_bytes
     minimal = minimal_hbm_bytes(kind, M, N, dtype.itemsize)
     busiest = max(("pe", "act", "dve", "pool"), key=lambda e: prof.engine_busy_us[e])
-    roofline_gbps = simulate.cost.CostTable(target).hbm_share_gbps
+    table = simulate.cost.CostTable(target)
+    roofline_gbps = table.hbm_share_gbps * (table.hbm_cores_per_pool if lnc > 1 else 1)
     gbps = minimal / (prof.latency_us * 1e3)
     return Record(
         kind=kind, target=target, M=M, N=N, dtype=dtype_name, modeled_us=prof.latency_us,
@@ -157,7 +205,7 @@ def run_case(kind, target, M, N, dtype_name, rng, with_baseline=True) -> Record:
         copy_us=copy_us, copy_ratio=prof.latency_us / copy_us, baseline=BASELINES[kind],
         baseline_us=baseline_us,
         speedup_vs_baseline=baseline_us / prof.latency_us if baseline_us else None,
-        correct=bool(correct), max_error=max_error)
+        correct=bool(correct), max_error=max_error, dialect=dialect, lnc=lnc)
 
 
 def _max_error(got, want, scale) -> float:
@@ -183,17 +231,22 @@ def _dx_row_scale(dy, x, weight, rstd) -> np.ndarray:
     return np.where(scale > 0, scale, 1.0)
 
 
-def _copy_us(kind, target, x, residual, dy) -> float:
+def _copy_us(kind, target, x, residual, dy, dialect="legacy", lnc=1) -> float:
     """Modeled time of a plain DMA copy moving the tensors the case moves: x → y (forward),
-    x, residual → y, h (fused add), dy, x read and one tensor written (backward)."""
-    import simulate
-    from nki_rmsnorm.kernels import baseline
+    x, residual → y, h (fused add), dy, x read and one tensor written (backward), in the
+    case's dialect and on its logical core (under LNC=2 each core copies half the rows)."""
+    if dialect == "nki06":
+        from nki_rmsnorm.kernels import nki06_baseline as copies
+    else:
+        from nki_rmsnorm.kernels import baseline as copies
 
     if kind == "fwd":
-        return simulate.profile(baseline.copy_one, x, target=target)[1].latency_us
-    if kind == "fused_add":
-        return simulate.profile(baseline.copy_two, x, residual, target=target)[1].latency_us
-    return simulate.profile(baseline.copy_two_store_one, dy, x, target=target)[1].latency_us
+        launch = (copies.copy_one, x)
+    elif kind == "fused_add":
+        launch = (copies.copy_two, x, residual)
+    else:
+        launch = (copies.copy_two_store_one, dy, x)
+    return _profile(dialect, lnc, *launch, target=target)[1].latency_us
 
 
 def _baseline_us(kind, target, x, weight, residual, dy) -> float | None:
@@ -226,7 +279,8 @@ HEADER = (f"{'kind':9s} {'target':6s} {'shape':>12s} {'model µs':>10s} {'GB/s':
 
 def format_row(r: Record) -> str:
     speedup = f"{r.speedup_vs_baseline:7.2f}×" if r.speedup_vs_baseline else "     n/a"
-    return (f"{r.kind:9s} {r.target:6s} {f'{r.M}x{r.N}':>12s} {r.modeled_us:10.1f} "
+    target = r.target if r.lnc == 1 else f"{r.target}x{r.lnc}"  # trn2x2: LNC=2
+    return (f"{r.kind:9s} {target:6s} {f'{r.M}x{r.N}':>12s} {r.modeled_us:10.1f} "
             f"{r.gbps:7.1f} {100 * r.mbu:5.1f}% {r.busiest_engine:>4s} "
             f"{100 * r.busiest_engine_util:5.1f}% {100 * r.dma_busy:5.1f}% "
             f"{r.hbm_bytes_ratio:8.3f} {r.sim_wall_s:6.2f} {r.copy_ratio:6.3f} {speedup} "
@@ -302,6 +356,9 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--kind", default=",".join(KINDS), help="comma list of fwd,bwd,fused_add")
     sweep.add_argument("--dialect", default="legacy",
                        help="kernel dialect: legacy (neuronxcc.nki) or nki06")
+    sweep.add_argument("--lnc", default="1",
+                       help="physical cores per logical core: 1 (default) or 2 (trn2/trn3, "
+                            "nki06 kernels launched as kernel[2])")
     sweep.add_argument("--json", help="write the records as a JSON list to this path")
     sweep.add_argument("--plot", help="write a PNG of MBU per shape and target to this path "
                                       "(needs matplotlib)")
@@ -317,6 +374,8 @@ class _Sweep:
     dtype_name: str
     targets: tuple[str, ...]
     kinds: tuple[str, ...]
+    dialect: str = "legacy"
+    lnc: int = 1
 
 
 def _check(args) -> _Sweep:
@@ -331,8 +390,21 @@ def _check(args) -> _Sweep:
         raise ValueError(f"unknown dialect {args.dialect!r}: expected one of "
                          f"{', '.join(DIALECTS)}")
     if args.dialect == "nki06":
-        raise ValueError("--dialect nki06 is not available yet: the NKI 0.6 kernels are not "
-                         "written; use --dialect legacy")
+        missing = [m for m in NKI06_MODULES if importlib.util.find_spec(m) is None]
+        if missing:
+            raise ValueError(f"--dialect nki06 is not available: {', '.join(missing)} "
+                             "(the NKI 0.6 kernels) is missing; use --dialect legacy")
+    if args.lnc not in ("1", "2"):
+        raise ValueError(f"--lnc {args.lnc!r}: expected 1 or 2")
+    lnc = int(args.lnc)
+    if lnc == 2:
+        single = [t for t in targets if t not in LNC_TARGETS]
+        if single:
+            raise ValueError(f"--lnc 2 needs trn2 or trn3 (logical cores of two physical "
+                             f"cores); not {', '.join(single)}")
+        if args.dialect != "nki06":
+            raise ValueError("--lnc 2 needs --dialect nki06: the legacy kernels run on one "
+                             "physical core")
     if "bwd" in kinds:
         for M, N in shapes:
             if N > MAX_HIDDEN_BWD:
@@ -345,7 +417,7 @@ def _check(args) -> _Sweep:
                 raise ValueError(f"{option} {path}: directory {folder} does not exist")
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         raise ValueError("--plot needs matplotlib: pip install 'nki-rmsnorm[bench]'")
-    return _Sweep(shapes, DTYPES[args.dtype], targets, kinds)
+    return _Sweep(shapes, DTYPES[args.dtype], targets, kinds, args.dialect, lnc)
 
 
 def bench(args, sweep: _Sweep) -> int:
@@ -359,7 +431,8 @@ def bench(args, sweep: _Sweep) -> int:
         for kind, target, M, N in cases:
             if bar is not None:
                 bar.set_description(f"{kind} {target} {M}x{N}")
-            record = run_case(kind, target, M, N, sweep.dtype_name, rng, not args.no_baseline)
+            record = run_case(kind, target, M, N, sweep.dtype_name, rng, not args.no_baseline,
+                              sweep.dialect, sweep.lnc)
             records.append(record)
             line = format_row(record)
             if bar is not None:

@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 
 import simulate
+import simulate.nki06
 from nki_rmsnorm import bench, reference
-from nki_rmsnorm.kernels import baseline
+from nki_rmsnorm.kernels import baseline, nki06_baseline
 
 ROOT = Path(__file__).resolve().parent.parent
 REQUIRED_KEYS = {
@@ -48,6 +49,7 @@ def test_quick_run_checks_results_and_writes_json(tmp_path, capsys):
     for r in records:
         assert REQUIRED_KEYS <= set(r)
         assert r["correct"] is True and r["target"] == "trn2" and r["dtype"] == "bfloat16"
+        assert (r["dialect"], r["lnc"]) == ("legacy", 1)
         assert 0 < r["mbu"] <= 1.0
         assert r["modeled_us"] > 0 and r["sim_wall_s"] > 0
         assert r["hbm_bytes_ratio"] >= 0.99  # never fewer bytes than the data itself
@@ -165,7 +167,9 @@ def test_backward_check_scales_dx_by_its_row_terms(capsys):
         (["bench", "--shapes", "1x140000", "--kind", "bwd"], "over the backward kernel's limit"),
         (["bench", "--json", "/missing/dir/x.json"], "directory /missing/dir does not exist"),
         (["bench", "--plot", "/missing/dir/x.png"], "directory /missing/dir does not exist"),
-        (["bench", "--dialect", "nki06"], "not available yet"),
+        (["bench", "--lnc", "3"], "--lnc '3': expected 1 or 2"),
+        (["bench", "--lnc", "2", "--target", "trn2,trn1"], "--lnc 2 needs trn2 or trn3"),
+        (["bench", "--lnc", "2", "--target", "trn2"], "--lnc 2 needs --dialect nki06"),
         (["bench", "--dialect", "v7"], "unknown dialect 'v7'"),
         (["bench", "--frobnicate"], "unrecognized arguments: --frobnicate"),
         (["frobnicate"], "invalid choice: 'frobnicate'"),
@@ -180,6 +184,82 @@ def test_bad_arguments_exit_2_with_one_line_error_before_any_case(
     captured = capsys.readouterr()
     err = captured.err.strip()
     assert message in err and len(err.splitlines()) == 1 and captured.out == ""
+
+
+def test_nki06_dialect_without_its_kernels_is_a_usage_error(monkeypatch, capsys):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name in bench.NKI06_MODULES else real(name, *a),
+    )
+    monkeypatch.setattr(bench, "run_case", lambda *a, **k: pytest.fail("a case ran"))
+    for argv in (["--dialect", "nki06"], ["--dialect", "nki06", "--lnc", "2", "--target", "trn2"]):
+        assert bench.main(["bench", *argv]) == 2
+        err = capsys.readouterr().err.strip()
+        assert "--dialect nki06 is not available" in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("M, N", [(29, 17389), (300, 1000), (1, 130)])
+@pytest.mark.parametrize("lnc", [1, 2])
+def test_nki06_copy_kernels_copy_on_one_or_two_cores(M, N, lnc, monkeypatch):
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn2")
+    rng = np.random.default_rng(M + lnc)
+    a = rng.standard_normal((M, N)).astype(ml_dtypes.bfloat16)
+    b = rng.standard_normal((M, N)).astype(ml_dtypes.bfloat16)
+    np.testing.assert_array_equal(nki06_baseline.copy_one[lnc](a), a)
+    out_a, out_b = nki06_baseline.copy_two[lnc](a, b)
+    np.testing.assert_array_equal(out_a, a)
+    np.testing.assert_array_equal(out_b, b)
+    np.testing.assert_array_equal(nki06_baseline.copy_two_store_one[lnc](a, b), a)
+    trace = simulate.nki06.last_trace()
+    read, written = trace.hbm_bytes()
+    assert (read, written) == (2 * a.nbytes, a.nbytes)
+    tiles = -(-(M * N // baseline.copy_row_length(M * N, 2)) // 128)
+    cores = {inst.program for inst in trace}
+    assert cores == ({(0,), (1,)} if lnc == 2 and tiles > 1 else {(0,)})
+
+
+def test_nki06_dialect_launches_kernel_lnc_and_copies_on_the_same_cores(monkeypatch, capsys):
+    """The bench's nki06 wiring, with a stand-in kernels module (the 0.6 RMSNorm kernels are
+    not on this branch): the dialect setting is made before the kernels are imported, the
+    kernel is launched as kernel[lnc] on the case's target, and the copy yardstick runs in
+    the same dialect and LNC. The stand-in forward is the 0.6 copy kernel plus the
+    reference's values, so its modeled time is the copy's: a ratio of 1 shows both ran on
+    the same logical core (the LNC=1 copy would make it about 0.5)."""
+    import importlib.machinery
+    import os
+    import sys
+    import types
+
+    launches = []
+
+    class StandIn:
+        def __getitem__(self, lnc):
+            def run(x, weight, residual, eps, *rest):
+                launches.append((lnc, os.environ.get(bench.DIALECT_ENV),
+                                 os.environ.get("NEURON_PLATFORM_TARGET_OVERRIDE")))
+                nki06_baseline.copy_one[lnc](x)
+                return reference.rms_norm_fwd(x, weight, eps)
+
+            return run
+
+    kernels = types.ModuleType("nki_rmsnorm.kernels.nki06")
+    kernels.rmsnorm_fwd = kernels.rmsnorm_add_fwd = kernels.rmsnorm_bwd = StandIn()
+    dialect = types.ModuleType("nki_rmsnorm.dialect")
+    for module in (kernels, dialect):
+        module.__spec__ = importlib.machinery.ModuleSpec(module.__name__, None)
+        monkeypatch.setitem(sys.modules, module.__name__, module)
+    monkeypatch.setenv(bench.DIALECT_ENV, "legacy")  # restored after the test
+    monkeypatch.delenv("NEURON_PLATFORM_TARGET_OVERRIDE", raising=False)
+    argv = ["bench", "--dialect", "nki06", "--lnc", "2", "--target", "trn2", "--kind", "fwd",
+            "--shapes", "1024x2048", "--no-baseline"]
+    assert bench.main(argv) == 0
+    assert launches == [(2, "nki06", "trn2")]
+    assert "NEURON_PLATFORM_TARGET_OVERRIDE" not in os.environ  # restored after the launch
+    row = capsys.readouterr().out.splitlines()[1]
+    assert row.split()[:3] == ["fwd", "trn2x2", "1024x2048"]
+    assert float(row.split()[-3]) == pytest.approx(1.0, abs=0.002)  # the ×copy column
 
 
 def test_plot_without_matplotlib_is_a_usage_error(monkeypatch, capsys, tmp_path):

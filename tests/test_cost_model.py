@@ -507,3 +507,213 @@ def test_benchmark_reports_the_modeled_latency_at_every_percentile():
     assert "kernel launch" in bench.benchmark_result.profile.summary()
     with pytest.raises(ValueError, match="percentile"):
         latency.get_latency_percentile(75)
+
+
+# --- LNC=2: two physical cores ----------------------------------------------------------------
+def _core_copies(b, nbytes_per_partition, partitions, program, transfers=4, pipe=None):
+    """``transfers`` loads then stores of ``program``'s own tensors (fresh HBM storages)."""
+    source, target = b.hbm(1 << 26), b.hbm(1 << 26)
+    nbytes = partitions * nbytes_per_partition
+    for k in range(transfers):
+        tile = b.tile(nbytes_per_partition, partitions=partitions)
+        b.dma("hbm->sbuf", nbytes, partitions,
+              [Region("hbm", source.storage, k * nbytes, (k + 1) * nbytes)], [tile])
+        b.trace.instructions[-1].program, b.trace.instructions[-1].core = program, program[0]
+        b.dma("sbuf->hbm", nbytes, partitions, [tile],
+              [Region("hbm", target.storage, k * nbytes, (k + 1) * nbytes)])
+        b.trace.instructions[-1].program, b.trace.instructions[-1].core = program, program[0]
+
+
+def _two_core_copy(lnc, per_partition=32768, partitions=128, **overrides):
+    b = TraceBuilder("trn2")
+    for program in ((0,), (1,)):
+        _core_copies(b, per_partition, partitions, program)
+    b.trace.lnc = lnc
+    return b.run(overrides=overrides or None)
+
+
+def test_lnc2_runs_two_dma_bound_programs_concurrently():
+    # 8 partitions: one DMA engine per core (23 GB/s), far below the HBM share
+    serial, concurrent = (_two_core_copy(lnc, partitions=8) for lnc in (1, 2))
+    assert concurrent.lnc == 2 and serial.lnc == 1
+    assert concurrent.latency_us == pytest.approx(serial.latency_us / 2, rel=1e-6)
+    assert [c["dma"] for c in concurrent.core_busy_us] == pytest.approx(
+        [concurrent.core_busy_us[0]["dma"]] * 2)
+    assert set(concurrent.core) == {0, 1} and set(serial.core) == {0}
+
+
+def test_lnc2_shares_one_hbm_pool_between_the_cores():
+    # DMA engines made fast so that HBM binds: two cores move twice the bytes only because
+    # their logical core's pool is two physical shares (one HBM bank); a pool of one share
+    # gives no speed-up at all
+    fast = {"dma_engine_peak_gbps": 1000.0}
+    serial = _two_core_copy(1, **fast)
+    shared = _two_core_copy(2, **fast)
+    one_share = _two_core_copy(2, hbm_cores_per_pool=1, **fast)
+    moved = 2 * 2 * 4 * 128 * 32768  # bytes: both cores, load + store, 4 transfers
+    pool = 2 * _hbm_gbps("trn2")  # GB/s of the logical core
+    assert moved / (shared.latency_us * 1000) <= pool * 1.001
+    assert moved / (shared.latency_us * 1000) > 0.9 * pool
+    assert shared.latency_us == pytest.approx(serial.latency_us / 2, rel=0.05)
+    assert one_share.latency_us == pytest.approx(serial.latency_us, rel=0.02)
+    assert _const("hbm_cores_per_pool", "trn2") == 2
+
+
+def test_lnc2_needs_a_neuroncore_v3():
+    b = TraceBuilder("trn1")
+    _core_copies(b, 4096, 128, (0,), transfers=1)
+    b.trace.lnc = 2
+    with pytest.raises(ValueError, match="LNC=2 exists only on trn2/trn3"):
+        b.run()
+
+
+def test_shared_hbm_dependency_between_the_cores_serialises_them():
+    b = TraceBuilder("trn2")
+    shared = b.hbm(128 * 32768)
+    tile0, tile1 = b.tile(32768), b.tile(32768)
+    b.dma("hbm->sbuf", 128 * 32768, 128, [b.hbm(128 * 32768)], [tile0])
+    b.dma("sbuf->hbm", 128 * 32768, 128, [tile0], [shared])
+    b.dma("hbm->sbuf", 128 * 32768, 128, [shared], [tile1])  # core 1 reads core 0's output
+    for index, program in enumerate(((0,), (0,), (1,))):
+        b.trace.instructions[index].program = program
+        b.trace.instructions[index].core = program[0]
+    b.trace.lnc = 2
+    sched = b.run()
+    assert sched.core == [0, 0, 1]
+    assert sched.start_us[2] == pytest.approx(sched.finish_us[1])
+
+
+def _activation(b, n, program, reads, writes):
+    b.trace.add(engine="act", opcode="activation", partitions=128, free_size=n,
+                in_dtypes=("float32",), out_dtype="float32", reads=tuple(reads),
+                writes=tuple(writes), loops=(), program=program, core=program[0],
+                details={"op": "exp"})
+
+
+def test_sendrecv_waits_for_the_peer_source():
+    b = TraceBuilder("trn2")
+    sources, targets = [b.tile(4), b.tile(4)], [b.tile(4), b.tile(4)]
+    for core, n in ((0, 65536), (1, 64)):  # core 0's source is ready much later
+        _activation(b, n, (core,), [b.tile(4 * n)], [sources[core]])
+    for core in (0, 1):
+        b.trace.add(engine="dma", opcode="sendrecv", partitions=128, free_size=1,
+                    in_dtypes=("float32",), out_dtype="float32", reads=(sources[core],),
+                    writes=(targets[core],), loops=(), program=(core,), core=core, dma_bytes=512,
+                    dma_direction="sbuf->sbuf", dma_row_bytes=4, details={"pipe_id": 0})
+    b.trace.lnc = 2
+    sched = b.run()
+    sem = _const("semaphore_latency_us", "trn2")
+    assert sched.end_us[1] < sched.end_us[0] / 100  # core 1's own source is ready at once
+    assert sched.start_us[3] == pytest.approx(sched.end_us[0] + 2 * sem)
+    assert sched.start_us[2] == pytest.approx(sched.end_us[0] + sem)  # its own source
+
+
+def test_core_barrier_makes_the_earlier_core_wait_for_the_later_one(monkeypatch):
+    import simulate.nki06 as nki06
+    from simulate.perf.profiler import Profile
+
+    isa, lang = nki06.isa, nki06.language
+
+    def kernel(x):
+        """Core 1 stores its half after a long activation chain; core 0 stores its half at
+        once (the simulator runs it first), meets core 1 at the barrier and then reads
+        core 1's half."""
+        pid = lang.program_id(0)
+        half = x.shape[0] // 2
+        out = lang.ndarray(x.shape, x.dtype, buffer=lang.shared_hbm)
+        tile = lang.ndarray((half, x.shape[1]), x.dtype, buffer=lang.sbuf)
+        isa.dma_copy(dst=tile, src=x[pid * half : (pid + 1) * half])
+        if pid == 1:
+            for _ in range(8):
+                isa.activation(dst=tile, op=lang.exp, data=tile)
+        isa.dma_copy(dst=out[pid * half : (pid + 1) * half], src=tile)
+        isa.core_barrier(out, (0, 1))
+        again = lang.ndarray((half, x.shape[1]), x.dtype, buffer=lang.sbuf)
+        isa.dma_copy(dst=again, src=out[(1 - pid) * half : (2 - pid) * half])
+        return out
+
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn2")
+    x = np.random.default_rng(3).standard_normal((256, 2048)).astype(np.float32) / 8
+    nki06.jit(kernel)[2](x)
+    trace = nki06.last_trace()
+    sched = Profile.from_trace(trace).schedule
+    barriers = [i for i, inst in enumerate(trace) if inst.opcode == "core_barrier"]
+    stores = [i for i, inst in enumerate(trace) if inst.dma_direction == "sbuf->hbm"]
+    reads = [i for i, inst in enumerate(trace) if inst.dma_direction == "hbm->sbuf"][2:]
+    assert len(barriers) == 2 and sorted(sched.core[i] for i in barriers) == [0, 1]
+    slow_store = next(i for i in stores if sched.core[i] == 1)
+    fast_store = next(i for i in stores if sched.core[i] == 0)
+    assert sched.finish_us[fast_store] < sched.finish_us[slow_store] / 2
+    for i in barriers:  # neither core passes the barrier before core 1's store is done
+        assert sched.start_us[i] >= sched.finish_us[slow_store]
+    late_read = next(i for i in reads if sched.core[i] == 0)
+    assert sched.start_us[late_read] >= sched.finish_us[slow_store]
+
+
+def test_profile_reports_the_lnc_and_each_core_busy_time(monkeypatch, rng):
+    import simulate.nki06 as nki06
+    from nki_rmsnorm.kernels import nki06_baseline
+    from simulate.perf.profiler import Profile
+
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn2")
+    x = rng.standard_normal((1024, 1024)).astype(np.float32)
+    profiles = {}
+    for lnc in (1, 2):
+        np.testing.assert_array_equal(nki06_baseline.copy_one[lnc](x), x)
+        profiles[lnc] = Profile.from_trace(nki06.last_trace())
+    one, two = profiles[1], profiles[2]
+    assert (one.lnc, len(one.core_busy_us), two.lnc, len(two.core_busy_us)) == (1, 1, 2, 2)
+    # each core moves half the bytes: its DMA is busy about half as long as the lone core's
+    for core in two.core_busy_us:
+        assert 0.4 * one.core_busy_us[0]["dma"] < core["dma"] < 0.6 * one.core_busy_us[0]["dma"]
+    assert two.engine_busy_us["dma"] == max(c["dma"] for c in two.core_busy_us)
+    assert two.latency_us < 0.6 * one.latency_us
+    assert 0 < two.mbu <= 1 and two.mbu == pytest.approx(one.mbu, rel=0.1)
+    assert "LNC=2" in two.summary() and "core 1 busy" in two.summary()
+    assert "LNC" not in one.summary()
+
+
+def _legacy_tile_copies(x):
+    """Each SPMD instance copies its own 128 rows (legacy dialect, DMA only)."""
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    row = (nl.program_id(0) * nl.num_programs(1) + nl.program_id(1)) * 128
+    tile = nl.load(x[row:row + 128, :])
+    nl.store(out[row:row + 128, :], value=tile)
+    return out
+
+
+@pytest.mark.parametrize("grid, cores", [
+    ((nl.nc(2), 2), [0, 0, 1, 1]),  # legacy language docs: kernel[nl.nc(2), 2]
+    ((nl.spmd_dim(nl.nc(2), 2), 1), [0, 0, 1, 1]),  # test_nki_spmd_grid.py example 2
+    ((2 * nl.nc(2), 1), [0, 1, 0, 1]),  # example 3: spmd_dim(2, nl.nc(2))
+])
+def test_legacy_grid_with_an_nc_dimension_runs_on_two_cores_of_trn2(grid, cores):
+    x = np.random.default_rng(5).standard_normal((512, 2048)).astype(np.float32)
+    kernel = nki.jit(_legacy_tile_copies)
+    out, two = nki.profile(kernel[grid], x, target="trn2")
+    np.testing.assert_array_equal(out, x)
+    trace = nki.last_trace()
+    assert trace.lnc == 2
+    by_program = {inst.program: inst.core for inst in trace}
+    assert [by_program[p] for p in sorted(by_program)] == cores
+    plain = nki.profile(kernel[4, 1] if grid[1] == 1 else kernel[2, 2], x, target="trn2")[1]
+    assert plain.lnc == 1 and two.lnc == 2
+    assert two.latency_us < 0.6 * plain.latency_us  # two instances at a time, not one
+    one_core = nki.profile(kernel[grid], x, target="trn1")[1]  # NeuronCore-v2: no LNC=2
+    assert one_core.lnc == 1
+
+
+@pytest.mark.parametrize("lnc", [1, 2])
+def test_dma_busy_time_is_reported_per_direction_on_every_core(lnc):
+    b = TraceBuilder("trn2")
+    for core in range(lnc):
+        tile = b.tile(8192)
+        b.dma("hbm->sbuf", 128 * 8192, 128, [b.hbm(1 << 20)], [tile])
+        b.dma("sbuf->hbm", 128 * 8192, 128, [tile], [b.hbm(1 << 20)])
+        for inst in b.trace.instructions[-2:]:
+            inst.program, inst.core = (core,), core
+    b.trace.lnc = lnc
+    sched = b.run()
+    assert sched.resource == ["dma_load", "dma_store"] * lnc
+    assert sched.busy_us["dma_load"] > 0 and sched.busy_us["dma_store"] > 0
+    assert sched.busy_us["dma_copy"] == 0

@@ -265,6 +265,7 @@ def emit(engine: str, opcode: str, *, inputs=(), outputs=(), partitions: int, fr
         in_dtypes=tuple(dt.name(op.dtype) for op in inputs if op is not None),
         out_dtype=dt.name(out_dtype) if out_dtype is not None else "",
         reads=reads, writes=tuple(outputs), loops=ctx.loops_key(), program=ctx.program_id,
+        core=ctx.core,
         details=details or {},
     )
     if dma is not None:

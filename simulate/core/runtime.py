@@ -78,6 +78,7 @@ class Context:
                                        "psum_peak_bytes_per_partition")
         self.loops: list[LoopFrame] = []
         self.program_id: tuple[int, ...] = ()
+        self.core = 0  # the physical core the running instance is placed on (LNC=2)
         self.grid: tuple[int, ...] = ()
         self.shared_hbm: list[Tensor] = []
         self.shared_hbm_cursor = 0
@@ -249,19 +250,51 @@ def program_ndim() -> int:
 
 
 class spmd_dim(int):  # noqa: N801 - the NKI name
-    """``nl.spmd_dim(a, b)``: a grid dimension of size ``a*b`` (core placement is a hint)."""
+    """``nl.spmd_dim(a, b)``: a grid dimension of size ``a*b``, its index split over the
+    factors with the first outermost (``factors`` keeps them for the core placement)."""
 
     def __new__(cls, *sizes):
-        return super().__new__(cls, int(np.prod([int(s) for s in sizes])))
+        self = super().__new__(cls, int(np.prod([int(s) for s in sizes])))
+        self.factors = sizes
+        return self
 
 
 class nc(int):  # noqa: N801 - the NKI name
-    """``nl.nc(n)``: a logical-NeuronCore grid dimension of size n (Trn2 LNC=2)."""
+    """``nl.nc(n)``: a logical-NeuronCore grid dimension of size n (Trn2 LNC=2);
+    ``nl.nc(2) * 2`` is ``spmd_dim(nl.nc(2), 2)`` and ``2 * nl.nc(2)`` is
+    ``spmd_dim(2, nl.nc(2))`` (general/nki/test/test_nki_spmd_grid.py@8a38e733, L52-65)."""
 
     def __mul__(self, other):
         return spmd_dim(self, other)
 
-    __rmul__ = __mul__
+    def __rmul__(self, other):
+        return spmd_dim(other, self)
+
+
+def core_placement(grid, target):
+    """How a legacy SPMD grid's instances map onto the two physical cores of a trn2/trn3
+    logical core: a function of the program id, or None (all instances on one core, run one
+    after another). Documented only for a grid dimension that is ``nl.nc(2)`` or an
+    ``nl.spmd_dim`` with an ``nl.nc(2)`` factor: ``kernel[nl.nc(2), 2]`` puts ``kernel[0, *]``
+    on core 0 and ``kernel[1, *]`` on core 1 (general/nki/api/nki/language/__init__.py
+    @8a38e733, L72-91); ``spmd_dim(nl.nc(2), 2)`` puts instances 0-1 on core 0 and 2-3 on
+    core 1, ``spmd_dim(2, nl.nc(2))`` the even ones on core 0 (test_nki_spmd_grid.py
+    @8a38e733, L44-65). Without an ``nl.nc`` the compiler decides (same file, L77), which
+    the simulator does not guess; NeuronCore-v2 has no logical cores of two."""
+    if target.nc_version < 3:
+        return None
+    found = []
+    for axis, size in enumerate(grid):
+        factors = size.factors if isinstance(size, spmd_dim) else (size,)
+        stride = 1
+        for factor in reversed(factors):  # the last factor varies fastest
+            if isinstance(factor, nc) and int(factor) == 2:
+                found.append((axis, stride))
+            stride *= int(factor)
+    if len(found) != 1:
+        return None
+    axis, stride = found[0]
+    return lambda program_id: (program_id[axis] // stride) % 2
 
 
 # --- arguments -------------------------------------------------------------------------------
@@ -428,7 +461,8 @@ def run(func, args, kwargs, *, grid=(), target=None, check_affine=True, expected
     if _context.get() is not None:
         raise NKIRuntimeError("a kernel cannot launch another kernel with a grid",
                               "err_nested_kernel_with_spmd_grid")
-    grid = tuple(int(g) for g in (grid if isinstance(grid, tuple) else (grid,))) if grid else ()
+    annotated = (grid if isinstance(grid, tuple) else (grid,)) if grid else ()
+    grid = tuple(int(g) for g in annotated)
     returns = returns_value(func)
     convention = None if returns is None else ("return" if returns else "output")
     if convention is not None:
@@ -447,11 +481,15 @@ def run(func, args, kwargs, *, grid=(), target=None, check_affine=True, expected
     ctx.check_affine = check_affine
     ctx.grid = grid
     ctx.convention = convention
+    core_of = core_placement(annotated, ctx.target)
+    if core_of is not None:
+        ctx.trace.lnc = 2
     token = _context.set(ctx)
     try:
         result = None
         for pid in itertools.product(*map(range, grid)) if grid else [()]:
             ctx.program_id = pid
+            ctx.core = 0 if core_of is None else core_of(pid)
             ctx.shared_hbm_cursor = 0
             result = func(*positional, **keywords)
         outputs = _finish(result, arguments.params, expected_outputs)

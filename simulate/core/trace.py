@@ -44,6 +44,7 @@ class Instruction:
     writes: tuple[Region, ...]
     loops: tuple[tuple[int, str, int], ...]  # (loop id, kind, iteration) outermost first
     program: tuple[int, ...] = ()  # SPMD program id of the instance that issued it
+    core: int = 0  # physical core of that instance when the trace's lnc is 2
     dma_bytes: int = 0
     dma_direction: str = ""  # "hbm->sbuf", "sbuf->hbm", "sbuf->sbuf", "hbm->hbm"
     dma_row_bytes: int = 0  # contiguous bytes per descriptor row
@@ -58,6 +59,10 @@ class Trace:
 
     def __init__(self, target: str):
         self.target = target
+        # physical cores running the programs concurrently: 2 for an ``nki`` 0.6 kernel[2]
+        # launch or a legacy grid with an nl.nc(2) dimension on trn2/trn3 (LNC=2); 1
+        # otherwise, where SPMD instances run one after another
+        self.lnc = 1
         self.instructions: list[Instruction] = []
         self.sbuf_peak_bytes_per_partition = 0
         self.psum_peak_bytes_per_partition = 0

@@ -122,6 +122,7 @@ class Launch:
         self.lnc = lnc
         self.grid_ndim = grid_ndim
         self.trace = Trace(target.name)
+        self.trace.lnc = lnc
         self.shared_hbm: list = []  # k-th shared_hbm allocation, common to all programs
         self.turns = Turns(lnc)
         self.mailbox: dict = {}  # (pipe_id, sender) -> list of pending sends

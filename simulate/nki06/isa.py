@@ -262,6 +262,7 @@ def _emit(
         writes=tuple(region(t) for t in writes),
         loops=(),
         program=(program.program_id,) if program.launch.grid_ndim else (),
+        core=program.program_id,
         details=details,
     )
     if dma is not None:
@@ -1279,6 +1280,7 @@ def sendrecv(src, dst, send_to_rank, recv_from_rank, pipe_id, dma_engine=dma_eng
         dst,
         values,
         [src],
+        details={"pipe_id": pipe_id},  # the cost model pairs the cores' transfers by pipe
         dma={
             "dma_bytes": src.size * src.itemsize,
             "dma_direction": "sbuf->sbuf",
@@ -1300,6 +1302,18 @@ def core_barrier(data, cores, engine=engine.gpsimd, name=None):
     program.barrier_cursor += 1
     with launch.lock:
         launch.barrier_counts[generation] = launch.barrier_counts.get(generation, 0) + 1
+    # recorded before the wait (on GpSimd, reading and writing ``data``): the cost model
+    # joins the k-th barrier of each core and orders later accesses of ``data`` after it
+    _emit(
+        "pool",
+        api,
+        name,
+        reads=[data],
+        writes=[data],
+        partitions=1,
+        free_size=0,
+        out_dtype=data.dtype,
+    )
     launch.turns.block_until(
         program.program_id, lambda: launch.barrier_counts[generation] >= launch.lnc, api
     )

@@ -4,7 +4,7 @@ Every number comes from ``CONSTANTS`` below, one row per constant with a column 
 NeuronCore generation and the source tag of ``hw_cost_facts.md``: **D** documented, **D→**
 arithmetic on documented numbers, **I** inferred (fitted to a published measurement, read
 off a chart, or assumed). Targets: ``inf2`` and ``trn1`` (NeuronCore-v2), ``trn2`` (v3, one
-physical core, LNC=1), ``trn3`` (v4).
+physical core, LNC=1, or a logical core of two under LNC=2), ``trn3`` (v4, the same).
 
 What the model assumes
 ----------------------
@@ -51,6 +51,16 @@ What the model assumes
   row) per ``dma_descriptor_ns``, with all HBM traffic capped at ``hbm_efficiency`` times
   the core's HBM share. An engine serves transfers in the order they were issued.
   Consumers see the data ``dma_latency_us`` after issue plus the transfer time.
+* **LNC=2** (``Trace.lnc == 2``: an ``nki`` 0.6 ``kernel[2]``, or a legacy grid with an
+  ``nl.nc(2)`` dimension, on trn2/trn3). Each instruction runs on its ``core``: the two
+  physical cores have their own four engines, DMA queues and 16 DMA engines and run
+  concurrently; their HBM traffic shares one pool of ``hbm_cores_per_pool`` HBM shares (the
+  bank both cores sit on). Cross-core dependencies: data through shared HBM (as above); the
+  k-th ``sendrecv`` of a pipe on each core also waits for the writers of the other core's
+  source; the k-th ``core_barrier`` (a GpSimd instruction that reads and writes its
+  ``data``) of each core waits for everything the other core's waits for; the later core
+  reaches the other after ``semaphore_latency_us``. SPMD instances placed on one core still
+  run one after another.
 * **Latency** is from the first instruction to the last completion. It excludes the fixed
   launch cost of a kernel on a device (``kernel_launch_us``), which ``nki.benchmark`` on
   hardware includes; the profiler reports it beside the latency.
@@ -114,6 +124,13 @@ CONSTANTS: dict[str, tuple[float, float, float]] = {
     # v3/v4: D S5 L59-64 table (23/33 B/ns); v3 fits the S6 1416 ns tooltip
     "dma_efficiency": (17.5 / 27.2, 0.85, 0.86),
     "hbm_share_gbps": (410.0, 362.5, 612.0),  # D→ chip HBM bandwidth / physical cores (§1b)
+    # LNC=2: a logical core is two physical cores (D S9 L14: trn2/trn3 only) "that have
+    # shared HBM memory" (D nki/get-started/about/lnc.rst@81ce03ae L18-21). trn2: "four 24GB
+    # HBM banks. Each bank is shared by two physical NeuronCore-v3" (D S9 L65, L100), so the
+    # two cores' DMA traffic draws on one pool of 2 x hbm_share_gbps (D→: 2.9 TB/s / 4 banks
+    # = 725 GB/s). trn3: 8 NeuronCores and "4 HBM stacks" (D S3 L15-16), two cores a stack
+    # (D→: 1.22 TB/s). v2 has no LNC=2 (its column is never read).
+    "hbm_cores_per_pool": (1, 2, 2),
     # I: HBM sustains ~85 % of its pin rate even for a plain copy (no NeuronCore figure is
     # published; a GPU device-to-device copy reaches ~85 % of nominal HBM bandwidth)
     "hbm_efficiency": (0.85, 0.85, 0.85),
@@ -211,6 +228,8 @@ def compute_cycles(opcode: str, engine: str, n: int, ops: Operands, details: dic
     if engine == "pool":
         if opcode in ("iota", "affine_select", "rand", "tensor_partition_reduce"):
             return table.pool_start_cycles + n, True
+        if opcode == "core_barrier":  # no data: a Pool instruction start (I; none published)
+            return table.pool_start_cycles, True
         k = table.k_two_inputs if opcode == "tensor_tensor" else 1  # as DVE v2: no rule exists
         return max(min_ii, k * n) * stride, False
     if engine == "act":
@@ -277,12 +296,13 @@ class _Tracker:
         self.writers: dict = {}
         self.readers: dict = {}
         self.by_address = by_address
+        self.core = 0  # the physical core of the instruction being added (its own SBUF/PSUM)
 
     def _keys(self, region):
         if region.memory == "hbm":
             base, size = region.storage, _HBM_CHUNK
         elif self.by_address:
-            base, size = region.memory, _ONCHIP_CHUNK
+            base, size = (region.memory, self.core), _ONCHIP_CHUNK
         else:
             base, size = (region.memory, region.storage), _ONCHIP_CHUNK
         first = region.start // size
@@ -354,6 +374,10 @@ class Schedule:
     stalls: dict[str, int]  # instructions that found their engine idle waiting for inputs
     stall_us: dict[str, float]  # total idle time of each engine spent waiting for inputs
     unmodeled: dict[str, int] = field(default_factory=dict)  # opcodes without a documented rule
+    lnc: int = 1  # physical cores the trace ran on concurrently (LNC=2: two)
+    core: list[int] = field(default_factory=list)  # per instruction: its physical core
+    # per physical core: busy time of each compute engine and "dma" (any transfer in flight)
+    core_busy_us: list[dict[str, float]] = field(default_factory=list)
 
 
 def _dma_class(direction: str) -> int:
@@ -381,6 +405,8 @@ def schedule(trace: Trace, target=None, overrides=None, by_address=False) -> Sch
     table = CostTable(target or trace.target, overrides)
     insts = trace.instructions
     n = len(insts)
+    lnc = trace_lnc(trace, table)
+    per_core = len(COMPUTE_ENGINES) + int(table.dma_queues)  # resources of one physical core
     window = int(table.schedule_window)
     ports_on = bool(table.nc_v2_ports)
     sem = table.semaphore_latency_us
@@ -398,7 +424,12 @@ def schedule(trace: Trace, target=None, overrides=None, by_address=False) -> Sch
     tracker = _Tracker(by_address)
     broadcast_nodes: set[int] = set()  # partition broadcasts whose result stays in PSUM
     bank = table.psum_bank_bytes
-    queue_of: dict[tuple, int] = {}  # DMA queue key -> queue slot
+    queue_of: dict[tuple, int] = {}  # (core, DMA queue key) -> queue slot on that core
+    queues_used = [0] * lnc
+    core_of: list[int] = []  # per node: physical core (0 for barrier nodes)
+    partners: dict[tuple, list[int]] = {}  # (kind, pipe, k-th) -> the cores' instructions
+    arrivals: dict[tuple, int] = {}  # (kind, pipe, core) -> how many so far
+    raw_preds: dict[int, dict] = {}  # sendrecv -> the edges to the writers of its source
     dma_class: list[int] = []  # per node: index into DMA_QUEUES (-1 for compute nodes)
     barriers: dict = {}  # loop id -> [iteration, members, barrier node]
     barrier_preds: list[list[int]] = []  # per barrier node (index n + k)
@@ -418,6 +449,10 @@ def schedule(trace: Trace, target=None, overrides=None, by_address=False) -> Sch
 
     for i, inst in enumerate(insts):
         engine = inst.engine
+        core = inst.core if lnc > 1 else 0
+        core_of.append(core)
+        offset = core * per_core
+        tracker.core = core
         if inst.opcode == "partition_broadcast":
             # a ones-matmul on PE into one PSUM bank, read from there; a result wider than
             # a bank is copied out to SBUF bank by bank (the copy from PSUM binds: DVE)
@@ -460,11 +495,12 @@ def schedule(trace: Trace, target=None, overrides=None, by_address=False) -> Sch
         deps.pop(i, None)
 
         if engine == "dma":
-            key = _dma_queue_key(inst)
+            key = (core, _dma_queue_key(inst))
             if key not in queue_of:
-                queue_of[key] = len(queue_of) % int(table.dma_queues)
-            r = len(COMPUTE_ENGINES) + queue_of[key]
-            dma_class.append(key[0])
+                queue_of[key] = queues_used[core] % int(table.dma_queues)
+                queues_used[core] += 1
+            r = offset + len(COMPUTE_ENGINES) + queue_of[key]
+            dma_class.append(key[1][0])
             dma_info.append(_dma_plan(inst, table))
             dur.append(0.0)
             ports.append(())
@@ -487,45 +523,92 @@ def schedule(trace: Trace, target=None, overrides=None, by_address=False) -> Sch
                     f"{engine}.{inst.opcode}", 0) + 1
             dur.append(cycles / clocks[r])
             touches_psum = any(ops.psum) or ops.out_psum
+            port = 2 * core  # each core's SBUF (+0) and PSUM (+1) port
             if not ports_on:
                 ports.append(())
             elif r == _DVE:
-                ports.append((0, 1) if touches_psum else (0,))
+                ports.append((port, port + 1) if touches_psum else (port,))
             elif r == _POOL:
-                ports.append((0,))
+                ports.append((port,))
             elif r == _ACT and touches_psum:
-                ports.append((1,))
+                ports.append((port + 1,))
             else:
                 ports.append(())
+            r += offset
         res.append(r)
 
         edges = {}
         for p, raw in deps.items():
             rp = res[p]
-            if rp >= len(COMPUTE_ENGINES):
+            if rp % per_core >= len(COMPUTE_ENGINES):
                 lat = 0.0  # a DMA's finish time already includes its completion latency
             elif rp == r:  # PSUM accumulation is a write-after-write: it chains freely
-                lat = dep_lat[r] if raw else 0.0
+                lat = dep_lat[r % per_core] if raw else 0.0
             else:
-                lat = sem + (mm_init if rp == _PE else 0.0)
+                lat = sem + (mm_init if rp % per_core == _PE else 0.0)
             edges[p] = lat
         for fid, kind, iteration in inst.loops:
             if kind == "sequential_range":
-                node = barrier_for(fid, iteration, i)
+                node = barrier_for((core, fid), iteration, i)
                 if node is not None:
                     edges[node] = 0.0
-        if inst.program:
-            node = barrier_for("spmd", inst.program, i)
+        if inst.program:  # SPMD instances on one core run one after another
+            node = barrier_for(("spmd", core), inst.program, i)
             if node is not None:
                 edges[node] = 0.0
+        if lnc > 1 and inst.opcode in _CROSS_CORE:
+            pipe = inst.details.get("pipe_id") if inst.opcode == "sendrecv" else None
+            k = arrivals.get((inst.opcode, pipe, core), 0)
+            arrivals[(inst.opcode, pipe, core)] = k + 1
+            partners.setdefault((inst.opcode, pipe, k), []).append(i)
+            raw_preds[i] = ({p: edges[p] for p, raw in deps.items() if raw}
+                            if inst.opcode == "sendrecv" else dict(edges))
         preds.append(edges)
 
+    _join_partners(partners, raw_preds, preds, sem)
     total = n + len(barrier_preds)
     for members in barrier_preds:
         preds.append(dict.fromkeys(members, 0.0))
         res.append(_BARRIER)
+        core_of.append(0)
     return _list_schedule(table, insts, res, dur, preds, ports, dma_info, total, window,
-                          unmodeled, dma_class)
+                          unmodeled, dma_class, lnc, core_of)
+
+
+# instructions that meet their twin on the other physical core of an LNC=2 launch
+_CROSS_CORE = ("sendrecv", "core_barrier")
+
+
+def trace_lnc(trace: Trace, table: CostTable) -> int:
+    """The physical cores a trace ran on concurrently: its launch's LNC degree (``Trace.lnc``:
+    2 for an ``nki`` 0.6 ``kernel[2]`` or a legacy grid with an ``nl.nc(2)`` dimension on
+    trn2/trn3, each instruction's ``core`` saying where it runs); 1 for every other trace,
+    whose SPMD instances the model runs one after another on one core."""
+    lnc = int(getattr(trace, "lnc", 1) or 1)
+    if lnc not in (1, 2) or (lnc == 2 and table.nc_version < 3):
+        raise ValueError(f"trace.lnc={lnc}: LNC=2 exists only on trn2/trn3 (NeuronCore-v3+), "
+                         f"LNC=1 everywhere; the target is {table.target}")
+    return lnc
+
+
+def _join_partners(partners, raw_preds, preds, sem):
+    """Cross-core dependencies of LNC=2 rendezvous: the k-th ``sendrecv`` of a pipe on one
+    core moves the other core's source, so it also waits for the writers of that source;
+    the k-th ``core_barrier`` of each core waits for everything the other's waits for. The
+    later core's arrival reaches the other through a semaphore (``semaphore_latency_us``)."""
+    for members in partners.values():
+        if len(members) != 2:
+            raise ValueError(
+                f"cost model: {len(members)} core(s) reached a cross-core rendezvous "
+                f"(instruction {members[0]}); both cores of an LNC=2 launch must reach it")
+        a, b = members
+        for mine, theirs in ((a, b), (b, a)):
+            for p, lat in raw_preds[theirs].items():
+                if p == mine:  # the later core's barrier already waits for the earlier one
+                    continue
+                hop = lat + sem
+                if preds[mine].get(p, -1.0) < hop:
+                    preds[mine][p] = hop
 
 
 def _fp32_row_bytes(inst) -> int:
@@ -580,10 +663,11 @@ def _dma_plan(inst, table: CostTable):
 
 
 def _list_schedule(table, insts, res, dur, preds, ports, dma_info, total, window, unmodeled,
-                   dma_class):
+                   dma_class, lnc, core_of):
     n = len(insts)
     n_compute = len(COMPUTE_ENGINES)
-    n_res = n_compute + int(table.dma_queues)
+    per_core = n_compute + int(table.dma_queues)
+    n_res = lnc * per_core
     succs: list[list] = [[] for _ in range(total)]
     npend = [0] * total
     for i in range(total):
@@ -602,11 +686,18 @@ def _list_schedule(table, insts, res, dur, preds, ports, dma_info, total, window
     windows: list[list[int]] = [[] for _ in range(n_res)]
     in_window = [False] * total
     free = [0.0] * n_res
-    port_free = [0.0, 0.0]
-    port_users = {0: (_DVE, _POOL), 1: (_DVE, _ACT)}
-    dma_engine_free = [0.0] * int(table.dma_engines)
+    port_free = [0.0, 0.0] * lnc
+    port_users = {}
+    for c in range(lnc):
+        port_users[2 * c] = (c * per_core + _DVE, c * per_core + _POOL)
+        port_users[2 * c + 1] = (c * per_core + _DVE, c * per_core + _ACT)
+    n_dma_engines = int(table.dma_engines)
+    dma_engine_free = [0.0] * (n_dma_engines * lnc)  # each core has its own DMA engines
     hbm_free = 0.0
+    # one HBM pool per logical core: LNC=2 cores share their bank (hbm_cores_per_pool)
     hbm_rate = table.hbm_share_gbps * table.hbm_efficiency * 1000.0  # bytes per us
+    if lnc > 1:
+        hbm_rate *= table.hbm_cores_per_pool
     fixed = table.dma_fixed_us
     tail = max(0.0, table.dma_latency_us - fixed)
     version = [0] * n_res
@@ -614,6 +705,7 @@ def _list_schedule(table, insts, res, dur, preds, ports, dma_info, total, window
     busy = [0.0] * n_res
     stall_us_of: list = [None] * total  # idle time of its engine/queue it waited for inputs
     dma_intervals: list[list[tuple[float, float]]] = [[] for _ in DMA_QUEUES]
+    core_dma_intervals: list[list[tuple[float, float]]] = [[] for _ in range(lnc)]
 
     def refill(r):
         win, stream = windows[r], streams[r]
@@ -666,13 +758,14 @@ def _list_schedule(table, insts, res, dur, preds, ports, dma_info, total, window
             stall_us_of[i] = t - free[r]
         start[i] = t
         dirty = {r}
-        if r >= n_compute:
+        if r % per_core >= n_compute:
             plan, hbm_bytes = dma_info[i]
+            base = core_of[i] * n_dma_engines
             free[r] = t + fixed
             data_start = t + fixed
             for e, _ in plan:
-                if dma_engine_free[e] > data_start:
-                    data_start = dma_engine_free[e]
+                if dma_engine_free[base + e] > data_start:
+                    data_start = dma_engine_free[base + e]
             data_end = data_start + max((s for _, s in plan), default=0.0)
             if hbm_bytes:
                 hbm_start = hbm_free if hbm_free > data_start else data_start
@@ -680,10 +773,11 @@ def _list_schedule(table, insts, res, dur, preds, ports, dma_info, total, window
                 if hbm_free > data_end:
                     data_end = hbm_free
             for e, _ in plan:
-                dma_engine_free[e] = data_end
+                dma_engine_free[base + e] = data_end
             end[i] = data_end
             finish[i] = data_end + tail
             dma_intervals[dma_class[i]].append((t, data_end))
+            core_dma_intervals[core_of[i]].append((t, data_end))
         else:
             end[i] = finish[i] = free[r] = t + dur[i]
             busy[r] += dur[i]
@@ -700,15 +794,20 @@ def _list_schedule(table, insts, res, dur, preds, ports, dma_info, total, window
     if any(cursor[r] < len(streams[r]) or windows[r] for r in range(n_res)):
         raise RuntimeError("cost model: the schedule stopped with instructions left")
     latency = max(finish[:n], default=0.0)
-    busy_us = {name: busy[k] for k, name in enumerate(COMPUTE_ENGINES)}
+    core_busy = [{name: busy[c * per_core + k] for k, name in enumerate(COMPUTE_ENGINES)}
+                 for c in range(lnc)]
+    for c in range(lnc):
+        core_busy[c]["dma"] = _union(core_dma_intervals[c])
+    # the logical core's engine figures are those of its busiest physical core
+    busy_us = {name: max(cb[name] for cb in core_busy) for name in COMPUTE_ENGINES}
     all_dma = []
     for k, name in enumerate(DMA_QUEUES):
         intervals = dma_intervals[k]
         busy_us[name] = _union(intervals)
         all_dma.extend(intervals)
     busy_us["dma"] = _union(all_dma)
-    names = [RESOURCES[r] if 0 <= r < n_compute else
-             DMA_QUEUES[dma_class[i]] if r >= 0 else "barrier" for i, r in enumerate(res[:n])]
+    names = [RESOURCES[r % per_core] if 0 <= r % per_core < n_compute else
+             DMA_QUEUES[dma_class[i]] for i, r in enumerate(res[:n])]
     by_name = {name: [0, 0.0] for name in RESOURCES}
     for i in range(n):  # stalls of the DMA queues are reported per direction
         if stall_us_of[i] is not None:
@@ -718,7 +817,8 @@ def _list_schedule(table, insts, res, dur, preds, ports, dma_info, total, window
         target=table.target, latency_us=latency, resource=names, start_us=start[:n],
         end_us=end[:n], finish_us=finish[:n], busy_us=busy_us,
         stalls={k: v[0] for k, v in by_name.items()},
-        stall_us={k: v[1] for k, v in by_name.items()}, unmodeled=unmodeled)
+        stall_us={k: v[1] for k, v in by_name.items()}, unmodeled=unmodeled, lnc=lnc,
+        core=core_of[:n], core_busy_us=core_busy)
 
 
 def _union(intervals) -> float:

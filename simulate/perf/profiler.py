@@ -34,6 +34,12 @@ class Profile:
     bank). ``launch_us`` is the fixed cost of launching a kernel on a device, which
     ``nki.benchmark`` on hardware includes; it is not part of ``latency_us``. ``schedule``
     holds the modeled start and end of every instruction.
+
+    ``lnc`` is the number of physical cores the kernel ran on concurrently (2 for an ``nki``
+    0.6 ``kernel[2]`` launch on trn2/trn3). ``core_busy_us`` has one entry per physical core:
+    the busy time of each of its engines and of its DMA ("dma": a transfer in flight). Under
+    LNC=2 ``engine_busy_us`` and ``engine_utilization`` are those of the busier core, and
+    ``mbu`` is measured against the logical core's HBM (the two cores' shared bank).
     """
 
     target: str
@@ -57,6 +63,8 @@ class Profile:
     unmodeled: dict[str, int]
     launch_us: float
     schedule: Schedule = field(repr=False)
+    lnc: int = 1
+    core_busy_us: list[dict[str, float]] = field(default_factory=list)
 
     @classmethod
     def from_trace(cls, trace: Trace, target=None, overrides=None) -> Profile:
@@ -65,7 +73,9 @@ class Profile:
         table = CostTable(target or trace.target, overrides)
         sched = schedule(trace, table.target, overrides)
         latency = sched.latency_us
-        busy = {e: sched.busy_us[e] for e in PROFILE_ENGINES}
+        busy = {e: sched.busy_us[e] for e in COMPUTE_ENGINES}
+        busy["dma"] = max(cb["dma"] for cb in sched.core_busy_us) if sched.lnc > 1 else \
+            sched.busy_us["dma"]
         counts = dict.fromkeys(PROFILE_ENGINES, 0)
         for name in sched.resource:
             counts["dma" if name in DMA_QUEUES else name] += 1
@@ -92,17 +102,21 @@ class Profile:
             dependency_stalls={e: sched.stalls[e] for e in COMPUTE_ENGINES + DMA_QUEUES},
             stall_us={e: sched.stall_us[e] for e in COMPUTE_ENGINES + DMA_QUEUES},
             hbm_bandwidth_gbps=bandwidth,
-            mbu=bandwidth / table.hbm_share_gbps,
+            mbu=bandwidth / (table.hbm_share_gbps * (table.hbm_cores_per_pool
+                                                      if sched.lnc > 1 else 1)),
             unmodeled=dict(sched.unmodeled),
             launch_us=table.kernel_launch_us,
             schedule=sched,
+            lnc=sched.lnc,
+            core_busy_us=[dict(cb) for cb in sched.core_busy_us],
         )
 
     def summary(self) -> str:
         """A readable table of the profile."""
         lines = [
-            f"modeled on {self.target}: latency {self.latency_us:,.2f} us "
-            f"(busiest engine: {self.busiest_engine})",
+            f"modeled on {self.target}"
+            + (f" (LNC={self.lnc}, two physical cores)" if self.lnc > 1 else "")
+            + f": latency {self.latency_us:,.2f} us (busiest engine: {self.busiest_engine})",
             f"  {'engine':<7}{'instr':>9}{'busy us':>13}{'util':>8}{'stalls':>9}"
             f"{'stall us':>12}",
         ]
@@ -120,6 +134,12 @@ class Profile:
             f"  HBM read {self.hbm_read_bytes:,} B, written {self.hbm_write_bytes:,} B: "
             f"{self.hbm_bandwidth_gbps:,.1f} GB/s = {self.mbu:.1%} of the HBM share",
             f"  kernel launch on a device: +{self.launch_us:,.1f} us (not in the latency)",
+            *(
+                f"  core {c} busy: "
+                + ", ".join(f"{e} {cb[e]:,.2f} us" for e in PROFILE_ENGINES)
+                for c, cb in enumerate(self.core_busy_us)
+                if self.lnc > 1
+            ),
             f"  SBUF peak {self.sbuf_peak_bytes_per_partition:,} B/partition, "
             f"PSUM peak {self.psum_peak_bytes_per_partition:,} B/partition",
         ]
