@@ -126,16 +126,11 @@ def _inputs(kind: str, M: int, N: int, dtype, rng):
 
 
 def _kernels(dialect: str):
-    """The (rmsnorm_fwd, rmsnorm_add_fwd, rmsnorm_bwd) kernels of ``dialect``; for nki06 the
-    dialect setting is made before the kernels are imported."""
-    import importlib
+    """The (rmsnorm_fwd, rmsnorm_add_fwd, rmsnorm_bwd) kernels of ``dialect``."""
+    from nki_rmsnorm import kernels
 
-    if dialect == "nki06":
-        os.environ[DIALECT_ENV] = "nki06"
-        module = importlib.import_module("nki_rmsnorm.kernels.nki06")
-    else:
-        module = importlib.import_module("nki_rmsnorm.kernels")
-    return module.rmsnorm_fwd, module.rmsnorm_add_fwd, module.rmsnorm_bwd
+    names = ("rmsnorm_fwd", "rmsnorm_add_fwd", "rmsnorm_bwd")
+    return tuple(kernels.kernel(name, dialect) for name in names)
 
 
 def _profile(dialect, lnc, kernel, *args, target):
