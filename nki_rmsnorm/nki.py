@@ -25,8 +25,8 @@ else:  # pragma: no cover - needs the Neuron SDK
     import neuronxcc.nki.isa as nisa
     import neuronxcc.nki.language as nl
 
-__all__ = ["NEWEST_SDK", "OLDEST_SDK", "SIMULATED", "nki", "nisa", "nl", "sdk_version",
-           "usable_sbuf_bytes"]
+__all__ = ["NEWEST_SDK", "OLDEST_SDK", "SIMULATED", "check_sdk", "nki", "nisa", "nl",
+           "sdk_version", "usable_sbuf_bytes"]
 
 #: The legacy SDK releases the kernels support: the return convention they use exists from
 #: 2.21 (general/nki/nki_rn.rst@8a38e733, "[2.21]"), and 2.29 is the last legacy release.
@@ -65,6 +65,21 @@ def sdk_version() -> tuple[int, int]:
     except (PackageNotFoundError, ValueError, IndexError):  # pragma: no cover
         return NEWEST_SDK
     return (major, minor + _COMPILER_TO_SDK_MINOR)  # pragma: no cover
+
+
+def check_sdk() -> tuple[int, int]:
+    """The SDK release (:func:`sdk_version`) when the legacy kernels support it, else a
+    ``RuntimeError`` naming the release and the supported range, raised before any launch:
+    before 2.21 the return convention does not exist, and from 2.30 on ``neuronxcc.nki``
+    inside a kernel is a compile error (the ``nki`` 0.6 kernels serve those releases)."""
+    release = sdk_version()
+    if not OLDEST_SDK <= release <= NEWEST_SDK:
+        raise RuntimeError(
+            "the legacy nki_rmsnorm kernels support Neuron SDK {}.{} to {}.{}, but the "
+            "{} SDK is {}.{}".format(*OLDEST_SDK, *NEWEST_SDK,
+                                      "emulated" if SIMULATED else "installed", *release)
+        )
+    return release
 
 
 def _release(value) -> tuple[int, int]:

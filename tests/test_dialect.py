@@ -118,3 +118,16 @@ def test_a_missing_entry_point_names_what_exists(no_setting, monkeypatch):
         kernels.kernel("rmsnorm")
     with pytest.raises(AttributeError, match="no attribute 'rmsnorm'"):
         kernels.rmsnorm  # noqa: B018
+
+
+def test_legacy_kernels_refuse_an_sdk_outside_their_range():
+    """The legacy kernels need the return convention (SDK 2.21) and end with 2.29: an
+    emulated 2.20 is a clear error naming the range before anything launches."""
+    import simulate
+    from nki_rmsnorm import kernels, nki
+
+    with simulate.use_sdk("2.20"), pytest.raises(RuntimeError, match=r"2\.21 to 2\.29.*2\.20"):
+        kernels.kernel("rmsnorm_fwd", "legacy")
+    with simulate.use_sdk("2.21"):
+        assert nki.check_sdk() == (2, 21)
+        assert callable(kernels.kernel("rmsnorm_fwd", "legacy"))

@@ -44,6 +44,10 @@ def kernel(name: str, dialect_name: str | None = None):
     chosen = dialect.current() if dialect_name is None else dialect_name
     if chosen not in dialect.DIALECTS:
         raise ValueError(f"dialect_name must be one of {dialect.DIALECTS}, got {chosen!r}")
+    if chosen == "legacy":
+        from nki_rmsnorm.nki import check_sdk
+
+        check_sdk()
     module_name = f"{__name__}.{chosen}.{MODULES[name]}"
     try:
         module = importlib.import_module(module_name)
