@@ -155,3 +155,64 @@ def streamed_plan_bytes(plan, N, x_dtype, dy_dtype, weight_dtype) -> int:
         + (weight if plan.weight_resident else 0)
         + CHUNK_SCRATCH_BYTES
     )
+
+
+class BwdConstants(NamedTuple):
+    """The backward's tiles built once, in either dialect: the moving rows of w', the fold
+    masks (column-sum moving operands), the PSUM accumulators (one tile per bank, listed),
+    the HBM tables of per-tile rstd operands."""
+
+    w_rows: object  # (kw·fold, L) bf16
+    w_lazy: object  # the bf16 weight (HBM) whose rows the first row tile loads, or None
+    dweight_moving: object  # (P, fold) fp32 0/1 fold mask (llama / none), or None
+    dbias_moving: object  # (P, fold) 0/1 in dy's dtype, or None
+    dweight_acc: list | None
+    dbias_acc: list | None
+    table_rows: object  # HBM (tiles, kw·fold, SPLIT, P) bf16: each tile's stationary rows
+    table_cols: object  # HBM (tiles, P, n_cols) fp32: each tile's rstd columns
+
+
+class BwdTileSlots(NamedTuple):
+    """Per-row-tile operands carried from a tile's statistic pass to its gradient pass, in
+    two slots (tile t uses slot t mod 2): the stationary rows of a = rstd · w' (kw·fold,
+    SPLIT, P) bf16, the rstd columns (P, n_cols) fp32 (rstd, −rstd²/N, then with a gemma
+    fold rstd in the column of the partition's fold segment, the moving operand of dweight),
+    the group partials of Σ p1·x (P, n_groups) and −k (P, 1)."""
+
+    rows: object
+    cols: object
+    partials: object
+    negk: object
+
+
+class BwdTile(NamedTuple):
+    """Row tile t: its first view row, its partitions and its slot's operands."""
+
+    v0: int
+    p: int
+    rows: object
+    cols: object
+    partials: object
+    negk: object
+
+
+class StreamedInputs(NamedTuple):
+    """The kernel's HBM operands and scalars, plus the resident weight broadcast (or None)."""
+
+    dy: object
+    x: object
+    weight: object
+    w_all: object
+    rstd: object  # (M, 1) view
+    dh_out: object
+    offset: float
+
+
+class StreamedParamGrads(NamedTuple):
+    """PSUM column-sum accumulators (a tile, or in the 0.6 dialect a list of banks; None
+    when not wanted) and the ones vectors that feed them to the Tensor engine."""
+
+    dweight: list | None
+    dbias: list | None
+    ones_f32: object
+    ones_dy: object

@@ -312,3 +312,24 @@ def layout_bytes(plan: Plan, layout: Layout, n: int) -> int:
     if layout.regime == "long":
         return plan.long_bytes(n, layout.output_chunk)
     return plan.two_pass_bytes(layout.chunk)
+
+
+class RowsResident(NamedTuple):
+    """On-chip tiles every row tile reads: the weight (broadcast across the partitions
+    for the Vector engine, or the Tensor engine's moving row(s)); the broadcast bias; the
+    transpose identity ("tensor") or the ones row that broadcasts the weight ("scalar")."""
+
+    scale: object
+    shift: object
+    ident: object
+    ones: object
+
+
+class RowViews(NamedTuple):
+    """The HBM tensors viewed as (M / k, k·N) (rstd as (M / k, k))."""
+
+    x: object
+    residual: object
+    y: object
+    h: object
+    rstd: object

@@ -93,8 +93,6 @@ other rows or on M. A NaN in a row makes that row's ``dx`` NaN and, through the 
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import numpy as np
 
 from nki_rmsnorm.kernels.legacy.rmsnorm_bwd_streamed import streamed_backward
@@ -104,23 +102,12 @@ from nki_rmsnorm.plan.backward import (
     MAX_HIDDEN,
     PSUM_BANK_COLS,
     SPLIT,
+    BwdConstants,
     BwdDtypes,
+    BwdTile,
+    BwdTileSlots,
     make_plan,
 )
-
-
-class _Consts(NamedTuple):
-    """Tiles built once: the moving rows of w', fold masks, PSUM accumulators, the HBM
-    tables of per-tile rstd operands."""
-
-    w_rows: object  # (kw·fold, L) bf16
-    w_lazy: object  # the bf16 weight (HBM) whose rows the first row tile loads, or None
-    dweight_moving: object  # (P, fold) fp32 0/1 fold mask (llama / none), or None
-    dbias_moving: object  # (P, fold) 0/1 in dy's dtype, or None
-    dweight_acc: list | None
-    dbias_acc: list | None
-    table_rows: object  # HBM (tiles, kw·fold, SPLIT, P) bf16: each tile's stationary rows
-    table_cols: object  # HBM (tiles, P, n_cols) fp32: each tile's rstd columns
 
 
 @nki.jit
@@ -183,7 +170,7 @@ def _folded_backward(plan, dy, x, weight, rstd, dh_out, dx, dweight, dbias, offs
     # used after it (general/nki/api/nki.errors.rst@8a38e733, lines 419-475).
     rings = (nl.ndarray((plan.ring, nl.par_dim(P), plan.group), dtype=nl.float32),
              nl.ndarray((plan.ring, nl.par_dim(P), plan.group), dtype=x.dtype))
-    slots = _TileSlots(
+    slots = BwdTileSlots(
         nl.ndarray((2, nl.par_dim(plan.stationary_rows), SPLIT, P), dtype=nl.bfloat16),
         nl.ndarray((2, nl.par_dim(P), consts.table_cols.shape[2]), dtype=nl.float32),
         nl.ndarray((2, nl.par_dim(P), plan.n_groups), dtype=nl.float32),
@@ -210,7 +197,7 @@ def _folded_backward(plan, dy, x, weight, rstd, dh_out, dx, dweight, dbias, offs
 
 # --- setup ---------------------------------------------------------------------------------
 def _constants(plan, M, N, dy, weight, rstd, offset, want_dweight, want_dbias):
-    """The kernel's constants and accumulators (see ``_Consts``)."""
+    """The kernel's constants and accumulators (see ``BwdConstants``)."""
     P = nl.tile_size.pmax
     f = plan.fold
     fold_mask = np.equal.outer(np.arange(P) % f, np.arange(f))
@@ -224,7 +211,7 @@ def _constants(plan, M, N, dy, weight, rstd, offset, want_dweight, want_dbias):
         dbias_moving = nl.load(nl.shared_constant(fold_mask, dtype=dy.dtype))
     n_cols = 2 + (f if (want_dweight and not plan.round_xhat and f > 1) else 0)
     table_rows, table_cols = _rstd_tables(plan, M, N, rstd, n_cols)
-    return _Consts(_weight_rows(plan, N, weight, offset), weight if plan.kw == 1 else None,
+    return BwdConstants(_weight_rows(plan, N, weight, offset), weight if plan.kw == 1 else None,
                    dweight_moving, dbias_moving,
                    _column_sum_accumulators(plan) if want_dweight else None,
                    _column_sum_accumulators(plan) if want_dbias else None,
@@ -320,34 +307,10 @@ def _column_sum_accumulators(plan):
 
 
 # --- the pipeline steps ---------------------------------------------------------------------
-class _TileSlots(NamedTuple):
-    """Per-row-tile operands carried from a tile's statistic pass to its gradient pass, in
-    two slots (tile t uses slot t mod 2): the stationary rows of a = rstd · w' (kw·fold,
-    SPLIT, P) bf16, the rstd columns (P, n_cols) fp32 (rstd, −rstd²/N, then with a gemma
-    fold rstd in the column of the partition's fold segment, the moving operand of dweight),
-    the group partials of Σ p1·x (P, n_groups) and −k (P, 1)."""
-
-    rows: object
-    cols: object
-    partials: object
-    negk: object
-
-
-class _Tile(NamedTuple):
-    """Row tile t: its first view row, its partitions and its slot's operands."""
-
-    v0: int
-    p: int
-    rows: object
-    cols: object
-    partials: object
-    negk: object
-
-
 def _tile_view(slots, t, p):
     """Row tile ``t`` of ``p`` partitions, its operands in slot t mod 2."""
     slot = t % 2
-    return _Tile(t * nl.tile_size.pmax, p, slots.rows[slot, :, :, 0:p],
+    return BwdTile(t * nl.tile_size.pmax, p, slots.rows[slot, :, :, 0:p],
                  slots.cols[slot, 0:p, :], slots.partials[slot, 0:p, :],
                  slots.negk[slot, 0:p, :])
 

@@ -71,32 +71,14 @@ rows' ``dx`` are untouched.
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 from nki_rmsnorm.nki import nisa, nl, usable_sbuf_bytes
-from nki_rmsnorm.plan.backward import CHUNK_COLS, PSUM_BANK_COLS, make_streamed_plan
-
-
-class _Inputs(NamedTuple):
-    """The kernel's HBM operands and scalars, plus the resident weight broadcast (or None)."""
-
-    dy: object
-    x: object
-    weight: object
-    w_all: object
-    rstd: object  # (M, 1) view
-    dh_out: object
-    offset: float
-
-
-class _ParamGrads(NamedTuple):
-    """PSUM column-sum accumulators (None when not wanted) and the ones vectors that feed
-    them to the Tensor engine."""
-
-    dweight: list | None
-    dbias: list | None
-    ones_f32: object
-    ones_dy: object
+from nki_rmsnorm.plan.backward import (
+    CHUNK_COLS,
+    PSUM_BANK_COLS,
+    StreamedInputs,
+    StreamedParamGrads,
+    make_streamed_plan,
+)
 
 
 def streamed_backward(dy, x, weight, rstd, dh_out, offset, casting_mode, dx, dweight, dbias):
@@ -107,8 +89,8 @@ def streamed_backward(dy, x, weight, rstd, dh_out, offset, casting_mode, dx, dwe
     plan = make_streamed_plan(N, x.dtype, dy.dtype, None if weight is None else weight.dtype,
                       casting_mode, usable_sbuf_bytes())
     w_all = _broadcast_weight(weight) if plan.weight_resident else None
-    inputs = _Inputs(dy, x, weight, w_all, rstd.reshape((M, 1)), dh_out, offset)
-    grads = _ParamGrads(_column_sum_accumulators(N) if dweight is not None else None,
+    inputs = StreamedInputs(dy, x, weight, w_all, rstd.reshape((M, 1)), dh_out, offset)
+    grads = StreamedParamGrads(_column_sum_accumulators(N) if dweight is not None else None,
                         _column_sum_accumulators(N) if dbias is not None else None,
                         nl.ones((P, 1), dtype=nl.float32), nl.ones((P, 1), dtype=dy.dtype))
 

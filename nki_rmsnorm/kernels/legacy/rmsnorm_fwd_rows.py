@@ -12,21 +12,9 @@ double-buffers them (the SBUF budget counts two).
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 from nki_rmsnorm.kernels.legacy import rmsnorm_fwd_steps as steps
 from nki_rmsnorm.nki import nisa, nl
-
-
-class _Resident(NamedTuple):
-    """On-chip tiles every row tile reads: the weight (broadcast across the partitions
-    for the Vector engine, or the Tensor engine's moving row(s)); the broadcast bias; the
-    transpose identity ("tensor") or the ones row that broadcasts the weight ("scalar")."""
-
-    scale: object
-    shift: object
-    ident: object
-    ones: object
+from nki_rmsnorm.plan.forward import RowsResident, RowViews
 
 
 def rows_resident(plan, k, hbm, eps, offset):
@@ -49,28 +37,18 @@ def rows_resident(plan, k, hbm, eps, offset):
     ones = nl.full((1, parts), 1.0, dtype=plan.scale_dtype) if engine == "scalar" else None
     shift = (steps.broadcast_row(hbm.bias.reshape((1, N))[i_0, i_n], parts, plan.bias_dtype)
              if hbm.bias is not None else None)
-    resident = _Resident(scale, shift, ident, ones)
+    resident = RowsResident(scale, shift, ident, ones)
 
     # k consecutive rows are one row of these views: one contiguous run per partition.
-    views = _RowViews(*(None if t is None else t.reshape((M // k, k * N))
-                        for t in (hbm.x, hbm.residual, hbm.y, hbm.h)),
-                      hbm.rstd.reshape((M // k, k)))
+    views = RowViews(*(None if t is None else t.reshape((M // k, k * N))
+                       for t in (hbm.x, hbm.residual, hbm.y, hbm.h)),
+                     hbm.rstd.reshape((M // k, k)))
     groups = M // k
     full_tiles = groups // P
     for t in nl.affine_range(full_tiles):
         _row_tile(plan, views, resident, eps, t * P, P, k, N)
     if groups % P:
         _row_tile(plan, views, resident, eps, full_tiles * P, groups % P, k, N)
-
-
-class _RowViews(NamedTuple):
-    """The HBM tensors viewed as (M / k, k·N) (rstd as (M / k, k))."""
-
-    x: object
-    residual: object
-    y: object
-    h: object
-    rstd: object
 
 
 def _row_tile(plan, views, resident, eps, group0, parts, k, N):

@@ -34,8 +34,6 @@ partitions when too long for SBUF) here, the streamed one (rows that fit neither
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import numpy as np
 
 from nki_rmsnorm.kernels.nki06._nki import nisa, nki, nl, usable_sbuf_bytes
@@ -50,7 +48,10 @@ from nki_rmsnorm.plan.backward import (
     MAX_HIDDEN,
     PSUM_BANK_COLS,
     SPLIT,
+    BwdConstants,
     BwdDtypes,
+    BwdTile,
+    BwdTileSlots,
     make_plan,
 )
 
@@ -138,7 +139,7 @@ def _rows_backward(plan, dy, x, weight, rstd, dh_out, dx, dweight, dbias, offset
         [nl.ndarray((P, plan.group), dtype=nl.float32) for _ in range(plan.ring)],
         [nl.ndarray((P, plan.group), dtype=x.dtype) for _ in range(plan.ring)],
     )
-    slots = _TileSlots(
+    slots = BwdTileSlots(
         [nl.ndarray((plan.stationary_rows, SPLIT, P), dtype=nl.bfloat16) for _ in range(2)],
         [nl.ndarray((P, consts.table_cols.shape[2]), dtype=nl.float32) for _ in range(2)],
         [nl.ndarray((P, plan.n_groups), dtype=nl.float32) for _ in range(2)],
@@ -205,20 +206,6 @@ def _column_sum_columns(plan):
 
 
 # --- setup ---------------------------------------------------------------------------------
-class _Consts(NamedTuple):
-    """Tiles built once: the moving rows of w', the column-sum moving operands, PSUM
-    accumulators (lists of banks), the HBM tables of per-tile rstd operands."""
-
-    w_rows: object  # (kw·fold, L) bf16
-    w_lazy: object  # the bf16 weight (HBM) whose rows the first row tile loads, or None
-    dweight_moving: object  # (P, fold) fp32 0/1 fold mask (llama / none), or None
-    dbias_moving: object  # (P, fold) 0/1 in dy's dtype, or None
-    dweight_acc: list | None
-    dbias_acc: list | None
-    table_rows: object  # HBM (tiles, kw·fold, SPLIT, P) bf16
-    table_cols: object  # HBM (tiles, P, n_cols) fp32: rstd, −rstd²/N (, masked rstd)
-
-
 def _constants(plan, M, N, dy, weight, rstd, offset, want_dweight, want_dbias):
     P = nl.tile_size.pmax
     f = plan.fold
@@ -233,7 +220,7 @@ def _constants(plan, M, N, dy, weight, rstd, offset, want_dweight, want_dbias):
         dbias_moving = nl.load(nl.shared_constant(fold_mask.astype(_numpy_dtype(dy.dtype))))
     n_cols = 2 + (f if (want_dweight and not plan.round_xhat and f > 1) else 0)
     table_rows, table_cols = _rstd_tables(plan, M, N, rstd, n_cols)
-    return _Consts(
+    return BwdConstants(
         _weight_rows(plan, N, weight, offset),
         weight if plan.kw == 1 else None,
         dweight_moving,
@@ -340,30 +327,9 @@ def _column_sum_accumulators(plan):
 
 
 # --- the pipeline steps ---------------------------------------------------------------------
-class _TileSlots(NamedTuple):
-    """Per-row-tile operands carried from a tile's statistic pass to its gradient pass, two
-    of each (tile t uses slot t mod 2): the stationary rows of a (kw·fold, SPLIT, P) bf16,
-    the rstd columns (P, n_cols) fp32, the group partials of Σ p1·x (P, n_groups) and −k
-    (P, 1)."""
-
-    rows: list
-    cols: list
-    partials: list
-    negk: list
-
-
-class _Tile(NamedTuple):
-    v0: int  # first view row (local)
-    p: int  # partitions
-    rows: object
-    cols: object
-    partials: object
-    negk: object
-
-
 def _tile_view(slots, t, p):
     slot = t % 2
-    return _Tile(
+    return BwdTile(
         t * nl.tile_size.pmax,
         p,
         slots.rows[slot][:, :, 0:p],

@@ -17,35 +17,17 @@ Differences from the legacy code, forced or allowed by 0.6:
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 from nki_rmsnorm.kernels.nki06._nki import nisa, nl, usable_sbuf_bytes
-from nki_rmsnorm.plan.backward import CHUNK_COLS, PSUM_BANK_COLS, make_streamed_plan
+from nki_rmsnorm.plan.backward import (
+    CHUNK_COLS,
+    PSUM_BANK_COLS,
+    StreamedInputs,
+    StreamedParamGrads,
+    make_streamed_plan,
+)
 
 #: ``sendrecv`` pipe of the LNC=2 column-sum exchange.
 COLUMN_SUM_PIPE = 1
-
-
-class _Inputs(NamedTuple):
-    """The kernel's HBM operands and scalars, plus the resident weight broadcast (or None)."""
-
-    dy: object
-    x: object
-    weight: object
-    w_all: object
-    rstd: object  # (M, 1) view
-    dh_out: object
-    offset: float
-
-
-class _ParamGrads(NamedTuple):
-    """PSUM column-sum accumulators (lists of banks; None when not wanted) and the ones
-    vectors that feed them to the Tensor engine."""
-
-    dweight: list | None
-    dbias: list | None
-    ones_f32: object
-    ones_dy: object
 
 
 def streamed_backward(
@@ -66,8 +48,8 @@ def streamed_backward(
     )
     ones_w = None if weight is None else _ones_row(weight.dtype)
     w_all = _broadcast_weight(weight, ones_w) if plan.weight_resident else None
-    inputs = _Inputs(dy, x, weight, w_all, rstd.reshape((M, 1)), dh_out, offset)
-    grads = _ParamGrads(
+    inputs = StreamedInputs(dy, x, weight, w_all, rstd.reshape((M, 1)), dh_out, offset)
+    grads = StreamedParamGrads(
         _column_sum_accumulators(N) if dweight is not None else None,
         _column_sum_accumulators(N) if dbias is not None else None,
         nl.ones((P, 1), dtype=nl.float32),

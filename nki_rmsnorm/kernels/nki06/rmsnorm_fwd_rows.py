@@ -11,21 +11,9 @@ prepares the weight (and bias) itself, so those are read once per core.
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 from nki_rmsnorm.kernels.nki06 import rmsnorm_fwd_steps as steps
 from nki_rmsnorm.kernels.nki06._nki import nisa, nl
-
-
-class _Resident(NamedTuple):
-    """On-chip tiles every row tile reads: the weight (broadcast across the partitions
-    for the Vector engine, or the Tensor engine's moving row(s)); the broadcast bias; the
-    transpose identity ("tensor") or the ones row that broadcasts the weight ("scalar")."""
-
-    scale: object
-    shift: object
-    ident: object
-    ones: object
+from nki_rmsnorm.plan.forward import RowsResident, RowViews
 
 
 def rows_resident(plan, k, hbm, eps, offset):
@@ -54,10 +42,10 @@ def rows_resident(plan, k, hbm, eps, offset):
     shift = None
     if hbm.bias is not None:
         shift = steps.broadcast_row(hbm.bias.reshape((1, N)), parts, plan.bias_dtype)
-    resident = _Resident(scale, shift, ident, ones)
+    resident = RowsResident(scale, shift, ident, ones)
 
     # k consecutive rows are one row of these views: one contiguous run per partition.
-    views = _RowViews(
+    views = RowViews(
         *(
             None if t is None else t.reshape((M // k, k * N))
             for t in (hbm.x, hbm.residual, hbm.y, hbm.h)
@@ -73,16 +61,6 @@ def rows_resident(plan, k, hbm, eps, offset):
         _row_tile(plan, views, resident, eps, t * P, P, k, N)
     if groups % P and core == cores - 1:
         _row_tile(plan, views, resident, eps, full_tiles * P, groups % P, k, N)
-
-
-class _RowViews(NamedTuple):
-    """The HBM tensors viewed as (M / k, k·N) (rstd as (M / k, k))."""
-
-    x: object
-    residual: object
-    y: object
-    h: object
-    rstd: object
 
 
 def _row_tile(plan, views, resident, eps, group0, parts, k, N):
