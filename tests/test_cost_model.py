@@ -117,8 +117,12 @@ def test_dependent_chain_costs_the_measured_initiation_interval():
         b.op("act", "activation", 1, [value], [nxt], op="copy")
         value = nxt
     sched = b.run()
-    interval = (sched.start_us[9] - sched.start_us[0]) / 9
+    # the first instruction reads a tile no instruction wrote: the chain starts at the second
+    interval = (sched.start_us[9] - sched.start_us[1]) / 8
     assert interval == pytest.approx(_us(264, "act", "trn1"))  # 189 ns (S4 L424-429)
+    static = _const("dependent_overhead_cycles", "trn1")  # D S1 L403: the engine is busy
+    assert _duration(sched, 1) == pytest.approx(_us(64 + static, "act", "trn1"))
+    assert _duration(sched, 0) == pytest.approx(_us(64, "act", "trn1"))
 
 
 def test_list_scheduling_fills_a_dependency_bubble_with_independent_work():
@@ -130,9 +134,43 @@ def test_list_scheduling_fills_a_dependency_bubble_with_independent_work():
     in_order = b.run(overrides={"schedule_window": 1})
     listed = b.run()
     work = 3 * _us(1024, "dve", "trn1")
-    assert in_order.latency_us == pytest.approx(work + _us(200, "dve", "trn1"))
-    assert listed.latency_us == pytest.approx(work)
+    # in order, the consumer runs right after its producer: it waits for the producer's
+    # pipeline to drain and pays the static overhead of a dependent instruction (S1 L403)
+    drain = _const("dependent_latency_cycles", "trn1")
+    static = _const("dependent_overhead_cycles", "trn1")
+    assert in_order.latency_us == pytest.approx(work + _us(drain + static, "dve", "trn1"))
+    assert _duration(in_order, 1) == pytest.approx(_us(1024 + static, "dve", "trn1"))
+    assert listed.latency_us == pytest.approx(work)  # not back to back: neither cost
     assert listed.start_us[2] < listed.start_us[1]  # the independent one ran in the gap
+
+
+def test_a_repeated_tensor_tensor_on_the_same_operands_is_elided():
+    b = TraceBuilder()
+    x, y, first, again = b.tile(), b.tile(), b.tile(), b.tile()
+    b.op("dve", "tensor_tensor", 1024, [x, y], [first], op="multiply")
+    b.op("dve", "tensor_tensor", 1024, [x, y], [again], op="multiply")  # same value
+    b.op("act", "activation", 1024, [again], [b.tile()], op="exp")
+    sched = b.run()
+    assert _duration(sched, 1) == 0.0  # the compiler reuses the first result
+    assert sched.busy_us["dve"] == pytest.approx(_us(2 * 1024, "dve", "trn1"))
+    assert sched.start_us[2] >= sched.end_us[0]  # its reader waits for the first one
+
+
+@pytest.mark.parametrize("change", ["other op", "operand rewritten", "in place",
+                                    "result overwritten"])
+def test_tensor_tensor_is_recomputed_when_the_value_may_differ(change):
+    b = TraceBuilder()
+    x, y, first = b.tile(), b.tile(), b.tile()
+    b.op("dve", "tensor_tensor", 1024, [x, y], [first], op="multiply")
+    if change == "operand rewritten":
+        b.op("act", "activation", 1024, [b.tile()], [y], op="exp")
+    if change == "result overwritten":
+        b.op("act", "activation", 1024, [b.tile()], [first], op="exp")
+    out = x if change == "in place" else b.tile()
+    b.op("dve", "tensor_tensor", 1024, [x, y], [out],
+         op="add" if change == "other op" else "multiply")
+    sched = b.run()
+    assert _duration(sched, len(b.trace) - 1) >= _us(2 * 1024, "dve", "trn1")
 
 
 def test_nc_v2_shares_the_sbuf_port_between_vector_and_gpsimd():
@@ -265,7 +303,9 @@ def test_partition_broadcast_is_a_psum_operand_only_when_it_fits_a_bank(n, engin
          max_stride_bytes=4)
     sched = b.run()
     assert sched.resource[0] == engine
-    assert _duration(sched, 1) == pytest.approx(_us(reader_cycles, "dve", "trn1"))
+    # a reader right after its producer on the Vector engine pays the dependent overhead
+    static = _const("dependent_overhead_cycles", "trn1") if engine == "dve" else 0
+    assert _duration(sched, 1) == pytest.approx(_us(reader_cycles + static, "dve", "trn1"))
     if engine == "dve":  # the copy out of PSUM: one PSUM input, N cycles
         assert _duration(sched, 0) == pytest.approx(_us(n, "dve", "trn1"))
 

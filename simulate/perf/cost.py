@@ -29,10 +29,17 @@ What the model assumes
   (``schedule(..., by_address=True)`` tracks on-chip addresses instead; the simulator's
   allocator hands a freed address out at once, which pins loops to about two buffers and
   makes small tiles wait for unrelated ones that held their address before.) A consumer on
-  the same engine waits ``D_raw`` cycles after its producer ends (pipeline drain; fits the
-  measured 264-cycle chain of dependent 1-element activations); a consumer on another
-  engine waits a semaphore latency; PE accumulation into the same PSUM tile chains with no
-  wait.
+  the same engine waits ``dependent_latency_cycles`` after its producer ends (pipeline
+  drain), and an ACT/DVE instruction that runs right after its producer pays the documented
+  static overhead of a dependent instruction (``dependent_overhead_cycles``, engine busy);
+  together with MIN_II they make the measured 264-cycle chain of dependent 1-element
+  activations. A consumer on another engine waits a semaphore latency; PE accumulation into
+  the same PSUM tile chains with no wait.
+* **Compiler reuse.** A ``tensor_tensor`` that recomputes the value of an earlier one (same
+  op, same operand regions written by the same instructions, the earlier result unmodified)
+  is elided, as common-subexpression elimination after loop unrolling does (evidence: the
+  fused-Mamba tutorial's Vector-engine event counts and busy time, see
+  ``_common_subexpression``).
 * **Scheduling.** Whenever an engine (or DMA queue) is free it starts, among the next
   ``schedule_window`` instructions of its program-order stream, the first one whose inputs
   are ready, or else the one ready soonest (list scheduling, as the compiler's static
@@ -68,9 +75,9 @@ What the model assumes
 What the model ignores: instruction fetch, ACT table loads, SBUF bank conflicts beyond the
 NC-v2 ports, spills and buffer starvation (the simulator raises when SBUF is full), DVE/Pool
 bus arbitration on v3/v4, HBM page effects, round-robin sharing of a DMA engine between
-queues, and anything the compiler would rewrite (fusion, hoisting). It is deterministic.
-Over 15 published measurements it is within 26 % (median 17 %); fixed costs (DMA setup,
-semaphores) are ±50-100 %; see ``docs/calibration.md``.
+queues, and compiler rewrites other than the reuse above (fusion, hoisting). It is
+deterministic. See ``docs/calibration.md`` for how far it is from every published
+measurement; fixed costs (DMA setup, semaphores) are ±50-100 %.
 """
 
 from __future__ import annotations
@@ -91,7 +98,12 @@ CONSTANTS: dict[str, tuple[float, float, float]] = {
     "pool_clock_ghz": (1.4, 1.2, 1.2),  # D same
     # per-instruction rules, engine cycles
     "min_ii_cycles": (64, 64, 64),  # D S10 (every ACT/DVE cost); v3/v4 same: I
-    "dependent_latency_cycles": (200, 200, 200),  # D→ S4 L424-429: 264-cycle RAW chain - MIN_II
+    # an ACT/DVE instruction reading the output of the one before it on its engine: D S1
+    # L400-404 "add a static instruction overhead of 100 engine cycles" (engine busy), and
+    # its start waits for the producer's pipeline to drain: I, the rest of the measured
+    # 264-cycle chain of dependent 1-element activations (S4 L424-429: 64 + 100 + 100)
+    "dependent_overhead_cycles": (100, 100, 100),
+    "dependent_latency_cycles": (100, 100, 100),
     "act_read_accumulator_cycles": (64, 64, 64),  # D S1 L492
     "pool_start_cycles": (150, 150, 150),  # D S10 L289-292, L565-567 (GPSIMD_START)
     "pe_stationary_floor": (64, 64, 64),  # D S10 L896-915: max(min(64, N_st), N_mov)
@@ -413,6 +425,10 @@ def schedule(trace: Trace, target=None, overrides=None, by_address=False) -> Sch
     mm_init = table.mm_init_latency_cycles / (table.pe_clock_ghz * 1000.0)
     clocks = [table.clock_ghz(e) * 1000.0 for e in COMPUTE_ENGINES]  # cycles per us
     dep_lat = [table.dependent_latency_cycles / c for c in clocks]
+    dep_overhead = [table.dependent_overhead_cycles / c if e in ("act", "dve") else 0.0
+                    for e, c in zip(COMPUTE_ENGINES, clocks)]
+    feeds: list = []  # per node: its read-after-write producers on its own ACT/DVE engine
+    computed: dict[tuple, int] = {}  # value key of a tensor_tensor -> the instruction
 
     # node arrays: instructions 0..n-1, then barrier nodes
     res: list[int] = []
@@ -521,7 +537,12 @@ def schedule(trace: Trace, target=None, overrides=None, by_address=False) -> Sch
             if not documented:
                 unmodeled[f"{engine}.{inst.opcode}"] = unmodeled.get(
                     f"{engine}.{inst.opcode}", 0) + 1
-            dur.append(cycles / clocks[r])
+            duration = cycles / clocks[r]
+            original = _common_subexpression(i, inst, engine, core, computed, tracker)
+            if original is not None:  # the compiler keeps the earlier result: no instruction
+                duration = 0.0
+                deps[original] = True
+            dur.append(duration)
             touches_psum = any(ops.psum) or ops.out_psum
             port = 2 * core  # each core's SBUF (+0) and PSUM (+1) port
             if not ports_on:
@@ -536,6 +557,8 @@ def schedule(trace: Trace, target=None, overrides=None, by_address=False) -> Sch
                 ports.append(())
             r += offset
         res.append(r)
+        feeds.append(None if engine == "dma" or not dur[i] or not dep_overhead[r % per_core]
+                      else frozenset(p for p, raw in deps.items() if raw and res[p] == r))
 
         edges = {}
         for p, raw in deps.items():
@@ -571,8 +594,38 @@ def schedule(trace: Trace, target=None, overrides=None, by_address=False) -> Sch
         preds.append(dict.fromkeys(members, 0.0))
         res.append(_BARRIER)
         core_of.append(0)
+    feeds.extend([None] * len(barrier_preds))
     return _list_schedule(table, insts, res, dur, preds, ports, dma_info, total, window,
-                          unmodeled, dma_class, lnc, core_of)
+                          unmodeled, dma_class, lnc, core_of, (feeds, dep_overhead))
+
+
+def _common_subexpression(index, inst, engine, core, computed, tracker):
+    """The earlier instruction that computed the same value as ``inst``, if the compiler
+    would reuse its result instead (common-subexpression elimination after unrolling).
+
+    Only ``tensor_tensor`` qualifies: its two operands are tiles and its op is recorded, so
+    equal operand regions with equal writers mean an equal value (other opcodes take
+    immediates the trace does not keep). The earlier result must still be unmodified.
+    Evidence (I): the fused-Mamba tutorial's v3 profile counts 39,695 Vector-engine events
+    for 8,192 (channel tile, state, chunk) steps, fewer than the five Vector instructions
+    per step its kernel issues; its state-invariant ``delta·u`` is the repeated one (S11
+    fused_mamba.rst@81ce03ae L844-853, figure mamba_v3.png), and v2's Vector engine is
+    active 3.07 us per step, less than the 3.66 us the documented costs give without it."""
+    if inst.opcode != "tensor_tensor" or len(inst.reads) != 2 or None in inst.reads:
+        return None
+    writes = {(w.memory, w.storage) for w in inst.writes}
+    if any((r.memory, r.storage) in writes for r in inst.reads):
+        return None  # in place: the value read is not the value written
+    operands = tuple((r.memory, r.storage, r.start, r.stop, r.partitions,
+                      tuple(sorted(set(tracker.writers_of(r, tracker._keys(r))))))
+                     for r in inst.reads)
+    key = (core, engine, inst.out_dtype, repr(inst.details.get("op")), operands)
+    earlier = computed.get(key)
+    if earlier is not None and all(
+            set(tracker.writers_of(w, tracker._keys(w))) == {earlier[0]} for w in earlier[1]):
+        return earlier[0]
+    computed[key] = (index, inst.writes)
+    return None
 
 
 # instructions that meet their twin on the other physical core of an LNC=2 launch
@@ -663,7 +716,12 @@ def _dma_plan(inst, table: CostTable):
 
 
 def _list_schedule(table, insts, res, dur, preds, ports, dma_info, total, window, unmodeled,
-                   dma_class, lnc, core_of):
+                   dma_class, lnc, core_of, dependent):
+    """List-schedule the nodes. ``dependent`` = (per node: its read-after-write producers on
+    its own ACT/DVE engine, per resource: the static overhead in us an instruction pays when
+    it runs right after one of them)."""
+    feeds, overhead_of = dependent
+    last_run = [-1] * (lnc * (len(COMPUTE_ENGINES) + int(table.dma_queues)))
     n = len(insts)
     n_compute = len(COMPUTE_ENGINES)
     per_core = n_compute + int(table.dma_queues)
@@ -779,8 +837,13 @@ def _list_schedule(table, insts, res, dur, preds, ports, dma_info, total, window
             dma_intervals[dma_class[i]].append((t, data_end))
             core_dma_intervals[core_of[i]].append((t, data_end))
         else:
-            end[i] = finish[i] = free[r] = t + dur[i]
-            busy[r] += dur[i]
+            took = dur[i]
+            if feeds[i] is not None:  # elided instructions (no duration) have no feeds
+                if last_run[r] in feeds[i]:
+                    took += overhead_of[r % per_core]
+                last_run[r] = i
+            end[i] = finish[i] = free[r] = t + took
+            busy[r] += took
             for p in ports[i]:
                 port_free[p] = end[i]
                 dirty.update(port_users[p])
