@@ -37,6 +37,8 @@ GOAL_MIN_N = 2048
 
 
 def _number(value: float, unit: str) -> str:
+    if unit == "ratio":  # a throughput relative to a reference point
+        return f"{value:.1%}"
     if unit == "us" and value >= 1000:
         return f"{value / 1000:,.2f} ms"
     return f"{value:,.1f} µs" if value >= 100 else f"{value:,.3f} µs"
@@ -52,8 +54,8 @@ def calibration_table(points: list[dict]) -> str:
     for p in points:
         flag = "" if p["asserted"] else " (reported, not asserted)"
         lines.append(
-            f"| {p['case']}{flag} | {p['target']} | {_number(p['measured'], 'us')} | "
-            f"{_number(p['model'], 'us')} | {p['error']:+.1%} | {p['how']} | "
+            f"| {p['case']}{flag} | {p['target']} | {_number(p['measured'], p['unit'])} | "
+            f"{_number(p['model'], p['unit'])} | {p['error']:+.1%} | {p['how']} | "
             f"{p['source']} |"
         )
     errors = [abs(p["error"]) for p in points if p["asserted"]]

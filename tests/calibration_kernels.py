@@ -46,6 +46,20 @@ def exp_rows(a):
 
 
 @nki.jit
+def load_stream(a, chunk: int):
+    """Loads of ``a`` [P, F] one ``[P, chunk]`` column block after another, each its own
+    ``dma_copy`` from the same tensor (so on one queue), into one SBUF tile; returns the
+    first column of the last block. The DMA overview's throughput-vs-size sweep."""
+    P, F = a.shape
+    out = nl.ndarray((P, 1), dtype=a.dtype, buffer=nl.shared_hbm)
+    blocks = nl.ndarray((F // chunk, nl.par_dim(P), chunk), dtype=a.dtype, buffer=nl.sbuf)
+    for j in nl.affine_range(F // chunk):
+        blocks[j] = nl.load(a[:, j * chunk:(j + 1) * chunk])
+    nl.store(out, value=blocks[F // chunk - 1, :, 0:1])
+    return out
+
+
+@nki.jit
 def dependent_activations(a, chain: int):
     """``chain`` back-to-back Scalar-engine ``activation`` instructions on a ``[P, 1]`` tile,
     each reading the previous one's output (the RAW chain the NKI performance guide times)."""
@@ -452,6 +466,42 @@ def calibrate_dma_and_exp() -> list[CalibrationPoint]:
     return points
 
 
+# S6's chart of DMA throughput vs bytes per partition (P = 128), relative to 32 KiB; its
+# y axis has no labels, so the values are pixel readings (I, ±3 %; hw_cost_facts §3b)
+_DMA_SIZE_CHART = {256: 0.103, 1024: 0.424, 2048: 0.813, 4096: 0.966}
+
+
+def calibrate_dma_size_curve() -> list[CalibrationPoint]:
+    """The DMA overview's throughput curve (S6 ``nki-dma-intro-1.jpg``, a Trn2 page; the
+    target is not stated): a stream of ``[128, F]`` bf16 loads on one queue, throughput at
+    F bytes per partition relative to 32 KiB. Reported, not asserted: the trn2 fixed cost per
+    transfer is fitted to its linear part."""
+    rng = np.random.default_rng(8)
+
+    def rate(free_bytes):
+        chunk = free_bytes // 2
+        count = max(3, min(16, 96 * 1024 // free_bytes))
+        a = rng.standard_normal((128, chunk * count)).astype(bfloat16)
+        out, trace, prof = _profile(load_stream, a, chunk, target="trn2")
+        error = _relative_error(out, np.asarray(a, np.float64)[:, -chunk:-chunk + 1])
+        loads = [i for i, x in enumerate(trace.instructions) if x.engine == "dma"
+                 and x.dma_direction.startswith("hbm")]
+        sched = prof.schedule
+        per_load = (sched.end_us[loads[-1]] - sched.end_us[loads[0]]) / (len(loads) - 1)
+        return 128 * free_bytes / per_load, error
+
+    full = rate(32768)[0]
+    points = []
+    for free_bytes, measured in _DMA_SIZE_CHART.items():
+        achieved, error = rate(free_bytes)
+        points.append(CalibrationPoint(
+            f"DMA throughput at {free_bytes} B per partition, relative to 32 KiB", "trn2",
+            measured, achieved / full, "ratio", "S6 nki-dma-intro-1.jpg (I, read off)",
+            "steady-state rate of back-to-back [128, F] loads on one queue",
+            asserted=False, output_error=error))
+    return points
+
+
 def calibrate_dependent_chain(chain: int = 64) -> list[CalibrationPoint]:
     """The performance guide's chain of dependent 1-element activations on NC-v2 (189 ns per
     instruction). ``dependent_latency_cycles`` is fitted to this point, so it checks the
@@ -633,8 +683,9 @@ def _mamba_point(kernel, seq, case, measured, source, rng, channels=4096, assert
 def calibrate_mamba() -> list[CalibrationPoint]:
     """The fused-Mamba tutorial (fp32, batch 1, 16 states, NC-v2) at 4096 channels: v1 at
     sequence 512 (2.34 ms), v2 at 512 (1.61 ms), v3 at 1K, 2K, 4K and 8K (3.3, 6.6, 13.3,
-    27.8 ms), and the toy v1 at 256 channels (172.93 µs device time; compared with the model's
-    latency plus the kernel launch cost, and not asserted: the launch cost is a guess)."""
+    27.8 ms), v2 at 1K (4.4 ms; at 8K the compiler spilled); not asserted: the toy
+    v1 at 256 channels (172.93 µs device time, compared with the model's latency plus the
+    kernel launch cost, which is a guess)."""
     rng = np.random.default_rng(4)
     source = "S11 fused_mamba.rst@81ce03ae"
     points = [
@@ -647,6 +698,12 @@ def calibrate_mamba() -> list[CalibrationPoint]:
         points.append(_mamba_point(
             mamba_seq_chunked, seq, f"Mamba v3 (seq tiled), 4096 ch, seq {seq}", measured,
             source + (" L853" if seq == 8192 else " L860-925"), rng))
+    # v2 at 1K: its B and C rows (4 KiB of fp32 per partition once broadcast) no longer fit
+    # a PSUM bank. (At 8K the tutorial's profile shows the compiler spilling SBUF to HBM,
+    # L752-767, and our kernel does not fit the simulator's SBUF: not reproducible.)
+    points.append(_mamba_point(
+        mamba_channel_outer, 1024, "Mamba v2 (channels outer), 4096 ch, seq 1024", 4400.0,
+        source + " L860-925", rng))
     inputs = _mamba_inputs(rng, 256, 512)
     out, _, prof = _profile(mamba_state_outer, *inputs, target="trn1")
     launch = prof_constant("trn1", "kernel_launch_us")
@@ -659,7 +716,8 @@ def calibrate_mamba() -> list[CalibrationPoint]:
     return points
 
 
-CALIBRATIONS = (calibrate_dma_and_exp, calibrate_dma_trn1, calibrate_dependent_chain,
+CALIBRATIONS = (calibrate_dma_and_exp, calibrate_dma_trn1, calibrate_dma_size_curve,
+                calibrate_dependent_chain,
                 calibrate_matmul_steps, calibrate_matmul, calibrate_mamba, calibrate_layernorm)
 
 

@@ -133,14 +133,14 @@ def test_list_scheduling_fills_a_dependency_bubble_with_independent_work():
     b.op("dve", "tensor_scalar", 1024, [b.tile()], [b.tile()], op=["add"])
     in_order = b.run(overrides={"schedule_window": 1})
     listed = b.run()
-    work = 3 * _us(1024, "dve", "trn1")
-    # in order, the consumer runs right after its producer: it waits for the producer's
-    # pipeline to drain and pays the static overhead of a dependent instruction (S1 L403)
-    drain = _const("dependent_latency_cycles", "trn1")
-    static = _const("dependent_overhead_cycles", "trn1")
-    assert in_order.latency_us == pytest.approx(work + _us(drain + static, "dve", "trn1"))
-    assert _duration(in_order, 1) == pytest.approx(_us(1024 + static, "dve", "trn1"))
-    assert listed.latency_us == pytest.approx(work)  # not back to back: neither cost
+    # the consumer reads the output of the instruction before it (program order): it pays
+    # the static overhead of a dependent instruction either way (S1 L403), and in order it
+    # also waits for the producer's pipeline to drain
+    work = 3 * _us(1024, "dve", "trn1") + _us(_const("dependent_overhead_cycles", "trn1"),
+                                              "dve", "trn1")
+    drain = _us(_const("dependent_latency_cycles", "trn1"), "dve", "trn1")
+    assert in_order.latency_us == pytest.approx(work + drain)
+    assert listed.latency_us == pytest.approx(work)
     assert listed.start_us[2] < listed.start_us[1]  # the independent one ran in the gap
 
 
@@ -303,7 +303,7 @@ def test_partition_broadcast_is_a_psum_operand_only_when_it_fits_a_bank(n, engin
          max_stride_bytes=4)
     sched = b.run()
     assert sched.resource[0] == engine
-    # a reader right after its producer on the Vector engine pays the dependent overhead
+    # a reader of the instruction before it on the Vector engine pays the dependent overhead
     static = _const("dependent_overhead_cycles", "trn1") if engine == "dve" else 0
     assert _duration(sched, 1) == pytest.approx(_us(reader_cycles + static, "dve", "trn1"))
     if engine == "dve":  # the copy out of PSUM: one PSUM input, N cycles
@@ -401,6 +401,44 @@ def test_transfers_of_one_tensor_queue_up_and_different_tensors_overlap():
     fixed = _const("dma_fixed_us", "trn1")
     assert fixed == 1.3  # no hardware DGE on NeuronCore-v2: S5's ~1300 ns per transfer
     assert sched.start_us == pytest.approx([0.0, fixed, 0.0])
+
+
+def test_dma_engines_serve_their_queues_round_robin():
+    # 4 partitions: one DMA engine. A long load on one queue (tensor), then a short one on
+    # another: the short one interleaves with the long one instead of waiting behind it
+    # (S6 nki-dma-overview.rst L29); a second short one on the same queue as the first
+    # short one runs after it, in order.
+    b = TraceBuilder("trn1")
+    big, small = b.hbm(1 << 22), b.hbm(1 << 20)
+    b.dma("hbm->sbuf", 4 * 65536, 4, [big], [b.tile(65536, partitions=4)])
+    b.dma("hbm->sbuf", 4 * 2048, 4, [small], [b.tile(2048, partitions=4)])
+    b.dma("hbm->sbuf", 4 * 2048, 4, [small], [b.tile(2048, partitions=4)])
+    sched = b.run()
+    rate = _const("dma_engine_peak_gbps", "trn1") * _const("dma_efficiency", "trn1") * 1000
+    fixed = _const("dma_fixed_us", "trn1")
+    long_share, short_share = 4 * 65536 / rate, 4 * 2048 / rate
+    assert sched.end_us[0] == pytest.approx(fixed + long_share)
+    assert sched.end_us[1] == pytest.approx(fixed + 2 * short_share)  # one turn each
+    assert sched.end_us[2] == pytest.approx(2 * fixed + 2 * short_share)  # its queue's next
+    assert sched.end_us[1] < sched.end_us[0]
+
+
+def test_round_robin_never_moves_more_than_the_dma_engines_rate():
+    # a copy: loads and stores (two queues) of the same 16 engines alternate
+    b = TraceBuilder("trn1")
+    source, target = b.hbm(1 << 26), b.hbm(1 << 26)
+    nbytes = 128 * 4096
+    for k in range(16):
+        tile = b.tile(4096)
+        b.dma("hbm->sbuf", nbytes, 128, [Region("hbm", source.storage, k * nbytes,
+                                                (k + 1) * nbytes)], [tile])
+        b.dma("sbuf->hbm", nbytes, 128, [tile], [Region("hbm", target.storage, k * nbytes,
+                                                       (k + 1) * nbytes)])
+    sched = b.run()
+    moved = 2 * 16 * nbytes / (max(sched.end_us) - _const("dma_fixed_us", "trn1")) / 1000
+    engines = 16 * _const("dma_engine_peak_gbps", "trn1") * _const("dma_efficiency", "trn1")
+    assert moved <= engines * 1.001  # GB/s
+    assert moved > 0.9 * engines
 
 
 def test_hbm_efficiency_caps_a_copy_below_the_pin_rate():

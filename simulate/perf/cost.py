@@ -30,11 +30,15 @@ What the model assumes
   allocator hands a freed address out at once, which pins loops to about two buffers and
   makes small tiles wait for unrelated ones that held their address before.) A consumer on
   the same engine waits ``dependent_latency_cycles`` after its producer ends (pipeline
-  drain), and an ACT/DVE instruction that runs right after its producer pays the documented
-  static overhead of a dependent instruction (``dependent_overhead_cycles``, engine busy);
-  together with MIN_II they make the measured 264-cycle chain of dependent 1-element
-  activations. A consumer on another engine waits a semaphore latency; PE accumulation into
-  the same PSUM tile chains with no wait.
+  drain), and an ACT/DVE instruction that reads the output of the instruction before it in
+  its engine's program order pays the documented static overhead of a dependent instruction
+  (``dependent_overhead_cycles``, engine busy); with MIN_II they make the measured 264-cycle
+  chain of dependent 1-element activations, and with the documented per-instruction costs
+  they give the Vector-engine busy time per step the fused-Mamba tutorial's profiles show
+  (v1 / v2 / v3: 4,528 / 3,474 / 3,454 cycles modeled, 4,718 / 3,434 / 3,590 read off).
+  The list scheduler below may start independent work in a drain wait, but the compiler's
+  instruction order decides the static overhead. A consumer on another engine waits a
+  semaphore latency; PE accumulation into the same PSUM tile chains with no wait.
 * **Compiler reuse.** A ``tensor_tensor`` that recomputes the value of an earlier one (same
   op, same operand regions written by the same instructions, the earlier result unmodified)
   is elided, as common-subexpression elimination after loop unrolling does (evidence: the
@@ -56,7 +60,12 @@ What the model assumes
   on the DMA engines that serve its partitions (8 partitions per engine, 16 engines), each
   at ``dma_engine_peak_gbps · dma_efficiency``, no faster than one descriptor (contiguous
   row) per ``dma_descriptor_ns``, with all HBM traffic capped at ``hbm_efficiency`` times
-  the core's HBM share. An engine serves transfers in the order they were issued.
+  the core's HBM share. An engine runs the transfers of one queue in order and serves its
+  queues round robin (S6 L29): a transfer's share on an engine ends after its own data
+  plus, from each other queue with work pending there, up to as much again (one turn each),
+  and that queue's next transfer on the engine starts as much later. (The end of a
+  transfer already under way is not pushed back: two equal transfers on two queues end at
+  1x and 2x rather than both at 2x, but the engine never moves more than its rate.)
   Consumers see the data ``dma_latency_us`` after issue plus the transfer time.
 * **LNC=2** (``Trace.lnc == 2``: an ``nki`` 0.6 ``kernel[2]``, or a legacy grid with an
   ``nl.nc(2)`` dimension, on trn2/trn3). Each instruction runs on its ``core``: the two
@@ -74,10 +83,10 @@ What the model assumes
 
 What the model ignores: instruction fetch, ACT table loads, SBUF bank conflicts beyond the
 NC-v2 ports, spills and buffer starvation (the simulator raises when SBUF is full), DVE/Pool
-bus arbitration on v3/v4, HBM page effects, round-robin sharing of a DMA engine between
-queues, and compiler rewrites other than the reuse above (fusion, hoisting). It is
-deterministic. See ``docs/calibration.md`` for how far it is from every published
-measurement; fixed costs (DMA setup, semaphores) are ±50-100 %.
+bus arbitration on v3/v4, HBM page effects, DMA QoS classes on v4, and compiler rewrites
+other than the reuse above (fusion, hoisting). It is deterministic. See
+``docs/calibration.md`` for how far it is from every published measurement; fixed costs
+(DMA setup, semaphores) are ±50-100 %.
 """
 
 from __future__ import annotations
@@ -98,8 +107,9 @@ CONSTANTS: dict[str, tuple[float, float, float]] = {
     "pool_clock_ghz": (1.4, 1.2, 1.2),  # D same
     # per-instruction rules, engine cycles
     "min_ii_cycles": (64, 64, 64),  # D S10 (every ACT/DVE cost); v3/v4 same: I
-    # an ACT/DVE instruction reading the output of the one before it on its engine: D S1
-    # L400-404 "add a static instruction overhead of 100 engine cycles" (engine busy), and
+    # an ACT/DVE instruction reading the output of the one before it on its engine (program
+    # order): D S1 L401-404 "add a static instruction overhead of 100 engine cycles" (busy;
+    # S1 L498-500: the same for ACT); fits the Mamba tutorial's Vector busy time per step; and
     # its start waits for the producer's pipeline to drain: I, the rest of the measured
     # 264-cycle chain of dependent 1-element activations (S4 L424-429: 64 + 100 + 100)
     "dependent_overhead_cycles": (100, 100, 100),
@@ -147,9 +157,13 @@ CONSTANTS: dict[str, tuple[float, float, float]] = {
     # published; a GPU device-to-device copy reaches ~85 % of nominal HBM bandwidth)
     "hbm_efficiency": (0.85, 0.85, 0.85),
     # per-transfer fixed cost on its queue: v2 has no hardware DGE, D S5 L39-42 "~1300 ns"
-    # per transfer (fits the matmul tutorial's hoist/block kernels); v3/v4 I S6 chart knee
-    # (0.7-0.85 us) and D S7 L124 (~600 ns per hardware-DGE DMA instruction)
-    "dma_fixed_us": (1.3, 0.75, 0.75),
+    # per transfer (fits the matmul tutorial's hoist/block kernels). v3: I, the S6 chart of
+    # DMA throughput vs bytes per partition (P=128; a Trn2 page, target not stated) rises
+    # linearly up to its knee, 2415 B per partition = 309 KB per transfer (1.4 % at 32 B ...
+    # 42.4 % at 1 KiB of the 32 KiB rate), i.e. a fixed 309 KB / 308 GB/s (the model's trn2
+    # ceiling) = 1.0 us per transfer. v4: 0.75, I (the chart knee at v3 rates, before the HBM
+    # cap; ~600 ns per hardware-DGE DMA instruction, D S7 L124); no v4 measurement exists
+    "dma_fixed_us": (1.3, 1.0, 0.75),
     "dma_latency_us": (1.3, 1.1, 1.1),  # D S5 L39-42 (~1300 ns); I S6 screenshots (1.0-1.3)
     "dma_descriptor_ns": (12.0, 12.0, 12.0),  # I S6: 97 ns per 8 descriptors of 256 B
     # partition broadcasts: a ones-matmul writes one PSUM bank (D S1 L170: 512 fp32 per partition)
@@ -427,7 +441,7 @@ def schedule(trace: Trace, target=None, overrides=None, by_address=False) -> Sch
     dep_lat = [table.dependent_latency_cycles / c for c in clocks]
     dep_overhead = [table.dependent_overhead_cycles / c if e in ("act", "dve") else 0.0
                     for e, c in zip(COMPUTE_ENGINES, clocks)]
-    feeds: list = []  # per node: its read-after-write producers on its own ACT/DVE engine
+    previous_on: dict[int, int] = {}  # resource -> its last (not elided) instruction
     computed: dict[tuple, int] = {}  # value key of a tensor_tensor -> the instruction
 
     # node arrays: instructions 0..n-1, then barrier nodes
@@ -542,6 +556,10 @@ def schedule(trace: Trace, target=None, overrides=None, by_address=False) -> Sch
             if original is not None:  # the compiler keeps the earlier result: no instruction
                 duration = 0.0
                 deps[original] = True
+            else:
+                if deps.get(previous_on.get(r + offset, -1)):
+                    duration += dep_overhead[r]  # reads the output of the one before it
+                previous_on[r + offset] = i
             dur.append(duration)
             touches_psum = any(ops.psum) or ops.out_psum
             port = 2 * core  # each core's SBUF (+0) and PSUM (+1) port
@@ -557,8 +575,6 @@ def schedule(trace: Trace, target=None, overrides=None, by_address=False) -> Sch
                 ports.append(())
             r += offset
         res.append(r)
-        feeds.append(None if engine == "dma" or not dur[i] or not dep_overhead[r % per_core]
-                      else frozenset(p for p, raw in deps.items() if raw and res[p] == r))
 
         edges = {}
         for p, raw in deps.items():
@@ -594,9 +610,8 @@ def schedule(trace: Trace, target=None, overrides=None, by_address=False) -> Sch
         preds.append(dict.fromkeys(members, 0.0))
         res.append(_BARRIER)
         core_of.append(0)
-    feeds.extend([None] * len(barrier_preds))
     return _list_schedule(table, insts, res, dur, preds, ports, dma_info, total, window,
-                          unmodeled, dma_class, lnc, core_of, (feeds, dep_overhead))
+                          unmodeled, dma_class, lnc, core_of)
 
 
 def _common_subexpression(index, inst, engine, core, computed, tracker):
@@ -606,11 +621,13 @@ def _common_subexpression(index, inst, engine, core, computed, tracker):
     Only ``tensor_tensor`` qualifies: its two operands are tiles and its op is recorded, so
     equal operand regions with equal writers mean an equal value (other opcodes take
     immediates the trace does not keep). The earlier result must still be unmodified.
-    Evidence (I): the fused-Mamba tutorial's v3 profile counts 39,695 Vector-engine events
-    for 8,192 (channel tile, state, chunk) steps, fewer than the five Vector instructions
-    per step its kernel issues; its state-invariant ``delta·u`` is the repeated one (S11
-    fused_mamba.rst@81ce03ae L844-853, figure mamba_v3.png), and v2's Vector engine is
-    active 3.07 us per step, less than the 3.66 us the documented costs give without it."""
+    Evidence (I, read off the fused-Mamba tutorial's profiles, S11 fused_mamba.rst@81ce03ae):
+    v3's (L846-854, mamba_v3.png) counts 39,695 Vector-engine events for 8,192 (channel
+    tile, state, chunk) steps, fewer than the five Vector instructions per step its kernel
+    issues; v2's (L724-732, mamba_v2.png) Vector engine is active 1.57 ms for 512 steps,
+    3.07 us each, less than the 3.66 us the documented costs give for its five. The
+    state-invariant ``delta·u`` is the repeated value; the compiler likewise dropped about
+    half of v1's repeated loads of delta and u (L590: reloaded "around 7 times", not 16)."""
     if inst.opcode != "tensor_tensor" or len(inst.reads) != 2 or None in inst.reads:
         return None
     writes = {(w.memory, w.storage) for w in inst.writes}
@@ -716,12 +733,7 @@ def _dma_plan(inst, table: CostTable):
 
 
 def _list_schedule(table, insts, res, dur, preds, ports, dma_info, total, window, unmodeled,
-                   dma_class, lnc, core_of, dependent):
-    """List-schedule the nodes. ``dependent`` = (per node: its read-after-write producers on
-    its own ACT/DVE engine, per resource: the static overhead in us an instruction pays when
-    it runs right after one of them)."""
-    feeds, overhead_of = dependent
-    last_run = [-1] * (lnc * (len(COMPUTE_ENGINES) + int(table.dma_queues)))
+                   dma_class, lnc, core_of):
     n = len(insts)
     n_compute = len(COMPUTE_ENGINES)
     per_core = n_compute + int(table.dma_queues)
@@ -750,7 +762,8 @@ def _list_schedule(table, insts, res, dur, preds, ports, dma_info, total, window
         port_users[2 * c] = (c * per_core + _DVE, c * per_core + _POOL)
         port_users[2 * c + 1] = (c * per_core + _DVE, c * per_core + _ACT)
     n_dma_engines = int(table.dma_engines)
-    dma_engine_free = [0.0] * (n_dma_engines * lnc)  # each core has its own DMA engines
+    # per DMA engine (each core has its own 16): queue -> when its last transfer there ends
+    queue_done_on: list[dict[int, float]] = [{} for _ in range(n_dma_engines * lnc)]
     hbm_free = 0.0
     # one HBM pool per logical core: LNC=2 cores share their bank (hbm_cores_per_pool)
     hbm_rate = table.hbm_share_gbps * table.hbm_efficiency * 1000.0  # bytes per us
@@ -820,30 +833,41 @@ def _list_schedule(table, insts, res, dur, preds, ports, dma_info, total, window
             plan, hbm_bytes = dma_info[i]
             base = core_of[i] * n_dma_engines
             free[r] = t + fixed
-            data_start = t + fixed
-            for e, _ in plan:
-                if dma_engine_free[base + e] > data_start:
-                    data_start = dma_engine_free[base + e]
-            data_end = data_start + max((s for _, s in plan), default=0.0)
+            data_start = data_end = t + fixed
+            first_byte = None
+            for e, share in plan:
+                done = queue_done_on[base + e]
+                begin = done.get(r, 0.0)  # in order within its queue on this engine
+                if begin < data_start:
+                    begin = data_start
+                # round robin between queues (S6 L29; v4 arbitrates by QoS class, which
+                # is not modeled): each other queue with work pending on this engine
+                # interleaves up to as much of it as this share
+                interleaved = 0.0
+                for q, until in done.items():
+                    if q != r and until > begin:
+                        turns = min(until - begin, share)
+                        interleaved += turns
+                        done[q] = until + turns  # its next transfer here starts later
+                done[r] = begin + share + interleaved
+                if done[r] > data_end:
+                    data_end = done[r]
+                if first_byte is None or begin < first_byte:
+                    first_byte = begin
+            if first_byte is not None:
+                data_start = first_byte
             if hbm_bytes:
                 hbm_start = hbm_free if hbm_free > data_start else data_start
                 hbm_free = hbm_start + hbm_bytes / hbm_rate
                 if hbm_free > data_end:
                     data_end = hbm_free
-            for e, _ in plan:
-                dma_engine_free[base + e] = data_end
             end[i] = data_end
             finish[i] = data_end + tail
             dma_intervals[dma_class[i]].append((t, data_end))
             core_dma_intervals[core_of[i]].append((t, data_end))
         else:
-            took = dur[i]
-            if feeds[i] is not None:  # elided instructions (no duration) have no feeds
-                if last_run[r] in feeds[i]:
-                    took += overhead_of[r % per_core]
-                last_run[r] = i
-            end[i] = finish[i] = free[r] = t + took
-            busy[r] += took
+            end[i] = finish[i] = free[r] = t + dur[i]
+            busy[r] += dur[i]
             for p in ports[i]:
                 port_free[p] = end[i]
                 dirty.update(port_users[p])
