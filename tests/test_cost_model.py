@@ -423,35 +423,32 @@ def test_dma_engines_serve_their_queues_round_robin():
     assert sched.end_us[1] < sched.end_us[0]
 
 
-def test_round_robin_never_moves_more_than_the_dma_engines_rate():
-    # a copy: loads and stores (two queues) of the same 16 engines alternate
-    b = TraceBuilder("trn1")
-    source, target = b.hbm(1 << 26), b.hbm(1 << 26)
-    nbytes = 128 * 4096
-    for k in range(16):
-        tile = b.tile(4096)
+def _copy_trace(target, blocks, bytes_per_partition):
+    """A copy through SBUF: ``blocks`` loads of [128, bytes_per_partition] from one HBM
+    tensor, each stored into another (loads and stores on two queues, the same engines)."""
+    b = TraceBuilder(target)
+    source, sink = b.hbm(1 << 26), b.hbm(1 << 26)
+    nbytes = 128 * bytes_per_partition
+    for k in range(blocks):
+        tile = b.tile(bytes_per_partition)
         b.dma("hbm->sbuf", nbytes, 128, [Region("hbm", source.storage, k * nbytes,
                                                 (k + 1) * nbytes)], [tile])
-        b.dma("sbuf->hbm", nbytes, 128, [tile], [Region("hbm", target.storage, k * nbytes,
-                                                       (k + 1) * nbytes)])
-    sched = b.run()
-    moved = 2 * 16 * nbytes / (max(sched.end_us) - _const("dma_fixed_us", "trn1")) / 1000
+        b.dma("sbuf->hbm", nbytes, 128, [tile], [Region("hbm", sink.storage, k * nbytes,
+                                                     (k + 1) * nbytes)])
+    return b
+
+
+def test_round_robin_never_moves_more_than_the_dma_engines_rate():
+    sched = _copy_trace("trn1", 16, 4096).run()
+    moved = 2 * 16 * 128 * 4096 / (max(sched.end_us) - _const("dma_fixed_us", "trn1")) / 1000
     engines = 16 * _const("dma_engine_peak_gbps", "trn1") * _const("dma_efficiency", "trn1")
     assert moved <= engines * 1.001  # GB/s
     assert moved > 0.9 * engines
 
 
 def test_hbm_efficiency_caps_a_copy_below_the_pin_rate():
-    b = TraceBuilder("trn2")
-    source, target = b.hbm(1 << 26), b.hbm(1 << 26)
+    sched = _copy_trace("trn2", 8, 32768).run()
     nbytes = 128 * 32768
-    for k in range(8):
-        tile = b.tile(32768)
-        b.dma("hbm->sbuf", nbytes, 128, [Region("hbm", source.storage, k * nbytes,
-                                                (k + 1) * nbytes)], [tile])
-        b.dma("sbuf->hbm", nbytes, 128, [tile], [Region("hbm", target.storage, k * nbytes,
-                                                       (k + 1) * nbytes)])
-    sched = b.run()
     achieved = 2 * 8 * nbytes / (sched.end_us[-1] - sched.start_us[0]) / 1000  # GB/s
     assert achieved <= _hbm_gbps("trn2") * 1.001
     assert achieved > 0.9 * _hbm_gbps("trn2")
