@@ -41,10 +41,10 @@ class TraceBuilder:
         return Region(memory, storage, start, start + nbytes, (0, partitions))
 
     def op(self, engine, opcode, n, reads=(), writes=(), dtype="float32", loops=(),
-           partitions=128, **details):
+           partitions=128, out_dtype=None, **details):
         return self.trace.add(
             engine=engine, opcode=opcode, partitions=partitions, free_size=n,
-            in_dtypes=(dtype,) * len(reads), out_dtype=dtype, reads=tuple(reads),
+            in_dtypes=(dtype,) * len(reads), out_dtype=out_dtype or dtype, reads=tuple(reads),
             writes=tuple(writes), loops=tuple(loops), details=details)
 
     def dma(self, direction, nbytes, partitions, reads=(), writes=(), row_bytes=None, loops=()):
@@ -334,6 +334,23 @@ def test_vector_instruction_rules(opcode, dtype, op, cycles):
     b = TraceBuilder("trn1")
     b.op("dve", opcode, 1024, [b.tile(4096)], [b.tile(4096)], dtype=dtype, op=op)
     assert b.run().latency_us == pytest.approx(_us(cycles, "dve", "trn1"))
+
+
+@pytest.mark.parametrize(("dtype", "out_dtype", "ops", "n", "cycles"), [
+    ("bfloat16", "bfloat16", ("subtract", "multiply"), 2048, 2048),
+    ("bfloat16", "float32", ("subtract", "multiply"), 2048, 2048),  # output not a condition
+    ("float16", "float16", ("subtract", "multiply"), 2048, 2 * 2048),  # bfloat16 only
+    ("bfloat16", "bfloat16", ("add", "multiply"), 2048, 2 * 2048),
+    ("bfloat16", "bfloat16", ("subtract", "multiply"), 2047, 2 * 2047),  # N even only
+])
+def test_scalar_tensor_tensor_fast_mode_follows_the_documented_condition(dtype, out_dtype, ops,
+                                                                         n, cycles):
+    """legacy isa@8a38e733 L1218-1226: N cycles when data and operand1 are bfloat16,
+    op0 subtract, op1 multiply and N even; 2N otherwise."""
+    b = TraceBuilder("trn2")
+    b.op("dve", "scalar_tensor_tensor", n, [b.tile(2 * n), b.tile(2 * n)], [b.tile(4 * n)],
+         dtype=dtype, out_dtype=out_dtype, op=ops, max_stride_bytes=2)
+    assert b.run().latency_us == pytest.approx(_us(cycles, "dve", "trn2"))
 
 
 def test_opcodes_without_a_documented_rule_are_listed():

@@ -288,8 +288,12 @@ def compute_cycles(opcode: str, engine: str, n: int, ops: Operands, details: dic
             k = table.k_two_inputs / table.dve_fast_tensor_tensor
         return max(min_ii, k * n * stride), True
     if opcode == "scalar_tensor_tensor":
+        # D S10 L1218-1226: the N-cycle mode asks only ``data`` and ``operand1`` (the
+        # streamed inputs) to be bfloat16; the output dtype is not a condition.
         names = _op_names(details)
-        fast = half and names[:2] == ("subtract", "multiply") and n % 2 == 0
+        inputs = ops.dtypes[: len(ops.psum)]
+        fast = (bool(inputs) and all(d == "bfloat16" for d in inputs)
+                and names[:2] == ("subtract", "multiply") and n % 2 == 0)
         return max(min_ii, (1 if fast else table.k_two_inputs) * n * stride), True
     if opcode == "tensor_tensor_scan":
         return max(min_ii, table.k_scan * n * stride), True
