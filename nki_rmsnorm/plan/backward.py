@@ -25,6 +25,10 @@ CHUNK = 512
 GROUP_WIDTHS = (2048, 1024, 512)
 #: Column groups of look-ahead the ring may hold beyond two row tiles.
 MAX_SLACK = 2
+#: Group slots of dy: the loads of dy run at most this many groups ahead of the statistic
+#: pass, so that the small per-tile loads of the rstd operands never queue behind a long
+#: backlog of data loads on the DMA engines (which serve transfers in issue order).
+DY_SLOTS = 2
 #: Folds tried (partitions per row), smallest first.
 FOLDS = (1, 2, 4, 8, 16, 32)
 #: bf16 parts of an fp32 value (8 + 8 + 8 mantissa bits).
@@ -50,6 +54,10 @@ class FoldedPlan(NamedTuple):
     ring: int  # group slots of p1 and x
     kw: int  # bf16 parts of w' (1: a bf16 weight without offset)
     round_xhat: bool  # llama / none with a 2-byte x: dweight uses round(x̂)
+    # dy·x against x copied into PSUM by the Scalar engine (NeuronCore-v3 on, and llama /
+    # none everywhere), else from SBUF (NeuronCore-v2: its Vector and Scalar engines share
+    # one PSUM port)
+    x_in_psum: bool = True
 
     @property
     def stationary_rows(self) -> int:
@@ -57,11 +65,12 @@ class FoldedPlan(NamedTuple):
         return self.kw * self.fold
 
 
-def make_plan(N, dtypes, offset, casting_mode, budget):
+def make_plan(N, dtypes, offset, casting_mode, budget, nc_version=3):
     """The smallest fold, then the widest group and the longest ring, that fit ``budget``
-    SBUF bytes per partition (``plan_bytes``). ``dtypes``: a ``BwdDtypes``. None when no
-    power-of-two fold of N fits. Pure Python, so tests can check every accepted input
-    against the capacity."""
+    SBUF bytes per partition (``plan_bytes``). ``dtypes``: a ``BwdDtypes``;
+    ``nc_version``: the target's NeuronCore generation (``nisa.get_nc_version()``), which
+    picks the engines of dy·x and nothing in SBUF. None when no power-of-two fold of N
+    fits. Pure Python, so tests can check every accepted input against the capacity."""
     e_x = np.dtype(dtypes.x).itemsize
     round_xhat = dtypes.weight is not None and casting_mode != "gemma" and e_x == 2
     bf16_weight = dtypes.weight is not None and np.dtype(dtypes.weight) == BFLOAT16
@@ -73,7 +82,8 @@ def make_plan(N, dtypes, offset, casting_mode, budget):
             n_groups = -(-width // group)
             for slack in range(n_groups + MAX_SLACK, 0, -1):
                 ring = n_groups + slack
-                plan = FoldedPlan(fold, width, group, n_groups, ring, kw, round_xhat)
+                plan = FoldedPlan(fold, width, group, n_groups, ring, kw, round_xhat,
+                                  x_in_psum=round_xhat or nc_version >= 3)
                 if plan_bytes(plan, dtypes) <= budget:
                     return plan
     return None  # no fold fits: the streamed regime re-reads the rows instead
