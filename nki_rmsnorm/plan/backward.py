@@ -21,7 +21,7 @@ BFLOAT16 = np.dtype(bfloat16)
 #: Columns of one fp32 PSUM bank: the width of every instruction with a PSUM operand.
 CHUNK = 512
 #: Column-group widths tried, widest first (wider groups amortise the per-instruction cost
-#: of the Scalar reduction and the GpSimd products; narrower ones need less SBUF).
+#: of the Scalar reduction and the per-group loads; narrower ones need less SBUF).
 GROUP_WIDTHS = (2048, 1024, 512)
 #: Column groups of look-ahead the ring may hold beyond two row tiles.
 MAX_SLACK = 2
@@ -91,16 +91,18 @@ def make_plan(N, dtypes, offset, casting_mode, budget, nc_version=3):
 
 def plan_bytes(plan, dtypes) -> int:
     """SBUF bytes per partition the main regime allocates for ``plan``: the ring of p1 (fp32)
-    and x slots, the bf16 moving rows of w', the working tiles of two column groups in
-    flight (dy, p1·x and dy·x in fp32, dx; round(x̂); with dh_out an fp32 dx before the sum
-    and dh_out itself) and ``RESERVED_BYTES`` for the constants and per-tile columns."""
+    and x slots, the ``DY_SLOTS`` dy slots, the bf16 moving rows of w', the working tiles of
+    two column groups in flight (p1·x and dy·x in fp32, dx; round(x̂); with dh_out an fp32
+    dx before the sum and dh_out itself) and ``RESERVED_BYTES`` for the constants and
+    per-tile columns."""
     e_x = np.dtype(dtypes.x).itemsize
     e_dy = np.dtype(dtypes.dy).itemsize
-    per_group_column = e_dy + 4 + 4 + e_x + (e_x if plan.round_xhat else 0)
+    per_group_column = 4 + 4 + e_x + (e_x if plan.round_xhat else 0)
     if dtypes.dh_out is not None:
         per_group_column += 4 + np.dtype(dtypes.dh_out).itemsize
     return (
         plan.ring * plan.group * (4 + e_x)
+        + DY_SLOTS * plan.group * e_dy
         + 2 * plan.width
         + 2 * plan.group * per_group_column
         + RESERVED_BYTES

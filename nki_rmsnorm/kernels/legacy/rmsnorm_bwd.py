@@ -44,8 +44,11 @@ PE    ``a = rstd ⊗ w'`` into PSUM: three accumulating matmuls, one per bf16 pa
       tile's rstd (stationary), against w' split likewise (moving, ``kw`` rows per fold
       segment; ``kw = 1`` for a bf16 weight without offset); the bf16 products are exact
       and the sum is fp32, so ``a`` is fp32-accurate
-ACT   x copied into PSUM (fp32)
-DVE   ``q = dy · x`` against that copy (exact for 2-byte inputs); in llama / none
+ACT   x copied into PSUM (fp32), on NeuronCore-v3 and later and in llama / none
+DVE   ``q = dy · x`` against that copy (exact for 2-byte inputs); on NeuronCore-v2,
+      whose DVE and ACT share one PSUM port (the copy would stall DVE's PSUM reads),
+      from SBUF as ``(dy − 0) · x`` (``scalar_tensor_tensor``: N cycles by the
+      documented rule for two bf16 operands, 2N otherwise); in llama / none
       ``q = dy · round(x̂)`` from SBUF, with ``round(x̂) = x · rstd`` rounded by ACT
 DVE   ``p1 = dy · a``, kept in SBUF for the gradient pass
 DVE   ``p1 · x = q · a`` (in llama / none ``p1`` times the PSUM copy of x)
@@ -77,7 +80,10 @@ The two passes of a row tile are software-pipelined: the loop body runs the stat
 of row tile t and the gradient pass of row tile t − 1 group by group (the instruction
 streams interleave them, so every engine always has independent work). ``p1`` and ``x`` live
 in a ring of group slots, up to two row tiles plus ``MAX_SLACK`` groups, so that loads run
-ahead of the gradient pass that frees their slots: each element of dy, x and dh_out is read
+ahead of the gradient pass that frees their slots, and dy in ``DY_SLOTS`` group slots, so
+that its loads run no further ahead than the statistic pass needs (a DMA engine serves
+transfers in issue order: an unbounded run of dy loads would hold back the small loads of
+each row tile's rstd operands): each element of dy, x and dh_out is read
 from HBM once and dx written once; the last row tile's column sums are stored group by group
 as soon as they are final, during the last gradient pass. rstd's per-tile operands (the bf16
 rows of ``a``'s stationary, the fp32 columns rstd and −rstd²/N) come from a small HBM table
