@@ -386,7 +386,7 @@ def _statistic_group(plan, consts, views, rings, tile, t, g):
                 op=nl.multiply,
             )
         else:
-            _dy_times_x(plan, dydx[:, lo:hi], dy_g[:, lo:hi], xs[:, lo:hi])
+            _dy_times_x(plan, dydx[:, lo:hi], dy_g[:, lo:hi], xs[:, lo:hi], c)
             nisa.tensor_tensor(dst=p1x[:, lo:hi], data1=dydx[:, lo:hi], data2=a, op=nl.multiply)
     nisa.activation_reduce(
         dst=p1x, op=nl.copy, data=p1x, reduce_op=nl.add, reduce_res=tile.partials[:, g : g + 1]
@@ -401,11 +401,11 @@ def _psum_copy(values):
     return copy
 
 
-def _dy_times_x(plan, dst, dy_c, x_c):
-    """``dst = dy·x`` of one chunk in fp32 on the Vector engine: against x copied into PSUM
-    (``plan.x_in_psum``), else from SBUF as ``(dy − 0)·x``, a ``scalar_tensor_tensor``
-    (NeuronCore-v2; see the legacy kernel)."""
-    if plan.x_in_psum:
+def _dy_times_x(plan, dst, dy_c, x_c, chunk):
+    """``dst = dy·x`` of chunk ``chunk`` of a group in fp32 on the Vector engine: against x
+    copied into PSUM (one chunk in ``plan.x_psum_period``), else from SBUF as
+    ``(dy − 0)·x``, a ``scalar_tensor_tensor`` (see the legacy kernel)."""
+    if chunk % plan.x_psum_period == plan.x_psum_period - 1:
         nisa.tensor_tensor(dst=dst, data1=dy_c, data2=_psum_copy(x_c), op=nl.multiply)
     else:
         nisa.scalar_tensor_tensor(
