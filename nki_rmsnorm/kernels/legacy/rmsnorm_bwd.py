@@ -375,7 +375,8 @@ def _statistic_group(plan, consts, views, rings, tile, t, g):
             p1x[:, lo:hi] = nisa.tensor_tensor(p1[:, lo:hi], _psum_copy(xs[:, lo:hi]),
                                                op=nl.multiply, dtype=nl.float32)
         else:
-            dydx[:, lo:hi] = _dy_times_x(plan, dy_g[:, lo:hi], xs[:, lo:hi], c)
+            dydx[:, lo:hi] = _dy_times_x(plan, dy_g[:, lo:hi], xs[:, lo:hi],
+                                         _chunk_index(plan, t, g, c))
             p1x[:, lo:hi] = nisa.tensor_tensor(dydx[:, lo:hi], a, op=nl.multiply,
                                                dtype=nl.float32)
     nisa.activation_reduce(op=nl.copy, data=p1x, reduce_op=nl.add,
@@ -392,8 +393,13 @@ def _psum_copy(values):
     return copy
 
 
+def _chunk_index(plan, t, g, c):
+    """Chunk c of group g of row tile t, counted over the whole kernel."""
+    return (t * plan.n_groups + g) * -(-plan.group // CHUNK) + c
+
+
 def _dy_times_x(plan, dy_c, x_c, chunk):
-    """``dy·x`` of chunk ``chunk`` of a group in fp32 (exact for 2-byte inputs), on the
+    """``dy·x`` of the kernel's chunk number ``chunk`` in fp32 (exact for 2-byte inputs), on the
     Vector engine: against x copied into PSUM by the Scalar engine (every chunk from
     NeuronCore-v3 on; one in ``plan.x_psum_period`` on NeuronCore-v2, whose Vector and
     Scalar engines share one PSUM port, see ``NC_V2_X_PSUM_PERIOD``), else from SBUF as
