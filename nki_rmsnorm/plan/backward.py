@@ -34,7 +34,8 @@ DY_SLOTS = 2
 #: PSUM copy costs the Vector engine N cycles but the port also the Scalar engine's N-cycle
 #: copy, one from SBUF 2N Vector cycles and no port time. The Scalar engine's copies (and
 #: −k·x) fit beside the Vector engine's SBUF-only products when one chunk in four takes
-#: the copy (modeled: 5 % faster than none, 4 % faster than every other chunk).
+#: the copy (modeled on trn1: 2-5 % faster than none; one in three is within 0.5 % of it,
+#: one in two up to 8 % slower on some shapes).
 NC_V2_X_PSUM_PERIOD = 4
 #: Folds tried (partitions per row), smallest first.
 FOLDS = (1, 2, 4, 8, 16, 32)
