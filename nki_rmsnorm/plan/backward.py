@@ -91,8 +91,9 @@ def make_plan(N, dtypes, offset, casting_mode, budget, nc_version=3):
             n_groups = -(-width // group)
             for slack in range(n_groups + MAX_SLACK, 0, -1):
                 ring = n_groups + slack
-                plan = FoldedPlan(fold, width, group, n_groups, ring, kw, round_xhat,
-                                  x_psum_period=period)
+                plan = FoldedPlan(
+                    fold, width, group, n_groups, ring, kw, round_xhat, x_psum_period=period
+                )
                 if plan_bytes(plan, dtypes) <= budget:
                     return plan
     return None  # no fold fits: the streamed regime re-reads the rows instead

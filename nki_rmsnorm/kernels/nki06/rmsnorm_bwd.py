@@ -382,7 +382,9 @@ def _statistic_group(plan, consts, views, rings, tile, t, g):
                 dst=dydx[:, lo:hi], data1=dy_g[:, lo:hi], data2=rounded[:, lo:hi], op=nl.multiply
             )
             nisa.tensor_tensor(
-                dst=p1x[:, lo:hi], data1=p1[:, lo:hi], data2=_psum_copy(xs[:, lo:hi]),
+                dst=p1x[:, lo:hi],
+                data1=p1[:, lo:hi],
+                data2=_psum_copy(xs[:, lo:hi]),
                 op=nl.multiply,
             )
         else:
