@@ -50,6 +50,7 @@ import simulate
 from nki_rmsnorm import reference
 from nki_rmsnorm.kernels.legacy.rmsnorm_bwd import rmsnorm_bwd
 from nki_rmsnorm.kernels.nki06 import rmsnorm_bwd as bwd06
+from nki_rmsnorm.plan import backward as plan_bwd
 from nki_rmsnorm.plan.backward import MAX_HIDDEN
 from simulate import nki06
 
@@ -328,9 +329,9 @@ def test_folded_rows_keep_nans_and_batch_invariance(dialect):
 
 @pytest.mark.parametrize("target", ["inf2", "trn2", "trn3"])
 def test_other_targets(dialect, target):
-    """The kernel runs within every target's limits (NeuronCore-v3+ share the products
-    between the Vector and GpSimd engines, see the kernel) and matches the reference, and a
-    row's dx is the same in any batch there too."""
+    """The kernel runs within every target's limits (the engines of dy·x depend on the
+    NeuronCore generation, see the kernel) and matches the reference, and a row's dx is the
+    same in any batch there too."""
     rng = np.random.default_rng(23)
     for mode, w_dtype in (("gemma", BF16), ("llama", F32)):
         dy, x, weight, rstd, dh_out = _make_inputs(rng, 130, 2100, BF16, w_dtype, 1.0, True,
@@ -341,6 +342,42 @@ def test_other_targets(dialect, target):
     part = _run(dy[7:99], x[7:99], weight, rstd[7:99], dh_out[7:99], 1.0, True, mode, target,
                 dialect)
     assert part[0].tobytes() == dx[7:99].tobytes()
+
+
+def test_dy_times_x_engines_give_the_same_bits(dialect):
+    """On NeuronCore-v2 (trn1) the kernel multiplies most chunks of dy·x from SBUF as
+    ``(dy − 0)·x``, on NeuronCore-v3 (trn2) all against a Scalar-engine PSUM copy of x;
+    with the same tiling the two give bitwise the same dx, dweight and dbias (the fp32
+    product of two bf16 values is exact either way, and subtracting 0 changes no bit)."""
+    rng = np.random.default_rng(31)
+    M, N = 150, 3000
+    dy, x, weight, rstd, dh_out = _make_inputs(rng, M, N, BF16, BF16, 0.0, True, "gemma")
+    dtypes = plan_bwd.BwdDtypes(BF16, BF16, BF16, BF16)
+    plans = [plan_bwd.make_plan(N, dtypes, 0.0, "gemma",
+                                simulate.get_target(target).sbuf_bytes_per_partition, version)
+             for target, version in (("trn1", 2), ("trn2", 3))]
+    assert [plan.x_psum_period for plan in plans] == [plan_bwd.NC_V2_X_PSUM_PERIOD, 1]
+    assert (plans[0].fold, plans[0].group) == (plans[1].fold, plans[1].group)
+    on_v2 = _run(dy, x, weight, rstd, dh_out, 0.0, True, "gemma", "trn1", dialect)
+    on_v3 = _run(dy, x, weight, rstd, dh_out, 0.0, True, "gemma", "trn2", dialect)
+    for v2, v3 in zip(on_v2, on_v3):
+        assert v2.tobytes() == v3.tobytes()
+    _check_against_reference(dy, x, weight, rstd, dh_out, 0.0, True, "gemma", "trn1", dialect)
+
+
+def test_planner_keeps_the_psum_copy_of_x_where_it_pays():
+    """The plan multiplies dy·x from SBUF only on NeuronCore-v2 and only where dweight sums
+    dy·x (gemma, or a 4-byte x): llama / none need the PSUM copy of x for p1·x anyway. (The
+    plan is shared by both dialects.)"""
+    every, v2 = 1, plan_bwd.NC_V2_X_PSUM_PERIOD
+    assert v2 > every
+    budget = simulate.get_target("trn1").sbuf_bytes_per_partition
+    for x_dtype, mode, version, want in ((BF16, "gemma", 2, v2), (F32, "llama", 2, v2),
+                                         (BF16, "llama", 2, every), (BF16, "gemma", 3, every),
+                                         (BF16, "gemma", 4, every)):
+        dtypes = plan_bwd.BwdDtypes(x_dtype, x_dtype, BF16, None)
+        plan = plan_bwd.make_plan(4096, dtypes, 0.0, mode, budget, version)
+        assert plan.x_psum_period == want, (x_dtype, mode, version)
 
 
 def test_hidden_size_limit(dialect):

@@ -21,10 +21,22 @@ BFLOAT16 = np.dtype(bfloat16)
 #: Columns of one fp32 PSUM bank: the width of every instruction with a PSUM operand.
 CHUNK = 512
 #: Column-group widths tried, widest first (wider groups amortise the per-instruction cost
-#: of the Scalar reduction and the GpSimd products; narrower ones need less SBUF).
+#: of the Scalar reduction and the per-group loads; narrower ones need less SBUF).
 GROUP_WIDTHS = (2048, 1024, 512)
 #: Column groups of look-ahead the ring may hold beyond two row tiles.
 MAX_SLACK = 2
+#: Group slots of dy: the loads of dy run at most this many groups ahead of the statistic
+#: pass, so that the small per-tile loads of the rstd operands never queue behind a long
+#: backlog of data loads on the DMA engines (which serve transfers in issue order).
+DY_SLOTS = 2
+#: NeuronCore-v2 runs every this-many-th chunk of dy·x against a PSUM copy of x and the
+#: others from SBUF. Its Vector and Scalar engines share one PSUM port: a product against a
+#: PSUM copy costs the Vector engine N cycles but the port also the Scalar engine's N-cycle
+#: copy, one from SBUF 2N Vector cycles and no port time. The Scalar engine's copies (and
+#: −k·x) fit beside the Vector engine's SBUF-only products when one chunk in four takes
+#: the copy (modeled on trn1: 2-5 % faster than none; one in three is within 0.5 % of it,
+#: one in two up to 8 % slower on some shapes).
+NC_V2_X_PSUM_PERIOD = 4
 #: Folds tried (partitions per row), smallest first.
 FOLDS = (1, 2, 4, 8, 16, 32)
 #: bf16 parts of an fp32 value (8 + 8 + 8 mantissa bits).
@@ -50,6 +62,9 @@ class FoldedPlan(NamedTuple):
     ring: int  # group slots of p1 and x
     kw: int  # bf16 parts of w' (1: a bf16 weight without offset)
     round_xhat: bool  # llama / none with a 2-byte x: dweight uses round(x̂)
+    # chunk c of dy·x runs against x copied into PSUM by the Scalar engine when
+    # c mod x_psum_period = x_psum_period − 1, else from SBUF (1: every chunk)
+    x_psum_period: int = 1
 
     @property
     def stationary_rows(self) -> int:
@@ -57,15 +72,18 @@ class FoldedPlan(NamedTuple):
         return self.kw * self.fold
 
 
-def make_plan(N, dtypes, offset, casting_mode, budget):
+def make_plan(N, dtypes, offset, casting_mode, budget, nc_version=3):
     """The smallest fold, then the widest group and the longest ring, that fit ``budget``
-    SBUF bytes per partition (``plan_bytes``). ``dtypes``: a ``BwdDtypes``. None when no
+    SBUF bytes per partition (``plan_bytes``). ``dtypes``: a ``BwdDtypes``;
+    ``nc_version``: the target's NeuronCore generation (``nisa.get_nc_version()``), which
+    picks the engines of dy·x (``x_psum_period``) and nothing in SBUF. None when no
     power-of-two fold of N fits. Pure Python, so tests can check every accepted input
     against the capacity."""
     e_x = np.dtype(dtypes.x).itemsize
     round_xhat = dtypes.weight is not None and casting_mode != "gemma" and e_x == 2
     bf16_weight = dtypes.weight is not None and np.dtype(dtypes.weight) == BFLOAT16
     kw = 1 if dtypes.weight is None or (bf16_weight and offset == 0.0) else SPLIT
+    period = 1 if round_xhat or nc_version >= 3 else NC_V2_X_PSUM_PERIOD
     for fold in (f for f in FOLDS if N % f == 0):
         width = N // fold
         for group in GROUP_WIDTHS:
@@ -73,7 +91,9 @@ def make_plan(N, dtypes, offset, casting_mode, budget):
             n_groups = -(-width // group)
             for slack in range(n_groups + MAX_SLACK, 0, -1):
                 ring = n_groups + slack
-                plan = FoldedPlan(fold, width, group, n_groups, ring, kw, round_xhat)
+                plan = FoldedPlan(
+                    fold, width, group, n_groups, ring, kw, round_xhat, x_psum_period=period
+                )
                 if plan_bytes(plan, dtypes) <= budget:
                     return plan
     return None  # no fold fits: the streamed regime re-reads the rows instead
@@ -81,16 +101,18 @@ def make_plan(N, dtypes, offset, casting_mode, budget):
 
 def plan_bytes(plan, dtypes) -> int:
     """SBUF bytes per partition the main regime allocates for ``plan``: the ring of p1 (fp32)
-    and x slots, the bf16 moving rows of w', the working tiles of two column groups in
-    flight (dy, p1·x and dy·x in fp32, dx; round(x̂); with dh_out an fp32 dx before the sum
-    and dh_out itself) and ``RESERVED_BYTES`` for the constants and per-tile columns."""
+    and x slots, the ``DY_SLOTS`` dy slots, the bf16 moving rows of w', the working tiles of
+    two column groups in flight (p1·x and dy·x in fp32, dx; round(x̂); with dh_out an fp32
+    dx before the sum and dh_out itself) and ``RESERVED_BYTES`` for the constants and
+    per-tile columns."""
     e_x = np.dtype(dtypes.x).itemsize
     e_dy = np.dtype(dtypes.dy).itemsize
-    per_group_column = e_dy + 4 + 4 + e_x + (e_x if plan.round_xhat else 0)
+    per_group_column = 4 + 4 + e_x + (e_x if plan.round_xhat else 0)
     if dtypes.dh_out is not None:
         per_group_column += 4 + np.dtype(dtypes.dh_out).itemsize
     return (
         plan.ring * plan.group * (4 + e_x)
+        + DY_SLOTS * plan.group * e_dy
         + 2 * plan.width
         + 2 * plan.group * per_group_column
         + RESERVED_BYTES

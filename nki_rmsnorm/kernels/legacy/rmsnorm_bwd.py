@@ -44,8 +44,13 @@ PE    ``a = rstd ⊗ w'`` into PSUM: three accumulating matmuls, one per bf16 pa
       tile's rstd (stationary), against w' split likewise (moving, ``kw`` rows per fold
       segment; ``kw = 1`` for a bf16 weight without offset); the bf16 products are exact
       and the sum is fp32, so ``a`` is fp32-accurate
-ACT   x copied into PSUM (fp32)
-DVE   ``q = dy · x`` against that copy (exact for 2-byte inputs); in llama / none
+ACT   x copied into PSUM (fp32); on NeuronCore-v2 only for one chunk in four (but in
+      llama / none)
+DVE   ``q = dy · x`` against that copy (exact for 2-byte inputs); for the other chunks
+      on NeuronCore-v2, whose DVE and ACT share one PSUM port (a copy holds it as long
+      as DVE's product against it), from SBUF as ``(dy − 0) · x``
+      (``scalar_tensor_tensor``: N cycles by the documented rule for two bf16 operands,
+      2N otherwise); in llama / none
       ``q = dy · round(x̂)`` from SBUF, with ``round(x̂) = x · rstd`` rounded by ACT
 DVE   ``p1 = dy · a``, kept in SBUF for the gradient pass
 DVE   ``p1 · x = q · a`` (in llama / none ``p1`` times the PSUM copy of x)
@@ -77,7 +82,10 @@ The two passes of a row tile are software-pipelined: the loop body runs the stat
 of row tile t and the gradient pass of row tile t − 1 group by group (the instruction
 streams interleave them, so every engine always has independent work). ``p1`` and ``x`` live
 in a ring of group slots, up to two row tiles plus ``MAX_SLACK`` groups, so that loads run
-ahead of the gradient pass that frees their slots: each element of dy, x and dh_out is read
+ahead of the gradient pass that frees their slots, and dy in ``DY_SLOTS`` group slots, so
+that its loads run no further ahead than the statistic pass needs (a DMA engine serves
+transfers in issue order: an unbounded run of dy loads would hold back the small loads of
+each row tile's rstd operands): each element of dy, x and dh_out is read
 from HBM once and dx written once; the last row tile's column sums are stored group by group
 as soon as they are final, during the last gradient pass. rstd's per-tile operands (the bf16
 rows of ``a``'s stationary, the fp32 columns rstd and −rstd²/N) come from a small HBM table
@@ -99,6 +107,7 @@ from nki_rmsnorm.kernels.legacy.rmsnorm_bwd_streamed import streamed_backward
 from nki_rmsnorm.nki import nisa, nki, nl, usable_sbuf_bytes
 from nki_rmsnorm.plan.backward import (
     CHUNK,
+    DY_SLOTS,
     MAX_HIDDEN,
     PSUM_BANK_COLS,
     SPLIT,
@@ -146,7 +155,8 @@ def backward_body(dy, x, weight, rstd, dh_out, dx, dweight, dbias, offset, casti
         raise ValueError(f"rmsnorm_bwd: hidden size {N} exceeds the supported {MAX_HIDDEN}")
     dtypes = BwdDtypes(x.dtype, dy.dtype, None if weight is None else weight.dtype,
                        None if dh_out is None else dh_out.dtype)
-    plan = make_plan(N, dtypes, offset, casting_mode, usable_sbuf_bytes())
+    plan = make_plan(N, dtypes, offset, casting_mode, usable_sbuf_bytes(),
+                     int(nisa.get_nc_version()))
     if plan is None:
         streamed_backward(dy, x, weight, rstd, dh_out, offset, casting_mode, dx, dweight,
                           dbias)
@@ -169,7 +179,8 @@ def _folded_backward(plan, dy, x, weight, rstd, dh_out, dx, dweight, dbias, offs
     # and written with ``[...] =`` inside them: a tile created in a loop body may not be
     # used after it (general/nki/api/nki.errors.rst@8a38e733, lines 419-475).
     rings = (nl.ndarray((plan.ring, nl.par_dim(P), plan.group), dtype=nl.float32),
-             nl.ndarray((plan.ring, nl.par_dim(P), plan.group), dtype=x.dtype))
+             nl.ndarray((plan.ring, nl.par_dim(P), plan.group), dtype=x.dtype),
+             nl.ndarray((DY_SLOTS, nl.par_dim(P), plan.group), dtype=dy.dtype))
     slots = BwdTileSlots(
         nl.ndarray((2, nl.par_dim(plan.stationary_rows), SPLIT, P), dtype=nl.bfloat16),
         nl.ndarray((2, nl.par_dim(P), consts.table_cols.shape[2]), dtype=nl.float32),
@@ -340,15 +351,15 @@ def _statistic_group(plan, consts, views, rings, tile, t, g):
     for ``_column_sums_group``)."""
     dy_v, x_v = views[0], views[1]
     p, g0, width, p1, xs = _group_slot(plan, rings, tile, t, g)
-    dy_g = nl.load(dy_v[nl.ds(tile.v0, p), nl.ds(g0, width)])
+    dy_g = rings[2][(t * plan.n_groups + g) % DY_SLOTS, 0:p, 0:width]
+    dy_g[...] = nl.load(dy_v[nl.ds(tile.v0, p), nl.ds(g0, width)])
     xs[...] = nl.load(x_v[nl.ds(tile.v0, p), nl.ds(g0, width)])
     if t == 0 and consts.w_lazy is not None:
         _load_weight_group(plan, consts.w_rows, consts.w_lazy, g0, width)
-    # dy·x for dweight and for p1·x = (dy·x)·a: the Vector engine against x copied into
-    # PSUM by the Scalar engine (one cycle per element instead of two from SBUF); llama /
-    # none: dy·round(x̂) from SBUF, round(x̂) = x·rstd rounded by the Scalar engine. (GpSimd
-    # would share the load, but its tensor_tensor runs only power and integer arithmetic:
-    # general/nki/api/nki/isa/__init__.py@8a38e733, lines 1766-1767.)
+    # dy·x for dweight and for p1·x = (dy·x)·a (``_dy_times_x``); llama / none: dy·round(x̂)
+    # from SBUF, round(x̂) = x·rstd rounded by the Scalar engine, and p1·x against x copied
+    # into PSUM. (GpSimd would share the load, but its tensor_tensor runs only power and
+    # integer arithmetic: general/nki/api/nki/isa/__init__.py@8a38e733, lines 1766-1767.)
     dydx = nl.ndarray((p, width), dtype=nl.float32)
     rounded = (nisa.activation(op=nl.copy, data=xs, scale=tile.cols[:, 0:1], dtype=xs.dtype)
                if plan.round_xhat else None)
@@ -358,21 +369,48 @@ def _statistic_group(plan, consts, views, rings, tile, t, g):
         a = _outer_product(tile.rows, consts.w_rows[:, g0 + lo:g0 + hi])
         p1[:, lo:hi] = nisa.tensor_tensor(dy_g[:, lo:hi], a, op=nl.multiply,
                                           dtype=nl.float32)
-        x_ps = nl.ndarray((p, hi - lo), dtype=nl.float32, buffer=nl.psum)
-        x_ps[...] = nisa.activation(op=nl.copy, data=xs[:, lo:hi], dtype=nl.float32)
         if plan.round_xhat:  # dweight sums dy·round(x̂); p1·x is p1 times x itself
             dydx[:, lo:hi] = nisa.tensor_tensor(dy_g[:, lo:hi], rounded[:, lo:hi],
                                                 op=nl.multiply, dtype=nl.float32)
-            p1x[:, lo:hi] = nisa.tensor_tensor(p1[:, lo:hi], x_ps, op=nl.multiply,
-                                               dtype=nl.float32)
+            p1x[:, lo:hi] = nisa.tensor_tensor(p1[:, lo:hi], _psum_copy(xs[:, lo:hi]),
+                                               op=nl.multiply, dtype=nl.float32)
         else:
-            dydx[:, lo:hi] = nisa.tensor_tensor(dy_g[:, lo:hi], x_ps, op=nl.multiply,
-                                                dtype=nl.float32)
+            dydx[:, lo:hi] = _dy_times_x(plan, dy_g[:, lo:hi], xs[:, lo:hi],
+                                         _chunk_index(plan, t, g, c))
             p1x[:, lo:hi] = nisa.tensor_tensor(dydx[:, lo:hi], a, op=nl.multiply,
                                                dtype=nl.float32)
     nisa.activation_reduce(op=nl.copy, data=p1x, reduce_op=nl.add,
                            reduce_res=tile.partials[:, g:g + 1], dtype=nl.float32)
     return dy_g, dydx
+
+
+def _psum_copy(values):
+    """``values`` copied to an fp32 PSUM tile by the Scalar engine, so that a Vector-engine
+    product with it takes N cycles instead of 2N with both operands in SBUF
+    (general/nki/api/nki/isa/__init__.py@8a38e733, lines 1801-1814)."""
+    copy = nl.ndarray(values.shape, dtype=nl.float32, buffer=nl.psum)
+    copy[...] = nisa.activation(op=nl.copy, data=values, dtype=nl.float32)
+    return copy
+
+
+def _chunk_index(plan, t, g, c):
+    """Chunk c of group g of row tile t, counted over the whole kernel."""
+    return (t * plan.n_groups + g) * -(-plan.group // CHUNK) + c
+
+
+def _dy_times_x(plan, dy_c, x_c, chunk):
+    """``dy·x`` of the kernel's chunk number ``chunk`` in fp32 (exact for 2-byte inputs), on the
+    Vector engine: against x copied into PSUM by the Scalar engine (every chunk from
+    NeuronCore-v3 on; one in ``plan.x_psum_period`` on NeuronCore-v2, whose Vector and
+    Scalar engines share one PSUM port, see ``NC_V2_X_PSUM_PERIOD``), else from SBUF as
+    ``(dy − 0)·x``, a ``scalar_tensor_tensor``, documented at N cycles when ``data`` and
+    ``operand1`` are bf16 and 2N otherwise (general/nki/api/nki/isa/__init__.py@8a38e733,
+    lines 1218-1226), never more than the plain product from SBUF. Subtracting 0 changes
+    no bit of dy."""
+    if chunk % plan.x_psum_period == plan.x_psum_period - 1:
+        return nisa.tensor_tensor(dy_c, _psum_copy(x_c), op=nl.multiply, dtype=nl.float32)
+    return nisa.scalar_tensor_tensor(data=dy_c, op0=nl.subtract, operand0=0.0,
+                                     op1=nl.multiply, operand1=x_c, dtype=nl.float32)
 
 
 def _column_sums_group(plan, consts, tile, g, dy_g, dydx, outputs):

@@ -45,6 +45,7 @@ from nki_rmsnorm.kernels.nki06.rmsnorm_bwd_streamed import (
 )
 from nki_rmsnorm.plan.backward import (
     CHUNK,
+    DY_SLOTS,
     MAX_HIDDEN,
     PSUM_BANK_COLS,
     SPLIT,
@@ -95,7 +96,9 @@ def backward_body(dy, x, weight, rstd, dh_out, dx, dweight, dbias, offset, casti
         None if weight is None else _numpy_dtype(weight.dtype),
         None if dh_out is None else _numpy_dtype(dh_out.dtype),
     )
-    plan = make_plan(N, dtypes, offset, casting_mode, usable_sbuf_bytes())
+    plan = make_plan(
+        N, dtypes, offset, casting_mode, usable_sbuf_bytes(), int(nisa.get_nc_version())
+    )
     fold = 1 if plan is None else plan.fold
     n_tiles = -(-M * fold // nl.tile_size.pmax)
     half = -(-n_tiles // 2)  # row tiles of the first half; the second has the rest
@@ -138,6 +141,7 @@ def _rows_backward(plan, dy, x, weight, rstd, dh_out, dx, dweight, dbias, offset
     rings = (
         [nl.ndarray((P, plan.group), dtype=nl.float32) for _ in range(plan.ring)],
         [nl.ndarray((P, plan.group), dtype=x.dtype) for _ in range(plan.ring)],
+        [nl.ndarray((P, plan.group), dtype=dy.dtype) for _ in range(DY_SLOTS)],
     )
     slots = BwdTileSlots(
         [nl.ndarray((plan.stationary_rows, SPLIT, P), dtype=nl.bfloat16) for _ in range(2)],
@@ -355,7 +359,8 @@ def _statistic_group(plan, consts, views, rings, tile, t, g):
     """Statistic pass over column group g of row tile t (see the legacy kernel)."""
     dy_v, x_v = views[0], views[1]
     p, g0, width, p1, xs = _group_slot(plan, rings, tile, t, g)
-    dy_g = nl.load(dy_v[tile.v0 : tile.v0 + p, g0 : g0 + width])
+    dy_g = rings[2][(t * plan.n_groups + g) % DY_SLOTS][0:p, 0:width]
+    nisa.dma_copy(dst=dy_g, src=dy_v[tile.v0 : tile.v0 + p, g0 : g0 + width])
     nisa.dma_copy(dst=xs, src=x_v[tile.v0 : tile.v0 + p, g0 : g0 + width])
     if t == 0 and consts.w_lazy is not None:
         nisa.dma_copy(
@@ -372,20 +377,49 @@ def _statistic_group(plan, consts, views, rings, tile, t, g):
         lo, hi = c * CHUNK, min(width, (c + 1) * CHUNK)
         a = _outer_product(tile.rows, consts.w_rows[:, g0 + lo : g0 + hi])
         nisa.tensor_tensor(dst=p1[:, lo:hi], data1=dy_g[:, lo:hi], data2=a, op=nl.multiply)
-        x_ps = nl.ndarray((p, hi - lo), dtype=nl.float32, buffer=nl.psum)
-        nisa.activation(dst=x_ps, op=nl.copy, data=xs[:, lo:hi])
         if plan.round_xhat:  # dweight sums dy·round(x̂); p1·x is p1 times x itself
             nisa.tensor_tensor(
                 dst=dydx[:, lo:hi], data1=dy_g[:, lo:hi], data2=rounded[:, lo:hi], op=nl.multiply
             )
-            nisa.tensor_tensor(dst=p1x[:, lo:hi], data1=p1[:, lo:hi], data2=x_ps, op=nl.multiply)
+            nisa.tensor_tensor(
+                dst=p1x[:, lo:hi],
+                data1=p1[:, lo:hi],
+                data2=_psum_copy(xs[:, lo:hi]),
+                op=nl.multiply,
+            )
         else:
-            nisa.tensor_tensor(dst=dydx[:, lo:hi], data1=dy_g[:, lo:hi], data2=x_ps, op=nl.multiply)
+            _dy_times_x(
+                plan, dydx[:, lo:hi], dy_g[:, lo:hi], xs[:, lo:hi], _chunk_index(plan, t, g, c)
+            )
             nisa.tensor_tensor(dst=p1x[:, lo:hi], data1=dydx[:, lo:hi], data2=a, op=nl.multiply)
     nisa.activation_reduce(
         dst=p1x, op=nl.copy, data=p1x, reduce_op=nl.add, reduce_res=tile.partials[:, g : g + 1]
     )
     return dy_g, dydx
+
+
+def _psum_copy(values):
+    """``values`` copied to an fp32 PSUM tile by the Scalar engine (see the legacy kernel)."""
+    copy = nl.ndarray(values.shape, dtype=nl.float32, buffer=nl.psum)
+    nisa.activation(dst=copy, op=nl.copy, data=values)
+    return copy
+
+
+def _chunk_index(plan, t, g, c):
+    """Chunk c of group g of row tile t, counted over the whole kernel."""
+    return (t * plan.n_groups + g) * -(-plan.group // CHUNK) + c
+
+
+def _dy_times_x(plan, dst, dy_c, x_c, chunk):
+    """``dst = dy·x`` of the kernel's chunk number ``chunk`` in fp32 on the Vector engine: against x
+    copied into PSUM (one chunk in ``plan.x_psum_period``), else from SBUF as
+    ``(dy − 0)·x``, a ``scalar_tensor_tensor`` (see the legacy kernel)."""
+    if chunk % plan.x_psum_period == plan.x_psum_period - 1:
+        nisa.tensor_tensor(dst=dst, data1=dy_c, data2=_psum_copy(x_c), op=nl.multiply)
+    else:
+        nisa.scalar_tensor_tensor(
+            dst=dst, data=dy_c, op0=nl.subtract, operand0=0.0, op1=nl.multiply, operand1=x_c
+        )
 
 
 def _outer_product(rstd_rows, w_rows):
