@@ -356,7 +356,7 @@ def test_dy_times_x_engines_give_the_same_bits(dialect):
     plans = [plan_bwd.make_plan(N, dtypes, 0.0, "gemma",
                                 simulate.get_target(target).sbuf_bytes_per_partition, version)
              for target, version in (("trn1", 2), ("trn2", 3))]
-    assert [plan.x_psum_period for plan in plans] == [plan_bwd.NC_V2_X_PSUM_PERIOD, 1]
+    assert [plan.x_from_psum for plan in plans] == [False, True]
     assert (plans[0].fold, plans[0].group) == (plans[1].fold, plans[1].group)
     on_v2 = _run(dy, x, weight, rstd, dh_out, 0.0, True, "gemma", "trn1", dialect)
     on_v3 = _run(dy, x, weight, rstd, dh_out, 0.0, True, "gemma", "trn2", dialect)
@@ -369,15 +369,14 @@ def test_planner_keeps_the_psum_copy_of_x_where_it_pays():
     """The plan multiplies dy·x from SBUF only on NeuronCore-v2 and only where dweight sums
     dy·x (gemma, or a 4-byte x): llama / none need the PSUM copy of x for p1·x anyway. (The
     plan is shared by both dialects.)"""
-    every, v2 = 1, plan_bwd.NC_V2_X_PSUM_PERIOD
-    assert v2 > every
+    every, v2 = True, False
     budget = simulate.get_target("trn1").sbuf_bytes_per_partition
     for x_dtype, mode, version, want in ((BF16, "gemma", 2, v2), (F32, "llama", 2, v2),
                                          (BF16, "llama", 2, every), (BF16, "gemma", 3, every),
                                          (BF16, "gemma", 4, every)):
         dtypes = plan_bwd.BwdDtypes(x_dtype, x_dtype, BF16, None)
         plan = plan_bwd.make_plan(4096, dtypes, 0.0, mode, budget, version)
-        assert plan.x_psum_period == want, (x_dtype, mode, version)
+        assert plan.x_from_psum == want, (x_dtype, mode, version)
 
 
 def test_hidden_size_limit(dialect):

@@ -29,14 +29,6 @@ MAX_SLACK = 2
 #: pass, so that the small per-tile loads of the rstd operands never queue behind a long
 #: backlog of data loads on the DMA engines (which serve transfers in issue order).
 DY_SLOTS = 2
-#: NeuronCore-v2 runs every this-many-th chunk of dy·x against a PSUM copy of x and the
-#: others from SBUF. Its Vector and Scalar engines share one PSUM port: a product against a
-#: PSUM copy costs the Vector engine N cycles but the port also the Scalar engine's N-cycle
-#: copy, one from SBUF 2N Vector cycles and no port time. The Scalar engine's copies (and
-#: −k·x) fit beside the Vector engine's SBUF-only products when one chunk in four takes
-#: the copy (modeled on trn1: 2-5 % faster than none; one in three is within 0.5 % of it,
-#: one in two up to 8 % slower on some shapes).
-NC_V2_X_PSUM_PERIOD = 4
 #: Folds tried (partitions per row), smallest first.
 FOLDS = (1, 2, 4, 8, 16, 32)
 #: bf16 parts of an fp32 value (8 + 8 + 8 mantissa bits).
@@ -62,9 +54,13 @@ class FoldedPlan(NamedTuple):
     ring: int  # group slots of p1 and x
     kw: int  # bf16 parts of w' (1: a bf16 weight without offset)
     round_xhat: bool  # llama / none with a 2-byte x: dweight uses round(x̂)
-    # chunk c of dy·x runs against x copied into PSUM by the Scalar engine when
-    # c mod x_psum_period = x_psum_period − 1, else from SBUF (1: every chunk)
-    x_psum_period: int = 1
+    # dy·x runs against x copied into PSUM by the Scalar engine (N Vector cycles, and the
+    # Scalar engine's N-cycle copy), else from SBUF as (dy − 0)·x: N cycles for bf16 inputs
+    # (general/nki/api/nki/isa/__init__.py@8a38e733, L1218-1226), 2N otherwise. NeuronCore-v2
+    # takes SBUF: its Vector and Scalar engines share one PSUM port, so the copy and the
+    # product would queue on it (modeled on trn1 at 8192×2048 bf16: 1.39× the copy kernel
+    # from SBUF, 1.60× with one chunk in four through PSUM).
+    x_from_psum: bool = True
 
     @property
     def stationary_rows(self) -> int:
@@ -76,14 +72,14 @@ def make_plan(N, dtypes, offset, casting_mode, budget, nc_version=3):
     """The smallest fold, then the widest group and the longest ring, that fit ``budget``
     SBUF bytes per partition (``plan_bytes``). ``dtypes``: a ``BwdDtypes``;
     ``nc_version``: the target's NeuronCore generation (``nisa.get_nc_version()``), which
-    picks the engines of dy·x (``x_psum_period``) and nothing in SBUF. None when no
+    picks the engines of dy·x (``x_from_psum``) and nothing in SBUF. None when no
     power-of-two fold of N fits. Pure Python, so tests can check every accepted input
     against the capacity."""
     e_x = np.dtype(dtypes.x).itemsize
     round_xhat = dtypes.weight is not None and casting_mode != "gemma" and e_x == 2
     bf16_weight = dtypes.weight is not None and np.dtype(dtypes.weight) == BFLOAT16
     kw = 1 if dtypes.weight is None or (bf16_weight and offset == 0.0) else SPLIT
-    period = 1 if round_xhat or nc_version >= 3 else NC_V2_X_PSUM_PERIOD
+    x_from_psum = round_xhat or nc_version >= 3
     for fold in (f for f in FOLDS if N % f == 0):
         width = N // fold
         for group in GROUP_WIDTHS:
@@ -92,7 +88,7 @@ def make_plan(N, dtypes, offset, casting_mode, budget, nc_version=3):
             for slack in range(n_groups + MAX_SLACK, 0, -1):
                 ring = n_groups + slack
                 plan = FoldedPlan(
-                    fold, width, group, n_groups, ring, kw, round_xhat, x_psum_period=period
+                    fold, width, group, n_groups, ring, kw, round_xhat, x_from_psum=x_from_psum
                 )
                 if plan_bytes(plan, dtypes) <= budget:
                     return plan

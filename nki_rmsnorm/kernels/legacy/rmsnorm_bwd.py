@@ -44,11 +44,10 @@ PE    ``a = rstd ⊗ w'`` into PSUM: three accumulating matmuls, one per bf16 pa
       tile's rstd (stationary), against w' split likewise (moving, ``kw`` rows per fold
       segment; ``kw = 1`` for a bf16 weight without offset); the bf16 products are exact
       and the sum is fp32, so ``a`` is fp32-accurate
-ACT   x copied into PSUM (fp32); on NeuronCore-v2 only for one chunk in four (but in
-      llama / none)
-DVE   ``q = dy · x`` against that copy (exact for 2-byte inputs); for the other chunks
-      on NeuronCore-v2, whose DVE and ACT share one PSUM port (a copy holds it as long
-      as DVE's product against it), from SBUF as ``(dy − 0) · x``
+ACT   x copied into PSUM (fp32); not on NeuronCore-v2 (but in llama / none)
+DVE   ``q = dy · x`` against that copy (exact for 2-byte inputs); on NeuronCore-v2,
+      whose DVE and ACT share one PSUM port (a copy holds it as long as DVE's product
+      against it), from SBUF as ``(dy − 0) · x``
       (``scalar_tensor_tensor``: N cycles by the documented rule for two bf16 operands,
       2N otherwise); in llama / none
       ``q = dy · round(x̂)`` from SBUF, with ``round(x̂) = x · rstd`` rounded by ACT
@@ -375,8 +374,7 @@ def _statistic_group(plan, consts, views, rings, tile, t, g):
             p1x[:, lo:hi] = nisa.tensor_tensor(p1[:, lo:hi], _psum_copy(xs[:, lo:hi]),
                                                op=nl.multiply, dtype=nl.float32)
         else:
-            dydx[:, lo:hi] = _dy_times_x(plan, dy_g[:, lo:hi], xs[:, lo:hi],
-                                         _chunk_index(plan, t, g, c))
+            dydx[:, lo:hi] = _dy_times_x(plan, dy_g[:, lo:hi], xs[:, lo:hi])
             p1x[:, lo:hi] = nisa.tensor_tensor(dydx[:, lo:hi], a, op=nl.multiply,
                                                dtype=nl.float32)
     nisa.activation_reduce(op=nl.copy, data=p1x, reduce_op=nl.add,
@@ -393,21 +391,15 @@ def _psum_copy(values):
     return copy
 
 
-def _chunk_index(plan, t, g, c):
-    """Chunk c of group g of row tile t, counted over the whole kernel."""
-    return (t * plan.n_groups + g) * -(-plan.group // CHUNK) + c
-
-
-def _dy_times_x(plan, dy_c, x_c, chunk):
-    """``dy·x`` of the kernel's chunk number ``chunk`` in fp32 (exact for 2-byte inputs), on the
-    Vector engine: against x copied into PSUM by the Scalar engine (every chunk from
-    NeuronCore-v3 on; one in ``plan.x_psum_period`` on NeuronCore-v2, whose Vector and
-    Scalar engines share one PSUM port, see ``NC_V2_X_PSUM_PERIOD``), else from SBUF as
+def _dy_times_x(plan, dy_c, x_c):
+    """``dy·x`` of a chunk in fp32 (exact for 2-byte inputs), on the Vector engine: against
+    x copied into PSUM by the Scalar engine (``plan.x_from_psum``: from NeuronCore-v3 on;
+    NeuronCore-v2's Vector and Scalar engines share one PSUM port), else from SBUF as
     ``(dy − 0)·x``, a ``scalar_tensor_tensor``, documented at N cycles when ``data`` and
     ``operand1`` are bf16 and 2N otherwise (general/nki/api/nki/isa/__init__.py@8a38e733,
     lines 1218-1226), never more than the plain product from SBUF. Subtracting 0 changes
     no bit of dy."""
-    if chunk % plan.x_psum_period == plan.x_psum_period - 1:
+    if plan.x_from_psum:
         return nisa.tensor_tensor(dy_c, _psum_copy(x_c), op=nl.multiply, dtype=nl.float32)
     return nisa.scalar_tensor_tensor(data=dy_c, op0=nl.subtract, operand0=0.0,
                                      op1=nl.multiply, operand1=x_c, dtype=nl.float32)

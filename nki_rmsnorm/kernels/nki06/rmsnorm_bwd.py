@@ -388,9 +388,7 @@ def _statistic_group(plan, consts, views, rings, tile, t, g):
                 op=nl.multiply,
             )
         else:
-            _dy_times_x(
-                plan, dydx[:, lo:hi], dy_g[:, lo:hi], xs[:, lo:hi], _chunk_index(plan, t, g, c)
-            )
+            _dy_times_x(plan, dydx[:, lo:hi], dy_g[:, lo:hi], xs[:, lo:hi])
             nisa.tensor_tensor(dst=p1x[:, lo:hi], data1=dydx[:, lo:hi], data2=a, op=nl.multiply)
     nisa.activation_reduce(
         dst=p1x, op=nl.copy, data=p1x, reduce_op=nl.add, reduce_res=tile.partials[:, g : g + 1]
@@ -405,16 +403,11 @@ def _psum_copy(values):
     return copy
 
 
-def _chunk_index(plan, t, g, c):
-    """Chunk c of group g of row tile t, counted over the whole kernel."""
-    return (t * plan.n_groups + g) * -(-plan.group // CHUNK) + c
-
-
-def _dy_times_x(plan, dst, dy_c, x_c, chunk):
-    """``dst = dy·x`` of the kernel's chunk number ``chunk`` in fp32 on the Vector engine: against x
-    copied into PSUM (one chunk in ``plan.x_psum_period``), else from SBUF as
+def _dy_times_x(plan, dst, dy_c, x_c):
+    """``dst = dy·x`` of a chunk in fp32 on the Vector engine: against x copied into PSUM
+    (``plan.x_from_psum``), else from SBUF as
     ``(dy − 0)·x``, a ``scalar_tensor_tensor`` (see the legacy kernel)."""
-    if chunk % plan.x_psum_period == plan.x_psum_period - 1:
+    if plan.x_from_psum:
         nisa.tensor_tensor(dst=dst, data1=dy_c, data2=_psum_copy(x_c), op=nl.multiply)
     else:
         nisa.scalar_tensor_tensor(
