@@ -318,10 +318,10 @@ def test_neuron_path_calls_the_output_parameter_kernels_directly(monkeypatch):
 def test_xla_device_without_the_sdk_is_a_clear_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "torch_neuronx", None)  # not importable
     with pytest.raises(RuntimeError, match="torch_neuronx is not importable"):
-        nki_torch.LAUNCHERS["xla"]._nki_jit("xla")
+        nki_torch.LAUNCHERS["xla"]._nki_jit("xla", "legacy")
     monkeypatch.setitem(sys.modules, "torch_neuronx", types.ModuleType("torch_neuronx"))
     with pytest.raises(RuntimeError, match="neuronxcc"):
-        nki_torch.LAUNCHERS["xla"]._nki_jit("xla")
+        nki_torch.LAUNCHERS["xla"]._nki_jit("xla", "legacy")
 
 
 def _torchneuron_available() -> bool:
