@@ -7,6 +7,7 @@ reached its kernels there."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 
 import simulate.core.runtime as legacy_runtime
@@ -30,7 +31,10 @@ def record_launches(monkeypatch) -> list[Launch]:
         original = getattr(module, attribute)
 
         def launch(func, *args, **kwargs):
-            name = getattr(func, "__name__", repr(func))
+            kernel = func
+            while isinstance(kernel, functools.partial):  # nki_call binds the constants
+                kernel = kernel.func
+            name = getattr(kernel, "__name__", repr(kernel))
             launches.append(Launch(dialect_name, name, threading.get_ident()))
             return original(func, *args, **kwargs)
 

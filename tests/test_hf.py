@@ -32,7 +32,9 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from nki_rmsnorm import hf, ops  # noqa: E402
+from dialect_launches import other_dialect, record_launches  # noqa: E402
+
+from nki_rmsnorm import dialect, hf, ops  # noqa: E402
 
 VOCAB, SEQ, BATCH = 96, 24, 2
 FP32_REL = 1e-5
@@ -125,6 +127,27 @@ def _logits_and_grads(model, ids):
 )
 @pytest.mark.parametrize("family", MODELS)
 def test_patched_model_matches_unpatched(family, dtype):
+    _check_patched_model(family, dtype)
+
+
+@pytest.mark.parametrize(
+    "family, dtype",
+    [("llama", torch.bfloat16), ("gemma3", torch.bfloat16), ("qwen3", torch.float32)],
+    ids=["llama-bf16", "gemma3-bf16", "qwen3-fp32"],
+)
+def test_patched_model_matches_unpatched_in_the_other_dialect(monkeypatch, family, dtype):
+    """The test above runs the default dialect's kernels; this one the other dialect's (every
+    launch, forward and backward, checked), so both dialects are covered whichever is the
+    default."""
+    chosen = other_dialect()
+    launches = record_launches(monkeypatch)
+    with dialect.use_dialect(chosen):
+        _check_patched_model(family, dtype)
+    assert {launch.dialect for launch in launches} == {chosen}
+    assert {launch.kernel for launch in launches} == {"rmsnorm_fwd", "rmsnorm_bwd"}
+
+
+def _check_patched_model(family, dtype):
     reference = _tiny_model(family, dtype)
     patched = copy.deepcopy(reference)
     swapped = hf.apply(patched)
