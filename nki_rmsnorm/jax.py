@@ -49,9 +49,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax.custom_batching import custom_vmap
 from jax.experimental.buffer_callback import buffer_callback
+from jax.experimental.custom_partitioning import custom_partitioning
 from jax.sharding import PartitionSpec as P
 
-from nki_rmsnorm import dialect, kernels, ops
+from nki_rmsnorm import _jax_ffi, dialect, kernels, ops
 
 __all__ = ["LAUNCH_PATHS", "fused_add_rms_norm", "launch_path", "rms_norm"]
 
@@ -333,9 +334,11 @@ def _launch_forward(cfg: _Config, x, weight, bias, residual):
         return tuple(
             kernels.kernel("rmsnorm_add_fwd", cfg.dialect)(x, residual, weight, bias, *options)
         )
-    return _host_call(
-        functools.partial(_simulate_forward, cfg), result_types, x, weight, bias, residual
-    )
+    arrays = (x, weight, bias, residual)
+    if _partitioned_by_xla(x):
+        present = tuple(a is not None for a in arrays)
+        return _partitioned_forward(cfg, present, *(a for a in arrays if a is not None))
+    return _host_call(_host_forward(cfg), result_types, *arrays)
 
 
 def _launch_backward(cfg: _Config, dy, x_or_h, weight, rstd, dh):
@@ -387,9 +390,154 @@ def _launch_backward(cfg: _Config, dy, x_or_h, weight, rstd, dh):
                 ),
             )
         )
-    return _host_call(
-        functools.partial(_simulate_backward, cfg), result_types, dy, x_or_h, weight, rstd, dh
+    arrays = (dy, x_or_h, weight, rstd, dh)
+    if _partitioned_by_xla(x_or_h):
+        present = tuple(a is not None for a in arrays)
+        return _partitioned_backward(cfg, present, *(a for a in arrays if a is not None))
+    return _host_call(_host_backward(cfg), result_types, *arrays)
+
+
+# ---------------------------------------------------------------------------------------------
+# GSPMD: rows sharded over Auto mesh axes stay sharded (custom_partitioning)
+# ---------------------------------------------------------------------------------------------
+
+
+@functools.cache
+def _host_forward(cfg: _Config):
+    """The forward's host function for ``cfg``, one object per configuration (the FFI
+    target's registry holds it by identity)."""
+    return functools.partial(_simulate_forward, cfg)
+
+
+@functools.cache
+def _host_backward(cfg: _Config):
+    return functools.partial(_simulate_backward, cfg)
+
+
+def _partitioned_by_xla(x) -> bool:
+    """Whether XLA's SPMD partitioner places this launch: several devices, and not inside
+    ``shard_map`` (there every array is already one device's block, and the launch is that
+    device's own)."""
+    if jax.device_count() < 2 or _varying_axes(x):
+        return False
+    return not getattr(jax.sharding.get_abstract_mesh(), "manual_axes", ())
+
+
+def _row_axes(mesh, sharding, rows: int) -> tuple:
+    """The mesh axes a partitioned launch splits its rows over: the row axes of the input's
+    sharding (so the rows stay where they are), or every mesh axis when the input's rows are
+    not split (each device then runs its own block instead of all devices the same rows);
+    none when the rows do not divide evenly (XLA would pad the blocks with rows the kernel
+    must not see)."""
+    spec = tuple(getattr(sharding, "spec", ())) + (None,)
+    entry = spec[0]
+    axes = tuple(entry) if isinstance(entry, tuple) else (() if entry is None else (entry,))
+    axes = axes or tuple(mesh.axis_names)
+    count = int(np.prod([mesh.shape[a] for a in axes], dtype=np.int64))
+    return axes if count > 1 and rows % count == 0 else ()
+
+
+def _named(mesh, *spec):
+    return jax.sharding.NamedSharding(mesh, P(*spec))
+
+
+def _rows_spec(axes):
+    return (axes if len(axes) > 1 else axes[0]) if axes else None
+
+
+def _forward_layout(present, mesh, arg_shapes):
+    """``(argument shardings, result shardings)`` of a partitioned forward: the rows of ``x``
+    and ``residual`` (and of ``y``, ``h``, ``rstd``) split over :func:`_row_axes`, the
+    hidden axis whole, the parameters replicated."""
+    x = arg_shapes[0]
+    rows = _rows_spec(_row_axes(mesh, x.sharding, x.shape[0]))
+    kinds = [kind for kind, flag in zip(("rows", "param", "param", "rows"), present) if flag]
+    arguments = tuple(
+        _named(mesh, rows, None) if kind == "rows" else _named(mesh, None) for kind in kinds
     )
+    results = [_named(mesh, rows, None)]
+    if present[3]:
+        results.append(_named(mesh, rows, None))
+    results.append(_named(mesh, rows))
+    return arguments, tuple(results)
+
+
+def _backward_layout(present, mesh, arg_shapes):
+    """As :func:`_forward_layout` for ``(dy, x_or_h, [weight], rstd, [dh])`` →
+    ``(dx, [dweight], [dbias])``; also the row axes, over which each device's partial
+    ``dweight``/``dbias`` are summed."""
+    x = arg_shapes[1]
+    axes = _row_axes(mesh, x.sharding, x.shape[0])
+    rows = _rows_spec(axes)
+    kinds = ("rows", "rows", "param", "rstd", "rows")
+    specs = {"rows": (rows, None), "param": (None,), "rstd": (rows,)}
+    arguments = tuple(_named(mesh, *specs[kind]) for kind, flag in zip(kinds, present) if flag)
+    return arguments, axes
+
+
+def _ffi_forward(cfg: _Config, present, *arrays):
+    """One device's forward launch (also the whole launch, unpartitioned)."""
+    args = _unpack(arrays, present)
+    return _jax_ffi.host_call(_host_forward(cfg), _forward_outputs(cfg, args[0]), *args)
+
+
+def _ffi_backward_local(cfg: _Config, present, *arrays):
+    args = _unpack(arrays, present)
+    return _jax_ffi.host_call(_host_backward(cfg), _backward_outputs(cfg, args[1], args[2]), *args)
+
+
+def _partition_forward(cfg, present, mesh, arg_shapes, result_shape):
+    arguments, results = _forward_layout(present, mesh, arg_shapes)
+    return mesh, functools.partial(_ffi_forward, cfg, present), results, arguments
+
+
+def _infer_forward(cfg, present, mesh, arg_shapes, result_shape):
+    return _forward_layout(present, mesh, arg_shapes)[1]
+
+
+def _forward_rule(cfg, present, mesh, operand_types, result_types):
+    operands = [f for f, flag in zip(("m n", "n", "n", "m n"), present) if flag]
+    results = ["m n", "m n", "m"] if present[3] else ["m n", "m"]
+    return f"{', '.join(operands)} -> {', '.join(results)}", {"need_replication_factors": ("n",)}
+
+
+def _partition_backward(cfg, present, mesh, arg_shapes, result_shape):
+    arguments, axes = _backward_layout(present, mesh, arg_shapes)
+    rows = _rows_spec(axes)
+    n_sums = len(result_shape) - 1
+
+    def lower(*arrays):
+        dx, *sums = _ffi_backward_local(cfg, present, *arrays)
+        # Each device summed its own rows; the parameters' gradients are the sum over all.
+        return (dx, *(jax.lax.psum(s, axes) if axes else s for s in sums))
+
+    results = (_named(mesh, rows, None), *(_named(mesh, None) for _ in range(n_sums)))
+    return mesh, lower, results, arguments
+
+
+def _infer_backward(cfg, present, mesh, arg_shapes, result_shape):
+    rows = _rows_spec(_backward_layout(present, mesh, arg_shapes)[1])
+    return (_named(mesh, rows, None), *(_named(mesh, None) for _ in result_shape[1:]))
+
+
+def _backward_rule(cfg, present, mesh, operand_types, result_types):
+    operands = [f for f, flag in zip(("m n", "m n", "n", "m", "m n"), present) if flag]
+    results = ["m n"] + ["n"] * (len(result_types) - 1)
+    return f"{', '.join(operands)} -> {', '.join(results)}", {"need_replication_factors": ("n",)}
+
+
+_partitioned_forward = custom_partitioning(_ffi_forward, static_argnums=(0, 1))
+_partitioned_forward.def_partition(
+    _partition_forward,
+    infer_sharding_from_operands=_infer_forward,
+    sharding_rule=_forward_rule,
+)
+_partitioned_backward = custom_partitioning(_ffi_backward_local, static_argnums=(0, 1))
+_partitioned_backward.def_partition(
+    _partition_backward,
+    infer_sharding_from_operands=_infer_backward,
+    sharding_rule=_backward_rule,
+)
 
 
 # ---------------------------------------------------------------------------------------------
