@@ -394,3 +394,33 @@ def test_llama_preset_differs_only_by_the_rstd_rounding(dtype, max_fraction):
     assert 0.05 < float((rstd_ulps > 0).float().mean()) < 0.6
     differ = assert_matches_hf_except_rstd_rounding(got, want, x)
     assert differ <= max_fraction * got.numel()
+
+
+@pytest.mark.parametrize(
+    "patch, family, others",
+    [
+        ("patch_llama", "llama", ("qwen3", "gemma")),
+        ("patch_llama", "mistral", ("qwen2",)),
+        ("patch_qwen", "qwen3", ("llama", "gemma2")),
+        ("patch_gemma", "gemma3", ("llama", "qwen3")),
+    ],
+)
+def test_family_patch_swaps_its_family_only(patch, family, others):
+    """Liger-style ``patch_*``: every RMSNorm of its family (the same modules ``apply``
+    swaps), none of another family's; the patched model's bf16 logits are HF's."""
+    swap = getattr(hf, patch)
+    for other in others:
+        model = _tiny_model(other, torch.bfloat16)
+        assert swap(model) == [] and _norm_classes(model) == _norm_classes(
+            _tiny_model(other, torch.bfloat16)
+        )
+    reference = _tiny_model(family, torch.bfloat16)
+    patched = copy.deepcopy(reference)
+    assert swap(patched) == hf.apply(copy.deepcopy(reference))
+    assert len(swap(copy.deepcopy(reference))) == EXPECTED_SWAPS[family]
+    ids = torch.randint(0, VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(8))
+    with torch.no_grad():
+        want, got = reference(ids).logits, patched(ids).logits
+    assert got.dtype == want.dtype and torch.equal(got, want)
+    with pytest.raises(TypeError, match="model must be a torch.nn.Module"):
+        swap("llama")
