@@ -49,6 +49,7 @@ __all__ = [
     "rmsnorm_fwd_out",
 ]
 
+
 def _plan(x, weight, bias, h_dtype, offset, casting_mode, out_dtype):
     """The :class:`Plan` for these HBM tensors on the running target."""
     return make_plan(

@@ -64,8 +64,7 @@ def split_rows(plan, s, hbm, eps, offset):
         return
     parts = min(P, segments)
     views = [
-        None if t is None else t.reshape((segments, F))
-        for t in (hbm.x, hbm.residual, hbm.y, hbm.h)
+        None if t is None else t.reshape((segments, F)) for t in (hbm.x, hbm.residual, hbm.y, hbm.h)
     ]
     weight_segments = None if hbm.weight is None else hbm.weight.reshape((s, F))
     bias_segments = None if hbm.bias is None else hbm.bias.reshape((s, F))

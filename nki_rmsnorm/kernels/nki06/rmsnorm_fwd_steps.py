@@ -301,7 +301,9 @@ def rstd_rows(plan, rstd, ident, stacked=True):
         transposed = nl.ndarray((1, k * pieces, parts), dtype=dtype, buffer=nl.psum)
         for b in range(k * pieces):
             nisa.nc_matmul(
-                dst=transposed[:, b, :], stationary=split[:, b : b + 1], moving=ident,
+                dst=transposed[:, b, :],
+                stationary=split[:, b : b + 1],
+                moving=ident,
                 is_transpose=True,
             )
     stationary = sbuf(tuple(transposed.shape), dtype)
