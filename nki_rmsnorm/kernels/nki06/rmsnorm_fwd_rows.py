@@ -6,7 +6,10 @@ LNC: under ``kernel[2]`` (trn2 / trn3, two physical cores per logical core) the 
 are split between the cores by ``nl.program_id(0)``: core c takes a contiguous block of
 tiles, and the last core the ragged tile. A row's instructions do not depend on which tile
 or core it is in, so the results are bitwise the same as at LNC=1; each core loads and
-prepares the weight (and bias) itself, so those are read once per core.
+prepares the weight (and bias) itself, so those are read once per core. The planner is told
+the core count (``choose_layout(..., cores=2)``), so each core keeps as many tiles to
+pipeline as one core at LNC=1 (fewer rows per partition; a row's arithmetic does not depend
+on them).
 """
 
 from __future__ import annotations
