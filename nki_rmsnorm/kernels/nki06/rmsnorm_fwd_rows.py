@@ -9,7 +9,10 @@ or core it is in, so the results are bitwise the same as at LNC=1; each core loa
 prepares the weight (and bias) itself, so those are read once per core. The planner is told
 the core count (``choose_layout(..., cores=2)``), so each core keeps as many tiles to
 pipeline as one core at LNC=1 (fewer rows per partition; a row's arithmetic does not depend
-on them).
+on them), and the tiles run as a two-stage software pipeline (the statistics of tile t + 1
+issued before the output of tile t), so each engine's in-order stream finds the next
+tile's first steps ahead of this tile's products. At LNC=1 the tiles run one after the
+other, in the legacy kernel's order.
 """
 
 from __future__ import annotations
