@@ -58,15 +58,8 @@ def rows_resident(plan, k, hbm, eps, offset):
         ),
         hbm.rstd.reshape((M // k, k)),
     )
-    groups = M // k
-    full_tiles = groups // P
-    cores = nl.num_programs(0)
-    core = nl.program_id(0)
-    per_core = -(-full_tiles // cores)
-    tiles = [(t * P, P) for t in range(core * per_core, min(full_tiles, (core + 1) * per_core))]
-    if groups % P and core == cores - 1:
-        tiles.append((full_tiles * P, groups % P))
-    if cores == 1:
+    tiles = steps.core_tiles(M // k, P)
+    if nl.num_programs(0) == 1:
         for group0, parts in tiles:
             _row_output(
                 plan,

@@ -56,10 +56,7 @@ def split_rows(plan, s, hbm, eps, offset):
     P = nl.tile_size.pmax
     F = N // s
     segments = M * s
-    tiles = [(seg0, min(P, segments - seg0)) for seg0 in range(0, segments, P)]
-    cores = nl.num_programs(0)
-    per_core = -(-len(tiles) // cores)
-    mine = tiles[nl.program_id(0) * per_core : (nl.program_id(0) + 1) * per_core]
+    mine = steps.core_tiles(segments, P)
     if not mine:
         return
     parts = min(P, segments)
