@@ -19,6 +19,7 @@ from ..core import approx as approx_mode
 from ..core import dtypes as dt
 from ..core import functions as fn
 from ..core import rules, sdk
+from ..core import semantics as sem
 from ..core.dtypes import (  # noqa: F401 - re-exported NKI names
     bfloat16,
     bfp16,
@@ -504,7 +505,7 @@ def where(condition, x, y, *, dtype=None, mask=None, **kwargs):
     out_dtype = dt.as_dtype(dtype or default)
     cond, xa = align_shapes(c.values, xa)
     cond, ya = align_shapes(cond, ya)
-    values = np.where(cond.astype(bool), xa, ya)
+    values = sem.select(cond.astype(bool), xa, ya)
     if m is False:
         return allocate(values.shape, out_dtype, fill=dt.uninitialised(out_dtype))
     return compute_result("dve", "select", values, out_dtype, m, [c, xv, yv])
@@ -532,12 +533,10 @@ def elementwise_unary(name: str, x, dtype=None, mask=None):
         values = spec.apply(op.values)
     elif name in fn.COMPARISONS or name == "logical_not":
         values = spec.apply(op.f32())
-    else:
-        work = work_f32(op, out_dtype)
-        inputs = work.copy() if name in fn.TRANSCENDENTAL and approx_mode.approx_bound() else None
-        values = spec.apply(work, out=work)
-        if inputs is not None:  # the Scalar engine's approximation
-            values = approx_mode.scalar_engine(name, inputs, values)
+    else:  # the Scalar engine approximates its transcendental functions when asked to
+        approximate = name in fn.TRANSCENDENTAL and approx_mode.approx_bound()
+        values = sem.activation(spec, work_f32(op, out_dtype), approximate=(
+            approx_mode.scalar_engine if approximate else None))
     engine, opcode = ("act", "activation") if name in fn.TRANSCENDENTAL else (
         "dve", "tensor_scalar")
     rules.check_allocated_bias(f"nl.{name}", engine == "act" and current(name).allocated,

@@ -19,8 +19,9 @@ import warnings
 import numpy as np
 
 from simulate.core import functions as fn
+from simulate.core import semantics as sem
 
-from . import context, engines
+from . import context
 from . import dtypes as dt
 from .errors import (
     NkiTypeError,
@@ -301,12 +302,6 @@ def _op(api, argname, op):
         raise NkiValidationError(f"{api} {argname}={op!r} is not an NKI operator") from exc
 
 
-def _alu(spec, a, b, reverse):
-    if spec.unary and spec.name not in fn.BINARY:
-        return spec.apply(a)
-    return spec.apply(b, a) if reverse else spec.apply(a, b)
-
-
 # --- data movement -----------------------------------------------------------------------------
 def _dma_side(api, argname, t) -> NkiTensor:
     _tensor(api, argname, t)
@@ -552,10 +547,7 @@ def iota(dst, pattern, offset=0, channel_multiplier=0, name=None):
             f"elements per partition, dst has {_free(dst)}"
         )
     start = offset.value if isinstance(offset, VirtualRegister) else int(offset)
-    grids = np.meshgrid(*[np.arange(n, dtype=np.int64) * s for s, n in pairs], indexing="ij")
-    free = sum(g for g in grids).reshape(-1)
-    rows = np.arange(dst.shape[0], dtype=np.int64)[:, None] * int(channel_multiplier)
-    values = (start + rows + free[None, :]).astype(np.int32)
+    values = sem.iota_pattern(dst.shape[0], pairs, start, channel_multiplier)
     return _write_and_emit("pool", api, name, dst, values, [])
 
 
@@ -599,9 +591,6 @@ def activation_reduce(dst, op, data, reduce_op, reduce_res, bias=None, scale=1.0
     )
 
 
-_REDUCE_IDENTITY = {"add": 0.0, "maximum": -np.inf, "minimum": np.inf, "multiply": 1.0}
-
-
 def _activation(api, dst, op, data, bias, scale, reduce_op, reduce_res, cmd, name):
     _on_chip(api, "dst", dst)
     _on_chip(api, "data", data)
@@ -638,9 +627,10 @@ def _activation(api, dst, op, data, bias, scale, reduce_op, reduce_res, cmd, nam
             raise NkiValidationError(
                 f"{api} op=nl.reciprocal with a bias is not supported on NeuronCore-v2"
             )
-    x = _pf(data)
-    with np.errstate(all="ignore"):
-        out = np.asarray(spec.apply(x * scale_v + bias_v), np.float32)
+    # the bias register is always added (0.0 without a bias: -0.0 comes out as +0.0)
+    out = np.asarray(
+        sem.activation(spec, np.array(_pf(data), np.float32), scale_v, bias_v), np.float32
+    )
     reduced = None
     if reduce_op is not None or reduce_res is not None or cmd is not reduce_cmd.idle:
         reduced = _reduce_registers(api, program, out, reduce_op, cmd, reduce_res)
@@ -686,15 +676,8 @@ def _reduce_registers(api, program, out, reduce_op, cmd, reduce_res):
             "unchanged (pass reduce_cmd=reset_reduce or use activation_reduce)",
             stacklevel=3,
         )
-    partitions = out.shape[0]
-    regs = program.act_regs[:partitions]
-    identity = np.float32(_REDUCE_IDENTITY[spec.name])
-    if cmd is reduce_cmd.reset:
-        regs[...] = identity
-    elif cmd is reduce_cmd.reset_reduce:
-        regs[...] = spec.reduce(out, 1)[:, None]
-    elif cmd is reduce_cmd.reduce:
-        regs[...] = spec.apply(regs, spec.reduce(out, 1)[:, None])
+    regs = program.act_regs[: out.shape[0]]
+    sem.update_registers(regs, spec, sem.fold_partitions(spec, out), cmd.name)
     return regs.copy()
 
 
@@ -716,18 +699,15 @@ def tensor_tensor(dst, data1, data2, op, engine=engine.unknown, name=None):
     )
     eng = _engine_of(api, engine, default, (globals()["engine"].vector, globals()["engine"].gpsimd))
     _no_gpsimd_psum(api, eng, ("data1", data1), ("data2", data2), ("dst", dst))
-    if spec.bitvec:
-        if not (dt.is_int(data1.dtype) and dt.is_int(data2.dtype)):
-            raise NkiValidationError(f"{api} bitvec op {spec.name} needs integer operands")
-        values = spec.apply(_pf(data1, False), _pf(data2, False))
-    elif (
-        eng is globals()["engine"].gpsimd
+    if spec.bitvec and not (dt.is_int(data1.dtype) and dt.is_int(data2.dtype)):
+        raise NkiValidationError(f"{api} bitvec op {spec.name} needs integer operands")
+    exact_int = (
+        not spec.bitvec
+        and eng is globals()["engine"].gpsimd
         and int32s
         and spec.name in ("add", "subtract", "multiply")
-    ):
-        values = spec.apply(_pf(data1, False).astype(np.int64), _pf(data2, False).astype(np.int64))
-    else:
-        values = spec.apply(_pf(data1), _pf(data2))
+    )
+    values = sem.elementwise(spec, _pf(data1, False), _pf(data2, False), exact_int=exact_int)
     return _write_and_emit(
         _TRACE_ENGINE[eng],
         api,
@@ -804,6 +784,7 @@ def _tensor_scalar(api, dst, data, stages, requested_engine):
     _no_gpsimd_psum(api, eng, ("data", data), ("dst", dst))
     values = _pf(data, f32=not bitvec)
     reads = [data]
+    alu_stages = []
     for i, (spec, (_, operand, reverse)) in enumerate(zip(specs, stages)):
         argname = f"operand{i}"
         if spec.unary and spec.name not in fn.BINARY:
@@ -811,7 +792,7 @@ def _tensor_scalar(api, dst, data, stages, requested_engine):
                 raise NkiValidationError(
                     f"{api} {argname} of unary op {spec.name} must be None or 0"
                 )
-            values = spec.apply(values)
+            alu_stages.append((spec, None, reverse))
             continue
         if bitvec and not isinstance(operand, NkiTensor):
             scalar, tile = np.asarray(int(operand)).astype(values.dtype), None
@@ -821,8 +802,8 @@ def _tensor_scalar(api, dst, data, stages, requested_engine):
         else:
             scalar, tile = _scalar(api, argname, operand, data.shape[0], f32_tile=True)
         reads.append(tile)
-        values = _alu(spec, values, scalar, reverse)
-    return np.asarray(values), reads, eng, names
+        alu_stages.append((spec, scalar, reverse))
+    return np.asarray(sem.alu_stages(values, alu_stages)), reads, eng, names
 
 
 def _is_number(value) -> bool:
@@ -840,8 +821,9 @@ def scalar_tensor_tensor(
     if spec0.bitvec or spec1.bitvec:
         raise NkiValidationError(f"{api} takes arithmetic operators only")
     scalar, tile = _scalar(api, "operand0", operand0, data.shape[0])
-    values = _alu(spec0, _pf(data), scalar, reverse0)
-    values = _alu(spec1, values, _pf(operand1), reverse1)
+    values = sem.scalar_tensor_tensor(
+        spec0, scalar, spec1, _pf(operand1), _pf(data), reverse0, reverse1
+    )
     return _write_and_emit(
         "dve",
         api,
@@ -879,7 +861,7 @@ def tensor_copy_predicated(dst, src, predicate, reverse_pred=False, name=None):
     else:
         raise NkiTypeError(f"{api} src must be a tensor or a number, got {type(src).__name__}")
     take = (_pf(predicate, f32=False) != 0) != bool(reverse_pred)
-    merged = np.where(take, dt.cast(values, dst.dtype), _pf(dst, f32=False))
+    merged = sem.select(take, dt.cast(values, dst.dtype), _pf(dst, f32=False))
     return _write_and_emit("dve", api, name, dst, merged, reads)
 
 
@@ -889,9 +871,7 @@ def reciprocal(dst, data, name=None):
     _on_chip(api, "dst", dst)
     _on_chip(api, "data", data)
     _pair(api, "data", data, "dst", dst)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        values = np.float32(1.0) / _pf(data)
-    return _write_and_emit("dve", api, name, dst, values, [data])
+    return _write_and_emit("dve", api, name, dst, sem.reciprocal(_pf(data)), [data])
 
 
 def tensor_reduce(dst, op, data, axis, negate=False, keepdims=False, name=None):
@@ -927,7 +907,7 @@ def tensor_reduce(dst, op, data, axis, negate=False, keepdims=False, name=None):
         api,
         name,
         dst,
-        engines.reduce_last(spec, values, negate),
+        sem.reduce_last(spec, values, negate),
         [data],
         details={"op": spec.name},
     )
@@ -954,7 +934,7 @@ def tensor_scalar_reduce(
         raise NkiValidationError(f"{api} does not support reverse0")
     cmd = _enum(reduce_cmd, globals()["reduce_cmd"], "reduce_cmd", api)
     spec = _op(api, "reduce_op", reduce_op)
-    if spec.name not in _REDUCE_IDENTITY:
+    if spec.name not in sem.REGISTER_REDUCE_OPS:
         raise NkiValidationError(
             f"{api} reduce_op must be add, multiply, maximum or minimum, got {spec.name}"
         )
@@ -963,18 +943,11 @@ def tensor_scalar_reduce(
     )
     program = context.current(api)
     regs = program.vector_regs[: data.shape[0]]
-    folded = spec.reduce(values.reshape(data.shape[0], -1).astype(np.float32), 1)[:, None]
-    commands = globals()["reduce_cmd"]
-    if cmd is commands.reset_reduce:
-        regs[...] = folded
-    elif cmd is commands.reduce:
-        regs[...] = spec.apply(regs, folded)
-    elif cmd is commands.load_reduce:
-        if reduce_init is None:
-            raise NkiValidationError(f"{api} reduce_cmd=load_reduce needs reduce_init")
-        regs[...] = spec.apply(np.float32(reduce_init), folded)
-    elif cmd is commands.reset:
-        regs[...] = np.float32(_REDUCE_IDENTITY[spec.name])
+    if cmd is globals()["reduce_cmd"].load_reduce and reduce_init is None:
+        raise NkiValidationError(f"{api} reduce_cmd=load_reduce needs reduce_init")
+    sem.update_registers(
+        regs, spec, sem.fold_partitions(spec, values), cmd.name, initial=reduce_init
+    )
     write(dst, values)
     writes = [dst]
     if reduce_res is not None:
@@ -1008,9 +981,7 @@ def tensor_tensor_scan(
     reads = [data0, data1] + ([initial] if isinstance(initial, NkiTensor) else [])
     initial_values, _ = _scalar(api, "initial", initial, data0.shape[0])
     spec0, spec1 = _op(api, "op0", op0), _op(api, "op1", op1)
-    values = engines.scan(
-        _alu, _pf(data0), _pf(data1), initial_values, spec0, spec1, reverse0, reverse1
-    )
+    values = sem.scan(spec0, spec1, _pf(data0), _pf(data1), initial_values, reverse0, reverse1)
     return _write_and_emit(
         "dve", api, name, dst, values, reads, details={"op": [spec0.name, spec1.name]}
     )
@@ -1029,7 +1000,7 @@ def bn_stats(dst, data, name=None):
         )
     if dst.shape[0] != data.shape[0] or _free(dst) != 6:
         raise NkiValidationError(f"{api} dst must be ({data.shape[0]}, 6), got {tuple(dst.shape)}")
-    return _write_and_emit("dve", api, name, dst, engines.batch_norm_stats(_pf(data)), [data])
+    return _write_and_emit("dve", api, name, dst, sem.batch_norm_stats(_pf(data)), [data])
 
 
 def bn_aggr(dst, data, name=None):
@@ -1043,7 +1014,7 @@ def bn_aggr(dst, data, name=None):
         )
     if dst.shape[0] != data.shape[0] or _free(dst) != 2:
         raise NkiValidationError(f"{api} dst must be ({data.shape[0]}, 2), got {tuple(dst.shape)}")
-    return _write_and_emit("dve", api, name, dst, engines.batch_norm_aggregate(_pf(data)), [data])
+    return _write_and_emit("dve", api, name, dst, sem.batch_norm_aggregate(_pf(data)), [data])
 
 
 # --- Tensor engine --------------------------------------------------------------------------------
@@ -1138,14 +1109,14 @@ def nc_matmul(
     a = _pf(stationary)
     b = _pf(moving)
     if is_transpose:
-        if n != k or not np.array_equal(b, np.eye(k, dtype=np.float32)):
+        if n != k or not sem.is_identity(b):
             raise NkiValidationError(f"{api} is_transpose=True needs an identity as moving")
         if dst.dtype is not stationary.dtype:
             raise NkiTypeError(
                 f"{api} is_transpose=True needs dst dtype {stationary.dtype} (the "
                 f"stationary dtype), got {dst.dtype}"
             )
-        write(dst, _pf(stationary, f32=False).T, accumulated_by_matmul=True)
+        write(dst, sem.transpose(stationary.values()), accumulated_by_matmul=True)
         matmul_mask(dst)[...] = True
     else:
         if dst.dtype is not dt.float32 and not (version >= 4 and dst.dtype is dt.bfloat16):
@@ -1154,7 +1125,7 @@ def nc_matmul(
             )
         if stationary.dtype is dt.tfloat32 or moving.dtype is dt.tfloat32:
             a, b = dt.cast(a, dt.tfloat32), dt.cast(b, dt.tfloat32)
-        product = (a.astype(np.float64).T @ b.astype(np.float64)).astype(np.float32)
+        product = sem.matmul(a, b)
         flags = matmul_mask(dst).reshape(m, n)
         if accumulate is None:
             add = flags.copy()
@@ -1222,7 +1193,7 @@ def nc_transpose(dst, data, engine=engine.unknown, name=None):
         raise NkiTypeError(f"{api} dst dtype {dst.dtype} must equal data dtype {data.dtype}")
     if dst.shape[0] != f or _free(dst) != p:
         raise NkiValidationError(f"{api} dst {tuple(dst.shape)} must be {f} x {p}")
-    write(dst, _pf(data, f32=False).T)
+    write(dst, sem.transpose(data.values()))
     return _emit(
         _TRACE_ENGINE[eng],
         api,
@@ -1362,7 +1333,7 @@ __all__ = [
         "np",
         "fn",
         "context",
-        "engines",
+        "sem",
         "dt",
         "NkiIndexError",
         "NkiTypeError",
