@@ -146,6 +146,54 @@ def reduce_last(spec, values, negate=False, valid=None):
     return result
 
 
+# The value a masked-off element contributes to each ``nl`` reduction.
+_NAMED_REDUCE_IDENTITY = {
+    "sum": 0.0,
+    "mean": 0.0,
+    "var": 0.0,
+    "prod": 1.0,
+    "max": -np.inf,
+    "min": np.inf,
+    "all": 1.0,
+}
+
+
+def reduce_axes(name, values, axes, valid=None):
+    """The ``nl`` reduction ``name`` (sum, prod, max, min, all, mean, var: population
+    variance) of float32 ``values`` over ``axes``, dims kept. ``mean``/``var`` divide by
+    the number of valid elements. Returns (result, mask of the output points with at least
+    one valid input, or None when every point is valid)."""
+    out_mask = None
+    if valid is not None:
+        values = np.where(valid, values, np.float32(_NAMED_REDUCE_IDENTITY[name]))
+        count = valid.sum(axis=axes, keepdims=True, dtype=np.float32)
+        out_mask = count > 0
+    else:
+        count = np.float32(np.prod([values.shape[a] for a in axes]))
+    with np.errstate(all="ignore"):
+        if name == "sum":
+            result = np.sum(values, axis=axes, keepdims=True, dtype=np.float32)
+        elif name == "prod":
+            result = np.prod(values, axis=axes, keepdims=True, dtype=np.float32)
+        elif name == "max":
+            result = np.max(values, axis=axes, keepdims=True)
+        elif name == "min":
+            result = np.min(values, axis=axes, keepdims=True)
+        elif name == "all":
+            result = np.all(values != 0, axis=axes, keepdims=True).astype(np.float32)
+        else:
+            result = np.sum(values, axis=axes, keepdims=True, dtype=np.float32) / count
+            if name == "var":
+                deviation = values - result
+                if valid is not None:
+                    deviation = np.where(valid, deviation, np.float32(0))
+                result = (
+                    np.sum(deviation * deviation, axis=axes, keepdims=True, dtype=np.float32)
+                    / count
+                )
+    return result, out_mask
+
+
 def fold_partitions(spec, values, valid=None):
     """The per-partition ``(P, 1)`` float32 reduction of ``values`` over all its free axes
     (what an instruction folds into the engine's reduce registers)."""

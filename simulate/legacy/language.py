@@ -713,10 +713,6 @@ identity = _unary("identity", "x")
 
 
 # --- reductions ------------------------------------------------------------------------------
-_IDENTITY = {"sum": 0.0, "mean": 0.0, "var": 0.0, "prod": 1.0, "max": -np.inf, "min": np.inf,
-             "all": 1.0}
-
-
 def _reduce(name, x, axis, dtype, mask, keepdims):
     """A reduction over free axes on the Vector engine (``tensor_reduce``), in fp32.
 
@@ -735,44 +731,17 @@ def _reduce(name, x, axis, dtype, mask, keepdims):
                             "err_reduce_partition_axis")
     default = dt.float32 if name in ("mean", "var") and dt.is_int(op.dtype) else op.dtype
     out_dtype = dt.as_dtype(dtype or (dt.bool_ if name == "all" else default))
-    values = op.f32()
-    out_mask = None
     if m is False:
         shape = tuple(1 if a in axes else n for a, n in enumerate(op.shape))
         return allocate(shape if keepdims else tuple(n for a, n in enumerate(op.shape)
                                                      if a not in axes),
                         out_dtype, fill=dt.uninitialised(out_dtype))
-    if m is not None:
-        valid = np.broadcast_to(align_mask(m, op.shape), op.shape)
-        values = np.where(valid, values, np.float32(_IDENTITY[name]))
-        count = valid.sum(axis=axes, keepdims=True, dtype=np.float32)
-        out_mask = count > 0
-        if not keepdims:
-            out_mask = out_mask.reshape(tuple(n for a, n in enumerate(out_mask.shape)
-                                              if a not in axes))
-    else:
-        count = np.float32(np.prod([op.shape[a] for a in axes]))
-    with np.errstate(all="ignore"):
-        if name == "sum":
-            result = np.sum(values, axis=axes, keepdims=True, dtype=np.float32)
-        elif name == "prod":
-            result = np.prod(values, axis=axes, keepdims=True, dtype=np.float32)
-        elif name == "max":
-            result = np.max(values, axis=axes, keepdims=True)
-        elif name == "min":
-            result = np.min(values, axis=axes, keepdims=True)
-        elif name == "all":
-            result = np.all(values != 0, axis=axes, keepdims=True).astype(np.float32)
-        else:
-            mu = np.sum(values, axis=axes, keepdims=True, dtype=np.float32) / count
-            result = mu
-            if name == "var":
-                dev = values - mu
-                if m is not None:
-                    dev = np.where(valid, dev, np.float32(0))
-                result = np.sum(dev * dev, axis=axes, keepdims=True, dtype=np.float32) / count
+    valid = None if m is None else np.broadcast_to(align_mask(m, op.shape), op.shape)
+    result, out_mask = sem.reduce_axes(name, op.f32(), axes, valid)
     if not keepdims:
         result = result.reshape(tuple(n for a, n in enumerate(result.shape) if a not in axes))
+        if out_mask is not None:
+            out_mask = out_mask.reshape(result.shape)
     partitions, free = extent(m, op.shape)
     return compute_result("dve", "tensor_reduce", np.asarray(result, np.float32), out_dtype,
                           out_mask, [op], partitions=partitions, free_size=free,

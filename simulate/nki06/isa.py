@@ -20,6 +20,8 @@ import numpy as np
 
 from simulate.core import functions as fn
 from simulate.core import semantics as sem
+from simulate.core.instructions import dma_trace_fields
+from simulate.core.tensor import run_bytes
 
 from . import context
 from . import dtypes as dt
@@ -243,12 +245,13 @@ def _emit(
     reads=(),
     writes=(),
     partitions,
-    free_size,
     out_dtype,
+    free_size=None,
     details=None,
     dma=None,
 ) -> NkiInstruction:
-    """Append the instruction to the launch's trace (the cost model's input)."""
+    """Append the instruction to the launch's trace (the cost model's input). A DMA's
+    ``dma`` fields give its ``free_size`` (:func:`simulate.core.instructions.dma_trace_fields`)."""
     program = context.current(opcode)
     reads = [t for t in reads if isinstance(t, NkiTensor)]
     details = dict(details or {})
@@ -256,7 +259,7 @@ def _emit(
         engine=engine_name,
         opcode=opcode,
         partitions=int(partitions),
-        free_size=int(free_size),
+        free_size=0 if free_size is None else int(free_size),
         in_dtypes=tuple(str(t.dtype) for t in reads),
         out_dtype=str(out_dtype),
         reads=tuple(region(t) for t in reads),
@@ -315,30 +318,29 @@ def _dma_side(api, argname, t) -> NkiTensor:
 
 
 def _row_bytes(t: NkiTensor) -> int:
-    """Contiguous bytes per partition row of the HBM side (one DMA descriptor): the first
-    dim pairs with the on-chip partitions, so a run never spans it (the legacy front-end's
-    rule, ``simulate.core.tensor.contiguous_row_bytes``)."""
-    run = 1
-    for n, s in zip(reversed(t.shape[1:]), reversed(t.strides[1:])):
-        if s != run and n != 1:
-            break
-        run *= n
-    return run * t.itemsize
+    """Contiguous bytes per partition row of the HBM side (one DMA descriptor)."""
+    return run_bytes(t.shape, [s * t.itemsize for s in t.strides], t.itemsize)
 
 
-def _dma_fields(src: NkiTensor | None, dst: NkiTensor, count: int) -> dict:
+def _dma_fields(src, dst: NkiTensor, count: int, partitions: int, row_bytes=None) -> dict:
+    """The DMA fields (``free_size`` included) of the trace record of ``count`` elements
+    moved from ``src`` to ``dst`` over ``partitions`` on-chip partitions: the core's, so
+    that the legacy front-end records the same transfer alike."""
     src_mem = "sbuf" if src is None else src.storage.memory
     dst_mem = dst.storage.memory
     hbm = dst if dst_mem == "hbm" and src_mem != "hbm" else (src if src is not None else dst)
-    return {
-        "dma_bytes": count * hbm.itemsize,
-        "dma_direction": f"{src_mem}->{dst_mem}",
-        "dma_row_bytes": _row_bytes(hbm),
-    }
+    return dma_trace_fields(
+        count * hbm.itemsize,
+        partitions,
+        f"{src_mem}->{dst_mem}",
+        _row_bytes(hbm) if row_bytes is None else row_bytes,
+    )
 
 
-def _chip_partitions(*ts) -> int:
-    return next((t.shape[0] for t in ts if t is not None and t.on_chip), 1)
+def _chip_partitions(dst, *srcs) -> int:
+    """The partitions a DMA spreads over: the on-chip side's, or the destination's rows
+    for an HBM-to-HBM copy (as the legacy front-end records it)."""
+    return next((t.shape[0] for t in (dst, *srcs) if t is not None and t.on_chip), dst.shape[0])
 
 
 def dma_copy(
@@ -385,10 +387,9 @@ def dma_copy(
         reads=[src],
         writes=[dst],
         partitions=_chip_partitions(dst, src),
-        free_size=dst.size // _chip_partitions(dst, src),
         out_dtype=dst.dtype,
         details={"dge_mode": mode.name},
-        dma=_dma_fields(src, dst, dst.size),
+        dma=_dma_fields(src, dst, dst.size, _chip_partitions(dst, src)),
     )
 
 
@@ -429,10 +430,9 @@ def dma_compute(
         reads=list(srcs),
         writes=[dst],
         partitions=_chip_partitions(dst, *srcs),
-        free_size=dst.size // _chip_partitions(dst, *srcs),
         out_dtype=dst.dtype,
         details={"rmw": True},
-        dma=_dma_fields(srcs[0], dst, dst.size * len(srcs)),
+        dma=_dma_fields(srcs[0], dst, dst.size * len(srcs), _chip_partitions(dst, *srcs)),
     )
 
 
@@ -476,7 +476,7 @@ def dma_transpose(
         dst,
         np.transpose(src.values(), perm),
         [src],
-        dma=_dma_fields(src, dst, dst.size) | {"dma_row_bytes": src.itemsize},
+        dma=_dma_fields(src, dst, dst.size, dst.shape[0], row_bytes=src.itemsize),
     )
 
 
@@ -1252,11 +1252,9 @@ def sendrecv(src, dst, send_to_rank, recv_from_rank, pipe_id, dma_engine=dma_eng
         values,
         [src],
         details={"pipe_id": pipe_id},  # the cost model pairs the cores' transfers by pipe
-        dma={
-            "dma_bytes": src.size * src.itemsize,
-            "dma_direction": "sbuf->sbuf",
-            "dma_row_bytes": _free(src) * src.itemsize,
-        },
+        dma=dma_trace_fields(
+            src.size * src.itemsize, src.shape[0], "sbuf->sbuf", _free(src) * src.itemsize
+        ),
     )
 
 
