@@ -1,10 +1,13 @@
-"""The legacy NKI compiler's rules, as tables and checks the front-ends call.
+"""The NKI compilers' rules, as tables and checks both front-ends call.
 
-Front-end-agnostic: this module imports no ``nl``/``nisa`` module, only the error classes,
-so the same rules can serve another dialect. Every check cites the documentation it
-enforces (repository ``aws-neuron/aws-neuron-sdk``, paths under ``general/nki/``) and raises
-one error naming the rule (the ``err_`` key of ``api/nki.errors.rst`` where one exists,
-otherwise a short name and the doc's words), the instruction and the tile.
+Front-end-agnostic: this module imports no ``nl``/``nisa`` module, only the error classes.
+Every check cites the documentation it enforces (repository ``aws-neuron/aws-neuron-sdk``:
+the legacy ``neuronxcc.nki`` docs under ``general/nki/`` at ``8a38e733``, the ``nki`` 0.6
+docs under ``nki/`` at ``81ce03ae``) and raises one error naming the rule (the ``err_`` key
+of ``api/nki.errors.rst`` where one exists, otherwise a short name and the doc's words), the
+instruction and the tile. Checks that differ between the two dialects take ``dialect``
+("legacy" or "nki06") and cite each dialect's docs; the nki06 front-end re-raises the
+errors as its ``NkiValidationError`` (:func:`simulate.nki06.errors.enforce`).
 
 Engines are named as in the trace: ``dve`` (Vector), ``act`` (Scalar), ``pool`` (GpSimd),
 ``pe`` (Tensor).
@@ -23,7 +26,45 @@ PM = "general/nki/programming_model.rst@8a38e733"
 KI = "general/nki/nki_known_issues.rst@8a38e733"
 ERRORS = "general/nki/api/nki.errors.rst@8a38e733"
 
+SHARED06 = "nki/api/nki.api.shared.rst@81ce03ae"
+ISA06 = "nki/api/nki/isa/__init__.py@81ce03ae"
+LANG06 = "nki/api/nki/language/__init__.py@81ce03ae"
+DIALECTS = ("legacy", "nki06")
+
 ENGINE_NAMES = {"dve": "Vector", "act": "Scalar", "pool": "GpSimd", "pe": "Tensor"}
+
+# The "Legal Reduction ``op``" column of the Supported Math Operators table: the same Y rows
+# in both dialects (legacy SHARED L63-L119, 0.6 SHARED06 L73-L135)
+LEGAL_REDUCTION_OPS = frozenset({
+    "add", "subtract", "multiply", "maximum", "minimum", "bitwise_and", "bitwise_or",
+    "bitwise_xor", "logical_and", "logical_or", "logical_xor",
+})
+_ALU_TABLE = {"legacy": f"{SHARED}, L63-L119", "nki06": f"{SHARED06}, L73-L135"}
+
+# Supported Activation Functions (the ``op`` of nisa.activation): legacy SHARED L140-L186;
+# 0.6 SHARED06 L154-L204 adds prelu and gelu_apprx_sigmoid_dx (not simulated)
+_LEGACY_ACTIVATIONS = frozenset({
+    "copy", "square", "sigmoid", "relu", "gelu", "gelu_dx", "gelu_apprx_tanh",
+    "gelu_apprx_sigmoid", "silu", "silu_dx", "tanh", "softplus", "mish", "erf", "erf_dx",
+    "exp", "log", "sin", "arctan", "sqrt", "rsqrt", "reciprocal", "sign", "abs",
+})
+ACTIVATION_FUNCTIONS = {
+    "legacy": _LEGACY_ACTIVATIONS,
+    "nki06": _LEGACY_ACTIVATIONS | {"prelu", "gelu_apprx_sigmoid_dx"},
+}
+_ACTIVATION_TABLE = {"legacy": f"{SHARED}, L140-L186", "nki06": f"{SHARED06}, L154-L204"}
+
+# ALU operators only one dialect's docs list: (dialect, first NeuronCore version)
+DIALECT_ALU_OPS = {
+    # nki/api/nki.api.shared.rst@81ce03ae, L122 and L124; "Available only on NeuronCore-v4
+    # (trn3) and newer" (nki/api/nki/language/__init__.py@81ce03ae, L846 and L890)
+    "abs_max": ("nki06", 4),
+    "abs_min": ("nki06", 4),
+}
+_DIALECT_ALU_CITE = {
+    "abs_max": f"{SHARED06}, L122; {LANG06}, L838-L879",
+    "abs_min": f"{SHARED06}, L124; {LANG06}, L882-L923",
+}
 
 # Supported Math Operators for NKI ISA: the "Supported Engine" column
 # (nki.api.shared.rst@8a38e733, L63-L119)
@@ -169,14 +210,71 @@ def check_tensor_tensor_engine(engine: str, op: str, integer: bool, tile="") -> 
         )
 
 
-def check_gpsimd_memory(api: str, engine: str, memories, tile="") -> None:
-    """GpSimd cannot read or write PSUM (isa L1392, L1778)."""
+def check_gpsimd_memory(api: str, engine: str, memories, tile="", dialect="legacy") -> None:
+    """GpSimd cannot read or write PSUM (legacy isa L1392, L1778; 0.6 isa L399, L1038,
+    L1914, L2116, L2235)."""
     if engine == "pool" and "psum" in memories:
+        if dialect == "nki06":
+            # nki/api/nki/isa/__init__.py@81ce03ae, L399, L1038, L1914, L2116, L2235
+            raise NKIValueError(
+                f"{api} on the gpsimd engine cannot access PSUM{_tile(tile)}: GpSimd Engine "
+                f"cannot access PSUM ({ISA06}, L399, L1038, L1914, L2116, L2235)",
+                "err_unsupported_memory",
+            )
         # general/nki/api/nki/isa/__init__.py@8a38e733, L1392 and L1778
         raise NKITypeError(
             f"{api}: GpSimd Engine cannot access PSUM, so its input or output tiles cannot be "
             f"in PSUM ({ISA}, L1392, L1778){_tile(tile)}",
             "err_unsupported_memory",
+        )
+
+
+def check_reduce_op(api: str, op: str, dialect: str, tile="") -> None:
+    """A reduction's ``op`` is one the ALU table marks as a legal reduction."""
+    if op not in LEGAL_REDUCTION_OPS:
+        # general/nki/api/nki.api.shared.rst@8a38e733, L63-L119 /
+        # nki/api/nki.api.shared.rst@81ce03ae, L73-L135 (Legal Reduction ``op`` column)
+        raise NKIValueError(
+            f"{api}: op={op} is not a legal reduction operator (the Legal Reduction op column "
+            f"of the Supported Math Operators table: {', '.join(sorted(LEGAL_REDUCTION_OPS))}; "
+            f"{_ALU_TABLE[dialect]}){_tile(tile)}",
+            "err_unsupported_reduce_op",
+        )
+
+
+def check_activation_op(api: str, op: str, dialect: str, tile="") -> None:
+    """``nisa.activation``'s ``op`` is in the dialect's Supported Activation Functions."""
+    if op not in ACTIVATION_FUNCTIONS[dialect]:
+        # general/nki/api/nki.api.shared.rst@8a38e733, L140-L186 /
+        # nki/api/nki.api.shared.rst@81ce03ae, L154-L204
+        raise NKIValueError(
+            f"{api}: op={op} is not an activation function of the Scalar engine (Supported "
+            f"Activation Functions table, {_ACTIVATION_TABLE[dialect]}){_tile(tile)}",
+            "err_unsupported_activation",
+        )
+
+
+def check_alu_op(api: str, op: str, dialect: str, nc_version: int, tile="") -> None:
+    """An ALU operator only one dialect's docs list exists in that dialect only, from the
+    NeuronCore generation they name."""
+    found = DIALECT_ALU_OPS.get(op)
+    if found is None:
+        return
+    owner, version = found
+    if dialect != owner:
+        # general/nki/api/nki.api.shared.rst@8a38e733, L63-L119 has no such operator
+        raise NKIValueError(
+            f"{api}: op={op} is not an operator of this NKI dialect (the Supported Math "
+            f"Operators table, {_ALU_TABLE[dialect]}, does not list it; it is "
+            f"nki.language.{op} of NKI 0.6, {_DIALECT_ALU_CITE[op]}){_tile(tile)}",
+            "err_unsupported_operator",
+        )
+    if nc_version < version:
+        # nki/api/nki/language/__init__.py@81ce03ae, L846 and L890
+        raise NKIValueError(
+            f"{api}: op={op} is available only on NeuronCore-v{version} (trn3) and newer, "
+            f"this target is NeuronCore-v{nc_version} ({_DIALECT_ALU_CITE[op]}){_tile(tile)}",
+            "err_unsupported_operator",
         )
 
 

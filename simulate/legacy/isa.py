@@ -119,6 +119,12 @@ def _nc_version(api) -> int:
     return current(api).target.nc_version
 
 
+def _legacy_ops(api, names):
+    """Operators of the 0.6 docs only (abs_max, abs_min) are not operators here."""
+    for name in names:
+        rules.check_alu_op(api, name, "legacy", _nc_version(api))
+
+
 def _same_partitions(api, *operands):
     counts = {op.partitions for op in operands if op is not None}
     if len(counts) > 1:
@@ -184,9 +190,7 @@ def activation(op, data, *, bias=None, scale=1.0, reduce_op=None, reduce_res=Non
     free axes and ``reduce_res`` receives the accumulator: ``reset`` clears it, ``reduce``
     folds into it, ``reset_reduce`` (and ``idle`` when a ``reduce_res`` is given) does both."""
     spec = fn.lookup(op, "op")
-    if not spec.is_activation:
-        raise NKIValueError(f"op={spec.name} is not an activation function of the Scalar engine",
-                            "err_unsupported_activation")
+    rules.check_activation_op("nisa.activation", spec.name, "legacy")
     sdk.check_op("nisa.activation", spec.name)
     m = resolve_mask(mask)
     src = tile_operand(data, "data", "activation", mask=m)
@@ -310,6 +314,7 @@ def tensor_scalar(data, op0, operand0, reverse0=False, op1=None, operand1=None, 
         raise NKIValueError("op0 and op1 must both be arithmetic or both bitvec operators",
                             "err_mixed_operator_kinds")
     names = (spec0.name,) + ((spec1.name,) if spec1 else ())
+    _legacy_ops("nisa.tensor_scalar", names)
     for name in names:
         sdk.check_op("tensor instruction", name)
     eng = _engine_name(engine, "") or rules.default_engine(names) or "dve"
@@ -345,6 +350,7 @@ def tensor_tensor(data1, data2, op, *, dtype=None, mask=None, engine=None, **kwa
         check_free_size(o, "nisa.tensor_tensor")
     _two_tiles("tensor_tensor", a, b)
     spec = fn.lookup(op, "op")
+    _legacy_ops("nisa.tensor_tensor", (spec.name,))
     exact_int = (dt.is_int(a.dtype) and dt.is_int(b.dtype)
                  and spec.name in ("add", "subtract", "multiply"))
     sdk.check_op("tensor instruction", spec.name)
@@ -377,6 +383,7 @@ def scalar_tensor_tensor(*, data, op0, operand0, op1, operand1, reverse0=False, 
         check_free_size(o, "nisa.scalar_tensor_tensor")
     _two_tiles("scalar_tensor_tensor", src, other)
     spec0, spec1 = fn.lookup(op0, "op0"), fn.lookup(op1, "op1")
+    _legacy_ops("nisa.scalar_tensor_tensor", (spec0.name, spec1.name))
     rules.check_alu_engine("nisa.scalar_tensor_tensor", "dve", (spec0.name, spec1.name),
                            _nc_version("scalar_tensor_tensor"), _describe(src))
     s0, s0_op = scalar_or_tile(operand0, "operand0", "scalar_tensor_tensor", src.partitions)
@@ -400,9 +407,7 @@ def tensor_reduce(op, data, axis, *, negate=False, keepdims=False, mask=None, dt
     src = tile_operand(data, "data", "tensor_reduce", mask=m)
     check_free_size(src, "nisa.tensor_reduce")
     spec = fn.lookup(op, "op")
-    if spec.name not in fn.REDUCIBLE:
-        raise NKIValueError(f"op={spec.name} is not a legal reduction operator",
-                            "err_unsupported_reduce_op")
+    rules.check_reduce_op("nisa.tensor_reduce", spec.name, "legacy")
     rules.check_alu_engine("nisa.tensor_reduce", "dve", (spec.name,),
                            _nc_version("tensor_reduce"), _describe(src))
     ndim = src.values.ndim
@@ -466,6 +471,7 @@ def tensor_tensor_scan(data0, data1, initial, op0, op1, reverse0=False, reverse1
     b = tile_operand(data1, "data1", "tensor_tensor_scan")
     _two_tiles("tensor_tensor_scan", a, b)
     spec0, spec1 = fn.lookup(op0, "op0"), fn.lookup(op1, "op1")
+    _legacy_ops("nisa.tensor_tensor_scan", (spec0.name, spec1.name))
     rules.check_alu_engine("nisa.tensor_tensor_scan", "dve", (spec0.name, spec1.name),
                            _nc_version("tensor_tensor_scan"), _describe(a))
     init, init_op = scalar_or_tile(initial, "initial", "tensor_tensor_scan", a.partitions)

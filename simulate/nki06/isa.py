@@ -19,6 +19,7 @@ import warnings
 import numpy as np
 
 from simulate.core import functions as fn
+from simulate.core import rules
 from simulate.core import semantics as sem
 from simulate.core.instructions import dma_trace_fields
 from simulate.core.tensor import run_bytes
@@ -28,6 +29,7 @@ from . import dtypes as dt
 from .errors import (
     NkiTypeError,
     NkiValidationError,
+    enforce,
 )
 from .tensor import NkiTensor, VirtualRegister, matmul_mask, partition_start, region, write
 
@@ -212,10 +214,17 @@ def _engine_of(api, requested, default: engine, allowed) -> engine:
 
 
 def _no_gpsimd_psum(api, eng, *operands) -> None:
-    if eng is engine.gpsimd:
-        for name, t in operands:
-            if t is not None and t.storage.memory == "psum":
-                raise NkiValidationError(f"{api} on the gpsimd engine cannot access PSUM ({name})")
+    """GpSimd cannot access PSUM (the core's rule, with the 0.6 docs)."""
+    for name, t in operands:
+        if t is not None:
+            enforce(
+                rules.check_gpsimd_memory,
+                api,
+                _TRACE_ENGINE.get(eng, ""),
+                (t.storage.memory,),
+                name,
+                dialect="nki06",
+            )
 
 
 def _scalar(api, argname, value, partitions, *, f32_tile=False):
@@ -299,10 +308,13 @@ def _write_and_emit(engine_name, api, name, dst, values, reads, details=None, dm
 
 
 def _op(api, argname, op):
+    """The operator ``op`` names, if this dialect has it on this target (core rules)."""
     try:
-        return fn.lookup(op, argname)
+        spec = fn.lookup(op, argname)
     except Exception as exc:  # the core lookup's error carries a legacy error key
         raise NkiValidationError(f"{api} {argname}={op!r} is not an NKI operator") from exc
+    enforce(rules.check_alu_op, api, spec.name, "nki06", _version(api), argname)
+    return spec
 
 
 # --- data movement -----------------------------------------------------------------------------
@@ -597,8 +609,7 @@ def _activation(api, dst, op, data, bias, scale, reduce_op, reduce_res, cmd, nam
     _pair(api, "data", data, "dst", dst)
     cmd = _enum(cmd, reduce_cmd, "reduce_cmd", api)
     spec = _op(api, "op", op)
-    if not spec.is_activation:
-        raise NkiValidationError(f"{api} op={spec.name} is not an activation function")
+    enforce(rules.check_activation_op, api, spec.name, "nki06", "op")
     program = context.current(api)
     version = program.target.nc_version
     partitions = data.shape[0]
@@ -896,8 +907,7 @@ def tensor_reduce(dst, op, data, axis, negate=False, keepdims=False, name=None):
             f"partitions x {kept} elements (the dims kept by axis={axis})"
         )
     spec = _op(api, "op", op)
-    if spec.name not in fn.REDUCIBLE:
-        raise NkiValidationError(f"{api} op={spec.name} is not a reduction operator")
+    enforce(rules.check_reduce_op, api, spec.name, "nki06", "op")
     if negate and spec.bitvec:
         raise NkiValidationError(f"{api} negate applies to arithmetic reductions only")
     values = data.values().reshape(data.shape[0], kept, -1)
