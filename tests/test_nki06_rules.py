@@ -168,3 +168,35 @@ def test_nki06_stores_float8_e4m3fn_and_legacy_rejects_it(rng, target):
 
     with pytest.raises(NKITypeError, match="dtype=float8_e4m3fn is not supported"):
         simulate.trace_kernel(legacy_kernel, x, target="trn3")
+
+
+def _tensor_tensor_kernel(op, engine):
+    @nki.jit
+    def kernel(a, b):
+        out = nl.ndarray(a.shape, a.dtype, buffer=nl.shared_hbm)
+        result = nl.ndarray(a.shape, a.dtype, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=result, data1=nl.load(a), data2=nl.load(b), op=op, engine=engine)
+        nl.store(out, result)
+        return out
+
+    return kernel
+
+
+def test_gpsimd_tensor_tensor_runs_power_or_integer_arithmetic_only(rng, target):
+    target("trn2")
+    a = rng.uniform(0.5, 2, (64, 32)).astype(np.float32)
+    b = rng.uniform(0.5, 2, (64, 32)).astype(np.float32)
+    with pytest.raises(AssertionError, match="op=add does not run on the gpsimd engine"):
+        _tensor_tensor_kernel(nl.add, nisa.engine.gpsimd)(a, b)
+    # legal twins: float power, int32 maximum (0.6: any arithmetic op on int32 tiles)
+    np.testing.assert_allclose(
+        _tensor_tensor_kernel(nl.power, nisa.engine.gpsimd)(a, b), a**b, rtol=1e-6
+    )
+    i = rng.integers(-(2**30), 2**30, (64, 32)).astype(np.int32)
+    j = rng.integers(-(2**30), 2**30, (64, 32)).astype(np.int32)
+    np.testing.assert_array_equal(
+        _tensor_tensor_kernel(nl.maximum, nisa.engine.gpsimd)(i, j), np.maximum(i, j)
+    )
+    np.testing.assert_allclose(
+        _tensor_tensor_kernel(nl.add, nisa.engine.vector)(a, b), a + b, rtol=1e-6
+    )

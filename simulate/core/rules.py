@@ -166,33 +166,55 @@ def default_engine(ops, candidates=("dve", "pool", "act")) -> str | None:
     return None
 
 
-def check_tensor_scalar_engine(engine: str, ops, nc_version: int, tile="") -> None:
-    """``nisa.tensor_scalar`` engine rules."""
+def check_tensor_scalar_engine(engine: str, ops, nc_version: int, tile="",
+                               dialect="legacy") -> None:
+    """``nisa.tensor_scalar`` engine rules: GpSimd only for rsqrt; the Scalar engine of
+    NeuronCore-v3 only (multiply), (add), (multiply, add). The legacy table also binds each
+    op to its engines (and Add/Multiply on Scalar from v3); the 0.6 table has no engine
+    column, and the 0.6 front-end puts (multiply, add) on the Scalar engine from v3 only
+    (the only target the docs name for it is trn2)."""
     ops = tuple(ops)
     if engine == "pool" and "rsqrt" not in ops:
-        # general/nki/api/nki/isa/__init__.py@8a38e733, L1699
+        cite = (f"{ISA06}, L1157" if dialect == "nki06" else f"{ISA}, L1699")
+        # general/nki/api/nki/isa/__init__.py@8a38e733, L1699 /
+        # nki/api/nki/isa/__init__.py@81ce03ae, L1157
         raise NKIValueError(
-            f"nisa.tensor_scalar: engine=nisa.gpsimd_engine is only allowed for rsqrt, got "
-            f"op0/op1={'/'.join(ops)} ({ISA}, L1699){_tile(tile)}",
+            f"nisa.tensor_scalar: runs on the gpsimd engine only for nl.rsqrt (engine=gpsimd "
+            f"is only allowed for rsqrt), got op0/op1={'/'.join(ops)} ({cite}){_tile(tile)}",
             "unsupported_engine_for_operator",
         )
-    if engine == "act" and nc_version >= 3 and ops not in SCALAR_TENSOR_SCALAR_COMBOS:
-        # general/nki/api/nki/isa/__init__.py@8a38e733, L1663-L1667
+    combos_apply = nc_version >= 3 or dialect == "nki06"
+    if engine == "act" and combos_apply and (
+            ops not in SCALAR_TENSOR_SCALAR_COMBOS or nc_version < 3):
+        cite = (f"{ISA06}, L1106-L1111" if dialect == "nki06" else f"{ISA}, L1663-L1667")
+        # general/nki/api/nki/isa/__init__.py@8a38e733, L1663-L1667 /
+        # nki/api/nki/isa/__init__.py@81ce03ae, L1106-L1111
         raise NKIValueError(
             "nisa.tensor_scalar: the Scalar Engine on trn2 only supports op0=multiply, "
-            f"op1=add / op0=multiply / op0=add, got {'/'.join(ops)} ({ISA}, L1663-L1667)"
-            f"{_tile(tile)}",
+            f"op1=add / op0=multiply / op0=add, got {'/'.join(ops)} on NeuronCore-v{nc_version}"
+            f" ({cite}){_tile(tile)}",
             "unsupported_engine_for_operator",
         )
-    check_alu_engine("nisa.tensor_scalar", engine, ops, nc_version, tile)
+    if dialect == "legacy":
+        check_alu_engine("nisa.tensor_scalar", engine, ops, nc_version, tile)
 
 
-def check_tensor_tensor_engine(engine: str, op: str, integer: bool, tile="") -> None:
+def check_tensor_tensor_engine(engine: str, op: str, integer: bool, tile="",
+                               dialect="legacy") -> None:
     """``nisa.tensor_tensor``: Vector runs the Vector ops; GpSimd runs power and integer
-    add/subtract/multiply (isa L1766-L1767)."""
+    arithmetic (legacy: add/subtract/multiply, isa L1766-L1767; 0.6: any arithmetic op when
+    every tile is int32/uint32, isa L1025-L1036)."""
     if engine == "pool":
-        legal = GPSIMD_TENSOR_TENSOR_FLOAT | (GPSIMD_TENSOR_TENSOR_INT if integer else set())
-        if op not in legal:
+        integer_op = integer and (dialect == "nki06" or op in GPSIMD_TENSOR_TENSOR_INT)
+        if op not in GPSIMD_TENSOR_TENSOR_FLOAT and not integer_op:
+            if dialect == "nki06":
+                # nki/api/nki/isa/__init__.py@81ce03ae, L1025-L1036
+                raise NKIValueError(
+                    f"nisa.tensor_tensor: op={op} does not run on the gpsimd engine: it runs "
+                    f"nl.power, or integer arithmetic when every tile is int32/uint32 "
+                    f"({ISA06}, L1025-L1036){_tile(tile)}",
+                    "unsupported_engine_for_operator",
+                )
             # general/nki/api/nki/isa/__init__.py@8a38e733, L1766-L1767
             raise NKIValueError(
                 f"nisa.tensor_tensor: op={op} does not run on the GpSimd engine: it runs "
@@ -201,7 +223,7 @@ def check_tensor_tensor_engine(engine: str, op: str, integer: bool, tile="") -> 
                 "unsupported_engine_for_operator",
             )
         return
-    if engine == "dve" and "dve" not in alu_engines(op):
+    if dialect == "legacy" and engine == "dve" and "dve" not in alu_engines(op):
         # general/nki/api/nki.api.shared.rst@8a38e733, L118
         raise NKIValueError(
             f"nisa.tensor_tensor: operator {op} is not supported on the Vector engine "

@@ -693,6 +693,11 @@ def _reduce_registers(api, program, out, reduce_op, cmd, reduce_res):
 
 
 # --- Vector engine -------------------------------------------------------------------------------
+# GpSimd's native integer arithmetic "ensures exact results for all 32-bit integer values"
+# (nki/api/nki/isa/__init__.py@81ce03ae, L1034-L1036)
+_EXACT_INT32_OPS = ("add", "subtract", "multiply", "maximum", "minimum")
+
+
 def tensor_tensor(dst, data1, data2, op, engine=engine.unknown, name=None):
     """``dst = op(data1, data2)`` elementwise. Vector engine; GpSimd for ``power`` and by
     default when every operand is (u)int32 and none is in PSUM (exact integer math)."""
@@ -709,6 +714,14 @@ def tensor_tensor(dst, data1, data2, op, engine=engine.unknown, name=None):
         else globals()["engine"].vector
     )
     eng = _engine_of(api, engine, default, (globals()["engine"].vector, globals()["engine"].gpsimd))
+    enforce(
+        rules.check_tensor_tensor_engine,
+        _TRACE_ENGINE[eng],
+        spec.name,
+        int32s,
+        "data1",
+        dialect="nki06",
+    )
     _no_gpsimd_psum(api, eng, ("data1", data1), ("data2", data2), ("dst", dst))
     if spec.bitvec and not (dt.is_int(data1.dtype) and dt.is_int(data2.dtype)):
         raise NkiValidationError(f"{api} bitvec op {spec.name} needs integer operands")
@@ -716,7 +729,7 @@ def tensor_tensor(dst, data1, data2, op, engine=engine.unknown, name=None):
         not spec.bitvec
         and eng is globals()["engine"].gpsimd
         and int32s
-        and spec.name in ("add", "subtract", "multiply")
+        and spec.name in _EXACT_INT32_OPS
     )
     values = sem.elementwise(spec, _pf(data1, False), _pf(data2, False), exact_int=exact_int)
     return _write_and_emit(
@@ -779,17 +792,14 @@ def _tensor_scalar(api, dst, data, stages, requested_engine):
     bitvec = specs[0].bitvec
     vector, scalar_eng, gpsimd = engine.vector, engine.scalar, engine.gpsimd
     eng = _engine_of(api, requested_engine, vector, (vector, scalar_eng, gpsimd))
-    if eng is scalar_eng and (
-        _version(api) < 3 or names not in (("multiply",), ("add",), ("multiply", "add"))
-    ):
-        raise NkiValidationError(
-            f"{api} on the scalar engine runs only (multiply), (add) or "
-            "(multiply, add) on NeuronCore-v3+, got " + ", ".join(names)
-        )
-    if eng is gpsimd and names != ("rsqrt",):
-        raise NkiValidationError(
-            f"{api} runs on the gpsimd engine only for nl.rsqrt, got " + ", ".join(names)
-        )
+    enforce(
+        rules.check_tensor_scalar_engine,
+        _TRACE_ENGINE[eng],
+        names,
+        _version(api),
+        "data",
+        dialect="nki06",
+    )
     if bitvec and (eng is not vector or not dt.is_int(data.dtype)):
         raise NkiValidationError(f"{api} bitvec ops run on the vector engine on integer data")
     _no_gpsimd_psum(api, eng, ("data", data), ("dst", dst))
