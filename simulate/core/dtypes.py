@@ -157,6 +157,12 @@ def promote(a, b) -> np.dtype:
     return _promote_int(a, b)
 
 
+def is_number(value) -> bool:
+    """A scalar operand: a Python bool/int/float or a NumPy scalar (``np.float32(1.0)``,
+    ``np.bool_(True)``; NumPy's bool is not an ``np.number``)."""
+    return isinstance(value, (bool, int, float, np.number, np.bool_))
+
+
 def weak_scalar_dtype(value) -> np.dtype:
     """Dtype of a scalar operand in promotion. Weakly typed scalars take the widest type the
     hardware has: bool->uint8, int->int32, float->fp32; 64-bit NumPy scalars (what NumPy

@@ -21,6 +21,7 @@ import numpy as np
 from simulate.core import functions as fn
 from simulate.core import rules
 from simulate.core import semantics as sem
+from simulate.core.dtypes import is_number
 from simulate.core.instructions import dma_trace_fields
 from simulate.core.tensor import run_bytes
 
@@ -239,7 +240,7 @@ def _scalar(api, argname, value, partitions, *, f32_tile=False):
         if f32_tile and value.dtype is not dt.float32:
             raise NkiTypeError(f"{api} {argname} must be a float32 tile, got {value.dtype}")
         return _pf(value), value
-    if isinstance(value, (bool, int, float, np.number)):
+    if is_number(value):
         return np.float32(value), None
     raise NkiTypeError(
         f"{api} {argname} must be a scalar or a (P, 1) tile, got {type(value).__name__}"
@@ -532,7 +533,7 @@ def memset(dst, value, engine=engine.unknown, name=None):
             f"{api} value {value!r} is a float but dst is {dst.dtype}: the value "
             "type must match the dtype"
         )
-    if not isinstance(value, (bool, int, float, np.number)):
+    if not is_number(value):
         raise NkiTypeError(f"{api} value must be a number, got {type(value).__name__}")
     return _write_and_emit(
         _TRACE_ENGINE[eng],
@@ -809,7 +810,7 @@ def _tensor_scalar(api, dst, data, stages, requested_engine):
     for i, (spec, (_, operand, reverse)) in enumerate(zip(specs, stages)):
         argname = f"operand{i}"
         if spec.unary and spec.name not in fn.BINARY:
-            if operand is not None and not (_is_number(operand) and operand == 0):
+            if operand is not None and not (is_number(operand) and operand == 0):
                 raise NkiValidationError(
                     f"{api} {argname} of unary op {spec.name} must be None or 0"
                 )
@@ -825,10 +826,6 @@ def _tensor_scalar(api, dst, data, stages, requested_engine):
         reads.append(tile)
         alu_stages.append((spec, scalar, reverse))
     return np.asarray(sem.alu_stages(values, alu_stages)), reads, eng, names
-
-
-def _is_number(value) -> bool:
-    return isinstance(value, (bool, int, float, np.number))
 
 
 def scalar_tensor_tensor(
@@ -877,7 +874,7 @@ def tensor_copy_predicated(dst, src, predicate, reverse_pred=False, name=None):
             raise NkiTypeError(f"{api} src dtype {src.dtype} must equal dst dtype {dst.dtype}")
         values = _pf(src, f32=False)
         reads.append(src)
-    elif _is_number(src):
+    elif is_number(src):
         values = np.full((dst.shape[0], _free(dst)), src)
     else:
         raise NkiTypeError(f"{api} src must be a tensor or a number, got {type(src).__name__}")
