@@ -479,3 +479,54 @@ def check_affine_select_pred(comparisons: int, tile="") -> None:
             f"such as & and | ({ISA}, L268); use nl.where for a complex predicate{_tile(tile)}",
             "err_unsupported_expression_in_mask",
         )
+
+
+BN_STATS_FMAX = 512  # nl.tile_size.bn_stats_fmax
+GEMM_STATIONARY_FMAX = 128  # nl.tile_size.gemm_stationary_fmax
+GEMM_MOVING_FMAX = 512  # nl.tile_size.gemm_moving_fmax: one PSUM bank of float32
+
+
+def check_bn_stats_free(api: str, free: int, dialect: str, tile="") -> None:
+    """``bn_stats`` reads at most bn_stats_fmax = 512 elements per partition."""
+    if free > BN_STATS_FMAX:
+        cite = f"{ISA06}, L1961" if dialect == "nki06" else f"{ISA}, L370"
+        # general/nki/api/nki/isa/__init__.py@8a38e733, L370 /
+        # nki/api/nki/isa/__init__.py@81ce03ae, L1961
+        raise NKIValueError(
+            f"{api} data has {free} elements per partition, exceeds maximum {BN_STATS_FMAX} "
+            f"(nl.tile_size.bn_stats_fmax; {cite}){_tile(tile)}",
+            "err_size_of_dimension_exceed_arch_limit",
+        )
+
+
+def moving_fmax(dialect: str, nc_version: int, dst_dtype: str = "float32") -> int:
+    """The largest ``nc_matmul`` moving free size: one PSUM bank of float32 (512); the 0.6
+    docs let NeuronCore-v4 stream 8 banks (4096 float32 / 8192 bfloat16 results)."""
+    if dialect == "nki06" and nc_version >= 4:
+        # nki/api/nki/isa/__init__.py@81ce03ae, L610-L614
+        return 8192 if dst_dtype == "bfloat16" else 4096
+    return GEMM_MOVING_FMAX
+
+
+def check_matmul_free_sizes(api: str, stationary_free: int, moving_free: int, dialect: str,
+                            nc_version: int, dst_dtype: str = "float32", tile="") -> None:
+    """``nc_matmul``: stationary free size <= gemm_stationary_fmax, moving free size <=
+    :func:`moving_fmax` (legacy nl.tile_size, language L144-L150; 0.6 isa L606-L614)."""
+    cite = (f"{ISA06}, L606-L614" if dialect == "nki06" else f"{LANG}, L144-L150")
+    if stationary_free > GEMM_STATIONARY_FMAX:
+        # general/nki/api/nki/language/__init__.py@8a38e733, L149-L150 /
+        # nki/api/nki/isa/__init__.py@81ce03ae, L608-L609
+        raise NKIValueError(
+            f"{api}: stationary free size {stationary_free} exceeds maximum "
+            f"{GEMM_STATIONARY_FMAX} (nl.tile_size.gemm_stationary_fmax; {cite}){_tile(tile)}",
+            "err_size_of_dimension_exceed_arch_limit",
+        )
+    limit = moving_fmax(dialect, nc_version, dst_dtype)
+    if moving_free > limit:
+        # general/nki/api/nki/language/__init__.py@8a38e733, L144-L145 /
+        # nki/api/nki/isa/__init__.py@81ce03ae, L610-L614
+        raise NKIValueError(
+            f"{api}: moving free size {moving_free} exceeds maximum {limit} on NeuronCore-"
+            f"v{nc_version} (nl.tile_size.gemm_moving_fmax; {cite}){_tile(tile)}",
+            "err_size_of_dimension_exceed_arch_limit",
+        )

@@ -301,3 +301,17 @@ def iota_pattern(partitions, pattern, offset=0, channel_multiplier=0):
     free = sum(g for g in grids).reshape(-1)
     rows = np.arange(partitions, dtype=np.int64)[:, None] * int(channel_multiplier)
     return (int(offset) + rows + free[None, :]).astype(np.int32)
+
+
+# --- DMA ----------------------------------------------------------------------------------------
+# The permutation a DMA transpose applies, by rank (the only one each rank supports)
+DMA_TRANSPOSE_AXES = {2: (1, 0), 3: (2, 1, 0), 4: (3, 1, 2, 0)}
+
+
+def dma_accumulate(spec, *values):
+    """A DMA's read-modify-write: ``spec`` (add) folded over float32 copies of ``values``
+    (the destination's current values first, when the DMA accumulates into it)."""
+    total = np.asarray(values[0]).astype(np.float32)
+    for more in values[1:]:
+        total = spec.apply(total, np.asarray(more).astype(np.float32))
+    return total

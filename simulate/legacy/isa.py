@@ -522,10 +522,7 @@ def bn_stats(data, *, mask=None, dtype=None, **kwargs):
     count 0, mean 0, M2 0); a fully masked-off partition is not computed."""
     m = resolve_mask(mask)
     op = tile_operand(data, "data", "bn_stats", mask=m)
-    if op.free_size > 512:
-        raise NKIValueError(f"bn_stats reads at most 512 elements per partition "
-                            f"(bn_stats_fmax), got {op.free_size}",
-                            "err_size_of_dimension_exceed_arch_limit")
+    rules.check_bn_stats_free("nisa.bn_stats", op.free_size, "legacy", _describe(op))
     if m is not None and m is not False:
         aligned = np.broadcast_to(align_mask(m, op.shape), op.shape)
         restricted = [axis for axis in range(aligned.ndim)
@@ -655,14 +652,8 @@ def nc_matmul(stationary, moving, *, is_stationary_onezero=False, is_moving_onez
     if st.partitions != mv.partitions:
         raise NKIValueError(f"nc_matmul contraction mismatch: stationary has {st.partitions} "
                             f"partitions, moving {mv.partitions}", "err_num_partition_mismatch")
-    if st.free_size > 128:
-        raise NKIValueError(f"nc_matmul stationary free size {st.free_size} exceeds "
-                            "gemm_stationary_fmax = 128",
-                            "err_size_of_dimension_exceed_arch_limit")
-    if mv.free_size > 512:
-        raise NKIValueError(f"nc_matmul moving free size {mv.free_size} exceeds "
-                            "gemm_moving_fmax = 512 (one PSUM bank of fp32)",
-                            "err_size_of_dimension_exceed_arch_limit")
+    rules.check_matmul_free_sizes("nisa.nc_matmul", st.free_size, mv.free_size, "legacy",
+                                  _nc_version("nc_matmul"), tile=_describe(mv))
     for op in (st, mv):
         if dt.is_int(op.dtype):
             raise NKITypeError("nc_matmul takes fp8/bf16/fp16/tf32/fp32 inputs, got "
@@ -802,7 +793,7 @@ def dma_copy(*, dst, src, mask=None, dst_rmw_op=None, oob_mode=oob_mode.error,
     values = _read_any(src, src_mask).reshape(shape)
     if dst_rmw_op is not None:
         spec = fn.lookup(dst_rmw_op, "dst_rmw_op")
-        values = spec.apply(dt.compute(_read_any(dst, m)), dt.compute(values))
+        values = sem.dma_accumulate(spec, _read_any(dst, m), values)
     write_into(dst, values, m, accumulate=dst_rmw_op is not None)
     src_mem, dst_mem = src.storage.memory, dst.storage.memory
     hbm_side = dst if dst_mem == "hbm" and src_mem != "hbm" else src
@@ -827,7 +818,7 @@ def dma_transpose(src, *, axes=None, mask=None, dtype=None, **kwargs):
     if isinstance(src, Access) and src.indirect is not None:
         raise NKIIndexError("dma_transpose does not support indirect indices",
                             "err_indirect_indices_are_not_supported_with_nki_api")
-    default = {2: (1, 0), 3: (2, 1, 0), 4: (3, 1, 2, 0)}
+    default = sem.DMA_TRANSPOSE_AXES
     rank = len(src.shape)
     if rank not in default:
         raise NKIValueError("dma_transpose takes a 2-D to 4-D tile",

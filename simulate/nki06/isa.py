@@ -432,9 +432,9 @@ def dma_compute(
             "dma_compute with one source is a copy: pass dst as a source too to accumulate into it",
             stacklevel=2,
         )
-    total = np.zeros(dst.size, np.float32)
-    for s in srcs:
-        total += s.values().reshape(-1).astype(np.float32)
+    total = sem.dma_accumulate(
+        spec, np.zeros(dst.size, np.float32), *(s.values().reshape(-1) for s in srcs)
+    )
     write(dst, total)
     return _emit(
         "dma",
@@ -447,9 +447,6 @@ def dma_compute(
         details={"rmw": True},
         dma=_dma_fields(srcs[0], dst, dst.size * len(srcs), _chip_partitions(dst, *srcs)),
     )
-
-
-_TRANSPOSE_AXES = {2: (1, 0), 3: (2, 1, 0), 4: (3, 1, 2, 0)}
 
 
 def dma_transpose(
@@ -468,12 +465,13 @@ def dma_transpose(
     _on_chip(api, "dst", dst, psum=False)
     _enum(dge_mode, globals()["dge_mode"], "dge_mode", api)
     rank = src.ndim
-    if rank not in _TRANSPOSE_AXES:
+    if rank not in sem.DMA_TRANSPOSE_AXES:
         raise NkiValidationError(f"{api} src must have rank 2 to 4, got {rank}")
-    perm = _TRANSPOSE_AXES[rank] if axes is None else tuple(int(a) for a in axes)
-    if perm != _TRANSPOSE_AXES[rank]:
+    perm = sem.DMA_TRANSPOSE_AXES[rank] if axes is None else tuple(int(a) for a in axes)
+    if perm != sem.DMA_TRANSPOSE_AXES[rank]:
         raise NkiValidationError(
-            f"{api} axes {perm} unsupported for rank {rank}; expected {_TRANSPOSE_AXES[rank]}"
+            f"{api} axes {perm} unsupported for rank {rank}; "
+            f"expected {sem.DMA_TRANSPOSE_AXES[rank]}"
         )
     expected = tuple(src.shape[a] for a in perm)
     if tuple(dst.shape) != expected:
@@ -1010,11 +1008,7 @@ def bn_stats(dst, data, name=None):
     api = "bn_stats"
     _on_chip(api, "data", data)
     _on_chip(api, "dst", dst)
-    if _free(data) > 512:
-        raise NkiValidationError(
-            f"{api} data has {_free(data)} elements per partition, exceeds "
-            "maximum 512 (nl.tile_size.bn_stats_fmax)"
-        )
+    enforce(rules.check_bn_stats_free, api, _free(data), "nki06", "data")
     if dst.shape[0] != data.shape[0] or _free(dst) != 6:
         raise NkiValidationError(f"{api} dst must be ({data.shape[0]}, 6), got {tuple(dst.shape)}")
     return _write_and_emit("dve", api, name, dst, sem.batch_norm_stats(_pf(data)), [data])
@@ -1078,14 +1072,7 @@ def nc_matmul(
             f"{api} moving has {moving.shape[0]} partitions, stationary "
             f"{k}: the contraction dims must match"
         )
-    if m > 128:
-        raise NkiValidationError(
-            f"{api} stationary free size {m} exceeds maximum 128 "
-            "(nl.tile_size.gemm_stationary_fmax)"
-        )
-    n_max = 512 if version < 4 else (8192 if dst.dtype is dt.bfloat16 else 4096)
-    if n > n_max:
-        raise NkiValidationError(f"{api} moving free size {n} exceeds maximum {n_max}")
+    enforce(rules.check_matmul_free_sizes, api, m, n, "nki06", version, str(dst.dtype), "moving")
     if dst.shape[0] != m or _free(dst) != n:
         raise NkiValidationError(
             f"{api} dst {tuple(dst.shape)} must hold {m} partitions x {n} "
