@@ -530,3 +530,23 @@ def check_matmul_free_sizes(api: str, stationary_free: int, moving_free: int, di
             f"v{nc_version} (nl.tile_size.gemm_moving_fmax; {cite}){_tile(tile)}",
             "err_size_of_dimension_exceed_arch_limit",
         )
+
+
+# nc_transpose: the Tensor engine takes up to 128 x 128, the Vector engine up to 32 x 32
+TRANSPOSE_LIMITS = {"pe": 128, "dve": 32}
+
+
+def check_transpose_size(api: str, engine: str, partitions: int, free: int, dialect: str,
+                         tile="") -> None:
+    """``nc_transpose`` input at most 128 x 128 (Tensor) or 32 x 32 (Vector; another engine
+    is held to the Tensor engine's limit)."""
+    limit = TRANSPOSE_LIMITS.get(engine, TRANSPOSE_LIMITS["pe"])
+    if partitions > limit or free > limit:
+        cite = f"{ISA06}, L858-L859" if dialect == "nki06" else f"{ISA}, L1027-L1028"
+        # general/nki/api/nki/isa/__init__.py@8a38e733, L1027-L1028 /
+        # nki/api/nki/isa/__init__.py@81ce03ae, L858-L859
+        raise NKIValueError(
+            f"{api}: data ({partitions} x {free}) exceeds {limit} x {limit} on the "
+            f"{ENGINE_NAMES.get(engine, engine).lower()} engine ({cite}){_tile(tile)}",
+            "err_size_of_dimension_exceed_arch_limit",
+        )

@@ -708,10 +708,8 @@ def nc_transpose(data, *, mask=None, dtype=None, engine=None, **kwargs):
     eng = _engine_name(engine, "pe")
     if eng == "pe":
         rules.check_allocated_transpose("nisa.nc_transpose", current("nc_transpose").allocated)
-    limit = 32 if eng == "dve" else 128
-    if op.partitions > limit or op.free_size > limit:
-        raise NKIValueError(f"nc_transpose on the {eng} engine takes at most {limit}×{limit}, "
-                            f"got {op.shape}", "err_size_of_dimension_exceed_arch_limit")
+    rules.check_transpose_size("nisa.nc_transpose", eng, op.partitions, op.free_size, "legacy",
+                               _describe(op))
     if eng == "pe" and op.memory == "psum":
         raise NKITypeError("Tensor-engine inputs must be in SBUF", "err_unsupported_memory")
     values = sem.transpose(op.values)

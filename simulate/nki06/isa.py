@@ -1183,12 +1183,8 @@ def nc_transpose(dst, data, engine=engine.unknown, name=None):
         )
     if eng not in (globals()["engine"].tensor, globals()["engine"].vector):
         raise NkiValidationError(f"{api} runs on the tensor or vector engine, not {eng.name}")
-    limit = 128 if eng is globals()["engine"].tensor else 32
     p, f = data.shape[0], _free(data)
-    if p > limit or f > limit:
-        raise NkiValidationError(
-            f"{api} data ({p} x {f}) exceeds {limit} x {limit} on the {eng.name} engine"
-        )
+    enforce(rules.check_transpose_size, api, _TRACE_ENGINE[eng], p, f, "nki06", "data")
     if eng is globals()["engine"].tensor and (
         data.storage.memory != "sbuf" or dst.storage.memory != "psum"
     ):
