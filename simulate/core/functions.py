@@ -114,8 +114,6 @@ BITVEC = {
 }
 COMPARISONS = frozenset({"equal", "not_equal", "greater", "greater_equal", "less",
                          "less_equal", "logical_and", "logical_or", "logical_xor"})
-REDUCIBLE = frozenset({"add", "subtract", "multiply", "maximum", "minimum", "bitwise_and",
-                       "bitwise_or", "bitwise_xor", "logical_and", "logical_or", "logical_xor"})
 _REDUCERS = {"add": np.sum, "multiply": np.prod, "maximum": np.max, "minimum": np.min,
              "bitwise_and": np.bitwise_and.reduce, "bitwise_or": np.bitwise_or.reduce,
              "bitwise_xor": np.bitwise_xor.reduce, "logical_and": np.all, "logical_or": np.any,
@@ -149,10 +147,6 @@ class OpSpec:
     @property
     def bitvec(self) -> bool:
         return self.name in BITVEC
-
-    @property
-    def is_activation(self) -> bool:
-        return self.name in ACTIVATIONS
 
     def apply(self, *operands, out=None):
         """The op on NumPy operands. With ``out`` (a float32 work array the caller owns) a
