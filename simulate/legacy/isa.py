@@ -5,6 +5,9 @@ dtype; the promoted type for two-input ops). Per-partition operands (``(P, 1)`` 
 Python scalars) broadcast along the free axes; nothing broadcasts along the partition axis.
 A ``mask=`` restricts the points the instruction computes: masked-off points of a new tile
 are uninitialised, masked-off points of a tile it is assigned into keep their values.
+
+The arithmetic is :mod:`simulate.core.semantics` and the rules :mod:`simulate.core.rules`,
+shared with the ``nki`` 0.6 front-end; this module binds the legacy signatures to them.
 """
 
 from __future__ import annotations
