@@ -550,3 +550,50 @@ def check_transpose_size(api: str, engine: str, partitions: int, free: int, dial
             f"{ENGINE_NAMES.get(engine, engine).lower()} engine ({cite}){_tile(tile)}",
             "err_size_of_dimension_exceed_arch_limit",
         )
+
+
+# nc_matmul input dtypes: legacy isa L874-L875; 0.6 isa L576-L579 (float8_e4m3fn from
+# NeuronCore-v4, the only 0.6-only entry)
+MATMUL_INPUT_DTYPES = frozenset(
+    {"float8_e4m3", "float8_e5m2", "bfloat16", "float16", "tfloat32", "float32"})
+MATMUL_V4_INPUT_DTYPES = frozenset({"float8_e4m3fn"})
+
+
+def check_matmul_inputs(api: str, stationary: str, moving: str, dialect: str,
+                        nc_version: int) -> None:
+    """``nc_matmul`` input dtypes (both dialects); the 0.6 docs add the pairing rules:
+    float32/tfloat32 pair only with float32/tfloat32, float8_e4m3 and float8_e4m3fn do not
+    mix (0.6 isa L578-L581)."""
+    cite = f"{ISA06}, L576-L581" if dialect == "nki06" else f"{ISA}, L874-L875"
+    for argname, dtype in (("stationary", stationary), ("moving", moving)):
+        if dtype in MATMUL_V4_INPUT_DTYPES and dialect == "nki06":
+            if nc_version < 4:
+                # nki/api/nki/isa/__init__.py@81ce03ae, L578-L579
+                raise NKITypeError(
+                    f"{api} {argname} float8_e4m3fn needs NeuronCore-v4 ({cite})",
+                    "err_matmul_dtype",
+                )
+            continue
+        if dtype not in MATMUL_INPUT_DTYPES:
+            # general/nki/api/nki/isa/__init__.py@8a38e733, L874-L875 /
+            # nki/api/nki/isa/__init__.py@81ce03ae, L576-L579
+            raise NKITypeError(
+                f"{api} {argname} dtype {dtype} is not a matmul input type: nc_matmul takes "
+                f"fp8/bf16/fp16/tf32/fp32 inputs ({cite})",
+                "err_matmul_dtype",
+            )
+    if dialect != "nki06":
+        return
+    kinds = {stationary, moving}
+    wide = {"float32", "tfloat32"}
+    if kinds & wide and not kinds <= wide:
+        # nki/api/nki/isa/__init__.py@81ce03ae, L580-L581
+        raise NKITypeError(
+            f"{api} float32/tfloat32 inputs pair only with float32/tfloat32, got {stationary} "
+            f"and {moving} ({cite})",
+            "err_matmul_dtype",
+        )
+    if {"float8_e4m3", "float8_e4m3fn"} <= kinds:
+        # nki/api/nki/isa/__init__.py@81ce03ae, L579
+        raise NKITypeError(f"{api} cannot mix float8_e4m3 and float8_e4m3fn ({cite})",
+                           "err_matmul_dtype")

@@ -657,10 +657,8 @@ def nc_matmul(stationary, moving, *, is_stationary_onezero=False, is_moving_onez
                             f"partitions, moving {mv.partitions}", "err_num_partition_mismatch")
     rules.check_matmul_free_sizes("nisa.nc_matmul", st.free_size, mv.free_size, "legacy",
                                   _nc_version("nc_matmul"), tile=_describe(mv))
-    for op in (st, mv):
-        if dt.is_int(op.dtype):
-            raise NKITypeError("nc_matmul takes fp8/bf16/fp16/tf32/fp32 inputs, got "
-                               f"{dt.name(op.dtype)}", "err_matmul_dtype")
+    rules.check_matmul_inputs("nisa.nc_matmul", dt.name(st.dtype), dt.name(mv.dtype), "legacy",
+                              _nc_version("nc_matmul"))
     if tile_position or tile_size:
         if not (tile_position and tile_size) or len(tile_position) != 2 or len(tile_size) != 2:
             raise NKIValueError("tile_position and tile_size must both be (row, column) pairs",

@@ -1029,19 +1029,6 @@ def bn_aggr(dst, data, name=None):
 
 
 # --- Tensor engine --------------------------------------------------------------------------------
-_MATMUL_INPUTS = frozenset(
-    (
-        dt.float8_e4m3,
-        dt.float8_e5m2,
-        dt.bfloat16,
-        dt.float16,
-        dt.tfloat32,
-        dt.float32,
-        dt.float8_e4m3fn,
-    )
-)
-
-
 def nc_matmul(
     dst,
     stationary,
@@ -1078,19 +1065,10 @@ def nc_matmul(
             f"{api} dst {tuple(dst.shape)} must hold {m} partitions x {n} "
             "elements (stationary free size x moving free size)"
         )
-    for argname, t in (("stationary", stationary), ("moving", moving)):
-        if t.dtype not in _MATMUL_INPUTS:
-            raise NkiTypeError(f"{api} {argname} dtype {t.dtype} is not a matmul input type")
-        if t.dtype is dt.float8_e4m3fn and version < 4:
-            raise NkiTypeError(f"{api} {argname} float8_e4m3fn needs NeuronCore-v4")
+    enforce(
+        rules.check_matmul_inputs, api, str(stationary.dtype), str(moving.dtype), "nki06", version
+    )
     kinds = {stationary.dtype, moving.dtype}
-    if kinds & {dt.float32, dt.tfloat32} and not kinds <= {dt.float32, dt.tfloat32}:
-        raise NkiTypeError(
-            f"{api} float32/tfloat32 inputs pair only with float32/tfloat32, got "
-            f"{stationary.dtype} and {moving.dtype}"
-        )
-    if {dt.float8_e4m3, dt.float8_e4m3fn} <= kinds:
-        raise NkiTypeError(f"{api} cannot mix float8_e4m3 and float8_e4m3fn")
     if bool(tile_position) != bool(tile_size):
         raise NkiValidationError(f"{api} tile_position and tile_size go together")
     granule = 64 if version == 2 else 32  # row/column tiles of the PE array (STUB-ISA)
