@@ -19,6 +19,13 @@ bfloat16 = np.dtype(ml_dtypes.bfloat16)
 tfloat32 = np.dtype(np.float32, metadata={"nki": "tfloat32"})
 float8_e4m3 = np.dtype(ml_dtypes.float8_e4m3)  # IEEE-style FP8_EXP4 (max 240), not e4m3fn
 float8_e5m2 = np.dtype(ml_dtypes.float8_e5m2)
+# OCP FP8 types: only the NKI 0.6 docs list them (nki/api/nki.api.shared.rst@81ce03ae, L37
+# and L39); the legacy dtype table (general/nki/api/nki.api.shared.rst@8a38e733) has neither,
+# so :func:`as_dtype` (the legacy front-end's) rejects them; :data:`DIALECT_DTYPES` says who
+# has what. They round through float32 (:func:`cast`) and promote by :func:`promote`.
+float8_e4m3fn = np.dtype(ml_dtypes.float8_e4m3fn)
+float8_e8m0fnu = np.dtype(ml_dtypes.float8_e8m0fnu)
+OCP_FP8 = (float8_e4m3fn, float8_e8m0fnu)
 int8 = np.dtype(np.int8)
 int16 = np.dtype(np.int16)
 int32 = np.dtype(np.int32)
@@ -31,6 +38,8 @@ SUPPORTED = (
     float32, float16, bfloat16, tfloat32, float8_e4m3, float8_e5m2,
     int8, int16, int32, uint8, uint16, uint32, bool_,
 )
+# The dtypes each dialect's docs list (the nki06 front-end also has packed x4 types: none)
+DIALECT_DTYPES = {"legacy": SUPPORTED, "nki06": SUPPORTED + OCP_FP8}
 # (exponent bits, mantissa bits): a float type holds another when it has at least as many of
 # both; NKI widens to the smallest of these that holds both when neither holds the other
 _FLOAT_FORMAT = {
@@ -124,8 +133,17 @@ def _promote_int(a: np.dtype, b: np.dtype) -> np.dtype:
     return np.dtype(f"int{8 * bits}")
 
 
+def is_ocp_fp8(dtype) -> bool:
+    return isinstance(dtype, np.dtype) and any(dtype == d for d in OCP_FP8)
+
+
 def promote(a, b) -> np.dtype:
-    """NKI type promotion of two dtypes (SHARED "NKI Type Promotion"; not NumPy's rules)."""
+    """NKI type promotion of two dtypes (SHARED "NKI Type Promotion"; not NumPy's rules).
+    An OCP FP8 type (0.6 only; the 0.6 docs dropped the promotion page) with another type
+    gives the other when it is a float wider than a byte, else bfloat16 (spec decision)."""
+    if is_ocp_fp8(a) or is_ocp_fp8(b):
+        other = b if is_ocp_fp8(a) else a
+        return other if other.kind in "fV" and other.itemsize > 1 else bfloat16
     a, b = as_dtype(a), as_dtype(b)
     if a is b:
         return a
@@ -137,6 +155,12 @@ def promote(a, b) -> np.dtype:
     if fb:
         return b
     return _promote_int(a, b)
+
+
+def is_number(value) -> bool:
+    """A scalar operand: a Python bool/int/float or a NumPy scalar (``np.float32(1.0)``,
+    ``np.bool_(True)``; NumPy's bool is not an ``np.number``)."""
+    return isinstance(value, (bool, int, float, np.number, np.bool_))
 
 
 def weak_scalar_dtype(value) -> np.dtype:
@@ -168,8 +192,12 @@ def cast(values, dtype) -> np.ndarray:
 
     Floats: round to nearest even (ml_dtypes / NumPy casts); tfloat32: 10-bit mantissa.
     Integers: round to nearest even and saturate to the type's range (hardware has no
-    wrap-around on float->int conversion). Bool: non-zero is True.
+    wrap-around on float->int conversion). Bool: non-zero is True. OCP FP8: through float32
+    (ml_dtypes; out of range gives NaN: the types have no infinity).
     """
+    if is_ocp_fp8(dtype):
+        with np.errstate(over="ignore", invalid="ignore"):
+            return np.asarray(values).astype(np.float32).astype(dtype)
     dtype = as_dtype(dtype)
     values = np.asarray(values)
     if values.dtype == dtype and not is_tf32(dtype):

@@ -15,6 +15,7 @@ class NKIError(Exception):
 
     def __init__(self, message: str, key: str | None = None):
         self.key = key or self.key
+        self.message = message  # without the key: another front-end re-raises it in its words
         super().__init__(f"[{self.key}] {message}")
 
 

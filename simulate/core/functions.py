@@ -68,6 +68,17 @@ def _logical_shift_right(a, b):
     return np.right_shift(unsigned, np.asarray(b).astype(unsigned.dtype)).astype(a.dtype)
 
 
+def _abs_max(x, y):
+    # the input of larger magnitude, signed; y on a tie (nki/api/nki/language/__init__.py
+    # @81ce03ae, L838-L879)
+    return np.where(np.abs(x) > np.abs(y), x, y)
+
+
+def _abs_min(x, y):
+    # the input of smaller magnitude, signed; y on a tie (same file, L882-L923)
+    return np.where(np.abs(x) < np.abs(y), x, y)
+
+
 UNARY = {
     "copy": lambda x: x, "identity": lambda x: x,
     "square": np.square, "abs": np.abs, "negative": np.negative, "sign": np.sign,
@@ -91,7 +102,7 @@ TRANSCENDENTAL = ACTIVATIONS | {"cos", "tan"}
 BINARY = {
     "add": np.add, "subtract": np.subtract, "multiply": np.multiply, "divide": np.divide,
     "power": np.power, "maximum": np.maximum, "minimum": np.minimum,
-    "mod": np.mod, "fmod": np.fmod,
+    "mod": np.mod, "fmod": np.fmod, "abs_max": _abs_max, "abs_min": _abs_min,
     "equal": np.equal, "not_equal": np.not_equal, "greater": np.greater,
     "greater_equal": np.greater_equal, "less": np.less, "less_equal": np.less_equal,
     "logical_and": np.logical_and, "logical_or": np.logical_or, "logical_xor": np.logical_xor,
@@ -103,8 +114,6 @@ BITVEC = {
 }
 COMPARISONS = frozenset({"equal", "not_equal", "greater", "greater_equal", "less",
                          "less_equal", "logical_and", "logical_or", "logical_xor"})
-REDUCIBLE = frozenset({"add", "subtract", "multiply", "maximum", "minimum", "bitwise_and",
-                       "bitwise_or", "bitwise_xor", "logical_and", "logical_or", "logical_xor"})
 _REDUCERS = {"add": np.sum, "multiply": np.prod, "maximum": np.max, "minimum": np.min,
              "bitwise_and": np.bitwise_and.reduce, "bitwise_or": np.bitwise_or.reduce,
              "bitwise_xor": np.bitwise_xor.reduce, "logical_and": np.all, "logical_or": np.any,
@@ -138,10 +147,6 @@ class OpSpec:
     @property
     def bitvec(self) -> bool:
         return self.name in BITVEC
-
-    @property
-    def is_activation(self) -> bool:
-        return self.name in ACTIVATIONS
 
     def apply(self, *operands, out=None):
         """The op on NumPy operands. With ``out`` (a float32 work array the caller owns) a

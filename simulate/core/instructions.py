@@ -429,11 +429,18 @@ def dma_record(opcode, src_region, dst_region, partitions, nbytes, row_bytes, di
     """Append a DMA transfer to the trace. ``nbytes`` counts the elements actually moved
     (masked-off points excluded) at the HBM side's itemsize."""
     src = [Operand.reference(src_region, in_dtype)] if src_region is not None else []
+    fields = dma_trace_fields(nbytes, partitions, direction, row_bytes)
     return emit("dma", opcode, inputs=src + list(inputs), outputs=[dst_region],
-                partitions=partitions, free_size=nbytes // max(1, partitions),
-                out_dtype=out_dtype, details=details or {},
-                dma={"dma_bytes": int(nbytes), "dma_direction": direction,
-                     "dma_row_bytes": int(row_bytes)})
+                partitions=partitions, free_size=fields["free_size"], out_dtype=out_dtype,
+                details=details or {}, dma=fields)
+
+
+def dma_trace_fields(nbytes, partitions, direction, row_bytes) -> dict:
+    """The fields of a DMA's trace record, the same in both front-ends for the same
+    transfer: ``nbytes`` moved (at the HBM side's itemsize), ``free_size`` the bytes per
+    on-chip partition, ``direction`` ("hbm->sbuf" ...), ``row_bytes`` per descriptor."""
+    return {"free_size": int(nbytes) // max(1, int(partitions)), "dma_bytes": int(nbytes),
+            "dma_direction": direction, "dma_row_bytes": int(row_bytes)}
 
 
 def indirect_inputs(access):

@@ -1,10 +1,13 @@
-"""The legacy NKI compiler's rules, as tables and checks the front-ends call.
+"""The NKI compilers' rules, as tables and checks both front-ends call.
 
-Front-end-agnostic: this module imports no ``nl``/``nisa`` module, only the error classes,
-so the same rules can serve another dialect. Every check cites the documentation it
-enforces (repository ``aws-neuron/aws-neuron-sdk``, paths under ``general/nki/``) and raises
-one error naming the rule (the ``err_`` key of ``api/nki.errors.rst`` where one exists,
-otherwise a short name and the doc's words), the instruction and the tile.
+Front-end-agnostic: this module imports no ``nl``/``nisa`` module, only the error classes.
+Every check cites the documentation it enforces (repository ``aws-neuron/aws-neuron-sdk``:
+the legacy ``neuronxcc.nki`` docs under ``general/nki/`` at ``8a38e733``, the ``nki`` 0.6
+docs under ``nki/`` at ``81ce03ae``) and raises one error naming the rule (the ``err_`` key
+of ``api/nki.errors.rst`` where one exists, otherwise a short name and the doc's words), the
+instruction and the tile. Checks that differ between the two dialects take ``dialect``
+("legacy" or "nki06") and cite each dialect's docs; the nki06 front-end re-raises the
+errors as its ``NkiValidationError`` (:func:`simulate.nki06.errors.enforce`).
 
 Engines are named as in the trace: ``dve`` (Vector), ``act`` (Scalar), ``pool`` (GpSimd),
 ``pe`` (Tensor).
@@ -23,7 +26,45 @@ PM = "general/nki/programming_model.rst@8a38e733"
 KI = "general/nki/nki_known_issues.rst@8a38e733"
 ERRORS = "general/nki/api/nki.errors.rst@8a38e733"
 
+SHARED06 = "nki/api/nki.api.shared.rst@81ce03ae"
+ISA06 = "nki/api/nki/isa/__init__.py@81ce03ae"
+LANG06 = "nki/api/nki/language/__init__.py@81ce03ae"
+DIALECTS = ("legacy", "nki06")
+
 ENGINE_NAMES = {"dve": "Vector", "act": "Scalar", "pool": "GpSimd", "pe": "Tensor"}
+
+# The "Legal Reduction ``op``" column of the Supported Math Operators table: the same Y rows
+# in both dialects (legacy SHARED L63-L119, 0.6 SHARED06 L73-L135)
+LEGAL_REDUCTION_OPS = frozenset({
+    "add", "subtract", "multiply", "maximum", "minimum", "bitwise_and", "bitwise_or",
+    "bitwise_xor", "logical_and", "logical_or", "logical_xor",
+})
+_ALU_TABLE = {"legacy": f"{SHARED}, L63-L119", "nki06": f"{SHARED06}, L73-L135"}
+
+# Supported Activation Functions (the ``op`` of nisa.activation): legacy SHARED L140-L186;
+# 0.6 SHARED06 L154-L204 adds prelu and gelu_apprx_sigmoid_dx (not simulated)
+_LEGACY_ACTIVATIONS = frozenset({
+    "copy", "square", "sigmoid", "relu", "gelu", "gelu_dx", "gelu_apprx_tanh",
+    "gelu_apprx_sigmoid", "silu", "silu_dx", "tanh", "softplus", "mish", "erf", "erf_dx",
+    "exp", "log", "sin", "arctan", "sqrt", "rsqrt", "reciprocal", "sign", "abs",
+})
+ACTIVATION_FUNCTIONS = {
+    "legacy": _LEGACY_ACTIVATIONS,
+    "nki06": _LEGACY_ACTIVATIONS | {"prelu", "gelu_apprx_sigmoid_dx"},
+}
+_ACTIVATION_TABLE = {"legacy": f"{SHARED}, L140-L186", "nki06": f"{SHARED06}, L154-L204"}
+
+# ALU operators only one dialect's docs list: (dialect, first NeuronCore version)
+DIALECT_ALU_OPS = {
+    # nki/api/nki.api.shared.rst@81ce03ae, L122 and L124; "Available only on NeuronCore-v4
+    # (trn3) and newer" (nki/api/nki/language/__init__.py@81ce03ae, L846 and L890)
+    "abs_max": ("nki06", 4),
+    "abs_min": ("nki06", 4),
+}
+_DIALECT_ALU_CITE = {
+    "abs_max": f"{SHARED06}, L122; {LANG06}, L838-L879",
+    "abs_min": f"{SHARED06}, L124; {LANG06}, L882-L923",
+}
 
 # Supported Math Operators for NKI ISA: the "Supported Engine" column
 # (nki.api.shared.rst@8a38e733, L63-L119)
@@ -125,33 +166,55 @@ def default_engine(ops, candidates=("dve", "pool", "act")) -> str | None:
     return None
 
 
-def check_tensor_scalar_engine(engine: str, ops, nc_version: int, tile="") -> None:
-    """``nisa.tensor_scalar`` engine rules."""
+def check_tensor_scalar_engine(engine: str, ops, nc_version: int, tile="",
+                               dialect="legacy") -> None:
+    """``nisa.tensor_scalar`` engine rules: GpSimd only for rsqrt; the Scalar engine of
+    NeuronCore-v3 only (multiply), (add), (multiply, add). The legacy table also binds each
+    op to its engines (and Add/Multiply on Scalar from v3); the 0.6 table has no engine
+    column, and the 0.6 front-end puts (multiply, add) on the Scalar engine from v3 only
+    (the only target the docs name for it is trn2)."""
     ops = tuple(ops)
     if engine == "pool" and "rsqrt" not in ops:
-        # general/nki/api/nki/isa/__init__.py@8a38e733, L1699
+        cite = (f"{ISA06}, L1157" if dialect == "nki06" else f"{ISA}, L1699")
+        # general/nki/api/nki/isa/__init__.py@8a38e733, L1699 /
+        # nki/api/nki/isa/__init__.py@81ce03ae, L1157
         raise NKIValueError(
-            f"nisa.tensor_scalar: engine=nisa.gpsimd_engine is only allowed for rsqrt, got "
-            f"op0/op1={'/'.join(ops)} ({ISA}, L1699){_tile(tile)}",
+            f"nisa.tensor_scalar: runs on the gpsimd engine only for nl.rsqrt (engine=gpsimd "
+            f"is only allowed for rsqrt), got op0/op1={'/'.join(ops)} ({cite}){_tile(tile)}",
             "unsupported_engine_for_operator",
         )
-    if engine == "act" and nc_version >= 3 and ops not in SCALAR_TENSOR_SCALAR_COMBOS:
-        # general/nki/api/nki/isa/__init__.py@8a38e733, L1663-L1667
+    combos_apply = nc_version >= 3 or dialect == "nki06"
+    if engine == "act" and combos_apply and (
+            ops not in SCALAR_TENSOR_SCALAR_COMBOS or nc_version < 3):
+        cite = (f"{ISA06}, L1106-L1111" if dialect == "nki06" else f"{ISA}, L1663-L1667")
+        # general/nki/api/nki/isa/__init__.py@8a38e733, L1663-L1667 /
+        # nki/api/nki/isa/__init__.py@81ce03ae, L1106-L1111
         raise NKIValueError(
             "nisa.tensor_scalar: the Scalar Engine on trn2 only supports op0=multiply, "
-            f"op1=add / op0=multiply / op0=add, got {'/'.join(ops)} ({ISA}, L1663-L1667)"
-            f"{_tile(tile)}",
+            f"op1=add / op0=multiply / op0=add, got {'/'.join(ops)} on NeuronCore-v{nc_version}"
+            f" ({cite}){_tile(tile)}",
             "unsupported_engine_for_operator",
         )
-    check_alu_engine("nisa.tensor_scalar", engine, ops, nc_version, tile)
+    if dialect == "legacy":
+        check_alu_engine("nisa.tensor_scalar", engine, ops, nc_version, tile)
 
 
-def check_tensor_tensor_engine(engine: str, op: str, integer: bool, tile="") -> None:
+def check_tensor_tensor_engine(engine: str, op: str, integer: bool, tile="",
+                               dialect="legacy") -> None:
     """``nisa.tensor_tensor``: Vector runs the Vector ops; GpSimd runs power and integer
-    add/subtract/multiply (isa L1766-L1767)."""
+    arithmetic (legacy: add/subtract/multiply, isa L1766-L1767; 0.6: any arithmetic op when
+    every tile is int32/uint32, isa L1025-L1036)."""
     if engine == "pool":
-        legal = GPSIMD_TENSOR_TENSOR_FLOAT | (GPSIMD_TENSOR_TENSOR_INT if integer else set())
-        if op not in legal:
+        integer_op = integer and (dialect == "nki06" or op in GPSIMD_TENSOR_TENSOR_INT)
+        if op not in GPSIMD_TENSOR_TENSOR_FLOAT and not integer_op:
+            if dialect == "nki06":
+                # nki/api/nki/isa/__init__.py@81ce03ae, L1025-L1036
+                raise NKIValueError(
+                    f"nisa.tensor_tensor: op={op} does not run on the gpsimd engine: it runs "
+                    f"nl.power, or integer arithmetic when every tile is int32/uint32 "
+                    f"({ISA06}, L1025-L1036){_tile(tile)}",
+                    "unsupported_engine_for_operator",
+                )
             # general/nki/api/nki/isa/__init__.py@8a38e733, L1766-L1767
             raise NKIValueError(
                 f"nisa.tensor_tensor: op={op} does not run on the GpSimd engine: it runs "
@@ -160,7 +223,7 @@ def check_tensor_tensor_engine(engine: str, op: str, integer: bool, tile="") -> 
                 "unsupported_engine_for_operator",
             )
         return
-    if engine == "dve" and "dve" not in alu_engines(op):
+    if dialect == "legacy" and engine == "dve" and "dve" not in alu_engines(op):
         # general/nki/api/nki.api.shared.rst@8a38e733, L118
         raise NKIValueError(
             f"nisa.tensor_tensor: operator {op} is not supported on the Vector engine "
@@ -169,14 +232,71 @@ def check_tensor_tensor_engine(engine: str, op: str, integer: bool, tile="") -> 
         )
 
 
-def check_gpsimd_memory(api: str, engine: str, memories, tile="") -> None:
-    """GpSimd cannot read or write PSUM (isa L1392, L1778)."""
+def check_gpsimd_memory(api: str, engine: str, memories, tile="", dialect="legacy") -> None:
+    """GpSimd cannot read or write PSUM (legacy isa L1392, L1778; 0.6 isa L399, L1038,
+    L1914, L2116, L2235)."""
     if engine == "pool" and "psum" in memories:
+        if dialect == "nki06":
+            # nki/api/nki/isa/__init__.py@81ce03ae, L399, L1038, L1914, L2116, L2235
+            raise NKIValueError(
+                f"{api} on the gpsimd engine cannot access PSUM{_tile(tile)}: GpSimd Engine "
+                f"cannot access PSUM ({ISA06}, L399, L1038, L1914, L2116, L2235)",
+                "err_unsupported_memory",
+            )
         # general/nki/api/nki/isa/__init__.py@8a38e733, L1392 and L1778
         raise NKITypeError(
             f"{api}: GpSimd Engine cannot access PSUM, so its input or output tiles cannot be "
             f"in PSUM ({ISA}, L1392, L1778){_tile(tile)}",
             "err_unsupported_memory",
+        )
+
+
+def check_reduce_op(api: str, op: str, dialect: str, tile="") -> None:
+    """A reduction's ``op`` is one the ALU table marks as a legal reduction."""
+    if op not in LEGAL_REDUCTION_OPS:
+        # general/nki/api/nki.api.shared.rst@8a38e733, L63-L119 /
+        # nki/api/nki.api.shared.rst@81ce03ae, L73-L135 (Legal Reduction ``op`` column)
+        raise NKIValueError(
+            f"{api}: op={op} is not a legal reduction operator (the Legal Reduction op column "
+            f"of the Supported Math Operators table: {', '.join(sorted(LEGAL_REDUCTION_OPS))}; "
+            f"{_ALU_TABLE[dialect]}){_tile(tile)}",
+            "err_unsupported_reduce_op",
+        )
+
+
+def check_activation_op(api: str, op: str, dialect: str, tile="") -> None:
+    """``nisa.activation``'s ``op`` is in the dialect's Supported Activation Functions."""
+    if op not in ACTIVATION_FUNCTIONS[dialect]:
+        # general/nki/api/nki.api.shared.rst@8a38e733, L140-L186 /
+        # nki/api/nki.api.shared.rst@81ce03ae, L154-L204
+        raise NKIValueError(
+            f"{api}: op={op} is not an activation function of the Scalar engine (Supported "
+            f"Activation Functions table, {_ACTIVATION_TABLE[dialect]}){_tile(tile)}",
+            "err_unsupported_activation",
+        )
+
+
+def check_alu_op(api: str, op: str, dialect: str, nc_version: int, tile="") -> None:
+    """An ALU operator only one dialect's docs list exists in that dialect only, from the
+    NeuronCore generation they name."""
+    found = DIALECT_ALU_OPS.get(op)
+    if found is None:
+        return
+    owner, version = found
+    if dialect != owner:
+        # general/nki/api/nki.api.shared.rst@8a38e733, L63-L119 has no such operator
+        raise NKIValueError(
+            f"{api}: op={op} is not an operator of this NKI dialect (the Supported Math "
+            f"Operators table, {_ALU_TABLE[dialect]}, does not list it; it is "
+            f"nki.language.{op} of NKI 0.6, {_DIALECT_ALU_CITE[op]}){_tile(tile)}",
+            "err_unsupported_operator",
+        )
+    if nc_version < version:
+        # nki/api/nki/language/__init__.py@81ce03ae, L846 and L890
+        raise NKIValueError(
+            f"{api}: op={op} is available only on NeuronCore-v{version} (trn3) and newer, "
+            f"this target is NeuronCore-v{nc_version} ({_DIALECT_ALU_CITE[op]}){_tile(tile)}",
+            "err_unsupported_operator",
         )
 
 
@@ -359,3 +479,121 @@ def check_affine_select_pred(comparisons: int, tile="") -> None:
             f"such as & and | ({ISA}, L268); use nl.where for a complex predicate{_tile(tile)}",
             "err_unsupported_expression_in_mask",
         )
+
+
+BN_STATS_FMAX = 512  # nl.tile_size.bn_stats_fmax
+GEMM_STATIONARY_FMAX = 128  # nl.tile_size.gemm_stationary_fmax
+GEMM_MOVING_FMAX = 512  # nl.tile_size.gemm_moving_fmax: one PSUM bank of float32
+
+
+def check_bn_stats_free(api: str, free: int, dialect: str, tile="") -> None:
+    """``bn_stats`` reads at most bn_stats_fmax = 512 elements per partition."""
+    if free > BN_STATS_FMAX:
+        cite = f"{ISA06}, L1961" if dialect == "nki06" else f"{ISA}, L370"
+        # general/nki/api/nki/isa/__init__.py@8a38e733, L370 /
+        # nki/api/nki/isa/__init__.py@81ce03ae, L1961
+        raise NKIValueError(
+            f"{api} data has {free} elements per partition, exceeds maximum {BN_STATS_FMAX} "
+            f"(nl.tile_size.bn_stats_fmax; {cite}){_tile(tile)}",
+            "err_size_of_dimension_exceed_arch_limit",
+        )
+
+
+def moving_fmax(dialect: str, nc_version: int, dst_dtype: str = "float32") -> int:
+    """The largest ``nc_matmul`` moving free size: one PSUM bank of float32 (512); the 0.6
+    docs let NeuronCore-v4 stream 8 banks (4096 float32 / 8192 bfloat16 results)."""
+    if dialect == "nki06" and nc_version >= 4:
+        # nki/api/nki/isa/__init__.py@81ce03ae, L610-L614
+        return 8192 if dst_dtype == "bfloat16" else 4096
+    return GEMM_MOVING_FMAX
+
+
+def check_matmul_free_sizes(api: str, stationary_free: int, moving_free: int, dialect: str,
+                            nc_version: int, dst_dtype: str = "float32", tile="") -> None:
+    """``nc_matmul``: stationary free size <= gemm_stationary_fmax, moving free size <=
+    :func:`moving_fmax` (legacy nl.tile_size, language L144-L150; 0.6 isa L606-L614)."""
+    cite = (f"{ISA06}, L606-L614" if dialect == "nki06" else f"{LANG}, L144-L150")
+    if stationary_free > GEMM_STATIONARY_FMAX:
+        # general/nki/api/nki/language/__init__.py@8a38e733, L149-L150 /
+        # nki/api/nki/isa/__init__.py@81ce03ae, L608-L609
+        raise NKIValueError(
+            f"{api}: stationary free size {stationary_free} exceeds maximum "
+            f"{GEMM_STATIONARY_FMAX} (nl.tile_size.gemm_stationary_fmax; {cite}){_tile(tile)}",
+            "err_size_of_dimension_exceed_arch_limit",
+        )
+    limit = moving_fmax(dialect, nc_version, dst_dtype)
+    if moving_free > limit:
+        # general/nki/api/nki/language/__init__.py@8a38e733, L144-L145 /
+        # nki/api/nki/isa/__init__.py@81ce03ae, L610-L614
+        raise NKIValueError(
+            f"{api}: moving free size {moving_free} exceeds maximum {limit} on NeuronCore-"
+            f"v{nc_version} (nl.tile_size.gemm_moving_fmax; {cite}){_tile(tile)}",
+            "err_size_of_dimension_exceed_arch_limit",
+        )
+
+
+# nc_transpose: the Tensor engine takes up to 128 x 128, the Vector engine up to 32 x 32
+TRANSPOSE_LIMITS = {"pe": 128, "dve": 32}
+
+
+def check_transpose_size(api: str, engine: str, partitions: int, free: int, dialect: str,
+                         tile="") -> None:
+    """``nc_transpose`` input at most 128 x 128 (Tensor) or 32 x 32 (Vector; another engine
+    is held to the Tensor engine's limit)."""
+    limit = TRANSPOSE_LIMITS.get(engine, TRANSPOSE_LIMITS["pe"])
+    if partitions > limit or free > limit:
+        cite = f"{ISA06}, L858-L859" if dialect == "nki06" else f"{ISA}, L1027-L1028"
+        # general/nki/api/nki/isa/__init__.py@8a38e733, L1027-L1028 /
+        # nki/api/nki/isa/__init__.py@81ce03ae, L858-L859
+        raise NKIValueError(
+            f"{api}: data ({partitions} x {free}) exceeds {limit} x {limit} on the "
+            f"{ENGINE_NAMES.get(engine, engine).lower()} engine ({cite}){_tile(tile)}",
+            "err_size_of_dimension_exceed_arch_limit",
+        )
+
+
+# nc_matmul input dtypes: legacy isa L874-L875; 0.6 isa L576-L579 (float8_e4m3fn from
+# NeuronCore-v4, the only 0.6-only entry)
+MATMUL_INPUT_DTYPES = frozenset(
+    {"float8_e4m3", "float8_e5m2", "bfloat16", "float16", "tfloat32", "float32"})
+MATMUL_V4_INPUT_DTYPES = frozenset({"float8_e4m3fn"})
+
+
+def check_matmul_inputs(api: str, stationary: str, moving: str, dialect: str,
+                        nc_version: int) -> None:
+    """``nc_matmul`` input dtypes (both dialects); the 0.6 docs add the pairing rules:
+    float32/tfloat32 pair only with float32/tfloat32, float8_e4m3 and float8_e4m3fn do not
+    mix (0.6 isa L578-L581)."""
+    cite = f"{ISA06}, L576-L581" if dialect == "nki06" else f"{ISA}, L874-L875"
+    for argname, dtype in (("stationary", stationary), ("moving", moving)):
+        if dtype in MATMUL_V4_INPUT_DTYPES and dialect == "nki06":
+            if nc_version < 4:
+                # nki/api/nki/isa/__init__.py@81ce03ae, L578-L579
+                raise NKITypeError(
+                    f"{api} {argname} float8_e4m3fn needs NeuronCore-v4 ({cite})",
+                    "err_matmul_dtype",
+                )
+            continue
+        if dtype not in MATMUL_INPUT_DTYPES:
+            # general/nki/api/nki/isa/__init__.py@8a38e733, L874-L875 /
+            # nki/api/nki/isa/__init__.py@81ce03ae, L576-L579
+            raise NKITypeError(
+                f"{api} {argname} dtype {dtype} is not a matmul input type: nc_matmul takes "
+                f"fp8/bf16/fp16/tf32/fp32 inputs ({cite})",
+                "err_matmul_dtype",
+            )
+    if dialect != "nki06":
+        return
+    kinds = {stationary, moving}
+    wide = {"float32", "tfloat32"}
+    if kinds & wide and not kinds <= wide:
+        # nki/api/nki/isa/__init__.py@81ce03ae, L580-L581
+        raise NKITypeError(
+            f"{api} float32/tfloat32 inputs pair only with float32/tfloat32, got {stationary} "
+            f"and {moving} ({cite})",
+            "err_matmul_dtype",
+        )
+    if {"float8_e4m3", "float8_e4m3fn"} <= kinds:
+        # nki/api/nki/isa/__init__.py@81ce03ae, L579
+        raise NKITypeError(f"{api} cannot mix float8_e4m3 and float8_e4m3fn ({cite})",
+                           "err_matmul_dtype")

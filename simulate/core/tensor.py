@@ -784,8 +784,16 @@ class Access(TileOperators):
 
 def contiguous_row_bytes(array: np.ndarray) -> int:
     """Contiguous bytes per partition row of a view (one DMA descriptor)."""
-    run = array.itemsize
-    for n, stride in zip(reversed(array.shape[1:]), reversed(array.strides[1:])):
+    return run_bytes(array.shape, array.strides, array.itemsize)
+
+
+def run_bytes(shape, byte_strides, itemsize: int) -> int:
+    """Contiguous bytes per row of a view of ``shape`` with ``byte_strides``: the innermost
+    axes whose elements follow each other in memory. The first axis pairs with the on-chip
+    partitions, so a run never spans it. Both front-ends record a DMA's ``dma_row_bytes``
+    (one descriptor) with it."""
+    run = itemsize
+    for n, stride in zip(reversed(tuple(shape)[1:]), reversed(tuple(byte_strides)[1:])):
         if n == 1:
             continue
         if stride != run:

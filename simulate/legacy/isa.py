@@ -5,6 +5,9 @@ dtype; the promoted type for two-input ops). Per-partition operands (``(P, 1)`` 
 Python scalars) broadcast along the free axes; nothing broadcasts along the partition axis.
 A ``mask=`` restricts the points the instruction computes: masked-off points of a new tile
 are uninitialised, masked-off points of a tile it is assigned into keep their values.
+
+The arithmetic is :mod:`simulate.core.semantics` and the rules :mod:`simulate.core.rules`,
+shared with the ``nki`` 0.6 front-end; this module binds the legacy signatures to them.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from ..core import approx as approx_mode
 from ..core import dtypes as dt
 from ..core import functions as fn
 from ..core import rules, sdk
+from ..core import semantics as sem
 from ..core.errors import NKIIndexError, NKITypeError, NKIValueError
 from ..core.indexing import IndexExpr, Predicate, align_mask
 from ..core.instructions import (
@@ -118,6 +122,12 @@ def _nc_version(api) -> int:
     return current(api).target.nc_version
 
 
+def _legacy_ops(api, names):
+    """Operators of the 0.6 docs only (abs_max, abs_min) are not operators here."""
+    for name in names:
+        rules.check_alu_op(api, name, "legacy", _nc_version(api))
+
+
 def _same_partitions(api, *operands):
     counts = {op.partitions for op in operands if op is not None}
     if len(counts) > 1:
@@ -141,13 +151,6 @@ def _two_tiles(api, a, b):
 def _skipped(shape, dtype):
     """The result of an instruction whose mask selects nothing: it does not run."""
     return allocate(shape, dtype, fill=dt.uninitialised(dtype))
-
-
-def _per_partition(value, ndim):
-    """A (P, 1) per-partition operand reshaped to broadcast against a rank-``ndim`` tile."""
-    if isinstance(value, np.ndarray) and value.ndim:
-        return value.reshape((value.shape[0],) + (1,) * (ndim - 1))
-    return value
 
 
 def _valid_partitions(mask, shape):
@@ -178,7 +181,6 @@ def _write_column(dst, values, rows, argname, api):
 
 
 # --- Scalar engine ---------------------------------------------------------------------------
-_ACT_REDUCE_IDENTITY = {"add": 0.0, "multiply": 1.0, "maximum": -np.inf, "minimum": np.inf}
 
 
 def activation(op, data, *, bias=None, scale=1.0, reduce_op=None, reduce_res=None,
@@ -191,9 +193,7 @@ def activation(op, data, *, bias=None, scale=1.0, reduce_op=None, reduce_res=Non
     free axes and ``reduce_res`` receives the accumulator: ``reset`` clears it, ``reduce``
     folds into it, ``reset_reduce`` (and ``idle`` when a ``reduce_res`` is given) does both."""
     spec = fn.lookup(op, "op")
-    if not spec.is_activation:
-        raise NKIValueError(f"op={spec.name} is not an activation function of the Scalar engine",
-                            "err_unsupported_activation")
+    rules.check_activation_op("nisa.activation", spec.name, "legacy")
     sdk.check_op("nisa.activation", spec.name)
     m = resolve_mask(mask)
     src = tile_operand(data, "data", "activation", mask=m)
@@ -224,16 +224,9 @@ def activation(op, data, *, bias=None, scale=1.0, reduce_op=None, reduce_res=Non
     out_dtype = dt.as_dtype(dtype or src.dtype)
     if m is False:
         return _skipped(src.shape, out_dtype)
-    x = work_f32(src, out_dtype)
-    with np.errstate(all="ignore"):  # inf·0 and overflow are values here, not errors
-        if scale_op is not None or scale_v != 1.0:
-            np.multiply(x, _per_partition(scale_v, x.ndim), out=x)
-        if bias_op is not None:
-            np.add(x, _per_partition(bias_v, x.ndim), out=x)
-    inputs = x.copy() if approx_mode.approx_bound() else None
-    values = spec.apply(x, out=x)
-    if inputs is not None:  # the Scalar engine's piece-wise polynomial approximation
-        values = approx_mode.scalar_engine(spec.name, inputs, values)
+    values = sem.activation(spec, work_f32(src, out_dtype), scale_v,
+                            bias_v if bias_op is not None else None,
+                            approximate=_approximation())
     details = {"op": spec.name}
     extra = ()
     if reduce_op is not None or reduce_res is not None or reduce_cmd is not reduce_cmd.idle:
@@ -245,33 +238,28 @@ def activation(op, data, *, bias=None, scale=1.0, reduce_op=None, reduce_res=Non
                           [src, scale_op, bias_op], details=details, extra_writes=extra)
 
 
+def _approximation():
+    """The Scalar engine's piece-wise polynomial approximation when the run asks for it."""
+    return approx_mode.scalar_engine if approx_mode.approx_bound() else None
+
+
 def _accumulate(values, m, reduce_op, reduce_res, cmd, shape):
     """Update the Scalar engine's accumulator with this instruction's reduction."""
     ctx = current("activation")
     spec = fn.lookup(reduce_op if reduce_op is not None else np.add, "reduce_op")
-    if spec.name not in _ACT_REDUCE_IDENTITY:
+    if spec.name not in sem.REGISTER_REDUCE_OPS:
         raise NKIValueError(f"reduce_op={spec.name} cannot reduce on the Scalar engine",
                             "err_unsupported_reduce_op")
     if spec.name != "add" and ctx.target.nc_version == 2:
         raise NKIValueError("on NeuronCore-v2 the activation reduce_op must be an addition "
                             "(np.add or nl.add)", "err_unsupported_reduce_op")
-    identity = np.float32(_ACT_REDUCE_IDENTITY[spec.name])
-    partitions = shape[0]
-    if m is not None:
-        values = np.where(np.broadcast_to(align_mask(m, shape), shape), values, identity)
-    reduced = spec.reduce(values.reshape(partitions, -1), 1).astype(np.float32)[:, None]
-    acc = ctx.act_accumulator[:partitions]
-    if cmd is reduce_cmd.reset:
-        new = np.full_like(reduced, identity)
-    elif cmd is reduce_cmd.reduce:
-        new = spec.apply(acc, reduced).astype(np.float32)
-    else:  # reset_reduce, or idle with a reduce_res (spec decision: treated as reset_reduce)
-        new = reduced
+    valid = None if m is None else np.broadcast_to(align_mask(m, shape), shape)
+    reduced = sem.fold_partitions(spec, values, valid)
+    acc = ctx.act_accumulator[:shape[0]]
+    # reset_reduce, or idle with a reduce_res (spec decision: treated as reset_reduce)
+    command = cmd.name if cmd in (reduce_cmd.reset, reduce_cmd.reduce) else "reset_reduce"
     rows = _valid_partitions(m, shape)
-    if rows is None:
-        acc[...] = new
-    else:
-        acc[rows[:, 0]] = new[rows[:, 0]]
+    sem.update_registers(acc, spec, reduced, command, rows=None if rows is None else rows[:, 0])
     if reduce_res is None:
         return None
     return _write_column(reduce_res, acc.copy(), rows, "reduce_res", "activation")
@@ -293,12 +281,6 @@ def activation_reduce(op, data, *, reduce_op, reduce_res, bias=None, scale=1.0, 
 
 
 # --- Vector engine ---------------------------------------------------------------------------
-def _apply_alu(spec, a, b, reverse, out=None):
-    if spec.unary and spec.name not in fn.BINARY:  # unary ALU op: the operand is a dummy
-        return spec.apply(a, out=out)
-    return spec.apply(b, a, out=out) if reverse else spec.apply(a, b, out=out)
-
-
 def _alu_inputs(spec, op):
     if spec.bitvec:
         if not dt.is_int(op.dtype):
@@ -335,6 +317,7 @@ def tensor_scalar(data, op0, operand0, reverse0=False, op1=None, operand1=None, 
         raise NKIValueError("op0 and op1 must both be arithmetic or both bitvec operators",
                             "err_mixed_operator_kinds")
     names = (spec0.name,) + ((spec1.name,) if spec1 else ())
+    _legacy_ops("nisa.tensor_scalar", names)
     for name in names:
         sdk.check_op("tensor instruction", name)
     eng = _engine_name(engine, "") or rules.default_engine(names) or "dve"
@@ -348,14 +331,13 @@ def tensor_scalar(data, op0, operand0, reverse0=False, op1=None, operand1=None, 
     inputs = [src, s0_op]
     if m is False:
         return _skipped(src.shape, out_dtype)
-    work = None if spec0.bitvec else work_f32(src, out_dtype)
-    values = _alu_inputs(spec0, src) if work is None else work
-    values = _apply_alu(spec0, values, _per_partition(s0, values.ndim), reverse0, out=work)
+    stages = [(spec0, s0, reverse0)]
     if spec1 is not None:
         s1, s1_op = _alu_scalar(operand1, "operand1", "tensor_scalar", src, spec1)
-        out = work if values is work else None
-        values = _apply_alu(spec1, values, _per_partition(s1, values.ndim), reverse1, out=out)
+        stages.append((spec1, s1, reverse1))
         inputs.append(s1_op)
+    work = None if spec0.bitvec else work_f32(src, out_dtype)
+    values = sem.alu_stages(_alu_inputs(spec0, src) if work is None else work, stages, work)
     return compute_result(eng, "tensor_scalar", values, out_dtype, m, inputs,
                           details={"op": list(names)})
 
@@ -371,6 +353,7 @@ def tensor_tensor(data1, data2, op, *, dtype=None, mask=None, engine=None, **kwa
         check_free_size(o, "nisa.tensor_tensor")
     _two_tiles("tensor_tensor", a, b)
     spec = fn.lookup(op, "op")
+    _legacy_ops("nisa.tensor_tensor", (spec.name,))
     exact_int = (dt.is_int(a.dtype) and dt.is_int(b.dtype)
                  and spec.name in ("add", "subtract", "multiply"))
     sdk.check_op("tensor instruction", spec.name)
@@ -382,13 +365,11 @@ def tensor_tensor(data1, data2, op, *, dtype=None, mask=None, engine=None, **kwa
     out_dtype = dt.as_dtype(dtype or dt.promote(a.dtype, b.dtype))
     if m is False:
         return _skipped(a.shape, out_dtype)
-    if exact_int:
-        values = spec.apply(a.values.astype(np.int64), b.values.astype(np.int64).reshape(a.shape))
-    elif spec.bitvec or spec.name in fn.COMPARISONS:
-        values = spec.apply(_alu_inputs(spec, a), _alu_inputs(spec, b).reshape(a.shape))
-    else:  # fp32 arithmetic; the ufunc converts data2 to fp32 on the fly
-        work = work_f32(a, out_dtype)
-        values = spec.apply(work, b.values.reshape(a.shape), out=work)
+    if spec.bitvec:  # bit operations take the stored integers
+        _alu_inputs(spec, a), _alu_inputs(spec, b)
+    in_place = not (exact_int or spec.bitvec or spec.name in fn.COMPARISONS)
+    values = sem.elementwise(spec, a.values, b.values.reshape(a.shape), exact_int=exact_int,
+                             work=work_f32(a, out_dtype) if in_place else None)
     return compute_result(eng, "tensor_tensor", values, out_dtype, m, [a, b],
                           details={"op": spec.name})
 
@@ -405,6 +386,7 @@ def scalar_tensor_tensor(*, data, op0, operand0, op1, operand1, reverse0=False, 
         check_free_size(o, "nisa.scalar_tensor_tensor")
     _two_tiles("scalar_tensor_tensor", src, other)
     spec0, spec1 = fn.lookup(op0, "op0"), fn.lookup(op1, "op1")
+    _legacy_ops("nisa.scalar_tensor_tensor", (spec0.name, spec1.name))
     rules.check_alu_engine("nisa.scalar_tensor_tensor", "dve", (spec0.name, spec1.name),
                            _nc_version("scalar_tensor_tensor"), _describe(src))
     s0, s0_op = scalar_or_tile(operand0, "operand0", "scalar_tensor_tensor", src.partitions)
@@ -412,17 +394,10 @@ def scalar_tensor_tensor(*, data, op0, operand0, op1, operand1, reverse0=False, 
     if m is False:
         return _skipped(src.shape, out_dtype)
     work = work_f32(src, out_dtype)
-    values = _apply_alu(spec0, work, _per_partition(s0, work.ndim), reverse0, out=work)
-    in_place = values is work  # the ufunc then converts operand1 to fp32 on the fly
-    operand = (other.values if in_place else other.f32()).reshape(src.shape)
-    values = _apply_alu(spec1, values, operand, reverse1, out=work if in_place else None)
+    values = sem.scalar_tensor_tensor(spec0, s0, spec1, other.values.reshape(src.shape), work,
+                                      reverse0, reverse1, work=work)
     return compute_result("dve", "scalar_tensor_tensor", values, out_dtype, m,
                           [src, s0_op, other], details={"op": [spec0.name, spec1.name]})
-
-
-_REDUCE_IDENTITY = {"add": 0, "subtract": 0, "multiply": 1, "maximum": -np.inf,
-                    "minimum": np.inf, "bitwise_and": -1, "bitwise_or": 0, "bitwise_xor": 0,
-                    "logical_and": 1, "logical_or": 0, "logical_xor": 0}
 
 
 def tensor_reduce(op, data, axis, *, negate=False, keepdims=False, mask=None, dtype=None,
@@ -435,9 +410,7 @@ def tensor_reduce(op, data, axis, *, negate=False, keepdims=False, mask=None, dt
     src = tile_operand(data, "data", "tensor_reduce", mask=m)
     check_free_size(src, "nisa.tensor_reduce")
     spec = fn.lookup(op, "op")
-    if spec.name not in fn.REDUCIBLE:
-        raise NKIValueError(f"op={spec.name} is not a legal reduction operator",
-                            "err_unsupported_reduce_op")
+    rules.check_reduce_op("nisa.tensor_reduce", spec.name, "legacy")
     rules.check_alu_engine("nisa.tensor_reduce", "dve", (spec.name,),
                            _nc_version("tensor_reduce"), _describe(src))
     ndim = src.values.ndim
@@ -455,19 +428,12 @@ def tensor_reduce(op, data, axis, *, negate=False, keepdims=False, mask=None, dt
     kept = src.shape[:axes[0]]
     if m is False:
         return _skipped(kept + (1,) * len(axes) if keepdims else kept, out_dtype)
-    out_mask = None
+    out_mask = valid = None
     flat = values.reshape(kept + (-1,))
     if m is not None:
         valid = np.broadcast_to(align_mask(m, src.shape), src.shape).reshape(flat.shape)
-        flat = np.where(valid, flat, np.array(_REDUCE_IDENTITY[spec.name]).astype(flat.dtype))
         out_mask = valid.any(axis=-1)
-    with np.errstate(all="ignore"):
-        if spec.name == "subtract":
-            result = 2 * flat[..., 0] - flat.sum(axis=-1, dtype=np.float32)
-        else:
-            result = spec.reduce(flat, -1)
-        if negate:
-            result = -result
+    result = sem.reduce_last(spec, flat, negate, valid)
     if keepdims:
         result = result.reshape(kept + (1,) * len(axes))
         out_mask = None if out_mask is None else out_mask.reshape(result.shape)
@@ -491,15 +457,8 @@ def tensor_scalar_reduce(*, data, op0, operand0, reduce_op, reduce_res, reverse0
         return out
     inst, m, values = out.fresh
     shape = values.shape
-    if m is not None:
-        values = np.where(np.broadcast_to(align_mask(m, shape), shape), values,
-                          np.float32(_REDUCE_IDENTITY[spec.name]))
-    flat = values.reshape(shape[0], -1).astype(np.float32)
-    if spec.name == "subtract":
-        reduced = 2 * flat[:, 0] - flat.sum(axis=1, dtype=np.float32)
-    else:
-        reduced = spec.reduce(flat, 1)
-    column = _write_column(reduce_res, np.asarray(reduced, np.float32)[:, None],
+    valid = None if m is None else np.broadcast_to(align_mask(m, shape), shape)
+    column = _write_column(reduce_res, sem.fold_partitions(spec, values, valid),
                            _valid_partitions(m, shape), "reduce_res", "tensor_scalar_reduce")
     inst.opcode = "tensor_scalar_reduce"
     inst.writes = inst.writes + (column.region(),)
@@ -515,17 +474,12 @@ def tensor_tensor_scan(data0, data1, initial, op0, op1, reverse0=False, reverse1
     b = tile_operand(data1, "data1", "tensor_tensor_scan")
     _two_tiles("tensor_tensor_scan", a, b)
     spec0, spec1 = fn.lookup(op0, "op0"), fn.lookup(op1, "op1")
+    _legacy_ops("nisa.tensor_tensor_scan", (spec0.name, spec1.name))
     rules.check_alu_engine("nisa.tensor_tensor_scan", "dve", (spec0.name, spec1.name),
                            _nc_version("tensor_tensor_scan"), _describe(a))
     init, init_op = scalar_or_tile(initial, "initial", "tensor_tensor_scan", a.partitions)
-    av = a.f32().reshape(a.partitions, -1)
-    bv = b.f32().reshape(a.partitions, -1)
-    out = np.empty_like(av)
-    prev = np.broadcast_to(np.asarray(init, np.float32).reshape(-1), (a.partitions,)).copy()
-    for i in range(av.shape[1]):  # a true recurrence: the hardware also walks the free axis
-        t = _apply_alu(spec0, av[:, i], prev, reverse0)
-        prev = np.asarray(_apply_alu(spec1, t, bv[:, i], reverse1), np.float32)
-        out[:, i] = prev
+    out = sem.scan(spec0, spec1, a.f32().reshape(a.partitions, -1),
+                   b.f32().reshape(a.partitions, -1), init, reverse0, reverse1)
     out_dtype = dt.as_dtype(dtype or dt.promote(a.dtype, b.dtype))
     if m is False:
         return _skipped(a.shape, out_dtype)
@@ -560,8 +514,7 @@ def reciprocal(data, *, dtype=None, mask=None, **kwargs):
     out_dtype = dt.as_dtype(dtype or op.dtype)
     if m is False:
         return _skipped(op.shape, out_dtype)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        values = np.float32(1.0) / op.f32()
+    values = sem.reciprocal(op.f32())
     return compute_result("dve", "reciprocal", values, out_dtype, m, [op])
 
 
@@ -572,10 +525,7 @@ def bn_stats(data, *, mask=None, dtype=None, **kwargs):
     count 0, mean 0, M2 0); a fully masked-off partition is not computed."""
     m = resolve_mask(mask)
     op = tile_operand(data, "data", "bn_stats", mask=m)
-    if op.free_size > 512:
-        raise NKIValueError(f"bn_stats reads at most 512 elements per partition "
-                            f"(bn_stats_fmax), got {op.free_size}",
-                            "err_size_of_dimension_exceed_arch_limit")
+    rules.check_bn_stats_free("nisa.bn_stats", op.free_size, "legacy", _describe(op))
     if m is not None and m is not False:
         aligned = np.broadcast_to(align_mask(m, op.shape), op.shape)
         restricted = [axis for axis in range(aligned.ndim)
@@ -586,17 +536,9 @@ def bn_stats(data, *, mask=None, dtype=None, **kwargs):
     if m is False:
         return _skipped((op.partitions, 6), out_dtype)
     x = op.f32().reshape(op.partitions, -1)
-    valid = (np.ones(x.shape, bool) if m is None else
+    valid = (None if m is None else
              np.broadcast_to(align_mask(m, op.shape), op.shape).reshape(x.shape))
-    out = np.zeros((op.partitions, 6), np.float32)
-    for k in (0, 1):
-        v, w = x[:, k::2], valid[:, k::2]
-        n = w.sum(axis=1, dtype=np.float32)
-        safe = np.maximum(n, np.float32(1))
-        mean = np.where(w, v, np.float32(0)).sum(axis=1, dtype=np.float32) / safe
-        dev = np.where(w, v - mean[:, None], np.float32(0))
-        out[:, 3 * k], out[:, 3 * k + 1] = n, mean
-        out[:, 3 * k + 2] = (dev * dev).sum(axis=1, dtype=np.float32)
+    out = sem.batch_norm_stats(x, valid)
     rows = None if m is None else valid.any(axis=1)[:, None]
     partitions, free = extent(m, op.shape)
     return compute_result("dve", "bn_stats", out, out_dtype, rows, [op], partitions=partitions,
@@ -615,12 +557,7 @@ def bn_aggr(data, *, mask=None, dtype=None, **kwargs):
     out_dtype = dt.as_dtype(dtype or op.dtype)
     if m is False:
         return _skipped((op.partitions, 2), out_dtype)
-    n, mu, m2 = stats[:, 0::3], stats[:, 1::3], stats[:, 2::3]
-    total = n.sum(axis=1)
-    safe = np.maximum(total, np.float32(1))
-    mean = (n * mu).sum(axis=1) / safe
-    var = (m2 + n * (mu - mean[:, None]) ** 2).sum(axis=1) / safe
-    out = np.stack([mean, var], axis=1).astype(np.float32)
+    out = sem.batch_norm_aggregate(stats)
     rows = _valid_partitions(m, op.shape)
     return compute_result("dve", "bn_aggr", out, out_dtype, rows, [op], free_size=op.free_size)
 
@@ -676,7 +613,7 @@ def affine_select(pred, on_true_tile, on_false_value, *, mask=None, dtype=None, 
     if m is False:
         return _skipped(op.shape, out_dtype)
     keep = np.broadcast_to(align_mask(pred.values, op.shape), op.shape)
-    values = np.where(keep, op.f32(), np.float32(on_false_value))
+    values = sem.select(keep, op.f32(), np.float32(on_false_value))
     return compute_result("pool", "affine_select", values, out_dtype, m, [op])
 
 
@@ -718,18 +655,10 @@ def nc_matmul(stationary, moving, *, is_stationary_onezero=False, is_moving_onez
     if st.partitions != mv.partitions:
         raise NKIValueError(f"nc_matmul contraction mismatch: stationary has {st.partitions} "
                             f"partitions, moving {mv.partitions}", "err_num_partition_mismatch")
-    if st.free_size > 128:
-        raise NKIValueError(f"nc_matmul stationary free size {st.free_size} exceeds "
-                            "gemm_stationary_fmax = 128",
-                            "err_size_of_dimension_exceed_arch_limit")
-    if mv.free_size > 512:
-        raise NKIValueError(f"nc_matmul moving free size {mv.free_size} exceeds "
-                            "gemm_moving_fmax = 512 (one PSUM bank of fp32)",
-                            "err_size_of_dimension_exceed_arch_limit")
-    for op in (st, mv):
-        if dt.is_int(op.dtype):
-            raise NKITypeError("nc_matmul takes fp8/bf16/fp16/tf32/fp32 inputs, got "
-                               f"{dt.name(op.dtype)}", "err_matmul_dtype")
+    rules.check_matmul_free_sizes("nisa.nc_matmul", st.free_size, mv.free_size, "legacy",
+                                  _nc_version("nc_matmul"), tile=_describe(mv))
+    rules.check_matmul_inputs("nisa.nc_matmul", dt.name(st.dtype), dt.name(mv.dtype), "legacy",
+                              _nc_version("nc_matmul"))
     if tile_position or tile_size:
         if not (tile_position and tile_size) or len(tile_position) != 2 or len(tile_size) != 2:
             raise NKIValueError("tile_position and tile_size must both be (row, column) pairs",
@@ -746,7 +675,7 @@ def nc_matmul(stationary, moving, *, is_stationary_onezero=False, is_moving_onez
     b = mv.f32().reshape(mv.partitions, -1)
     out_dtype = dt.float32
     if is_transpose:
-        if b.shape[1] != b.shape[0] or not np.array_equal(b, np.eye(b.shape[0], dtype=b.dtype)):
+        if not sem.is_identity(b):
             raise NKIValueError("is_transpose=True needs an identity matrix as moving",
                                 "err_transpose_identity")
         result = np.ascontiguousarray(a.T) if version >= 3 else None
@@ -757,7 +686,7 @@ def nc_matmul(stationary, moving, *, is_stationary_onezero=False, is_moving_onez
     if result is None:
         a = np.where(valid_a, a, 0.0) if st.mask is not None else a
         b = np.where(valid_b, b, 0.0) if mv.mask is not None else b
-        result = (a.astype(np.float64).T @ b.astype(np.float64)).astype(np.float32)
+        result = sem.matmul(a, b)
     out_mask = None
     if st.mask is not None or mv.mask is not None:
         out_mask = valid_a.any(axis=0)[:, None] & valid_b.any(axis=0)[None, :]
@@ -780,13 +709,11 @@ def nc_transpose(data, *, mask=None, dtype=None, engine=None, **kwargs):
     eng = _engine_name(engine, "pe")
     if eng == "pe":
         rules.check_allocated_transpose("nisa.nc_transpose", current("nc_transpose").allocated)
-    limit = 32 if eng == "dve" else 128
-    if op.partitions > limit or op.free_size > limit:
-        raise NKIValueError(f"nc_transpose on the {eng} engine takes at most {limit}×{limit}, "
-                            f"got {op.shape}", "err_size_of_dimension_exceed_arch_limit")
+    rules.check_transpose_size("nisa.nc_transpose", eng, op.partitions, op.free_size, "legacy",
+                               _describe(op))
     if eng == "pe" and op.memory == "psum":
         raise NKITypeError("Tensor-engine inputs must be in SBUF", "err_unsupported_memory")
-    values = op.values.reshape(op.partitions, -1).T
+    values = sem.transpose(op.values)
     out_dtype = dt.as_dtype(dtype or op.dtype)
     m = resolve_mask(mask)
     return compute_result(eng, "nc_transpose", values, out_dtype, None if m is False else m,
@@ -865,7 +792,7 @@ def dma_copy(*, dst, src, mask=None, dst_rmw_op=None, oob_mode=oob_mode.error,
     values = _read_any(src, src_mask).reshape(shape)
     if dst_rmw_op is not None:
         spec = fn.lookup(dst_rmw_op, "dst_rmw_op")
-        values = spec.apply(dt.compute(_read_any(dst, m)), dt.compute(values))
+        values = sem.dma_accumulate(spec, _read_any(dst, m), values)
     write_into(dst, values, m, accumulate=dst_rmw_op is not None)
     src_mem, dst_mem = src.storage.memory, dst.storage.memory
     hbm_side = dst if dst_mem == "hbm" and src_mem != "hbm" else src
@@ -890,7 +817,7 @@ def dma_transpose(src, *, axes=None, mask=None, dtype=None, **kwargs):
     if isinstance(src, Access) and src.indirect is not None:
         raise NKIIndexError("dma_transpose does not support indirect indices",
                             "err_indirect_indices_are_not_supported_with_nki_api")
-    default = {2: (1, 0), 3: (2, 1, 0), 4: (3, 1, 2, 0)}
+    default = sem.DMA_TRANSPOSE_AXES
     rank = len(src.shape)
     if rank not in default:
         raise NKIValueError("dma_transpose takes a 2-D to 4-D tile",

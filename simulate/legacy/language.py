@@ -19,6 +19,7 @@ from ..core import approx as approx_mode
 from ..core import dtypes as dt
 from ..core import functions as fn
 from ..core import rules, sdk
+from ..core import semantics as sem
 from ..core.dtypes import (  # noqa: F401 - re-exported NKI names
     bfloat16,
     bfp16,
@@ -504,7 +505,7 @@ def where(condition, x, y, *, dtype=None, mask=None, **kwargs):
     out_dtype = dt.as_dtype(dtype or default)
     cond, xa = align_shapes(c.values, xa)
     cond, ya = align_shapes(cond, ya)
-    values = np.where(cond.astype(bool), xa, ya)
+    values = sem.select(cond.astype(bool), xa, ya)
     if m is False:
         return allocate(values.shape, out_dtype, fill=dt.uninitialised(out_dtype))
     return compute_result("dve", "select", values, out_dtype, m, [c, xv, yv])
@@ -532,12 +533,10 @@ def elementwise_unary(name: str, x, dtype=None, mask=None):
         values = spec.apply(op.values)
     elif name in fn.COMPARISONS or name == "logical_not":
         values = spec.apply(op.f32())
-    else:
-        work = work_f32(op, out_dtype)
-        inputs = work.copy() if name in fn.TRANSCENDENTAL and approx_mode.approx_bound() else None
-        values = spec.apply(work, out=work)
-        if inputs is not None:  # the Scalar engine's approximation
-            values = approx_mode.scalar_engine(name, inputs, values)
+    else:  # the Scalar engine approximates its transcendental functions when asked to
+        approximate = name in fn.TRANSCENDENTAL and approx_mode.approx_bound()
+        values = sem.activation(spec, work_f32(op, out_dtype), approximate=(
+            approx_mode.scalar_engine if approximate else None))
     engine, opcode = ("act", "activation") if name in fn.TRANSCENDENTAL else (
         "dve", "tensor_scalar")
     rules.check_allocated_bias(f"nl.{name}", engine == "act" and current(name).allocated,
@@ -714,10 +713,6 @@ identity = _unary("identity", "x")
 
 
 # --- reductions ------------------------------------------------------------------------------
-_IDENTITY = {"sum": 0.0, "mean": 0.0, "var": 0.0, "prod": 1.0, "max": -np.inf, "min": np.inf,
-             "all": 1.0}
-
-
 def _reduce(name, x, axis, dtype, mask, keepdims):
     """A reduction over free axes on the Vector engine (``tensor_reduce``), in fp32.
 
@@ -736,44 +731,17 @@ def _reduce(name, x, axis, dtype, mask, keepdims):
                             "err_reduce_partition_axis")
     default = dt.float32 if name in ("mean", "var") and dt.is_int(op.dtype) else op.dtype
     out_dtype = dt.as_dtype(dtype or (dt.bool_ if name == "all" else default))
-    values = op.f32()
-    out_mask = None
     if m is False:
         shape = tuple(1 if a in axes else n for a, n in enumerate(op.shape))
         return allocate(shape if keepdims else tuple(n for a, n in enumerate(op.shape)
                                                      if a not in axes),
                         out_dtype, fill=dt.uninitialised(out_dtype))
-    if m is not None:
-        valid = np.broadcast_to(align_mask(m, op.shape), op.shape)
-        values = np.where(valid, values, np.float32(_IDENTITY[name]))
-        count = valid.sum(axis=axes, keepdims=True, dtype=np.float32)
-        out_mask = count > 0
-        if not keepdims:
-            out_mask = out_mask.reshape(tuple(n for a, n in enumerate(out_mask.shape)
-                                              if a not in axes))
-    else:
-        count = np.float32(np.prod([op.shape[a] for a in axes]))
-    with np.errstate(all="ignore"):
-        if name == "sum":
-            result = np.sum(values, axis=axes, keepdims=True, dtype=np.float32)
-        elif name == "prod":
-            result = np.prod(values, axis=axes, keepdims=True, dtype=np.float32)
-        elif name == "max":
-            result = np.max(values, axis=axes, keepdims=True)
-        elif name == "min":
-            result = np.min(values, axis=axes, keepdims=True)
-        elif name == "all":
-            result = np.all(values != 0, axis=axes, keepdims=True).astype(np.float32)
-        else:
-            mu = np.sum(values, axis=axes, keepdims=True, dtype=np.float32) / count
-            result = mu
-            if name == "var":
-                dev = values - mu
-                if m is not None:
-                    dev = np.where(valid, dev, np.float32(0))
-                result = np.sum(dev * dev, axis=axes, keepdims=True, dtype=np.float32) / count
+    valid = None if m is None else np.broadcast_to(align_mask(m, op.shape), op.shape)
+    result, out_mask = sem.reduce_axes(name, op.f32(), axes, valid)
     if not keepdims:
         result = result.reshape(tuple(n for a, n in enumerate(result.shape) if a not in axes))
+        if out_mask is not None:
+            out_mask = out_mask.reshape(result.shape)
     partitions, free = extent(m, op.shape)
     return compute_result("dve", "tensor_reduce", np.asarray(result, np.float32), out_dtype,
                           out_mask, [op], partitions=partitions, free_size=free,

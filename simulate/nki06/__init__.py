@@ -4,7 +4,9 @@ It binds the 0.6 signatures (``import nki``, ``nki.language``, ``nki.isa``, ``nk
 ``nki.jit``, ``nki.simulate``, ``kernel[lnc]``) onto the simulator's core: dtypes and
 rounding (:mod:`simulate.dtypes`), storage and SBUF/PSUM capacity accounting
 (:mod:`simulate.memory`), target limits (:mod:`simulate.targets`), operator math
-(:mod:`simulate.functions`) and the instruction trace the cost model reads
+(:mod:`simulate.functions`), what each engine computes (:mod:`simulate.core.semantics`), the
+engine, operator, dtype and memory rules both dialects share, parametrized by dialect
+(:mod:`simulate.core.rules`), and the instruction trace the cost model reads
 (:mod:`simulate.trace`). Sources: aws-neuron/aws-neuron-sdk ``nki/`` at ``81ce03ae``.
 
 Use it as ``import simulate.nki06 as nki`` or call :func:`install` so that ``import nki``

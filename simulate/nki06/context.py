@@ -20,7 +20,7 @@ import numpy as np
 
 from simulate.core.errors import CapacityError
 from simulate.core.memory import PartitionAllocator
-from simulate.core.targets import PSUM_BANK_BYTES, TARGETS, Target
+from simulate.core.targets import DIALECT_DEFAULT_TARGET, PSUM_BANK_BYTES, TARGETS, Target
 from simulate.core.trace import Trace
 
 from .errors import NkiDeadlockError, NkiRuntimeError, NkiValueError
@@ -35,14 +35,18 @@ _TARGET_ALIASES = {
     "trn3": "trn3",
     "gen4": "trn3",
 }
-# The official simulator's default when NEURON_PLATFORM_TARGET_OVERRIDE is unset (SIM)
-DEFAULT_TARGET = "trn3"
+# The official simulator's default when NEURON_PLATFORM_TARGET_OVERRIDE is unset (SIM; the
+# core's per-dialect table says why the legacy front-end's differs)
+DEFAULT_TARGET = DIALECT_DEFAULT_TARGET["nki06"]
 RENDEZVOUS_TIMEOUT_S = 60.0
 
 
-def target_from_env() -> Target:
-    """The target named by ``NEURON_PLATFORM_TARGET_OVERRIDE`` (STUB-NKI ``jit``), else trn3."""
-    name = os.environ.get("NEURON_PLATFORM_TARGET_OVERRIDE", "").strip().lower()
+def target_from_env(name=None) -> Target:
+    """The target ``name`` (a target name or :class:`Target`), else the one
+    ``NEURON_PLATFORM_TARGET_OVERRIDE`` names (STUB-NKI ``jit``), else trn3."""
+    if isinstance(name, Target):
+        return name
+    name = (name or os.environ.get("NEURON_PLATFORM_TARGET_OVERRIDE", "")).strip().lower()
     if not name:
         return TARGETS[DEFAULT_TARGET]
     if name not in _TARGET_ALIASES:

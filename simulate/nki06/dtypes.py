@@ -2,9 +2,10 @@
 ``str``, ``nki/api/nki/language/__init__.py@81ce03ae``) and also compares equal to the
 NumPy / ml_dtypes dtype the simulator stores it as.
 
-Rounding on write is the core's (:func:`simulate.dtypes.cast`: round to nearest even,
-float->int saturating, tfloat32 10-bit mantissa). The OCP types the core does not
-know (``float8_e4m3fn``, ``float8_e8m0fnu``) are cast through float32 by ml_dtypes.
+Rounding on write and promotion are the core's (:func:`simulate.core.dtypes.cast`: round to
+nearest even, float->int saturating, tfloat32 10-bit mantissa, the OCP FP8 types
+``float8_e4m3fn`` / ``float8_e8m0fnu`` through float32), and so is the list of dtypes the
+0.6 docs name (:data:`simulate.core.dtypes.DIALECT_DTYPES`).
 
 ``NKI_PRECISE_FP=0`` (aws-neuron-sdk ``nki/guides/nki_simulator.rst``, "Precise
 Floating-Point Mode") stores every low-precision float tensor as float32, so nothing rounds.
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import os
 
-import ml_dtypes
 import numpy as np
 
 from simulate.core import dtypes as core
@@ -59,9 +59,9 @@ float16 = NkiDtype("float16", core.float16)
 bfloat16 = NkiDtype("bfloat16", core.bfloat16)
 tfloat32 = NkiDtype("tfloat32", core.tfloat32)
 float8_e4m3 = NkiDtype("float8_e4m3", core.float8_e4m3)
-float8_e4m3fn = NkiDtype("float8_e4m3fn", ml_dtypes.float8_e4m3fn)
+float8_e4m3fn = NkiDtype("float8_e4m3fn", core.float8_e4m3fn)
 float8_e5m2 = NkiDtype("float8_e5m2", core.float8_e5m2)
-float8_e8m0fnu = NkiDtype("float8_e8m0fnu", ml_dtypes.float8_e8m0fnu)
+float8_e8m0fnu = NkiDtype("float8_e8m0fnu", core.float8_e8m0fnu)
 int8 = NkiDtype("int8", core.int8)
 int16 = NkiDtype("int16", core.int16)
 int32 = NkiDtype("int32", core.int32)
@@ -90,8 +90,7 @@ ALL = (
 _BY_NAME = {str.__str__(d): d for d in ALL}
 _BY_NAME["bool"] = bool_
 _BY_NUMPY = {d.numpy: d for d in ALL if d is not tfloat32}
-# dtypes the core's cast and promotion know; the others go through float32
-_CORE_KNOWN = frozenset(d for d in ALL if d not in (float8_e4m3fn, float8_e8m0fnu))
+assert {d.numpy for d in ALL} == set(core.DIALECT_DTYPES["nki06"])  # one list, in the core
 _LOW_PRECISION = frozenset(
     (float16, bfloat16, tfloat32, float8_e4m3, float8_e4m3fn, float8_e5m2, float8_e8m0fnu)
 )
@@ -140,10 +139,7 @@ def cast(values, dtype: NkiDtype, stored_as: np.dtype | None = None) -> np.ndarr
     stored_as = storage_dtype(dtype) if stored_as is None else stored_as
     if stored_as == core.float32 and not core.is_tf32(stored_as):
         return core.cast(values, core.float32)
-    if dtype in _CORE_KNOWN:
-        return core.cast(values, stored_as)
-    with np.errstate(over="ignore", invalid="ignore"):
-        return np.asarray(values).astype(np.float32).astype(stored_as)
+    return core.cast(values, stored_as)
 
 
 def is_float(dtype) -> bool:
@@ -160,9 +156,6 @@ def promote(a, b) -> NkiDtype:
     a, b = as_dtype(a), as_dtype(b)
     if a is b:
         return a
-    if a not in _CORE_KNOWN or b not in _CORE_KNOWN:
-        other = b if a not in _CORE_KNOWN else a
-        return other if is_float(other) and other.itemsize > 1 else bfloat16
     return _BY_NUMPY.get(
         core.promote(
             a.numpy if a is not tfloat32 else core.tfloat32,

@@ -44,3 +44,22 @@ class NkiRuntimeError(NkiValidationError, RuntimeError):
 
 class NkiDeadlockError(NkiRuntimeError):
     """The programs of an LNC launch wait for each other (divergent control flow)."""
+
+
+def enforce(check, *args, **kwargs) -> None:
+    """Run one of the core's rules (:mod:`simulate.core.rules`) for this front-end: its
+    error becomes this front-end's exception of the same kind, with the same message and no
+    error key."""
+    try:
+        check(*args, **kwargs)
+    except NkiValidationError:
+        raise
+    except NKIError as exc:
+        kind = (
+            NkiTypeError
+            if isinstance(exc, TypeError)
+            else NkiValueError
+            if isinstance(exc, ValueError)
+            else NkiValidationError
+        )
+        raise kind(getattr(exc, "message", str(exc))) from None

@@ -19,12 +19,18 @@ import warnings
 import numpy as np
 
 from simulate.core import functions as fn
+from simulate.core import rules
+from simulate.core import semantics as sem
+from simulate.core.dtypes import is_number
+from simulate.core.instructions import dma_trace_fields
+from simulate.core.tensor import run_bytes
 
-from . import context, engines
+from . import context
 from . import dtypes as dt
 from .errors import (
     NkiTypeError,
     NkiValidationError,
+    enforce,
 )
 from .tensor import NkiTensor, VirtualRegister, matmul_mask, partition_start, region, write
 
@@ -209,10 +215,17 @@ def _engine_of(api, requested, default: engine, allowed) -> engine:
 
 
 def _no_gpsimd_psum(api, eng, *operands) -> None:
-    if eng is engine.gpsimd:
-        for name, t in operands:
-            if t is not None and t.storage.memory == "psum":
-                raise NkiValidationError(f"{api} on the gpsimd engine cannot access PSUM ({name})")
+    """GpSimd cannot access PSUM (the core's rule, with the 0.6 docs)."""
+    for name, t in operands:
+        if t is not None:
+            enforce(
+                rules.check_gpsimd_memory,
+                api,
+                _TRACE_ENGINE.get(eng, ""),
+                (t.storage.memory,),
+                name,
+                dialect="nki06",
+            )
 
 
 def _scalar(api, argname, value, partitions, *, f32_tile=False):
@@ -227,7 +240,7 @@ def _scalar(api, argname, value, partitions, *, f32_tile=False):
         if f32_tile and value.dtype is not dt.float32:
             raise NkiTypeError(f"{api} {argname} must be a float32 tile, got {value.dtype}")
         return _pf(value), value
-    if isinstance(value, (bool, int, float, np.number)):
+    if is_number(value):
         return np.float32(value), None
     raise NkiTypeError(
         f"{api} {argname} must be a scalar or a (P, 1) tile, got {type(value).__name__}"
@@ -242,12 +255,13 @@ def _emit(
     reads=(),
     writes=(),
     partitions,
-    free_size,
     out_dtype,
+    free_size=None,
     details=None,
     dma=None,
 ) -> NkiInstruction:
-    """Append the instruction to the launch's trace (the cost model's input)."""
+    """Append the instruction to the launch's trace (the cost model's input). A DMA's
+    ``dma`` fields give its ``free_size`` (:func:`simulate.core.instructions.dma_trace_fields`)."""
     program = context.current(opcode)
     reads = [t for t in reads if isinstance(t, NkiTensor)]
     details = dict(details or {})
@@ -255,7 +269,7 @@ def _emit(
         engine=engine_name,
         opcode=opcode,
         partitions=int(partitions),
-        free_size=int(free_size),
+        free_size=0 if free_size is None else int(free_size),
         in_dtypes=tuple(str(t.dtype) for t in reads),
         out_dtype=str(out_dtype),
         reads=tuple(region(t) for t in reads),
@@ -295,16 +309,13 @@ def _write_and_emit(engine_name, api, name, dst, values, reads, details=None, dm
 
 
 def _op(api, argname, op):
+    """The operator ``op`` names, if this dialect has it on this target (core rules)."""
     try:
-        return fn.lookup(op, argname)
+        spec = fn.lookup(op, argname)
     except Exception as exc:  # the core lookup's error carries a legacy error key
         raise NkiValidationError(f"{api} {argname}={op!r} is not an NKI operator") from exc
-
-
-def _alu(spec, a, b, reverse):
-    if spec.unary and spec.name not in fn.BINARY:
-        return spec.apply(a)
-    return spec.apply(b, a) if reverse else spec.apply(a, b)
+    enforce(rules.check_alu_op, api, spec.name, "nki06", _version(api), argname)
+    return spec
 
 
 # --- data movement -----------------------------------------------------------------------------
@@ -320,30 +331,29 @@ def _dma_side(api, argname, t) -> NkiTensor:
 
 
 def _row_bytes(t: NkiTensor) -> int:
-    """Contiguous bytes per partition row of the HBM side (one DMA descriptor): the first
-    dim pairs with the on-chip partitions, so a run never spans it (the legacy front-end's
-    rule, ``simulate.core.tensor.contiguous_row_bytes``)."""
-    run = 1
-    for n, s in zip(reversed(t.shape[1:]), reversed(t.strides[1:])):
-        if s != run and n != 1:
-            break
-        run *= n
-    return run * t.itemsize
+    """Contiguous bytes per partition row of the HBM side (one DMA descriptor)."""
+    return run_bytes(t.shape, [s * t.itemsize for s in t.strides], t.itemsize)
 
 
-def _dma_fields(src: NkiTensor | None, dst: NkiTensor, count: int) -> dict:
+def _dma_fields(src, dst: NkiTensor, count: int, partitions: int, row_bytes=None) -> dict:
+    """The DMA fields (``free_size`` included) of the trace record of ``count`` elements
+    moved from ``src`` to ``dst`` over ``partitions`` on-chip partitions: the core's, so
+    that the legacy front-end records the same transfer alike."""
     src_mem = "sbuf" if src is None else src.storage.memory
     dst_mem = dst.storage.memory
     hbm = dst if dst_mem == "hbm" and src_mem != "hbm" else (src if src is not None else dst)
-    return {
-        "dma_bytes": count * hbm.itemsize,
-        "dma_direction": f"{src_mem}->{dst_mem}",
-        "dma_row_bytes": _row_bytes(hbm),
-    }
+    return dma_trace_fields(
+        count * hbm.itemsize,
+        partitions,
+        f"{src_mem}->{dst_mem}",
+        _row_bytes(hbm) if row_bytes is None else row_bytes,
+    )
 
 
-def _chip_partitions(*ts) -> int:
-    return next((t.shape[0] for t in ts if t is not None and t.on_chip), 1)
+def _chip_partitions(dst, *srcs) -> int:
+    """The partitions a DMA spreads over: the on-chip side's, or the destination's rows
+    for an HBM-to-HBM copy (as the legacy front-end records it)."""
+    return next((t.shape[0] for t in (dst, *srcs) if t is not None and t.on_chip), dst.shape[0])
 
 
 def dma_copy(
@@ -390,10 +400,9 @@ def dma_copy(
         reads=[src],
         writes=[dst],
         partitions=_chip_partitions(dst, src),
-        free_size=dst.size // _chip_partitions(dst, src),
         out_dtype=dst.dtype,
         details={"dge_mode": mode.name},
-        dma=_dma_fields(src, dst, dst.size),
+        dma=_dma_fields(src, dst, dst.size, _chip_partitions(dst, src)),
     )
 
 
@@ -423,9 +432,9 @@ def dma_compute(
             "dma_compute with one source is a copy: pass dst as a source too to accumulate into it",
             stacklevel=2,
         )
-    total = np.zeros(dst.size, np.float32)
-    for s in srcs:
-        total += s.values().reshape(-1).astype(np.float32)
+    total = sem.dma_accumulate(
+        spec, np.zeros(dst.size, np.float32), *(s.values().reshape(-1) for s in srcs)
+    )
     write(dst, total)
     return _emit(
         "dma",
@@ -434,14 +443,10 @@ def dma_compute(
         reads=list(srcs),
         writes=[dst],
         partitions=_chip_partitions(dst, *srcs),
-        free_size=dst.size // _chip_partitions(dst, *srcs),
         out_dtype=dst.dtype,
         details={"rmw": True},
-        dma=_dma_fields(srcs[0], dst, dst.size * len(srcs)),
+        dma=_dma_fields(srcs[0], dst, dst.size * len(srcs), _chip_partitions(dst, *srcs)),
     )
-
-
-_TRANSPOSE_AXES = {2: (1, 0), 3: (2, 1, 0), 4: (3, 1, 2, 0)}
 
 
 def dma_transpose(
@@ -460,12 +465,13 @@ def dma_transpose(
     _on_chip(api, "dst", dst, psum=False)
     _enum(dge_mode, globals()["dge_mode"], "dge_mode", api)
     rank = src.ndim
-    if rank not in _TRANSPOSE_AXES:
+    if rank not in sem.DMA_TRANSPOSE_AXES:
         raise NkiValidationError(f"{api} src must have rank 2 to 4, got {rank}")
-    perm = _TRANSPOSE_AXES[rank] if axes is None else tuple(int(a) for a in axes)
-    if perm != _TRANSPOSE_AXES[rank]:
+    perm = sem.DMA_TRANSPOSE_AXES[rank] if axes is None else tuple(int(a) for a in axes)
+    if perm != sem.DMA_TRANSPOSE_AXES[rank]:
         raise NkiValidationError(
-            f"{api} axes {perm} unsupported for rank {rank}; expected {_TRANSPOSE_AXES[rank]}"
+            f"{api} axes {perm} unsupported for rank {rank}; "
+            f"expected {sem.DMA_TRANSPOSE_AXES[rank]}"
         )
     expected = tuple(src.shape[a] for a in perm)
     if tuple(dst.shape) != expected:
@@ -481,7 +487,7 @@ def dma_transpose(
         dst,
         np.transpose(src.values(), perm),
         [src],
-        dma=_dma_fields(src, dst, dst.size) | {"dma_row_bytes": src.itemsize},
+        dma=_dma_fields(src, dst, dst.size, dst.shape[0], row_bytes=src.itemsize),
     )
 
 
@@ -525,7 +531,7 @@ def memset(dst, value, engine=engine.unknown, name=None):
             f"{api} value {value!r} is a float but dst is {dst.dtype}: the value "
             "type must match the dtype"
         )
-    if not isinstance(value, (bool, int, float, np.number)):
+    if not is_number(value):
         raise NkiTypeError(f"{api} value must be a number, got {type(value).__name__}")
     return _write_and_emit(
         _TRACE_ENGINE[eng],
@@ -552,10 +558,7 @@ def iota(dst, pattern, offset=0, channel_multiplier=0, name=None):
             f"elements per partition, dst has {_free(dst)}"
         )
     start = offset.value if isinstance(offset, VirtualRegister) else int(offset)
-    grids = np.meshgrid(*[np.arange(n, dtype=np.int64) * s for s, n in pairs], indexing="ij")
-    free = sum(g for g in grids).reshape(-1)
-    rows = np.arange(dst.shape[0], dtype=np.int64)[:, None] * int(channel_multiplier)
-    values = (start + rows + free[None, :]).astype(np.int32)
+    values = sem.iota_pattern(dst.shape[0], pairs, start, channel_multiplier)
     return _write_and_emit("pool", api, name, dst, values, [])
 
 
@@ -599,17 +602,13 @@ def activation_reduce(dst, op, data, reduce_op, reduce_res, bias=None, scale=1.0
     )
 
 
-_REDUCE_IDENTITY = {"add": 0.0, "maximum": -np.inf, "minimum": np.inf, "multiply": 1.0}
-
-
 def _activation(api, dst, op, data, bias, scale, reduce_op, reduce_res, cmd, name):
     _on_chip(api, "dst", dst)
     _on_chip(api, "data", data)
     _pair(api, "data", data, "dst", dst)
     cmd = _enum(cmd, reduce_cmd, "reduce_cmd", api)
     spec = _op(api, "op", op)
-    if not spec.is_activation:
-        raise NkiValidationError(f"{api} op={spec.name} is not an activation function")
+    enforce(rules.check_activation_op, api, spec.name, "nki06", "op")
     program = context.current(api)
     version = program.target.nc_version
     partitions = data.shape[0]
@@ -638,9 +637,10 @@ def _activation(api, dst, op, data, bias, scale, reduce_op, reduce_res, cmd, nam
             raise NkiValidationError(
                 f"{api} op=nl.reciprocal with a bias is not supported on NeuronCore-v2"
             )
-    x = _pf(data)
-    with np.errstate(all="ignore"):
-        out = np.asarray(spec.apply(x * scale_v + bias_v), np.float32)
+    # the bias register is always added (0.0 without a bias: -0.0 comes out as +0.0)
+    out = np.asarray(
+        sem.activation(spec, np.array(_pf(data), np.float32), scale_v, bias_v), np.float32
+    )
     reduced = None
     if reduce_op is not None or reduce_res is not None or cmd is not reduce_cmd.idle:
         reduced = _reduce_registers(api, program, out, reduce_op, cmd, reduce_res)
@@ -686,19 +686,17 @@ def _reduce_registers(api, program, out, reduce_op, cmd, reduce_res):
             "unchanged (pass reduce_cmd=reset_reduce or use activation_reduce)",
             stacklevel=3,
         )
-    partitions = out.shape[0]
-    regs = program.act_regs[:partitions]
-    identity = np.float32(_REDUCE_IDENTITY[spec.name])
-    if cmd is reduce_cmd.reset:
-        regs[...] = identity
-    elif cmd is reduce_cmd.reset_reduce:
-        regs[...] = spec.reduce(out, 1)[:, None]
-    elif cmd is reduce_cmd.reduce:
-        regs[...] = spec.apply(regs, spec.reduce(out, 1)[:, None])
+    regs = program.act_regs[: out.shape[0]]
+    sem.update_registers(regs, spec, sem.fold_partitions(spec, out), cmd.name)
     return regs.copy()
 
 
 # --- Vector engine -------------------------------------------------------------------------------
+# GpSimd's native integer arithmetic "ensures exact results for all 32-bit integer values"
+# (nki/api/nki/isa/__init__.py@81ce03ae, L1034-L1036)
+_EXACT_INT32_OPS = ("add", "subtract", "multiply", "maximum", "minimum")
+
+
 def tensor_tensor(dst, data1, data2, op, engine=engine.unknown, name=None):
     """``dst = op(data1, data2)`` elementwise. Vector engine; GpSimd for ``power`` and by
     default when every operand is (u)int32 and none is in PSUM (exact integer math)."""
@@ -715,19 +713,24 @@ def tensor_tensor(dst, data1, data2, op, engine=engine.unknown, name=None):
         else globals()["engine"].vector
     )
     eng = _engine_of(api, engine, default, (globals()["engine"].vector, globals()["engine"].gpsimd))
+    enforce(
+        rules.check_tensor_tensor_engine,
+        _TRACE_ENGINE[eng],
+        spec.name,
+        int32s,
+        "data1",
+        dialect="nki06",
+    )
     _no_gpsimd_psum(api, eng, ("data1", data1), ("data2", data2), ("dst", dst))
-    if spec.bitvec:
-        if not (dt.is_int(data1.dtype) and dt.is_int(data2.dtype)):
-            raise NkiValidationError(f"{api} bitvec op {spec.name} needs integer operands")
-        values = spec.apply(_pf(data1, False), _pf(data2, False))
-    elif (
-        eng is globals()["engine"].gpsimd
+    if spec.bitvec and not (dt.is_int(data1.dtype) and dt.is_int(data2.dtype)):
+        raise NkiValidationError(f"{api} bitvec op {spec.name} needs integer operands")
+    exact_int = (
+        not spec.bitvec
+        and eng is globals()["engine"].gpsimd
         and int32s
-        and spec.name in ("add", "subtract", "multiply")
-    ):
-        values = spec.apply(_pf(data1, False).astype(np.int64), _pf(data2, False).astype(np.int64))
-    else:
-        values = spec.apply(_pf(data1), _pf(data2))
+        and spec.name in _EXACT_INT32_OPS
+    )
+    values = sem.elementwise(spec, _pf(data1, False), _pf(data2, False), exact_int=exact_int)
     return _write_and_emit(
         _TRACE_ENGINE[eng],
         api,
@@ -788,30 +791,28 @@ def _tensor_scalar(api, dst, data, stages, requested_engine):
     bitvec = specs[0].bitvec
     vector, scalar_eng, gpsimd = engine.vector, engine.scalar, engine.gpsimd
     eng = _engine_of(api, requested_engine, vector, (vector, scalar_eng, gpsimd))
-    if eng is scalar_eng and (
-        _version(api) < 3 or names not in (("multiply",), ("add",), ("multiply", "add"))
-    ):
-        raise NkiValidationError(
-            f"{api} on the scalar engine runs only (multiply), (add) or "
-            "(multiply, add) on NeuronCore-v3+, got " + ", ".join(names)
-        )
-    if eng is gpsimd and names != ("rsqrt",):
-        raise NkiValidationError(
-            f"{api} runs on the gpsimd engine only for nl.rsqrt, got " + ", ".join(names)
-        )
+    enforce(
+        rules.check_tensor_scalar_engine,
+        _TRACE_ENGINE[eng],
+        names,
+        _version(api),
+        "data",
+        dialect="nki06",
+    )
     if bitvec and (eng is not vector or not dt.is_int(data.dtype)):
         raise NkiValidationError(f"{api} bitvec ops run on the vector engine on integer data")
     _no_gpsimd_psum(api, eng, ("data", data), ("dst", dst))
     values = _pf(data, f32=not bitvec)
     reads = [data]
+    alu_stages = []
     for i, (spec, (_, operand, reverse)) in enumerate(zip(specs, stages)):
         argname = f"operand{i}"
         if spec.unary and spec.name not in fn.BINARY:
-            if operand is not None and not (_is_number(operand) and operand == 0):
+            if operand is not None and not (is_number(operand) and operand == 0):
                 raise NkiValidationError(
                     f"{api} {argname} of unary op {spec.name} must be None or 0"
                 )
-            values = spec.apply(values)
+            alu_stages.append((spec, None, reverse))
             continue
         if bitvec and not isinstance(operand, NkiTensor):
             scalar, tile = np.asarray(int(operand)).astype(values.dtype), None
@@ -821,12 +822,8 @@ def _tensor_scalar(api, dst, data, stages, requested_engine):
         else:
             scalar, tile = _scalar(api, argname, operand, data.shape[0], f32_tile=True)
         reads.append(tile)
-        values = _alu(spec, values, scalar, reverse)
-    return np.asarray(values), reads, eng, names
-
-
-def _is_number(value) -> bool:
-    return isinstance(value, (bool, int, float, np.number))
+        alu_stages.append((spec, scalar, reverse))
+    return np.asarray(sem.alu_stages(values, alu_stages)), reads, eng, names
 
 
 def scalar_tensor_tensor(
@@ -840,8 +837,9 @@ def scalar_tensor_tensor(
     if spec0.bitvec or spec1.bitvec:
         raise NkiValidationError(f"{api} takes arithmetic operators only")
     scalar, tile = _scalar(api, "operand0", operand0, data.shape[0])
-    values = _alu(spec0, _pf(data), scalar, reverse0)
-    values = _alu(spec1, values, _pf(operand1), reverse1)
+    values = sem.scalar_tensor_tensor(
+        spec0, scalar, spec1, _pf(operand1), _pf(data), reverse0, reverse1
+    )
     return _write_and_emit(
         "dve",
         api,
@@ -874,12 +872,12 @@ def tensor_copy_predicated(dst, src, predicate, reverse_pred=False, name=None):
             raise NkiTypeError(f"{api} src dtype {src.dtype} must equal dst dtype {dst.dtype}")
         values = _pf(src, f32=False)
         reads.append(src)
-    elif _is_number(src):
+    elif is_number(src):
         values = np.full((dst.shape[0], _free(dst)), src)
     else:
         raise NkiTypeError(f"{api} src must be a tensor or a number, got {type(src).__name__}")
     take = (_pf(predicate, f32=False) != 0) != bool(reverse_pred)
-    merged = np.where(take, dt.cast(values, dst.dtype), _pf(dst, f32=False))
+    merged = sem.select(take, dt.cast(values, dst.dtype), _pf(dst, f32=False))
     return _write_and_emit("dve", api, name, dst, merged, reads)
 
 
@@ -889,9 +887,7 @@ def reciprocal(dst, data, name=None):
     _on_chip(api, "dst", dst)
     _on_chip(api, "data", data)
     _pair(api, "data", data, "dst", dst)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        values = np.float32(1.0) / _pf(data)
-    return _write_and_emit("dve", api, name, dst, values, [data])
+    return _write_and_emit("dve", api, name, dst, sem.reciprocal(_pf(data)), [data])
 
 
 def tensor_reduce(dst, op, data, axis, negate=False, keepdims=False, name=None):
@@ -916,8 +912,7 @@ def tensor_reduce(dst, op, data, axis, negate=False, keepdims=False, name=None):
             f"partitions x {kept} elements (the dims kept by axis={axis})"
         )
     spec = _op(api, "op", op)
-    if spec.name not in fn.REDUCIBLE:
-        raise NkiValidationError(f"{api} op={spec.name} is not a reduction operator")
+    enforce(rules.check_reduce_op, api, spec.name, "nki06", "op")
     if negate and spec.bitvec:
         raise NkiValidationError(f"{api} negate applies to arithmetic reductions only")
     values = data.values().reshape(data.shape[0], kept, -1)
@@ -927,7 +922,7 @@ def tensor_reduce(dst, op, data, axis, negate=False, keepdims=False, name=None):
         api,
         name,
         dst,
-        engines.reduce_last(spec, values, negate),
+        sem.reduce_last(spec, values, negate),
         [data],
         details={"op": spec.name},
     )
@@ -954,7 +949,7 @@ def tensor_scalar_reduce(
         raise NkiValidationError(f"{api} does not support reverse0")
     cmd = _enum(reduce_cmd, globals()["reduce_cmd"], "reduce_cmd", api)
     spec = _op(api, "reduce_op", reduce_op)
-    if spec.name not in _REDUCE_IDENTITY:
+    if spec.name not in sem.REGISTER_REDUCE_OPS:
         raise NkiValidationError(
             f"{api} reduce_op must be add, multiply, maximum or minimum, got {spec.name}"
         )
@@ -963,18 +958,11 @@ def tensor_scalar_reduce(
     )
     program = context.current(api)
     regs = program.vector_regs[: data.shape[0]]
-    folded = spec.reduce(values.reshape(data.shape[0], -1).astype(np.float32), 1)[:, None]
-    commands = globals()["reduce_cmd"]
-    if cmd is commands.reset_reduce:
-        regs[...] = folded
-    elif cmd is commands.reduce:
-        regs[...] = spec.apply(regs, folded)
-    elif cmd is commands.load_reduce:
-        if reduce_init is None:
-            raise NkiValidationError(f"{api} reduce_cmd=load_reduce needs reduce_init")
-        regs[...] = spec.apply(np.float32(reduce_init), folded)
-    elif cmd is commands.reset:
-        regs[...] = np.float32(_REDUCE_IDENTITY[spec.name])
+    if cmd is globals()["reduce_cmd"].load_reduce and reduce_init is None:
+        raise NkiValidationError(f"{api} reduce_cmd=load_reduce needs reduce_init")
+    sem.update_registers(
+        regs, spec, sem.fold_partitions(spec, values), cmd.name, initial=reduce_init
+    )
     write(dst, values)
     writes = [dst]
     if reduce_res is not None:
@@ -1008,9 +996,7 @@ def tensor_tensor_scan(
     reads = [data0, data1] + ([initial] if isinstance(initial, NkiTensor) else [])
     initial_values, _ = _scalar(api, "initial", initial, data0.shape[0])
     spec0, spec1 = _op(api, "op0", op0), _op(api, "op1", op1)
-    values = engines.scan(
-        _alu, _pf(data0), _pf(data1), initial_values, spec0, spec1, reverse0, reverse1
-    )
+    values = sem.scan(spec0, spec1, _pf(data0), _pf(data1), initial_values, reverse0, reverse1)
     return _write_and_emit(
         "dve", api, name, dst, values, reads, details={"op": [spec0.name, spec1.name]}
     )
@@ -1022,14 +1008,10 @@ def bn_stats(dst, data, name=None):
     api = "bn_stats"
     _on_chip(api, "data", data)
     _on_chip(api, "dst", dst)
-    if _free(data) > 512:
-        raise NkiValidationError(
-            f"{api} data has {_free(data)} elements per partition, exceeds "
-            "maximum 512 (nl.tile_size.bn_stats_fmax)"
-        )
+    enforce(rules.check_bn_stats_free, api, _free(data), "nki06", "data")
     if dst.shape[0] != data.shape[0] or _free(dst) != 6:
         raise NkiValidationError(f"{api} dst must be ({data.shape[0]}, 6), got {tuple(dst.shape)}")
-    return _write_and_emit("dve", api, name, dst, engines.batch_norm_stats(_pf(data)), [data])
+    return _write_and_emit("dve", api, name, dst, sem.batch_norm_stats(_pf(data)), [data])
 
 
 def bn_aggr(dst, data, name=None):
@@ -1043,23 +1025,10 @@ def bn_aggr(dst, data, name=None):
         )
     if dst.shape[0] != data.shape[0] or _free(dst) != 2:
         raise NkiValidationError(f"{api} dst must be ({data.shape[0]}, 2), got {tuple(dst.shape)}")
-    return _write_and_emit("dve", api, name, dst, engines.batch_norm_aggregate(_pf(data)), [data])
+    return _write_and_emit("dve", api, name, dst, sem.batch_norm_aggregate(_pf(data)), [data])
 
 
 # --- Tensor engine --------------------------------------------------------------------------------
-_MATMUL_INPUTS = frozenset(
-    (
-        dt.float8_e4m3,
-        dt.float8_e5m2,
-        dt.bfloat16,
-        dt.float16,
-        dt.tfloat32,
-        dt.float32,
-        dt.float8_e4m3fn,
-    )
-)
-
-
 def nc_matmul(
     dst,
     stationary,
@@ -1090,32 +1059,16 @@ def nc_matmul(
             f"{api} moving has {moving.shape[0]} partitions, stationary "
             f"{k}: the contraction dims must match"
         )
-    if m > 128:
-        raise NkiValidationError(
-            f"{api} stationary free size {m} exceeds maximum 128 "
-            "(nl.tile_size.gemm_stationary_fmax)"
-        )
-    n_max = 512 if version < 4 else (8192 if dst.dtype is dt.bfloat16 else 4096)
-    if n > n_max:
-        raise NkiValidationError(f"{api} moving free size {n} exceeds maximum {n_max}")
+    enforce(rules.check_matmul_free_sizes, api, m, n, "nki06", version, str(dst.dtype), "moving")
     if dst.shape[0] != m or _free(dst) != n:
         raise NkiValidationError(
             f"{api} dst {tuple(dst.shape)} must hold {m} partitions x {n} "
             "elements (stationary free size x moving free size)"
         )
-    for argname, t in (("stationary", stationary), ("moving", moving)):
-        if t.dtype not in _MATMUL_INPUTS:
-            raise NkiTypeError(f"{api} {argname} dtype {t.dtype} is not a matmul input type")
-        if t.dtype is dt.float8_e4m3fn and version < 4:
-            raise NkiTypeError(f"{api} {argname} float8_e4m3fn needs NeuronCore-v4")
+    enforce(
+        rules.check_matmul_inputs, api, str(stationary.dtype), str(moving.dtype), "nki06", version
+    )
     kinds = {stationary.dtype, moving.dtype}
-    if kinds & {dt.float32, dt.tfloat32} and not kinds <= {dt.float32, dt.tfloat32}:
-        raise NkiTypeError(
-            f"{api} float32/tfloat32 inputs pair only with float32/tfloat32, got "
-            f"{stationary.dtype} and {moving.dtype}"
-        )
-    if {dt.float8_e4m3, dt.float8_e4m3fn} <= kinds:
-        raise NkiTypeError(f"{api} cannot mix float8_e4m3 and float8_e4m3fn")
     if bool(tile_position) != bool(tile_size):
         raise NkiValidationError(f"{api} tile_position and tile_size go together")
     granule = 64 if version == 2 else 32  # row/column tiles of the PE array (STUB-ISA)
@@ -1138,14 +1091,14 @@ def nc_matmul(
     a = _pf(stationary)
     b = _pf(moving)
     if is_transpose:
-        if n != k or not np.array_equal(b, np.eye(k, dtype=np.float32)):
+        if n != k or not sem.is_identity(b):
             raise NkiValidationError(f"{api} is_transpose=True needs an identity as moving")
         if dst.dtype is not stationary.dtype:
             raise NkiTypeError(
                 f"{api} is_transpose=True needs dst dtype {stationary.dtype} (the "
                 f"stationary dtype), got {dst.dtype}"
             )
-        write(dst, _pf(stationary, f32=False).T, accumulated_by_matmul=True)
+        write(dst, sem.transpose(stationary.values()), accumulated_by_matmul=True)
         matmul_mask(dst)[...] = True
     else:
         if dst.dtype is not dt.float32 and not (version >= 4 and dst.dtype is dt.bfloat16):
@@ -1154,7 +1107,7 @@ def nc_matmul(
             )
         if stationary.dtype is dt.tfloat32 or moving.dtype is dt.tfloat32:
             a, b = dt.cast(a, dt.tfloat32), dt.cast(b, dt.tfloat32)
-        product = (a.astype(np.float64).T @ b.astype(np.float64)).astype(np.float32)
+        product = sem.matmul(a, b)
         flags = matmul_mask(dst).reshape(m, n)
         if accumulate is None:
             add = flags.copy()
@@ -1208,12 +1161,8 @@ def nc_transpose(dst, data, engine=engine.unknown, name=None):
         )
     if eng not in (globals()["engine"].tensor, globals()["engine"].vector):
         raise NkiValidationError(f"{api} runs on the tensor or vector engine, not {eng.name}")
-    limit = 128 if eng is globals()["engine"].tensor else 32
     p, f = data.shape[0], _free(data)
-    if p > limit or f > limit:
-        raise NkiValidationError(
-            f"{api} data ({p} x {f}) exceeds {limit} x {limit} on the {eng.name} engine"
-        )
+    enforce(rules.check_transpose_size, api, _TRACE_ENGINE[eng], p, f, "nki06", "data")
     if eng is globals()["engine"].tensor and (
         data.storage.memory != "sbuf" or dst.storage.memory != "psum"
     ):
@@ -1222,7 +1171,7 @@ def nc_transpose(dst, data, engine=engine.unknown, name=None):
         raise NkiTypeError(f"{api} dst dtype {dst.dtype} must equal data dtype {data.dtype}")
     if dst.shape[0] != f or _free(dst) != p:
         raise NkiValidationError(f"{api} dst {tuple(dst.shape)} must be {f} x {p}")
-    write(dst, _pf(data, f32=False).T)
+    write(dst, sem.transpose(data.values()))
     return _emit(
         _TRACE_ENGINE[eng],
         api,
@@ -1281,11 +1230,9 @@ def sendrecv(src, dst, send_to_rank, recv_from_rank, pipe_id, dma_engine=dma_eng
         values,
         [src],
         details={"pipe_id": pipe_id},  # the cost model pairs the cores' transfers by pipe
-        dma={
-            "dma_bytes": src.size * src.itemsize,
-            "dma_direction": "sbuf->sbuf",
-            "dma_row_bytes": _free(src) * src.itemsize,
-        },
+        dma=dma_trace_fields(
+            src.size * src.itemsize, src.shape[0], "sbuf->sbuf", _free(src) * src.itemsize
+        ),
     )
 
 
@@ -1362,7 +1309,7 @@ __all__ = [
         "np",
         "fn",
         "context",
-        "engines",
+        "sem",
         "dt",
         "NkiIndexError",
         "NkiTypeError",

@@ -12,6 +12,7 @@ import warnings
 
 import numpy as np
 
+from simulate.core.dtypes import is_number
 from simulate.core.targets import PMAX
 
 from . import context
@@ -290,20 +291,16 @@ def transpose(x, dtype=None) -> NkiTensor:
 
 
 # --- elementwise math -----------------------------------------------------------------------------
-def _is_scalar(v) -> bool:
-    return isinstance(v, (bool, int, float, np.number))
-
-
 def _binary(op, x, y, dtype, api):
-    if _is_scalar(x) and _is_scalar(y):
+    if is_number(x) and is_number(y):
         raise NkiTypeError(f"nl.{api} needs at least one tensor operand")
-    if _is_scalar(y) or (
+    if is_number(y) or (
         isinstance(y, NkiTensor)
         and isinstance(x, NkiTensor)
         and y.size // y.shape[0] == 1 < x.size // x.shape[0]
     ):
         tile, other, reverse = x, y, False
-    elif _is_scalar(x) or (x.size // x.shape[0] == 1 < y.size // y.shape[0]):
+    elif is_number(x) or (x.size // x.shape[0] == 1 < y.size // y.shape[0]):
         tile, other, reverse = y, x, True
     else:
         if tuple(x.shape) != tuple(y.shape):
@@ -385,6 +382,9 @@ right_shift = _register(_named_binary("right_shift"))
 logical_and = _register(_named_binary("logical_and"))
 logical_or = _register(_named_binary("logical_or"))
 logical_xor = _register(_named_binary("logical_xor"))
+# NeuronCore-v4+ (nki/api/nki/language/__init__.py@81ce03ae, L838-L923; core.rules)
+abs_max = _register(_named_binary("abs_max"))
+abs_min = _register(_named_binary("abs_min"))
 # Scalar-engine activations
 exp = _register(_named_unary("exp"))
 log = _register(_named_unary("log"))

@@ -68,6 +68,12 @@ class Kernel:
             )
         return launch(self.func, args, kwargs, self.lnc)
 
+    def __simulate_trace__(self, *args, target=None, **kwargs):
+        """``(outputs, trace)`` of one launch on ``target`` (default: the environment's):
+        what ``simulate.profile`` models, for kernels of either dialect."""
+        outputs = launch(self.func, args, kwargs, self.lnc, target=target)
+        return outputs, last_trace()
+
     def with_schedule(self, edges) -> Kernel:
         for edge in edges:
             if not isinstance(edge, tuple) or len(edge) != 2:
@@ -187,8 +193,8 @@ def _check_annotations(func, bound) -> None:
 
 
 # --- launch ------------------------------------------------------------------------------------
-def launch(func, args, kwargs, lnc):
-    target = context.target_from_env()
+def launch(func, args, kwargs, lnc, target=None):
+    target = context.target_from_env(target)
     degree = 1 if lnc is None else lnc
     if degree == 2 and target.nc_version < 3:
         raise NkiValueError(f"kernel[2]: LNC=2 needs trn2 or trn3, the target is {target.name}")

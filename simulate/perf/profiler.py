@@ -158,12 +158,19 @@ def profile(kernel, *args, target=None, **kwargs):
 
     Runs ``kernel`` once in the simulator (outputs as ``nki.simulate_kernel`` returns them)
     and models its trace on ``target`` ("inf2", "trn1", "trn2" = one NeuronCore-v3 with LNC=1,
-    "trn3"); without ``target`` the kernel's ``platform_target`` or trn1. A kernel that fails
-    raises the simulator's error; no timing is produced for it.
+    "trn3"). ``kernel`` is a legacy kernel (without ``target``: its ``platform_target`` or
+    trn1) or an ``nki`` 0.6 ``@nki.jit`` kernel, ``kernel[2]`` included (without ``target``:
+    ``NEURON_PLATFORM_TARGET_OVERRIDE`` or trn3); a front-end that launches its own kernels
+    says so with a ``__simulate_trace__`` method. A kernel that fails raises the simulator's
+    error; no timing is produced for it.
     """
     from ..core.runtime import trace_kernel
 
-    outputs, trace = trace_kernel(kernel, *args, target=target, **kwargs)
+    own_launcher = getattr(kernel, "__simulate_trace__", None)
+    if own_launcher is not None:
+        outputs, trace = own_launcher(*args, target=target, **kwargs)
+    else:
+        outputs, trace = trace_kernel(kernel, *args, target=target, **kwargs)
     return outputs, Profile.from_trace(trace)
 
 

@@ -1,0 +1,317 @@
+"""What each engine computes, once for both front-ends: pure functions on NumPy arrays.
+
+The front-ends (``simulate.legacy`` for ``neuronxcc.nki``, ``simulate.nki06`` for ``nki``
+0.6) check their own signatures and operands, read the operand values (float32 for
+arithmetic, the stored integers for bit operations), call these functions, and round the
+result into the destination dtype when they write it (``core.dtypes.cast``). Nothing here
+reads or writes a tile or records an instruction.
+
+``spec`` arguments are :class:`simulate.core.functions.OpSpec`; a ``valid`` argument is a
+boolean array of the points that take part (None: all of them), as masks give it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import functions as fn
+
+# The value a masked-off (or padding) element contributes to a reduction.
+REDUCE_IDENTITY = {
+    "add": 0,
+    "subtract": 0,
+    "multiply": 1,
+    "maximum": -np.inf,
+    "minimum": np.inf,
+    "bitwise_and": -1,
+    "bitwise_or": 0,
+    "bitwise_xor": 0,
+    "logical_and": 1,
+    "logical_or": 0,
+    "logical_xor": 0,
+}
+# The reductions the Scalar engine's accumulator and the Vector engine's reduce registers
+# fold with (the front-ends decide which of them each instruction and target allows).
+REGISTER_REDUCE_OPS = ("add", "multiply", "maximum", "minimum")
+
+
+def per_partition(value, ndim):
+    """A per-partition ``(P, 1)`` operand reshaped to broadcast against a rank-``ndim``
+    tile (scalars pass through)."""
+    if isinstance(value, np.ndarray) and value.ndim:
+        return value.reshape((value.shape[0],) + (1,) * (ndim - 1))
+    return value
+
+
+# --- ALU (Vector / GpSimd / Scalar arithmetic) ------------------------------------------------
+def alu(spec, a, b, reverse=False, out=None):
+    """One ALU stage ``spec(a, b)`` (``spec(b, a)`` with ``reverse``); a unary op ignores
+    ``b``. ``out`` is a float32 work array the result may be computed into."""
+    if spec.unary and spec.name not in fn.BINARY:
+        return spec.apply(a, out=out)
+    return spec.apply(b, a, out=out) if reverse else spec.apply(a, b, out=out)
+
+
+def alu_stages(values, stages, work=None):
+    """``tensor_scalar``'s pipeline: ``values`` through each ``(spec, operand, reverse)``
+    stage in turn, per-partition operands broadcast along the free axes. ``work`` (a float32
+    copy of ``values`` the caller owns) is reused while the result still lives in it."""
+    for spec, operand, reverse in stages:
+        out = work if work is not None and values is work else None
+        values = alu(spec, values, per_partition(operand, np.ndim(values)), reverse, out=out)
+    return values
+
+
+def elementwise(spec, a, b, *, exact_int=False, work=None):
+    """``tensor_tensor``: ``spec(a, b)`` of two operands of the same shape. ``exact_int``
+    computes integer add/subtract/multiply exactly (GpSimd), bit operations take the stored
+    integers, everything else runs in float32 (into ``work``, a float32 copy of ``a``, when
+    the caller gives one)."""
+    if exact_int:
+        return spec.apply(np.asarray(a).astype(np.int64), np.asarray(b).astype(np.int64))
+    if spec.bitvec:
+        return spec.apply(a, b)
+    if work is not None and spec.name not in fn.COMPARISONS:
+        return spec.apply(work, b, out=work)  # the ufunc converts ``b`` to float32 on the fly
+    return spec.apply(_f32(a), _f32(b))
+
+
+def scalar_tensor_tensor(
+    spec0, scalar, spec1, other, data, reverse0=False, reverse1=False, work=None
+):
+    """``spec1(spec0(data, scalar), other)``: ``scalar`` a number or ``(P, 1)`` array,
+    ``other`` shaped like ``data``. With ``work`` (``data`` itself, a float32 copy the
+    caller owns) the stages compute into it and ``other`` converts to float32 on the fly."""
+    values = alu(spec0, data, per_partition(scalar, np.ndim(data)), reverse0, out=work)
+    in_place = work is not None and values is work
+    return alu(
+        spec1, values, other if in_place else _f32(other), reverse1, out=work if in_place else None
+    )
+
+
+def _f32(values):
+    values = np.asarray(values)
+    return values if values.dtype == np.float32 else values.astype(np.float32)
+
+
+def reciprocal(x):
+    """``1 / x`` in float32 (the Vector engine's divide; 1/0 is inf)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.float32(1.0) / x
+
+
+def select(keep, on_true, on_false):
+    """``on_true`` where ``keep`` holds, else ``on_false`` (``affine_select``, ``nl.where``,
+    ``tensor_copy_predicated``)."""
+    return np.where(keep, on_true, on_false)
+
+
+# --- Scalar engine -----------------------------------------------------------------------------
+def activation(spec, x, scale=None, bias=None, *, approximate=None):
+    """``spec(x * scale + bias)`` in float32, computed in ``x`` (a float32 work array the
+    caller owns). ``scale``: a number or a ``(P, 1)`` array (None or 1.0: no multiply);
+    ``bias``: None or a ``(P, 1)`` array / number. ``approximate(name, inputs, values)``
+    replaces the exact values by the engine's piece-wise approximation."""
+    with np.errstate(all="ignore"):  # inf·0 and overflow are values here, not errors
+        if isinstance(scale, np.ndarray) or (scale is not None and scale != 1.0):
+            np.multiply(x, per_partition(scale, x.ndim), out=x)
+        if bias is not None:
+            np.add(x, per_partition(bias, x.ndim), out=x)
+    inputs = x.copy() if approximate is not None else None
+    values = spec.apply(x, out=x)
+    if approximate is not None:
+        values = approximate(spec.name, inputs, values)
+    return values
+
+
+# --- reductions ----------------------------------------------------------------------------------
+def _with_identity(spec, values, valid):
+    if valid is None:
+        return values
+    identity = np.array(REDUCE_IDENTITY[spec.name]).astype(values.dtype)
+    return np.where(valid, values, identity)
+
+
+def reduce_last(spec, values, negate=False, valid=None):
+    """``spec`` folded over the last axis of ``values`` (float32, or integers for bit ops);
+    ``subtract`` gives ``x0 - x1 - x2 ...``; ``negate`` multiplies the result by -1."""
+    values = _with_identity(spec, values, valid)
+    with np.errstate(all="ignore"):
+        if spec.name == "subtract":
+            result = 2 * values[..., 0] - values.sum(axis=-1, dtype=np.float32)
+        else:
+            result = np.asarray(spec.reduce(values, -1))
+        if negate:
+            result = -result
+    return result
+
+
+# The value a masked-off element contributes to each ``nl`` reduction.
+_NAMED_REDUCE_IDENTITY = {
+    "sum": 0.0,
+    "mean": 0.0,
+    "var": 0.0,
+    "prod": 1.0,
+    "max": -np.inf,
+    "min": np.inf,
+    "all": 1.0,
+}
+
+
+def reduce_axes(name, values, axes, valid=None):
+    """The ``nl`` reduction ``name`` (sum, prod, max, min, all, mean, var: population
+    variance) of float32 ``values`` over ``axes``, dims kept. ``mean``/``var`` divide by
+    the number of valid elements. Returns (result, mask of the output points with at least
+    one valid input, or None when every point is valid)."""
+    out_mask = None
+    if valid is not None:
+        values = np.where(valid, values, np.float32(_NAMED_REDUCE_IDENTITY[name]))
+        count = valid.sum(axis=axes, keepdims=True, dtype=np.float32)
+        out_mask = count > 0
+    else:
+        count = np.float32(np.prod([values.shape[a] for a in axes]))
+    with np.errstate(all="ignore"):
+        if name == "sum":
+            result = np.sum(values, axis=axes, keepdims=True, dtype=np.float32)
+        elif name == "prod":
+            result = np.prod(values, axis=axes, keepdims=True, dtype=np.float32)
+        elif name == "max":
+            result = np.max(values, axis=axes, keepdims=True)
+        elif name == "min":
+            result = np.min(values, axis=axes, keepdims=True)
+        elif name == "all":
+            result = np.all(values != 0, axis=axes, keepdims=True).astype(np.float32)
+        else:
+            result = np.sum(values, axis=axes, keepdims=True, dtype=np.float32) / count
+            if name == "var":
+                deviation = values - result
+                if valid is not None:
+                    deviation = np.where(valid, deviation, np.float32(0))
+                result = (
+                    np.sum(deviation * deviation, axis=axes, keepdims=True, dtype=np.float32)
+                    / count
+                )
+    return result, out_mask
+
+
+def fold_partitions(spec, values, valid=None):
+    """The per-partition ``(P, 1)`` float32 reduction of ``values`` over all its free axes
+    (what an instruction folds into the engine's reduce registers)."""
+    values = _with_identity(spec, values, valid)
+    flat = values.reshape(values.shape[0], -1).astype(np.float32, copy=False)
+    return np.asarray(reduce_last(spec, flat), np.float32).reshape(-1, 1)
+
+
+def update_registers(regs, spec, folded, command, *, initial=None, rows=None):
+    """Update per-partition reduce registers ``regs`` (``(P, 1)`` float32, in place) with an
+    instruction's ``folded`` reduction: ``reset`` sets the identity, ``reset_reduce`` the
+    reduction, ``reduce`` folds the reduction into the registers, ``load_reduce`` folds it
+    into ``initial``, ``idle`` leaves them. ``rows``: the partitions that ran (None: all)."""
+    identity = np.float32(REDUCE_IDENTITY[spec.name])
+    if command == "idle":
+        return regs
+    if command == "reset":
+        new = np.full_like(folded, identity)
+    elif command == "reduce":
+        new = spec.apply(regs, folded).astype(np.float32)
+    elif command == "load_reduce":
+        new = spec.apply(np.float32(initial), folded).astype(np.float32)
+    elif command == "reset_reduce":
+        new = folded
+    else:
+        raise ValueError(
+            f"reduce command {command!r} is not one of idle, reset, reduce, "
+            "load_reduce, reset_reduce"
+        )
+    if rows is None:
+        regs[...] = new
+    else:
+        regs[rows] = new[rows]
+    return regs
+
+
+def batch_norm_stats(x, valid=None):
+    """``bn_stats``: per row of ``x`` (P, F) float32, ``[count, mean, var*count]`` of the
+    even- and then of the odd-indexed elements (``valid``: the elements that count; an empty
+    group gives count 0, mean 0, M2 0)."""
+    if valid is None:
+        valid = np.ones(x.shape, bool)
+    out = np.zeros((x.shape[0], 6), np.float32)
+    for parity in (0, 1):
+        group, counted = x[:, parity::2], valid[:, parity::2]
+        count = counted.sum(axis=1, dtype=np.float32)
+        mean = np.where(counted, group, np.float32(0)).sum(axis=1, dtype=np.float32) / np.maximum(
+            count, np.float32(1)
+        )
+        deviation = np.where(counted, group - mean[:, None], np.float32(0))
+        out[:, 3 * parity], out[:, 3 * parity + 1] = count, mean
+        out[:, 3 * parity + 2] = (deviation * deviation).sum(axis=1, dtype=np.float32)
+    return out
+
+
+def batch_norm_aggregate(stats):
+    """``bn_aggr``: rows of ``(count, mean, var*count)`` triples -> ``[mean, population
+    variance]`` per row (float32)."""
+    count, mean, m2 = stats[:, 0::3], stats[:, 1::3], stats[:, 2::3]
+    total = np.maximum(count.sum(axis=1), np.float32(1))
+    grand = (count * mean).sum(axis=1) / total
+    var = (m2 + count * (mean - grand[:, None]) ** 2).sum(axis=1) / total
+    return np.stack([grand, var], axis=1).astype(np.float32)
+
+
+def scan(spec0, spec1, data0, data1, initial, reverse0=False, reverse1=False):
+    """``tensor_tensor_scan`` per row of ``data0``/``data1`` (P, F) float32:
+    ``r[i] = spec1(spec0(data0[i], r[i-1]), data1[i])`` with ``r[-1] = initial`` (a number
+    or a ``(P, 1)`` array)."""
+    out = np.empty_like(data0)
+    previous = np.broadcast_to(
+        np.asarray(initial, np.float32).reshape(-1), (data0.shape[0],)
+    ).copy()
+    for i in range(data0.shape[1]):  # a true recurrence: the engine walks the free axis too
+        stage = alu(spec0, data0[:, i], previous, reverse0)
+        previous = np.asarray(alu(spec1, stage, data1[:, i], reverse1), np.float32)
+        out[:, i] = previous
+    return out
+
+
+# --- Tensor engine --------------------------------------------------------------------------------
+def matmul(stationary, moving):
+    """``stationary.T @ moving`` of (K, M) and (K, N) float32 arrays: exact products summed
+    in float64, rounded once to float32."""
+    return (stationary.astype(np.float64).T @ moving.astype(np.float64)).astype(np.float32)
+
+
+def is_identity(moving) -> bool:
+    """True when ``moving`` is a square identity (``is_transpose=True`` matmuls)."""
+    return moving.shape[0] == moving.shape[1] and np.array_equal(
+        moving, np.eye(moving.shape[0], dtype=moving.dtype)
+    )
+
+
+def transpose(values):
+    """Partition and flattened free axes swapped (exact: a data movement)."""
+    return values.reshape(values.shape[0], -1).T
+
+
+# --- GpSimd ---------------------------------------------------------------------------------
+def iota_pattern(partitions, pattern, offset=0, channel_multiplier=0):
+    """``offset + p * channel_multiplier + sum(step_k * i_k)`` per partition ``p`` over the
+    ``(step, count)`` pairs of ``pattern`` (outermost first), as int32 (P, prod(counts))."""
+    grids = np.meshgrid(*[np.arange(n, dtype=np.int64) * s for s, n in pattern], indexing="ij")
+    free = sum(g for g in grids).reshape(-1)
+    rows = np.arange(partitions, dtype=np.int64)[:, None] * int(channel_multiplier)
+    return (int(offset) + rows + free[None, :]).astype(np.int32)
+
+
+# --- DMA ----------------------------------------------------------------------------------------
+# The permutation a DMA transpose applies, by rank (the only one each rank supports)
+DMA_TRANSPOSE_AXES = {2: (1, 0), 3: (2, 1, 0), 4: (3, 1, 2, 0)}
+
+
+def dma_accumulate(spec, *values):
+    """A DMA's read-modify-write: ``spec`` (add) folded over float32 copies of ``values``
+    (the destination's current values first, when the DMA accumulates into it)."""
+    total = np.asarray(values[0]).astype(np.float32)
+    for more in values[1:]:
+        total = spec.apply(total, np.asarray(more).astype(np.float32))
+    return total
