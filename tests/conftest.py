@@ -214,17 +214,3 @@ def trace_launch(kernel, *args, target=None, lnc=None, **kwargs):
 
 _TARGET_ENV = "NEURON_PLATFORM_TARGET_OVERRIDE"
 
-
-def unported_regime(kernel_dialect, plan, m, n, target):
-    """The forward regime the shared planner picks for ``plan`` and (m, n) on ``target`` when
-    ``kernel_dialect`` has not got it yet (None when it has)."""
-    import simulate
-    from nki_rmsnorm.plan.forward import choose_layout
-
-    if kernel_dialect != "nki06":
-        return None
-    from nki_rmsnorm.kernels.nki06.rmsnorm_fwd import REGIMES
-
-    spec = simulate.get_target(target or simulate.core.targets.DEFAULT_TARGET)
-    regime = choose_layout(plan, m, n, spec.sbuf_bytes_per_partition).regime
-    return None if regime in REGIMES else regime

@@ -50,10 +50,10 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
-from conftest import trace_launch, unported_regime
+from conftest import trace_launch
 
 import simulate
-from nki_rmsnorm import dialect, kernels
+from nki_rmsnorm import kernels
 from nki_rmsnorm import reference as ref
 from nki_rmsnorm.plan.forward import choose_layout, make_plan
 
@@ -98,9 +98,7 @@ def _inputs(rng, M, N, dtype, *, weight=True, bias=False, residual=False, offset
 
 def _run(x, weight=None, bias=None, residual=None, eps=EPS, offset=0.0, casting_mode="gemma",
          out_dtype=None, target=None):
-    """Simulate the kernel of the current dialect: ``(outputs, trace)``. A regime the
-    dialect has not got must raise ``NotImplementedError`` before running; the test then
-    stops there (skipped, with that checked)."""
+    """Simulate the kernel of the current dialect: ``(outputs, trace)``."""
     out_dtype = None if out_dtype is None else np.dtype(out_dtype)
     if residual is None:
         kernel = kernels.kernel("rmsnorm_fwd")
@@ -108,17 +106,6 @@ def _run(x, weight=None, bias=None, residual=None, eps=EPS, offset=0.0, casting_
     else:
         kernel = kernels.kernel("rmsnorm_add_fwd")
         args = (x, residual, weight, bias, eps, offset, casting_mode, out_dtype)
-    spec = simulate.get_target(target or "trn1")
-    plan = make_plan(x.dtype, None if weight is None else weight.dtype,
-                     None if bias is None else bias.dtype,
-                     None if residual is None else residual.dtype, offset, casting_mode,
-                     out_dtype, tensor_engine=spec.nc_version >= 3)
-    regime = unported_regime(dialect.current(), plan, *x.shape, target)
-    if regime is not None:
-        with pytest.raises(NotImplementedError, match=f"{regime!r} regime"):
-            trace_launch(kernel, *args, target=target)
-        pytest.skip(f"regime {regime!r} is not written in the {dialect.current()} dialect "
-                    "(its launch raises NotImplementedError: checked)")
     return trace_launch(kernel, *args, target=target)
 
 

@@ -12,18 +12,21 @@ Entry points (all share ``forward_body``): ``rmsnorm_fwd`` → ``(y, rstd)``,
 outputs: nki/migration/index.rst, 0.2→0.3), and the output-parameter twins
 ``rmsnorm_fwd_out`` / ``rmsnorm_add_fwd_out``.
 
-Launch with ``kernel[2]`` on trn2 / trn3 to split the row tiles across the two physical
-cores of a logical core (``rmsnorm_fwd_rows``); results are bitwise the same as LNC=1.
+Every regime of the legacy kernel exists here with the same file and function names:
+"rows" (``rmsnorm_fwd_rows.rows_resident``), "split" (``rmsnorm_fwd_split.split_rows``),
+"long" and "two_pass" (``rmsnorm_fwd_long.long_rows`` / ``two_pass``).
 
-Regimes written in this dialect: :data:`REGIMES` ("rows"). An input the shared planner
-would give another regime ("split", "long", "two_pass": rows too long for SBUF) raises
-``NotImplementedError`` before any instruction runs.
+Launch with ``kernel[2]`` on trn2 / trn3 to split the row tiles of every regime across the
+two physical cores of a logical core (``nl.program_id(0)``); results are bitwise the same as
+LNC=1.
 """
 
 from __future__ import annotations
 
 from nki_rmsnorm.kernels.nki06._nki import nisa, nki, nl, usable_sbuf_bytes
+from nki_rmsnorm.kernels.nki06.rmsnorm_fwd_long import long_rows, two_pass
 from nki_rmsnorm.kernels.nki06.rmsnorm_fwd_rows import rows_resident
+from nki_rmsnorm.kernels.nki06.rmsnorm_fwd_split import split_rows
 from nki_rmsnorm.plan.forward import (
     CASTING_MODES,
     Layout,
@@ -35,7 +38,6 @@ from nki_rmsnorm.plan.forward import (
 
 __all__ = [
     "CASTING_MODES",
-    "REGIMES",
     "Layout",
     "Plan",
     "choose_layout",
@@ -46,10 +48,6 @@ __all__ = [
     "rmsnorm_fwd",
     "rmsnorm_fwd_out",
 ]
-
-#: The forward regimes this dialect has.
-REGIMES = ("rows",)
-
 
 def _plan(x, weight, bias, h_dtype, offset, casting_mode, out_dtype):
     """The :class:`Plan` for these HBM tensors on the running target."""
@@ -65,23 +63,18 @@ def _plan(x, weight, bias, h_dtype, offset, casting_mode, out_dtype):
     )
 
 
-def layout_for(plan, M, N):
-    """The shared planner's layout, or ``NotImplementedError`` when its regime is not
-    written in this dialect yet."""
-    layout = choose_layout(plan, M, N, usable_sbuf_bytes())
-    if layout.regime not in REGIMES:
-        raise NotImplementedError(
-            f"rmsnorm_fwd (nki06 dialect): rows of N={N} need the {layout.regime!r} regime, "
-            f"which is written only in the legacy dialect; this dialect has {REGIMES}"
-        )
-    return layout
-
-
 def forward_body(plan, hbm, eps, offset):
     """Write y, rstd (and h) of ``hbm`` (a ``Tensors``): the code every entry point shares."""
     M, N = hbm.x.shape
-    layout = layout_for(plan, M, N)
-    rows_resident(plan, layout.rows_per_partition, hbm, eps, offset)
+    layout = choose_layout(plan, M, N, usable_sbuf_bytes())
+    if layout.regime == "rows":
+        rows_resident(plan, layout.rows_per_partition, hbm, eps, offset)
+    elif layout.regime == "split":
+        split_rows(plan, layout.segments, hbm, eps, offset)
+    elif layout.regime == "long":
+        long_rows(plan, layout.chunk, layout.output_chunk, hbm, eps, offset)
+    else:
+        two_pass(plan, layout.chunk, hbm, eps, offset)
 
 
 @nki.jit
@@ -90,7 +83,6 @@ def rmsnorm_fwd(x, weight, bias, eps, offset, casting_mode, out_dtype):
     ``out_dtype`` (None: x's dtype), rstd (M,) fp32."""
     M, N = x.shape
     plan = _plan(x, weight, bias, None, offset, casting_mode, out_dtype)
-    layout_for(plan, M, N)
     y = nl.ndarray((M, N), dtype=plan.out_dtype, buffer=nl.shared_hbm)
     rstd = nl.ndarray((M,), dtype=nl.float32, buffer=nl.shared_hbm)
     forward_body(plan, Tensors(x, None, weight, bias, y, None, rstd), eps, offset)
@@ -112,7 +104,6 @@ def rmsnorm_add_fwd(x, residual, weight, bias, eps, offset, casting_mode, out_dt
     residual's dtype), ``(y, h, rstd)`` of h."""
     M, N = x.shape
     plan = _plan(x, weight, bias, residual.dtype, offset, casting_mode, out_dtype)
-    layout_for(plan, M, N)
     y = nl.ndarray((M, N), dtype=plan.out_dtype, buffer=nl.shared_hbm)
     h = nl.ndarray((M, N), dtype=residual.dtype, buffer=nl.shared_hbm)
     rstd = nl.ndarray((M,), dtype=nl.float32, buffer=nl.shared_hbm)

@@ -109,7 +109,7 @@ def _row_tile(plan, views, resident, eps, group0, parts, k, N):
             steps.outer_normalize(
                 row(y_tile, j),
                 row(h_tile, j),
-                stationary[:, j, :],
+                [stationary[:, j, :]],
                 resident.scale,
                 shift,
                 row(product, j),

@@ -36,14 +36,16 @@ def sbuf(shape, dtype):
 def load_h(h_tile, x_tile, x_src, residual_src, h_dst):
     """h = x (+ residual) into ``h_tile``: the x load, or the residual load into ``h_tile``
     and the x load into ``x_tile``, added by the Vector engine (fp32 add, one rounding to
-    h's dtype) and stored to ``h_dst``."""
+    h's dtype) and stored to ``h_dst`` unless it is None (the two-pass regime's second
+    pass, which stored h already)."""
     if residual_src is None:
         nisa.dma_copy(dst=h_tile, src=x_src)
         return
     nisa.dma_copy(dst=h_tile, src=residual_src)
     nisa.dma_copy(dst=x_tile, src=x_src)
     nisa.tensor_tensor(dst=h_tile, data1=x_tile, data2=h_tile, op=nl.add)
-    nisa.dma_copy(dst=h_dst, src=h_tile)
+    if h_dst is not None:
+        nisa.dma_copy(dst=h_dst, src=h_tile)
 
 
 def store_y(plan, y_dst, y_tile):
@@ -186,11 +188,11 @@ def _infinite_where_zero(rstd, v):
     )
 
 
-def weight_rows(plan, row_hbm, offset=0.0):
+def weight_rows(plan, row_hbm, offset=0.0, stacked=True):
     """The weight row ``row_hbm`` (1, F) as the Tensor engine's moving operand: for three
-    rstd pieces, three copies of the bf16 row (loaded once, copied on chip by DMA);
+    stacked rstd pieces, three copies of the bf16 row (loaded once, copied on chip by DMA);
     otherwise one row of weight + offset in the scale dtype."""
-    if plan.rstd_pieces != 3:
+    if plan.rstd_pieces != 3 or not stacked:
         return scale_row(plan, row_hbm, offset)
     rows = sbuf((plan.rstd_pieces, row_hbm.shape[1]), plan.scale_dtype)
     nisa.dma_copy(dst=rows[0:1, :], src=row_hbm)
@@ -208,6 +210,18 @@ def _load(src):
     tile = sbuf(tuple(src.shape), src.dtype)
     nisa.dma_copy(dst=tile, src=src)
     return tile
+
+
+def load_converted(dst, src, offset=0.0):
+    """``dst = src + offset`` in dst's dtype: the DMA straight into ``dst`` when there is
+    nothing to convert, else a load and one Vector instruction (:func:`convert_row`) writing
+    ``dst``."""
+    if not offset and src.dtype == dst.dtype:
+        nisa.dma_copy(dst=dst, src=src)
+    elif offset:
+        nisa.tensor_scalar(dst=dst, data=_load(src), op0=nl.add, operand0=offset)
+    else:
+        nisa.tensor_copy(dst=dst, src=_load(src))
 
 
 def convert_row(row, dtype, offset=0.0):
@@ -263,36 +277,51 @@ def split_rstd(plan, rstd):
     return split
 
 
-def rstd_rows(plan, rstd, ident):
-    """rstd (parts, k) fp32 as Tensor-engine stationary operands (pieces, k, parts): the
-    ``plan.rstd_pieces`` pieces of row j's rstd for partition p in column p of block j.
-    Transposes on the Tensor engine (exact), the PSUM → SBUF copy on the Vector engine."""
+def rstd_rows(plan, rstd, ident, stacked=True):
+    """rstd (parts, k) fp32 as Tensor-engine stationary operands: with ``stacked``,
+    (pieces, k, parts), the ``plan.rstd_pieces`` pieces of row j's rstd for partition p in
+    column p of block j (a K = pieces matmul against stacked weight rows); otherwise
+    (1, k·pieces, parts), one block per row and piece (``pieces`` accumulating K = 1
+    matmuls against one weight row). Transposes on the Tensor engine (exact), the
+    PSUM → SBUF copy on the Vector engine."""
     parts, k = rstd.shape
     pieces = plan.rstd_pieces
     dtype = plan.scale_dtype
     split = split_rstd(plan, rstd)
-    transposed = nl.ndarray((pieces, k, parts), dtype=dtype, buffer=nl.psum)
-    for j in range(k):
-        nisa.nc_matmul(
-            dst=transposed[:, j, :],
-            stationary=split[:, pieces * j : pieces * (j + 1)],
-            moving=ident,
-            is_transpose=True,
-        )
-    stationary = sbuf((pieces, k, parts), dtype)
+    if stacked:
+        transposed = nl.ndarray((pieces, k, parts), dtype=dtype, buffer=nl.psum)
+        for j in range(k):
+            nisa.nc_matmul(
+                dst=transposed[:, j, :],
+                stationary=split[:, pieces * j : pieces * (j + 1)],
+                moving=ident,
+                is_transpose=True,
+            )
+    else:
+        transposed = nl.ndarray((1, k * pieces, parts), dtype=dtype, buffer=nl.psum)
+        for b in range(k * pieces):
+            nisa.nc_matmul(
+                dst=transposed[:, b, :], stationary=split[:, b : b + 1], moving=ident,
+                is_transpose=True,
+            )
+    stationary = sbuf(tuple(transposed.shape), dtype)
     nisa.tensor_copy(dst=stationary, src=transposed)
     return stationary
 
 
-def outer_normalize(y_row, h_row, stationary, moving, shift, product_row):
+def outer_normalize(y_row, h_row, stationaries, moving, shift, product_row):
     """y = h · (rstd ⊗ w) [+ bias] for one row of the tile: per PSUM bank, the Tensor engine
-    writes rstd ⊗ w (``stationary`` (K, parts) against the ``moving`` (K, F) weight rows)
-    and the Vector engine multiplies h by it; the bias is added in fp32 after."""
+    writes rstd ⊗ w (the sum over ``stationaries`` (K, parts) against the ``moving`` (K, F)
+    weight rows, accumulated in PSUM) and the Vector engine multiplies h by it; the bias is
+    added in fp32 after."""
     target = y_row if shift is None else product_row
     parts = h_row.shape[0]
     for c0, c1 in _banks(h_row.shape[-1]):
         outer = nl.ndarray((parts, c1 - c0), dtype=nl.float32, buffer=nl.psum)
-        nisa.nc_matmul(dst=outer, stationary=stationary, moving=moving[:, c0:c1], accumulate=False)
+        for i, stationary in enumerate(stationaries):
+            nisa.nc_matmul(
+                dst=outer, stationary=stationary, moving=moving[:, c0:c1], accumulate=i > 0
+            )
         nisa.tensor_tensor(dst=target[:, c0:c1], data1=h_row[:, c0:c1], data2=outer, op=nl.multiply)
     _add_shift(y_row, product_row, shift)
 

@@ -1,0 +1,209 @@
+"""Forward regimes "long" and "two_pass" in the ``nki`` 0.6 dialect, for rows too long to keep
+two row tiles (and the weight) on chip where "split" does not apply. The legacy
+``rmsnorm_fwd_long`` documents both (one 128-row tile of h kept on chip, a statistics pass in
+column chunks and a wider output pass; or, when not even that fits, x read twice); this module
+emits the same instructions in 0.6 idioms: dst-first ``nisa`` calls, slices instead of
+``nl.arange`` indices, and ragged row tiles and column chunks as smaller slices instead of
+masks (nki/migration/index.rst@81ce03ae, "Deprecation of masking").
+
+The row loops are Python ``range`` loops, unrolled at specialization (the legacy
+``static_range`` / ``affine_range``): "long" rewrites one h buffer in every row tile, and
+dependencies are tracked per chunk of it.
+
+LNC: under ``kernel[2]`` the 128-row tiles are split between the two physical cores by
+``nl.program_id(0)`` (core c a contiguous block, the last core the ragged tile, as
+``rmsnorm_fwd_rows``); each core keeps its own h buffer and reads the weight chunks itself.
+A row's instructions do not depend on its tile or core, so results are bitwise those of
+LNC=1.
+"""
+
+from __future__ import annotations
+
+import math
+
+from nki_rmsnorm.kernels.nki06 import rmsnorm_fwd_steps as steps
+from nki_rmsnorm.kernels.nki06._nki import nisa, nl
+
+
+def _row_tiles(M, P):
+    """(row0, rows) of this core's row tiles: full tiles in contiguous blocks per core, the
+    ragged last tile on the last core."""
+    full = M // P
+    cores = nl.num_programs(0)
+    core = nl.program_id(0)
+    per_core = -(-full // cores)
+    tiles = [(t * P, P) for t in range(core * per_core, min(full, (core + 1) * per_core))]
+    if M % P and core == cores - 1:
+        tiles.append((full * P, M % P))
+    return tiles
+
+
+def long_rows(plan, chunk, output_chunk, hbm, eps, offset):
+    """One row tile of h kept on chip, reduced in chunks of ``chunk`` columns and normalised
+    and stored in chunks of ``output_chunk``."""
+    M, N = hbm.x.shape
+    P = nl.tile_size.pmax
+    tiles = _row_tiles(M, P)
+    if not tiles:
+        return
+    parts = min(P, M)
+    h_rows = steps.sbuf((parts, N), plan.h_dtype)
+    engine = plan.product_engine if hbm.weight is not None else "vector"
+    engine = "vector" if engine == "tensor" and plan.rstd_pieces != 3 else engine
+    helper = None
+    if engine == "tensor":
+        helper = steps.identity(parts, plan.scale_dtype)
+    elif engine == "scalar":
+        helper = steps.sbuf((1, parts), plan.scale_dtype)
+        nisa.memset(dst=helper, value=1.0)
+    for row0, rows in tiles:
+        _long_tile(
+            plan, engine, (chunk, output_chunk), hbm, offset, h_rows, eps, helper, row0, rows
+        )
+
+
+def _long_tile(plan, engine, chunks, hbm, offset, h_rows, eps, helper, row0, parts):
+    """Rows ``row0 … row0 + parts − 1``: statistics pass, then output pass."""
+    M, N = hbm.x.shape
+    chunk, output_chunk = chunks
+    n_chunks = math.ceil(N / chunk)
+    rows = slice(row0, row0 + parts)
+    residual = hbm.residual is not None
+
+    # Statistics pass. DMA in (with a residual: DVE h = x + residual, DMA h out); ACT Σh² of
+    # the chunk.
+    partial_sq = steps.sbuf((parts, n_chunks), nl.float32)
+    for c in range(n_chunks):
+        cols = slice(c * chunk, min(N, (c + 1) * chunk))
+        h_chunk = h_rows[:parts, cols]
+        width = cols.stop - cols.start
+        x_chunk = steps.sbuf((parts, width), plan.in_dtype) if residual else None
+        steps.load_h(
+            h_chunk,
+            x_chunk,
+            hbm.x[rows, cols],
+            hbm.residual[rows, cols] if residual else None,
+            hbm.h[rows, cols] if residual else None,
+        )
+        squares = steps.sbuf((parts, width), nl.bfloat16)
+        nisa.activation_reduce(
+            dst=squares,
+            op=nl.square,
+            data=h_chunk,
+            reduce_op=nl.add,
+            reduce_res=partial_sq[:, c : c + 1],
+        )
+    sum_sq = steps.sbuf((parts, 1), nl.float32)
+    nisa.tensor_reduce(dst=sum_sq, op=nl.add, data=partial_sq, axis=1, keepdims=True)
+    rstd_tile = steps.rstd_from_sum(sum_sq, eps, N, on_scalar=engine != "scalar")
+    nisa.dma_copy(dst=hbm.rstd.reshape((M, 1))[rows, :], src=rstd_tile)
+    stationary = None
+    if engine == "tensor":
+        stationary = steps.rstd_rows(plan, rstd_tile, helper[:parts, :parts], stacked=False)
+
+    # Output pass: the weight (and bias) chunk, y = h · rstd · w (+ bias), DMA y out.
+    for c in range(math.ceil(N / output_chunk)):
+        cols = slice(c * output_chunk, min(N, (c + 1) * output_chunk))
+        width = cols.stop - cols.start
+        h_chunk = h_rows[:parts, cols]
+        y_chunk = steps.sbuf((parts, width), plan.result_dtype)
+        product = None
+        if plan.product_dtype is not None:
+            product = steps.sbuf((parts, width), plan.product_dtype)
+        shift = None
+        if hbm.bias is not None:
+            bias_cols = hbm.bias.reshape((1, N))[:, cols]
+            shift = steps.broadcast_row(bias_cols, parts, plan.bias_dtype)
+        weight_cols = None if hbm.weight is None else hbm.weight.reshape((1, N))[:, cols]
+        if engine == "tensor":
+            moving = steps.weight_rows(plan, weight_cols, stacked=False)
+            stationaries = [stationary[:, b, :] for b in range(plan.rstd_pieces)]
+            steps.outer_normalize(y_chunk, h_chunk, stationaries, moving, shift, product)
+        elif engine == "scalar":
+            steps.scaled_normalize(
+                plan,
+                y_chunk,
+                h_chunk,
+                rstd_tile,
+                helper[:, :parts],
+                steps.scale_row(plan, weight_cols, offset),
+                shift,
+                product,
+            )
+        else:
+            scale = None
+            if weight_cols is not None:
+                scale = steps.broadcast_row(weight_cols, parts, plan.scale_dtype, offset)
+            xhat = steps.sbuf((parts, width), plan.in_dtype) if plan.rounds_xhat else None
+            steps.normalize(plan, y_chunk, h_chunk, rstd_tile, xhat, scale, shift, product)
+        steps.store_y(plan, hbm.y[rows, cols], y_chunk)
+
+
+def two_pass(plan, chunk, hbm, eps, offset):
+    """Rows too long for SBUF: per row tile, Σh² over column chunks of width ``chunk``, then
+    a second pass over the same chunks to scale them. x (and the residual) are read twice."""
+    M, N = hbm.x.shape
+    n_chunks = math.ceil(N / chunk)
+    rstd_col = hbm.rstd.reshape((M, 1))
+    residual = hbm.residual is not None
+
+    for row0, parts in _row_tiles(M, nl.tile_size.pmax):
+        rows = slice(row0, row0 + parts)
+
+        # Statistics pass: one partial Σh² column per chunk, summed once at the end so the
+        # reduction order never depends on M.
+        partial_sq = steps.sbuf((parts, n_chunks), nl.float32)
+        for c in range(n_chunks):
+            cols = slice(c * chunk, min(N, (c + 1) * chunk))
+            width = cols.stop - cols.start
+            h_chunk = steps.sbuf((parts, width), plan.h_dtype)
+            x_chunk = steps.sbuf((parts, width), plan.in_dtype) if residual else None
+            steps.load_h(
+                h_chunk,
+                x_chunk,
+                hbm.x[rows, cols],
+                hbm.residual[rows, cols] if residual else None,
+                hbm.h[rows, cols] if residual else None,
+            )
+            squares = steps.sbuf((parts, width), nl.bfloat16)
+            nisa.activation_reduce(
+                dst=squares,
+                op=nl.square,
+                data=h_chunk,
+                reduce_op=nl.add,
+                reduce_res=partial_sq[:, c : c + 1],
+            )
+        sum_sq = steps.sbuf((parts, 1), nl.float32)
+        nisa.tensor_reduce(dst=sum_sq, op=nl.add, data=partial_sq, axis=1, keepdims=True)
+        rstd_tile = steps.rstd_from_sum(sum_sq, eps, N)
+        nisa.dma_copy(dst=rstd_col[rows, :], src=rstd_tile)
+
+        # Scale pass: reload each chunk (recomputing h, which is cheaper to trust than a
+        # read-back of the h just stored) and normalise it.
+        for c in range(n_chunks):
+            cols = slice(c * chunk, min(N, (c + 1) * chunk))
+            width = cols.stop - cols.start
+            h_chunk = steps.sbuf((parts, width), plan.h_dtype)
+            x_chunk = steps.sbuf((parts, width), plan.in_dtype) if residual else None
+            steps.load_h(
+                h_chunk,
+                x_chunk,
+                hbm.x[rows, cols],
+                hbm.residual[rows, cols] if residual else None,
+                None,
+            )
+            # llama / none round x̂ into x's tile (h itself when there is no residual)
+            xhat = h_chunk if x_chunk is None else x_chunk
+            scale = shift = None
+            if hbm.weight is not None:
+                weight_cols = hbm.weight.reshape((1, N))[:, cols]
+                scale = steps.broadcast_row(weight_cols, parts, plan.scale_dtype, offset)
+            if hbm.bias is not None:
+                bias_cols = hbm.bias.reshape((1, N))[:, cols]
+                shift = steps.broadcast_row(bias_cols, parts, plan.bias_dtype)
+            y_chunk = steps.sbuf((parts, width), plan.result_dtype)
+            product = None
+            if plan.product_dtype is not None:
+                product = steps.sbuf((parts, width), plan.product_dtype)
+            steps.normalize(plan, y_chunk, h_chunk, rstd_tile, xhat, scale, shift, product)
+            steps.store_y(plan, hbm.y[rows, cols], y_chunk)

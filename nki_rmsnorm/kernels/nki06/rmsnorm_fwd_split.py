@@ -1,0 +1,267 @@
+"""Forward regime "split" in the ``nki`` 0.6 dialect: rows too long for whole-row tiles, each
+spread over ``s`` partitions (NeuronCore-v3+). The legacy ``rmsnorm_fwd_split`` documents the
+layout (segment q of row r on partition r·s + q, R = P / s whole rows per tile), the steps
+and engines per tile, and the unrolled software pipeline over ``SPLIT_SLOTS`` buffer sets;
+this module emits the same instructions in 0.6 idioms (dst-first ``nisa`` calls, slices and
+step slices instead of index arithmetic, explicit PSUM tiles).
+
+Two steps are written differently because 0.6 rules differ:
+
+* the masking multiply that places rstd's bf16 pieces in their segment's rows is a
+  ``tensor_tensor`` against the piece broadcast along the free dim (a stride-0 view), not a
+  ``tensor_scalar``: a ``tensor_scalar`` operand of an arithmetic op must be float32
+  (nki/api/nki/isa/__init__.py@81ce03ae, line 1114), and the pieces are bf16. Same engine
+  (Vector), same products (mask ∈ {0, 1}), same rounding;
+* on-chip containers are ``nl.NKIObject`` classes (the only user classes a kernel may use:
+  nki/get-started/nki-language-guide.rst@81ce03ae, line 572).
+
+LNC: under ``kernel[2]`` the row tiles are split between the two physical cores by
+``nl.program_id(0)`` (core c a contiguous block, as ``rmsnorm_fwd_rows``); each core prepares
+the weight and bias segments itself and runs its own pipeline. A row's instructions do not
+depend on its tile or core, so results are bitwise those of LNC=1.
+"""
+
+from __future__ import annotations
+
+from nki_rmsnorm.kernels.nki06 import rmsnorm_fwd_steps as steps
+from nki_rmsnorm.kernels.nki06._nki import nisa, nl
+from nki_rmsnorm.plan.forward import SPLIT_SLOTS
+
+
+class _Resident(nl.NKIObject):
+    """On-chip tiles every tile reads (see :func:`split_rows`)."""
+
+    eps: float
+    scale: object  # weight segments: (3s | s, F) moving rows ("tensor") or (P, F) per row
+    shift: object  # bias segments, (P, F) per row
+    segment_mask: object  # (P, s): 1 where q == p mod s ("tensor")
+    ident: object  # identity in the Tensor engine's operand dtype ("tensor")
+    ident_f32: object  # fp32 identity: moves Σh² and rstd across partitions
+
+
+class _Slot(nl.NKIObject):
+    """One of the ``SPLIT_SLOTS`` sets of tile buffers the tiles rotate through."""
+
+    x: object  # with a residual: x, then x̂ in llama / none
+    h: object
+    y: object
+    product: object
+    squares: object
+    rstd: object  # (P, 1): each segment's rstd, or the stationary rows ("tensor")
+
+
+def split_rows(plan, s, hbm, eps, offset):
+    """Rows of N = s·F columns, segment q of row r on partition r·s + q."""
+    M, N = hbm.x.shape
+    P = nl.tile_size.pmax
+    F = N // s
+    segments = M * s
+    tiles = [(seg0, min(P, segments - seg0)) for seg0 in range(0, segments, P)]
+    cores = nl.num_programs(0)
+    per_core = -(-len(tiles) // cores)
+    mine = tiles[nl.program_id(0) * per_core : (nl.program_id(0) + 1) * per_core]
+    if not mine:
+        return
+    parts = min(P, segments)
+    views = [
+        None if t is None else t.reshape((segments, F))
+        for t in (hbm.x, hbm.residual, hbm.y, hbm.h)
+    ]
+    weight_segments = None if hbm.weight is None else hbm.weight.reshape((s, F))
+    bias_segments = None if hbm.bias is None else hbm.bias.reshape((s, F))
+    tensor = plan.product_engine == "tensor"
+
+    scale = shift = mask = ident = None
+    if weight_segments is not None and tensor:
+        # Reloading costs 2·N·e_w bytes against 2·M·N·e_x: keep it under 1 %.
+        reload = 100 * plan.scale_dtype.itemsize <= M * plan.in_dtype.itemsize
+        scale = _stacked_segments(plan, weight_segments, offset, reload)
+        mask = _segment_mask(parts, s, plan.scale_dtype)
+        ident = steps.identity(parts, plan.scale_dtype)
+    elif weight_segments is not None:
+        scale = _segments_per_row(weight_segments, parts, plan.scale_dtype, offset)
+    if bias_segments is not None:
+        shift = _segments_per_row(bias_segments, parts, plan.bias_dtype)
+    resident = _Resident(
+        eps=eps,
+        scale=scale,
+        shift=shift,
+        segment_mask=mask,
+        ident=ident,
+        ident_f32=steps.identity(parts, nl.float32),
+    )
+
+    def buffer(dtype):
+        return None if dtype is None else steps.sbuf((parts, F), dtype)
+
+    def rstd_buffer():
+        if mask is None:
+            return steps.sbuf((parts, 1), nl.float32)
+        return steps.sbuf((plan.rstd_pieces * s, parts), plan.scale_dtype)
+
+    xhat_dtype = plan.in_dtype if hbm.residual is not None else None
+    slots = [
+        _Slot(
+            x=buffer(xhat_dtype),
+            h=buffer(plan.h_dtype),
+            y=buffer(plan.result_dtype),
+            product=buffer(plan.product_dtype),
+            squares=buffer(nl.bfloat16 if plan.squares_in == "scratch" else None),
+            rstd=rstd_buffer(),
+        )
+        for _ in range(SPLIT_SLOTS)
+    ]
+    # Software pipeline, unrolled: the statistics of tile t + 1 are issued before the
+    # output of tile t.
+    _split_statistics(plan, s, views, hbm, resident, slots[0], *mine[0])
+    for t in range(len(mine)):
+        if t + 1 < len(mine):
+            _split_statistics(
+                plan, s, views, hbm, resident, slots[(t + 1) % SPLIT_SLOTS], *mine[t + 1]
+            )
+        _split_output(plan, views, resident, slots[t % SPLIT_SLOTS], *mine[t])
+
+
+def _stacked_segments(plan, weight_segments, offset, reload):
+    """The weight as moving rows for ``plan.rstd_pieces`` pieces: row b·s + q holds
+    segment q (bf16), or row q holds segment q + offset in fp32 for one fp32 piece; with
+    ``reload`` each bf16 copy is loaded from HBM, otherwise copied on chip by DMA (see the
+    legacy ``_stacked_segments`` for the trade-off)."""
+    s, F = weight_segments.shape
+    if plan.rstd_pieces == 1:
+        return steps.scale_row(plan, weight_segments, offset)
+    rows = steps.sbuf((plan.rstd_pieces * s, F), plan.scale_dtype)
+    nisa.dma_copy(dst=rows[0:s, :], src=weight_segments)
+    for piece in range(1, plan.rstd_pieces):
+        copy = rows[piece * s : (piece + 1) * s, :]
+        nisa.dma_copy(dst=copy, src=weight_segments if reload else rows[0:s, :])
+    return rows
+
+
+def _segments_per_row(segments_hbm, parts, dtype, offset=0.0):
+    """(parts, F): partition p holds segment p mod s, converted to ``dtype`` (+ offset).
+    The s segments are loaded once and doubled on chip by SBUF-to-SBUF DMAs."""
+    s, F = segments_hbm.shape
+    rows = steps.sbuf((parts, F), dtype)
+    steps.load_converted(rows[0:s, :], segments_hbm, offset)
+    filled = s
+    while filled < parts:
+        count = min(filled, parts - filled)
+        nisa.dma_copy(dst=rows[filled : filled + count, :], src=rows[0:count, :])
+        filled += count
+    return rows
+
+
+def _segment_mask(parts, s, dtype):
+    """(parts, s): 1 in column p mod s of partition p, 0 elsewhere (s a power of two):
+    GpSimd iota of q − p + parts·s (non-negative), Vector ``& (s − 1)`` and compare with 0."""
+    offsets = steps.sbuf((parts, s), nl.int32)
+    nisa.iota(offsets, pattern=[[1, s]], offset=parts * s, channel_multiplier=-1)
+    in_segment = steps.sbuf((parts, s), nl.int32)
+    nisa.tensor_scalar(dst=in_segment, data=offsets, op0=nl.bitwise_and, operand0=s - 1)
+    mask = steps.sbuf((parts, s), dtype)
+    nisa.tensor_scalar(dst=mask, data=in_segment, op0=nl.equal, operand0=0.0)
+    return mask
+
+
+def _split_statistics(plan, s, views, hbm, resident, slot, seg0, parts):
+    """Load segments ``seg0 … seg0 + parts − 1`` (rows ``seg0 / s …``) into ``slot``, store
+    their rstd and leave in ``slot.rstd`` what :func:`_split_output` multiplies by."""
+    x_v, residual_v, _, h_v = views
+    F = x_v.shape[1]
+    N = F * s
+    R = parts // s
+    segs = slice(seg0, seg0 + parts)
+
+    # DMA in (with a residual: DVE h = x + residual, DMA h out).
+    h_tile = slot.h[:parts]
+    steps.load_h(
+        h_tile,
+        None if slot.x is None else slot.x[:parts],
+        x_v[segs, :],
+        None if residual_v is None else residual_v[segs, :],
+        None if h_v is None else h_v[segs, :],
+    )
+    squares = {"product": slot.product, "y": slot.y}.get(plan.squares_in, slot.squares)
+
+    # ACT: Σh² per segment. PE: transposed to one row; DVE: each row's s sums added.
+    segment_sq = steps.sbuf((parts, 1), nl.float32)
+    nisa.activation_reduce(
+        dst=squares[:parts], op=nl.square, data=h_tile, reduce_op=nl.add, reduce_res=segment_sq
+    )
+    sums = nl.ndarray((1, parts), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(
+        dst=sums,
+        stationary=segment_sq,
+        moving=resident.ident_f32[:parts, :parts],
+        is_transpose=True,
+    )
+    row_sq = steps.sbuf((1, R), nl.float32)
+    nisa.tensor_reduce(dst=row_sq, op=nl.add, data=sums.reshape((1, R, s)), axis=2)
+
+    # ACT: rstd per row, stored. GpSimd: repeated for each segment of its row; PE:
+    # transposed back to one rstd per partition.
+    rstd_row = steps.rstd_from_sum(row_sq, resident.eps, N)
+    row0 = seg0 // s
+    nisa.dma_copy(dst=hbm.rstd.reshape((1, hbm.rstd.shape[0]))[:, row0 : row0 + R], src=rstd_row)
+    repeated = steps.sbuf((1, parts), nl.float32)
+    for q in range(s):
+        nisa.tensor_copy(dst=repeated[:, q:parts:s], src=rstd_row, engine=nisa.engine.gpsimd)
+    column = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(
+        dst=column, stationary=repeated, moving=resident.ident_f32[:1, :1], is_transpose=True
+    )
+    if resident.segment_mask is None:
+        nisa.tensor_copy(dst=slot.rstd[:parts], src=column)
+    else:
+        rstd_col = steps.sbuf((parts, 1), nl.float32)
+        nisa.tensor_copy(dst=rstd_col, src=column)
+        _segment_stationary(
+            plan,
+            s,
+            rstd_col,
+            resident.segment_mask[:parts],
+            resident.ident[:parts, :parts],
+            slot.rstd[:, :parts],
+        )
+
+
+def _split_output(plan, views, resident, slot, seg0, parts):
+    """y for the segments whose statistics :func:`_split_statistics` left in ``slot``."""
+    y_v = views[2]
+    y_tile = slot.y[:parts]
+    product = None if slot.product is None else slot.product[:parts]
+    shift = None if resident.shift is None else resident.shift[:parts]
+    if resident.segment_mask is not None:
+        steps.outer_normalize(
+            y_tile, slot.h[:parts], [slot.rstd[:, :parts]], resident.scale, shift, product
+        )
+    else:
+        scale = None if resident.scale is None else resident.scale[:parts]
+        xhat = slot.h[:parts] if slot.x is None else slot.x[:parts]
+        steps.normalize(
+            plan, y_tile, slot.h[:parts], slot.rstd[:parts], xhat, scale, shift, product
+        )
+    steps.store_y(plan, y_v[seg0 : seg0 + parts, :], y_tile)
+
+
+def _segment_stationary(plan, s, rstd_col, mask, ident, out):
+    """Write into ``out`` (pieces·s, parts): column p holds the pieces of partition p's rstd
+    in the rows b·s + (p mod s), zeros elsewhere. Pieces on the Scalar engine, masking on the
+    Vector engine, the transpose on the Tensor engine, the PSUM → SBUF copy on the Vector
+    engine."""
+    parts = rstd_col.shape[0]
+    pieces = plan.rstd_pieces
+    dtype = plan.scale_dtype
+    split = steps.split_rstd(plan, rstd_col)
+    placed = steps.sbuf((parts, pieces * s), dtype)
+    for b in range(pieces):
+        nisa.tensor_tensor(
+            dst=placed[:, b * s : (b + 1) * s],
+            data1=mask,
+            data2=split[:, b : b + 1].broadcast(1, s),
+            op=nl.multiply,
+        )
+    transposed = nl.ndarray((pieces * s, parts), dtype=dtype, buffer=nl.psum)
+    nisa.nc_matmul(dst=transposed, stationary=placed, moving=ident, is_transpose=True)
+    nisa.tensor_copy(dst=out, src=transposed)
