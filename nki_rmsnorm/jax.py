@@ -30,7 +30,6 @@ from nki_rmsnorm._optional import require
 
 require("jax", extra="jax")  # a missing jax is an ImportError naming the extra
 
-import contextvars
 import dataclasses
 import functools
 import importlib
@@ -264,19 +263,10 @@ def _host_call(host_function, result_types, *args):
     the callbacks. With several devices (``shard_map``) or threads launching at once, every
     worker can be parked in a callback waiting for a transfer that no free worker runs: the
     deadlock of issue 13, defect 5.
-
-    The callback runs on an XLA thread, which does not see the caller's context variables
-    (``nki_rmsnorm.dialect.use_dialect``, ``simulate.use_sdk``): it runs in a copy of the
-    context this function is traced in, so a jitted function keeps the dialect it was traced
-    under, as the ``nki_call`` and ``nki.jit`` paths (which pick the kernel when tracing) do.
     """
-    caller = contextvars.copy_context()
 
     def on_host(_context, outputs, *buffers):
-        # One copy per call: several XLA threads may run this callback at once, and a
-        # context can be entered by one thread at a time.
-        caller.copy().run(
-            host_function,
+        host_function(
             [np.asarray(o) for o in outputs],
             *(None if b is None else np.asarray(b) for b in buffers),
         )

@@ -148,7 +148,7 @@ def kernel_dialect(request):
     """Run the test with the kernels of each NKI dialect: yields the dialect's name inside
     ``nki_rmsnorm.dialect.use_dialect``, so ``nki_rmsnorm.kernels`` and ``nki_rmsnorm.ops``
     resolve to it on the test's thread. The choice is a context variable: a thread the test
-    starts itself does not see it (the JAX binding carries it into its host callbacks)."""
+    starts itself does not see it (the bindings carry it to the threads they launch on)."""
     from nki_rmsnorm import dialect as dialects
 
     with dialects.use_dialect(request.param) as name:

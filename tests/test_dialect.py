@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 import threading
 import types
@@ -30,9 +29,12 @@ def _fake_package(monkeypatch, name, **attributes):
     return module
 
 
-def test_simulator_uses_the_default_without_a_setting(no_setting):
+def test_simulator_uses_the_current_nki_without_a_setting(no_setting):
+    """Issue 10: with no real NKI, the simulator runs the dialect a setting chooses, by
+    default the current NKI (0.6)."""
     assert dialect.simulated()
-    assert dialect.current() == dialect.DEFAULT
+    assert dialect.current() == dialect.DEFAULT == "nki06"
+    assert kernels.rmsnorm_fwd.__module__ == "nki_rmsnorm.kernels.nki06.rmsnorm_fwd"
 
 
 def test_environment_variable_then_set_dialect_then_context(no_setting, monkeypatch):
@@ -135,94 +137,37 @@ def test_legacy_kernels_refuse_an_sdk_outside_their_range():
         assert callable(kernels.kernel("rmsnorm_fwd", "legacy"))
 
 
-@pytest.fixture
-def launched_dialects(monkeypatch):
-    """(entry point, dialect) of every kernel ``nki_rmsnorm.kernels`` resolves, on whichever
-    thread resolves it."""
-    seen = []
+def test_numpy_launchers_run_the_chosen_dialect(no_setting, kernel_dialect, monkeypatch):
+    from nki_rmsnorm import ops
+
+    launched = []
     resolve = kernels.kernel
 
     def recording(name, dialect_name=None):
-        seen.append((name, dialect_name or dialect.current()))
+        launched.append((name, dialect_name or dialect.current()))
         return resolve(name, dialect_name)
 
     monkeypatch.setattr(kernels, "kernel", recording)
-    return seen
-
-
-def test_numpy_launchers_run_the_chosen_dialect(no_setting, kernel_dialect, launched_dialects):
-    from nki_rmsnorm import ops
-
     rng = np.random.default_rng(7)
     x = rng.standard_normal((2, 3, 40)).astype(np.float32) + 0.5
     y, rstd = ops.rms_norm_fwd(x, np.ones(40, np.float32))
     ops.rms_norm_bwd(y, x, np.ones(40, np.float32), rstd)
     ops.rms_norm_fwd(x, residual=x)
-    assert launched_dialects == [("rmsnorm_fwd", kernel_dialect), ("rmsnorm_bwd", kernel_dialect),
-                                 ("rmsnorm_add_fwd", kernel_dialect)]
+    assert launched == [("rmsnorm_fwd", kernel_dialect), ("rmsnorm_bwd", kernel_dialect),
+                        ("rmsnorm_add_fwd", kernel_dialect)]
 
 
-_JAX_ON_TWO_DEVICES = """
-import json, threading
-import numpy as np
-import jax
-from jax.sharding import NamedSharding, PartitionSpec as P
-from nki_rmsnorm import dialect, kernels, jax as nki_jax
+def test_the_legacy_sdk_range_binds_only_the_legacy_kernels(no_setting, rng):
+    """The legacy SDK check runs whenever the legacy kernels are chosen, also through the
+    launchers, before anything launches; the 0.6 kernels (the default) do not read the
+    legacy release."""
+    import simulate
+    from nki_rmsnorm import ops, reference
 
-seen = []
-resolve = kernels.kernel
-
-def recording(name, dialect_name=None):
-    seen.append((name, dialect_name or dialect.current(),
-                 threading.current_thread() is threading.main_thread()))
-    return resolve(name, dialect_name)
-
-kernels.kernel = recording
-mesh = jax.make_mesh((2,), ("rows",))
-rng = np.random.default_rng(8)
-x = jax.device_put(rng.standard_normal((8, 64)).astype(np.float32) + 0.5,
-                   NamedSharding(mesh, P("rows")))
-weight = jax.numpy.asarray(1 + 0.1 * rng.standard_normal(64).astype(np.float32))
-step = jax.shard_map(lambda x, w: nki_jax.rms_norm(x, w), mesh=mesh,
-                     in_specs=(P("rows"), P()), out_specs=P("rows"))
-result = {}
-for chosen in ("legacy", "nki06"):
-    seen.clear()
-    with dialect.use_dialect(chosen):
-        jax.block_until_ready(jax.jit(jax.grad(lambda x, w: step(x, w).sum(),
-                                               argnums=(0, 1)))(x, weight))
-    result[chosen] = sorted(set(seen))
-print(json.dumps(result))
-"""
-
-
-def test_the_jax_host_callbacks_run_the_callers_dialect(no_setting):
-    """The JAX binding's simulated kernels run inside XLA host callbacks, which with several
-    devices (``shard_map``) run on XLA's threads: the dialect chosen on the caller's thread
-    must reach them (a context variable does not by itself). Two host devices need a fresh
-    interpreter (XLA reads the device count once)."""
-    pytest.importorskip("jax")
-    from conftest import fresh_interpreter
-
-    output = fresh_interpreter(_JAX_ON_TWO_DEVICES,
-                               XLA_FLAGS="--xla_force_host_platform_device_count=2",
-                               JAX_PLATFORMS="cpu")
-    seen = json.loads(output.splitlines()[-1])
-    for chosen, launches in seen.items():
-        assert {name for name, _, _ in launches} == {"rmsnorm_fwd", "rmsnorm_bwd"}
-        assert {dialect_name for _, dialect_name, _ in launches} == {chosen}
-        # the case this guards: the kernels were resolved off the caller's thread
-        assert not any(on_main for _, _, on_main in launches)
-
-
-def test_the_torch_binding_runs_the_callers_dialect(no_setting, kernel_dialect, launched_dialects):
-    torch = pytest.importorskip("torch")
-    from nki_rmsnorm import torch as nki_torch
-
-    generator = torch.Generator().manual_seed(9)
-    x = (torch.randn(4, 64, generator=generator) + 0.5).requires_grad_()
-    weight = (1 + 0.1 * torch.randn(64, generator=generator)).requires_grad_()
-    nki_torch.rms_norm(x, (64,), weight).sum().backward()
-    assert x.grad is not None and weight.grad is not None
-    assert {name for name, _ in launched_dialects} == {"rmsnorm_fwd", "rmsnorm_bwd"}
-    assert {chosen for _, chosen in launched_dialects} == {kernel_dialect}
+    x = rng.standard_normal((3, 64)).astype(np.float32)
+    with simulate.use_sdk("2.20"):
+        with dialect.use_dialect("legacy"), pytest.raises(RuntimeError, match=r"2\.21 to 2\.29"):
+            ops.rms_norm(x)
+        np.testing.assert_allclose(ops.rms_norm(x), reference.rms_norm(x), rtol=2e-6, atol=1e-6)
+    with dialect.use_dialect("legacy"), simulate.use_sdk("2.24"):
+        np.testing.assert_allclose(ops.rms_norm(x), reference.rms_norm(x), rtol=2e-6, atol=1e-6)

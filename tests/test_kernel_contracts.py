@@ -106,23 +106,14 @@ def test_forward_output_parameters_match_return_convention(
 
 def test_forward_output_parameters_long_rows(rng, kernel_dialect):
     """A row too long for whole-row tiles (the "split" regime on trn2) through the
-    output-parameter entry point; the nki06 dialect has no "split" yet and says so before
-    running anything."""
+    output-parameter entry point."""
     M, N = 6, 40000
     x, w = _data(rng, (M, N), BF16), _param(rng, N, BF16)
     y, rstd = poison((M, N), BF16), poison((M,), FP32)
-    launches = [
-        (kernels.rmsnorm_fwd, (x, w, None, EPS, 0.0, "gemma", None)),
-        (kernels.rmsnorm_fwd_out, (x, w, None, y, rstd, EPS, 0.0, "gemma")),
-    ]
-    if kernel_dialect == "nki06":
-        for kernel, args in launches:
-            with pytest.raises(NotImplementedError, match="'split' regime"):
-                trace_launch(kernel, *args, target="trn2")
-        assert np.isnan(rstd).all(), "nothing ran"
-        return
-    want, _ = trace_launch(launches[0][0], *launches[0][1], target="trn2")
-    trace_launch(launches[1][0], *launches[1][1], target="trn2")
+    want, _ = trace_launch(
+        kernels.rmsnorm_fwd, x, w, None, EPS, 0.0, "gemma", None, target="trn2"
+    )
+    trace_launch(kernels.rmsnorm_fwd_out, x, w, None, y, rstd, EPS, 0.0, "gemma", target="trn2")
     _assert_bitwise(y, want[0], "y")
     _assert_bitwise(rstd, want[1], "rstd")
 
