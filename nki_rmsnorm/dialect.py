@@ -46,6 +46,8 @@ DEFAULT = NKI06
 NKI_VERSIONS = ((0, 4), (0, 6))
 
 _chosen: str | None = None  # set_dialect()
+#: Framework caches keyed on the dialect (:func:`register_cache_key`).
+_cache_keys: list = []
 _scoped: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "nki_rmsnorm_dialect", default=None
 )
@@ -128,6 +130,8 @@ def set_dialect(name: str | None) -> None:
     variable / default). Ignored while a real NKI is installed: the SDK decides then."""
     global _chosen
     _chosen = None if name is None else _check(name, "dialect")
+    for key in _cache_keys:
+        key.set_global(_chosen)
 
 
 @contextlib.contextmanager
@@ -136,6 +140,20 @@ def use_dialect(name: str) -> Iterator[str]:
     or task only); yields the dialect in effect."""
     token = _scoped.set(_check(name, "dialect"))
     try:
-        yield current()
+        with contextlib.ExitStack() as keys:
+            for key in _cache_keys:
+                keys.enter_context(key(name))
+            yield current()
     finally:
         _scoped.reset(token)
+
+
+def register_cache_key(key) -> None:
+    """Make a framework's trace cache follow the dialect: ``key`` is a
+    ``jax.make_user_context()`` (or anything with its interface: ``key(value)`` a context
+    manager, ``key.set_global(value)``); :func:`use_dialect` enters ``key(name)`` and
+    :func:`set_dialect` calls ``key.set_global(name)``, so a function traced with one
+    dialect's kernels is traced again for another (the JAX binding registers one)."""
+    if key not in _cache_keys:
+        _cache_keys.append(key)
+        key.set_global(_chosen)

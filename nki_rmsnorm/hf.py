@@ -4,6 +4,11 @@
 >>> hf.apply(model)          # every Llama/Mistral/Qwen/Gemma RMSNorm, Qwen3's q_norm/k_norm too
 ['model.layers.0.input_layernorm', ...]
 
+or one family at a time, in the style of Liger-Kernel's ``apply_liger_kernel_to_*``:
+:func:`patch_llama` (Llama, Mistral, Mixtral), :func:`patch_qwen` (Qwen2, Qwen2-MoE, Qwen3,
+Qwen3-MoE) and :func:`patch_gemma` (Gemma, Gemma 2, Gemma 3), each the same swap restricted
+to its family's classes.
+
 Two families of RMSNorm exist in ``transformers``, and each swapped module reproduces its
 family's arithmetic and output dtype (read from ``transformers`` 5.23's modeling files):
 
@@ -33,7 +38,7 @@ from torch import nn
 
 from nki_rmsnorm import torch as nki_torch
 
-__all__ = ["GemmaRMSNorm", "LlamaRMSNorm", "apply"]
+__all__ = ["GemmaRMSNorm", "LlamaRMSNorm", "apply", "patch_gemma", "patch_llama", "patch_qwen"]
 
 #: ``transformers`` RMSNorm classes computed as LlamaRMSNorm does (checked against the
 #: modeling sources by tests/test_hf.py).
@@ -50,6 +55,9 @@ LLAMA_STYLE = frozenset(
 )
 #: ``transformers`` RMSNorm classes computed as GemmaRMSNorm does (``1 + weight``).
 GEMMA_STYLE = frozenset({"GemmaRMSNorm", "Gemma2RMSNorm", "Gemma3RMSNorm"})
+#: The classes each ``patch_*`` helper swaps.
+LLAMA_FAMILY = frozenset({"LlamaRMSNorm", "MistralRMSNorm", "MixtralRMSNorm"})
+QWEN_FAMILY = LLAMA_STYLE - LLAMA_FAMILY
 
 
 def _kernel_weight(weight: torch.Tensor, input: torch.Tensor) -> torch.Tensor:
@@ -128,12 +136,34 @@ def apply(model: nn.Module) -> list[str]:
     """Replace, in place, every Llama-/Gemma-family RMSNorm of a ``transformers`` model by
     the NKI-kernel module of its family; returns the qualified names of the replaced modules
     (empty when the model has none)."""
+    return _swap(model, LLAMA_STYLE | GEMMA_STYLE)
+
+
+def patch_llama(model: nn.Module) -> list[str]:
+    """:func:`apply` restricted to the Llama, Mistral and Mixtral RMSNorm classes (llama
+    preset)."""
+    return _swap(model, LLAMA_FAMILY)
+
+
+def patch_qwen(model: nn.Module) -> list[str]:
+    """:func:`apply` restricted to the Qwen2, Qwen2-MoE, Qwen3 and Qwen3-MoE RMSNorm classes
+    (llama preset; Qwen3's ``q_norm``/``k_norm`` included)."""
+    return _swap(model, QWEN_FAMILY)
+
+
+def patch_gemma(model: nn.Module) -> list[str]:
+    """:func:`apply` restricted to the Gemma, Gemma 2 and Gemma 3 RMSNorm classes (gemma
+    preset: offset 1, zeros-initialised weight)."""
+    return _swap(model, GEMMA_STYLE)
+
+
+def _swap(model: nn.Module, classes: frozenset) -> list[str]:
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     swaps = [
         (name, new)
         for name, module in model.named_modules()
-        if (new := _replacement(module)) is not None
+        if type(module).__name__ in classes and (new := _replacement(module)) is not None
     ]
     for name, new in swaps:
         if not name:

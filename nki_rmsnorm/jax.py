@@ -19,6 +19,13 @@ path :func:`launch_path` picks:
 launch when the weight and bias are shared by them (the usual case), the backward one launch
 per element (each needs its own ``dweight``/``dbias`` sums: per-example gradients).
 
+Dialect: the NKI dialect of the kernels (:mod:`nki_rmsnorm.dialect`) is resolved when a
+function is traced, on the caller's thread, and is part of the launch's static
+configuration: the host callbacks run on XLA's threads, where the caller's
+``dialect.use_dialect`` is not in effect, and launch that dialect's kernels all the same. A
+jitted function is traced again when ``use_dialect`` chooses another dialect (the binding
+registers a ``jax.make_user_context`` with :func:`nki_rmsnorm.dialect.register_cache_key`).
+
 Sharding: rows whose split over mesh axes is visible in the traced type (``Explicit`` axes)
 stay where they are: the binding runs the launch in a ``shard_map`` over that mesh
 (:func:`_on_own_rows`), and JAX reduces the parameters' gradients.
@@ -42,9 +49,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax.custom_batching import custom_vmap
 from jax.experimental.buffer_callback import buffer_callback
+from jax.experimental.custom_partitioning import custom_partitioning
 from jax.sharding import PartitionSpec as P
 
-from nki_rmsnorm import ops
+from nki_rmsnorm import _jax_ffi, dialect, kernels, ops
 
 __all__ = ["LAUNCH_PATHS", "fused_add_rms_norm", "launch_path", "rms_norm"]
 
@@ -64,6 +72,8 @@ class _Config:
     x_dtype: np.dtype
     bias_dtype: np.dtype | None
     residual_dtype: np.dtype | None
+    #: The kernels' NKI dialect, resolved on the tracing (caller's) thread.
+    dialect: str
 
 
 # ---------------------------------------------------------------------------------------------
@@ -111,6 +121,7 @@ def _config(x, weight, bias, residual, eps, offset, casting_mode) -> _Config:
         x_dtype=x_dtype,
         bias_dtype=None if bias is None else np.dtype(bias.dtype),
         residual_dtype=None if residual is None else np.dtype(residual.dtype),
+        dialect=dialect.current(),
     )
 
 
@@ -118,16 +129,19 @@ def _config(x, weight, bias, residual, eps, offset, casting_mode) -> _Config:
 # Launch paths
 # ---------------------------------------------------------------------------------------------
 
+#: ``jax.jit``'s cache key follows the dialect ``use_dialect`` / ``set_dialect`` choose, so a
+#: jitted function traced with one dialect's kernels is traced again for the other.
+_DIALECT_CACHE_KEY = jax.make_user_context(default_value=None)
+dialect.register_cache_key(_DIALECT_CACHE_KEY)
+
 #: How the kernels are launched, most specific first (see :func:`launch_path`).
 LAUNCH_PATHS = ("nki_call", "nki.jit", "simulator")
 
 
 def _on_neuron() -> bool:
-    if jax.default_backend() != "neuron":
-        return False
-    from nki_rmsnorm import nki
-
-    return not nki.SIMULATED
+    """A Neuron backend with a real NKI (``nki`` 0.4 - 0.6 or ``neuronxcc.nki``) to compile
+    the kernels."""
+    return jax.default_backend() == "neuron" and not dialect.simulated()
 
 
 def _jax_neuronx():
@@ -142,14 +156,16 @@ def _jax_neuronx():
     return importlib.import_module("jax_neuronx") if found else None
 
 
-def launch_path() -> str:
+def launch_path(dialect_name: str | None = None) -> str:
     """How :func:`rms_norm` and :func:`fused_add_rms_norm` launch their kernels when traced now.
 
     * ``"nki_call"``: ``jax_neuronx.nki_call`` with the output-parameter kernels
       (``rmsnorm_fwd_out``, ``rmsnorm_add_fwd_out``, ``rmsnorm_bwd_out``), when a
       ``jax_neuronx`` with ``nki_call`` is importable: the Neuron SDK's on a Neuron backend
       (jax-neuronx up to SDK 2.22; removed in 2.23), or ``simulate.jax_neuronx``'s CPU twin
-      after ``simulate.install()``;
+      after ``simulate.install()``; legacy kernels only (``dialect_name``, default
+      :func:`nki_rmsnorm.dialect.current`): ``nki_call`` is gone before the first ``nki``
+      0.4 release (SDK 2.30);
     * ``"nki.jit"``: on a Neuron backend without ``nki_call`` (SDK >= 2.23): the
       return-convention ``nki.jit`` kernels called with the traced arrays;
     * ``"simulator"``: on any other backend, the return-convention kernels run in the NKI
@@ -158,7 +174,9 @@ def launch_path() -> str:
     The path is chosen when a function is traced (a jitted function keeps the path it was
     traced with) and logged at DEBUG level on this module's logger.
     """
-    module = _jax_neuronx()
+    if dialect_name is None:
+        dialect_name = dialect.current()
+    module = _jax_neuronx() if dialect_name == dialect.LEGACY else None
     on_neuron = _on_neuron()
     if hasattr(module, "nki_call") and (on_neuron or getattr(module, "__simulated__", False)):
         return "nki_call"
@@ -221,33 +239,37 @@ def _vary_like(arrays, *like):
 
 
 def _simulate_forward(cfg: _Config, outputs, x, weight, bias, residual) -> None:
-    """Host side of the ``"simulator"`` path: writes ``(y, [h], rstd)`` into ``outputs``."""
-    results = ops.rms_norm_fwd(
-        x,
-        weight,
-        cfg.eps,
-        offset=cfg.offset,
-        bias=bias,
-        residual=residual,
-        casting_mode=cfg.casting_mode,
-    )
+    """Host side of the ``"simulator"`` path: writes ``(y, [h], rstd)`` into ``outputs``.
+    Runs on an XLA thread: the dialect comes from ``cfg``, not this thread's context."""
+    with dialect.use_dialect(cfg.dialect):
+        results = ops.rms_norm_fwd(
+            x,
+            weight,
+            cfg.eps,
+            offset=cfg.offset,
+            bias=bias,
+            residual=residual,
+            casting_mode=cfg.casting_mode,
+        )
     for out, result in zip(outputs, results):
         out[...] = result
 
 
 def _simulate_backward(cfg: _Config, outputs, dy, x_or_h, weight, rstd, dh) -> None:
-    """Host side of the ``"simulator"`` path: writes ``(dx, [dweight], [dbias])``."""
-    dx, dweight, dbias = ops.rms_norm_bwd(
-        dy,
-        x_or_h,
-        weight,
-        rstd,
-        offset=cfg.offset,
-        has_bias=cfg.bias_dtype is not None,
-        bias_dtype=cfg.bias_dtype,
-        dh_out=dh,
-        casting_mode=cfg.casting_mode,
-    )
+    """Host side of the ``"simulator"`` path: writes ``(dx, [dweight], [dbias])``, in
+    ``cfg``'s dialect."""
+    with dialect.use_dialect(cfg.dialect):
+        dx, dweight, dbias = ops.rms_norm_bwd(
+            dy,
+            x_or_h,
+            weight,
+            rstd,
+            offset=cfg.offset,
+            has_bias=cfg.bias_dtype is not None,
+            bias_dtype=cfg.bias_dtype,
+            dh_out=dh,
+            casting_mode=cfg.casting_mode,
+        )
     results = [dx, dweight, dbias]
     for out, result in zip(outputs, [r for r in results if r is not None]):
         out[...] = result
@@ -283,46 +305,48 @@ def _nki_call(kernel, args, result_types, **constants):
     )
 
 
-def _neuron_kernels():
-    from nki_rmsnorm import kernels
-
-    return kernels
-
-
 def _launch_forward(cfg: _Config, x, weight, bias, residual):
     """``(y, rstd)`` or ``(y, h, rstd)`` for 2-D ``x``, through :func:`launch_path`."""
-    path = launch_path()
-    logger.debug("rms_norm forward %s launched through %s", x.shape, path)
+    path = launch_path(cfg.dialect)
+    logger.debug("rms_norm forward %s launched through %s, %s kernels", x.shape, path, cfg.dialect)
     result_types = _forward_outputs(cfg, x)
     constants = dict(eps=cfg.eps, offset=cfg.offset, casting_mode=cfg.casting_mode)
     if path == "nki_call":
-        kernels = _neuron_kernels()
         if residual is None:
-            return _nki_call(kernels.rmsnorm_fwd_out, (x, weight, bias), result_types, **constants)
+            return _nki_call(
+                kernels.kernel("rmsnorm_fwd_out", cfg.dialect),
+                (x, weight, bias),
+                result_types,
+                **constants,
+            )
         return _nki_call(
-            kernels.rmsnorm_add_fwd_out, (x, residual, weight, bias), result_types, **constants
+            kernels.kernel("rmsnorm_add_fwd_out", cfg.dialect),
+            (x, residual, weight, bias),
+            result_types,
+            **constants,
         )
     if path == "nki.jit":
-        # Return convention, called with the traced arrays (SDK >= 2.21).
-        kernels = _neuron_kernels()
+        # Return convention, called with the traced arrays as nki/guides/framework_custom_op.rst
+        # (lines 150-165) calls a 0.6 kernel under jax.jit (legacy kernels: SDK >= 2.21).
+        options = (cfg.eps, cfg.offset, cfg.casting_mode, None)
         if residual is None:
-            return tuple(
-                kernels.rmsnorm_fwd(x, weight, bias, cfg.eps, cfg.offset, cfg.casting_mode, None)
-            )
+            return tuple(kernels.kernel("rmsnorm_fwd", cfg.dialect)(x, weight, bias, *options))
         return tuple(
-            kernels.rmsnorm_add_fwd(
-                x, residual, weight, bias, cfg.eps, cfg.offset, cfg.casting_mode, None
-            )
+            kernels.kernel("rmsnorm_add_fwd", cfg.dialect)(x, residual, weight, bias, *options)
         )
-    return _host_call(
-        functools.partial(_simulate_forward, cfg), result_types, x, weight, bias, residual
-    )
+    arrays = (x, weight, bias, residual)
+    if _partitioned_by_xla(x):
+        present = tuple(a is not None for a in arrays)
+        return _partitioned_forward(cfg, present, *(a for a in arrays if a is not None))
+    return _host_call(_host_forward(cfg), result_types, *arrays)
 
 
 def _launch_backward(cfg: _Config, dy, x_or_h, weight, rstd, dh):
     """``(dx, [dweight], [dbias])`` for 2-D ``dy``, through :func:`launch_path`."""
-    path = launch_path()
-    logger.debug("rms_norm backward %s launched through %s", dy.shape, path)
+    path = launch_path(cfg.dialect)
+    logger.debug(
+        "rms_norm backward %s launched through %s, %s kernels", dy.shape, path, cfg.dialect
+    )
     has_bias = cfg.bias_dtype is not None
     result_types = _backward_outputs(cfg, x_or_h, weight)
     if path == "nki_call":
@@ -342,7 +366,7 @@ def _launch_backward(cfg: _Config, dy, x_or_h, weight, rstd, dh):
         if not has_bias:
             absent["dbias"] = None
         grads = _nki_call(
-            _neuron_kernels().rmsnorm_bwd_out,
+            kernels.kernel("rmsnorm_bwd_out", cfg.dialect),
             (dy, x_or_h, kernel_weight, rstd, dh),
             result_types,
             offset=cfg.offset,
@@ -352,13 +376,168 @@ def _launch_backward(cfg: _Config, dy, x_or_h, weight, rstd, dh):
         return tuple(g for i, g in enumerate(grads) if i not in dropped)
     if path == "nki.jit":
         return tuple(
-            _neuron_kernels().rmsnorm_bwd(
-                dy, x_or_h, weight, rstd, dh, cfg.offset, has_bias, cfg.casting_mode, cfg.bias_dtype
+            kernels.kernel("rmsnorm_bwd", cfg.dialect)(
+                dy,
+                x_or_h,
+                weight,
+                rstd,
+                dh,
+                cfg.offset,
+                has_bias,
+                cfg.casting_mode,
+                kernels.nki_dtype(
+                    None if cfg.bias_dtype is None else cfg.bias_dtype.name, cfg.dialect
+                ),
             )
         )
-    return _host_call(
-        functools.partial(_simulate_backward, cfg), result_types, dy, x_or_h, weight, rstd, dh
+    arrays = (dy, x_or_h, weight, rstd, dh)
+    if _partitioned_by_xla(x_or_h):
+        present = tuple(a is not None for a in arrays)
+        return _partitioned_backward(cfg, present, *(a for a in arrays if a is not None))
+    return _host_call(_host_backward(cfg), result_types, *arrays)
+
+
+# ---------------------------------------------------------------------------------------------
+# GSPMD: rows sharded over Auto mesh axes stay sharded (custom_partitioning)
+# ---------------------------------------------------------------------------------------------
+
+
+@functools.cache
+def _host_forward(cfg: _Config):
+    """The forward's host function for ``cfg``, one object per configuration (the FFI
+    target's registry holds it by identity)."""
+    return functools.partial(_simulate_forward, cfg)
+
+
+@functools.cache
+def _host_backward(cfg: _Config):
+    return functools.partial(_simulate_backward, cfg)
+
+
+def _partitioned_by_xla(x) -> bool:
+    """Whether XLA's SPMD partitioner places this launch: several devices, and not inside
+    ``shard_map`` (there every array is already one device's block, and the launch is that
+    device's own)."""
+    if jax.device_count() < 2 or _varying_axes(x):
+        return False
+    return not getattr(jax.sharding.get_abstract_mesh(), "manual_axes", ())
+
+
+def _row_axes(mesh, sharding, rows: int) -> tuple:
+    """The mesh axes a partitioned launch splits its rows over: the row axes of the input's
+    sharding (so the rows stay where they are), or every mesh axis when the input's rows are
+    not split (each device then runs its own block instead of all devices the same rows);
+    none when the rows do not divide evenly (XLA would pad the blocks with rows the kernel
+    must not see)."""
+    spec = tuple(getattr(sharding, "spec", ())) + (None,)
+    entry = spec[0]
+    axes = tuple(entry) if isinstance(entry, tuple) else (() if entry is None else (entry,))
+    axes = axes or tuple(mesh.axis_names)
+    count = int(np.prod([mesh.shape[a] for a in axes], dtype=np.int64))
+    return axes if count > 1 and rows % count == 0 else ()
+
+
+def _named(mesh, *spec):
+    return jax.sharding.NamedSharding(mesh, P(*spec))
+
+
+def _rows_spec(axes):
+    return (axes if len(axes) > 1 else axes[0]) if axes else None
+
+
+def _forward_layout(present, mesh, arg_shapes):
+    """``(argument shardings, result shardings)`` of a partitioned forward: the rows of ``x``
+    and ``residual`` (and of ``y``, ``h``, ``rstd``) split over :func:`_row_axes`, the
+    hidden axis whole, the parameters replicated."""
+    x = arg_shapes[0]
+    rows = _rows_spec(_row_axes(mesh, x.sharding, x.shape[0]))
+    kinds = [kind for kind, flag in zip(("rows", "param", "param", "rows"), present) if flag]
+    arguments = tuple(
+        _named(mesh, rows, None) if kind == "rows" else _named(mesh, None) for kind in kinds
     )
+    results = [_named(mesh, rows, None)]
+    if present[3]:
+        results.append(_named(mesh, rows, None))
+    results.append(_named(mesh, rows))
+    return arguments, tuple(results)
+
+
+def _backward_layout(present, mesh, arg_shapes):
+    """As :func:`_forward_layout` for ``(dy, x_or_h, [weight], rstd, [dh])`` →
+    ``(dx, [dweight], [dbias])``; also the row axes, over which each device's partial
+    ``dweight``/``dbias`` are summed."""
+    x = arg_shapes[1]
+    axes = _row_axes(mesh, x.sharding, x.shape[0])
+    rows = _rows_spec(axes)
+    kinds = ("rows", "rows", "param", "rstd", "rows")
+    specs = {"rows": (rows, None), "param": (None,), "rstd": (rows,)}
+    arguments = tuple(_named(mesh, *specs[kind]) for kind, flag in zip(kinds, present) if flag)
+    return arguments, axes
+
+
+def _ffi_forward(cfg: _Config, present, *arrays):
+    """One device's forward launch (also the whole launch, unpartitioned)."""
+    args = _unpack(arrays, present)
+    return _jax_ffi.host_call(_host_forward(cfg), _forward_outputs(cfg, args[0]), *args)
+
+
+def _ffi_backward_local(cfg: _Config, present, *arrays):
+    args = _unpack(arrays, present)
+    return _jax_ffi.host_call(_host_backward(cfg), _backward_outputs(cfg, args[1], args[2]), *args)
+
+
+def _partition_forward(cfg, present, mesh, arg_shapes, result_shape):
+    arguments, results = _forward_layout(present, mesh, arg_shapes)
+    return mesh, functools.partial(_ffi_forward, cfg, present), results, arguments
+
+
+def _infer_forward(cfg, present, mesh, arg_shapes, result_shape):
+    return _forward_layout(present, mesh, arg_shapes)[1]
+
+
+def _forward_rule(cfg, present, mesh, operand_types, result_types):
+    operands = [f for f, flag in zip(("m n", "n", "n", "m n"), present) if flag]
+    results = ["m n", "m n", "m"] if present[3] else ["m n", "m"]
+    return f"{', '.join(operands)} -> {', '.join(results)}", {"need_replication_factors": ("n",)}
+
+
+def _partition_backward(cfg, present, mesh, arg_shapes, result_shape):
+    arguments, axes = _backward_layout(present, mesh, arg_shapes)
+    rows = _rows_spec(axes)
+    n_sums = len(result_shape) - 1
+
+    def lower(*arrays):
+        dx, *sums = _ffi_backward_local(cfg, present, *arrays)
+        # Each device summed its own rows; the parameters' gradients are the sum over all.
+        return (dx, *(jax.lax.psum(s, axes) if axes else s for s in sums))
+
+    results = (_named(mesh, rows, None), *(_named(mesh, None) for _ in range(n_sums)))
+    return mesh, lower, results, arguments
+
+
+def _infer_backward(cfg, present, mesh, arg_shapes, result_shape):
+    rows = _rows_spec(_backward_layout(present, mesh, arg_shapes)[1])
+    return (_named(mesh, rows, None), *(_named(mesh, None) for _ in result_shape[1:]))
+
+
+def _backward_rule(cfg, present, mesh, operand_types, result_types):
+    operands = [f for f, flag in zip(("m n", "m n", "n", "m", "m n"), present) if flag]
+    results = ["m n"] + ["n"] * (len(result_types) - 1)
+    return f"{', '.join(operands)} -> {', '.join(results)}", {"need_replication_factors": ("n",)}
+
+
+_partitioned_forward = custom_partitioning(_ffi_forward, static_argnums=(0, 1))
+_partitioned_forward.def_partition(
+    _partition_forward,
+    infer_sharding_from_operands=_infer_forward,
+    sharding_rule=_forward_rule,
+)
+_partitioned_backward = custom_partitioning(_ffi_backward_local, static_argnums=(0, 1))
+_partitioned_backward.def_partition(
+    _partition_backward,
+    infer_sharding_from_operands=_infer_backward,
+    sharding_rule=_backward_rule,
+)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -442,7 +621,7 @@ def _forward(cfg: _Config, x, weight, bias, residual):
             outputs += (jnp.zeros(x.shape, residual.dtype),)
         return outputs, jnp.zeros(x.shape[:-1], jnp.float32)
     arrays = (x, weight, bias, residual)
-    if launch_path() == "nki.jit":
+    if launch_path(cfg.dialect) == "nki.jit":
         # The SDK's nki.jit call is its own custom call: it takes the arrays as they are.
         launched = _launch_forward(cfg, *arrays)
     else:
@@ -475,7 +654,7 @@ def _rms_norm_2d_bwd(cfg: _Config, saved, cotangents):
             dbias = jnp.zeros(x_or_h.shape[-1:], cfg.bias_dtype)
     else:
         arrays = (dy, x_or_h, weight, rstd, dh)
-        if launch_path() == "nki.jit":
+        if launch_path(cfg.dialect) == "nki.jit":
             grads = _launch_backward(cfg, *arrays)
         else:
             present = tuple(a is not None for a in arrays)

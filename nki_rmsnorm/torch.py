@@ -5,14 +5,15 @@ trailing dims that are normalised together; ``eps=None`` is PyTorch's default). 
 the forward and backward passes are four ``torch.library`` custom operators on
 ``(rows, hidden)`` matrices::
 
-    nki_rmsnorm::rms_norm_fwd(x, weight?, bias?, eps, offset, casting_mode, out_dtype?)
-        -> (y, rstd)
+    nki_rmsnorm::rms_norm_fwd(x, weight?, bias?, eps, offset, casting_mode, out_dtype?,
+                              dialect?) -> (y, rstd)
     nki_rmsnorm::rms_norm_add_fwd(x, residual, weight?, bias?, eps, offset, casting_mode,
-                                  out_dtype?) -> (y, h, rstd)
+                                  out_dtype?, dialect?) -> (y, h, rstd)
     nki_rmsnorm::rms_norm_bwd(dy, x, weight?, rstd, offset, has_bias, bias_dtype?,
-                              casting_mode) -> [dx, dweight?, dbias?]
+                              casting_mode, dialect?) -> [dx, dweight?, dbias?]
     nki_rmsnorm::rms_norm_add_bwd(dy, h, weight?, rstd, dh?, x_dtype, offset, has_bias,
-                                  bias_dtype?, casting_mode) -> [dx, dresidual, dweight?, dbias?]
+                                  bias_dtype?, casting_mode, dialect?)
+        -> [dx, dresidual, dweight?, dbias?]
 
 Each has a fake (meta) implementation, so ``torch.compile`` (no graph breaks), ``torch.export``,
 ``FakeTensorMode`` and ``"meta"`` tensors see shapes and dtypes without running a kernel; the
@@ -27,8 +28,17 @@ kernel is picked by the input's device type (:data:`LAUNCHERS`):
 * ``"neuron"`` (TorchNeuron, SDK ≥ 2.31): the output-parameter kernels are called directly
   with the neuron tensors and preallocated outputs, as the TorchNeuron docs show.
 
+``dialect`` is the NKI dialect of the kernels (``"legacy"`` or ``"nki06"``,
+:mod:`nki_rmsnorm.dialect`); None resolves it on the thread that launches. The public
+functions resolve it on the caller's thread and the backward gets the forward's, so the
+dialect chosen around a call (``dialect.use_dialect``) reaches both kernels even when
+autograd runs the backward on one of its device threads (contextvars do not follow it
+there). Inside ``torch.compile`` they pass None: the compiled graph then resolves the dialect
+each time it launches, instead of keeping the one it was traced with.
+
 :data:`last_launch_path` names the path the latest launch took ("simulator", "nki_jit",
-"nki.jit" or "neuron"); the module's logger says the same at DEBUG level.
+"nki.jit" or "neuron") and :data:`last_launch_dialect` its kernels' dialect; the module's
+logger says the same at DEBUG level.
 """
 
 from __future__ import annotations
@@ -47,19 +57,26 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from nki_rmsnorm import ops
+from nki_rmsnorm import dialect, kernels, ops
 
-__all__ = ["LAUNCHERS", "RMSNorm", "fused_add_rms_norm", "last_launch_path", "rms_norm"]
+__all__ = [
+    "LAUNCHERS",
+    "RMSNorm",
+    "fused_add_rms_norm",
+    "last_launch_dialect",
+    "last_launch_path",
+    "rms_norm",
+]
 
 logger = logging.getLogger(__name__)
 
 #: Input dtypes the kernels take (there is no float64 path on the NeuronCore engines).
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-_NUMPY_DTYPES = {torch.float32: np.dtype(np.float32), torch.float16: np.dtype(np.float16),
-                 torch.bfloat16: np.dtype(ml_dtypes.bfloat16)}
 
 #: The launch path of the latest kernel launch: "simulator", "nki_jit", "nki.jit" or "neuron".
 last_launch_path: str | None = None
+#: The NKI dialect ("legacy" or "nki06") of the latest launch's kernels.
+last_launch_dialect: str | None = None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -196,44 +213,49 @@ def _numpy_dtype(dtype: torch.dtype | None):
     return None if dtype is None else _NUMPY_DTYPES[dtype]
 
 
-def _record(path: str) -> None:
-    global last_launch_path
-    last_launch_path = path
-    logger.debug("nki_rmsnorm launch path: %s", path)
+def _record(path: str, dialect_name: str) -> None:
+    global last_launch_path, last_launch_dialect
+    last_launch_path, last_launch_dialect = path, dialect_name
+    logger.debug("nki_rmsnorm launch path: %s, %s kernels", path, dialect_name)
 
 
 class _SimulatorLaunch:
-    """CPU tensors: the kernels run in the NKI simulator through :mod:`nki_rmsnorm.ops`."""
+    """CPU tensors: the kernels run in the NKI simulator through :mod:`nki_rmsnorm.ops`, in
+    the dialect the caller resolved (entered here, on whichever thread runs the launch)."""
 
     @staticmethod
-    def forward(x, weight, bias, residual, eps, offset, casting_mode, out_dtype):
-        outputs = ops.rms_norm_fwd(
-            _to_numpy(x),
-            _to_numpy_or_none(weight),
-            eps,
-            offset=offset,
-            bias=_to_numpy_or_none(bias),
-            residual=_to_numpy_or_none(residual),
-            casting_mode=casting_mode,
-            out_dtype=_numpy_dtype(out_dtype),
-        )
-        _record("simulator")
+    def forward(x, weight, bias, residual, eps, offset, casting_mode, out_dtype, dialect_name):
+        with dialect.use_dialect(dialect_name):
+            outputs = ops.rms_norm_fwd(
+                _to_numpy(x),
+                _to_numpy_or_none(weight),
+                eps,
+                offset=offset,
+                bias=_to_numpy_or_none(bias),
+                residual=_to_numpy_or_none(residual),
+                casting_mode=casting_mode,
+                out_dtype=_numpy_dtype(out_dtype),
+            )
+        _record("simulator", dialect_name)
         return tuple(_from_numpy(a) for a in outputs)
 
     @staticmethod
-    def backward(dy, x_or_h, weight, rstd, dh_out, offset, has_bias, bias_dtype, casting_mode):
-        dx, dweight, dbias = ops.rms_norm_bwd(
-            _to_numpy(dy),
-            _to_numpy(x_or_h),
-            _to_numpy_or_none(weight),
-            _to_numpy(rstd),
-            offset=offset,
-            has_bias=has_bias,
-            bias_dtype=_numpy_dtype(bias_dtype),
-            dh_out=_to_numpy_or_none(dh_out),
-            casting_mode=casting_mode,
-        )
-        _record("simulator")
+    def backward(
+        dy, x_or_h, weight, rstd, dh_out, offset, has_bias, bias_dtype, casting_mode, dialect_name
+    ):
+        with dialect.use_dialect(dialect_name):
+            dx, dweight, dbias = ops.rms_norm_bwd(
+                _to_numpy(dy),
+                _to_numpy(x_or_h),
+                _to_numpy_or_none(weight),
+                _to_numpy(rstd),
+                offset=offset,
+                has_bias=has_bias,
+                bias_dtype=_numpy_dtype(bias_dtype),
+                dh_out=_to_numpy_or_none(dh_out),
+                casting_mode=casting_mode,
+            )
+        _record("simulator", dialect_name)
         return _from_numpy(dx), _from_numpy_or_none(dweight), _from_numpy_or_none(dbias)
 
 
@@ -241,22 +263,10 @@ def _from_numpy_or_none(a):
     return None if a is None else _from_numpy(a)
 
 
-def _nki_language():
-    from nki_rmsnorm.nki import nl
-
-    return nl
-
-
-def _nki_dtype(dtype: torch.dtype | None):
-    """The NKI dtype (``nl.float32`` ...) a kernel's dtype argument takes."""
-    return None if dtype is None else getattr(_nki_language(), _dtype_name(dtype))
-
-
-def _output_kernels():
-    """The output-parameter kernels (issue 9), imported when a launch needs them."""
-    from nki_rmsnorm import kernels
-
-    return kernels.rmsnorm_fwd_out, kernels.rmsnorm_add_fwd_out, kernels.rmsnorm_bwd_out
+def _nki_dtype(dtype: torch.dtype | None, dialect_name: str):
+    """The NKI dtype (``nl.float32`` ...) of ``dialect_name`` that a kernel's dtype argument
+    takes."""
+    return kernels.nki_dtype(None if dtype is None else _dtype_name(dtype), dialect_name)
 
 
 def _allocate_forward(x, residual, out_dtype):
@@ -278,24 +288,37 @@ def _allocate_backward(x_or_h, weight, has_bias, bias_dtype):
     return dx, dweight, dbias
 
 
-def _launch_output_kernels(launch, x, weight, bias, residual, eps, offset, casting_mode, out_dtype):
-    """Forward through an output-parameter kernel: allocate, launch, return the buffers."""
-    fwd_out, add_fwd_out, _ = _output_kernels()
+def _launch_output_kernels(
+    launch, x, weight, bias, residual, eps, offset, casting_mode, out_dtype, dialect_name
+):
+    """Forward through an output-parameter kernel of ``dialect_name``: allocate, launch,
+    return the buffers."""
     y, h, rstd = _allocate_forward(x, residual, out_dtype)
     options = {"eps": eps, "offset": offset, "casting_mode": casting_mode}
     if residual is None:
-        launch(fwd_out)(x, weight, bias, y, rstd, **options)
+        launch(kernels.kernel("rmsnorm_fwd_out", dialect_name))(x, weight, bias, y, rstd, **options)
         return y, rstd
-    launch(add_fwd_out)(x, residual, weight, bias, y, h, rstd, **options)
+    launch(kernels.kernel("rmsnorm_add_fwd_out", dialect_name))(
+        x, residual, weight, bias, y, h, rstd, **options
+    )
     return y, h, rstd
 
 
 def _launch_output_bwd(
-    launch, dy, x_or_h, weight, rstd, dh_out, offset, has_bias, bias_dtype, casting_mode
+    launch,
+    dy,
+    x_or_h,
+    weight,
+    rstd,
+    dh_out,
+    offset,
+    has_bias,
+    bias_dtype,
+    casting_mode,
+    dialect_name,
 ):
-    _, _, bwd_out = _output_kernels()
     dx, dweight, dbias = _allocate_backward(x_or_h, weight, has_bias, bias_dtype)
-    launch(bwd_out)(
+    launch(kernels.kernel("rmsnorm_bwd_out", dialect_name))(
         dy,
         x_or_h,
         weight,
@@ -320,49 +343,77 @@ class _XlaLaunch:
     With ``torch_neuronx.nki_jit`` (Neuron SDK 2.20 – 2.23: the 2.23 end-of-support notice and
     the 2.24 removal notice under ``general/announcements/neuron2.x/``) the output-parameter
     kernels are wrapped by it and called with preallocated XLA outputs, as the RMSNorm tutorial
-    does. Without it (SDK ≥ 2.24), the return-convention ``nki.jit`` kernels are called
-    directly with the XLA tensors, the documented replacement (SDK ≥ 2.21).
+    does. Without it (SDK ≥ 2.24, and every SDK with ``nki`` 0.4 – 0.6), the
+    return-convention ``nki.jit`` kernels are called directly with the XLA tensors and return
+    their outputs, as ``nki/guides/framework_custom_op.rst`` (lines 52-64:
+    ``c = nki_tensor_add(a, b)``) shows for the 0.6 kernels.
     """
 
     @staticmethod
-    def _nki_jit(device_type):
-        try:
-            import torch_neuronx
-        except ImportError as err:
+    def _nki_jit(device_type, dialect_name):
+        """``torch_neuronx.nki_jit`` when the launch goes through it, else None (the kernels
+        are called directly). Only the legacy kernels can: ``nki_jit`` was removed in SDK
+        2.24, before the first ``nki`` 0.4 release (SDK 2.30)."""
+        nki_jit = None
+        if dialect_name == dialect.LEGACY:
+            try:
+                import torch_neuronx
+            except ImportError as err:
+                raise RuntimeError(
+                    "input is on an XLA device, but torch_neuronx is not importable; install "
+                    "the Neuron SDK or move the tensors to the CPU (simulated kernels)"
+                ) from err
+            nki_jit = getattr(torch_neuronx, "nki_jit", None)
+        if device_type == "xla" and dialect.simulated():
             raise RuntimeError(
-                "input is on an XLA device, but torch_neuronx is not importable; install the "
-                "Neuron SDK or move the tensors to the CPU (simulated kernels)"
-            ) from err
-        from nki_rmsnorm import nki
-
-        if device_type == "xla" and nki.SIMULATED:
-            raise RuntimeError(
-                "input is on an XLA device, but the Neuron compiler (neuronxcc) is not "
-                "installed, so the kernels can only run simulated, on CPU tensors"
+                "input is on an XLA device, but neither the nki package (SDK >= 2.30) nor "
+                "the Neuron compiler's neuronxcc.nki is installed, so the kernels can only run "
+                "simulated, on CPU tensors"
             )
-        return getattr(torch_neuronx, "nki_jit", None)
+        return nki_jit
 
     @classmethod
-    def forward(cls, x, weight, bias, residual, eps, offset, casting_mode, out_dtype):
-        nki_jit = cls._nki_jit(x.device.type)
+    def forward(cls, x, weight, bias, residual, eps, offset, casting_mode, out_dtype, dialect_name):
+        nki_jit = cls._nki_jit(x.device.type, dialect_name)
         if nki_jit is not None:
-            _record("nki_jit")
+            _record("nki_jit", dialect_name)
             return _launch_output_kernels(
-                nki_jit, x, weight, bias, residual, eps, offset, casting_mode, out_dtype
+                nki_jit,
+                x,
+                weight,
+                bias,
+                residual,
+                eps,
+                offset,
+                casting_mode,
+                out_dtype,
+                dialect_name,
             )
-        from nki_rmsnorm import kernels
-
-        _record("nki.jit")
-        options = (eps, offset, casting_mode, _nki_dtype(out_dtype))
+        _record("nki.jit", dialect_name)
+        options = (eps, offset, casting_mode, _nki_dtype(out_dtype, dialect_name))
         if residual is None:
-            return tuple(kernels.rmsnorm_fwd(x, weight, bias, *options))
-        return tuple(kernels.rmsnorm_add_fwd(x, residual, weight, bias, *options))
+            return tuple(kernels.kernel("rmsnorm_fwd", dialect_name)(x, weight, bias, *options))
+        return tuple(
+            kernels.kernel("rmsnorm_add_fwd", dialect_name)(x, residual, weight, bias, *options)
+        )
 
     @classmethod
-    def backward(cls, dy, x_or_h, weight, rstd, dh_out, offset, has_bias, bias_dtype, casting_mode):
-        nki_jit = cls._nki_jit(x_or_h.device.type)
+    def backward(
+        cls,
+        dy,
+        x_or_h,
+        weight,
+        rstd,
+        dh_out,
+        offset,
+        has_bias,
+        bias_dtype,
+        casting_mode,
+        dialect_name,
+    ):
+        nki_jit = cls._nki_jit(x_or_h.device.type, dialect_name)
         if nki_jit is not None:
-            _record("nki_jit")
+            _record("nki_jit", dialect_name)
             return _launch_output_bwd(
                 nki_jit,
                 dy,
@@ -374,12 +425,11 @@ class _XlaLaunch:
                 has_bias,
                 bias_dtype,
                 casting_mode,
+                dialect_name,
             )
-        from nki_rmsnorm import kernels
-
-        _record("nki.jit")
+        _record("nki.jit", dialect_name)
         grads = list(
-            kernels.rmsnorm_bwd(
+            kernels.kernel("rmsnorm_bwd", dialect_name)(
                 dy,
                 x_or_h,
                 weight,
@@ -388,7 +438,7 @@ class _XlaLaunch:
                 offset,
                 has_bias,
                 casting_mode,
-                _nki_dtype(bias_dtype),
+                _nki_dtype(bias_dtype, dialect_name),
             )
         )
         dx = grads.pop(0)
@@ -401,21 +451,34 @@ class _NeuronLaunch:
     """TorchNeuron (device ``"neuron"``): the ``nki.jit`` output-parameter kernels are called
     directly with neuron tensors and outputs preallocated by ``torch.empty``, the pattern of
     ``frameworks/torch/pytorch-native-overview.rst`` (the ``NKI_sin`` autograd example) and of
-    the ``nki_op`` example in ``nki/get-started/about/index.rst``; this operator is the custom
-    op that ``nki_op`` would register."""
+    the ``nki_op`` example in ``nki/get-started/about/index.rst`` (lines 285-304:
+    ``out = torch.empty_like(x); my_kernel(x, out)``); this operator is the custom op that
+    ``nki_op`` would register."""
 
     @staticmethod
-    def forward(x, weight, bias, residual, eps, offset, casting_mode, out_dtype):
-        _record("neuron")
+    def forward(x, weight, bias, residual, eps, offset, casting_mode, out_dtype, dialect_name):
+        _record("neuron", dialect_name)
         return _launch_output_kernels(
-            _direct, x, weight, bias, residual, eps, offset, casting_mode, out_dtype
+            _direct, x, weight, bias, residual, eps, offset, casting_mode, out_dtype, dialect_name
         )
 
     @staticmethod
-    def backward(dy, x_or_h, weight, rstd, dh_out, offset, has_bias, bias_dtype, casting_mode):
-        _record("neuron")
+    def backward(
+        dy, x_or_h, weight, rstd, dh_out, offset, has_bias, bias_dtype, casting_mode, dialect_name
+    ):
+        _record("neuron", dialect_name)
         return _launch_output_bwd(
-            _direct, dy, x_or_h, weight, rstd, dh_out, offset, has_bias, bias_dtype, casting_mode
+            _direct,
+            dy,
+            x_or_h,
+            weight,
+            rstd,
+            dh_out,
+            offset,
+            has_bias,
+            bias_dtype,
+            casting_mode,
+            dialect_name,
         )
 
 
@@ -445,12 +508,17 @@ def _empty_forward(x, residual, out_dtype):
     return (y, rstd) if residual is None else (y, h, rstd)
 
 
-def _forward(x, residual, weight, bias, eps, offset, casting_mode, out_dtype):
+def _resolved(dialect_name: str | None) -> str:
+    """The operators' ``dialect`` argument, or the dialect in effect on this thread."""
+    return dialect.current() if dialect_name is None else dialect_name
+
+
+def _forward(x, residual, weight, bias, eps, offset, casting_mode, out_dtype, dialect_name):
     """Both forward operators: launch on ``x``'s device, or nothing for an input without rows."""
     if x.shape[0] == 0:
         return _empty_forward(x, residual, out_dtype)
     return _launcher(x.device).forward(
-        x, weight, bias, residual, eps, offset, casting_mode, out_dtype
+        x, weight, bias, residual, eps, offset, casting_mode, out_dtype, _resolved(dialect_name)
     )
 
 
@@ -463,12 +531,13 @@ def _rms_norm_fwd(
     offset: float,
     casting_mode: str,
     out_dtype: torch.dtype | None,
+    dialect: str | None = None,
 ) -> tuple[Tensor, Tensor]:
-    return _forward(x, None, weight, bias, eps, offset, casting_mode, out_dtype)
+    return _forward(x, None, weight, bias, eps, offset, casting_mode, out_dtype, dialect)
 
 
 @_rms_norm_fwd.register_fake
-def _(x, weight, bias, eps, offset, casting_mode, out_dtype):
+def _(x, weight, bias, eps, offset, casting_mode, out_dtype, dialect=None):
     return _empty_forward(x, None, out_dtype)
 
 
@@ -482,12 +551,13 @@ def _rms_norm_add_fwd(
     offset: float,
     casting_mode: str,
     out_dtype: torch.dtype | None,
+    dialect: str | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    return _forward(x, residual, weight, bias, eps, offset, casting_mode, out_dtype)
+    return _forward(x, residual, weight, bias, eps, offset, casting_mode, out_dtype, dialect)
 
 
 @_rms_norm_add_fwd.register_fake
-def _(x, residual, weight, bias, eps, offset, casting_mode, out_dtype):
+def _(x, residual, weight, bias, eps, offset, casting_mode, out_dtype, dialect=None):
     return _empty_forward(x, residual, out_dtype)
 
 
@@ -530,7 +600,9 @@ _batched_rows(_rms_norm_fwd, 1)
 _batched_rows(_rms_norm_add_fwd, 2)
 
 
-def _backward_kernel(dy, x_or_h, weight, rstd, dh_out, offset, has_bias, bias_dtype, casting_mode):
+def _backward_kernel(
+    dy, x_or_h, weight, rstd, dh_out, offset, has_bias, bias_dtype, casting_mode, dialect_name
+):
     """``(dx, dweight, dbias)``, launching only when there are rows (the sums over no rows
     are zeros)."""
     if x_or_h.shape[0] == 0:
@@ -541,7 +613,16 @@ def _backward_kernel(dy, x_or_h, weight, rstd, dh_out, offset, has_bias, bias_dt
             (None if dbias is None else dbias.zero_()),
         )
     return _launcher(x_or_h.device).backward(
-        dy, x_or_h, weight, rstd, dh_out, offset, has_bias, bias_dtype, casting_mode
+        dy,
+        x_or_h,
+        weight,
+        rstd,
+        dh_out,
+        offset,
+        has_bias,
+        bias_dtype,
+        casting_mode,
+        _resolved(dialect_name),
     )
 
 
@@ -559,14 +640,17 @@ def _rms_norm_bwd(
     has_bias: bool,
     bias_dtype: torch.dtype | None,
     casting_mode: str,
+    dialect: str | None = None,
 ) -> list[Tensor]:
     return _present(
-        *_backward_kernel(dy, x, weight, rstd, None, offset, has_bias, bias_dtype, casting_mode)
+        *_backward_kernel(
+            dy, x, weight, rstd, None, offset, has_bias, bias_dtype, casting_mode, dialect
+        )
     )
 
 
 @_rms_norm_bwd.register_fake
-def _(dy, x, weight, rstd, offset, has_bias, bias_dtype, casting_mode):
+def _(dy, x, weight, rstd, offset, has_bias, bias_dtype, casting_mode, dialect=None):
     return _present(*_allocate_backward(x, weight, has_bias, bias_dtype))
 
 
@@ -582,9 +666,10 @@ def _rms_norm_add_bwd(
     has_bias: bool,
     bias_dtype: torch.dtype | None,
     casting_mode: str,
+    dialect: str | None = None,
 ) -> list[Tensor]:
     dh_total, dweight, dbias = _backward_kernel(
-        dy, h, weight, rstd, dh, offset, has_bias, bias_dtype, casting_mode
+        dy, h, weight, rstd, dh, offset, has_bias, bias_dtype, casting_mode, dialect
     )
     # x and residual receive the same gradient, as two tensors: autograd accumulates into
     # each one's .grad in place, so they must not share storage.
@@ -593,7 +678,7 @@ def _rms_norm_add_bwd(
 
 
 @_rms_norm_add_bwd.register_fake
-def _(dy, h, weight, rstd, dh, x_dtype, offset, has_bias, bias_dtype, casting_mode):
+def _(dy, h, weight, rstd, dh, x_dtype, offset, has_bias, bias_dtype, casting_mode, dialect=None):
     dresidual, dweight, dbias = _allocate_backward(h, weight, has_bias, bias_dtype)
     return _present(torch.empty_like(h, dtype=x_dtype), dresidual, dweight, dbias)
 
@@ -605,14 +690,16 @@ def _(dy, h, weight, rstd, dh, x_dtype, offset, has_bias, bias_dtype, casting_mo
 
 def _setup_context(ctx, inputs, output, residual: bool):
     if residual:
-        x, res, weight, bias, eps, offset, casting_mode, _ = inputs
+        x, _, weight, bias, eps, offset, casting_mode, _, *dialect_name = inputs
         _, x_or_h, rstd = output
         ctx.x_dtype = x.dtype
     else:
-        x_or_h, weight, bias, eps, offset, casting_mode, _ = inputs
+        x_or_h, weight, bias, eps, offset, casting_mode, _, *dialect_name = inputs
         rstd = output[1]
     ctx.save_for_backward(x_or_h, weight, bias, rstd)
     ctx.eps, ctx.offset, ctx.casting_mode = eps, offset, casting_mode
+    # The forward's dialect, for the backward (None: resolved where the backward launches).
+    ctx.dialect = dialect_name[0] if dialect_name else None
     ctx.bias_dtype = None if bias is None else bias.dtype
 
 
@@ -650,13 +737,21 @@ def _fwd_backward(ctx, dy, _drstd):
     else:
         grads = iter(
             _rms_norm_bwd(
-                dy, x, weight, rstd, ctx.offset, bias is not None, ctx.bias_dtype, ctx.casting_mode
+                dy,
+                x,
+                weight,
+                rstd,
+                ctx.offset,
+                bias is not None,
+                ctx.bias_dtype,
+                ctx.casting_mode,
+                ctx.dialect,
             )
         )
         dx = next(grads)
         dweight = None if weight is None else next(grads)
         dbias = None if bias is None else next(grads)
-    return dx, dweight, dbias, None, None, None, None
+    return dx, dweight, dbias, None, None, None, None, None
 
 
 def _add_fwd_backward(ctx, dy, dh, _drstd):
@@ -679,12 +774,13 @@ def _add_fwd_backward(ctx, dy, dh, _drstd):
                 bias is not None,
                 ctx.bias_dtype,
                 ctx.casting_mode,
+                ctx.dialect,
             )
         )
         dx, dres = next(grads), next(grads)
         dweight = None if weight is None else next(grads)
         dbias = None if bias is None else next(grads)
-    return dx, dres, dweight, dbias, None, None, None, None
+    return dx, dres, dweight, dbias, None, None, None, None, None
 
 
 def _setup_fwd_context(ctx, inputs, output):
@@ -712,8 +808,8 @@ class _RMSNormFunction(torch.autograd.Function):
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(x, weight, bias, eps, offset, casting_mode, out_dtype):
-        return _rms_norm_fwd(x, weight, bias, eps, offset, casting_mode, out_dtype)
+    def forward(x, weight, bias, eps, offset, casting_mode, out_dtype, dialect_name):
+        return _rms_norm_fwd(x, weight, bias, eps, offset, casting_mode, out_dtype, dialect_name)
 
     setup_context = staticmethod(_setup_fwd_context)
     backward = staticmethod(_fwd_backward)
@@ -725,8 +821,10 @@ class _RMSNormAddFunction(torch.autograd.Function):
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(x, residual, weight, bias, eps, offset, casting_mode, out_dtype):
-        return _rms_norm_add_fwd(x, residual, weight, bias, eps, offset, casting_mode, out_dtype)
+    def forward(x, residual, weight, bias, eps, offset, casting_mode, out_dtype, dialect_name):
+        return _rms_norm_add_fwd(
+            x, residual, weight, bias, eps, offset, casting_mode, out_dtype, dialect_name
+        )
 
     setup_context = staticmethod(_setup_add_fwd_context)
     backward = staticmethod(_add_fwd_backward)
@@ -735,6 +833,15 @@ class _RMSNormAddFunction(torch.autograd.Function):
 # ---------------------------------------------------------------------------------------------
 # Public API
 # ---------------------------------------------------------------------------------------------
+
+
+def _callers_dialect() -> str | None:
+    """The dialect in effect on the caller's thread, carried into the operators; None inside
+    ``torch.compile`` (Dynamo cannot trace the lookup, and a constant would pin the compiled
+    graph to the dialect it was traced with): the operator resolves it when it launches."""
+    if torch.compiler.is_compiling():
+        return None
+    return dialect.current()
 
 
 def rms_norm(
@@ -780,6 +887,7 @@ def rms_norm(
         offset,
         casting_mode,
         out_dtype,
+        _callers_dialect(),
     )
     return y.reshape(input.shape)
 
@@ -823,6 +931,7 @@ def fused_add_rms_norm(
         offset,
         casting_mode,
         out_dtype,
+        _callers_dialect(),
     )
     return y.reshape(input.shape), h.reshape(input.shape)
 

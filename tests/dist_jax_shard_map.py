@@ -12,7 +12,12 @@ Cases:
   ``pure_callback`` binding deadlocked with ≥ 2 devices) and 64×64 bfloat16;
 * a row-sharded input passed to ``jax.jit`` without ``shard_map`` (sharding in the types:
   ``jax.make_mesh``'s Explicit axes), up to 1024×4096 bfloat16 with ``grad``: outputs and
-  ``dx`` keep the input's sharding and the compiled program has no all-gather.
+  ``dx`` keep the input's sharding and the compiled program has no all-gather;
+* the same over ``Auto`` axes (GSPMD: the sharding is not in the types; the binding's
+  ``custom_partitioning``), both entry points with ``grad``, inside ``use_dialect`` of the
+  non-default dialect: outputs keep the input's sharding, no all-gather, every launch saw
+  exactly one device's rows (each shard once per launch), and every kernel that ran, on
+  XLA's threads, is the chosen dialect's.
 """
 
 from __future__ import annotations
@@ -20,7 +25,9 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import threading
 import time
+import zlib
 
 DEVICES = int(sys.argv[1]) if len(sys.argv) > 1 else 8
 os.environ["XLA_FLAGS"] = (
@@ -30,9 +37,11 @@ os.environ["XLA_FLAGS"] = (
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+from dialect_launches import other_dialect, record_launches  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
+from nki_rmsnorm import dialect, ops  # noqa: E402
 from nki_rmsnorm import jax as nki_jax  # noqa: E402
 
 
@@ -150,6 +159,86 @@ def sharded_jit_case(mesh, rows, hidden, dtype, rng):
     )
 
 
+def _record_blocks(patch, seen):
+    """Record, for every launch, its kind and a checksum of the rows it was given."""
+    for name, kind in (("rms_norm_fwd", "forward"), ("rms_norm_bwd", "backward")):
+        original = getattr(ops, name)
+
+        def launch(rows, *args, _original=original, _kind=kind, **kwargs):
+            seen.append((_kind, rows.shape, zlib.crc32(np.ascontiguousarray(rows).tobytes())))
+            return _original(rows, *args, **kwargs)
+
+        patch.setattr(ops, name, launch)
+
+
+def auto_axes_case(rows, hidden, dtype, rng):
+    """Rows sharded over an Auto (GSPMD) axis, under jit, without shard_map."""
+    import pytest
+
+    mesh = jax.make_mesh((DEVICES,), ("rows",), axis_types=(jax.sharding.AxisType.Auto,))
+    x = jnp.asarray(rng.standard_normal((rows, hidden)), dtype)
+    r = jnp.asarray(rng.standard_normal((rows, hidden)), dtype)
+    w = jnp.asarray(1 + 0.1 * rng.standard_normal(hidden), dtype)
+    x_s, r_s = (jax.device_put(a, NamedSharding(mesh, P("rows"))) for a in (x, r))
+    w_s = jax.device_put(w, NamedSharding(mesh, P()))
+
+    def value(x, r, w):
+        y, h = nki_jax.fused_add_rms_norm(x, r, w)
+        z = nki_jax.rms_norm(h, w)
+        return jnp.sum(y.astype(jnp.float32) ** 2) + jnp.sum(jnp.sin(z.astype(jnp.float32)))
+
+    forward = jax.jit(nki_jax.fused_add_rms_norm)
+    grads = jax.jit(jax.grad(value, argnums=(0, 1, 2)))
+    chosen = other_dialect()
+    patch = pytest.MonkeyPatch()
+    seen = []
+    _record_blocks(patch, seen)
+    launches = record_launches(patch)
+    start = time.perf_counter()
+    with dialect.use_dialect(chosen):
+        y_s, h_s = jax.block_until_ready(forward(x_s, r_s, w_s))
+        dx_s, dr_s, dw_s = jax.block_until_ready(grads(x_s, r_s, w_s))
+        compiled = [f.lower(x_s, r_s, w_s).compile() for f in (forward, grads)]
+    seconds = time.perf_counter() - start
+    patch.undo()
+    for out in (y_s, h_s, dx_s, dr_s):
+        assert out.sharding.is_equivalent_to(x_s.sharding, 2), (out.sharding, x_s.sharding)
+    for program in compiled:
+        assert "all-gather" not in program.as_text(), "the program gathers the rows"
+    # Each launch got one device's rows: the forward launches over x's shards, each once.
+    block = rows // DEVICES
+    assert all(shape == (block, hidden) for _, shape, _ in seen), {s for _, s, _ in seen}
+    x_blocks = sorted(
+        zlib.crc32(np.ascontiguousarray(np.asarray(x)[i * block : (i + 1) * block]).tobytes())
+        for i in range(DEVICES)
+    )
+    for kind in ("forward", "backward"):
+        assert sum(k == kind for k, _, _ in seen) % DEVICES == 0, seen
+    first_forward = sorted(c for k, _, c in seen[:DEVICES] if k == "forward")
+    assert first_forward == x_blocks, "the first forward's launches are not x's shards"
+    assert {launch.dialect for launch in launches} == {chosen}
+    # The launches ran on XLA's device threads, where the caller's use_dialect is not set.
+    off_main = {launch.thread for launch in launches} - {threading.get_ident()}
+    assert off_main, "every launch ran on the calling thread"
+
+    with dialect.use_dialect(chosen):
+        y_1, h_1 = jax.jit(nki_jax.fused_add_rms_norm)(x, r, w)
+        dx_1, dr_1, dw_1 = jax.jit(jax.grad(value, argnums=(0, 1, 2)))(x, r, w)
+    for got, want in ((y_s, y_1), (h_s, h_1), (dx_s, dx_1), (dr_s, dr_1)):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    np.testing.assert_allclose(
+        np.asarray(dw_s, np.float32),
+        np.asarray(dw_1, np.float32),
+        rtol=2e-2,
+        atol=2e-2 * float(jnp.max(jnp.abs(dw_1.astype(jnp.float32)))),
+    )
+    print(
+        f"{rows}x{hidden} {jnp.dtype(dtype).name} Auto axes: stays sharded over {DEVICES} "
+        f"devices, no all-gather, each launch one device's rows, {chosen} kernels on "
+        f"{len(off_main)} XLA thread(s), matches one device ({seconds:.2f} s)"
+    )
+
+
 def main() -> None:
     assert len(jax.devices()) == DEVICES, jax.devices()
     mesh = jax.make_mesh((DEVICES,), ("rows",))
@@ -158,6 +247,8 @@ def main() -> None:
     user_shard_map_cases(mesh, 64, 64, jnp.bfloat16, rng)
     sharded_jit_case(mesh, 64, 1024, jnp.float32, rng)
     sharded_jit_case(mesh, 1024, 4096, jnp.bfloat16, rng)
+    auto_axes_case(64, 1024, jnp.float32, rng)
+    auto_axes_case(1024, 4096, jnp.bfloat16, rng)
 
 
 if __name__ == "__main__":

@@ -38,8 +38,9 @@ def _free_loopback_port() -> int:
 
 @pytest.mark.parametrize("devices", [2, 4, 8])
 def test_jax_sharded_rows_match_one_device(devices):
-    """Sharded over 2, 4 and 8 host devices, up to 1024×4096 with grad, under a timeout (the
-    pure_callback binding deadlocked here at 64×1024 with 2 or more devices)."""
+    """Sharded over 2, 4 and 8 host devices (Explicit and Auto mesh axes), up to 1024×4096
+    with grad, under a timeout (the pure_callback binding deadlocked here at 64×1024 with 2
+    or more devices)."""
     pytest.importorskip("jax")
     out = _run("dist_jax_shard_map.py", str(devices))
     # 64×1024 fp32 and 64×64 bf16, each with check_vma on (JAX psums dweight) and off
@@ -47,8 +48,11 @@ def test_jax_sharded_rows_match_one_device(devices):
     assert out.count(f"{devices} shards match one device") == 4, out
     assert out.count("grad outside shard_map matches one device") == 2, out
     # jit on a row-sharded input without shard_map: stays sharded, up to 1024×4096.
-    assert out.count(f"stays sharded over {devices} devices, no all-gather") == 2, out
+    assert out.count(f"input: stays sharded over {devices} devices, no all-gather") == 2, out
     assert "1024x4096 bfloat16 jit on a row-sharded input" in out, out
+    # Auto (GSPMD) axes, through custom_partitioning: the same, with the fused add.
+    assert out.count(f"Auto axes: stays sharded over {devices} devices") == 2, out
+    assert "1024x4096 bfloat16 Auto axes" in out, out
 
 
 def test_jax_threads_calling_the_jitted_binding_do_not_deadlock():

@@ -32,7 +32,9 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from nki_rmsnorm import hf, ops  # noqa: E402
+from dialect_launches import other_dialect, record_launches  # noqa: E402
+
+from nki_rmsnorm import dialect, hf, ops  # noqa: E402
 
 VOCAB, SEQ, BATCH = 96, 24, 2
 FP32_REL = 1e-5
@@ -125,6 +127,27 @@ def _logits_and_grads(model, ids):
 )
 @pytest.mark.parametrize("family", MODELS)
 def test_patched_model_matches_unpatched(family, dtype):
+    _check_patched_model(family, dtype)
+
+
+@pytest.mark.parametrize(
+    "family, dtype",
+    [("llama", torch.bfloat16), ("gemma3", torch.bfloat16), ("qwen3", torch.float32)],
+    ids=["llama-bf16", "gemma3-bf16", "qwen3-fp32"],
+)
+def test_patched_model_matches_unpatched_in_the_other_dialect(monkeypatch, family, dtype):
+    """The test above runs the default dialect's kernels; this one the other dialect's (every
+    launch, forward and backward, checked), so both dialects are covered whichever is the
+    default."""
+    chosen = other_dialect()
+    launches = record_launches(monkeypatch)
+    with dialect.use_dialect(chosen):
+        _check_patched_model(family, dtype)
+    assert {launch.dialect for launch in launches} == {chosen}
+    assert {launch.kernel for launch in launches} == {"rmsnorm_fwd", "rmsnorm_bwd"}
+
+
+def _check_patched_model(family, dtype):
     reference = _tiny_model(family, dtype)
     patched = copy.deepcopy(reference)
     swapped = hf.apply(patched)
@@ -371,3 +394,33 @@ def test_llama_preset_differs_only_by_the_rstd_rounding(dtype, max_fraction):
     assert 0.05 < float((rstd_ulps > 0).float().mean()) < 0.6
     differ = assert_matches_hf_except_rstd_rounding(got, want, x)
     assert differ <= max_fraction * got.numel()
+
+
+@pytest.mark.parametrize(
+    "patch, family, others",
+    [
+        ("patch_llama", "llama", ("qwen3", "gemma")),
+        ("patch_llama", "mistral", ("qwen2",)),
+        ("patch_qwen", "qwen3", ("llama", "gemma2")),
+        ("patch_gemma", "gemma3", ("llama", "qwen3")),
+    ],
+)
+def test_family_patch_swaps_its_family_only(patch, family, others):
+    """Liger-style ``patch_*``: every RMSNorm of its family (the same modules ``apply``
+    swaps), none of another family's; the patched model's bf16 logits are HF's."""
+    swap = getattr(hf, patch)
+    for other in others:
+        model = _tiny_model(other, torch.bfloat16)
+        assert swap(model) == [] and _norm_classes(model) == _norm_classes(
+            _tiny_model(other, torch.bfloat16)
+        )
+    reference = _tiny_model(family, torch.bfloat16)
+    patched = copy.deepcopy(reference)
+    assert swap(patched) == hf.apply(copy.deepcopy(reference))
+    assert len(swap(copy.deepcopy(reference))) == EXPECTED_SWAPS[family]
+    ids = torch.randint(0, VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(8))
+    with torch.no_grad():
+        want, got = reference(ids).logits, patched(ids).logits
+    assert got.dtype == want.dtype and torch.equal(got, want)
+    with pytest.raises(TypeError, match="model must be a torch.nn.Module"):
+        swap("llama")

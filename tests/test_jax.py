@@ -19,8 +19,14 @@ import pytest
 jax = pytest.importorskip("jax")
 jnp = jax.numpy
 
+from dialect_launches import record_launches  # noqa: E402
+
+from nki_rmsnorm import (  # noqa: E402
+    dialect,  # noqa: E402
+    ops,
+    reference,
+)
 from nki_rmsnorm import jax as nki_jax  # noqa: E402
-from nki_rmsnorm import ops, reference  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -241,10 +247,12 @@ def test_bad_input_is_rejected_at_trace_time(monkeypatch, call, error, match):
         jax.jit(call)(x, w)
 
 
-def test_device_branch_calling_convention(monkeypatch):
-    """The Neuron branch calls the nki.jit kernels directly with JAX arrays. Eagerly, the
-    simulator's framework-array mode can stand in for the Neuron compiler: the branch's
-    argument order and output unpacking must give the callback path's results bit for bit."""
+@pytest.mark.parametrize("dialect_name", ["legacy", "nki06"])
+def test_device_branch_calling_convention(monkeypatch, dialect_name):
+    """The Neuron branch calls the nki.jit kernels of the chosen dialect directly with JAX
+    arrays (nki/guides/framework_custom_op.rst, lines 150-165). Eagerly, the simulator's
+    framework-array mode can stand in for the Neuron compiler: the branch's argument order
+    and output unpacking must give the callback path's results bit for bit."""
     x, r = _randn(4, 32, seed=26, dtype=jnp.bfloat16), _randn(4, 32, seed=27, dtype=jnp.bfloat16)
     w, b = _randn(32, seed=28), _randn(32, seed=29)
 
@@ -256,12 +264,14 @@ def test_device_branch_calling_convention(monkeypatch):
         return (nki_jax.fused_add_rms_norm(x, r, w, offset=0.5, bias=b),
                 jax.grad(loss, argnums=(0, 1, 2, 3))(x, r, w, b))
 
-    simulated = run()
-    from nki_rmsnorm import nki
-
-    monkeypatch.setattr(nki, "SIMULATED", False)
-    monkeypatch.setattr(nki_jax, "_on_neuron", lambda: True)
-    device_branch = run()
+    with dialect.use_dialect(dialect_name):
+        simulated = run()
+        monkeypatch.setattr(nki_jax, "_on_neuron", lambda: True)
+        assert nki_jax.launch_path() == "nki.jit"
+        launches = record_launches(monkeypatch)
+        device_branch = run()
+    assert {launch.dialect for launch in launches} == {dialect_name}
+    assert {launch.kernel for launch in launches} == {"rmsnorm_add_fwd", "rmsnorm_bwd"}
     for got, want in zip(jax.tree.leaves(device_branch), jax.tree.leaves(simulated)):
         assert got.dtype == want.dtype
         np.testing.assert_array_equal(np.asarray(got), np.asarray(want))

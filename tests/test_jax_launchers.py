@@ -23,9 +23,15 @@ import pytest
 jax = pytest.importorskip("jax")
 jnp = jax.numpy
 
+from dialect_launches import other_dialect, record_launches  # noqa: E402
+
 import simulate  # noqa: E402
+from nki_rmsnorm import (  # noqa: E402
+    dialect,  # noqa: E402
+    kernels,
+    reference,
+)
 from nki_rmsnorm import jax as nki_jax  # noqa: E402
-from nki_rmsnorm import kernels, reference  # noqa: E402
 from simulate import jax_neuronx as twin  # noqa: E402
 
 
@@ -223,6 +229,8 @@ def _training_step(x, residual, w, b):
 
 
 def test_simulator_and_nki_call_paths_give_the_same_bits(monkeypatch, caplog):
+    # nki_call launches the legacy kernels only (see launch_path).
+    monkeypatch.setattr(dialect, "_chosen", "legacy")
     x, r = _randn((6, 72), jnp.bfloat16, seed=5), _randn((6, 72), jnp.float32, seed=6)
     w, b = _randn((72,), jnp.bfloat16, seed=7), _randn((72,), jnp.float32, seed=8)
     caplog.set_level(logging.DEBUG, logger="nki_rmsnorm.jax")
@@ -274,3 +282,69 @@ def test_export_names_the_host_callback(no_jax_neuronx):
     x, w = _randn((4, 16), seed=12), _randn((16,), seed=13)
     with pytest.raises(NotImplementedError, match="host_callbacks"):
         jax.export.export(jax.jit(nki_jax.rms_norm))(x, w)
+
+
+# ---------------------------------------------------------------------------------------------
+# Both NKI dialects through the binding
+# ---------------------------------------------------------------------------------------------
+
+#: Launch path → the entry points the training step's forwards and backwards launch.
+PATH_KERNELS = {
+    "simulator": {"rmsnorm_add_fwd", "rmsnorm_fwd", "rmsnorm_bwd"},
+    "nki_call": {"rmsnorm_add_fwd_out", "rmsnorm_fwd_out", "rmsnorm_bwd_out"},
+}
+
+
+@pytest.mark.parametrize("dialect_name", ["legacy", "nki06"])
+def test_each_launch_path_runs_the_chosen_dialects_kernels(monkeypatch, dialect_name):
+    """The training step (jitted grads of both entry points) inside ``use_dialect``: every
+    kernel that runs, on whichever thread XLA runs the callback, is that dialect's, through
+    the simulator path and with the ``jax_neuronx`` twin installed (``nki_call`` takes the
+    legacy kernels only: it was removed before the first ``nki`` 0.4 release, so the 0.6
+    kernels stay on the simulator path); both paths give the same bits."""
+    x, r = _randn((6, 72), jnp.bfloat16, seed=15), _randn((6, 72), jnp.float32, seed=16)
+    w, b = _randn((72,), jnp.bfloat16, seed=17), _randn((72,), jnp.float32, seed=18)
+    results = {}
+    with dialect.use_dialect(dialect_name):
+        for twin_installed in (False, True):
+            monkeypatch.delitem(sys.modules, "jax_neuronx", raising=False)
+            if twin_installed:
+                simulate.install()
+            path = nki_jax.launch_path()
+            launches = record_launches(monkeypatch)
+            results[twin_installed] = _training_step(x, r, w, b)
+            assert {launch.dialect for launch in launches} == {dialect_name}, path
+            assert {launch.kernel for launch in launches} == PATH_KERNELS[path]
+        monkeypatch.delitem(sys.modules, "jax_neuronx")
+    assert path == ("nki_call" if dialect_name == "legacy" else "simulator")
+    for got, want in zip(jax.tree.leaves(results[True]), jax.tree.leaves(results[False])):
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def test_a_jitted_function_is_traced_again_for_another_dialect(no_jax_neuronx, monkeypatch):
+    """The dialect is fixed when a function is traced; ``use_dialect`` is part of jit's cache
+    key, so the same jitted function launches each dialect's kernels when called under it,
+    and ``set_dialect`` does the same process-wide."""
+    x, w = _randn((40, 96), seed=19), _randn((96,), seed=20)
+    step = jax.jit(jax.value_and_grad(lambda x, w: jnp.sum(nki_jax.rms_norm(x, w) ** 2), (0, 1)))
+    results = {}
+    for name in ("legacy", "nki06", "legacy"):
+        launches = record_launches(monkeypatch)
+        with dialect.use_dialect(name):
+            results[name] = step(x, w)
+        assert [(launch.dialect, launch.kernel) for launch in launches] == [
+            (name, "rmsnorm_fwd"),
+            (name, "rmsnorm_bwd"),
+        ]
+        monkeypatch.undo()
+    chosen = other_dialect()
+    launches = record_launches(monkeypatch)
+    dialect.set_dialect(chosen)
+    try:
+        step(x, w)
+    finally:
+        dialect.set_dialect(None)
+    assert {launch.dialect for launch in launches} == {chosen}
+    for got, want in zip(jax.tree.leaves(results["nki06"]), jax.tree.leaves(results["legacy"])):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)

@@ -14,14 +14,17 @@ import importlib
 import importlib.machinery
 import importlib.util
 import sys
+import threading
 import types
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
+from dialect_launches import other_dialect, record_launches  # noqa: E402
+
 import simulate  # noqa: E402
-from nki_rmsnorm import kernels  # noqa: E402
+from nki_rmsnorm import dialect, kernels  # noqa: E402
 from nki_rmsnorm import torch as nki_torch  # noqa: E402
 from simulate import torch_neuronx as simulated_torch_neuronx  # noqa: E402
 
@@ -244,7 +247,8 @@ def test_install_registers_both_import_paths_once(fake_torch_neuronx):
 
 
 def _binding_results(with_params, dtype=torch.bfloat16):
-    """Forward and backward of rms_norm and the fused add, and every gradient."""
+    """Forward and backward of the fused add, rms_norm and the RMSNorm module, and every
+    gradient."""
     x = _randn(3, 5, 32, dtype=dtype, seed=10)
     r = _randn(3, 5, 32, dtype=dtype, seed=11)
     w = _randn(32, seed=12) if with_params else None
@@ -264,7 +268,12 @@ def _binding_results(with_params, dtype=torch.bfloat16):
     x2 = x.clone().requires_grad_()
     y2 = nki_torch.rms_norm(x2, 32, leaves[2], 1e-5, bias=leaves[3], out_dtype=torch.float32)
     y2.backward(dy.float())
-    return [y, h, y2, x2.grad] + [None if t is None else t.grad for t in leaves]
+    module = nki_torch.RMSNorm(32, 1e-6, elementwise_affine=with_params, casting_mode="llama")
+    x3 = x.clone().requires_grad_()
+    y3 = module(x3)
+    y3.backward(dy)
+    outputs = [y, h, y2, x2.grad, y3, x3.grad] + [None if t is None else t.grad for t in leaves]
+    return outputs + [None if module.weight is None else module.weight.grad]
 
 
 def _assert_same(got, want):
@@ -274,54 +283,138 @@ def _assert_same(got, want):
             assert g.dtype == w.dtype and torch.equal(g, w)
 
 
-@pytest.mark.parametrize("with_params", [True, False])
-def test_cpu_tensors_take_the_simulator_path(with_params):
-    _binding_results(with_params)
-    assert nki_torch.last_launch_path == "simulator"
+#: Launch path → the entry points its forward and backward launch (fused add, rms_norm).
+PATH_KERNELS = {
+    "simulator": {"rmsnorm_add_fwd", "rmsnorm_fwd", "rmsnorm_bwd"},
+    "nki.jit": {"rmsnorm_add_fwd", "rmsnorm_fwd", "rmsnorm_bwd"},
+    "nki_jit": {"rmsnorm_add_fwd_out", "rmsnorm_fwd_out", "rmsnorm_bwd_out"},
+    "neuron": {"rmsnorm_add_fwd_out", "rmsnorm_fwd_out", "rmsnorm_bwd_out"},
+}
 
 
-@pytest.mark.parametrize("with_params", [True, False])
-def test_xla_path_without_nki_jit_calls_the_kernels_directly(monkeypatch, with_params):
-    """SDK ≥ 2.24: torch_neuronx has no nki_jit; the nki.jit kernels are called with the
-    framework tensors (the simulator's torch-tensor mode stands in for the compiler)."""
-    want = _binding_results(with_params)
-    monkeypatch.setitem(sys.modules, "torch_neuronx", types.ModuleType("torch_neuronx"))
-    monkeypatch.setitem(nki_torch.LAUNCHERS, "cpu", nki_torch.LAUNCHERS["xla"])
-    got = _binding_results(with_params)
-    assert nki_torch.last_launch_path == "nki.jit"
-    _assert_same(got, want)
+def _route(monkeypatch, launcher, torch_neuronx):
+    """CPU tensors through ``LAUNCHERS[launcher]``, with ``torch_neuronx`` in sys.modules
+    (None: the simulator path, nothing routed)."""
+    if launcher is None:
+        return
+    monkeypatch.setitem(sys.modules, "torch_neuronx", torch_neuronx)
+    monkeypatch.setitem(nki_torch.LAUNCHERS, "cpu", nki_torch.LAUNCHERS[launcher])
 
 
-@needs_output_kernels
-@pytest.mark.parametrize("with_params", [True, False])
-def test_xla_path_with_nki_jit_launches_the_output_parameter_kernels(
-    monkeypatch, fake_torch_neuronx, with_params
+@pytest.mark.parametrize("dialect_name", ["legacy", "nki06"])
+@pytest.mark.parametrize(
+    "launcher, with_nki_jit, path",
+    [
+        (None, False, "simulator"),
+        # SDK >= 2.24 (torch_neuronx without nki_jit), and every nki 0.4 - 0.6 SDK: the
+        # nki.jit kernels are called with the framework tensors (the simulator's torch-tensor
+        # mode stands in for the compiler).
+        ("xla", False, "nki.jit"),
+        # SDK 2.20 - 2.23: torch_neuronx.nki_jit wraps the output-parameter kernels; the 0.6
+        # kernels never go through it (it was removed before nki 0.4) and are called directly.
+        ("xla", True, None),
+        # TorchNeuron: the output-parameter kernels called with preallocated outputs.
+        ("neuron", False, "neuron"),
+    ],
+    ids=["simulator", "xla-nki.jit", "xla-nki_jit", "neuron"],
+)
+@pytest.mark.parametrize("with_params", [True, False], ids=["params", "no-params"])
+def test_each_launch_path_runs_the_chosen_dialects_kernels(
+    monkeypatch, dialect_name, launcher, with_nki_jit, path, with_params
 ):
-    """SDK 2.20 – 2.23: torch_neuronx.nki_jit wraps the output-parameter kernels."""
-    want = _binding_results(with_params)
-    monkeypatch.setitem(nki_torch.LAUNCHERS, "cpu", nki_torch.LAUNCHERS["xla"])
-    got = _binding_results(with_params)
-    assert nki_torch.last_launch_path == "nki_jit"
+    """Forward and backward of every entry point through each launch path, inside
+    ``use_dialect``: every kernel that runs is that dialect's, and the results are the
+    simulator path's bit for bit (the paths share all kernel code)."""
+    if path is None:
+        path = "nki_jit" if dialect_name == "legacy" else "nki.jit"
+    with dialect.use_dialect(dialect_name):
+        want = _binding_results(with_params)
+        twin = types.ModuleType("torch_neuronx")
+        if with_nki_jit:
+            twin.nki_jit = simulated_torch_neuronx.nki_jit
+        _route(monkeypatch, launcher, twin)
+        launches = record_launches(monkeypatch)
+        got = _binding_results(with_params)
+    assert nki_torch.last_launch_path == path
+    assert nki_torch.last_launch_dialect == dialect_name
+    assert {launch.dialect for launch in launches} == {dialect_name}
+    assert {launch.kernel for launch in launches} == PATH_KERNELS[path]
     _assert_same(got, want)
 
 
-@needs_output_kernels
-def test_neuron_path_calls_the_output_parameter_kernels_directly(monkeypatch):
-    """TorchNeuron: the output-parameter kernels called with preallocated outputs."""
-    want = _binding_results(True)
-    monkeypatch.setitem(nki_torch.LAUNCHERS, "cpu", nki_torch.LAUNCHERS["neuron"])
-    got = _binding_results(True)
-    assert nki_torch.last_launch_path == "neuron"
-    _assert_same(got, want)
+def test_the_dialects_agree_through_the_binding():
+    """The nki06 kernels give the legacy kernels' results through the binding, forward and
+    backward: bit for bit in bf16; float32 outputs within a few ulps (the rms_norm call with
+    a bias and out_dtype=float32 differs in the last bits between the dialects)."""
+    with dialect.use_dialect("legacy"):
+        legacy = _binding_results(True)
+    with dialect.use_dialect("nki06"):
+        nki06 = _binding_results(True)
+    for got, want in zip(nki06, legacy, strict=True):
+        assert got.dtype == want.dtype
+        if got.dtype == torch.float32:
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+        else:
+            assert torch.equal(got, want)
+
+
+def test_the_forwards_dialect_reaches_a_backward_on_another_thread(monkeypatch):
+    """Autograd may run the backward on one of its device threads, where the caller's
+    ``use_dialect`` is not in effect: the backward still launches the forward's dialect."""
+    chosen = other_dialect()
+    launches = record_launches(monkeypatch)
+    x = _randn(6, 64, dtype=torch.bfloat16, seed=40).requires_grad_()
+    w = _randn(64, seed=41).requires_grad_()
+    with dialect.use_dialect(chosen):
+        y = nki_torch.rms_norm(x, 64, w, 1e-6)
+    errors = []
+
+    def backward():
+        try:
+            y.float().square().sum().backward()
+        except BaseException as error:  # noqa: BLE001 - reported by the test thread
+            errors.append(error)
+
+    thread = threading.Thread(target=backward)
+    thread.start()
+    thread.join(timeout=120)
+    assert not thread.is_alive(), "the backward did not finish within 120 s"
+    assert not errors, errors
+    backward_launches = [launch for launch in launches if launch.kernel == "rmsnorm_bwd"]
+    assert len(backward_launches) == 1 and backward_launches[0].thread == thread.ident
+    assert {launch.dialect for launch in launches} == {chosen}
+    assert x.grad is not None and w.grad is not None
+
+
+def test_a_compiled_model_launches_the_dialect_in_effect_at_each_call(monkeypatch):
+    """``torch.compile(fullgraph=True)`` keeps no dialect from tracing: each call of the
+    compiled graph launches the kernels of the dialect chosen around it, forward and
+    backward, without recompiling."""
+    torch._dynamo.reset()
+    compiled = torch.compile(
+        lambda x, w: nki_torch.rms_norm(x, 64, w, 1e-6).float().square().sum(), fullgraph=True
+    )
+    x = _randn(6, 64, dtype=torch.bfloat16, seed=42)
+    w = _randn(64, seed=43)
+    for name in ("legacy", "nki06", "legacy"):
+        launches = record_launches(monkeypatch)
+        xs, ws = x.clone().requires_grad_(), w.clone().requires_grad_()
+        with dialect.use_dialect(name):
+            compiled(xs, ws).backward()
+        assert [(launch.dialect, launch.kernel) for launch in launches] == [
+            (name, "rmsnorm_fwd"),
+            (name, "rmsnorm_bwd"),
+        ]
+        monkeypatch.undo()
 
 
 def test_xla_device_without_the_sdk_is_a_clear_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "torch_neuronx", None)  # not importable
     with pytest.raises(RuntimeError, match="torch_neuronx is not importable"):
-        nki_torch.LAUNCHERS["xla"]._nki_jit("xla")
+        nki_torch.LAUNCHERS["xla"]._nki_jit("xla", "legacy")
     monkeypatch.setitem(sys.modules, "torch_neuronx", types.ModuleType("torch_neuronx"))
     with pytest.raises(RuntimeError, match="neuronxcc"):
-        nki_torch.LAUNCHERS["xla"]._nki_jit("xla")
+        nki_torch.LAUNCHERS["xla"]._nki_jit("xla", "legacy")
 
 
 def _torchneuron_available() -> bool:

@@ -33,7 +33,7 @@ MODULES = {
     "rmsnorm_bwd_out": "rmsnorm_bwd",
 }
 
-__all__ = [*MODULES, "available", "kernel"]
+__all__ = [*MODULES, "available", "kernel", "nki_dtype"]
 
 
 def kernel(name: str, dialect_name: str | None = None):
@@ -62,6 +62,18 @@ def kernel(name: str, dialect_name: str | None = None):
             f"{dialect.ENV_VAR})"
         )
     return getattr(module, name)
+
+
+def nki_dtype(name: str | None, dialect_name: str):
+    """The NKI dtype called ``name`` ("float32", "bfloat16" ...) in ``dialect_name``'s
+    ``nki.language``, as a kernel's dtype argument takes it (None stays None)."""
+    if name is None:
+        return None
+    if dialect_name == dialect.NKI06:
+        from nki_rmsnorm.kernels.nki06._nki import nl
+    else:
+        from nki_rmsnorm.nki import nl
+    return getattr(nl, name)
 
 
 def available(dialect_name: str) -> tuple[str, ...]:
