@@ -176,8 +176,10 @@ def pytest_collection_modifyitems(config, items):
     keep, drop = [], []
     for item in items:
         params = getattr(item, "callspec", None)
-        value = params.params.get("kernel_dialect", chosen) if params else chosen
-        (keep if value == chosen else drop).append(item)
+        params = params.params if params else {}
+        # the fixture's name, or a test module's own ``dialect`` parametrization
+        value = params.get("kernel_dialect", params.get("dialect", chosen))
+        (keep if value not in KERNEL_DIALECTS or value == chosen else drop).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
