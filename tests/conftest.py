@@ -157,7 +157,7 @@ def kernel_dialect(request):
 
 @pytest.fixture
 def dialect(kernel_dialect):
-    """The ``kernel_dialect`` fixture under its shorter name."""
+    """The ``kernel_dialect`` fixture under the name test_fwd.py uses."""
     return kernel_dialect
 
 
