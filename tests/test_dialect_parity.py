@@ -1,5 +1,5 @@
 """The forward kernel in the two NKI dialects, trace against trace, and the nki06 kernel at
-LNC = 1 against LNC = 2.
+LNC = 1 against LNC = 2, in every regime ("rows", "split", "long", "two_pass").
 
 Both dialects plan with ``nki_rmsnorm.plan.forward`` and emit the same arithmetic, so their
 outputs are bitwise equal and their HBM traffic is the same. Their instruction streams are
@@ -8,7 +8,9 @@ broadcast instruction, so a row broadcast across the partitions (the weight of t
 "vector" plan, the bias) is a ones-row matmul per 512-column PSUM bank and a Vector copy out
 of it, plus one memset of the ones row, where the legacy kernel has one Vector
 ``partition_broadcast``: per broadcast row, one more Tensor-engine instruction per bank and
-as many more Vector instructions (copies + memset − broadcast).
+as many more Vector instructions (copies + memset − broadcast). "rows" broadcasts once per
+kernel, "long" and "two_pass" once per row tile and column chunk, "split" never (its
+per-partition weight and bias segments are doubled by SBUF-to-SBUF DMAs in both dialects).
 """
 
 from __future__ import annotations
@@ -22,23 +24,62 @@ from conftest import BF16, poison, trace_launch
 
 import simulate
 from nki_rmsnorm import kernels
-from nki_rmsnorm.plan.forward import PSUM_COLS, make_plan
+from nki_rmsnorm.plan.forward import PMAX, PSUM_COLS, choose_layout, make_plan
 
 FP32 = np.dtype(np.float32)
 
-# (target, M, N, x dtype, weight, bias, residual, casting mode): one per product engine
-# ("scalar" on trn1, "tensor" for gemma with a weight on trn2 / trn3, "vector" otherwise),
-# ragged last tiles, several rows per partition (4096 × 1024 on trn2: k = 2).
+# (target, M, N, x dtype, weight, bias, residual, casting mode, offset): every regime with
+# each product engine it has ("scalar" on trn1, "tensor" for gemma with a weight on trn2 /
+# trn3, "vector" otherwise), ragged last tiles and column chunks, several rows per partition
+# (4096 × 1024 on trn2: k = 2), the three bf16 rstd pieces and the one fp32 piece.
 CASES = [
-    ("trn1", 300, 640, FP32, True, True, False, "gemma"),
-    ("trn2", 4096, 1024, BF16, True, False, True, "gemma"),
-    ("trn3", 130, 768, BF16, True, True, False, "llama"),
-    ("trn2", 257, 512, BF16, False, True, True, "none"),
+    ("trn1", 300, 640, FP32, True, True, False, "gemma", 0.5),  # rows
+    ("trn2", 4096, 1024, BF16, True, False, True, "gemma", 0.5),
+    ("trn3", 130, 768, BF16, True, True, False, "llama", 0.5),
+    ("trn2", 257, 512, BF16, False, True, True, "none", 0.0),
+    ("trn3", 20, 40000, BF16, True, True, True, "gemma", 0.0),  # split, 3 bf16 pieces
+    ("trn2", 20, 40000, FP32, True, False, False, "gemma", 0.5),  # split, 1 fp32 piece
+    ("trn2", 9, 40000, BF16, True, True, True, "llama", 0.5),  # split, vector
+    ("trn1", 130, 20000, BF16, True, True, True, "none", 0.5),  # long, scalar
+    ("trn2", 29, 17389, BF16, True, True, True, "gemma", 0.0),  # long, tensor
+    ("trn3", 29, 30001, BF16, False, True, False, "gemma", 0.0),  # long, vector
+    ("trn1", 3, 65536, FP32, True, True, True, "gemma", 1.0),  # two_pass
 ]
 
 
-def _launch(dialect, target, x, residual, weight, bias, casting_mode, lnc=None):
-    common = (weight, bias, 1e-6, 0.0 if weight is None else 0.5, casting_mode, None)
+def _case_id(case):
+    return f"{case[0]}-{case[1]}x{case[2]}-{case[7]}"
+
+
+def _plan(target, x, r, w, b, offset, mode):
+    spec = simulate.get_target(target)
+    plan = make_plan(x.dtype, None if w is None else w.dtype, None if b is None else b.dtype,
+                     None if r is None else r.dtype, offset, mode, None,
+                     tensor_engine=spec.nc_version >= 3)
+    return plan, choose_layout(plan, *x.shape, spec.sbuf_bytes_per_partition)
+
+
+def _broadcast_banks(plan, layout, M, N, weight, bias):
+    """PSUM banks of the rows the nki06 kernel broadcasts by matmul where the legacy one
+    has a partition broadcast (see the module docstring)."""
+    if layout.regime == "split":
+        return 0
+    if layout.regime == "rows":
+        return (int(weight and plan.product_engine == "vector") + int(bias)) * math.ceil(
+            N / PSUM_COLS)
+    if layout.regime == "long":
+        engine = plan.product_engine if weight else "vector"
+        engine = "vector" if engine == "tensor" and plan.rstd_pieces != 3 else engine
+        rows, chunk = int(weight and engine == "vector") + int(bias), layout.output_chunk
+    else:
+        rows, chunk = int(weight) + int(bias), layout.chunk
+    widths = [min(chunk, N - c0) for c0 in range(0, N, chunk)]
+    return rows * math.ceil(M / PMAX) * sum(math.ceil(w / PSUM_COLS) for w in widths)
+
+
+def _launch(dialect, target, x, residual, weight, bias, casting_mode, lnc=None, offset=None):
+    offset = (0.0 if weight is None else 0.5) if offset is None else offset
+    common = (weight, bias, 1e-6, offset, casting_mode, None)
     if residual is None:
         kernel = kernels.kernel("rmsnorm_fwd", dialect)
         return trace_launch(kernel, x, *common, target=target, lnc=lnc)
@@ -65,44 +106,78 @@ def _engine_counts(trace):
     return collections.Counter(i.engine for i in trace.instructions)
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[1]}x{c[2]}-{c[7]}")
+def test_the_cases_cover_every_regime(rng):
+    regimes = set()
+    for target, M, N, dtype, weight, bias, residual, mode, offset in CASES:
+        x, r, w, b = _inputs(rng, 1, N, dtype, weight, bias, residual)
+        regimes.add(_plan(target, np.empty((M, N), dtype), r, w, b, offset, mode)[1].regime)
+    assert regimes == {"rows", "split", "long", "two_pass"}
+
+
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
 def test_dialects_agree_bitwise_with_the_same_traffic(rng, case):
-    target, M, N, dtype, weight, bias, residual, mode = case
+    target, M, N, dtype, weight, bias, residual, mode, offset = case
     x, r, w, b = _inputs(rng, M, N, dtype, weight, bias, residual)
-    legacy, legacy_trace = _launch("legacy", target, x, r, w, b, mode)
-    nki06, nki06_trace = _launch("nki06", target, x, r, w, b, mode)
+    legacy, legacy_trace = _launch("legacy", target, x, r, w, b, mode, offset=offset)
+    nki06, nki06_trace = _launch("nki06", target, x, r, w, b, mode, offset=offset)
     _bitwise(nki06, legacy)
     assert nki06_trace.hbm_bytes() == legacy_trace.hbm_bytes()
 
-    spec = simulate.get_target(target)
-    plan = make_plan(x.dtype, None if w is None else w.dtype, None if b is None else b.dtype,
-                     None if r is None else r.dtype, 0.5 if weight else 0.0, mode, None,
-                     tensor_engine=spec.nc_version >= 3)
-    broadcasts = int(weight and plan.product_engine == "vector") + int(bias)
-    banks = math.ceil(N / PSUM_COLS)
+    plan, layout = _plan(target, x, r, w, b, offset, mode)
+    banks = _broadcast_banks(plan, layout, M, N, weight, bias)
     expected = _engine_counts(legacy_trace)
-    expected["pe"] += broadcasts * banks
-    expected["dve"] += broadcasts * banks
+    expected["pe"] += banks
+    expected["dve"] += banks
     assert _engine_counts(nki06_trace) == expected
 
 
 @pytest.mark.parametrize("target", ["trn2", "trn3"])
 @pytest.mark.parametrize(
-    "M,N,residual",
-    [(4100, 256, True), (3 * 128 + 5, 1000, False), (1, 512, False)],
-    ids=["k2-ragged", "odd-tiles", "one-row"],
+    "M,N,dtype,residual,regime",
+    [
+        (4100, 256, BF16, True, "rows"),
+        (3 * 128 + 5, 1000, BF16, False, "rows"),
+        (1, 512, BF16, False, "rows"),
+        (20, 40000, BF16, True, "split"),
+        (200, 17389, BF16, True, "long"),
+        (130, 60001, FP32, False, "two_pass"),
+    ],
+    ids=["k2-ragged", "odd-tiles", "one-row", "split", "long", "two-pass"],
 )
-def test_lnc2_is_bitwise_lnc1(rng, target, M, N, residual):
+def test_lnc2_is_bitwise_lnc1(rng, target, M, N, dtype, residual, regime):
     """Under ``kernel[2]`` the row tiles are split between the two physical cores, each
     issuing its own instructions, and every output bit is the one LNC = 1 gives."""
-    x, r, w, b = _inputs(rng, M, N, BF16, True, True, residual)
+    x, r, w, b = _inputs(rng, M, N, dtype, True, True, residual)
+    assert _plan(target, x, r, w, b, 0.5, "gemma")[1].regime == regime
     one, _ = _launch("nki06", target, x, r, w, b, "gemma", lnc=1)
     two, trace = _launch("nki06", target, x, r, w, b, "gemma", lnc=2)
     _bitwise(two, one)
     cores = collections.Counter(i.program for i in trace.instructions if i.engine == "dma")
     assert set(cores) == {(0,), (1,)}
-    if M > 128:  # both cores move rows, not only the weight and bias
+    if M > 128 or regime == "split":  # both cores move rows, not only the weight and bias
         assert min(cores.values()) > 4
+
+
+def test_lnc2_keeps_as_many_row_tiles_per_core(rng):
+    """Under LNC=2 the planner gives "rows" thinner tiles, so that each core keeps
+    ``MIN_TILES`` tiles to pipeline (8192 rows of 2048: k = 4 on one core, 2 on two); the
+    decisions for one core are unchanged. The kernel follows it: 4100 rows of 256 are
+    17 tiles of k = 2 at LNC=1 and 33 tiles of k = 1 at LNC=2, each one rstd store."""
+    plan = make_plan(BF16, BF16, None, None, 0.0, "gemma", None, tensor_engine=True)
+    budget = simulate.get_target("trn2").sbuf_bytes_per_partition
+    assert choose_layout(plan, 8192, 2048, budget).rows_per_partition == 4
+    assert choose_layout(plan, 8192, 2048, budget, cores=2).rows_per_partition == 2
+    assert choose_layout(plan, 4100, 256, budget).rows_per_partition == 2
+    assert choose_layout(plan, 4100, 256, budget, cores=2).rows_per_partition == 1
+    assert choose_layout(plan, 300, 40000, budget, cores=2) == choose_layout(
+        plan, 300, 40000, budget)
+
+    x, _, w, _ = _inputs(rng, 4100, 256, BF16, True, False, False)
+    for lnc, tiles in ((1, 17), (2, 33)):
+        _, trace = _launch("nki06", "trn2", x, None, w, None, "gemma", lnc=lnc)
+        # per tile: x in, y and rstd out; once per core: the weight
+        dmas = sum(i.engine == "dma" for i in trace.instructions)
+        assert dmas == 3 * tiles + lnc
 
 
 def test_lnc2_output_parameters(rng):

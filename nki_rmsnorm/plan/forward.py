@@ -261,11 +261,14 @@ class Layout:
     output_chunk: int = 0
 
 
-def choose_layout(plan: Plan, m: int, n: int, budget: int) -> Layout:
-    """The regime for an (m, n) input within ``budget`` SBUF bytes per partition."""
+def choose_layout(plan: Plan, m: int, n: int, budget: int, cores: int = 1) -> Layout:
+    """The regime for an (m, n) input within ``budget`` SBUF bytes per partition. ``cores``:
+    the physical cores the row tiles are shared among (2 under LNC=2), each of which should
+    keep ``MIN_TILES`` tiles to pipeline; only the rows per partition of "rows" depend on
+    it, and they change no row's arithmetic."""
     if plan.fits_rows(n, 1, budget):
         rows = max(k for k in range(1, MAX_ROWS_PER_PARTITION + 1)
-                   if k == 1 or _more_rows_help(plan, m, n, k, budget))
+                   if k == 1 or _more_rows_help(plan, m, n, k, budget, cores))
         return Layout("rows", rows_per_partition=rows)
     segments = 2
     while plan.exact_transpose and segments <= MAX_SEGMENTS and n % segments == 0:
@@ -284,9 +287,9 @@ def choose_layout(plan: Plan, m: int, n: int, budget: int) -> Layout:
     return Layout("two_pass", chunk=plan.two_pass_chunk(n, budget))
 
 
-def _more_rows_help(plan: Plan, m: int, n: int, rows: int, budget: int) -> bool:
+def _more_rows_help(plan: Plan, m: int, n: int, rows: int, budget: int, cores: int = 1) -> bool:
     """Whether tiles of ``rows`` rows per partition are still worth it: they move at most
-    ``TILE_TARGET_BYTES`` per partition, leave ``MIN_TILES`` tiles to pipeline, fit SBUF,
+    ``TILE_TARGET_BYTES`` per partition, leave ``MIN_TILES`` tiles per core to pipeline, fit SBUF,
     one instruction and one PSUM bank of transposed rstd, and divide m (the kernel views
     the rows as (m / rows, rows·n))."""
     pmax = PMAX
@@ -297,7 +300,7 @@ def _more_rows_help(plan: Plan, m: int, n: int, rows: int, budget: int) -> bool:
     return (m % rows == 0
             and rows * pmax <= PSUM_COLS
             and rows * n * _size(plan.in_dtype) <= TILE_TARGET_BYTES
-            and m >= MIN_TILES * pmax * rows
+            and m >= MIN_TILES * pmax * rows * cores
             and rows * n <= MAX_FREE_ELEMENTS
             and transposed <= PSUM_COLS * 4
             and plan.fits_rows(n, rows, budget))

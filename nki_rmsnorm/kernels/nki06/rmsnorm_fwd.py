@@ -49,6 +49,7 @@ __all__ = [
     "rmsnorm_fwd_out",
 ]
 
+
 def _plan(x, weight, bias, h_dtype, offset, casting_mode, out_dtype):
     """The :class:`Plan` for these HBM tensors on the running target."""
     return make_plan(
@@ -66,7 +67,9 @@ def _plan(x, weight, bias, h_dtype, offset, casting_mode, out_dtype):
 def forward_body(plan, hbm, eps, offset):
     """Write y, rstd (and h) of ``hbm`` (a ``Tensors``): the code every entry point shares."""
     M, N = hbm.x.shape
-    layout = choose_layout(plan, M, N, usable_sbuf_bytes())
+    # Under LNC=2 each core should keep as many row tiles to pipeline as one core at LNC=1
+    # (thinner tiles; no row's arithmetic changes).
+    layout = choose_layout(plan, M, N, usable_sbuf_bytes(), cores=nl.num_programs(0))
     if layout.regime == "rows":
         rows_resident(plan, layout.rows_per_partition, hbm, eps, offset)
     elif layout.regime == "split":

@@ -25,17 +25,34 @@ from nki_rmsnorm.kernels.nki06 import rmsnorm_fwd_steps as steps
 from nki_rmsnorm.kernels.nki06._nki import nisa, nl
 
 
-def _row_tiles(M, P):
-    """(row0, rows) of this core's row tiles: full tiles in contiguous blocks per core, the
-    ragged last tile on the last core."""
-    full = M // P
-    cores = nl.num_programs(0)
-    core = nl.program_id(0)
-    per_core = -(-full // cores)
-    tiles = [(t * P, P) for t in range(core * per_core, min(full, (core + 1) * per_core))]
-    if M % P and core == cores - 1:
-        tiles.append((full * P, M % P))
-    return tiles
+def _chunk_squares(plan, hbm, rows, cols, h_chunk, partial_sq):
+    """The statistics pass's step for one column chunk: DMA in h (with a residual: x and
+    the residual, DVE h = x + residual, DMA h out) and ACT Σh² of the chunk into the fp32
+    column ``partial_sq`` (the squares themselves are discarded into a bf16 scratch)."""
+    residual = hbm.residual is not None
+    shape = tuple(h_chunk.shape)
+    steps.load_h(
+        h_chunk,
+        steps.sbuf(shape, plan.in_dtype) if residual else None,
+        hbm.x[rows, cols],
+        hbm.residual[rows, cols] if residual else None,
+        hbm.h[rows, cols] if residual else None,
+    )
+    nisa.activation_reduce(
+        dst=steps.sbuf(shape, nl.bfloat16),
+        op=nl.square,
+        data=h_chunk,
+        reduce_op=nl.add,
+        reduce_res=partial_sq,
+    )
+
+
+def _sum_of_chunks(partial_sq):
+    """Σh² per row: the chunk partials summed in chunk order (DVE), so the reduction order
+    depends on N only."""
+    sum_sq = steps.sbuf((partial_sq.shape[0], 1), nl.float32)
+    nisa.tensor_reduce(dst=sum_sq, op=nl.add, data=partial_sq, axis=1, keepdims=True)
+    return sum_sq
 
 
 def long_rows(plan, chunk, output_chunk, hbm, eps, offset):
@@ -43,7 +60,7 @@ def long_rows(plan, chunk, output_chunk, hbm, eps, offset):
     and stored in chunks of ``output_chunk``."""
     M, N = hbm.x.shape
     P = nl.tile_size.pmax
-    tiles = _row_tiles(M, P)
+    tiles = steps.core_tiles(M, P)
     if not tiles:
         return
     parts = min(P, M)
@@ -68,33 +85,14 @@ def _long_tile(plan, engine, chunks, hbm, offset, h_rows, eps, helper, row0, par
     chunk, output_chunk = chunks
     n_chunks = math.ceil(N / chunk)
     rows = slice(row0, row0 + parts)
-    residual = hbm.residual is not None
 
     # Statistics pass. DMA in (with a residual: DVE h = x + residual, DMA h out); ACT Σh² of
     # the chunk.
     partial_sq = steps.sbuf((parts, n_chunks), nl.float32)
     for c in range(n_chunks):
         cols = slice(c * chunk, min(N, (c + 1) * chunk))
-        h_chunk = h_rows[:parts, cols]
-        width = cols.stop - cols.start
-        x_chunk = steps.sbuf((parts, width), plan.in_dtype) if residual else None
-        steps.load_h(
-            h_chunk,
-            x_chunk,
-            hbm.x[rows, cols],
-            hbm.residual[rows, cols] if residual else None,
-            hbm.h[rows, cols] if residual else None,
-        )
-        squares = steps.sbuf((parts, width), nl.bfloat16)
-        nisa.activation_reduce(
-            dst=squares,
-            op=nl.square,
-            data=h_chunk,
-            reduce_op=nl.add,
-            reduce_res=partial_sq[:, c : c + 1],
-        )
-    sum_sq = steps.sbuf((parts, 1), nl.float32)
-    nisa.tensor_reduce(dst=sum_sq, op=nl.add, data=partial_sq, axis=1, keepdims=True)
+        _chunk_squares(plan, hbm, rows, cols, h_rows[:parts, cols], partial_sq[:, c : c + 1])
+    sum_sq = _sum_of_chunks(partial_sq)
     rstd_tile = steps.rstd_from_sum(sum_sq, eps, N, on_scalar=engine != "scalar")
     nisa.dma_copy(dst=hbm.rstd.reshape((M, 1))[rows, :], src=rstd_tile)
     stationary = None
@@ -147,7 +145,7 @@ def two_pass(plan, chunk, hbm, eps, offset):
     rstd_col = hbm.rstd.reshape((M, 1))
     residual = hbm.residual is not None
 
-    for row0, parts in _row_tiles(M, nl.tile_size.pmax):
+    for row0, parts in steps.core_tiles(M, nl.tile_size.pmax):
         rows = slice(row0, row0 + parts)
 
         # Statistics pass: one partial Σh² column per chunk, summed once at the end so the
@@ -155,26 +153,9 @@ def two_pass(plan, chunk, hbm, eps, offset):
         partial_sq = steps.sbuf((parts, n_chunks), nl.float32)
         for c in range(n_chunks):
             cols = slice(c * chunk, min(N, (c + 1) * chunk))
-            width = cols.stop - cols.start
-            h_chunk = steps.sbuf((parts, width), plan.h_dtype)
-            x_chunk = steps.sbuf((parts, width), plan.in_dtype) if residual else None
-            steps.load_h(
-                h_chunk,
-                x_chunk,
-                hbm.x[rows, cols],
-                hbm.residual[rows, cols] if residual else None,
-                hbm.h[rows, cols] if residual else None,
-            )
-            squares = steps.sbuf((parts, width), nl.bfloat16)
-            nisa.activation_reduce(
-                dst=squares,
-                op=nl.square,
-                data=h_chunk,
-                reduce_op=nl.add,
-                reduce_res=partial_sq[:, c : c + 1],
-            )
-        sum_sq = steps.sbuf((parts, 1), nl.float32)
-        nisa.tensor_reduce(dst=sum_sq, op=nl.add, data=partial_sq, axis=1, keepdims=True)
+            h_chunk = steps.sbuf((parts, cols.stop - cols.start), plan.h_dtype)
+            _chunk_squares(plan, hbm, rows, cols, h_chunk, partial_sq[:, c : c + 1])
+        sum_sq = _sum_of_chunks(partial_sq)
         rstd_tile = steps.rstd_from_sum(sum_sq, eps, N)
         nisa.dma_copy(dst=rstd_col[rows, :], src=rstd_tile)
 

@@ -6,7 +6,13 @@ LNC: under ``kernel[2]`` (trn2 / trn3, two physical cores per logical core) the 
 are split between the cores by ``nl.program_id(0)``: core c takes a contiguous block of
 tiles, and the last core the ragged tile. A row's instructions do not depend on which tile
 or core it is in, so the results are bitwise the same as at LNC=1; each core loads and
-prepares the weight (and bias) itself, so those are read once per core.
+prepares the weight (and bias) itself, so those are read once per core. The planner is told
+the core count (``choose_layout(..., cores=2)``), so each core keeps as many tiles to
+pipeline as one core at LNC=1 (fewer rows per partition; a row's arithmetic does not depend
+on them), and the tiles run as a two-stage software pipeline (the statistics of tile t + 1
+issued before the output of tile t), so each engine's in-order stream finds the next
+tile's first steps ahead of this tile's products. At LNC=1 the tiles run one after the
+other, in the legacy kernel's order.
 """
 
 from __future__ import annotations
@@ -52,23 +58,43 @@ def rows_resident(plan, k, hbm, eps, offset):
         ),
         hbm.rstd.reshape((M // k, k)),
     )
-    groups = M // k
-    full_tiles = groups // P
-    cores = nl.num_programs(0)
-    core = nl.program_id(0)
-    per_core = -(-full_tiles // cores)
-    for t in range(core * per_core, min(full_tiles, (core + 1) * per_core)):
-        _row_tile(plan, views, resident, eps, t * P, P, k, N)
-    if groups % P and core == cores - 1:
-        _row_tile(plan, views, resident, eps, full_tiles * P, groups % P, k, N)
+    tiles = steps.core_tiles(M // k, P)
+    if nl.num_programs(0) == 1:
+        for group0, parts in tiles:
+            _row_output(
+                plan,
+                views,
+                resident,
+                k,
+                N,
+                _row_statistics(plan, views, resident, eps, group0, parts, k, N),
+            )
+        return
+    # LNC=2: software pipeline, the statistics of tile t + 1 issued before the output of
+    # tile t (two tiles in flight, as budgeted), so that each engine's in-order stream finds
+    # the next tile's first steps ahead of this tile's products: with half the tiles per
+    # core, the per-tile chain (add, Σh², rstd, products) would otherwise bind.
+    ahead = _row_statistics(plan, views, resident, eps, *tiles[0], k, N) if tiles else None
+    for t in range(len(tiles)):
+        current = ahead
+        if t + 1 < len(tiles):
+            ahead = _row_statistics(plan, views, resident, eps, *tiles[t + 1], k, N)
+        _row_output(plan, views, resident, k, N, current)
 
 
-def _row_tile(plan, views, resident, eps, group0, parts, k, N):
-    """Rows ``k·group0 … k·(group0 + parts) − 1``, k consecutive rows per partition."""
+def _row(t, j, N):
+    """Row j of a tile of k rows per partition (None for an absent tile)."""
+    return None if t is None else t[:, j * N : (j + 1) * N]
+
+
+def _row_statistics(plan, views, resident, eps, group0, parts, k, N):
+    """Rows ``k·group0 … k·(group0 + parts) − 1``, k consecutive rows per partition: load
+    (and h = x + residual), Σh², rstd (stored) and what the product multiplies by; returns
+    the tile's state for :func:`_row_output`."""
     groups = slice(group0, group0 + parts)
 
     def row(t, j):
-        return None if t is None else t[:, j * N : (j + 1) * N]
+        return _row(t, j, N)
 
     residual = views.residual is not None
     h_tile = steps.sbuf((parts, k * N), plan.h_dtype)
@@ -101,10 +127,23 @@ def _row_tile(plan, views, resident, eps, group0, parts, k, N):
     rstd_tile = steps.rstd_from_sum(sum_sq, eps, N, on_scalar=plan.product_engine != "scalar")
     nisa.dma_copy(dst=views.rstd[groups, :], src=rstd_tile)
 
+    stationary = None
+    if plan.product_engine == "tensor":
+        stationary = steps.rstd_rows(plan, rstd_tile, resident.ident[:parts, :parts])
+    return groups, h_tile, xhat_tile, y_tile, product, rstd_tile, stationary
+
+
+def _row_output(plan, views, resident, k, N, state):
+    """y of the tile whose statistics :func:`_row_statistics` returned, stored."""
+    groups, h_tile, xhat_tile, y_tile, product, rstd_tile, stationary = state
+    parts = h_tile.shape[0]
+
+    def row(t, j):
+        return _row(t, j, N)
+
     shift = None if resident.shift is None else resident.shift[:parts]
     if plan.product_engine == "tensor":
         # PE: rstd ⊗ w per PSUM bank; DVE: y = h · (rstd ⊗ w) [+ bias].
-        stationary = steps.rstd_rows(plan, rstd_tile, resident.ident[:parts, :parts])
         for j in range(k):
             steps.outer_normalize(
                 row(y_tile, j),

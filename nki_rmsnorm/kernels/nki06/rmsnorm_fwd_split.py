@@ -56,16 +56,12 @@ def split_rows(plan, s, hbm, eps, offset):
     P = nl.tile_size.pmax
     F = N // s
     segments = M * s
-    tiles = [(seg0, min(P, segments - seg0)) for seg0 in range(0, segments, P)]
-    cores = nl.num_programs(0)
-    per_core = -(-len(tiles) // cores)
-    mine = tiles[nl.program_id(0) * per_core : (nl.program_id(0) + 1) * per_core]
+    mine = steps.core_tiles(segments, P)
     if not mine:
         return
     parts = min(P, segments)
     views = [
-        None if t is None else t.reshape((segments, F))
-        for t in (hbm.x, hbm.residual, hbm.y, hbm.h)
+        None if t is None else t.reshape((segments, F)) for t in (hbm.x, hbm.residual, hbm.y, hbm.h)
     ]
     weight_segments = None if hbm.weight is None else hbm.weight.reshape((s, F))
     bias_segments = None if hbm.bias is None else hbm.bias.reshape((s, F))

@@ -33,6 +33,20 @@ def sbuf(shape, dtype):
     return nl.ndarray(shape, dtype=dtype, buffer=nl.sbuf)
 
 
+def core_tiles(total, P):
+    """(start, count) of this core's tiles of ``total`` partition rows (rows, row groups or
+    row segments), ``P`` a tile: under LNC=2 (``nl.num_programs(0)``) each core takes a
+    contiguous block of the full tiles (``nl.program_id(0)``), the last core the ragged one."""
+    full = total // P
+    cores = nl.num_programs(0)
+    core = nl.program_id(0)
+    per_core = -(-full // cores)
+    tiles = [(t * P, P) for t in range(core * per_core, min(full, (core + 1) * per_core))]
+    if total % P and core == cores - 1:
+        tiles.append((full * P, total % P))
+    return tiles
+
+
 def load_h(h_tile, x_tile, x_src, residual_src, h_dst):
     """h = x (+ residual) into ``h_tile``: the x load, or the residual load into ``h_tile``
     and the x load into ``x_tile``, added by the Vector engine (fp32 add, one rounding to
@@ -301,7 +315,9 @@ def rstd_rows(plan, rstd, ident, stacked=True):
         transposed = nl.ndarray((1, k * pieces, parts), dtype=dtype, buffer=nl.psum)
         for b in range(k * pieces):
             nisa.nc_matmul(
-                dst=transposed[:, b, :], stationary=split[:, b : b + 1], moving=ident,
+                dst=transposed[:, b, :],
+                stationary=split[:, b : b + 1],
+                moving=ident,
                 is_transpose=True,
             )
     stationary = sbuf(tuple(transposed.shape), dtype)
