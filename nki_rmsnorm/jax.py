@@ -728,6 +728,28 @@ def _on_own_rows(function, row_arrays, parameters):
     return jax.shard_map(local, mesh=mesh, in_specs=in_specs, out_specs=out_specs)(*arrays)
 
 
+def _eager_on_devices(x) -> bool:
+    """A concrete array spread over several devices, outside any trace. Eagerly, JAX runs a
+    ``custom_partitioning`` op on gathered inputs; under ``jax.jit`` XLA's partitioner sees
+    the array's sharding (Auto axes included), so such a call is jitted."""
+    return (
+        isinstance(x, jax.Array)
+        and not isinstance(x, jax.core.Tracer)
+        and len(x.sharding.device_set) > 1
+    )
+
+
+@functools.cache
+def _jitted(rows_function, cfg: _Config, n_row_arrays: int):
+    """``rows_function`` for ``cfg`` (rows arrays, then weight and bias) under ``jax.jit``."""
+
+    def call(*arrays):
+        rows, parameters = arrays[:n_row_arrays], arrays[n_row_arrays:]
+        return _on_own_rows(functools.partial(rows_function, cfg), rows, parameters)
+
+    return jax.jit(call)
+
+
 def _rms_norm_rows(cfg: _Config, x, weight, bias):
     hidden = x.shape[-1]
     weight, bias = _vary_like((weight, bias), x)
@@ -760,6 +782,8 @@ def rms_norm(x, weight=None, eps=1e-6, *, offset=0.0, bias=None, casting_mode="g
         ``y`` of ``x``'s shape and dtype; differentiable in ``x``, ``weight`` and ``bias``.
     """
     cfg = _config(x, weight, bias, None, eps, offset, casting_mode)
+    if _eager_on_devices(x):
+        return _jitted(_rms_norm_rows, cfg, 1)(x, weight, bias)
     return _on_own_rows(functools.partial(_rms_norm_rows, cfg), (x,), (weight, bias))
 
 
@@ -778,6 +802,8 @@ def fused_add_rms_norm(
     if residual is None:
         raise TypeError("residual must be an array, got None; use rms_norm without one")
     cfg = _config(x, weight, bias, residual, eps, offset, casting_mode)
+    if _eager_on_devices(x):
+        return _jitted(_fused_add_rms_norm_rows, cfg, 2)(x, residual, weight, bias)
     return _on_own_rows(
         functools.partial(_fused_add_rms_norm_rows, cfg), (x, residual), (weight, bias)
     )

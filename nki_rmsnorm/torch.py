@@ -51,6 +51,7 @@ import logging
 import math
 import numbers
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import ml_dtypes
 import numpy as np
@@ -219,43 +220,61 @@ def _record(path: str, dialect_name: str) -> None:
     logger.debug("nki_rmsnorm launch path: %s, %s kernels", path, dialect_name)
 
 
+class _ForwardOptions(NamedTuple):
+    """A forward launch's constants."""
+
+    eps: float
+    offset: float
+    casting_mode: str
+    out_dtype: torch.dtype | None
+    dialect: str
+
+
+class _BackwardOptions(NamedTuple):
+    """A backward launch's constants."""
+
+    offset: float
+    has_bias: bool
+    bias_dtype: torch.dtype | None
+    casting_mode: str
+    dialect: str
+
+
 class _SimulatorLaunch:
     """CPU tensors: the kernels run in the NKI simulator through :mod:`nki_rmsnorm.ops`, in
     the dialect the caller resolved (entered here, on whichever thread runs the launch)."""
 
     @staticmethod
-    def forward(x, weight, bias, residual, eps, offset, casting_mode, out_dtype, dialect_name):
-        with dialect.use_dialect(dialect_name):
+    def forward(x, weight, bias, residual, options: _ForwardOptions):
+        with dialect.use_dialect(options.dialect):
             outputs = ops.rms_norm_fwd(
                 _to_numpy(x),
                 _to_numpy_or_none(weight),
-                eps,
-                offset=offset,
+                options.eps,
+                offset=options.offset,
                 bias=_to_numpy_or_none(bias),
                 residual=_to_numpy_or_none(residual),
-                casting_mode=casting_mode,
-                out_dtype=_numpy_dtype(out_dtype),
+                casting_mode=options.casting_mode,
+                out_dtype=_numpy_dtype(options.out_dtype),
             )
-        _record("simulator", dialect_name)
+        _record("simulator", options.dialect)
         return tuple(_from_numpy(a) for a in outputs)
 
     @staticmethod
-    def backward(
-        dy, x_or_h, weight, rstd, dh_out, offset, has_bias, bias_dtype, casting_mode, dialect_name
-    ):
-        with dialect.use_dialect(dialect_name):
+    def backward(dy, x_or_h, weight, rstd, dh_out, options: _BackwardOptions):
+        with dialect.use_dialect(options.dialect):
             dx, dweight, dbias = ops.rms_norm_bwd(
                 _to_numpy(dy),
                 _to_numpy(x_or_h),
                 _to_numpy_or_none(weight),
                 _to_numpy(rstd),
-                offset=offset,
-                has_bias=has_bias,
-                bias_dtype=_numpy_dtype(bias_dtype),
+                offset=options.offset,
+                has_bias=options.has_bias,
+                bias_dtype=_numpy_dtype(options.bias_dtype),
                 dh_out=_to_numpy_or_none(dh_out),
-                casting_mode=casting_mode,
+                casting_mode=options.casting_mode,
             )
-        _record("simulator", dialect_name)
+        _record("simulator", options.dialect)
         return _from_numpy(dx), _from_numpy_or_none(dweight), _from_numpy_or_none(dbias)
 
 
@@ -288,48 +307,25 @@ def _allocate_backward(x_or_h, weight, has_bias, bias_dtype):
     return dx, dweight, dbias
 
 
-def _launch_output_kernels(
-    launch, x, weight, bias, residual, eps, offset, casting_mode, out_dtype, dialect_name
-):
-    """Forward through an output-parameter kernel of ``dialect_name``: allocate, launch,
-    return the buffers."""
-    y, h, rstd = _allocate_forward(x, residual, out_dtype)
-    options = {"eps": eps, "offset": offset, "casting_mode": casting_mode}
+def _launch_output_kernels(launch, x, weight, bias, residual, options: _ForwardOptions):
+    """Forward through an output-parameter kernel: allocate, launch, return the buffers."""
+    y, h, rstd = _allocate_forward(x, residual, options.out_dtype)
+    constants = {"eps": options.eps, "offset": options.offset, "casting_mode": options.casting_mode}
     if residual is None:
-        launch(kernels.kernel("rmsnorm_fwd_out", dialect_name))(x, weight, bias, y, rstd, **options)
+        kernel = kernels.kernel("rmsnorm_fwd_out", options.dialect)
+        launch(kernel)(x, weight, bias, y, rstd, **constants)
         return y, rstd
-    launch(kernels.kernel("rmsnorm_add_fwd_out", dialect_name))(
-        x, residual, weight, bias, y, h, rstd, **options
-    )
+    kernel = kernels.kernel("rmsnorm_add_fwd_out", options.dialect)
+    launch(kernel)(x, residual, weight, bias, y, h, rstd, **constants)
     return y, h, rstd
 
 
-def _launch_output_bwd(
-    launch,
-    dy,
-    x_or_h,
-    weight,
-    rstd,
-    dh_out,
-    offset,
-    has_bias,
-    bias_dtype,
-    casting_mode,
-    dialect_name,
-):
-    dx, dweight, dbias = _allocate_backward(x_or_h, weight, has_bias, bias_dtype)
-    launch(kernels.kernel("rmsnorm_bwd_out", dialect_name))(
-        dy,
-        x_or_h,
-        weight,
-        rstd,
-        dh_out,
-        dx,
-        dweight,
-        dbias,
-        offset=offset,
-        casting_mode=casting_mode,
-    )
+def _launch_output_bwd(launch, dy, x_or_h, weight, rstd, dh_out, options: _BackwardOptions):
+    dx, dweight, dbias = _allocate_backward(x_or_h, weight, options.has_bias, options.bias_dtype)
+    launch(kernels.kernel("rmsnorm_bwd_out", options.dialect))(
+        dy, x_or_h, weight, rstd, dh_out, dx, dweight, dbias,
+        offset=options.offset, casting_mode=options.casting_mode,
+    )  # fmt: skip
     return dx, dweight, dbias
 
 
@@ -373,77 +369,38 @@ class _XlaLaunch:
         return nki_jit
 
     @classmethod
-    def forward(cls, x, weight, bias, residual, eps, offset, casting_mode, out_dtype, dialect_name):
-        nki_jit = cls._nki_jit(x.device.type, dialect_name)
+    def forward(cls, x, weight, bias, residual, options: _ForwardOptions):
+        nki_jit = cls._nki_jit(x.device.type, options.dialect)
         if nki_jit is not None:
-            _record("nki_jit", dialect_name)
-            return _launch_output_kernels(
-                nki_jit,
-                x,
-                weight,
-                bias,
-                residual,
-                eps,
-                offset,
-                casting_mode,
-                out_dtype,
-                dialect_name,
-            )
-        _record("nki.jit", dialect_name)
-        options = (eps, offset, casting_mode, _nki_dtype(out_dtype, dialect_name))
-        if residual is None:
-            return tuple(kernels.kernel("rmsnorm_fwd", dialect_name)(x, weight, bias, *options))
-        return tuple(
-            kernels.kernel("rmsnorm_add_fwd", dialect_name)(x, residual, weight, bias, *options)
+            _record("nki_jit", options.dialect)
+            return _launch_output_kernels(nki_jit, x, weight, bias, residual, options)
+        _record("nki.jit", options.dialect)
+        constants = (
+            options.eps,
+            options.offset,
+            options.casting_mode,
+            _nki_dtype(options.out_dtype, options.dialect),
         )
+        if residual is None:
+            kernel = kernels.kernel("rmsnorm_fwd", options.dialect)
+            return tuple(kernel(x, weight, bias, *constants))
+        kernel = kernels.kernel("rmsnorm_add_fwd", options.dialect)
+        return tuple(kernel(x, residual, weight, bias, *constants))
 
     @classmethod
-    def backward(
-        cls,
-        dy,
-        x_or_h,
-        weight,
-        rstd,
-        dh_out,
-        offset,
-        has_bias,
-        bias_dtype,
-        casting_mode,
-        dialect_name,
-    ):
-        nki_jit = cls._nki_jit(x_or_h.device.type, dialect_name)
+    def backward(cls, dy, x_or_h, weight, rstd, dh_out, options: _BackwardOptions):
+        nki_jit = cls._nki_jit(x_or_h.device.type, options.dialect)
         if nki_jit is not None:
-            _record("nki_jit", dialect_name)
-            return _launch_output_bwd(
-                nki_jit,
-                dy,
-                x_or_h,
-                weight,
-                rstd,
-                dh_out,
-                offset,
-                has_bias,
-                bias_dtype,
-                casting_mode,
-                dialect_name,
-            )
-        _record("nki.jit", dialect_name)
-        grads = list(
-            kernels.kernel("rmsnorm_bwd", dialect_name)(
-                dy,
-                x_or_h,
-                weight,
-                rstd,
-                dh_out,
-                offset,
-                has_bias,
-                casting_mode,
-                _nki_dtype(bias_dtype, dialect_name),
-            )
-        )
+            _record("nki_jit", options.dialect)
+            return _launch_output_bwd(nki_jit, dy, x_or_h, weight, rstd, dh_out, options)
+        _record("nki.jit", options.dialect)
+        kernel = kernels.kernel("rmsnorm_bwd", options.dialect)
+        bias_dtype = _nki_dtype(options.bias_dtype, options.dialect)
+        constants = (options.offset, options.has_bias, options.casting_mode, bias_dtype)
+        grads = list(kernel(dy, x_or_h, weight, rstd, dh_out, *constants))
         dx = grads.pop(0)
         dweight = grads.pop(0) if weight is not None else None
-        dbias = grads.pop(0) if has_bias else None
+        dbias = grads.pop(0) if options.has_bias else None
         return dx, dweight, dbias
 
 
@@ -456,30 +413,14 @@ class _NeuronLaunch:
     ``nki_op`` would register."""
 
     @staticmethod
-    def forward(x, weight, bias, residual, eps, offset, casting_mode, out_dtype, dialect_name):
-        _record("neuron", dialect_name)
-        return _launch_output_kernels(
-            _direct, x, weight, bias, residual, eps, offset, casting_mode, out_dtype, dialect_name
-        )
+    def forward(x, weight, bias, residual, options: _ForwardOptions):
+        _record("neuron", options.dialect)
+        return _launch_output_kernels(_direct, x, weight, bias, residual, options)
 
     @staticmethod
-    def backward(
-        dy, x_or_h, weight, rstd, dh_out, offset, has_bias, bias_dtype, casting_mode, dialect_name
-    ):
-        _record("neuron", dialect_name)
-        return _launch_output_bwd(
-            _direct,
-            dy,
-            x_or_h,
-            weight,
-            rstd,
-            dh_out,
-            offset,
-            has_bias,
-            bias_dtype,
-            casting_mode,
-            dialect_name,
-        )
+    def backward(dy, x_or_h, weight, rstd, dh_out, options: _BackwardOptions):
+        _record("neuron", options.dialect)
+        return _launch_output_bwd(_direct, dy, x_or_h, weight, rstd, dh_out, options)
 
 
 #: Device type → launcher. Tests route CPU tensors through the XLA launch code by setting
@@ -517,9 +458,8 @@ def _forward(x, residual, weight, bias, eps, offset, casting_mode, out_dtype, di
     """Both forward operators: launch on ``x``'s device, or nothing for an input without rows."""
     if x.shape[0] == 0:
         return _empty_forward(x, residual, out_dtype)
-    return _launcher(x.device).forward(
-        x, weight, bias, residual, eps, offset, casting_mode, out_dtype, _resolved(dialect_name)
-    )
+    options = _ForwardOptions(eps, offset, casting_mode, out_dtype, _resolved(dialect_name))
+    return _launcher(x.device).forward(x, weight, bias, residual, options)
 
 
 @torch.library.custom_op("nki_rmsnorm::rms_norm_fwd", mutates_args=())
@@ -600,30 +540,20 @@ _batched_rows(_rms_norm_fwd, 1)
 _batched_rows(_rms_norm_add_fwd, 2)
 
 
-def _backward_kernel(
-    dy, x_or_h, weight, rstd, dh_out, offset, has_bias, bias_dtype, casting_mode, dialect_name
-):
+def _backward_kernel(dy, x_or_h, weight, rstd, dh_out, options: _BackwardOptions):
     """``(dx, dweight, dbias)``, launching only when there are rows (the sums over no rows
-    are zeros)."""
+    are zeros); ``options.dialect`` None: the dialect in effect on this thread."""
     if x_or_h.shape[0] == 0:
-        dx, dweight, dbias = _allocate_backward(x_or_h, weight, has_bias, bias_dtype)
+        dx, dweight, dbias = _allocate_backward(
+            x_or_h, weight, options.has_bias, options.bias_dtype
+        )
         return (
             dx,
             None if dweight is None else dweight.zero_(),
             (None if dbias is None else dbias.zero_()),
         )
-    return _launcher(x_or_h.device).backward(
-        dy,
-        x_or_h,
-        weight,
-        rstd,
-        dh_out,
-        offset,
-        has_bias,
-        bias_dtype,
-        casting_mode,
-        _resolved(dialect_name),
-    )
+    options = options._replace(dialect=_resolved(options.dialect))
+    return _launcher(x_or_h.device).backward(dy, x_or_h, weight, rstd, dh_out, options)
 
 
 def _present(*tensors) -> list[Tensor]:
@@ -642,11 +572,8 @@ def _rms_norm_bwd(
     casting_mode: str,
     dialect: str | None = None,
 ) -> list[Tensor]:
-    return _present(
-        *_backward_kernel(
-            dy, x, weight, rstd, None, offset, has_bias, bias_dtype, casting_mode, dialect
-        )
-    )
+    options = _BackwardOptions(offset, has_bias, bias_dtype, casting_mode, dialect)
+    return _present(*_backward_kernel(dy, x, weight, rstd, None, options))
 
 
 @_rms_norm_bwd.register_fake
@@ -668,9 +595,8 @@ def _rms_norm_add_bwd(
     casting_mode: str,
     dialect: str | None = None,
 ) -> list[Tensor]:
-    dh_total, dweight, dbias = _backward_kernel(
-        dy, h, weight, rstd, dh, offset, has_bias, bias_dtype, casting_mode, dialect
-    )
+    options = _BackwardOptions(offset, has_bias, bias_dtype, casting_mode, dialect)
+    dh_total, dweight, dbias = _backward_kernel(dy, h, weight, rstd, dh, options)
     # x and residual receive the same gradient, as two tensors: autograd accumulates into
     # each one's .grad in place, so they must not share storage.
     dx = dh_total.to(x_dtype, copy=True)

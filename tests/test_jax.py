@@ -7,6 +7,7 @@ far below the tolerances, which are a few ulps of the dtype under test).
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import re
 import runpy
@@ -21,6 +22,7 @@ jnp = jax.numpy
 
 from dialect_launches import record_launches  # noqa: E402
 
+import simulate  # noqa: E402
 from nki_rmsnorm import (  # noqa: E402
     dialect,  # noqa: E402
     ops,
@@ -247,22 +249,30 @@ def test_bad_input_is_rejected_at_trace_time(monkeypatch, call, error, match):
         jax.jit(call)(x, w)
 
 
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
 @pytest.mark.parametrize("dialect_name", ["legacy", "nki06"])
-def test_device_branch_calling_convention(monkeypatch, dialect_name):
+def test_device_branch_calling_convention(monkeypatch, dialect_name, jit):
     """The Neuron branch calls the nki.jit kernels of the chosen dialect directly with JAX
-    arrays (nki/guides/framework_custom_op.rst, lines 150-165). Eagerly, the simulator's
-    framework-array mode can stand in for the Neuron compiler: the branch's argument order
-    and output unpacking must give the callback path's results bit for bit."""
+    arrays, traced or not (nki/guides/framework_custom_op.rst, lines 150-165 and 286-308:
+    the kernel called inside ``jax.jit`` and a ``custom_vjp``). The simulator's ``nki.jit``
+    kernels stand in for the Neuron compiler's (a traced call becomes one operation of the
+    program, ``simulate.jax_neuronx.call_traced``): the branch's argument order and output
+    unpacking must give the callback path's results bit for bit."""
+    simulate.install()  # ``import nki`` / ``neuronxcc.nki``: the simulator's front-ends
+    monkeypatch.delitem(sys.modules, "jax_neuronx")  # no nki_call: the SDK >= 2.23 branch
     x, r = _randn(4, 32, seed=26, dtype=jnp.bfloat16), _randn(4, 32, seed=27, dtype=jnp.bfloat16)
     w, b = _randn(32, seed=28), _randn(32, seed=29)
 
-    def run():
-        def loss(x, r, w, b):
-            y, h = nki_jax.fused_add_rms_norm(x, r, w, offset=0.5, bias=b)
-            return jnp.sum(y.astype(jnp.float32) ** 2) + jnp.sum(jnp.sin(h.astype(jnp.float32)))
+    def loss(x, r, w, b):
+        y, h = nki_jax.fused_add_rms_norm(x, r, w, offset=0.5, bias=b)
+        return jnp.sum(y.astype(jnp.float32) ** 2) + jnp.sum(jnp.sin(h.astype(jnp.float32)))
 
-        return (nki_jax.fused_add_rms_norm(x, r, w, offset=0.5, bias=b),
-                jax.grad(loss, argnums=(0, 1, 2, 3))(x, r, w, b))
+    def run():
+        forward = functools.partial(nki_jax.fused_add_rms_norm, offset=0.5, bias=b)
+        grads = jax.grad(loss, argnums=(0, 1, 2, 3))
+        if jit:
+            forward, grads = jax.jit(forward), jax.jit(grads)
+        return forward(x, r, w), grads(x, r, w, b)
 
     with dialect.use_dialect(dialect_name):
         simulated = run()

@@ -332,17 +332,17 @@ def test_a_jitted_function_is_traced_again_for_another_dialect(no_jax_neuronx, m
     x, w = _randn((40, 96), seed=19), _randn((96,), seed=20)
     step = jax.jit(jax.value_and_grad(lambda x, w: jnp.sum(nki_jax.rms_norm(x, w) ** 2), (0, 1)))
     results = {}
+    launches = record_launches(monkeypatch)
     for name in ("legacy", "nki06", "legacy"):
-        launches = record_launches(monkeypatch)
+        launches.clear()
         with dialect.use_dialect(name):
             results[name] = step(x, w)
         assert [(launch.dialect, launch.kernel) for launch in launches] == [
             (name, "rmsnorm_fwd"),
             (name, "rmsnorm_bwd"),
         ]
-        monkeypatch.undo()
     chosen = other_dialect()
-    launches = record_launches(monkeypatch)
+    launches.clear()
     dialect.set_dialect(chosen)
     try:
         step(x, w)

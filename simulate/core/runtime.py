@@ -634,6 +634,12 @@ class Kernel:
         if active() is not None:  # a sub-kernel (mode="trace") inlined into its caller
             return self.func(*args, **kwargs)
         target = self.options.get("platform_target")
+        from simulate import jax_neuronx  # traced JAX arrays: one operation of the program
+
+        if jax_neuronx.is_traced(args, kwargs):
+            return jax_neuronx.call_traced(
+                lambda a, k: run(self.func, a, k, grid=self.grid, target=target)[0],
+                args, kwargs, self.func.__name__)
         outputs, trace, _ = run(self.func, args, kwargs, grid=self.grid, target=target)
         self._finished.trace = trace
         if self.mode == "benchmark":

@@ -60,6 +60,12 @@ class Kernel:
             )
         if not args and not kwargs:
             raise NkiTypeError(f"kernel `{self.func.__name__}` called with no arguments")
+        from simulate import jax_neuronx  # traced JAX arrays: one operation of the program
+
+        if jax_neuronx.is_traced(args, kwargs):
+            return jax_neuronx.call_traced(
+                lambda a, k: launch(self.func, a, k, self.lnc), args, kwargs, self.func.__name__
+            )
         return launch(self.func, args, kwargs, self.lnc)
 
     def with_schedule(self, edges) -> Kernel:
