@@ -280,9 +280,14 @@ HEADER = (f"{'kind':9s} {'target':6s} {'shape':>12s} {'model µs':>10s} {'GB/s':
           f"{'×copy':>6s} {'vs base':>8s} ok")
 
 
+def _target_name(r: Record) -> str:
+    """The record's target as ``--target`` names it: ``trn2``, or ``trn2x2`` at LNC=2."""
+    return r.target if r.lnc == 1 else f"{r.target}x{r.lnc}"
+
+
 def format_row(r: Record) -> str:
     speedup = f"{r.speedup_vs_baseline:7.2f}×" if r.speedup_vs_baseline else "     n/a"
-    target = r.target if r.lnc == 1 else f"{r.target}x{r.lnc}"  # trn2x2: LNC=2
+    target = _target_name(r)
     return (f"{r.kind:9s} {target:6s} {f'{r.M}x{r.N}':>12s} {r.modeled_us:10.1f} "
             f"{r.gbps:7.1f} {100 * r.mbu:5.1f}% {r.busiest_engine:>4s} "
             f"{100 * r.busiest_engine_util:5.1f}% {100 * r.dma_busy:5.1f}% "
@@ -312,10 +317,10 @@ def plot(records, path: str) -> None:
     for ax, kind in zip(axes[:, 0], kinds):
         rows = [r for r in records if r.kind == kind]
         shapes = list(dict.fromkeys(f"{r.M}x{r.N}" for r in rows))
-        targets = list(dict.fromkeys(r.target for r in rows))
+        targets = list(dict.fromkeys(_target_name(r) for r in rows))
         width = 0.8 / max(len(targets), 1)
         for t, target in enumerate(targets):
-            values = [next((100 * r.mbu for r in rows if r.target == target
+            values = [next((100 * r.mbu for r in rows if _target_name(r) == target
                             and f"{r.M}x{r.N}" == s), 0.0) for s in shapes]
             ax.bar(np.arange(len(shapes)) + t * width, values, width, label=target)
         ax.axhline(100, color="black", linestyle="--", linewidth=1, label="HBM roofline")
