@@ -2,10 +2,11 @@
 
 The same plain DMA copies as :mod:`nki_rmsnorm.kernels.baseline` (HBM → SBUF → HBM over the
 flat view of the tensors, whole rows of :func:`~nki_rmsnorm.kernels.baseline.copy_row_length`
-elements, 128 rows per transfer), written with ``nki.isa.dma_copy`` into SBUF tiles. Launched
-as ``kernel[2]`` on trn2/trn3, each physical core copies its own contiguous half of the rows
-(``nl.program_id(0)``), so the copy time under LNC=2 is what a logical core can move, the
-figure the RMSNorm kernels' LNC=2 copy ratio is measured against.
+elements for the given ``row_bytes``, 128 rows per transfer), written with
+``nki.isa.dma_copy`` into SBUF tiles. Launched as ``kernel[2]`` on trn2/trn3, each physical
+core copies its own contiguous half of the rows (``nl.program_id(0)``), so the copy time under
+LNC=2 is what a logical core can move, the figure the RMSNorm kernels' LNC=2 copy ratio is
+measured against.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import math
 
 import simulate.nki06
-from nki_rmsnorm.kernels.baseline import copy_row_length
+from nki_rmsnorm.kernels.baseline import _COPY_ROW_BYTES, copy_row_length
 
 if simulate.nki06.real_nki_available():  # pragma: no cover - needs the Neuron SDK 2.30+
     import nki
@@ -38,12 +39,12 @@ def _core_rows(rows: int) -> tuple[int, int]:
     return start, min(rows, start + per_core * _PARTITIONS)
 
 
-def _copy_rows(sources, outputs):
+def _copy_rows(sources, outputs, row_bytes):
     """Copy ``sources[k]`` into ``outputs[k]`` for the outputs given (a source without an
     output is loaded only), over this core's rows of the flat view; the last core also
     copies the ``size mod F`` trailing elements as one short row."""
     size = math.prod(sources[0].shape)
-    width = copy_row_length(size, sources[0].itemsize)
+    width = copy_row_length(size, sources[0].itemsize, row_bytes)
     rows, tail = divmod(size, width)
     flat = [t.reshape((size,)) for t in sources]
     flat_out = [t.reshape((size,)) for t in outputs]
@@ -73,26 +74,26 @@ def _copy_rows(sources, outputs):
 
 
 @nki.jit
-def copy_one(a):
+def copy_one(a, row_bytes=_COPY_ROW_BYTES):
     """A copy of ``a`` (the bytes of a forward case)."""
     out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
-    _copy_rows([a], [out])
+    _copy_rows([a], [out], row_bytes)
     return out
 
 
 @nki.jit
-def copy_two(a, b):
+def copy_two(a, b, row_bytes=_COPY_ROW_BYTES):
     """Copies of ``a`` and ``b`` (the bytes of a fused residual add + RMSNorm)."""
     out_a = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
     out_b = nl.ndarray(b.shape, dtype=b.dtype, buffer=nl.shared_hbm)
-    _copy_rows([a, b], [out_a, out_b])
+    _copy_rows([a, b], [out_a, out_b], row_bytes)
     return out_a, out_b
 
 
 @nki.jit
-def copy_two_store_one(a, b):
+def copy_two_store_one(a, b, row_bytes=_COPY_ROW_BYTES):
     """Loads ``a`` and ``b`` and stores a copy of ``a`` (the bytes of a backward case: two
     tensors read, one written)."""
     out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
-    _copy_rows([a, b], [out])
+    _copy_rows([a, b], [out], row_bytes)
     return out
