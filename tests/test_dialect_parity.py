@@ -139,6 +139,13 @@ def test_dialects_agree_bitwise_with_the_same_traffic(rng, case):
     assert _engine_counts(nki06_trace) == expected
 
 
+def _assert_float32_y_agrees(target, x, r, w, b, mode, offset):
+    legacy, _ = _launch("legacy", target, x, r, w, b, mode, offset=offset, out_dtype=FP32)
+    nki06, _ = _launch("nki06", target, x, r, w, b, mode, offset=offset, out_dtype=FP32)
+    assert legacy[0].dtype == FP32
+    _bitwise(nki06, legacy)
+
+
 # A float32 y keeps the last fp32 bits that a bf16 / fp16 y rounds away: 15 rows of 32 (the
 # reported 3 × 5 × 32 batch) on every target, in every casting mode, with and without a
 # weight (an fp32 one: the one-piece "tensor" plan; no offset: the three bf16 pieces), a
@@ -164,20 +171,14 @@ def test_dialects_agree_bitwise_with_a_float32_y(rng, case):
     w = None if weight_dtype is None else rng.normal(1.0, 0.2, 32).astype(weight_dtype)
     b = rng.normal(0.0, 0.5, 32).astype(FP32) if bias else None
     r = rng.standard_normal((15, 32)).astype(FP32) if residual else None
-    legacy, _ = _launch("legacy", target, x, r, w, b, mode, offset=offset, out_dtype=FP32)
-    nki06, _ = _launch("nki06", target, x, r, w, b, mode, offset=offset, out_dtype=FP32)
-    assert legacy[0].dtype == FP32
-    _bitwise(nki06, legacy)
+    _assert_float32_y_agrees(target, x, r, w, b, mode, offset)
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if c[3] != FP32], ids=_case_id)
 def test_dialects_agree_bitwise_with_a_float32_y_in_every_regime(rng, case):
     target, M, N, dtype, weight, bias, residual, mode, offset = case
     x, r, w, b = _inputs(rng, M, N, dtype, weight, bias, residual)
-    legacy, _ = _launch("legacy", target, x, r, w, b, mode, offset=offset, out_dtype=FP32)
-    nki06, _ = _launch("nki06", target, x, r, w, b, mode, offset=offset, out_dtype=FP32)
-    assert legacy[0].dtype == FP32
-    _bitwise(nki06, legacy)
+    _assert_float32_y_agrees(target, x, r, w, b, mode, offset)
 
 
 @pytest.mark.parametrize("residual", [False, True])
