@@ -88,8 +88,9 @@ def main() -> None:
     if nki_call is None:
         print("jax_neuronx.nki_call: not in this Neuron SDK (removed in 2.23), skipped")
     else:
-        kernel = functools.partial(kernels.rmsnorm_fwd_out, eps=eps, offset=0.0,
-                                   casting_mode="gemma")
+        # nki_call exists in the legacy SDKs only (2.20 - 2.22): the legacy kernels
+        kernel = functools.partial(kernels.kernel("rmsnorm_fwd_out", "legacy"), eps=eps,
+                                   offset=0.0, casting_mode="gemma")
         x2d = x.reshape(-1, args.hidden)
         y_call, _ = nki_call(kernel, x2d, w, None,
                              out_shape=(jax.ShapeDtypeStruct(x2d.shape, x2d.dtype),

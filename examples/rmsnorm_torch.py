@@ -53,7 +53,8 @@ def tutorial_launch(x, weight, eps, device):
         return y, "nki.jit kernel called directly"
     y = torch.empty_like(x)
     rstd = torch.empty(x.shape[0], dtype=torch.float32, device=device)
-    nki_jit(kernels.rmsnorm_fwd_out)(
+    # nki_jit exists in the legacy SDKs only (2.20 - 2.23): the legacy kernels
+    nki_jit(kernels.kernel("rmsnorm_fwd_out", "legacy"))(
         x, weight, None, y, rstd, eps=eps, offset=0.0, casting_mode="gemma"
     )
     return y, "torch_neuronx.nki_jit(rmsnorm_fwd_out)(x, w, None, y, rstd, ...)"

@@ -10,12 +10,17 @@ efficiencies), and the speed-up over the kernel a user would start from (the Neu
 tutorial's). Times are cost-model estimates, not device measurements (see
 ``simulate/perf/cost.py`` for what the model assumes).
 
-``--dialect nki06`` runs the NKI 0.6 kernels (``nki_rmsnorm.kernels.nki06``, selected with
-``NKI_RMSNORM_DIALECT=nki06`` before they are imported) and measures them against the 0.6
-copy yardstick (:mod:`nki_rmsnorm.kernels.nki06_baseline`); ``--lnc 2`` launches both as
-``kernel[2]`` on a trn2/trn3 logical core of two physical cores, which the cost model runs
-concurrently on one shared HBM bank, so MBU is then against the logical core's HBM. The
-"vs base" column always compares with the legacy tutorial kernel on one core.
+The kernels are those of the dialect ``--dialect`` names, by default the package's own
+(:func:`nki_rmsnorm.dialect.current`: ``nki06`` in the simulator unless
+``NKI_RMSNORM_DIALECT`` says otherwise); each record names its dialect. The NKI 0.6 kernels
+are measured against the 0.6 copy yardstick (:mod:`nki_rmsnorm.kernels.nki06_baseline`), the
+legacy ones against the legacy copy (:mod:`nki_rmsnorm.kernels.baseline`). A 0.6 kernel can
+run on a trn2/trn3 logical core of two physical cores (LNC=2, launched as ``kernel[2]``;
+the copy yardstick too), which the cost model runs concurrently on one shared HBM bank, so
+MBU is then against the logical core's HBM: ``--lnc 2`` runs every target so, and a target
+named ``trn2x2`` runs trn2 at LNC=2 beside the others. The default sweep with the 0.6 kernels
+adds ``trn2x2`` to trn1, trn2 and trn3, for the speed-up of LNC=2 over LNC=1. The "vs base"
+column always compares with the legacy tutorial kernel on one core.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ import ml_dtypes
 import numpy as np
 
 from nki_rmsnorm import reference
+from nki_rmsnorm.dialect import current as current_dialect
 from nki_rmsnorm.plan.backward import MAX_HIDDEN as MAX_HIDDEN_BWD
 
 DEFAULT_SHAPES = ((29, 17389), (256, 65536), (1024, 32768), (2048, 16384), (4096, 1024),
@@ -43,7 +49,9 @@ KINDS = ("fwd", "bwd", "fused_add")
 TARGETS = ("inf2", "trn1", "trn2", "trn3")
 DIALECTS = ("legacy", "nki06")
 LNC_TARGETS = ("trn2", "trn3")  # logical cores of two physical cores (LNC=2) exist only there
-DIALECT_ENV = "NKI_RMSNORM_DIALECT"  # read by nki_rmsnorm.dialect when kernels are imported
+DEFAULT_TARGETS = ("trn1", "trn2", "trn3")
+#: Added to the default sweep when the kernels are the 0.6 ones: trn2 at LNC=2.
+DEFAULT_LNC2_TARGETS = ("trn2x2",)
 NKI06_MODULES = ("nki_rmsnorm.dialect", "nki_rmsnorm.kernels.nki06")
 DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16",
           "fp32": "float32", "float32": "float32"}
@@ -272,9 +280,14 @@ HEADER = (f"{'kind':9s} {'target':6s} {'shape':>12s} {'model µs':>10s} {'GB/s':
           f"{'×copy':>6s} {'vs base':>8s} ok")
 
 
+def _target_name(r: Record) -> str:
+    """The record's target as ``--target`` names it: ``trn2``, or ``trn2x2`` at LNC=2."""
+    return r.target if r.lnc == 1 else f"{r.target}x{r.lnc}"
+
+
 def format_row(r: Record) -> str:
     speedup = f"{r.speedup_vs_baseline:7.2f}×" if r.speedup_vs_baseline else "     n/a"
-    target = r.target if r.lnc == 1 else f"{r.target}x{r.lnc}"  # trn2x2: LNC=2
+    target = _target_name(r)
     return (f"{r.kind:9s} {target:6s} {f'{r.M}x{r.N}':>12s} {r.modeled_us:10.1f} "
             f"{r.gbps:7.1f} {100 * r.mbu:5.1f}% {r.busiest_engine:>4s} "
             f"{100 * r.busiest_engine_util:5.1f}% {100 * r.dma_busy:5.1f}% "
@@ -304,10 +317,10 @@ def plot(records, path: str) -> None:
     for ax, kind in zip(axes[:, 0], kinds):
         rows = [r for r in records if r.kind == kind]
         shapes = list(dict.fromkeys(f"{r.M}x{r.N}" for r in rows))
-        targets = list(dict.fromkeys(r.target for r in rows))
+        targets = list(dict.fromkeys(_target_name(r) for r in rows))
         width = 0.8 / max(len(targets), 1)
         for t, target in enumerate(targets):
-            values = [next((100 * r.mbu for r in rows if r.target == target
+            values = [next((100 * r.mbu for r in rows if _target_name(r) == target
                             and f"{r.M}x{r.N}" == s), 0.0) for s in shapes]
             ax.bar(np.arange(len(shapes)) + t * width, values, width, label=target)
         ax.axhline(100, color="black", linestyle="--", linewidth=1, label="HBM roofline")
@@ -346,14 +359,19 @@ def build_parser() -> argparse.ArgumentParser:
                                 description=__doc__.split("\n")[0])
     sweep.add_argument("--shapes", help="comma-separated MxN list, e.g. 4096x4096,8192x2048")
     sweep.add_argument("--dtype", default="bf16", help="bf16 (default), fp16 or fp32")
-    sweep.add_argument("--target", default="trn1,trn2,trn3",
-                       help="comma list of " + ",".join(TARGETS))
+    sweep.add_argument("--target",
+                       help="comma list of " + ",".join(TARGETS) + "; trn2x2 / trn3x2: that "
+                            "target at LNC=2 (nki06). Default: trn1,trn2,trn3, plus trn2x2 "
+                            "with the nki06 kernels at --lnc 1")
     sweep.add_argument("--kind", default=",".join(KINDS), help="comma list of fwd,bwd,fused_add")
-    sweep.add_argument("--dialect", default="legacy",
-                       help="kernel dialect: legacy (neuronxcc.nki) or nki06")
+    sweep.add_argument("--dialect",
+                       help="kernel dialect: legacy (neuronxcc.nki) or nki06; default: the "
+                            "package's (nki_rmsnorm.dialect.current(), nki06 unless "
+                            "NKI_RMSNORM_DIALECT says otherwise)")
     sweep.add_argument("--lnc", default="1",
-                       help="physical cores per logical core: 1 (default) or 2 (trn2/trn3, "
-                            "nki06 kernels launched as kernel[2])")
+                       help="physical cores per logical core for the targets named without "
+                            "x2: 1 (default) or 2 (trn2/trn3, nki06 kernels launched as "
+                            "kernel[2])")
     sweep.add_argument("--json", help="write the records as a JSON list to this path")
     sweep.add_argument("--plot", help="write a PNG of MBU per shape and target to this path "
                                       "(needs matplotlib)")
@@ -367,10 +385,27 @@ def build_parser() -> argparse.ArgumentParser:
 class _Sweep:
     shapes: tuple[tuple[int, int], ...]
     dtype_name: str
-    targets: tuple[str, ...]
+    targets: tuple[tuple[str, int], ...]  # (target, LNC degree)
     kinds: tuple[str, ...]
     dialect: str = "legacy"
-    lnc: int = 1
+
+
+def _targets(text: str, lnc: int, dialect_name: str) -> tuple[tuple[str, int], ...]:
+    """``--target`` as (target, LNC) pairs: ``trn2`` at ``lnc``, ``trn2x2`` at LNC=2."""
+    allowed = TARGETS + tuple(f"{t}x2" for t in LNC_TARGETS)
+    pairs = []
+    for item in _parse_list(text, allowed, "target"):
+        pairs.append((item[:-2], 2) if item.endswith("x2") else (item, lnc))
+    if lnc == 2:
+        single = [t for t, degree in pairs if t not in LNC_TARGETS]
+        if single:
+            raise ValueError(f"--lnc 2 needs trn2 or trn3 (logical cores of two physical "
+                             f"cores); not {', '.join(single)}")
+    if dialect_name != "nki06" and any(degree == 2 for _, degree in pairs):
+        what = "--lnc 2" if lnc == 2 else "a target at LNC=2 (x2)"
+        raise ValueError(f"{what} needs --dialect nki06: the legacy kernels run on one "
+                         "physical core")
+    return tuple(pairs)
 
 
 def _check(args) -> _Sweep:
@@ -379,12 +414,12 @@ def _check(args) -> _Sweep:
         QUICK_SHAPES if args.quick else DEFAULT_SHAPES)
     if args.dtype not in DTYPES:
         raise ValueError(f"unknown dtype {args.dtype!r}: expected bf16, fp16 or fp32")
-    targets = _parse_list(args.target, TARGETS, "target")
     kinds = _parse_list(args.kind, KINDS, "kind")
-    if args.dialect not in DIALECTS:
-        raise ValueError(f"unknown dialect {args.dialect!r}: expected one of "
+    dialect_name = args.dialect or current_dialect()
+    if dialect_name not in DIALECTS:
+        raise ValueError(f"unknown dialect {dialect_name!r}: expected one of "
                          f"{', '.join(DIALECTS)}")
-    if args.dialect == "nki06":
+    if dialect_name == "nki06":
         missing = [m for m in NKI06_MODULES if importlib.util.find_spec(m) is None]
         if missing:
             raise ValueError(f"--dialect nki06 is not available: {', '.join(missing)} "
@@ -392,14 +427,13 @@ def _check(args) -> _Sweep:
     if args.lnc not in ("1", "2"):
         raise ValueError(f"--lnc {args.lnc!r}: expected 1 or 2")
     lnc = int(args.lnc)
-    if lnc == 2:
-        single = [t for t in targets if t not in LNC_TARGETS]
-        if single:
-            raise ValueError(f"--lnc 2 needs trn2 or trn3 (logical cores of two physical "
-                             f"cores); not {', '.join(single)}")
-        if args.dialect != "nki06":
-            raise ValueError("--lnc 2 needs --dialect nki06: the legacy kernels run on one "
-                             "physical core")
+    target_text = args.target
+    if target_text is None:
+        defaults = DEFAULT_TARGETS
+        if dialect_name == "nki06" and lnc == 1:  # LNC=2 beside its own LNC=1 target
+            defaults = sorted(defaults + DEFAULT_LNC2_TARGETS)
+        target_text = ",".join(defaults)
+    targets = _targets(target_text, lnc, dialect_name)
     if "bwd" in kinds:
         for M, N in shapes:
             if N > MAX_HIDDEN_BWD:
@@ -412,22 +446,23 @@ def _check(args) -> _Sweep:
                 raise ValueError(f"{option} {path}: directory {folder} does not exist")
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         raise ValueError("--plot needs matplotlib: pip install 'nki-rmsnorm[bench]'")
-    return _Sweep(shapes, DTYPES[args.dtype], targets, kinds, args.dialect, lnc)
+    return _Sweep(shapes, DTYPES[args.dtype], targets, kinds, dialect_name)
 
 
 def bench(args, sweep: _Sweep) -> int:
     """Run the checked sweep (``args`` as parsed by :func:`build_parser`)."""
     rng = np.random.default_rng(args.seed)
-    cases = [(k, t, M, N) for k in sweep.kinds for t in sweep.targets for M, N in sweep.shapes]
+    cases = [(k, t, lnc, M, N) for k in sweep.kinds for t, lnc in sweep.targets
+             for M, N in sweep.shapes]
     records = []
     print(HEADER, flush=True)
     bar = _progress_bar(len(cases))
     try:
-        for kind, target, M, N in cases:
+        for kind, target, lnc, M, N in cases:
             if bar is not None:
-                bar.set_description(f"{kind} {target} {M}x{N}")
+                bar.set_description(f"{kind} {target}{'x2' if lnc == 2 else ''} {M}x{N}")
             record = run_case(kind, target, M, N, sweep.dtype_name, rng, not args.no_baseline,
-                              sweep.dialect, sweep.lnc)
+                              sweep.dialect, lnc)
             records.append(record)
             line = format_row(record)
             if bar is not None:

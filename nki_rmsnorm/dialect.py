@@ -12,7 +12,11 @@ one, in this order:
 3. else neither is installed and the kernels run on the simulator (:mod:`simulate`), in the
    dialect a setting chooses: :func:`use_dialect` (a context manager, per thread / task),
    else :func:`set_dialect`, else the ``NKI_RMSNORM_DIALECT`` environment variable
-   (``legacy`` or ``nki06``), else :data:`DEFAULT`.
+   (``legacy`` or ``nki06``), else :data:`DEFAULT` (``nki06``).
+
+:func:`use_dialect` is a context variable: the thread (or asyncio task) that enters it sees
+it, a thread started inside does not. :mod:`nki_rmsnorm.ops` resolves the kernel on the
+caller's thread; the bindings carry the caller's dialect to the threads they launch on.
 
 A module that says ``__simulated__`` (the simulator's front-ends) is never taken for a real
 ``nki`` or ``neuronxcc``.
@@ -31,9 +35,11 @@ LEGACY = "legacy"
 NKI06 = "nki06"
 DIALECTS = (LEGACY, NKI06)
 ENV_VAR = "NKI_RMSNORM_DIALECT"
-#: The simulator's dialect when nothing chooses one: ``legacy`` while the backward kernel
-#: exists only in the legacy dialect, so every kernel resolves by default.
-DEFAULT = LEGACY
+#: The simulator's dialect when nothing chooses one: the current NKI's (issue 10: "else
+#: simulate with the dialect chosen by a setting (default 0.6)"). Every entry point and
+#: regime exists in both dialects; choose ``legacy`` with :func:`use_dialect`,
+#: :func:`set_dialect` or ``NKI_RMSNORM_DIALECT=legacy``.
+DEFAULT = NKI06
 #: Real ``nki`` releases (major, minor) the 0.6 kernels are written for, oldest and newest:
 #: 0.4 is the first release where ``neuronxcc.nki`` in a kernel is an error (SDK 2.30), 0.6
 #: the current one (SDK 2.32).

@@ -34,6 +34,10 @@ COPY_GOALS = {
     "bwd": {"trn1": 1.30, "trn2": 1.15, "trn3": 1.15},
 }
 GOAL_MIN_N = 2048
+# Goal on the modeled speed-up of a trn2 logical core of two physical cores (LNC=2) over one
+# core (LNC=1), for M >= 2048 (issue 10).
+LNC_SPEEDUP_GOAL = 1.9
+LNC_GOAL_MIN_M = 2048
 
 
 def _number(value: float, unit: str) -> str:
@@ -71,30 +75,57 @@ def _shape(r: dict) -> str:
     return f"{r['M']}×{r['N']}"
 
 
+def _column(r: dict) -> tuple[str, int]:
+    """A record's column: its target and LNC degree (records before LNC=2 have no ``lnc``)."""
+    return r["target"], r.get("lnc", 1)
+
+
+def _label(column: tuple[str, int]) -> str:
+    target, lnc = column
+    return target if lnc == 1 else f"{target} LNC={lnc}"
+
+
+def _lnc_speedup(by_column: dict, column: tuple[str, int]) -> float | None:
+    """LNC=1 time over this column's (LNC=2) time for the same shape and target."""
+    single = by_column.get((column[0], 1))
+    multi = by_column.get(column)
+    if single is None or multi is None:
+        return None
+    return single["modeled_us"] / multi["modeled_us"]
+
+
 def bench_tables(records: list[dict]) -> str:
-    """Per kind: modeled µs, ratio to the copy kernel (the yardstick) and MBU per target,
-    HBM bytes over the minimum, and the speed-up over the baseline."""
-    targets = list(dict.fromkeys(r["target"] for r in records))
+    """Per kind: modeled µs, ratio to the copy kernel (the yardstick) and MBU per target
+    (and per LNC=2 target, with its speed-up over the same target at LNC=1), HBM bytes over
+    the minimum, and the speed-up over the baseline."""
+    columns = list(dict.fromkeys(_column(r) for r in records))
     out = []
     for kind in KIND_TITLES:
         rows = [r for r in records if r["kind"] == kind]
         if not rows:
             continue
+        dialects = " / ".join(dict.fromkeys(r.get("dialect", "legacy") for r in rows))
         out += [
-            f"**{KIND_TITLES[kind]}** ({rows[0]['dtype']}; modeled; baseline: "
-            f"{rows[0]['baseline']})",
+            f"**{KIND_TITLES[kind]}** ({rows[0]['dtype']}; {dialects} kernels; modeled; "
+            f"baseline: {rows[0]['baseline']})",
             "",
         ]
-        head = "| M×N |" + "".join(f" {t} µs | {t} ×copy | {t} MBU |" for t in targets)
+        head = "| M×N |"
+        for column in columns:
+            label = _label(column)
+            head += f" {label} µs | {label} ×copy | {label} MBU |"
+            if column[1] > 1:
+                head += f" {label} speed-up vs LNC=1 |"
+        extra = sum(column[1] > 1 for column in columns)
         out += [
-            head + " HBM/min | vs baseline (" + " / ".join(targets) + ") |",
-            "|---|" + "---|---|---|" * len(targets) + "---|---|",
+            head + " HBM/min | vs baseline (" + " / ".join(map(_label, columns)) + ") |",
+            "|---|" + "---|---|---|" * len(columns) + "---|" * extra + "---|---|",
         ]
         for shape in dict.fromkeys(_shape(r) for r in rows):
-            by_target = {r["target"]: r for r in rows if _shape(r) == shape}
+            by_column = {_column(r): r for r in rows if _shape(r) == shape}
             cells = []
-            for t in targets:
-                r = by_target.get(t)
+            for column in columns:
+                r = by_column.get(column)
                 cells += (
                     ["n/a"] * 3
                     if r is None
@@ -104,12 +135,15 @@ def bench_tables(records: list[dict]) -> str:
                         f"{100 * r['mbu']:.1f} %",
                     ]
                 )
-            any_row = next(iter(by_target.values()))
+                if column[1] > 1:
+                    speedup = _lnc_speedup(by_column, column)
+                    cells.append("n/a" if speedup is None else f"{speedup:.2f}×")
+            any_row = next(iter(by_column.values()))
             speedups = " / ".join(
-                f"{by_target[t]['speedup_vs_baseline']:.2f}×"
-                if t in by_target and by_target[t]["speedup_vs_baseline"]
+                f"{by_column[c]['speedup_vs_baseline']:.2f}×"
+                if c in by_column and by_column[c]["speedup_vs_baseline"]
                 else "n/a"
-                for t in targets
+                for c in columns
             )
             out.append(
                 f"| {shape} | "
@@ -122,12 +156,12 @@ def bench_tables(records: list[dict]) -> str:
 
 
 def goal_summary(records: list[dict]) -> str:
-    """The copy-ratio goals per kind and target over the N >= 2048 shapes: how many meet
-    the goal, the worst ratio, and the worst once the one-tile shapes (M < 128) are left
-    out."""
+    """The goals per kind and target: the copy ratio over the N >= 2048 shapes at LNC=1
+    (how many meet the goal, the worst ratio, and the worst once the one-tile shapes,
+    M < 128, are left out), then the LNC=2 speed-up over LNC=1 at M >= 2048 for every
+    target the records have at LNC=2."""
     lines = [
-        "| kind | target | goal (×copy, N ≥ 2048) | shapes within | worst | at | "
-        "worst with M ≥ 128 | at |",
+        "| kind | target | goal | shapes within | worst | at | worst with M ≥ 128 | at |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for kind, goals in COPY_GOALS.items():
@@ -135,7 +169,9 @@ def goal_summary(records: list[dict]) -> str:
             rows = [
                 r
                 for r in records
-                if r["kind"] == kind and r["target"] == target and r["N"] >= GOAL_MIN_N
+                if r["kind"] == kind
+                and _column(r) == (target, 1)
+                and r["N"] >= GOAL_MIN_N
             ]
             if not rows:
                 continue
@@ -145,8 +181,27 @@ def goal_summary(records: list[dict]) -> str:
             rest = max(full, key=lambda r: r["copy_ratio"]) if full else None
             rest_cells = f"{rest['copy_ratio']:.3f} | {_shape(rest)}" if rest else "n/a | n/a"
             lines.append(
-                f"| {kind} | {target} | ≤ {goal:.2f} | {within} of {len(rows)} | "
-                f"{worst['copy_ratio']:.3f} | {_shape(worst)} | {rest_cells} |"
+                f"| {kind} | {target} | ≤ {goal:.2f} ×copy (N ≥ {GOAL_MIN_N}) | {within} of "
+                f"{len(rows)} | {worst['copy_ratio']:.3f} | {_shape(worst)} | {rest_cells} |"
+            )
+    for kind in KIND_TITLES:
+        rows = [r for r in records if r["kind"] == kind]
+        for column in dict.fromkeys(_column(r) for r in rows if r.get("lnc", 1) > 1):
+            speedups = []
+            for r in rows:
+                if _column(r) == column and r["M"] >= LNC_GOAL_MIN_M:
+                    same_shape = {_column(o): o for o in rows if _shape(o) == _shape(r)}
+                    speedup = _lnc_speedup(same_shape, column)
+                    if speedup is not None:
+                        speedups.append((speedup, _shape(r)))
+            if not speedups:
+                continue
+            within = sum(speedup >= LNC_SPEEDUP_GOAL for speedup, _ in speedups)
+            worst, at = min(speedups)
+            lines.append(
+                f"| {kind} | {_label(column)} | ≥ {LNC_SPEEDUP_GOAL:.1f}× LNC=1 (M ≥ "
+                f"{LNC_GOAL_MIN_M}) | {within} of {len(speedups)} | {worst:.2f}× | {at} | "
+                f"{worst:.2f}× | {at} |"
             )
     return "\n".join(lines)
 

@@ -77,6 +77,9 @@ def pytest_addoption(parser):
                     help="emulate this Neuron SDK release (2.20 ... 2.29) in the kernel tests")
     group.addoption("--nki-approx", action="store_true",
                     help="approximate the Scalar engine's transcendental functions")
+    group.addoption("--nki-dialect", default=None, choices=("legacy", "nki06"),
+                    help="run the kernel tests in this NKI dialect only (default: both where "
+                         "a test is parametrized over them)")
 
 
 def pytest_configure(config):
@@ -85,6 +88,9 @@ def pytest_configure(config):
         os.environ["NKI_SIM_SDK"] = release
     if config.getoption("--nki-approx"):
         os.environ["NKI_SIM_APPROX"] = "1"
+    chosen = _only_dialect(config)
+    if chosen is not None:
+        os.environ["NKI_RMSNORM_DIALECT"] = chosen
     if "simulate" in sys.modules:  # imported already (a plugin): apply to this context too
         import simulate
 
@@ -96,9 +102,11 @@ def pytest_configure(config):
 
 def pytest_report_header(config):
     import simulate
+    from nki_rmsnorm import dialect
 
     return (f"nki simulator: Neuron SDK {simulate.sdk_version()}, approximate "
-            f"transcendentals {'on' if simulate.approx_bound() else 'off'}")
+            f"transcendentals {'on' if simulate.approx_bound() else 'off'}; kernel dialect "
+            f"{_only_dialect(config) or 'both'} where parametrized, else {dialect.current()}")
 
 
 @pytest.fixture(autouse=True)
@@ -126,14 +134,55 @@ def no_launch(monkeypatch):
     monkeypatch.setattr(ops, "rms_norm_bwd", launched)
 
 
-@pytest.fixture(params=["legacy", "nki06"])
-def dialect(request):
-    """Run the test with the kernels of each NKI dialect (``nki_rmsnorm.dialect``): yields
-    the dialect's name while ``nki_rmsnorm.kernels`` resolves to it."""
+# --- kernel dialect -----------------------------------------------------------------------
+# Tests that take the ``kernel_dialect`` fixture run once per NKI dialect the kernels are
+# written in. ``pytest --nki-dialect=nki06`` (or NKI_RMSNORM_TEST_DIALECT) runs the whole suite
+# in one dialect: the other dialect's parametrizations are deselected and every other test
+# runs in the chosen one (NKI_RMSNORM_DIALECT, read by nki_rmsnorm.dialect).
+KERNEL_DIALECTS = ("legacy", "nki06")
+_TEST_DIALECT_ENV = "NKI_RMSNORM_TEST_DIALECT"
+
+
+@pytest.fixture(params=KERNEL_DIALECTS)
+def kernel_dialect(request):
+    """Run the test with the kernels of each NKI dialect: yields the dialect's name inside
+    ``nki_rmsnorm.dialect.use_dialect``, so ``nki_rmsnorm.kernels`` and ``nki_rmsnorm.ops``
+    resolve to it on the test's thread. The choice is a context variable: a thread the test
+    starts itself does not see it (the bindings carry it to the threads they launch on)."""
     from nki_rmsnorm import dialect as dialects
 
     with dialects.use_dialect(request.param) as name:
         yield name
+
+
+@pytest.fixture
+def dialect(kernel_dialect):
+    """The ``kernel_dialect`` fixture under the name test_fwd.py uses."""
+    return kernel_dialect
+
+
+def _only_dialect(config) -> str | None:
+    chosen = config.getoption("--nki-dialect") or os.environ.get(_TEST_DIALECT_ENV) or None
+    if chosen is not None and chosen not in KERNEL_DIALECTS:
+        raise pytest.UsageError(f"--nki-dialect must be one of {KERNEL_DIALECTS}, got "
+                                f"{chosen!r}")
+    return chosen
+
+
+def pytest_collection_modifyitems(config, items):
+    chosen = _only_dialect(config)
+    if chosen is None:
+        return
+    keep, drop = [], []
+    for item in items:
+        params = getattr(item, "callspec", None)
+        params = params.params if params else {}
+        # the fixture's name, or a test module's own ``dialect`` parametrization
+        value = params.get("kernel_dialect", params.get("dialect", chosen))
+        (keep if value not in KERNEL_DIALECTS or value == chosen else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
 
 
 #: Serialises the nki06 front-end's target environment variable between threads.

@@ -16,7 +16,7 @@ import pytest
 
 import simulate
 import simulate.nki06
-from nki_rmsnorm import bench, reference
+from nki_rmsnorm import bench, dialect, reference
 from nki_rmsnorm.kernels import baseline, nki06_baseline
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -49,7 +49,7 @@ def test_quick_run_checks_results_and_writes_json(tmp_path, capsys):
     for r in records:
         assert REQUIRED_KEYS <= set(r)
         assert r["correct"] is True and r["target"] == "trn2" and r["dtype"] == "bfloat16"
-        assert (r["dialect"], r["lnc"]) == ("legacy", 1)
+        assert (r["dialect"], r["lnc"]) == (dialect.current(), 1)  # the package's default
         assert 0 < r["mbu"] <= 1.0
         assert r["modeled_us"] > 0 and r["sim_wall_s"] > 0
         assert r["hbm_bytes_ratio"] >= 0.99  # never fewer bytes than the data itself
@@ -169,7 +169,11 @@ def test_backward_check_scales_dx_by_its_row_terms(capsys):
         (["bench", "--plot", "/missing/dir/x.png"], "directory /missing/dir does not exist"),
         (["bench", "--lnc", "3"], "--lnc '3': expected 1 or 2"),
         (["bench", "--lnc", "2", "--target", "trn2,trn1"], "--lnc 2 needs trn2 or trn3"),
-        (["bench", "--lnc", "2", "--target", "trn2"], "--lnc 2 needs --dialect nki06"),
+        (["bench", "--lnc", "2", "--target", "trn2", "--dialect", "legacy"],
+         "--lnc 2 needs --dialect nki06"),
+        (["bench", "--target", "trn2x2", "--dialect", "legacy"],
+         "a target at LNC=2 (x2) needs --dialect nki06"),
+        (["bench", "--target", "trn1x2"], "unknown target 'trn1x2'"),
         (["bench", "--dialect", "v7"], "unknown dialect 'v7'"),
         (["bench", "--frobnicate"], "unrecognized arguments: --frobnicate"),
         (["frobnicate"], "invalid choice: 'frobnicate'"),
@@ -220,22 +224,70 @@ def test_nki06_copy_kernels_copy_on_one_or_two_cores(M, N, lnc, monkeypatch):
     assert cores == ({(0,), (1,)} if lnc == 2 and tiles > 1 else {(0,)})
 
 
-@pytest.mark.parametrize("kind", ["fwd", "bwd"])
-def test_nki06_dialect_runs_the_06_kernels_on_one_or_two_cores(kind, tmp_path):
-    """``--dialect nki06`` runs the 0.6 kernels and their 0.6 copy yardstick; ``--lnc 2``
-    launches both on the two physical cores of a trn2 logical core: the result is still
-    checked against the reference, and the modeled time drops well below the LNC=1 one."""
-    records = {}
-    for lnc in (1, 2):
-        path = tmp_path / f"lnc{lnc}.json"
-        argv = ["bench", "--dialect", "nki06", "--lnc", str(lnc), "--target", "trn2",
-                "--kind", kind, "--shapes", "1024x2048", "--no-baseline", "--json", str(path)]
-        assert bench.main(argv) == 0
-        (records[lnc],) = json.loads(path.read_text())
-    for lnc, record in records.items():
-        assert (record["dialect"], record["lnc"], record["correct"]) == ("nki06", lnc, True)
-    assert records[2]["modeled_us"] < 0.75 * records[1]["modeled_us"]
-    assert records[2]["copy_us"] < 0.75 * records[1]["copy_us"]
+@pytest.mark.parametrize(
+    ("argv", "targets"),
+    [
+        (["--dialect", "nki06"], [("trn1", 1), ("trn2", 1), ("trn2", 2), ("trn3", 1)]),
+        (["--dialect", "legacy"], [("trn1", 1), ("trn2", 1), ("trn3", 1)]),
+        (["--dialect", "nki06", "--lnc", "2", "--target", "trn2,trn3"], [("trn2", 2), ("trn3", 2)]),
+        (["--dialect", "nki06", "--target", "trn3x2,inf2"], [("trn3", 2), ("inf2", 1)]),
+    ],
+)
+def test_target_list_and_its_lnc_degrees(argv, targets):
+    sweep = bench._check(bench.build_parser().parse_args(["bench", *argv]))
+    assert list(sweep.targets) == targets
+
+
+def test_default_dialect_is_the_packages(monkeypatch):
+    for chosen in dialect.DIALECTS:
+        monkeypatch.setenv(dialect.ENV_VAR, chosen)
+        assert bench._check(bench.build_parser().parse_args(["bench"])).dialect == chosen
+
+
+def test_nki06_dialect_runs_the_06_kernels_on_one_or_two_cores(tmp_path):
+    """``--dialect nki06`` runs the 0.6 kernels and their 0.6 copy yardstick; a ``trn2x2``
+    target launches both on the two physical cores of a trn2 logical core: the result is
+    still checked against the reference, and the modeled time drops well below the LNC=1
+    one. The tables made of these records show LNC=2 beside LNC=1, its speed-up, and the
+    speed-up goal (its M threshold lowered to this small sweep's M)."""
+    path = tmp_path / "bench.json"
+    argv = ["bench", "--dialect", "nki06", "--target", "trn2,trn2x2", "--kind", "fwd,bwd",
+            "--shapes", "1024x2048", "--no-baseline", "--json", str(path)]
+    assert bench.main(argv) == 0
+    records = json.loads(path.read_text())
+    by_case = {(r["kind"], r["lnc"]): r for r in records}
+    assert set(by_case) == {(kind, lnc) for kind in ("fwd", "bwd") for lnc in (1, 2)}
+    speedups = {}
+    for (kind, lnc), record in by_case.items():
+        assert (record["dialect"], record["target"], record["correct"]) == ("nki06", "trn2", True)
+        if lnc == 2:
+            single = by_case[kind, 1]
+            assert record["modeled_us"] < 0.75 * single["modeled_us"]
+            assert record["copy_us"] < 0.75 * single["copy_us"]
+            speedups[kind] = single["modeled_us"] / record["modeled_us"]
+
+    gen = _gen_tables()
+    gen.LNC_GOAL_MIN_M = 1024
+    tables = gen.bench_tables(records)
+    lnc2_columns = ("| trn2 LNC=2 µs | trn2 LNC=2 ×copy | trn2 LNC=2 MBU | "
+                    "trn2 LNC=2 speed-up vs LNC=1 |")
+    assert lnc2_columns in tables
+    assert "nki06 kernels" in tables
+    for kind, title in (("fwd", "Forward"), ("bwd", "Backward")):
+        single, double = by_case[kind, 1], by_case[kind, 2]
+        row = (f"| 1024×2048 | {single['modeled_us']:,.1f} | {single['copy_ratio']:.3f} | "
+               f"{100 * single['mbu']:.1f} % | {double['modeled_us']:,.1f} | "
+               f"{double['copy_ratio']:.3f} | {100 * double['mbu']:.1f} % | "
+               f"{speedups[kind]:.2f}× |")
+        assert row in tables, (title, row)
+        within = int(speedups[kind] >= gen.LNC_SPEEDUP_GOAL)
+        goal = (f"| {kind} | trn2 LNC=2 | ≥ 1.9× LNC=1 (M ≥ 1024) | {within} of 1 | "
+                f"{speedups[kind]:.2f}× | 1024×2048 |")
+        assert goal in tables
+        # the copy-ratio goals are the LNC=1 core's: one trn2 row per kind, none for LNC=2
+        copy_goals = [line for line in tables.splitlines()
+                      if line.startswith(f"| {kind} | trn2") and "×copy" in line]
+        assert len(copy_goals) == 1 and f"| {single['copy_ratio']:.3f} |" in copy_goals[0]
 
 
 def test_plot_without_matplotlib_is_a_usage_error(monkeypatch, capsys, tmp_path):

@@ -7,6 +7,7 @@ import sys
 import threading
 import types
 
+import numpy as np
 import pytest
 
 from nki_rmsnorm import dialect, kernels
@@ -28,9 +29,12 @@ def _fake_package(monkeypatch, name, **attributes):
     return module
 
 
-def test_simulator_uses_the_default_without_a_setting(no_setting):
+def test_simulator_uses_the_current_nki_without_a_setting(no_setting):
+    """Issue 10: with no real NKI, the simulator runs the dialect a setting chooses, by
+    default the current NKI (0.6)."""
     assert dialect.simulated()
-    assert dialect.current() == dialect.DEFAULT
+    assert dialect.current() == dialect.DEFAULT == "nki06"
+    assert kernels.rmsnorm_fwd.__module__ == "nki_rmsnorm.kernels.nki06.rmsnorm_fwd"
 
 
 def test_environment_variable_then_set_dialect_then_context(no_setting, monkeypatch):
@@ -131,3 +135,39 @@ def test_legacy_kernels_refuse_an_sdk_outside_their_range():
     with simulate.use_sdk("2.21"):
         assert nki.check_sdk() == (2, 21)
         assert callable(kernels.kernel("rmsnorm_fwd", "legacy"))
+
+
+def test_numpy_launchers_run_the_chosen_dialect(no_setting, kernel_dialect, monkeypatch):
+    from nki_rmsnorm import ops
+
+    launched = []
+    resolve = kernels.kernel
+
+    def recording(name, dialect_name=None):
+        launched.append((name, dialect_name or dialect.current()))
+        return resolve(name, dialect_name)
+
+    monkeypatch.setattr(kernels, "kernel", recording)
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((2, 3, 40)).astype(np.float32) + 0.5
+    y, rstd = ops.rms_norm_fwd(x, np.ones(40, np.float32))
+    ops.rms_norm_bwd(y, x, np.ones(40, np.float32), rstd)
+    ops.rms_norm_fwd(x, residual=x)
+    assert launched == [("rmsnorm_fwd", kernel_dialect), ("rmsnorm_bwd", kernel_dialect),
+                        ("rmsnorm_add_fwd", kernel_dialect)]
+
+
+def test_the_legacy_sdk_range_binds_only_the_legacy_kernels(no_setting, rng):
+    """The legacy SDK check runs whenever the legacy kernels are chosen, also through the
+    launchers, before anything launches; the 0.6 kernels (the default) do not read the
+    legacy release."""
+    import simulate
+    from nki_rmsnorm import ops, reference
+
+    x = rng.standard_normal((3, 64)).astype(np.float32)
+    with simulate.use_sdk("2.20"):
+        with dialect.use_dialect("legacy"), pytest.raises(RuntimeError, match=r"2\.21 to 2\.29"):
+            ops.rms_norm(x)
+        np.testing.assert_allclose(ops.rms_norm(x), reference.rms_norm(x), rtol=2e-6, atol=1e-6)
+    with dialect.use_dialect("legacy"), simulate.use_sdk("2.24"):
+        np.testing.assert_allclose(ops.rms_norm(x), reference.rms_norm(x), rtol=2e-6, atol=1e-6)

@@ -39,6 +39,14 @@ from nki_rmsnorm import dialect, hf, ops  # noqa: E402
 VOCAB, SEQ, BATCH = 96, 24, 2
 FP32_REL = 1e-5
 
+
+@pytest.fixture(autouse=True)
+def _neuroncore_v2(monkeypatch):
+    """Simulate trn1 in both dialects (the legacy simulator's default; the nki06 one reads
+    this variable and defaults to trn3): the bit-exactness with HF holds there. On trn2/trn3
+    the fp32 Gemma product takes another plan and ends up to 2 fp32 ulps off HF's rounding."""
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn1")
+
 # family: (config class, model class, HF RMSNorm class the family uses, its modeling module)
 MODELS = {
     "llama": ("LlamaConfig", "LlamaForCausalLM"),

@@ -89,7 +89,8 @@ def test_the_tutorials_jax_launch_code_runs_on_the_twin(simulated_jax_neuronx, t
         import neuronxcc.nki.language as nl
 
         rstd = nl.ndarray((a_tensor.shape[0],), dtype=nl.float32, buffer=nl.shared_hbm)
-        kernels.rmsnorm_fwd_out(
+        # nki_call (SDK 2.20 - 2.22) compiles legacy kernels only
+        kernels.kernel("rmsnorm_fwd_out", "legacy")(
             a_tensor, g_tensor, None, out_tensor, rstd, eps=0.0, offset=0.0, casting_mode="gemma"
         )
 
@@ -122,7 +123,9 @@ def test_nki_call_under_jit_and_vmap_with_several_outputs(simulated_jax_neuronx)
 
     x = _randn((3, 40, 96), jnp.bfloat16, seed=1)
     w = _randn((96,), jnp.bfloat16, seed=2, scale=0.2, shift=1.0)
-    kernel = functools.partial(kernels.rmsnorm_fwd_out, eps=1e-6, offset=0.0, casting_mode="gemma")
+    kernel = functools.partial(  # nki_call (SDK 2.20 - 2.22) compiles legacy kernels only
+        kernels.kernel("rmsnorm_fwd_out", "legacy"), eps=1e-6, offset=0.0, casting_mode="gemma"
+    )
 
     def launch(x, w):
         return nki_call(

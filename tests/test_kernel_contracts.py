@@ -31,6 +31,7 @@ import simulate.nki06 as nki06
 from nki_rmsnorm import kernels, ops
 from nki_rmsnorm import nki as nki_module
 from nki_rmsnorm import reference as ref
+from nki_rmsnorm.dialect import use_dialect
 from nki_rmsnorm.plan import backward as bwd_plan
 from nki_rmsnorm.plan.forward import choose_layout, layout_bytes, make_plan
 
@@ -72,7 +73,7 @@ def _assert_bitwise(got, want, what):
 @pytest.mark.parametrize("options", FWD_OPTIONS, ids=list(FWD_OPTIONS))
 @pytest.mark.parametrize("residual", [False, True], ids=["norm", "add"])
 def test_forward_output_parameters_match_return_convention(
-    rng, options, casting_mode, residual, target, dialect
+    rng, options, casting_mode, residual, target, kernel_dialect
 ):
     M, N = 130, 384
     opts = FWD_OPTIONS[options]
@@ -103,7 +104,7 @@ def test_forward_output_parameters_match_return_convention(
         _assert_bitwise(buffer, expected, name)
 
 
-def test_forward_output_parameters_long_rows(rng, dialect):
+def test_forward_output_parameters_long_rows(rng, kernel_dialect):
     """A row too long for whole-row tiles (the "split" regime on trn2) through the
     output-parameter entry point."""
     M, N = 6, 40000
@@ -117,7 +118,7 @@ def test_forward_output_parameters_long_rows(rng, dialect):
     _assert_bitwise(rstd, want[1], "rstd")
 
 
-def test_add_forward_output_parameter_h_dtype_is_checked(rng):
+def test_add_forward_output_parameter_h_dtype_is_checked(rng, kernel_dialect):
     x, r = _data(rng, (4, 64), BF16), _data(rng, (4, 64), FP32)
     with pytest.raises(TypeError, match="h must have the residual's dtype"):
         trace_launch(
@@ -152,7 +153,6 @@ def _launch_backward(kernel_dialect, name, monkeypatch, *args):
     return nki06.simulate(kernel)(*args)
 
 
-@pytest.mark.parametrize("kernel_dialect", ["legacy", "nki06"])
 @pytest.mark.parametrize("N", [200, 30001], ids=["folded", "streamed"])
 @pytest.mark.parametrize("casting_mode", ["gemma", "llama"])
 @pytest.mark.parametrize("options", BWD_OPTIONS, ids=list(BWD_OPTIONS))
@@ -242,11 +242,13 @@ def test_sbuf_constant_before_2_26_matches_the_api(target):
 
 @pytest.mark.parametrize("release", [(2, 21), (2, 29)], ids=["sdk2.21", "sdk2.29"])
 def test_kernels_run_on_oldest_and_newest_sdk(rng, monkeypatch, release):
+    """The legacy kernels on the oldest and newest legacy SDK they support (the 0.6 kernels
+    do not read the legacy release)."""
     M, N = 130, 40000  # long rows: the regime choice depends on the SBUF budget
     x, w = _data(rng, (M, N), BF16), _param(rng, N, BF16)
     r = _data(rng, (M, N), BF16)
     want_y, want_h, want_rstd = ref.rms_norm_fwd(x, w, EPS, residual=r)
-    with _emulated_sdk(monkeypatch, release):
+    with use_dialect("legacy"), _emulated_sdk(monkeypatch, release):
         y, h, rstd = ops.rms_norm_fwd(x, w, EPS, residual=r)
         dx, dw, _ = ops.rms_norm_bwd(_data(rng, (M, N), BF16), h, w, rstd)
     np.testing.assert_array_equal(h, want_h)
@@ -325,7 +327,7 @@ def test_the_approximate_rsqrt_is_in_force(approximate_rsqrt):
     ids=["rows-trn1", "rows-trn2", "split-trn2", "long-trn1"],
 )
 def test_forward_accuracy_with_approximate_rsqrt(
-    rng, approximate_rsqrt, shape, target, dtype, casting_mode, dialect
+    rng, approximate_rsqrt, shape, target, dtype, casting_mode, kernel_dialect
 ):
     """test_fwd.py's bounds (≤ 1 ulp gemma / 2 ulp llama, none; ≤ 1 % inexact points;
     fp32 1e-5; rstd 1e-5) hold with the approximate rsqrt: the Newton steps bring rstd to
@@ -347,7 +349,7 @@ def test_forward_accuracy_with_approximate_rsqrt(
 @pytest.mark.parametrize("target", ["trn1", "trn2"])
 @pytest.mark.parametrize("eps", [0.0, 2.0**-50], ids=["vector-chain", "scalar-chain"])
 def test_rstd_within_a_few_fp32_ulp_with_approximate_rsqrt(
-    rng, approximate_rsqrt, target, eps, dialect
+    rng, approximate_rsqrt, target, eps, kernel_dialect
 ):
     """Two Newton steps from a 2⁻⁹ estimate: rstd within 4 fp32 ulp of the exact value, over
     mean squares spread across 2⁻⁶⁰ … 2⁶⁰, on both chains (the Vector-engine one, which eps
@@ -364,7 +366,7 @@ def test_rstd_within_a_few_fp32_ulp_with_approximate_rsqrt(
 
 
 @pytest.mark.parametrize("target", ["trn1", "trn2"])
-def test_zero_row_with_zero_eps(rng, approximate_rsqrt, target, dialect):
+def test_zero_row_with_zero_eps(rng, approximate_rsqrt, target, kernel_dialect):
     """eps = 0 and an all-zero row: the mean square 0 is outside rsqrt's valid range, so
     the kernel clamps it and then sets rstd = +inf, y = 0·inf = NaN for that row only, as
     reference.py says; the other rows are unaffected."""
@@ -388,7 +390,7 @@ def test_zero_row_with_zero_eps(rng, approximate_rsqrt, target, dialect):
 
 
 @pytest.mark.parametrize("target", ["trn1", "trn2"])
-def test_backward_accuracy_with_approximate_rsqrt(rng, approximate_rsqrt, target):
+def test_backward_accuracy_with_approximate_rsqrt(rng, approximate_rsqrt, target, kernel_dialect):
     """The forward's rstd feeds the backward: dx, dweight against the float64 reference."""
     M, N = 130, 512
     x, w = _data(rng, (M, N), BF16), _param(rng, N, BF16)
@@ -506,7 +508,7 @@ TIGHT_BACKWARD = [
 
 
 @pytest.mark.parametrize("case", TIGHT_FORWARD, ids=lambda c: f"{c[0]}-{c[2]}-{c[8]}")
-def test_forward_plan_bounds_the_allocation(rng, case):
+def test_forward_plan_bounds_the_allocation(rng, case, kernel_dialect):
     target, m, n, x_dtype, w_dtype, b_dtype, r_dtype, offset, mode, out_dtype = case
     layout, planned, capacity = _forward_budget(
         target, m, n, x_dtype, w_dtype, b_dtype, r_dtype, offset, mode, out_dtype
@@ -524,7 +526,7 @@ def test_forward_plan_bounds_the_allocation(rng, case):
 
 
 @pytest.mark.parametrize("case", TIGHT_BACKWARD, ids=lambda c: f"{c[0]}-{c[1]}-{c[3]}")
-def test_backward_plan_bounds_the_allocation(rng, case):
+def test_backward_plan_bounds_the_allocation(rng, case, kernel_dialect):
     target, n, x_dtype, dy_dtype, w_dtype, dh_dtype, offset, mode = case
     regime, planned, capacity = _backward_budget(
         target, n, x_dtype, dy_dtype, w_dtype, dh_dtype, offset, mode
@@ -534,7 +536,7 @@ def test_backward_plan_bounds_the_allocation(rng, case):
     x, dy = _data(rng, (m, n), x_dtype), _data(rng, (m, n), dy_dtype)
     dh = None if dh_dtype is None else _data(rng, (m, n), dh_dtype)
     rstd = rng.uniform(0.5, 2.0, m).astype(np.float32)
-    _, trace = simulate.trace_kernel(
+    _, trace = trace_launch(
         kernels.rmsnorm_bwd,
         dy,
         x,
@@ -555,7 +557,7 @@ def test_backward_plan_bounds_the_allocation(rng, case):
 
 
 @pytest.mark.parametrize("x_dtype,n", [(BF16, 30001), (FP16, 20225)])
-def test_backward_with_fp32_dy_fits(rng, x_dtype, n):
+def test_backward_with_fp32_dy_fits(rng, x_dtype, n, kernel_dialect):
     """Defect 4: an fp32 dy (after ``out_dtype=float32``) beside a 2-byte x used to overflow
     SBUF (the planners budgeted dy in x's dtype)."""
     x = _data(rng, (2, n), x_dtype)
@@ -575,7 +577,7 @@ def test_backward_with_fp32_dy_fits(rng, x_dtype, n):
     )
 
 
-def test_dbias_in_the_bias_dtype(rng):
+def test_dbias_in_the_bias_dtype(rng, kernel_dialect):
     """Defect 3: an fp32 bias beside a bf16 weight gets an fp32 gradient, summed in fp32 and
     rounded once (it used to be rounded to the weight's bf16)."""
     M, N = 512, 64

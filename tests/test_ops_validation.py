@@ -1,9 +1,9 @@
 """Bad input to the NumPy launchers is rejected before any kernel runs.
 
-Every case replaces both kernels with a function that fails the test when called, then
-checks the exception type and that the message names the offending argument. The last
-tests check the launchers' other promises: empty inputs, leading dimensions and
-non-contiguous arrays.
+Every case replaces the kernels (every entry point, in every dialect) with a function that
+fails the test when called, then checks the exception type and that the message names the
+offending argument. The last tests check the launchers' other promises: empty inputs,
+leading dimensions and non-contiguous arrays, launched end to end in both NKI dialects.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ def _refuse(*args, **kwargs):
 
 @pytest.fixture
 def no_launch(monkeypatch):
-    monkeypatch.setattr(kernels, "rmsnorm_fwd", _refuse)
-    monkeypatch.setattr(kernels, "rmsnorm_bwd", _refuse, raising=False)
+    """Resolving any entry point (``kernels.rmsnorm_fwd`` etc. go through ``kernel``) fails."""
+    monkeypatch.setattr(kernels, "kernel", _refuse)
 
 
 def _x(rng, shape=(M, N), dtype=np.float32):
@@ -146,8 +146,10 @@ def test_a_valid_call_does_launch(monkeypatch, rng):
         m = args[0].shape[0]
         return np.zeros(args[0].shape, args[0].dtype), np.zeros(m, np.float32)
 
-    monkeypatch.setattr(kernels, "rmsnorm_fwd", record)
+    names = []
+    monkeypatch.setattr(kernels, "kernel", lambda name: names.append(name) or record)
     ops.rms_norm(_x(rng, (2, 3, N)), np.ones(N, np.float32))
+    assert names == ["rmsnorm_fwd"]
     assert len(calls) == 1 and calls[0][0].shape == (6, N)
 
 
@@ -172,7 +174,7 @@ def test_empty_leading_dims_backward_gives_zero_parameter_grads(no_launch):
     np.testing.assert_array_equal(dbias, 0)
 
 
-def test_leading_dims_and_non_contiguous_input(rng):
+def test_leading_dims_and_non_contiguous_input(rng, kernel_dialect):
     """A transposed (non-contiguous) 3-D input: flattened, run, and reshaped back."""
     base = _x(rng, (N, 5, 3))
     x = base.transpose(1, 2, 0)  # (5, 3, N), not contiguous
@@ -185,7 +187,31 @@ def test_leading_dims_and_non_contiguous_input(rng):
     np.testing.assert_allclose(rstd, rstd_ref, rtol=1e-5)
 
 
-def test_one_dimensional_input_gives_scalar_rstd(rng):
+def test_fused_add_and_backward_keep_leading_dims(rng, kernel_dialect):
+    """The fused add (fp32 residual beside bf16 x) and the backward through the launchers:
+    the caller's shape back, every output against the float64 reference."""
+    x = _x(rng, (2, 3, 40), BF16)
+    residual = _x(rng, (2, 3, 40))
+    w = (1 + 0.1 * rng.standard_normal(40)).astype(BF16)
+    y, h, rstd = ops.rms_norm_fwd(x, w, residual=residual)
+    y_ref, h_ref, rstd_ref = reference.rms_norm_fwd(x, w, 1e-6, residual=residual)
+    assert (y.shape, h.shape, rstd.shape) == (x.shape, x.shape, (2, 3))
+    assert (y.dtype, h.dtype) == (BF16, np.dtype(np.float32))
+    np.testing.assert_array_equal(h, h_ref)
+    assert reference.ulp_distance(y.astype(np.float64), y_ref.astype(np.float64), BF16).max() <= 1
+    np.testing.assert_allclose(rstd, rstd_ref, rtol=1e-5)
+    dy = _x(rng, (2, 3, 40), BF16)
+    dx, dweight, dbias = ops.rms_norm_bwd(dy, x, w, rstd_ref.astype(np.float32), has_bias=True)
+    dx_ref, dweight_ref, dbias_ref = reference.rms_norm_bwd(dy, x, w, rstd_ref, has_bias=True)
+    assert (dx.shape, dweight.dtype, dbias.dtype) == (x.shape, BF16, BF16)
+    scale = np.abs(dx_ref.astype(np.float64)).max(axis=-1, keepdims=True)
+    assert (np.abs(dx.astype(np.float64) - dx_ref) <= 8 * 2.0**-8 * scale).all()
+    for got, want in ((dweight, dweight_ref), (dbias, dbias_ref)):
+        np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64),
+                                   rtol=2.0**-7, atol=2.0**-7 * np.abs(want).max())
+
+
+def test_one_dimensional_input_gives_scalar_rstd(rng, kernel_dialect):
     x = _x(rng, (N,))
     y, rstd = ops.rms_norm_fwd(x)
     assert y.shape == (N,) and rstd.shape == ()

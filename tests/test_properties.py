@@ -11,26 +11,26 @@ Shapes: any row count (1 included, capped so a case stays under 2¹⁸ elements)
 sizes up to 1100 densely (odd ones, N = 1) plus the long rows of the kernels' other regimes
 (4096 … 65536, and 30001 with no power-of-two factor) sampled sparsely.
 
-Profiles (``HYPOTHESIS_PROFILE``): ``ci`` (default) draws 100 cases per test,
-derandomized (the same cases every run: no flaky retries, no example database) and without
-deadlines (a long row takes seconds in the simulator); ``long`` draws 500 per test, randomly,
-for a soak before a release.
+Profiles (``HYPOTHESIS_PROFILE``): ``ci`` (default) draws 100 cases per test, derandomized
+(the same cases every run: no flaky retries, no example database) and without deadlines (a
+long row takes seconds in the simulator); ``long`` draws 500 per test, randomly, for a soak
+before a release. Each test runs once per dialect (the ``kernel_dialect`` fixture, entered
+once for all of the test's examples, which is why the function-scoped-fixture health check
+is off: the fixture holds no per-example state); the backward tests, ~5× dearer per case,
+draw half the profile's cases in each.
 """
 
 from __future__ import annotations
 
-import functools
 import os
 
 import ml_dtypes
 import numpy as np
-import pytest
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 from test_bwd import _check_against_reference, _make_inputs
 from test_fwd import _inputs, check_forward
 
-from nki_rmsnorm.dialect import use_dialect
 from nki_rmsnorm.plan.backward import MAX_HIDDEN as MAX_HIDDEN_BWD
 from nki_rmsnorm.reference import CASTING_MODES
 
@@ -40,12 +40,18 @@ settings.register_profile(
     deadline=None,
     derandomize=True,
     database=None,
-    suppress_health_check=[HealthCheck.too_slow],
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
 settings.register_profile(
-    "long", max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+    "long",
+    max_examples=500,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
 PROFILE = settings.get_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+#: The backward cases cost ~5× the forward ones: each dialect draws half the profile's
+#: examples, so the two dialects together take the time one took before.
+BACKWARD_PROFILE = settings(PROFILE, max_examples=max(1, PROFILE.max_examples // 2))
 
 FP32, FP16 = np.dtype(np.float32), np.dtype(np.float16)
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -53,13 +59,6 @@ KERNEL_DTYPES = (FP32, BF16, FP16)
 TARGETS = ("trn1", "trn2", "trn3")
 MAX_ELEMENTS = 2**18
 LONG_ROWS = (2048, 4096, 5120, 8192, 16384, 20000, 30001, 32768, 65536)
-
-#: The NKI dialects the kernels are emitted in: a context in which the kernels of
-#: ``test_fwd``/``test_bwd`` are that dialect's. The backward exists in the legacy dialect
-#: only so far; the forward (and fused add) in both.
-DIALECTS = {"legacy": functools.partial(use_dialect, "legacy")}
-FORWARD_DIALECTS = {**DIALECTS, "nki06": functools.partial(use_dialect, "nki06")}
-
 
 def _shape(draw, max_hidden=LONG_ROWS[-1]):
     n = draw(
@@ -134,7 +133,7 @@ def _check_forward_case(case):
     check_forward(x_inputs, **options)
 
 
-def _check_backward_case(case):
+def _check_backward_case(case, kernel_dialect):
     spec, options, seed = case
     rng = np.random.default_rng(seed)
     dy, x, weight, rstd, dh_out = _make_inputs(rng, **spec)
@@ -150,6 +149,7 @@ def _check_backward_case(case):
         options["has_bias"],
         spec["mode"],
         target=options["target"],
+        dialect=kernel_dialect,
     )
 
 
@@ -157,7 +157,6 @@ def _check_backward_case(case):
 # bf16/fp16 x beside an fp32 y, once with a bias cancelling the product (test_fwd's table
 # lacked that row), and the llama dweight's double rounding plus the output's rounding
 # (test_bwd's bound lacked the latter).
-@pytest.mark.parametrize("dialect", FORWARD_DIALECTS)
 @settings(PROFILE)
 @given(case=forward_cases(residual=False))
 @example(
@@ -177,12 +176,10 @@ def _check_backward_case(case):
         1,
     )
 )
-def test_forward(dialect, case):
-    with FORWARD_DIALECTS[dialect]():
-        _check_forward_case(case)
+def test_forward(kernel_dialect, case):
+    _check_forward_case(case)
 
 
-@pytest.mark.parametrize("dialect", FORWARD_DIALECTS)
 @settings(PROFILE)
 @given(case=forward_cases(residual=True))
 @example(
@@ -202,21 +199,17 @@ def test_forward(dialect, case):
         0,
     )
 )
-def test_fused_add_forward(dialect, case):
-    with FORWARD_DIALECTS[dialect]():
-        _check_forward_case(case)
+def test_fused_add_forward(kernel_dialect, case):
+    _check_forward_case(case)
 
 
-@pytest.mark.parametrize("dialect", DIALECTS)
-@settings(PROFILE)
+@settings(BACKWARD_PROFILE)
 @given(case=backward_cases(with_dh=False))
-def test_backward(dialect, case):
-    with DIALECTS[dialect]():
-        _check_backward_case(case)
+def test_backward(kernel_dialect, case):
+    _check_backward_case(case, kernel_dialect)
 
 
-@pytest.mark.parametrize("dialect", DIALECTS)
-@settings(PROFILE)
+@settings(BACKWARD_PROFILE)
 @given(case=backward_cases(with_dh=True))
 @example(
     case=(
@@ -225,8 +218,7 @@ def test_backward(dialect, case):
         0,
     )
 )
-def test_fused_add_backward(dialect, case):
+def test_fused_add_backward(kernel_dialect, case):
     """The fused add's backward: the gradient reaching ``h`` directly (``dh_out``) is added
     into ``dx``, which ``x`` and the residual share."""
-    with DIALECTS[dialect]():
-        _check_backward_case(case)
+    _check_backward_case(case, kernel_dialect)

@@ -107,7 +107,10 @@ def test_tutorial_launch_code_runs_our_kernel(fake_torch_neuronx):
         # The tutorial's signature over our output-parameter kernel: eps 0 (the tutorial has
         # none), no bias, rstd into a private HBM scratch.
         rstd = nl.ndarray((a_tensor.shape[0],), dtype=nl.float32, buffer=nl.hbm)
-        kernels.rmsnorm_fwd_out(a_tensor, g_tensor, None, out_tensor, rstd, 0.0, 0.0, "gemma")
+        # nki_jit (SDK 2.20 - 2.23) compiles legacy kernels only
+        kernels.kernel("rmsnorm_fwd_out", "legacy")(
+            a_tensor, g_tensor, None, out_tensor, rstd, 0.0, 0.0, "gemma"
+        )
 
     torch.manual_seed(1)
     output_nki, output_torch, a, g = _run_tutorial_launch(nki_rmsnorm_kernel, "cpu")
