@@ -11,6 +11,12 @@ of it, plus one memset of the ones row, where the legacy kernel has one Vector
 as many more Vector instructions (copies + memset − broadcast). "rows" broadcasts once per
 kernel, "long" and "two_pass" once per row tile and column chunk, "split" never (its
 per-partition weight and bias segments are doubled by SBUF-to-SBUF DMAs in both dialects).
+
+The parity holds per target. The two simulators default to different targets (legacy trn1,
+nki06 trn3: ``simulate.core.targets.DIALECT_DEFAULT_TARGET``), and gemma with a weight has a
+different product plan on each NeuronCore generation ("scalar" on trn1: ``(h·rstd)·w``;
+"tensor" on trn2 / trn3: ``h·(rstd ⊗ w)``), so an fp32 ``y`` differs in its last bits
+between targets, within the reference tolerance. Every comparison here pins the target.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from nki_rmsnorm import kernels
 from nki_rmsnorm.plan.forward import PMAX, PSUM_COLS, choose_layout, make_plan
 
 FP32 = np.dtype(np.float32)
+FP16 = np.dtype(np.float16)
 
 # (target, M, N, x dtype, weight, bias, residual, casting mode, offset): every regime with
 # each product engine it has ("scalar" on trn1, "tensor" for gemma with a weight on trn2 /
@@ -77,9 +84,10 @@ def _broadcast_banks(plan, layout, M, N, weight, bias):
     return rows * math.ceil(M / PMAX) * sum(math.ceil(w / PSUM_COLS) for w in widths)
 
 
-def _launch(dialect, target, x, residual, weight, bias, casting_mode, lnc=None, offset=None):
+def _launch(dialect, target, x, residual, weight, bias, casting_mode, lnc=None, offset=None,
+            out_dtype=None):
     offset = (0.0 if weight is None else 0.5) if offset is None else offset
-    common = (weight, bias, 1e-6, offset, casting_mode, None)
+    common = (weight, bias, 1e-6, offset, casting_mode, out_dtype)
     if residual is None:
         kernel = kernels.kernel("rmsnorm_fwd", dialect)
         return trace_launch(kernel, x, *common, target=target, lnc=lnc)
@@ -129,6 +137,70 @@ def test_dialects_agree_bitwise_with_the_same_traffic(rng, case):
     expected["pe"] += banks
     expected["dve"] += banks
     assert _engine_counts(nki06_trace) == expected
+
+
+def _assert_float32_y_agrees(target, x, r, w, b, mode, offset):
+    legacy, _ = _launch("legacy", target, x, r, w, b, mode, offset=offset, out_dtype=FP32)
+    nki06, _ = _launch("nki06", target, x, r, w, b, mode, offset=offset, out_dtype=FP32)
+    assert legacy[0].dtype == FP32
+    _bitwise(nki06, legacy)
+
+
+# A float32 y keeps the last fp32 bits that a bf16 / fp16 y rounds away: 15 rows of 32 (the
+# reported 3 × 5 × 32 batch) on every target, in every casting mode, with and without a
+# weight (an fp32 one: the one-piece "tensor" plan; no offset: the three bf16 pieces), a
+# bias and a residual.
+SMALL_FP32_Y = [
+    (target, dtype, weight, bias, residual, mode, offset)
+    for target in ("trn1", "trn2", "trn3")
+    for dtype in (BF16, FP16)
+    for mode in ("gemma", "llama", "none")
+    for weight, bias, residual, offset in ((dtype, True, False, 0.5), (dtype, False, True, 0.0))
+] + [
+    (target, BF16, weight, True, residual, "gemma", offset)
+    for target in ("trn1", "trn2", "trn3")
+    for weight, residual, offset in ((FP32, False, 0.0), (FP32, True, 1.0), (None, True, 0.0))
+]
+
+
+@pytest.mark.parametrize("case", SMALL_FP32_Y, ids=lambda c: "-".join(
+    str(v if not isinstance(v, np.dtype) else v.name) for v in c))
+def test_dialects_agree_bitwise_with_a_float32_y(rng, case):
+    target, dtype, weight_dtype, bias, residual, mode, offset = case
+    x = rng.standard_normal((15, 32)).astype(dtype)
+    w = None if weight_dtype is None else rng.normal(1.0, 0.2, 32).astype(weight_dtype)
+    b = rng.normal(0.0, 0.5, 32).astype(FP32) if bias else None
+    r = rng.standard_normal((15, 32)).astype(FP32) if residual else None
+    _assert_float32_y_agrees(target, x, r, w, b, mode, offset)
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c[3] != FP32], ids=_case_id)
+def test_dialects_agree_bitwise_with_a_float32_y_in_every_regime(rng, case):
+    target, M, N, dtype, weight, bias, residual, mode, offset = case
+    x, r, w, b = _inputs(rng, M, N, dtype, weight, bias, residual)
+    _assert_float32_y_agrees(target, x, r, w, b, mode, offset)
+
+
+@pytest.mark.parametrize("residual", [False, True])
+def test_bindings_agree_bitwise_on_one_target(rng, monkeypatch, residual):
+    """``nki_rmsnorm.rms_norm`` under each dialect, both on trn1 (the legacy simulator's
+    default; the nki06 one reads ``NEURON_PLATFORM_TARGET_OVERRIDE``): bf16 x of 3 × 5 × 32
+    with a weight, a bias and a float32 y, the reported case."""
+    import nki_rmsnorm
+    from nki_rmsnorm.dialect import use_dialect
+
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn1")
+    x = rng.standard_normal((3, 5, 32)).astype(BF16)
+    w = rng.normal(1.0, 0.2, 32).astype(BF16)
+    b = rng.normal(0.0, 0.5, 32).astype(FP32)
+    r = rng.standard_normal((3, 5, 32)).astype(BF16) if residual else None
+    outputs = {}
+    for name in ("legacy", "nki06"):
+        with use_dialect(name):
+            got = nki_rmsnorm.rms_norm(x, w, bias=b, offset=0.5, residual=r, out_dtype=FP32)
+        outputs[name] = got if residual else (got,)
+    assert outputs["legacy"][0].dtype == FP32
+    _bitwise(outputs["nki06"], outputs["legacy"])
 
 
 @pytest.mark.parametrize("target", ["trn2", "trn3"])
