@@ -76,8 +76,11 @@ tensor   gemma with a weight on NeuronCore-v3+ (trn2, trn3): ACT splits rstd int
          transposes them exactly into a row (``is_transpose``) and forms rstd ⊗ w per
          512-column PSUM bank with a K = 3 matmul (bf16 products are exact, the sum is
          fp32), the Vector engine multiplies h by it with one PSUM operand (1 cycle per
-         element instead of the 2 of a two-SBUF-input ``scalar_tensor_tensor``): still one
-         rounding, gemma-exact. An fp32 weight or weight + offset pairs with fp32 rstd
+         element instead of the 2 of a two-SBUF-input ``scalar_tensor_tensor``): one
+         rounding into a bf16/fp16 y, gemma-exact. With an fp32 y the fp32 products
+         h·(rstd ⊗ w) and the "scalar" plan's (h·rstd)·w round differently, so fp32
+         outputs differ between NeuronCore generations in the last bit (both dialects
+         agree on one target). An fp32 weight or weight + offset pairs with fp32 rstd
          instead (K = 1, a quarter of the matmul rate).
 scalar   a weight on NeuronCore-v2 (trn1, inf2), every casting mode: ACT scales h by rstd
          (fp32, or x̂ rounded to x's dtype), the Tensor engine broadcasts the weight row into
