@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import inspect
 import os
 import sys
 import sysconfig
@@ -102,16 +103,12 @@ def _reject(kind: type, where: str) -> None:
     )
 
 
-def check_value(value, where: str) -> None:
-    kind = offending_type(value)
-    if kind is not None:
-        _reject(kind, where)
-
-
 def check_arguments(func, arguments: dict) -> None:
     """Kernel arguments at launch (``arguments``: name → value)."""
     for name, value in arguments.items():
-        check_value(value, f"argument `{name}` of kernel `{func.__name__}`")
+        kind = offending_type(value)
+        if kind is not None:
+            _reject(kind, f"argument `{name}` of kernel `{func.__name__}`")
 
 
 def kernel_code_root(func) -> str | None:
@@ -122,46 +119,59 @@ def kernel_code_root(func) -> str | None:
     return None if path is None else os.path.dirname(os.path.abspath(path)) + os.sep
 
 
-class _KernelCodeTracer:
-    """``sys.settrace`` hook of one core thread: checks the functions of the kernel's own code."""
+#: Per kernel-code root: code object → whether it is the kernel's own code (kept across
+#: launches: the trace hook runs on every Python call of the launch and must stay cheap).
+_kernel_code_by_root: dict[str, dict[types.CodeType, bool]] = {}
 
-    def __init__(self, root: str):
-        self.root = root
-        self.is_kernel_code: dict[types.CodeType, bool] = {}
 
-    def _kernel_code(self, code: types.CodeType) -> bool:
-        known = self.is_kernel_code.get(code)
-        if known is None:
-            path = os.path.abspath(code.co_filename)
-            known = (
-                path.startswith(self.root)
-                and not path.startswith(_SIMULATOR_DIR)
-                and not path.startswith(_LIBRARY_DIRS)
-            )
-            self.is_kernel_code[code] = known
-        return known
+def _is_kernel_file(root: str, filename: str) -> bool:
+    path = os.path.abspath(filename)
+    return (
+        path.startswith(root)
+        and not path.startswith(_SIMULATOR_DIR)
+        and not path.startswith(_LIBRARY_DIRS)
+    )
 
-    def on_call(self, frame, event, arg):
-        if event != "call" or not self._kernel_code(frame.f_code):
-            return None
-        code = frame.f_code
-        count = code.co_argcount + code.co_kwonlyargcount
-        count += bool(code.co_flags & 0x04) + bool(code.co_flags & 0x08)  # *args, **kwargs
-        values = frame.f_locals
-        for name in code.co_varnames[:count]:
-            if name in values:
-                check_value(values[name], f"argument `{name}` of `{code.co_qualname}`")
-        frame.f_trace_lines = False
-        return self.on_return
 
-    def on_return(self, frame, event, arg):
+def _check_frame_values(pairs, what: str, code: types.CodeType) -> None:
+    for name, value in pairs:
+        kind = offending_type(value)
+        if kind is not None:
+            _reject(kind, f"{what} `{name}` of `{code.co_qualname}`")
+
+
+def _kernel_code_tracer(root: str):
+    """The ``sys.settrace`` hook of one core thread: checks the arguments of every function of
+    the kernel's own code, and its return value and locals when it returns."""
+    known = _kernel_code_by_root.setdefault(root, {})
+    lookup = known.get
+
+    def on_return(frame, event, arg):
         if event == "return":
             code = frame.f_code
-            if arg is not None:
-                check_value(arg, f"the value `{code.co_qualname}` returns")
-            for name, value in frame.f_locals.items():
-                check_value(value, f"local `{name}` of `{code.co_qualname}`")
-        return self.on_return
+            kind = offending_type(arg)
+            if kind is not None:
+                _reject(kind, f"the value `{code.co_qualname}` returns")
+            _check_frame_values(frame.f_locals.items(), "local", code)
+        return on_return
+
+    def on_call(frame, event, arg):  # the global hook only sees "call" events
+        code = frame.f_code
+        kernel = lookup(code)
+        if kernel is None:
+            kernel = known[code] = _is_kernel_file(root, code.co_filename)
+        if not kernel:
+            return None
+        count = code.co_argcount + code.co_kwonlyargcount
+        count += bool(code.co_flags & inspect.CO_VARARGS)
+        count += bool(code.co_flags & inspect.CO_VARKEYWORDS)
+        values = frame.f_locals
+        names = code.co_varnames[:count]
+        _check_frame_values(((n, values[n]) for n in names if n in values), "argument", code)
+        frame.f_trace_lines = False
+        return on_return
+
+    return on_call
 
 
 @contextlib.contextmanager
@@ -171,7 +181,7 @@ def checking_kernel_code(root: str | None) -> Iterator[None]:
         yield
         return
     previous = sys.gettrace()
-    sys.settrace(_KernelCodeTracer(root).on_call)
+    sys.settrace(_kernel_code_tracer(root))
     try:
         yield
     finally:
