@@ -183,3 +183,26 @@ def test_the_thread_trace_function_is_restored(rng):
         assert sys.gettrace() is tracer
     finally:
         sys.settrace(previous)
+
+
+def test_the_planners_containers_are_nkiobject_classes_only():
+    """What the 0.6 kernels build from the shared planners compiles: every class there is a
+    dataclass whose bases all derive from the 0.6 kernels' ``nl.NKIObject``."""
+    import dataclasses
+    import inspect
+
+    from nki_rmsnorm.kernels.nki06._nki import nl as kernels_nl
+    from nki_rmsnorm.plan import backward, forward
+
+    classes = [
+        cls
+        for module in (forward, backward)
+        for _, cls in inspect.getmembers(module, inspect.isclass)
+        if cls.__module__ == module.__name__
+    ]
+    assert len(classes) >= 13
+    for cls in classes:
+        assert dataclasses.is_dataclass(cls), cls
+        assert all(
+            base is object or issubclass(base, kernels_nl.NKIObject) for base in cls.__mro__
+        ), cls
