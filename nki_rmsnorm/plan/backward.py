@@ -1,4 +1,4 @@
-"""The backward kernel's static choices: pure Python, no NKI import, shared by both
+"""The backward kernel's static choices: pure Python (no NKI instruction), shared by both
 dialects' kernels (``nki_rmsnorm.kernels.legacy`` and ``nki_rmsnorm.kernels.nki06``).
 
 Two regimes (see ``rmsnorm_bwd.py`` and ``rmsnorm_bwd_streamed.py`` in either dialect):
@@ -10,10 +10,12 @@ Every choice depends on N, the dtypes, the options and the SBUF budget, never on
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from dataclasses import dataclass
 
 import numpy as np
 from ml_dtypes import bfloat16
+
+from nki_rmsnorm.plan.nki_object import NKIObject
 
 FLOAT32 = np.dtype(np.float32)
 BFLOAT16 = np.dtype(bfloat16)
@@ -44,7 +46,8 @@ ACC_BANKS = 2
 MAX_HIDDEN = ACC_BANKS * PSUM_BANK_COLS * 128
 
 
-class FoldedPlan(NamedTuple):
+@dataclass(frozen=True)
+class FoldedPlan(NKIObject):
     """Static choices of one launch; they depend on N, the dtypes and the target only."""
 
     fold: int  # partitions per row
@@ -115,7 +118,8 @@ def plan_bytes(plan, dtypes) -> int:
     )
 
 
-class BwdDtypes(NamedTuple):
+@dataclass(frozen=True)
+class BwdDtypes(NKIObject):
     """The dtypes the backward's SBUF plan depends on (None for an absent tensor)."""
 
     x: object
@@ -135,7 +139,8 @@ CHUNK_COLS = 2048
 CHUNK_SCRATCH_BYTES = 48 * 1024
 
 
-class StreamedPlan(NamedTuple):
+@dataclass(frozen=True)
+class StreamedPlan(NKIObject):
     """Static choices of one launch. They depend on N and the dtypes only, never on M, so a
     row's arithmetic is the same whatever the batch."""
 
@@ -175,7 +180,8 @@ def streamed_plan_bytes(plan, N, x_dtype, dy_dtype, weight_dtype) -> int:
     )
 
 
-class BwdConstants(NamedTuple):
+@dataclass(frozen=True)
+class BwdConstants(NKIObject):
     """The backward's tiles built once, in either dialect: the moving rows of w', the fold
     masks (column-sum moving operands), the PSUM accumulators (one tile per bank, listed),
     the HBM tables of per-tile rstd operands."""
@@ -190,7 +196,8 @@ class BwdConstants(NamedTuple):
     table_cols: object  # HBM (tiles, P, n_cols) fp32: each tile's rstd columns
 
 
-class BwdTileSlots(NamedTuple):
+@dataclass(frozen=True)
+class BwdTileSlots(NKIObject):
     """Per-row-tile operands carried from a tile's statistic pass to its gradient pass, in
     two slots (tile t uses slot t mod 2): the stationary rows of a = rstd · w' (kw·fold,
     SPLIT, P) bf16, the rstd columns (P, n_cols) fp32 (rstd, −rstd²/N, then with a gemma
@@ -203,7 +210,8 @@ class BwdTileSlots(NamedTuple):
     negk: object
 
 
-class BwdTile(NamedTuple):
+@dataclass(frozen=True)
+class BwdTile(NKIObject):
     """Row tile t: its first view row, its partitions and its slot's operands."""
 
     v0: int
@@ -214,7 +222,8 @@ class BwdTile(NamedTuple):
     negk: object
 
 
-class StreamedInputs(NamedTuple):
+@dataclass(frozen=True)
+class StreamedInputs(NKIObject):
     """The kernel's HBM operands and scalars, plus the resident weight broadcast (or None)."""
 
     dy: object
@@ -226,7 +235,8 @@ class StreamedInputs(NamedTuple):
     offset: float
 
 
-class StreamedParamGrads(NamedTuple):
+@dataclass(frozen=True)
+class StreamedParamGrads(NKIObject):
     """PSUM column-sum accumulators (a tile, or in the 0.6 dialect a list of banks; None
     when not wanted) and the ones vectors that feed them to the Tensor engine."""
 

@@ -1,4 +1,4 @@
-"""What the forward kernel keeps on chip and how it tiles: pure Python, no NKI import, shared
+"""What the forward kernel keeps on chip and how it tiles: pure Python (no NKI instruction), shared
 by both dialects' kernels (``nki_rmsnorm.kernels.legacy`` and ``nki_rmsnorm.kernels.nki06``).
 
 Every decision here depends on N, the dtypes, the options and the NeuronCore generation,
@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import numpy as np
 from ml_dtypes import bfloat16
+
+from nki_rmsnorm.plan.nki_object import NKIObject
 
 CASTING_MODES = ("gemma", "llama", "none")
 
@@ -71,7 +72,8 @@ NEWTON_STEPS = 2
 FP32_MAX = float(np.finfo(np.float32).max)
 
 
-class Tensors(NamedTuple):
+@dataclass(frozen=True)
+class Tensors(NKIObject):
     """The kernel's HBM tensors: inputs x, residual (or None), weight, bias (or None);
     outputs y, h (None without a residual) and rstd."""
 
@@ -94,7 +96,7 @@ def _holds_squares(dtype) -> bool:
 
 
 @dataclass(frozen=True)
-class Plan:
+class Plan(NKIObject):
     """The dtype of every on-chip step and the engine of the weight product."""
 
     in_dtype: object  # x's dtype; x̂ is rounded to it in llama / none
@@ -248,7 +250,7 @@ def make_plan(x_dtype, weight_dtype, bias_dtype, residual_dtype, offset, casting
 
 
 @dataclass(frozen=True)
-class Layout:
+class Layout(NKIObject):
     """How the rows are tiled: ``regime`` is "rows" (whole rows, ``rows_per_partition``
     consecutive rows per partition in a tile), "split" (each row spread over ``segments``
     partitions), "long" (one row tile kept, column chunks of ``chunk`` columns, stored in
@@ -317,7 +319,8 @@ def layout_bytes(plan: Plan, layout: Layout, n: int) -> int:
     return plan.two_pass_bytes(layout.chunk)
 
 
-class RowsResident(NamedTuple):
+@dataclass(frozen=True)
+class RowsResident(NKIObject):
     """On-chip tiles every row tile reads: the weight (broadcast across the partitions
     for the Vector engine, or the Tensor engine's moving row(s)); the broadcast bias; the
     transpose identity ("tensor") or the ones row that broadcasts the weight ("scalar")."""
@@ -328,7 +331,8 @@ class RowsResident(NamedTuple):
     ones: object
 
 
-class RowViews(NamedTuple):
+@dataclass(frozen=True)
+class RowViews(NKIObject):
     """The HBM tensors viewed as (M / k, k·N) (rstd as (M / k, k))."""
 
     x: object

@@ -16,7 +16,7 @@ import warnings
 
 import numpy as np
 
-from . import context
+from . import classes, context
 from . import dtypes as dt
 from .errors import NkiRuntimeError, NkiTypeError, NkiValueError
 from .tensor import Buffer, MemoryRegion, NkiTensor
@@ -217,6 +217,7 @@ def launch(func, args, kwargs, lnc, target=None):
     except TypeError as exc:
         raise NkiTypeError(f"kernel `{func.__name__}`: {exc}") from exc
     _check_annotations(func, bound)
+    classes.check_arguments(func, bound)
     state = context.Launch(target, degree, 0 if lnc is None else 1)
     results = _run_programs(func, positional, keywords, state)
     for memory in ("sbuf", "psum"):  # live-range peaks replace the allocator's running ones
@@ -270,10 +271,12 @@ def _run_programs(func, positional, keywords, state):
 
 
 def _run_program(func, positional, keywords, program):
-    """The kernel body as one program, then its SBUF/PSUM capacity check."""
+    """The kernel body as one program (its own code checked for classes the 0.6 compiler
+    rejects, :mod:`.classes`), then its SBUF/PSUM capacity check."""
     previous = context.enter(program)
     try:
-        result = func(*positional, **keywords)
+        with classes.checking_kernel_code(classes.kernel_code_root(func)):
+            result = func(*positional, **keywords)
         program.check_capacity()
         return result
     finally:

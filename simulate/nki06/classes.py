@@ -1,0 +1,188 @@
+"""The 0.6 rule on user classes: "When you declare a class for use in a NKI kernel, the class
+must inherit from NKIObject and no other classes" (nki/get-started/nki-language-guide.rst@81ce03ae,
+L572). The compiler rejects any other user class, a ``NamedTuple`` included; the official
+simulator runs the kernel as Python and accepts them, so this front-end checks:
+
+* every kernel argument at launch (:func:`check_arguments`);
+* while the body runs, every call and return of the kernel's own code — the files of the
+  kernel function's top-level package (or, for a top-level module, its directory), never
+  the simulator, the standard library or site-packages: the arguments a function of that
+  code receives, and its return value and local variables when it returns
+  (:func:`checking_kernel_code`, a per-thread ``sys.settrace`` hook, so only the launch's
+  own core threads are traced).
+
+Allowed values: None, bool, int, float, str, ... (builtins), tuples, lists and dicts of allowed
+values, instances of ``NKIObject`` subclasses whose every base is ``NKIObject``-derived,
+enums, functions, classes, modules, and objects of the simulator, the standard library,
+NumPy and ml_dtypes (tensors, views, dtypes).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import inspect
+import os
+import sys
+import sysconfig
+import types
+from collections.abc import Iterator
+
+from .errors import NkiTypeError
+from .language import NKIObject
+
+DOC = "nki/get-started/nki-language-guide.rst@81ce03ae, L572"
+
+#: Top-level modules whose objects a kernel may hold: the simulator (tensors, views, dtypes),
+#: the standard library and the array libraries it builds on.
+_LIBRARIES = frozenset(sys.stdlib_module_names) | {"simulate", "numpy", "ml_dtypes", "builtins"}
+#: Tuples, lists and dicts are looked into to this depth (kernel containers are shallow).
+_MAX_DEPTH = 4
+#: sysconfig paths of the standard library and site-packages (not ``data``: the prefix may
+#: hold the project itself).
+_LIBRARY_PATH_KEYS = ("stdlib", "platstdlib", "purelib", "platlib")
+#: Kinds of values that are code or names, never data a class could smuggle in.
+_CODE_KINDS = (
+    type,
+    enum.Enum,
+    types.FunctionType,
+    types.MethodType,
+    types.BuiltinFunctionType,
+    types.ModuleType,
+)
+_SIMULATOR_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_LIBRARY_DIRS = tuple(
+    {os.path.abspath(sysconfig.get_path(key)) + os.sep for key in _LIBRARY_PATH_KEYS}
+)
+
+_type_allowed: dict[type, bool] = {}
+
+
+def _is_allowed_type(kind: type) -> bool:
+    allowed = _type_allowed.get(kind)
+    if allowed is None:
+        if issubclass(kind, NKIObject):
+            allowed = all(base is object or issubclass(base, NKIObject) for base in kind.__mro__)
+        elif issubclass(kind, tuple) and hasattr(kind, "_fields"):
+            allowed = False  # a NamedTuple, wherever it is defined
+        elif issubclass(kind, _CODE_KINDS):
+            allowed = True
+        else:
+            allowed = kind.__module__.partition(".")[0] in _LIBRARIES
+        _type_allowed[kind] = allowed
+    return allowed
+
+
+def offending_type(value, depth: int = 0) -> type | None:
+    """The first class of ``value`` (or of an element of its tuples, lists, dicts) that a 0.6
+    kernel may not use, or None."""
+    kind = type(value)
+    if kind in (tuple, list):
+        if depth < _MAX_DEPTH:
+            for item in value:
+                found = offending_type(item, depth + 1)
+                if found is not None:
+                    return found
+        return None
+    if kind is dict:
+        if depth < _MAX_DEPTH:
+            for item in (*value.keys(), *value.values()):
+                found = offending_type(item, depth + 1)
+                if found is not None:
+                    return found
+        return None
+    return None if _is_allowed_type(kind) else kind
+
+
+def _reject(kind: type, where: str) -> None:
+    bases = ", ".join(base.__name__ for base in kind.__bases__)
+    raise NkiTypeError(
+        f"{where} is an instance of class `{kind.__qualname__}` (bases: {bases}): a class used "
+        "in an NKI kernel must inherit from nl.NKIObject and no other classes, and NamedTuples "
+        f"are not NKI classes ({DOC})"
+    )
+
+
+def check_arguments(func, arguments: dict) -> None:
+    """Kernel arguments at launch (``arguments``: name → value)."""
+    for name, value in arguments.items():
+        kind = offending_type(value)
+        if kind is not None:
+            _reject(kind, f"argument `{name}` of kernel `{func.__name__}`")
+
+
+def kernel_code_root(func) -> str | None:
+    """The directory whose files count as the kernel's own code: its top-level package's."""
+    module = sys.modules.get(getattr(func, "__module__", None) or "")
+    top = sys.modules.get(module.__name__.partition(".")[0]) if module is not None else None
+    path = getattr(top, "__file__", None)
+    return None if path is None else os.path.dirname(os.path.abspath(path)) + os.sep
+
+
+#: Per kernel-code root: code object → whether it is the kernel's own code (kept across
+#: launches: the trace hook runs on every Python call of the launch and must stay cheap).
+_kernel_code_by_root: dict[str, dict[types.CodeType, bool]] = {}
+
+
+def _is_kernel_file(root: str, filename: str) -> bool:
+    path = os.path.abspath(filename)
+    return (
+        path.startswith(root)
+        and not path.startswith(_SIMULATOR_DIR)
+        and not path.startswith(_LIBRARY_DIRS)
+    )
+
+
+def _check_frame_values(pairs, what: str, code: types.CodeType) -> None:
+    for name, value in pairs:
+        kind = offending_type(value)
+        if kind is not None:
+            _reject(kind, f"{what} `{name}` of `{code.co_qualname}`")
+
+
+def _kernel_code_tracer(root: str):
+    """The ``sys.settrace`` hook of one core thread: checks the arguments of every function of
+    the kernel's own code, and its return value and locals when it returns."""
+    known = _kernel_code_by_root.setdefault(root, {})
+    lookup = known.get
+
+    def on_return(frame, event, arg):
+        if event == "return":
+            code = frame.f_code
+            kind = offending_type(arg)
+            if kind is not None:
+                _reject(kind, f"the value `{code.co_qualname}` returns")
+            _check_frame_values(frame.f_locals.items(), "local", code)
+        return on_return
+
+    def on_call(frame, event, arg):  # the global hook only sees "call" events
+        code = frame.f_code
+        kernel = lookup(code)
+        if kernel is None:
+            kernel = known[code] = _is_kernel_file(root, code.co_filename)
+        if not kernel:
+            return None
+        count = code.co_argcount + code.co_kwonlyargcount
+        count += bool(code.co_flags & inspect.CO_VARARGS)
+        count += bool(code.co_flags & inspect.CO_VARKEYWORDS)
+        values = frame.f_locals
+        names = code.co_varnames[:count]
+        _check_frame_values(((n, values[n]) for n in names if n in values), "argument", code)
+        frame.f_trace_lines = False
+        return on_return
+
+    return on_call
+
+
+@contextlib.contextmanager
+def checking_kernel_code(root: str | None) -> Iterator[None]:
+    """Trace this thread's calls into the files under ``root`` while the block runs."""
+    if root is None:
+        yield
+        return
+    previous = sys.gettrace()
+    sys.settrace(_kernel_code_tracer(root))
+    try:
+        yield
+    finally:
+        sys.settrace(previous)
