@@ -189,12 +189,20 @@ def _split_statistics(plan, s, views, hbm, resident, slot, seg0, parts):
                   nl.arange(R)[None, :, None] * s + nl.arange(s)[None, None, :]]
     row_sq = nisa.tensor_reduce(nl.add, by_row, axis=2, dtype=nl.float32)
 
-    # ACT: rstd per row, stored. GpSimd: repeated for each segment of its row; PE:
-    # transposed back to one rstd per partition.
-    rstd_row = steps.rstd_from_sum(row_sq, resident.eps, N)
-    nl.store(hbm.rstd.reshape((1, hbm.rstd.shape[0]))[nl.arange(1)[:, None],
-                                                       seg0 // s + nl.arange(R)[None, :]],
-             value=rstd_row)
+    # PE: the R sums transposed to one per partition, so that the rstd chain (ACT) is a
+    # fixed number of instructions over all R rows (its Newton steps scale by a per-partition
+    # column: on the (1, R) row they would be one instruction per row); rstd stored. PE:
+    # transposed back to a row; GpSimd: repeated for each segment of its row; PE: transposed
+    # back to one rstd per partition. The transposes are exact (one 1·x product each).
+    row_sq_col = nisa.tensor_copy(
+        nisa.nc_matmul(row_sq, resident.ident_f32[:1, :1], is_transpose=True), dtype=nl.float32)
+    rstd_by_row = steps.rstd_from_sum(row_sq_col, resident.eps, N)
+    nl.store(hbm.rstd.reshape((hbm.rstd.shape[0], 1))[seg0 // s + nl.arange(R)[:, None],
+                                                       nl.arange(1)[None, :]],
+             value=rstd_by_row)
+    rstd_row = nisa.tensor_copy(
+        nisa.nc_matmul(rstd_by_row, resident.ident_f32[:R, :R], is_transpose=True),
+        dtype=nl.float32)
     repeated = nl.ndarray((1, parts), dtype=nl.float32)
     i_r = nl.arange(R)[None, :]
     for q in nl.static_range(s):

@@ -195,11 +195,29 @@ def _split_statistics(plan, s, views, hbm, resident, slot, seg0, parts):
     row_sq = steps.sbuf((1, R), nl.float32)
     nisa.tensor_reduce(dst=row_sq, op=nl.add, data=sums.reshape((1, R, s)), axis=2)
 
-    # ACT: rstd per row, stored. GpSimd: repeated for each segment of its row; PE:
-    # transposed back to one rstd per partition.
-    rstd_row = steps.rstd_from_sum(row_sq, resident.eps, N)
+    # PE: the R sums transposed to one per partition, so that the rstd chain (ACT) is a
+    # fixed number of instructions over all R rows (its Newton steps scale by a per-partition
+    # column: on the (1, R) row they would be one instruction per row); rstd stored. PE:
+    # transposed back to a row; GpSimd: repeated for each segment of its row; PE: transposed
+    # back to one rstd per partition. The transposes are exact (one 1·x product each).
+    row_sq_t = nl.ndarray((R, 1), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(
+        dst=row_sq_t, stationary=row_sq, moving=resident.ident_f32[:1, :1], is_transpose=True
+    )
+    row_sq_col = steps.sbuf((R, 1), nl.float32)
+    nisa.tensor_copy(dst=row_sq_col, src=row_sq_t)
+    rstd_by_row = steps.rstd_from_sum(row_sq_col, resident.eps, N)
     row0 = seg0 // s
-    nisa.dma_copy(dst=hbm.rstd.reshape((1, hbm.rstd.shape[0]))[:, row0 : row0 + R], src=rstd_row)
+    nisa.dma_copy(dst=hbm.rstd.reshape((hbm.rstd.shape[0], 1))[row0 : row0 + R, :], src=rstd_by_row)
+    rstd_row_t = nl.ndarray((1, R), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(
+        dst=rstd_row_t,
+        stationary=rstd_by_row,
+        moving=resident.ident_f32[:R, :R],
+        is_transpose=True,
+    )
+    rstd_row = steps.sbuf((1, R), nl.float32)
+    nisa.tensor_copy(dst=rstd_row, src=rstd_row_t)
     repeated = steps.sbuf((1, parts), nl.float32)
     for q in range(s):
         nisa.tensor_copy(dst=repeated[:, q:parts:s], src=rstd_row, engine=nisa.engine.gpsimd)
