@@ -14,8 +14,9 @@ DMA   load the (P, F) segments of x (with a residual: load both, DVE adds them, 
 ACT   Σh² per segment (``activation_reduce``) into an fp32 column
 PE    transpose that column into one row; DVE: each row's s segment sums added
       (``tensor_reduce``, segment order)
-ACT   rstd (1, R); DMA rstd out; GpSimd: rstd repeated into each segment's place; PE:
-      transposed back, one rstd per partition
+PE    the R row sums transposed to an (R, 1) column; ACT rstd on it (a fixed number of
+      instructions, not some per row); DMA rstd out; PE: transposed to a row; GpSimd: rstd
+      repeated into each segment's place; PE: transposed back, one rstd per partition
 PE    "tensor" (gemma): rstd ⊗ w per PSUM bank from a K = 3·s matmul: the bf16 pieces of
       partition p's rstd sit in the rows of its own segment q = p mod s (zeros in the other
       segments' rows; DVE places them), the moving rows hold the s weight segments;

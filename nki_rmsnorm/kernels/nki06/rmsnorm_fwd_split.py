@@ -200,24 +200,10 @@ def _split_statistics(plan, s, views, hbm, resident, slot, seg0, parts):
     # column: on the (1, R) row they would be one instruction per row); rstd stored. PE:
     # transposed back to a row; GpSimd: repeated for each segment of its row; PE: transposed
     # back to one rstd per partition. The transposes are exact (one 1·x product each).
-    row_sq_t = nl.ndarray((R, 1), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(
-        dst=row_sq_t, stationary=row_sq, moving=resident.ident_f32[:1, :1], is_transpose=True
-    )
-    row_sq_col = steps.sbuf((R, 1), nl.float32)
-    nisa.tensor_copy(dst=row_sq_col, src=row_sq_t)
-    rstd_by_row = steps.rstd_from_sum(row_sq_col, resident.eps, N)
+    rstd_by_row = steps.rstd_from_sum(_transposed(row_sq, resident.ident_f32), resident.eps, N)
     row0 = seg0 // s
     nisa.dma_copy(dst=hbm.rstd.reshape((hbm.rstd.shape[0], 1))[row0 : row0 + R, :], src=rstd_by_row)
-    rstd_row_t = nl.ndarray((1, R), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(
-        dst=rstd_row_t,
-        stationary=rstd_by_row,
-        moving=resident.ident_f32[:R, :R],
-        is_transpose=True,
-    )
-    rstd_row = steps.sbuf((1, R), nl.float32)
-    nisa.tensor_copy(dst=rstd_row, src=rstd_row_t)
+    rstd_row = _transposed(rstd_by_row, resident.ident_f32)
     repeated = steps.sbuf((1, parts), nl.float32)
     for q in range(s):
         nisa.tensor_copy(dst=repeated[:, q:parts:s], src=rstd_row, engine=nisa.engine.gpsimd)
@@ -238,6 +224,17 @@ def _split_statistics(plan, s, views, hbm, resident, slot, seg0, parts):
             resident.ident[:parts, :parts],
             slot.rstd[:, :parts],
         )
+
+
+def _transposed(tile, ident):
+    """An (a, b) fp32 SBUF tile as a (b, a) one: Tensor-engine transpose (exact), Vector
+    copy out of PSUM."""
+    a, b = tile.shape
+    transposed = nl.ndarray((b, a), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=transposed, stationary=tile, moving=ident[:a, :a], is_transpose=True)
+    out = steps.sbuf((b, a), nl.float32)
+    nisa.tensor_copy(dst=out, src=transposed)
+    return out
 
 
 def _split_output(plan, views, resident, slot, seg0, parts):
