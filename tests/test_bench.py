@@ -39,6 +39,12 @@ REQUIRED_KEYS = {
 }
 
 
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path, monkeypatch):
+    """The bench's yardstick cache in the test's folder, never the user's."""
+    monkeypatch.setenv("NKI_RMSNORM_CACHE_DIR", str(tmp_path / "cache"))
+
+
 def test_quick_run_checks_results_and_writes_json(tmp_path, capsys):
     path = tmp_path / "bench.json"
     assert bench.main(["bench", "--quick", "--target", "trn2", "--json", str(path)]) == 0
