@@ -203,6 +203,30 @@ def test_psum_tiles_hold_512_elements_per_partition_in_any_dtype(rng):
     np.testing.assert_array_equal(run(kernel, x, 512), x[:, :512])
 
 
+def test_legacy_matmul_results_are_float32(rng):
+    """"The matmul accumulation and results are always in float32" (legacy isa L876): a
+    matmul, transposes included, is assigned or accumulated only into a float32 PSUM tile."""
+    x = random_array(rng, (32, 48), BF16)
+
+    def transpose_into(x, psum_dtype, accumulate):
+        out = nl.ndarray((48, 32), BF16, buffer=nl.shared_hbm)
+        identity = nl.load(nl.shared_identity_matrix(32, dtype=nl.bfloat16))
+        transposed = nl.ndarray((48, 32), psum_dtype, buffer=nl.psum)
+        if accumulate:
+            transposed[...] = nl.zeros((48, 32), psum_dtype, buffer=nl.psum)
+            transposed += nisa.nc_matmul(nl.load(x), identity, is_transpose=True)
+        else:
+            transposed[...] = nisa.nc_matmul(nl.load(x), identity, is_transpose=True)
+        nl.store(out, value=nisa.tensor_copy(transposed, dtype=nl.bfloat16))
+        return out
+
+    for accumulate in (False, True):
+        message = rejects("err_matmul_dtype", transpose_into, x, nl.bfloat16, accumulate,
+                          match="always in float32")
+        assert "bfloat16 PSUM tile" in message
+        np.testing.assert_array_equal(run(transpose_into, x, nl.float32, accumulate), x.T)
+
+
 def test_masks_are_boxes(rng):
     x = random_array(rng, (128, 64), np.float32)
 

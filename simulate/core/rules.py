@@ -536,6 +536,22 @@ def check_matmul_free_sizes(api: str, stationary_free: int, moving_free: int, di
 TRANSPOSE_LIMITS = {"pe": 128, "dve": 32}
 
 
+def check_legacy_matmul_result(api: str, dst_dtype: str, tile="") -> None:
+    """Legacy ``nc_matmul`` (``is_transpose`` included) writes float32: "The matmul
+    accumulation and results are always in float32" (legacy isa L876), so its result may be
+    assigned (``psum[...] = nc_matmul(...)``) or accumulated (``+=``) only into a float32
+    PSUM tile; AWS's legacy kernels transpose into float32 PSUM and cast on the copy out."""
+    if dst_dtype != "float32":
+        # general/nki/api/nki/isa/__init__.py@8a38e733, L876
+        raise NKITypeError(
+            f"{api}: the result of nc_matmul is float32 in this dialect (\"The matmul "
+            f"accumulation and results are always in float32\", {ISA}, L876); it cannot be "
+            f"written into a {dst_dtype} PSUM tile: allocate the PSUM tile as float32 and "
+            f"cast on the copy to SBUF{_tile(tile)}",
+            "err_matmul_dtype",
+        )
+
+
 def check_transpose_size(api: str, engine: str, partitions: int, free: int, dialect: str,
                          tile="") -> None:
     """``nc_transpose`` input at most 128 x 128 (Tensor) or 32 x 32 (Vector; another engine

@@ -647,8 +647,12 @@ def nc_matmul(stationary, moving, *, is_stationary_onezero=False, is_moving_onez
     M ≤ 128)``, moving ``(K ≤ 128, N ≤ 512)``, both in SBUF. Operand masks
     (``moving[...][mask]``) drop the masked-off points from the contraction and leave the
     output rows/columns they produce uncomputed. ``is_transpose=True`` means ``moving`` is an
-    identity and the result is ``stationary.T`` (exact, in the input dtype, on
-    NeuronCore-v3+). Accumulate with ``psum_tile += nisa.nc_matmul(...)``."""
+    identity and the result is ``stationary.T`` (exact and NaN-safe on NeuronCore-v3+).
+    The result is float32 whatever the inputs, transposes included: "The matmul
+    accumulation and results are always in float32" (general/nki/api/nki/isa/__init__.py@
+    8a38e733, L876), so it may be assigned or accumulated only into a float32 PSUM tile
+    (:func:`simulate.core.rules.check_legacy_matmul_result`). Accumulate with
+    ``psum_tile += nisa.nc_matmul(...)``."""
     st = tile_operand(stationary, "stationary", "nc_matmul", allow_psum=False,
                       operand_mask=True)
     mv = tile_operand(moving, "moving", "nc_matmul", allow_psum=False, operand_mask=True)
@@ -679,7 +683,6 @@ def nc_matmul(stationary, moving, *, is_stationary_onezero=False, is_moving_onez
             raise NKIValueError("is_transpose=True needs an identity matrix as moving",
                                 "err_transpose_identity")
         result = np.ascontiguousarray(a.T) if version >= 3 else None
-        out_dtype = st.dtype if version >= 3 else dt.float32
     else:
         result = None
     valid_a, valid_b = _operand_valid(st), _operand_valid(mv)
