@@ -227,6 +227,41 @@ def test_legacy_matmul_results_are_float32(rng):
         np.testing.assert_array_equal(run(transpose_into, x, nl.float32, accumulate), x.T)
 
 
+def test_legacy_tensor_reduce_reduces_every_free_axis(rng):
+    """Legacy ``nisa.tensor_reduce``: the axes contain axis 1 (isa L1586) and are the last
+    contiguous dims (L1619), so every free axis; grouped sums over an inner axis are
+    ``nl.sum`` over an indexed view (AWS's legacy average_pool2d example)."""
+    x = random_array(rng, (1, 96), np.float32)
+    groups, width = 12, 8
+
+    def grouped(x, how):
+        out = nl.ndarray((1, groups), nl.float32, buffer=nl.shared_hbm)
+        t = nl.load(x)
+        view = t[nl.arange(1)[:, None, None],
+                 nl.arange(groups)[None, :, None] * width + nl.arange(width)[None, None, :]]
+        sums = nl.ndarray((1, groups), nl.float32)
+        if how == "isa_inner_axis":
+            sums[...] = nisa.tensor_reduce(nl.add, view, axis=2, dtype=nl.float32)
+        elif how == "isa_first_axis":
+            sums[...] = nisa.tensor_reduce(nl.add, view, axis=[1], dtype=nl.float32)
+        else:
+            sums[...] = nl.sum(view, axis=[2], dtype=nl.float32)
+        nl.store(out, value=sums)
+        return out
+
+    def whole(x):
+        out = nl.ndarray((1, 1), nl.float32, buffer=nl.shared_hbm)
+        t = nl.load(x.reshape((1, groups, width)))
+        nl.store(out, value=nisa.tensor_reduce(nl.add, t, axis=[1, 2], dtype=nl.float32))
+        return out
+
+    rejects("err_reduce_axis", grouped, x, "isa_inner_axis", match="must contain axis 1")
+    rejects("err_reduce_axis", grouped, x, "isa_first_axis", match="last contiguous")
+    expected = x.reshape(groups, width).sum(axis=1, dtype=np.float32)
+    np.testing.assert_array_equal(run(grouped, x, "nl_sum")[0], expected)
+    np.testing.assert_allclose(run(whole, x)[0, 0], x.sum(dtype=np.float64), rtol=1e-5)
+
+
 def test_masks_are_boxes(rng):
     x = random_array(rng, (128, 64), np.float32)
 
