@@ -34,7 +34,7 @@ import os
 import re
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import ml_dtypes
 import numpy as np
@@ -93,6 +93,10 @@ class Record:
     max_error: float
     dialect: str = "legacy"
     lnc: int = 1  # physical cores of the logical core the kernel ran on
+    # the least time each engine, the DMA engines and HBM need for the instruction mix, by
+    # the cost model's per-instruction rules (simulate.cost.engine_floors), and the largest
+    floor_us: dict = field(default_factory=dict)
+    binds: str = ""
 
 
 def minimal_hbm_bytes(kind: str, M: int, N: int, itemsize: int) -> int:
@@ -209,7 +213,17 @@ def run_case(kind, target, M, N, dtype_name, rng, with_baseline=True, dialect="l
         copy_us=copy_us, copy_ratio=prof.latency_us / copy_us, baseline=BASELINES[kind],
         baseline_us=baseline_us,
         speedup_vs_baseline=baseline_us / prof.latency_us if baseline_us else None,
-        correct=bool(correct), max_error=max_error, dialect=dialect, lnc=lnc)
+        correct=bool(correct), max_error=max_error, dialect=dialect, lnc=lnc,
+        **_floor_fields(prof))
+
+
+def _floor_fields(prof) -> dict:
+    """The record's per-engine floor and the resource it names as binding."""
+    import simulate.cost
+
+    floors = simulate.cost.engine_floors(prof.schedule)
+    return {"floor_us": {k: round(v, 3) for k, v in floors.items()},
+            "binds": simulate.cost.binding_resource(floors)}
 
 
 def _max_error(got, want, scale) -> float:
@@ -283,7 +297,7 @@ def _baseline_us(kind, target, x, weight, residual, dy) -> float | None:
 
 HEADER = (f"{'kind':9s} {'target':6s} {'shape':>12s} {'model µs':>10s} {'GB/s':>7s} "
           f"{'MBU':>6s} {'busiest':>11s} {'DMA':>6s} {'HBM/min':>8s} {'sim s':>6s} "
-          f"{'×copy':>6s} {'vs base':>8s} ok")
+          f"{'×copy':>6s} {'vs base':>8s} ok {'binds':>11s}")
 
 
 def _target_name(r: Record) -> str:
@@ -298,7 +312,14 @@ def format_row(r: Record) -> str:
             f"{r.gbps:7.1f} {100 * r.mbu:5.1f}% {r.busiest_engine:>4s} "
             f"{100 * r.busiest_engine_util:5.1f}% {100 * r.dma_busy:5.1f}% "
             f"{r.hbm_bytes_ratio:8.3f} {r.sim_wall_s:6.2f} {r.copy_ratio:6.3f} {speedup} "
-            f"{'yes' if r.correct else 'NO'}")
+            f"{'yes' if r.correct else 'NO'} {_binds(r):>11s}")
+
+
+def _binds(r: Record) -> str:
+    """The binding resource with its floor as a share of the modeled time."""
+    if not r.floor_us:
+        return "-"
+    return f"{r.binds} {100 * r.floor_us.get(r.binds, 0.0) / r.modeled_us:4.0f}%"
 
 
 def _progress_bar(total: int):
