@@ -1,0 +1,413 @@
+"""Quantized RMSNorm forward in the ``nki`` 0.6 dialect (trn2 / trn3): one pass that reads
+x (and a residual), and writes the fp8 quantized ``y`` with its dequantization scales, and
+optionally ``y`` itself, ``h = x + residual`` and the per-row absolute maximum of ``y``.
+
+Math (per row of N elements, every step float32 unless it says otherwise)::
+
+    h     = x + residual                      (rounded once to the residual's dtype)
+    rstd  = 1 / sqrt(Σh² / N + eps)           (Scalar rsqrt, two Newton steps)
+    p     = h · w                             (exact products; h itself without a weight)
+    y     = p · rstd
+    amax  = max |y| = max |p| · rstd          (per row, or per block of ``block`` columns)
+    scale = max(min(amax, lower_bound) · (1 / fp8_max), scale_floor)        dequant scale
+    y_q   = RNE_fp8(clip(y, ±lower_bound) / scale) = RNE_fp8(clip(p · (rstd · (1 / scale)),
+            ±lower_bound · (1 / scale)))
+
+``1 / fp8_max`` and ``1 / scale`` are float32 (the ALU has no divide; the Vector engine's
+``reciprocal``). ``fp8_max`` is the largest finite value of the output dtype: 240 for
+``float8_e4m3`` (the NeuronCore's IEEE-style e4m3), 448 for the OCP ``float8_e4m3fn`` (trn3
+only: nki-library@d2ad3a5 ``src/nkilib_src/nkilib/core/utils/kernel_helpers.py`` L39-43,
+L489-491) and 57344 for ``float8_e5m2``. With per-row or per-block scales ``|y / scale|``
+never exceeds ``fp8_max`` (by construction, up to float32 rounding, which rounds back to
+``fp8_max``). With a static input scale, ``y / scale`` is clipped to ``±fp8_max`` before the
+conversion, as AWS's ``rmsnorm_quant_kernel`` does (nki-library@d2ad3a5
+``core/rmsnorm/rmsnorm_quant.py`` ``_static_quantize_tile``): the docs say nothing of how an
+engine converts an out-of-range value to fp8, so the kernel never relies on it.
+
+``scale_floor`` (default 1e-6, AWS's ``min_dequant_scale_value``,
+``core/rmsnorm/rmsnorm_quant_constants.py``) keeps ``1 / scale`` finite: an all-zero row gets
+the scale ``scale_floor`` and ``y_q = 0``. A row holding NaN or ±Inf gets a non-finite
+``rstd`` or ``amax``, hence a non-finite scale, which flags it; its ``y_q`` is unspecified.
+
+Layout and engines (per tile of up to 128 rows, whole rows on chip; under ``kernel[2]`` the
+tiles are split between the two physical cores by ``nl.program_id(0)``):
+
+* DMA: x (residual) in, h / y / y_q / scales out;
+* Scalar: Σh² (``activation_reduce``, square and add), the rsqrt, and the quantizing
+  multiply (``activation`` copy with the per-row ``scale=`` column, converting to fp8 on
+  write; ``nki/api/nki/isa/__init__.py@81ce03ae`` L1378-1387: any output dtype at no cost);
+* Tensor: the weight row broadcast to the tile's partitions, one PSUM bank at a time (a
+  ones-row matmul, exact);
+* Vector: h · w against that PSUM bank (one PSUM input: N cycles), the per-row absolute
+  maximum (``tensor_scalar_reduce`` with ``nl.abs`` and ``nl.maximum``, as AWS's
+  ``_row_quantize_tile`` does), per-block maxima (``tensor_reduce`` max and negated min over
+  a ``(rows, blocks, block)`` view) and the per-row arithmetic on (rows, 1) columns.
+
+The packed layout (``packed=True``, row scales only) is nki-library's ``[..., N + 4]``: the
+float32 scale's four bytes after each row of y_q, written through an ``.ap(..., dtype=)``
+reinterpretation of the scale column as AWS's ``_store_tensor_tile_and_dequant_scales``
+does. The arguments are validated by :func:`nki_rmsnorm.ops.rms_norm_quant` before launch;
+the kernel only asserts them.
+"""
+
+from __future__ import annotations
+
+from nki_rmsnorm.kernels.nki06._nki import nisa, nki, nl
+from nki_rmsnorm.plan.forward import NEWTON_STEPS, RSQRT_MAX_INPUT, RSQRT_MIN_INPUT
+
+__all__ = ["SCALE_MODES", "fp8_max", "rmsnorm_quant"]
+
+#: Per-row scales, per-block scales (``block`` columns of a row share one), or one static
+#: dequantization scale given by the caller.
+SCALE_MODES = ("row", "block", "static")
+#: Columns of one PSUM bank of float32 (2 KiB per partition).
+_BANK_COLUMNS = 512
+#: Bytes of the float32 scale appended to each row in the packed layout.
+_SCALE_BYTES = 4
+
+
+def fp8_max(dtype):
+    """The largest finite value of an fp8 output dtype."""
+    if dtype == nl.float8_e4m3:
+        return 240.0
+    if dtype == nl.float8_e4m3fn:
+        return 448.0
+    assert dtype == nl.float8_e5m2, "quant_dtype must be float8_e4m3, float8_e4m3fn or e5m2"
+    return 57344.0
+
+
+def _sbuf(shape, dtype):
+    return nl.ndarray(shape, dtype=dtype, buffer=nl.sbuf)
+
+
+def _core_tiles(rows):
+    """(first row, row count) of this core's tiles of at most 128 rows: under LNC=2 each
+    core takes a contiguous block of the full tiles, the last core also the ragged one."""
+    parts = nl.tile_size.pmax
+    full = rows // parts
+    cores = nl.num_programs(0)
+    core = nl.program_id(0)
+    per_core = (full + cores - 1) // cores
+    tiles = []
+    last = min(full, (core + 1) * per_core)
+    for t in range(core * per_core, last):
+        tiles.append((t * parts, parts))
+    if rows % parts != 0 and core == cores - 1:
+        tiles.append((full * parts, rows % parts))
+    return tiles
+
+
+def _rstd(sum_sq, eps, n):
+    """rstd = 1 / sqrt(Σh² / n + eps) of a (rows, 1) column: v formed and clamped into the
+    rsqrt's valid input range [2⁻⁸⁷, 2⁹⁷] (aws-neuron-sdk@81ce03ae
+    ``nki/api/nki.api.shared.rst``, activation table) on the Vector engine, the Scalar
+    engine's rsqrt, and Newton steps r·(1.5 − 0.5·v·r²) on the Vector engine."""
+    shape = sum_sq.shape
+    v = _sbuf(shape, nl.float32)
+    nisa.tensor_scalar(
+        dst=v, data=sum_sq, op0=nl.multiply, operand0=1.0 / n, op1=nl.add, operand1=float(eps)
+    )
+    nisa.tensor_scalar(
+        dst=v,
+        data=v,
+        op0=nl.minimum,
+        operand0=RSQRT_MAX_INPUT,
+        op1=nl.maximum,
+        operand1=RSQRT_MIN_INPUT,
+    )
+    rstd = _sbuf(shape, nl.float32)
+    nisa.activation(dst=rstd, op=nl.rsqrt, data=v)
+    square = _sbuf(shape, nl.float32)
+    half_error = _sbuf(shape, nl.float32)
+    for _ in range(NEWTON_STEPS):
+        nisa.tensor_tensor(dst=square, data1=rstd, data2=rstd, op=nl.multiply)
+        nisa.scalar_tensor_tensor(
+            dst=half_error, data=square, op0=nl.multiply, operand0=-0.5, op1=nl.multiply, operand1=v
+        )
+        nisa.scalar_tensor_tensor(
+            dst=rstd, data=half_error, op0=nl.add, operand0=1.5, op1=nl.multiply, operand1=rstd
+        )
+    return rstd
+
+
+def _load_weight(weight):
+    """The weight as a (1, N) SBUF row in its own dtype (the Tensor engine's moving operand)
+    and a (1, 128) row of ones in the same dtype (the stationary one)."""
+    N = weight.shape[0]
+    row = _sbuf((1, N), weight.dtype)
+    nisa.dma_copy(dst=row, src=weight.reshape((1, N)))
+    ones = _sbuf((1, nl.tile_size.pmax), weight.dtype)
+    nisa.memset(dst=ones, value=1.0)
+    return row, ones
+
+
+def _broadcast_scale(input_scale):
+    """The caller's (1, 1) float32 dequantization scale as a (128, 1) column of its
+    reciprocal: a ones-row matmul broadcasts it (exact), the Vector engine inverts it."""
+    parts = nl.tile_size.pmax
+    one = _sbuf((1, 1), nl.float32)
+    nisa.dma_copy(dst=one, src=input_scale)
+    ones = _sbuf((1, parts), nl.float32)
+    nisa.memset(dst=ones, value=1.0)
+    column = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=column, stationary=ones, moving=one, accumulate=False)
+    inverse = _sbuf((parts, 1), nl.float32)
+    nisa.reciprocal(dst=inverse, data=column)
+    return inverse
+
+
+def _product(h_tile, weight_row, ones):
+    """p = h · w (float32) for a tile: per PSUM bank, the weight broadcast to the tile's
+    partitions by the Tensor engine and the Vector engine's multiply against it."""
+    parts, N = h_tile.shape
+    p = _sbuf((parts, N), nl.float32)
+    for c0 in range(0, N, _BANK_COLUMNS):
+        c1 = min(N, c0 + _BANK_COLUMNS)
+        bank = nl.ndarray((parts, c1 - c0), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(
+            dst=bank, stationary=ones[:, 0:parts], moving=weight_row[:, c0:c1], accumulate=False
+        )
+        nisa.tensor_tensor(dst=p[:, c0:c1], data1=h_tile[:, c0:c1], data2=bank, op=nl.multiply)
+    return p
+
+
+def _column(shape):
+    return _sbuf(shape, nl.float32)
+
+
+def _dequant_scales(amax_p, rstd, fp8max, lower_bound, scale_floor):
+    """From the (rows, k) maxima of |p|: amax of y, the dequant scales, the quantizing
+    factors rstd / scale, and (with a lower bound) the clip bound lower_bound / scale."""
+    shape = amax_p.shape
+    amax_y = _column(shape)
+    nisa.tensor_scalar(dst=amax_y, data=amax_p, op0=nl.multiply, operand0=rstd)
+    scale = _column(shape)
+    if lower_bound is None:
+        nisa.tensor_scalar(
+            dst=scale,
+            data=amax_y,
+            op0=nl.multiply,
+            operand0=1.0 / fp8max,
+            op1=nl.maximum,
+            operand1=float(scale_floor),
+        )
+    else:
+        nisa.tensor_scalar(
+            dst=scale, data=amax_y, op0=nl.minimum, operand0=float(lower_bound)
+        )
+        nisa.tensor_scalar(
+            dst=scale,
+            data=scale,
+            op0=nl.multiply,
+            operand0=1.0 / fp8max,
+            op1=nl.maximum,
+            operand1=float(scale_floor),
+        )
+    inverse = _column(shape)
+    nisa.reciprocal(dst=inverse, data=scale)
+    factor = _column(shape)
+    nisa.tensor_scalar(dst=factor, data=inverse, op0=nl.multiply, operand0=rstd)
+    bound = None
+    if lower_bound is not None:
+        bound = _column(shape)
+        nisa.tensor_scalar(dst=bound, data=inverse, op0=nl.multiply, operand0=float(lower_bound))
+    return amax_y, scale, factor, bound
+
+
+def _quantize(q, p, factor, bound):
+    """q = RNE(p · factor) (Scalar engine, converting on write), or with a (rows, 1) clip
+    ``bound``: min(p · factor, bound) then max(·, −bound) on the Vector engine (the second
+    step reads the fp8 result: exact, both bounds are applied before the last rounding and a
+    value already in fp8 rounds to itself)."""
+    if bound is None:
+        nisa.activation(dst=q, op=nl.copy, data=p, scale=factor)
+        return
+    negative = _column(bound.shape)
+    nisa.tensor_scalar(dst=negative, data=bound, op0=nl.multiply, operand0=-1.0)
+    nisa.tensor_scalar(
+        dst=q, data=p, op0=nl.multiply, operand0=factor, op1=nl.minimum, operand1=bound
+    )
+    nisa.tensor_scalar(dst=q, data=q, op0=nl.maximum, operand0=negative)
+
+
+def _block_maxima(p, block):
+    """max |p| over each ``block`` columns of a tile: (rows, N / block), from the maximum
+    and the negated minimum of a (rows, blocks, block) view (Vector ``tensor_reduce``)."""
+    parts, N = p.shape
+    blocks = N // block
+    view = p.reshape((parts, blocks, block))
+    high = _column((parts, blocks))
+    nisa.tensor_reduce(dst=high, op=nl.maximum, data=view, axis=2)
+    low = _column((parts, blocks))
+    nisa.tensor_reduce(dst=low, op=nl.minimum, data=view, axis=2, negate=True)
+    nisa.tensor_tensor(dst=high, data1=high, data2=low, op=nl.maximum)
+    return high
+
+
+def _tile(hbm, options, weight_row, ones, static_inverse, r0, parts):
+    """Rows r0 … r0 + parts − 1: load, statistics, scales, quantize, store."""
+    x, residual, y_q, scales, y, h, amax, packed_scales = hbm
+    eps, quant_dtype, scale_mode, block, lower_bound, scale_floor = options
+    N = x.shape[1]
+    rows = slice(r0, r0 + parts)
+    fp8max = fp8_max(quant_dtype)
+
+    if residual is None:
+        h_tile = _sbuf((parts, N), x.dtype)
+        nisa.dma_copy(dst=h_tile, src=x[rows, :])
+    else:
+        h_tile = _sbuf((parts, N), residual.dtype)
+        x_tile = _sbuf((parts, N), x.dtype)
+        nisa.dma_copy(dst=h_tile, src=residual[rows, :])
+        nisa.dma_copy(dst=x_tile, src=x[rows, :])
+        nisa.tensor_tensor(dst=h_tile, data1=x_tile, data2=h_tile, op=nl.add)
+        nisa.dma_copy(dst=h[rows, :], src=h_tile)
+
+    # The quantized tile is written last; until then it takes the discarded elementwise
+    # results of the two reductions.
+    q = _sbuf((parts, N), quant_dtype)
+    sum_sq = _column((parts, 1))
+    nisa.activation_reduce(dst=q, op=nl.square, data=h_tile, reduce_op=nl.add, reduce_res=sum_sq)
+    rstd = _rstd(sum_sq, eps, N)
+
+    p = h_tile if weight_row is None else _product(h_tile, weight_row, ones)
+
+    if scale_mode == "static":
+        factor = _column((parts, 1))
+        nisa.tensor_scalar(
+            dst=factor, data=rstd, op0=nl.multiply, operand0=static_inverse[0:parts, :]
+        )
+        nisa.tensor_scalar(
+            dst=q, data=p, op0=nl.multiply, operand0=factor, op1=nl.minimum, operand1=fp8max
+        )
+        nisa.tensor_scalar(dst=q, data=q, op0=nl.maximum, operand0=-fp8max)
+        if amax is not None:
+            amax_p = _column((parts, 1))
+            junk = _sbuf((parts, N), nl.bfloat16)
+            nisa.tensor_scalar_reduce(
+                dst=junk,
+                data=p,
+                op0=nl.abs,
+                operand0=0.0,
+                reduce_op=nl.maximum,
+                reduce_res=amax_p,
+            )
+            amax_y = _column((parts, 1))
+            nisa.tensor_scalar(dst=amax_y, data=amax_p, op0=nl.multiply, operand0=rstd)
+            nisa.dma_copy(dst=amax[rows, :], src=amax_y)
+    elif scale_mode == "row":
+        amax_p = _column((parts, 1))
+        nisa.tensor_scalar_reduce(
+            dst=q, data=p, op0=nl.abs, operand0=0.0, reduce_op=nl.maximum, reduce_res=amax_p
+        )
+        amax_y, scale, factor, bound = _dequant_scales(
+            amax_p, rstd, fp8max, lower_bound, scale_floor
+        )
+        _quantize(q, p, factor, bound)
+        if packed_scales is not None:
+            # the float32 column's bytes as four fp8 elements per row (AWS's packed layout)
+            nisa.dma_copy(
+                dst=packed_scales[rows, :],
+                src=scale.ap(pattern=[[_SCALE_BYTES, parts], [1, _SCALE_BYTES]], dtype=quant_dtype),
+            )
+        else:
+            nisa.dma_copy(dst=scales[rows, :], src=scale)
+        if amax is not None:
+            nisa.dma_copy(dst=amax[rows, :], src=amax_y)
+    else:
+        blocks = N // block
+        amax_p = _block_maxima(p, block)
+        amax_y, scale, factor, bound = _dequant_scales(
+            amax_p, rstd, fp8max, lower_bound, scale_floor
+        )
+        for b in range(blocks):
+            cols = slice(b * block, (b + 1) * block)
+            _quantize(
+                q[:, cols],
+                p[:, cols],
+                factor[:, b : b + 1],
+                None if bound is None else bound[:, b : b + 1],
+            )
+        nisa.dma_copy(dst=scales[rows, :], src=scale)
+        if amax is not None:
+            row_amax = _column((parts, 1))
+            nisa.tensor_reduce(dst=row_amax, op=nl.maximum, data=amax_y, axis=1)
+            nisa.dma_copy(dst=amax[rows, :], src=row_amax)
+
+    nisa.dma_copy(dst=y_q[rows, :], src=q)
+    if y is not None:
+        y_tile = _sbuf((parts, N), y.dtype)
+        nisa.activation(dst=y_tile, op=nl.copy, data=p, scale=rstd)
+        nisa.dma_copy(dst=y[rows, :], src=y_tile)
+
+
+@nki.jit
+def rmsnorm_quant(
+    x,
+    residual,
+    weight,
+    input_scale,
+    eps,
+    quant_dtype,
+    scale_mode,
+    block,
+    lower_bound,
+    scale_floor,
+    emit_y,
+    emit_amax,
+    packed,
+):
+    """Quantized RMSNorm of ``x`` (M, N) (plus ``residual``, or None) with ``weight`` (N,)
+    or None. ``scale_mode`` "row" | "block" (``block`` columns per scale) | "static"
+    (``input_scale`` a (1, 1) float32 dequant scale). Returns, in this order: y_q (M, N) in
+    ``quant_dtype`` — or, with ``packed`` (row scales), (M, N + 4) with each row's scale
+    bytes at [N:N + 4]; the scales (M, 1) or (M, N / block) float32 (row / block, unpacked);
+    y (M, N) in x's dtype if ``emit_y``; h (M, N) in the residual's dtype with a residual;
+    the per-row amax of y (M, 1) float32 if ``emit_amax``."""
+    M, N = x.shape
+    assert scale_mode == "row" or scale_mode == "block" or scale_mode == "static"
+    assert quant_dtype != nl.float8_e4m3fn or nisa.get_nc_version() == nisa.nc_version.gen4
+    assert not packed or scale_mode == "row"
+    assert scale_mode != "block" or N % block == 0
+    outputs = []
+    packed_scales = None
+    scales = None
+    if packed:
+        out = nl.ndarray((M, N + _SCALE_BYTES), dtype=quant_dtype, buffer=nl.shared_hbm)
+        y_q = out[:, 0:N]
+        packed_scales = out[:, N : N + _SCALE_BYTES]
+        outputs.append(out)
+    else:
+        y_q = nl.ndarray((M, N), dtype=quant_dtype, buffer=nl.shared_hbm)
+        outputs.append(y_q)
+        if scale_mode == "row":
+            scales = nl.ndarray((M, 1), dtype=nl.float32, buffer=nl.shared_hbm)
+            outputs.append(scales)
+        elif scale_mode == "block":
+            scales = nl.ndarray((M, N // block), dtype=nl.float32, buffer=nl.shared_hbm)
+            outputs.append(scales)
+    y = None
+    if emit_y:
+        y = nl.ndarray((M, N), dtype=x.dtype, buffer=nl.shared_hbm)
+        outputs.append(y)
+    h = None
+    if residual is not None:
+        h = nl.ndarray((M, N), dtype=residual.dtype, buffer=nl.shared_hbm)
+        outputs.append(h)
+    amax = None
+    if emit_amax:
+        amax = nl.ndarray((M, 1), dtype=nl.float32, buffer=nl.shared_hbm)
+        outputs.append(amax)
+
+    weight_row = None
+    ones = None
+    if weight is not None:
+        weight_row, ones = _load_weight(weight)
+    static_inverse = None
+    if scale_mode == "static":
+        static_inverse = _broadcast_scale(input_scale)
+    hbm = (x, residual, y_q, scales, y, h, amax, packed_scales)
+    options = (eps, quant_dtype, scale_mode, block, lower_bound, scale_floor)
+    for r0, parts in _core_tiles(M):
+        _tile(hbm, options, weight_row, ones, static_inverse, r0, parts)
+    return tuple(outputs)
