@@ -28,6 +28,7 @@ engine converts an out-of-range value to fp8, so the kernel never relies on it.
 ``core/rmsnorm/rmsnorm_quant_constants.py``) keeps ``1 / scale`` finite: an all-zero row gets
 the scale ``scale_floor`` and ``y_q = 0``. A row holding NaN or ±Inf gets a non-finite
 ``rstd`` or ``amax``, hence a non-finite scale, which flags it; its ``y_q`` is unspecified.
+Σh² is float32, so rows must keep it finite (N · max h² < 3.4e38, e.g. |h| < 2⁶³ / √N).
 
 Layout and engines (per tile of up to 128 rows, whole rows on chip; under ``kernel[2]`` the
 tiles are split between the two physical cores by ``nl.program_id(0)``):
@@ -192,9 +193,7 @@ def _dequant_scales(amax_p, rstd, fp8max, lower_bound, scale_floor):
             operand1=float(scale_floor),
         )
     else:
-        nisa.tensor_scalar(
-            dst=scale, data=amax_y, op0=nl.minimum, operand0=float(lower_bound)
-        )
+        nisa.tensor_scalar(dst=scale, data=amax_y, op0=nl.minimum, operand0=float(lower_bound))
         nisa.tensor_scalar(
             dst=scale,
             data=scale,
