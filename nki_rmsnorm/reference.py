@@ -317,9 +317,9 @@ def rms_norm_bwd(
 
 #: Largest finite value of each fp8 output dtype.
 FP8_MAX = {"float8_e4m3": 240.0, "float8_e4m3fn": 448.0, "float8_e5m2": 57344.0}
-#: The rsqrt's valid input range the quantized kernel clamps ``mean(h²) + eps`` into
-#: (aws-neuron-sdk@81ce03ae ``nki/api/nki.api.shared.rst``, activation table).
-_RSQRT_RANGE = (2.0**-87, 2.0**97)
+#: The least ``mean(h²) + eps`` the quantized kernel takes the rsqrt of (an all-zero row
+#: with eps = 0 keeps a finite rstd).
+_RSQRT_MIN = 2.0**-87
 
 
 def rms_norm_quant(x, weight=None, eps=1e-6, *, residual=None, quant_dtype="float8_e4m3",
@@ -338,7 +338,7 @@ def rms_norm_quant(x, weight=None, eps=1e-6, *, residual=None, quant_dtype="floa
     h = x if residual is None else _residual_add(x, residual)
     h64 = _f64(h)
     mean_sq = np.mean(h64 * h64, axis=-1, keepdims=True) + eps
-    rstd = 1.0 / np.sqrt(np.clip(mean_sq, *_RSQRT_RANGE))
+    rstd = 1.0 / np.sqrt(np.maximum(mean_sq, _RSQRT_MIN))
     p = h64 if weight is None else h64 * _f64(weight)
     y = p * rstd
     fp8 = np.dtype(getattr(ml_dtypes, quant_dtype))

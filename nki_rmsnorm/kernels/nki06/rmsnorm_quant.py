@@ -5,7 +5,7 @@ optionally ``y`` itself, ``h = x + residual`` and the per-row absolute maximum o
 Math (per row of N elements, every step float32 unless it says otherwise)::
 
     h     = x + residual                      (rounded once to the residual's dtype)
-    rstd  = 1 / sqrt(Σh² / N + eps)           (Scalar rsqrt, two Newton steps)
+    rstd  = 1 / sqrt(max(Σ(h / √N)² + eps, 2⁻⁸⁷))    (GpSimd rsqrt)
     p     = h · w                             (exact products; h itself without a weight)
     y     = p · rstd
     amax  = max |y| = max |p| · rstd          (per row, or per block of ``block`` columns)
@@ -53,8 +53,10 @@ the kernel only asserts them.
 
 from __future__ import annotations
 
+import math
+
 from nki_rmsnorm.kernels.nki06._nki import nisa, nki, nl
-from nki_rmsnorm.plan.forward import NEWTON_STEPS, RSQRT_MAX_INPUT, RSQRT_MIN_INPUT
+from nki_rmsnorm.plan.forward import RSQRT_MIN_INPUT
 
 __all__ = ["SCALE_MODES", "fp8_max", "rmsnorm_quant"]
 
@@ -63,6 +65,10 @@ __all__ = ["SCALE_MODES", "fp8_max", "rmsnorm_quant"]
 SCALE_MODES = ("row", "block", "static")
 #: Columns of one PSUM bank of float32 (2 KiB per partition).
 _BANK_COLUMNS = 512
+#: Column chunks of a row tile: at least this many bytes of x per partition, at most
+#: this many chunks.
+_CHUNK_BYTES = 4096
+_MAX_CHUNKS = 4
 #: Bytes of the float32 scale appended to each row in the packed layout.
 _SCALE_BYTES = 4
 
@@ -98,36 +104,24 @@ def _core_tiles(rows):
     return tiles
 
 
-def _rstd(sum_sq, eps, n):
-    """rstd = 1 / sqrt(Σh² / n + eps) of a (rows, 1) column: v formed and clamped into the
-    rsqrt's valid input range [2⁻⁸⁷, 2⁹⁷] (aws-neuron-sdk@81ce03ae
-    ``nki/api/nki.api.shared.rst``, activation table) on the Vector engine, the Scalar
-    engine's rsqrt, and Newton steps r·(1.5 − 0.5·v·r²) on the Vector engine."""
-    shape = sum_sq.shape
+def _rstd(mean_sq, eps):
+    """rstd = 1 / sqrt(max(mean(h²) + eps, 2⁻⁸⁷)) of a (rows, 1) column: the Vector engine
+    adds eps and keeps an all-zero row (with eps = 0) finite, the GpSimd engine takes the
+    reciprocal square root (``tensor_scalar`` runs on GpSimd "only for rsqrt",
+    aws-neuron-sdk@81ce03ae ``nki/api/nki/isa/__init__.py`` L1138-L1140; computed there at a
+    higher precision than on the Scalar engine, so no Newton steps follow)."""
+    shape = mean_sq.shape
     v = _sbuf(shape, nl.float32)
     nisa.tensor_scalar(
-        dst=v, data=sum_sq, op0=nl.multiply, operand0=1.0 / n, op1=nl.add, operand1=float(eps)
-    )
-    nisa.tensor_scalar(
         dst=v,
-        data=v,
-        op0=nl.minimum,
-        operand0=RSQRT_MAX_INPUT,
+        data=mean_sq,
+        op0=nl.add,
+        operand0=float(eps),
         op1=nl.maximum,
         operand1=RSQRT_MIN_INPUT,
     )
     rstd = _sbuf(shape, nl.float32)
-    nisa.activation(dst=rstd, op=nl.rsqrt, data=v)
-    square = _sbuf(shape, nl.float32)
-    half_error = _sbuf(shape, nl.float32)
-    for _ in range(NEWTON_STEPS):
-        nisa.tensor_tensor(dst=square, data1=rstd, data2=rstd, op=nl.multiply)
-        nisa.scalar_tensor_tensor(
-            dst=half_error, data=square, op0=nl.multiply, operand0=-0.5, op1=nl.multiply, operand1=v
-        )
-        nisa.scalar_tensor_tensor(
-            dst=rstd, data=half_error, op0=nl.add, operand0=1.5, op1=nl.multiply, operand1=rstd
-        )
+    nisa.tensor_scalar(dst=rstd, data=v, op0=nl.rsqrt, operand0=None, engine=nisa.gpsimd_engine)
     return rstd
 
 
@@ -157,6 +151,20 @@ def _broadcast_scale(input_scale):
     return inverse
 
 
+def _column_chunks(n, itemsize):
+    """(start, stop) of the column chunks a row tile is loaded, quantized and stored in: at
+    least ``_CHUNK_BYTES`` per partition each (a DMA of ≥ 4 KiB per partition runs near full
+    rate, aws-neuron-sdk@81ce03ae ``nki/deep-dives/nki-dma-bandwidth-guide.rst`` L84-85), so
+    that a tile's first products start after part of its load and its last store starts
+    before its whole quantization ends."""
+    count = max(1, min(_MAX_CHUNKS, (n * itemsize) // _CHUNK_BYTES))
+    width = -(-n // count)
+    chunks = []
+    for c0 in range(0, n, width):
+        chunks.append((c0, min(n, c0 + width)))
+    return chunks
+
+
 def _product(h_tile, weight_row, ones):
     """p = h · w (float32) for a tile: per PSUM bank, the weight broadcast to the tile's
     partitions by the Tensor engine and the Vector engine's multiply against it."""
@@ -181,7 +189,7 @@ def _dequant_scales(amax_p, rstd, fp8max, lower_bound, scale_floor):
     factors rstd / scale, and (with a lower bound) the clip bound lower_bound / scale."""
     shape = amax_p.shape
     amax_y = _column(shape)
-    nisa.tensor_scalar(dst=amax_y, data=amax_p, op0=nl.multiply, operand0=rstd)
+    nisa.activation(dst=amax_y, op=nl.copy, data=amax_p, scale=rstd)
     scale = _column(shape)
     if lower_bound is None:
         nisa.tensor_scalar(
@@ -205,7 +213,7 @@ def _dequant_scales(amax_p, rstd, fp8max, lower_bound, scale_floor):
     inverse = _column(shape)
     nisa.reciprocal(dst=inverse, data=scale)
     factor = _column(shape)
-    nisa.tensor_scalar(dst=factor, data=inverse, op0=nl.multiply, operand0=rstd)
+    nisa.activation(dst=factor, op=nl.copy, data=inverse, scale=rstd)
     bound = None
     if lower_bound is not None:
         bound = _column(shape)
@@ -213,11 +221,15 @@ def _dequant_scales(amax_p, rstd, fp8max, lower_bound, scale_floor):
     return amax_y, scale, factor, bound
 
 
-def _quantize(q, p, factor, bound):
-    """q = RNE(p · factor) (Scalar engine, converting on write), or with a (rows, 1) clip
-    ``bound``: min(p · factor, bound) then max(·, −bound) on the Vector engine (the second
-    step reads the fp8 result: exact, both bounds are applied before the last rounding and a
-    value already in fp8 rounds to itself)."""
+def _quantize(q, p, factor, bound, on_vector=False):
+    """q = RNE(p · factor) (Scalar engine, converting on write; the Vector engine's
+    ``tensor_scalar`` if ``on_vector``), or with a (rows, 1) clip ``bound``: min(p · factor,
+    bound) then max(·, −bound) on the Vector engine (the second step reads the fp8 result:
+    exact, both bounds are applied before the last rounding and a value already in fp8
+    rounds to itself)."""
+    if bound is None and on_vector:
+        nisa.tensor_scalar(dst=q, data=p, op0=nl.multiply, operand0=factor)
+        return
     if bound is None:
         nisa.activation(dst=q, op=nl.copy, data=p, scale=factor)
         return
@@ -243,31 +255,45 @@ def _block_maxima(p, block):
     return high
 
 
-def _tile(hbm, options, weight_row, ones, static_inverse, r0, parts):
-    """Rows r0 … r0 + parts − 1: load, statistics, scales, quantize, store."""
+def _tile(hbm, options, weight_row, ones, static_inverse, r0, parts, last):
+    """Rows r0 … r0 + parts − 1 (``last``: this core's last tile): load, statistics,
+    scales, quantize, store."""
     x, residual, y_q, scales, y, h, amax, packed_scales = hbm
     eps, quant_dtype, scale_mode, block, lower_bound, scale_floor = options
     N = x.shape[1]
     rows = slice(r0, r0 + parts)
     fp8max = fp8_max(quant_dtype)
 
+    chunks = _column_chunks(N, x.dtype.itemsize)
     if residual is None:
         h_tile = _sbuf((parts, N), x.dtype)
-        nisa.dma_copy(dst=h_tile, src=x[rows, :])
+        for c0, c1 in chunks:
+            nisa.dma_copy(dst=h_tile[:, c0:c1], src=x[rows, c0:c1])
     else:
         h_tile = _sbuf((parts, N), residual.dtype)
         x_tile = _sbuf((parts, N), x.dtype)
-        nisa.dma_copy(dst=h_tile, src=residual[rows, :])
-        nisa.dma_copy(dst=x_tile, src=x[rows, :])
-        nisa.tensor_tensor(dst=h_tile, data1=x_tile, data2=h_tile, op=nl.add)
-        nisa.dma_copy(dst=h[rows, :], src=h_tile)
+        for c0, c1 in chunks:
+            nisa.dma_copy(dst=h_tile[:, c0:c1], src=residual[rows, c0:c1])
+            nisa.dma_copy(dst=x_tile[:, c0:c1], src=x[rows, c0:c1])
+            nisa.tensor_tensor(
+                dst=h_tile[:, c0:c1], data1=x_tile[:, c0:c1], data2=h_tile[:, c0:c1], op=nl.add
+            )
+            nisa.dma_copy(dst=h[rows, c0:c1], src=h_tile[:, c0:c1])
 
     # The quantized tile is written last; until then it takes the discarded elementwise
     # results of the two reductions.
     q = _sbuf((parts, N), quant_dtype)
-    sum_sq = _column((parts, 1))
-    nisa.activation_reduce(dst=q, op=nl.square, data=h_tile, reduce_op=nl.add, reduce_res=sum_sq)
-    rstd = _rstd(sum_sq, eps, N)
+    # mean(h²) as Σ (h / √N)²: the Scalar engine's scale folds the 1 / N in
+    mean_sq = _column((parts, 1))
+    nisa.activation_reduce(
+        dst=q,
+        op=nl.square,
+        data=h_tile,
+        reduce_op=nl.add,
+        reduce_res=mean_sq,
+        scale=1.0 / math.sqrt(N),  # as AWS's attention_tkg.py L1567 scales by 1 / sqrt(d)
+    )
+    rstd = _rstd(mean_sq, eps)
 
     p = h_tile if weight_row is None else _product(h_tile, weight_row, ones)
 
@@ -302,7 +328,11 @@ def _tile(hbm, options, weight_row, ones, static_inverse, r0, parts):
         amax_y, scale, factor, bound = _dequant_scales(
             amax_p, rstd, fp8max, lower_bound, scale_floor
         )
-        _quantize(q, p, factor, bound)
+        for c in range(len(chunks)):
+            c0, c1 = chunks[c]
+            # the Vector engine, done with its products, shares the last tile's quantization
+            _quantize(q[:, c0:c1], p[:, c0:c1], factor, bound, last and c % 2 == 1)
+            nisa.dma_copy(dst=y_q[rows, c0:c1], src=q[:, c0:c1])
         if packed_scales is not None:
             # the float32 column's bytes as four fp8 elements per row (AWS's packed layout)
             nisa.dma_copy(
@@ -333,7 +363,8 @@ def _tile(hbm, options, weight_row, ones, static_inverse, r0, parts):
             nisa.tensor_reduce(dst=row_amax, op=nl.maximum, data=amax_y, axis=1)
             nisa.dma_copy(dst=amax[rows, :], src=row_amax)
 
-    nisa.dma_copy(dst=y_q[rows, :], src=q)
+    if scale_mode != "row":
+        nisa.dma_copy(dst=y_q[rows, :], src=q)
     if y is not None:
         y_tile = _sbuf((parts, N), y.dtype)
         nisa.activation(dst=y_tile, op=nl.copy, data=p, scale=rstd)
@@ -407,6 +438,8 @@ def rmsnorm_quant(
         static_inverse = _broadcast_scale(input_scale)
     hbm = (x, residual, y_q, scales, y, h, amax, packed_scales)
     options = (eps, quant_dtype, scale_mode, block, lower_bound, scale_floor)
-    for r0, parts in _core_tiles(M):
-        _tile(hbm, options, weight_row, ones, static_inverse, r0, parts)
+    tiles = _core_tiles(M)
+    for t in range(len(tiles)):
+        r0, parts = tiles[t]
+        _tile(hbm, options, weight_row, ones, static_inverse, r0, parts, t == len(tiles) - 1)
     return tuple(outputs)
