@@ -105,21 +105,25 @@ def _core_tiles(rows):
 
 
 def _rstd(mean_sq, eps):
-    """rstd = 1 / sqrt(max(mean(h²) + eps, 2⁻⁸⁷)) of a (rows, 1) column: the Vector engine
-    adds eps and keeps an all-zero row (with eps = 0) finite, the GpSimd engine takes the
+    """rstd = 1 / sqrt(max(mean(h²) + eps, 2⁻⁸⁷)) of a (rows, 1) column: the Scalar engine
+    adds eps (the Vector engine, when eps < 2⁻⁸⁷ may leave an all-zero row at 0, clamps
+    too), the GpSimd engine takes the
     reciprocal square root (``tensor_scalar`` runs on GpSimd "only for rsqrt",
     aws-neuron-sdk@81ce03ae ``nki/api/nki/isa/__init__.py`` L1138-L1140; computed there at a
     higher precision than on the Scalar engine, so no Newton steps follow)."""
     shape = mean_sq.shape
     v = _sbuf(shape, nl.float32)
-    nisa.tensor_scalar(
-        dst=v,
-        data=mean_sq,
-        op0=nl.add,
-        operand0=float(eps),
-        op1=nl.maximum,
-        operand1=RSQRT_MIN_INPUT,
-    )
+    if eps >= RSQRT_MIN_INPUT:  # nothing to clamp: the Scalar engine adds eps
+        nisa.activation(dst=v, op=nl.copy, data=mean_sq, bias=float(eps))
+    else:
+        nisa.tensor_scalar(
+            dst=v,
+            data=mean_sq,
+            op0=nl.add,
+            operand0=float(eps),
+            op1=nl.maximum,
+            operand1=RSQRT_MIN_INPUT,
+        )
     rstd = _sbuf(shape, nl.float32)
     nisa.tensor_scalar(dst=rstd, data=v, op0=nl.rsqrt, operand0=None, engine=nisa.gpsimd_engine)
     return rstd
@@ -184,32 +188,32 @@ def _column(shape):
     return _sbuf(shape, nl.float32)
 
 
-def _dequant_scales(amax_p, rstd, fp8max, lower_bound, scale_floor):
-    """From the (rows, k) maxima of |p|: amax of y, the dequant scales, the quantizing
-    factors rstd / scale, and (with a lower bound) the clip bound lower_bound / scale."""
+def _scale(amax_p, rstd, fp8max, lower_bound, scale_floor):
+    """From the (rows, k) maxima of |p|: amax of y (Scalar engine) and the dequant scales
+    max(min(amax, lower_bound) · (1 / fp8_max), scale_floor) (Vector engine)."""
     shape = amax_p.shape
     amax_y = _column(shape)
     nisa.activation(dst=amax_y, op=nl.copy, data=amax_p, scale=rstd)
+    capped = amax_y
+    if lower_bound is not None:
+        capped = _column(shape)
+        nisa.tensor_scalar(dst=capped, data=amax_y, op0=nl.minimum, operand0=float(lower_bound))
     scale = _column(shape)
-    if lower_bound is None:
-        nisa.tensor_scalar(
-            dst=scale,
-            data=amax_y,
-            op0=nl.multiply,
-            operand0=1.0 / fp8max,
-            op1=nl.maximum,
-            operand1=float(scale_floor),
-        )
-    else:
-        nisa.tensor_scalar(dst=scale, data=amax_y, op0=nl.minimum, operand0=float(lower_bound))
-        nisa.tensor_scalar(
-            dst=scale,
-            data=scale,
-            op0=nl.multiply,
-            operand0=1.0 / fp8max,
-            op1=nl.maximum,
-            operand1=float(scale_floor),
-        )
+    nisa.tensor_scalar(
+        dst=scale,
+        data=capped,
+        op0=nl.multiply,
+        operand0=1.0 / fp8max,
+        op1=nl.maximum,
+        operand1=float(scale_floor),
+    )
+    return amax_y, scale
+
+
+def _factors(scale, rstd, lower_bound):
+    """The quantizing factors rstd · (1 / scale) (Vector reciprocal, Scalar multiply) and,
+    with a lower bound, the clip bounds lower_bound · (1 / scale)."""
+    shape = scale.shape
     inverse = _column(shape)
     nisa.reciprocal(dst=inverse, data=scale)
     factor = _column(shape)
@@ -218,7 +222,7 @@ def _dequant_scales(amax_p, rstd, fp8max, lower_bound, scale_floor):
     if lower_bound is not None:
         bound = _column(shape)
         nisa.tensor_scalar(dst=bound, data=inverse, op0=nl.multiply, operand0=float(lower_bound))
-    return amax_y, scale, factor, bound
+    return factor, bound
 
 
 def _quantize(q, p, factor, bound, on_vector=False):
@@ -255,15 +259,14 @@ def _block_maxima(p, block):
     return high
 
 
-def _tile(hbm, options, weight_row, ones, static_inverse, r0, parts, last):
-    """Rows r0 … r0 + parts − 1 (``last``: this core's last tile): load, statistics,
-    scales, quantize, store."""
-    x, residual, y_q, scales, y, h, amax, packed_scales = hbm
+def _tile_front(hbm, options, weight_row, ones, r0, parts):
+    """Rows r0 … r0 + parts − 1, up to their dequant scales: load (and h = x + residual,
+    stored), mean(h²), rstd, p and its maxima. Returns the tile's state for
+    :func:`_tile_back`."""
+    x, residual, h = hbm[0], hbm[1], hbm[5]
     eps, quant_dtype, scale_mode, block, lower_bound, scale_floor = options
     N = x.shape[1]
     rows = slice(r0, r0 + parts)
-    fp8max = fp8_max(quant_dtype)
-
     chunks = _column_chunks(N, x.dtype.itemsize)
     if residual is None:
         h_tile = _sbuf((parts, N), x.dtype)
@@ -281,7 +284,7 @@ def _tile(hbm, options, weight_row, ones, static_inverse, r0, parts, last):
             nisa.dma_copy(dst=h[rows, c0:c1], src=h_tile[:, c0:c1])
 
     # The quantized tile is written last; until then it takes the discarded elementwise
-    # results of the two reductions.
+    # results of the reductions.
     q = _sbuf((parts, N), quant_dtype)
     # mean(h²) as Σ (h / √N)²: the Scalar engine's scale folds the 1 / N in
     mean_sq = _column((parts, 1))
@@ -294,8 +297,36 @@ def _tile(hbm, options, weight_row, ones, static_inverse, r0, parts, last):
         scale=1.0 / math.sqrt(N),  # as AWS's attention_tkg.py L1567 scales by 1 / sqrt(d)
     )
     rstd = _rstd(mean_sq, eps)
-
     p = h_tile if weight_row is None else _product(h_tile, weight_row, ones)
+
+    amax_p = None
+    if scale_mode == "row":
+        amax_p = _column((parts, 1))
+        nisa.tensor_scalar_reduce(
+            dst=q, data=p, op0=nl.abs, operand0=0.0, reduce_op=nl.maximum, reduce_res=amax_p
+        )
+    elif scale_mode == "block":
+        amax_p = _block_maxima(p, block)
+    elif hbm[6] is not None:
+        amax_p = _column((parts, 1))
+        junk = _sbuf((parts, N), nl.bfloat16)
+        nisa.tensor_scalar_reduce(
+            dst=junk, data=p, op0=nl.abs, operand0=0.0, reduce_op=nl.maximum, reduce_res=amax_p
+        )
+    scaled = None
+    if scale_mode != "static":
+        scaled = _scale(amax_p, rstd, fp8_max(quant_dtype), lower_bound, scale_floor)
+    return rows, chunks, q, p, rstd, amax_p, scaled
+
+
+def _tile_back(hbm, options, static_inverse, state, last):
+    """The rest of a tile :func:`_tile_front` began: the quantizing factors, y_q, the scales,
+    amax and y, stored (``last``: this core's last tile)."""
+    y_q, scales, y, amax, packed_scales = hbm[2], hbm[3], hbm[4], hbm[6], hbm[7]
+    eps, quant_dtype, scale_mode, block, lower_bound, scale_floor = options
+    rows, chunks, q, p, rstd, amax_p, scaled = state
+    parts, N = p.shape
+    fp8max = fp8_max(quant_dtype)
 
     if scale_mode == "static":
         factor = _column((parts, 1))
@@ -306,33 +337,30 @@ def _tile(hbm, options, weight_row, ones, static_inverse, r0, parts, last):
             dst=q, data=p, op0=nl.multiply, operand0=factor, op1=nl.minimum, operand1=fp8max
         )
         nisa.tensor_scalar(dst=q, data=q, op0=nl.maximum, operand0=-fp8max)
+        nisa.dma_copy(dst=y_q[rows, :], src=q)
         if amax is not None:
-            amax_p = _column((parts, 1))
-            junk = _sbuf((parts, N), nl.bfloat16)
-            nisa.tensor_scalar_reduce(
-                dst=junk,
-                data=p,
-                op0=nl.abs,
-                operand0=0.0,
-                reduce_op=nl.maximum,
-                reduce_res=amax_p,
-            )
             amax_y = _column((parts, 1))
-            nisa.tensor_scalar(dst=amax_y, data=amax_p, op0=nl.multiply, operand0=rstd)
+            nisa.activation(dst=amax_y, op=nl.copy, data=amax_p, scale=rstd)
             nisa.dma_copy(dst=amax[rows, :], src=amax_y)
-    elif scale_mode == "row":
-        amax_p = _column((parts, 1))
-        nisa.tensor_scalar_reduce(
-            dst=q, data=p, op0=nl.abs, operand0=0.0, reduce_op=nl.maximum, reduce_res=amax_p
-        )
-        amax_y, scale, factor, bound = _dequant_scales(
-            amax_p, rstd, fp8max, lower_bound, scale_floor
-        )
-        for c in range(len(chunks)):
-            c0, c1 = chunks[c]
-            # the Vector engine, done with its products, shares the last tile's quantization
-            _quantize(q[:, c0:c1], p[:, c0:c1], factor, bound, last and c % 2 == 1)
-            nisa.dma_copy(dst=y_q[rows, c0:c1], src=q[:, c0:c1])
+    else:
+        amax_y, scale = scaled
+        factor, bound = _factors(scale, rstd, lower_bound)
+        if scale_mode == "row":
+            for c in range(len(chunks)):
+                c0, c1 = chunks[c]
+                # the Vector engine, done with its products, shares the last tile's quantization
+                _quantize(q[:, c0:c1], p[:, c0:c1], factor, bound, last and c % 2 == 1)
+                nisa.dma_copy(dst=y_q[rows, c0:c1], src=q[:, c0:c1])
+        else:
+            for b in range(N // block):
+                cols = slice(b * block, (b + 1) * block)
+                _quantize(
+                    q[:, cols],
+                    p[:, cols],
+                    factor[:, b : b + 1],
+                    None if bound is None else bound[:, b : b + 1],
+                )
+            nisa.dma_copy(dst=y_q[rows, :], src=q)
         if packed_scales is not None:
             # the float32 column's bytes as four fp8 elements per row (AWS's packed layout)
             nisa.dma_copy(
@@ -341,30 +369,13 @@ def _tile(hbm, options, weight_row, ones, static_inverse, r0, parts, last):
             )
         else:
             nisa.dma_copy(dst=scales[rows, :], src=scale)
-        if amax is not None:
+        if amax is not None and scale_mode == "row":
             nisa.dma_copy(dst=amax[rows, :], src=amax_y)
-    else:
-        blocks = N // block
-        amax_p = _block_maxima(p, block)
-        amax_y, scale, factor, bound = _dequant_scales(
-            amax_p, rstd, fp8max, lower_bound, scale_floor
-        )
-        for b in range(blocks):
-            cols = slice(b * block, (b + 1) * block)
-            _quantize(
-                q[:, cols],
-                p[:, cols],
-                factor[:, b : b + 1],
-                None if bound is None else bound[:, b : b + 1],
-            )
-        nisa.dma_copy(dst=scales[rows, :], src=scale)
-        if amax is not None:
+        elif amax is not None:
             row_amax = _column((parts, 1))
             nisa.tensor_reduce(dst=row_amax, op=nl.maximum, data=amax_y, axis=1)
             nisa.dma_copy(dst=amax[rows, :], src=row_amax)
 
-    if scale_mode != "row":
-        nisa.dma_copy(dst=y_q[rows, :], src=q)
     if y is not None:
         y_tile = _sbuf((parts, N), y.dtype)
         nisa.activation(dst=y_tile, op=nl.copy, data=p, scale=rstd)
@@ -438,8 +449,16 @@ def rmsnorm_quant(
         static_inverse = _broadcast_scale(input_scale)
     hbm = (x, residual, y_q, scales, y, h, amax, packed_scales)
     options = (eps, quant_dtype, scale_mode, block, lower_bound, scale_floor)
+    # A two-stage software pipeline: tile t + 1 is issued up to its scales before the rest
+    # of tile t, so that no engine's in-order stream waits on a tile's short chain of
+    # per-row steps (and no Vector step reads the one just before it).
     tiles = _core_tiles(M)
+    ahead = None
+    if len(tiles) > 0:
+        ahead = _tile_front(hbm, options, weight_row, ones, tiles[0][0], tiles[0][1])
     for t in range(len(tiles)):
-        r0, parts = tiles[t]
-        _tile(hbm, options, weight_row, ones, static_inverse, r0, parts, t == len(tiles) - 1)
+        current = ahead
+        if t + 1 < len(tiles):
+            ahead = _tile_front(hbm, options, weight_row, ones, tiles[t + 1][0], tiles[t + 1][1])
+        _tile_back(hbm, options, static_inverse, current, t == len(tiles) - 1)
     return tuple(outputs)
