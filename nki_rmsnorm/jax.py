@@ -850,8 +850,10 @@ def rms_norm_quant(
         return np.empty(shape, np.dtype(a.dtype))
 
     if static_scale is not None and not isinstance(static_scale, (int, float, np.ndarray)):
-        raise TypeError("static_scale must be a Python float or a NumPy float32 array (a "
-                        f"static value), got {type(static_scale).__name__}")
+        raise TypeError(
+            "static_scale must be a Python float or a NumPy float32 array (a "
+            f"static value), got {type(static_scale).__name__}"
+        )
     options = dict(
         quant_dtype=quant_dtype,
         scale_mode=scale_mode,
@@ -866,8 +868,11 @@ def rms_norm_quant(
     x2 = x.reshape((-1, n)) if x.ndim != 1 else x.reshape((1, n))
     r2 = None if residual is None else residual.reshape(x2.shape)
     empty = ops.rms_norm_quant(
-        stand_in(x2, "x"), stand_in(weight, "weight"), eps, residual=stand_in(r2, "residual"),
-        **options
+        stand_in(x2, "x"),
+        stand_in(weight, "weight"),
+        eps,
+        residual=stand_in(r2, "residual"),
+        **options,
     )
     present = [a for a in empty if a is not None]
     rows = x2.shape[0]
@@ -876,9 +881,7 @@ def rms_norm_quant(
 
     def host(outputs, x_host, weight_host, residual_host):
         with dialect.use_dialect(dialect_name):
-            result = ops.rms_norm_quant(
-                x_host, weight_host, eps, residual=residual_host, **options
-            )
+            result = ops.rms_norm_quant(x_host, weight_host, eps, residual=residual_host, **options)
         for out, value in zip(outputs, [a for a in result if a is not None]):
             out[...] = value.reshape(out.shape)
 

@@ -1034,18 +1034,30 @@ def _rms_norm_quant(
 
 
 @_rms_norm_quant.register_fake
-def _(x, weight, residual, static_scale, eps, quant_dtype, scale_mode, block, lower_bound,
-      scale_floor, return_y, return_amax, packed, dialect=None):
-    return _quant_fake(x, residual, quant_dtype, scale_mode, block, return_y, return_amax,
-                       packed)
+def _(
+    x,
+    weight,
+    residual,
+    static_scale,
+    eps,
+    quant_dtype,
+    scale_mode,
+    block,
+    lower_bound,
+    scale_floor,
+    return_y,
+    return_amax,
+    packed,
+    dialect=None,
+):
+    return _quant_fake(x, residual, quant_dtype, scale_mode, block, return_y, return_amax, packed)
 
 
 def _dialect_scope(dialect_name: str | None):
     """``dialect.use_dialect`` for a named dialect; a no-op context for None."""
     import contextlib
 
-    return contextlib.nullcontext() if dialect_name is None else dialect.use_dialect(
-        dialect_name)
+    return contextlib.nullcontext() if dialect_name is None else dialect.use_dialect(dialect_name)
 
 
 def rms_norm_quant(
@@ -1079,8 +1091,10 @@ def rms_norm_quant(
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if isinstance(quant_dtype, torch.dtype):
         if quant_dtype not in _TORCH_FP8_NAMES:
-            raise TypeError(f"quant_dtype must be torch.float8_e4m3fn or torch.float8_e5m2 "
-                            f"(or a name), got {quant_dtype}")
+            raise TypeError(
+                f"quant_dtype must be torch.float8_e4m3fn or torch.float8_e5m2 "
+                f"(or a name), got {quant_dtype}"
+            )
         quant_dtype = _TORCH_FP8_NAMES[quant_dtype]
     name = ops.quant_dtype_name(quant_dtype, ops.target_nc_version())
     if isinstance(static_scale, Tensor):
@@ -1088,18 +1102,34 @@ def rms_norm_quant(
             raise TypeError(f"static_scale must be float32, got {static_scale.dtype}")
     elif static_scale is not None:
         static_scale = torch.tensor(ops._static_scale(static_scale)[0, 0])
-    for flag, flag_name in ((return_y, "return_y"), (return_amax, "return_amax"),
-                            (packed, "packed")):
+    for flag, flag_name in (
+        (return_y, "return_y"),
+        (return_amax, "return_amax"),
+        (packed, "packed"),
+    ):
         if not isinstance(flag, bool):
             raise TypeError(f"{flag_name} must be a bool, got {type(flag).__name__}")
     if input.device.type == "meta":
-        outputs = _quant_fake(input, residual, name, scale_mode, block, return_y,
-                              return_amax, packed)
+        outputs = _quant_fake(
+            input, residual, name, scale_mode, block, return_y, return_amax, packed
+        )
     else:
         outputs = torch.ops.nki_rmsnorm.rms_norm_quant(
-            input, weight, residual, static_scale, eps, name,
-            scale_mode, block, lower_bound, scale_floor, return_y, return_amax, packed,
-            _callers_dialect())
+            input,
+            weight,
+            residual,
+            static_scale,
+            eps,
+            name,
+            scale_mode,
+            block,
+            lower_bound,
+            scale_floor,
+            return_y,
+            return_amax,
+            packed,
+            _callers_dialect(),
+        )
     outputs = list(outputs)
     y_q = outputs.pop(0)
     scales = None
