@@ -33,6 +33,7 @@ MODULES = {
     "rmsnorm_add_fwd_out": "rmsnorm_fwd",
     "rmsnorm_bwd": "rmsnorm_bwd",
     "rmsnorm_bwd_out": "rmsnorm_bwd",
+    "rmsnorm_quant": "rmsnorm_quant",
 }
 
 __all__ = [*MODULES, "available", "kernel", "nki_dtype"]
