@@ -83,19 +83,40 @@ def _jax_line(simulated: bool, current: str) -> str:
     return f"jax {version}: on the neuron backend -> {path}; elsewhere -> simulator"
 
 
+def _target() -> str:
+    try:
+        return dialect.target() or "not set"
+    except ValueError as error:
+        return f"invalid: {error}"
+
+
+def _dialect_or_error(target_name: str | None) -> str:
+    """The dialect on ``target_name`` (None: the target now), or why there is none."""
+    try:
+        return dialect.for_target(target_name) if target_name else dialect.current()
+    except (RuntimeError, ValueError) as error:
+        return f"none ({error})"
+
+
 def report() -> str:
     """The doctor's text (the ``doctor`` command prints it)."""
     from nki_rmsnorm import __version__
 
     real = dialect.hardware_dialect()
     simulated = real is None
-    current = dialect.current()
+    current = _dialect_or_error(None)
     if real is not None:
-        why = "chosen by the installed SDK"
-    elif os.environ.get(dialect.ENV_VAR):
-        why = f"simulator, chosen by {dialect.ENV_VAR}={os.environ[dialect.ENV_VAR]}"
+        why = "the hardware and the installed SDK decide"
     else:
-        why = f"the simulator's default; {dialect.ENV_VAR} or dialect.use_dialect choose"
+        override = os.environ.get(dialect.ENV_VAR)
+        why = "the simulator: trn1/inf2 legacy; trn2/trn3 " + (
+            f"{override} ({dialect.ENV_VAR})"
+            if override
+            else "nki06 unless NKI_RMSNORM_DIALECT says"
+        )
+    per_target = ", ".join(
+        f"{t} {_dialect_or_error(t)}" for t in dialect.LEGACY_ONLY_TARGETS + dialect.NKI06_TARGETS
+    )
     problem = dialect.unsupported_sdk()
     require = os.environ.get(dialect.REQUIRE_DEVICE_ENV, "") not in ("", "0")
     if simulated:
@@ -107,7 +128,8 @@ def report() -> str:
     lines = [
         f"nki-rmsnorm {__version__} on Python {platform.python_version()} ({sys.platform})",
         *_sdk_lines(),
-        f"kernel dialect: {current} ({why})",
+        f"target ({dialect.TARGET_ENV_VAR}): {_target()}",
+        f"kernel dialect: {current} now; per target: {per_target} ({why})",
         f"kernels run: {where}",
         f"unsupported SDK: {problem}" if problem else "unsupported SDK: none found",
         _torch_line(simulated, current),

@@ -148,7 +148,8 @@ def test_doctor_says_what_runs_here(capsys):
     text = capsys.readouterr().out
     assert "nki (NKI 0.4 - 0.6, SDK 2.30 - 2.32): not installed" in text
     assert "neuronxcc.nki (legacy, SDK 2.21 - 2.29): not installed" in text
-    assert f"kernel dialect: {dialect.current()}" in text
+    assert f"kernel dialect: {dialect.current()} now" in text
+    assert "per target: trn1 legacy, inf2 legacy, trn2 " in text  # the hardware decides
     assert "kernels run: SIMULATED on the CPU" in text
     assert "unsupported SDK: none found" in text
     for framework in ("torch", "jax"):
