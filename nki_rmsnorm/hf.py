@@ -15,6 +15,8 @@ undoes it).
 Gemma's (``Phi3RMSNorm`` and many more: :func:`family` compares the sources), and warns when it
 leaves RMSNorm modules behind or finds none (a GPT-2 has LayerNorm);
 :func:`nki_rmsnorm.torch.patch_module` swaps ``torch.nn.RMSNorm`` as well.
+:func:`fuse_residual_norms` then routes each Llama-style decoder layer's residual add and
+``post_attention_layernorm`` through the fused add + RMSNorm kernel.
 
 Two families of RMSNorm exist in ``transformers``, and each swapped module reproduces its
 family's arithmetic and output dtype (read from ``transformers`` 5.23's modeling files):
@@ -44,6 +46,7 @@ import functools
 import importlib
 import inspect
 import sys
+import types
 import warnings
 
 import torch
@@ -56,6 +59,7 @@ __all__ = [
     "LlamaRMSNorm",
     "apply",
     "family",
+    "fuse_residual_norms",
     "patch_gemma",
     "patch_llama",
     "patch_qwen",
@@ -174,11 +178,17 @@ MODELING_MODULES = {
 
 def _source(cls: type, method: str) -> str | None:
     """``cls.method``'s source with the family prefix of the class name neutralised."""
+    return _source_of(cls, method, "RMSNorm")
+
+
+def _source_of(cls: type, method: str, suffix: str) -> str | None:
+    """``cls.method``'s source with the class name's prefix before ``suffix`` (the model
+    family: ``Llama`` of ``LlamaRMSNorm``) neutralised; None when the source is unavailable."""
     try:
         text = inspect.getsource(getattr(cls, method))
     except (OSError, TypeError, AttributeError):
         return None
-    return text.replace(cls.__name__.removesuffix("RMSNorm"), "<family>")
+    return text.replace(cls.__name__.removesuffix(suffix), "<family>")
 
 
 @functools.cache
@@ -346,6 +356,85 @@ def unpatch_transformers() -> list[str]:
             setattr(module, name, current._nki_rmsnorm_original)
             restored.append(f"{module_name}.{name}")
     return restored
+
+
+def _llama_decoder_forward_source() -> str | None:
+    modeling = importlib.import_module("transformers.models.llama.modeling_llama")
+    return _source_of(modeling.LlamaDecoderLayer, "forward", "DecoderLayer")
+
+
+def _llama_style_norm(module: nn.Module) -> bool:
+    return (
+        isinstance(module, LlamaRMSNorm)
+        or family(type(module)) == "llama"
+        or (
+            getattr(type(module), "_nki_rmsnorm", False)
+            and family(type(module)._nki_rmsnorm_original) == "llama"
+        )
+    )
+
+
+def fuse_residual_norms(model: nn.Module) -> list[str]:
+    """Route the residual add before each Llama-style decoder layer's
+    ``post_attention_layernorm`` through the fused add + RMSNorm kernel
+    (:func:`nki_rmsnorm.torch.fused_add_rms_norm`), in place; returns the qualified names of
+    the layers changed.
+
+    A layer qualifies when its class's ``forward`` is, up to the class-name prefix, the
+    installed ``LlamaDecoderLayer.forward`` (Llama, Mistral, Qwen2, Qwen3 ... in
+    ``transformers`` 5.x): ``h = residual + self_attn(input_layernorm(x))``, then
+    ``mlp(post_attention_layernorm(h)) + h``; and its ``post_attention_layernorm`` computes as
+    ``LlamaRMSNorm`` (HF's, or swapped by :func:`apply`). Such a layer's forward becomes the
+    same steps with ``h`` and the norm from one kernel launch (one HBM pass over ``h`` instead
+    of a store and a reload). Where the attention output's dtype differs from the residual's
+    (an fp32 residual stream), that call takes HF's unfused steps: HF normalises ``h`` in the
+    promoted dtype there, which the llama preset of the fused kernel does not."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    reference = _llama_decoder_forward_source()
+    fused = []
+    for name, layer in model.named_modules():
+        cls = type(layer)
+        if (
+            reference is None
+            or "_nki_fused_forward" in vars(layer)
+            or not cls.__name__.endswith("DecoderLayer")
+            or not isinstance(getattr(layer, "post_attention_layernorm", None), nn.Module)
+            or _source_of(cls, "forward", "DecoderLayer") != reference
+            or not _llama_style_norm(layer.post_attention_layernorm)
+        ):
+            continue
+        layer._nki_fused_forward = True
+        layer._nki_forward_signature = inspect.signature(cls.forward)
+        layer.forward = types.MethodType(_fused_decoder_forward, layer)
+        fused.append(name)
+    return fused
+
+
+def _fused_decoder_forward(self, hidden_states, *args, **kwargs):
+    """``LlamaDecoderLayer.forward`` with the residual add and ``post_attention_layernorm``
+    fused (see :func:`fuse_residual_norms`)."""
+    call = self._nki_forward_signature.bind(self, hidden_states, *args, **kwargs).arguments
+    extra = dict(call.pop("kwargs", {}))
+    for key in ("self", "hidden_states"):
+        call.pop(key)
+    residual = hidden_states
+    hidden_states = self.input_layernorm(hidden_states)
+    hidden_states, _ = self.self_attn(hidden_states=hidden_states, **call, **extra)
+    norm = self.post_attention_layernorm
+    if hidden_states.dtype == residual.dtype:
+        normed, residual = nki_torch.fused_add_rms_norm(
+            hidden_states,
+            residual,
+            _kernel_weight(norm.weight, residual),
+            norm.variance_epsilon,
+            casting_mode="llama",
+            out_dtype=torch.promote_types(norm.weight.dtype, residual.dtype),
+        )
+    else:
+        residual = residual + hidden_states
+        normed = norm(residual)
+    return residual + self.mlp(normed)
 
 
 def _swap(model: nn.Module, classes: frozenset | None) -> list[str]:

@@ -174,3 +174,53 @@ def test_patch_transformers_builds_models_on_the_kernels():
     assert f"{modeling.__name__}.LlamaRMSNorm" in restored
     with pytest.raises(ValueError, match="unknown families"):
         hf.patch_transformers("gpt2")
+
+
+def _spy_fused(monkeypatch):
+    calls = []
+    fused = nki_torch.fused_add_rms_norm
+
+    def spy(*args, **kwargs):
+        calls.append(args[0].shape)
+        return fused(*args, **kwargs)
+
+    monkeypatch.setattr(nki_torch, "fused_add_rms_norm", spy)
+    return calls
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_decoder_layers_reach_the_fused_add_norm(dtype, monkeypatch):
+    """Llama-style layers: residual add + post_attention_layernorm in one launch per layer;
+    the logits are those of the unfused swap bit for bit (and HF's bit for bit in bf16),
+    gradients flow through both outputs of the fused kernel."""
+    reference = _tiny("LlamaConfig", "LlamaForCausalLM", dtype, **LLAMA)
+    unfused = copy.deepcopy(reference)
+    hf.apply(unfused)
+    model = copy.deepcopy(unfused)
+    assert hf.fuse_residual_norms(model) == ["model.layers.0", "model.layers.1"]
+    assert hf.fuse_residual_norms(model) == []  # once
+    calls = _spy_fused(monkeypatch)
+    got = _logits(model)
+    assert len(calls) == 2
+    assert torch.equal(got, _logits(unfused))
+    if dtype == torch.bfloat16:
+        assert torch.equal(got, _logits(reference))
+    else:
+        assert _close(got, _logits(reference))
+        ids = torch.randint(0, 96, (2, 12), generator=torch.Generator().manual_seed(4))
+        for m in (model, reference):
+            m.zero_grad()
+            m(ids).logits.square().mean().backward()
+        for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+            assert _close(p.grad, q.grad), name
+
+
+def test_fusion_needs_the_llama_layer_structure_and_norm():
+    phi3 = _tiny("Phi3Config", "Phi3ForCausalLM", pad_token_id=0, **LLAMA)  # fused qkv layer
+    assert hf.fuse_residual_norms(phi3) == []
+    qwen3 = _tiny("Qwen3Config", "Qwen3ForCausalLM", head_dim=16, **LLAMA)  # same layer code
+    assert len(hf.fuse_residual_norms(qwen3)) == 2
+    gemma = _tiny("GemmaConfig", "GemmaForCausalLM", head_dim=16, **LLAMA)  # a Gemma norm
+    assert hf.fuse_residual_norms(gemma) == []
+    with pytest.raises(TypeError, match="model must be a torch.nn.Module"):
+        hf.fuse_residual_norms("model")
