@@ -367,7 +367,7 @@ def _yardstick_sources() -> str:
                 digest.update(f.read())
     for module in (nki_shim, baseline, nki06_baseline):
         digest.update(inspect.getsource(module).encode())
-    for function in (_profile, _copy_us, _baseline_us, _inputs):
+    for function in (_profile, _copy_us, _baseline_us):
         digest.update(inspect.getsource(function).encode())
     return digest.hexdigest()
 
@@ -517,9 +517,9 @@ machine with a NeuronDevice, --device measures instead.
 
 Runs:
   (default)   the headline subset: fwd, bwd and fused_add at 8192x4096 bf16 on every default
-              target, 12 cases, a few minutes on 2 cores
-  --full      the full sweep: 10 shapes from 29x17389 to 16384x4096 (120 cases; about 15
-              minutes on 2 cores with -j 2 and warm yardsticks)
+              target (12 cases, about 75 CPU-seconds: a minute or so on 2 idle cores)
+  --full      the full sweep: 10 shapes from 29x17389 to 16384x4096 (120 cases, about 14
+              CPU-minutes: some 7 minutes on 2 idle cores at -j 2, less with a warm cache)
   --quick     a smoke run: two small shapes (129x1024, 256x4096), seconds per case; checks
               the install and the kernels' results, its times say little about large shapes
 """
@@ -537,8 +537,9 @@ columns:
   HBM/min   HBM bytes moved / the minimum the kernel must move
   sim s     wall-clock seconds the simulator took for the kernel (not a kernel time)
   ×copy     modeled time / a plain DMA copy of the same bytes (1.0 = as fast as a copy)
-  vs base   speed-up over the kernel a user would start from (the Neuron RMSNorm tutorial
-            kernel; n/a where it cannot run the shape)
+  vs base   speed-up over what a user would start from: fwd the Neuron RMSNorm tutorial
+            kernel, fused_add the tutorial add then that kernel, bwd a straightforward nl
+            backward (n/a where it cannot run the shape)
   ok        the result matched the float64 reference
   binds     the resource with the largest floor (the least time an engine, the DMA queues
             or HBM need for the kernel's instructions) and that floor's share of the time
