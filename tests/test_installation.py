@@ -96,8 +96,9 @@ def test_a_legacy_sdk_outside_the_supported_releases_is_named(fake_sdk):
         ("neuronxcc", "neuronx-cc", "2.24.1", "nki", dialect.LEGACY),  # SDK 2.29
     ],
 )
-def test_a_supported_sdk_raises_no_warning(fake_sdk, package, dist, version, subpackage,
-                                           dialect_name):
+def test_a_supported_sdk_raises_no_warning(
+    fake_sdk, package, dist, version, subpackage, dialect_name
+):
     fake_sdk(package, dist, version, subpackage)
     assert dialect.hardware_dialect() == dialect_name
     assert dialect.unsupported_sdk() is None
@@ -153,8 +154,10 @@ def test_doctor_says_what_runs_here(capsys):
     assert "kernels run: SIMULATED on the CPU" in text
     assert "unsupported SDK: none found" in text
     for framework in ("torch", "jax"):
-        assert any(line.startswith(f"{framework} ") or line.startswith(f"{framework}:")
-                   for line in text.splitlines())
+        assert any(
+            line.startswith(f"{framework} ") or line.startswith(f"{framework}:")
+            for line in text.splitlines()
+        )
 
 
 def test_doctor_names_an_unsupported_nki_and_the_require_device_setting(fake_sdk, monkeypatch):
