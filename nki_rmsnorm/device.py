@@ -151,6 +151,12 @@ def format_row(r: DeviceRecord) -> str:
     )
 
 
+def _device_dialect() -> str | None:
+    """The installed SDK's dialect (trn1/inf2 devices run legacy ones, which
+    :func:`detected_target` tells apart only on the device)."""
+    return dialect.hardware_dialect()
+
+
 def detected_target() -> str:  # pragma: no cover - needs a NeuronDevice
     """The bench target of the NeuronCore this process runs on."""
     if dialect.hardware_dialect() == dialect.NKI06:
@@ -204,7 +210,7 @@ def _legacy_kernel_latency(kind, arrays, warmup, iters):  # pragma: no cover - d
     return latency.get_latency_percentile(50), latency.get_latency_percentile(99)
 
 
-def _torch_steps(kind, arrays, device, dtype_name):  # pragma: no cover - device only
+def _torch_steps(kind, arrays, device, dtype_name):
     """``(nki_step, framework_step)``: our binding and ``F.rms_norm`` on ``device``."""
     import torch
     import torch.nn.functional as F
@@ -239,7 +245,7 @@ def _torch_steps(kind, arrays, device, dtype_name):  # pragma: no cover - device
     return grad(nki_torch.rms_norm), grad(F.rms_norm)
 
 
-def bench(args, sweep) -> int:  # pragma: no cover - needs a NeuronDevice
+def bench(args, sweep) -> int:
     """The ``--device`` run: every kind and shape of the sweep on this machine's
     NeuronDevice (``--target`` is ignored: the device is the target)."""
     import ml_dtypes
@@ -247,7 +253,7 @@ def bench(args, sweep) -> int:  # pragma: no cover - needs a NeuronDevice
     from nki_rmsnorm import reference
     from nki_rmsnorm.bench import EPS, TARGETS, _inputs, case_rng
 
-    dialect_name = dialect.hardware_dialect()
+    dialect_name = _device_dialect()
     target = detected_target()
     framework = _framework()
     print(

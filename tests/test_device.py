@@ -77,3 +77,35 @@ def test_device_bench_measures_every_case(tmp_path, capsys):  # pragma: no cover
         assert 0 < r["nki_p50_us"] <= r["nki_p99_us"]
         assert r["framework"] is None or 0 < r["framework_p50_us"] <= r["framework_p99_us"]
     assert capsys.readouterr().out.startswith("device: ")
+
+
+def test_device_run_plumbing_on_a_stand_in_device(tmp_path, monkeypatch, capsys):
+    """The ``--device`` run end to end with the CPU standing in for the NeuronDevice (the
+    binding's simulated kernels and F.rms_norm, a no-op synchronise): every kind's two steps
+    run, both figures per row, the JSON records. Says nothing about device timings."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(device, "_device_dialect", lambda: dialect.NKI06)
+    monkeypatch.setattr(device, "detected_target", lambda: "trn2")
+    monkeypatch.setattr(device, "_framework", lambda: ("stand-in", torch.device("cpu"), _noop))
+    path = tmp_path / "device.json"
+    argv = ["bench", "--shapes", "64x256", "--warmup", "1", "--iters", "3", "--json", str(path)]
+    args = bench.build_parser().parse_args(argv)
+    nki_torch = pytest.importorskip("nki_rmsnorm.torch")
+    nki_torch.last_launch_path = None
+    assert device.bench(args, bench._check(args)) == 0
+    assert nki_torch.last_launch_path == "simulator"  # the NKI column ran our binding
+    records = json.loads(path.read_text())
+    assert [r["kind"] for r in records] == list(bench.KINDS)
+    for r in records:
+        assert (r["target"], r["M"], r["N"], r["dialect"]) == ("trn2", 64, 256, "nki06")
+        assert r["nki_method"] == "wall clock (stand-in)" and r["framework"] == "stand-in"
+        assert 0 < r["nki_p50_us"] <= r["nki_p99_us"]
+        assert 0 < r["framework_p50_us"] <= r["framework_p99_us"]
+        assert r["model_us"] is None and (r["warmup"], r["iters"]) == (1, 3)
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("device: trn2, NKI dialect nki06, framework stand-in")
+    assert out[1] == device.DEVICE_HEADER and len(out) == 2 + len(records)
+
+
+def _noop():
+    return None
