@@ -26,8 +26,8 @@ The model column is the cost model's estimate for the same case (the record in
 ``docs/bench.json`` when the checkout has it; else ``n/a``: run ``nki-rmsnorm bench --shapes
 MxN`` on any machine for it; the simulator does not run where the real SDK is installed).
 
-Nothing here runs without a NeuronDevice: ``tests/test_device.py`` marks those tests
-``neuron``.
+The measurement needs a NeuronDevice (``tests/test_device.py`` marks that test ``neuron``);
+the run's plumbing is tested there with the CPU standing in for the device.
 """
 
 from __future__ import annotations
