@@ -391,7 +391,7 @@ class YardstickCache:
     reuse one, typically the next sweep after a change to our kernels, which leaves the
     yardsticks alone. A value is keyed by :func:`_yardstick_sources` and the case; the input
     data is not in the key because the cost model reads the trace, never the values (checked
-    by tests/test_bench.py). Files are written atomically, so parallel workers may share the
+    by tests/test_bench_runs.py). Files are written atomically, so parallel workers may share the
     folder."""
 
     def __init__(self, folder: str | None) -> None:

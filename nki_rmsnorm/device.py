@@ -13,7 +13,7 @@ How each figure is measured, with the SDK's documented APIs only:
 * **NKI kernel, NKI 0.4 – 0.6 (SDK 2.30 – 2.32)**: ``nki.benchmark`` no longer exists (NKI
   0.2 release notes), and the docs' way to time a workload without the profiler is the
   wall clock around it with the device synchronised (aws-neuron-sdk@81ce03ae
-  tools/neuron-explorer/troubleshooting.rst L341-L355). The kernel runs through the PyTorch
+  tools/neuron-explorer/troubleshooting.rst L343-L356). The kernel runs through the PyTorch
   binding on the framework's device, timed like the framework baseline below.
 * **Framework baseline**: ``F.rms_norm`` on the same tensors, compiled by torch-xla (device
   ``xla``: one ``xm.mark_step()`` per iteration, ``xm.wait_device_ops()`` before the clock
