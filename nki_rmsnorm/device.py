@@ -10,9 +10,10 @@ How each figure is measured, with the SDK's documented APIs only:
   matmul tutorial, general/nki/examples/matrix_multiplication/
   matrix_multiplication_nki_kernels.py L405-L410). ``neuron-bench`` runs the NEFF without a
   framework; its latency includes the host-device transfers.
-* **NKI kernel, NKI 0.4 – 0.6 (SDK 2.30 – 2.32)**: ``nki.benchmark`` no longer exists (NKI
-  0.2 release notes), and the docs' way to time a workload without the profiler is the
-  wall clock around it with the device synchronised (aws-neuron-sdk@81ce03ae
+* **NKI kernel, NKI 0.4 – 0.6 (SDK 2.30 – 2.32)**: ``nki.benchmark`` is not available since
+  NKI 0.2.0 (aws-neuron-sdk@81ce03ae release-notes/components/nki.rst L743), and the docs'
+  way to time a workload without the profiler is the wall clock around it with the device
+  synchronised (aws-neuron-sdk@81ce03ae
   tools/neuron-explorer/troubleshooting.rst L343-L356). The kernel runs through the PyTorch
   binding on the framework's device, timed like the framework baseline below.
 * **Framework baseline**: ``F.rms_norm`` on the same tensors, compiled by torch-xla (device
