@@ -62,7 +62,9 @@ __all__ = [
     "fused_add_rms_norm",
     "last_launch_dialect",
     "last_launch_path",
+    "patch_module",
     "rms_norm",
+    "rms_norm_quant",
 ]
 
 logger = logging.getLogger(__name__)
@@ -830,10 +832,12 @@ def fused_add_rms_norm(
     return y.reshape(input.shape), h.reshape(input.shape)
 
 
-class RMSNorm(nn.Module):
+class RMSNorm(nn.RMSNorm):
     """Drop-in for ``torch.nn.RMSNorm`` running the NKI kernels, with offset, bias and cast mode.
 
-    Same constructor and ``state_dict`` (``weight``) as ``torch.nn.RMSNorm``, plus:
+    A subclass of ``torch.nn.RMSNorm`` (``isinstance`` checks, weight-init and weight-decay
+    rules written for it apply), with the same constructor and ``state_dict`` (``weight``),
+    plus:
 
     Args:
         offset: added to the weight in fp32; ``weight`` is initialised to ``1 - offset`` so a
@@ -856,8 +860,7 @@ class RMSNorm(nn.Module):
         device=None,
         dtype=None,
     ) -> None:
-        super().__init__()
-        # The call's checks, now, so that a bad eps, offset or casting_mode names itself at
+        # The call's checks, first, so that a bad eps, offset or casting_mode names itself at
         # construction (check_options only asks whether a weight exists; affine or not is
         # checked below with its own message).
         _, offset = ops.check_options(
@@ -870,18 +873,14 @@ class RMSNorm(nn.Module):
             raise ValueError(
                 "bias and offset need elementwise_affine=True (they act on the weight)"
             )
-        factory = {"device": device, "dtype": dtype}
-        self.normalized_shape = _as_shape(normalized_shape)
-        self.eps = eps
-        self.elementwise_affine = elementwise_affine
+        shape = _as_shape(normalized_shape)
+        # torch.nn.RMSNorm.__init__ calls reset_parameters, which reads the offset
         self.offset = offset
         self.casting_mode = casting_mode
-        if elementwise_affine:
-            self.weight = nn.Parameter(torch.empty(self.normalized_shape, **factory))
-        else:
-            self.register_parameter("weight", None)
+        super().__init__(shape, eps, elementwise_affine, device=device, dtype=dtype)
+        self.normalized_shape = shape
         if bias:
-            self.bias = nn.Parameter(torch.empty(self.normalized_shape, **factory))
+            self.bias = nn.Parameter(torch.empty(shape, device=device, dtype=dtype))
         else:
             self.register_parameter("bias", None)
         self.reset_parameters()
@@ -889,7 +888,7 @@ class RMSNorm(nn.Module):
     def reset_parameters(self) -> None:
         if self.weight is not None:
             nn.init.constant_(self.weight, 1.0 - self.offset)
-        if self.bias is not None:
+        if getattr(self, "bias", None) is not None:  # None while torch's __init__ runs
             nn.init.zeros_(self.bias)
 
     def forward(self, input: Tensor) -> Tensor:
@@ -909,3 +908,241 @@ class RMSNorm(nn.Module):
             f"elementwise_affine={self.elementwise_affine}, offset={self.offset}, "
             f"bias={self.bias is not None}, casting_mode={self.casting_mode!r}"
         )
+
+
+def _replacement(module: nn.Module) -> nn.Module | None:
+    """The NKI module that computes what ``module`` computes, sharing its ``weight``
+    Parameter; None for a module of another kind (or one that already runs the kernels)."""
+    if isinstance(module, RMSNorm):
+        return None
+    if type(module).__module__.startswith("transformers."):
+        from nki_rmsnorm import hf  # a transformers module: transformers is installed
+
+        return hf._replacement(module)
+    if not isinstance(module, nn.RMSNorm):
+        return None
+    new = RMSNorm(module.normalized_shape, module.eps, module.elementwise_affine, device="meta")
+    if module.weight is not None:
+        new.weight = module.weight  # the same Parameter: optimiser state and ties unchanged
+    return new.train(module.training)
+
+
+def patch_module(model: nn.Module) -> list[str]:
+    """Replace, in place, every ``torch.nn.RMSNorm`` of ``model`` by :class:`RMSNorm` (same
+    ``weight`` Parameter and ``eps``, ``casting_mode="gemma"``: bit for bit
+    ``torch.nn.functional.rms_norm`` in bf16/fp16), and every Hugging Face RMSNorm
+    :mod:`nki_rmsnorm.hf` knows by its family's module; returns the qualified names of the
+    replaced modules. For any ``torch.nn.Module``, HF or not."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    swaps = [
+        (name, new)
+        for name, module in model.named_modules()
+        if (new := _replacement(module)) is not None
+    ]
+    for name, new in swaps:
+        if not name:
+            raise ValueError(
+                "model is itself an RMSNorm; wrap it in a parent module or build "
+                "nki_rmsnorm.torch.RMSNorm directly"
+            )
+        parent_name, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent_name), child, new)
+    return [name for name, _ in swaps]
+
+
+# ---------------------------------------------------------------------------------------------
+# Quantized forward (inference: not differentiable)
+# ---------------------------------------------------------------------------------------------
+
+#: torch dtype of each fp8 output. torch has no IEEE-style e4m3 (max 240); its finite values
+#: (all |y_q| ≤ 240 the kernel writes) have the same bits in ``float8_e4m3fn``, so the
+#: e4m3 result comes back as a ``float8_e4m3fn`` tensor holding the same values.
+_TORCH_FP8 = {
+    "float8_e4m3": torch.float8_e4m3fn,
+    "float8_e4m3fn": torch.float8_e4m3fn,
+    "float8_e5m2": torch.float8_e5m2,
+}
+_TORCH_FP8_NAMES = {torch.float8_e4m3fn: "float8_e4m3fn", torch.float8_e5m2: "float8_e5m2"}
+
+
+def _fp8_from_numpy(a: np.ndarray, name: str) -> Tensor:
+    bits = torch.from_numpy(np.ascontiguousarray(a).view(np.uint8))
+    return bits.view(_TORCH_FP8[name])
+
+
+def _quant_shapes(x: Tensor, scale_mode: str, block: int, packed: bool):
+    lead, n = tuple(x.shape[:-1]), x.shape[-1]
+    q_shape = lead + ((n + 4,) if packed else (n,))
+    if scale_mode == "static" or packed:
+        scale_shape = None
+    else:
+        scale_shape = lead + ((n // block,) if scale_mode == "block" else ())
+    return q_shape, scale_shape, lead
+
+
+def _quant_fake(x, residual, quant_dtype, scale_mode, block, return_y, return_amax, packed):
+    q_shape, scale_shape, lead = _quant_shapes(x, scale_mode, block, packed)
+    outputs = [x.new_empty(q_shape, dtype=_TORCH_FP8[quant_dtype])]
+    if scale_shape is not None:
+        outputs.append(x.new_empty(scale_shape, dtype=torch.float32))
+    if return_y:
+        outputs.append(torch.empty_like(x))
+    if residual is not None:
+        outputs.append(torch.empty_like(residual))
+    if return_amax:
+        outputs.append(x.new_empty(lead, dtype=torch.float32))
+    return outputs
+
+
+@torch.library.custom_op("nki_rmsnorm::rms_norm_quant", mutates_args=())
+def _rms_norm_quant(
+    x: Tensor,
+    weight: Tensor | None,
+    residual: Tensor | None,
+    static_scale: Tensor | None,
+    eps: float,
+    quant_dtype: str,
+    scale_mode: str,
+    block: int,
+    lower_bound: float | None,
+    scale_floor: float,
+    return_y: bool,
+    return_amax: bool,
+    packed: bool,
+    dialect: str | None = None,
+) -> list[Tensor]:
+    if x.device.type != "cpu":  # pragma: no cover - needs a NeuronDevice
+        raise NotImplementedError(
+            "rms_norm_quant runs the simulated kernel on CPU tensors only so far; got a "
+            f"tensor on {x.device}"
+        )
+    with _dialect_scope(dialect):
+        result = ops.rms_norm_quant(
+            _to_numpy(x),
+            _to_numpy_or_none(weight),
+            eps,
+            residual=_to_numpy_or_none(residual),
+            quant_dtype=quant_dtype,
+            scale_mode=scale_mode,
+            block=block,
+            static_scale=None if static_scale is None else _to_numpy(static_scale),
+            lower_bound=lower_bound,
+            scale_floor=scale_floor,
+            return_y=return_y,
+            return_amax=return_amax,
+            packed=packed,
+        )
+    outputs = [_fp8_from_numpy(result.y_q, quant_dtype)]
+    for extra in (result.scales, result.y, result.h, result.amax):
+        if extra is not None:
+            outputs.append(_from_numpy(extra))
+    return outputs
+
+
+@_rms_norm_quant.register_fake
+def _(
+    x,
+    weight,
+    residual,
+    static_scale,
+    eps,
+    quant_dtype,
+    scale_mode,
+    block,
+    lower_bound,
+    scale_floor,
+    return_y,
+    return_amax,
+    packed,
+    dialect=None,
+):
+    return _quant_fake(x, residual, quant_dtype, scale_mode, block, return_y, return_amax, packed)
+
+
+def _dialect_scope(dialect_name: str | None):
+    """``dialect.use_dialect`` for a named dialect; a no-op context for None."""
+    import contextlib
+
+    return contextlib.nullcontext() if dialect_name is None else dialect.use_dialect(dialect_name)
+
+
+def rms_norm_quant(
+    input: Tensor,
+    weight: Tensor | None = None,
+    eps: float = 1e-6,
+    *,
+    residual: Tensor | None = None,
+    quant_dtype: str | torch.dtype | None = None,
+    scale_mode: str = "row",
+    block: int = 128,
+    static_scale: float | Tensor | None = None,
+    lower_bound: float | None = None,
+    scale_floor: float = 1e-6,
+    return_y: bool = False,
+    return_amax: bool = False,
+    packed: bool = False,
+) -> ops.QuantizedRMSNorm:
+    """RMSNorm over the last dim, quantized to fp8 in one pass (inference; no autograd).
+
+    The arguments and outputs are those of :func:`nki_rmsnorm.ops.rms_norm_quant`, as
+    tensors: ``quant_dtype`` a name or ``torch.float8_e4m3fn`` / ``torch.float8_e5m2``
+    (the IEEE-style trn2 e4m3 comes back as ``torch.float8_e4m3fn`` with the same bits and
+    values, |y_q| ≤ 240); ``static_scale`` a float or a one-element float32 tensor. Returns
+    an :class:`~nki_rmsnorm.ops.QuantizedRMSNorm` of tensors (None where absent).
+    Launches ``torch.ops.nki_rmsnorm.rms_norm_quant`` (with a fake implementation for
+    ``torch.compile`` / meta tensors).
+    """
+    for name, t in (("input", input), ("weight", weight), ("residual", residual)):
+        if t is not None and not isinstance(t, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if isinstance(quant_dtype, torch.dtype):
+        if quant_dtype not in _TORCH_FP8_NAMES:
+            raise TypeError(
+                f"quant_dtype must be torch.float8_e4m3fn or torch.float8_e5m2 "
+                f"(or a name), got {quant_dtype}"
+            )
+        quant_dtype = _TORCH_FP8_NAMES[quant_dtype]
+    name = ops.quant_dtype_name(quant_dtype, ops.target_nc_version())
+    if isinstance(static_scale, Tensor):
+        if static_scale.dtype != torch.float32:
+            raise TypeError(f"static_scale must be float32, got {static_scale.dtype}")
+    elif static_scale is not None:
+        static_scale = torch.tensor(ops._static_scale(static_scale)[0, 0])
+    for flag, flag_name in (
+        (return_y, "return_y"),
+        (return_amax, "return_amax"),
+        (packed, "packed"),
+    ):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{flag_name} must be a bool, got {type(flag).__name__}")
+    if input.device.type == "meta":
+        outputs = _quant_fake(
+            input, residual, name, scale_mode, block, return_y, return_amax, packed
+        )
+    else:
+        outputs = torch.ops.nki_rmsnorm.rms_norm_quant(
+            input,
+            weight,
+            residual,
+            static_scale,
+            eps,
+            name,
+            scale_mode,
+            block,
+            lower_bound,
+            scale_floor,
+            return_y,
+            return_amax,
+            packed,
+            _callers_dialect(),
+        )
+    outputs = list(outputs)
+    y_q = outputs.pop(0)
+    scales = None
+    if not packed and scale_mode != "static":
+        scales = outputs.pop(0)
+    y = outputs.pop(0) if return_y else None
+    h = outputs.pop(0) if residual is not None else None
+    amax = outputs.pop(0) if return_amax else None
+    return ops.QuantizedRMSNorm(y_q, scales, y, h, amax)

@@ -62,7 +62,7 @@ def _case_id(case):
 def _plan(target, x, r, w, b, offset, mode):
     spec = simulate.get_target(target)
     plan = make_plan(x.dtype, None if w is None else w.dtype, None if b is None else b.dtype,
-                     None if r is None else r.dtype, offset, mode, None,
+                     None if r is None else r.dtype, offset, mode, None, FP32, BF16,
                      tensor_engine=spec.nc_version >= 3)
     return plan, choose_layout(plan, *x.shape, spec.sbuf_bytes_per_partition)
 
@@ -236,7 +236,7 @@ def test_lnc2_keeps_as_many_row_tiles_per_core(rng):
     ``MIN_TILES`` tiles to pipeline (8192 rows of 2048: k = 4 on one core, 2 on two); the
     decisions for one core are unchanged. The kernel follows it: 4100 rows of 256 are
     17 tiles of k = 2 at LNC=1 and 33 tiles of k = 1 at LNC=2, each one rstd store."""
-    plan = make_plan(BF16, BF16, None, None, 0.0, "gemma", None, tensor_engine=True)
+    plan = make_plan(BF16, BF16, None, None, 0.0, "gemma", None, FP32, BF16, tensor_engine=True)
     budget = simulate.get_target("trn2").sbuf_bytes_per_partition
     assert choose_layout(plan, 8192, 2048, budget).rows_per_partition == 4
     assert choose_layout(plan, 8192, 2048, budget, cores=2).rows_per_partition == 2

@@ -33,6 +33,7 @@ MODULES = {
     "rmsnorm_add_fwd_out": "rmsnorm_fwd",
     "rmsnorm_bwd": "rmsnorm_bwd",
     "rmsnorm_bwd_out": "rmsnorm_bwd",
+    "rmsnorm_quant": "rmsnorm_quant",
 }
 
 __all__ = [*MODULES, "available", "kernel", "nki_dtype"]
@@ -43,6 +44,7 @@ def kernel(name: str, dialect_name: str | None = None):
     ``NotImplementedError`` when that dialect does not have it yet."""
     if name not in MODULES:
         raise ValueError(f"name must be one of {tuple(MODULES)}, got {name!r}")
+    dialect.check_launch()
     chosen = dialect.current() if dialect_name is None else dialect_name
     if chosen not in dialect.DIALECTS:
         raise ValueError(f"dialect_name must be one of {dialect.DIALECTS}, got {chosen!r}")
