@@ -37,6 +37,7 @@ from typing import NamedTuple
 
 from nki_rmsnorm.kernels.legacy import rmsnorm_fwd_steps as steps
 from nki_rmsnorm.nki import nisa, nl
+from nki_rmsnorm.plan.dtypes import dtype_bytes
 from nki_rmsnorm.plan.forward import SPLIT_SLOTS
 
 
@@ -74,19 +75,19 @@ def split_rows(plan, s, hbm, eps, offset):
              for t in (hbm.x, hbm.residual, hbm.y, hbm.h)]
     weight_segments = None if hbm.weight is None else hbm.weight.reshape((s, F))
     bias_segments = None if hbm.bias is None else hbm.bias.reshape((s, F))
-    tensor = plan.product_engine == "tensor"
+    tensor = weight_segments is not None and plan.product_engine == "tensor"
 
-    scale = shift = mask = ident = None
-    if weight_segments is not None and tensor:
-        # Reloading costs 2·N·e_w bytes against 2·M·N·e_x: keep it under 1 %.
-        reload = 100 * plan.scale_dtype.itemsize <= M * plan.in_dtype.itemsize
-        scale = _stacked_segments(plan, weight_segments, offset, reload)
-        mask = _segment_mask(parts, s, plan.scale_dtype)
-        ident = steps.identity(parts, plan.scale_dtype)
-    elif weight_segments is not None:
-        scale = _segments_per_row(weight_segments, parts, plan.scale_dtype, offset)
-    if bias_segments is not None:
-        shift = _segments_per_row(bias_segments, parts, plan.bias_dtype)
+    # Conditional expressions, not if blocks: a tile created in an if block may not be used
+    # after it (general/nki/api/nki.errors.rst@8a38e733, L417-L474).
+    # Reloading the weight costs 2·N·e_w bytes against 2·M·N·e_x: keep it under 1 %.
+    reload = tensor and 100 * dtype_bytes(plan.scale_dtype) <= M * dtype_bytes(plan.in_dtype)
+    scale = (_stacked_segments(plan, weight_segments, offset, reload) if tensor
+             else None if weight_segments is None
+             else _segments_per_row(weight_segments, parts, plan.scale_dtype, offset))
+    mask = _segment_mask(parts, s, plan.scale_dtype) if tensor else None
+    ident = steps.identity(parts, plan.scale_dtype) if tensor else None
+    shift = (None if bias_segments is None
+             else _segments_per_row(bias_segments, parts, plan.bias_dtype))
     resident = _Resident(eps, scale, shift, mask, ident,
                          steps.identity(parts, nl.float32))
 
@@ -146,10 +147,13 @@ def _segments_per_row(segments_hbm, parts, dtype, offset=0.0):
     rows = nl.ndarray((parts, F), dtype=dtype)
     rows[0:s, :] = steps.convert_row(nl.load(segments_hbm[i_s, i_f]), dtype, offset)
     filled = s
-    while filled < parts:
-        count = min(filled, parts - filled)
-        nisa.dma_copy(dst=rows[filled:filled + count, :], src=rows[0:count, :])
-        filled += count
+    # at most parts / s doublings; a bounded loop, as the dialect has only do-while loops
+    # (general/nki/api/nki.errors.rst@8a38e733, L902-L947)
+    for _ in nl.static_range(parts // s):
+        if filled < parts:
+            count = min(filled, parts - filled)
+            nisa.dma_copy(dst=rows[filled:filled + count, :], src=rows[0:count, :])
+            filled += count
     return rows
 
 

@@ -237,13 +237,15 @@ def rstd_rows(plan, rstd, ident, stacked=True):
     pieces = plan.rstd_pieces
     dtype = plan.scale_dtype
     split = split_rstd(plan, rstd)
+    # allocated before the branches: a tile created in an if block may not be used after it
+    # (general/nki/api/nki.errors.rst@8a38e733, L417-L474)
+    shape = (pieces, k, parts) if stacked else (1, k * pieces, parts)
+    transposed = nl.ndarray(shape, dtype=nl.float32, buffer=nl.psum)
     if stacked:
-        transposed = nl.ndarray((pieces, k, parts), dtype=nl.float32, buffer=nl.psum)
         for j in nl.static_range(k):
             transposed[:, j, :] = nisa.nc_matmul(split[:, pieces * j:pieces * (j + 1)], ident,
                                                  is_transpose=True)
     else:
-        transposed = nl.ndarray((1, k * pieces, parts), dtype=nl.float32, buffer=nl.psum)
         for b in nl.static_range(k * pieces):
             transposed[:, b, :] = nisa.nc_matmul(split[:, b:b + 1], ident, is_transpose=True)
     return nisa.tensor_copy(transposed, dtype=dtype)
