@@ -51,7 +51,7 @@ def long_rows(plan, chunk, output_chunk, hbm, eps, offset):
 
 def _long_tile(plan, engine, chunks, hbm, offset, h_rows, eps, helper, row0, parts):
     """Rows ``row0 … row0 + parts − 1``: statistics pass, then output pass."""
-    N = hbm.x.shape[1]
+    M, N = hbm.x.shape
     chunk, output_chunk = chunks
     n_chunks = math.ceil(N / chunk)
     i_0 = nl.arange(1)[:, None]
@@ -76,7 +76,10 @@ def _long_tile(plan, engine, chunks, hbm, offset, h_rows, eps, helper, row0, par
                                               dtype=squares.dtype)
     sum_sq = nisa.tensor_reduce(nl.add, partial_sq, axis=1, keepdims=True, dtype=nl.float32)
     rstd_tile = steps.rstd_from_sum(sum_sq, eps, N, on_scalar=engine != "scalar")
-    nl.store(hbm.rstd[rows], value=rstd_tile)
+    # rstd (M,) viewed as (M, 1) and indexed 2-D, as the tutorial reshapes a 1-D tensor
+    # before a 2-D index (general/nki/tutorials/rmsnorm.rst@8a38e733, L65-L68;
+    # general/nki/examples/rmsnorm/rmsnorm_nki_kernels.py@8a38e733, L35)
+    nl.store(hbm.rstd.reshape((M, 1))[rows, nl.arange(1)[None, :]], value=rstd_tile)
     stationary = (steps.rstd_rows(plan, rstd_tile, helper[:parts, :parts], stacked=False)
                   if engine == "tensor" else None)
 

@@ -257,8 +257,12 @@ def outer_normalize(y_row, h_row, stationaries, moving, shift, product_row):
     ``moving`` (K, F) weight rows) and the Vector engine multiplies h by it; the bias is
     added in fp32 after (``product_row`` holds the pre-bias product)."""
     target = y_row if shift is None else product_row
+    parts = h_row.shape[0]
     for c0, c1 in _banks(h_row.shape[-1]):
-        outer = nisa.nc_matmul(stationaries[0], moving[:, c0:c1])
+        # a declared fp32 PSUM tile the first matmul writes and the others accumulate into
+        # (general/nki/examples/attention/attention_kernels.py@8a38e733, L148 and L237)
+        outer = nl.ndarray((parts, c1 - c0), dtype=nl.float32, buffer=nl.psum)
+        outer[...] = nisa.nc_matmul(stationaries[0], moving[:, c0:c1])
         for stationary in stationaries[1:]:
             outer += nisa.nc_matmul(stationary, moving[:, c0:c1])
         target[:, c0:c1] = nisa.tensor_tensor(h_row[:, c0:c1], outer, op=nl.multiply,
