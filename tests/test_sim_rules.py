@@ -690,3 +690,25 @@ def test_while_loops_enter_unconditionally(rng):
 
     rejects("err_while_loop_requires_unconditional_entry", kernel, x, 5, match="do-while")
     np.testing.assert_allclose(run(kernel, x, 0), x + 3.0, rtol=1e-6)
+
+
+def _added_while_below_three(acc, start):
+    """A helper with a while loop: the kernel's rules hold in it too."""
+    count = start
+    while count < 3:
+        acc[...] = nl.add(acc, 1.0)
+        count += 1
+
+
+def test_while_loops_in_helpers_enter_unconditionally(rng):
+    x = random_array(rng, (128, 8), np.float32)
+
+    def kernel(x, start):
+        out = nl.ndarray(x.shape, nl.float32, buffer=nl.shared_hbm)
+        acc = nl.load(x)
+        _added_while_below_three(acc, start)
+        nl.store(out, value=acc)
+        return out
+
+    rejects("err_while_loop_requires_unconditional_entry", kernel, x, 5, match="do-while")
+    np.testing.assert_allclose(run(kernel, x, 0), x + 3.0, rtol=1e-6)
