@@ -87,8 +87,9 @@ def tutorial_rmsnorm_bwd(dy, x, weight, rstd, dx, dweight):
         dy_tile = nl.load(dy[rows, i_f], mask=rows < M)
         # rstd (M,) viewed as (M, 1) before a 2-D index, as the legacy tutorial reshapes its
         # 1-D weight (general/nki/tutorials/rmsnorm.rst@8a38e733, L65-L68)
-        r_tile = nl.load(rstd.reshape((M, 1))[rows, nl.arange(1)[None, :]], mask=rows < M,
-                         dtype=x.dtype)
+        r_tile = nl.load(
+            rstd.reshape((M, 1))[rows, nl.arange(1)[None, :]], mask=rows < M, dtype=x.dtype
+        )
         x_hat = nl.multiply(x_tile, r_tile)
         g = nl.multiply(dy_tile, w_row.broadcast_to((P, N)))
         c = nl.mean(nl.multiply(g, x_hat), axis=[1])
