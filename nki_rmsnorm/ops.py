@@ -31,7 +31,7 @@ import ml_dtypes
 import numpy as np
 from numpy.typing import DTypeLike
 
-from nki_rmsnorm import kernels
+from nki_rmsnorm import dialect, kernels
 from nki_rmsnorm.plan.backward import MAX_HIDDEN as MAX_HIDDEN_BWD
 
 # The argument rules live in one module shared by every front end; the launchers below use
@@ -115,12 +115,15 @@ def rms_norm_fwd(x: np.ndarray, weight: np.ndarray | None = None, eps: float = 1
             outputs.append(np.empty(x.shape, residual.dtype))
         return (*outputs, np.empty(lead, np.float32))
 
+    # the kernel takes an nki.language dtype, not a NumPy one (nki/api/nki.api.shared.rst
+    # L11-L12 in NKI 0.6)
+    y_dtype = kernels.nki_dtype(np.dtype(out_dtype).name, dialect.current())
     if residual is None:
         outputs = kernels.rmsnorm_fwd(_rows(x, rows, n), weight, bias, eps, offset,
-                                      casting_mode, out_dtype)
+                                      casting_mode, y_dtype)
     else:
         outputs = kernels.rmsnorm_add_fwd(_rows(x, rows, n), _rows(residual, rows, n), weight,
-                                          bias, eps, offset, casting_mode, out_dtype)
+                                          bias, eps, offset, casting_mode, y_dtype)
     *tiles, rstd = outputs
     return (*(t.reshape(x.shape) for t in tiles), rstd.reshape(lead))
 
