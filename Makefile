@@ -2,7 +2,7 @@
 # `make run` or `make test`. An install re-runs only when pyproject.toml changes.
 #
 #   make run        the Trn1 / Trn2 / Trn3 example on the simulator: accuracy and modeled time
-#   make test       lint, the whole suite on Python 3.11, the core suite on Python 3.10
+#   make test       lint and the whole suite on Python 3.11; the suite without the frameworks on 3.10
 #   make bench      the benchmark's default sweep (nki-rmsnorm bench --help for the options)
 
 # The interpreters: the first of python3.X on the path or pyenv's 3.X.* that runs.
@@ -17,16 +17,12 @@ PYTHON    := $(VENV)/bin/python
 PY310     := $(VENV310)/bin/python
 PYTEST    := -m pytest -q -p no:cacheprovider
 
-# The 3.10 leg: the simulator, the kernels in both dialects and the NumPy launchers, i.e. what
-# a Trn1 / Inf2 user on a Python 3.10 Neuron SDK (<= 2.29) venv runs under the frameworks.
-# PyPI has no CPU build of torch for 3.10 (only the multi-GB CUDA one) and JAX's last 3.10
-# release (0.6.2) lacks the jax.make_user_context the JAX binding needs, so the binding tests
-# run on the 3.11 leg only (they skip here: their framework is not installed).
-CORE_TESTS := tests/test_fwd.py tests/test_bwd.py tests/test_bwd_nki06.py \
-	tests/test_kernel_contracts.py tests/test_ops_validation.py tests/test_reference.py \
-	tests/test_dialect.py tests/test_sdk_range.py tests/test_packaging.py \
-	tests/test_sim_language.py tests/test_sim_rules.py tests/test_nki06_rules.py \
-	tests/test_readme.py
+# The 3.10 leg runs the whole suite without the frameworks: the simulator, the kernels in both
+# dialects, the NumPy launchers and the bench, i.e. what a Trn1 / Inf2 user on a Python 3.10
+# Neuron SDK (<= 2.29) venv runs under the frameworks. The binding tests skip there (their
+# framework is not installed) and run on the 3.11 leg: PyPI has no CPU build of torch for 3.10
+# (only the multi-GB CUDA one) and JAX's last 3.10 release (0.6.2) lacks
+# jax.make_user_context, which the JAX binding needs.
 
 .PHONY: venv venv310 run test test-311 test-310 lint bench clean
 
@@ -68,7 +64,7 @@ test-311: venv
 	$(PYTHON) $(PYTEST) -n 2
 
 test-310: venv310
-	$(PY310) $(PYTEST) -n 2 $(CORE_TESTS)
+	$(PY310) $(PYTEST) -n 2
 
 bench: venv
 	$(VENV)/bin/nki-rmsnorm bench
