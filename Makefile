@@ -16,6 +16,7 @@ VENV310   := .venv310
 PYTHON    := $(VENV)/bin/python
 PY310     := $(VENV310)/bin/python
 PYTEST    := -m pytest -q -p no:cacheprovider
+JOBS      ?= 2
 
 # The 3.10 leg runs the whole suite without the frameworks: the simulator, the kernels in both
 # dialects, the NumPy launchers and the bench, i.e. what a Trn1 / Inf2 user on a Python 3.10
@@ -61,10 +62,10 @@ test:
 test-311: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
-	$(PYTHON) $(PYTEST) -n 2
+	$(PYTHON) $(PYTEST) -n $(JOBS)
 
 test-310: venv310
-	$(PY310) $(PYTEST) -n 2
+	$(PY310) $(PYTEST) -n $(JOBS)
 
 bench: venv
 	$(VENV)/bin/nki-rmsnorm bench
