@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -94,8 +95,10 @@ def main(argv=None) -> int:
         "reference|\nin bf16 ulps of the largest output (backward: of each row's largest "
         "term); ok: within the benchmark's tolerance."
     )
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
     print(
-        f"\n{len(records)} runs simulated in {time.perf_counter() - start:.0f} s. "
+        f"\n{len(records)} runs simulated in {time.perf_counter() - start:.0f} s "
+        f"({children.ru_utime + children.ru_stime:.0f} s of CPU). "
         "The full sweep: nki-rmsnorm bench --help; results in docs/benchmark.md."
     )
     return 0 if all(r.correct for r in records) else 1
