@@ -99,7 +99,7 @@ def main(argv=None) -> int:
     print(
         f"\n{len(records)} runs simulated in {time.perf_counter() - start:.0f} s "
         f"({children.ru_utime + children.ru_stime:.0f} s of CPU). "
-        "The full sweep: nki-rmsnorm bench --help; results in docs/benchmark.md."
+        "The full sweep: nki-rmsnorm bench --full; results in docs/benchmark.md."
     )
     return 0 if all(r.correct for r in records) else 1
 
