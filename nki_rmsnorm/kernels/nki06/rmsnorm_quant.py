@@ -13,10 +13,11 @@ Math (per row of N elements, every step float32 unless it says otherwise)::
     y_q   = RNE_fp8(clip(y, ±lower_bound) / scale) = RNE_fp8(clip(p · (rstd · (1 / scale)),
             ±lower_bound · (1 / scale)))
 
-``1 / fp8_max`` and ``1 / scale`` are float32 (the ALU has no divide; the Vector engine's
-``reciprocal``). ``fp8_max`` is the largest finite value of the output dtype: 240 for
-``float8_e4m3`` (the NeuronCore's IEEE-style e4m3), 448 for the OCP ``float8_e4m3fn`` (trn3
-only: nki-library@d2ad3a5 ``src/nkilib_src/nkilib/core/utils/kernel_helpers.py`` L39-43,
+``1 / fp8_max`` and ``1 / scale`` are float32 (the ALU has no divide): ``1 / scale`` is
+``(1 / √scale)²``, the GpSimd rsqrt squared (within 3 float32 ulps of the quotient).
+``fp8_max`` is the largest finite value of the output dtype: 240 for ``float8_e4m3`` (the
+NeuronCore's IEEE-style e4m3), 448 for the OCP ``float8_e4m3fn`` (trn3 only:
+nki-library@d2ad3a5 ``src/nkilib_src/nkilib/core/utils/kernel_helpers.py`` L39-43,
 L489-491) and 57344 for ``float8_e5m2``. With per-row or per-block scales ``|y / scale|``
 never exceeds ``fp8_max`` (by construction, up to float32 rounding, which rounds back to
 ``fp8_max``). With a static input scale, ``y / scale`` is clipped to ``±fp8_max`` before the
@@ -55,7 +56,7 @@ from __future__ import annotations
 
 import math
 
-from nki_rmsnorm.kernels.nki06._nki import nisa, nki, nl
+from nki_rmsnorm.kernels.nki06._nki import nisa, nki, nl, usable_sbuf_bytes
 from nki_rmsnorm.plan.forward import RSQRT_MIN_INPUT
 
 __all__ = ["SCALE_MODES", "fp8_max", "rmsnorm_quant"]
@@ -69,6 +70,8 @@ _BANK_COLUMNS = 512
 #: this many chunks.
 _CHUNK_BYTES = 4096
 _MAX_CHUNKS = 4
+#: Per-partition bytes set aside for the (rows, 1) columns and the ones row.
+_SMALL_TILE_BYTES = 4096
 #: Bytes of the float32 scale appended to each row in the packed layout.
 _SCALE_BYTES = 4
 
@@ -85,6 +88,22 @@ def fp8_max(dtype):
 
 def _sbuf(shape, dtype):
     return nl.ndarray(shape, dtype=dtype, buffer=nl.sbuf)
+
+
+def _two_tiles_fit(x, residual, weight, emit_y, quant_dtype):
+    """Whether two row tiles (the software pipeline's) fit SBUF beside the weight row: per
+    partition, h (and x), p, y_q and y of each, rounded up generously for the columns."""
+    N = x.shape[1]
+    h_bytes = x.dtype.itemsize if residual is None else residual.dtype.itemsize
+    per_tile = h_bytes + quant_dtype.itemsize
+    if residual is not None:
+        per_tile = per_tile + x.dtype.itemsize
+    if weight is not None:
+        per_tile = per_tile + 4
+    if emit_y:
+        per_tile = per_tile + x.dtype.itemsize
+    resident = 0 if weight is None else weight.dtype.itemsize
+    return N * (2 * per_tile + resident) + _SMALL_TILE_BYTES <= usable_sbuf_bytes()
 
 
 def _core_tiles(rows):
@@ -211,17 +230,21 @@ def _scale(amax_p, rstd, fp8max, lower_bound, scale_floor):
 
 
 def _factors(scale, rstd, lower_bound):
-    """The quantizing factors rstd · (1 / scale) (Vector reciprocal, Scalar multiply) and,
-    with a lower bound, the clip bounds lower_bound · (1 / scale)."""
+    """The quantizing factors rstd · (1 / scale) and, with a lower bound, the clip bounds
+    lower_bound · (1 / scale); 1 / scale is (1 / √scale)²: the GpSimd rsqrt (the engine's
+    one ``tensor_scalar`` op, see :func:`_rstd`) squared by the Scalar engine, which keeps
+    these per-row steps off the Vector engine, the kernel's busiest."""
     shape = scale.shape
+    root = _column(shape)
+    nisa.tensor_scalar(dst=root, data=scale, op0=nl.rsqrt, operand0=None, engine=nisa.gpsimd_engine)
     inverse = _column(shape)
-    nisa.reciprocal(dst=inverse, data=scale)
+    nisa.activation(dst=inverse, op=nl.square, data=root)
     factor = _column(shape)
     nisa.activation(dst=factor, op=nl.copy, data=inverse, scale=rstd)
     bound = None
     if lower_bound is not None:
         bound = _column(shape)
-        nisa.tensor_scalar(dst=bound, data=inverse, op0=nl.multiply, operand0=float(lower_bound))
+        nisa.activation(dst=bound, op=nl.copy, data=inverse, scale=float(lower_bound))
     return factor, bound
 
 
@@ -453,6 +476,11 @@ def rmsnorm_quant(
     # of tile t, so that no engine's in-order stream waits on a tile's short chain of
     # per-row steps (and no Vector step reads the one just before it).
     tiles = _core_tiles(M)
+    if not _two_tiles_fit(x, residual, weight, emit_y, quant_dtype):
+        for t in range(len(tiles)):
+            state = _tile_front(hbm, options, weight_row, ones, tiles[t][0], tiles[t][1])
+            _tile_back(hbm, options, static_inverse, state, t == len(tiles) - 1)
+        return tuple(outputs)
     ahead = None
     if len(tiles) > 0:
         ahead = _tile_front(hbm, options, weight_row, ones, tiles[0][0], tiles[0][1])
