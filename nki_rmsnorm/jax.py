@@ -19,12 +19,12 @@ path :func:`launch_path` picks:
 launch when the weight and bias are shared by them (the usual case), the backward one launch
 per element (each needs its own ``dweight``/``dbias`` sums: per-example gradients).
 
-Dialect: the NKI dialect of the kernels (:mod:`nki_rmsnorm.dialect`) is resolved when a
-function is traced, on the caller's thread, and is part of the launch's static
-configuration: the host callbacks run on XLA's threads, where the caller's
-``dialect.use_dialect`` is not in effect, and launch that dialect's kernels all the same. A
-jitted function is traced again when ``use_dialect`` chooses another dialect (the binding
-registers a ``jax.make_user_context`` with :func:`nki_rmsnorm.dialect.register_cache_key`).
+Dialect: the NKI dialect of the kernels (:mod:`nki_rmsnorm.dialect`: the target hardware
+and the installed SDK decide; no argument chooses it) is resolved when a function is traced,
+on the caller's thread, and is part of the launch's static configuration, which the host
+callbacks on XLA's threads launch. It is no part of ``jax.jit``'s cache key: the target and
+the SDK do not change within a process (a jitted function keeps the dialect it was traced
+with, also when the simulator's test override changes).
 
 Sharding: rows whose split over mesh axes is visible in the traced type (``Explicit`` axes)
 stay where they are: the binding runs the launch in a ``shard_map`` over that mesh
@@ -128,11 +128,6 @@ def _config(x, weight, bias, residual, eps, offset, casting_mode) -> _Config:
 # ---------------------------------------------------------------------------------------------
 # Launch paths
 # ---------------------------------------------------------------------------------------------
-
-#: ``jax.jit``'s cache key follows the dialect ``use_dialect`` / ``set_dialect`` choose, so a
-#: jitted function traced with one dialect's kernels is traced again for the other.
-_DIALECT_CACHE_KEY = jax.make_user_context(default_value=None)
-dialect.register_cache_key(_DIALECT_CACHE_KEY)
 
 #: How the kernels are launched, most specific first (see :func:`launch_path`).
 LAUNCH_PATHS = ("nki_call", "nki.jit", "simulator")

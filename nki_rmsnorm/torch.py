@@ -5,14 +5,14 @@ trailing dims that are normalised together; ``eps=None`` is PyTorch's default). 
 the forward and backward passes are four ``torch.library`` custom operators on
 ``(rows, hidden)`` matrices::
 
-    nki_rmsnorm::rms_norm_fwd(x, weight?, bias?, eps, offset, casting_mode, out_dtype?,
-                              dialect?) -> (y, rstd)
+    nki_rmsnorm::rms_norm_fwd(x, weight?, bias?, eps, offset, casting_mode, out_dtype?)
+        -> (y, rstd)
     nki_rmsnorm::rms_norm_add_fwd(x, residual, weight?, bias?, eps, offset, casting_mode,
-                                  out_dtype?, dialect?) -> (y, h, rstd)
+                                  out_dtype?) -> (y, h, rstd)
     nki_rmsnorm::rms_norm_bwd(dy, x, weight?, rstd, offset, has_bias, bias_dtype?,
-                              casting_mode, dialect?) -> [dx, dweight?, dbias?]
+                              casting_mode) -> [dx, dweight?, dbias?]
     nki_rmsnorm::rms_norm_add_bwd(dy, h, weight?, rstd, dh?, x_dtype, offset, has_bias,
-                                  bias_dtype?, casting_mode, dialect?)
+                                  bias_dtype?, casting_mode)
         -> [dx, dresidual, dweight?, dbias?]
 
 Each has a fake (meta) implementation, so ``torch.compile`` (no graph breaks), ``torch.export``,
@@ -28,13 +28,9 @@ kernel is picked by the input's device type (:data:`LAUNCHERS`):
 * ``"neuron"`` (TorchNeuron, SDK ≥ 2.31): the output-parameter kernels are called directly
   with the neuron tensors and preallocated outputs, as the TorchNeuron docs show.
 
-``dialect`` is the NKI dialect of the kernels (``"legacy"`` or ``"nki06"``,
-:mod:`nki_rmsnorm.dialect`); None resolves it on the thread that launches. The public
-functions resolve it on the caller's thread and the backward gets the forward's, so the
-dialect chosen around a call (``dialect.use_dialect``) reaches both kernels even when
-autograd runs the backward on one of its device threads (contextvars do not follow it
-there). Inside ``torch.compile`` they pass None: the compiled graph then resolves the dialect
-each time it launches, instead of keeping the one it was traced with.
+The NKI dialect of the kernels is no argument: each launch resolves it where it runs
+(:func:`nki_rmsnorm.dialect.current`: the target hardware and the installed SDK decide), so
+eager calls, autograd's backward and ``torch.compile`` graphs all launch the target's kernels.
 
 :data:`last_launch_path` names the path the latest launch took ("simulator", "nki_jit",
 "nki.jit" or "neuron") and :data:`last_launch_dialect` its kernels' dialect; the module's
@@ -242,39 +238,37 @@ class _BackwardOptions(NamedTuple):
 
 
 class _SimulatorLaunch:
-    """CPU tensors: the kernels run in the NKI simulator through :mod:`nki_rmsnorm.ops`, in
-    the dialect the caller resolved (entered here, on whichever thread runs the launch)."""
+    """CPU tensors: the kernels run in the NKI simulator through :mod:`nki_rmsnorm.ops`, on
+    the launching thread (which resolved ``options.dialect`` too)."""
 
     @staticmethod
     def forward(x, weight, bias, residual, options: _ForwardOptions):
-        with dialect.use_dialect(options.dialect):
-            outputs = ops.rms_norm_fwd(
-                _to_numpy(x),
-                _to_numpy_or_none(weight),
-                options.eps,
-                offset=options.offset,
-                bias=_to_numpy_or_none(bias),
-                residual=_to_numpy_or_none(residual),
-                casting_mode=options.casting_mode,
-                out_dtype=_numpy_dtype(options.out_dtype),
-            )
+        outputs = ops.rms_norm_fwd(
+            _to_numpy(x),
+            _to_numpy_or_none(weight),
+            options.eps,
+            offset=options.offset,
+            bias=_to_numpy_or_none(bias),
+            residual=_to_numpy_or_none(residual),
+            casting_mode=options.casting_mode,
+            out_dtype=_numpy_dtype(options.out_dtype),
+        )
         _record("simulator", options.dialect)
         return tuple(_from_numpy(a) for a in outputs)
 
     @staticmethod
     def backward(dy, x_or_h, weight, rstd, dh_out, options: _BackwardOptions):
-        with dialect.use_dialect(options.dialect):
-            dx, dweight, dbias = ops.rms_norm_bwd(
-                _to_numpy(dy),
-                _to_numpy(x_or_h),
-                _to_numpy_or_none(weight),
-                _to_numpy(rstd),
-                offset=options.offset,
-                has_bias=options.has_bias,
-                bias_dtype=_numpy_dtype(options.bias_dtype),
-                dh_out=_to_numpy_or_none(dh_out),
-                casting_mode=options.casting_mode,
-            )
+        dx, dweight, dbias = ops.rms_norm_bwd(
+            _to_numpy(dy),
+            _to_numpy(x_or_h),
+            _to_numpy_or_none(weight),
+            _to_numpy(rstd),
+            offset=options.offset,
+            has_bias=options.has_bias,
+            bias_dtype=_numpy_dtype(options.bias_dtype),
+            dh_out=_to_numpy_or_none(dh_out),
+            casting_mode=options.casting_mode,
+        )
         _record("simulator", options.dialect)
         return _from_numpy(dx), _from_numpy_or_none(dweight), _from_numpy_or_none(dbias)
 
@@ -450,16 +444,11 @@ def _empty_forward(x, residual, out_dtype):
     return (y, rstd) if residual is None else (y, h, rstd)
 
 
-def _resolved(dialect_name: str | None) -> str:
-    """The operators' ``dialect`` argument, or the dialect in effect on this thread."""
-    return dialect.current() if dialect_name is None else dialect_name
-
-
-def _forward(x, residual, weight, bias, eps, offset, casting_mode, out_dtype, dialect_name):
+def _forward(x, residual, weight, bias, eps, offset, casting_mode, out_dtype):
     """Both forward operators: launch on ``x``'s device, or nothing for an input without rows."""
     if x.shape[0] == 0:
         return _empty_forward(x, residual, out_dtype)
-    options = _ForwardOptions(eps, offset, casting_mode, out_dtype, _resolved(dialect_name))
+    options = _ForwardOptions(eps, offset, casting_mode, out_dtype, dialect.current())
     return _launcher(x.device).forward(x, weight, bias, residual, options)
 
 
@@ -472,13 +461,12 @@ def _rms_norm_fwd(
     offset: float,
     casting_mode: str,
     out_dtype: torch.dtype | None,
-    dialect: str | None = None,
 ) -> tuple[Tensor, Tensor]:
-    return _forward(x, None, weight, bias, eps, offset, casting_mode, out_dtype, dialect)
+    return _forward(x, None, weight, bias, eps, offset, casting_mode, out_dtype)
 
 
 @_rms_norm_fwd.register_fake
-def _(x, weight, bias, eps, offset, casting_mode, out_dtype, dialect=None):
+def _(x, weight, bias, eps, offset, casting_mode, out_dtype):
     return _empty_forward(x, None, out_dtype)
 
 
@@ -492,13 +480,12 @@ def _rms_norm_add_fwd(
     offset: float,
     casting_mode: str,
     out_dtype: torch.dtype | None,
-    dialect: str | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    return _forward(x, residual, weight, bias, eps, offset, casting_mode, out_dtype, dialect)
+    return _forward(x, residual, weight, bias, eps, offset, casting_mode, out_dtype)
 
 
 @_rms_norm_add_fwd.register_fake
-def _(x, residual, weight, bias, eps, offset, casting_mode, out_dtype, dialect=None):
+def _(x, residual, weight, bias, eps, offset, casting_mode, out_dtype):
     return _empty_forward(x, residual, out_dtype)
 
 
@@ -541,19 +528,17 @@ _batched_rows(_rms_norm_fwd, 1)
 _batched_rows(_rms_norm_add_fwd, 2)
 
 
-def _backward_kernel(dy, x_or_h, weight, rstd, dh_out, options: _BackwardOptions):
+def _backward_kernel(dy, x_or_h, weight, rstd, dh_out, offset, has_bias, bias_dtype, casting_mode):
     """``(dx, dweight, dbias)``, launching only when there are rows (the sums over no rows
-    are zeros); ``options.dialect`` None: the dialect in effect on this thread."""
+    are zeros)."""
     if x_or_h.shape[0] == 0:
-        dx, dweight, dbias = _allocate_backward(
-            x_or_h, weight, options.has_bias, options.bias_dtype
-        )
+        dx, dweight, dbias = _allocate_backward(x_or_h, weight, has_bias, bias_dtype)
         return (
             dx,
             None if dweight is None else dweight.zero_(),
             (None if dbias is None else dbias.zero_()),
         )
-    options = options._replace(dialect=_resolved(options.dialect))
+    options = _BackwardOptions(offset, has_bias, bias_dtype, casting_mode, dialect.current())
     return _launcher(x_or_h.device).backward(dy, x_or_h, weight, rstd, dh_out, options)
 
 
@@ -571,14 +556,14 @@ def _rms_norm_bwd(
     has_bias: bool,
     bias_dtype: torch.dtype | None,
     casting_mode: str,
-    dialect: str | None = None,
 ) -> list[Tensor]:
-    options = _BackwardOptions(offset, has_bias, bias_dtype, casting_mode, dialect)
-    return _present(*_backward_kernel(dy, x, weight, rstd, None, options))
+    return _present(
+        *_backward_kernel(dy, x, weight, rstd, None, offset, has_bias, bias_dtype, casting_mode)
+    )
 
 
 @_rms_norm_bwd.register_fake
-def _(dy, x, weight, rstd, offset, has_bias, bias_dtype, casting_mode, dialect=None):
+def _(dy, x, weight, rstd, offset, has_bias, bias_dtype, casting_mode):
     return _present(*_allocate_backward(x, weight, has_bias, bias_dtype))
 
 
@@ -594,10 +579,10 @@ def _rms_norm_add_bwd(
     has_bias: bool,
     bias_dtype: torch.dtype | None,
     casting_mode: str,
-    dialect: str | None = None,
 ) -> list[Tensor]:
-    options = _BackwardOptions(offset, has_bias, bias_dtype, casting_mode, dialect)
-    dh_total, dweight, dbias = _backward_kernel(dy, h, weight, rstd, dh, options)
+    dh_total, dweight, dbias = _backward_kernel(
+        dy, h, weight, rstd, dh, offset, has_bias, bias_dtype, casting_mode
+    )
     # x and residual receive the same gradient, as two tensors: autograd accumulates into
     # each one's .grad in place, so they must not share storage.
     dx = dh_total.to(x_dtype, copy=True)
@@ -605,7 +590,7 @@ def _rms_norm_add_bwd(
 
 
 @_rms_norm_add_bwd.register_fake
-def _(dy, h, weight, rstd, dh, x_dtype, offset, has_bias, bias_dtype, casting_mode, dialect=None):
+def _(dy, h, weight, rstd, dh, x_dtype, offset, has_bias, bias_dtype, casting_mode):
     dresidual, dweight, dbias = _allocate_backward(h, weight, has_bias, bias_dtype)
     return _present(torch.empty_like(h, dtype=x_dtype), dresidual, dweight, dbias)
 
@@ -617,16 +602,14 @@ def _(dy, h, weight, rstd, dh, x_dtype, offset, has_bias, bias_dtype, casting_mo
 
 def _setup_context(ctx, inputs, output, residual: bool):
     if residual:
-        x, _, weight, bias, eps, offset, casting_mode, _, *dialect_name = inputs
+        x, _, weight, bias, eps, offset, casting_mode, _ = inputs
         _, x_or_h, rstd = output
         ctx.x_dtype = x.dtype
     else:
-        x_or_h, weight, bias, eps, offset, casting_mode, _, *dialect_name = inputs
+        x_or_h, weight, bias, eps, offset, casting_mode, _ = inputs
         rstd = output[1]
     ctx.save_for_backward(x_or_h, weight, bias, rstd)
     ctx.eps, ctx.offset, ctx.casting_mode = eps, offset, casting_mode
-    # The forward's dialect, for the backward (None: resolved where the backward launches).
-    ctx.dialect = dialect_name[0] if dialect_name else None
     ctx.bias_dtype = None if bias is None else bias.dtype
 
 
@@ -672,13 +655,12 @@ def _fwd_backward(ctx, dy, _drstd):
                 bias is not None,
                 ctx.bias_dtype,
                 ctx.casting_mode,
-                ctx.dialect,
             )
         )
         dx = next(grads)
         dweight = None if weight is None else next(grads)
         dbias = None if bias is None else next(grads)
-    return dx, dweight, dbias, None, None, None, None, None
+    return dx, dweight, dbias, None, None, None, None
 
 
 def _add_fwd_backward(ctx, dy, dh, _drstd):
@@ -701,13 +683,12 @@ def _add_fwd_backward(ctx, dy, dh, _drstd):
                 bias is not None,
                 ctx.bias_dtype,
                 ctx.casting_mode,
-                ctx.dialect,
             )
         )
         dx, dres = next(grads), next(grads)
         dweight = None if weight is None else next(grads)
         dbias = None if bias is None else next(grads)
-    return dx, dres, dweight, dbias, None, None, None, None, None
+    return dx, dres, dweight, dbias, None, None, None, None
 
 
 def _setup_fwd_context(ctx, inputs, output):
@@ -735,8 +716,8 @@ class _RMSNormFunction(torch.autograd.Function):
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(x, weight, bias, eps, offset, casting_mode, out_dtype, dialect_name):
-        return _rms_norm_fwd(x, weight, bias, eps, offset, casting_mode, out_dtype, dialect_name)
+    def forward(x, weight, bias, eps, offset, casting_mode, out_dtype):
+        return _rms_norm_fwd(x, weight, bias, eps, offset, casting_mode, out_dtype)
 
     setup_context = staticmethod(_setup_fwd_context)
     backward = staticmethod(_fwd_backward)
@@ -748,10 +729,8 @@ class _RMSNormAddFunction(torch.autograd.Function):
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(x, residual, weight, bias, eps, offset, casting_mode, out_dtype, dialect_name):
-        return _rms_norm_add_fwd(
-            x, residual, weight, bias, eps, offset, casting_mode, out_dtype, dialect_name
-        )
+    def forward(x, residual, weight, bias, eps, offset, casting_mode, out_dtype):
+        return _rms_norm_add_fwd(x, residual, weight, bias, eps, offset, casting_mode, out_dtype)
 
     setup_context = staticmethod(_setup_add_fwd_context)
     backward = staticmethod(_add_fwd_backward)
@@ -760,15 +739,6 @@ class _RMSNormAddFunction(torch.autograd.Function):
 # ---------------------------------------------------------------------------------------------
 # Public API
 # ---------------------------------------------------------------------------------------------
-
-
-def _callers_dialect() -> str | None:
-    """The dialect in effect on the caller's thread, carried into the operators; None inside
-    ``torch.compile`` (Dynamo cannot trace the lookup, and a constant would pin the compiled
-    graph to the dialect it was traced with): the operator resolves it when it launches."""
-    if torch.compiler.is_compiling():
-        return None
-    return dialect.current()
 
 
 def rms_norm(
@@ -814,7 +784,6 @@ def rms_norm(
         offset,
         casting_mode,
         out_dtype,
-        _callers_dialect(),
     )
     return y.reshape(input.shape)
 
@@ -858,7 +827,6 @@ def fused_add_rms_norm(
         offset,
         casting_mode,
         out_dtype,
-        _callers_dialect(),
     )
     return y.reshape(input.shape), h.reshape(input.shape)
 
