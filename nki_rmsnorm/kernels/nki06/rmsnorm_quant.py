@@ -57,6 +57,7 @@ from __future__ import annotations
 import math
 
 from nki_rmsnorm.kernels.nki06._nki import nisa, nki, nl, usable_sbuf_bytes
+from nki_rmsnorm.plan.dtypes import dtype_bytes
 from nki_rmsnorm.plan.forward import RSQRT_MIN_INPUT
 
 __all__ = ["SCALE_MODES", "fp8_max", "rmsnorm_quant"]
@@ -92,17 +93,17 @@ def _sbuf(shape, dtype):
 
 def _two_tiles_fit(x, residual, weight, emit_y, quant_dtype):
     """Whether two row tiles (the software pipeline's) fit SBUF beside the weight row: per
-    partition, h (and x), p, y_q and y of each, rounded up generously for the columns."""
+    partition, h (and x), p, y_q and y of each, and the (rows, 1) columns."""
     N = x.shape[1]
-    h_bytes = x.dtype.itemsize if residual is None else residual.dtype.itemsize
-    per_tile = h_bytes + quant_dtype.itemsize
+    x_bytes = dtype_bytes(x.dtype)
+    per_tile = x_bytes + dtype_bytes(quant_dtype)
     if residual is not None:
-        per_tile = per_tile + x.dtype.itemsize
+        per_tile = per_tile + dtype_bytes(residual.dtype)
     if weight is not None:
         per_tile = per_tile + 4
     if emit_y:
-        per_tile = per_tile + x.dtype.itemsize
-    resident = 0 if weight is None else weight.dtype.itemsize
+        per_tile = per_tile + x_bytes
+    resident = 0 if weight is None else dtype_bytes(weight.dtype)
     return N * (2 * per_tile + resident) + _SMALL_TILE_BYTES <= usable_sbuf_bytes()
 
 
@@ -290,7 +291,7 @@ def _tile_front(hbm, options, weight_row, ones, r0, parts):
     eps, quant_dtype, scale_mode, block, lower_bound, scale_floor = options
     N = x.shape[1]
     rows = slice(r0, r0 + parts)
-    chunks = _column_chunks(N, x.dtype.itemsize)
+    chunks = _column_chunks(N, dtype_bytes(x.dtype))
     if residual is None:
         h_tile = _sbuf((parts, N), x.dtype)
         for c0, c1 in chunks:
