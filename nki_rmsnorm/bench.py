@@ -46,7 +46,10 @@ from nki_rmsnorm.plan.backward import MAX_HIDDEN as MAX_HIDDEN_BWD
 DEFAULT_SHAPES = ((29, 17389), (256, 65536), (1024, 32768), (2048, 16384), (4096, 1024),
                   (4096, 12288), (8192, 2048), (8192, 4096), (8192, 8192), (16384, 4096))
 QUICK_SHAPES = ((129, 1024), (256, 4096))
-KINDS = ("fwd", "bwd", "fused_add")
+KINDS = ("fwd", "bwd", "fused_add", "quant")
+#: The kinds the sweep runs without ``--kind``; "quant" (the fp8 quantized forward, nki06
+#: kernels on trn2/trn3 only) is asked for by name.
+DEFAULT_KINDS = ("fwd", "bwd", "fused_add")
 TARGETS = ("inf2", "trn1", "trn2", "trn3")
 DIALECTS = ("legacy", "nki06")
 LNC_TARGETS = ("trn2", "trn3")  # logical cores of two physical cores (LNC=2) exist only there
@@ -61,10 +64,15 @@ EPS = 1e-6
 # error's scale: the largest |reference| value for the forward outputs and dweight (≤ 1 ulp
 # for bf16/fp16 in gemma mode), and for dx the row's largest term rstd·max(|g|, |x̂·c|), as in
 # tests/test_bwd.py (dx itself can be far smaller than its terms after the cancellation).
-TOLERANCE_EPS = {"fwd": 2.0, "fused_add": 2.0, "bwd": 8.0}
+TOLERANCE_EPS = {"fwd": 2.0, "fused_add": 2.0, "bwd": 8.0, "quant": 1.0}
+#: "quant": the dequantized y_q · scale against the float64 y, relative to the row's amax, in
+#: units of half the spacing of fp8 values just below fp8_max (1/16 for e4m3 and e4m3fn,
+#: 1/8 for e5m2): the error RNE can make.
+QUANT_HALF_SPACING = {"float8_e4m3": 2.0**-4, "float8_e4m3fn": 2.0**-4, "float8_e5m2": 2.0**-3}
 BASELINES = {"fwd": "Neuron RMSNorm tutorial kernel",
              "fused_add": "tutorial add, then the tutorial RMSNorm kernel",
-             "bwd": "straightforward nl backward (no published kernel)"}
+             "bwd": "straightforward nl backward (no published kernel)",
+             "quant": "none here: scripts/compare_nkilib.py runs AWS's rmsnorm_quant_kernel"}
 
 
 @dataclass
@@ -105,6 +113,8 @@ def minimal_hbm_bytes(kind: str, M: int, N: int, itemsize: int) -> int:
         return 2 * itemsize * M * N + itemsize * N + 4 * M
     if kind == "fused_add":
         return 4 * itemsize * M * N + itemsize * N + 4 * M
+    if kind == "quant":  # x in, fp8 y_q with its 4 scale bytes per row out (packed layout)
+        return itemsize * M * N + itemsize * N + M * (N + 4)
     return 3 * itemsize * M * N + itemsize * N + 4 * N + 4 * M
 
 
@@ -177,7 +187,11 @@ def run_case(kind, target, M, N, dtype_name, rng, with_baseline=True, dialect="l
     dtype = np.dtype(ml_dtypes.bfloat16 if dtype_name == "bfloat16" else dtype_name)
     x, weight, residual, dy = _inputs(kind, M, N, dtype, rng)
     start = time.perf_counter()
-    if kind == "bwd":
+    eps_dtype = float(np.finfo(np.float32).eps) if dtype_name == "float32" else (
+        2.0 ** -8 if dtype_name == "bfloat16" else 2.0 ** -11)
+    if kind == "quant":
+        prof, errors, eps_dtype = _quant_case(target, lnc, x, weight)
+    elif kind == "bwd":
         _, rstd = reference.rms_norm_fwd(x, weight, EPS)
         outputs, prof = _profile(dialect, lnc, rmsnorm_bwd, dy, x, weight, rstd, None, 0.0,
                                  False, "gemma", target=target)
@@ -192,8 +206,6 @@ def run_case(kind, target, M, N, dtype_name, rng, with_baseline=True, dialect="l
         want = reference.rms_norm_fwd(x, weight, EPS, residual=residual)
         errors = [_max_error(o, w, _scale(w)) for o, w in zip(outputs[:-1], want[:-1])]
     wall = time.perf_counter() - start
-    eps_dtype = float(np.finfo(np.float32).eps) if dtype_name == "float32" else (
-        2.0 ** -8 if dtype_name == "bfloat16" else 2.0 ** -11)
     max_error = max(errors)
     correct = max_error <= TOLERANCE_EPS[kind] * eps_dtype
     copy_us = _copy_us(kind, target, x, residual, dy, dialect, lnc)
@@ -215,6 +227,39 @@ def run_case(kind, target, M, N, dtype_name, rng, with_baseline=True, dialect="l
         speedup_vs_baseline=baseline_us / prof.latency_us if baseline_us else None,
         correct=bool(correct), max_error=max_error, dialect=dialect, lnc=lnc,
         **_floor_fields(prof))
+
+
+def quant_dtype_for(target: str) -> str:
+    """The fp8 dtype the quantized case writes on ``target``: the OCP e4m3 on trn3, the
+    NeuronCore e4m3 (max 240) before (:func:`nki_rmsnorm.ops.quant_dtype_name`'s default)."""
+    return "float8_e4m3fn" if target == "trn3" else "float8_e4m3"
+
+
+def quant_launch_args(x, weight, quant_dtype: str):
+    """The ``rmsnorm_quant`` kernel's arguments for the benchmark's case: per-row scales in
+    nki-library's packed ``[..., N + 4]`` layout, as AWS's ``rmsnorm_quant_kernel`` writes."""
+    from nki_rmsnorm import kernels
+
+    return (x, None, weight, None, EPS, kernels.nki_dtype(quant_dtype, "nki06"), "row", 128,
+            None, 1e-6, False, False, True)
+
+
+def _quant_case(target, lnc, x, weight):
+    """Run the quantized case: (Profile, [error], error unit); the error is that of the
+    dequantized y_q · scale against the float64 y, relative to each row's amax."""
+    from nki_rmsnorm import kernels
+
+    name = quant_dtype_for(target)
+    kernel = kernels.kernel("rmsnorm_quant", "nki06")
+    out, prof = _profile("nki06", lnc, kernel, *quant_launch_args(x, weight, name),
+                         target=target)
+    packed = np.asarray(out[0] if isinstance(out, tuple) else out)
+    n = x.shape[1]
+    scales = np.ascontiguousarray(packed[:, n:]).view(np.uint8).view("<f4")[:, :1]
+    dequantized = packed[:, :n].astype(np.float64) * scales
+    want = reference.rms_norm_quant(x, weight, EPS, quant_dtype=name)
+    error = _max_error(dequantized, want["y"], want["amax"][:, None])
+    return prof, [error], QUANT_HALF_SPACING[name]
 
 
 def _floor_fields(prof) -> dict:
@@ -263,6 +308,9 @@ def _copy_us(kind, target, x, residual, dy, dialect="legacy", lnc=1) -> float:
 
     if kind == "fwd":
         launch = (copies.copy_one, x)
+    elif kind == "quant":  # x's bytes read (as two fp8 halves), its fp8 bytes written
+        halves = np.zeros((2,) + x.shape, ml_dtypes.float8_e4m3)
+        launch = (copies.copy_two_store_one, halves[0], halves[1])
     elif kind == "fused_add":
         launch = (copies.copy_two, x, residual)
     else:
@@ -279,6 +327,8 @@ def _baseline_us(kind, target, x, weight, residual, dy) -> float | None:
     from nki_rmsnorm.kernels import baseline
 
     out = np.empty_like(x)
+    if kind == "quant":
+        return None
     try:
         if kind == "fwd":
             return simulate.profile(baseline.tutorial_rmsnorm, x, weight, out,
@@ -390,7 +440,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="comma list of " + ",".join(TARGETS) + "; trn2x2 / trn3x2: that "
                             "target at LNC=2 (nki06). Default: trn1,trn2,trn3, plus trn2x2 "
                             "with the nki06 kernels at --lnc 1")
-    sweep.add_argument("--kind", default=",".join(KINDS), help="comma list of fwd,bwd,fused_add")
+    sweep.add_argument("--kind", default=",".join(DEFAULT_KINDS),
+                       help="comma list of fwd,bwd,fused_add (default) and quant (the fp8 "
+                            "quantized forward: nki06 on trn2/trn3 only)")
     sweep.add_argument("--dialect",
                        help="kernel dialect of the trn2/trn3 rows: legacy (neuronxcc.nki, SDK "
                             "<= 2.29) or nki06 (SDK >= 2.30); default: the package's (nki06 "
@@ -466,6 +518,12 @@ def _check(args) -> _Sweep:
             defaults = sorted(defaults + DEFAULT_LNC2_TARGETS)
         target_text = ",".join(defaults)
     targets = _targets(target_text, lnc, dialect_name)
+    if "quant" in kinds:
+        others = [t for t, _ in targets if t not in LNC_TARGETS]
+        if others or dialect_name != "nki06":
+            raise ValueError("--kind quant runs the nki06 quantized kernel on trn2/trn3 only: "
+                             "pass --dialect nki06 and --target trn2, trn3, trn2x2 or trn3x2"
+                             + (f" (not {', '.join(others)})" if others else ""))
     if "bwd" in kinds:
         for M, N in shapes:
             if N > MAX_HIDDEN_BWD:
