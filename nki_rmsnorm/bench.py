@@ -46,10 +46,11 @@ from nki_rmsnorm.plan.backward import MAX_HIDDEN as MAX_HIDDEN_BWD
 DEFAULT_SHAPES = ((29, 17389), (256, 65536), (1024, 32768), (2048, 16384), (4096, 1024),
                   (4096, 12288), (8192, 2048), (8192, 4096), (8192, 8192), (16384, 4096))
 QUICK_SHAPES = ((129, 1024), (256, 4096))
-KINDS = ("fwd", "bwd", "fused_add", "quant")
-#: The kinds the sweep runs without ``--kind``; "quant" (the fp8 quantized forward, nki06
-#: kernels on trn2/trn3 only) is asked for by name.
-DEFAULT_KINDS = ("fwd", "bwd", "fused_add")
+#: The kinds the sweep runs without ``--kind``.
+KINDS = ("fwd", "bwd", "fused_add")
+#: ... and those ``--kind`` takes: also "quant", the fp8 quantized forward (nki06 kernels on
+#: trn2/trn3 only).
+ALL_KINDS = KINDS + ("quant",)
 TARGETS = ("inf2", "trn1", "trn2", "trn3")
 DIALECTS = ("legacy", "nki06")
 LNC_TARGETS = ("trn2", "trn3")  # logical cores of two physical cores (LNC=2) exist only there
@@ -389,7 +390,7 @@ def plot(records, path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    kinds = [k for k in KINDS if any(r.kind == k for r in records)]
+    kinds = [k for k in ALL_KINDS if any(r.kind == k for r in records)]
     fig, axes = plt.subplots(len(kinds), 1, figsize=(11, 3.2 * len(kinds)), squeeze=False)
     for ax, kind in zip(axes[:, 0], kinds):
         rows = [r for r in records if r.kind == kind]
@@ -440,7 +441,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="comma list of " + ",".join(TARGETS) + "; trn2x2 / trn3x2: that "
                             "target at LNC=2 (nki06). Default: trn1,trn2,trn3, plus trn2x2 "
                             "with the nki06 kernels at --lnc 1")
-    sweep.add_argument("--kind", default=",".join(DEFAULT_KINDS),
+    sweep.add_argument("--kind", default=",".join(KINDS),
                        help="comma list of fwd,bwd,fused_add (default) and quant (the fp8 "
                             "quantized forward: nki06 on trn2/trn3 only)")
     sweep.add_argument("--dialect",
@@ -498,7 +499,7 @@ def _check(args) -> _Sweep:
         QUICK_SHAPES if args.quick else DEFAULT_SHAPES)
     if args.dtype not in DTYPES:
         raise ValueError(f"unknown dtype {args.dtype!r}: expected bf16, fp16 or fp32")
-    kinds = _parse_list(args.kind, KINDS, "kind")
+    kinds = _parse_list(args.kind, ALL_KINDS, "kind")
     dialect_name = args.dialect or dialects.for_target(dialects.NKI06_TARGETS[0])
     if dialect_name not in DIALECTS:
         raise ValueError(f"unknown dialect {dialect_name!r}: expected one of "
