@@ -6,6 +6,11 @@ Usage::
 
     python scripts/compare_nkilib.py --nkilib ~/src/nki-library \\
         [--target trn2] [--lnc 2] [--shapes 1x2048x8192,1x2048x16384,1x32768x8192]
+        [--tkg [--tkg-shapes 1x1x4096,1x8x8192,1x64x8192]]
+
+``--tkg`` also runs nki-library's decode subkernel ``rmsnorm_tkg`` (called unmodified from a
+small ``nki.jit`` wrapper here that gives it its HBM input and a ``[128, B·S, H / 128]``
+output) beside this package's ``rmsnorm_fwd`` (plain row layout) on the decode shapes.
 
 ``--nkilib`` is the root of a checkout of https://github.com/aws-neuron/nki-library (its
 ``src/nkilib_src`` is put on ``sys.path``; nothing of it is copied here). ``import nki`` is
@@ -27,6 +32,7 @@ import ml_dtypes
 import numpy as np
 
 DEFAULT_SHAPES = "1x2048x8192,1x2048x16384,1x32768x8192"
+DEFAULT_TKG_SHAPES = "1x1x4096,1x8x8192,1x29x8192,1x64x8192"
 EPS = 1e-6
 QUANT_DTYPE = "float8_e4m3"  # what rmsnorm_quant_kernel writes (rmsnorm_quant_constants.py)
 
@@ -88,6 +94,64 @@ def _packed_error(packed, x, weight) -> float:
     return float(np.max(np.abs(dequantized - want["y"]) / want["amax"][:, None]))
 
 
+def _tkg_wrapper():
+    """An ``nki.jit`` kernel around nki-library's ``rmsnorm_tkg`` subkernel (imported after
+    :func:`_load_nkilib`): HBM x (B, S, H) and gamma (1, H) in, its transposed layout out."""
+    import nki
+    import nki.language as nl
+    from nkilib.core.subkernels.rmsnorm_tkg import rmsnorm_tkg
+
+    @nki.jit
+    def rmsnorm_tkg_kernel(x, gamma):
+        b, s, h = x.shape
+        out = nl.ndarray(
+            (nl.tile_size.pmax, b * s, h // nl.tile_size.pmax), dtype=x.dtype, buffer=nl.shared_hbm
+        )
+        rmsnorm_tkg(x, gamma, out, eps=EPS)
+        return out
+
+    return rmsnorm_tkg_kernel
+
+
+def compare_tkg(nkilib: str, target: str, lnc: int, shapes) -> list[dict]:
+    """``rmsnorm_tkg`` against ``rmsnorm_fwd`` on decode shapes (None where AWS's kernel does
+    not run on this simulator, with the reason)."""
+    _load_nkilib(nkilib)
+    from nki_rmsnorm import kernels, reference
+
+    aws = _tkg_wrapper()
+    ours = kernels.kernel("rmsnorm_fwd", "nki06")
+    rng = np.random.default_rng(0)
+    rows = []
+    for b, s, h in shapes:
+        x = rng.standard_normal((b, s, h)).astype(ml_dtypes.bfloat16)
+        weight = (1.0 + 0.1 * rng.standard_normal(h)).astype(ml_dtypes.bfloat16)
+        want = reference.rms_norm(x.reshape(-1, h), weight, EPS)
+        row = {"shape": f"{b}x{s}x{h}", "aws_us": None, "note": ""}
+        try:
+            out, row["aws_us"] = _launch(aws, lnc, target, x, weight.reshape(1, h))
+            got = np.asarray(out)
+            row["note"] = f"max |err| {_tkg_error(got, want, b * s, h, lnc):.3g}"
+        except Exception as error:  # noqa: BLE001 - reported, not hidden
+            row["note"] = f"does not run here: {type(error).__name__}: {error}"[:110]
+        (y, _), row["ours_us"] = _launch(
+            ours, lnc, target, x.reshape(-1, h), weight, None, EPS, 0.0, "gemma", None
+        )
+        row["ours_error"] = float(np.max(np.abs(np.asarray(y, np.float64) - want)))
+        rows.append(row)
+    return rows
+
+
+def _tkg_error(got, want, rows, h, lnc) -> float:
+    """Largest |error| of rmsnorm_tkg's [128, rows, H / 128] output (each core's half of H
+    laid out after the other's under LNC=2, as its docstring's pseudocode says)."""
+    want = np.asarray(want, np.float64)
+    parts = []
+    for half in np.split(want, lnc, axis=1):
+        parts.append(half.reshape(rows, 128, -1).transpose(1, 0, 2))
+    return float(np.max(np.abs(np.asarray(got, np.float64) - np.concatenate(parts, axis=2))))
+
+
 def compare(nkilib: str, target: str, lnc: int, shapes) -> list[dict]:
     aws_kernel, aws_args = _load_nkilib(nkilib)
     from nki_rmsnorm import bench, kernels
@@ -127,10 +191,14 @@ def main(argv=None) -> int:
     parser.add_argument("--target", default="trn2", choices=("trn2", "trn3"))
     parser.add_argument("--lnc", type=int, default=2, choices=(1, 2))
     parser.add_argument("--shapes", default=DEFAULT_SHAPES, help="comma list of BxSxH")
+    parser.add_argument("--tkg", action="store_true", help="also rmsnorm_tkg vs rmsnorm_fwd")
+    parser.add_argument("--tkg-shapes", default=DEFAULT_TKG_SHAPES, help="comma list of BxSxH")
     args = parser.parse_args(argv)
     try:
         shapes = _parse_shapes(args.shapes)
+        tkg_shapes = _parse_shapes(args.tkg_shapes)
         rows = compare(args.nkilib, args.target, args.lnc, shapes)
+        tkg_rows = compare_tkg(args.nkilib, args.target, args.lnc, tkg_shapes) if args.tkg else []
     except ValueError as error:
         parser.error(str(error))
     print(
@@ -147,6 +215,16 @@ def main(argv=None) -> int:
             f"{r['copy_us']:9.1f} {r['aws_copy']:9.2f} {r['ours_copy']:10.2f} "
             f"{r['aws_error']:8.4f} {r['ours_error']:8.4f}"
         )
+    if tkg_rows:
+        print(
+            f"\nrmsnorm_tkg (nki-library) vs nki_rmsnorm rmsnorm_fwd, {args.target} "
+            f"LNC={args.lnc}, bf16, modeled"
+        )
+        print(f"{'shape':>14s} {'AWS µs':>9s} {'ours µs':>9s} {'speed-up':>9s}  AWS result")
+        for r in tkg_rows:
+            aws = "n/a" if r["aws_us"] is None else f"{r['aws_us']:.1f}"
+            speedup = "n/a" if r["aws_us"] is None else f"{r['aws_us'] / r['ours_us']:.2f}×"
+            print(f"{r['shape']:>14s} {aws:>9s} {r['ours_us']:9.1f} {speedup:>9s}  {r['note']}")
     return 0
 
 
