@@ -270,3 +270,26 @@ def test_too_long_rows(trn2, no_quant_launch):
     x = np.zeros((1, 40000), BF16)
     with pytest.raises(ValueError, match="N=40000"):
         ops.rms_norm_quant(x, np.ones(40000, np.float32))
+
+
+def test_trn3_ocp_static_saturates_at_448_with_residual_and_y(rng, trn3):
+    x, weight, residual = _inputs(rng, (70, 640), residual=True)
+    kwargs = dict(quant_dtype="float8_e4m3fn", scale_mode="static", static_scale=0.002)
+    got = ops.rms_norm_quant(
+        x, weight, residual=residual, return_y=True, return_amax=True, **kwargs
+    )
+    want = reference.rms_norm_quant(x, weight, residual=residual, **kwargs)
+    assert_fp8_matches(got.y_q, want, "float8_e4m3fn")
+    values = got.y_q.astype(np.float64)
+    assert np.max(np.abs(values)) == 448.0 and np.isfinite(values).all()
+    np.testing.assert_array_equal(got.h, want["h"])
+    assert np.all(reference.ulp_distance(got.y, want["y"], BF16) <= 1)
+    np.testing.assert_allclose(got.amax, want["amax"], rtol=SCALE_RTOL)
+
+
+def test_block_amax_is_the_rows(rng, trn2):
+    x, weight, _ = _inputs(rng, (20, 512))
+    got = ops.rms_norm_quant(x, weight, scale_mode="block", block=64, return_amax=True)
+    want = reference.rms_norm_quant(x, weight, scale_mode="block", block=64)
+    np.testing.assert_allclose(got.amax, want["amax"], rtol=SCALE_RTOL)
+    np.testing.assert_allclose(got.amax, np.max(got.scales, axis=-1) * 240, rtol=SCALE_RTOL)

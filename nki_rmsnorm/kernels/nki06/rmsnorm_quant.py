@@ -10,8 +10,8 @@ Math (per row of N elements, every step float32 unless it says otherwise)::
     y     = p · rstd
     amax  = max |y| = max |p| · rstd          (per row, or per block of ``block`` columns)
     scale = max(min(amax, lower_bound) · (1 / fp8_max), scale_floor)        dequant scale
-    y_q   = RNE_fp8(clip(y, ±lower_bound) / scale) = RNE_fp8(clip(p · (rstd · (1 / scale)),
-            ±lower_bound · (1 / scale)))
+    y_q   = RNE_fp8(clip(y, ±lower_bound) / scale)
+          = RNE_fp8(clip(p, ±lower_bound · (1 / rstd)) · (rstd · (1 / scale)))
 
 ``1 / fp8_max`` and ``1 / scale`` are float32 (the ALU has no divide): ``1 / scale`` is
 ``(1 / √scale)²``, the GpSimd rsqrt squared (within 3 float32 ulps of the quotient).
@@ -20,10 +20,15 @@ NeuronCore's IEEE-style e4m3), 448 for the OCP ``float8_e4m3fn`` (trn3 only:
 nki-library@d2ad3a5 ``src/nkilib_src/nkilib/core/utils/kernel_helpers.py`` L39-43,
 L489-491) and 57344 for ``float8_e5m2``. With per-row or per-block scales ``|y / scale|``
 never exceeds ``fp8_max`` (by construction, up to float32 rounding, which rounds back to
-``fp8_max``). With a static input scale, ``y / scale`` is clipped to ``±fp8_max`` before the
-conversion, as AWS's ``rmsnorm_quant_kernel`` does (nki-library@d2ad3a5
-``core/rmsnorm/rmsnorm_quant.py`` ``_static_quantize_tile``): the docs say nothing of how an
-engine converts an out-of-range value to fp8, so the kernel never relies on it.
+``fp8_max``). With a static input scale, ``y / scale`` is clipped to ``±fp8_max`` (p to
+``±fp8_max / factor``) before the conversion, as AWS's ``rmsnorm_quant_kernel`` clips
+(nki-library@d2ad3a5 ``core/rmsnorm/rmsnorm_quant.py`` ``_static_quantize_tile``): the docs
+say nothing of how an engine converts an out-of-range value to fp8, so the kernel never
+relies on it. The reductions (Σ of the squares, max of |p|) are those of the float32 results,
+before their discarded elementwise outputs are rounded to fp8 (``nki/api/nki/isa/__init__.py``
+@81ce03ae: the activation pseudo-code L1366-1380 reduces ``output`` before the write;
+``tensor_scalar_reduce`` L2516-2530 reduces "the ``nisa.tensor_scalar`` result", the float32
+computation result that L1112-1117 cast to ``dst.dtype``).
 
 ``scale_floor`` (default 1e-6, AWS's ``min_dequant_scale_value``,
 ``core/rmsnorm/rmsnorm_quant_constants.py``) keeps ``1 / scale`` finite: an all-zero row gets
@@ -230,11 +235,10 @@ def _scale(amax_p, rstd, fp8max, lower_bound, scale_floor):
     return amax_y, scale
 
 
-def _factors(scale, rstd, lower_bound):
-    """The quantizing factors rstd · (1 / scale) and, with a lower bound, the clip bounds
-    lower_bound · (1 / scale); 1 / scale is (1 / √scale)²: the GpSimd rsqrt (the engine's
-    one ``tensor_scalar`` op, see :func:`_rstd`) squared by the Scalar engine, which keeps
-    these per-row steps off the Vector engine, the kernel's busiest."""
+def _factors(scale, rstd):
+    """The quantizing factors rstd · (1 / scale); 1 / scale is (1 / √scale)²: the GpSimd
+    rsqrt (the engine's one ``tensor_scalar`` op, see :func:`_rstd`) squared by the Scalar
+    engine, which keeps these per-row steps off the Vector engine, the kernel's busiest."""
     shape = scale.shape
     root = _column(shape)
     nisa.tensor_scalar(dst=root, data=scale, op0=nl.rsqrt, operand0=None, engine=nisa.gpsimd_engine)
@@ -242,31 +246,37 @@ def _factors(scale, rstd, lower_bound):
     nisa.activation(dst=inverse, op=nl.square, data=root)
     factor = _column(shape)
     nisa.activation(dst=factor, op=nl.copy, data=inverse, scale=rstd)
-    bound = None
-    if lower_bound is not None:
-        bound = _column(shape)
-        nisa.activation(dst=bound, op=nl.copy, data=inverse, scale=float(lower_bound))
-    return factor, bound
+    return factor
 
 
-def _quantize(q, p, factor, bound, on_vector=False):
+def _quantize(q, p, factor, on_vector=False):
     """q = RNE(p · factor) (Scalar engine, converting on write; the Vector engine's
-    ``tensor_scalar`` if ``on_vector``), or with a (rows, 1) clip ``bound``: min(p · factor,
-    bound) then max(·, −bound) on the Vector engine (the second step reads the fp8 result:
-    exact, both bounds are applied before the last rounding and a value already in fp8
-    rounds to itself)."""
-    if bound is None and on_vector:
+    ``tensor_scalar`` if ``on_vector``)."""
+    if on_vector:
         nisa.tensor_scalar(dst=q, data=p, op0=nl.multiply, operand0=factor)
-        return
-    if bound is None:
+    else:
         nisa.activation(dst=q, op=nl.copy, data=p, scale=factor)
-        return
+
+
+def _clip(p, bound):
+    """p = clip(p, ±bound) in place, ``bound`` a (rows, 1) column in p's units (Vector
+    engine, one instruction): every clip happens before the one rounding to fp8, so the
+    kernel never converts an out-of-range value to fp8 (the docs do not say what that
+    gives; the simulator's OCP e4m3fn makes it NaN)."""
     negative = _column(bound.shape)
     nisa.tensor_scalar(dst=negative, data=bound, op0=nl.multiply, operand0=-1.0)
     nisa.tensor_scalar(
-        dst=q, data=p, op0=nl.multiply, operand0=factor, op1=nl.minimum, operand1=bound
+        dst=p, data=p, op0=nl.minimum, operand0=bound, op1=nl.maximum, operand1=negative
     )
-    nisa.tensor_scalar(dst=q, data=q, op0=nl.maximum, operand0=negative)
+
+
+def _scaled_inverse(column, value):
+    """value / column for a (rows, 1) float32 column (Vector reciprocal, then a multiply)."""
+    inverse = _column(column.shape)
+    nisa.reciprocal(dst=inverse, data=column)
+    out = _column(column.shape)
+    nisa.tensor_scalar(dst=out, data=inverse, op0=nl.multiply, operand0=float(value))
+    return out
 
 
 def _block_maxima(p, block):
@@ -352,58 +362,57 @@ def _tile_back(hbm, options, static_inverse, state, last):
     parts, N = p.shape
     fp8max = fp8_max(quant_dtype)
 
+    # y first: the clips below change p in place
+    if y is not None:
+        y_tile = _sbuf((parts, N), y.dtype)
+        nisa.activation(dst=y_tile, op=nl.copy, data=p, scale=rstd)
+        nisa.dma_copy(dst=y[rows, :], src=y_tile)
+
     if scale_mode == "static":
         factor = _column((parts, 1))
         nisa.tensor_scalar(
             dst=factor, data=rstd, op0=nl.multiply, operand0=static_inverse[0:parts, :]
         )
-        nisa.tensor_scalar(
-            dst=q, data=p, op0=nl.multiply, operand0=factor, op1=nl.minimum, operand1=fp8max
-        )
-        nisa.tensor_scalar(dst=q, data=q, op0=nl.maximum, operand0=-fp8max)
+        # y / scale clipped to ±fp8_max: p clipped to ±fp8_max / factor
+        _clip(p, _scaled_inverse(factor, fp8max))
+        _quantize(q, p, factor)
         nisa.dma_copy(dst=y_q[rows, :], src=q)
         if amax is not None:
             amax_y = _column((parts, 1))
             nisa.activation(dst=amax_y, op=nl.copy, data=amax_p, scale=rstd)
             nisa.dma_copy(dst=amax[rows, :], src=amax_y)
-    else:
-        amax_y, scale = scaled
-        factor, bound = _factors(scale, rstd, lower_bound)
-        if scale_mode == "row":
-            for c in range(len(chunks)):
-                c0, c1 = chunks[c]
-                # the Vector engine, done with its products, shares the last tile's quantization
-                _quantize(q[:, c0:c1], p[:, c0:c1], factor, bound, last and c % 2 == 1)
-                nisa.dma_copy(dst=y_q[rows, c0:c1], src=q[:, c0:c1])
-        else:
-            for b in range(N // block):
-                cols = slice(b * block, (b + 1) * block)
-                _quantize(
-                    q[:, cols],
-                    p[:, cols],
-                    factor[:, b : b + 1],
-                    None if bound is None else bound[:, b : b + 1],
-                )
-            nisa.dma_copy(dst=y_q[rows, :], src=q)
-        if packed_scales is not None:
-            # the float32 column's bytes as four fp8 elements per row (AWS's packed layout)
-            nisa.dma_copy(
-                dst=packed_scales[rows, :],
-                src=scale.ap(pattern=[[_SCALE_BYTES, parts], [1, _SCALE_BYTES]], dtype=quant_dtype),
-            )
-        else:
-            nisa.dma_copy(dst=scales[rows, :], src=scale)
-        if amax is not None and scale_mode == "row":
-            nisa.dma_copy(dst=amax[rows, :], src=amax_y)
-        elif amax is not None:
-            row_amax = _column((parts, 1))
-            nisa.tensor_reduce(dst=row_amax, op=nl.maximum, data=amax_y, axis=1)
-            nisa.dma_copy(dst=amax[rows, :], src=row_amax)
+        return
 
-    if y is not None:
-        y_tile = _sbuf((parts, N), y.dtype)
-        nisa.activation(dst=y_tile, op=nl.copy, data=p, scale=rstd)
-        nisa.dma_copy(dst=y[rows, :], src=y_tile)
+    amax_y, scale = scaled
+    factor = _factors(scale, rstd)
+    if lower_bound is not None:
+        # y clipped to ±lower_bound: p clipped to ±lower_bound / rstd
+        _clip(p, _scaled_inverse(rstd, lower_bound))
+    if scale_mode == "row":
+        for c in range(len(chunks)):
+            c0, c1 = chunks[c]
+            # the Vector engine, done with its products, shares the last tile's quantization
+            _quantize(q[:, c0:c1], p[:, c0:c1], factor, last and c % 2 == 1)
+            nisa.dma_copy(dst=y_q[rows, c0:c1], src=q[:, c0:c1])
+    else:
+        for b in range(N // block):
+            cols = slice(b * block, (b + 1) * block)
+            _quantize(q[:, cols], p[:, cols], factor[:, b : b + 1])
+        nisa.dma_copy(dst=y_q[rows, :], src=q)
+    if packed_scales is not None:
+        # the float32 column's bytes as four fp8 elements per row (AWS's packed layout)
+        nisa.dma_copy(
+            dst=packed_scales[rows, :],
+            src=scale.ap(pattern=[[_SCALE_BYTES, parts], [1, _SCALE_BYTES]], dtype=quant_dtype),
+        )
+    else:
+        nisa.dma_copy(dst=scales[rows, :], src=scale)
+    if amax is not None and scale_mode == "row":
+        nisa.dma_copy(dst=amax[rows, :], src=amax_y)
+    elif amax is not None:
+        row_amax = _column((parts, 1))
+        nisa.tensor_reduce(dst=row_amax, op=nl.maximum, data=amax_y, axis=1)
+        nisa.dma_copy(dst=amax[rows, :], src=row_amax)
 
 
 @nki.jit
