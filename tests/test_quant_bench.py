@@ -70,3 +70,30 @@ def test_quant_kind_refused_without_the_nki06_kernel(extra, capsys):
 def test_quant_copy_yardstick_moves_the_cases_bytes():
     x = np.zeros((256, 1024), ml_dtypes.bfloat16)
     assert bench._copy_us("quant", "trn2", x, None, None, "nki06", 1) > 0
+
+
+def _compare_script():
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).parents[1] / "scripts" / "compare_nkilib.py"
+    spec = importlib.util.spec_from_file_location("compare_nkilib", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(
+    "argv,words",
+    [
+        (["--shapes", "2048x8192"], "BxSxH"),
+        (["--tkg-shapes", "1x0x4096"], "BxSxH"),
+        ([], "no src/nkilib_src/nkilib"),
+    ],
+)
+def test_compare_script_rejects_bad_arguments(tmp_path, capsys, argv, words):
+    script = _compare_script()
+    with pytest.raises(SystemExit) as exit_info:
+        script.main(["--nkilib", str(tmp_path), *argv])
+    assert exit_info.value.code == 2
+    assert words in capsys.readouterr().err
