@@ -256,11 +256,18 @@ def _quant_case(target, lnc, x, weight):
                          target=target)
     packed = np.asarray(out[0] if isinstance(out, tuple) else out)
     n = x.shape[1]
-    scales = np.ascontiguousarray(packed[:, n:]).view(np.uint8).view("<f4")[:, :1]
-    dequantized = packed[:, :n].astype(np.float64) * scales
-    want = reference.rms_norm_quant(x, weight, EPS, quant_dtype=name)
-    error = _max_error(dequantized, want["y"], want["amax"][:, None])
+    error = 0.0
+    for r0 in range(0, x.shape[0], _CHECK_ROWS):  # the float64 reference, a slice at a time
+        part = packed[r0 : r0 + _CHECK_ROWS]
+        scales = np.ascontiguousarray(part[:, n:]).view(np.uint8).view("<f4")[:, :1]
+        dequantized = part[:, :n].astype(np.float64) * scales
+        want = reference.rms_norm_quant(x[r0 : r0 + _CHECK_ROWS], weight, EPS, quant_dtype=name)
+        error = max(error, _max_error(dequantized, want["y"], want["amax"][:, None]))
     return prof, [error], QUANT_HALF_SPACING[name]
+
+
+#: Rows of the quantized case checked against the float64 reference at once.
+_CHECK_ROWS = 1024
 
 
 def _floor_fields(prof) -> dict:
