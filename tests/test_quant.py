@@ -293,3 +293,42 @@ def test_block_amax_is_the_rows(rng, trn2):
     want = reference.rms_norm_quant(x, weight, scale_mode="block", block=64)
     np.testing.assert_allclose(got.amax, want["amax"], rtol=SCALE_RTOL)
     np.testing.assert_allclose(got.amax, np.max(got.scales, axis=-1) * 240, rtol=SCALE_RTOL)
+
+
+# --- the simulator's fp8 rounding, which the tests above rely on -----------------------------
+@pytest.mark.parametrize("name", ["float8_e4m3", "float8_e4m3fn", "float8_e5m2"])
+def test_simulator_rounds_fp8_to_nearest_even(name, trn3):
+    """Writing float32 values to an fp8 tile rounds once to nearest even, ties included, down
+    to the subnormals (the values stay in range: the kernel clips before converting); a
+    strided fp8 view reads back the same bytes."""
+    from nki_rmsnorm.kernels.nki06._nki import nisa, nki, nl
+
+    fp8 = np.dtype(getattr(ml_dtypes, name))
+    finite = np.arange(256, dtype=np.uint8).view(fp8).astype(np.float64)
+    finite = np.unique(finite[np.isfinite(finite) & (np.abs(finite) <= FP8_MAX[name])])
+    ties = (finite[1:] + finite[:-1]) / 2  # every midpoint between neighbours
+    nudged = np.concatenate([ties * (1 + 2.0**-20), ties * (1 - 2.0**-20)])
+    values = np.concatenate([finite, ties, nudged]).astype(np.float32)
+    width = 64
+    values = np.resize(values, (-(-values.size // width) * width,)).reshape(-1, width)
+    values = values[: (values.shape[0] // 2) * 2]
+
+    @nki.jit
+    def convert(src):
+        rows, cols = src.shape
+        out = nl.ndarray((rows, cols), dtype=getattr(nl, name), buffer=nl.shared_hbm)
+        every_other = nl.ndarray((rows, cols // 2), dtype=getattr(nl, name), buffer=nl.shared_hbm)
+        tile = nl.ndarray((rows, cols), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=tile, src=src)
+        q = nl.ndarray((rows, cols), dtype=getattr(nl, name), buffer=nl.sbuf)
+        nisa.tensor_copy(dst=q, src=tile)
+        nisa.dma_copy(dst=out, src=q)
+        nisa.dma_copy(dst=every_other, src=q[:, 0:cols:2])
+        return out, every_other
+
+    got, strided = convert(values)
+    want = reference.round_to(values.astype(np.float64), fp8)
+    np.testing.assert_array_equal(np.asarray(got).astype(np.float64), want)
+    np.testing.assert_array_equal(
+        np.asarray(strided).view(np.uint8), np.asarray(got)[:, ::2].view(np.uint8)
+    )
