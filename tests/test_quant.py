@@ -332,3 +332,14 @@ def test_simulator_rounds_fp8_to_nearest_even(name, trn3):
     np.testing.assert_array_equal(
         np.asarray(strided).view(np.uint8), np.asarray(got)[:, ::2].view(np.uint8)
     )
+
+
+@pytest.mark.parametrize("rows", [1, 128, 257, 600])
+def test_tile_counts_of_the_pipeline(rng, trn2, rows):
+    """One tile, one full tile, three with a ragged one, five: every row quantized."""
+    x, weight, _ = _inputs(rng, (rows, 256))
+    got = ops.rms_norm_quant(x, weight, return_amax=True)
+    want = reference.rms_norm_quant(x, weight)
+    np.testing.assert_allclose(got.scales, want["scales"], rtol=SCALE_RTOL)
+    np.testing.assert_allclose(got.amax, want["amax"], rtol=SCALE_RTOL)
+    assert_fp8_matches(got.y_q, want, "float8_e4m3")

@@ -294,9 +294,8 @@ def _block_maxima(p, block):
 
 
 def _tile_front(hbm, options, weight_row, ones, r0, parts):
-    """Rows r0 … r0 + parts − 1, up to their dequant scales: load (and h = x + residual,
-    stored), mean(h²), rstd, p and its maxima. Returns the tile's state for
-    :func:`_tile_back`."""
+    """Rows r0 … r0 + parts − 1, up to p: load (and h = x + residual, stored), mean(h²),
+    rstd and p = h · w. Returns what :func:`_tile_scales` continues from."""
     x, residual, h = hbm[0], hbm[1], hbm[5]
     eps, quant_dtype, scale_mode, block, lower_bound, scale_floor = options
     N = x.shape[1]
@@ -332,7 +331,15 @@ def _tile_front(hbm, options, weight_row, ones, r0, parts):
     )
     rstd = _rstd(mean_sq, eps)
     p = h_tile if weight_row is None else _product(h_tile, weight_row, ones)
+    return rows, chunks, q, p, rstd
 
+
+def _tile_scales(hbm, options, loaded):
+    """The maxima of |p| and the dequant scales of a tile :func:`_tile_front` loaded; returns
+    the tile's state for :func:`_tile_back`."""
+    eps, quant_dtype, scale_mode, block, lower_bound, scale_floor = options
+    rows, chunks, q, p, rstd = loaded
+    parts, N = p.shape
     amax_p = None
     if scale_mode == "row":
         amax_p = _column((parts, 1))
@@ -482,21 +489,35 @@ def rmsnorm_quant(
         static_inverse = _broadcast_scale(input_scale)
     hbm = (x, residual, y_q, scales, y, h, amax, packed_scales)
     options = (eps, quant_dtype, scale_mode, block, lower_bound, scale_floor)
-    # A two-stage software pipeline: tile t + 1 is issued up to its scales before the rest
-    # of tile t, so that no engine's in-order stream waits on a tile's short chain of
-    # per-row steps (and no Vector step reads the one just before it).
     tiles = _core_tiles(M)
     if not _two_tiles_fit(x, residual, weight, emit_y, quant_dtype):
         for t in range(len(tiles)):
-            state = _tile_front(hbm, options, weight_row, ones, tiles[t][0], tiles[t][1])
+            loaded = _tile_front(hbm, options, weight_row, ones, tiles[t][0], tiles[t][1])
+            state = _tile_scales(hbm, options, loaded)
             _tile_back(hbm, options, static_inverse, state, t == len(tiles) - 1)
         return tuple(outputs)
-    ahead = None
+    # A software pipeline: tile t + 1 is loaded and its p formed before tile t's maxima,
+    # scales and quantization are issued, so that no engine's in-order stream waits on a
+    # tile's short chain of per-row steps, and the Vector engine's max of |p| does not read
+    # the instruction just before it (which costs a dependent instruction's overhead). The
+    # last tile's maxima follow its own products directly: behind the products of the tile
+    # after, they would lengthen the pipeline's drain.
+    last = len(tiles) - 1
+    pending = None
     if len(tiles) > 0:
-        ahead = _tile_front(hbm, options, weight_row, ones, tiles[0][0], tiles[0][1])
+        pending = _tile_front(hbm, options, weight_row, ones, tiles[0][0], tiles[0][1])
     for t in range(len(tiles)):
-        current = ahead
-        if t + 1 < len(tiles):
-            ahead = _tile_front(hbm, options, weight_row, ones, tiles[t + 1][0], tiles[t + 1][1])
-        _tile_back(hbm, options, static_inverse, current, t == len(tiles) - 1)
+        if t + 1 < last:
+            loaded = _tile_front(hbm, options, weight_row, ones, tiles[t + 1][0], tiles[t + 1][1])
+            state = _tile_scales(hbm, options, pending)
+            pending = loaded
+        elif t + 1 == last:
+            state = _tile_scales(hbm, options, pending)
+            loaded = _tile_front(hbm, options, weight_row, ones, tiles[t + 1][0], tiles[t + 1][1])
+            pending = _tile_scales(hbm, options, loaded)
+        elif t == 0:  # a single tile
+            state = _tile_scales(hbm, options, pending)
+        else:
+            state = pending
+        _tile_back(hbm, options, static_inverse, state, t == last)
     return tuple(outputs)
