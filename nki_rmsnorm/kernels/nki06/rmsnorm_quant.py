@@ -42,13 +42,30 @@ tiles are split between the two physical cores by ``nl.program_id(0)``):
 * DMA: x (residual) in, h / y / y_q / scales out;
 * Scalar: Σh² (``activation_reduce``, square and add), the rsqrt, and the quantizing
   multiply (``activation`` copy with the per-row ``scale=`` column, converting to fp8 on
-  write; ``nki/api/nki/isa/__init__.py@81ce03ae`` L1378-1387: any output dtype at no cost);
+  write; ``nki/api/nki/isa/__init__.py@81ce03ae`` L1392-1398: any output dtype at no cost);
 * Tensor: the weight row broadcast to the tile's partitions, one PSUM bank at a time (a
   ones-row matmul, exact);
 * Vector: h · w against that PSUM bank (one PSUM input: N cycles), the per-row absolute
   maximum (``tensor_scalar_reduce`` with ``nl.abs`` and ``nl.maximum``, as AWS's
   ``_row_quantize_tile`` does), per-block maxima (``tensor_reduce`` max and negated min over
   a ``(rows, blocks, block)`` view) and the per-row arithmetic on (rows, 1) columns.
+
+Instructions and where the docs (aws-neuron-sdk@81ce03ae ``nki/api/nki/isa/__init__.py``)
+or AWS's kernels (nki-library@d2ad3a5) allow each use:
+
+* ``dma_copy`` (L246); the packed scale store reads the float32 column through
+  ``.ap(pattern, dtype=<fp8>)`` as ``core/rmsnorm/rmsnorm_quant.py`` L396-402 does;
+* ``activation`` / ``activation_reduce`` (L1336, L1461): square with an add reduction, copy
+  with a float32 (rows, 1) ``scale`` (L1399-1401), a scalar ``bias`` from NeuronCore-v3 on
+  (L1406-1407), any output dtype including fp8 (L1392-1398);
+* ``tensor_tensor`` (L1019): the multiply against a PSUM bank;
+* ``tensor_scalar`` (L1081): max/min/multiply/add with float32 operands, unary ``nl.abs``
+  and ``nl.rsqrt`` with ``operand0`` None (L1147), ``rsqrt`` on GpSimd (L1157);
+* ``tensor_scalar_reduce`` (L2515): ``nl.abs`` then a ``nl.maximum`` reduction, as
+  ``core/rmsnorm/rmsnorm_quant.py`` L560-567;
+* ``tensor_reduce`` (L1161): max and negated min over the last axis of a (rows, blocks,
+  block) view; ``reciprocal`` (L2388); ``memset`` (L431); ``nc_matmul`` (L489): a ones
+  row as the stationary operand broadcasts a row (or the static scale) to the partitions.
 
 The packed layout (``packed=True``, row scales only) is nki-library's ``[..., N + 4]``: the
 float32 scale's four bytes after each row of y_q, written through an ``.ap(..., dtype=)``
