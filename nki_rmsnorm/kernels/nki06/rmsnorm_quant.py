@@ -82,11 +82,8 @@ from nki_rmsnorm.kernels.nki06._nki import nisa, nki, nl, usable_sbuf_bytes
 from nki_rmsnorm.plan.dtypes import dtype_bytes
 from nki_rmsnorm.plan.forward import RSQRT_MIN_INPUT
 
-__all__ = ["SCALE_MODES", "fp8_max", "rmsnorm_quant"]
+__all__ = ["fp8_max", "rmsnorm_quant"]
 
-#: Per-row scales, per-block scales (``block`` columns of a row share one), or one static
-#: dequantization scale given by the caller.
-SCALE_MODES = ("row", "block", "static")
 #: Columns of one PSUM bank of float32 (2 KiB per partition).
 _BANK_COLUMNS = 512
 #: Column chunks of a row tile: at least this many bytes of x per partition, at most
