@@ -168,7 +168,7 @@ def _inputs(kind: str, M: int, N: int, dtype, rng):
 def case_rng(seed: int, kind: str, target: str, lnc: int, M: int, N: int):
     """The random generator of one case: its inputs depend on the seed and the case alone,
     so a case draws the same data whichever cases run beside it and in which process."""
-    key = (KINDS.index(kind), TARGETS.index(target), lnc, M, N)
+    key = (ALL_KINDS.index(kind), TARGETS.index(target), lnc, M, N)
     return np.random.default_rng([seed, *key])
 
 
@@ -758,6 +758,9 @@ def _check(args) -> _Sweep:
                 raise ValueError(f"{option} {path}: directory {folder} does not exist")
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         raise ValueError("--plot needs matplotlib: pip install 'nki-rmsnorm[bench]'")
+    if args.device and "quant" in kinds:
+        raise ValueError("--kind quant runs on the cost model only (no --device measurement "
+                         "of the quantized kernel yet)")
     if args.device:
         from nki_rmsnorm import device
 
