@@ -343,3 +343,42 @@ def test_tile_counts_of_the_pipeline(rng, trn2, rows):
     np.testing.assert_allclose(got.scales, want["scales"], rtol=SCALE_RTOL)
     np.testing.assert_allclose(got.amax, want["amax"], rtol=SCALE_RTOL)
     assert_fp8_matches(got.y_q, want, "float8_e4m3")
+
+
+@pytest.mark.parametrize("block", [128, 32])
+def test_block_scales_trn3(rng, trn3, block):
+    """NeuronCore-v4's block maxima (abs_max pairs, then a max) and its OCP e4m3."""
+    x, weight, _ = _inputs(rng, (130, 512))
+    kwargs = dict(quant_dtype="float8_e4m3fn", scale_mode="block", block=block)
+    got = ops.rms_norm_quant(x, weight, **kwargs)
+    want = reference.rms_norm_quant(x, weight, **kwargs)
+    np.testing.assert_allclose(got.scales, want["scales"], rtol=SCALE_RTOL)
+    assert_fp8_matches(got.y_q, want, "float8_e4m3fn")
+
+
+def test_simulator_costs_reductions_by_what_they_read():
+    """tensor_reduce and bn_stats stream their input: the trace's free size is the input's
+    (N elements per partition), not the few elements they write."""
+    from conftest import trace_launch
+
+    from nki_rmsnorm.kernels.nki06._nki import nisa, nki, nl
+
+    @nki.jit
+    def reduce(src):
+        out = nl.ndarray((128, 8), dtype=nl.float32, buffer=nl.shared_hbm)
+        stats = nl.ndarray((128, 6), dtype=nl.float32, buffer=nl.shared_hbm)
+        tile = nl.ndarray((128, 8, 512), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=tile, src=src)
+        small = nl.ndarray((128, 8), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_reduce(dst=small, op=nl.maximum, data=tile, axis=2)
+        moments = nl.ndarray((128, 6), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.bn_stats(dst=moments, data=tile[:, 0, :])
+        nisa.dma_copy(dst=out, src=small)
+        nisa.dma_copy(dst=stats, src=moments)
+        return out, stats
+
+    data = np.random.default_rng(0).standard_normal((128, 8, 512)).astype(np.float32)
+    (out, _), trace = trace_launch(reduce, data, target="trn2")
+    np.testing.assert_array_equal(out, data.max(axis=2))
+    sizes = {i.opcode: i.free_size for i in trace.instructions if i.engine == "dve"}
+    assert sizes == {"tensor_reduce": 4096, "bn_stats": 512}

@@ -47,8 +47,9 @@ tiles are split between the two physical cores by ``nl.program_id(0)``):
   ones-row matmul, exact);
 * Vector: h · w against that PSUM bank (one PSUM input: N cycles), the per-row absolute
   maximum (``tensor_scalar_reduce`` with ``nl.abs`` and ``nl.maximum``, as AWS's
-  ``_row_quantize_tile`` does), per-block maxima (``tensor_reduce`` max and negated min over
-  a ``(rows, blocks, block)`` view) and the per-row arithmetic on (rows, 1) columns.
+  ``_row_quantize_tile`` does; per block the same, or ``tensor_reduce`` max and negated min
+  of a ``(rows, blocks, block)`` view for blocks under 128 columns) and the per-row
+  arithmetic on (rows, 1) columns.
 
 Instructions and where the docs (aws-neuron-sdk@81ce03ae ``nki/api/nki/isa/__init__.py``)
 or AWS's kernels (nki-library@d2ad3a5) allow each use:
@@ -92,6 +93,8 @@ _CHUNK_BYTES = 4096
 _MAX_CHUNKS = 4
 #: Per-partition bytes set aside for the (rows, 1) columns and the ones row.
 _SMALL_TILE_BYTES = 4096
+#: Blocks at least this long get one max-of-|p| reduction each (cheaper than two passes).
+_ONE_REDUCE_PER_BLOCK = 128
 #: Bytes of the float32 scale appended to each row in the packed layout.
 _SCALE_BYTES = 4
 
@@ -293,13 +296,29 @@ def _scaled_inverse(column, value):
     return out
 
 
-def _block_maxima(p, block):
-    """max |p| over each ``block`` columns of a tile: (rows, N / block), from the maximum
-    and the negated minimum of a (rows, blocks, block) view (Vector ``tensor_reduce``)."""
+def _block_maxima(p, q, block):
+    """max |p| over each ``block`` columns of a tile: (rows, N / block), exact (a maximum of
+    float32 values), on the Vector engine. Blocks of ``_ONE_REDUCE_PER_BLOCK`` columns or
+    more: one ``tensor_scalar_reduce`` (``nl.abs``, max) per block, its discarded output in
+    ``q``'s columns, 1 + 64 / block cycles per element; shorter ones: the maximum and the
+    negated minimum of a (rows, blocks, block) view (``tensor_reduce``), 2 cycles per
+    element. (``nl.abs_max`` keeps the sign of the larger input: no help here.)"""
     parts, N = p.shape
     blocks = N // block
     view = p.reshape((parts, blocks, block))
     high = _column((parts, blocks))
+    if block >= _ONE_REDUCE_PER_BLOCK:
+        for b in range(blocks):
+            cols = slice(b * block, (b + 1) * block)
+            nisa.tensor_scalar_reduce(
+                dst=q[:, cols],
+                data=p[:, cols],
+                op0=nl.abs,
+                operand0=0.0,
+                reduce_op=nl.maximum,
+                reduce_res=high[:, b : b + 1],
+            )
+        return high
     nisa.tensor_reduce(dst=high, op=nl.maximum, data=view, axis=2)
     low = _column((parts, blocks))
     nisa.tensor_reduce(dst=low, op=nl.minimum, data=view, axis=2, negate=True)
@@ -361,7 +380,7 @@ def _tile_scales(hbm, options, loaded):
             dst=q, data=p, op0=nl.abs, operand0=0.0, reduce_op=nl.maximum, reduce_res=amax_p
         )
     elif scale_mode == "block":
-        amax_p = _block_maxima(p, block)
+        amax_p = _block_maxima(p, q, block)
     elif hbm[6] is not None:
         amax_p = _column((parts, 1))
         junk = _sbuf((parts, N), nl.bfloat16)
