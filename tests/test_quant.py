@@ -314,19 +314,19 @@ def test_simulator_rounds_fp8_to_nearest_even(name, trn3):
     values = values[: (values.shape[0] // 2) * 2]
 
     @nki.jit
-    def convert(src):
+    def convert(src, dtype):
         rows, cols = src.shape
-        out = nl.ndarray((rows, cols), dtype=getattr(nl, name), buffer=nl.shared_hbm)
-        every_other = nl.ndarray((rows, cols // 2), dtype=getattr(nl, name), buffer=nl.shared_hbm)
+        out = nl.ndarray((rows, cols), dtype=dtype, buffer=nl.shared_hbm)
+        every_other = nl.ndarray((rows, cols // 2), dtype=dtype, buffer=nl.shared_hbm)
         tile = nl.ndarray((rows, cols), dtype=nl.float32, buffer=nl.sbuf)
         nisa.dma_copy(dst=tile, src=src)
-        q = nl.ndarray((rows, cols), dtype=getattr(nl, name), buffer=nl.sbuf)
+        q = nl.ndarray((rows, cols), dtype=dtype, buffer=nl.sbuf)
         nisa.tensor_copy(dst=q, src=tile)
         nisa.dma_copy(dst=out, src=q)
         nisa.dma_copy(dst=every_other, src=q[:, 0:cols:2])
         return out, every_other
 
-    got, strided = convert(values)
+    got, strided = convert(values, getattr(nl, name))
     want = reference.round_to(values.astype(np.float64), fp8)
     np.testing.assert_array_equal(np.asarray(got).astype(np.float64), want)
     np.testing.assert_array_equal(
