@@ -154,7 +154,7 @@ def backward_body(dy, x, weight, rstd, dh_out, dx, dweight, dbias, offset, casti
     dtypes = BwdDtypes(x=x.dtype, dy=dy.dtype, weight=None if weight is None else weight.dtype,
                        dh_out=None if dh_out is None else dh_out.dtype)
     plan = make_plan(N, dtypes, offset, casting_mode, usable_sbuf_bytes(),
-                     nisa.get_nc_version())
+                     nisa.get_nc_version() >= nisa.nc_version.gen3)
     if plan is None:
         streamed_backward(dy, x, weight, rstd, dh_out, offset, casting_mode, dx, dweight,
                           dbias)
@@ -558,11 +558,14 @@ def _store_column_sums(plan, dst, acc, g):
     rounded = nl.copy(acc[bank, :, c0:c0 + n * f], dtype=dst.dtype)
     full, rest = divmod(width, n)
     i_b = nl.arange(n)[None, :]
+    # dst reshaped whole to a column (the tutorial's form), indexed by affine expressions:
+    # never a slice of HBM reshaped
+    column = dst.reshape((dst.shape[0], 1))
     for h in nl.static_range(f):
         g0 = h * L + g * G
         if full:
-            nl.store(dst[g0:g0 + full * n].reshape((full, n)),
-                     value=rounded[nl.arange(full)[:, None], h + f * i_b])
+            i_m = nl.arange(full)[:, None]
+            nl.store(column[g0 + n * i_m + i_b, 0], value=rounded[i_m, h + f * i_b])
         if rest:
-            nl.store(dst[g0 + full * n:g0 + width].reshape((1, rest)),
-                     value=rounded[full, h + f * nl.arange(rest)[None, :]])
+            i_r = nl.arange(rest)[None, :]
+            nl.store(column[g0 + full * n + i_r, 0], value=rounded[full, h + f * i_r])

@@ -101,7 +101,14 @@ def backward_body(dy, x, weight, rstd, dh_out, dx, dweight, dbias, offset, casti
         weight=None if weight is None else weight.dtype,
         dh_out=None if dh_out is None else dh_out.dtype,
     )
-    plan = make_plan(N, dtypes, offset, casting_mode, usable_sbuf_bytes(), nisa.get_nc_version())
+    plan = make_plan(
+        N,
+        dtypes,
+        offset,
+        casting_mode,
+        usable_sbuf_bytes(),
+        nisa.get_nc_version() >= nisa.nc_version.gen3,
+    )
     fold = 1 if plan is None else plan.fold
     n_tiles = -(-M * fold // nl.tile_size.pmax)
     half = -(-n_tiles // 2)  # row tiles of the first half; the second has the rest
