@@ -10,9 +10,10 @@ efficiencies), and the speed-up over the kernel a user would start from (the Neu
 tutorial's). Times are cost-model estimates, not device measurements (see
 ``simulate/perf/cost.py`` for what the model assumes).
 
-The kernels are those of the dialect ``--dialect`` names, by default the package's own
-(:func:`nki_rmsnorm.dialect.current`: ``nki06`` in the simulator unless
-``NKI_RMSNORM_DIALECT`` says otherwise); each record names its dialect. The NKI 0.6 kernels
+The dialect follows the target (:mod:`nki_rmsnorm.dialect`): trn1 and inf2 rows run the
+legacy kernels, always (NKI 0.x supports Trn2/Trn3 only); trn2 and trn3 rows run the dialect
+``--dialect`` names, by default the package's for them (``nki06`` in the simulator unless
+``NKI_RMSNORM_DIALECT`` says otherwise); each record names the dialect it ran. The NKI 0.6 kernels
 are measured against the 0.6 copy yardstick (:mod:`nki_rmsnorm.kernels.nki06_baseline`), the
 legacy ones against the legacy copy (:mod:`nki_rmsnorm.kernels.baseline`). A 0.6 kernel can
 run on a trn2/trn3 logical core of two physical cores (LNC=2, launched as ``kernel[2]``;
@@ -38,8 +39,8 @@ from dataclasses import asdict, dataclass, field
 import ml_dtypes
 import numpy as np
 
+from nki_rmsnorm import dialect as dialects
 from nki_rmsnorm import reference
-from nki_rmsnorm.dialect import current as current_dialect
 from nki_rmsnorm.plan.backward import MAX_HIDDEN as MAX_HIDDEN_BWD
 
 DEFAULT_SHAPES = ((29, 17389), (256, 65536), (1024, 32768), (2048, 16384), (4096, 1024),
@@ -391,9 +392,10 @@ def build_parser() -> argparse.ArgumentParser:
                             "with the nki06 kernels at --lnc 1")
     sweep.add_argument("--kind", default=",".join(KINDS), help="comma list of fwd,bwd,fused_add")
     sweep.add_argument("--dialect",
-                       help="kernel dialect: legacy (neuronxcc.nki) or nki06; default: the "
-                            "package's (nki_rmsnorm.dialect.current(), nki06 unless "
-                            "NKI_RMSNORM_DIALECT says otherwise)")
+                       help="kernel dialect of the trn2/trn3 rows: legacy (neuronxcc.nki, SDK "
+                            "<= 2.29) or nki06 (SDK >= 2.30); default: the package's (nki06 "
+                            "unless NKI_RMSNORM_DIALECT says otherwise). trn1/inf2 rows always "
+                            "run the legacy kernels")
     sweep.add_argument("--lnc", default="1",
                        help="physical cores per logical core for the targets named without "
                             "x2: 1 (default) or 2 (trn2/trn3, nki06 kernels launched as "
@@ -413,7 +415,11 @@ class _Sweep:
     dtype_name: str
     targets: tuple[tuple[str, int], ...]  # (target, LNC degree)
     kinds: tuple[str, ...]
-    dialect: str = "legacy"
+    dialect: str = "legacy"  # of the trn2/trn3 rows (trn1/inf2 rows: legacy, always)
+
+    def dialect_on(self, target: str) -> str:
+        """The dialect of a row on ``target``."""
+        return dialects.LEGACY if target in dialects.LEGACY_ONLY_TARGETS else self.dialect
 
 
 def _targets(text: str, lnc: int, dialect_name: str) -> tuple[tuple[str, int], ...]:
@@ -441,7 +447,7 @@ def _check(args) -> _Sweep:
     if args.dtype not in DTYPES:
         raise ValueError(f"unknown dtype {args.dtype!r}: expected bf16, fp16 or fp32")
     kinds = _parse_list(args.kind, KINDS, "kind")
-    dialect_name = args.dialect or current_dialect()
+    dialect_name = args.dialect or dialects.for_target(dialects.NKI06_TARGETS[0])
     if dialect_name not in DIALECTS:
         raise ValueError(f"unknown dialect {dialect_name!r}: expected one of "
                          f"{', '.join(DIALECTS)}")
@@ -488,7 +494,7 @@ def bench(args, sweep: _Sweep) -> int:
             if bar is not None:
                 bar.set_description(f"{kind} {target}{'x2' if lnc == 2 else ''} {M}x{N}")
             record = run_case(kind, target, M, N, sweep.dtype_name, rng, not args.no_baseline,
-                              sweep.dialect, lnc)
+                              sweep.dialect_on(target), lnc)
             records.append(record)
             line = format_row(record)
             if bar is not None:
