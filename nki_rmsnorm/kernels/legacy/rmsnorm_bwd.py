@@ -402,6 +402,12 @@ def _statistic_group(plan, consts, views, rings, tile, t, g):
     for c in nl.static_range(-(-width // CHUNK)):
         lo, hi = c * CHUNK, min(width, (c + 1) * CHUNK)
         a = _outer_product(tile.rows, consts.w_rows[:, g0 + lo:g0 + hi])
+        if not plan.round_xhat:
+            # dy·x before p1, so that p1·x = (dy·x)·a does not read the output of the
+            # Vector instruction just before it ("a static instruction overhead of 100
+            # engine cycles": general/nki/arch/trainium_inferentia2_arch.rst@8a38e733,
+            # lines 400-401)
+            dydx[:, lo:hi] = _dy_times_x(plan, dy_g[:, lo:hi], xs[:, lo:hi])
         p1[:, lo:hi] = nisa.tensor_tensor(dy_g[:, lo:hi], a, op=nl.multiply,
                                           dtype=nl.float32)
         if plan.round_xhat:  # dweight sums dy·round(x̂); p1·x is p1 times x itself
@@ -410,7 +416,6 @@ def _statistic_group(plan, consts, views, rings, tile, t, g):
             p1x[:, lo:hi] = nisa.tensor_tensor(p1[:, lo:hi], _psum_copy(xs[:, lo:hi]),
                                                op=nl.multiply, dtype=nl.float32)
         else:
-            dydx[:, lo:hi] = _dy_times_x(plan, dy_g[:, lo:hi], xs[:, lo:hi])
             p1x[:, lo:hi] = nisa.tensor_tensor(dydx[:, lo:hi], a, op=nl.multiply,
                                                dtype=nl.float32)
     nisa.activation_reduce(op=nl.copy, data=p1x, reduce_op=nl.add,

@@ -431,6 +431,11 @@ def _statistic_group(plan, consts, views, rings, tile, t, g):
     for c in range(-(-width // CHUNK)):
         lo, hi = c * CHUNK, min(width, (c + 1) * CHUNK)
         a = _outer_product(tile.rows, consts.w_rows[:, g0 + lo : g0 + hi])
+        # dy·x first, so that p1·x = (dy·x)·a does not read the output of the Vector
+        # instruction just before it ("a static instruction overhead of 100 engine cycles":
+        # nki/guides/architecture/trainium_inferentia2_arch.rst@81ce03ae, lines 402-403)
+        if not plan.round_xhat:
+            _dy_times_x(plan, dydx[:, lo:hi], dy_g[:, lo:hi], xs[:, lo:hi])
         nisa.tensor_tensor(dst=p1[:, lo:hi], data1=dy_g[:, lo:hi], data2=a, op=nl.multiply)
         if plan.round_xhat:  # dweight sums dy·round(x̂); p1·x is p1 times x itself
             nisa.tensor_tensor(
@@ -443,7 +448,6 @@ def _statistic_group(plan, consts, views, rings, tile, t, g):
                 op=nl.multiply,
             )
         else:
-            _dy_times_x(plan, dydx[:, lo:hi], dy_g[:, lo:hi], xs[:, lo:hi])
             nisa.tensor_tensor(dst=p1x[:, lo:hi], data1=dydx[:, lo:hi], data2=a, op=nl.multiply)
     nisa.activation_reduce(
         dst=p1x, op=nl.copy, data=p1x, reduce_op=nl.add, reduce_res=tile.partials[:, g : g + 1]
