@@ -71,18 +71,18 @@ along both axes, which only the Vector engine does for floats (GpSimd's ``tensor
 runs ``power`` and integer arithmetic; the Scalar engine's ``scale``/``bias`` are one value
 per partition). What the other engines can take is taken: rstd (per partition) goes into
 ``a`` and the dweight matmul, the weight's broadcast into ``a`` on PE, both column sums onto
-PE, the row sums and −k·x onto ACT. The alternatives, by the cost model: the row dot
-Σ_j q·w' as a PE contraction needs j on the partitions, i.e. fp32 transposes of q
-(2 PE cycles per element on NeuronCore-v3, ``is_transpose``) and a copy out of PSUM (PE
-reads SBUF only) before an fp32 matmul at a quarter rate: PE then binds at about 9.5 PE
-cycles per element per partition against 4 Vector ones, no faster on trn2 and slower on
-trn3. A layout with the hidden axis on the partitions makes rstd and −k per-element
-vectors, so dx needs three two-tile passes instead of two, and its loads one descriptor
-per element. The 16-bit fast modes speed up only one-input Vector instructions
-(``tensor_copy``/``tensor_scalar``) and the two-tile ones at most to the N cycles a PSUM
-operand gives already; a bf16 q or p1 would drop the fp32 accuracy of dx and dweight. So
-the Vector engine binds at four N-cycle passes per element, and the kernel orders them so
-that no pass reads the output of the one just before it.
+PE, the row sums and −k·x onto ACT. The alternatives, by the cost model: the row dot Σ_j
+q·w' as a PE contraction needs j on the partitions, i.e. fp32 transposes of q (2 PE cycles
+per element on NeuronCore-v3, ``is_transpose``) and a copy out of PSUM (PE reads SBUF only)
+before an fp32 matmul at a quarter rate: PE then binds at about 9.5 PE cycles per element
+and row of a tile against 4 Vector ones now, a floor about 5 % lower on trn2 (PE at 2.4 GHz,
+Vector at 0.96) and 19 % higher on trn3 (Vector at 1.2 GHz). A layout with the hidden axis
+on the partitions makes rstd and −k per-element vectors, so dx needs three two-tile passes
+instead of two, and its loads one descriptor per element. The 16-bit fast modes speed up
+only one-input Vector instructions (``tensor_copy``/``tensor_scalar``) and the two-tile ones
+at most to the N cycles a PSUM operand gives already; a bf16 q or p1 would drop the fp32
+accuracy of dx and dweight. So the Vector engine binds at four N-cycle passes per element,
+and the kernel orders them so that no pass reads the output of the one just before it.
 
 Tiling. Rows go on the partitions, 128 per row tile (a ragged last tile uses fewer), and the
 row is worked through in column groups of ``G`` (2048, 1024 or 512) columns. A row whose
