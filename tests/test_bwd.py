@@ -401,3 +401,32 @@ def test_rows_that_neither_fit_nor_fold_are_streamed(dialect):
     read, _ = trace.hbm_bytes()
     assert read > 2 * 3 * M * N  # dy and x (and dh_out) read twice, not folded
 
+
+
+def test_planner_reads_nki_dtypes_as_the_tests_numpy_ones():
+    """The kernels hand the planner ``nki.language`` dtypes (NKI values only), the tests NumPy
+    ones: the same sizes and the same plans, folded and streamed."""
+    from nki_rmsnorm.kernels.nki06._nki import nl
+
+    pairs = ((BF16, nl.bfloat16), (F16, nl.float16), (F32, nl.float32))
+    for numpy_dtype, nki_dtype in pairs:
+        assert plan_bwd.dtype_bytes(nki_dtype) == plan_bwd.dtype_bytes(numpy_dtype)
+        assert plan_bwd.dtype_bytes(nki_dtype) == numpy_dtype.itemsize
+    budget = simulate.get_target("trn1").sbuf_bytes_per_partition
+    for (numpy_dtype, nki_dtype), mode in zip(pairs, ("gemma", "llama", "none")):
+        for N in (4096, 40960):
+            plans = [
+                plan_bwd.make_plan(N, plan_bwd.BwdDtypes(d, d, d, None), 0.0, mode, budget, False)
+                for d in (numpy_dtype, nki_dtype)
+            ]
+            assert plans[0] == plans[1]
+        streamed = [
+            plan_bwd.make_streamed_plan(30001, d, d, d, mode, budget)
+            for d in (numpy_dtype, nki_dtype)
+        ]
+        assert streamed[0] == streamed[1]
+    folded = plan_bwd.make_plan(
+        40960, plan_bwd.BwdDtypes(nl.bfloat16, nl.bfloat16, nl.bfloat16, None), 0.0, "gemma",
+        budget, False,
+    )
+    assert folded.fold > 1 and folded.stationary_rows == folded.kw * folded.fold

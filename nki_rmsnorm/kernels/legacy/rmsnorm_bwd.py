@@ -509,7 +509,8 @@ def _add_fold_segments(out, s, p, f, scratch):
     back to the f partitions of each row. The layout changes through the HBM ``scratch``
     (P fp32), reshaped whole (the only documented reshape): s stored as a column, loaded
     back with the f segments of a row on one partition (rows, f); the Vector engine adds
-    them and repeats the sum f times; stored, and loaded back as a column."""
+    them and copies the sum into each of the f columns; stored, and loaded back as a
+    column."""
     P = nl.tile_size.pmax
     rows = p // f
     column = scratch.reshape((P, 1))
@@ -517,8 +518,10 @@ def _add_fold_segments(out, s, p, f, scratch):
     nl.store(column[0:p, :], value=s)
     segments = nl.load(by_row[0:rows, :])
     total = nisa.tensor_reduce(nl.add, segments, axis=[1], dtype=nl.float32, keepdims=True)
-    nl.store(by_row[0:rows, :], value=nisa.tensor_copy(total.broadcast_to((rows, f)),
-                                                      dtype=nl.float32))
+    repeated = nl.ndarray((rows, f), dtype=nl.float32)
+    for h in nl.static_range(f):  # the sum into each column, as the 0.6 kernel does
+        repeated[:, h:h + 1] = nisa.tensor_copy(total, dtype=nl.float32)
+    nl.store(by_row[0:rows, :], value=repeated)
     out[...] = nl.load(column[0:p, :])
 
 
