@@ -30,6 +30,7 @@ __all__ = [
     "check_casting_mode",
     "check_forward_outputs",
     "check_options",
+    "check_statistics_range",
     "eps_value",
     "kernel_array",
     "kernel_dtype",
@@ -207,4 +208,53 @@ def check_backward_hidden(n: int, name: str = "x") -> None:
             f"{name} has hidden size N={n}, above the backward kernel's limit "
             f"N <= {MAX_HIDDEN} (its dweight/dbias accumulators live in PSUM); differentiate "
             "a smaller hidden size or run the forward only"
+        )
+
+
+#: The kernels sum h² in fp32 (``plan.forward.FP32_MAX`` ≈ 2¹²⁸): a finite row whose Σh²
+#: reaches this bound (half the fp32 range, room for the fp32 accumulation's rounding) cannot
+#: be normalised exactly.
+SUM_OF_SQUARES_LIMIT = 2.0**127
+#: Below this mean square (+ eps) the rounding of subnormal fp32 squares (2⁻¹⁵⁰ each) reaches
+#: fp32's own precision (2⁻²⁵ relative): the result cannot be exact.
+MEAN_SQUARE_FLOOR = 2.0**-125
+
+
+def check_statistics_range(h: np.ndarray, eps: float, name: str = "x") -> None:
+    """``ValueError`` naming the limit when a finite row of ``h`` (the normalised input, rows
+    on the last axis) is outside what the kernels' fp32 sum of squares holds exactly: Σh² ≥
+    :data:`SUM_OF_SQUARES_LIMIT` (bfloat16/float32 elements around 1.3·10¹⁹/√N and beyond),
+    or 0 < mean(h²) + eps < :data:`MEAN_SQUARE_FLOOR` (eps ≈ 0 and every element around
+    10⁻¹⁹ or smaller). Rows with an infinite or NaN element follow IEEE arithmetic and pass;
+    float16 never reaches either bound. A host-side check: the data is on the host."""
+    if h.size == 0 or h.dtype == np.float16:
+        return
+    rows = np.asarray(h, np.float32).reshape(-1, h.shape[-1])
+    finite = np.isfinite(rows).all(axis=1)
+    peak = np.max(np.abs(np.where(np.isfinite(rows), rows, 0)), axis=1).astype(np.float64)
+    n = rows.shape[1]
+    # Σh² ≤ N·peak² and mean(h²) ≥ peak²/N: only rows near a bound need the float64 sum.
+    near = finite & (
+        (n * peak**2 >= SUM_OF_SQUARES_LIMIT) | (peak**2 / n + eps < MEAN_SQUARE_FLOOR)
+    )
+    if not near.any():
+        return
+    sums = np.einsum("ij,ij->i", rows[near].astype(np.float64), rows[near].astype(np.float64))
+    index = np.flatnonzero(near)
+    high = sums >= SUM_OF_SQUARES_LIMIT
+    if high.any():
+        row = index[np.argmax(high)]
+        raise ValueError(
+            f"{name} row {row} has a sum of squares of {sums[high][0]:.3g}, beyond the fp32 "
+            f"accumulator the kernels sum h² in (limit 2**127 = {SUM_OF_SQUARES_LIMIT:.3g}); "
+            "scale the input down by a power of two"
+        )
+    mean = sums / n + eps
+    low = (mean > 0) & (mean < MEAN_SQUARE_FLOOR)
+    if low.any():
+        row = index[np.argmax(low)]
+        raise ValueError(
+            f"{name} row {row} has a mean square + eps of {mean[low][0]:.3g}, below "
+            f"2**-125 = {MEAN_SQUARE_FLOOR:.3g}, where the kernels' fp32 squares are "
+            "subnormal and inexact; use eps >= 2**-125 or scale the input up by a power of two"
         )

@@ -392,8 +392,8 @@ def test_rstd_within_a_few_fp32_ulp_with_approximate_rsqrt(
 @pytest.mark.parametrize("target", ["trn1", "trn2"])
 def test_zero_row_with_zero_eps(rng, approximate_rsqrt, target, kernel_dialect):
     """eps = 0 and an all-zero row: the mean square 0 is outside rsqrt's valid range, so
-    the kernel clamps it and then sets rstd = +inf, y = 0·inf = NaN for that row only, as
-    reference.py says; the other rows are unaffected."""
+    the kernel raises it to the smallest fp32 before scaling and then sets rstd = +inf,
+    y = 0·inf = NaN for that row only, as reference.py says; the other rows are unaffected."""
     x = _data(rng, (130, 256), BF16)
     x[7] = 0
     w = _param(rng, 256, BF16)

@@ -67,7 +67,8 @@ Engine plan per row (``Plan.product_engine``; DMA moves everything):
 DVE      h = x + residual (``tensor_tensor``, fp32, one rounding to the residual's dtype)
 ACT      Σh² (``activation_reduce(square)``, fp32 accumulation)
 rstd     ACT ``activation(rsqrt)`` of the mean square brought into its valid range
-         [2⁻⁸⁷, 2⁹⁷] (ACT: v·2⁻³², exact; or DVE: v clamped), refined by two Newton steps
+         [2⁻⁸⁷, 2⁹⁷] (ACT: v·2⁻³², exact; or DVE: v·2^±64 chosen per row, exact, so
+         every finite v > 0 is covered), refined by two Newton steps
          (``rmsnorm_fwd_steps.rstd_from_sum``): within ≈ 2.5 fp32 ulp of 1/sqrt(v) even when
          ACT's rsqrt is off by 2⁻⁹. The chain runs on ACT (with the bf16 split of the
          "tensor" plan) unless ACT carries the product ("scalar" plan) or eps < 2⁻⁵⁵
@@ -93,6 +94,13 @@ DVE      + bias (fp32, one rounding), and a final conversion in "none" mode when
          differs from x's.
 ======== ==================================================================================
 
+A row with an infinite element has Σh² = inf and rstd = 0 exactly: y is NaN at the infinite
+elements and 0 elsewhere, as the float64 reference and torch give. The one data-dependent
+limit: Σh² is an fp32 sum of fp32 squares, so a finite row whose Σh² reaches 2¹²⁸ (bf16/fp32
+elements near 1.8·10¹⁹ and beyond) or, with eps = 0, whose mean square falls below 2⁻¹²⁵
+(subnormal squares) cannot be exact; the NumPy launcher (``nki_rmsnorm.ops``, which the
+torch CPU and JAX host paths use) raises ``ValueError`` for such rows, and on a device they
+behave as torch's fp32 arithmetic does (rstd = 0, y = 0).
 A row whose statistics come out NaN (a NaN input) or infinite (``eps = 0`` and an all-zero
 row: rstd = inf, y = 0 · inf = NaN) affects only its own outputs: rstd moves between partitions
 only through exact transposes, and the zeros of the Tensor engine's operands only meet values

@@ -21,12 +21,14 @@ from __future__ import annotations
 from nki_rmsnorm.nki import nisa, nl
 from nki_rmsnorm.plan.forward import (
     FP32_MAX,
+    FP32_TINY,
     NEWTON_STEPS,
     PSUM_COLS,
-    RSQRT_MAX_INPUT,
     RSQRT_MIN_INPUT,
     RSQRT_POSTSCALE,
     RSQRT_PRESCALE,
+    RSQRT_ROOT_SCALE,
+    RSQRT_SPLIT,
 )
 
 
@@ -82,7 +84,10 @@ def rstd_from_sum(sum_sq, eps, n, mask=None, on_scalar=True):
     eps < 2⁻⁵⁵, where the Scalar-engine chain's fixed scaling cannot cover every row.
 
     A row with v = 0 (an all-zero row with eps = 0) gets rstd = +inf, so y = 0·inf = NaN,
-    as reference.py says.
+    as reference.py says; a row with Σh² = +inf (an infinite h) gets rstd = 0 exactly, so y
+    is NaN at the infinite elements and 0 elsewhere (IEEE rsqrt(+inf) = 0, as the float64
+    reference and torch give); a NaN row stays NaN. Every finite v > 0 reaches rsqrt
+    through exact power-of-two scalings, so no row is clamped.
     """
     if on_scalar and eps >= RSQRT_MIN_INPUT / RSQRT_PRESCALE:
         return _rstd_on_scalar(sum_sq, eps, n, mask)
@@ -94,10 +99,11 @@ def _rstd_on_scalar(sum_sq, eps, n, mask=None):
     fp32, with per-partition scale and bias columns). The rsqrt input is u = v·2⁻³², an
     exact power-of-two scaling that brings every v in [2⁻⁵⁵, 2¹²⁹] — every finite row, as
     the caller guarantees eps ≥ 2⁻⁵⁵ — into the valid range; Newton runs on u, and
-    rstd = r·2⁻¹⁶."""
+    rstd = r·2⁻¹⁶ (times 0 where Σh² = +inf, :func:`_finite_sum`)."""
     parts, k = sum_sq.shape
+    finite_sum, post_scale = _finite_sum(sum_sq, RSQRT_POSTSCALE, mask)
     u = nl.ndarray((parts, k), dtype=nl.float32)
-    u[...] = nisa.activation(op=nl.copy, data=sum_sq, scale=RSQRT_PRESCALE / n,
+    u[...] = nisa.activation(op=nl.copy, data=finite_sum, scale=RSQRT_PRESCALE / n,
                              bias=_column(parts, eps * RSQRT_PRESCALE), dtype=nl.float32,
                              mask=mask)
     r = nl.ndarray((parts, k), dtype=nl.float32)
@@ -114,8 +120,25 @@ def _rstd_on_scalar(sum_sq, eps, n, mask=None):
                                      bias=three_halves, dtype=nl.float32, mask=mask)
             r_j[...] = nisa.activation(op=nl.copy, data=factor, scale=r_j, dtype=nl.float32,
                                        mask=mask)
-    return nisa.activation(op=nl.copy, data=r, scale=RSQRT_POSTSCALE, dtype=nl.float32,
-                           mask=mask)
+    rstd = nl.ndarray((parts, k), dtype=nl.float32)
+    for j in nl.static_range(k):  # ACT's scale operand is a (parts, 1) column
+        rstd[:, j:j + 1] = nisa.activation(op=nl.copy, data=r[:, j:j + 1],
+                                           scale=post_scale[:, j:j + 1], dtype=nl.float32,
+                                           mask=mask)
+    return rstd
+
+
+def _finite_sum(sum_sq, post_scale, mask=None):
+    """``(min(Σh², FP32_MAX), post_scale · (Σh² <= FP32_MAX))`` on the Vector engine (Min
+    and Is Less than or Equal are Vector-engine operators:
+    general/nki/api/nki.api.shared.rst@8a38e733, lines 90 and 100): a row with Σh² = +inf
+    reaches rsqrt as a finite value (its valid range ends at 2⁹⁷, line 180) and its rstd is
+    scaled by 0 afterwards; NaN passes through both (NaN·0 = NaN)."""
+    finite_sum = nisa.tensor_scalar(sum_sq, op0=nl.minimum, operand0=FP32_MAX,
+                                    dtype=nl.float32, mask=mask)
+    scale = nisa.tensor_scalar(sum_sq, op0=nl.less_equal, operand0=FP32_MAX, op1=nl.multiply,
+                               operand1=float(post_scale), dtype=nl.float32, mask=mask)
+    return finite_sum, scale
 
 
 def _column(parts, value):
@@ -127,18 +150,37 @@ def _column(parts, value):
 
 
 def _rstd_on_vector(sum_sq, eps, n, mask=None):
-    """rstd with the mean square v = Σh²/n + eps formed and clamped into rsqrt's valid range
-    on the Vector engine, the Scalar engine's rsqrt, and the Newton steps on the Vector
-    engine. Out of range: a row with v > 2⁹⁷ (rms above ≈ 4·10¹⁴) gets the rstd of 2⁹⁷,
-    one with 0 < v < 2⁻⁸⁷ (only when eps < 2⁻⁸⁷) the rstd of 2⁻⁸⁷."""
+    """rstd with the mean square v = Σh²/n + eps formed on the Vector engine, scaled per row
+    by an exact power of two s = p² into rsqrt's valid range [2⁻⁸⁷, 2⁹⁷]
+    (general/nki/api/nki.api.shared.rst@8a38e733, line 180): p = 2³² where v < 2⁻²⁰, else
+    2⁻³² (``RSQRT_SPLIT``), so every finite v > 0 of fp32 is covered. The Scalar engine's
+    rsqrt of u = v·s, Newton on u (Vector), then rstd = r·p, times 0 where v = +inf.
+
+    The selector q = (v < 2⁻²⁰) + 2⁻³² is 1 or 2⁻³² exactly (1 + 2⁻³² rounds to 1), so
+    p = q·2³²·q and s = p·p are exact powers of two. Vector-engine operators only (Min, Max,
+    Is Less than, Is Less than or Equal, Multiply, Add: lines 82-102)."""
     v = nisa.tensor_scalar(sum_sq, op0=nl.multiply, operand0=1.0 / n, op1=nl.add,
                            operand1=float(eps), dtype=nl.float32, mask=mask)
-    clamped = nisa.tensor_scalar(v, op0=nl.minimum, operand0=RSQRT_MAX_INPUT, op1=nl.maximum,
-                                 operand1=RSQRT_MIN_INPUT, dtype=nl.float32, mask=mask)
+    finite_v = nisa.tensor_scalar(v, op0=nl.minimum, operand0=FP32_MAX, op1=nl.maximum,
+                                  operand1=FP32_TINY, dtype=nl.float32, mask=mask)
+    selector = nisa.tensor_scalar(finite_v, op0=nl.less, operand0=RSQRT_SPLIT, op1=nl.add,
+                                  operand1=1.0 / RSQRT_ROOT_SCALE, dtype=nl.float32, mask=mask)
+    root_scale = nisa.scalar_tensor_tensor(data=selector, op0=nl.multiply,
+                                           operand0=RSQRT_ROOT_SCALE, op1=nl.multiply,
+                                           operand1=selector, dtype=nl.float32, mask=mask)
+    scale = nisa.tensor_tensor(root_scale, root_scale, op=nl.multiply, dtype=nl.float32,
+                               mask=mask)
+    u = nisa.tensor_tensor(finite_v, scale, op=nl.multiply, dtype=nl.float32, mask=mask)
     rstd = nl.ndarray(sum_sq.shape, dtype=nl.float32)
-    rstd[...] = nisa.activation(op=nl.rsqrt, data=clamped, dtype=nl.float32, mask=mask)
+    rstd[...] = nisa.activation(op=nl.rsqrt, data=u, dtype=nl.float32, mask=mask)
     for _ in nl.static_range(NEWTON_STEPS):
-        rstd[...] = newton_rsqrt_step(rstd, clamped, mask)
+        rstd[...] = newton_rsqrt_step(rstd, u, mask)
+    # p·(v <= FP32_MAX): 0 for an infinite v, NaN stays NaN through rstd
+    post_scale = nisa.scalar_tensor_tensor(data=v, op0=nl.less_equal, operand0=FP32_MAX,
+                                           op1=nl.multiply, operand1=root_scale,
+                                           dtype=nl.float32, mask=mask)
+    rstd[...] = nisa.tensor_tensor(rstd, post_scale, op=nl.multiply, dtype=nl.float32,
+                                   mask=mask)
     return _infinite_where_zero(rstd, v, mask) if eps == 0.0 else rstd
 
 

@@ -19,12 +19,14 @@ from __future__ import annotations
 from nki_rmsnorm.kernels.nki06._nki import nisa, nl
 from nki_rmsnorm.plan.forward import (
     FP32_MAX,
+    FP32_TINY,
     NEWTON_STEPS,
     PSUM_COLS,
-    RSQRT_MAX_INPUT,
     RSQRT_MIN_INPUT,
     RSQRT_POSTSCALE,
     RSQRT_PRESCALE,
+    RSQRT_ROOT_SCALE,
+    RSQRT_SPLIT,
 )
 
 
@@ -85,7 +87,10 @@ def identity(parts, dtype):
 def rstd_from_sum(sum_sq, eps, n, on_scalar=True):
     """rstd = 1 / sqrt(Σh² / n + eps), fp32, for a (parts, k) tile of row sums: the legacy
     chain (Scalar rsqrt refined by ``NEWTON_STEPS`` Newton steps, on the Scalar engine unless
-    it carries the product or eps < 2⁻⁵⁵)."""
+    it carries the product or eps < 2⁻⁵⁵). An infinite Σh² gives rstd = 0 exactly (y is NaN
+    at the infinite elements, 0 elsewhere, as the float64 reference and torch), a zero
+    mean square with eps = 0 gives +inf, NaN stays NaN, and every finite v > 0 reaches rsqrt
+    through exact power-of-two scalings (no clamping)."""
     if on_scalar and eps >= RSQRT_MIN_INPUT / RSQRT_PRESCALE:
         return _rstd_on_scalar(sum_sq, eps, n)
     return _rstd_on_vector(sum_sq, eps, n)
@@ -99,12 +104,13 @@ def _activation(shape, op, data, scale=1.0, bias=None):
 
 def _rstd_on_scalar(sum_sq, eps, n):
     """rstd on the Scalar engine alone: rsqrt of u = v·2⁻³² (exact scaling into rsqrt's valid
-    range), Newton on u, rstd = r·2⁻¹⁶."""
+    range), Newton on u, rstd = r·2⁻¹⁶ (times 0 where Σh² = +inf, :func:`_finite_sum`)."""
     parts, k = sum_sq.shape
+    finite_sum, post_scale = _finite_sum(sum_sq, RSQRT_POSTSCALE)
     u = _activation(
         (parts, k),
         nl.copy,
-        sum_sq,
+        finite_sum,
         scale=RSQRT_PRESCALE / n,
         bias=_column(parts, eps * RSQRT_PRESCALE),
     )
@@ -119,7 +125,33 @@ def _rstd_on_scalar(sum_sq, eps, n):
                 (parts, 1), nl.copy, square, scale=minus_half_u[:, j : j + 1], bias=three_halves
             )
             nisa.activation(dst=r_j, op=nl.copy, data=factor, scale=r_j)
-    return _activation((parts, k), nl.copy, r, scale=RSQRT_POSTSCALE)
+    rstd = sbuf((parts, k), nl.float32)
+    for j in range(k):  # ACT's scale operand is a (parts, 1) column
+        nisa.activation(
+            dst=rstd[:, j : j + 1], op=nl.copy, data=r[:, j : j + 1], scale=post_scale[:, j : j + 1]
+        )
+    return rstd
+
+
+def _finite_sum(sum_sq, post_scale):
+    """``(min(Σh², FP32_MAX), post_scale · (Σh² <= FP32_MAX))`` on the Vector engine (Min
+    and Is Less than or Equal are Vector-engine operators:
+    nki/api/nki.api.shared.rst@81ce03ae, lines 100 and 110): a row with Σh² = +inf reaches
+    rsqrt as a finite value (its valid range ends at 2⁹⁷, line 198) and its rstd is scaled by
+    0 afterwards; NaN passes through both (NaN·0 = NaN)."""
+    finite_sum = _vector(
+        sum_sq.shape, nisa.tensor_scalar, data=sum_sq, op0=nl.minimum, operand0=FP32_MAX
+    )
+    scale = _vector(
+        sum_sq.shape,
+        nisa.tensor_scalar,
+        data=sum_sq,
+        op0=nl.less_equal,
+        operand0=FP32_MAX,
+        op1=nl.multiply,
+        operand1=float(post_scale),
+    )
+    return finite_sum, scale
 
 
 def _column(parts, value):
@@ -136,8 +168,15 @@ def _vector(shape, function, **operands):
 
 
 def _rstd_on_vector(sum_sq, eps, n):
-    """rstd with v = Σh²/n + eps formed and clamped into rsqrt's valid range on the Vector
-    engine, the Scalar engine's rsqrt, and the Newton steps on the Vector engine."""
+    """rstd with the mean square v = Σh²/n + eps formed on the Vector engine, scaled per row
+    by an exact power of two s = p² into rsqrt's valid range [2⁻⁸⁷, 2⁹⁷]
+    (nki/api/nki.api.shared.rst@81ce03ae, line 198): p = 2³² where v < 2⁻²⁰, else 2⁻³²
+    (``RSQRT_SPLIT``), so every finite v > 0 of fp32 is covered. The Scalar engine's rsqrt
+    of u = v·s, Newton on u (Vector), then rstd = r·p, times 0 where v = +inf.
+
+    The selector q = (v < 2⁻²⁰) + 2⁻³² is 1 or 2⁻³² exactly (1 + 2⁻³² rounds to 1), so
+    p = q·2³²·q and s = p·p are exact powers of two. Vector-engine operators only (Min, Max,
+    Is Less than, Is Less than or Equal, Multiply, Add: lines 92-112)."""
     shape = sum_sq.shape
     v = _vector(
         shape,
@@ -148,18 +187,49 @@ def _rstd_on_vector(sum_sq, eps, n):
         op1=nl.add,
         operand1=float(eps),
     )
-    clamped = _vector(
+    finite_v = _vector(
         shape,
         nisa.tensor_scalar,
         data=v,
         op0=nl.minimum,
-        operand0=RSQRT_MAX_INPUT,
+        operand0=FP32_MAX,
         op1=nl.maximum,
-        operand1=RSQRT_MIN_INPUT,
+        operand1=FP32_TINY,
     )
-    rstd = _activation(shape, nl.rsqrt, clamped)
+    selector = _vector(
+        shape,
+        nisa.tensor_scalar,
+        data=finite_v,
+        op0=nl.less,
+        operand0=RSQRT_SPLIT,
+        op1=nl.add,
+        operand1=1.0 / RSQRT_ROOT_SCALE,
+    )
+    root_scale = _vector(
+        shape,
+        nisa.scalar_tensor_tensor,
+        data=selector,
+        op0=nl.multiply,
+        operand0=RSQRT_ROOT_SCALE,
+        op1=nl.multiply,
+        operand1=selector,
+    )
+    scale = _vector(shape, nisa.tensor_tensor, data1=root_scale, data2=root_scale, op=nl.multiply)
+    u = _vector(shape, nisa.tensor_tensor, data1=finite_v, data2=scale, op=nl.multiply)
+    rstd = _activation(shape, nl.rsqrt, u)
     for _ in range(NEWTON_STEPS):
-        newton_rsqrt_step(rstd, clamped)
+        newton_rsqrt_step(rstd, u)
+    # p·(v <= FP32_MAX): 0 for an infinite v, NaN stays NaN through rstd
+    post_scale = _vector(
+        shape,
+        nisa.scalar_tensor_tensor,
+        data=v,
+        op0=nl.less_equal,
+        operand0=FP32_MAX,
+        op1=nl.multiply,
+        operand1=root_scale,
+    )
+    nisa.tensor_tensor(dst=rstd, data1=rstd, data2=post_scale, op=nl.multiply)
     return _infinite_where_zero(rstd, v) if eps == 0.0 else rstd
 
 
