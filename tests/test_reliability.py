@@ -267,9 +267,8 @@ def test_nki_jit_launch_refuses_an_integer_y():
     """The issue's reproduction: ``torch_neuronx.nki_jit(rmsnorm_fwd_out)`` with an int32 y
     wrote truncated values; the kernel's own assertion now names the output first."""
     torch = pytest.importorskip("torch")
-    from simulate.torch_neuronx import nki_jit
-
     from nki_rmsnorm import kernels
+    from simulate.torch_neuronx import nki_jit
 
     x, w = torch.randn(4, 64), torch.ones(64)
     y, rstd = torch.zeros(4, 64, dtype=torch.int32), torch.zeros(4)
@@ -373,7 +372,8 @@ FUZZ = textwrap.dedent(
         "input": [torch.ones(4, 8, dtype=torch.int32), torch.ones(4, 8, dtype=torch.float64),
                   np.ones((4, 8), np.float32), "x"],
         "normalized_shape": [(9,), "8", (0,), 8.0],
-        "weight": [torch.ones(7), torch.ones(8, dtype=torch.int64), "w", torch.ones(8, device="meta")],
+        "weight": [torch.ones(7), torch.ones(8, dtype=torch.int64), "w",
+                   torch.ones(8, device="meta")],
         "bias": [torch.ones(9), torch.ones(8, dtype=torch.float64)],
         "eps": [float("nan"), -1.0, "1e-6", True],
         "offset": [float("inf"), "1"],
