@@ -110,8 +110,10 @@ def test_forward_output_parameters_long_rows(rng, kernel_dialect):
     M, N = 6, 40000
     x, w = _data(rng, (M, N), BF16), _param(rng, N, BF16)
     y, rstd = poison((M, N), BF16), poison((M,), FP32)
-    want, _ = trace_launch(kernels.rmsnorm_fwd, x, w, None, EPS, 0.0, "gemma", None, target="trn2")
-    trace_launch(kernels.rmsnorm_fwd_out, x, w, None, y, rstd, EPS, 0.0, "gemma", target="trn2")
+    want, _ = trace_launch(kernels.rmsnorm_fwd, x, w, None, EPS, 0.0, "gemma", None,
+                           target="trn2")
+    trace_launch(kernels.rmsnorm_fwd_out, x, w, None, y, rstd, EPS, 0.0, "gemma",
+                 target="trn2")
     _assert_bitwise(y, want[0], "y")
     _assert_bitwise(rstd, want[1], "rstd")
 
@@ -449,6 +451,8 @@ def _forward_budget(target, m, n, x, weight, bias, residual, offset, casting_mod
         offset,
         casting_mode,
         out_dtype,
+        FP32,
+        BF16,
         tensor_engine=spec.nc_version >= 3,
     )
     layout = choose_layout(plan, m, n, spec.sbuf_bytes_per_partition)

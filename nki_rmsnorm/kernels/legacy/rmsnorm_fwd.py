@@ -125,6 +125,7 @@ from nki_rmsnorm.plan.forward import (
     choose_layout,
     make_plan,
 )
+from nki_rmsnorm.plan.kernel_assert import kernel_assert
 
 __all__ = ["CASTING_MODES", "Layout", "Plan", "choose_layout", "forward_body", "make_plan",
            "rmsnorm_add_fwd", "rmsnorm_add_fwd_out", "rmsnorm_fwd", "rmsnorm_fwd_out"]
@@ -134,7 +135,8 @@ def _plan(x, weight, bias, h_dtype, offset, casting_mode, out_dtype):
     """The :class:`Plan` for these HBM tensors on the running target."""
     return make_plan(x.dtype, None if weight is None else weight.dtype,
                      None if bias is None else bias.dtype, h_dtype, offset, casting_mode,
-                     out_dtype, tensor_engine=nisa.get_nc_version() != nisa.nc_version.gen2)
+                     out_dtype, nl.float32, nl.bfloat16,
+                     tensor_engine=nisa.get_nc_version() != nisa.nc_version.gen2)
 
 
 def forward_body(plan, hbm, eps, offset):
@@ -199,15 +201,15 @@ def rmsnorm_add_fwd_out(x, residual, weight, bias, y, h, rstd, eps, offset, cast
 
 def check_outputs(y, rstd, residual=None, h=None):
     """The output parameters' dtypes, before anything runs: y in a kernel dtype, rstd fp32,
-    h in the residual's dtype (a wrong one would be written truncated). AWS's kernels check
-    their arguments with ``assert`` (nki-library@d2ad3a5
-    src/nkilib_src/nkilib/core/utils/kernel_assert.py L16-17); the package's launchers
-    raise ``TypeError`` for the same first (``validation.check_forward_outputs``)."""
-    assert y.dtype == nl.float32 or y.dtype == nl.bfloat16 or y.dtype == nl.float16, (
-        f"y must be float32, bfloat16 or float16 (the output dtype), got {y.dtype}"
+    h in the residual's dtype (a wrong one would be written truncated); the package's
+    launchers raise ``TypeError`` for the same first (``validation.check_forward_outputs``)."""
+    kernel_assert(
+        y.dtype == nl.float32 or y.dtype == nl.bfloat16 or y.dtype == nl.float16,
+        f"y must be float32, bfloat16 or float16 (the output dtype), got {y.dtype}",
     )
-    assert rstd.dtype == nl.float32, f"rstd must be float32, got {rstd.dtype}"
+    kernel_assert(rstd.dtype == nl.float32, f"rstd must be float32, got {rstd.dtype}")
     if h is not None:
-        assert h.dtype == residual.dtype, (
-            f"h must have the residual's dtype ({residual.dtype}), got {h.dtype}"
+        kernel_assert(
+            h.dtype == residual.dtype,
+            f"h must have the residual's dtype ({residual.dtype}), got {h.dtype}",
         )

@@ -43,7 +43,9 @@ def core_tiles(total, P):
     cores = nl.num_programs(0)
     core = nl.program_id(0)
     per_core = -(-full // cores)
-    tiles = [(t * P, P) for t in range(core * per_core, min(full, (core + 1) * per_core))]
+    tiles = []
+    for t in range(core * per_core, min(full, (core + 1) * per_core)):
+        tiles.append((t * P, P))
     if total % P and core == cores - 1:
         tiles.append((full * P, total % P))
     return tiles
@@ -80,7 +82,8 @@ def identity(parts, dtype):
     offsets = sbuf((parts, parts), nl.int32)
     nisa.iota(offsets, pattern=[[1, parts]], offset=0, channel_multiplier=-1)
     ident = sbuf((parts, parts), dtype)
-    nisa.tensor_scalar(dst=ident, data=offsets, op0=nl.equal, operand0=0)
+    # an arithmetic operand is float32 (nki/api/nki/isa/__init__.py@81ce03ae L1114)
+    nisa.tensor_scalar(dst=ident, data=offsets, op0=nl.equal, operand0=0.0)
     return ident
 
 
@@ -139,12 +142,11 @@ def _finite_sum(sum_sq, post_scale):
     nki/api/nki.api.shared.rst@81ce03ae, lines 100 and 110): a row with Σh² = +inf reaches
     rsqrt as a finite value (its valid range ends at 2⁹⁷, line 198) and its rstd is scaled by
     0 afterwards; NaN passes through both (NaN·0 = NaN)."""
-    finite_sum = _vector(
-        sum_sq.shape, nisa.tensor_scalar, data=sum_sq, op0=nl.minimum, operand0=FP32_MAX
-    )
-    scale = _vector(
-        sum_sq.shape,
-        nisa.tensor_scalar,
+    finite_sum = sbuf(sum_sq.shape, nl.float32)
+    nisa.tensor_scalar(dst=finite_sum, data=sum_sq, op0=nl.minimum, operand0=FP32_MAX)
+    scale = sbuf(sum_sq.shape, nl.float32)
+    nisa.tensor_scalar(
+        dst=scale,
         data=sum_sq,
         op0=nl.less_equal,
         operand0=FP32_MAX,
@@ -161,12 +163,6 @@ def _column(parts, value):
     return column
 
 
-def _vector(shape, function, **operands):
-    out = sbuf(shape, nl.float32)
-    function(dst=out, **operands)
-    return out
-
-
 def _rstd_on_vector(sum_sq, eps, n):
     """rstd with the mean square v = Σh²/n + eps formed on the Vector engine, scaled per row
     by an exact power of two s = p² into rsqrt's valid range [2⁻⁸⁷, 2⁹⁷]
@@ -178,51 +174,53 @@ def _rstd_on_vector(sum_sq, eps, n):
     p = q·2³²·q and s = p·p are exact powers of two. Vector-engine operators only (Min, Max,
     Is Less than, Is Less than or Equal, Multiply, Add: lines 92-112)."""
     shape = sum_sq.shape
-    v = _vector(
-        shape,
-        nisa.tensor_scalar,
+    v = sbuf(shape, nl.float32)
+    nisa.tensor_scalar(
+        dst=v,
         data=sum_sq,
         op0=nl.multiply,
         operand0=1.0 / n,
         op1=nl.add,
         operand1=float(eps),
     )
-    finite_v = _vector(
-        shape,
-        nisa.tensor_scalar,
+    finite_v = sbuf(shape, nl.float32)
+    nisa.tensor_scalar(
+        dst=finite_v,
         data=v,
         op0=nl.minimum,
         operand0=FP32_MAX,
         op1=nl.maximum,
         operand1=FP32_TINY,
     )
-    selector = _vector(
-        shape,
-        nisa.tensor_scalar,
+    selector = sbuf(shape, nl.float32)
+    nisa.tensor_scalar(
+        dst=selector,
         data=finite_v,
         op0=nl.less,
         operand0=RSQRT_SPLIT,
         op1=nl.add,
         operand1=1.0 / RSQRT_ROOT_SCALE,
     )
-    root_scale = _vector(
-        shape,
-        nisa.scalar_tensor_tensor,
+    root_scale = sbuf(shape, nl.float32)
+    nisa.scalar_tensor_tensor(
+        dst=root_scale,
         data=selector,
         op0=nl.multiply,
         operand0=RSQRT_ROOT_SCALE,
         op1=nl.multiply,
         operand1=selector,
     )
-    scale = _vector(shape, nisa.tensor_tensor, data1=root_scale, data2=root_scale, op=nl.multiply)
-    u = _vector(shape, nisa.tensor_tensor, data1=finite_v, data2=scale, op=nl.multiply)
+    scale = sbuf(shape, nl.float32)
+    nisa.tensor_tensor(dst=scale, data1=root_scale, data2=root_scale, op=nl.multiply)
+    u = sbuf(shape, nl.float32)
+    nisa.tensor_tensor(dst=u, data1=finite_v, data2=scale, op=nl.multiply)
     rstd = _activation(shape, nl.rsqrt, u)
     for _ in range(NEWTON_STEPS):
         newton_rsqrt_step(rstd, u)
     # p·(v <= FP32_MAX): 0 for an infinite v, NaN stays NaN through rstd
-    post_scale = _vector(
-        shape,
-        nisa.scalar_tensor_tensor,
+    post_scale = sbuf(shape, nl.float32)
+    nisa.scalar_tensor_tensor(
+        dst=post_scale,
         data=v,
         op0=nl.less_equal,
         operand0=FP32_MAX,
@@ -235,10 +233,11 @@ def _rstd_on_vector(sum_sq, eps, n):
 
 def newton_rsqrt_step(rstd, v):
     """One Newton step towards 1/sqrt(v), in place: r·(1.5 − 0.5·v·r²)."""
-    square = _vector(rstd.shape, nisa.tensor_tensor, data1=rstd, data2=rstd, op=nl.multiply)
-    half_error = _vector(
-        rstd.shape,
-        nisa.scalar_tensor_tensor,
+    square = sbuf(rstd.shape, nl.float32)
+    nisa.tensor_tensor(dst=square, data1=rstd, data2=rstd, op=nl.multiply)
+    half_error = sbuf(rstd.shape, nl.float32)
+    nisa.scalar_tensor_tensor(
+        dst=half_error,
         data=square,
         op0=nl.multiply,
         operand0=-0.5,
@@ -252,24 +251,25 @@ def newton_rsqrt_step(rstd, v):
 
 def _infinite_where_zero(rstd, v):
     """rstd + (v == 0 ? 2·FP32_MAX : 0): +inf where the mean square is zero."""
-    huge = _vector(
-        v.shape,
-        nisa.tensor_scalar,
+    huge = sbuf(v.shape, nl.float32)
+    nisa.tensor_scalar(
+        dst=huge,
         data=v,
         op0=nl.equal,
         operand0=0.0,
         op1=nl.multiply,
         operand1=FP32_MAX,
     )
-    return _vector(
-        v.shape,
-        nisa.scalar_tensor_tensor,
+    infinite = sbuf(v.shape, nl.float32)
+    nisa.scalar_tensor_tensor(
+        dst=infinite,
         data=huge,
         op0=nl.multiply,
         operand0=2.0,
         op1=nl.add,
         operand1=rstd,
     )
+    return infinite
 
 
 def weight_rows(plan, row_hbm, offset=0.0, stacked=True):
@@ -291,7 +291,7 @@ def scale_row(plan, row_hbm, offset=0.0):
 
 
 def _load(src):
-    tile = sbuf(tuple(src.shape), src.dtype)
+    tile = sbuf(src.shape, src.dtype)
     nisa.dma_copy(dst=tile, src=src)
     return tile
 
@@ -311,11 +311,11 @@ def load_converted(dst, src, offset=0.0):
 def convert_row(row, dtype, offset=0.0):
     """``row + offset`` in ``dtype`` (Vector engine; nothing when there is nothing to do)."""
     if offset:
-        out = sbuf(tuple(row.shape), dtype)
+        out = sbuf(row.shape, dtype)
         nisa.tensor_scalar(dst=out, data=row, op0=nl.add, operand0=offset)
         return out
     if row.dtype != dtype:
-        out = sbuf(tuple(row.shape), dtype)
+        out = sbuf(row.shape, dtype)
         nisa.tensor_copy(dst=out, src=row)
         return out
     return row
@@ -332,7 +332,8 @@ def broadcast_row(row_hbm, partitions, dtype, offset=0.0):
     ones = sbuf((1, partitions), row.dtype)
     nisa.memset(dst=ones, value=1.0)
     out = sbuf((partitions, width), dtype)
-    for c0, c1 in _banks(width):
+    for c0 in range(0, width, PSUM_COLS):
+        c1 = min(width, c0 + PSUM_COLS)
         bank = nl.ndarray((partitions, c1 - c0), dtype=nl.float32, buffer=nl.psum)
         nisa.nc_matmul(dst=bank, stationary=ones, moving=row[:, c0:c1], accumulate=False)
         nisa.tensor_copy(dst=out[:, c0:c1], src=bank)
@@ -390,7 +391,7 @@ def rstd_rows(plan, rstd, ident, stacked=True):
                 moving=ident,
                 is_transpose=True,
             )
-    stationary = sbuf(tuple(transposed.shape), dtype)
+    stationary = sbuf(transposed.shape, dtype)
     nisa.tensor_copy(dst=stationary, src=transposed)
     return stationary
 
@@ -401,12 +402,13 @@ def outer_normalize(y_row, h_row, stationaries, moving, shift, product_row):
     weight rows, accumulated in PSUM) and the Vector engine multiplies h by it; the bias is
     added in fp32 after."""
     target = y_row if shift is None else product_row
-    parts = h_row.shape[0]
-    for c0, c1 in _banks(h_row.shape[-1]):
+    parts, width = h_row.shape
+    for c0 in range(0, width, PSUM_COLS):
+        c1 = min(width, c0 + PSUM_COLS)
         outer = nl.ndarray((parts, c1 - c0), dtype=nl.float32, buffer=nl.psum)
-        for i, stationary in enumerate(stationaries):
+        for i in range(len(stationaries)):
             nisa.nc_matmul(
-                dst=outer, stationary=stationary, moving=moving[:, c0:c1], accumulate=i > 0
+                dst=outer, stationary=stationaries[i], moving=moving[:, c0:c1], accumulate=i > 0
             )
         nisa.tensor_tensor(dst=target[:, c0:c1], data1=h_row[:, c0:c1], data2=outer, op=nl.multiply)
     _add_shift(y_row, product_row, shift)
@@ -418,19 +420,15 @@ def scaled_normalize(plan, y_row, h_row, rstd_col, ones, weight_row, shift, prod
     broadcasts the weight row into PSUM and the Vector engine multiplies the two."""
     target = y_row if shift is None else product_row
     scaled_dtype = plan.in_dtype if plan.rounds_xhat else nl.float32
-    parts = h_row.shape[0]
-    for c0, c1 in _banks(h_row.shape[-1]):
+    parts, width = h_row.shape
+    for c0 in range(0, width, PSUM_COLS):
+        c1 = min(width, c0 + PSUM_COLS)
         weight = nl.ndarray((parts, c1 - c0), dtype=nl.float32, buffer=nl.psum)
         nisa.nc_matmul(dst=weight, stationary=ones, moving=weight_row[:, c0:c1], accumulate=False)
         scaled = sbuf((parts, c1 - c0), scaled_dtype)
         nisa.activation(dst=scaled, op=nl.copy, data=h_row[:, c0:c1], scale=rstd_col)
         nisa.tensor_tensor(dst=target[:, c0:c1], data1=scaled, data2=weight, op=nl.multiply)
     _add_shift(y_row, product_row, shift)
-
-
-def _banks(width):
-    """(start, stop) of the PSUM-bank-wide column blocks of ``width`` columns."""
-    return [(c0, min(width, c0 + PSUM_COLS)) for c0 in range(0, width, PSUM_COLS)]
 
 
 def _add_shift(y_row, product_row, shift):
