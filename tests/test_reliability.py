@@ -26,7 +26,7 @@ import textwrap
 import ml_dtypes
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from test_fwd import _run, _term_magnitude, assert_y_close
 from test_properties import PROFILE
@@ -200,8 +200,28 @@ def special_cases(draw):
     )
 
 
+def _regime_example(regime, cells, mode="gemma", eps=EPS):
+    target, dtype, n = REGIMES[regime]
+    return dict(
+        target=target,
+        dtype=dtype,
+        m=3,
+        n=n,
+        cells=cells,
+        mode=mode,
+        weight=True,
+        eps=eps,
+        seed=len(regime),
+    )
+
+
 @settings(PROFILE, max_examples=max(1, PROFILE.max_examples // 8))
 @given(case=special_cases())
+# every regime at least once, whatever the draws
+@example(case=_regime_example("split", [(0, 5, "inf"), (2, 7, "subnormal")]))
+@example(case=_regime_example("long", [(1, 0, "-inf"), (2, 9, "nan")], mode="llama"))
+@example(case=_regime_example("two_pass", [(0, 39999, "inf"), (1, 3, "subnormal")], eps=0.0))
+@example(case=_regime_example("rows-trn1", [(1, 2, "max"), (2, 3, "inf")]))
 def test_ieee_specials_in_random_rows(kernel_dialect, case):
     rng = np.random.default_rng(case["seed"])
     dtype, m, n = case["dtype"], case["m"], case["n"]
@@ -405,7 +425,6 @@ FUZZ = textwrap.dedent(
         "offset": [float("inf")],
         "casting_mode": ["GEMMA", "64"],
         "out_dtype": [64, 1000, -1, "int32", torch.float32],
-        "dialect": ["nki07"],
     }
     for name, values in op_args.items():
         for i, value in enumerate(values):

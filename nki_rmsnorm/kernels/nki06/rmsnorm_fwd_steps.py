@@ -107,18 +107,36 @@ def _activation(shape, op, data, scale=1.0, bias=None):
 
 def _rstd_on_scalar(sum_sq, eps, n):
     """rstd on the Scalar engine alone: rsqrt of u = v·2⁻³² (exact scaling into rsqrt's valid
-    range), Newton on u, rstd = r·2⁻¹⁶ (times 0 where Σh² = +inf, :func:`_finite_sum`)."""
+    range), Newton on u, rstd = r·2⁻¹⁶.
+
+    An infinite Σh² (u = +inf, outside rsqrt's range) is taken out without leaving the
+    engine: s = sign(FP32_MAX − u) is +1 for every finite u and −1 for +inf (Sign and Relu
+    are valid on [−inf, inf] and exact: nki/api/nki.api.shared.rst@81ce03ae, lines 160 and
+    202); relu(u·s) is u itself or 0, plus (1 − s)/2 it reaches rsqrt as u or 1, and the
+    final scale (1 + s)/2·2⁻¹⁶ makes that row's rstd exactly 0. NaN stays NaN."""
     parts, k = sum_sq.shape
-    finite_sum, post_scale = _finite_sum(sum_sq, RSQRT_POSTSCALE)
     u = _activation(
         (parts, k),
         nl.copy,
-        finite_sum,
+        sum_sq,
         scale=RSQRT_PRESCALE / n,
         bias=_column(parts, eps * RSQRT_PRESCALE),
     )
-    r = _activation((parts, k), nl.rsqrt, u)
-    minus_half_u = _activation((parts, k), nl.copy, u, scale=-0.5)
+    sign = _activation((parts, k), nl.sign, u, scale=-1.0, bias=_column(parts, FP32_MAX))
+    shift = _activation((parts, k), nl.copy, sign, scale=-0.5, bias=_column(parts, 0.5))
+    post_scale = _activation(
+        (parts, k),
+        nl.copy,
+        sign,
+        scale=0.5 * RSQRT_POSTSCALE,
+        bias=_column(parts, 0.5 * RSQRT_POSTSCALE),
+    )
+    finite_u = sbuf((parts, k), nl.float32)
+    for j in range(k):  # ACT's scale and bias operands are (parts, 1) columns
+        kept = _activation((parts, 1), nl.relu, u[:, j : j + 1], scale=sign[:, j : j + 1])
+        nisa.activation(dst=finite_u[:, j : j + 1], op=nl.copy, data=kept, bias=shift[:, j : j + 1])
+    r = _activation((parts, k), nl.rsqrt, finite_u)
+    minus_half_u = _activation((parts, k), nl.copy, finite_u, scale=-0.5)
     three_halves = _column(parts, 1.5)
     for _ in range(NEWTON_STEPS):
         for j in range(k):
@@ -129,31 +147,11 @@ def _rstd_on_scalar(sum_sq, eps, n):
             )
             nisa.activation(dst=r_j, op=nl.copy, data=factor, scale=r_j)
     rstd = sbuf((parts, k), nl.float32)
-    for j in range(k):  # ACT's scale operand is a (parts, 1) column
+    for j in range(k):
         nisa.activation(
             dst=rstd[:, j : j + 1], op=nl.copy, data=r[:, j : j + 1], scale=post_scale[:, j : j + 1]
         )
     return rstd
-
-
-def _finite_sum(sum_sq, post_scale):
-    """``(min(Σh², FP32_MAX), post_scale · (Σh² <= FP32_MAX))`` on the Vector engine (Min
-    and Is Less than or Equal are Vector-engine operators:
-    nki/api/nki.api.shared.rst@81ce03ae, lines 100 and 110): a row with Σh² = +inf reaches
-    rsqrt as a finite value (its valid range ends at 2⁹⁷, line 198) and its rstd is scaled by
-    0 afterwards; NaN passes through both (NaN·0 = NaN)."""
-    finite_sum = sbuf(sum_sq.shape, nl.float32)
-    nisa.tensor_scalar(dst=finite_sum, data=sum_sq, op0=nl.minimum, operand0=FP32_MAX)
-    scale = sbuf(sum_sq.shape, nl.float32)
-    nisa.tensor_scalar(
-        dst=scale,
-        data=sum_sq,
-        op0=nl.less_equal,
-        operand0=FP32_MAX,
-        op1=nl.multiply,
-        operand1=float(post_scale),
-    )
-    return finite_sum, scale
 
 
 def _column(parts, value):
@@ -164,14 +162,12 @@ def _column(parts, value):
 
 
 def _rstd_on_vector(sum_sq, eps, n):
-    """rstd with the mean square v = Σh²/n + eps formed on the Vector engine, scaled per row
-    by an exact power of two s = p² into rsqrt's valid range [2⁻⁸⁷, 2⁹⁷]
-    (nki/api/nki.api.shared.rst@81ce03ae, line 198): p = 2³² where v < 2⁻²⁰, else 2⁻³²
-    (``RSQRT_SPLIT``), so every finite v > 0 of fp32 is covered. The Scalar engine's rsqrt
-    of u = v·s, Newton on u (Vector), then rstd = r·p, times 0 where v = +inf.
-
-    The selector q = (v < 2⁻²⁰) + 2⁻³² is 1 or 2⁻³² exactly (1 + 2⁻³² rounds to 1), so
-    p = q·2³²·q and s = p·p are exact powers of two. Vector-engine operators only (Min, Max,
+    """rstd with the mean square v = Σh²/n + eps formed on the Vector engine and brought into
+    rsqrt's valid range [2⁻⁸⁷, 2⁹⁷] (nki/api/nki.api.shared.rst@81ce03ae, line 198) by exact
+    power-of-two scalings, the Scalar engine's rsqrt, the Newton steps on the Vector engine,
+    and rstd times 0 where v = +inf (NaN stays NaN). With eps ≥ 2⁻⁵⁵ every v is in
+    [2⁻⁵⁵, 2¹²⁸]: u = min(v, FP32_MAX)·2⁻³², rstd = r·2⁻¹⁶. Below, every finite v > 0 is
+    scaled per row (:func:`_scaled_per_row`). Vector-engine operators only (Min, Max,
     Is Less than, Is Less than or Equal, Multiply, Add: lines 92-112)."""
     shape = sum_sq.shape
     v = sbuf(shape, nl.float32)
@@ -183,6 +179,54 @@ def _rstd_on_vector(sum_sq, eps, n):
         op1=nl.add,
         operand1=float(eps),
     )
+    single_scale = eps >= RSQRT_MIN_INPUT / RSQRT_PRESCALE
+    if single_scale:
+        u = sbuf(shape, nl.float32)
+        nisa.tensor_scalar(
+            dst=u,
+            data=v,
+            op0=nl.minimum,
+            operand0=FP32_MAX,
+            op1=nl.multiply,
+            operand1=RSQRT_PRESCALE,
+        )
+        root_scale = None
+    else:
+        u, root_scale = _scaled_per_row(v)
+    rstd = _activation(shape, nl.rsqrt, u)
+    for _ in range(NEWTON_STEPS):
+        newton_rsqrt_step(rstd, u)
+    # the scale back times (v <= FP32_MAX): 0 for an infinite v
+    post_scale = sbuf(shape, nl.float32)
+    if single_scale:
+        nisa.tensor_scalar(
+            dst=post_scale,
+            data=v,
+            op0=nl.less_equal,
+            operand0=FP32_MAX,
+            op1=nl.multiply,
+            operand1=RSQRT_POSTSCALE,
+        )
+    else:
+        nisa.scalar_tensor_tensor(
+            dst=post_scale,
+            data=v,
+            op0=nl.less_equal,
+            operand0=FP32_MAX,
+            op1=nl.multiply,
+            operand1=root_scale,
+        )
+    nisa.tensor_tensor(dst=rstd, data1=rstd, data2=post_scale, op=nl.multiply)
+    return _infinite_where_zero(rstd, v) if eps == 0.0 else rstd
+
+
+def _scaled_per_row(v):
+    """``(u, p)``: u = v·p² in rsqrt's valid range for every v in [0, +inf], p = 2³² where
+    v < 2⁻²⁰ else 2⁻³² (``RSQRT_SPLIT``), so that rsqrt(u)·p = rsqrt(v). v is first kept in
+    [2⁻¹⁴⁹, FP32_MAX] (a zero row's rstd becomes +inf later, an infinite one's 0). The
+    selector q = (v < 2⁻²⁰) + 2⁻³² is 1 or 2⁻³² exactly (1 + 2⁻³² rounds to 1), so p = q·2³²·q
+    and p² are exact powers of two."""
+    shape = v.shape
     finite_v = sbuf(shape, nl.float32)
     nisa.tensor_scalar(
         dst=finite_v,
@@ -214,21 +258,7 @@ def _rstd_on_vector(sum_sq, eps, n):
     nisa.tensor_tensor(dst=scale, data1=root_scale, data2=root_scale, op=nl.multiply)
     u = sbuf(shape, nl.float32)
     nisa.tensor_tensor(dst=u, data1=finite_v, data2=scale, op=nl.multiply)
-    rstd = _activation(shape, nl.rsqrt, u)
-    for _ in range(NEWTON_STEPS):
-        newton_rsqrt_step(rstd, u)
-    # p·(v <= FP32_MAX): 0 for an infinite v, NaN stays NaN through rstd
-    post_scale = sbuf(shape, nl.float32)
-    nisa.scalar_tensor_tensor(
-        dst=post_scale,
-        data=v,
-        op0=nl.less_equal,
-        operand0=FP32_MAX,
-        op1=nl.multiply,
-        operand1=root_scale,
-    )
-    nisa.tensor_tensor(dst=rstd, data1=rstd, data2=post_scale, op=nl.multiply)
-    return _infinite_where_zero(rstd, v) if eps == 0.0 else rstd
+    return u, root_scale
 
 
 def newton_rsqrt_step(rstd, v):
