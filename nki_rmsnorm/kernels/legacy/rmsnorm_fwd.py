@@ -67,8 +67,9 @@ Engine plan per row (``Plan.product_engine``; DMA moves everything):
 DVE      h = x + residual (``tensor_tensor``, fp32, one rounding to the residual's dtype)
 ACT      Σh² (``activation_reduce(square)``, fp32 accumulation)
 rstd     ACT ``activation(rsqrt)`` of the mean square brought into its valid range
-         [2⁻⁸⁷, 2⁹⁷] (ACT: v·2⁻³², exact; or DVE: v·2^±64 chosen per row, exact, so
-         every finite v > 0 is covered), refined by two Newton steps
+         [2⁻⁸⁷, 2⁹⁷] by exact powers of two (v·2⁻³²; on DVE with eps < 2⁻⁵⁵, v·2^±64
+         chosen per row: every finite v > 0 is covered; an infinite v gives rstd = 0
+         exactly), refined by two Newton steps
          (``rmsnorm_fwd_steps.rstd_from_sum``): within ≈ 2.5 fp32 ulp of 1/sqrt(v) even when
          ACT's rsqrt is off by 2⁻⁹. The chain runs on ACT (with the bf16 split of the
          "tensor" plan) unless ACT carries the product ("scalar" plan) or eps < 2⁻⁵⁵
