@@ -1203,6 +1203,14 @@ def rms_norm_quant(
     ):
         if not isinstance(flag, bool):
             raise TypeError(f"{flag_name} must be a bool, got {type(flag).__name__}")
+    # the operator's schema would refuse these with a RuntimeError: name them first
+    if not isinstance(scale_mode, str) or scale_mode not in ops.SCALE_MODES:
+        raise ValueError(f"scale_mode must be one of {ops.SCALE_MODES}, got {scale_mode!r}")
+    if isinstance(block, bool) or not isinstance(block, int):
+        raise TypeError(f"block must be an int, got {type(block).__name__}")
+    eps, scale_floor = validation.real(eps, "eps"), validation.real(scale_floor, "scale_floor")
+    if lower_bound is not None:
+        lower_bound = validation.real(lower_bound, "lower_bound")
     if input.device.type == "meta":
         outputs = _quant_fake(
             input, residual, name, scale_mode, block, return_y, return_amax, packed
@@ -1222,7 +1230,7 @@ def rms_norm_quant(
             return_y,
             return_amax,
             packed,
-            _callers_dialect(),
+            None,  # the dialect is resolved where the kernel launches
         )
     outputs = list(outputs)
     y_q = outputs.pop(0)

@@ -415,6 +415,21 @@ FUZZ = textwrap.dedent(
     case("torch RMSNorm input dtype", "input", lambda: module(torch.ones(4, 8, dtype=torch.int64)))
     case("torch RMSNorm input shape", "normalized_shape", lambda: module(torch.ones(4, 9)))
 
+    quant_args = {
+        "quant_dtype": [64, "int8", torch.int32],
+        "scale_mode": ["rows", 3],
+        "block": ["128", 1.5, True],
+        "eps": [float("nan"), "1e-6"],
+        "scale_floor": ["0"],
+        "weight": [torch.ones(7)],
+    }
+    for name, values in quant_args.items():
+        for i, value in enumerate(values):
+            kwargs = {"input": tx, "weight": tw}
+            kwargs[name] = value
+            case(f"torch rms_norm_quant {name}[{i}]", name,
+                 lambda: nt.rms_norm_quant(**kwargs))
+
     OPS = torch.ops.nki_rmsnorm
     good = {"x": tx, "weight": tw, "bias": None, "eps": 1e-6, "offset": 0.0,
             "casting_mode": "gemma", "out_dtype": None}
