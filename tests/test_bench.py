@@ -39,9 +39,17 @@ REQUIRED_KEYS = {
 }
 
 
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path, monkeypatch):
+    """The bench's yardstick cache in the test's folder, never the user's."""
+    monkeypatch.setenv("NKI_RMSNORM_CACHE_DIR", str(tmp_path / "cache"))
+
+
 def test_quick_run_checks_results_and_writes_json(tmp_path, capsys):
     path = tmp_path / "bench.json"
-    assert bench.main(["bench", "--quick", "--target", "trn2", "--json", str(path)]) == 0
+    # one process: the suite's own workers share the cores (-j is tested in test_bench_runs)
+    argv = ["bench", "--quick", "--target", "trn2", "-j", "1", "--json", str(path)]
+    assert bench.main(argv) == 0
     records = json.loads(path.read_text())
     assert {(r["kind"], r["M"], r["N"]) for r in records} == {
         (k, M, N) for k in bench.KINDS for M, N in bench.QUICK_SHAPES
@@ -147,6 +155,8 @@ def test_backward_check_scales_dx_by_its_row_terms(capsys):
                 "--target",
                 "trn2",
                 "--no-baseline",
+                "-j",
+                "1",
             ]
         )
         == 0
@@ -251,8 +261,8 @@ def test_nki06_dialect_runs_the_06_kernels_on_one_or_two_cores(tmp_path):
     one. The tables made of these records show LNC=2 beside LNC=1, its speed-up, and the
     speed-up goal (its M threshold lowered to this small sweep's M)."""
     path = tmp_path / "bench.json"
-    argv = ["bench", "--dialect", "nki06", "--target", "trn2,trn2x2", "--kind", "fwd,bwd",
-            "--shapes", "1024x2048", "--no-baseline", "--json", str(path)]
+    argv = ["bench", "-j", "1", "--dialect", "nki06", "--target", "trn2,trn2x2", "--kind",
+            "fwd,bwd", "--shapes", "1024x2048", "--no-baseline", "--json", str(path)]
     assert bench.main(argv) == 0
     records = json.loads(path.read_text())
     by_case = {(r["kind"], r["lnc"]): r for r in records}
