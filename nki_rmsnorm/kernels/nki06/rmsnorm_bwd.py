@@ -55,6 +55,7 @@ from nki_rmsnorm.plan.backward import (
     BwdTileSlots,
     make_plan,
 )
+from nki_rmsnorm.plan.kernel_assert import kernel_assert
 
 #: ``sendrecv`` pipe of the LNC=2 column-sum exchange (any id both cores agree on).
 COLUMN_SUM_PIPE = 0
@@ -81,7 +82,29 @@ def rmsnorm_bwd(dy, x, weight, rstd, dh_out, offset, has_bias, casting_mode, bia
 def rmsnorm_bwd_out(dy, x, weight, rstd, dh_out, dx, dweight, dbias, offset, casting_mode):
     """RMSNorm backward, output-parameter convention: writes ``dx`` and (when not None)
     ``dweight``/``dbias`` in place and returns nothing, as the legacy kernel."""
+    check_gradients(x, weight, dx, dweight, dbias)
     backward_body(dy, x, weight, rstd, dh_out, dx, dweight, dbias, offset, casting_mode)
+
+
+def check_gradients(x, weight, dx, dweight, dbias):
+    """The output parameters' dtypes, before anything runs: dx in x's dtype, dweight fp32 or
+    the weight's, dbias fp32 or x's (any kernel dtype beside an fp32 x, an fp32 residual
+    stream); the package's launchers raise ``TypeError`` for the same first
+    (``validation.check_backward_outputs``)."""
+    kernel_assert(dx.dtype == x.dtype, f"dx must have x's dtype ({x.dtype}), got {dx.dtype}")
+    if dweight is not None:
+        own = weight is not None and dweight.dtype == weight.dtype
+        kernel_assert(
+            dweight.dtype == nl.float32 or own,
+            f"dweight must be float32 or the weight's dtype, got {dweight.dtype}",
+        )
+    if dbias is not None:
+        narrow = dbias.dtype == nl.bfloat16 or dbias.dtype == nl.float16
+        wide_x = x.dtype == nl.float32
+        kernel_assert(
+            dbias.dtype == nl.float32 or dbias.dtype == x.dtype or (wide_x and narrow),
+            f"dbias must be float32 or x's dtype ({x.dtype}), got {dbias.dtype}",
+        )
 
 
 def backward_body(dy, x, weight, rstd, dh_out, dx, dweight, dbias, offset, casting_mode):
