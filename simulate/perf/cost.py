@@ -71,7 +71,11 @@ What the model assumes
   ``nl.nc(2)`` dimension, on trn2/trn3). Each instruction runs on its ``core``: the two
   physical cores have their own four engines, DMA queues and 16 DMA engines and run
   concurrently; their HBM traffic shares one pool of ``hbm_cores_per_pool`` HBM shares (the
-  bank both cores sit on). Cross-core dependencies: data through shared HBM (as above); the
+  bank both cores sit on), which serves the two cores round robin like a DMA engine its
+  queues (inferred, no bank arbitration is published): while both have traffic pending
+  each gets half the pool's rate, alone a core gets all of it (with the same caveat: a
+  transfer under way is not pushed back, the other core's next one is). Cross-core
+  dependencies: data through shared HBM (as above); the
   k-th ``sendrecv`` of a pipe on each core also waits for the writers of the other core's
   source; the k-th ``core_barrier`` (a GpSimd instruction that reads and writes its
   ``data``) of each core waits for everything the other core's waits for; the later core
@@ -816,7 +820,8 @@ def _list_schedule(table, insts, res, dur, preds, ports, dma_info, total, window
     n_dma_engines = int(table.dma_engines)
     # per DMA engine (each core has its own 16): queue -> when its last transfer there ends
     queue_done_on: list[dict[int, float]] = [{} for _ in range(n_dma_engines * lnc)]
-    hbm_free = 0.0
+    # per physical core: when its HBM traffic queued so far is through the pool
+    hbm_done = [0.0] * lnc
     # one HBM pool per logical core: LNC=2 cores share their bank (hbm_cores_per_pool)
     hbm_rate = table.hbm_share_gbps * table.hbm_efficiency * 1000.0  # bytes per us
     if lnc > 1:
@@ -909,10 +914,22 @@ def _list_schedule(table, insts, res, dur, preds, ports, dma_info, total, window
             if first_byte is not None:
                 data_start = first_byte
             if hbm_bytes:
-                hbm_start = hbm_free if hbm_free > data_start else data_start
-                hbm_free = hbm_start + hbm_bytes / hbm_rate
-                if hbm_free > data_end:
-                    data_end = hbm_free
+                # I (inferred, no arbitration of a shared bank is published): the pool
+                # serves the cores round robin, as a DMA engine serves its queues (S6 L29),
+                # so while both cores have traffic pending each gets half the pool's rate
+                # (processor sharing), and alone a core gets all of it. In order per core.
+                c = core_of[i]
+                share = hbm_bytes / hbm_rate
+                hbm_start = hbm_done[c] if hbm_done[c] > data_start else data_start
+                interleaved = 0.0
+                for other in range(lnc):
+                    if other != c and hbm_done[other] > hbm_start:
+                        turns = min(hbm_done[other] - hbm_start, share)
+                        interleaved += turns
+                        hbm_done[other] += turns
+                hbm_done[c] = hbm_start + share + interleaved
+                if hbm_done[c] > data_end:
+                    data_end = hbm_done[c]
             end[i] = data_end
             finish[i] = data_end + tail
             dma_intervals[dma_class[i]].append((t, data_end))
