@@ -235,8 +235,8 @@ QUANT_DTYPES = {
 #: ``src/nkilib_src/nkilib/core/utils/kernel_helpers.py`` L489-491).
 _OCP_ONLY_NC_VERSION = 4
 SCALE_MODES = ("row", "block", "static")
-#: Bytes per partition the quantized kernel may keep for one row tile (the smallest usable
-#: SBUF of its targets, trn2's, rounded down).
+#: Bytes per partition the quantized kernel may keep for one row tile and the weight row (the
+#: smallest usable SBUF of its targets, trn2's, rounded down).
 _QUANT_TILE_BYTES = 192 * 1024
 
 
@@ -400,7 +400,7 @@ def rms_norm_quant(x: np.ndarray, weight: np.ndarray | None = None, eps: float =
                          f"got {scale_mode!r}")
     h_bytes = (residual if residual is not None else x).dtype.itemsize
     tile_bytes = n * (h_bytes + (x.dtype.itemsize if residual is not None else 0)
-                      + (4 if weight is not None else 0) + 1
+                      + (4 + weight.dtype.itemsize if weight is not None else 0) + 1
                       + (x.dtype.itemsize if return_y else 0))
     if tile_bytes > _QUANT_TILE_BYTES:
         raise ValueError(f"x's last dimension N={n} is too long for the quantized kernel with "

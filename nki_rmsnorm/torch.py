@@ -1010,29 +1010,27 @@ def _rms_norm_quant(
     return_y: bool,
     return_amax: bool,
     packed: bool,
-    dialect: str | None = None,
 ) -> list[Tensor]:
     if x.device.type != "cpu":  # pragma: no cover - needs a NeuronDevice
         raise NotImplementedError(
             "rms_norm_quant runs the simulated kernel on CPU tensors only so far; got a "
             f"tensor on {x.device}"
         )
-    with _dialect_scope(dialect):
-        result = ops.rms_norm_quant(
-            _to_numpy(x),
-            _to_numpy_or_none(weight),
-            eps,
-            residual=_to_numpy_or_none(residual),
-            quant_dtype=quant_dtype,
-            scale_mode=scale_mode,
-            block=block,
-            static_scale=None if static_scale is None else _to_numpy(static_scale),
-            lower_bound=lower_bound,
-            scale_floor=scale_floor,
-            return_y=return_y,
-            return_amax=return_amax,
-            packed=packed,
-        )
+    result = ops.rms_norm_quant(
+        _to_numpy(x),
+        _to_numpy_or_none(weight),
+        eps,
+        residual=_to_numpy_or_none(residual),
+        quant_dtype=quant_dtype,
+        scale_mode=scale_mode,
+        block=block,
+        static_scale=None if static_scale is None else _to_numpy(static_scale),
+        lower_bound=lower_bound,
+        scale_floor=scale_floor,
+        return_y=return_y,
+        return_amax=return_amax,
+        packed=packed,
+    )
     outputs = [_fp8_from_numpy(result.y_q, quant_dtype)]
     for extra in (result.scales, result.y, result.h, result.amax):
         if extra is not None:
@@ -1055,16 +1053,8 @@ def _(
     return_y,
     return_amax,
     packed,
-    dialect=None,
 ):
     return _quant_fake(x, residual, quant_dtype, scale_mode, block, return_y, return_amax, packed)
-
-
-def _dialect_scope(dialect_name: str | None):
-    """``dialect.use_dialect`` for a named dialect; a no-op context for None."""
-    import contextlib
-
-    return contextlib.nullcontext() if dialect_name is None else dialect.use_dialect(dialect_name)
 
 
 def rms_norm_quant(
@@ -1135,7 +1125,6 @@ def rms_norm_quant(
             return_y,
             return_amax,
             packed,
-            _callers_dialect(),
         )
     outputs = list(outputs)
     y_q = outputs.pop(0)
