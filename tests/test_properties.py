@@ -27,6 +27,7 @@ import os
 
 import ml_dtypes
 import numpy as np
+from conftest import runnable_target
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 from test_bwd import _check_against_reference, _make_inputs
@@ -122,9 +123,7 @@ def backward_cases(draw, with_dh):
 
 def _on_dialects_target(options, kernel_dialect):
     """``options`` with a target the dialect runs on (nki06: a trn1 draw becomes trn2)."""
-    if kernel_dialect == "nki06" and options["target"] == "trn1":
-        return {**options, "target": "trn2"}
-    return options
+    return {**options, "target": runnable_target(options["target"], kernel_dialect)}
 
 
 def _check_forward_case(case, kernel_dialect):
