@@ -62,6 +62,7 @@ TARGETS = ("trn1", "trn2", "trn3")
 MAX_ELEMENTS = 2**18
 LONG_ROWS = (2048, 4096, 5120, 8192, 16384, 20000, 30001, 32768, 65536)
 
+
 def _shape(draw, max_hidden=LONG_ROWS[-1]):
     n = draw(
         st.one_of(
