@@ -242,8 +242,11 @@ def test_fori_loop_and_registers():
 
 
 def test_fori_loop_body_must_not_return_and_registers_have_no_int():
+    def identity(i):
+        return i
+
     def kernel(x):
-        nl.fori_loop(0, 2, lambda i: i)
+        nl.fori_loop(0, 2, identity)
 
     with pytest.raises(AssertionError, match="must not return"):
         nki.simulate(kernel)(np.zeros(1, np.float32))

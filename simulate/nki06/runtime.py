@@ -16,7 +16,7 @@ import warnings
 
 import numpy as np
 
-from . import classes, context
+from . import classes, context, language_check
 from . import dtypes as dt
 from .errors import NkiRuntimeError, NkiTypeError, NkiValueError
 from .tensor import Buffer, MemoryRegion, NkiTensor
@@ -86,11 +86,20 @@ class Kernel:
         return f"nki.jit({self.func.__name__})" + (f"[{self.lnc}]" if self.lnc else "")
 
 
+#: ``nki.jit`` keywords that only steer the real compiler's diagnostics, accepted and ignored
+#: as AWS's kernels pass them (aws-neuron/nki-library@d2ad3a5
+#: ``src/nkilib_src/nkilib/core/qkv/qkv.py`` L38–43).
+COMPILER_KEYWORDS = frozenset({"debug_kernel", "show_compiler_tb", "experimental_flags"})
+
+
 def jit(fn=None, **kwargs):
-    """``@nki.jit`` / ``@nki.jit()``: ``mode=`` is ignored with a warning, ``platform_target=``
-    and other keywords raise ``TypeError`` (MIG 0.2->0.3; target via
+    """``@nki.jit`` / ``@nki.jit()``: ``mode=`` is ignored with a warning, the compiler's
+    diagnostic keywords (:data:`COMPILER_KEYWORDS`) are ignored, ``platform_target=`` and
+    other keywords raise ``TypeError`` (MIG 0.2->0.3; target via
     ``NEURON_PLATFORM_TARGET_OVERRIDE``)."""
     for key in kwargs:
+        if key in COMPILER_KEYWORDS:
+            continue
         if key == "mode":
             warnings.warn(
                 "nki.jit(mode=...) is deprecated and ignored: the framework is "
@@ -218,6 +227,7 @@ def launch(func, args, kwargs, lnc, target=None):
         raise NkiTypeError(f"kernel `{func.__name__}`: {exc}") from exc
     _check_annotations(func, bound)
     classes.check_arguments(func, bound)
+    language_check.check_kernel(func, bound)
     state = context.Launch(target, degree, 0 if lnc is None else 1)
     results = _run_programs(func, positional, keywords, state)
     for memory in ("sbuf", "psum"):  # live-range peaks replace the allocator's running ones
@@ -275,7 +285,9 @@ def _run_program(func, positional, keywords, program):
     rejects, :mod:`.classes`), then its SBUF/PSUM capacity check."""
     previous = context.enter(program)
     try:
-        with classes.checking_kernel_code(classes.kernel_code_root(func)):
+        with classes.checking_kernel_code(
+            classes.kernel_code_root(func), language_check.check_code_object
+        ):
             result = func(*positional, **keywords)
         program.check_capacity()
         return result
