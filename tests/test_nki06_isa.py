@@ -25,7 +25,7 @@ def sbuf(x, dtype=None, buffer=None):
     """Kernel helper: an HBM input copied into a new SBUF (or PSUM via a copy) tile."""
     t = nl.ndarray(x.shape, dtype or x.dtype, buffer=nl.sbuf)
     nisa.dma_copy(dst=t, src=x)
-    if buffer is nl.psum:
+    if buffer == nl.psum:
         p = nl.ndarray(x.shape, t.dtype, buffer=nl.psum)
         nisa.tensor_copy(dst=p, src=t)
         return p
@@ -34,7 +34,7 @@ def sbuf(x, dtype=None, buffer=None):
 
 def out(t):
     """Kernel helper: an SBUF/PSUM tile copied to a new shared_hbm output."""
-    if t.buffer is nl.psum:
+    if t.buffer == nl.psum:
         staged = nl.ndarray(t.shape, t.dtype, buffer=nl.sbuf)
         nisa.tensor_copy(dst=staged, src=t)
         t = staged
@@ -191,7 +191,7 @@ def test_tensor_scalar_on_gpsimd_only_for_rsqrt(rng):
             dst=dst,
             data=sbuf(x),
             op0=op,
-            operand0=None if op is nl.rsqrt else 1.0,
+            operand0=None if op == nl.rsqrt else 1.0,
             engine=nisa.engine.gpsimd,
         )
         return out(dst)

@@ -104,5 +104,5 @@ def test_each_dialect_runs_on_its_documented_default_target(monkeypatch):
     nki06_kernel(x)
     simulate.simulate_kernel(legacy_kernel, x)
     for dialect, version in seen.items():
-        assert int(version) == TARGETS[DIALECT_DEFAULT_TARGET[dialect]].nc_version
-    assert (int(seen["legacy"]), int(seen["nki06"])) == (2, 4)
+        assert version.value == TARGETS[DIALECT_DEFAULT_TARGET[dialect]].nc_version
+    assert (seen["legacy"].value, seen["nki06"].value) == (2, 4)

@@ -105,18 +105,20 @@ def _numpy_problem(value) -> str | None:
     return None
 
 
-def offending_value(value, depth: int = 0) -> str | None:
+def offending_value(value, depth: int = 0, arrays: bool = False) -> str | None:
     """Why ``value`` (or an element of its tuples, lists, dicts) is not an NKI value, or None.
 
     Rejected: NumPy / ml_dtypes / torch dtypes, NumPy arrays and scalars, sets, ints outside
     32 bits (signed or unsigned: the guide says "32-bit integer values"), dicts with
     non-string keys (nl dtypes are strings), and instances of classes that are not NKIObject
-    classes (:func:`offending_type`)."""
+    classes (:func:`offending_type`). ``arrays=True`` lets NumPy arrays through: the one
+    API documented to take one is ``nl.shared_constant`` ("Can be a numpy array or a file
+    path", ``nki/api/nki/language/__init__.py@81ce03ae`` L2630), so a local may hold one."""
     kind = type(value)
     if kind in (tuple, list):
         if depth < _MAX_DEPTH:
             for item in value:
-                found = offending_value(item, depth + 1)
+                found = offending_value(item, depth + 1, arrays)
                 if found is not None:
                     return found
         return None
@@ -125,7 +127,7 @@ def offending_value(value, depth: int = 0) -> str | None:
             for key, item in value.items():
                 if not isinstance(key, str):
                     return f"a dict keyed by {type(key).__name__} {key!r} (keys must be strings)"
-                found = offending_value(item, depth + 1)
+                found = offending_value(item, depth + 1, arrays)
                 if found is not None:
                     return found
         return None
@@ -134,7 +136,7 @@ def offending_value(value, depth: int = 0) -> str | None:
     if kind in (set, frozenset):
         return f"the {kind.__name__} {value!r}"
     problem = _numpy_problem(value)
-    if problem is not None:
+    if problem is not None and not (arrays and problem.startswith("a NumPy array")):
         return problem
     bad_class = offending_type(value, depth)
     if bad_class is not None:
@@ -206,9 +208,9 @@ def _is_kernel_file(root: str, filename: str) -> bool:
     )
 
 
-def _check_frame_values(pairs, what: str, code: types.CodeType) -> None:
+def _check_frame_values(pairs, what: str, code: types.CodeType, arrays=False) -> None:
     for name, value in pairs:
-        problem = offending_value(value)
+        problem = offending_value(value, arrays=arrays)
         if problem is not None:
             _reject(problem, f"{what} `{name}` of `{code.co_qualname}`")
 
@@ -225,7 +227,7 @@ def _kernel_code_tracer(root: str, on_new_code):
             problem = offending_value(arg)
             if problem is not None:
                 _reject(problem, f"the value `{code.co_qualname}` returns")
-            _check_frame_values(frame.f_locals.items(), "local", code)
+            _check_frame_values(frame.f_locals.items(), "local", code, arrays=True)
         return on_return
 
     def on_call(frame, event, arg):  # the global hook only sees "call" events

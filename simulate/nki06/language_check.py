@@ -284,13 +284,21 @@ def _is_user_module(module: types.ModuleType) -> bool:
 
 # --- source --------------------------------------------------------------------------------------
 def _parse(obj) -> tuple[ast.AST, str] | None:
-    """The AST of a function or class, with line numbers of its file."""
+    """The AST of a function or class, with line numbers of its file (a lambda: a Lambda
+    node on its line, as its source is only the line around it)."""
     try:
         lines, first = inspect.getsourcelines(obj)
         filename = inspect.getsourcefile(obj) or inspect.getfile(obj)
     except (OSError, TypeError):
         return None
-    tree = ast.parse(textwrap.dedent("".join(lines)))
+    code = getattr(obj, "__code__", obj)
+    if getattr(code, "co_name", None) == "<lambda>":
+        node = ast.Lambda(args=None, body=None, lineno=code.co_firstlineno)
+        return node, filename
+    try:
+        tree = ast.parse(textwrap.dedent("".join(lines)))
+    except SyntaxError:
+        return None
     ast.increment_lineno(tree, max(first - 1, 0))
     node = tree.body[0] if tree.body else tree
     return node, filename
@@ -327,6 +335,10 @@ def _dotted(node) -> str:
         return ast.unparse(node)
     except Exception:  # noqa: BLE001 - only for messages
         return type(node).__name__
+
+
+def _is_numpy_array(value) -> bool:
+    return type(value).__module__ == "numpy" and type(value).__name__ == "ndarray"
 
 
 class _Scope:
@@ -373,6 +385,7 @@ class _Visitor(ast.NodeVisitor):
         self.report = report  # (rule, detail, line) -> None
         self.reached: list = []
         self.range_names: set[str] = set()
+        self._shared_constant_args: set[int] = set()  # nodes passed to nl.shared_constant
 
     def flag(self, rule: str, node, detail: str | None = None) -> None:
         self.report(rule, detail or f"`{_dotted(node)[:80]}`", getattr(node, "lineno", 0))
@@ -457,6 +470,9 @@ class _Visitor(ast.NodeVisitor):
             if keyword.arg is None:
                 self.flag("star_call", node, f"`**{_dotted(keyword.value)}`")
         callee = self._value_of(node.func)
+        if getattr(callee, "__name__", None) == "shared_constant" and is_nki_object(callee):
+            self._shared_constant_args.update(id(arg) for arg in node.args)
+            self._shared_constant_args.update(id(k.value) for k in node.keywords)
         if callee is builtins.enumerate:
             self.flag("enumerate", node)
         elif callee is builtins.zip:
@@ -507,6 +523,8 @@ class _Visitor(ast.NodeVisitor):
         value, where = self.scope.resolve(node.id)
         if where in ("local", "unknown"):
             return
+        if id(node) in self._shared_constant_args and _is_numpy_array(value):
+            return  # "Can be a numpy array or a file path" (language/__init__.py L2630)
         if where == "builtin":
             if node.id not in ALLOWED_BUILTINS and node.id not in ("enumerate", "zip", "set"):
                 if not (isinstance(value, type) and issubclass(value, BaseException)):
@@ -528,9 +546,14 @@ class _Visitor(ast.NodeVisitor):
             return
         self.visit(node.value)
 
-    def _reached(self, value, what: str, node) -> None:
+    def _reached(self, value, what: str, node, depth: int = 0) -> None:
         if value is _Scope._MISSING:
             return
+        if type(value) in (tuple, list, dict) and depth < 3:
+            items = value.values() if type(value) is dict else value
+            for item in items:  # functions and classes kept in containers are reached too
+                if isinstance(item, (types.FunctionType, type, tuple, list, dict)):
+                    self._reached(item, what, node, depth + 1)
         if isinstance(value, types.ModuleType):
             if not (is_nki_object(value) or value.__name__ in ALLOWED_MODULES):
                 if not _is_user_module(value):
