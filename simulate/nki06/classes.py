@@ -28,6 +28,7 @@ import sysconfig
 import types
 from collections.abc import Iterator
 
+from .context import language_check_enabled
 from .errors import NkiTypeError
 from .language import NKIObject
 
@@ -114,6 +115,9 @@ def offending_value(value, depth: int = 0, arrays: bool = False) -> str | None:
     classes (:func:`offending_type`). ``arrays=True`` lets NumPy arrays through: the one
     API documented to take one is ``nl.shared_constant`` ("Can be a numpy array or a file
     path", ``nki/api/nki/language/__init__.py@81ce03ae`` L2630), so a local may hold one."""
+    if depth == 0 and not language_check_enabled():
+        bad_class = offending_type(value)
+        return None if bad_class is None else _class_problem(bad_class)
     kind = type(value)
     if kind in (tuple, list):
         if depth < _MAX_DEPTH:

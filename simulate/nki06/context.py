@@ -41,6 +41,18 @@ DEFAULT_TARGET = DIALECT_DEFAULT_TARGET["nki06"]
 RENDEZVOUS_TIMEOUT_S = 60.0
 
 
+#: The debugging switch of the language checks (:mod:`.language_check`, the value checks of
+#: :mod:`.classes`, the enum operators of :mod:`.isa`): ``=0`` turns them off, never the
+#: NKIObject class rule. Default on.
+LANGUAGE_CHECK_SWITCH = "NKI_SIM_LANGUAGE_CHECK"
+
+
+def language_check_enabled() -> bool:
+    """The language checks are on unless ``NKI_SIM_LANGUAGE_CHECK=0`` (a debugging aid)."""
+    value = os.environ.get(LANGUAGE_CHECK_SWITCH, "1").strip().lower()
+    return value not in ("0", "false", "off", "no")
+
+
 def target_from_env(name=None) -> Target:
     """The target ``name`` (a target name or :class:`Target`), else the one
     ``NEURON_PLATFORM_TARGET_OVERRIDE`` names (STUB-NKI ``jit``), else trn3."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import dataclasses
 import math
 import warnings
 
@@ -46,11 +47,81 @@ shared_hbm = MemoryRegion.shared_hbm
 
 
 class NKIObject:
-    """Base class of user objects a kernel may take (LG "Values")."""
+    """Base class of user objects a kernel may take (LG "Values").
+
+    Classes "with and without the @dataclass decorator will be compiled in the same way" and
+    "the compiler will create the initializer functions __init__ and __post_init__, if they
+    are not provided by the user" (``nki/get-started/nki-language-guide.rst@81ce03ae``
+    L590–602): a subclass without an ``__init__`` of its own gets :func:`_generated_init`
+    (also under ``@dataclass``, whose own initializer it replaces), which takes the annotated
+    fields positionally or by keyword, defaulting to the class value or None, and also the
+    un-annotated class attributes by keyword, as AWS's kernels build them
+    (aws-neuron/nki-library@d2ad3a5 ``src/nkilib_src/nkilib/core/attention/attention_cte.py``
+    L868–876, built at L708)."""
 
     def __init__(self, **kwargs):
         for key, value in kwargs.items():
             setattr(self, key, value)
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        inherited = cls.__init__
+        if "__init__" not in cls.__dict__ and (
+            inherited is NKIObject.__init__ or getattr(inherited, "generated", False)
+        ):
+            cls.__init__ = _generated_init  # in the class dict: @dataclass keeps it
+
+
+def _annotated_fields(cls) -> list[str]:
+    names: list[str] = []
+    for klass in reversed(cls.__mro__):
+        for name, annotation in vars(klass).get("__annotations__", {}).items():
+            if name not in names and "ClassVar" not in str(annotation):
+                names.append(name)
+    return names
+
+
+def _default(cls, name):
+    field = getattr(cls, "__dataclass_fields__", {}).get(name)
+    if field is not None:
+        if field.default_factory is not dataclasses.MISSING:
+            return field.default_factory()
+        if field.default is not dataclasses.MISSING:
+            return field.default
+        return None
+    return getattr(cls, name, None)
+
+
+def _generated_init(self, *args, **kwargs):
+    """The compiler-made initializer of the language guide (L595–602)."""
+    cls = type(self)
+    fields = _annotated_fields(cls)
+    if len(args) > len(fields):
+        raise NkiTypeError(
+            f"{cls.__name__}() takes {len(fields)} positional arguments (its annotated fields "
+            f"{fields}) but {len(args)} were given"
+        )
+    values = dict(zip(fields, args))
+    for key, value in kwargs.items():
+        if key in values:
+            raise NkiTypeError(f"{cls.__name__}() got multiple values for argument '{key}'")
+        if key not in fields and (key.startswith("__") or not hasattr(cls, key)):
+            raise NkiTypeError(
+                f"{cls.__name__}() got an unexpected keyword argument '{key}': the generated "
+                "__init__ takes the class's fields and class attributes"
+            )
+        values[key] = value
+    for name in fields:
+        if name not in values:
+            values[name] = _default(cls, name)
+    for key, value in values.items():
+        object.__setattr__(self, key, value)  # frozen dataclasses are built the same way
+    post_init = getattr(self, "__post_init__", None)
+    if post_init is not None:
+        post_init()
+
+
+_generated_init.generated = True
 
 
 def is_hbm(buffer) -> bool:

@@ -42,6 +42,7 @@ import threading
 import types
 
 from .classes import offending_value
+from .context import LANGUAGE_CHECK_SWITCH, language_check_enabled
 from .errors import NkiValidationError
 from .language import NKIObject
 
@@ -54,7 +55,7 @@ NOT_NKI = (
     f'({GUIDE} L55); "Using Python features within NKI kernels that are not supported will '
     f'result in useful errors from the NKI Compiler" ({COMPILER} L38)'
 )
-ENV_SWITCH = "NKI_SIM_LANGUAGE_CHECK"
+ENV_SWITCH = LANGUAGE_CHECK_SWITCH
 
 
 class NkiLanguageError(NkiValidationError):
@@ -221,7 +222,7 @@ class Violation:
 
 def enabled() -> bool:
     """The check is on unless ``NKI_SIM_LANGUAGE_CHECK=0`` (a debugging aid)."""
-    return os.environ.get(ENV_SWITCH, "1").strip().lower() not in ("0", "false", "off", "no")
+    return language_check_enabled()
 
 
 # --- what is kernel code -----------------------------------------------------------------------

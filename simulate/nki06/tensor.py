@@ -409,7 +409,7 @@ class NkiTensor:
 
     def view(self, dtype) -> NkiTensor:
         """Reinterpret the bits; the last dim scales by the itemsize ratio."""
-        new = dt.as_dtype(dtype)
+        new = dt.kernel_dtype(dtype)
         old_size, new_size = self.itemsize, new.itemsize
         if self.strides[-1] != 1 and self._shape[-1] != 1:
             raise NkiValidationError("view: the last dim must be contiguous")
@@ -460,7 +460,7 @@ class NkiTensor:
             raise NkiValidationError(
                 f"ap: pattern must be a list of [stride, count] pairs, got {pattern!r}"
             )
-        new = dt.as_dtype(dtype) if dtype is not None else self.dtype
+        new = dt.kernel_dtype(dtype) if dtype is not None else self.dtype
         base = self.offset * self.itemsize // new.itemsize
         start = base
         if offset is not None:
@@ -563,7 +563,7 @@ def allocate(shape, dtype, buffer, name: str = "", fill="uninitialised") -> NkiT
     SBUF/PSUM per partition (the core allocator), fresh memory holds NaN / 4 (SIM)."""
     program = context.current("nl.ndarray")
     region = as_buffer(buffer)
-    dtype = dt.as_dtype(dtype)
+    dtype = dt.kernel_dtype(dtype)
     if isinstance(shape, int):
         shape = (shape,)
     shape = tuple(int(n) for n in shape)
