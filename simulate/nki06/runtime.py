@@ -147,6 +147,8 @@ def _to_numpy(value):
 
 
 def _is_array(value) -> bool:
+    if isinstance(value, type):  # e.g. the class np.float32: a (rejected) dtype, not an array
+        return False
     return isinstance(value, np.ndarray) or (
         hasattr(value, "shape")
         and hasattr(value, "dtype")
