@@ -10,9 +10,10 @@ efficiencies), and the speed-up over the kernel a user would start from (the Neu
 tutorial's). Times are cost-model estimates, not device measurements (see
 ``simulate/perf/cost.py`` for what the model assumes).
 
-The kernels are those of the dialect ``--dialect`` names, by default the package's own
-(:func:`nki_rmsnorm.dialect.current`: ``nki06`` in the simulator unless
-``NKI_RMSNORM_DIALECT`` says otherwise); each record names its dialect. The NKI 0.6 kernels
+The dialect follows the target (:mod:`nki_rmsnorm.dialect`): trn1 and inf2 rows run the
+legacy kernels, always (NKI 0.x supports Trn2/Trn3 only); trn2 and trn3 rows run the dialect
+``--dialect`` names, by default the package's for them (``nki06`` in the simulator unless
+``NKI_RMSNORM_DIALECT`` says otherwise); each record names the dialect it ran. The NKI 0.6 kernels
 are measured against the 0.6 copy yardstick (:mod:`nki_rmsnorm.kernels.nki06_baseline`), the
 legacy ones against the legacy copy (:mod:`nki_rmsnorm.kernels.baseline`). A 0.6 kernel can
 run on a trn2/trn3 logical core of two physical cores (LNC=2, launched as ``kernel[2]``;
@@ -33,13 +34,13 @@ import os
 import re
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import ml_dtypes
 import numpy as np
 
+from nki_rmsnorm import dialect as dialects
 from nki_rmsnorm import reference
-from nki_rmsnorm.dialect import current as current_dialect
 from nki_rmsnorm.plan.backward import MAX_HIDDEN as MAX_HIDDEN_BWD
 
 DEFAULT_SHAPES = ((29, 17389), (256, 65536), (1024, 32768), (2048, 16384), (4096, 1024),
@@ -92,6 +93,10 @@ class Record:
     max_error: float
     dialect: str = "legacy"
     lnc: int = 1  # physical cores of the logical core the kernel ran on
+    # the least time each engine, the DMA engines and HBM need for the instruction mix, by
+    # the cost model's per-instruction rules (simulate.cost.engine_floors), and the largest
+    floor_us: dict = field(default_factory=dict)
+    binds: str = ""
 
 
 def minimal_hbm_bytes(kind: str, M: int, N: int, itemsize: int) -> int:
@@ -208,7 +213,17 @@ def run_case(kind, target, M, N, dtype_name, rng, with_baseline=True, dialect="l
         copy_us=copy_us, copy_ratio=prof.latency_us / copy_us, baseline=BASELINES[kind],
         baseline_us=baseline_us,
         speedup_vs_baseline=baseline_us / prof.latency_us if baseline_us else None,
-        correct=bool(correct), max_error=max_error, dialect=dialect, lnc=lnc)
+        correct=bool(correct), max_error=max_error, dialect=dialect, lnc=lnc,
+        **_floor_fields(prof))
+
+
+def _floor_fields(prof) -> dict:
+    """The record's per-engine floor and the resource it names as binding."""
+    import simulate.cost
+
+    floors = simulate.cost.engine_floors(prof.schedule)
+    return {"floor_us": {k: round(v, 3) for k, v in floors.items()},
+            "binds": simulate.cost.binding_resource(floors)}
 
 
 def _max_error(got, want, scale) -> float:
@@ -282,7 +297,7 @@ def _baseline_us(kind, target, x, weight, residual, dy) -> float | None:
 
 HEADER = (f"{'kind':9s} {'target':6s} {'shape':>12s} {'model µs':>10s} {'GB/s':>7s} "
           f"{'MBU':>6s} {'busiest':>11s} {'DMA':>6s} {'HBM/min':>8s} {'sim s':>6s} "
-          f"{'×copy':>6s} {'vs base':>8s} ok")
+          f"{'×copy':>6s} {'vs base':>8s} ok {'binds':>11s}")
 
 
 def _target_name(r: Record) -> str:
@@ -297,7 +312,14 @@ def format_row(r: Record) -> str:
             f"{r.gbps:7.1f} {100 * r.mbu:5.1f}% {r.busiest_engine:>4s} "
             f"{100 * r.busiest_engine_util:5.1f}% {100 * r.dma_busy:5.1f}% "
             f"{r.hbm_bytes_ratio:8.3f} {r.sim_wall_s:6.2f} {r.copy_ratio:6.3f} {speedup} "
-            f"{'yes' if r.correct else 'NO'}")
+            f"{'yes' if r.correct else 'NO'} {_binds(r):>11s}")
+
+
+def _binds(r: Record) -> str:
+    """The binding resource with its floor as a share of the modeled time."""
+    if not r.floor_us:
+        return "-"
+    return f"{r.binds} {100 * r.floor_us.get(r.binds, 0.0) / r.modeled_us:4.0f}%"
 
 
 def _progress_bar(total: int):
@@ -370,9 +392,10 @@ def build_parser() -> argparse.ArgumentParser:
                             "with the nki06 kernels at --lnc 1")
     sweep.add_argument("--kind", default=",".join(KINDS), help="comma list of fwd,bwd,fused_add")
     sweep.add_argument("--dialect",
-                       help="kernel dialect: legacy (neuronxcc.nki) or nki06; default: the "
-                            "package's (nki_rmsnorm.dialect.current(), nki06 unless "
-                            "NKI_RMSNORM_DIALECT says otherwise)")
+                       help="kernel dialect of the trn2/trn3 rows: legacy (neuronxcc.nki, SDK "
+                            "<= 2.29) or nki06 (SDK >= 2.30); default: the package's (nki06 "
+                            "unless NKI_RMSNORM_DIALECT says otherwise). trn1/inf2 rows always "
+                            "run the legacy kernels")
     sweep.add_argument("--lnc", default="1",
                        help="physical cores per logical core for the targets named without "
                             "x2: 1 (default) or 2 (trn2/trn3, nki06 kernels launched as "
@@ -392,7 +415,11 @@ class _Sweep:
     dtype_name: str
     targets: tuple[tuple[str, int], ...]  # (target, LNC degree)
     kinds: tuple[str, ...]
-    dialect: str = "legacy"
+    dialect: str = "legacy"  # of the trn2/trn3 rows (trn1/inf2 rows: legacy, always)
+
+    def dialect_on(self, target: str) -> str:
+        """The dialect of a row on ``target``."""
+        return dialects.LEGACY if target in dialects.LEGACY_ONLY_TARGETS else self.dialect
 
 
 def _targets(text: str, lnc: int, dialect_name: str) -> tuple[tuple[str, int], ...]:
@@ -420,7 +447,7 @@ def _check(args) -> _Sweep:
     if args.dtype not in DTYPES:
         raise ValueError(f"unknown dtype {args.dtype!r}: expected bf16, fp16 or fp32")
     kinds = _parse_list(args.kind, KINDS, "kind")
-    dialect_name = args.dialect or current_dialect()
+    dialect_name = args.dialect or dialects.for_target(dialects.NKI06_TARGETS[0])
     if dialect_name not in DIALECTS:
         raise ValueError(f"unknown dialect {dialect_name!r}: expected one of "
                          f"{', '.join(DIALECTS)}")
@@ -467,7 +494,7 @@ def bench(args, sweep: _Sweep) -> int:
             if bar is not None:
                 bar.set_description(f"{kind} {target}{'x2' if lnc == 2 else ''} {M}x{N}")
             record = run_case(kind, target, M, N, sweep.dtype_name, rng, not args.no_baseline,
-                              sweep.dialect, lnc)
+                              sweep.dialect_on(target), lnc)
             records.append(record)
             line = format_row(record)
             if bar is not None:

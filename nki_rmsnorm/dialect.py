@@ -1,22 +1,37 @@
 """Which NKI dialect the kernels run in: ``legacy`` (``neuronxcc.nki``, Neuron SDK 2.21 – 2.29)
-or ``nki06`` (``nki`` 0.4 – 0.6, SDK 2.30 – 2.32).
+or ``nki06`` (``nki`` 0.4 – 0.6, SDK 2.30 – 2.32). The dialect follows the hardware and the
+SDK; it is not a user's choice.
 
-The kernels exist once per dialect (:mod:`nki_rmsnorm.kernels.legacy`,
-:mod:`nki_rmsnorm.kernels.nki06`, identical file and function names). :func:`current` picks
-one, in this order:
+* Trn1 and Inf2 (NeuronCore-v2) run the legacy kernels, always: NKI 0.x supports Trn2 and
+  Trn3 only (aws-neuron-sdk@81ce03ae ``nki/nki_faq.rst`` L23–27), and from SDK 2.29 on
+  Trn1/Inf2 users "should pin to release 2.28" of the NKI-based libraries, "as NKI 0.3.0
+  kernels are not supported on Trn1/Inf2" (``release-notes/components/nxd-inference.rst``
+  L61).
+* Trn2 and Trn3 run the ``nki06`` kernels on SDK ≥ 2.30 (a real ``nki`` 0.4 – 0.6,
+  :data:`NKI_VERSIONS`; from 2.30 any ``neuronxcc.nki`` in a kernel is a compile error,
+  ``nki/migration/index.rst``, NKI 0.4 entry) and the legacy ones on SDK ≤ 2.29.
 
-1. a real ``nki`` package whose version the 0.6 kernels support (:data:`NKI_VERSIONS`) →
-   ``nki06``: from SDK 2.30 (NKI 0.4) any ``neuronxcc.nki`` inside a kernel is a compile error
-   (nki/migration/index.rst, NKI 0.4 entry; ``../shared/nki06_api_spec.md`` version table);
-2. else the real Neuron compiler's ``neuronxcc.nki`` → ``legacy``;
-3. else neither is installed and the kernels run on the simulator (:mod:`simulate`), in the
-   dialect a setting chooses: :func:`use_dialect` (a context manager, per thread / task),
-   else :func:`set_dialect`, else the ``NKI_RMSNORM_DIALECT`` environment variable
-   (``legacy`` or ``nki06``), else :data:`DEFAULT` (``nki06``).
+The hardware is the target ``NEURON_PLATFORM_TARGET_OVERRIDE`` names (:func:`target`; the
+variable that sets the NKI compile target, ``nki/get-started/quickstart-implement-run-kernel.rst``
+L242–244, and the simulator's, ``nki/guides/nki_simulator.rst`` L103). :func:`current` is:
 
-:func:`use_dialect` is a context variable: the thread (or asyncio task) that enters it sees
-it, a thread started inside does not. :mod:`nki_rmsnorm.ops` resolves the kernel on the
-caller's thread; the bindings carry the caller's dialect to the threads they launch on.
+1. with a real NKI installed (:func:`hardware_dialect`): ``legacy`` on trn1/inf2 (a
+   ``RuntimeError`` when the SDK has only ``nki`` 0.x, which cannot compile for them), else
+   the installed SDK's dialect;
+2. in the simulator (no real NKI): ``legacy`` on a trn1/inf2 target; on trn2/trn3 or with
+   no target named, the simulator override (:func:`use_dialect`, else :func:`set_dialect`,
+   else the ``NKI_RMSNORM_DIALECT`` environment variable), else :data:`DEFAULT` (``nki06``).
+   The override picks which SDK generation the simulator stands for (``nki06``: 2.30 – 2.32;
+   ``legacy``: the emulated release, ``NKI_SIM_SDK``, 2.21 – 2.29); asking for ``nki06`` on a
+   trn1/inf2 target is a ``ValueError`` naming both. With no target named each dialect's
+   kernels run on its simulator's default target (``simulate.core.targets``: trn3 for
+   ``nki06``, trn1 for ``legacy``).
+
+The override is a simulator-only test hook: it is ignored while a real NKI is installed and
+is no argument of any binding. :func:`use_dialect` is a context variable (per thread or
+asyncio task; a thread started inside does not see it); :func:`set_dialect` and the
+environment variable are process-wide. A launch resolves the dialect on the thread that runs
+it; the JAX binding resolves it when a function is traced (a jitted function keeps it).
 
 A module that says ``__simulated__`` (the simulator's front-ends) is never taken for a real
 ``nki`` or ``neuronxcc``.
@@ -35,10 +50,19 @@ LEGACY = "legacy"
 NKI06 = "nki06"
 DIALECTS = (LEGACY, NKI06)
 ENV_VAR = "NKI_RMSNORM_DIALECT"
-#: The simulator's dialect when nothing chooses one: the current NKI's (issue 10: "else
-#: simulate with the dialect chosen by a setting (default 0.6)"). Every entry point and
-#: regime exists in both dialects; choose ``legacy`` with :func:`use_dialect`,
-#: :func:`set_dialect` or ``NKI_RMSNORM_DIALECT=legacy``.
+#: The environment variable that names the hardware target (the module docstring).
+TARGET_ENV_VAR = "NEURON_PLATFORM_TARGET_OVERRIDE"
+#: NeuronCore-v2 hardware: the legacy dialect only (NKI 0.x supports Trn2/Trn3 only,
+#: aws-neuron-sdk@81ce03ae nki/nki_faq.rst L23-27).
+LEGACY_ONLY_TARGETS = ("trn1", "inf2")
+#: Hardware that runs the nki06 kernels on SDK >= 2.30 and the legacy ones before.
+NKI06_TARGETS = ("trn2", "trn3")
+#: The generation names the 0.6 simulator also accepts for the target
+#: (``simulate.nki06.context``).
+_TARGET_ALIASES = {"gen2": "trn1", "gen3": "trn2", "gen4": "trn3"}
+#: The simulator's dialect on trn2/trn3 (or no target) when no override chooses one: the
+#: current NKI's (0.6), whose simulator defaults to trn3 (nki/guides/nki_simulator.rst
+#: L117-118).
 DEFAULT = NKI06
 #: Real ``nki`` releases (major, minor) the 0.6 kernels are written for, oldest and newest:
 #: 0.4 is the first release where ``neuronxcc.nki`` in a kernel is an error (SDK 2.30), 0.6
@@ -46,8 +70,6 @@ DEFAULT = NKI06
 NKI_VERSIONS = ((0, 4), (0, 6))
 
 _chosen: str | None = None  # set_dialect()
-#: Framework caches keyed on the dialect (:func:`register_cache_key`).
-_cache_keys: list = []
 _scoped: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "nki_rmsnorm_dialect", default=None
 )
@@ -112,48 +134,85 @@ def simulated() -> bool:
     return hardware_dialect() is None
 
 
-def current() -> str:
-    """The dialect the kernels resolve to now (see the module docstring for the order)."""
-    real = hardware_dialect()
-    if real is not None:
-        return real
+def target() -> str | None:
+    """The hardware target ``NEURON_PLATFORM_TARGET_OVERRIDE`` names (``trn1``, ``inf2``,
+    ``trn2``, ``trn3``; ``gen2`` – ``gen4`` as the 0.6 simulator spells them), None when it is
+    unset. A ``ValueError`` names the variable when it holds anything else."""
+    name = os.environ.get(TARGET_ENV_VAR, "").strip().lower()
+    if not name:
+        return None
+    name = _TARGET_ALIASES.get(name, name)
+    if name not in LEGACY_ONLY_TARGETS + NKI06_TARGETS:
+        raise ValueError(
+            f"{TARGET_ENV_VAR} must name one of {LEGACY_ONLY_TARGETS + NKI06_TARGETS} (or "
+            f"{', '.join(_TARGET_ALIASES)}), got {os.environ[TARGET_ENV_VAR]!r}"
+        )
+    return name
+
+
+def _override() -> tuple[str | None, str]:
+    """The simulator override in effect and where it comes from (None: no override)."""
     scoped = _scoped.get()
     if scoped is not None:
-        return scoped
+        return scoped, "use_dialect"
     if _chosen is not None:
-        return _chosen
-    return _check(os.environ.get(ENV_VAR, DEFAULT), ENV_VAR)
+        return _chosen, "set_dialect"
+    value = os.environ.get(ENV_VAR)
+    if value is None:
+        return None, ENV_VAR
+    return _check(value, ENV_VAR), ENV_VAR
+
+
+def for_target(target_name: str | None) -> str:
+    """The dialect the kernels run in on ``target_name`` (a target name, or None for no target
+    named), by the rules of the module docstring."""
+    if target_name is not None:
+        target_name = _TARGET_ALIASES.get(target_name, target_name)
+    legacy_only = target_name in LEGACY_ONLY_TARGETS
+    real = hardware_dialect()
+    if real is not None:
+        if legacy_only and _real_module("neuronxcc.nki") is None:
+            raise RuntimeError(
+                f"the target is {target_name}, which runs the legacy neuronxcc.nki kernels "
+                "(Neuron SDK 2.21 - 2.29), but the installed SDK has only nki "
+                f"{'.'.join(map(str, real_nki_version() or ()))}, which supports Trn2 and "
+                "Trn3 only (nki/nki_faq.rst); install an SDK up to 2.29 on Trn1/Inf2"
+            )
+        return LEGACY if legacy_only else real
+    chosen, source = _override()
+    if legacy_only:
+        if chosen == NKI06:
+            raise ValueError(
+                f"{source} asks for the nki06 kernels, but the target is {target_name} "
+                f"({TARGET_ENV_VAR}): Trn1 and Inf2 run the legacy kernels only (NKI 0.x "
+                "supports Trn2 and Trn3, nki/nki_faq.rst); simulate trn2 or trn3 for nki06"
+            )
+        return LEGACY
+    return chosen or DEFAULT
+
+
+def current() -> str:
+    """The dialect the kernels resolve to now, on the target :func:`target` names (see the
+    module docstring for the rules)."""
+    return for_target(target())
 
 
 def set_dialect(name: str | None) -> None:
-    """Choose the simulator's dialect for the whole process (None: back to the environment
-    variable / default). Ignored while a real NKI is installed: the SDK decides then."""
+    """Simulator-only test hook: choose the simulator's dialect for the whole process (None:
+    back to ``NKI_RMSNORM_DIALECT`` / the default). Ignored while a real NKI is installed (the
+    SDK and the hardware decide then); ``nki06`` on a trn1/inf2 target is refused when the
+    dialect is resolved."""
     global _chosen
     _chosen = None if name is None else _check(name, "dialect")
-    for key in _cache_keys:
-        key.set_global(_chosen)
 
 
 @contextlib.contextmanager
 def use_dialect(name: str) -> Iterator[str]:
-    """Run the simulator's kernels in dialect ``name`` inside the ``with`` block (this thread
-    or task only); yields the dialect in effect."""
+    """Simulator-only test hook: run the simulator's kernels in dialect ``name`` inside the
+    ``with`` block (this thread or task only); yields the dialect in effect, so ``nki06``
+    on a trn1/inf2 target is a ``ValueError`` here."""
     token = _scoped.set(_check(name, "dialect"))
     try:
-        with contextlib.ExitStack() as keys:
-            for key in _cache_keys:
-                keys.enter_context(key(name))
-            yield current()
+        yield current()
     finally:
         _scoped.reset(token)
-
-
-def register_cache_key(key) -> None:
-    """Make a framework's trace cache follow the dialect: ``key`` is a
-    ``jax.make_user_context()`` (or anything with its interface: ``key(value)`` a context
-    manager, ``key.set_global(value)``); :func:`use_dialect` enters ``key(name)`` and
-    :func:`set_dialect` calls ``key.set_global(name)``, so a function traced with one
-    dialect's kernels is traced again for another (the JAX binding registers one)."""
-    if key not in _cache_keys:
-        _cache_keys.append(key)
-        key.set_global(_chosen)

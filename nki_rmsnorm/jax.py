@@ -19,12 +19,12 @@ path :func:`launch_path` picks:
 launch when the weight and bias are shared by them (the usual case), the backward one launch
 per element (each needs its own ``dweight``/``dbias`` sums: per-example gradients).
 
-Dialect: the NKI dialect of the kernels (:mod:`nki_rmsnorm.dialect`) is resolved when a
-function is traced, on the caller's thread, and is part of the launch's static
-configuration: the host callbacks run on XLA's threads, where the caller's
-``dialect.use_dialect`` is not in effect, and launch that dialect's kernels all the same. A
-jitted function is traced again when ``use_dialect`` chooses another dialect (the binding
-registers a ``jax.make_user_context`` with :func:`nki_rmsnorm.dialect.register_cache_key`).
+Dialect: the NKI dialect of the kernels (:mod:`nki_rmsnorm.dialect`: the target hardware
+and the installed SDK decide; no argument chooses it) is resolved when a function is traced,
+on the caller's thread, and is part of the launch's static configuration, which the host
+callbacks on XLA's threads launch. It is no part of ``jax.jit``'s cache key: the target and
+the SDK do not change within a process (a jitted function keeps the dialect it was traced
+with, also when the simulator's test override changes).
 
 Sharding: rows whose split over mesh axes is visible in the traced type (``Explicit`` axes)
 stay where they are: the binding runs the launch in a ``shard_map`` over that mesh
@@ -54,7 +54,7 @@ from jax.sharding import PartitionSpec as P
 
 from nki_rmsnorm import _jax_ffi, dialect, kernels, ops
 
-__all__ = ["LAUNCH_PATHS", "fused_add_rms_norm", "launch_path", "rms_norm"]
+__all__ = ["LAUNCH_PATHS", "fused_add_rms_norm", "launch_path", "rms_norm", "rms_norm_quant"]
 
 logger = logging.getLogger(__name__)
 
@@ -128,11 +128,6 @@ def _config(x, weight, bias, residual, eps, offset, casting_mode) -> _Config:
 # ---------------------------------------------------------------------------------------------
 # Launch paths
 # ---------------------------------------------------------------------------------------------
-
-#: ``jax.jit``'s cache key follows the dialect ``use_dialect`` / ``set_dialect`` choose, so a
-#: jitted function traced with one dialect's kernels is traced again for the other.
-_DIALECT_CACHE_KEY = jax.make_user_context(default_value=None)
-dialect.register_cache_key(_DIALECT_CACHE_KEY)
 
 #: How the kernels are launched, most specific first (see :func:`launch_path`).
 LAUNCH_PATHS = ("nki_call", "nki.jit", "simulator")
@@ -807,3 +802,87 @@ def fused_add_rms_norm(
     return _on_own_rows(
         functools.partial(_fused_add_rms_norm_rows, cfg), (x, residual), (weight, bias)
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# Quantized forward (inference: no gradient)
+# ---------------------------------------------------------------------------------------------
+
+
+def rms_norm_quant(
+    x,
+    weight=None,
+    eps: float = 1e-6,
+    *,
+    residual=None,
+    quant_dtype=None,
+    scale_mode: str = "row",
+    block: int = 128,
+    static_scale=None,
+    lower_bound: float | None = None,
+    scale_floor: float = 1e-6,
+    return_y: bool = False,
+    return_amax: bool = False,
+    packed: bool = False,
+) -> ops.QuantizedRMSNorm:
+    """RMSNorm over the last axis, quantized to fp8 in one pass: the arguments and outputs of
+    :func:`nki_rmsnorm.ops.rms_norm_quant`, as JAX arrays (fp8 outputs in ``jnp.float8_*``).
+
+    Works under ``jax.jit`` (the launch is a host callback running the simulated kernel, as
+    the ``"simulator"`` path of :func:`rms_norm`); not differentiable. ``static_scale`` is a
+    Python float or a concrete one-element float32 array (checked when traced). Every
+    argument is checked when the function is traced, before anything runs: the launcher's
+    own checks run on zero-row stand-ins of the arrays' shapes and dtypes.
+    """
+    lead, n = tuple(x.shape[:-1]), x.shape[-1]
+
+    def stand_in(a, name):
+        if a is None:
+            return None
+        if not hasattr(a, "shape") or not hasattr(a, "dtype"):
+            raise TypeError(f"{name} must be an array, got {type(a).__name__}")
+        shape = (0,) + tuple(a.shape[1:]) if name != "weight" else tuple(a.shape)
+        return np.empty(shape, np.dtype(a.dtype))
+
+    if static_scale is not None and not isinstance(static_scale, (int, float, np.ndarray)):
+        raise TypeError(
+            "static_scale must be a Python float or a NumPy float32 array (a "
+            f"static value), got {type(static_scale).__name__}"
+        )
+    options = dict(
+        quant_dtype=quant_dtype,
+        scale_mode=scale_mode,
+        block=block,
+        static_scale=static_scale,
+        lower_bound=lower_bound,
+        scale_floor=scale_floor,
+        return_y=return_y,
+        return_amax=return_amax,
+        packed=packed,
+    )
+    x2 = x.reshape((-1, n)) if x.ndim != 1 else x.reshape((1, n))
+    r2 = None if residual is None else residual.reshape(x2.shape)
+    empty = ops.rms_norm_quant(
+        stand_in(x2, "x"),
+        stand_in(weight, "weight"),
+        eps,
+        residual=stand_in(r2, "residual"),
+        **options,
+    )
+    present = [a for a in empty if a is not None]
+    rows = x2.shape[0]
+    result_types = [jax.ShapeDtypeStruct((rows,) + a.shape[1:], a.dtype) for a in present]
+    dialect_name = dialect.current()
+
+    def host(outputs, x_host, weight_host, residual_host):
+        with dialect.use_dialect(dialect_name):
+            result = ops.rms_norm_quant(x_host, weight_host, eps, residual=residual_host, **options)
+        for out, value in zip(outputs, [a for a in result if a is not None]):
+            out[...] = value.reshape(out.shape)
+
+    values = list(_host_call(host, result_types, x2, weight, r2))
+    shaped = []
+    for value, part in zip(values, present):
+        shaped.append(value.reshape(lead + part.shape[1:]) if x.ndim != 1 else value[0])
+    filled = iter(shaped)
+    return ops.QuantizedRMSNorm(*(None if a is None else next(filled) for a in empty))

@@ -24,7 +24,10 @@ Decisions beyond ``design.md``:
 from __future__ import annotations
 
 import math
+import numbers
+from typing import Any, NamedTuple
 
+import ml_dtypes
 import numpy as np
 from numpy.typing import DTypeLike
 
@@ -42,8 +45,10 @@ from nki_rmsnorm.validation import kernel_array as _kernel_array
 from nki_rmsnorm.validation import kernel_dtype as _dtype
 from nki_rmsnorm.validation import offset_value as _offset
 from nki_rmsnorm.validation import parameter as _parameter
+from nki_rmsnorm.validation import real as _real
 
-__all__ = ["KERNEL_DTYPES", "check_options", "rms_norm", "rms_norm_bwd", "rms_norm_fwd"]
+__all__ = ["KERNEL_DTYPES", "QuantizedRMSNorm", "check_options", "rms_norm", "rms_norm_bwd",
+           "rms_norm_fwd", "rms_norm_quant"]
 
 
 def rms_norm(x: np.ndarray, weight: np.ndarray | None = None, eps: float = 1e-6, *,
@@ -210,3 +215,221 @@ def rms_norm_bwd(dy: np.ndarray, x_or_h: np.ndarray, weight: np.ndarray | None,
 def _rows(array: np.ndarray, rows: int, n: int) -> np.ndarray:
     """``array`` as a contiguous (rows, N) matrix."""
     return np.ascontiguousarray(array.reshape(rows, n))
+
+
+# ---------------------------------------------------------------------------------------------
+# Quantized forward
+# ---------------------------------------------------------------------------------------------
+
+#: The fp8 output dtypes and their largest finite values (the kernel's ``fp8_max``).
+QUANT_DTYPES = {
+    "float8_e4m3": 240.0,
+    "float8_e4m3fn": 448.0,
+    "float8_e5m2": 57344.0,
+}
+#: The OCP e4m3 exists only on NeuronCore-v4 (trn3); nki-library's dtype helper maps it to
+#: the IEEE-style e4m3 on older generations (nki-library@d2ad3a5
+#: ``src/nkilib_src/nkilib/core/utils/kernel_helpers.py`` L489-491).
+_OCP_ONLY_NC_VERSION = 4
+SCALE_MODES = ("row", "block", "static")
+#: Bytes per partition the quantized kernel may keep for one row tile (the smallest usable
+#: SBUF of its targets, trn2's, rounded down).
+_QUANT_TILE_BYTES = 192 * 1024
+
+
+class QuantizedRMSNorm(NamedTuple):
+    """What :func:`rms_norm_quant` returns; absent outputs are None.
+
+    ``y_q``: x's shape in the fp8 dtype, or with ``packed=True`` the last axis N + 4 long, the
+    float32 dequant scale's little-endian bytes at ``[..., N:N + 4]``. ``scales``: float32,
+    ``x.shape[:-1]`` (row), ``x.shape[:-1] + (N // block,)`` (block), None (static, packed).
+    ``y``: the normalized output in x's dtype (``return_y``); ``h``: ``x + residual`` in the
+    residual's dtype; ``amax``: float32 ``x.shape[:-1]``, max |y| per row (``return_amax``).
+    """
+
+    y_q: np.ndarray
+    scales: np.ndarray | None
+    y: np.ndarray | None
+    h: np.ndarray | None
+    amax: np.ndarray | None
+
+
+def target_nc_version() -> int | None:
+    """The NeuronCore generation the 0.6 kernels will run on: the simulator's target
+    (``NEURON_PLATFORM_TARGET_OVERRIDE``); None on a real device (the kernel asserts)."""
+    from nki_rmsnorm.kernels.nki06._nki import SIMULATED
+
+    if not SIMULATED:  # pragma: no cover - needs the Neuron SDK 2.30+
+        return None
+    from simulate.nki06.context import target_from_env
+
+    return target_from_env().nc_version
+
+
+def quant_dtype_name(quant_dtype: Any, nc_version: int | None) -> str:
+    """The name of an fp8 output dtype the target has; None picks the target's e4m3
+    (``float8_e4m3fn`` on trn3, ``float8_e4m3`` before)."""
+    if quant_dtype is None:
+        return "float8_e4m3fn" if nc_version == _OCP_ONLY_NC_VERSION else "float8_e4m3"
+    name = quant_dtype if isinstance(quant_dtype, str) else None
+    if name is None:
+        try:
+            name = np.dtype(quant_dtype).name
+        except TypeError:
+            name = str(quant_dtype).removeprefix("torch.").removeprefix("nl.")
+    if name not in QUANT_DTYPES:
+        raise TypeError(f"quant_dtype must be one of {', '.join(QUANT_DTYPES)}, got "
+                        f"{quant_dtype!r}")
+    if (name == "float8_e4m3fn" and nc_version is not None
+            and nc_version != _OCP_ONLY_NC_VERSION):
+        raise ValueError("quant_dtype=float8_e4m3fn (OCP) needs trn3 (NeuronCore-v4); this "
+                         f"target is NeuronCore-v{nc_version}: use float8_e4m3 (max 240)")
+    return name
+
+
+def _positive(value: Any, name: str) -> float:
+    number = _real(value, name)
+    if not math.isfinite(number) or number <= 0:
+        raise ValueError(f"{name} must be finite and > 0, got {number}")
+    return number
+
+
+def _static_scale(value: Any) -> np.ndarray:
+    """The static dequant scale as a (1, 1) float32 array: a Python float, or a float32
+    array of one element (shape (), (1,) or (1, 1)); finite and > 0."""
+    if isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_)):
+        array = np.array(value, np.float32)
+    else:
+        array = _array(value, "static_scale")
+        if array.dtype != _FLOAT32:
+            raise TypeError(f"static_scale must be float32, got {array.dtype}")
+        if array.shape not in ((), (1,), (1, 1)):
+            raise ValueError(f"static_scale must hold one value (shape (), (1,) or (1, 1)), "
+                             f"got shape {array.shape}")
+    scale = float(array.reshape(()))
+    if not math.isfinite(scale) or scale <= 0:
+        raise ValueError(f"static_scale must be finite and > 0, got {scale}")
+    return np.full((1, 1), scale, np.float32)
+
+
+def rms_norm_quant(x: np.ndarray, weight: np.ndarray | None = None, eps: float = 1e-6, *,
+                   residual: np.ndarray | None = None, quant_dtype: Any = None,
+                   scale_mode: str = "row", block: int = 128,
+                   static_scale: Any = None, lower_bound: float | None = None,
+                   scale_floor: float = 1e-6, return_y: bool = False,
+                   return_amax: bool = False, packed: bool = False) -> QuantizedRMSNorm:
+    """RMSNorm over the last axis, quantized to fp8 in the same pass.
+
+    ``y = h / sqrt(mean(h²) + eps) · weight`` with ``h = x (+ residual)``; ``y_q`` is y
+    divided by its dequant scale, rounded to nearest even in ``quant_dtype``. The math,
+    rounding and edge cases are documented in
+    :mod:`nki_rmsnorm.kernels.nki06.rmsnorm_quant` (and mirrored in float64 by
+    :func:`nki_rmsnorm.reference.rms_norm_quant`).
+
+    Args:
+        x: float32, bfloat16 or float16 array of rank ≥ 1.
+        weight: ``(N,)`` in float32 or x's dtype, or None.
+        eps: finite, ≥ 0.
+        residual: x's shape, x's dtype or float32; ``h`` is returned in its dtype.
+        quant_dtype: "float8_e4m3" (max 240), "float8_e4m3fn" (max 448, trn3 only) or
+            "float8_e5m2" (or the ml_dtypes / NumPy dtype); None: the target's e4m3.
+        scale_mode: "row" (one scale per row), "block" (one per ``block`` columns of a row)
+            or "static" (the caller's ``static_scale``, y clipped to ±fp8_max).
+        block: columns per scale in "block" mode; must divide N.
+        static_scale: the dequant scale for "static": a float or a one-element float32
+            array, finite and > 0.
+        lower_bound: None, or finite > 0: y is clipped to ±lower_bound and the scale's amax
+            capped at it (nki-library ``rmsnorm_quant_kernel``'s ``lower_bound``); row and
+            block modes only.
+        scale_floor: finite > 0, the least dequant scale (an all-zero row gets it).
+        return_y, return_amax: also return y (x's dtype) and the per-row max |y| (float32).
+        packed: nki-library's layout, row scales only: y_q with N + 4 columns.
+
+    Returns:
+        :class:`QuantizedRMSNorm`.
+    """
+    x = _kernel_array(x, "x")
+    if x.ndim == 0:
+        raise ValueError("x must have at least one dimension (the normalised one), got a 0-d "
+                         "array")
+    n = x.shape[-1]
+    if n == 0:
+        raise ValueError(f"x must have a non-empty last (normalised) dimension, got shape "
+                         f"{x.shape}")
+    weight = _parameter(weight, "weight", n, x.dtype)
+    if residual is not None:
+        residual = _kernel_array(residual, "residual")
+        if residual.shape != x.shape:
+            raise ValueError(f"residual must have x's shape {x.shape}, got {residual.shape}")
+        if residual.dtype not in (x.dtype, _FLOAT32):
+            raise TypeError(f"residual must have x's dtype ({x.dtype}) or float32, got "
+                            f"{residual.dtype}")
+    eps = _eps(eps)
+    name = quant_dtype_name(quant_dtype, target_nc_version())
+    if scale_mode not in SCALE_MODES:
+        raise ValueError(f"scale_mode must be one of {SCALE_MODES}, got {scale_mode!r}")
+    if isinstance(block, (bool, np.bool_)) or not isinstance(block, numbers.Integral):
+        raise TypeError(f"block must be an int, got {type(block).__name__}")
+    block = int(block)
+    if scale_mode == "block" and (block < 1 or n % block):
+        raise ValueError(f"block={block} must be >= 1 and divide N={n} (x's last dimension)")
+    if scale_mode == "static":
+        if static_scale is None:
+            raise ValueError("scale_mode='static' needs static_scale (the dequant scale)")
+        input_scale = _static_scale(static_scale)
+    else:
+        if static_scale is not None:
+            raise ValueError(f"static_scale is only used with scale_mode='static', got "
+                             f"scale_mode={scale_mode!r}")
+        input_scale = None
+    if lower_bound is not None:
+        lower_bound = _positive(lower_bound, "lower_bound")
+        if scale_mode == "static":
+            raise ValueError("lower_bound applies to computed (row / block) scales; with "
+                             "scale_mode='static' y is clipped to ±fp8_max")
+    scale_floor = _positive(scale_floor, "scale_floor")
+    for flag, flag_name in ((return_y, "return_y"), (return_amax, "return_amax"),
+                            (packed, "packed")):
+        if not isinstance(flag, (bool, np.bool_)):
+            raise TypeError(f"{flag_name} must be a bool, got {type(flag).__name__}")
+    if packed and scale_mode != "row":
+        raise ValueError(f"packed=True stores one scale per row: it needs scale_mode='row', "
+                         f"got {scale_mode!r}")
+    h_bytes = (residual if residual is not None else x).dtype.itemsize
+    tile_bytes = n * (h_bytes + (x.dtype.itemsize if residual is not None else 0)
+                      + (4 if weight is not None else 0) + 1
+                      + (x.dtype.itemsize if return_y else 0))
+    if tile_bytes > _QUANT_TILE_BYTES:
+        raise ValueError(f"x's last dimension N={n} is too long for the quantized kernel with "
+                         f"these options: a row tile needs {tile_bytes} bytes per partition, "
+                         f"at most {_QUANT_TILE_BYTES} fit")
+
+    lead = x.shape[:-1]
+    rows = math.prod(lead)
+    fp8 = np.dtype(getattr(ml_dtypes, name))
+    blocks = n // block if scale_mode == "block" else 0
+    if rows == 0:
+        return QuantizedRMSNorm(
+            np.empty(lead + (n + 4 if packed else n,), fp8),
+            None if scale_mode == "static" or packed else np.empty(
+                lead + ((blocks,) if blocks else ()), np.float32),
+            np.empty(x.shape, x.dtype) if return_y else None,
+            None if residual is None else np.empty(x.shape, residual.dtype),
+            np.empty(lead, np.float32) if return_amax else None)
+
+    outputs = list(kernels.rmsnorm_quant(
+        _rows(x, rows, n), None if residual is None else _rows(residual, rows, n), weight,
+        input_scale, eps, kernels.nki_dtype(name, "nki06"), scale_mode, block, lower_bound,
+        scale_floor, bool(return_y), bool(return_amax), bool(packed)))
+    y_q = outputs.pop(0)
+    scales = None
+    if packed:
+        y_q = y_q.reshape(lead + (n + 4,))
+    else:
+        y_q = y_q.reshape(x.shape)
+        if scale_mode != "static":
+            scales = outputs.pop(0).reshape(lead + ((blocks,) if blocks else ()))
+    y = outputs.pop(0).reshape(x.shape) if return_y else None
+    h = outputs.pop(0).reshape(x.shape) if residual is not None else None
+    amax = outputs.pop(0).reshape(lead) if return_amax else None
+    return QuantizedRMSNorm(y_q, scales, y, h, amax)

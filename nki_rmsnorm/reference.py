@@ -28,6 +28,7 @@ Conventions fixed here:
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 
 __all__ = [
@@ -35,6 +36,7 @@ __all__ = [
     "rms_norm",
     "rms_norm_fwd",
     "rms_norm_bwd",
+    "rms_norm_quant",
     "round_to",
     "ulp_distance",
 ]
@@ -307,3 +309,54 @@ def rms_norm_bwd(
             dbias = _cast(dy64.reshape(-1, hidden).sum(axis=0), param_dtype)
 
     return _cast(dx64, in_dtype), dweight, dbias
+
+
+# ---------------------------------------------------------------------------------------------
+# Quantized forward
+# ---------------------------------------------------------------------------------------------
+
+#: Largest finite value of each fp8 output dtype.
+FP8_MAX = {"float8_e4m3": 240.0, "float8_e4m3fn": 448.0, "float8_e5m2": 57344.0}
+#: The least ``mean(h²) + eps`` the quantized kernel takes the rsqrt of (an all-zero row
+#: with eps = 0 keeps a finite rstd).
+_RSQRT_MIN = 2.0**-87
+
+
+def rms_norm_quant(x, weight=None, eps=1e-6, *, residual=None, quant_dtype="float8_e4m3",
+                   scale_mode="row", block=128, static_scale=None, lower_bound=None,
+                   scale_floor=1e-6) -> dict:
+    """Float64 reference of the quantized forward
+    (:mod:`nki_rmsnorm.kernels.nki06.rmsnorm_quant` documents the math).
+
+    ``1 / fp8_max`` is taken in float32, as the kernel multiplies by it; everything else is
+    float64, and ``y_q`` is one round-to-nearest-even of ``q``. Returns a dict: ``q`` (the
+    float64 value before the fp8 rounding), ``y_q`` (in the fp8 dtype), ``scales`` (float64:
+    per row ``lead``, per block ``lead + (N // block,)``, None for static), ``y``, ``h``
+    (None without a residual) and ``amax`` (max |y| per row).
+    """
+    x = np.asarray(x)
+    h = x if residual is None else _residual_add(x, residual)
+    h64 = _f64(h)
+    mean_sq = np.mean(h64 * h64, axis=-1, keepdims=True) + eps
+    rstd = 1.0 / np.sqrt(np.maximum(mean_sq, _RSQRT_MIN))
+    p = h64 if weight is None else h64 * _f64(weight)
+    y = p * rstd
+    fp8 = np.dtype(getattr(ml_dtypes, quant_dtype))
+    fp8_max = FP8_MAX[quant_dtype]
+    inverse_max = float(np.float32(1.0) / np.float32(fp8_max))
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        amax = np.max(np.abs(y), axis=-1)
+        if scale_mode == "static":
+            scales = None
+            q = np.clip(y / float(np.asarray(static_scale).reshape(())), -fp8_max, fp8_max)
+        else:
+            groups = y if scale_mode == "row" else y.reshape(y.shape[:-1] + (-1, block))
+            group_max = np.max(np.abs(groups), axis=-1, keepdims=True)
+            capped = group_max if lower_bound is None else np.minimum(group_max, lower_bound)
+            scale = np.maximum(capped * inverse_max, scale_floor)
+            clipped = groups if lower_bound is None else np.clip(groups, -lower_bound,
+                                                                 lower_bound)
+            q = (clipped / scale).reshape(y.shape)
+            scales = scale[..., 0]
+    return {"q": q, "y_q": _cast(q, fp8), "scales": scales, "y": y, "h": None if residual is
+            None else h, "amax": amax}

@@ -5,14 +5,14 @@ trailing dims that are normalised together; ``eps=None`` is PyTorch's default). 
 the forward and backward passes are four ``torch.library`` custom operators on
 ``(rows, hidden)`` matrices::
 
-    nki_rmsnorm::rms_norm_fwd(x, weight?, bias?, eps, offset, casting_mode, out_dtype?,
-                              dialect?) -> (y, rstd)
+    nki_rmsnorm::rms_norm_fwd(x, weight?, bias?, eps, offset, casting_mode, out_dtype?)
+        -> (y, rstd)
     nki_rmsnorm::rms_norm_add_fwd(x, residual, weight?, bias?, eps, offset, casting_mode,
-                                  out_dtype?, dialect?) -> (y, h, rstd)
+                                  out_dtype?) -> (y, h, rstd)
     nki_rmsnorm::rms_norm_bwd(dy, x, weight?, rstd, offset, has_bias, bias_dtype?,
-                              casting_mode, dialect?) -> [dx, dweight?, dbias?]
+                              casting_mode) -> [dx, dweight?, dbias?]
     nki_rmsnorm::rms_norm_add_bwd(dy, h, weight?, rstd, dh?, x_dtype, offset, has_bias,
-                                  bias_dtype?, casting_mode, dialect?)
+                                  bias_dtype?, casting_mode)
         -> [dx, dresidual, dweight?, dbias?]
 
 Each has a fake (meta) implementation, so ``torch.compile`` (no graph breaks), ``torch.export``,
@@ -28,13 +28,9 @@ kernel is picked by the input's device type (:data:`LAUNCHERS`):
 * ``"neuron"`` (TorchNeuron, SDK ≥ 2.31): the output-parameter kernels are called directly
   with the neuron tensors and preallocated outputs, as the TorchNeuron docs show.
 
-``dialect`` is the NKI dialect of the kernels (``"legacy"`` or ``"nki06"``,
-:mod:`nki_rmsnorm.dialect`); None resolves it on the thread that launches. The public
-functions resolve it on the caller's thread and the backward gets the forward's, so the
-dialect chosen around a call (``dialect.use_dialect``) reaches both kernels even when
-autograd runs the backward on one of its device threads (contextvars do not follow it
-there). Inside ``torch.compile`` they pass None: the compiled graph then resolves the dialect
-each time it launches, instead of keeping the one it was traced with.
+The NKI dialect of the kernels is no argument: each launch resolves it where it runs
+(:func:`nki_rmsnorm.dialect.current`: the target hardware and the installed SDK decide), so
+eager calls, autograd's backward and ``torch.compile`` graphs all launch the target's kernels.
 
 :data:`last_launch_path` names the path the latest launch took ("simulator", "nki_jit",
 "nki.jit" or "neuron") and :data:`last_launch_dialect` its kernels' dialect; the module's
@@ -67,6 +63,7 @@ __all__ = [
     "last_launch_dialect",
     "last_launch_path",
     "rms_norm",
+    "rms_norm_quant",
 ]
 
 logger = logging.getLogger(__name__)
@@ -241,39 +238,37 @@ class _BackwardOptions(NamedTuple):
 
 
 class _SimulatorLaunch:
-    """CPU tensors: the kernels run in the NKI simulator through :mod:`nki_rmsnorm.ops`, in
-    the dialect the caller resolved (entered here, on whichever thread runs the launch)."""
+    """CPU tensors: the kernels run in the NKI simulator through :mod:`nki_rmsnorm.ops`, on
+    the launching thread (which resolved ``options.dialect`` too)."""
 
     @staticmethod
     def forward(x, weight, bias, residual, options: _ForwardOptions):
-        with dialect.use_dialect(options.dialect):
-            outputs = ops.rms_norm_fwd(
-                _to_numpy(x),
-                _to_numpy_or_none(weight),
-                options.eps,
-                offset=options.offset,
-                bias=_to_numpy_or_none(bias),
-                residual=_to_numpy_or_none(residual),
-                casting_mode=options.casting_mode,
-                out_dtype=_numpy_dtype(options.out_dtype),
-            )
+        outputs = ops.rms_norm_fwd(
+            _to_numpy(x),
+            _to_numpy_or_none(weight),
+            options.eps,
+            offset=options.offset,
+            bias=_to_numpy_or_none(bias),
+            residual=_to_numpy_or_none(residual),
+            casting_mode=options.casting_mode,
+            out_dtype=_numpy_dtype(options.out_dtype),
+        )
         _record("simulator", options.dialect)
         return tuple(_from_numpy(a) for a in outputs)
 
     @staticmethod
     def backward(dy, x_or_h, weight, rstd, dh_out, options: _BackwardOptions):
-        with dialect.use_dialect(options.dialect):
-            dx, dweight, dbias = ops.rms_norm_bwd(
-                _to_numpy(dy),
-                _to_numpy(x_or_h),
-                _to_numpy_or_none(weight),
-                _to_numpy(rstd),
-                offset=options.offset,
-                has_bias=options.has_bias,
-                bias_dtype=_numpy_dtype(options.bias_dtype),
-                dh_out=_to_numpy_or_none(dh_out),
-                casting_mode=options.casting_mode,
-            )
+        dx, dweight, dbias = ops.rms_norm_bwd(
+            _to_numpy(dy),
+            _to_numpy(x_or_h),
+            _to_numpy_or_none(weight),
+            _to_numpy(rstd),
+            offset=options.offset,
+            has_bias=options.has_bias,
+            bias_dtype=_numpy_dtype(options.bias_dtype),
+            dh_out=_to_numpy_or_none(dh_out),
+            casting_mode=options.casting_mode,
+        )
         _record("simulator", options.dialect)
         return _from_numpy(dx), _from_numpy_or_none(dweight), _from_numpy_or_none(dbias)
 
@@ -449,16 +444,11 @@ def _empty_forward(x, residual, out_dtype):
     return (y, rstd) if residual is None else (y, h, rstd)
 
 
-def _resolved(dialect_name: str | None) -> str:
-    """The operators' ``dialect`` argument, or the dialect in effect on this thread."""
-    return dialect.current() if dialect_name is None else dialect_name
-
-
-def _forward(x, residual, weight, bias, eps, offset, casting_mode, out_dtype, dialect_name):
+def _forward(x, residual, weight, bias, eps, offset, casting_mode, out_dtype):
     """Both forward operators: launch on ``x``'s device, or nothing for an input without rows."""
     if x.shape[0] == 0:
         return _empty_forward(x, residual, out_dtype)
-    options = _ForwardOptions(eps, offset, casting_mode, out_dtype, _resolved(dialect_name))
+    options = _ForwardOptions(eps, offset, casting_mode, out_dtype, dialect.current())
     return _launcher(x.device).forward(x, weight, bias, residual, options)
 
 
@@ -471,13 +461,12 @@ def _rms_norm_fwd(
     offset: float,
     casting_mode: str,
     out_dtype: torch.dtype | None,
-    dialect: str | None = None,
 ) -> tuple[Tensor, Tensor]:
-    return _forward(x, None, weight, bias, eps, offset, casting_mode, out_dtype, dialect)
+    return _forward(x, None, weight, bias, eps, offset, casting_mode, out_dtype)
 
 
 @_rms_norm_fwd.register_fake
-def _(x, weight, bias, eps, offset, casting_mode, out_dtype, dialect=None):
+def _(x, weight, bias, eps, offset, casting_mode, out_dtype):
     return _empty_forward(x, None, out_dtype)
 
 
@@ -491,13 +480,12 @@ def _rms_norm_add_fwd(
     offset: float,
     casting_mode: str,
     out_dtype: torch.dtype | None,
-    dialect: str | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    return _forward(x, residual, weight, bias, eps, offset, casting_mode, out_dtype, dialect)
+    return _forward(x, residual, weight, bias, eps, offset, casting_mode, out_dtype)
 
 
 @_rms_norm_add_fwd.register_fake
-def _(x, residual, weight, bias, eps, offset, casting_mode, out_dtype, dialect=None):
+def _(x, residual, weight, bias, eps, offset, casting_mode, out_dtype):
     return _empty_forward(x, residual, out_dtype)
 
 
@@ -540,19 +528,17 @@ _batched_rows(_rms_norm_fwd, 1)
 _batched_rows(_rms_norm_add_fwd, 2)
 
 
-def _backward_kernel(dy, x_or_h, weight, rstd, dh_out, options: _BackwardOptions):
+def _backward_kernel(dy, x_or_h, weight, rstd, dh_out, offset, has_bias, bias_dtype, casting_mode):
     """``(dx, dweight, dbias)``, launching only when there are rows (the sums over no rows
-    are zeros); ``options.dialect`` None: the dialect in effect on this thread."""
+    are zeros)."""
     if x_or_h.shape[0] == 0:
-        dx, dweight, dbias = _allocate_backward(
-            x_or_h, weight, options.has_bias, options.bias_dtype
-        )
+        dx, dweight, dbias = _allocate_backward(x_or_h, weight, has_bias, bias_dtype)
         return (
             dx,
             None if dweight is None else dweight.zero_(),
             (None if dbias is None else dbias.zero_()),
         )
-    options = options._replace(dialect=_resolved(options.dialect))
+    options = _BackwardOptions(offset, has_bias, bias_dtype, casting_mode, dialect.current())
     return _launcher(x_or_h.device).backward(dy, x_or_h, weight, rstd, dh_out, options)
 
 
@@ -570,14 +556,14 @@ def _rms_norm_bwd(
     has_bias: bool,
     bias_dtype: torch.dtype | None,
     casting_mode: str,
-    dialect: str | None = None,
 ) -> list[Tensor]:
-    options = _BackwardOptions(offset, has_bias, bias_dtype, casting_mode, dialect)
-    return _present(*_backward_kernel(dy, x, weight, rstd, None, options))
+    return _present(
+        *_backward_kernel(dy, x, weight, rstd, None, offset, has_bias, bias_dtype, casting_mode)
+    )
 
 
 @_rms_norm_bwd.register_fake
-def _(dy, x, weight, rstd, offset, has_bias, bias_dtype, casting_mode, dialect=None):
+def _(dy, x, weight, rstd, offset, has_bias, bias_dtype, casting_mode):
     return _present(*_allocate_backward(x, weight, has_bias, bias_dtype))
 
 
@@ -593,10 +579,10 @@ def _rms_norm_add_bwd(
     has_bias: bool,
     bias_dtype: torch.dtype | None,
     casting_mode: str,
-    dialect: str | None = None,
 ) -> list[Tensor]:
-    options = _BackwardOptions(offset, has_bias, bias_dtype, casting_mode, dialect)
-    dh_total, dweight, dbias = _backward_kernel(dy, h, weight, rstd, dh, options)
+    dh_total, dweight, dbias = _backward_kernel(
+        dy, h, weight, rstd, dh, offset, has_bias, bias_dtype, casting_mode
+    )
     # x and residual receive the same gradient, as two tensors: autograd accumulates into
     # each one's .grad in place, so they must not share storage.
     dx = dh_total.to(x_dtype, copy=True)
@@ -604,7 +590,7 @@ def _rms_norm_add_bwd(
 
 
 @_rms_norm_add_bwd.register_fake
-def _(dy, h, weight, rstd, dh, x_dtype, offset, has_bias, bias_dtype, casting_mode, dialect=None):
+def _(dy, h, weight, rstd, dh, x_dtype, offset, has_bias, bias_dtype, casting_mode):
     dresidual, dweight, dbias = _allocate_backward(h, weight, has_bias, bias_dtype)
     return _present(torch.empty_like(h, dtype=x_dtype), dresidual, dweight, dbias)
 
@@ -616,16 +602,14 @@ def _(dy, h, weight, rstd, dh, x_dtype, offset, has_bias, bias_dtype, casting_mo
 
 def _setup_context(ctx, inputs, output, residual: bool):
     if residual:
-        x, _, weight, bias, eps, offset, casting_mode, _, *dialect_name = inputs
+        x, _, weight, bias, eps, offset, casting_mode, _ = inputs
         _, x_or_h, rstd = output
         ctx.x_dtype = x.dtype
     else:
-        x_or_h, weight, bias, eps, offset, casting_mode, _, *dialect_name = inputs
+        x_or_h, weight, bias, eps, offset, casting_mode, _ = inputs
         rstd = output[1]
     ctx.save_for_backward(x_or_h, weight, bias, rstd)
     ctx.eps, ctx.offset, ctx.casting_mode = eps, offset, casting_mode
-    # The forward's dialect, for the backward (None: resolved where the backward launches).
-    ctx.dialect = dialect_name[0] if dialect_name else None
     ctx.bias_dtype = None if bias is None else bias.dtype
 
 
@@ -671,13 +655,12 @@ def _fwd_backward(ctx, dy, _drstd):
                 bias is not None,
                 ctx.bias_dtype,
                 ctx.casting_mode,
-                ctx.dialect,
             )
         )
         dx = next(grads)
         dweight = None if weight is None else next(grads)
         dbias = None if bias is None else next(grads)
-    return dx, dweight, dbias, None, None, None, None, None
+    return dx, dweight, dbias, None, None, None, None
 
 
 def _add_fwd_backward(ctx, dy, dh, _drstd):
@@ -700,13 +683,12 @@ def _add_fwd_backward(ctx, dy, dh, _drstd):
                 bias is not None,
                 ctx.bias_dtype,
                 ctx.casting_mode,
-                ctx.dialect,
             )
         )
         dx, dres = next(grads), next(grads)
         dweight = None if weight is None else next(grads)
         dbias = None if bias is None else next(grads)
-    return dx, dres, dweight, dbias, None, None, None, None, None
+    return dx, dres, dweight, dbias, None, None, None, None
 
 
 def _setup_fwd_context(ctx, inputs, output):
@@ -734,8 +716,8 @@ class _RMSNormFunction(torch.autograd.Function):
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(x, weight, bias, eps, offset, casting_mode, out_dtype, dialect_name):
-        return _rms_norm_fwd(x, weight, bias, eps, offset, casting_mode, out_dtype, dialect_name)
+    def forward(x, weight, bias, eps, offset, casting_mode, out_dtype):
+        return _rms_norm_fwd(x, weight, bias, eps, offset, casting_mode, out_dtype)
 
     setup_context = staticmethod(_setup_fwd_context)
     backward = staticmethod(_fwd_backward)
@@ -747,10 +729,8 @@ class _RMSNormAddFunction(torch.autograd.Function):
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(x, residual, weight, bias, eps, offset, casting_mode, out_dtype, dialect_name):
-        return _rms_norm_add_fwd(
-            x, residual, weight, bias, eps, offset, casting_mode, out_dtype, dialect_name
-        )
+    def forward(x, residual, weight, bias, eps, offset, casting_mode, out_dtype):
+        return _rms_norm_add_fwd(x, residual, weight, bias, eps, offset, casting_mode, out_dtype)
 
     setup_context = staticmethod(_setup_add_fwd_context)
     backward = staticmethod(_add_fwd_backward)
@@ -759,15 +739,6 @@ class _RMSNormAddFunction(torch.autograd.Function):
 # ---------------------------------------------------------------------------------------------
 # Public API
 # ---------------------------------------------------------------------------------------------
-
-
-def _callers_dialect() -> str | None:
-    """The dialect in effect on the caller's thread, carried into the operators; None inside
-    ``torch.compile`` (Dynamo cannot trace the lookup, and a constant would pin the compiled
-    graph to the dialect it was traced with): the operator resolves it when it launches."""
-    if torch.compiler.is_compiling():
-        return None
-    return dialect.current()
 
 
 def rms_norm(
@@ -813,7 +784,6 @@ def rms_norm(
         offset,
         casting_mode,
         out_dtype,
-        _callers_dialect(),
     )
     return y.reshape(input.shape)
 
@@ -857,7 +827,6 @@ def fused_add_rms_norm(
         offset,
         casting_mode,
         out_dtype,
-        _callers_dialect(),
     )
     return y.reshape(input.shape), h.reshape(input.shape)
 
@@ -941,3 +910,200 @@ class RMSNorm(nn.Module):
             f"elementwise_affine={self.elementwise_affine}, offset={self.offset}, "
             f"bias={self.bias is not None}, casting_mode={self.casting_mode!r}"
         )
+
+
+# ---------------------------------------------------------------------------------------------
+# Quantized forward (inference: not differentiable)
+# ---------------------------------------------------------------------------------------------
+
+#: torch dtype of each fp8 output. torch has no IEEE-style e4m3 (max 240); its finite values
+#: (all |y_q| ≤ 240 the kernel writes) have the same bits in ``float8_e4m3fn``, so the
+#: e4m3 result comes back as a ``float8_e4m3fn`` tensor holding the same values.
+_TORCH_FP8 = {
+    "float8_e4m3": torch.float8_e4m3fn,
+    "float8_e4m3fn": torch.float8_e4m3fn,
+    "float8_e5m2": torch.float8_e5m2,
+}
+_TORCH_FP8_NAMES = {torch.float8_e4m3fn: "float8_e4m3fn", torch.float8_e5m2: "float8_e5m2"}
+
+
+def _fp8_from_numpy(a: np.ndarray, name: str) -> Tensor:
+    bits = torch.from_numpy(np.ascontiguousarray(a).view(np.uint8))
+    return bits.view(_TORCH_FP8[name])
+
+
+def _quant_shapes(x: Tensor, scale_mode: str, block: int, packed: bool):
+    lead, n = tuple(x.shape[:-1]), x.shape[-1]
+    q_shape = lead + ((n + 4,) if packed else (n,))
+    if scale_mode == "static" or packed:
+        scale_shape = None
+    else:
+        scale_shape = lead + ((n // block,) if scale_mode == "block" else ())
+    return q_shape, scale_shape, lead
+
+
+def _quant_fake(x, residual, quant_dtype, scale_mode, block, return_y, return_amax, packed):
+    q_shape, scale_shape, lead = _quant_shapes(x, scale_mode, block, packed)
+    outputs = [x.new_empty(q_shape, dtype=_TORCH_FP8[quant_dtype])]
+    if scale_shape is not None:
+        outputs.append(x.new_empty(scale_shape, dtype=torch.float32))
+    if return_y:
+        outputs.append(torch.empty_like(x))
+    if residual is not None:
+        outputs.append(torch.empty_like(residual))
+    if return_amax:
+        outputs.append(x.new_empty(lead, dtype=torch.float32))
+    return outputs
+
+
+@torch.library.custom_op("nki_rmsnorm::rms_norm_quant", mutates_args=())
+def _rms_norm_quant(
+    x: Tensor,
+    weight: Tensor | None,
+    residual: Tensor | None,
+    static_scale: Tensor | None,
+    eps: float,
+    quant_dtype: str,
+    scale_mode: str,
+    block: int,
+    lower_bound: float | None,
+    scale_floor: float,
+    return_y: bool,
+    return_amax: bool,
+    packed: bool,
+    dialect: str | None = None,
+) -> list[Tensor]:
+    if x.device.type != "cpu":  # pragma: no cover - needs a NeuronDevice
+        raise NotImplementedError(
+            "rms_norm_quant runs the simulated kernel on CPU tensors only so far; got a "
+            f"tensor on {x.device}"
+        )
+    with _dialect_scope(dialect):
+        result = ops.rms_norm_quant(
+            _to_numpy(x),
+            _to_numpy_or_none(weight),
+            eps,
+            residual=_to_numpy_or_none(residual),
+            quant_dtype=quant_dtype,
+            scale_mode=scale_mode,
+            block=block,
+            static_scale=None if static_scale is None else _to_numpy(static_scale),
+            lower_bound=lower_bound,
+            scale_floor=scale_floor,
+            return_y=return_y,
+            return_amax=return_amax,
+            packed=packed,
+        )
+    outputs = [_fp8_from_numpy(result.y_q, quant_dtype)]
+    for extra in (result.scales, result.y, result.h, result.amax):
+        if extra is not None:
+            outputs.append(_from_numpy(extra))
+    return outputs
+
+
+@_rms_norm_quant.register_fake
+def _(
+    x,
+    weight,
+    residual,
+    static_scale,
+    eps,
+    quant_dtype,
+    scale_mode,
+    block,
+    lower_bound,
+    scale_floor,
+    return_y,
+    return_amax,
+    packed,
+    dialect=None,
+):
+    return _quant_fake(x, residual, quant_dtype, scale_mode, block, return_y, return_amax, packed)
+
+
+def _dialect_scope(dialect_name: str | None):
+    """``dialect.use_dialect`` for a named dialect; a no-op context for None."""
+    import contextlib
+
+    return contextlib.nullcontext() if dialect_name is None else dialect.use_dialect(dialect_name)
+
+
+def rms_norm_quant(
+    input: Tensor,
+    weight: Tensor | None = None,
+    eps: float = 1e-6,
+    *,
+    residual: Tensor | None = None,
+    quant_dtype: str | torch.dtype | None = None,
+    scale_mode: str = "row",
+    block: int = 128,
+    static_scale: float | Tensor | None = None,
+    lower_bound: float | None = None,
+    scale_floor: float = 1e-6,
+    return_y: bool = False,
+    return_amax: bool = False,
+    packed: bool = False,
+) -> ops.QuantizedRMSNorm:
+    """RMSNorm over the last dim, quantized to fp8 in one pass (inference; no autograd).
+
+    The arguments and outputs are those of :func:`nki_rmsnorm.ops.rms_norm_quant`, as
+    tensors: ``quant_dtype`` a name or ``torch.float8_e4m3fn`` / ``torch.float8_e5m2``
+    (the IEEE-style trn2 e4m3 comes back as ``torch.float8_e4m3fn`` with the same bits and
+    values, |y_q| ≤ 240); ``static_scale`` a float or a one-element float32 tensor. Returns
+    an :class:`~nki_rmsnorm.ops.QuantizedRMSNorm` of tensors (None where absent).
+    Launches ``torch.ops.nki_rmsnorm.rms_norm_quant`` (with a fake implementation for
+    ``torch.compile`` / meta tensors).
+    """
+    for name, t in (("input", input), ("weight", weight), ("residual", residual)):
+        if t is not None and not isinstance(t, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if isinstance(quant_dtype, torch.dtype):
+        if quant_dtype not in _TORCH_FP8_NAMES:
+            raise TypeError(
+                f"quant_dtype must be torch.float8_e4m3fn or torch.float8_e5m2 "
+                f"(or a name), got {quant_dtype}"
+            )
+        quant_dtype = _TORCH_FP8_NAMES[quant_dtype]
+    name = ops.quant_dtype_name(quant_dtype, ops.target_nc_version())
+    if isinstance(static_scale, Tensor):
+        if static_scale.dtype != torch.float32:
+            raise TypeError(f"static_scale must be float32, got {static_scale.dtype}")
+    elif static_scale is not None:
+        static_scale = torch.tensor(ops._static_scale(static_scale)[0, 0])
+    for flag, flag_name in (
+        (return_y, "return_y"),
+        (return_amax, "return_amax"),
+        (packed, "packed"),
+    ):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{flag_name} must be a bool, got {type(flag).__name__}")
+    if input.device.type == "meta":
+        outputs = _quant_fake(
+            input, residual, name, scale_mode, block, return_y, return_amax, packed
+        )
+    else:
+        outputs = torch.ops.nki_rmsnorm.rms_norm_quant(
+            input,
+            weight,
+            residual,
+            static_scale,
+            eps,
+            name,
+            scale_mode,
+            block,
+            lower_bound,
+            scale_floor,
+            return_y,
+            return_amax,
+            packed,
+            _callers_dialect(),
+        )
+    outputs = list(outputs)
+    y_q = outputs.pop(0)
+    scales = None
+    if not packed and scale_mode != "static":
+        scales = outputs.pop(0)
+    y = outputs.pop(0) if return_y else None
+    h = outputs.pop(0) if residual is not None else None
+    amax = outputs.pop(0) if return_amax else None
+    return ops.QuantizedRMSNorm(y_q, scales, y, h, amax)

@@ -34,6 +34,9 @@ import sys
 
 import numpy as np
 
+from .core import runtime
+from .core.jax_calls import check_returned
+
 __all__ = ["install", "nki_call"]
 
 #: Marks this module as the simulated stand-in (a real ``jax_neuronx`` has no such attribute).
@@ -59,36 +62,20 @@ def _out_structs(out_shape):
 def _returns_outputs(func) -> bool:
     """Whether the kernel uses the return convention (``return y``) rather than writing
     output parameters, judged from its bytecode."""
-    from simulate.core import runtime
-
     base = func.func if isinstance(func, functools.partial) else func
     return bool(runtime.returns_value(base))
 
 
-def _check_returned(returned, structs) -> list[np.ndarray]:
-    """A return-convention kernel's outputs, checked against ``out_shape`` (never reshaped)."""
-    returned = list(returned) if isinstance(returned, (tuple, list)) else [returned]
-    if len(returned) != len(structs):
-        raise ValueError(
-            f"out_shape describes {len(structs)} output(s), the kernel returned {len(returned)}"
-        )
-    for i, (array, struct) in enumerate(zip(returned, structs)):
-        expected = (tuple(struct.shape), np.dtype(struct.dtype))
-        if (array.shape, array.dtype) != expected:
-            raise ValueError(
-                f"out_shape[{i}] is {expected[0]} {expected[1].name}, the kernel "
-                f"returned {array.shape} {array.dtype.name}"
-            )
-    return returned
-
-
 def _kernel_function(kernel):
     """The plain Python function behind ``kernel`` (an ``nki.jit`` kernel, a plain function or
-    a ``functools.partial`` of either) and the kernel's own grid (``kernel[g0, g1]``)."""
+    a ``functools.partial`` of either), the kernel's own grid (``kernel[g0, g1]``) and its
+    ``platform_target`` (None: the simulator's default)."""
     if isinstance(kernel, functools.partial):
-        inner, grid = _kernel_function(kernel.func)
-        return functools.partial(inner, *kernel.args, **kernel.keywords), grid
-    return getattr(kernel, "func", kernel), tuple(getattr(kernel, "grid", ()) or ())
+        inner, grid, target = _kernel_function(kernel.func)
+        return functools.partial(inner, *kernel.args, **kernel.keywords), grid, target
+    runtime.check_legacy_kernel(kernel, "jax_neuronx.nki_call")
+    func, grid, target = runtime._unwrap(kernel)
+    return func, tuple(grid or ()), target
 
 
 def _check_output_count(func, n_args: int, n_outputs: int) -> None:
@@ -140,7 +127,7 @@ def nki_call(kernel, *args, out_shape, grid=()):
     from jax.experimental.buffer_callback import buffer_callback
 
     structs, single = _out_structs(out_shape)
-    func, kernel_grid = _kernel_function(kernel)
+    func, kernel_grid, target = _kernel_function(kernel)
     grid = tuple(grid) if isinstance(grid, (tuple, list)) else (grid,)
     grid = grid or kernel_grid
     returns = _returns_outputs(func)
@@ -150,8 +137,6 @@ def nki_call(kernel, *args, out_shape, grid=()):
     result_types = tuple(jax.ShapeDtypeStruct(tuple(s.shape), s.dtype) for s in structs)
 
     def on_host(_context, outputs, *buffers):
-        from simulate.core import runtime
-
         views = iter(np.asarray(b) for b in buffers)
         kernel_args = [next(views) if flag else a for a, flag in zip(args, is_array)]
         outputs = [np.asarray(o) for o in outputs]
@@ -159,12 +144,17 @@ def nki_call(kernel, *args, out_shape, grid=()):
             _poison(out)
         try:
             if returns:
-                returned, _, _ = runtime.run(func, kernel_args, {}, grid=grid)
-                for out, array in zip(outputs, _check_returned(returned, structs)):
+                returned, _, _ = runtime.run(func, kernel_args, {}, grid=grid, target=target)
+                for out, array in zip(outputs, check_returned(returned, structs)):
                     out[...] = array
             else:
                 runtime.run(
-                    func, (*kernel_args, *outputs), {}, grid=grid, expected_outputs=len(outputs)
+                    func,
+                    (*kernel_args, *outputs),
+                    {},
+                    grid=grid,
+                    target=target,
+                    expected_outputs=len(outputs),
                 )
         except Exception as error:
             described = ", ".join(f"{tuple(s.shape)} {np.dtype(s.dtype).name}" for s in structs)
@@ -192,61 +182,3 @@ def install() -> bool:
         pass
     sys.modules["jax_neuronx"] = sys.modules[__name__]
     return True
-
-
-# --- nki.jit kernels called with traced JAX arrays --------------------------------------------
-
-
-def is_traced(args, kwargs) -> bool:
-    """Whether a kernel call has a traced JAX array among its arguments (the call is being
-    traced by ``jax.jit``, ``grad``, ``vmap`` ...). Never imports JAX."""
-    jax = sys.modules.get("jax")
-    if jax is None:
-        return False
-    return any(isinstance(v, jax.core.Tracer) for v in (*args, *kwargs.values()))
-
-
-def call_traced(launch, args, kwargs, name: str):
-    """An ``nki.jit`` kernel called with traced JAX arrays, as the Neuron SDK handles it: the
-    call becomes one operation of the XLA program (a custom call,
-    ``nki/guides/framework_custom_op.rst`` lines 180-199) whose outputs the kernel itself
-    defines. Here the kernel is launched once at trace time on zero-filled arrays of the
-    arguments' shapes and dtypes, standing in for the compiler's trace of the kernel, to
-    learn its outputs; the real launch runs when the program does, inside a
-    ``buffer_callback`` on NumPy views of XLA's buffers (see the module docstring).
-    ``launch(args, kwargs)`` runs the kernel on NumPy arrays and returns its outputs;
-    return-convention kernels only (a kernel that returns nothing has no outputs to give)."""
-    import jax
-    from jax.experimental.buffer_callback import buffer_callback
-
-    def is_array(v):
-        return isinstance(v, (jax.core.Tracer, jax.Array, np.ndarray))
-
-    keys = list(kwargs)
-    values = [*args, *(kwargs[k] for k in keys)]
-    flags = [is_array(v) for v in values]
-
-    def rebuild(arrays):
-        arrays = iter(arrays)
-        filled = [next(arrays) if flag else v for v, flag in zip(values, flags)]
-        return filled[: len(args)], dict(zip(keys, filled[len(args) :]))
-
-    zeros = [np.zeros(v.shape, np.dtype(v.dtype)) for v, flag in zip(values, flags) if flag]
-    sample = launch(*rebuild(zeros))
-    if sample is None:
-        raise TypeError(
-            f"kernel {name!r} returned nothing: called with JAX arrays, an nki.jit kernel "
-            "must return its outputs"
-        )
-    single = not isinstance(sample, tuple)
-    samples = (sample,) if single else sample
-    result_types = tuple(jax.ShapeDtypeStruct(s.shape, s.dtype) for s in samples)
-
-    def on_host(_context, outputs, *buffers):
-        returned = launch(*rebuild(np.asarray(b) for b in buffers))
-        for out, array in zip(outputs, _check_returned(returned, result_types)):
-            np.asarray(out)[...] = array
-
-    arrays = [v for v, flag in zip(values, flags) if flag]
-    results = buffer_callback(on_host, result_types, vmap_method="sequential")(*arrays)
-    return results[0] if single else tuple(results)

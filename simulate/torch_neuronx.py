@@ -29,7 +29,7 @@ import types
 import numpy as np
 
 from .core import dtypes as dt
-from .core.runtime import _unwrap, run
+from .core.runtime import _unwrap, check_legacy_kernel, run
 
 __all__ = ["install", "nki_jit"]
 
@@ -42,14 +42,18 @@ def nki_jit(kernel=None, **options):
 
 
 class _SimulatedNkiJit:
-    def __init__(self, kernel, grid):
+    def __init__(self, kernel, grid, target=None):
+        check_legacy_kernel(kernel, "torch_neuronx.nki_jit")
         self.func, kernel_grid, self.target = _unwrap(kernel)
+        self.target = self.target or target
         self.grid = grid or kernel_grid
         self.__name__ = getattr(self.func, "__name__", "kernel")
         self.__doc__ = getattr(self.func, "__doc__", None)
 
     def __getitem__(self, grid):
-        return _SimulatedNkiJit(self.func, grid if isinstance(grid, tuple) else (grid,))
+        return _SimulatedNkiJit(
+            self.func, grid if isinstance(grid, tuple) else (grid,), self.target
+        )
 
     def __repr__(self):
         return f"<simulated torch_neuronx.nki_jit {self.__name__} grid={self.grid}>"

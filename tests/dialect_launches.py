@@ -6,8 +6,10 @@ reached its kernels there."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
+import sys
 import threading
 
 import simulate.core.runtime as legacy_runtime
@@ -52,3 +54,21 @@ def other_dialect() -> str:
     from nki_rmsnorm import dialect
 
     return dialect.NKI06 if dialect.current() == dialect.LEGACY else dialect.LEGACY
+
+
+@contextlib.contextmanager
+def simulated_dialect(name: str):
+    """``use_dialect(name)`` for a test that traces JAX functions: the dialect is no part of
+    ``jax.jit``'s cache key (it follows the target and the SDK, fixed in a process), so the
+    traces made under the other dialect are dropped on entry and on exit."""
+    from nki_rmsnorm import dialect
+
+    jax = sys.modules.get("jax")
+    if jax is not None:
+        jax.clear_caches()
+    try:
+        with dialect.use_dialect(name) as chosen:
+            yield chosen
+    finally:
+        if jax is not None:
+            jax.clear_caches()

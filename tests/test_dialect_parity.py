@@ -12,11 +12,12 @@ as many more Vector instructions (copies + memset − broadcast). "rows" broadca
 kernel, "long" and "two_pass" once per row tile and column chunk, "split" never (its
 per-partition weight and bias segments are doubled by SBUF-to-SBUF DMAs in both dialects).
 
-The parity holds per target. The two simulators default to different targets (legacy trn1,
-nki06 trn3: ``simulate.core.targets.DIALECT_DEFAULT_TARGET``), and gemma with a weight has a
-different product plan on each NeuronCore generation ("scalar" on trn1: ``(h·rstd)·w``;
-"tensor" on trn2 / trn3: ``h·(rstd ⊗ w)``), so an fp32 ``y`` differs in its last bits
-between targets, within the reference tolerance. Every comparison here pins the target.
+The parity holds per target, on trn2 and trn3: the nki06 kernels run there only (NKI 0.x
+supports Trn2/Trn3, aws-neuron-sdk@81ce03ae nki/nki_faq.rst L23-27; a trn1 or inf2 target
+runs the legacy kernels alone, and test_fwd holds their trn1 "scalar" product plan,
+``(h·rstd)·w``, to the reference). The two simulators default to different targets (legacy
+trn1, nki06 trn3: ``simulate.core.targets.DIALECT_DEFAULT_TARGET``), so every comparison here
+pins the target.
 """
 
 from __future__ import annotations
@@ -36,21 +37,21 @@ FP32 = np.dtype(np.float32)
 FP16 = np.dtype(np.float16)
 
 # (target, M, N, x dtype, weight, bias, residual, casting mode, offset): every regime with
-# each product engine it has ("scalar" on trn1, "tensor" for gemma with a weight on trn2 /
-# trn3, "vector" otherwise), ragged last tiles and column chunks, several rows per partition
-# (4096 × 1024 on trn2: k = 2), the three bf16 rstd pieces and the one fp32 piece.
+# each product engine it has on trn2 / trn3 ("tensor" for gemma with a weight, "vector"
+# otherwise), ragged last tiles and column chunks, several rows per partition (4096 × 1024 on
+# trn2: k = 2), the three bf16 rstd pieces and the one fp32 piece.
 CASES = [
-    ("trn1", 300, 640, FP32, True, True, False, "gemma", 0.5),  # rows
+    ("trn3", 300, 640, FP32, True, True, False, "gemma", 0.5),  # rows
     ("trn2", 4096, 1024, BF16, True, False, True, "gemma", 0.5),
     ("trn3", 130, 768, BF16, True, True, False, "llama", 0.5),
     ("trn2", 257, 512, BF16, False, True, True, "none", 0.0),
     ("trn3", 20, 40000, BF16, True, True, True, "gemma", 0.0),  # split, 3 bf16 pieces
     ("trn2", 20, 40000, FP32, True, False, False, "gemma", 0.5),  # split, 1 fp32 piece
     ("trn2", 9, 40000, BF16, True, True, True, "llama", 0.5),  # split, vector
-    ("trn1", 130, 20000, BF16, True, True, True, "none", 0.5),  # long, scalar
+    ("trn2", 130, 20000, BF16, True, True, True, "none", 0.5),  # long, vector (none)
     ("trn2", 29, 17389, BF16, True, True, True, "gemma", 0.0),  # long, tensor
     ("trn3", 29, 30001, BF16, False, True, False, "gemma", 0.0),  # long, vector
-    ("trn1", 3, 65536, FP32, True, True, True, "gemma", 1.0),  # two_pass
+    ("trn2", 3, 65536, FP32, True, True, True, "gemma", 1.0),  # two_pass
 ]
 
 
@@ -61,7 +62,7 @@ def _case_id(case):
 def _plan(target, x, r, w, b, offset, mode):
     spec = simulate.get_target(target)
     plan = make_plan(x.dtype, None if w is None else w.dtype, None if b is None else b.dtype,
-                     None if r is None else r.dtype, offset, mode, None,
+                     None if r is None else r.dtype, offset, mode, None, FP32, BF16,
                      tensor_engine=spec.nc_version >= 3)
     return plan, choose_layout(plan, *x.shape, spec.sbuf_bytes_per_partition)
 
@@ -147,18 +148,18 @@ def _assert_float32_y_agrees(target, x, r, w, b, mode, offset):
 
 
 # A float32 y keeps the last fp32 bits that a bf16 / fp16 y rounds away: 15 rows of 32 (the
-# reported 3 × 5 × 32 batch) on every target, in every casting mode, with and without a
+# reported 3 × 5 × 32 batch) on every nki06 target, in every casting mode, with and without a
 # weight (an fp32 one: the one-piece "tensor" plan; no offset: the three bf16 pieces), a
 # bias and a residual.
 SMALL_FP32_Y = [
     (target, dtype, weight, bias, residual, mode, offset)
-    for target in ("trn1", "trn2", "trn3")
+    for target in ("trn2", "trn3")
     for dtype in (BF16, FP16)
     for mode in ("gemma", "llama", "none")
     for weight, bias, residual, offset in ((dtype, True, False, 0.5), (dtype, False, True, 0.0))
 ] + [
     (target, BF16, weight, True, residual, "gemma", offset)
-    for target in ("trn1", "trn2", "trn3")
+    for target in ("trn2", "trn3")
     for weight, residual, offset in ((FP32, False, 0.0), (FP32, True, 1.0), (None, True, 0.0))
 ]
 
@@ -183,13 +184,13 @@ def test_dialects_agree_bitwise_with_a_float32_y_in_every_regime(rng, case):
 
 @pytest.mark.parametrize("residual", [False, True])
 def test_bindings_agree_bitwise_on_one_target(rng, monkeypatch, residual):
-    """``nki_rmsnorm.rms_norm`` under each dialect, both on trn1 (the legacy simulator's
-    default; the nki06 one reads ``NEURON_PLATFORM_TARGET_OVERRIDE``): bf16 x of 3 × 5 × 32
-    with a weight, a bias and a float32 y, the reported case."""
+    """``nki_rmsnorm.rms_norm`` under each dialect, both on trn2 (the target
+    ``NEURON_PLATFORM_TARGET_OVERRIDE`` names reaches the kernels of both): bf16 x of
+    3 × 5 × 32 with a weight, a bias and a float32 y, the reported case."""
     import nki_rmsnorm
     from nki_rmsnorm.dialect import use_dialect
 
-    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn1")
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn2")
     x = rng.standard_normal((3, 5, 32)).astype(BF16)
     w = rng.normal(1.0, 0.2, 32).astype(BF16)
     b = rng.normal(0.0, 0.5, 32).astype(FP32)
@@ -235,7 +236,7 @@ def test_lnc2_keeps_as_many_row_tiles_per_core(rng):
     ``MIN_TILES`` tiles to pipeline (8192 rows of 2048: k = 4 on one core, 2 on two); the
     decisions for one core are unchanged. The kernel follows it: 4100 rows of 256 are
     17 tiles of k = 2 at LNC=1 and 33 tiles of k = 1 at LNC=2, each one rstd store."""
-    plan = make_plan(BF16, BF16, None, None, 0.0, "gemma", None, tensor_engine=True)
+    plan = make_plan(BF16, BF16, None, None, 0.0, "gemma", None, FP32, BF16, tensor_engine=True)
     budget = simulate.get_target("trn2").sbuf_bytes_per_partition
     assert choose_layout(plan, 8192, 2048, budget).rows_per_partition == 4
     assert choose_layout(plan, 8192, 2048, budget, cores=2).rows_per_partition == 2
@@ -261,7 +262,10 @@ def test_lnc2_output_parameters(rng):
     _bitwise((y, rstd), want)
 
 
-def test_lnc2_needs_a_two_core_target(rng):
+def test_lnc2_on_neuroncore_v2_is_refused(rng):
+    """``kernel[2]`` on trn1 / inf2 is an error naming the target (NeuronCore-v2 has no
+    logical cores of two, and no NKI 0.x)."""
     x, _, w, _ = _inputs(rng, 8, 64, BF16, True, False, False)
-    with pytest.raises(ValueError, match="LNC=2 needs trn2 or trn3"):
-        _launch("nki06", "trn1", x, None, w, None, "gemma", lnc=2)
+    for target in ("trn1", "inf2"):
+        with pytest.raises(ValueError, match=target):
+            _launch("nki06", target, x, None, w, None, "gemma", lnc=2)

@@ -115,7 +115,7 @@ def _layout(inputs, casting_mode="gemma", target="trn1"):
     spec = simulate.get_target(target)
     plan = make_plan(x.dtype, None if w is None else w.dtype, None if b is None else b.dtype,
                      None if r is None else r.dtype, inputs["offset"], casting_mode, None,
-                     tensor_engine=spec.nc_version >= 3)
+                     FP32, BF16, tensor_engine=spec.nc_version >= 3)
     return choose_layout(plan, *x.shape, spec.sbuf_bytes_per_partition)
 
 
@@ -349,7 +349,7 @@ def test_plan_matches_the_simulated_sbuf(rng, target):
     and reads x once; one step wider it switches regime."""
     spec = simulate.get_target(target)
     budget = spec.sbuf_bytes_per_partition
-    plan = make_plan(BF16, FP32, None, None, 1.0, "gemma", None,
+    plan = make_plan(BF16, FP32, None, None, 1.0, "gemma", None, FP32, BF16,
                      tensor_engine=spec.nc_version >= 3)
     n = max(n for n in range(8192, 32768, 16) if plan.fits_rows(n, 1, budget))
     x = _data(rng, (2, n), BF16)
@@ -383,7 +383,7 @@ def test_tensor_engine_weights_on_trn2(rng, dtype, weight_dtype, offset):
     x_dtype = DTYPES[dtype]
     inputs = _inputs(rng, 130, 600, x_dtype, offset=offset,
                      weight_dtype=FP32 if weight_dtype == "fp32" else x_dtype)
-    plan = make_plan(x_dtype, inputs["weight"].dtype, None, None, offset, "gemma", None,
+    plan = make_plan(x_dtype, inputs["weight"].dtype, None, None, offset, "gemma", None, FP32, BF16,
                      tensor_engine=True)
     assert plan.product_engine == "tensor"
     assert plan.rstd_pieces == (3 if x_dtype == BF16 and weight_dtype == "input"
@@ -488,7 +488,7 @@ def test_fp16_values_whose_squares_overflow_fp16(rng):
     inputs["x"] = big.astype(np.float16)
     check_forward(inputs)
     # The discarded squares go to a bf16 scratch tile, not the fp16 y tile.
-    assert make_plan(FP16, FP16, None, None, 0.0, "gemma", None).squares_in == "scratch"
+    assert make_plan(FP16, FP16, None, None, 0.0, "gemma", None, FP32, BF16).squares_in == "scratch"
 
 
 @pytest.mark.parametrize("target", ["trn1", "trn2"])

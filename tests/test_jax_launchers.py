@@ -23,7 +23,7 @@ import pytest
 jax = pytest.importorskip("jax")
 jnp = jax.numpy
 
-from dialect_launches import other_dialect, record_launches  # noqa: E402
+from dialect_launches import record_launches  # noqa: E402
 
 import simulate  # noqa: E402
 from nki_rmsnorm import (  # noqa: E402
@@ -325,29 +325,32 @@ def test_each_launch_path_runs_the_chosen_dialects_kernels(monkeypatch, dialect_
         np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
 
-def test_a_jitted_function_is_traced_again_for_another_dialect(no_jax_neuronx, monkeypatch):
-    """The dialect is fixed when a function is traced; ``use_dialect`` is part of jit's cache
-    key, so the same jitted function launches each dialect's kernels when called under it,
-    and ``set_dialect`` does the same process-wide."""
+def test_a_jitted_function_runs_the_dialect_of_the_target_it_was_traced_for(
+    no_jax_neuronx, monkeypatch
+):
+    """The dialect is resolved when a function is traced, from the target (trn1: legacy;
+    trn2: nki06), and is no part of jit's cache key: the simulator's override does not
+    retrace a jitted function, a fresh trace follows it. Both dialects agree."""
     x, w = _randn((40, 96), seed=19), _randn((96,), seed=20)
-    step = jax.jit(jax.value_and_grad(lambda x, w: jnp.sum(nki_jax.rms_norm(x, w) ** 2), (0, 1)))
-    results = {}
+
+    def loss(x, w):
+        return jnp.sum(nki_jax.rms_norm(x, w) ** 2)
+
     launches = record_launches(monkeypatch)
-    for name in ("legacy", "nki06", "legacy"):
+    results = {}
+    for target, name in (("trn1", "legacy"), ("trn2", "nki06")):
+        monkeypatch.setenv(dialect.TARGET_ENV_VAR, target)
         launches.clear()
-        with dialect.use_dialect(name):
-            results[name] = step(x, w)
+        results[name] = jax.jit(jax.value_and_grad(loss, (0, 1)))(x, w)
         assert [(launch.dialect, launch.kernel) for launch in launches] == [
             (name, "rmsnorm_fwd"),
             (name, "rmsnorm_bwd"),
         ]
-    chosen = other_dialect()
+    step = jax.jit(jax.value_and_grad(loss, (0, 1)))
+    step(x, w)  # traced for trn2: nki06
     launches.clear()
-    dialect.set_dialect(chosen)
-    try:
+    with dialect.use_dialect("legacy"):
         step(x, w)
-    finally:
-        dialect.set_dialect(None)
-    assert {launch.dialect for launch in launches} == {chosen}
+    assert {launch.dialect for launch in launches} == {"nki06"}
     for got, want in zip(jax.tree.leaves(results["nki06"]), jax.tree.leaves(results["legacy"])):
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)

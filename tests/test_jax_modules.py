@@ -234,16 +234,14 @@ def test_import_without_the_framework_names_the_extra(monkeypatch, module, frame
 def test_modules_match_their_anchors_in_each_dialect(monkeypatch, dialect_name):
     """Both modules, jitted forward and gradients inside ``use_dialect``: every kernel that
     runs is that dialect's, and the results match the anchors."""
-    from dialect_launches import record_launches
-
-    from nki_rmsnorm import dialect
+    from dialect_launches import record_launches, simulated_dialect
 
     launches = record_launches(monkeypatch)
     x = _randn((5, 64), jnp.bfloat16, seed=30, scale=2.0)
     dy = _randn((5, 64), jnp.bfloat16, seed=31)
     flax_ours, flax_anchor = _flax_pair(64, seed=32, param_dtype=jnp.bfloat16)
     eqx_ours, eqx_anchor = _equinox_pair(64, seed=33, dtype=jnp.bfloat16)
-    with dialect.use_dialect(dialect_name):
+    with simulated_dialect(dialect_name):
         flax_got = jax.jit(_flax_forward_and_grads)(flax_ours, x, dy)
         eqx_got = eqx.filter_jit(_equinox_forward_and_grads)(eqx_ours, x, dy)
     assert {launch.dialect for launch in launches} == {dialect_name}

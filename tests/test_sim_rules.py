@@ -203,6 +203,65 @@ def test_psum_tiles_hold_512_elements_per_partition_in_any_dtype(rng):
     np.testing.assert_array_equal(run(kernel, x, 512), x[:, :512])
 
 
+def test_legacy_matmul_results_are_float32(rng):
+    """"The matmul accumulation and results are always in float32" (legacy isa L876): a
+    matmul, transposes included, is assigned or accumulated only into a float32 PSUM tile."""
+    x = random_array(rng, (32, 48), BF16)
+
+    def transpose_into(x, psum_dtype, accumulate):
+        out = nl.ndarray((48, 32), BF16, buffer=nl.shared_hbm)
+        identity = nl.load(nl.shared_identity_matrix(32, dtype=nl.bfloat16))
+        transposed = nl.ndarray((48, 32), psum_dtype, buffer=nl.psum)
+        if accumulate:
+            transposed[...] = nl.zeros((48, 32), psum_dtype, buffer=nl.psum)
+            transposed += nisa.nc_matmul(nl.load(x), identity, is_transpose=True)
+        else:
+            transposed[...] = nisa.nc_matmul(nl.load(x), identity, is_transpose=True)
+        nl.store(out, value=nisa.tensor_copy(transposed, dtype=nl.bfloat16))
+        return out
+
+    for accumulate in (False, True):
+        message = rejects("err_matmul_dtype", transpose_into, x, nl.bfloat16, accumulate,
+                          match="always in float32")
+        assert "bfloat16 PSUM tile" in message
+        np.testing.assert_array_equal(run(transpose_into, x, nl.float32, accumulate), x.T)
+
+
+def test_legacy_tensor_reduce_reduces_every_free_axis(rng):
+    """Legacy ``nisa.tensor_reduce``: the axes contain axis 1 (isa L1586) and are the last
+    contiguous dims (L1619), so every free axis; grouped sums over an inner axis are
+    ``nl.sum`` over an indexed view (AWS's legacy average_pool2d example)."""
+    x = random_array(rng, (1, 96), np.float32)
+    groups, width = 12, 8
+
+    def grouped(x, how):
+        out = nl.ndarray((1, groups), nl.float32, buffer=nl.shared_hbm)
+        t = nl.load(x)
+        view = t[nl.arange(1)[:, None, None],
+                 nl.arange(groups)[None, :, None] * width + nl.arange(width)[None, None, :]]
+        sums = nl.ndarray((1, groups), nl.float32)
+        if how == "isa_inner_axis":
+            sums[...] = nisa.tensor_reduce(nl.add, view, axis=2, dtype=nl.float32)
+        elif how == "isa_first_axis":
+            sums[...] = nisa.tensor_reduce(nl.add, view, axis=[1], dtype=nl.float32)
+        else:
+            sums[...] = nl.sum(view, axis=[2], dtype=nl.float32)
+        nl.store(out, value=sums)
+        return out
+
+    def whole(x):
+        out = nl.ndarray((1, 1), nl.float32, buffer=nl.shared_hbm)
+        t = nl.load(x.reshape((1, groups, width)))
+        nl.store(out, value=nisa.tensor_reduce(nl.add, t, axis=[1, 2], dtype=nl.float32))
+        return out
+
+    rejects("err_reduce_axis", grouped, x, "isa_inner_axis", match="must contain axis 1")
+    rejects("err_reduce_axis", grouped, x, "isa_first_axis", match="last contiguous")
+    expected = x.reshape(groups, width).sum(axis=1, dtype=np.float32)
+    np.testing.assert_array_equal(run(grouped, x, "nl_sum")[0], expected)
+    np.testing.assert_allclose(run(whole, x)[0, 0], x.sum(dtype=np.float64), rtol=1e-5)
+
+
 def test_masks_are_boxes(rng):
     x = random_array(rng, (128, 64), np.float32)
 

@@ -21,7 +21,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from dialect_launches import other_dialect, record_launches  # noqa: E402
+from dialect_launches import record_launches  # noqa: E402
 
 import simulate  # noqa: E402
 from nki_rmsnorm import dialect, kernels  # noqa: E402
@@ -361,20 +361,24 @@ def test_the_dialects_agree_through_the_binding():
             assert torch.equal(got, want)
 
 
-def test_the_forwards_dialect_reaches_a_backward_on_another_thread(monkeypatch):
-    """Autograd may run the backward on one of its device threads, where the caller's
-    ``use_dialect`` is not in effect: the backward still launches the forward's dialect."""
-    chosen = other_dialect()
+@pytest.mark.parametrize(("target", "expected"), [("trn1", "legacy"), ("trn3", "nki06")])
+def test_the_targets_dialect_reaches_a_backward_on_another_thread(monkeypatch, target, expected):
+    """The dialect follows the target, which the environment names process-wide: a backward
+    that autograd runs on another thread launches the same dialect as the forward, on the
+    same target."""
+    import simulate
+
+    monkeypatch.setenv(dialect.TARGET_ENV_VAR, target)
     launches = record_launches(monkeypatch)
     x = _randn(6, 64, dtype=torch.bfloat16, seed=40).requires_grad_()
     w = _randn(64, seed=41).requires_grad_()
-    with dialect.use_dialect(chosen):
-        y = nki_torch.rms_norm(x, 64, w, 1e-6)
-    errors = []
+    y = nki_torch.rms_norm(x, 64, w, 1e-6)
+    errors, targets = [], []
 
     def backward():
         try:
             y.float().square().sum().backward()
+            targets.append(simulate.last_trace().target)
         except BaseException as error:  # noqa: BLE001 - reported by the test thread
             errors.append(error)
 
@@ -385,13 +389,21 @@ def test_the_forwards_dialect_reaches_a_backward_on_another_thread(monkeypatch):
     assert not errors, errors
     backward_launches = [launch for launch in launches if launch.kernel == "rmsnorm_bwd"]
     assert len(backward_launches) == 1 and backward_launches[0].thread == thread.ident
-    assert {launch.dialect for launch in launches} == {chosen}
+    assert {launch.dialect for launch in launches} == {expected}
+    assert targets == [target]
     assert x.grad is not None and w.grad is not None
 
 
-def test_a_compiled_model_launches_the_dialect_in_effect_at_each_call(monkeypatch):
+def test_the_operators_take_no_dialect():
+    """The dialect is no argument of the custom operators: it follows the target."""
+    for name in ("rms_norm_fwd", "rms_norm_add_fwd", "rms_norm_bwd", "rms_norm_add_bwd"):
+        schema = getattr(torch.ops.nki_rmsnorm, name).default._schema
+        assert "dialect" not in {argument.name for argument in schema.arguments}, schema
+
+
+def test_a_compiled_model_launches_the_targets_dialect_at_each_call(monkeypatch):
     """``torch.compile(fullgraph=True)`` keeps no dialect from tracing: each call of the
-    compiled graph launches the kernels of the dialect chosen around it, forward and
+    compiled graph launches the kernels of the target named at that call, forward and
     backward, without recompiling."""
     torch._dynamo.reset()
     compiled = torch.compile(
@@ -400,11 +412,11 @@ def test_a_compiled_model_launches_the_dialect_in_effect_at_each_call(monkeypatc
     x = _randn(6, 64, dtype=torch.bfloat16, seed=42)
     w = _randn(64, seed=43)
     launches = record_launches(monkeypatch)
-    for name in ("legacy", "nki06", "legacy"):
+    for target, name in (("trn1", "legacy"), ("trn2", "nki06"), ("inf2", "legacy")):
+        monkeypatch.setenv(dialect.TARGET_ENV_VAR, target)
         launches.clear()
         xs, ws = x.clone().requires_grad_(), w.clone().requires_grad_()
-        with dialect.use_dialect(name):
-            compiled(xs, ws).backward()
+        compiled(xs, ws).backward()
         assert [(launch.dialect, launch.kernel) for launch in launches] == [
             (name, "rmsnorm_fwd"),
             (name, "rmsnorm_bwd"),

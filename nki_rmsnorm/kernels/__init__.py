@@ -1,9 +1,11 @@
-"""The NKI kernels, in the dialect :mod:`nki_rmsnorm.dialect` picks.
+"""The NKI kernels, in the dialect :mod:`nki_rmsnorm.dialect` picks for the target.
 
 Each kernel exists once per dialect, under the same module and function name:
 :mod:`nki_rmsnorm.kernels.legacy` (``neuronxcc.nki``) and :mod:`nki_rmsnorm.kernels.nki06`
 (``nki`` 0.6). ``nki_rmsnorm.kernels.rmsnorm_fwd`` etc. resolve at each attribute access
-(:func:`kernel`), so a dialect chosen later (``dialect.use_dialect``) takes effect.
+(:func:`kernel`), so the target named at launch time decides. In the simulator both dialects
+run on that target: the 0.6 front-end reads ``NEURON_PLATFORM_TARGET_OVERRIDE`` itself, and a
+legacy kernel gets it as its ``platform_target`` (the legacy ``nki.jit`` option).
 
 Two calling conventions over the same code:
 
@@ -31,6 +33,7 @@ MODULES = {
     "rmsnorm_add_fwd_out": "rmsnorm_fwd",
     "rmsnorm_bwd": "rmsnorm_bwd",
     "rmsnorm_bwd_out": "rmsnorm_bwd",
+    "rmsnorm_quant": "rmsnorm_quant",
 }
 
 __all__ = [*MODULES, "available", "kernel", "nki_dtype"]
@@ -44,7 +47,7 @@ def kernel(name: str, dialect_name: str | None = None):
     chosen = dialect.current() if dialect_name is None else dialect_name
     if chosen not in dialect.DIALECTS:
         raise ValueError(f"dialect_name must be one of {dialect.DIALECTS}, got {chosen!r}")
-    if chosen == "legacy":
+    if chosen == dialect.LEGACY:
         from nki_rmsnorm.nki import check_sdk
 
         check_sdk()
@@ -58,10 +61,23 @@ def kernel(name: str, dialect_name: str | None = None):
     if module is None or not hasattr(module, name):
         raise NotImplementedError(
             f"{name} is not written in the {chosen!r} NKI dialect yet; it has "
-            f"{available(chosen)} (choose the dialect with nki_rmsnorm.dialect.use_dialect or "
-            f"{dialect.ENV_VAR})"
+            f"{available(chosen)} (the dialect follows the target, "
+            f"{dialect.TARGET_ENV_VAR}; in the simulator {dialect.ENV_VAR} chooses it on "
+            "trn2/trn3)"
         )
-    return getattr(module, name)
+    return _on_target(getattr(module, name), chosen)
+
+
+def _on_target(entry_point, dialect_name: str):
+    """A simulated legacy kernel bound to the target ``NEURON_PLATFORM_TARGET_OVERRIDE``
+    names (its ``platform_target``); anything else as it is (the 0.6 front-end and the real
+    compilers read the target themselves)."""
+    named = dialect.target()
+    if dialect_name != dialect.LEGACY or named is None:
+        return entry_point
+    from nki_rmsnorm.nki import SIMULATED, nki
+
+    return nki.jit(entry_point, platform_target=named) if SIMULATED else entry_point
 
 
 def nki_dtype(name: str | None, dialect_name: str):

@@ -15,6 +15,7 @@ import math
 
 import simulate.nki06
 from nki_rmsnorm.kernels.baseline import _COPY_ROW_BYTES, copy_row_length
+from nki_rmsnorm.plan.dtypes import dtype_bytes
 
 if simulate.nki06.real_nki_available():  # pragma: no cover - needs the Neuron SDK 2.30+
     import nki
@@ -43,13 +44,21 @@ def _copy_rows(sources, outputs, row_bytes):
     """Copy ``sources[k]`` into ``outputs[k]`` for the outputs given (a source without an
     output is loaded only), over this core's rows of the flat view; the last core also
     copies the ``size mod F`` trailing elements as one short row."""
-    size = math.prod(sources[0].shape)
-    width = copy_row_length(size, sources[0].itemsize, row_bytes)
+    size = 1
+    for extent in sources[0].shape:
+        size *= extent
+    width = copy_row_length(size, dtype_bytes(sources[0].dtype), row_bytes)
     rows, tail = divmod(size, width)
-    flat = [t.reshape((size,)) for t in sources]
-    flat_out = [t.reshape((size,)) for t in outputs]
-    views = [t[0 : rows * width].reshape((rows, width)) for t in flat]
-    targets = [t[0 : rows * width].reshape((rows, width)) for t in flat_out]
+    flat = []
+    views = []
+    for t in sources:
+        flat.append(t.reshape((size,)))
+        views.append(flat[-1][0 : rows * width].reshape((rows, width)))
+    flat_out = []
+    targets = []
+    for t in outputs:
+        flat_out.append(t.reshape((size,)))
+        targets.append(flat_out[-1][0 : rows * width].reshape((rows, width)))
     start, stop = _core_rows(rows)
     for r0 in range(start, stop, _PARTITIONS):
         count = min(_PARTITIONS, stop - r0)
@@ -58,8 +67,8 @@ def _copy_rows(sources, outputs, row_bytes):
             tile = nl.ndarray((count, width), view.dtype, buffer=nl.sbuf)
             nisa.dma_copy(dst=tile, src=view[r0 : r0 + count])
             tiles.append(tile)
-        for target, tile in zip(targets, tiles):
-            nisa.dma_copy(dst=target[r0 : r0 + count], src=tile)
+        for k in range(len(targets)):
+            nisa.dma_copy(dst=targets[k][r0 : r0 + count], src=tiles[k])
     last_core = (nl.program_id(0) if nl.program_ndim() else 0) == (
         nl.num_programs(0) if nl.program_ndim() else 1
     ) - 1
@@ -69,8 +78,8 @@ def _copy_rows(sources, outputs, row_bytes):
             tile = nl.ndarray((1, tail), t.dtype, buffer=nl.sbuf)
             nisa.dma_copy(dst=tile, src=t[rows * width : size].reshape((1, tail)))
             tiles.append(tile)
-        for target, tile in zip(flat_out, tiles):
-            nisa.dma_copy(dst=target[rows * width : size].reshape((1, tail)), src=tile)
+        for k in range(len(flat_out)):
+            nisa.dma_copy(dst=flat_out[k][rows * width : size].reshape((1, tail)), src=tiles[k])
 
 
 @nki.jit

@@ -6,19 +6,19 @@ the folded one (:func:`make_plan`: a row folded over a power-of-two number of pa
 read from HBM once) and, when no fold of N fits SBUF, the streamed one
 (:func:`make_streamed_plan`: column chunks, rows re-read when they do not stay resident).
 Every choice depends on N, the dtypes, the options and the SBUF budget, never on M.
+
+The planners run inside the kernels, so they are written in the NKI meta-language the 0.6
+compiler evaluates (aws-neuron-sdk@81ce03ae nki/get-started/nki-language-guide.rst L54-56,
+L141-201): NKI dtypes compared with ``==`` (never a NumPy dtype), ``for`` loops instead of
+generator expressions, dataclasses over ``NKIObject`` built by keyword (L569-640).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-from ml_dtypes import bfloat16
-
+from nki_rmsnorm.kernels.nki06._nki import nl
 from nki_rmsnorm.plan.nki_object import NKIObject
-
-FLOAT32 = np.dtype(np.float32)
-BFLOAT16 = np.dtype(bfloat16)
 
 #: Columns of one fp32 PSUM bank: the width of every instruction with a PSUM operand.
 CHUNK = 512
@@ -46,6 +46,17 @@ ACC_BANKS = 2
 MAX_HIDDEN = ACC_BANKS * PSUM_BANK_COLS * 128
 
 
+def dtype_bytes(dtype) -> int:
+    """Bytes per element of an NKI dtype, by ``==`` comparisons only (NKI values have no
+    ``itemsize``; aws-neuron/nki-library@d2ad3a5 src/nkilib_src/nkilib/core/utils/allocator.py
+    L32-47 sizes dtypes the same way)."""
+    if dtype == nl.float32 or dtype == nl.int32 or dtype == nl.uint32:
+        return 4
+    if dtype == nl.bfloat16 or dtype == nl.float16 or dtype == nl.int16 or dtype == nl.uint16:
+        return 2
+    return 1
+
+
 @dataclass(frozen=True)
 class FoldedPlan(NKIObject):
     """Static choices of one launch; they depend on N, the dtypes and the target only."""
@@ -64,34 +75,42 @@ class FoldedPlan(NKIObject):
     # product would queue on it (modeled on trn1 at 8192×2048 bf16: 1.39× the copy kernel
     # from SBUF, 1.60× with one chunk in four through PSUM).
     x_from_psum: bool = True
-
-    @property
-    def stationary_rows(self) -> int:
-        """Contraction rows of ``a``'s matmuls: one per bf16 part of w' and fold segment."""
-        return self.kw * self.fold
+    # contraction rows of ``a``'s matmuls: one per bf16 part of w' and fold segment (kw·fold)
+    stationary_rows: int = 1
 
 
 def make_plan(N, dtypes, offset, casting_mode, budget, nc_version=3):
     """The smallest fold, then the widest group and the longest ring, that fit ``budget``
     SBUF bytes per partition (``plan_bytes``). ``dtypes``: a ``BwdDtypes``;
-    ``nc_version``: the target's NeuronCore generation (``nisa.get_nc_version()``), which
-    picks the engines of dy·x (``x_from_psum``) and nothing in SBUF. None when no
-    power-of-two fold of N fits. Pure Python, so tests can check every accepted input
-    against the capacity."""
-    e_x = np.dtype(dtypes.x).itemsize
+    ``nc_version``: the target's NeuronCore generation, ``nisa.get_nc_version()`` itself or
+    an int, only ever compared with ``>=`` (AWS's kernels order-compare it:
+    aws-neuron/nki-library@d2ad3a5 src/nkilib_src/nkilib/experimental/collectives/fgcc.py
+    L104 ``nisa.get_nc_version() >= 3``); it picks the engines of dy·x (``x_from_psum``) and
+    nothing in SBUF. None when no power-of-two fold of N fits. Tests check every accepted
+    input against the capacity."""
+    e_x = dtype_bytes(dtypes.x)
     round_xhat = dtypes.weight is not None and casting_mode != "gemma" and e_x == 2
-    bf16_weight = dtypes.weight is not None and np.dtype(dtypes.weight) == BFLOAT16
+    bf16_weight = dtypes.weight is not None and dtypes.weight == nl.bfloat16
     kw = 1 if dtypes.weight is None or (bf16_weight and offset == 0.0) else SPLIT
     x_from_psum = round_xhat or nc_version >= 3
-    for fold in (f for f in FOLDS if N % f == 0):
+    for fold in FOLDS:
+        if N % fold != 0:
+            continue
         width = N // fold
-        for group in GROUP_WIDTHS:
-            group = min(group, width)
+        for widest in GROUP_WIDTHS:
+            group = min(widest, width)
             n_groups = -(-width // group)
             for slack in range(n_groups + MAX_SLACK, 0, -1):
-                ring = n_groups + slack
                 plan = FoldedPlan(
-                    fold, width, group, n_groups, ring, kw, round_xhat, x_from_psum=x_from_psum
+                    fold=fold,
+                    width=width,
+                    group=group,
+                    n_groups=n_groups,
+                    ring=n_groups + slack,
+                    kw=kw,
+                    round_xhat=round_xhat,
+                    x_from_psum=x_from_psum,
+                    stationary_rows=kw * fold,
                 )
                 if plan_bytes(plan, dtypes) <= budget:
                     return plan
@@ -104,11 +123,11 @@ def plan_bytes(plan, dtypes) -> int:
     two column groups in flight (p1·x and dy·x in fp32, dx; round(x̂); with dh_out an fp32
     dx before the sum and dh_out itself) and ``RESERVED_BYTES`` for the constants and
     per-tile columns."""
-    e_x = np.dtype(dtypes.x).itemsize
-    e_dy = np.dtype(dtypes.dy).itemsize
+    e_x = dtype_bytes(dtypes.x)
+    e_dy = dtype_bytes(dtypes.dy)
     per_group_column = 4 + 4 + e_x + (e_x if plan.round_xhat else 0)
     if dtypes.dh_out is not None:
-        per_group_column += 4 + np.dtype(dtypes.dh_out).itemsize
+        per_group_column += 4 + dtype_bytes(dtypes.dh_out)
     return (
         plan.ring * plan.group * (4 + e_x)
         + DY_SLOTS * plan.group * e_dy
@@ -154,25 +173,26 @@ def make_streamed_plan(N, x_dtype, dy_dtype, weight_dtype, casting_mode, sbuf_by
     """Residency of the dy/x rows and of the broadcast weight in the SBUF left next to the
     chunk scratch (rows first: they save HBM traffic), and the llama/none rounding. The rows
     are budgeted in their own dtypes: dy may be wider than x (a y with an fp32
-    ``out_dtype``). Pure Python."""
+    ``out_dtype``)."""
     budget = sbuf_bytes - CHUNK_SCRATCH_BYTES
-    rows_bytes = (np.dtype(x_dtype).itemsize + np.dtype(dy_dtype).itemsize) * N
+    rows_bytes = (dtype_bytes(x_dtype) + dtype_bytes(dy_dtype)) * N
     rows_resident = rows_bytes <= budget
     kept = rows_bytes if rows_resident else 0
-    weight_resident = (
-        weight_dtype is not None and kept + np.dtype(weight_dtype).itemsize * N <= budget
-    )
-    round_xhat = casting_mode != "gemma" and np.dtype(x_dtype) != FLOAT32
+    weight_resident = weight_dtype is not None and kept + dtype_bytes(weight_dtype) * N <= budget
+    round_xhat = casting_mode != "gemma" and x_dtype != nl.float32
     return StreamedPlan(
-        rows_resident, weight_resident, round_xhat, (N + CHUNK_COLS - 1) // CHUNK_COLS
+        rows_resident=rows_resident,
+        weight_resident=weight_resident,
+        round_xhat=round_xhat,
+        n_chunks=(N + CHUNK_COLS - 1) // CHUNK_COLS,
     )
 
 
 def streamed_plan_bytes(plan, N, x_dtype, dy_dtype, weight_dtype) -> int:
     """SBUF bytes per partition the streamed regime allocates for ``plan``: the resident
     dy and x rows and broadcast weight, and ``CHUNK_SCRATCH_BYTES`` for a chunk's tiles."""
-    rows = (np.dtype(x_dtype).itemsize + np.dtype(dy_dtype).itemsize) * N
-    weight = 0 if weight_dtype is None else np.dtype(weight_dtype).itemsize * N
+    rows = (dtype_bytes(x_dtype) + dtype_bytes(dy_dtype)) * N
+    weight = 0 if weight_dtype is None else dtype_bytes(weight_dtype) * N
     return (
         (rows if plan.rows_resident else 0)
         + (weight if plan.weight_resident else 0)
@@ -194,6 +214,7 @@ class BwdConstants(NKIObject):
     dbias_acc: list | None
     table_rows: object  # HBM (tiles, kw·fold, SPLIT, P) bf16: each tile's stationary rows
     table_cols: object  # HBM (tiles, P, n_cols) fp32: each tile's rstd columns
+    fold_scratch: object = None  # HBM (P,) fp32 where a fold's segment sums change layout
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,24 @@
-"""What the forward kernel keeps on chip and how it tiles: pure Python (no NKI instruction), shared
-by both dialects' kernels (``nki_rmsnorm.kernels.legacy`` and ``nki_rmsnorm.kernels.nki06``).
+"""What the forward kernel keeps on chip and how it tiles, shared by both dialects' kernels
+(``nki_rmsnorm.kernels.legacy`` and ``nki_rmsnorm.kernels.nki06``); no NKI instruction.
+
+Where it runs: inside the kernel, during specialization. Each entry point calls
+:func:`make_plan` and :func:`choose_layout` on its HBM tensors' dtypes and shapes, so the
+kernels keep the signatures the bindings launch (tensors, eps, offset, casting mode, output
+dtype) and one planner serves both dialects. The NKI 0.6 compiler therefore evaluates this
+module's functions and classes as the NKI meta-programming language
+(aws-neuron-sdk@81ce03ae nki/get-started/nki-language-guide.rst L54-56, L78-97), and they are
+written in it: NKI values only (ints, floats, bools, strings, None, tuples, lists,
+string-keyed dicts and frozen ``NKIObject`` dataclasses, L141-201, L569-640), explicit loops
+instead of comprehensions and generator expressions, ``kernel_assert`` instead of ``raise``
+(nki-library@d2ad3a5 src/nkilib_src/nkilib/core/utils/kernel_assert.py L17), no NumPy.
+Running it as host Python and handing the kernel a plan object (guide L603-625) would have
+needed a second, host-side signature per entry point and per dialect for the same decisions.
+
+Dtypes are the dialect's own ``nki.language`` dtypes: the kernel passes its tensors' dtypes
+and its ``nl.float32`` / ``nl.bfloat16`` (``float32`` / ``bfloat16`` of :func:`make_plan`), which
+the plan hands back for the tiles it allocates; sizes come from :func:`dtype_bytes`, keyed by
+the dtype's name, which is the same in both dialects. Host code (tests) may pass NumPy dtypes:
+the legacy dialect's dtypes are NumPy dtypes.
 
 Every decision here depends on N, the dtypes, the options and the NeuronCore generation,
 never on the data. M only picks how many rows go into one tile (``rows_per_partition``),
@@ -11,15 +30,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import numpy as np
-from ml_dtypes import bfloat16
-
+from nki_rmsnorm.plan.dtypes import dtype_bytes
+from nki_rmsnorm.plan.kernel_assert import kernel_assert
 from nki_rmsnorm.plan.nki_object import NKIObject
 
 CASTING_MODES = ("gemma", "llama", "none")
 
-FLOAT32 = np.dtype(np.float32)
-BFLOAT16 = np.dtype(bfloat16)
+#: Bytes of the two dtypes the planner itself picks for on-chip steps.
+FLOAT32_BYTES = 4
+BFLOAT16_BYTES = 2
+
 #: Partitions of SBUF / PSUM (``nl.tile_size.pmax`` on every NeuronCore generation).
 PMAX = 128
 
@@ -69,7 +89,8 @@ RSQRT_PRESCALE = 2.0**-32
 RSQRT_POSTSCALE = 2.0**-16
 #: Newton steps refining the Scalar engine's rsqrt (``rmsnorm_fwd_steps.rstd_from_sum``).
 NEWTON_STEPS = 2
-FP32_MAX = float(np.finfo(np.float32).max)
+#: The largest finite float32.
+FP32_MAX = 3.4028234663852886e38
 
 
 @dataclass(frozen=True)
@@ -86,13 +107,13 @@ class Tensors(NKIObject):
     rstd: object
 
 
-def _size(dtype) -> int:
-    return np.dtype(dtype).itemsize
-
-
-def _holds_squares(dtype) -> bool:
-    """fp32 and bf16 have fp32's 8 exponent bits: a square of any input fits."""
-    return np.dtype(dtype) in (FLOAT32, BFLOAT16)
+def _bytes_of(dtypes):
+    """Bytes per element of the dtypes present in ``dtypes`` (None stands for an absent one)."""
+    total = 0
+    for dtype in dtypes:
+        if dtype is not None:
+            total += dtype_bytes(dtype)
+    return total
 
 
 @dataclass(frozen=True)
@@ -102,10 +123,11 @@ class Plan(NKIObject):
     in_dtype: object  # x's dtype; x̂ is rounded to it in llama / none
     out_dtype: object  # y's dtype
     result_dtype: object  # dtype of the last arithmetic step (x's dtype in "none" mode)
-    residual_dtype: object | None
-    scale_dtype: object | None  # weight + offset on chip; None without a weight
-    bias_dtype: object | None
-    product_dtype: object | None  # the pre-bias product, when there is a weight and a bias
+    residual_dtype: object  # None without a residual
+    h_dtype: object  # h = x (+ residual): the residual's dtype, or x's
+    scale_dtype: object  # weight + offset on chip; None without a weight
+    bias_dtype: object  # None without a bias
+    product_dtype: object  # the pre-bias product, when there is a weight and a bias; or None
     rounds_xhat: bool  # llama / none: x̂ = round(h·rstd) before the weight multiply
     squares_in: str  # where activation_reduce's discarded squares go: product, y, scratch
     #: Who multiplies by rstd and the weight (see rmsnorm_fwd_steps): "tensor" (PE forms
@@ -120,23 +142,20 @@ class Plan(NKIObject):
     #: "split" regime needs to move row statistics across partitions.
     exact_transpose: bool
 
-    @property
-    def h_dtype(self):
-        """dtype of h = x (+ residual)."""
-        return self.in_dtype if self.residual_dtype is None else self.residual_dtype
-
     def resident_bytes(self) -> int:
         """Per column: the weight and bias kept on chip for the whole kernel."""
-        return sum(_size(d) for d in (self.scale_dtype, self.bias_dtype) if d is not None)
+        return _bytes_of((self.scale_dtype, self.bias_dtype))
 
     def row_bytes(self) -> int:
         """Per column and row of a tile: x, the residual, y and their intermediates."""
-        dtypes = [self.in_dtype, self.residual_dtype, self.result_dtype, self.product_dtype]
+        total = _bytes_of(
+            (self.in_dtype, self.residual_dtype, self.result_dtype, self.product_dtype)
+        )
         if self.result_dtype != self.out_dtype:
-            dtypes.append(self.out_dtype)
+            total += dtype_bytes(self.out_dtype)
         if self.squares_in == "scratch":
-            dtypes.append(BFLOAT16)
-        return sum(_size(d) for d in dtypes if d is not None)
+            total += BFLOAT16_BYTES
+        return total
 
     def rows_bytes(self, n: int, rows: int) -> int:
         """Regime "rows": the weight and bias once, two tiles of ``rows`` rows per
@@ -151,8 +170,11 @@ class Plan(NKIObject):
         """Regime "split", segments of ``segment`` columns: the weight and bias segments
         once (one row per partition, or 3·s moving rows) and as loaded (up to fp32, before
         the conversion), ``SPLIT_SLOTS`` tiles in flight."""
-        staging = sum(_size(FLOAT32) for d in (self.scale_dtype, self.bias_dtype)
-                      if d is not None)
+        staging = 0
+        if self.scale_dtype is not None:
+            staging += FLOAT32_BYTES
+        if self.bias_dtype is not None:
+            staging += FLOAT32_BYTES
         per_column = SPLIT_SLOTS * self.row_bytes() + self.resident_bytes() + staging
         return segment * per_column + RESERVED_BYTES
 
@@ -161,24 +183,29 @@ class Plan(NKIObject):
 
     def chunk_columns(self) -> int:
         """Column chunk of the long-row regimes."""
-        return max(PSUM_COLS, CHUNK_BYTES // _size(self.h_dtype))
+        return max(PSUM_COLS, CHUNK_BYTES // dtype_bytes(self.h_dtype))
 
     def long_bytes(self, n: int, output_chunk: int) -> int:
         """Regime "long": one tile of h rows stays on chip next to the chunks in flight:
         the statistics pass's squares (and x, with a residual) and the output pass's y,
         intermediates and weight and bias chunks."""
-        output = [self.result_dtype, self.product_dtype, self.scale_dtype, self.bias_dtype]
+        output = _bytes_of(
+            (self.result_dtype, self.product_dtype, self.scale_dtype, self.bias_dtype)
+        )
         if self.result_dtype != self.out_dtype:
-            output.append(self.out_dtype)
+            output += dtype_bytes(self.out_dtype)
         if self.rounds_xhat:
-            output.append(self.in_dtype)
-        statistics = _size(BFLOAT16) + (0 if self.residual_dtype is None
-                                            else _size(self.in_dtype))
-        chunks = CHUNKS_IN_FLIGHT * (
-            self.chunk_columns() * statistics
-            + output_chunk * sum(_size(d) for d in output if d is not None))
-        return (n * _size(self.h_dtype) + chunks + RESERVED_BYTES
-                + 4 * math.ceil(n / self.chunk_columns()))
+            output += dtype_bytes(self.in_dtype)
+        statistics = BFLOAT16_BYTES
+        if self.residual_dtype is not None:
+            statistics += dtype_bytes(self.in_dtype)
+        chunks = CHUNKS_IN_FLIGHT * (self.chunk_columns() * statistics + output_chunk * output)
+        return (
+            n * dtype_bytes(self.h_dtype)
+            + chunks
+            + RESERVED_BYTES
+            + 4 * math.ceil(n / self.chunk_columns())
+        )
 
     def fits_one_row_tile(self, n: int, budget: int, output_chunk: int) -> bool:
         return self.long_bytes(n, output_chunk) <= budget
@@ -187,66 +214,99 @@ class Plan(NKIObject):
         """Regime "two_pass", column chunks of ``chunk``: two chunks in flight of the busier
         pass (statistics: x, residual, squares; scale: the tile's buffers plus the weight
         and bias chunks), and a weight or bias row with its converted copy."""
-        stats = _size(self.in_dtype) + _size(BFLOAT16)
+        stats = dtype_bytes(self.in_dtype) + BFLOAT16_BYTES
         if self.residual_dtype is not None:
-            stats += _size(self.residual_dtype)
+            stats += dtype_bytes(self.residual_dtype)
         per_column = 2 * max(stats, self.row_bytes() + self.resident_bytes())
-        per_column += 2 * _size(FLOAT32)
+        per_column += 2 * FLOAT32_BYTES
         return chunk * per_column + RESERVED_BYTES
 
     def two_pass_chunk(self, n: int, budget: int) -> int:
         """Column chunk of the two-pass regime: the widest of 8192 … 512 columns that fits
         (512 when none does: the kernel then fails to allocate, which the planner's property
         test would show), evened out over the row."""
-        for width in (8192, 4096, 2048, 1024, 512):
-            if self.two_pass_bytes(width) <= budget:
-                break
+        width = 512
+        for candidate in (1024, 2048, 4096, 8192):
+            # two_pass_bytes grows with the width: the last that fits is the widest
+            if self.two_pass_bytes(candidate) <= budget:
+                width = candidate
         chunks = math.ceil(n / width)
         return min(width, PSUM_COLS * math.ceil(n / chunks / PSUM_COLS))
 
 
-def make_plan(x_dtype, weight_dtype, bias_dtype, residual_dtype, offset, casting_mode,
-              out_dtype, tensor_engine=False) -> Plan:
-    """The :class:`Plan` for the given dtypes (None for an absent tensor) and options;
-    ``tensor_engine``: the target is a NeuronCore-v3+ (trn2, trn3), whose exact, NaN-safe
-    Tensor-engine transpose lets gemma form rstd ⊗ weight there, and whose bf16 Vector fast
-    modes make llama / none cheap on the Vector engine alone."""
-    if casting_mode not in CASTING_MODES:
-        raise ValueError(f"casting_mode must be one of {CASTING_MODES}, got {casting_mode!r}")
-    in_dtype = np.dtype(x_dtype)
-    out_dtype = in_dtype if out_dtype is None else np.dtype(out_dtype)
+def make_plan(
+    x_dtype,
+    weight_dtype,
+    bias_dtype,
+    residual_dtype,
+    offset,
+    casting_mode,
+    out_dtype,
+    float32,
+    bfloat16,
+    tensor_engine=False,
+):
+    """The :class:`Plan` for the given dtypes (None for an absent tensor; ``out_dtype`` None:
+    x's) and options. ``tensor_engine``: the target is a NeuronCore-v3+ (trn2, trn3), whose
+    exact, NaN-safe Tensor-engine transpose lets gemma form rstd ⊗ weight there, and whose
+    bf16 Vector fast modes make llama / none cheap on the Vector engine alone. ``float32``,
+    ``bfloat16``: the calling dialect's ``nl.float32`` and ``nl.bfloat16``, the dtypes the
+    planner picks for on-chip steps."""
+    kernel_assert(
+        casting_mode == "gemma" or casting_mode == "llama" or casting_mode == "none",
+        "casting_mode must be one of gemma, llama, none",
+    )
+    in_dtype = x_dtype
+    if out_dtype is None:
+        out_dtype = in_dtype
     low_precision = casting_mode == "none"
     rstd_pieces = 0
     if weight_dtype is None:
-        scale_dtype, product_engine = None, "vector"
+        scale_dtype = None
+        product_engine = "vector"
     elif casting_mode == "gemma" and tensor_engine:
-        bf16_weight = np.dtype(weight_dtype) == BFLOAT16 and not offset
-        scale_dtype = BFLOAT16 if bf16_weight else FLOAT32
-        product_engine, rstd_pieces = "tensor", 3 if bf16_weight else 1
+        bf16_weight = weight_dtype == bfloat16 and not offset
+        scale_dtype = bfloat16 if bf16_weight else float32
+        product_engine = "tensor"
+        rstd_pieces = 3 if bf16_weight else 1
     else:
         product_engine = "vector" if tensor_engine else "scalar"
         if low_precision:
             scale_dtype = in_dtype
-        else:
+        elif offset:
             # Multiplying by the weight as stored is exact in fp32; only an offset needs a
             # fp32 sum.
-            scale_dtype = FLOAT32 if offset else np.dtype(weight_dtype)
-    if bias_dtype is not None:
-        bias_dtype = in_dtype if low_precision else np.dtype(bias_dtype)
+            scale_dtype = float32
+        else:
+            scale_dtype = weight_dtype
+    if bias_dtype is not None and low_precision:
+        bias_dtype = in_dtype
     product_dtype = None
     if scale_dtype is not None and bias_dtype is not None:
-        product_dtype = in_dtype if low_precision else FLOAT32
+        product_dtype = in_dtype if low_precision else float32
     result_dtype = in_dtype if low_precision else out_dtype
-    if product_dtype is not None and _holds_squares(product_dtype):
+    # fp32 and bf16 have fp32's 8 exponent bits: a square of any input fits.
+    if product_dtype is not None and (product_dtype == float32 or product_dtype == bfloat16):
         squares_in = "product"
-    elif _holds_squares(result_dtype):
+    elif result_dtype == float32 or result_dtype == bfloat16:
         squares_in = "y"
     else:
         squares_in = "scratch"
-    return Plan(in_dtype, out_dtype, result_dtype,
-                None if residual_dtype is None else np.dtype(residual_dtype), scale_dtype,
-                bias_dtype, product_dtype, casting_mode != "gemma", squares_in, product_engine,
-                rstd_pieces, tensor_engine)
+    return Plan(
+        in_dtype=in_dtype,
+        out_dtype=out_dtype,
+        result_dtype=result_dtype,
+        residual_dtype=residual_dtype,
+        h_dtype=in_dtype if residual_dtype is None else residual_dtype,
+        scale_dtype=scale_dtype,
+        bias_dtype=bias_dtype,
+        product_dtype=product_dtype,
+        rounds_xhat=casting_mode != "gemma",
+        squares_in=squares_in,
+        product_engine=product_engine,
+        rstd_pieces=rstd_pieces,
+        exact_transpose=tensor_engine,
+    )
 
 
 @dataclass(frozen=True)
@@ -269,21 +329,25 @@ def choose_layout(plan: Plan, m: int, n: int, budget: int, cores: int = 1) -> La
     keep ``MIN_TILES`` tiles to pipeline; only the rows per partition of "rows" depend on
     it, and they change no row's arithmetic."""
     if plan.fits_rows(n, 1, budget):
-        rows = max(k for k in range(1, MAX_ROWS_PER_PARTITION + 1)
-                   if k == 1 or _more_rows_help(plan, m, n, k, budget, cores))
+        rows = 1
+        for k in range(2, MAX_ROWS_PER_PARTITION + 1):
+            if _more_rows_help(plan, m, n, k, budget, cores):
+                rows = k
         return Layout("rows", rows_per_partition=rows)
     segments = 2
     while plan.exact_transpose and segments <= MAX_SEGMENTS and n % segments == 0:
         segment = n // segments
-        if (segment * _size(plan.h_dtype) <= SPLIT_SEGMENT_BYTES
-                and plan.fits_split(segment, budget)):
+        if segment * dtype_bytes(plan.h_dtype) <= SPLIT_SEGMENT_BYTES and plan.fits_split(
+            segment, budget
+        ):
             return Layout("split", segments=segments)
         segments *= 2
     chunk = plan.chunk_columns()
     factor = MAX_OUTPUT_CHUNK_FACTOR
     while factor >= 1:
         if (factor == 1 or n >= MIN_OUTPUT_CHUNKS * factor * chunk) and plan.fits_one_row_tile(
-                n, budget, factor * chunk):
+            n, budget, factor * chunk
+        ):
             return Layout("long", chunk=chunk, output_chunk=factor * chunk)
         factor //= 2
     return Layout("two_pass", chunk=plan.two_pass_chunk(n, budget))
@@ -299,13 +363,15 @@ def _more_rows_help(plan: Plan, m: int, n: int, rows: int, budget: int, cores: i
     # most psum_fmax = 512 whatever the dtype (general/nki/programming_model.rst@8a38e733,
     # lines 346-347), and one 2 KiB bank.
     transposed = rows * pmax * (2 if plan.rstd_pieces == 3 else 4)
-    return (m % rows == 0
-            and rows * pmax <= PSUM_COLS
-            and rows * n * _size(plan.in_dtype) <= TILE_TARGET_BYTES
-            and m >= MIN_TILES * pmax * rows * cores
-            and rows * n <= MAX_FREE_ELEMENTS
-            and transposed <= PSUM_COLS * 4
-            and plan.fits_rows(n, rows, budget))
+    return (
+        m % rows == 0
+        and rows * pmax <= PSUM_COLS
+        and rows * n * dtype_bytes(plan.in_dtype) <= TILE_TARGET_BYTES
+        and m >= MIN_TILES * pmax * rows * cores
+        and rows * n <= MAX_FREE_ELEMENTS
+        and transposed <= PSUM_COLS * 4
+        and plan.fits_rows(n, rows, budget)
+    )
 
 
 def layout_bytes(plan: Plan, layout: Layout, n: int) -> int:
@@ -333,7 +399,9 @@ class RowsResident(NKIObject):
 
 @dataclass(frozen=True)
 class RowViews(NKIObject):
-    """The HBM tensors viewed as (M / k, k·N) (rstd as (M / k, k))."""
+    """The HBM tensors viewed as the rows of the regime's tiles: (M / k, k·N) with k rows
+    per partition ("rows", rstd as (M / k, k)); (M·s, N / s), a row segment per partition
+    ("split", rstd as (M, 1))."""
 
     x: object
     residual: object

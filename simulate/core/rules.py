@@ -536,6 +536,42 @@ def check_matmul_free_sizes(api: str, stationary_free: int, moving_free: int, di
 TRANSPOSE_LIMITS = {"pe": 128, "dve": 32}
 
 
+def check_legacy_matmul_result(api: str, dst_dtype: str, tile="") -> None:
+    """Legacy ``nc_matmul`` (``is_transpose`` included) writes float32: "The matmul
+    accumulation and results are always in float32" (legacy isa L876), so its result may be
+    assigned (``psum[...] = nc_matmul(...)``) or accumulated (``+=``) only into a float32
+    PSUM tile; AWS's legacy kernels transpose into float32 PSUM and cast on the copy out."""
+    if dst_dtype != "float32":
+        # general/nki/api/nki/isa/__init__.py@8a38e733, L876
+        raise NKITypeError(
+            f"{api}: the result of nc_matmul is float32 in this dialect (\"The matmul "
+            f"accumulation and results are always in float32\", {ISA}, L876); it cannot be "
+            f"written into a {dst_dtype} PSUM tile: allocate the PSUM tile as float32 and "
+            f"cast on the copy to SBUF{_tile(tile)}",
+            "err_matmul_dtype",
+        )
+
+
+def check_legacy_reduce_axes(api: str, axes, ndim: int, tile="") -> None:
+    """Legacy ``nisa.tensor_reduce`` reduces every free axis of its tile: the docs require
+    both that "the reduction axes must contain axis 1" (legacy isa L1586) and that they be
+    "the last contiguous dim(s) of the tile: [1], [1,2], [1,2,3], [1,2,3,4]" (L1619), and the
+    only axes that meet both readings of a tile of any rank are 1 … rank − 1. A reduction
+    over inner axes only is ``nl.sum`` / ``nl.max`` over an indexed view, as AWS's legacy
+    pooling example does (general/nki/examples/average_pool2d/average_pool2d_nki_kernels.py@
+    8a38e733, L49-L50, ``axis=[2,4]`` of a 5-D view)."""
+    wanted = tuple(range(1, ndim))
+    if tuple(axes) != wanted or len(wanted) > 4:
+        # general/nki/api/nki/isa/__init__.py@8a38e733, L1584-L1587 and L1619
+        raise NKIValueError(
+            f"{api}: axis={list(axes)} on a rank-{ndim} tile: the reduction axes must contain "
+            f"axis 1 and be the last contiguous dim(s) of the tile ([1], [1,2], [1,2,3], "
+            f"[1,2,3,4]; {ISA}, L1584-L1587, L1619), i.e. every free axis, at most 4; reduce "
+            f"inner axes with nl.sum / nl.max over an indexed view{_tile(tile)}",
+            "err_reduce_axis",
+        )
+
+
 def check_transpose_size(api: str, engine: str, partitions: int, free: int, dialect: str,
                          tile="") -> None:
     """``nc_transpose`` input at most 128 x 128 (Tensor) or 32 x 32 (Vector; another engine

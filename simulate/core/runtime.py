@@ -25,7 +25,7 @@ import threading
 import numpy as np
 
 from . import dtypes as dt
-from . import scoping, sdk
+from . import jax_calls, scoping, sdk
 from .errors import NKIRuntimeError, NKITypeError, NKIValueError
 from .memory import PartitionAllocator, Storage
 from .targets import DEFAULT_TARGET, PMAX, PSUM_BANK_BYTES, TARGETS, get_target
@@ -117,8 +117,71 @@ _SCOPE_HOOKS = scoping.Hooks(current, LoopFrame)
 
 def last_trace() -> Trace | None:
     """The instruction trace of the calling thread's most recent kernel run (any entry
-    point)."""
+    point, either dialect: the 0.6 front-end records its launches with
+    :func:`record_trace`)."""
     return getattr(_finished, "trace", None)
+
+
+def record_trace(trace: Trace) -> None:
+    """Make ``trace`` the calling thread's :func:`last_trace` (a front-end's finished run)."""
+    _finished.trace = trace
+
+
+# --- the two dialects ------------------------------------------------------------------------
+# A kernel of the ``nki`` 0.6 front-end (``simulate.nki06``) launches itself: it says so with
+# a ``__simulate_trace__(*args, target=None, **kwargs) -> (outputs, trace)`` method. The
+# entry points below dispatch such kernels to it (the core imports no front-end), and a plain
+# function written against ``nki`` 0.6 gets a one-line error naming the way to launch it.
+_NKI06_MODULES = ("nki", "simulate.nki06")
+
+
+def dialect_of(kernel) -> str:
+    """``"nki06"`` for a 0.6 kernel (an ``@nki.jit`` of the 0.6 front-end, or a plain function
+    whose code uses an ``nki`` 0.6 module: the real ``nki`` or ``simulate.nki06``), else
+    ``"legacy"``."""
+    while isinstance(kernel, (Kernel, functools.partial)):
+        kernel = kernel.func
+    if hasattr(kernel, "__simulate_trace__"):
+        return "nki06"
+    code, names = getattr(kernel, "__code__", None), getattr(kernel, "__globals__", {})
+    for name in code.co_names if code is not None else ():
+        module = names.get(name)
+        module_name = getattr(module, "__name__", "") if inspect.ismodule(module) else ""
+        if module_name.partition(".")[0] == "nki" or module_name.startswith(_NKI06_MODULES[1]):
+            return "nki06"
+    return "legacy"
+
+
+def check_legacy_kernel(kernel, entry_point: str | None = None) -> None:
+    """A ``TypeError`` naming the way to launch ``kernel`` when it is an ``nki`` 0.6 kernel:
+    ``entry_point`` (a launcher of legacy kernels only; None: the legacy runtime, which the
+    entry points reach with plain functions) cannot run it."""
+    if dialect_of(kernel) == "legacy":
+        return
+    name = getattr(kernel, "__name__", type(kernel).__name__)
+    if entry_point is None:
+        raise NKITypeError(
+            f"{name!r} is written against nki 0.6, which the legacy (neuronxcc.nki) runtime "
+            "cannot run: decorate it with the 0.6 nki.jit (simulate.nki06.jit); "
+            "simulate.trace_kernel, simulate_kernel, profile, jit and benchmark take that kernel",
+            "err_kernel_of_the_other_dialect")
+    raise NKITypeError(
+        f"{entry_point} takes legacy (neuronxcc.nki) kernels, but {name!r} is an nki 0.6 "
+        "kernel: call it directly with the arrays (the 0.6 launch convention)",
+        "err_kernel_of_the_other_dialect")
+
+
+def _launch(func, args, kwargs, *, grid=(), target=None):
+    """``(outputs, trace)`` of one run of ``func`` (either dialect) in the simulator."""
+    own_launcher = getattr(func, "__simulate_trace__", None)
+    if own_launcher is None:
+        outputs, trace, _ = run(func, args, kwargs, grid=grid, target=target)
+        return outputs, trace
+    if grid:
+        raise NKIValueError(
+            f"an nki 0.6 kernel takes no SPMD grid {grid}: launch it on a logical core of "
+            "two physical cores as kernel[2] instead", "err_grid_on_nki06_kernel")
+    return own_launcher(*args, target=target, **kwargs)
 
 
 class _TileSizeMeta(type):
@@ -461,6 +524,7 @@ def run(func, args, kwargs, *, grid=(), target=None, check_affine=True, expected
     if _context.get() is not None:
         raise NKIRuntimeError("a kernel cannot launch another kernel with a grid",
                               "err_nested_kernel_with_spmd_grid")
+    check_legacy_kernel(func)
     annotated = (grid if isinstance(grid, tuple) else (grid,)) if grid else ()
     grid = tuple(int(g) for g in annotated)
     returns = returns_value(func)
@@ -634,13 +698,11 @@ class Kernel:
         if active() is not None:  # a sub-kernel (mode="trace") inlined into its caller
             return self.func(*args, **kwargs)
         target = self.options.get("platform_target")
-        from simulate import jax_neuronx  # traced JAX arrays: one operation of the program
-
-        if jax_neuronx.is_traced(args, kwargs):
-            return jax_neuronx.call_traced(
-                lambda a, k: run(self.func, a, k, grid=self.grid, target=target)[0],
+        if jax_calls.is_traced(args, kwargs):  # one operation of the XLA program
+            return jax_calls.call_traced(
+                lambda a, k: _launch(self.func, a, k, grid=self.grid, target=target)[0],
                 args, kwargs, self.func.__name__)
-        outputs, trace, _ = run(self.func, args, kwargs, grid=self.grid, target=target)
+        outputs, trace = _launch(self.func, args, kwargs, grid=self.grid, target=target)
         self._finished.trace = trace
         if self.mode == "benchmark":
             if _benchmark_reporter is None:
@@ -678,8 +740,7 @@ def simulate_kernel(kernel, *args, **kwargs):
     """``nki.simulate_kernel(kernel, *args, **kwargs)``: run on the CPU, return NumPy outputs
     (None for an output-parameter kernel, whose output arrays are written in place)."""
     func, grid, target = _unwrap(kernel)
-    outputs, _, _ = run(func, args, kwargs, grid=grid, target=target)
-    return outputs
+    return _launch(func, args, kwargs, grid=grid, target=target)[0]
 
 
 def baremetal(kernel=None, **options):
@@ -698,8 +759,9 @@ def benchmark(kernel=None, warmup=10, iters=100, **options):
 
 
 def trace_kernel(kernel, *args, target=None, grid=None, **kwargs):
-    """Run a kernel and return ``(outputs, trace)`` (outputs as :func:`simulate_kernel`)."""
+    """Run a kernel and return ``(outputs, trace)`` (outputs as :func:`simulate_kernel`).
+    ``kernel`` is of either dialect: an ``nki`` 0.6 kernel (``kernel[2]`` included) runs on its
+    own front-end, on ``target`` or else the one ``NEURON_PLATFORM_TARGET_OVERRIDE`` names."""
     func, kernel_grid, kernel_target = _unwrap(kernel)
-    outputs, trace, _ = run(func, args, kwargs, grid=kernel_grid if grid is None else grid,
-                            target=target or kernel_target)
-    return outputs, trace
+    return _launch(func, args, kwargs, grid=kernel_grid if grid is None else grid,
+                   target=target or kernel_target)

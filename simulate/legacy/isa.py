@@ -403,9 +403,9 @@ def scalar_tensor_tensor(*, data, op0, operand0, op1, operand1, reverse0=False, 
 def tensor_reduce(op, data, axis, *, negate=False, keepdims=False, mask=None, dtype=None,
                   **kwargs):
     """``nisa.tensor_reduce(op, data, axis, *, negate=False, keepdims=False)``: reduce along
-    free ``axis`` (int or list, NumPy numbering; contiguous, including the last axis, at
-    most 4) on the Vector engine; ``subtract`` gives ``x0 - x1 - x2 ...``; ``negate``
-    multiplies the result by -1."""
+    ``axis`` (int or list), which must be every free axis of the tile, at most 4
+    (:func:`simulate.core.rules.check_legacy_reduce_axes`), on the Vector engine;
+    ``subtract`` gives ``x0 - x1 - x2 ...``; ``negate`` multiplies the result by -1."""
     m = resolve_mask(mask)
     src = tile_operand(data, "data", "tensor_reduce", mask=m)
     check_free_size(src, "nisa.tensor_reduce")
@@ -416,11 +416,7 @@ def tensor_reduce(op, data, axis, *, negate=False, keepdims=False, mask=None, dt
     ndim = src.values.ndim
     axes = tuple(sorted({int(a) % ndim for a in (axis if isinstance(axis, (list, tuple))
                                                   else (axis,))}))
-    if 0 in axes or axes[-1] != ndim - 1 or axes != tuple(range(axes[0], ndim)):
-        raise NKIValueError(f"tensor_reduce axis={axis}: reduce contiguous free axes that "
-                            "include the last (most minor) one", "err_reduce_axis")
-    if len(axes) > 4:
-        raise NKIValueError("tensor_reduce reduces at most 4 free axes", "err_reduce_axis")
+    rules.check_legacy_reduce_axes("nisa.tensor_reduce", axes, ndim, _describe(src))
     if negate and spec.bitvec:
         raise NKIValueError("negate applies to arithmetic reductions only", "err_reduce_negate")
     values = _alu_inputs(spec, src)
@@ -647,8 +643,12 @@ def nc_matmul(stationary, moving, *, is_stationary_onezero=False, is_moving_onez
     M ≤ 128)``, moving ``(K ≤ 128, N ≤ 512)``, both in SBUF. Operand masks
     (``moving[...][mask]``) drop the masked-off points from the contraction and leave the
     output rows/columns they produce uncomputed. ``is_transpose=True`` means ``moving`` is an
-    identity and the result is ``stationary.T`` (exact, in the input dtype, on
-    NeuronCore-v3+). Accumulate with ``psum_tile += nisa.nc_matmul(...)``."""
+    identity and the result is ``stationary.T`` (exact and NaN-safe on NeuronCore-v3+).
+    The result is float32 whatever the inputs, transposes included: "The matmul
+    accumulation and results are always in float32" (general/nki/api/nki/isa/__init__.py@
+    8a38e733, L876), so it may be assigned or accumulated only into a float32 PSUM tile
+    (:func:`simulate.core.rules.check_legacy_matmul_result`). Accumulate with
+    ``psum_tile += nisa.nc_matmul(...)``."""
     st = tile_operand(stationary, "stationary", "nc_matmul", allow_psum=False,
                       operand_mask=True)
     mv = tile_operand(moving, "moving", "nc_matmul", allow_psum=False, operand_mask=True)
@@ -679,7 +679,6 @@ def nc_matmul(stationary, moving, *, is_stationary_onezero=False, is_moving_onez
             raise NKIValueError("is_transpose=True needs an identity matrix as moving",
                                 "err_transpose_identity")
         result = np.ascontiguousarray(a.T) if version >= 3 else None
-        out_dtype = st.dtype if version >= 3 else dt.float32
     else:
         result = None
     valid_a, valid_b = _operand_valid(st), _operand_valid(mv)

@@ -358,6 +358,9 @@ def assign(dst, value) -> None:
         inst, m, f32 = fresh
         rules.check_gpsimd_memory(f"{inst.opcode} (assigned into `{dst.name or 'tile'}`)",
                                   inst.engine, (dst.storage.memory,))
+        if inst.opcode == "nc_matmul" and dst.storage.memory == "psum":
+            rules.check_legacy_matmul_result("nisa.nc_matmul", dt.name(dst.dtype),
+                                             f"assigned into `{dst.name or 'tile'}`")
         write_into(dst, f32 if f32 is not None else value.data, m)
         inst.writes = (dst.region(),) + tuple(inst.writes[1:])
         inst.out_dtype = dt.name(dst.dtype)
@@ -392,6 +395,9 @@ def accumulate(dst, value, op_name: str) -> None:
     last = ctx.trace.instructions[-1] if ctx.trace.instructions else None
     psum_accumulation = (fresh is not None and fresh[0] is last and last.opcode == "nc_matmul"
                          and dst.storage.memory == "psum" and op_name == "add")
+    if psum_accumulation:
+        rules.check_legacy_matmul_result("nisa.nc_matmul", dt.name(dst.dtype),
+                                         f"accumulated into `{dst.name or 'tile'}`")
     if is_tile(value):
         src = tile_operand(value, "value", f"{op_name}=")
         rhs = fresh[2] if psum_accumulation and fresh[2] is not None else src.f32()

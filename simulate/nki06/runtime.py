@@ -16,6 +16,9 @@ import warnings
 
 import numpy as np
 
+from simulate.core import jax_calls
+from simulate.core import runtime as core_runtime
+
 from . import classes, context, language_check
 from . import dtypes as dt
 from .errors import NkiRuntimeError, NkiTypeError, NkiValueError
@@ -60,10 +63,8 @@ class Kernel:
             )
         if not args and not kwargs:
             raise NkiTypeError(f"kernel `{self.func.__name__}` called with no arguments")
-        from simulate import jax_neuronx  # traced JAX arrays: one operation of the program
-
-        if jax_neuronx.is_traced(args, kwargs):
-            return jax_neuronx.call_traced(
+        if jax_calls.is_traced(args, kwargs):  # one operation of the XLA program
+            return jax_calls.call_traced(
                 lambda a, k: launch(self.func, a, k, self.lnc), args, kwargs, self.func.__name__
             )
         return launch(self.func, args, kwargs, self.lnc)
@@ -239,6 +240,7 @@ def launch(func, args, kwargs, lnc, target=None):
             max(peaks[memory] for peaks in state.peaks.values()),
         )
     _last.trace = state.trace
+    core_runtime.record_trace(state.trace)  # simulate.last_trace() covers both dialects
     outputs = _outputs(results[0])
     for p in params:
         _hand_back(p)

@@ -197,11 +197,16 @@ class NkiTensor:
         """The view as a (writeable) NumPy array over the storage, in the storage dtype."""
         flat = self._flat()
         isz = flat.dtype.itemsize
-        return as_strided(
-            flat[self.offset :],
+        base = flat[self.offset :]
+        # ml_dtypes' float8_e5m2 says "<f1" in its array interface, which NumPy cannot parse
+        # back (as_strided goes through it): stride the bytes and view them as the dtype
+        bytewise = base.dtype.kind == "f" and isz == 1
+        view = as_strided(
+            base.view(np.uint8) if bytewise else base,
             shape=tuple(self._shape),
             strides=tuple(s * isz for s in self.strides),
         )
+        return view.view(base.dtype) if bytewise else view
 
     def values(self) -> np.ndarray:
         """A copy of the elements (storage dtype)."""

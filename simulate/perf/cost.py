@@ -408,6 +408,26 @@ class Schedule:
     core: list[int] = field(default_factory=list)  # per instruction: its physical core
     # per physical core: busy time of each compute engine and "dma" (any transfer in flight)
     core_busy_us: list[dict[str, float]] = field(default_factory=list)
+    # the least time each resource needs for this instruction mix (``engine_floors``)
+    floor_us: dict[str, float] = field(default_factory=dict)
+
+
+FLOOR_RESOURCES = COMPUTE_ENGINES + ("dma", "hbm")
+
+
+def engine_floors(sched: Schedule) -> dict[str, float]:
+    """The per-resource floor of a modeled trace, in microseconds: for each compute engine
+    the sum of its instructions' costs by the per-instruction rules alone (no dependency
+    wait, no dependent-instruction overhead; elided recomputations cost nothing), for
+    ``dma`` the busiest DMA engine's transfer time, and for ``hbm`` the HBM bytes over the
+    capped HBM rate; the largest over the physical cores (LNC=2: the two share one HBM
+    pool). No schedule of the same instructions can finish before the largest of them."""
+    return dict(sched.floor_us)
+
+
+def binding_resource(floors: dict[str, float]) -> str:
+    """The resource with the largest floor: what binds the instruction mix."""
+    return max(FLOOR_RESOURCES, key=lambda r: floors.get(r, 0.0))
 
 
 def _dma_class(direction: str) -> int:
@@ -467,6 +487,7 @@ def schedule(trace: Trace, target=None, overrides=None, by_address=False) -> Sch
     dma_class: list[int] = []  # per node: index into DMA_QUEUES (-1 for compute nodes)
     barriers: dict = {}  # loop id -> [iteration, members, barrier node]
     barrier_preds: list[list[int]] = []  # per barrier node (index n + k)
+    rule_us: dict[tuple, float] = {}  # (core, engine) -> sum of per-instruction rule costs
 
     def barrier_for(key, iteration, index):
         state = barriers.get(key)
@@ -561,6 +582,7 @@ def schedule(trace: Trace, target=None, overrides=None, by_address=False) -> Sch
                 duration = 0.0
                 deps[original] = True
             else:
+                rule_us[(core, engine)] = rule_us.get((core, engine), 0.0) + duration
                 if deps.get(previous_on.get(r + offset, -1)):
                     duration += dep_overhead[r]  # reads the output of the one before it
                 previous_on[r + offset] = i
@@ -614,8 +636,34 @@ def schedule(trace: Trace, target=None, overrides=None, by_address=False) -> Sch
         preds.append(dict.fromkeys(members, 0.0))
         res.append(_BARRIER)
         core_of.append(0)
-    return _list_schedule(table, insts, res, dur, preds, ports, dma_info, total, window,
-                          unmodeled, dma_class, lnc, core_of)
+    result = _list_schedule(table, insts, res, dur, preds, ports, dma_info, total, window,
+                            unmodeled, dma_class, lnc, core_of)
+    result.floor_us = _floors(table, rule_us, dma_info, core_of, lnc)
+    return result
+
+
+def _floors(table, rule_us, dma_info, core_of, lnc) -> dict[str, float]:
+    """See :func:`engine_floors`: the rule costs per engine, the DMA engines' transfer
+    times, the HBM bytes over the rate ``_list_schedule`` caps HBM traffic at."""
+    floors = dict.fromkeys(FLOOR_RESOURCES, 0.0)
+    for (_, engine), us in rule_us.items():
+        floors[engine] = max(floors[engine], us)
+    per_dma_engine: dict[tuple, float] = {}
+    hbm_bytes = 0
+    for node, info in enumerate(dma_info):
+        if info is None:
+            continue
+        plan, nbytes = info
+        hbm_bytes += nbytes
+        for e, us in plan:
+            key = (core_of[node], e)
+            per_dma_engine[key] = per_dma_engine.get(key, 0.0) + us
+    floors["dma"] = max(per_dma_engine.values(), default=0.0)
+    hbm_rate = table.hbm_share_gbps * table.hbm_efficiency * 1000.0  # bytes per us
+    if lnc > 1:
+        hbm_rate *= table.hbm_cores_per_pool
+    floors["hbm"] = hbm_bytes / hbm_rate
+    return floors
 
 
 def _common_subexpression(index, inst, engine, core, computed, tracker):

@@ -70,8 +70,9 @@ Tiling. Rows go on the partitions, 128 per row tile (a ragged last tile uses few
 row is worked through in column groups of ``G`` (2048, 1024 or 512) columns. A row whose
 working set does not fit SBUF is folded: ``x`` is viewed as (M·f, N/f), a reshape, so each
 row spreads over ``f`` consecutive partitions and one DMA still covers 128 partitions; the
-row statistic then adds the f partial sums with two small on-chip DMAs per row tile (no
-arithmetic across rows), and the parameter gradients keep one accumulator column per fold
+row statistic then adds the f partial sums after a change of layout through a small HBM
+scratch (four small DMAs per row tile, whole-tensor reshapes only; no arithmetic across
+rows), and the parameter gradients keep one accumulator column per fold
 segment. ``f`` (the smallest power of two ≤ 32 dividing N that fits), ``G`` and the ring
 length depend on N, the dtypes and the target only, never on M. bf16 (gemma, bf16 weight)
 folds at N ≥ 20,224 on trn1 / inf2, 24,320 on trn2 and 28,416 on trn3 (f = 2; f = 4 from
@@ -99,8 +100,6 @@ other rows or on M. A NaN in a row makes that row's ``dx`` NaN and, through the 
 """
 
 from __future__ import annotations
-
-import numpy as np
 
 from nki_rmsnorm.kernels.legacy.rmsnorm_bwd_streamed import streamed_backward
 from nki_rmsnorm.nki import nisa, nki, nl, usable_sbuf_bytes
@@ -150,12 +149,12 @@ def rmsnorm_bwd_out(dy, x, weight, rstd, dh_out, dx, dweight, dbias, offset, cas
 def backward_body(dy, x, weight, rstd, dh_out, dx, dweight, dbias, offset, casting_mode):
     """Write dx (and dweight / dbias when not None): the code both entry points share."""
     M, N = x.shape
-    if N > MAX_HIDDEN:
-        raise ValueError(f"rmsnorm_bwd: hidden size {N} exceeds the supported {MAX_HIDDEN}")
-    dtypes = BwdDtypes(x.dtype, dy.dtype, None if weight is None else weight.dtype,
-                       None if dh_out is None else dh_out.dtype)
+    # the bindings raise ValueError before any launch; the kernel only asserts
+    assert N <= MAX_HIDDEN, f"rmsnorm_bwd: hidden size {N} exceeds the supported {MAX_HIDDEN}"
+    dtypes = BwdDtypes(x=x.dtype, dy=dy.dtype, weight=None if weight is None else weight.dtype,
+                       dh_out=None if dh_out is None else dh_out.dtype)
     plan = make_plan(N, dtypes, offset, casting_mode, usable_sbuf_bytes(),
-                     int(nisa.get_nc_version()))
+                     nisa.get_nc_version())
     if plan is None:
         streamed_backward(dy, x, weight, rstd, dh_out, offset, casting_mode, dx, dweight,
                           dbias)
@@ -174,17 +173,20 @@ def _folded_backward(plan, dy, x, weight, rstd, dh_out, dx, dweight, dbias, offs
              None if dh_out is None else dh_out.reshape((M * f, L)))
     P = nl.tile_size.pmax
     # Every buffer that outlives one loop iteration is created here, before the loops, with
-    # a leading block dimension (the ring of group slots; two slots of per-tile operands),
-    # and written with ``[...] =`` inside them: a tile created in a loop body may not be
-    # used after it (general/nki/api/nki.errors.rst@8a38e733, lines 419-475).
-    rings = (nl.ndarray((plan.ring, nl.par_dim(P), plan.group), dtype=nl.float32),
-             nl.ndarray((plan.ring, nl.par_dim(P), plan.group), dtype=x.dtype),
-             nl.ndarray((DY_SLOTS, nl.par_dim(P), plan.group), dtype=dy.dtype))
+    # its slots in a free dimension after the partitions (the ring of group slots; two slots
+    # of per-tile operands; block dimensions are deprecated from SDK 2.23:
+    # general/nki/nki_block_dimension_migration_guide.rst@8a38e733, "move the block
+    # dimension into free dimension"), and written with ``[...] =`` inside them: a tile
+    # created in a loop body may not be used after it (general/nki/api/nki.errors.rst
+    # @8a38e733, lines 419-475).
+    rings = (nl.ndarray((P, plan.ring, plan.group), dtype=nl.float32),
+             nl.ndarray((P, plan.ring, plan.group), dtype=x.dtype),
+             nl.ndarray((P, DY_SLOTS, plan.group), dtype=dy.dtype))
     slots = BwdTileSlots(
-        nl.ndarray((2, nl.par_dim(plan.stationary_rows), SPLIT, P), dtype=nl.bfloat16),
-        nl.ndarray((2, nl.par_dim(P), consts.table_cols.shape[2]), dtype=nl.float32),
-        nl.ndarray((2, nl.par_dim(P), plan.n_groups), dtype=nl.float32),
-        nl.ndarray((2, nl.par_dim(P), 1), dtype=nl.float32))
+        rows=nl.ndarray((plan.stationary_rows, 2, SPLIT, P), dtype=nl.bfloat16),
+        cols=nl.ndarray((P, 2, consts.table_cols.shape[2]), dtype=nl.float32),
+        partials=nl.ndarray((P, 2, plan.n_groups), dtype=nl.float32),
+        negk=nl.ndarray((P, 2, 1), dtype=nl.float32))
 
     # Software pipeline: statistic pass of tile t next to the gradient pass of tile t − 1.
     n_tiles = -(-M * f // P)
@@ -194,38 +196,62 @@ def _folded_backward(plan, dy, x, weight, rstd, dh_out, dx, dweight, dbias, offs
         if tile is not None:
             _load_tile_operands(consts, tile, t)
         for g in nl.static_range(plan.n_groups):
-            if tile is not None:
-                dy_g, dydx = _statistic_group(plan, consts, views, rings, tile, t, g)
-            if previous is not None:
+            # the tiles the statistic pass returns are used in the block that made them
+            if tile is None:
                 _gradient_group(plan, views, rings, previous, t - 1, g)
-            if tile is not None:
+            else:
+                dy_g, dydx = _statistic_group(plan, consts, views, rings, tile, t, g)
+                if previous is not None:
+                    _gradient_group(plan, views, rings, previous, t - 1, g)
                 _column_sums_group(plan, consts, tile, g, dy_g, dydx,
                                    (dweight, dbias) if t == n_tiles - 1 else (None, None))
         if tile is not None:
-            _finish_statistic(plan, tile)
+            _finish_statistic(plan, consts, tile)
 
 
 # --- setup ---------------------------------------------------------------------------------
 def _constants(plan, M, N, dy, weight, rstd, offset, want_dweight, want_dbias):
     """The kernel's constants and accumulators (see ``BwdConstants``)."""
-    P = nl.tile_size.pmax
     f = plan.fold
-    fold_mask = np.equal.outer(np.arange(P) % f, np.arange(f))
     # llama / none: dweight sums dy·round(x̂) unscaled; gemma: the moving operand is the
-    # tile's rstd column (masked per fold segment), from the table
-    dweight_moving = None
-    if want_dweight and plan.round_xhat:
-        dweight_moving = nl.load(nl.shared_constant(fold_mask, dtype=nl.float32))
-    dbias_moving = None
-    if want_dbias:
-        dbias_moving = nl.load(nl.shared_constant(fold_mask, dtype=dy.dtype))
+    # tile's rstd column (masked per fold segment), from the table. Conditional expressions,
+    # not ``if`` blocks: a tile made in a block may not be used after it (errors L417-474).
+    dweight_moving = _fold_mask(f, nl.float32) if want_dweight and plan.round_xhat else None
+    dbias_moving = _fold_mask(f, dy.dtype) if want_dbias else None
     n_cols = 2 + (f if (want_dweight and not plan.round_xhat and f > 1) else 0)
     table_rows, table_cols = _rstd_tables(plan, M, N, rstd, n_cols)
-    return BwdConstants(_weight_rows(plan, N, weight, offset), weight if plan.kw == 1 else None,
-                   dweight_moving, dbias_moving,
-                   _column_sum_accumulators(plan) if want_dweight else None,
-                   _column_sum_accumulators(plan) if want_dbias else None,
-                   table_rows, table_cols)
+    return BwdConstants(w_rows=_weight_rows(plan, N, weight, offset),
+                        w_lazy=weight if plan.kw == 1 else None,
+                        dweight_moving=dweight_moving, dbias_moving=dbias_moving,
+                        dweight_acc=_column_sum_accumulators(plan) if want_dweight else None,
+                        dbias_acc=_column_sum_accumulators(plan) if want_dbias else None,
+                        table_rows=table_rows, table_cols=table_cols,
+                        fold_scratch=_fold_scratch(f))
+
+
+def _fold_scratch(f):
+    """With a fold, a private HBM vector of P fp32 through which the segment sums of each
+    row tile change layout (``_add_fold_segments``); None without one."""
+    P = nl.tile_size.pmax
+    return None if f == 1 else nl.ndarray((P,), dtype=nl.float32, buffer=nl.private_hbm)
+
+
+def _fold_mask(f, dtype):
+    """The (P, f) 0/1 mask ``[p mod f == h]`` in ``dtype``, built on chip: an identity
+    (GpSimd ``iota`` of column − partition, Vector compare with 0.0), then for each h the
+    Vector sum of its columns h, h + f, … (an affine ``nl.arange`` stride on the free
+    dimension: general/nki/programming_model.rst@8a38e733, lines 531-577). Exact: every sum
+    has a single 1."""
+    P = nl.tile_size.pmax
+    i_p = nl.arange(P)[:, None]
+    identity = nisa.tensor_scalar(nisa.iota(nl.arange(P)[None, :] - i_p, dtype=nl.int32),
+                                  op0=nl.equal, operand0=0.0, dtype=nl.float32)
+    i_r = nl.arange(P // f)[None, :]
+    mask = nl.ndarray((P, f), dtype=dtype)
+    for h in nl.static_range(f):
+        mask[:, h:h + 1] = nisa.tensor_reduce(nl.add, identity[i_p, h + f * i_r], axis=[1],
+                                              dtype=dtype, keepdims=True)
+    return mask
 
 
 def _bf16_parts(values):
@@ -248,7 +274,9 @@ def _weight_rows(plan, N, weight, offset):
         rows[...] = nisa.memset((plan.kw * f, L), 1.0, dtype=nl.bfloat16)
     elif plan.kw > 1:
         # w' = weight + offset in fp32, split, on as many partitions as divide N
-        lanes = max(d for d in range(1, nl.tile_size.pmax + 1) if N % d == 0)
+        lanes = 1
+        for d in range(1, nl.tile_size.pmax + 1):
+            lanes = d if N % d == 0 else lanes
         w = nl.load(weight.reshape((lanes, N // lanes)), dtype=nl.float32)
         w_parts = _bf16_parts(nisa.tensor_scalar(w, nl.add, float(offset), dtype=nl.float32))
         for b in nl.static_range(SPLIT):
@@ -276,32 +304,38 @@ def _rstd_tables(plan, M, N, rstd, n_cols):
     table_rows = nl.ndarray((n_tiles, K, SPLIT, P), dtype=nl.bfloat16,
                             buffer=nl.private_hbm)
     table_cols = nl.ndarray((n_tiles, P, n_cols), dtype=nl.float32, buffer=nl.private_hbm)
+    # rstd padded with zeros to whole row tiles: (tiles, R) by reshaping whole HBM tensors
+    # only (general/nki/tutorials/..., the tutorial reshapes the tensor, never a slice)
+    padded = nl.ndarray((n_tiles, R), dtype=nl.float32, buffer=nl.private_hbm)
+    flat = padded.reshape((1, n_tiles * R))
+    nl.store(flat[0:1, 0:M], value=nl.load(rstd.reshape((1, M))))
+    if n_tiles * R > M:
+        nl.store(flat[0:1, M:n_tiles * R], value=nl.zeros((1, n_tiles * R - M),
+                                                           dtype=nl.float32))
+    i_r = nl.arange(R)[None, :]
     for block in nl.static_range(-(-n_tiles // P)):
         t0 = block * P
         nt = min(P, n_tiles - t0)
-        full = min(nt, (M - t0 * R) // R)
-        r_t = nl.zeros((nt, R), dtype=nl.float32)
-        if full:
-            r_t[0:full, :] = nl.load(rstd[t0 * R:(t0 + full) * R].reshape((full, R)))
-        if full < nt:
-            rest = M - (t0 + full) * R
-            r_t[full:nt, 0:rest] = nl.load(rstd[(t0 + full) * R:M].reshape((1, rest)))
+        i_t = nl.arange(nt)[:, None]
+        r_t = nl.load(padded[t0:t0 + nt, :])
         rows = nl.zeros((nt, K, SPLIT, P), dtype=nl.bfloat16)
         parts = _bf16_parts(r_t)
+        # partition p of segment h is h + f·r: an affine stride on the free dimension
+        # (general/nki/programming_model.rst@8a38e733, lines 531-577)
         for a in nl.static_range(SPLIT):
             for b in nl.static_range(plan.kw):
                 for h in nl.static_range(f):
-                    rows[:, b * f + h, a, h::f] = nisa.tensor_copy(parts[a])
+                    rows[i_t, b * f + h, a, h + f * i_r] = nisa.tensor_copy(parts[a])
         nl.store(table_rows[t0:t0 + nt], value=rows)
         neg_scale = nisa.scalar_tensor_tensor(data=r_t, op0=nl.multiply, operand0=-1.0 / N,
                                               op1=nl.multiply, operand1=r_t,
                                               dtype=nl.float32)
         cols = nl.zeros((nt, P, n_cols), dtype=nl.float32)
         for h in nl.static_range(f):
-            cols[:, h::f, 0] = nisa.tensor_copy(r_t)
-            cols[:, h::f, 1] = nisa.tensor_copy(neg_scale)
+            cols[i_t, h + f * i_r, 0] = nisa.tensor_copy(r_t)
+            cols[i_t, h + f * i_r, 1] = nisa.tensor_copy(neg_scale)
             if n_cols > 2:
-                cols[:, h::f, 2 + h] = nisa.tensor_copy(r_t)
+                cols[i_t, h + f * i_r, 2 + h] = nisa.tensor_copy(r_t)
         nl.store(table_cols[t0:t0 + nt], value=cols)
     return table_rows, table_cols
 
@@ -309,7 +343,9 @@ def _rstd_tables(plan, M, N, rstd, n_cols):
 def _column_sum_accumulators(plan):
     """A zeroed fp32 PSUM tile for column sums, ``(banks, P, 512)``: ``n_groups · G/128 ·
     fold`` columns, one 2 KiB bank per block; see ``_accumulate_column_sums`` for the
-    layout."""
+    layout. PSUM keeps its block dimension: AWS's migration guide has no PSUM form yet
+    ("the backend support for removing blocks in PSUM tensor is still in progress",
+    general/nki/nki_block_dimension_migration_guide.rst@8a38e733, lines 176-180)."""
     P = nl.tile_size.pmax
     n = plan.n_groups * (-(-plan.group // P)) * plan.fold
     return nl.zeros((-(-n // PSUM_BANK_COLS), nl.par_dim(P), PSUM_BANK_COLS),
@@ -320,15 +356,15 @@ def _column_sum_accumulators(plan):
 def _tile_view(slots, t, p):
     """Row tile ``t`` of ``p`` partitions, its operands in slot t mod 2."""
     slot = t % 2
-    return BwdTile(t * nl.tile_size.pmax, p, slots.rows[slot, :, :, 0:p],
-                 slots.cols[slot, 0:p, :], slots.partials[slot, 0:p, :],
-                 slots.negk[slot, 0:p, :])
+    return BwdTile(v0=t * nl.tile_size.pmax, p=p, rows=slots.rows[:, slot, :, 0:p],
+                   cols=slots.cols[0:p, slot, :], partials=slots.partials[0:p, slot, :],
+                   negk=slots.negk[0:p, slot, :])
 
 
 def _load_tile_operands(consts, tile, t):
     """Load row tile t's stationary rows and rstd columns from the HBM tables."""
-    tile.rows[...] = nl.load(consts.table_rows[t][:, :, 0:tile.p])
-    tile.cols[...] = nl.load(consts.table_cols[t][0:tile.p, :])
+    tile.rows[...] = nl.load(consts.table_rows[t, :, :, 0:tile.p])
+    tile.cols[...] = nl.load(consts.table_cols[t, 0:tile.p, :])
 
 
 def _slot(plan, t, g):
@@ -341,7 +377,7 @@ def _group_slot(plan, rings, tile, t, g):
     p, g0 = tile.p, g * plan.group
     width = min(plan.group, plan.width - g0)
     slot = _slot(plan, t, g)
-    return p, g0, width, rings[0][slot, 0:p, 0:width], rings[1][slot, 0:p, 0:width]
+    return p, g0, width, rings[0][0:p, slot, 0:width], rings[1][0:p, slot, 0:width]
 
 
 def _statistic_group(plan, consts, views, rings, tile, t, g):
@@ -350,7 +386,7 @@ def _statistic_group(plan, consts, views, rings, tile, t, g):
     for ``_column_sums_group``)."""
     dy_v, x_v = views[0], views[1]
     p, g0, width, p1, xs = _group_slot(plan, rings, tile, t, g)
-    dy_g = rings[2][(t * plan.n_groups + g) % DY_SLOTS, 0:p, 0:width]
+    dy_g = rings[2][0:p, (t * plan.n_groups + g) % DY_SLOTS, 0:width]
     dy_g[...] = nl.load(dy_v[nl.ds(tile.v0, p), nl.ds(g0, width)])
     xs[...] = nl.load(x_v[nl.ds(tile.v0, p), nl.ds(g0, width)])
     if t == 0 and consts.w_lazy is not None:
@@ -434,7 +470,7 @@ def _outer_product(rstd_rows, w_rows):
     return a
 
 
-def _finish_statistic(plan, tile):
+def _finish_statistic(plan, consts, tile):
     """``−k = −rstd²/N · s`` per partition once all groups of the tile are summed (Scalar
     engine: the partials scaled by the tile's −rstd²/N column and added); with a fold the
     segment sums of a row are added next (on-chip DMAs, no arithmetic across rows)."""
@@ -442,20 +478,25 @@ def _finish_statistic(plan, tile):
     nisa.activation_reduce(op=nl.copy, data=tile.partials, reduce_op=nl.add,
                            reduce_res=segment_negk, scale=tile.cols[:, 1:2], dtype=nl.float32)
     if plan.fold > 1:
-        _add_fold_segments(tile.negk, segment_negk, tile.p, plan.fold)
+        _add_fold_segments(tile.negk, segment_negk, tile.p, plan.fold, consts.fold_scratch)
 
 
-def _add_fold_segments(out, s, p, f):
+def _add_fold_segments(out, s, p, f, scratch):
     """Write into ``out`` the row sums of the per-partition sums ``s`` (p, 1), broadcast
-    back to the f partitions of each row: one on-chip DMA gathers the f segments of a row
-    onto one partition ((p, 1) → (p/f, f)), the Vector engine adds them and repeats the sum
-    f times, and one DMA scatters it back."""
+    back to the f partitions of each row. The layout changes through the HBM ``scratch``
+    (P fp32), reshaped whole (the only documented reshape): s stored as a column, loaded
+    back with the f segments of a row on one partition (rows, f); the Vector engine adds
+    them and repeats the sum f times; stored, and loaded back as a column."""
+    P = nl.tile_size.pmax
     rows = p // f
-    segments = nl.ndarray((rows, f), dtype=nl.float32)
-    nisa.dma_copy(dst=segments, src=s)
+    column = scratch.reshape((P, 1))
+    by_row = scratch.reshape((P // f, f))
+    nl.store(column[0:p, :], value=s)
+    segments = nl.load(by_row[0:rows, :])
     total = nisa.tensor_reduce(nl.add, segments, axis=[1], dtype=nl.float32, keepdims=True)
-    repeated = nisa.tensor_copy(total.broadcast_to((rows, f)), dtype=nl.float32)
-    nisa.dma_copy(dst=out, src=repeated)
+    nl.store(by_row[0:rows, :], value=nisa.tensor_copy(total.broadcast_to((rows, f)),
+                                                      dtype=nl.float32))
+    out[...] = nl.load(column[0:p, :])
 
 
 def _gradient_group(plan, views, rings, tile, t, g):
@@ -490,10 +531,14 @@ def _accumulate_column_sums(plan, acc, data, moving, g):
     f = plan.fold
     width = data.shape[1]
     n = -(-width // P)
+    i_p = nl.arange(data.shape[0])[:, None]
     for b in nl.static_range(n):
         count = -(-(width - b) // n)
         bank, c = divmod((g * (-(-plan.group // P)) + b) * f, PSUM_BANK_COLS)
-        acc[bank, 0:count, c:c + f] += nisa.nc_matmul(data[:, b::n], moving)
+        # columns b, b + n, …: an affine stride on the free dimension (programming_model
+        # L531-577)
+        stationary = data[i_p, b + n * nl.arange(count)[None, :]]
+        acc[bank, 0:count, c:c + f] += nisa.nc_matmul(stationary, moving)
 
 
 def _store_column_sums(plan, dst, acc, g):
@@ -509,13 +554,15 @@ def _store_column_sums(plan, dst, acc, g):
     width = min(G, L - g * G)
     n = -(-width // P)
     bank, c0 = divmod(g * per_group * f, PSUM_BANK_COLS)
-    rounded = nl.ndarray((P, n, f), dtype=dst.dtype)
-    rounded.reshape((P, n * f))[...] = nl.copy(acc[bank, :, c0:c0 + n * f], dtype=dst.dtype)
+    # column b·f + h: set b of segment h
+    rounded = nl.copy(acc[bank, :, c0:c0 + n * f], dtype=dst.dtype)
     full, rest = divmod(width, n)
+    i_b = nl.arange(n)[None, :]
     for h in nl.static_range(f):
         g0 = h * L + g * G
         if full:
-            nl.store(dst[g0:g0 + full * n].reshape((full, n)), value=rounded[0:full, :, h])
+            nl.store(dst[g0:g0 + full * n].reshape((full, n)),
+                     value=rounded[nl.arange(full)[:, None], h + f * i_b])
         if rest:
             nl.store(dst[g0 + full * n:g0 + width].reshape((1, rest)),
-                     value=rounded[full:full + 1, 0:rest, h])
+                     value=rounded[full, h + f * nl.arange(rest)[None, :]])

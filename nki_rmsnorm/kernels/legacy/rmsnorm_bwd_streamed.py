@@ -89,10 +89,12 @@ def streamed_backward(dy, x, weight, rstd, dh_out, offset, casting_mode, dx, dwe
     plan = make_streamed_plan(N, x.dtype, dy.dtype, None if weight is None else weight.dtype,
                       casting_mode, usable_sbuf_bytes())
     w_all = _broadcast_weight(weight) if plan.weight_resident else None
-    inputs = StreamedInputs(dy, x, weight, w_all, rstd.reshape((M, 1)), dh_out, offset)
-    grads = StreamedParamGrads(_column_sum_accumulators(N) if dweight is not None else None,
-                        _column_sum_accumulators(N) if dbias is not None else None,
-                        nl.ones((P, 1), dtype=nl.float32), nl.ones((P, 1), dtype=dy.dtype))
+    inputs = StreamedInputs(dy=dy, x=x, weight=weight, w_all=w_all, rstd=rstd.reshape((M, 1)),
+                            dh_out=dh_out, offset=offset)
+    grads = StreamedParamGrads(
+        dweight=_column_sum_accumulators(N) if dweight is not None else None,
+        dbias=_column_sum_accumulators(N) if dbias is not None else None,
+        ones_f32=nl.ones((P, 1), dtype=nl.float32), ones_dy=nl.ones((P, 1), dtype=dy.dtype))
 
     for tile in nl.affine_range(M // P):
         _row_tile(plan, inputs, grads, dx, tile * P, P)
@@ -109,19 +111,18 @@ def _row_tile(plan, inputs, grads, dx, r0, rows):
     """Both passes over rows r0 … r0+rows (one per partition), chunk by chunk."""
     N = inputs.x.shape[1]
     rstd_t = nl.load(inputs.rstd[nl.ds(r0, rows), :], dtype=nl.float32)
-    dy_row = x_row = None
-    if plan.rows_resident:
-        dy_row = nl.ndarray((rows, N), dtype=inputs.dy.dtype)
-        x_row = nl.ndarray((rows, N), dtype=inputs.x.dtype)
+    # conditional expressions, not ``if`` blocks: a tile made in a block may not be used
+    # after it (general/nki/api/nki.errors.rst@8a38e733, lines 417-474)
+    dy_row = nl.ndarray((rows, N), dtype=inputs.dy.dtype) if plan.rows_resident else None
+    x_row = nl.ndarray((rows, N), dtype=inputs.x.dtype) if plan.rows_resident else None
     partials = nl.ndarray((rows, plan.n_chunks), dtype=nl.float32)
     for c in nl.static_range(plan.n_chunks):
         c0 = c * CHUNK_COLS
         _statistic_chunk(plan, inputs, grads, r0, rows, c0, min(CHUNK_COLS, N - c0), rstd_t,
                          dy_row, x_row, partials[:, c:c + 1])
     # k = rstd · mean(g·x̂), so that dx = rstd · (g − x·k).
-    g_xhat_sum = partials
-    if plan.n_chunks > 1:
-        g_xhat_sum = nisa.tensor_reduce(nl.add, partials, axis=[1], dtype=nl.float32)
+    g_xhat_sum = (nisa.tensor_reduce(nl.add, partials, axis=[1], dtype=nl.float32)
+                  if plan.n_chunks > 1 else partials)
     k = nisa.tensor_scalar(g_xhat_sum, nl.multiply, rstd_t, op1=nl.multiply, operand1=1.0 / N)
     for c in nl.static_range(plan.n_chunks):
         c0 = c * CHUNK_COLS
@@ -148,18 +149,23 @@ def _statistic_chunk(plan, inputs, grads, r0, rows, c0, width, rstd_t, dy_row, x
 
 def _gradient_chunk(inputs, dx, r0, rows, c0, width, rstd_t, k, dy_row, x_row):
     """Pass 2 on one chunk: dx from the resident rows (or loaded again), stored."""
-    if dy_row is not None:
-        dy_c = dy_row[:, c0:c0 + width]
-        x_c = x_row[:, c0:c0 + width]
-    else:
-        dy_c = _load_chunk(inputs.dy, None, r0, rows, c0, width)
-        x_c = _load_chunk(inputs.x, None, r0, rows, c0, width)
-    dh_c = None
-    if inputs.dh_out is not None:
-        dh_c = _load_chunk(inputs.dh_out, None, r0, rows, c0, width)
+    dy_c = _resident_or_loaded(inputs.dy, dy_row, r0, rows, c0, width)
+    x_c = _resident_or_loaded(inputs.x, x_row, r0, rows, c0, width)
+    dh_c = _resident_or_loaded(inputs.dh_out, None, r0, rows, c0, width)
     dx_c = _dx_chunk(dy_c, x_c, _weight_chunk(inputs, rows, c0, width), dh_c, inputs.offset,
                      rstd_t, k, inputs.x.dtype)
     nl.store(dx[nl.ds(r0, rows), nl.ds(c0, width)], value=dx_c)
+
+
+def _resident_or_loaded(src, resident_row, r0, rows, c0, width):
+    """Columns c0 … c0+width of a chunk for pass 2: the resident row's slice, else loaded
+    from ``src`` (None for an absent ``src``); each tile is returned from the block that
+    made it."""
+    if src is None:
+        return None
+    if resident_row is not None:
+        return resident_row[:, c0:c0 + width]
+    return _load_chunk(src, None, r0, rows, c0, width)
 
 
 def _load_chunk(src, resident_row, r0, rows, c0, width):
@@ -276,9 +282,11 @@ def _store_column_sums(dst, acc):
         sums = nl.copy(acc[bank], dtype=dst.dtype)
         if full:
             i_j = nl.arange(full)[None, :]
-            nl.store(dst[(first + i_j) * P + i_p], value=sums[:, 0:full])
+            # the tutorial's form: the 1-D tensor reshaped whole to 2-D, then indexed
+            nl.store(dst.reshape((N, 1))[(first + i_j) * P + i_p, 0], value=sums[:, 0:full])
         if rest and first <= full_blocks < first + PSUM_BANK_COLS:
             last = full_blocks - first
             start = full_blocks * P
-            nl.store(dst[start:start + rest].reshape((rest, 1)),
+            # the whole tensor reshaped, then sliced (never a slice reshaped)
+            nl.store(dst.reshape((N, 1))[start:start + rest, :],
                      value=sums[0:rest, last:last + 1])

@@ -13,7 +13,7 @@ Per tile:
 DMA   load the (P, F) segments of x (with a residual: load both, DVE adds them, store h)
 ACT   Σh² per segment (``activation_reduce``) into an fp32 column
 PE    transpose that column into one row; DVE: each row's s segment sums added
-      (``tensor_reduce``, segment order)
+      (``nl.sum`` over the segment axis, segment order)
 PE    the R row sums transposed to an (R, 1) column; ACT rstd on it (a fixed number of
       instructions, not some per row); DMA rstd out; PE: transposed to a row; GpSimd: rstd
       repeated into each segment's place; PE: transposed back, one rstd per partition
@@ -188,7 +188,11 @@ def _split_statistics(plan, s, views, hbm, resident, slot, seg0, parts):
     sums = nisa.nc_matmul(segment_sq, resident.ident_f32[:parts, :parts], is_transpose=True)
     by_row = sums[nl.arange(1)[:, None, None],
                   nl.arange(R)[None, :, None] * s + nl.arange(s)[None, None, :]]
-    row_sq = nisa.tensor_reduce(nl.add, by_row, axis=2, dtype=nl.float32)
+    # Vector: the s segment sums of each row added in segment order. nl.sum over the inner
+    # axis of an indexed view, as AWS's legacy pooling example reduces inner axes
+    # (general/nki/examples/average_pool2d/average_pool2d_nki_kernels.py@8a38e733, L49-L50);
+    # nisa.tensor_reduce would have to reduce every free axis (isa L1586, L1619).
+    row_sq = nl.sum(by_row, axis=[2], dtype=nl.float32)
 
     # PE: the R sums transposed to one per partition, so that the rstd chain (ACT) is a
     # fixed number of instructions over all R rows (its Newton steps scale by a per-partition

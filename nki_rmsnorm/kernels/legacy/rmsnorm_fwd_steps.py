@@ -230,18 +230,20 @@ def rstd_rows(plan, rstd, ident, stacked=True):
     j's rstd for partition p in column p of block j (a K = pieces matmul against stacked
     weight rows); otherwise (1, k·pieces, parts), one block per row and piece (``pieces``
     accumulating K = 1 matmuls against one weight row). Pieces from :func:`split_rstd`,
-    transposes on the Tensor engine (exact), the PSUM → SBUF copy on the Vector engine."""
+    transposes on the Tensor engine (exact) into float32 PSUM (a legacy matmul's result is
+    always float32: general/nki/api/nki/isa/__init__.py@8a38e733, L876), the PSUM → SBUF
+    copy to the operand dtype on the Vector engine (exact: every piece is a bf16 value)."""
     parts, k = rstd.shape
     pieces = plan.rstd_pieces
     dtype = plan.scale_dtype
     split = split_rstd(plan, rstd)
     if stacked:
-        transposed = nl.ndarray((pieces, k, parts), dtype=dtype, buffer=nl.psum)
+        transposed = nl.ndarray((pieces, k, parts), dtype=nl.float32, buffer=nl.psum)
         for j in nl.static_range(k):
             transposed[:, j, :] = nisa.nc_matmul(split[:, pieces * j:pieces * (j + 1)], ident,
                                                  is_transpose=True)
     else:
-        transposed = nl.ndarray((1, k * pieces, parts), dtype=dtype, buffer=nl.psum)
+        transposed = nl.ndarray((1, k * pieces, parts), dtype=nl.float32, buffer=nl.psum)
         for b in nl.static_range(k * pieces):
             transposed[:, b, :] = nisa.nc_matmul(split[:, b:b + 1], ident, is_transpose=True)
     return nisa.tensor_copy(transposed, dtype=dtype)

@@ -25,7 +25,12 @@ Differences from the legacy code, all forced or allowed by 0.6:
   of copying one accumulator), so dweight and dbias are bitwise the same at LNC=1 and
   LNC=2; dx is row-local and the row tiles start at the same rows either way.
 * A folded row's sum is repeated over its partitions through a broadcast view
-  (``NkiTensor.broadcast``), not a Vector copy of a ``broadcast_to`` tile.
+  (``NkiTensor.broadcast``, from NKI 0.5: aws-neuron-sdk@81ce03ae
+  release-notes/components/nki.rst L127-132), not a Vector copy of a ``broadcast_to`` tile.
+* Kernel code is the NKI meta-language (nki/get-started/nki-language-guide.rst@81ce03ae
+  L54-56): NKI dtypes, ``for``/``.append`` loops, ``assert`` checks, no NumPy; the fold masks
+  are built on chip (GpSimd ``iota``, Vector compare and reductions) instead of NumPy arrays
+  fed to ``nl.shared_constant``.
 
 Both regimes are ported: the main one (rows on the partitions, folded over ``plan.fold``
 partitions when too long for SBUF) here, the streamed one (rows that fit neither way) in
@@ -33,8 +38,6 @@ partitions when too long for SBUF) here, the streamed one (rows that fit neither
 """
 
 from __future__ import annotations
-
-import numpy as np
 
 from nki_rmsnorm.kernels.nki06._nki import nisa, nki, nl, usable_sbuf_bytes
 from nki_rmsnorm.kernels.nki06.rmsnorm_bwd_streamed import (
@@ -88,38 +91,34 @@ def backward_body(dy, x, weight, rstd, dh_out, dx, dweight, dbias, offset, casti
     """Write dx (and dweight / dbias when not None): the code both entry points share. Under
     LNC=2 core ``nl.program_id(0)`` takes one half of the row tiles."""
     M, N = x.shape
-    if N > MAX_HIDDEN:
-        raise ValueError(f"rmsnorm_bwd: hidden size {N} exceeds the supported {MAX_HIDDEN}")
+    # a kernel_assert-style check (AWS: nki-library@d2ad3a5
+    # src/nkilib_src/nkilib/core/utils/kernel_assert.py L17); the bindings raise ValueError
+    # before any launch
+    assert N <= MAX_HIDDEN, f"rmsnorm_bwd: hidden size {N} exceeds the supported {MAX_HIDDEN}"
     dtypes = BwdDtypes(
-        _numpy_dtype(x.dtype),
-        _numpy_dtype(dy.dtype),
-        None if weight is None else _numpy_dtype(weight.dtype),
-        None if dh_out is None else _numpy_dtype(dh_out.dtype),
+        x=x.dtype,
+        dy=dy.dtype,
+        weight=None if weight is None else weight.dtype,
+        dh_out=None if dh_out is None else dh_out.dtype,
     )
-    plan = make_plan(
-        N, dtypes, offset, casting_mode, usable_sbuf_bytes(), int(nisa.get_nc_version())
-    )
+    plan = make_plan(N, dtypes, offset, casting_mode, usable_sbuf_bytes(), nisa.get_nc_version())
     fold = 1 if plan is None else plan.fold
     n_tiles = -(-M * fold // nl.tile_size.pmax)
     half = -(-n_tiles // 2)  # row tiles of the first half; the second has the rest
     halves = ((0, half), (half, n_tiles)) if n_tiles > 1 else ((0, n_tiles),)
     share = None  # this core runs every half and adds them itself
+    idle = False
     if nl.num_programs(0) == 2 and len(halves) == 2:
         share = nl.program_id(0)
-        halves = halves[share : share + 1]
+        halves = (halves[share],)
     elif nl.num_programs(0) == 2 and nl.program_id(0) == 1:
-        return  # one row tile: core 1 has no rows and nothing to add
-    if plan is None:
+        idle = True  # one row tile: core 1 has no rows and nothing to add
+    if not idle and plan is None:
         streamed_backward(
             dy, x, weight, rstd, dh_out, offset, casting_mode, dx, dweight, dbias, halves, share
         )
-    else:
+    elif not idle:
         _rows_backward(plan, dy, x, weight, rstd, dh_out, dx, dweight, dbias, offset, halves, share)
-
-
-def _numpy_dtype(dtype):
-    """The NumPy dtype of an NKI dtype (the planner is pure Python on NumPy dtypes)."""
-    return np.dtype(getattr(dtype, "numpy", dtype))
 
 
 def _rows_backward(plan, dy, x, weight, rstd, dh_out, dx, dweight, dbias, offset, halves, share):
@@ -135,19 +134,22 @@ def _rows_backward(plan, dy, x, weight, rstd, dh_out, dx, dweight, dbias, offset
     want_dweight, want_dbias = dweight is not None, dbias is not None
     consts = _constants(plan, rows, N, dy, weight, rstd[r0:r1], offset, want_dweight, want_dbias)
     # row r of the slice spreads over partitions r·f … r·f + f − 1 (a free HBM reshape)
-    views = tuple(
-        None if t is None else t[r0:r1, :].reshape((rows * f, L)) for t in (dy, x, dx, dh_out)
+    views = (
+        _folded_view(dy, r0, r1, f, L),
+        _folded_view(x, r0, r1, f, L),
+        _folded_view(dx, r0, r1, f, L),
+        _folded_view(dh_out, r0, r1, f, L),
     )
     rings = (
-        [nl.ndarray((P, plan.group), dtype=nl.float32) for _ in range(plan.ring)],
-        [nl.ndarray((P, plan.group), dtype=x.dtype) for _ in range(plan.ring)],
-        [nl.ndarray((P, plan.group), dtype=dy.dtype) for _ in range(DY_SLOTS)],
+        _tiles(plan.ring, (P, plan.group), nl.float32),
+        _tiles(plan.ring, (P, plan.group), x.dtype),
+        _tiles(DY_SLOTS, (P, plan.group), dy.dtype),
     )
     slots = BwdTileSlots(
-        [nl.ndarray((plan.stationary_rows, SPLIT, P), dtype=nl.bfloat16) for _ in range(2)],
-        [nl.ndarray((P, consts.table_cols.shape[2]), dtype=nl.float32) for _ in range(2)],
-        [nl.ndarray((P, plan.n_groups), dtype=nl.float32) for _ in range(2)],
-        [nl.ndarray((P, 1), dtype=nl.float32) for _ in range(2)],
+        rows=_tiles(2, (plan.stationary_rows, SPLIT, P), nl.bfloat16),
+        cols=_tiles(2, (P, consts.table_cols.shape[2]), nl.float32),
+        partials=_tiles(2, (P, plan.n_groups), nl.float32),
+        negk=_tiles(2, (P, 1), nl.float32),
     )
     # with two halves on this core, the first half's column sums wait here (fp32, SBUF)
     accumulators = (consts.dweight_acc, consts.dbias_acc)
@@ -156,7 +158,9 @@ def _rows_backward(plan, dy, x, weight, rstd, dh_out, dx, dweight, dbias, offset
     if share is None and len(halves) == 2:
         first_half = column_sum_partials(accumulators, used)
     # the tile (local index) where each half starts: its first products overwrite PSUM
-    starts = {h0 - t_first for h0, _ in halves}
+    starts = []
+    for h in range(len(halves)):
+        starts.append(halves[h][0] - t_first)
     n_local = t_end - t_first
     final_outputs = (dweight, dbias) if share is None else (None, None)
 
@@ -167,11 +171,12 @@ def _rows_backward(plan, dy, x, weight, rstd, dh_out, dx, dweight, dbias, offset
         if tile is not None:
             _load_tile_operands(consts, tile, t)
         for g in range(plan.n_groups):
-            if tile is not None:
-                dy_g, dydx = _statistic_group(plan, consts, views, rings, tile, t, g)
-            if previous is not None:
+            if tile is None:
                 _gradient_group(plan, views, rings, previous, t - 1, g)
-            if tile is not None:
+            else:
+                dy_g, dydx = _statistic_group(plan, consts, views, rings, tile, t, g)
+                if previous is not None:
+                    _gradient_group(plan, views, rings, previous, t - 1, g)
                 last = t == n_local - 1
                 _column_sums_group(
                     plan,
@@ -185,11 +190,27 @@ def _rows_backward(plan, dy, x, weight, rstd, dh_out, dx, dweight, dbias, offset
                     first_half if last else None,
                 )
         if tile is not None:
-            _finish_statistic(plan, tile)
+            _finish_statistic(plan, consts, tile)
             if first_half is not None and t + 1 in starts:
                 copy_column_sums(accumulators, first_half, used)
     if share is not None:
         _exchange_and_store(plan, consts, dweight, dbias, share)
+
+
+def _tiles(count, shape, dtype):
+    """``count`` SBUF tiles of one shape and dtype, in a list (slots of a ring)."""
+    tiles = []
+    for _ in range(count):
+        tiles.append(nl.ndarray(shape, dtype=dtype))
+    return tiles
+
+
+def _folded_view(t, r0, r1, f, L):
+    """Rows r0 … r1 of the HBM tensor ``t`` (None passes through), row r on the f rows
+    r·f … r·f + f − 1 of L columns."""
+    if t is None:
+        return None
+    return t[r0:r1, :].reshape(((r1 - r0) * f, L))
 
 
 def _exchange_and_store(plan, consts, dweight, dbias, core):
@@ -211,29 +232,49 @@ def _column_sum_columns(plan):
 
 # --- setup ---------------------------------------------------------------------------------
 def _constants(plan, M, N, dy, weight, rstd, offset, want_dweight, want_dbias):
-    P = nl.tile_size.pmax
     f = plan.fold
-    fold_mask = np.equal.outer(np.arange(P) % f, np.arange(f))
     # llama / none: dweight sums dy·round(x̂) unscaled; gemma: the moving operand is the
     # tile's rstd column (masked per fold segment), from the table
-    dweight_moving = None
-    if want_dweight and plan.round_xhat:
-        dweight_moving = nl.load(nl.shared_constant(fold_mask.astype(np.float32)))
-    dbias_moving = None
-    if want_dbias:
-        dbias_moving = nl.load(nl.shared_constant(fold_mask.astype(_numpy_dtype(dy.dtype))))
+    dweight_moving = _fold_mask(f, nl.float32) if want_dweight and plan.round_xhat else None
+    dbias_moving = _fold_mask(f, dy.dtype) if want_dbias else None
     n_cols = 2 + (f if (want_dweight and not plan.round_xhat and f > 1) else 0)
     table_rows, table_cols = _rstd_tables(plan, M, N, rstd, n_cols)
     return BwdConstants(
-        _weight_rows(plan, N, weight, offset),
-        weight if plan.kw == 1 else None,
-        dweight_moving,
-        dbias_moving,
-        _column_sum_accumulators(plan) if want_dweight else None,
-        _column_sum_accumulators(plan) if want_dbias else None,
-        table_rows,
-        table_cols,
+        fold_scratch=_fold_scratch(f),
+        w_rows=_weight_rows(plan, N, weight, offset),
+        w_lazy=weight if plan.kw == 1 else None,
+        dweight_moving=dweight_moving,
+        dbias_moving=dbias_moving,
+        dweight_acc=_column_sum_accumulators(plan) if want_dweight else None,
+        dbias_acc=_column_sum_accumulators(plan) if want_dbias else None,
+        table_rows=table_rows,
+        table_cols=table_cols,
     )
+
+
+def _fold_scratch(f):
+    """With a fold, a private HBM vector of P fp32 through which the segment sums of each
+    row tile change layout (``_add_fold_segments``); None without one."""
+    P = nl.tile_size.pmax
+    return None if f == 1 else nl.ndarray((P,), dtype=nl.float32, buffer=nl.private_hbm)
+
+
+def _fold_mask(f, dtype):
+    """The (P, f) 0/1 mask ``[p mod f == h]`` in ``dtype``: an identity built on chip
+    (GpSimd ``iota`` of column − partition, Vector compare with 0.0), then for each h the
+    Vector sum of its columns h, h + f, … (a step slice: nki-language-guide.rst@81ce03ae
+    L413-426). Exact: every sum has a single 1."""
+    P = nl.tile_size.pmax
+    offsets = nl.ndarray((P, P), dtype=nl.int32)
+    nisa.iota(dst=offsets, pattern=[[1, P]], offset=0, channel_multiplier=-1)
+    identity = nl.ndarray((P, P), dtype=nl.float32)
+    nisa.tensor_scalar(dst=identity, data=offsets, op0=nl.equal, operand0=0.0)
+    mask = nl.ndarray((P, f), dtype=dtype)
+    for h in range(f):
+        nisa.tensor_reduce(
+            dst=mask[:, h : h + 1], op=nl.add, data=identity[:, h::f], axis=1, keepdims=True
+        )
+    return mask
 
 
 def _bf16_parts(values):
@@ -262,12 +303,16 @@ def _weight_rows(plan, N, weight, offset):
         nisa.memset(dst=rows, value=1.0)
     elif plan.kw > 1:
         # w' = weight + offset in fp32, split, on as many partitions as divide N
-        lanes = max(d for d in range(1, nl.tile_size.pmax + 1) if N % d == 0)
+        lanes = 1
+        for d in range(1, nl.tile_size.pmax + 1):
+            if N % d == 0:
+                lanes = d
         w = nl.load(weight.reshape((lanes, N // lanes)), dtype=nl.float32)
         shifted = nl.ndarray((lanes, N // lanes), dtype=nl.float32)
         nisa.tensor_scalar(dst=shifted, data=w, op0=nl.add, operand0=float(offset))
-        for b, part in enumerate(_bf16_parts(shifted)):
-            nisa.dma_copy(dst=rows[b * f : (b + 1) * f, :], src=part)
+        parts = _bf16_parts(shifted)
+        for b in range(SPLIT):
+            nisa.dma_copy(dst=rows[b * f : (b + 1) * f, :], src=parts[b])
     return rows
 
 
@@ -283,18 +328,20 @@ def _rstd_tables(plan, M, N, rstd, n_cols):
     n_tiles = -(-M // R)
     table_rows = nl.ndarray((n_tiles, K, SPLIT, P), dtype=nl.bfloat16, buffer=nl.private_hbm)
     table_cols = nl.ndarray((n_tiles, P, n_cols), dtype=nl.float32, buffer=nl.private_hbm)
+    # rstd padded with zeros to whole row tiles, (tiles, R), as the legacy kernel does
+    padded = nl.ndarray((n_tiles, R), dtype=nl.float32, buffer=nl.private_hbm)
+    flat = padded.reshape((1, n_tiles * R))
+    rstd_row = nl.ndarray((1, M), dtype=nl.float32)
+    nisa.dma_copy(dst=rstd_row, src=rstd.reshape((1, M)))
+    nisa.dma_copy(dst=flat[0:1, 0:M], src=rstd_row)
+    if n_tiles * R > M:
+        zeros = nl.zeros((1, n_tiles * R - M), dtype=nl.float32)
+        nisa.dma_copy(dst=flat[0:1, M : n_tiles * R], src=zeros)
     for block in range(-(-n_tiles // P)):
         t0 = block * P
         nt = min(P, n_tiles - t0)
-        full = min(nt, (M - t0 * R) // R)
-        r_t = nl.zeros((nt, R), dtype=nl.float32)
-        if full:
-            nisa.dma_copy(dst=r_t[0:full, :], src=rstd[t0 * R : (t0 + full) * R].reshape((full, R)))
-        if full < nt:
-            rest = M - (t0 + full) * R
-            nisa.dma_copy(
-                dst=r_t[full:nt, 0:rest], src=rstd[(t0 + full) * R : M].reshape((1, rest))
-            )
+        r_t = nl.ndarray((nt, R), dtype=nl.float32)
+        nisa.dma_copy(dst=r_t, src=padded[t0 : t0 + nt, :])
         rows = nl.zeros((nt, K, SPLIT, P), dtype=nl.bfloat16)
         parts = _bf16_parts(r_t)
         for a in range(SPLIT):
@@ -324,22 +371,24 @@ def _rstd_tables(plan, M, N, rstd, n_cols):
 def _column_sum_accumulators(plan):
     """fp32 PSUM banks for column sums, ``n_groups · ⌈G/128⌉ · fold`` columns in all (see
     ``_accumulate_column_sums``); not zeroed: the first products overwrite them."""
-    return [
-        nl.ndarray((nl.tile_size.pmax, PSUM_BANK_COLS), dtype=nl.float32, buffer=nl.psum)
-        for _ in range(-(-_column_sum_columns(plan) // PSUM_BANK_COLS))
-    ]
+    banks = []
+    for _ in range(-(-_column_sum_columns(plan) // PSUM_BANK_COLS)):
+        banks.append(
+            nl.ndarray((nl.tile_size.pmax, PSUM_BANK_COLS), dtype=nl.float32, buffer=nl.psum)
+        )
+    return banks
 
 
 # --- the pipeline steps ---------------------------------------------------------------------
 def _tile_view(slots, t, p):
     slot = t % 2
     return BwdTile(
-        t * nl.tile_size.pmax,
-        p,
-        slots.rows[slot][:, :, 0:p],
-        slots.cols[slot][0:p, :],
-        slots.partials[slot][0:p, :],
-        slots.negk[slot][0:p, :],
+        v0=t * nl.tile_size.pmax,
+        p=p,
+        rows=slots.rows[slot][:, :, 0:p],
+        cols=slots.cols[slot][0:p, :],
+        partials=slots.partials[slot][0:p, :],
+        negk=slots.negk[slot][0:p, :],
     )
 
 
@@ -368,9 +417,8 @@ def _statistic_group(plan, consts, views, rings, tile, t, g):
             src=consts.w_lazy.reshape((plan.fold, plan.width))[:, g0 : g0 + width],
         )
     dydx = nl.ndarray((p, width), dtype=nl.float32)
-    rounded = None
+    rounded = nl.ndarray((p, width), dtype=xs.dtype) if plan.round_xhat else None
     if plan.round_xhat:
-        rounded = nl.ndarray((p, width), dtype=xs.dtype)
         nisa.activation(dst=rounded, op=nl.copy, data=xs, scale=tile.cols[:, 0:1])
     p1x = nl.ndarray((p, width), dtype=nl.float32)
     for c in range(-(-width // CHUNK)):
@@ -424,7 +472,7 @@ def _outer_product(rstd_rows, w_rows):
     return a
 
 
-def _finish_statistic(plan, tile):
+def _finish_statistic(plan, consts, tile):
     """``−k = −rstd²/N · s`` per partition once all groups of the tile are summed (Scalar
     engine); with a fold the segment sums of a row are added next."""
     segment_negk = tile.negk if plan.fold == 1 else nl.ndarray((tile.p, 1), dtype=nl.float32)
@@ -437,22 +485,28 @@ def _finish_statistic(plan, tile):
         scale=tile.cols[:, 1:2],
     )
     if plan.fold > 1:
-        _add_fold_segments(tile.negk, segment_negk, tile.p, plan.fold)
+        _add_fold_segments(tile.negk, segment_negk, tile.p, plan.fold, consts.fold_scratch)
 
 
-def _add_fold_segments(out, s, p, f):
+def _add_fold_segments(out, s, p, f, scratch):
     """Write into ``out`` the row sums of the per-partition sums ``s`` (p, 1), repeated on
-    the f partitions of each row: one on-chip DMA gathers the f segments of a row onto one
-    partition ((p, 1) → (p/f, f)), the Vector engine adds them and repeats the sum f times
-    (a broadcast view), and one DMA scatters it back."""
+    the f partitions of each row. The layout changes through the HBM ``scratch`` (P fp32),
+    as in the legacy kernel: s stored as a column, loaded back with the f segments of a row
+    on one partition (rows, f); the Vector engine adds them and repeats the sum f times (a
+    broadcast view); stored, and loaded back as a column."""
+    P = nl.tile_size.pmax
     rows = p // f
+    column = scratch.reshape((P, 1))
+    by_row = scratch.reshape((P // f, f))
+    nisa.dma_copy(dst=column[0:p, :], src=s)
     segments = nl.ndarray((rows, f), dtype=nl.float32)
-    nisa.dma_copy(dst=segments, src=s)
+    nisa.dma_copy(dst=segments, src=by_row[0:rows, :])
     total = nl.ndarray((rows, 1), dtype=nl.float32)
     nisa.tensor_reduce(dst=total, op=nl.add, data=segments, axis=1, keepdims=True)
     repeated = nl.ndarray((rows, f), dtype=nl.float32)
     nisa.tensor_copy(dst=repeated, src=total.broadcast(1, f))
-    nisa.dma_copy(dst=out, src=repeated)
+    nisa.dma_copy(dst=by_row[0:rows, :], src=repeated)
+    nisa.dma_copy(dst=out, src=column[0:p, :])
 
 
 def _gradient_group(plan, views, rings, tile, t, g):
@@ -482,7 +536,7 @@ def _column_sums_group(plan, consts, tile, g, dy_g, dydx, first, outputs, first_
     half (its products overwrite the accumulator); with ``outputs`` (the last row tile of a
     core that adds its own halves) the group's sums are final and stored at once."""
     p = tile.p
-    dweight, dbias = outputs
+    dweight, dbias = outputs[0], outputs[1]
     halves = first_half if first_half is not None else (None, None)
     if consts.dweight_acc is not None:
         moving = (
@@ -513,7 +567,8 @@ def _accumulate_column_sums(plan, acc, data, moving, g, first):
     n = -(-width // P)
     for b in range(n):
         count = -(-(width - b) // n)
-        bank, c = divmod((g * (-(-plan.group // P)) + b) * f, PSUM_BANK_COLS)
+        column = (g * (-(-plan.group // P)) + b) * f
+        bank, c = column // PSUM_BANK_COLS, column % PSUM_BANK_COLS
         nisa.nc_matmul(
             dst=acc[bank][0:count, c : c + f],
             stationary=data[:, b::n],
@@ -532,7 +587,8 @@ def _store_column_sums(plan, dst, acc, g, other):
     f, L, G = plan.fold, plan.width, plan.group
     width = min(G, L - g * G)
     n = -(-width // P)
-    bank, c0 = divmod(g * (-(-G // P)) * f, PSUM_BANK_COLS)
+    column = g * (-(-G // P)) * f
+    bank, c0 = column // PSUM_BANK_COLS, column % PSUM_BANK_COLS
     rounded = nl.ndarray((P, n * f), dtype=dst.dtype)  # column b·f + h: set b, segment h
     if other is None:
         nisa.tensor_copy(dst=rounded, src=acc[bank][:, c0 : c0 + n * f])
@@ -544,7 +600,7 @@ def _store_column_sums(plan, dst, acc, g, other):
             data2=other[:, k0 : k0 + n * f],
             op=nl.add,
         )
-    full, rest = divmod(width, n)
+    full, rest = width // n, width % n
     for h in range(f):
         g0 = h * L + g * G
         if full:

@@ -48,38 +48,54 @@ def streamed_backward(
     )
     ones_w = None if weight is None else _ones_row(weight.dtype)
     w_all = _broadcast_weight(weight, ones_w) if plan.weight_resident else None
-    inputs = StreamedInputs(dy, x, weight, w_all, rstd.reshape((M, 1)), dh_out, offset)
+    inputs = StreamedInputs(
+        dy=dy,
+        x=x,
+        weight=weight,
+        w_all=w_all,
+        rstd=rstd.reshape((M, 1)),
+        dh_out=dh_out,
+        offset=offset,
+    )
     grads = StreamedParamGrads(
-        _column_sum_accumulators(N) if dweight is not None else None,
-        _column_sum_accumulators(N) if dbias is not None else None,
-        nl.ones((P, 1), dtype=nl.float32),
-        nl.ones((P, 1), dtype=dy.dtype),
+        dweight=_column_sum_accumulators(N) if dweight is not None else None,
+        dbias=_column_sum_accumulators(N) if dbias is not None else None,
+        ones_f32=nl.ones((P, 1), dtype=nl.float32),
+        ones_dy=nl.ones((P, 1), dtype=dy.dtype),
     )
     blocks = -(-N // P)
     accumulators = (grads.dweight, grads.dbias)
-    first_half = None
-    if share is None and len(halves) == 2:
-        first_half = column_sum_partials(accumulators, blocks)
-    starts = {h0 for h0, _ in halves}
+    first_half = (
+        column_sum_partials(accumulators, blocks) if share is None and len(halves) == 2 else None
+    )
+    starts = []
+    for h in range(len(halves)):
+        starts.append(halves[h][0])
     for t in range(halves[0][0], halves[-1][1]):
         r0 = t * P
         _row_tile(plan, inputs, grads, dx, r0, min(P, M - r0), t in starts, ones_w)
         if first_half is not None and t + 1 in starts:
             copy_column_sums(accumulators, first_half, blocks)
-    banks = range(len(_any_acc(grads)))
+    n_banks = _bank_count(N)
+    if dweight is None and dbias is None:
+        n_banks = 0
+    # LNC=2: core c stores banks ≡ c (mod 2) of both halves' sums
+    first_bank = 0 if share is None else share
+    bank_step = 1 if share is None else 2
     other = first_half if first_half is not None else (None, None)
-    if share is not None:  # LNC=2: core c stores banks ≡ c (mod 2) of both halves' sums
+    if share is not None:
         other = exchange_column_sums(accumulators, blocks, share, COLUMN_SUM_PIPE)
-        banks = banks[share::2]
-    for bank in banks:
+    for bank in range(first_bank, n_banks, bank_step):
         if dweight is not None:
             _store_column_sums(dweight, grads.dweight, bank, other[0])
         if dbias is not None:
             _store_column_sums(dbias, grads.dbias, bank, other[1])
 
 
-def _any_acc(grads):
-    return grads.dweight if grads.dweight is not None else grads.dbias or []
+def _bank_count(N):
+    """PSUM banks of one column-sum accumulator: a column per 128 columns of the row."""
+    blocks = -(-N // nl.tile_size.pmax)
+    return -(-blocks // PSUM_BANK_COLS)
 
 
 def _row_tile(plan, inputs, grads, dx, r0, rows, first, ones_w):
@@ -87,10 +103,8 @@ def _row_tile(plan, inputs, grads, dx, r0, rows, first, ones_w):
     the tile starts a half (its column sums overwrite the accumulators)."""
     N = inputs.x.shape[1]
     rstd_t = nl.load(inputs.rstd[r0 : r0 + rows, :], dtype=nl.float32)
-    dy_row = x_row = None
-    if plan.rows_resident:
-        dy_row = nl.ndarray((rows, N), dtype=inputs.dy.dtype)
-        x_row = nl.ndarray((rows, N), dtype=inputs.x.dtype)
+    dy_row = nl.ndarray((rows, N), dtype=inputs.dy.dtype) if plan.rows_resident else None
+    x_row = nl.ndarray((rows, N), dtype=inputs.x.dtype) if plan.rows_resident else None
     partials = nl.ndarray((rows, plan.n_chunks), dtype=nl.float32)
     for c in range(plan.n_chunks):
         c0 = c * CHUNK_COLS
@@ -147,15 +161,9 @@ def _statistic_chunk(
 
 def _gradient_chunk(inputs, dx, r0, rows, c0, width, rstd_t, k, dy_row, x_row, ones_w):
     """Pass 2 on one chunk: dx from the resident rows (or loaded again), stored."""
-    if dy_row is not None:
-        dy_c = dy_row[:, c0 : c0 + width]
-        x_c = x_row[:, c0 : c0 + width]
-    else:
-        dy_c = _load_chunk(inputs.dy, None, r0, rows, c0, width)
-        x_c = _load_chunk(inputs.x, None, r0, rows, c0, width)
-    dh_c = None
-    if inputs.dh_out is not None:
-        dh_c = _load_chunk(inputs.dh_out, None, r0, rows, c0, width)
+    dy_c = _resident_or_loaded(inputs.dy, dy_row, r0, rows, c0, width)
+    x_c = _resident_or_loaded(inputs.x, x_row, r0, rows, c0, width)
+    dh_c = _resident_or_loaded(inputs.dh_out, None, r0, rows, c0, width)
     dx_c = _dx_chunk(
         dy_c,
         x_c,
@@ -167,6 +175,16 @@ def _gradient_chunk(inputs, dx, r0, rows, c0, width, rstd_t, k, dy_row, x_row, o
         inputs.x.dtype,
     )
     nl.store(dx[r0 : r0 + rows, c0 : c0 + width], value=dx_c)
+
+
+def _resident_or_loaded(src, resident_row, r0, rows, c0, width):
+    """Columns c0 … c0+width of a chunk for pass 2: the resident row's slice, else loaded
+    from ``src`` (None for an absent ``src``)."""
+    if src is None:
+        return None
+    if resident_row is not None:
+        return resident_row[:, c0 : c0 + width]
+    return _load_chunk(src, None, r0, rows, c0, width)
 
 
 def _load_chunk(src, resident_row, r0, rows, c0, width):
@@ -229,7 +247,7 @@ def _scaled_grad(dy_c, w_c, offset):
     """``g = (w + offset) · dy`` in fp32 (Vector); ``dy`` itself without a weight."""
     if w_c is None:
         return dy_c
-    g = nl.ndarray(tuple(dy_c.shape), dtype=nl.float32)
+    g = nl.ndarray(dy_c.shape, dtype=nl.float32)
     nisa.scalar_tensor_tensor(
         dst=g, data=w_c, op0=nl.add, operand0=float(offset), op1=nl.multiply, operand1=dy_c
     )
@@ -247,16 +265,16 @@ def _row_sum_g_xhat(dy_xhat, w_c, offset, partial_col):
 
 def _dy_times_rounded_xhat(dy_c, x_c, rstd_t):
     """``dy · round(x̂)`` in fp32 for llama/none mode (Scalar, then Vector)."""
-    xhat_rounded = nl.ndarray(tuple(x_c.shape), dtype=x_c.dtype)
+    xhat_rounded = nl.ndarray(x_c.shape, dtype=x_c.dtype)
     nisa.activation(dst=xhat_rounded, op=nl.copy, data=x_c, scale=rstd_t)
-    product = nl.ndarray(tuple(x_c.shape), dtype=nl.float32)
+    product = nl.ndarray(x_c.shape, dtype=nl.float32)
     nisa.tensor_tensor(dst=product, data1=dy_c, data2=xhat_rounded, op=nl.multiply)
     return product
 
 
 def _dx_chunk(dy_c, x_c, w_c, dh_c, offset, rstd_t, k, out_dtype):
     """``dx = rstd · (g − x·k) (+ dh_out)`` for one chunk, rounded once to ``out_dtype``."""
-    shape = tuple(x_c.shape)
+    shape = x_c.shape
     t = nl.ndarray(shape, dtype=nl.float32)
     nisa.scalar_tensor_tensor(
         dst=t,
@@ -281,31 +299,33 @@ def _column_sum_accumulators(N):
     """fp32 PSUM banks (P, 512) holding the column sums of an (M, N) operand: column j
     (bank j // 512, column j % 512) accumulates the 128 columns 128·j … 128·j + 127."""
     P = nl.tile_size.pmax
-    blocks = -(-N // P)
-    return [
-        nl.ndarray((P, PSUM_BANK_COLS), dtype=nl.float32, buffer=nl.psum)
-        for _ in range(-(-blocks // PSUM_BANK_COLS))
-    ]
+    banks = []
+    for _ in range(_bank_count(N)):
+        banks.append(nl.ndarray((P, PSUM_BANK_COLS), dtype=nl.float32, buffer=nl.psum))
+    return banks
 
 
 def column_sum_partials(accumulators, used):
-    """SBUF fp32 (P, used) tiles for the used columns of each accumulator (a list of PSUM
+    """SBUF fp32 (P, used) tiles for the used columns of the two accumulators (lists of PSUM
     banks; None for an absent one gives None)."""
-    return tuple(
-        None if acc is None else nl.ndarray((nl.tile_size.pmax, used), dtype=nl.float32)
-        for acc in accumulators
+    P = nl.tile_size.pmax
+    dweight, dbias = accumulators[0], accumulators[1]
+    return (
+        None if dweight is None else nl.ndarray((P, used), dtype=nl.float32),
+        None if dbias is None else nl.ndarray((P, used), dtype=nl.float32),
     )
 
 
 def copy_column_sums(accumulators, partials, used):
     """``partials = accumulators`` over the used columns (PSUM → SBUF, exact fp32 copies,
     Vector engine)."""
-    for acc, partial in zip(accumulators, partials):
+    for i in range(len(accumulators)):
+        acc, partial = accumulators[i], partials[i]
         if acc is not None:
-            for bank, tile in enumerate(acc):
+            for bank in range(len(acc)):
                 k0 = bank * PSUM_BANK_COLS
                 k1 = min(used, k0 + PSUM_BANK_COLS)
-                nisa.tensor_copy(dst=partial[:, k0:k1], src=tile[:, 0 : k1 - k0])
+                nisa.tensor_copy(dst=partial[:, k0:k1], src=acc[bank][:, 0 : k1 - k0])
 
 
 def exchange_column_sums(accumulators, used, core, pipe_id):
@@ -314,11 +334,11 @@ def exchange_column_sums(accumulators, used, core, pipe_id):
     own = column_sum_partials(accumulators, used)
     copy_column_sums(accumulators, own, used)
     other = column_sum_partials(accumulators, used)
-    for mine, theirs in zip(own, other):
-        if mine is not None:
+    for i in range(len(own)):
+        if own[i] is not None:
             nisa.sendrecv(
-                src=mine,
-                dst=theirs,
+                src=own[i],
+                dst=other[i],
                 send_to_rank=1 - core,
                 recv_from_rank=1 - core,
                 pipe_id=pipe_id,
@@ -333,7 +353,8 @@ def _accumulate_column_sums(acc, data, ones, c0, first):
     rows, width = data.shape
     for lo in range(0, width, P):
         block = min(P, width - lo)
-        bank, col = divmod((c0 + lo) // P, PSUM_BANK_COLS)
+        block_index = (c0 + lo) // P
+        bank, col = block_index // PSUM_BANK_COLS, block_index % PSUM_BANK_COLS
         nisa.nc_matmul(
             dst=acc[bank][0:block, col : col + 1],
             stationary=data[:, lo : lo + block],
@@ -350,7 +371,7 @@ def _store_column_sums(dst, acc, bank, other):
     block (N mod 128 columns) in its own store."""
     P = nl.tile_size.pmax
     N = dst.shape[0]
-    full_blocks, rest = divmod(N, P)
+    full_blocks, rest = N // P, N % P
     first = bank * PSUM_BANK_COLS
     used = min(PSUM_BANK_COLS, -(-N // P) - first)
     full = max(0, min(PSUM_BANK_COLS, full_blocks - first))

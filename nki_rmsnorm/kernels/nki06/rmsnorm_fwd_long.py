@@ -25,18 +25,19 @@ from nki_rmsnorm.kernels.nki06 import rmsnorm_fwd_steps as steps
 from nki_rmsnorm.kernels.nki06._nki import nisa, nl
 
 
-def _chunk_squares(plan, hbm, rows, cols, h_chunk, partial_sq):
+def _chunk_squares(plan, hbm, r0, r1, c0, c1, h_chunk, partial_sq):
     """The statistics pass's step for one column chunk: DMA in h (with a residual: x and
     the residual, DVE h = x + residual, DMA h out) and ACT Σh² of the chunk into the fp32
-    column ``partial_sq`` (the squares themselves are discarded into a bf16 scratch)."""
+    column ``partial_sq`` (the squares themselves are discarded into a bf16 scratch): rows
+    ``r0 … r1 − 1``, columns ``c0 … c1 − 1``."""
     residual = hbm.residual is not None
-    shape = tuple(h_chunk.shape)
+    shape = h_chunk.shape
     steps.load_h(
         h_chunk,
         steps.sbuf(shape, plan.in_dtype) if residual else None,
-        hbm.x[rows, cols],
-        hbm.residual[rows, cols] if residual else None,
-        hbm.h[rows, cols] if residual else None,
+        hbm.x[r0:r1, c0:c1],
+        hbm.residual[r0:r1, c0:c1] if residual else None,
+        hbm.h[r0:r1, c0:c1] if residual else None,
     )
     nisa.activation_reduce(
         dst=steps.sbuf(shape, nl.bfloat16),
@@ -84,38 +85,44 @@ def _long_tile(plan, engine, chunks, hbm, offset, h_rows, eps, helper, row0, par
     M, N = hbm.x.shape
     chunk, output_chunk = chunks
     n_chunks = math.ceil(N / chunk)
-    rows = slice(row0, row0 + parts)
+    row1 = row0 + parts
 
     # Statistics pass. DMA in (with a residual: DVE h = x + residual, DMA h out); ACT Σh² of
     # the chunk.
     partial_sq = steps.sbuf((parts, n_chunks), nl.float32)
     for c in range(n_chunks):
-        cols = slice(c * chunk, min(N, (c + 1) * chunk))
-        _chunk_squares(plan, hbm, rows, cols, h_rows[:parts, cols], partial_sq[:, c : c + 1])
+        c0 = c * chunk
+        c1 = min(N, c0 + chunk)
+        _chunk_squares(
+            plan, hbm, row0, row1, c0, c1, h_rows[:parts, c0:c1], partial_sq[:, c : c + 1]
+        )
     sum_sq = _sum_of_chunks(partial_sq)
     rstd_tile = steps.rstd_from_sum(sum_sq, eps, N, on_scalar=engine != "scalar")
-    nisa.dma_copy(dst=hbm.rstd.reshape((M, 1))[rows, :], src=rstd_tile)
+    nisa.dma_copy(dst=hbm.rstd.reshape((M, 1))[row0:row1, :], src=rstd_tile)
     stationary = None
     if engine == "tensor":
         stationary = steps.rstd_rows(plan, rstd_tile, helper[:parts, :parts], stacked=False)
 
     # Output pass: the weight (and bias) chunk, y = h · rstd · w (+ bias), DMA y out.
     for c in range(math.ceil(N / output_chunk)):
-        cols = slice(c * output_chunk, min(N, (c + 1) * output_chunk))
-        width = cols.stop - cols.start
-        h_chunk = h_rows[:parts, cols]
+        c0 = c * output_chunk
+        c1 = min(N, c0 + output_chunk)
+        width = c1 - c0
+        h_chunk = h_rows[:parts, c0:c1]
         y_chunk = steps.sbuf((parts, width), plan.result_dtype)
         product = None
         if plan.product_dtype is not None:
             product = steps.sbuf((parts, width), plan.product_dtype)
         shift = None
         if hbm.bias is not None:
-            bias_cols = hbm.bias.reshape((1, N))[:, cols]
+            bias_cols = hbm.bias.reshape((1, N))[:, c0:c1]
             shift = steps.broadcast_row(bias_cols, parts, plan.bias_dtype)
-        weight_cols = None if hbm.weight is None else hbm.weight.reshape((1, N))[:, cols]
+        weight_cols = None if hbm.weight is None else hbm.weight.reshape((1, N))[:, c0:c1]
         if engine == "tensor":
             moving = steps.weight_rows(plan, weight_cols, stacked=False)
-            stationaries = [stationary[:, b, :] for b in range(plan.rstd_pieces)]
+            stationaries = []
+            for b in range(plan.rstd_pieces):
+                stationaries.append(stationary[:, b, :])
             steps.outer_normalize(y_chunk, h_chunk, stationaries, moving, shift, product)
         elif engine == "scalar":
             steps.scaled_normalize(
@@ -134,7 +141,7 @@ def _long_tile(plan, engine, chunks, hbm, offset, h_rows, eps, helper, row0, par
                 scale = steps.broadcast_row(weight_cols, parts, plan.scale_dtype, offset)
             xhat = steps.sbuf((parts, width), plan.in_dtype) if plan.rounds_xhat else None
             steps.normalize(plan, y_chunk, h_chunk, rstd_tile, xhat, scale, shift, product)
-        steps.store_y(plan, hbm.y[rows, cols], y_chunk)
+        steps.store_y(plan, hbm.y[row0:row1, c0:c1], y_chunk)
 
 
 def two_pass(plan, chunk, hbm, eps, offset):
@@ -146,45 +153,47 @@ def two_pass(plan, chunk, hbm, eps, offset):
     residual = hbm.residual is not None
 
     for row0, parts in steps.core_tiles(M, nl.tile_size.pmax):
-        rows = slice(row0, row0 + parts)
+        row1 = row0 + parts
 
         # Statistics pass: one partial Σh² column per chunk, summed once at the end so the
         # reduction order never depends on M.
         partial_sq = steps.sbuf((parts, n_chunks), nl.float32)
         for c in range(n_chunks):
-            cols = slice(c * chunk, min(N, (c + 1) * chunk))
-            h_chunk = steps.sbuf((parts, cols.stop - cols.start), plan.h_dtype)
-            _chunk_squares(plan, hbm, rows, cols, h_chunk, partial_sq[:, c : c + 1])
+            c0 = c * chunk
+            c1 = min(N, c0 + chunk)
+            h_chunk = steps.sbuf((parts, c1 - c0), plan.h_dtype)
+            _chunk_squares(plan, hbm, row0, row1, c0, c1, h_chunk, partial_sq[:, c : c + 1])
         sum_sq = _sum_of_chunks(partial_sq)
         rstd_tile = steps.rstd_from_sum(sum_sq, eps, N)
-        nisa.dma_copy(dst=rstd_col[rows, :], src=rstd_tile)
+        nisa.dma_copy(dst=rstd_col[row0:row1, :], src=rstd_tile)
 
         # Scale pass: reload each chunk (recomputing h, which is cheaper to trust than a
         # read-back of the h just stored) and normalise it.
         for c in range(n_chunks):
-            cols = slice(c * chunk, min(N, (c + 1) * chunk))
-            width = cols.stop - cols.start
+            c0 = c * chunk
+            c1 = min(N, c0 + chunk)
+            width = c1 - c0
             h_chunk = steps.sbuf((parts, width), plan.h_dtype)
             x_chunk = steps.sbuf((parts, width), plan.in_dtype) if residual else None
             steps.load_h(
                 h_chunk,
                 x_chunk,
-                hbm.x[rows, cols],
-                hbm.residual[rows, cols] if residual else None,
+                hbm.x[row0:row1, c0:c1],
+                hbm.residual[row0:row1, c0:c1] if residual else None,
                 None,
             )
             # llama / none round x̂ into x's tile (h itself when there is no residual)
             xhat = h_chunk if x_chunk is None else x_chunk
             scale = shift = None
             if hbm.weight is not None:
-                weight_cols = hbm.weight.reshape((1, N))[:, cols]
+                weight_cols = hbm.weight.reshape((1, N))[:, c0:c1]
                 scale = steps.broadcast_row(weight_cols, parts, plan.scale_dtype, offset)
             if hbm.bias is not None:
-                bias_cols = hbm.bias.reshape((1, N))[:, cols]
+                bias_cols = hbm.bias.reshape((1, N))[:, c0:c1]
                 shift = steps.broadcast_row(bias_cols, parts, plan.bias_dtype)
             y_chunk = steps.sbuf((parts, width), plan.result_dtype)
             product = None
             if plan.product_dtype is not None:
                 product = steps.sbuf((parts, width), plan.product_dtype)
             steps.normalize(plan, y_chunk, h_chunk, rstd_tile, xhat, scale, shift, product)
-            steps.store_y(plan, hbm.y[rows, cols], y_chunk)
+            steps.store_y(plan, hbm.y[row0:row1, c0:c1], y_chunk)

@@ -52,11 +52,11 @@ def rows_resident(plan, k, hbm, eps, offset):
 
     # k consecutive rows are one row of these views: one contiguous run per partition.
     views = RowViews(
-        *(
-            None if t is None else t.reshape((M // k, k * N))
-            for t in (hbm.x, hbm.residual, hbm.y, hbm.h)
-        ),
-        hbm.rstd.reshape((M // k, k)),
+        x=_grouped(hbm.x, M // k, k * N),
+        residual=_grouped(hbm.residual, M // k, k * N),
+        y=_grouped(hbm.y, M // k, k * N),
+        h=_grouped(hbm.h, M // k, k * N),
+        rstd=hbm.rstd.reshape((M // k, k)),
     )
     tiles = steps.core_tiles(M // k, P)
     if nl.num_programs(0) == 1:
@@ -74,12 +74,21 @@ def rows_resident(plan, k, hbm, eps, offset):
     # tile t (two tiles in flight, as budgeted), so that each engine's in-order stream finds
     # the next tile's first steps ahead of this tile's products: with half the tiles per
     # core, the per-tile chain (add, Σh², rstd, products) would otherwise bind.
-    ahead = _row_statistics(plan, views, resident, eps, *tiles[0], k, N) if tiles else None
+    ahead = None
+    if tiles:
+        group0, parts = tiles[0]
+        ahead = _row_statistics(plan, views, resident, eps, group0, parts, k, N)
     for t in range(len(tiles)):
         current = ahead
         if t + 1 < len(tiles):
-            ahead = _row_statistics(plan, views, resident, eps, *tiles[t + 1], k, N)
+            group0, parts = tiles[t + 1]
+            ahead = _row_statistics(plan, views, resident, eps, group0, parts, k, N)
         _row_output(plan, views, resident, k, N, current)
+
+
+def _grouped(tensor, groups, width):
+    """``tensor`` viewed as (groups, width) (None for an absent tensor)."""
+    return None if tensor is None else tensor.reshape((groups, width))
 
 
 def _row(t, j, N):
@@ -91,7 +100,7 @@ def _row_statistics(plan, views, resident, eps, group0, parts, k, N):
     """Rows ``k·group0 … k·(group0 + parts) − 1``, k consecutive rows per partition: load
     (and h = x + residual), Σh², rstd (stored) and what the product multiplies by; returns
     the tile's state for :func:`_row_output`."""
-    groups = slice(group0, group0 + parts)
+    g1 = group0 + parts
 
     def row(t, j):
         return _row(t, j, N)
@@ -102,17 +111,21 @@ def _row_statistics(plan, views, resident, eps, group0, parts, k, N):
     steps.load_h(
         h_tile,
         x_tile,
-        views.x[groups, :],
-        views.residual[groups, :] if residual else None,
-        views.h[groups, :] if residual else None,
+        views.x[group0:g1, :],
+        views.residual[group0:g1, :] if residual else None,
+        views.h[group0:g1, :] if residual else None,
     )
     # llama / none round x̂ into a tile of x's dtype that is no longer needed
     xhat_tile = x_tile
 
     y_tile = steps.sbuf((parts, k * N), plan.result_dtype)
     product = None if plan.product_dtype is None else steps.sbuf((parts, k * N), plan.product_dtype)
-    squares = {"product": product, "y": y_tile}.get(plan.squares_in)
-    squares = steps.sbuf((parts, k * N), nl.bfloat16) if squares is None else squares
+    if plan.squares_in == "product":
+        squares = product
+    elif plan.squares_in == "y":
+        squares = y_tile
+    else:
+        squares = steps.sbuf((parts, k * N), nl.bfloat16)
 
     # ACT: Σh² per row (the squares themselves are discarded), then rstd; DMA rstd out.
     sum_sq = steps.sbuf((parts, k), nl.float32)
@@ -125,17 +138,17 @@ def _row_statistics(plan, views, resident, eps, group0, parts, k, N):
             reduce_res=sum_sq[:, j : j + 1],
         )
     rstd_tile = steps.rstd_from_sum(sum_sq, eps, N, on_scalar=plan.product_engine != "scalar")
-    nisa.dma_copy(dst=views.rstd[groups, :], src=rstd_tile)
+    nisa.dma_copy(dst=views.rstd[group0:g1, :], src=rstd_tile)
 
     stationary = None
     if plan.product_engine == "tensor":
         stationary = steps.rstd_rows(plan, rstd_tile, resident.ident[:parts, :parts])
-    return groups, h_tile, xhat_tile, y_tile, product, rstd_tile, stationary
+    return group0, h_tile, xhat_tile, y_tile, product, rstd_tile, stationary
 
 
 def _row_output(plan, views, resident, k, N, state):
     """y of the tile whose statistics :func:`_row_statistics` returned, stored."""
-    groups, h_tile, xhat_tile, y_tile, product, rstd_tile, stationary = state
+    group0, h_tile, xhat_tile, y_tile, product, rstd_tile, stationary = state
     parts = h_tile.shape[0]
 
     def row(t, j):
@@ -179,4 +192,4 @@ def _row_output(plan, views, resident, k, N, state):
                 shift,
                 row(product, j),
             )
-    steps.store_y(plan, views.y[groups, :], y_tile)
+    steps.store_y(plan, views.y[group0 : group0 + parts, :], y_tile)

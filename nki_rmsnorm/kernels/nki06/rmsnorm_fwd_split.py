@@ -25,7 +25,8 @@ from __future__ import annotations
 
 from nki_rmsnorm.kernels.nki06 import rmsnorm_fwd_steps as steps
 from nki_rmsnorm.kernels.nki06._nki import nisa, nl
-from nki_rmsnorm.plan.forward import SPLIT_SLOTS
+from nki_rmsnorm.plan.dtypes import dtype_bytes
+from nki_rmsnorm.plan.forward import SPLIT_SLOTS, RowViews
 
 
 class _Resident(nl.NKIObject):
@@ -60,9 +61,13 @@ def split_rows(plan, s, hbm, eps, offset):
     if not mine:
         return
     parts = min(P, segments)
-    views = [
-        None if t is None else t.reshape((segments, F)) for t in (hbm.x, hbm.residual, hbm.y, hbm.h)
-    ]
+    views = RowViews(
+        x=_segmented(hbm.x, segments, F),
+        residual=_segmented(hbm.residual, segments, F),
+        y=_segmented(hbm.y, segments, F),
+        h=_segmented(hbm.h, segments, F),
+        rstd=hbm.rstd.reshape((M, 1)),
+    )
     weight_segments = None if hbm.weight is None else hbm.weight.reshape((s, F))
     bias_segments = None if hbm.bias is None else hbm.bias.reshape((s, F))
     tensor = plan.product_engine == "tensor"
@@ -70,7 +75,7 @@ def split_rows(plan, s, hbm, eps, offset):
     scale = shift = mask = ident = None
     if weight_segments is not None and tensor:
         # Reloading costs 2·N·e_w bytes against 2·M·N·e_x: keep it under 1 %.
-        reload = 100 * plan.scale_dtype.itemsize <= M * plan.in_dtype.itemsize
+        reload = 100 * dtype_bytes(plan.scale_dtype) <= M * dtype_bytes(plan.in_dtype)
         scale = _stacked_segments(plan, weight_segments, offset, reload)
         mask = _segment_mask(parts, s, plan.scale_dtype)
         ident = steps.identity(parts, plan.scale_dtype)
@@ -96,26 +101,35 @@ def split_rows(plan, s, hbm, eps, offset):
         return steps.sbuf((plan.rstd_pieces * s, parts), plan.scale_dtype)
 
     xhat_dtype = plan.in_dtype if hbm.residual is not None else None
-    slots = [
-        _Slot(
-            x=buffer(xhat_dtype),
-            h=buffer(plan.h_dtype),
-            y=buffer(plan.result_dtype),
-            product=buffer(plan.product_dtype),
-            squares=buffer(nl.bfloat16 if plan.squares_in == "scratch" else None),
-            rstd=rstd_buffer(),
+    squares_dtype = nl.bfloat16 if plan.squares_in == "scratch" else None
+    slots = []
+    for _ in range(SPLIT_SLOTS):
+        slots.append(
+            _Slot(
+                x=buffer(xhat_dtype),
+                h=buffer(plan.h_dtype),
+                y=buffer(plan.result_dtype),
+                product=buffer(plan.product_dtype),
+                squares=buffer(squares_dtype),
+                rstd=rstd_buffer(),
+            )
         )
-        for _ in range(SPLIT_SLOTS)
-    ]
     # Software pipeline, unrolled: the statistics of tile t + 1 are issued before the
     # output of tile t.
-    _split_statistics(plan, s, views, hbm, resident, slots[0], *mine[0])
+    seg0, count = mine[0]
+    _split_statistics(plan, s, views, resident, slots[0], seg0, count)
     for t in range(len(mine)):
         if t + 1 < len(mine):
-            _split_statistics(
-                plan, s, views, hbm, resident, slots[(t + 1) % SPLIT_SLOTS], *mine[t + 1]
-            )
-        _split_output(plan, views, resident, slots[t % SPLIT_SLOTS], *mine[t])
+            seg0, count = mine[t + 1]
+            _split_statistics(plan, s, views, resident, slots[(t + 1) % SPLIT_SLOTS], seg0, count)
+        seg0, count = mine[t]
+        _split_output(plan, views, resident, slots[t % SPLIT_SLOTS], seg0, count)
+
+
+def _segmented(tensor, segments, width):
+    """``tensor`` viewed as (segments, width), one row segment per row (None for an absent
+    tensor)."""
+    return None if tensor is None else tensor.reshape((segments, width))
 
 
 def _stacked_segments(plan, weight_segments, offset, reload):
@@ -160,10 +174,12 @@ def _segment_mask(parts, s, dtype):
     return mask
 
 
-def _split_statistics(plan, s, views, hbm, resident, slot, seg0, parts):
+def _split_statistics(plan, s, views, resident, slot, seg0, parts):
     """Load segments ``seg0 … seg0 + parts − 1`` (rows ``seg0 / s …``) into ``slot``, store
     their rstd and leave in ``slot.rstd`` what :func:`_split_output` multiplies by."""
-    x_v, residual_v, _, h_v = views
+    x_v = views.x
+    residual_v = views.residual
+    h_v = views.h
     F = x_v.shape[1]
     N = F * s
     R = parts // s
@@ -178,7 +194,12 @@ def _split_statistics(plan, s, views, hbm, resident, slot, seg0, parts):
         None if residual_v is None else residual_v[segs, :],
         None if h_v is None else h_v[segs, :],
     )
-    squares = {"product": slot.product, "y": slot.y}.get(plan.squares_in, slot.squares)
+    if plan.squares_in == "product":
+        squares = slot.product
+    elif plan.squares_in == "y":
+        squares = slot.y
+    else:
+        squares = slot.squares
 
     # ACT: Σh² per segment. PE: transposed to one row; DVE: each row's s sums added.
     segment_sq = steps.sbuf((parts, 1), nl.float32)
@@ -202,7 +223,7 @@ def _split_statistics(plan, s, views, hbm, resident, slot, seg0, parts):
     # back to one rstd per partition. The transposes are exact (one 1·x product each).
     rstd_by_row = steps.rstd_from_sum(_transposed(row_sq, resident.ident_f32), resident.eps, N)
     row0 = seg0 // s
-    nisa.dma_copy(dst=hbm.rstd.reshape((hbm.rstd.shape[0], 1))[row0 : row0 + R, :], src=rstd_by_row)
+    nisa.dma_copy(dst=views.rstd[row0 : row0 + R, :], src=rstd_by_row)
     rstd_row = _transposed(rstd_by_row, resident.ident_f32)
     repeated = steps.sbuf((1, parts), nl.float32)
     for q in range(s):
@@ -239,7 +260,7 @@ def _transposed(tile, ident):
 
 def _split_output(plan, views, resident, slot, seg0, parts):
     """y for the segments whose statistics :func:`_split_statistics` left in ``slot``."""
-    y_v = views[2]
+    y_v = views.y
     y_tile = slot.y[:parts]
     product = None if slot.product is None else slot.product[:parts]
     shift = None if resident.shift is None else resident.shift[:parts]

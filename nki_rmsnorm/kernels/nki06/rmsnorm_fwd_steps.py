@@ -41,7 +41,9 @@ def core_tiles(total, P):
     cores = nl.num_programs(0)
     core = nl.program_id(0)
     per_core = -(-full // cores)
-    tiles = [(t * P, P) for t in range(core * per_core, min(full, (core + 1) * per_core))]
+    tiles = []
+    for t in range(core * per_core, min(full, (core + 1) * per_core)):
+        tiles.append((t * P, P))
     if total % P and core == cores - 1:
         tiles.append((full * P, total % P))
     return tiles
@@ -78,7 +80,8 @@ def identity(parts, dtype):
     offsets = sbuf((parts, parts), nl.int32)
     nisa.iota(offsets, pattern=[[1, parts]], offset=0, channel_multiplier=-1)
     ident = sbuf((parts, parts), dtype)
-    nisa.tensor_scalar(dst=ident, data=offsets, op0=nl.equal, operand0=0)
+    # an arithmetic operand is float32 (nki/api/nki/isa/__init__.py@81ce03ae L1114)
+    nisa.tensor_scalar(dst=ident, data=offsets, op0=nl.equal, operand0=0.0)
     return ident
 
 
@@ -129,28 +132,22 @@ def _column(parts, value):
     return column
 
 
-def _vector(shape, function, **operands):
-    out = sbuf(shape, nl.float32)
-    function(dst=out, **operands)
-    return out
-
-
 def _rstd_on_vector(sum_sq, eps, n):
     """rstd with v = Σh²/n + eps formed and clamped into rsqrt's valid range on the Vector
     engine, the Scalar engine's rsqrt, and the Newton steps on the Vector engine."""
     shape = sum_sq.shape
-    v = _vector(
-        shape,
-        nisa.tensor_scalar,
+    v = sbuf(shape, nl.float32)
+    nisa.tensor_scalar(
+        dst=v,
         data=sum_sq,
         op0=nl.multiply,
         operand0=1.0 / n,
         op1=nl.add,
         operand1=float(eps),
     )
-    clamped = _vector(
-        shape,
-        nisa.tensor_scalar,
+    clamped = sbuf(shape, nl.float32)
+    nisa.tensor_scalar(
+        dst=clamped,
         data=v,
         op0=nl.minimum,
         operand0=RSQRT_MAX_INPUT,
@@ -165,10 +162,11 @@ def _rstd_on_vector(sum_sq, eps, n):
 
 def newton_rsqrt_step(rstd, v):
     """One Newton step towards 1/sqrt(v), in place: r·(1.5 − 0.5·v·r²)."""
-    square = _vector(rstd.shape, nisa.tensor_tensor, data1=rstd, data2=rstd, op=nl.multiply)
-    half_error = _vector(
-        rstd.shape,
-        nisa.scalar_tensor_tensor,
+    square = sbuf(rstd.shape, nl.float32)
+    nisa.tensor_tensor(dst=square, data1=rstd, data2=rstd, op=nl.multiply)
+    half_error = sbuf(rstd.shape, nl.float32)
+    nisa.scalar_tensor_tensor(
+        dst=half_error,
         data=square,
         op0=nl.multiply,
         operand0=-0.5,
@@ -182,24 +180,25 @@ def newton_rsqrt_step(rstd, v):
 
 def _infinite_where_zero(rstd, v):
     """rstd + (v == 0 ? 2·FP32_MAX : 0): +inf where the mean square is zero."""
-    huge = _vector(
-        v.shape,
-        nisa.tensor_scalar,
+    huge = sbuf(v.shape, nl.float32)
+    nisa.tensor_scalar(
+        dst=huge,
         data=v,
         op0=nl.equal,
         operand0=0.0,
         op1=nl.multiply,
         operand1=FP32_MAX,
     )
-    return _vector(
-        v.shape,
-        nisa.scalar_tensor_tensor,
+    infinite = sbuf(v.shape, nl.float32)
+    nisa.scalar_tensor_tensor(
+        dst=infinite,
         data=huge,
         op0=nl.multiply,
         operand0=2.0,
         op1=nl.add,
         operand1=rstd,
     )
+    return infinite
 
 
 def weight_rows(plan, row_hbm, offset=0.0, stacked=True):
@@ -221,7 +220,7 @@ def scale_row(plan, row_hbm, offset=0.0):
 
 
 def _load(src):
-    tile = sbuf(tuple(src.shape), src.dtype)
+    tile = sbuf(src.shape, src.dtype)
     nisa.dma_copy(dst=tile, src=src)
     return tile
 
@@ -241,11 +240,11 @@ def load_converted(dst, src, offset=0.0):
 def convert_row(row, dtype, offset=0.0):
     """``row + offset`` in ``dtype`` (Vector engine; nothing when there is nothing to do)."""
     if offset:
-        out = sbuf(tuple(row.shape), dtype)
+        out = sbuf(row.shape, dtype)
         nisa.tensor_scalar(dst=out, data=row, op0=nl.add, operand0=offset)
         return out
     if row.dtype != dtype:
-        out = sbuf(tuple(row.shape), dtype)
+        out = sbuf(row.shape, dtype)
         nisa.tensor_copy(dst=out, src=row)
         return out
     return row
@@ -262,7 +261,8 @@ def broadcast_row(row_hbm, partitions, dtype, offset=0.0):
     ones = sbuf((1, partitions), row.dtype)
     nisa.memset(dst=ones, value=1.0)
     out = sbuf((partitions, width), dtype)
-    for c0, c1 in _banks(width):
+    for c0 in range(0, width, PSUM_COLS):
+        c1 = min(width, c0 + PSUM_COLS)
         bank = nl.ndarray((partitions, c1 - c0), dtype=nl.float32, buffer=nl.psum)
         nisa.nc_matmul(dst=bank, stationary=ones, moving=row[:, c0:c1], accumulate=False)
         nisa.tensor_copy(dst=out[:, c0:c1], src=bank)
@@ -320,7 +320,7 @@ def rstd_rows(plan, rstd, ident, stacked=True):
                 moving=ident,
                 is_transpose=True,
             )
-    stationary = sbuf(tuple(transposed.shape), dtype)
+    stationary = sbuf(transposed.shape, dtype)
     nisa.tensor_copy(dst=stationary, src=transposed)
     return stationary
 
@@ -331,12 +331,13 @@ def outer_normalize(y_row, h_row, stationaries, moving, shift, product_row):
     weight rows, accumulated in PSUM) and the Vector engine multiplies h by it; the bias is
     added in fp32 after."""
     target = y_row if shift is None else product_row
-    parts = h_row.shape[0]
-    for c0, c1 in _banks(h_row.shape[-1]):
+    parts, width = h_row.shape
+    for c0 in range(0, width, PSUM_COLS):
+        c1 = min(width, c0 + PSUM_COLS)
         outer = nl.ndarray((parts, c1 - c0), dtype=nl.float32, buffer=nl.psum)
-        for i, stationary in enumerate(stationaries):
+        for i in range(len(stationaries)):
             nisa.nc_matmul(
-                dst=outer, stationary=stationary, moving=moving[:, c0:c1], accumulate=i > 0
+                dst=outer, stationary=stationaries[i], moving=moving[:, c0:c1], accumulate=i > 0
             )
         nisa.tensor_tensor(dst=target[:, c0:c1], data1=h_row[:, c0:c1], data2=outer, op=nl.multiply)
     _add_shift(y_row, product_row, shift)
@@ -348,19 +349,15 @@ def scaled_normalize(plan, y_row, h_row, rstd_col, ones, weight_row, shift, prod
     broadcasts the weight row into PSUM and the Vector engine multiplies the two."""
     target = y_row if shift is None else product_row
     scaled_dtype = plan.in_dtype if plan.rounds_xhat else nl.float32
-    parts = h_row.shape[0]
-    for c0, c1 in _banks(h_row.shape[-1]):
+    parts, width = h_row.shape
+    for c0 in range(0, width, PSUM_COLS):
+        c1 = min(width, c0 + PSUM_COLS)
         weight = nl.ndarray((parts, c1 - c0), dtype=nl.float32, buffer=nl.psum)
         nisa.nc_matmul(dst=weight, stationary=ones, moving=weight_row[:, c0:c1], accumulate=False)
         scaled = sbuf((parts, c1 - c0), scaled_dtype)
         nisa.activation(dst=scaled, op=nl.copy, data=h_row[:, c0:c1], scale=rstd_col)
         nisa.tensor_tensor(dst=target[:, c0:c1], data1=scaled, data2=weight, op=nl.multiply)
     _add_shift(y_row, product_row, shift)
-
-
-def _banks(width):
-    """(start, stop) of the PSUM-bank-wide column blocks of ``width`` columns."""
-    return [(c0, min(width, c0 + PSUM_COLS)) for c0 in range(0, width, PSUM_COLS)]
 
 
 def _add_shift(y_row, product_row, shift):

@@ -1,0 +1,464 @@
+"""Quantized RMSNorm forward in the ``nki`` 0.6 dialect (trn2 / trn3): one pass that reads
+x (and a residual), and writes the fp8 quantized ``y`` with its dequantization scales, and
+optionally ``y`` itself, ``h = x + residual`` and the per-row absolute maximum of ``y``.
+
+Math (per row of N elements, every step float32 unless it says otherwise)::
+
+    h     = x + residual                      (rounded once to the residual's dtype)
+    rstd  = 1 / sqrt(max(Σ(h / √N)² + eps, 2⁻⁸⁷))    (GpSimd rsqrt)
+    p     = h · w                             (exact products; h itself without a weight)
+    y     = p · rstd
+    amax  = max |y| = max |p| · rstd          (per row, or per block of ``block`` columns)
+    scale = max(min(amax, lower_bound) · (1 / fp8_max), scale_floor)        dequant scale
+    y_q   = RNE_fp8(clip(y, ±lower_bound) / scale) = RNE_fp8(clip(p · (rstd · (1 / scale)),
+            ±lower_bound · (1 / scale)))
+
+``1 / fp8_max`` and ``1 / scale`` are float32 (the ALU has no divide; the Vector engine's
+``reciprocal``). ``fp8_max`` is the largest finite value of the output dtype: 240 for
+``float8_e4m3`` (the NeuronCore's IEEE-style e4m3), 448 for the OCP ``float8_e4m3fn`` (trn3
+only: nki-library@d2ad3a5 ``src/nkilib_src/nkilib/core/utils/kernel_helpers.py`` L39-43,
+L489-491) and 57344 for ``float8_e5m2``. With per-row or per-block scales ``|y / scale|``
+never exceeds ``fp8_max`` (by construction, up to float32 rounding, which rounds back to
+``fp8_max``). With a static input scale, ``y / scale`` is clipped to ``±fp8_max`` before the
+conversion, as AWS's ``rmsnorm_quant_kernel`` does (nki-library@d2ad3a5
+``core/rmsnorm/rmsnorm_quant.py`` ``_static_quantize_tile``): the docs say nothing of how an
+engine converts an out-of-range value to fp8, so the kernel never relies on it.
+
+``scale_floor`` (default 1e-6, AWS's ``min_dequant_scale_value``,
+``core/rmsnorm/rmsnorm_quant_constants.py``) keeps ``1 / scale`` finite: an all-zero row gets
+the scale ``scale_floor`` and ``y_q = 0``. A row holding NaN or ±Inf gets a non-finite
+``rstd`` or ``amax``, hence a non-finite scale, which flags it; its ``y_q`` is unspecified.
+Σh² is float32, so rows must keep it finite (N · max h² < 3.4e38, e.g. |h| < 2⁶³ / √N).
+
+Layout and engines (per tile of up to 128 rows, whole rows on chip; under ``kernel[2]`` the
+tiles are split between the two physical cores by ``nl.program_id(0)``):
+
+* DMA: x (residual) in, h / y / y_q / scales out;
+* Scalar: Σh² (``activation_reduce``, square and add), the rsqrt, and the quantizing
+  multiply (``activation`` copy with the per-row ``scale=`` column, converting to fp8 on
+  write; ``nki/api/nki/isa/__init__.py@81ce03ae`` L1378-1387: any output dtype at no cost);
+* Tensor: the weight row broadcast to the tile's partitions, one PSUM bank at a time (a
+  ones-row matmul, exact);
+* Vector: h · w against that PSUM bank (one PSUM input: N cycles), the per-row absolute
+  maximum (``tensor_scalar_reduce`` with ``nl.abs`` and ``nl.maximum``, as AWS's
+  ``_row_quantize_tile`` does), per-block maxima (``tensor_reduce`` max and negated min over
+  a ``(rows, blocks, block)`` view) and the per-row arithmetic on (rows, 1) columns.
+
+The packed layout (``packed=True``, row scales only) is nki-library's ``[..., N + 4]``: the
+float32 scale's four bytes after each row of y_q, written through an ``.ap(..., dtype=)``
+reinterpretation of the scale column as AWS's ``_store_tensor_tile_and_dequant_scales``
+does. The arguments are validated by :func:`nki_rmsnorm.ops.rms_norm_quant` before launch;
+the kernel only asserts them.
+"""
+
+from __future__ import annotations
+
+import math
+
+from nki_rmsnorm.kernels.nki06._nki import nisa, nki, nl
+from nki_rmsnorm.plan.forward import RSQRT_MIN_INPUT
+
+__all__ = ["SCALE_MODES", "fp8_max", "rmsnorm_quant"]
+
+#: Per-row scales, per-block scales (``block`` columns of a row share one), or one static
+#: dequantization scale given by the caller.
+SCALE_MODES = ("row", "block", "static")
+#: Columns of one PSUM bank of float32 (2 KiB per partition).
+_BANK_COLUMNS = 512
+#: Column chunks of a row tile: at least this many bytes of x per partition, at most
+#: this many chunks.
+_CHUNK_BYTES = 4096
+_MAX_CHUNKS = 4
+#: Bytes of the float32 scale appended to each row in the packed layout.
+_SCALE_BYTES = 4
+
+
+def fp8_max(dtype):
+    """The largest finite value of an fp8 output dtype."""
+    if dtype == nl.float8_e4m3:
+        return 240.0
+    if dtype == nl.float8_e4m3fn:
+        return 448.0
+    assert dtype == nl.float8_e5m2, "quant_dtype must be float8_e4m3, float8_e4m3fn or e5m2"
+    return 57344.0
+
+
+def _sbuf(shape, dtype):
+    return nl.ndarray(shape, dtype=dtype, buffer=nl.sbuf)
+
+
+def _core_tiles(rows):
+    """(first row, row count) of this core's tiles of at most 128 rows: under LNC=2 each
+    core takes a contiguous block of the full tiles, the last core also the ragged one."""
+    parts = nl.tile_size.pmax
+    full = rows // parts
+    cores = nl.num_programs(0)
+    core = nl.program_id(0)
+    per_core = (full + cores - 1) // cores
+    tiles = []
+    last = min(full, (core + 1) * per_core)
+    for t in range(core * per_core, last):
+        tiles.append((t * parts, parts))
+    if rows % parts != 0 and core == cores - 1:
+        tiles.append((full * parts, rows % parts))
+    return tiles
+
+
+def _rstd(mean_sq, eps):
+    """rstd = 1 / sqrt(max(mean(h²) + eps, 2⁻⁸⁷)) of a (rows, 1) column: the Scalar engine
+    adds eps (the Vector engine, when eps < 2⁻⁸⁷ may leave an all-zero row at 0, clamps
+    too), the GpSimd engine takes the
+    reciprocal square root (``tensor_scalar`` runs on GpSimd "only for rsqrt",
+    aws-neuron-sdk@81ce03ae ``nki/api/nki/isa/__init__.py`` L1138-L1140; computed there at a
+    higher precision than on the Scalar engine, so no Newton steps follow)."""
+    shape = mean_sq.shape
+    v = _sbuf(shape, nl.float32)
+    if eps >= RSQRT_MIN_INPUT:  # nothing to clamp: the Scalar engine adds eps
+        nisa.activation(dst=v, op=nl.copy, data=mean_sq, bias=float(eps))
+    else:
+        nisa.tensor_scalar(
+            dst=v,
+            data=mean_sq,
+            op0=nl.add,
+            operand0=float(eps),
+            op1=nl.maximum,
+            operand1=RSQRT_MIN_INPUT,
+        )
+    rstd = _sbuf(shape, nl.float32)
+    nisa.tensor_scalar(dst=rstd, data=v, op0=nl.rsqrt, operand0=None, engine=nisa.gpsimd_engine)
+    return rstd
+
+
+def _load_weight(weight):
+    """The weight as a (1, N) SBUF row in its own dtype (the Tensor engine's moving operand)
+    and a (1, 128) row of ones in the same dtype (the stationary one)."""
+    N = weight.shape[0]
+    row = _sbuf((1, N), weight.dtype)
+    nisa.dma_copy(dst=row, src=weight.reshape((1, N)))
+    ones = _sbuf((1, nl.tile_size.pmax), weight.dtype)
+    nisa.memset(dst=ones, value=1.0)
+    return row, ones
+
+
+def _broadcast_scale(input_scale):
+    """The caller's (1, 1) float32 dequantization scale as a (128, 1) column of its
+    reciprocal: a ones-row matmul broadcasts it (exact), the Vector engine inverts it."""
+    parts = nl.tile_size.pmax
+    one = _sbuf((1, 1), nl.float32)
+    nisa.dma_copy(dst=one, src=input_scale)
+    ones = _sbuf((1, parts), nl.float32)
+    nisa.memset(dst=ones, value=1.0)
+    column = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=column, stationary=ones, moving=one, accumulate=False)
+    inverse = _sbuf((parts, 1), nl.float32)
+    nisa.reciprocal(dst=inverse, data=column)
+    return inverse
+
+
+def _column_chunks(n, itemsize):
+    """(start, stop) of the column chunks a row tile is loaded, quantized and stored in: at
+    least ``_CHUNK_BYTES`` per partition each (a DMA of ≥ 4 KiB per partition runs near full
+    rate, aws-neuron-sdk@81ce03ae ``nki/deep-dives/nki-dma-bandwidth-guide.rst`` L84-85), so
+    that a tile's first products start after part of its load and its last store starts
+    before its whole quantization ends."""
+    count = max(1, min(_MAX_CHUNKS, (n * itemsize) // _CHUNK_BYTES))
+    width = -(-n // count)
+    chunks = []
+    for c0 in range(0, n, width):
+        chunks.append((c0, min(n, c0 + width)))
+    return chunks
+
+
+def _product(h_tile, weight_row, ones):
+    """p = h · w (float32) for a tile: per PSUM bank, the weight broadcast to the tile's
+    partitions by the Tensor engine and the Vector engine's multiply against it."""
+    parts, N = h_tile.shape
+    p = _sbuf((parts, N), nl.float32)
+    for c0 in range(0, N, _BANK_COLUMNS):
+        c1 = min(N, c0 + _BANK_COLUMNS)
+        bank = nl.ndarray((parts, c1 - c0), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(
+            dst=bank, stationary=ones[:, 0:parts], moving=weight_row[:, c0:c1], accumulate=False
+        )
+        nisa.tensor_tensor(dst=p[:, c0:c1], data1=h_tile[:, c0:c1], data2=bank, op=nl.multiply)
+    return p
+
+
+def _column(shape):
+    return _sbuf(shape, nl.float32)
+
+
+def _scale(amax_p, rstd, fp8max, lower_bound, scale_floor):
+    """From the (rows, k) maxima of |p|: amax of y (Scalar engine) and the dequant scales
+    max(min(amax, lower_bound) · (1 / fp8_max), scale_floor) (Vector engine)."""
+    shape = amax_p.shape
+    amax_y = _column(shape)
+    nisa.activation(dst=amax_y, op=nl.copy, data=amax_p, scale=rstd)
+    capped = amax_y
+    if lower_bound is not None:
+        capped = _column(shape)
+        nisa.tensor_scalar(dst=capped, data=amax_y, op0=nl.minimum, operand0=float(lower_bound))
+    scale = _column(shape)
+    nisa.tensor_scalar(
+        dst=scale,
+        data=capped,
+        op0=nl.multiply,
+        operand0=1.0 / fp8max,
+        op1=nl.maximum,
+        operand1=float(scale_floor),
+    )
+    return amax_y, scale
+
+
+def _factors(scale, rstd, lower_bound):
+    """The quantizing factors rstd · (1 / scale) (Vector reciprocal, Scalar multiply) and,
+    with a lower bound, the clip bounds lower_bound · (1 / scale)."""
+    shape = scale.shape
+    inverse = _column(shape)
+    nisa.reciprocal(dst=inverse, data=scale)
+    factor = _column(shape)
+    nisa.activation(dst=factor, op=nl.copy, data=inverse, scale=rstd)
+    bound = None
+    if lower_bound is not None:
+        bound = _column(shape)
+        nisa.tensor_scalar(dst=bound, data=inverse, op0=nl.multiply, operand0=float(lower_bound))
+    return factor, bound
+
+
+def _quantize(q, p, factor, bound, on_vector=False):
+    """q = RNE(p · factor) (Scalar engine, converting on write; the Vector engine's
+    ``tensor_scalar`` if ``on_vector``), or with a (rows, 1) clip ``bound``: min(p · factor,
+    bound) then max(·, −bound) on the Vector engine (the second step reads the fp8 result:
+    exact, both bounds are applied before the last rounding and a value already in fp8
+    rounds to itself)."""
+    if bound is None and on_vector:
+        nisa.tensor_scalar(dst=q, data=p, op0=nl.multiply, operand0=factor)
+        return
+    if bound is None:
+        nisa.activation(dst=q, op=nl.copy, data=p, scale=factor)
+        return
+    negative = _column(bound.shape)
+    nisa.tensor_scalar(dst=negative, data=bound, op0=nl.multiply, operand0=-1.0)
+    nisa.tensor_scalar(
+        dst=q, data=p, op0=nl.multiply, operand0=factor, op1=nl.minimum, operand1=bound
+    )
+    nisa.tensor_scalar(dst=q, data=q, op0=nl.maximum, operand0=negative)
+
+
+def _block_maxima(p, block):
+    """max |p| over each ``block`` columns of a tile: (rows, N / block), from the maximum
+    and the negated minimum of a (rows, blocks, block) view (Vector ``tensor_reduce``)."""
+    parts, N = p.shape
+    blocks = N // block
+    view = p.reshape((parts, blocks, block))
+    high = _column((parts, blocks))
+    nisa.tensor_reduce(dst=high, op=nl.maximum, data=view, axis=2)
+    low = _column((parts, blocks))
+    nisa.tensor_reduce(dst=low, op=nl.minimum, data=view, axis=2, negate=True)
+    nisa.tensor_tensor(dst=high, data1=high, data2=low, op=nl.maximum)
+    return high
+
+
+def _tile_front(hbm, options, weight_row, ones, r0, parts):
+    """Rows r0 … r0 + parts − 1, up to their dequant scales: load (and h = x + residual,
+    stored), mean(h²), rstd, p and its maxima. Returns the tile's state for
+    :func:`_tile_back`."""
+    x, residual, h = hbm[0], hbm[1], hbm[5]
+    eps, quant_dtype, scale_mode, block, lower_bound, scale_floor = options
+    N = x.shape[1]
+    rows = slice(r0, r0 + parts)
+    chunks = _column_chunks(N, x.dtype.itemsize)
+    if residual is None:
+        h_tile = _sbuf((parts, N), x.dtype)
+        for c0, c1 in chunks:
+            nisa.dma_copy(dst=h_tile[:, c0:c1], src=x[rows, c0:c1])
+    else:
+        h_tile = _sbuf((parts, N), residual.dtype)
+        x_tile = _sbuf((parts, N), x.dtype)
+        for c0, c1 in chunks:
+            nisa.dma_copy(dst=h_tile[:, c0:c1], src=residual[rows, c0:c1])
+            nisa.dma_copy(dst=x_tile[:, c0:c1], src=x[rows, c0:c1])
+            nisa.tensor_tensor(
+                dst=h_tile[:, c0:c1], data1=x_tile[:, c0:c1], data2=h_tile[:, c0:c1], op=nl.add
+            )
+            nisa.dma_copy(dst=h[rows, c0:c1], src=h_tile[:, c0:c1])
+
+    # The quantized tile is written last; until then it takes the discarded elementwise
+    # results of the reductions.
+    q = _sbuf((parts, N), quant_dtype)
+    # mean(h²) as Σ (h / √N)²: the Scalar engine's scale folds the 1 / N in
+    mean_sq = _column((parts, 1))
+    nisa.activation_reduce(
+        dst=q,
+        op=nl.square,
+        data=h_tile,
+        reduce_op=nl.add,
+        reduce_res=mean_sq,
+        scale=1.0 / math.sqrt(N),  # as AWS's attention_tkg.py L1567 scales by 1 / sqrt(d)
+    )
+    rstd = _rstd(mean_sq, eps)
+    p = h_tile if weight_row is None else _product(h_tile, weight_row, ones)
+
+    amax_p = None
+    if scale_mode == "row":
+        amax_p = _column((parts, 1))
+        nisa.tensor_scalar_reduce(
+            dst=q, data=p, op0=nl.abs, operand0=0.0, reduce_op=nl.maximum, reduce_res=amax_p
+        )
+    elif scale_mode == "block":
+        amax_p = _block_maxima(p, block)
+    elif hbm[6] is not None:
+        amax_p = _column((parts, 1))
+        junk = _sbuf((parts, N), nl.bfloat16)
+        nisa.tensor_scalar_reduce(
+            dst=junk, data=p, op0=nl.abs, operand0=0.0, reduce_op=nl.maximum, reduce_res=amax_p
+        )
+    scaled = None
+    if scale_mode != "static":
+        scaled = _scale(amax_p, rstd, fp8_max(quant_dtype), lower_bound, scale_floor)
+    return rows, chunks, q, p, rstd, amax_p, scaled
+
+
+def _tile_back(hbm, options, static_inverse, state, last):
+    """The rest of a tile :func:`_tile_front` began: the quantizing factors, y_q, the scales,
+    amax and y, stored (``last``: this core's last tile)."""
+    y_q, scales, y, amax, packed_scales = hbm[2], hbm[3], hbm[4], hbm[6], hbm[7]
+    eps, quant_dtype, scale_mode, block, lower_bound, scale_floor = options
+    rows, chunks, q, p, rstd, amax_p, scaled = state
+    parts, N = p.shape
+    fp8max = fp8_max(quant_dtype)
+
+    if scale_mode == "static":
+        factor = _column((parts, 1))
+        nisa.tensor_scalar(
+            dst=factor, data=rstd, op0=nl.multiply, operand0=static_inverse[0:parts, :]
+        )
+        nisa.tensor_scalar(
+            dst=q, data=p, op0=nl.multiply, operand0=factor, op1=nl.minimum, operand1=fp8max
+        )
+        nisa.tensor_scalar(dst=q, data=q, op0=nl.maximum, operand0=-fp8max)
+        nisa.dma_copy(dst=y_q[rows, :], src=q)
+        if amax is not None:
+            amax_y = _column((parts, 1))
+            nisa.activation(dst=amax_y, op=nl.copy, data=amax_p, scale=rstd)
+            nisa.dma_copy(dst=amax[rows, :], src=amax_y)
+    else:
+        amax_y, scale = scaled
+        factor, bound = _factors(scale, rstd, lower_bound)
+        if scale_mode == "row":
+            for c in range(len(chunks)):
+                c0, c1 = chunks[c]
+                # the Vector engine, done with its products, shares the last tile's quantization
+                _quantize(q[:, c0:c1], p[:, c0:c1], factor, bound, last and c % 2 == 1)
+                nisa.dma_copy(dst=y_q[rows, c0:c1], src=q[:, c0:c1])
+        else:
+            for b in range(N // block):
+                cols = slice(b * block, (b + 1) * block)
+                _quantize(
+                    q[:, cols],
+                    p[:, cols],
+                    factor[:, b : b + 1],
+                    None if bound is None else bound[:, b : b + 1],
+                )
+            nisa.dma_copy(dst=y_q[rows, :], src=q)
+        if packed_scales is not None:
+            # the float32 column's bytes as four fp8 elements per row (AWS's packed layout)
+            nisa.dma_copy(
+                dst=packed_scales[rows, :],
+                src=scale.ap(pattern=[[_SCALE_BYTES, parts], [1, _SCALE_BYTES]], dtype=quant_dtype),
+            )
+        else:
+            nisa.dma_copy(dst=scales[rows, :], src=scale)
+        if amax is not None and scale_mode == "row":
+            nisa.dma_copy(dst=amax[rows, :], src=amax_y)
+        elif amax is not None:
+            row_amax = _column((parts, 1))
+            nisa.tensor_reduce(dst=row_amax, op=nl.maximum, data=amax_y, axis=1)
+            nisa.dma_copy(dst=amax[rows, :], src=row_amax)
+
+    if y is not None:
+        y_tile = _sbuf((parts, N), y.dtype)
+        nisa.activation(dst=y_tile, op=nl.copy, data=p, scale=rstd)
+        nisa.dma_copy(dst=y[rows, :], src=y_tile)
+
+
+@nki.jit
+def rmsnorm_quant(
+    x,
+    residual,
+    weight,
+    input_scale,
+    eps,
+    quant_dtype,
+    scale_mode,
+    block,
+    lower_bound,
+    scale_floor,
+    emit_y,
+    emit_amax,
+    packed,
+):
+    """Quantized RMSNorm of ``x`` (M, N) (plus ``residual``, or None) with ``weight`` (N,)
+    or None. ``scale_mode`` "row" | "block" (``block`` columns per scale) | "static"
+    (``input_scale`` a (1, 1) float32 dequant scale). Returns, in this order: y_q (M, N) in
+    ``quant_dtype`` — or, with ``packed`` (row scales), (M, N + 4) with each row's scale
+    bytes at [N:N + 4]; the scales (M, 1) or (M, N / block) float32 (row / block, unpacked);
+    y (M, N) in x's dtype if ``emit_y``; h (M, N) in the residual's dtype with a residual;
+    the per-row amax of y (M, 1) float32 if ``emit_amax``."""
+    M, N = x.shape
+    assert scale_mode == "row" or scale_mode == "block" or scale_mode == "static"
+    assert quant_dtype != nl.float8_e4m3fn or nisa.get_nc_version() == nisa.nc_version.gen4
+    assert not packed or scale_mode == "row"
+    assert scale_mode != "block" or N % block == 0
+    outputs = []
+    packed_scales = None
+    scales = None
+    if packed:
+        out = nl.ndarray((M, N + _SCALE_BYTES), dtype=quant_dtype, buffer=nl.shared_hbm)
+        y_q = out[:, 0:N]
+        packed_scales = out[:, N : N + _SCALE_BYTES]
+        outputs.append(out)
+    else:
+        y_q = nl.ndarray((M, N), dtype=quant_dtype, buffer=nl.shared_hbm)
+        outputs.append(y_q)
+        if scale_mode == "row":
+            scales = nl.ndarray((M, 1), dtype=nl.float32, buffer=nl.shared_hbm)
+            outputs.append(scales)
+        elif scale_mode == "block":
+            scales = nl.ndarray((M, N // block), dtype=nl.float32, buffer=nl.shared_hbm)
+            outputs.append(scales)
+    y = None
+    if emit_y:
+        y = nl.ndarray((M, N), dtype=x.dtype, buffer=nl.shared_hbm)
+        outputs.append(y)
+    h = None
+    if residual is not None:
+        h = nl.ndarray((M, N), dtype=residual.dtype, buffer=nl.shared_hbm)
+        outputs.append(h)
+    amax = None
+    if emit_amax:
+        amax = nl.ndarray((M, 1), dtype=nl.float32, buffer=nl.shared_hbm)
+        outputs.append(amax)
+
+    weight_row = None
+    ones = None
+    if weight is not None:
+        weight_row, ones = _load_weight(weight)
+    static_inverse = None
+    if scale_mode == "static":
+        static_inverse = _broadcast_scale(input_scale)
+    hbm = (x, residual, y_q, scales, y, h, amax, packed_scales)
+    options = (eps, quant_dtype, scale_mode, block, lower_bound, scale_floor)
+    # A two-stage software pipeline: tile t + 1 is issued up to its scales before the rest
+    # of tile t, so that no engine's in-order stream waits on a tile's short chain of
+    # per-row steps (and no Vector step reads the one just before it).
+    tiles = _core_tiles(M)
+    ahead = None
+    if len(tiles) > 0:
+        ahead = _tile_front(hbm, options, weight_row, ones, tiles[0][0], tiles[0][1])
+    for t in range(len(tiles)):
+        current = ahead
+        if t + 1 < len(tiles):
+            ahead = _tile_front(hbm, options, weight_row, ones, tiles[t + 1][0], tiles[t + 1][1])
+        _tile_back(hbm, options, static_inverse, current, t == len(tiles) - 1)
+    return tuple(outputs)
