@@ -19,6 +19,7 @@ import numpy as np
 
 from simulate.core import dtypes as core
 
+from . import release
 from .context import language_check_enabled
 from .errors import NkiTypeError
 
@@ -129,6 +130,8 @@ def kernel_dtype(dtype, argname: str = "dtype") -> NkiDtype:
     (aws-neuron-sdk@81ce03ae ``nki/api/nki.api.shared.rst`` L11–12). An ``nl`` dtype, or its
     name (the 0.6 stubs type dtypes as ``str``); a NumPy, ml_dtypes or torch dtype is an
     error (unless ``NKI_SIM_LANGUAGE_CHECK=0``)."""
+    if dtype is float8_e8m0fnu:
+        release.require("nl.float8_e8m0fnu", from_kernel_only=False)
     if isinstance(dtype, NkiDtype):
         return dtype
     if type(dtype) is not str and language_check_enabled():

@@ -16,7 +16,7 @@ import numpy as np
 from simulate.core.dtypes import is_number
 from simulate.core.targets import PMAX
 
-from . import context
+from . import context, release
 from . import dtypes as dt
 from . import isa as nisa
 from .dtypes import (  # noqa: F401 - the nl.* dtype names
@@ -162,6 +162,7 @@ class _TileSize:
 
     @property
     def psum_num_banks(self) -> int:
+        release.require("nl.tile_size.psum_num_banks")
         import os
 
         as_pe = os.environ.get("NKI_DMA_TRANSPOSE_AS_PE_TRANSPOSE", "").lower() == "true"
@@ -613,6 +614,7 @@ def _value(bound) -> int:
 def fori_loop(lower, upper, body_fun, step=1) -> None:
     """``for i in range(lower, upper, step): body_fun(i)`` on the device; ``i`` is a read-only
     register; the body returns nothing."""
+    release.require("nl.fori_loop")
     _runtime_loop("nl.fori_loop")
     if not isinstance(step, int) or step < 1:
         raise NkiValidationError(f"fori_loop step must be a positive int, got {step!r}")
@@ -625,6 +627,7 @@ def fori_loop(lower, upper, body_fun, step=1) -> None:
 
 def while_loop(init, body_fun) -> None:
     """``r = init; while r != 0: r = body_fun(r)`` on the device."""
+    release.require("nl.while_loop")
     _runtime_loop("nl.while_loop")
     register = init
     while (register.value if isinstance(register, nisa.VirtualRegister) else int(register)) != 0:
