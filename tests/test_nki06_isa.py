@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import simulate.nki06 as nki
+from simulate.nki06 import context
 from simulate.nki06 import isa as nisa
 from simulate.nki06 import language as nl
 from simulate.nki06.errors import NkiValidationError
@@ -346,6 +347,7 @@ def test_activation_scalar_bias_needs_nc_v3(rng, monkeypatch):
 
     np.testing.assert_allclose(run(kernel, x), x + 1.5)
     monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn1")
+    monkeypatch.setattr(context, "REJECT_NEURONCORE_V2", False)  # the v2 rule behind the gate
     with pytest.raises(AssertionError, match="scalar bias needs NeuronCore-v3"):
         run(kernel, x)
 
@@ -475,6 +477,7 @@ def test_tensor_copy_on_scalar_engine_needs_nc_v3(rng, monkeypatch):
 
     np.testing.assert_array_equal(run(kernel, x), x)
     monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn1")
+    monkeypatch.setattr(context, "REJECT_NEURONCORE_V2", False)  # the v2 rule behind the gate
     with pytest.raises(AssertionError, match="not available on the scalar engine"):
         run(kernel, x)
 

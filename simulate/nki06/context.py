@@ -53,6 +53,23 @@ def language_check_enabled() -> bool:
     return value not in ("0", "false", "off", "no")
 
 
+#: Whether a 0.6 launch on NeuronCore-v2 (trn1, inf2) is an error: "NKI supports Trainium2 and
+#: Trainium3 chips" (aws-neuron-sdk@81ce03ae ``nki/nki_faq.rst`` L23-27); those chips run the
+#: legacy ``neuronxcc.nki`` dialect (:mod:`simulate.legacy`). The one switch of the gate.
+REJECT_NEURONCORE_V2 = True
+
+
+def check_target_supported(target: Target) -> None:
+    """Raise when the 0.6 front-end is asked to run on a chip NKI 0.6 does not support."""
+    if REJECT_NEURONCORE_V2 and target.nc_version < 3:
+        raise NkiValueError(
+            f'NKI 0.6 does not run on {target.name} (NeuronCore-v2): "NKI supports Trainium2 '
+            'and Trainium3 chips" (aws-neuron-sdk@81ce03ae nki/nki_faq.rst L23-27). Trn1/Inf2 '
+            "kernels are written in the legacy neuronxcc.nki dialect (simulate.legacy; "
+            "Neuron SDK <= 2.29)"
+        )
+
+
 def target_from_env(name=None) -> Target:
     """The target ``name`` (a target name or :class:`Target`), else the one
     ``NEURON_PLATFORM_TARGET_OVERRIDE`` names (STUB-NKI ``jit``), else trn3."""

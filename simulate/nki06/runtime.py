@@ -207,6 +207,7 @@ def _check_annotations(func, bound) -> None:
 # --- launch ------------------------------------------------------------------------------------
 def launch(func, args, kwargs, lnc, target=None):
     target = context.target_from_env(target)
+    context.check_target_supported(target)
     degree = 1 if lnc is None else lnc
     if degree == 2 and target.nc_version < 3:
         raise NkiValueError(f"kernel[2]: LNC=2 needs trn2 or trn3, the target is {target.name}")
