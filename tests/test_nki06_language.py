@@ -460,10 +460,16 @@ def with_plain_float(x):
     return _scaled(x, 2.0)
 
 
+def with_a_numpy_float_constant(x):
+    """AWS: ``nisa.memset(..., value=-np.inf)`` (nki-library@d2ad3a5 attention_tkg.py L1040)."""
+    return _scaled(x, np.pi)
+
+
 def test_libraries_in_kernel_code():
     _rejects(with_numpy, "library_module", "`np.float32` \\(module `numpy`\\)")
     _rejects(with_stdlib_call, "library_call", "call into a non-NKI library")
     _runs(with_plain_float, 2.0)
+    _runs(with_a_numpy_float_constant, np.pi)
 
 
 # --- classes -----------------------------------------------------------------------------------

@@ -338,6 +338,17 @@ def _dotted(node) -> str:
         return type(node).__name__
 
 
+#: A library module's attribute that is a plain Python number or string is an NKI value read
+#: at specialization: AWS's kernel code writes ``nisa.memset(bufs.qk, value=-np.inf)``
+#: (aws-neuron/nki-library@d2ad3a5 ``src/nkilib_src/nkilib/core/attention/attention_tkg.py``
+#: L1040; 2.28 branch L1001). Calls into the library and its other objects stay illegal.
+LIBRARY_CONSTANTS = (int, float, str, bool)
+
+
+def _is_plain_constant(value) -> bool:
+    return type(value) in LIBRARY_CONSTANTS and offending_value(value) is None
+
+
 def _is_numpy_array(value) -> bool:
     return type(value).__module__ == "numpy" and type(value).__name__ == "ndarray"
 
@@ -538,11 +549,13 @@ class _Visitor(ast.NodeVisitor):
         if isinstance(base, types.ModuleType):
             if is_nki_object(base):
                 return
+            value = getattr(base, node.attr, _Scope._MISSING)
             if base.__name__ in ALLOWED_MODULES or _is_user_module(base):
-                value = getattr(base, node.attr, _Scope._MISSING)
                 if value is not _Scope._MISSING and _is_user_module(base):
                     self._reached(value, f"`{base.__name__}.{node.attr}`", node)
                 return
+            if _is_plain_constant(value):
+                return  # `-np.inf`: a float constant of a library (AWS, LIBRARY_CONSTANTS)
             self.flag("library_module", node, f"`{_dotted(node)}` (module `{base.__name__}`)")
             return
         self.visit(node.value)
