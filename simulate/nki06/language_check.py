@@ -266,7 +266,8 @@ def is_user_code(obj) -> bool:
     return False
 
 
-#: Installed packages that hold kernel code (a kernel's own package, when installed).
+#: Installed packages that hold kernel code: the top-level package of every kernel checked
+#: (a kernel package may be pip-installed into site-packages, where libraries live too).
 _user_packages: set[str] = set()
 
 
@@ -674,6 +675,7 @@ class Checker:
         seen: set = set()
         found: list[Violation] = []
         queue = list(roots)
+        _user_packages.update(_top_module(root) for root in roots)
         with self._lock:
             while queue:
                 obj = queue.pop(0)
