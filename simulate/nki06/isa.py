@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import enum
 import math
+import sys
 import warnings
 
 import numpy as np
@@ -96,13 +97,19 @@ _ENUM_DOC = (
 )
 
 
+def _caller() -> str:
+    """``file:line`` of the kernel code that applied an operator to an enum."""
+    frame = sys._getframe(2)
+    return f"{frame.f_code.co_filename}:{frame.f_lineno}"
+
+
 def _enum_operator(name, permissive):
     def reject(self, *other):
         if not context.language_check_enabled():  # the debugging switch: IntEnum behaviour
             return permissive(self.value, *other)
         raise NkiTypeError(
-            f"{name} on {self!r}: {_ENUM_DOC}; nc_version also orders against nc_version "
-            "(<, <=, >, >=) as AWS's kernels compare it (aws-neuron/nki-library@d2ad3a5 "
+            f"{_caller()}: {name} on {self!r}: {_ENUM_DOC}; nc_version also orders against "
+            "nc_version (<, <=, >, >=) as AWS's kernels compare it (aws-neuron/nki-library@d2ad3a5 "
             "src/nkilib_src/nkilib/core/attention/attention_tkg.py L2332)"
         )
 
@@ -116,8 +123,8 @@ def _version_order(name, compare):
             return compare(self.value, other)
         if not isinstance(other, nc_version):
             raise NkiTypeError(
-                f"{self!r} {name} {other!r}: nc_version orders only against nc_version "
-                f"members; {_ENUM_DOC}"
+                f"{_caller()}: {self!r} {name} {other!r}: nc_version orders only against "
+                f"nc_version members; {_ENUM_DOC}"
             )
         return compare(self.value, other.value)
 

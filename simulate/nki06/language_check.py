@@ -100,7 +100,8 @@ RULES: dict[str, Rule] = {
     "with": R(
         "a with-statement other than `with nl.no_reorder():`",
         f"{NOT_NKI}; the only documented context manager is nl.no_reorder() "
-        "(aws-neuron-sdk@81ce03ae nki/migration/index.rst L141)",
+        "(aws-neuron-sdk@81ce03ae nki/api/nki/language/__init__.py L2246: "
+        '"Use as a context manager (``with nl.no_reorder():``)")',
     ),
     "global": R("a global/nonlocal declaration", f"{NOT_NKI}; kernels are pure ({GUIDE} L116)"),
     "import": R("an import inside kernel code", NOT_NKI),
