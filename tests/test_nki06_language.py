@@ -664,6 +664,11 @@ def compares_nc_version(x):
     return _scaled(x, 2.0 if newer and same else 1.0)
 
 
+def compares_the_value_of_nc_version(x):
+    """The guide's enum members carry ``name`` and ``value`` (L648-659): an int comparison."""
+    return _scaled(x, 2.0 if nisa.get_nc_version().value >= 3 else 1.0)
+
+
 def converts_nc_version(x):
     return _scaled(x, float(int(nisa.get_nc_version())))
 
@@ -692,6 +697,7 @@ def test_enums_compare_only_by_equality_nc_version_also_orders():
     with pytest.raises(TypeError):
         nki.jit(orders_a_user_enum)(x, Mode.SCALE)
     _runs(compares_nc_version, 2.0)
+    _runs(compares_the_value_of_nc_version, 2.0)
     _runs(compares_a_user_enum, 2.0, Mode.SCALE)
     assert not isinstance(nisa.get_nc_version, int) and not issubclass(nisa.nc_version, int)
 
