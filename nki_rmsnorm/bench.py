@@ -22,17 +22,27 @@ MBU is then against the logical core's HBM: ``--lnc 2`` runs every target so, an
 named ``trn2x2`` runs trn2 at LNC=2 beside the others. The default sweep with the 0.6 kernels
 adds ``trn2x2`` to trn1, trn2 and trn3, for the speed-up of LNC=2 over LNC=1. The "vs base"
 column always compares with the legacy tutorial kernel on one core.
+
+Runs: the default is the headline subset (:data:`SUBSET_SHAPES`), ``--full`` the sweep the
+published tables come from (:data:`FULL_SHAPES`), ``--quick`` a smoke run. Cases run in ``-j``
+processes (default: the usable cores), each with inputs drawn from its own seed
+(:func:`case_rng`), so the records do not depend on ``-j``. The copy and baseline yardsticks
+are cached on disk (:class:`YardstickCache`). ``--device`` measures on a NeuronDevice instead
+(:mod:`nki_rmsnorm.device`); the ``doctor`` command prints what this installation runs
+(:mod:`nki_rmsnorm.doctor`).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib.metadata
 import importlib.util
 import json
 import os
 import re
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -43,10 +53,17 @@ from nki_rmsnorm import dialect as dialects
 from nki_rmsnorm import reference
 from nki_rmsnorm.plan.backward import MAX_HIDDEN as MAX_HIDDEN_BWD
 
-DEFAULT_SHAPES = ((29, 17389), (256, 65536), (1024, 32768), (2048, 16384), (4096, 1024),
+#: ``--full``: the sweep docs/bench.json and the README tables come from.
+FULL_SHAPES = ((29, 17389), (256, 65536), (1024, 32768), (2048, 16384), (4096, 1024),
                   (4096, 12288), (8192, 2048), (8192, 4096), (8192, 8192), (16384, 4096))
+#: The default run: the headline shape (8192 tokens of a 4096-wide model) on every target.
+SUBSET_SHAPES = ((8192, 4096),)
 QUICK_SHAPES = ((129, 1024), (256, 4096))
+#: The kinds the sweep runs without ``--kind``.
 KINDS = ("fwd", "bwd", "fused_add")
+#: ... and those ``--kind`` takes: also "quant", the fp8 quantized forward (nki06 kernels on
+#: trn2/trn3 only).
+ALL_KINDS = KINDS + ("quant",)
 TARGETS = ("inf2", "trn1", "trn2", "trn3")
 DIALECTS = ("legacy", "nki06")
 LNC_TARGETS = ("trn2", "trn3")  # logical cores of two physical cores (LNC=2) exist only there
@@ -61,10 +78,15 @@ EPS = 1e-6
 # error's scale: the largest |reference| value for the forward outputs and dweight (≤ 1 ulp
 # for bf16/fp16 in gemma mode), and for dx the row's largest term rstd·max(|g|, |x̂·c|), as in
 # tests/test_bwd.py (dx itself can be far smaller than its terms after the cancellation).
-TOLERANCE_EPS = {"fwd": 2.0, "fused_add": 2.0, "bwd": 8.0}
+TOLERANCE_EPS = {"fwd": 2.0, "fused_add": 2.0, "bwd": 8.0, "quant": 1.0}
+#: "quant": the dequantized y_q · scale against the float64 y, relative to the row's amax, in
+#: units of half the spacing of fp8 values just below fp8_max (1/16 for e4m3 and e4m3fn,
+#: 1/8 for e5m2): the error RNE can make.
+QUANT_HALF_SPACING = {"float8_e4m3": 2.0**-4, "float8_e4m3fn": 2.0**-4, "float8_e5m2": 2.0**-3}
 BASELINES = {"fwd": "Neuron RMSNorm tutorial kernel",
              "fused_add": "tutorial add, then the tutorial RMSNorm kernel",
-             "bwd": "straightforward nl backward (no published kernel)"}
+             "bwd": "straightforward nl backward (no published kernel)",
+             "quant": "none here: scripts/compare_nkilib.py runs AWS's rmsnorm_quant_kernel"}
 
 
 @dataclass
@@ -83,7 +105,7 @@ class Record:
     hbm_bytes: int
     min_hbm_bytes: int
     hbm_bytes_ratio: float
-    sim_wall_s: float
+    sim_wall_s: float  # wall time of the kernel's simulation alone
     copy_us: float  # a plain HBM → SBUF → HBM DMA copy of the same tensors
     copy_ratio: float  # modeled_us / copy_us
     baseline: str
@@ -105,6 +127,8 @@ def minimal_hbm_bytes(kind: str, M: int, N: int, itemsize: int) -> int:
         return 2 * itemsize * M * N + itemsize * N + 4 * M
     if kind == "fused_add":
         return 4 * itemsize * M * N + itemsize * N + 4 * M
+    if kind == "quant":  # x in, fp8 y_q with its 4 scale bytes per row out (packed layout)
+        return itemsize * M * N + itemsize * N + M * (N + 4)
     return 3 * itemsize * M * N + itemsize * N + 4 * N + 4 * M
 
 
@@ -131,11 +155,39 @@ def _parse_list(text: str, allowed, what: str) -> tuple[str, ...]:
 
 
 def _inputs(kind: str, M: int, N: int, dtype, rng):
-    x = rng.standard_normal((M, N)).astype(dtype)
-    weight = (1.0 + 0.1 * rng.standard_normal(N)).astype(dtype)
-    residual = rng.standard_normal((M, N)).astype(dtype) if kind == "fused_add" else None
-    dy = rng.standard_normal((M, N)).astype(dtype) if kind == "bwd" else None
+    def normal(shape):  # drawn in fp32: half the time of float64 draws, and as random
+        return rng.standard_normal(shape, dtype=np.float32)
+
+    x = normal((M, N)).astype(dtype)
+    weight = (1.0 + 0.1 * normal(N)).astype(dtype)
+    residual = normal((M, N)).astype(dtype) if kind == "fused_add" else None
+    dy = normal((M, N)).astype(dtype) if kind == "bwd" else None
     return x, weight, residual, dy
+
+
+def case_rng(seed: int, kind: str, target: str, lnc: int, M: int, N: int):
+    """The random generator of one case: its inputs depend on the seed and the case alone,
+    so a case draws the same data whichever cases run beside it and in which process."""
+    key = (ALL_KINDS.index(kind), TARGETS.index(target), lnc, M, N)
+    return np.random.default_rng([seed, *key])
+
+
+#: Rows per call of the float64 reference: its temporaries stay small (a whole 8192x8192
+#: case makes float64 temporaries of 512 MB each). Every row is normalised on its own, so
+#: the rows come out bit for bit as from one call.
+_REFERENCE_ROWS = 256
+
+
+def _reference_fwd(x, weight, residual=None):
+    """:func:`reference.rms_norm_fwd` of the case, computed ``_REFERENCE_ROWS`` rows at a
+    time: ``(y, rstd)`` or ``(y, h, rstd)``."""
+    blocks = [
+        reference.rms_norm_fwd(x[i : i + _REFERENCE_ROWS], weight, EPS,
+                               residual=None if residual is None
+                               else residual[i : i + _REFERENCE_ROWS])
+        for i in range(0, x.shape[0], _REFERENCE_ROWS)
+    ]
+    return tuple(np.concatenate(parts) for parts in zip(*blocks))
 
 
 def _kernels(dialect: str):
@@ -169,35 +221,49 @@ def _profile(dialect, lnc, kernel, *args, target):
 
 
 def run_case(kind, target, M, N, dtype_name, rng, with_baseline=True, dialect="legacy",
-             lnc=1) -> Record:
-    """Simulate one case with the cost model and check it against the reference."""
+             lnc=1, cache=None) -> Record:
+    """Simulate one case with the cost model and check it against the reference; the copy
+    and baseline yardsticks come from ``cache`` (a :class:`YardstickCache`) when it has
+    them."""
     import simulate.cost
 
     rmsnorm_fwd, rmsnorm_add_fwd, rmsnorm_bwd = _kernels(dialect)
     dtype = np.dtype(ml_dtypes.bfloat16 if dtype_name == "bfloat16" else dtype_name)
     x, weight, residual, dy = _inputs(kind, M, N, dtype, rng)
+    rstd = _reference_fwd(x, weight)[1] if kind == "bwd" else None
     start = time.perf_counter()
-    if kind == "bwd":
-        _, rstd = reference.rms_norm_fwd(x, weight, EPS)
+    if kind == "quant":
+        packed, prof = _quant_run(target, lnc, x, weight)
+    elif kind == "bwd":
         outputs, prof = _profile(dialect, lnc, rmsnorm_bwd, dy, x, weight, rstd, None, 0.0,
                                  False, "gemma", target=target)
-        want = reference.rms_norm_bwd(dy, x, weight, rstd)
-        errors = [_max_error(outputs[0], want[0], _dx_row_scale(dy, x, weight, rstd)),
-                  _max_error(outputs[1], want[1], _scale(want[1]))]
     else:
         launch = ((rmsnorm_fwd, x) if residual is None
                   else (rmsnorm_add_fwd, x, residual))
         outputs, prof = _profile(dialect, lnc, *launch, weight, None, EPS, 0.0, "gemma",
                                  dtype, target=target)
-        want = reference.rms_norm_fwd(x, weight, EPS, residual=residual)
-        errors = [_max_error(o, w, _scale(w)) for o, w in zip(outputs[:-1], want[:-1])]
     wall = time.perf_counter() - start
     eps_dtype = float(np.finfo(np.float32).eps) if dtype_name == "float32" else (
         2.0 ** -8 if dtype_name == "bfloat16" else 2.0 ** -11)
+    if kind == "quant":
+        errors, eps_dtype = _quant_errors(packed, target, x, weight)
+    elif kind == "bwd":
+        want = reference.rms_norm_bwd(dy, x, weight, rstd)
+        errors = [_max_error(outputs[0], want[0], _dx_row_scale(dy, x, weight, rstd)),
+                  _max_error(outputs[1], want[1], _scale(want[1]))]
+    else:
+        want = _reference_fwd(x, weight, residual)
+        errors = [_max_error(o, w, _scale(w)) for o, w in zip(outputs[:-1], want[:-1])]
     max_error = max(errors)
     correct = max_error <= TOLERANCE_EPS[kind] * eps_dtype
-    copy_us = _copy_us(kind, target, x, residual, dy, dialect, lnc)
-    baseline_us = _baseline_us(kind, target, x, weight, residual, dy) if with_baseline else None
+    cache = cache or YardstickCache(None)
+    case_key = (kind, target, lnc, M, N, dtype_name, dialect)
+    copy_us = cache.get_or_compute(
+        "copy", case_key, lambda: _copy_us(kind, target, x, residual, dy, dialect, lnc))
+    baseline_us = cache.get_or_compute(
+        "baseline", case_key,
+        lambda: _baseline_us(kind, target, x, weight, residual, dy, rstd),
+    ) if with_baseline else None
     hbm = prof.hbm_read_bytes + prof.hbm_write_bytes
     minimal = minimal_hbm_bytes(kind, M, N, dtype.itemsize)
     busiest = max(("pe", "act", "dve", "pool"), key=lambda e: prof.engine_busy_us[e])
@@ -215,6 +281,50 @@ def run_case(kind, target, M, N, dtype_name, rng, with_baseline=True, dialect="l
         speedup_vs_baseline=baseline_us / prof.latency_us if baseline_us else None,
         correct=bool(correct), max_error=max_error, dialect=dialect, lnc=lnc,
         **_floor_fields(prof))
+
+
+def quant_dtype_for(target: str) -> str:
+    """The fp8 dtype the quantized case writes on ``target``: the OCP e4m3 on trn3, the
+    NeuronCore e4m3 (max 240) before (:func:`nki_rmsnorm.ops.quant_dtype_name`'s default)."""
+    return "float8_e4m3fn" if target == "trn3" else "float8_e4m3"
+
+
+def quant_launch_args(x, weight, quant_dtype: str):
+    """The ``rmsnorm_quant`` kernel's arguments for the benchmark's case: per-row scales in
+    nki-library's packed ``[..., N + 4]`` layout, as AWS's ``rmsnorm_quant_kernel`` writes."""
+    from nki_rmsnorm import kernels
+
+    return (x, None, weight, None, EPS, kernels.nki_dtype(quant_dtype, "nki06"), "row", 128,
+            None, 1e-6, False, False, True)
+
+
+def _quant_run(target, lnc, x, weight):
+    """Run the quantized case: (the packed output, Profile)."""
+    from nki_rmsnorm import kernels
+
+    kernel = kernels.kernel("rmsnorm_quant", "nki06")
+    out, prof = _profile("nki06", lnc, kernel,
+                         *quant_launch_args(x, weight, quant_dtype_for(target)), target=target)
+    return np.asarray(out[0] if isinstance(out, tuple) else out), prof
+
+
+def _quant_errors(packed, target, x, weight):
+    """([error], its unit) of the quantized case: the dequantized y_q · scale against the
+    float64 y, relative to each row's amax, in units of half an fp8 step at the top."""
+    name = quant_dtype_for(target)
+    n = x.shape[1]
+    error = 0.0
+    for r0 in range(0, x.shape[0], _CHECK_ROWS):  # the float64 reference, a slice at a time
+        part = packed[r0 : r0 + _CHECK_ROWS]
+        scales = np.ascontiguousarray(part[:, n:]).view(np.uint8).view("<f4")[:, :1]
+        dequantized = part[:, :n].astype(np.float64) * scales
+        want = reference.rms_norm_quant(x[r0 : r0 + _CHECK_ROWS], weight, EPS, quant_dtype=name)
+        error = max(error, _max_error(dequantized, want["y"], want["amax"][:, None]))
+    return [error], QUANT_HALF_SPACING[name]
+
+
+#: Rows of the quantized case checked against the float64 reference at once.
+_CHECK_ROWS = 1024
 
 
 def _floor_fields(prof) -> dict:
@@ -263,6 +373,9 @@ def _copy_us(kind, target, x, residual, dy, dialect="legacy", lnc=1) -> float:
 
     if kind == "fwd":
         launch = (copies.copy_one, x)
+    elif kind == "quant":  # x's bytes read (as two fp8 halves), its fp8 bytes written
+        halves = np.zeros((2,) + x.shape, ml_dtypes.float8_e4m3)
+        launch = (copies.copy_two_store_one, halves[0], halves[1])
     elif kind == "fused_add":
         launch = (copies.copy_two, x, residual)
     else:
@@ -272,13 +385,16 @@ def _copy_us(kind, target, x, residual, dy, dialect="legacy", lnc=1) -> float:
                for row_bytes in COPY_ROW_BYTES)
 
 
-def _baseline_us(kind, target, x, weight, residual, dy) -> float | None:
+def _baseline_us(kind, target, x, weight, residual, dy, rstd) -> float | None:
     """Modeled time of the kernel(s) a user would start from doing the same work (None when
-    it cannot run the shape, e.g. a row that does not fit SBUF)."""
+    it cannot run the shape, e.g. a row that does not fit SBUF); ``rstd`` is the backward's
+    saved statistic."""
     import simulate
     from nki_rmsnorm.kernels import baseline
 
     out = np.empty_like(x)
+    if kind == "quant":
+        return None
     try:
         if kind == "fwd":
             return simulate.profile(baseline.tutorial_rmsnorm, x, weight, out,
@@ -288,11 +404,89 @@ def _baseline_us(kind, target, x, weight, residual, dy) -> float | None:
             _, norm = simulate.profile(baseline.tutorial_rmsnorm, out, weight, np.empty_like(x),
                                        target=target)
             return add.latency_us + norm.latency_us
-        _, rstd = reference.rms_norm_fwd(x, weight, EPS)
         return simulate.profile(baseline.tutorial_rmsnorm_bwd, dy, x, weight, rstd, out,
                                 np.empty_like(weight), target=target)[1].latency_us
     except simulate.NKIError:
         return None
+
+
+def _yardstick_sources() -> str:
+    """SHA-256 of everything a yardstick's modeled time depends on: the simulator and its
+    cost model (every ``simulate`` source file), the yardstick kernels and the functions of
+    this module that launch them. A change to any of them makes every cached value stale."""
+    import inspect
+
+    import simulate
+    from nki_rmsnorm import nki as nki_shim
+    from nki_rmsnorm.kernels import baseline, nki06_baseline
+
+    digest = hashlib.sha256()
+    root = os.path.dirname(os.path.abspath(simulate.__file__))
+    for folder, dirs, files in sorted(os.walk(root)):
+        dirs.sort()
+        for name in sorted(f for f in files if f.endswith(".py")):
+            path = os.path.join(folder, name)
+            digest.update(os.path.relpath(path, root).encode())
+            with open(path, "rb") as f:
+                digest.update(f.read())
+    for module in (nki_shim, baseline, nki06_baseline):
+        digest.update(inspect.getsource(module).encode())
+    for function in (_profile, _copy_us, _baseline_us):
+        digest.update(inspect.getsource(function).encode())
+    return digest.hexdigest()
+
+
+def default_cache_dir() -> str:
+    """``$NKI_RMSNORM_CACHE_DIR``, else ``$XDG_CACHE_HOME/nki-rmsnorm``, else
+    ``~/.cache/nki-rmsnorm``; the yardsticks go in its ``bench`` folder."""
+    explicit = os.environ.get("NKI_RMSNORM_CACHE_DIR")
+    if explicit:
+        return explicit
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "nki-rmsnorm")
+
+
+class YardstickCache:
+    """The copy and baseline yardsticks' modeled µs, one small JSON file per case in
+    ``folder/bench`` (None: nothing is stored, every value is computed).
+
+    On disk rather than in the process: within one sweep no two cases share a yardstick (each
+    is a function of kind, target, LNC, shape, dtype and dialect), so only a later run can
+    reuse one, typically the next sweep after a change to our kernels, which leaves the
+    yardsticks alone. A value is keyed by :func:`_yardstick_sources` and the case; the input
+    data is not in the key because the cost model reads the trace, never the values (checked
+    by tests/test_bench_runs.py). Files are written atomically, so parallel workers may share the
+    folder."""
+
+    def __init__(self, folder: str | None) -> None:
+        self.folder = None if folder is None else os.path.join(folder, "bench")
+        self._sources: str | None = None
+        self.hits = 0
+
+    def _path(self, what: str, case_key: tuple) -> str:
+        if self._sources is None:
+            self._sources = _yardstick_sources()
+        text = json.dumps([self._sources, what, *case_key])
+        return os.path.join(self.folder, hashlib.sha256(text.encode()).hexdigest() + ".json")
+
+    def get_or_compute(self, what: str, case_key: tuple, compute):
+        if self.folder is None:
+            return compute()
+        path = self._path(what, case_key)
+        try:
+            with open(path) as f:
+                value = json.load(f)["us"]
+            self.hits += 1
+            return value
+        except (OSError, ValueError, KeyError):
+            pass
+        value = compute()
+        os.makedirs(self.folder, exist_ok=True)
+        handle, partial = tempfile.mkstemp(dir=self.folder, suffix=".partial")
+        with os.fdopen(handle, "w") as f:
+            json.dump({"us": value, "case": [what, *case_key]}, f)
+        os.replace(partial, path)
+        return value
 
 
 HEADER = (f"{'kind':9s} {'target':6s} {'shape':>12s} {'model µs':>10s} {'GB/s':>7s} "
@@ -339,7 +533,7 @@ def plot(records, path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    kinds = [k for k in KINDS if any(r.kind == k for r in records)]
+    kinds = [k for k in ALL_KINDS if any(r.kind == k for r in records)]
     fig, axes = plt.subplots(len(kinds), 1, figsize=(11, 3.2 * len(kinds)), squeeze=False)
     for ax, kind in zip(axes[:, 0], kinds):
         rows = [r for r in records if r.kind == kind]
@@ -377,20 +571,72 @@ def _version() -> str:
         return "unknown (not installed)"
 
 
+BENCH_DESCRIPTION = """\
+Benchmark the RMSNorm kernels on the CPU simulator's cost model (no NeuronDevice needed).
+
+Every case runs the kernel once in the simulator, checks its result against a float64
+reference (a wrong result exits 1) and prints one row of modeled figures. The times are
+cost-model estimates (about +-20 % on steady-state kernels), not device measurements; on a
+machine with a NeuronDevice, --device measures instead.
+
+Runs:
+  (default)   the headline subset: fwd, bwd and fused_add at 8192x4096 bf16 on every default
+              target (12 cases, about 75 CPU-seconds: a minute or so on 2 idle cores)
+  --full      the full sweep: 10 shapes from 29x17389 to 16384x4096 (120 cases, about 14
+              CPU-minutes: some 7 minutes on 2 idle cores at -j 2, less with a warm cache)
+  --quick     a smoke run: two small shapes (129x1024, 256x4096), seconds per case; checks
+              the install and the kernels' results, its times say little about large shapes
+"""
+
+BENCH_LEGEND = """\
+columns:
+  kind      fwd (forward), bwd (backward), fused_add (residual add + forward)
+  target    trn1, trn2, trn3, inf2; trn2x2 / trn3x2 = that target at LNC=2 (two cores)
+  shape     M x N: rows x hidden size
+  model µs  the modeled kernel latency in microseconds
+  GB/s      minimal HBM bytes / modeled time
+  MBU       that as a share of the core's HBM bandwidth (memory-bandwidth utilisation)
+  busiest   the busiest compute engine (pe, act, dve, pool) and its busy share
+  DMA       share of the time at least one DMA transfer is in flight
+  HBM/min   HBM bytes moved / the minimum the kernel must move
+  sim s     wall-clock seconds the simulator took for the kernel (not a kernel time)
+  ×copy     modeled time / a plain DMA copy of the same bytes (1.0 = as fast as a copy)
+  vs base   speed-up over what a user would start from: fwd the Neuron RMSNorm tutorial
+            kernel, fused_add the tutorial add then that kernel, bwd a straightforward nl
+            backward (n/a where it cannot run the shape)
+  ok        the result matched the float64 reference
+  binds     the resource with the largest floor (the least time an engine, the DMA queues
+            or HBM need for the kernel's instructions) and that floor's share of the time
+
+The copy and baseline yardsticks are cached in the cache folder (--cache-dir); a change to
+the simulator or the yardstick kernels invalidates them.
+"""
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="nki-rmsnorm", description="RMSNorm kernels for AWS Trainium: tools.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser,
                                      metavar="command")
-    sweep = commands.add_parser("bench", help=__doc__.split("\n")[0],
-                                description=__doc__.split("\n")[0])
-    sweep.add_argument("--shapes", help="comma-separated MxN list, e.g. 4096x4096,8192x2048")
+    sweep = commands.add_parser(
+        "bench", help="benchmark the kernels (simulator cost model, or --device)",
+        description=BENCH_DESCRIPTION, epilog=BENCH_LEGEND,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    runs = sweep.add_mutually_exclusive_group()
+    runs.add_argument("--full", action="store_true",
+                      help="the full sweep (10 shapes, 120 cases) instead of the subset")
+    runs.add_argument("--quick", action="store_true",
+                      help="a smoke run on two small shapes (checks results, not speed)")
+    sweep.add_argument("--shapes", help="comma-separated MxN list, e.g. 4096x4096,8192x2048 "
+                                        "(replaces the run's shapes)")
     sweep.add_argument("--dtype", default="bf16", help="bf16 (default), fp16 or fp32")
     sweep.add_argument("--target",
                        help="comma list of " + ",".join(TARGETS) + "; trn2x2 / trn3x2: that "
                             "target at LNC=2 (nki06). Default: trn1,trn2,trn3, plus trn2x2 "
                             "with the nki06 kernels at --lnc 1")
-    sweep.add_argument("--kind", default=",".join(KINDS), help="comma list of fwd,bwd,fused_add")
+    sweep.add_argument("--kind", default=",".join(KINDS),
+                       help="comma list of fwd,bwd,fused_add (default) and quant (the fp8 "
+                            "quantized forward: nki06 on trn2/trn3 only)")
     sweep.add_argument("--dialect",
                        help="kernel dialect of the trn2/trn3 rows: legacy (neuronxcc.nki, SDK "
                             "<= 2.29) or nki06 (SDK >= 2.30); default: the package's (nki06 "
@@ -400,12 +646,32 @@ def build_parser() -> argparse.ArgumentParser:
                        help="physical cores per logical core for the targets named without "
                             "x2: 1 (default) or 2 (trn2/trn3, nki06 kernels launched as "
                             "kernel[2])")
+    sweep.add_argument("-j", "--jobs", type=int, default=None,
+                       help="cases run in this many processes at once (default: the CPU "
+                            "cores this process may use)")
+    sweep.add_argument("--cache-dir", default=None,
+                       help="folder of the yardstick cache (default: $NKI_RMSNORM_CACHE_DIR, "
+                            "else $XDG_CACHE_HOME/nki-rmsnorm, else ~/.cache/nki-rmsnorm)")
+    sweep.add_argument("--no-cache", action="store_true",
+                       help="compute the copy and baseline yardsticks afresh, store nothing")
     sweep.add_argument("--json", help="write the records as a JSON list to this path")
     sweep.add_argument("--plot", help="write a PNG of MBU per shape and target to this path "
                                       "(needs matplotlib)")
-    sweep.add_argument("--quick", action="store_true", help="a small smoke run (used by tests)")
-    sweep.add_argument("--no-baseline", action="store_true", help="skip the baseline column")
-    sweep.add_argument("--seed", type=int, default=0)
+    sweep.add_argument("--no-baseline", action="store_true", help="skip the vs base column")
+    sweep.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    sweep.add_argument("--device", action="store_true",
+                       help="measure on a NeuronDevice with the SDK's nki.benchmark instead of "
+                            "the cost model (needs the Neuron SDK and a device; see "
+                            "docs/device.md)")
+    sweep.add_argument("--warmup", type=int, default=5,
+                       help="--device: warm-up iterations (default 5)")
+    sweep.add_argument("--iters", type=int, default=20,
+                       help="--device: measured iterations (default 20)")
+    commands.add_parser(
+        "doctor", help="print the detected Neuron SDK, NKI dialect and launch paths",
+        description="Print what this installation will run: the Neuron SDK and NKI found, "
+                    "the kernel dialect, the launch path per framework, and whether the "
+                    "kernels run on a NeuronDevice or are simulated on the CPU.")
     return parser
 
 
@@ -442,11 +708,19 @@ def _targets(text: str, lnc: int, dialect_name: str) -> tuple[tuple[str, int], .
 
 def _check(args) -> _Sweep:
     """Every argument, checked before the first case runs (ValueError names the bad one)."""
-    shapes = parse_shapes(args.shapes) if args.shapes else (
-        QUICK_SHAPES if args.quick else DEFAULT_SHAPES)
+    if args.shapes:
+        shapes = parse_shapes(args.shapes)
+    else:
+        shapes = FULL_SHAPES if args.full else QUICK_SHAPES if args.quick else SUBSET_SHAPES
+    if args.jobs is not None and args.jobs < 1:
+        raise ValueError(f"-j/--jobs {args.jobs}: expected a positive number of processes")
+    for option, count in (("--warmup", args.warmup), ("--iters", args.iters)):
+        if count < (1 if option == "--iters" else 0):
+            raise ValueError(f"{option} {count}: expected a count >= "
+                             f"{1 if option == '--iters' else 0}")
     if args.dtype not in DTYPES:
         raise ValueError(f"unknown dtype {args.dtype!r}: expected bf16, fp16 or fp32")
-    kinds = _parse_list(args.kind, KINDS, "kind")
+    kinds = _parse_list(args.kind, ALL_KINDS, "kind")
     dialect_name = args.dialect or dialects.for_target(dialects.NKI06_TARGETS[0])
     if dialect_name not in DIALECTS:
         raise ValueError(f"unknown dialect {dialect_name!r}: expected one of "
@@ -466,6 +740,12 @@ def _check(args) -> _Sweep:
             defaults = sorted(defaults + DEFAULT_LNC2_TARGETS)
         target_text = ",".join(defaults)
     targets = _targets(target_text, lnc, dialect_name)
+    if "quant" in kinds:
+        others = [t for t, _ in targets if t not in LNC_TARGETS]
+        if others or dialect_name != "nki06":
+            raise ValueError("--kind quant runs the nki06 quantized kernel on trn2/trn3 only: "
+                             "pass --dialect nki06 and --target trn2, trn3, trn2x2 or trn3x2"
+                             + (f" (not {', '.join(others)})" if others else ""))
     if "bwd" in kinds:
         for M, N in shapes:
             if N > MAX_HIDDEN_BWD:
@@ -478,23 +758,69 @@ def _check(args) -> _Sweep:
                 raise ValueError(f"{option} {path}: directory {folder} does not exist")
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         raise ValueError("--plot needs matplotlib: pip install 'nki-rmsnorm[bench]'")
+    if args.device and "quant" in kinds:
+        raise ValueError("--kind quant runs on the cost model only (no --device measurement "
+                         "of the quantized kernel yet)")
+    if args.device:
+        from nki_rmsnorm import device
+
+        device.check_available()  # ValueError naming what is missing, before any case
     return _Sweep(shapes, DTYPES[args.dtype], targets, kinds, dialect_name)
+
+
+def available_cores() -> int:
+    """CPU cores this process may run on (its affinity mask where the OS has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
+
+
+def _run_job(job) -> Record:
+    """One case in a worker process (a module-level function, so it pickles)."""
+    kind, target, lnc, M, N, dtype_name, with_baseline, dialect_name, seed, cache_dir = job
+    return run_case(kind, target, M, N, dtype_name, case_rng(seed, kind, target, lnc, M, N),
+                    with_baseline, dialect_name, lnc, YardstickCache(cache_dir))
+
+
+def _results(jobs: list, processes: int):
+    """The records of ``jobs`` in their order, each as soon as it and every earlier one are
+    done: in this process for one process, else in a pool of fresh ("spawn") processes, so
+    no worker inherits threads or state of the caller."""
+    if processes <= 1 or len(jobs) <= 1:
+        for job in jobs:
+            yield _run_job(job)
+        return
+    import concurrent.futures
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(min(processes, len(jobs)), context) as pool:
+        futures = [pool.submit(_run_job, job) for job in jobs]
+        try:
+            for future in futures:
+                yield future.result()
+        finally:
+            for future in futures:
+                future.cancel()
 
 
 def bench(args, sweep: _Sweep) -> int:
     """Run the checked sweep (``args`` as parsed by :func:`build_parser`)."""
-    rng = np.random.default_rng(args.seed)
+    if args.device:
+        from nki_rmsnorm import device
+
+        return device.bench(args, sweep)
+    cache_dir = None if args.no_cache else (args.cache_dir or default_cache_dir())
     cases = [(k, t, lnc, M, N) for k in sweep.kinds for t, lnc in sweep.targets
              for M, N in sweep.shapes]
+    jobs = [(kind, target, lnc, M, N, sweep.dtype_name, not args.no_baseline,
+             sweep.dialect_on(target), args.seed, cache_dir) for kind, target, lnc, M, N in cases]
     records = []
     print(HEADER, flush=True)
     bar = _progress_bar(len(cases))
     try:
-        for kind, target, lnc, M, N in cases:
-            if bar is not None:
-                bar.set_description(f"{kind} {target}{'x2' if lnc == 2 else ''} {M}x{N}")
-            record = run_case(kind, target, M, N, sweep.dtype_name, rng, not args.no_baseline,
-                              sweep.dialect_on(target), lnc)
+        for record in _results(jobs, args.jobs or available_cores()):
             records.append(record)
             line = format_row(record)
             if bar is not None:
@@ -526,12 +852,17 @@ def main(argv=None) -> int:
     prog = "nki-rmsnorm" + (" bench" if argv[:1] == ["bench"] else "")
     try:
         args = build_parser().parse_args(argv)
-        sweep = _check(args)
+        sweep = _check(args) if args.command == "bench" else None
     except (_UsageError, ValueError) as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
     except SystemExit as exc:  # --help and --version
         return exc.code if isinstance(exc.code, int) else 0
+    if args.command == "doctor":
+        from nki_rmsnorm import doctor
+
+        print(doctor.report())
+        return 0
     return bench(args, sweep)
 
 

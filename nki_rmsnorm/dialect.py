@@ -42,8 +42,10 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import importlib.util
+import logging
 import os
 import sys
+import warnings
 from collections.abc import Iterator
 
 LEGACY = "legacy"
@@ -208,11 +210,107 @@ def set_dialect(name: str | None) -> None:
 
 @contextlib.contextmanager
 def use_dialect(name: str) -> Iterator[str]:
-    """Simulator-only test hook: run the simulator's kernels in dialect ``name`` inside the
+    """Simulator-only hook: run the simulator's kernels in dialect ``name`` inside the
     ``with`` block (this thread or task only); yields the dialect in effect, so ``nki06``
-    on a trn1/inf2 target is a ``ValueError`` here."""
+    on a trn1/inf2 target is a ``ValueError`` here. Tests choose a dialect with it, and the
+    JAX binding carries the dialect it resolved at trace time into XLA's callback threads."""
     token = _scoped.set(_check(name, "dialect"))
     try:
         yield current()
     finally:
         _scoped.reset(token)
+
+
+# --- no silent fallback ------------------------------------------------------------------------
+#: Set to anything but ``""``/``"0"``: a launch that would run on the simulator raises instead.
+REQUIRE_DEVICE_ENV = "NKI_RMSNORM_REQUIRE_DEVICE"
+#: Modules whose presence means a framework model is running (the INFO note is for them).
+FRAMEWORK_BINDINGS = ("nki_rmsnorm.torch", "nki_rmsnorm.jax", "nki_rmsnorm.hf")
+#: Messages already given in this process (each is given once).
+_announced: set[str] = set()
+#: :func:`_installation` per search path and loaded ``nki`` / ``neuronxcc`` modules: the
+#: lookups take a few hundred µs, too much to repeat before every launch.
+_installations: dict[tuple, tuple[str | None, bool]] = {}
+
+
+def _legacy_sdk_release() -> tuple[int, int] | None:
+    """The Neuron SDK release of the installed real ``neuronx-cc`` (SDK 2.x ships compiler
+    2.(x - 5), see :data:`nki_rmsnorm.nki._COMPILER_TO_SDK_MINOR`); None without one."""
+    if _real_module("neuronxcc.nki") is None:
+        return None
+    from importlib.metadata import PackageNotFoundError, version
+
+    from nki_rmsnorm.nki import _COMPILER_TO_SDK_MINOR
+
+    try:
+        major, minor = _version(version("neuronx-cc")) or (None, None)
+    except PackageNotFoundError:
+        return None
+    return None if major is None else (major, minor + _COMPILER_TO_SDK_MINOR)
+
+
+def unsupported_sdk() -> str | None:
+    """A sentence naming an installed real NKI the kernels do not support (an ``nki`` outside
+    :data:`NKI_VERSIONS` that decides nothing, or a legacy SDK outside 2.21 - 2.29) and what
+    runs instead; None when the installation is supported or there is no real NKI at all."""
+    from nki_rmsnorm.nki import NEWEST_SDK, OLDEST_SDK
+
+    real = hardware_dialect()
+    if real is None:
+        runs = "the kernels will run on the CPU simulator instead (slow; no NeuronDevice is used)"
+    else:
+        runs = "the legacy neuronxcc.nki kernels will run instead"
+    nki_version = real_nki_version()
+    too_new = nki_version is not None and nki_version > NKI_VERSIONS[1]
+    unused = nki_version is not None and nki_version < NKI_VERSIONS[0] and real is None
+    if too_new or unused:
+        lo, hi = NKI_VERSIONS
+        return (
+            f"nki {nki_version[0]}.{nki_version[1]} is installed, but the nki_rmsnorm kernels "
+            f"support nki {lo[0]}.{lo[1]} - {hi[0]}.{hi[1]}: {runs}"
+        )
+    release = _legacy_sdk_release()
+    if real == LEGACY and release is not None and not OLDEST_SDK <= release <= NEWEST_SDK:
+        return (
+            f"Neuron SDK {release[0]}.{release[1]} (neuronx-cc) is installed, but the legacy "
+            f"nki_rmsnorm kernels support SDK {OLDEST_SDK[0]}.{OLDEST_SDK[1]} - "
+            f"{NEWEST_SDK[0]}.{NEWEST_SDK[1]}: launching them raises RuntimeError"
+        )
+    return None
+
+
+def _installation() -> tuple[str | None, bool]:
+    """``(unsupported_sdk(), simulated())``, memoised on what decides them."""
+    key = (tuple(sys.path), id(sys.modules.get("nki")), id(sys.modules.get("neuronxcc")))
+    if key not in _installations:
+        _installations[key] = (unsupported_sdk(), simulated())
+    return _installations[key]
+
+
+def check_launch() -> None:
+    """Say what runs, before a kernel is resolved for a launch (called by
+    :func:`nki_rmsnorm.kernels.kernel`): a ``RuntimeWarning``, once per message, when a real
+    but unsupported NKI is installed (:func:`unsupported_sdk`); when the kernels are
+    simulated, a ``RuntimeError`` if ``NKI_RMSNORM_REQUIRE_DEVICE`` is set, else one INFO
+    log line if a framework binding is loaded (a model running on the CPU simulator is
+    orders of magnitude slower than on a NeuronDevice)."""
+    problem, simulated_here = _installation()
+    if problem is not None and problem not in _announced:
+        _announced.add(problem)
+        warnings.warn(problem, RuntimeWarning, stacklevel=3)
+    if not simulated_here:
+        return
+    if os.environ.get(REQUIRE_DEVICE_ENV, "") not in ("", "0"):
+        raise RuntimeError(
+            f"{REQUIRE_DEVICE_ENV} is set, but the kernels would run on the CPU simulator: "
+            + (problem or "no Neuron SDK (nki 0.4 - 0.6 or neuronxcc.nki) is installed")
+        )
+    loaded = [m for m in FRAMEWORK_BINDINGS if m in sys.modules]
+    if loaded and "simulated" not in _announced:
+        _announced.add("simulated")
+        logging.getLogger(__name__).info(
+            "nki_rmsnorm kernels run on the CPU simulator (no Neuron SDK found; %s loaded); "
+            "set %s=1 to make this an error",
+            ", ".join(loaded),
+            REQUIRE_DEVICE_ENV,
+        )

@@ -4,10 +4,19 @@
 >>> hf.apply(model)          # every Llama/Mistral/Qwen/Gemma RMSNorm, Qwen3's q_norm/k_norm too
 ['model.layers.0.input_layernorm', ...]
 
-or one family at a time, in the style of Liger-Kernel's ``apply_liger_kernel_to_*``:
-:func:`patch_llama` (Llama, Mistral, Mixtral), :func:`patch_qwen` (Qwen2, Qwen2-MoE, Qwen3,
-Qwen3-MoE) and :func:`patch_gemma` (Gemma, Gemma 2, Gemma 3), each the same swap restricted
-to its family's classes.
+or one family at a time: :func:`patch_llama` (Llama, Mistral, Mixtral), :func:`patch_qwen`
+(Qwen2, Qwen2-MoE, Qwen3, Qwen3-MoE) and :func:`patch_gemma` (Gemma, Gemma 2, Gemma 3), each
+the same swap restricted to its family's classes. Before a model is built, in the style of
+Liger-Kernel's ``apply_liger_kernel_to_*``, :func:`patch_transformers` patches the classes
+themselves (``from_pretrained`` then builds on the kernels; :func:`unpatch_transformers`
+undoes it).
+
+:func:`apply` also swaps any other ``transformers`` RMSNorm class whose code is Llama's or
+Gemma's (``Phi3RMSNorm`` and many more: :func:`family` compares the sources), and warns when it
+leaves RMSNorm modules behind or finds none (a GPT-2 has LayerNorm);
+:func:`nki_rmsnorm.torch.patch_module` swaps ``torch.nn.RMSNorm`` as well.
+:func:`fuse_residual_norms` then routes each Llama-style decoder layer's residual add and
+``post_attention_layernorm`` through the fused add + RMSNorm kernel.
 
 Two families of RMSNorm exist in ``transformers``, and each swapped module reproduces its
 family's arithmetic and output dtype (read from ``transformers`` 5.23's modeling files):
@@ -33,12 +42,30 @@ from nki_rmsnorm._optional import require
 
 require("transformers", extra="hf")  # a missing transformers is an ImportError naming the extra
 
+import functools
+import importlib
+import inspect
+import sys
+import types
+import warnings
+
 import torch
 from torch import nn
 
 from nki_rmsnorm import torch as nki_torch
 
-__all__ = ["GemmaRMSNorm", "LlamaRMSNorm", "apply", "patch_gemma", "patch_llama", "patch_qwen"]
+__all__ = [
+    "GemmaRMSNorm",
+    "LlamaRMSNorm",
+    "apply",
+    "family",
+    "fuse_residual_norms",
+    "patch_gemma",
+    "patch_llama",
+    "patch_qwen",
+    "patch_transformers",
+    "unpatch_transformers",
+]
 
 #: ``transformers`` RMSNorm classes computed as LlamaRMSNorm does (checked against the
 #: modeling sources by tests/test_hf.py).
@@ -71,6 +98,30 @@ def _kernel_weight(weight: torch.Tensor, input: torch.Tensor) -> torch.Tensor:
     return weight.float()
 
 
+def _llama_forward(module: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
+    """HF ``LlamaRMSNorm.forward`` on the kernels (``weight``, ``variance_epsilon``)."""
+    return nki_torch.rms_norm(
+        hidden_states,
+        hidden_states.shape[-1:],
+        _kernel_weight(module.weight, hidden_states),
+        module.variance_epsilon,
+        casting_mode="llama",
+        out_dtype=torch.promote_types(module.weight.dtype, hidden_states.dtype),
+    )
+
+
+def _gemma_forward(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """HF ``GemmaRMSNorm.forward`` on the kernels (``weight``, ``eps``)."""
+    return nki_torch.rms_norm(
+        x,
+        x.shape[-1:],
+        _kernel_weight(module.weight, x),
+        module.eps,
+        offset=1.0,
+        casting_mode="gemma",
+    )
+
+
 class LlamaRMSNorm(nn.Module):
     """HF ``LlamaRMSNorm`` on the NKI kernels: ``weight * (x·rstd).to(x.dtype)``."""
 
@@ -83,14 +134,7 @@ class LlamaRMSNorm(nn.Module):
         nn.init.ones_(self.weight)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return nki_torch.rms_norm(
-            hidden_states,
-            hidden_states.shape[-1:],
-            _kernel_weight(self.weight, hidden_states),
-            self.variance_epsilon,
-            casting_mode="llama",
-            out_dtype=torch.promote_types(self.weight.dtype, hidden_states.dtype),
-        )
+        return _llama_forward(self, hidden_states)
 
     def extra_repr(self) -> str:
         return f"{tuple(self.weight.shape)}, eps={self.variance_epsilon}, NKI llama preset"
@@ -108,35 +152,126 @@ class GemmaRMSNorm(nn.Module):
         nn.init.zeros_(self.weight)  # scale 1 + 0: Gemma's initial identity
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return nki_torch.rms_norm(
-            x,
-            x.shape[-1:],
-            _kernel_weight(self.weight, x),
-            self.eps,
-            offset=1.0,
-            casting_mode="gemma",
-        )
+        return _gemma_forward(self, x)
 
     def extra_repr(self) -> str:
         return f"{tuple(self.weight.shape)}, eps={self.eps}, NKI gemma preset"
 
 
-def _replacement(module: nn.Module) -> nn.Module | None:
-    cls = type(module)
-    if not cls.__module__.startswith("transformers."):
+#: Where ``transformers`` defines each class of the tables (for :func:`patch_transformers`).
+MODELING_MODULES = {
+    name: f"transformers.models.{module}.modeling_{module}"
+    for name, module in {
+        "LlamaRMSNorm": "llama",
+        "MistralRMSNorm": "mistral",
+        "MixtralRMSNorm": "mixtral",
+        "Qwen2RMSNorm": "qwen2",
+        "Qwen2MoeRMSNorm": "qwen2_moe",
+        "Qwen3RMSNorm": "qwen3",
+        "Qwen3MoeRMSNorm": "qwen3_moe",
+        "GemmaRMSNorm": "gemma",
+        "Gemma2RMSNorm": "gemma2",
+        "Gemma3RMSNorm": "gemma3",
+    }.items()
+}
+
+
+def _source(cls: type, method: str) -> str | None:
+    """``cls.method``'s source with the family prefix of the class name neutralised."""
+    return _source_of(cls, method, "RMSNorm")
+
+
+def _source_of(cls: type, method: str, suffix: str) -> str | None:
+    """``cls.method``'s source with the class name's prefix before ``suffix`` (the model
+    family: ``Llama`` of ``LlamaRMSNorm``) neutralised; None when the source is unavailable."""
+    try:
+        text = inspect.getsource(getattr(cls, method))
+    except (OSError, TypeError, AttributeError):
+        return None
+    return text.replace(cls.__name__.removesuffix(suffix), "<family>")
+
+
+@functools.cache
+def family(cls: type) -> str | None:
+    """``"llama"`` or ``"gemma"`` when the ``transformers`` class ``cls`` computes as that
+    family's RMSNorm, else None: by the tables, else when its ``__init__`` and ``forward`` are
+    textually those of ``LlamaRMSNorm`` / ``GemmaRMSNorm`` up to the class-name prefix (how
+    ``transformers`` copies a norm into another model, e.g. ``Phi3RMSNorm``): the same code
+    computes the same arithmetic, so the family's preset reproduces it."""
+    if not cls.__module__.startswith("transformers.") or getattr(cls, "_nki_rmsnorm", False):
         return None
     if cls.__name__ in LLAMA_STYLE:
-        return LlamaRMSNorm(module.weight, float(module.variance_epsilon))
+        return "llama"
     if cls.__name__ in GEMMA_STYLE:
+        return "gemma"
+    if not cls.__name__.endswith("RMSNorm"):
+        return None
+    for name, anchor_family in (("LlamaRMSNorm", "llama"), ("GemmaRMSNorm", "gemma")):
+        anchor = getattr(importlib.import_module(MODELING_MODULES[name]), name)
+        anchor = getattr(anchor, "_nki_rmsnorm_original", anchor)
+        methods = ("__init__", "forward")
+        if all(
+            _source(cls, m) is not None and _source(cls, m) == _source(anchor, m) for m in methods
+        ):
+            return anchor_family
+    return None
+
+
+def _replacement(module: nn.Module, classes: frozenset | None = None) -> nn.Module | None:
+    """The family module for ``module`` (sharing its weight), or None; ``classes`` restricts
+    the swap to those class names (the ``patch_*`` helpers)."""
+    cls = type(module)
+    if classes is not None and cls.__name__ not in classes:
+        return None
+    kind = family(cls)
+    if kind == "llama":
+        return LlamaRMSNorm(module.weight, float(module.variance_epsilon))
+    if kind == "gemma":
         return GemmaRMSNorm(module.weight, float(module.eps))
     return None
 
 
 def apply(model: nn.Module) -> list[str]:
     """Replace, in place, every Llama-/Gemma-family RMSNorm of a ``transformers`` model by
-    the NKI-kernel module of its family; returns the qualified names of the replaced modules
-    (empty when the model has none)."""
-    return _swap(model, LLAMA_STYLE | GEMMA_STYLE)
+    the NKI-kernel module of its family (the classes of the tables, and any other class with
+    the same code, see :func:`family`); returns the qualified names of the replaced modules.
+    Warns (``UserWarning``) when the model has RMSNorm modules of another arithmetic, left as
+    they are, or none at all (e.g. GPT-2's LayerNorm); :func:`nki_rmsnorm.torch.patch_module`
+    swaps ``torch.nn.RMSNorm`` too."""
+    swapped = _swap(model, None)
+    names = set(swapped)
+    left = sorted(
+        {
+            type(m).__name__
+            for name, m in model.named_modules()
+            if name not in names and type(m).__name__.endswith("RMSNorm") and not _on_kernels(m)
+        }
+    )
+    if left:
+        warnings.warn(
+            f"nki_rmsnorm.hf.apply left {', '.join(left)} unpatched: their arithmetic is not "
+            "the Llama or Gemma RMSNorm's (nki_rmsnorm.torch.patch_module swaps "
+            "torch.nn.RMSNorm)",
+            UserWarning,
+            stacklevel=2,
+        )
+    elif not swapped and not any(_on_kernels(m) for m in model.modules()):
+        norms = sorted({type(m).__name__ for m in model.modules() if "Norm" in type(m).__name__})
+        warnings.warn(
+            f"nki_rmsnorm.hf.apply patched nothing in {type(model).__name__}: it has no "
+            f"RMSNorm of the Llama or Gemma family (its norms: {', '.join(norms) or 'none'}); "
+            "nki_rmsnorm.torch.patch_module swaps torch.nn.RMSNorm",
+            UserWarning,
+            stacklevel=2,
+        )
+    return swapped
+
+
+def _on_kernels(module: nn.Module) -> bool:
+    """Whether ``module`` already runs the kernels (swapped, or built from a patched class)."""
+    return isinstance(module, (LlamaRMSNorm, GemmaRMSNorm, nki_torch.RMSNorm)) or getattr(
+        type(module), "_nki_rmsnorm", False
+    )
 
 
 def patch_llama(model: nn.Module) -> list[str]:
@@ -157,13 +292,158 @@ def patch_gemma(model: nn.Module) -> list[str]:
     return _swap(model, GEMMA_STYLE)
 
 
-def _swap(model: nn.Module, classes: frozenset) -> list[str]:
+#: ``patch_transformers`` family names → the classes each patches.
+CLASS_FAMILIES = {"llama": LLAMA_FAMILY, "qwen": QWEN_FAMILY, "gemma": GEMMA_STYLE}
+
+
+def _kernel_class(original: type, kind: str) -> type:
+    """A subclass of the HF class ``original`` whose ``forward`` runs the kernels: HF's own
+    ``__init__`` (weight init, attribute names, ``state_dict``) and ``isinstance`` checks
+    (HF's ``_init_weights``) keep working."""
+    forward = _llama_forward if kind == "llama" else _gemma_forward
+    return type(
+        original.__name__,
+        (original,),
+        {
+            "forward": forward,
+            "__module__": original.__module__,
+            "__qualname__": original.__qualname__,
+            "__doc__": f"HF {original.__name__} with its forward on the NKI kernels.",
+            "_nki_rmsnorm": True,
+            "_nki_rmsnorm_original": original,
+        },
+    )
+
+
+def patch_transformers(*families: str) -> list[str]:
+    """Patch the ``transformers`` classes themselves, before a model is built (the way
+    Liger-Kernel's ``apply_liger_kernel_to_*`` do): each RMSNorm class of ``families``
+    (``"llama"``, ``"qwen"``, ``"gemma"``; default all three) in its modeling module is
+    replaced by a subclass whose ``forward`` runs the kernels, so
+    ``AutoModelForCausalLM.from_pretrained`` / ``from_config`` afterwards build models on the
+    kernels, with the checkpoint's weights loaded as usual. Returns the qualified names of the
+    patched classes; :func:`unpatch_transformers` restores them. Classes the installed
+    ``transformers`` does not have are skipped."""
+    unknown = [f for f in families if f not in CLASS_FAMILIES]
+    if unknown:
+        raise ValueError(
+            f"unknown families {unknown}: expected some of {', '.join(CLASS_FAMILIES)}"
+        )
+    patched = []
+    for family_name in families or tuple(CLASS_FAMILIES):
+        for name in sorted(CLASS_FAMILIES[family_name]):
+            try:
+                module = importlib.import_module(MODELING_MODULES[name])
+            except ImportError:
+                continue
+            original = getattr(module, name, None)
+            if original is None or getattr(original, "_nki_rmsnorm", False):
+                continue
+            kind = "gemma" if name in GEMMA_STYLE else "llama"
+            setattr(module, name, _kernel_class(original, kind))
+            patched.append(f"{module.__name__}.{name}")
+    return patched
+
+
+def unpatch_transformers() -> list[str]:
+    """Undo :func:`patch_transformers`: the original classes back in their modules (models
+    built meanwhile keep their patched modules); returns the restored qualified names."""
+    restored = []
+    for name, module_name in MODELING_MODULES.items():
+        module = sys.modules.get(module_name)
+        current = getattr(module, name, None)
+        if current is not None and getattr(current, "_nki_rmsnorm", False):
+            setattr(module, name, current._nki_rmsnorm_original)
+            restored.append(f"{module_name}.{name}")
+    return restored
+
+
+def _llama_decoder_forward_source() -> str | None:
+    modeling = importlib.import_module("transformers.models.llama.modeling_llama")
+    return _source_of(modeling.LlamaDecoderLayer, "forward", "DecoderLayer")
+
+
+def _llama_style_norm(module: nn.Module) -> bool:
+    return (
+        isinstance(module, LlamaRMSNorm)
+        or family(type(module)) == "llama"
+        or (
+            getattr(type(module), "_nki_rmsnorm", False)
+            and family(type(module)._nki_rmsnorm_original) == "llama"
+        )
+    )
+
+
+def fuse_residual_norms(model: nn.Module) -> list[str]:
+    """Route the residual add before each Llama-style decoder layer's
+    ``post_attention_layernorm`` through the fused add + RMSNorm kernel
+    (:func:`nki_rmsnorm.torch.fused_add_rms_norm`), in place; returns the qualified names of
+    the layers changed.
+
+    A layer qualifies when its class's ``forward`` is, up to the class-name prefix, the
+    installed ``LlamaDecoderLayer.forward`` (Llama, Mistral, Qwen2, Qwen3 ... in
+    ``transformers`` 5.x): ``h = residual + self_attn(input_layernorm(x))``, then
+    ``mlp(post_attention_layernorm(h)) + h``; and its ``post_attention_layernorm`` computes as
+    ``LlamaRMSNorm`` (HF's, or swapped by :func:`apply`). Such a layer's forward becomes the
+    same steps with ``h`` and the norm from one kernel launch (one HBM pass over ``h`` instead
+    of a store and a reload). Where the attention output's dtype differs from the residual's
+    (an fp32 residual stream), that call takes HF's unfused steps: HF normalises ``h`` in the
+    promoted dtype there, which the llama preset of the fused kernel does not."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    reference = _llama_decoder_forward_source()
+    fused = []
+    for name, layer in model.named_modules():
+        cls = type(layer)
+        if (
+            reference is None
+            or "_nki_fused_forward" in vars(layer)
+            or not cls.__name__.endswith("DecoderLayer")
+            or not isinstance(getattr(layer, "post_attention_layernorm", None), nn.Module)
+            or _source_of(cls, "forward", "DecoderLayer") != reference
+            or not _llama_style_norm(layer.post_attention_layernorm)
+        ):
+            continue
+        layer._nki_fused_forward = True
+        layer._nki_forward_signature = inspect.signature(cls.forward)
+        layer.forward = types.MethodType(_fused_decoder_forward, layer)
+        fused.append(name)
+    return fused
+
+
+def _fused_decoder_forward(self, hidden_states, *args, **kwargs):
+    """``LlamaDecoderLayer.forward`` with the residual add and ``post_attention_layernorm``
+    fused (see :func:`fuse_residual_norms`)."""
+    call = self._nki_forward_signature.bind(self, hidden_states, *args, **kwargs).arguments
+    extra = dict(call.pop("kwargs", {}))
+    for key in ("self", "hidden_states"):
+        call.pop(key)
+    residual = hidden_states
+    hidden_states = self.input_layernorm(hidden_states)
+    hidden_states, _ = self.self_attn(hidden_states=hidden_states, **call, **extra)
+    norm = self.post_attention_layernorm
+    if hidden_states.dtype == residual.dtype:
+        normed, residual = nki_torch.fused_add_rms_norm(
+            hidden_states,
+            residual,
+            _kernel_weight(norm.weight, residual),
+            norm.variance_epsilon,
+            casting_mode="llama",
+            out_dtype=torch.promote_types(norm.weight.dtype, residual.dtype),
+        )
+    else:
+        residual = residual + hidden_states
+        normed = norm(residual)
+    return residual + self.mlp(normed)
+
+
+def _swap(model: nn.Module, classes: frozenset | None) -> list[str]:
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     swaps = [
         (name, new)
         for name, module in model.named_modules()
-        if type(module).__name__ in classes and (new := _replacement(module)) is not None
+        if (new := _replacement(module, classes)) is not None
     ]
     for name, new in swaps:
         if not name:

@@ -91,6 +91,20 @@ def _check_array(name: str, a, shape, dtypes) -> None:
         raise TypeError(f"{name} must be {allowed}, got {np.dtype(a.dtype).name}")
 
 
+def _check_static(**constants) -> None:
+    """``eps`` and ``offset`` are kernel constants, fixed when the function is traced: a
+    traced value (``jax.jit(rms_norm)(x, w, 1e-5)`` traces every positional argument) is a
+    ``TypeError`` that says how to keep them static."""
+    for name, value in constants.items():
+        if isinstance(value, jax.core.Tracer):
+            raise TypeError(
+                f"{name} must be a Python number, got a traced value ({type(value).__name__}): "
+                f"it is a constant of the kernel, fixed at trace time. Keep it static: "
+                f"jax.jit(rms_norm, static_argnames=('{name}',)), or "
+                f"jax.jit(functools.partial(rms_norm, {name}=...)), or close over it"
+            )
+
+
 def _config(x, weight, bias, residual, eps, offset, casting_mode) -> _Config:
     if not hasattr(x, "shape") or not hasattr(x, "dtype"):
         raise TypeError(f"x must be an array, got {type(x).__name__}")
@@ -105,6 +119,7 @@ def _config(x, weight, bias, residual, eps, offset, casting_mode) -> _Config:
     hidden = x.shape[-1]
     if hidden == 0:
         raise ValueError("x must have a non-empty last (normalised) axis")
+    _check_static(eps=eps, offset=offset)
     eps, offset = ops.check_options(eps, offset, weight, casting_mode)
     param_dtypes = (np.dtype(np.float32), x_dtype)
     if weight is not None:

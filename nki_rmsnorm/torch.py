@@ -62,6 +62,7 @@ __all__ = [
     "fused_add_rms_norm",
     "last_launch_dialect",
     "last_launch_path",
+    "patch_module",
     "rms_norm",
     "rms_norm_quant",
 ]
@@ -831,10 +832,12 @@ def fused_add_rms_norm(
     return y.reshape(input.shape), h.reshape(input.shape)
 
 
-class RMSNorm(nn.Module):
+class RMSNorm(nn.RMSNorm):
     """Drop-in for ``torch.nn.RMSNorm`` running the NKI kernels, with offset, bias and cast mode.
 
-    Same constructor and ``state_dict`` (``weight``) as ``torch.nn.RMSNorm``, plus:
+    A subclass of ``torch.nn.RMSNorm`` (``isinstance`` checks, weight-init and weight-decay
+    rules written for it apply), with the same constructor and ``state_dict`` (``weight``),
+    plus:
 
     Args:
         offset: added to the weight in fp32; ``weight`` is initialised to ``1 - offset`` so a
@@ -857,8 +860,7 @@ class RMSNorm(nn.Module):
         device=None,
         dtype=None,
     ) -> None:
-        super().__init__()
-        # The call's checks, now, so that a bad eps, offset or casting_mode names itself at
+        # The call's checks, first, so that a bad eps, offset or casting_mode names itself at
         # construction (check_options only asks whether a weight exists; affine or not is
         # checked below with its own message).
         _, offset = ops.check_options(
@@ -871,18 +873,14 @@ class RMSNorm(nn.Module):
             raise ValueError(
                 "bias and offset need elementwise_affine=True (they act on the weight)"
             )
-        factory = {"device": device, "dtype": dtype}
-        self.normalized_shape = _as_shape(normalized_shape)
-        self.eps = eps
-        self.elementwise_affine = elementwise_affine
+        shape = _as_shape(normalized_shape)
+        # torch.nn.RMSNorm.__init__ calls reset_parameters, which reads the offset
         self.offset = offset
         self.casting_mode = casting_mode
-        if elementwise_affine:
-            self.weight = nn.Parameter(torch.empty(self.normalized_shape, **factory))
-        else:
-            self.register_parameter("weight", None)
+        super().__init__(shape, eps, elementwise_affine, device=device, dtype=dtype)
+        self.normalized_shape = shape
         if bias:
-            self.bias = nn.Parameter(torch.empty(self.normalized_shape, **factory))
+            self.bias = nn.Parameter(torch.empty(shape, device=device, dtype=dtype))
         else:
             self.register_parameter("bias", None)
         self.reset_parameters()
@@ -890,7 +888,7 @@ class RMSNorm(nn.Module):
     def reset_parameters(self) -> None:
         if self.weight is not None:
             nn.init.constant_(self.weight, 1.0 - self.offset)
-        if self.bias is not None:
+        if getattr(self, "bias", None) is not None:  # None while torch's __init__ runs
             nn.init.zeros_(self.bias)
 
     def forward(self, input: Tensor) -> Tensor:
@@ -910,6 +908,47 @@ class RMSNorm(nn.Module):
             f"elementwise_affine={self.elementwise_affine}, offset={self.offset}, "
             f"bias={self.bias is not None}, casting_mode={self.casting_mode!r}"
         )
+
+
+def _replacement(module: nn.Module) -> nn.Module | None:
+    """The NKI module that computes what ``module`` computes, sharing its ``weight``
+    Parameter; None for a module of another kind (or one that already runs the kernels)."""
+    if isinstance(module, RMSNorm):
+        return None
+    if type(module).__module__.startswith("transformers."):
+        from nki_rmsnorm import hf  # a transformers module: transformers is installed
+
+        return hf._replacement(module)
+    if not isinstance(module, nn.RMSNorm):
+        return None
+    new = RMSNorm(module.normalized_shape, module.eps, module.elementwise_affine, device="meta")
+    if module.weight is not None:
+        new.weight = module.weight  # the same Parameter: optimiser state and ties unchanged
+    return new.train(module.training)
+
+
+def patch_module(model: nn.Module) -> list[str]:
+    """Replace, in place, every ``torch.nn.RMSNorm`` of ``model`` by :class:`RMSNorm` (same
+    ``weight`` Parameter and ``eps``, ``casting_mode="gemma"``: bit for bit
+    ``torch.nn.functional.rms_norm`` in bf16/fp16), and every Hugging Face RMSNorm
+    :mod:`nki_rmsnorm.hf` knows by its family's module; returns the qualified names of the
+    replaced modules. For any ``torch.nn.Module``, HF or not."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    swaps = [
+        (name, new)
+        for name, module in model.named_modules()
+        if (new := _replacement(module)) is not None
+    ]
+    for name, new in swaps:
+        if not name:
+            raise ValueError(
+                "model is itself an RMSNorm; wrap it in a parent module or build "
+                "nki_rmsnorm.torch.RMSNorm directly"
+            )
+        parent_name, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent_name), child, new)
+    return [name for name, _ in swaps]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -971,29 +1010,27 @@ def _rms_norm_quant(
     return_y: bool,
     return_amax: bool,
     packed: bool,
-    dialect: str | None = None,
 ) -> list[Tensor]:
     if x.device.type != "cpu":  # pragma: no cover - needs a NeuronDevice
         raise NotImplementedError(
             "rms_norm_quant runs the simulated kernel on CPU tensors only so far; got a "
             f"tensor on {x.device}"
         )
-    with _dialect_scope(dialect):
-        result = ops.rms_norm_quant(
-            _to_numpy(x),
-            _to_numpy_or_none(weight),
-            eps,
-            residual=_to_numpy_or_none(residual),
-            quant_dtype=quant_dtype,
-            scale_mode=scale_mode,
-            block=block,
-            static_scale=None if static_scale is None else _to_numpy(static_scale),
-            lower_bound=lower_bound,
-            scale_floor=scale_floor,
-            return_y=return_y,
-            return_amax=return_amax,
-            packed=packed,
-        )
+    result = ops.rms_norm_quant(
+        _to_numpy(x),
+        _to_numpy_or_none(weight),
+        eps,
+        residual=_to_numpy_or_none(residual),
+        quant_dtype=quant_dtype,
+        scale_mode=scale_mode,
+        block=block,
+        static_scale=None if static_scale is None else _to_numpy(static_scale),
+        lower_bound=lower_bound,
+        scale_floor=scale_floor,
+        return_y=return_y,
+        return_amax=return_amax,
+        packed=packed,
+    )
     outputs = [_fp8_from_numpy(result.y_q, quant_dtype)]
     for extra in (result.scales, result.y, result.h, result.amax):
         if extra is not None:
@@ -1016,16 +1053,8 @@ def _(
     return_y,
     return_amax,
     packed,
-    dialect=None,
 ):
     return _quant_fake(x, residual, quant_dtype, scale_mode, block, return_y, return_amax, packed)
-
-
-def _dialect_scope(dialect_name: str | None):
-    """``dialect.use_dialect`` for a named dialect; a no-op context for None."""
-    import contextlib
-
-    return contextlib.nullcontext() if dialect_name is None else dialect.use_dialect(dialect_name)
 
 
 def rms_norm_quant(
@@ -1096,7 +1125,6 @@ def rms_norm_quant(
             return_y,
             return_amax,
             packed,
-            _callers_dialect(),
         )
     outputs = list(outputs)
     y_q = outputs.pop(0)

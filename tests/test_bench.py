@@ -39,9 +39,17 @@ REQUIRED_KEYS = {
 }
 
 
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path, monkeypatch):
+    """The bench's yardstick cache in the test's folder, never the user's."""
+    monkeypatch.setenv("NKI_RMSNORM_CACHE_DIR", str(tmp_path / "cache"))
+
+
 def test_quick_run_checks_results_and_writes_json(tmp_path, capsys):
     path = tmp_path / "bench.json"
-    assert bench.main(["bench", "--quick", "--target", "trn2", "--json", str(path)]) == 0
+    # one process: the suite's own workers share the cores (-j is tested in test_bench_runs)
+    argv = ["bench", "--quick", "--target", "trn2", "-j", "1", "--json", str(path)]
+    assert bench.main(argv) == 0
     records = json.loads(path.read_text())
     assert {(r["kind"], r["M"], r["N"]) for r in records} == {
         (k, M, N) for k in bench.KINDS for M, N in bench.QUICK_SHAPES
@@ -49,7 +57,8 @@ def test_quick_run_checks_results_and_writes_json(tmp_path, capsys):
     for r in records:
         assert REQUIRED_KEYS <= set(r)
         assert r["correct"] is True and r["target"] == "trn2" and r["dtype"] == "bfloat16"
-        assert (r["dialect"], r["lnc"]) == (dialect.current(), 1)  # the package's default
+        # the package's default on trn2
+        assert (r["dialect"], r["lnc"]) == (dialect.for_target("trn2"), 1)
         assert 0 < r["mbu"] <= 1.0
         assert r["modeled_us"] > 0 and r["sim_wall_s"] > 0
         assert r["hbm_bytes_ratio"] >= 0.99  # never fewer bytes than the data itself
@@ -147,6 +156,8 @@ def test_backward_check_scales_dx_by_its_row_terms(capsys):
                 "--target",
                 "trn2",
                 "--no-baseline",
+                "-j",
+                "1",
             ]
         )
         == 0
@@ -238,6 +249,19 @@ def test_target_list_and_its_lnc_degrees(argv, targets):
     assert list(sweep.targets) == targets
 
 
+def test_trn1_and_inf2_rows_run_the_legacy_kernels(tmp_path):
+    """The dialect follows the target: with ``--dialect nki06`` the trn1 and inf2 rows still
+    run (and record) the legacy kernels, the trn2 row the 0.6 ones (NKI 0.x supports
+    Trn2/Trn3 only)."""
+    path = tmp_path / "bench.json"
+    argv = ["bench", "--dialect", "nki06", "--target", "inf2,trn1,trn2", "--kind", "fwd",
+            "--shapes", "129x1024", "--no-baseline", "--json", str(path)]
+    assert bench.main(argv) == 0
+    records = json.loads(path.read_text())
+    assert [(r["target"], r["dialect"], r["correct"]) for r in records] == [
+        ("inf2", "legacy", True), ("trn1", "legacy", True), ("trn2", "nki06", True)]
+
+
 def test_default_dialect_is_the_packages(monkeypatch):
     for chosen in dialect.DIALECTS:
         monkeypatch.setenv(dialect.ENV_VAR, chosen)
@@ -251,8 +275,8 @@ def test_nki06_dialect_runs_the_06_kernels_on_one_or_two_cores(tmp_path):
     one. The tables made of these records show LNC=2 beside LNC=1, its speed-up, and the
     speed-up goal (its M threshold lowered to this small sweep's M)."""
     path = tmp_path / "bench.json"
-    argv = ["bench", "--dialect", "nki06", "--target", "trn2,trn2x2", "--kind", "fwd,bwd",
-            "--shapes", "1024x2048", "--no-baseline", "--json", str(path)]
+    argv = ["bench", "-j", "1", "--dialect", "nki06", "--target", "trn2,trn2x2", "--kind",
+            "fwd,bwd", "--shapes", "1024x2048", "--no-baseline", "--json", str(path)]
     assert bench.main(argv) == 0
     records = json.loads(path.read_text())
     by_case = {(r["kind"], r["lnc"]): r for r in records}
@@ -321,7 +345,10 @@ def test_readme_bench_tables_are_generated_from_the_json():
     gen = _gen_tables()
     records = json.loads((ROOT / "docs" / "bench.json").read_text())
     assert REQUIRED_KEYS <= set(records[0])
-    assert gen.bench_tables(records) in (ROOT / "README.md").read_text(), (
+    assert gen.bench_tables(records) in (ROOT / "docs" / "benchmark.md").read_text(), (
+        "docs/benchmark.md is out of date: run python scripts/gen_tables.py"
+    )
+    assert gen.headline_table(records) in (ROOT / "README.md").read_text(), (
         "README.md is out of date: run python scripts/gen_tables.py"
     )
     assert gen.out_of_date() == []

@@ -45,6 +45,7 @@ import os
 import ml_dtypes
 import numpy as np
 import pytest
+from conftest import DEFAULT_TARGETS
 
 import simulate
 from nki_rmsnorm import reference
@@ -58,8 +59,6 @@ BF16 = np.dtype(ml_dtypes.bfloat16)
 F16 = np.dtype(np.float16)
 F32 = np.dtype(np.float32)
 FP32_REL = 1e-5
-#: The legacy simulator's default target, which the 0.6 runs use too when a test names none.
-DEFAULT_TARGET = "trn1"
 
 
 @pytest.fixture(params=["legacy", "nki06"])
@@ -73,7 +72,7 @@ def _on_target(target):
     """The 0.6 front-end picks its target from ``NEURON_PLATFORM_TARGET_OVERRIDE``."""
     name = "NEURON_PLATFORM_TARGET_OVERRIDE"
     saved = os.environ.get(name)
-    os.environ[name] = target or DEFAULT_TARGET
+    os.environ[name] = target or DEFAULT_TARGETS["nki06"]
     try:
         yield
     finally:
@@ -344,6 +343,7 @@ def test_other_targets(dialect, target):
     assert part[0].tobytes() == dx[7:99].tobytes()
 
 
+@pytest.mark.parametrize("dialect", ["legacy"])  # nki06 never runs on NeuronCore-v2
 def test_dy_times_x_engines_give_the_same_bits(dialect):
     """On NeuronCore-v2 (trn1) the kernel multiplies most chunks of dy·x from SBUF as
     ``(dy − 0)·x``, on NeuronCore-v3 (trn2) all against a Scalar-engine PSUM copy of x;
@@ -390,14 +390,16 @@ def test_hidden_size_limit(dialect):
 
 
 def test_rows_that_neither_fit_nor_fold_are_streamed(dialect):
-    """bf16 N = 30,001 on trn1 does not fit SBUF and has no power-of-two factor to fold it
-    by: the streamed regime re-reads the rows (≈ 1.67× the minimal HBM bytes) and is exact."""
+    """bf16 N = 30,001 (on the dialect's test target: trn1, trn2) does not fit SBUF and has
+    no power-of-two factor to fold it by: the streamed regime re-reads the rows (≈ 1.67×
+    the minimal HBM bytes) and is exact."""
     rng = np.random.default_rng(30001)
     M, N = 130, 30001
     inputs = _make_inputs(rng, M, N, BF16, BF16, 0.5, True, "gemma")
     _check_against_reference(*inputs, 0.5, True, "gemma", dialect=dialect)
     dy, x, weight, rstd, dh_out = inputs
-    _, trace = _launch(dialect, dy, x, weight, rstd, dh_out, 0.5, True, "gemma", target="trn1")
+    _, trace = _launch(dialect, dy, x, weight, rstd, dh_out, 0.5, True, "gemma",
+                       target=DEFAULT_TARGETS[dialect])
     read, _ = trace.hbm_bytes()
     assert read > 2 * 3 * M * N  # dy and x (and dh_out) read twice, not folded
 

@@ -32,7 +32,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from dialect_launches import other_dialect, record_launches  # noqa: E402
+from dialect_launches import record_launches  # noqa: E402
 
 from nki_rmsnorm import dialect, hf, ops  # noqa: E402
 
@@ -42,9 +42,9 @@ FP32_REL = 1e-5
 
 @pytest.fixture(autouse=True)
 def _neuroncore_v2(monkeypatch):
-    """Simulate trn1 in both dialects (the legacy simulator's default; the nki06 one reads
-    this variable and defaults to trn3): the bit-exactness with HF holds there. On trn2/trn3
-    the fp32 Gemma product takes another plan and ends up to 2 fp32 ulps off HF's rounding."""
+    """Simulate trn1 (the legacy kernels: the dialect follows the target): the bit-exactness
+    with HF holds there. On trn2/trn3 the fp32 Gemma product takes another plan and ends up
+    to 2 fp32 ulps off HF's rounding."""
     monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn1")
 
 # family: (config class, model class, HF RMSNorm class the family uses, its modeling module)
@@ -143,15 +143,15 @@ def test_patched_model_matches_unpatched(family, dtype):
     [("llama", torch.bfloat16), ("gemma3", torch.bfloat16), ("qwen3", torch.float32)],
     ids=["llama-bf16", "gemma3-bf16", "qwen3-fp32"],
 )
-def test_patched_model_matches_unpatched_in_the_other_dialect(monkeypatch, family, dtype):
-    """The test above runs the default dialect's kernels; this one the other dialect's (every
-    launch, forward and backward, checked), so both dialects are covered whichever is the
-    default."""
-    chosen = other_dialect()
+def test_patched_model_matches_unpatched_on_trn2_with_nki06(monkeypatch, family, dtype):
+    """The tests above run trn1, whose kernels are the legacy ones; this one trn2, where the
+    nki06 kernels run (every launch, forward and backward, checked), so both dialects are
+    covered."""
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn2")
+    assert dialect.current() == "nki06"
     launches = record_launches(monkeypatch)
-    with dialect.use_dialect(chosen):
-        _check_patched_model(family, dtype)
-    assert {launch.dialect for launch in launches} == {chosen}
+    _check_patched_model(family, dtype)
+    assert {launch.dialect for launch in launches} == {"nki06"}
     assert {launch.kernel for launch in launches} == {"rmsnorm_fwd", "rmsnorm_bwd"}
 
 
@@ -366,7 +366,8 @@ def test_family_tables_match_the_transformers_sources(table, anchor):
 
 def test_apply_leaves_other_modules_and_rejects_bad_input():
     model = torch.nn.Sequential(torch.nn.RMSNorm(8), torch.nn.Linear(8, 8))
-    assert hf.apply(model) == []
+    with pytest.warns(UserWarning, match="left RMSNorm unpatched"):
+        assert hf.apply(model) == []
     assert isinstance(model[0], torch.nn.RMSNorm)
     with pytest.raises(TypeError, match="model"):
         hf.apply("not a model")

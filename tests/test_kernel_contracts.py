@@ -509,9 +509,12 @@ TIGHT_BACKWARD = [
 ]
 
 
-@pytest.mark.parametrize("case", TIGHT_FORWARD, ids=lambda c: f"{c[0]}-{c[2]}-{c[8]}")
-def test_forward_plan_bounds_the_allocation(rng, case, kernel_dialect):
-    target, m, n, x_dtype, w_dtype, b_dtype, r_dtype, offset, mode, out_dtype = case
+# (the target is a parameter of its own, so that conftest runs only the pairs of target and
+# dialect the hardware has: no nki06 on trn1)
+@pytest.mark.parametrize(("target", "case"), [(c[0], c[1:]) for c in TIGHT_FORWARD],
+                         ids=[f"{c[0]}-{c[2]}-{c[8]}" for c in TIGHT_FORWARD])
+def test_forward_plan_bounds_the_allocation(rng, target, case, kernel_dialect):
+    m, n, x_dtype, w_dtype, b_dtype, r_dtype, offset, mode, out_dtype = case
     layout, planned, capacity = _forward_budget(
         target, m, n, x_dtype, w_dtype, b_dtype, r_dtype, offset, mode, out_dtype
     )
@@ -527,9 +530,10 @@ def test_forward_plan_bounds_the_allocation(rng, case, kernel_dialect):
     assert trace.sbuf_peak_bytes_per_partition <= planned, layout
 
 
-@pytest.mark.parametrize("case", TIGHT_BACKWARD, ids=lambda c: f"{c[0]}-{c[1]}-{c[3]}")
-def test_backward_plan_bounds_the_allocation(rng, case, kernel_dialect):
-    target, n, x_dtype, dy_dtype, w_dtype, dh_dtype, offset, mode = case
+@pytest.mark.parametrize(("target", "case"), [(c[0], c[1:]) for c in TIGHT_BACKWARD],
+                         ids=[f"{c[0]}-{c[1]}-{c[3]}" for c in TIGHT_BACKWARD])
+def test_backward_plan_bounds_the_allocation(rng, target, case, kernel_dialect):
+    n, x_dtype, dy_dtype, w_dtype, dh_dtype, offset, mode = case
     regime, planned, capacity = _backward_budget(
         target, n, x_dtype, dy_dtype, w_dtype, dh_dtype, offset, mode
     )

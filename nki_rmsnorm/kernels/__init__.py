@@ -44,6 +44,7 @@ def kernel(name: str, dialect_name: str | None = None):
     ``NotImplementedError`` when that dialect does not have it yet."""
     if name not in MODULES:
         raise ValueError(f"name must be one of {tuple(MODULES)}, got {name!r}")
+    dialect.check_launch()
     chosen = dialect.current() if dialect_name is None else dialect_name
     if chosen not in dialect.DIALECTS:
         raise ValueError(f"dialect_name must be one of {dialect.DIALECTS}, got {chosen!r}")

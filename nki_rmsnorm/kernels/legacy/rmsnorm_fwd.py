@@ -119,16 +119,34 @@ from nki_rmsnorm.plan.forward import (
 )
 from nki_rmsnorm.plan.kernel_assert import kernel_assert
 
-__all__ = ["CASTING_MODES", "Layout", "Plan", "choose_layout", "forward_body", "make_plan",
-           "rmsnorm_add_fwd", "rmsnorm_add_fwd_out", "rmsnorm_fwd", "rmsnorm_fwd_out"]
+__all__ = [
+    "CASTING_MODES",
+    "Layout",
+    "Plan",
+    "choose_layout",
+    "forward_body",
+    "make_plan",
+    "rmsnorm_add_fwd",
+    "rmsnorm_add_fwd_out",
+    "rmsnorm_fwd",
+    "rmsnorm_fwd_out",
+]
 
 
 def _plan(x, weight, bias, h_dtype, offset, casting_mode, out_dtype):
     """The :class:`Plan` for these HBM tensors on the running target."""
-    return make_plan(x.dtype, None if weight is None else weight.dtype,
-                     None if bias is None else bias.dtype, h_dtype, offset, casting_mode,
-                     out_dtype, nl.float32, nl.bfloat16,
-                     tensor_engine=nisa.get_nc_version() != nisa.nc_version.gen2)
+    return make_plan(
+        x.dtype,
+        None if weight is None else weight.dtype,
+        None if bias is None else bias.dtype,
+        h_dtype,
+        offset,
+        casting_mode,
+        out_dtype,
+        nl.float32,
+        nl.bfloat16,
+        tensor_engine=nisa.get_nc_version() != nisa.nc_version.gen2,
+    )
 
 
 def forward_body(plan, hbm, eps, offset):
@@ -185,7 +203,8 @@ def rmsnorm_add_fwd_out(x, residual, weight, bias, y, h, rstd, eps, offset, cast
     """Fused residual add and RMSNorm, output-parameter convention: writes the caller's
     ``y`` (its dtype is the output dtype), ``h`` (the residual's dtype) and ``rstd`` (M,)
     float32 in place, returns nothing. Same code and results as :func:`rmsnorm_add_fwd`."""
-    kernel_assert(h.dtype == residual.dtype,
-                  "rmsnorm_add_fwd_out: h must have the residual's dtype")
+    kernel_assert(
+        h.dtype == residual.dtype, "rmsnorm_add_fwd_out: h must have the residual's dtype"
+    )
     plan = _plan(x, weight, bias, residual.dtype, offset, casting_mode, y.dtype)
     forward_body(plan, Tensors(x, residual, weight, bias, y, h, rstd), eps, offset)
