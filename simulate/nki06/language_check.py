@@ -125,8 +125,8 @@ RULES: dict[str, Rule] = {
     "match": R("a match statement", NOT_NKI),
     "decorator": R(
         "a decorator other than @nki.jit, @dataclass, @property, @staticmethod",
-        f"{NOT_NKI}; documented decorators: @nki.jit ({GUIDE} L18), @dataclass ({GUIDE} "
-        "L577, L590); @property and @staticmethod appear in the 0.6 API stubs "
+        f"{NOT_NKI}; documented decorators: @nki.jit ({GUIDE} L17), @dataclass ({GUIDE} "
+        "L576, L590); @property and @staticmethod appear in the 0.6 API stubs "
         "(nki/api/nki/language/__init__.py)",
     ),
     "range_slice": R(
@@ -141,7 +141,7 @@ RULES: dict[str, Rule] = {
     "builtin": R("a Python builtin the language does not have", NOT_NKI),
     "is": R(
         "`is`/`is not` other than against None",
-        f"{NOT_NKI}; equality is structural, with == and != ({GUIDE} L660); `is None` is "
+        f"{NOT_NKI}; equality is structural, with == and != ({GUIDE} L661); `is None` is "
         f"accepted as AWS's kernels use it ({NKILIB}/core/attention/attention_cte.py L680)",
     ),
     "library_call": R(
