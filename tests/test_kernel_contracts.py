@@ -79,7 +79,9 @@ def test_forward_output_parameters_match_return_convention(
     opts = FWD_OPTIONS[options]
     x = _data(rng, (M, N), BF16)
     w, b = _param(rng, N, opts["weight"]), _param(rng, N, opts["bias"], 0.0)
-    out_dtype = FP32 if options == "plain" else None  # y's dtype follows the buffer
+    # y's dtype follows the buffer; the return convention takes the dialect's nl dtype
+    out_dtype = FP32 if options == "plain" else None
+    nl_out_dtype = None if out_dtype is None else kernels.nki_dtype("float32", kernel_dialect)
     y = poison((M, N), out_dtype or BF16)
     rstd = poison((M,), FP32)
     common = (EPS, opts["offset"], casting_mode)
@@ -87,14 +89,15 @@ def test_forward_output_parameters_match_return_convention(
         r = _data(rng, (M, N), FP32)
         h = poison((M, N), FP32)
         want, _ = trace_launch(
-            kernels.rmsnorm_add_fwd, x, r, w, b, *common, out_dtype, target=target
+            kernels.rmsnorm_add_fwd, x, r, w, b, *common, nl_out_dtype, target=target
         )
         got, _ = trace_launch(
             kernels.rmsnorm_add_fwd_out, x, r, w, b, y, h, rstd, *common, target=target
         )
         outputs = (y, h, rstd)
     else:
-        want, _ = trace_launch(kernels.rmsnorm_fwd, x, w, b, *common, out_dtype, target=target)
+        want, _ = trace_launch(kernels.rmsnorm_fwd, x, w, b, *common, nl_out_dtype,
+                               target=target)
         got, _ = trace_launch(kernels.rmsnorm_fwd_out, x, w, b, y, rstd, *common, target=target)
         outputs = (y, rstd)
     assert got is None, "an output-parameter kernel returns nothing"
