@@ -238,10 +238,12 @@ def run_case(kind, target, M, N, dtype_name, rng, with_baseline=True, dialect="l
         outputs, prof = _profile(dialect, lnc, rmsnorm_bwd, dy, x, weight, rstd, None, 0.0,
                                  False, "gemma", target=target)
     else:
+        from nki_rmsnorm import kernels
+
         launch = ((rmsnorm_fwd, x) if residual is None
                   else (rmsnorm_add_fwd, x, residual))
         outputs, prof = _profile(dialect, lnc, *launch, weight, None, EPS, 0.0, "gemma",
-                                 dtype, target=target)
+                                 kernels.nki_dtype(dtype_name, dialect), target=target)
     wall = time.perf_counter() - start
     eps_dtype = float(np.finfo(np.float32).eps) if dtype_name == "float32" else (
         2.0 ** -8 if dtype_name == "bfloat16" else 2.0 ** -11)

@@ -56,120 +56,59 @@ def rows_resident(plan, k, hbm, eps, offset):
         hbm.rstd.reshape((M // k, k)),
     )
     groups = M // k
-    slots = []
-    for _ in range(2):
-        slots.append(_row_slot(plan, views, min(P, groups), k, N))
-    # Software pipeline, unrolled (``static_range``) over the two slots, as the "split"
-    # regime: the statistics of tile t + 1 are issued before the output of tile t (two tiles
-    # in flight, as budgeted), so each engine's in-order stream finds the next tile's first
-    # steps ahead of this tile's products, where the scheduler's look-ahead would not reach
-    # them. Every tile carried into the next iteration is a slot allocated before the loop
-    # and written with ``[...] =`` (general/nki/api/nki.errors.rst@8a38e733, L417-L474).
-    tiles = -(-groups // P)
-    _row_statistics(plan, views, slots[0], 0, min(P, groups), k, N)
-    for t in nl.static_range(tiles):
-        if t + 1 < tiles:
-            group0 = (t + 1) * P
-            _row_statistics(
-                plan,
-                views,
-                slots[(t + 1) % 2],
-                group0,
-                min(P, groups - group0),
-                k,
-                N,
-            )
-        _row_output(plan, views, resident, eps, slots[t % 2], t * P, min(P, groups - t * P), k, N)
+    full_tiles = groups // P
+    for t in nl.affine_range(full_tiles):
+        _row_tile(plan, views, resident, eps, t * P, P, k, N)
+    if groups % P:
+        _row_tile(plan, views, resident, eps, full_tiles * P, groups % P, k, N)
 
 
-def _row_slot(plan, views, parts, k, N):
-    """One of the two sets of tile buffers the tiles rotate through (tile t uses slot
-    t mod 2): h, x (h itself without a residual), y, the pre-bias product, the discarded
-    squares and Σh² (None where unused)."""
-    # Conditional expressions, never if blocks: a tile created in an if block may not be
-    # used after it (general/nki/api/nki.errors.rst@8a38e733, L417-L474).
-    h_tile = nl.ndarray((parts, k * N), dtype=plan.h_dtype)
-    residual = views.residual is not None
-    x_tile = nl.ndarray((parts, k * N), dtype=plan.in_dtype) if residual else h_tile
-    y_tile = nl.ndarray((parts, k * N), dtype=plan.result_dtype)
-    product = (
-        None if plan.product_dtype is None else nl.ndarray((parts, k * N), dtype=plan.product_dtype)
-    )
-    squares = (
-        product
-        if plan.squares_in == "product"
-        else y_tile
-        if plan.squares_in == "y"
-        else nl.ndarray((parts, k * N), dtype=nl.bfloat16)
-    )
-    sum_sq = nl.ndarray((parts, k), dtype=nl.float32)
-    return (h_tile, x_tile, y_tile, product, squares, sum_sq)
-
-
-def _row(t, j, N):
-    """Row j of a tile of k rows per partition (None for an absent tile)."""
-    return None if t is None else t[:, j * N : (j + 1) * N]
-
-
-def _part(t, parts):
-    """The first ``parts`` partitions of a slot's tile (None for an absent tile)."""
-    return None if t is None else t[:parts]
-
-
-def _row_statistics(plan, views, slot, group0, parts, k, N):
-    """Rows ``k·group0 … k·(group0 + parts) − 1``, k consecutive rows per partition, into
-    ``slot``: load (and h = x + residual) and Σh², for :func:`_row_output`."""
-    h_all, x_all, _, _, squares_all, sum_all = slot
-    i_p = nl.arange(parts)[:, None]
-    groups = group0 + i_p
-    i_f = nl.arange(k * N)[None, :]
-
-    # DMA in (with a residual: DVE h = x + residual; DMA h out).
-    residual = views.residual is not None
-    h_tile = h_all[:parts]
-    steps.load_h(
-        h_tile,
-        x_all[:parts] if residual else None,
-        views.x[groups, i_f],
-        views.residual[groups, i_f] if residual else None,
-        views.h[groups, i_f] if residual else None,
-    )
-
-    # ACT: Σh² per row (the squares themselves are discarded).
-    squares = squares_all[:parts]
-    sum_sq = sum_all[:parts]
-    for j in nl.static_range(k):
-        _row(squares, j, N)[...] = nisa.activation_reduce(
-            op=nl.square,
-            data=_row(h_tile, j, N),
-            reduce_op=nl.add,
-            reduce_res=sum_sq[:, j : j + 1],
-            dtype=squares_all.dtype,
-        )
-
-
-def _row_output(plan, views, resident, eps, slot, group0, parts, k, N):
-    """rstd (stored) and y of the tile in ``slot`` (rows from ``k·group0``, ``parts``
-    partitions), stored."""
-    h_all, x_all, y_all, product_all, _, sum_all = slot
+def _row_tile(plan, views, resident, eps, group0, parts, k, N):
+    """Rows ``k·group0 … k·(group0 + parts) − 1``, k consecutive rows per partition."""
     i_p = nl.arange(parts)[:, None]
     groups = group0 + i_p
     i_f = nl.arange(k * N)[None, :]
     i_k = nl.arange(k)[None, :]
-    h_tile = h_all[:parts]
-    # llama / none round x̂ into a tile of x's dtype that is no longer needed
-    xhat_tile = x_all[:parts]
-    y_tile = y_all[:parts]
-    product = _part(product_all, parts)
-
-    # ACT (DVE for the "scalar" plan): rstd from Σh²; DMA rstd out.
-    rstd_tile = steps.rstd_from_sum(
-        sum_all[:parts], eps, N, on_scalar=plan.product_engine != "scalar"
-    )
-    nl.store(views.rstd[groups, i_k], value=rstd_tile)
 
     def row(t, j):
-        return _row(t, j, N)
+        return None if t is None else t[:, j * N : (j + 1) * N]
+
+    # DMA in (with a residual: DVE h = x + residual; DMA h out). Tiles that only some plans
+    # need are created by conditional expressions, never inside an ``if`` block, whose
+    # tiles could not be used after it (general/nki/api/nki.errors.rst@8a38e733, lines
+    # 419-450, err_local_variable_used_out_of_scope).
+    residual = views.residual is not None
+    h_tile = nl.ndarray((parts, k * N), dtype=plan.h_dtype)
+    x_tile = nl.ndarray((parts, k * N), dtype=plan.in_dtype) if residual else h_tile
+    steps.load_h(
+        h_tile,
+        x_tile,
+        views.x[groups, i_f],
+        views.residual[groups, i_f] if residual else None,
+        views.h[groups, i_f] if residual else None,
+    )
+    # llama / none round x̂ into a tile of x's dtype that is no longer needed
+    xhat_tile = x_tile
+
+    y_tile = nl.ndarray((parts, k * N), dtype=plan.result_dtype)
+    product = (
+        None if plan.product_dtype is None else nl.ndarray((parts, k * N), dtype=plan.product_dtype)
+    )
+    squares = {"product": product, "y": y_tile}.get(plan.squares_in)
+    squares = nl.ndarray((parts, k * N), dtype=nl.bfloat16) if squares is None else squares
+
+    # ACT: Σh² per row (the squares themselves are discarded), then rstd; DMA rstd out.
+    sum_sq = nl.ndarray((parts, k), dtype=nl.float32)
+    for j in nl.static_range(k):
+        row(squares, j)[...] = nisa.activation_reduce(
+            op=nl.square,
+            data=row(h_tile, j),
+            reduce_op=nl.add,
+            reduce_res=sum_sq[:, j : j + 1],
+            dtype=squares.dtype,
+        )
+    rstd_tile = steps.rstd_from_sum(sum_sq, eps, N, on_scalar=plan.product_engine != "scalar")
+    nl.store(views.rstd[groups, i_k], value=rstd_tile)
 
     shift = None if resident.shift is None else resident.shift[:parts]
     if plan.product_engine == "tensor":

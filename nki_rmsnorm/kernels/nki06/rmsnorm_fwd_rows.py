@@ -9,10 +9,13 @@ or core it is in, so the results are bitwise the same as at LNC=1; each core loa
 prepares the weight (and bias) itself, so those are read once per core. The planner is told
 the core count (``choose_layout(..., cores=2)``), so each core keeps as many tiles to
 pipeline as one core at LNC=1 (fewer rows per partition; a row's arithmetic does not depend
-on them). At LNC=1 and LNC=2 the tiles run as a two-stage software pipeline (the statistics
-of tile t + 1 issued before the output of tile t), so each engine's in-order stream finds
-the next tile's first steps ahead of this tile's products; the legacy kernel issues the
-same instructions in the same order.
+on them). At LNC=1 and LNC=2 alike the tiles run as a two-stage software pipeline (the
+statistics of tile t + 1 issued before the output of tile t), so each engine's in-order
+stream finds the next tile's first steps ahead of this tile's products. The legacy kernel
+runs the tiles one after the other (same instructions, another order): it could carry a
+tile into the next iteration only in explicit buffers allocated before the loop
+(general/nki/api/nki.errors.rst@8a38e733, L417-L474), and two such buffers, reused, make
+the cost model slower than its loop-body tiles on trn1.
 """
 
 from __future__ import annotations
@@ -59,22 +62,22 @@ def rows_resident(plan, k, hbm, eps, offset):
         rstd=hbm.rstd.reshape((M // k, k)),
     )
     tiles = steps.core_tiles(M // k, P)
-    # Software pipeline, the statistics of tile t + 1 issued before the output of tile t
-    # (two tiles in flight, as budgeted), so that each engine's in-order stream finds the
-    # next tile's first steps ahead of this tile's products, where the scheduler's look-ahead
-    # would not reach them: the per-tile chain (add, Σh², rstd, products) binds otherwise
-    # (the fused add: up to a third slower at LNC=1, and with half the tiles per core under
-    # LNC=2). Never slower in the cost model at LNC=1 (docs/kernels.md), so always on.
+    # Software pipeline at LNC=1 and LNC=2: the statistics of tile t + 1 (load, add, Σh²,
+    # rstd) issued before the output of tile t (two tiles in flight, as budgeted), so that
+    # each engine's in-order stream finds the next tile's first steps ahead of this tile's
+    # products, beyond the scheduler's look-ahead. The fused add gains most (its DVE add
+    # would otherwise queue behind the previous tile's products): modeled bf16 8192 x 4096
+    # on trn3 807 -> 526 µs; no bench shape is slower.
     ahead = None
     if tiles:
         group0, parts = tiles[0]
-        ahead = _row_statistics(plan, views, group0, parts, k, N)
+        ahead = _row_statistics(plan, views, resident, eps, group0, parts, k, N)
     for t in range(len(tiles)):
         current = ahead
         if t + 1 < len(tiles):
             group0, parts = tiles[t + 1]
-            ahead = _row_statistics(plan, views, group0, parts, k, N)
-        _row_output(plan, views, resident, eps, k, N, current)
+            ahead = _row_statistics(plan, views, resident, eps, group0, parts, k, N)
+        _row_output(plan, views, resident, k, N, current)
 
 
 def _grouped(tensor, groups, width):
@@ -87,9 +90,10 @@ def _row(t, j, N):
     return None if t is None else t[:, j * N : (j + 1) * N]
 
 
-def _row_statistics(plan, views, group0, parts, k, N):
+def _row_statistics(plan, views, resident, eps, group0, parts, k, N):
     """Rows ``k·group0 … k·(group0 + parts) − 1``, k consecutive rows per partition: load
-    (and h = x + residual) and Σh²; returns the tile's state for :func:`_row_output`."""
+    (and h = x + residual), Σh², rstd (stored) and what the product multiplies by; returns
+    the tile's state for :func:`_row_output`."""
     g1 = group0 + parts
 
     def row(t, j):
@@ -117,7 +121,7 @@ def _row_statistics(plan, views, group0, parts, k, N):
     else:
         squares = steps.sbuf((parts, k * N), nl.bfloat16)
 
-    # ACT: Σh² per row (the squares themselves are discarded).
+    # ACT: Σh² per row (the squares themselves are discarded), then rstd; DMA rstd out.
     sum_sq = steps.sbuf((parts, k), nl.float32)
     for j in range(k):
         nisa.activation_reduce(
@@ -127,18 +131,19 @@ def _row_statistics(plan, views, group0, parts, k, N):
             reduce_op=nl.add,
             reduce_res=sum_sq[:, j : j + 1],
         )
-    return group0, h_tile, xhat_tile, y_tile, product, sum_sq
-
-
-def _row_output(plan, views, resident, eps, k, N, state):
-    """rstd (stored) and y of the tile whose statistics :func:`_row_statistics` returned,
-    stored."""
-    group0, h_tile, xhat_tile, y_tile, product, sum_sq = state
-    parts = h_tile.shape[0]
-
-    # ACT (DVE for the "scalar" plan): rstd from Σh²; DMA rstd out.
     rstd_tile = steps.rstd_from_sum(sum_sq, eps, N, on_scalar=plan.product_engine != "scalar")
-    nisa.dma_copy(dst=views.rstd[group0 : group0 + parts, :], src=rstd_tile)
+    nisa.dma_copy(dst=views.rstd[group0:g1, :], src=rstd_tile)
+
+    stationary = None
+    if plan.product_engine == "tensor":
+        stationary = steps.rstd_rows(plan, rstd_tile, resident.ident[:parts, :parts])
+    return group0, h_tile, xhat_tile, y_tile, product, rstd_tile, stationary
+
+
+def _row_output(plan, views, resident, k, N, state):
+    """y of the tile whose statistics :func:`_row_statistics` returned, stored."""
+    group0, h_tile, xhat_tile, y_tile, product, rstd_tile, stationary = state
+    parts = h_tile.shape[0]
 
     def row(t, j):
         return _row(t, j, N)
@@ -146,7 +151,6 @@ def _row_output(plan, views, resident, eps, k, N, state):
     shift = None if resident.shift is None else resident.shift[:parts]
     if plan.product_engine == "tensor":
         # PE: rstd ⊗ w per PSUM bank; DVE: y = h · (rstd ⊗ w) [+ bias].
-        stationary = steps.rstd_rows(plan, rstd_tile, resident.ident[:parts, :parts])
         for j in range(k):
             steps.outer_normalize(
                 row(y_tile, j),
