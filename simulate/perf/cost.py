@@ -71,11 +71,7 @@ What the model assumes
   ``nl.nc(2)`` dimension, on trn2/trn3). Each instruction runs on its ``core``: the two
   physical cores have their own four engines, DMA queues and 16 DMA engines and run
   concurrently; their HBM traffic shares one pool of ``hbm_cores_per_pool`` HBM shares (the
-  bank both cores sit on), which serves the two cores round robin like a DMA engine its
-  queues (inferred, no bank arbitration is published): while both have traffic pending
-  each gets half the pool's rate, alone a core gets all of it (with the same caveat: a
-  transfer under way is not pushed back, the other core's next one is). Cross-core
-  dependencies: data through shared HBM (as above); the
+  bank both cores sit on). Cross-core dependencies: data through shared HBM (as above); the
   k-th ``sendrecv`` of a pipe on each core also waits for the writers of the other core's
   source; the k-th ``core_barrier`` (a GpSimd instruction that reads and writes its
   ``data``) of each core waits for everything the other core's waits for; the later core
@@ -216,6 +212,15 @@ _ADD_MUL_SUB = ("add", "multiply", "subtract")
 _REDUCE_FAST = ("add", "sum", "max", "maximum")
 
 
+# Vector instructions costed by the legacy ISA reference's "Estimated instruction cost"
+# (aws-neuron-sdk@8a38e733 general/nki/api/nki/isa/__init__.py): max(MIN_II, N) cycles for
+# nc_stream_shuffle (L991), range_select (L1133) and nc_match_replace8 (L793, which prints
+# min(MIN_II, N): read as max like its siblings, a min would cap every tile at 64 cycles);
+# N cycles for max8 (L671) and nc_find_index8 (L746); N the elements per partition.
+_MIN_II_OR_N_VECTOR = ("nc_stream_shuffle", "range_select", "nc_match_replace8")
+_N_VECTOR = ("max8", "nc_find_index8")
+
+
 def _op_names(details) -> tuple[str, ...]:
     op = details.get("op", ())
     return tuple(op) if isinstance(op, (list, tuple)) else (op,)
@@ -257,6 +262,11 @@ def compute_cycles(opcode: str, engine: str, n: int, ops: Operands, details: dic
         return max(min_ii, n), False
     if engine == "pool":
         if opcode in ("iota", "affine_select", "rand", "tensor_partition_reduce"):
+            return table.pool_start_cycles + n, True
+        if opcode == "nc_n_gather":  # one ISA instruction per 512 gathered elements (its
+            # docstring: n = ceil(elems_per_partition / 512)); I: each a Pool start + 1/elem
+            return table.pool_start_cycles * max(1, -(-n // 512)) + n, True
+        if opcode in ("nonzero_with_count", "sequence_bounds"):  # I: one pass like iota
             return table.pool_start_cycles + n, True
         if opcode == "core_barrier":  # no data: a Pool instruction start (I; none published)
             return table.pool_start_cycles, True
@@ -312,6 +322,10 @@ def compute_cycles(opcode: str, engine: str, n: int, ops: Operands, details: dic
         return max(min_ii, table.k_bn_aggr * n), True
     if opcode == "reciprocal":
         return max(min_ii, table.k_reciprocal * n * stride), True
+    if opcode in _MIN_II_OR_N_VECTOR:
+        return max(min_ii, n * stride), True
+    if opcode in _N_VECTOR:
+        return n * stride, True
     if opcode == "select":  # tensor_copy_predicated
         return max(min_ii, (1 if any(ops.psum) else table.k_two_inputs) * n * stride), True
     return max(min_ii, n * stride), False
@@ -820,8 +834,7 @@ def _list_schedule(table, insts, res, dur, preds, ports, dma_info, total, window
     n_dma_engines = int(table.dma_engines)
     # per DMA engine (each core has its own 16): queue -> when its last transfer there ends
     queue_done_on: list[dict[int, float]] = [{} for _ in range(n_dma_engines * lnc)]
-    # per physical core: when its HBM traffic queued so far is through the pool
-    hbm_done = [0.0] * lnc
+    hbm_free = 0.0
     # one HBM pool per logical core: LNC=2 cores share their bank (hbm_cores_per_pool)
     hbm_rate = table.hbm_share_gbps * table.hbm_efficiency * 1000.0  # bytes per us
     if lnc > 1:
@@ -914,22 +927,10 @@ def _list_schedule(table, insts, res, dur, preds, ports, dma_info, total, window
             if first_byte is not None:
                 data_start = first_byte
             if hbm_bytes:
-                # I (inferred, no arbitration of a shared bank is published): the pool
-                # serves the cores round robin, as a DMA engine serves its queues (S6 L29),
-                # so while both cores have traffic pending each gets half the pool's rate
-                # (processor sharing), and alone a core gets all of it. In order per core.
-                c = core_of[i]
-                share = hbm_bytes / hbm_rate
-                hbm_start = hbm_done[c] if hbm_done[c] > data_start else data_start
-                interleaved = 0.0
-                for other in range(lnc):
-                    if other != c and hbm_done[other] > hbm_start:
-                        turns = min(hbm_done[other] - hbm_start, share)
-                        interleaved += turns
-                        hbm_done[other] += turns
-                hbm_done[c] = hbm_start + share + interleaved
-                if hbm_done[c] > data_end:
-                    data_end = hbm_done[c]
+                hbm_start = hbm_free if hbm_free > data_start else data_start
+                hbm_free = hbm_start + hbm_bytes / hbm_rate
+                if hbm_free > data_end:
+                    data_end = hbm_free
             end[i] = data_end
             finish[i] = data_end + tail
             dma_intervals[dma_class[i]].append((t, data_end))
