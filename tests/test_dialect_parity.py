@@ -235,20 +235,22 @@ def test_lnc2_is_bitwise_lnc1(rng, target, M, N, dtype, residual, regime):
 
 def test_lnc2_keeps_as_many_row_tiles_per_core(rng):
     """Under LNC=2 the planner gives "rows" thinner tiles, so that each core keeps
-    ``MIN_TILES`` tiles to pipeline (8192 rows of 2048: k = 4 on one core, 2 on two); the
-    decisions for one core are unchanged. The kernel follows it: 4100 rows of 256 are
-    17 tiles of k = 2 at LNC=1 and 33 tiles of k = 1 at LNC=2, each one rstd store."""
+    ``MIN_TILES`` tiles to pipeline (8192 rows of 2048: k = 4 on one core, 2 on two), or
+    half as many while a tile moves under ``CHUNK_BYTES`` per partition; the decisions for
+    one core are unchanged. The kernel follows it: 4100 rows of 256 (512 B a row) are
+    9 tiles of k = 4 at LNC=1 and 17 tiles of k = 2 at LNC=2, each one rstd store."""
     plan = make_plan(BF16, BF16, None, None, 0.0, "gemma", None, FP32, BF16, tensor_engine=True)
     budget = simulate.get_target("trn2").sbuf_bytes_per_partition
     assert choose_layout(plan, 8192, 2048, budget).rows_per_partition == 4
     assert choose_layout(plan, 8192, 2048, budget, cores=2).rows_per_partition == 2
-    assert choose_layout(plan, 4100, 256, budget).rows_per_partition == 2
-    assert choose_layout(plan, 4100, 256, budget, cores=2).rows_per_partition == 1
+    assert choose_layout(plan, 4100, 256, budget).rows_per_partition == 4
+    assert choose_layout(plan, 4100, 256, budget, cores=2).rows_per_partition == 2
+    assert choose_layout(plan, 4096, 1024, budget, cores=2).rows_per_partition == 2
     assert choose_layout(plan, 300, 40000, budget, cores=2) == choose_layout(
         plan, 300, 40000, budget)
 
     x, _, w, _ = _inputs(rng, 4100, 256, BF16, True, False, False)
-    for lnc, tiles in ((1, 17), (2, 33)):
+    for lnc, tiles in ((1, 9), (2, 17)):
         _, trace = _launch("nki06", "trn2", x, None, w, None, "gemma", lnc=lnc)
         # per tile: x in, y and rstd out; once per core: the weight
         dmas = sum(i.engine == "dma" for i in trace.instructions)
