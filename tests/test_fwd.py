@@ -400,10 +400,39 @@ def test_tensor_engine_weights_on_trn2(rng, dtype, weight_dtype, offset):
 def test_several_rows_per_partition(rng, target, residual):
     """Short rows: two consecutive rows per partition in each tile (one DMA moves both),
     a ragged last tile, x read once."""
-    inputs = _inputs(rng, 4100, 256, BF16, weight_dtype=BF16, bias=True, residual=residual)
+    inputs = _inputs(rng, 4100, 512, BF16, weight_dtype=BF16, bias=True, residual=residual)
     assert _layout(inputs, target=target).rows_per_partition == 2
     trace = check_forward(inputs, target=target)
     assert trace.hbm_bytes()[0] == _streamed_bytes(inputs) + _parameter_bytes(inputs)
+
+
+@pytest.mark.parametrize("target", ["trn1", "trn2"])
+@pytest.mark.parametrize("casting_mode", ref.CASTING_MODES)
+@pytest.mark.parametrize("options", ["w", "w_offset_bias_res", "bias", "plain", "w_bias"])
+def test_packed_rows(rng, options, casting_mode, target):
+    """QK-norm heads (N = 128): 8 rows per partition in a tile (the largest divisor of M
+    that leaves 4 tiles), a ragged last tile of 96 partitions, x and the residual read
+    once, the weight and bias once per replication in the PSUM bank (4 rows of 128)."""
+    inputs = _inputs(rng, 7936, 128, BF16, weight_dtype=BF16, **OPTION_SETS[options])
+    layout = _layout(inputs, casting_mode, target=target)
+    assert (layout.regime, layout.rows_per_partition) == ("packed", 8)
+    trace = check_forward(inputs, casting_mode, target=target)
+    assert trace.hbm_bytes()[0] == _streamed_bytes(inputs) + 4 * _parameter_bytes(inputs)
+
+
+@pytest.mark.parametrize(
+    ("M", "N", "dtype", "rows"),
+    [(1, 64, "bf16", 1), (97, 256, "bf16", 1), (6000, 64, "fp32", 10), (2600, 1, "fp16", 5),
+     (4096, 128, "fp32", 8)],
+)
+def test_packed_shapes(rng, M, N, dtype, rows):
+    """Short rows of every dtype: one row (k = 1), M prime (k = 1, a part tile), k the
+    largest divisor of M within the tile's byte target, N = 1 (QK-norm's degenerate head),
+    fp32 rows of 512 B (the regime's widest)."""
+    inputs = _inputs(rng, M, N, DTYPES[dtype], bias=True, residual=True, offset=1.0)
+    layout = _layout(inputs, target="trn2")
+    assert (layout.regime, layout.rows_per_partition) == ("packed", rows)
+    check_forward(inputs, target="trn2")
 
 
 @pytest.mark.parametrize("casting_mode", ref.CASTING_MODES)

@@ -106,6 +106,7 @@ the same whatever batch it is part of.
 from __future__ import annotations
 
 from nki_rmsnorm.kernels.legacy.rmsnorm_fwd_long import long_rows, two_pass
+from nki_rmsnorm.kernels.legacy.rmsnorm_fwd_packed import packed_rows
 from nki_rmsnorm.kernels.legacy.rmsnorm_fwd_rows import rows_resident
 from nki_rmsnorm.kernels.legacy.rmsnorm_fwd_split import split_rows
 from nki_rmsnorm.nki import nisa, nki, nl, usable_sbuf_bytes
@@ -155,6 +156,8 @@ def forward_body(plan, hbm, eps, offset):
     layout = choose_layout(plan, M, N, usable_sbuf_bytes())
     if layout.regime == "rows":
         rows_resident(plan, layout.rows_per_partition, hbm, eps, offset)
+    elif layout.regime == "packed":
+        packed_rows(plan, layout.rows_per_partition, hbm, eps, offset)
     elif layout.regime == "split":
         split_rows(plan, layout.segments, hbm, eps, offset)
     elif layout.regime == "long":
