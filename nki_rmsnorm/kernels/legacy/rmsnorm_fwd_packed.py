@@ -7,14 +7,15 @@ kilobytes. Here a tile is (parts, k·N), partition p holding k consecutive rows 
 viewed as (M / k, k·N), k dividing M), so one DMA moves k·N elements per partition, and:
 
 * Σh² per row on the Scalar engine: one ``activation_reduce`` a row, whose reduction runs
-  along the whole free axis of its input (general/nki/api/nki.isa.activation_reduce.rst
-  @8a38e733);
+  along the whole free axis of its input (aws-neuron-sdk@8a38e733
+  general/nki/api/nki/isa/__init__.py L197, the doc of ``activation_reduce``);
 * rstd of all k rows at once on the Vector engine (``rmsnorm_fwd_steps.rstd_from_sum``
   with ``on_scalar=False``: each of its instructions is element-wise on the (parts, k)
   sums, where the Scalar chain takes six instructions per row);
 * x̂ = h·rstd per row on the Scalar engine (``activation`` with a (parts, 1) ``scale``
-  tile, general/nki/api/nki.isa.activation.rst@8a38e733), rounded to x's dtype in llama /
-  none, fp32 in gemma (one rounding of y at the end);
+  tile, same file L107), every third row on the Vector engine (``tensor_scalar`` with a
+  (parts, 1) operand, L1637), rounded
+  to x's dtype in llama / none, fp32 in gemma (one rounding of y at the end);
 * y = x̂·w (+ b) per 512 columns on the Vector engine against the weight (and bias)
   replicated along the free axis and broadcast across partitions in a PSUM bank once per
   kernel (a ones-row matmul: exact, every product 1·w); a ``tensor_tensor`` with one PSUM
@@ -31,6 +32,11 @@ from __future__ import annotations
 from nki_rmsnorm.kernels.legacy import rmsnorm_fwd_steps as steps
 from nki_rmsnorm.nki import nisa, nl
 from nki_rmsnorm.plan.forward import PSUM_COLS
+
+#: Every this many rows, x̂ = h·rstd is formed on the Vector engine rather than the Scalar
+#: engine: the Scalar engine also reduces every row, so an even split of the two passes
+#: over h would leave it the busier.
+XHAT_ON_VECTOR_EVERY = 3
 
 
 def packed_rows(plan, k, hbm, eps, offset):
@@ -119,11 +125,11 @@ def _packed_tile(plan, views, group0, parts, k, N, scale, shift, eps):
     xhat_dtype = plan.in_dtype if plan.rounds_xhat else nl.float32
     xhat = y_tile if direct else nl.ndarray((parts, width), dtype=xhat_dtype)
     for j in nl.static_range(k):
-        xhat[:, j * N : (j + 1) * N] = nisa.activation(
-            op=nl.copy,
-            data=h_tile[:, j * N : (j + 1) * N],
-            scale=rstd[:, j : j + 1],
-            dtype=xhat.dtype,
+        data = h_tile[:, j * N : (j + 1) * N]
+        xhat[:, j * N : (j + 1) * N] = (
+            nisa.tensor_scalar(data, op0=nl.multiply, operand0=rstd[:, j : j + 1], dtype=xhat.dtype)
+            if j % XHAT_ON_VECTOR_EVERY == XHAT_ON_VECTOR_EVERY - 1
+            else nisa.activation(op=nl.copy, data=data, scale=rstd[:, j : j + 1], dtype=xhat.dtype)
         )
     # DVE: y = x̂ · w [+ b], per chunk of the replicated weight's PSUM bank
     chunk = N * max(1, min(k, PSUM_COLS // N))

@@ -7,9 +7,10 @@ A tile is (parts, k·N): partition p holds k consecutive rows (the tensors viewe
 (M / k, k·N)), so one DMA moves k·N elements per partition. Per tile: the Scalar engine's
 Σh² per row (``activation_reduce`` over each row's N columns, one instruction a row:
 its reduction is over the whole free axis of its input, aws-neuron-sdk@81ce03ae
-nki/api/generated/nki.isa.activation_reduce.rst), the rstd chain once on the (parts, k)
-sums (Vector engine, every instruction element-wise), h·rstd per row on the Scalar engine
-(``activation`` with a (parts, 1) ``scale`` tile, nki.isa.activation.rst), then one Vector
+nki/api/nki/isa/__init__.py L1461-1476), the rstd chain once on the (parts, k) sums (Vector
+engine, every instruction element-wise), h·rstd per row on the Scalar engine (``activation``
+with a (parts, 1) ``scale`` tile, L1336; every third row a Vector ``tensor_scalar``, L1081),
+then one Vector
 instruction per 512 columns multiplying by the weight replicated along the free axis in a
 PSUM bank (built once), and one adding the bias, replicated likewise.
 
@@ -23,6 +24,11 @@ from __future__ import annotations
 from nki_rmsnorm.kernels.nki06 import rmsnorm_fwd_steps as steps
 from nki_rmsnorm.kernels.nki06._nki import nisa, nl
 from nki_rmsnorm.plan.forward import PSUM_COLS
+
+#: Every this many rows, x̂ = h·rstd is formed on the Vector engine rather than the Scalar
+#: engine: the Scalar engine also reduces every row, so an even split of the two passes
+#: over h would leave it the busier (1.2 GHz ACT against 0.96 GHz DVE on trn2).
+XHAT_ON_VECTOR_EVERY = 3
 
 
 def packed_rows(plan, k, hbm, eps, offset):
@@ -51,8 +57,18 @@ def packed_rows(plan, k, hbm, eps, offset):
         grouped(hbm.h),
         hbm.rstd.reshape((groups, k)),
     )
-    for group0, count in steps.core_tiles(groups, P):
-        _packed_tile(plan, views, group0, count, k, N, scale, shift, eps)
+    # Software pipeline: the statistics of tile t + 1 are issued before the output of tile
+    # t, so that the Scalar engine, whose in-order stream looks only a few instructions
+    # ahead, reduces the next tile while the Vector engine turns this tile's sums into rstd.
+    tiles = steps.core_tiles(groups, P)
+    ahead = None
+    if tiles:
+        ahead = _statistics(plan, views, tiles[0][0], tiles[0][1], k, N, eps)
+    for t in range(len(tiles)):
+        current = ahead
+        if t + 1 < len(tiles):
+            ahead = _statistics(plan, views, tiles[t + 1][0], tiles[t + 1][1], k, N, eps)
+        _output(plan, views, k, N, scale, shift, current)
 
 
 def _replicated(vector_hbm, reps, parts, dtype, offset):
@@ -74,8 +90,10 @@ def _replicated(vector_hbm, reps, parts, dtype, offset):
     return bank
 
 
-def _packed_tile(plan, views, group0, parts, k, N, scale, shift, eps):
-    """Row groups ``group0 … group0 + parts − 1`` of ``views``, k rows per partition."""
+def _statistics(plan, views, group0, parts, k, N, eps):
+    """Row groups ``group0 … group0 + parts − 1`` of ``views``, k rows per partition: load
+    (and h = x + residual), Σh², rstd (stored); returns the tile's state for
+    :func:`_output`."""
     x_v, residual_v, y_v, h_v, rstd_v = views
     g1 = group0 + parts
     width = k * N
@@ -105,7 +123,15 @@ def _packed_tile(plan, views, group0, parts, k, N, scale, shift, eps):
     # DVE: rstd of all k rows at once (the Scalar chain would take six instructions a row)
     rstd = steps.rstd_from_sum(sum_sq, eps, N, on_scalar=False)
     nisa.dma_copy(dst=rstd_v[group0:g1, :], src=rstd)
+    return group0, h_tile, rstd
 
+
+def _output(plan, views, k, N, scale, shift, state):
+    """y of the tile whose statistics :func:`_statistics` returned, stored."""
+    group0, h_tile, rstd = state
+    parts = h_tile.shape[0]
+    width = k * N
+    y_v = views[2]
     y_tile = steps.sbuf((parts, width), plan.result_dtype)
     # x̂ = h·rstd: rounded to x's dtype (llama / none), straight into y without a weight or
     # bias, else kept in fp32 for the one rounding of y (gemma)
@@ -117,12 +143,12 @@ def _packed_tile(plan, views, group0, parts, k, N, scale, shift, eps):
     else:
         xhat = steps.sbuf((parts, width), nl.float32)
     for j in range(k):
-        nisa.activation(
-            dst=xhat[:, j * N : (j + 1) * N],
-            op=nl.copy,
-            data=h_tile[:, j * N : (j + 1) * N],
-            scale=rstd[:, j : j + 1],
-        )
+        dst = xhat[:, j * N : (j + 1) * N]
+        data = h_tile[:, j * N : (j + 1) * N]
+        if j % XHAT_ON_VECTOR_EVERY == XHAT_ON_VECTOR_EVERY - 1:
+            nisa.tensor_scalar(dst=dst, data=data, op0=nl.multiply, operand0=rstd[:, j : j + 1])
+        else:
+            nisa.activation(dst=dst, op=nl.copy, data=data, scale=rstd[:, j : j + 1])
     # DVE: y = x̂ · w [+ b], per chunk of the replicated weight's PSUM bank
     chunk = N * max(1, min(k, PSUM_COLS // N))
     for c0 in range(0, width, chunk):
@@ -143,4 +169,4 @@ def _packed_tile(plan, views, group0, parts, k, N, scale, shift, eps):
             nisa.tensor_tensor(dst=y_c, data1=x_c, data2=b_c, op=nl.add)
         elif not direct:
             nisa.tensor_copy(dst=y_c, src=x_c)
-    steps.store_y(plan, y_v[group0:g1, :], y_tile)
+    steps.store_y(plan, y_v[group0 : group0 + parts, :], y_tile)
