@@ -1,5 +1,5 @@
-"""Forward regime "packed" in the ``nki`` 0.6 dialect: short rows (QK-norm heads, N ≤
-``PACKED_MAX_BYTES`` bytes), many rows per partition, each instruction covering all of them
+"""Forward regime "packed" in the ``nki`` 0.6 dialect: short rows (QK-norm heads, N·bytes ≤
+``PACKED_MAX_ROW_BYTES``), many rows per partition, each instruction covering all of them
 where the arithmetic allows (see the legacy ``rmsnorm_fwd_packed`` for the design; the
 instructions are the same).
 
@@ -10,9 +10,9 @@ its reduction is over the whole free axis of its input, aws-neuron-sdk@81ce03ae
 nki/api/nki/isa/__init__.py L1461-1476), the rstd chain once on the (parts, k) sums (Vector
 engine, every instruction element-wise), h·rstd per row on the Scalar engine (``activation``
 with a (parts, 1) ``scale`` tile, L1336; every third row a Vector ``tensor_scalar``, L1081),
-then one Vector
-instruction per 512 columns multiplying by the weight replicated along the free axis in a
-PSUM bank (built once), and one adding the bias, replicated likewise.
+then one Vector instruction per 512 columns multiplying by the weight replicated along the
+free axis in a PSUM bank (built once), and one adding the bias, replicated likewise. The
+tiles run as a two-stage software pipeline (``packed_rows``).
 
 k divides M (the planner picks the largest such k up to its target), so every tile is whole
 row groups. LNC: the tiles are split between the cores as the "rows" regime splits them
