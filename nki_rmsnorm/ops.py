@@ -14,7 +14,10 @@ Decisions beyond ``design.md``:
   ``weight`` is a ``ValueError`` rather than silently ignored; pass ``weight=np.zeros(N)``
   for a constant scale.
 * ``eps = 0`` is allowed: an all-zero row then has ``rstd = inf`` and ``y = 0 · inf = NaN``,
-  as on the hardware (``reference.py`` documents the same).
+  as on the hardware (``reference.py`` documents the same). An infinite element gives its
+  row rstd = 0 (y NaN there, 0 elsewhere); a finite row whose Σh² or mean square the
+  kernels' fp32 sum of squares cannot hold exactly is a ``ValueError`` naming the limit
+  (:func:`nki_rmsnorm.validation.check_statistics_range`).
 * ``weight`` and ``bias`` are float32 or x's dtype; a ``residual`` is x's dtype or float32
   (an fp32 residual stream beside bf16 activations), and ``h`` comes back in its dtype.
 * In the backward pass ``dy`` and ``dh_out`` may be in any kernel dtype (``y`` may have had
@@ -37,7 +40,7 @@ from nki_rmsnorm.plan.backward import MAX_HIDDEN as MAX_HIDDEN_BWD
 # The argument rules live in one module shared by every front end; the launchers below use
 # them under their historical private names.
 from nki_rmsnorm.validation import FLOAT32 as _FLOAT32
-from nki_rmsnorm.validation import KERNEL_DTYPES, check_options
+from nki_rmsnorm.validation import KERNEL_DTYPES, check_options, check_statistics_range
 from nki_rmsnorm.validation import as_array as _array
 from nki_rmsnorm.validation import check_casting_mode as _casting_mode
 from nki_rmsnorm.validation import eps_value as _eps
@@ -106,6 +109,10 @@ def rms_norm_fwd(x: np.ndarray, weight: np.ndarray | None = None, eps: float = 1
     offset = _offset(offset, weight)
     _casting_mode(casting_mode)
     out_dtype = x.dtype if out_dtype is None else _dtype(out_dtype, "out_dtype")
+
+    h = x if residual is None else (x.astype(_FLOAT32) + residual.astype(_FLOAT32)).astype(
+        residual.dtype)
+    check_statistics_range(h, eps)
 
     lead = x.shape[:-1]
     rows = math.prod(lead)

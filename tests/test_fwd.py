@@ -53,6 +53,7 @@ import pytest
 from conftest import default_target, trace_launch
 
 import simulate
+from nki_rmsnorm import dialect as dialect_module
 from nki_rmsnorm import kernels
 from nki_rmsnorm import reference as ref
 from nki_rmsnorm.plan.forward import choose_layout, make_plan
@@ -98,8 +99,10 @@ def _inputs(rng, M, N, dtype, *, weight=True, bias=False, residual=False, offset
 
 def _run(x, weight=None, bias=None, residual=None, eps=EPS, offset=0.0, casting_mode="gemma",
          out_dtype=None, target=None):
-    """Simulate the kernel of the current dialect: ``(outputs, trace)``."""
-    out_dtype = None if out_dtype is None else np.dtype(out_dtype)
+    """Simulate the kernel of the current dialect: ``(outputs, trace)``. ``out_dtype`` goes
+    to the kernel as the dialect's ``nki.language`` dtype, as the launchers pass it."""
+    if out_dtype is not None:
+        out_dtype = kernels.nki_dtype(np.dtype(out_dtype).name, dialect_module.current())
     if residual is None:
         kernel = kernels.kernel("rmsnorm_fwd")
         args = (x, weight, bias, eps, offset, casting_mode, out_dtype)

@@ -103,6 +103,16 @@ RSQRT_POSTSCALE = 2.0**-16
 NEWTON_STEPS = 2
 #: The largest finite float32.
 FP32_MAX = 3.4028234663852886e38
+#: The smallest positive fp32 (subnormal): an all-zero row's mean square is raised to it
+#: before the Vector-engine chain's scaling, so that rsqrt stays in range (its rstd becomes
+#: +inf afterwards when eps = 0).
+FP32_TINY = 2.0**-149
+#: The Vector-engine chain scales each row's mean square v by an exact power of two chosen
+#: per row, so that every positive finite fp32 v lands in rsqrt's valid range: by 2⁶⁴ when
+#: v < RSQRT_SPLIT (v ≥ 2⁻¹⁴⁹ → [2⁻⁸⁵, 2⁴⁴)), by 2⁻⁶⁴ otherwise (v < 2¹²⁸ → [2⁻⁸⁴, 2⁶⁴));
+#: rstd is rescaled by the square root, 2³² or 2⁻³² (RSQRT_ROOT_SCALE).
+RSQRT_SPLIT = 2.0**-20
+RSQRT_ROOT_SCALE = 2.0**32
 
 
 @dataclass(frozen=True)

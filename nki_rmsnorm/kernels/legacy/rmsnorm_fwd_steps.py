@@ -21,12 +21,14 @@ from __future__ import annotations
 from nki_rmsnorm.nki import nisa, nl
 from nki_rmsnorm.plan.forward import (
     FP32_MAX,
+    FP32_TINY,
     NEWTON_STEPS,
     PSUM_COLS,
-    RSQRT_MAX_INPUT,
     RSQRT_MIN_INPUT,
     RSQRT_POSTSCALE,
     RSQRT_PRESCALE,
+    RSQRT_ROOT_SCALE,
+    RSQRT_SPLIT,
 )
 
 
@@ -84,7 +86,10 @@ def rstd_from_sum(sum_sq, eps, n, mask=None, on_scalar=True):
     eps < 2⁻⁵⁵, where the Scalar-engine chain's fixed scaling cannot cover every row.
 
     A row with v = 0 (an all-zero row with eps = 0) gets rstd = +inf, so y = 0·inf = NaN,
-    as reference.py says.
+    as reference.py says; a row with Σh² = +inf (an infinite h) gets rstd = 0 exactly, so y
+    is NaN at the infinite elements and 0 elsewhere (IEEE rsqrt(+inf) = 0, as the float64
+    reference and torch give); a NaN row stays NaN. Every finite v > 0 reaches rsqrt
+    through exact power-of-two scalings, so no row is clamped.
     """
     if on_scalar and eps >= RSQRT_MIN_INPUT / RSQRT_PRESCALE:
         return _rstd_on_scalar(sum_sq, eps, n, mask)
@@ -96,10 +101,15 @@ def _rstd_on_scalar(sum_sq, eps, n, mask=None):
     fp32, with per-partition scale and bias columns). The rsqrt input is u = v·2⁻³², an
     exact power-of-two scaling that brings every v in [2⁻⁵⁵, 2¹²⁹] — every finite row, as
     the caller guarantees eps ≥ 2⁻⁵⁵ — into the valid range; Newton runs on u, and
-    rstd = r·2⁻¹⁶."""
+    rstd = r·2⁻¹⁶.
+
+    An infinite Σh² (u = +inf, outside rsqrt's range) is taken out without leaving the
+    engine: s = sign(FP32_MAX − u) is +1 for every finite u and −1 for +inf (Sign and Relu
+    are valid on [−inf, inf] and exact: general/nki/api/nki.api.shared.rst@8a38e733, lines
+    146 and 184); relu(u·s) is u itself or 0, plus (1 − s)/2 it reaches rsqrt as u or 1,
+    and the final scale (1 + s)/2·2⁻¹⁶ makes that row's rstd exactly 0. NaN stays NaN."""
     parts, k = sum_sq.shape
-    u = nl.ndarray((parts, k), dtype=nl.float32)
-    u[...] = nisa.activation(
+    u = nisa.activation(
         op=nl.copy,
         data=sum_sq,
         scale=RSQRT_PRESCALE / n,
@@ -107,9 +117,33 @@ def _rstd_on_scalar(sum_sq, eps, n, mask=None):
         dtype=nl.float32,
         mask=mask,
     )
+    sign = nisa.activation(
+        op=nl.sign, data=u, scale=-1.0, bias=_column(parts, FP32_MAX), dtype=nl.float32, mask=mask
+    )
+    shift = nisa.activation(
+        op=nl.copy, data=sign, scale=-0.5, bias=_column(parts, 0.5), dtype=nl.float32, mask=mask
+    )
+    post_scale = nisa.activation(
+        op=nl.copy,
+        data=sign,
+        scale=0.5 * RSQRT_POSTSCALE,
+        bias=_column(parts, 0.5 * RSQRT_POSTSCALE),
+        dtype=nl.float32,
+        mask=mask,
+    )
+    finite_u = nl.ndarray((parts, k), dtype=nl.float32)
+    for j in nl.static_range(k):  # ACT's scale and bias operands are (parts, 1) columns
+        kept = nisa.activation(
+            op=nl.relu, data=u[:, j : j + 1], scale=sign[:, j : j + 1], dtype=nl.float32, mask=mask
+        )
+        finite_u[:, j : j + 1] = nisa.activation(
+            op=nl.copy, data=kept, bias=shift[:, j : j + 1], dtype=nl.float32, mask=mask
+        )
     r = nl.ndarray((parts, k), dtype=nl.float32)
-    r[...] = nisa.activation(op=nl.rsqrt, data=u, dtype=nl.float32, mask=mask)
-    minus_half_u = nisa.activation(op=nl.copy, data=u, scale=-0.5, dtype=nl.float32, mask=mask)
+    r[...] = nisa.activation(op=nl.rsqrt, data=finite_u, dtype=nl.float32, mask=mask)
+    minus_half_u = nisa.activation(
+        op=nl.copy, data=finite_u, scale=-0.5, dtype=nl.float32, mask=mask
+    )
     three_halves = _column(parts, 1.5)
     for _ in nl.static_range(NEWTON_STEPS):
         for j in nl.static_range(k):
@@ -126,7 +160,16 @@ def _rstd_on_scalar(sum_sq, eps, n, mask=None):
             r_j[...] = nisa.activation(
                 op=nl.copy, data=factor, scale=r_j, dtype=nl.float32, mask=mask
             )
-    return nisa.activation(op=nl.copy, data=r, scale=RSQRT_POSTSCALE, dtype=nl.float32, mask=mask)
+    rstd = nl.ndarray((parts, k), dtype=nl.float32)
+    for j in nl.static_range(k):
+        rstd[:, j : j + 1] = nisa.activation(
+            op=nl.copy,
+            data=r[:, j : j + 1],
+            scale=post_scale[:, j : j + 1],
+            dtype=nl.float32,
+            mask=mask,
+        )
+    return rstd
 
 
 def _column(parts, value):
@@ -138,10 +181,13 @@ def _column(parts, value):
 
 
 def _rstd_on_vector(sum_sq, eps, n, mask=None):
-    """rstd with the mean square v = Σh²/n + eps formed and clamped into rsqrt's valid range
-    on the Vector engine, the Scalar engine's rsqrt, and the Newton steps on the Vector
-    engine. Out of range: a row with v > 2⁹⁷ (rms above ≈ 4·10¹⁴) gets the rstd of 2⁹⁷,
-    one with 0 < v < 2⁻⁸⁷ (only when eps < 2⁻⁸⁷) the rstd of 2⁻⁸⁷."""
+    """rstd with the mean square v = Σh²/n + eps formed on the Vector engine and brought into
+    rsqrt's valid range [2⁻⁸⁷, 2⁹⁷] (general/nki/api/nki.api.shared.rst@8a38e733, line 180)
+    by exact power-of-two scalings, the Scalar engine's rsqrt, the Newton steps on the
+    Vector engine, and rstd times 0 where v = +inf (NaN stays NaN). With eps ≥ 2⁻⁵⁵ every v
+    is in [2⁻⁵⁵, 2¹²⁸]: u = min(v, FP32_MAX)·2⁻³², rstd = r·2⁻¹⁶. Below, every finite v > 0
+    is scaled per row (:func:`_scaled_per_row`). Vector-engine operators only (Min, Max,
+    Is Less than, Is Less than or Equal, Multiply, Add: lines 82-102)."""
     v = nisa.tensor_scalar(
         sum_sq,
         op0=nl.multiply,
@@ -151,20 +197,106 @@ def _rstd_on_vector(sum_sq, eps, n, mask=None):
         dtype=nl.float32,
         mask=mask,
     )
-    clamped = nisa.tensor_scalar(
+    # one helper per range of eps: a tile made under an ``if`` may not be used after the
+    # block, in helpers too (general/nki/api/nki.errors.rst@8a38e733 L417-474)
+    rstd = (
+        _rstd_prescaled(v, mask)
+        if eps >= RSQRT_MIN_INPUT / RSQRT_PRESCALE
+        else _rstd_scaled_per_row(v, mask)
+    )
+    return _infinite_where_zero(rstd, v, mask) if eps == 0.0 else rstd
+
+
+def _rstd_prescaled(v, mask=None):
+    """rstd of every v in [2⁻⁵⁵, +inf]: u = min(v, FP32_MAX)·2⁻³², rstd = r·2⁻¹⁶ times
+    (v ≤ FP32_MAX), 0 for an infinite v."""
+    u = nisa.tensor_scalar(
         v,
         op0=nl.minimum,
-        operand0=RSQRT_MAX_INPUT,
-        op1=nl.maximum,
-        operand1=RSQRT_MIN_INPUT,
+        operand0=FP32_MAX,
+        op1=nl.multiply,
+        operand1=RSQRT_PRESCALE,
         dtype=nl.float32,
         mask=mask,
     )
-    rstd = nl.ndarray(sum_sq.shape, dtype=nl.float32)
-    rstd[...] = nisa.activation(op=nl.rsqrt, data=clamped, dtype=nl.float32, mask=mask)
+    rstd = _refined_rsqrt(u, mask)
+    post_scale = nisa.tensor_scalar(
+        v,
+        op0=nl.less_equal,
+        operand0=FP32_MAX,
+        op1=nl.multiply,
+        operand1=RSQRT_POSTSCALE,
+        dtype=nl.float32,
+        mask=mask,
+    )
+    rstd[...] = nisa.tensor_tensor(rstd, post_scale, op=nl.multiply, dtype=nl.float32, mask=mask)
+    return rstd
+
+
+def _rstd_scaled_per_row(v, mask=None):
+    """rstd of every v in [0, +inf] through the per-row power of two of
+    :func:`_scaled_per_row`, times (v ≤ FP32_MAX): 0 for an infinite v."""
+    u, root_scale = _scaled_per_row(v, mask)
+    rstd = _refined_rsqrt(u, mask)
+    post_scale = nisa.scalar_tensor_tensor(
+        data=v,
+        op0=nl.less_equal,
+        operand0=FP32_MAX,
+        op1=nl.multiply,
+        operand1=root_scale,
+        dtype=nl.float32,
+        mask=mask,
+    )
+    rstd[...] = nisa.tensor_tensor(rstd, post_scale, op=nl.multiply, dtype=nl.float32, mask=mask)
+    return rstd
+
+
+def _refined_rsqrt(u, mask=None):
+    """The Scalar engine's rsqrt of u (in its valid range) refined by ``NEWTON_STEPS``
+    Newton steps on the Vector engine."""
+    rstd = nl.ndarray(u.shape, dtype=nl.float32)
+    rstd[...] = nisa.activation(op=nl.rsqrt, data=u, dtype=nl.float32, mask=mask)
     for _ in nl.static_range(NEWTON_STEPS):
-        rstd[...] = newton_rsqrt_step(rstd, clamped, mask)
-    return _infinite_where_zero(rstd, v, mask) if eps == 0.0 else rstd
+        rstd[...] = newton_rsqrt_step(rstd, u, mask)
+    return rstd
+
+
+def _scaled_per_row(v, mask=None):
+    """``(u, p)``: u = v·p² in rsqrt's valid range for every v in [0, +inf], p = 2³² where
+    v < 2⁻²⁰ else 2⁻³² (``RSQRT_SPLIT``), so that rsqrt(u)·p = rsqrt(v). v is first kept in
+    [2⁻¹⁴⁹, FP32_MAX] (a zero row's rstd becomes +inf later, an infinite one's 0). The
+    selector q = (v < 2⁻²⁰) + 2⁻³² is 1 or 2⁻³² exactly (1 + 2⁻³² rounds to 1), so p = q·2³²·q
+    and p² are exact powers of two."""
+    finite_v = nisa.tensor_scalar(
+        v,
+        op0=nl.minimum,
+        operand0=FP32_MAX,
+        op1=nl.maximum,
+        operand1=FP32_TINY,
+        dtype=nl.float32,
+        mask=mask,
+    )
+    selector = nisa.tensor_scalar(
+        finite_v,
+        op0=nl.less,
+        operand0=RSQRT_SPLIT,
+        op1=nl.add,
+        operand1=1.0 / RSQRT_ROOT_SCALE,
+        dtype=nl.float32,
+        mask=mask,
+    )
+    root_scale = nisa.scalar_tensor_tensor(
+        data=selector,
+        op0=nl.multiply,
+        operand0=RSQRT_ROOT_SCALE,
+        op1=nl.multiply,
+        operand1=selector,
+        dtype=nl.float32,
+        mask=mask,
+    )
+    scale = nisa.tensor_tensor(root_scale, root_scale, op=nl.multiply, dtype=nl.float32, mask=mask)
+    u = nisa.tensor_tensor(finite_v, scale, op=nl.multiply, dtype=nl.float32, mask=mask)
+    return u, root_scale
 
 
 def newton_rsqrt_step(rstd, v, mask=None):
