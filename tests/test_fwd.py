@@ -528,6 +528,30 @@ def test_fp16_values_whose_squares_overflow_fp16(rng):
 
 
 @pytest.mark.parametrize("target", ["trn1", "trn2"])
+def test_packed_rows_keep_a_nan_and_an_inf_in_their_own_row(rng, target):
+    """Packed rows share a partition (4096 × 128: 8 rows per partition): a NaN in one and
+    an inf in another leave their partition neighbours bitwise as they were; the NaN row's
+    rstd is NaN, the inf row's 0 (y NaN where x is inf, else 0, as the reference)."""
+    inputs = _inputs(rng, 4096, 128, BF16, weight_dtype=BF16, residual=True)
+    assert _layout(inputs, target=target).rows_per_partition == 8
+    clean = _run(**inputs, target=target)[0]
+    inputs["x"][13, 100] = np.nan
+    inputs["x"][14, 3] = np.inf
+    dirty = _run(**inputs, target=target)[0]
+    rows = (np.arange(4096) != 13) & (np.arange(4096) != 14)
+    for got, want in zip(dirty, clean):
+        np.testing.assert_array_equal(got[rows], want[rows])
+    y, h, rstd = dirty
+    assert np.isnan(rstd[13]) and np.isnan(y[13].astype(np.float32)).all()
+    x14, r14 = inputs["x"][14:15], inputs["residual"][14:15]
+    want = ref.rms_norm_fwd(x14, inputs["weight"], EPS, residual=r14)
+    assert rstd[14] == want[-1][0] == 0.0
+    nan_y = np.isnan(y[14].astype(np.float32))
+    np.testing.assert_array_equal(nan_y, np.isnan(want[0][0].astype(np.float32)))
+    assert nan_y.any() and not nan_y.all()
+
+
+@pytest.mark.parametrize("target", ["trn1", "trn2"])
 @pytest.mark.parametrize("N", [300, 20000, 40000])
 def test_nan_in_one_row_leaves_the_others_untouched(rng, N, target):
     """Also across the partitions a split row shares with its neighbours (trn2, N = 40000)
