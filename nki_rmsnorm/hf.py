@@ -472,8 +472,7 @@ def _swap(model: nn.Module, classes: frozenset | None, qk_norm: bool = True) -> 
     swaps = [
         (name, new)
         for name, module in model.named_modules()
-        if (qk_norm or not _is_qk_norm(name))
-        and (new := _replacement(module, classes)) is not None
+        if (qk_norm or not _is_qk_norm(name)) and (new := _replacement(module, classes)) is not None
     ]
     for name, new in swaps:
         if not name:
