@@ -295,7 +295,7 @@ def quant_launch_args(x, weight, quant_dtype: str):
     from nki_rmsnorm import kernels
 
     return (x, None, weight, None, EPS, kernels.nki_dtype(quant_dtype, "nki06"), "row", 128,
-            None, 1e-6, False, False, True)
+            None, 1e-6, False, False, True, False)
 
 
 def _quant_run(target, lnc, x, weight):
