@@ -151,11 +151,14 @@ def test_lnc2_is_bitwise_lnc1(rng):
     assert trace.lnc == 2
 
 
-def test_without_weight_and_empty(rng, monkeypatch):
+@pytest.mark.parametrize("n", [128, 100])
+def test_without_weight_and_empty(rng, monkeypatch, n):
+    """N of one full chunk, and of only a ragged one."""
     monkeypatch.setenv(TARGET_ENV, "trn2")
-    x, _, _ = _inputs(rng, (129, 128), weight_dtype=None)
+    x, _, _ = _inputs(rng, (129, n), weight_dtype=None)
     got = ops.rms_norm_quant(x, None, return_transposed=True)
     want = reference.rms_norm_quant(x, None)
+    assert np.isfinite(got.y_q_t.astype(np.float64)).all()
     np.testing.assert_allclose(got.scales_t, want["scales_t"], rtol=SCALE_RTOL)
     assert_fp8_matches(got.y_q_t, _transposed_view(want), "float8_e4m3")
     empty = ops.rms_norm_quant(np.empty((0, 64), BF16), None, return_transposed=True)

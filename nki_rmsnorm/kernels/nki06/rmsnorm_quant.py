@@ -254,15 +254,16 @@ def _scale(amax_p, rstd, fp8max, lower_bound, scale_floor):
     return amax_y, _dequant_scale(amax_y, fp8max, lower_bound, scale_floor)
 
 
-def _dequant_scale(amax_y, fp8max, lower_bound, scale_floor):
+def _dequant_scale(amax_y, fp8max, lower_bound, scale_floor, scale=None):
     """max(min(amax, lower_bound) · (1 / fp8_max), scale_floor) of a float32 column block
-    (Vector engine)."""
+    (Vector engine), into ``scale`` if given."""
     shape = amax_y.shape
     capped = amax_y
     if lower_bound is not None:
         capped = _column(shape)
         nisa.tensor_scalar(dst=capped, data=amax_y, op0=nl.minimum, operand0=float(lower_bound))
-    scale = _column(shape)
+    if scale is None:
+        scale = _column(shape)
     nisa.tensor_scalar(
         dst=scale,
         data=capped,
@@ -372,74 +373,107 @@ def _transposed(hbm, options, static_inverse, p, rstd, r0):
     aws-neuron-sdk@81ce03ae ``nki/api/nki/isa/__init__.py`` L829-866: SBUF to PSUM, same
     dtype, up to 128 × 128; bit-accurate from NeuronCore-v3, L561-562), where a row of the
     bank is a column of y: its maximum |y| over the tile's rows (Vector engine) gives the
-    column's scale for this tile, and the Scalar engine quantizes it from PSUM."""
+    column's scale for this tile, and the Scalar engine quantizes it from PSUM. The full
+    128-column chunks gather in one SBUF tile each for y_qᵀ and the scales, stored with one
+    DMA apiece through an access pattern over the HBM output (``.ap``, as nki-library's
+    ``core/rmsnorm/rmsnorm_quant.py`` L396-402 addresses its packed output): one transfer
+    per output and tile rather than one per chunk, each costing a DMA queue's fixed
+    overhead; a ragged last chunk (N not a multiple of 128) is stored on its own."""
     y_q_t, scales_t = hbm[8], hbm[9]
     eps, quant_dtype, scale_mode, block, lower_bound, scale_floor = options
     parts, N = p.shape
-    fp8max = fp8_max(quant_dtype)
-    tile_index = r0 // nl.tile_size.pmax
+    M = y_q_t.shape[1]
+    pmax = nl.tile_size.pmax
+    full = N // pmax
+    tile_index = r0 // pmax
     y32 = _sbuf((parts, N), nl.float32)
     nisa.activation(dst=y32, op=nl.copy, data=p, scale=rstd)
+    q_full = None
+    scale_full = None
+    if full > 0:
+        q_full = _sbuf((pmax, full * parts), quant_dtype)
+        scale_full = _column((pmax, full))
     for c0, width, count in _transpose_groups(N):
-        bank = nl.ndarray((width, count * parts), dtype=nl.float32, buffer=nl.psum)
-        for k in range(count):
-            nisa.nc_transpose(
-                dst=bank[:, k * parts : (k + 1) * parts],
-                data=y32[:, c0 + k * width : c0 + (k + 1) * width],
-                engine=nisa.tensor_engine,
-            )
-        q_t = _sbuf((width, count * parts), quant_dtype)
-        if scale_mode == "static":
-            # y / scale clipped to ±fp8_max
-            nisa.tensor_scalar(
-                dst=bank,
-                data=bank,
-                op0=nl.multiply,
-                operand0=static_inverse[0:width, :],
-                op1=nl.minimum,
-                operand1=fp8max,
-            )
-            nisa.tensor_scalar(dst=q_t, data=bank, op0=nl.maximum, operand0=-fp8max)
+        k0 = c0 // pmax
+        if width == pmax:
+            q_t = q_full[:, k0 * parts : (k0 + count) * parts]
+            scale_t = scale_full[:, k0 : k0 + count]
         else:
-            amax_t = _column((width, count))
-            for k in range(count):
-                nisa.tensor_scalar_reduce(
-                    dst=q_t[:, k * parts : (k + 1) * parts],
-                    data=bank[:, k * parts : (k + 1) * parts],
-                    op0=nl.abs,
-                    operand0=0.0,
-                    reduce_op=nl.maximum,
-                    reduce_res=amax_t[:, k : k + 1],
-                )
-            scale_t = _dequant_scale(amax_t, fp8max, lower_bound, scale_floor)
-            inverse = _inverse(scale_t)
-            if lower_bound is not None:
-                nisa.tensor_scalar(
-                    dst=bank,
-                    data=bank,
-                    op0=nl.minimum,
-                    operand0=float(lower_bound),
-                    op1=nl.maximum,
-                    operand1=-float(lower_bound),
-                )
-            for k in range(count):
-                nisa.activation(
-                    dst=q_t[:, k * parts : (k + 1) * parts],
-                    op=nl.copy,
-                    data=bank[:, k * parts : (k + 1) * parts],
-                    scale=inverse[:, k : k + 1],
-                )
-                nisa.dma_copy(
-                    dst=scales_t[
-                        c0 + k * width : c0 + (k + 1) * width, tile_index : tile_index + 1
-                    ],
-                    src=scale_t[:, k : k + 1],
-                )
-        for k in range(count):
-            nisa.dma_copy(
-                dst=y_q_t[c0 + k * width : c0 + (k + 1) * width, r0 : r0 + parts],
-                src=q_t[:, k * parts : (k + 1) * parts],
-            )
+            q_t = _sbuf((width, parts), quant_dtype)
+            scale_t = _column((width, 1))
+        _transpose_group(y32, c0, width, count, q_t, scale_t, options, static_inverse)
+        if width != pmax:
+            nisa.dma_copy(dst=y_q_t[c0:N, r0 : r0 + parts], src=q_t)
+            if scales_t is not None:
+                nisa.dma_copy(dst=scales_t[c0:N, tile_index : tile_index + 1], src=scale_t)
+    if full == 0:
+        return
+    # element (i, k, j) of a tile is y_qᵀ[k · 128 + i, r0 + j], its scale scales_t[k · 128 + i, t]
+    nisa.dma_copy(
+        dst=y_q_t.ap(pattern=[[M, pmax], [pmax * M, full], [1, parts]], offset=r0), src=q_full
+    )
+    if scales_t is not None:
+        tiles_m = scales_t.shape[1]
+        nisa.dma_copy(
+            dst=scales_t.ap(pattern=[[tiles_m, pmax], [pmax * tiles_m, full]], offset=tile_index),
+            src=scale_full,
+        )
+
+
+def _transpose_group(y32, c0, width, count, q_t, scale_t, options, static_inverse):
+    """``count`` chunks of ``width`` columns of y from c0 on, through one PSUM bank: into
+    ``q_t`` (width, count · rows) quantized, their scales into ``scale_t`` (width, count)
+    (unless static)."""
+    eps, quant_dtype, scale_mode, block, lower_bound, scale_floor = options
+    parts = y32.shape[0]
+    fp8max = fp8_max(quant_dtype)
+    bank = nl.ndarray((width, count * parts), dtype=nl.float32, buffer=nl.psum)
+    for k in range(count):
+        nisa.nc_transpose(
+            dst=bank[:, k * parts : (k + 1) * parts],
+            data=y32[:, c0 + k * width : c0 + (k + 1) * width],
+            engine=nisa.tensor_engine,
+        )
+    if scale_mode == "static":
+        # y / scale clipped to ±fp8_max
+        nisa.tensor_scalar(
+            dst=bank,
+            data=bank,
+            op0=nl.multiply,
+            operand0=static_inverse[0:width, :],
+            op1=nl.minimum,
+            operand1=fp8max,
+        )
+        nisa.tensor_scalar(dst=q_t, data=bank, op0=nl.maximum, operand0=-fp8max)
+        return
+    amax_t = _column((width, count))
+    for k in range(count):
+        nisa.tensor_scalar_reduce(
+            dst=q_t[:, k * parts : (k + 1) * parts],
+            data=bank[:, k * parts : (k + 1) * parts],
+            op0=nl.abs,
+            operand0=0.0,
+            reduce_op=nl.maximum,
+            reduce_res=amax_t[:, k : k + 1],
+        )
+    _dequant_scale(amax_t, fp8max, lower_bound, scale_floor, scale_t)
+    inverse = _inverse(scale_t)
+    if lower_bound is not None:
+        nisa.tensor_scalar(
+            dst=bank,
+            data=bank,
+            op0=nl.minimum,
+            operand0=float(lower_bound),
+            op1=nl.maximum,
+            operand1=-float(lower_bound),
+        )
+    for k in range(count):
+        nisa.activation(
+            dst=q_t[:, k * parts : (k + 1) * parts],
+            op=nl.copy,
+            data=bank[:, k * parts : (k + 1) * parts],
+            scale=inverse[:, k : k + 1],
+        )
 
 
 def _tile_front(hbm, options, weight_row, ones, r0, parts):
