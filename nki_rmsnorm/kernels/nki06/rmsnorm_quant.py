@@ -76,8 +76,8 @@ along the rows of yᵀ, TransformerEngine's column-wise blockwise scaling — co
 same pass from the tile on chip: scale_t[n, t] = max(min(max over the tile's rows of |y[:, n]|,
 lower_bound) · (1 / fp8_max), scale_floor), y_qᵀ = RNE_fp8(clip(y, ±lower_bound) / scale_t).
 With a static scale (per-tensor, TransformerEngine's delayed scaling) y_qᵀ uses that scale
-and is the transpose of y_q. The transposes are the Tensor engine's ``nc_transpose`` of the
-float32 y (:func:`_transposed`).
+and is the transpose of y_q, bit for bit. The transposes are the Tensor engine's
+``nc_transpose`` of the float32 y, or of y_q with a static scale (:func:`_transposed`).
 
 The packed layout (``packed=True``, row scales only) is nki-library's ``[..., N + 4]``: the
 float32 scale's four bytes after each row of y_q, written through an ``.ap(..., dtype=)``
@@ -367,7 +367,7 @@ def _transpose_groups(N):
     return groups
 
 
-def _transposed(hbm, options, static_inverse, p, rstd, r0):
+def _transposed(hbm, options, p, rstd, r0):
     """y_qᵀ (and its scales) for the tile of rows r0 … r0 + parts − 1: y in float32, each
     chunk of up to 128 columns transposed by the Tensor engine into PSUM (``nc_transpose``,
     aws-neuron-sdk@81ce03ae ``nki/api/nki/isa/__init__.py`` L829-866: SBUF to PSUM, same
@@ -378,7 +378,9 @@ def _transposed(hbm, options, static_inverse, p, rstd, r0):
     DMA apiece through an access pattern over the HBM output (``.ap``, as nki-library's
     ``core/rmsnorm/rmsnorm_quant.py`` L396-402 addresses its packed output): one transfer
     per output and tile rather than one per chunk, each costing a DMA queue's fixed
-    overhead; a ragged last chunk (N not a multiple of 128) is stored on its own."""
+    overhead; a ragged last chunk (N not a multiple of 128) is stored on its own. With a
+    static scale ``p`` is the tile's y_q and ``rstd`` None: y_qᵀ is its transpose, bit for
+    bit (``nc_transpose`` takes any dtype, L850-851)."""
     y_q_t, scales_t = hbm[8], hbm[9]
     eps, quant_dtype, scale_mode, block, lower_bound, scale_floor = options
     parts, N = p.shape
@@ -386,8 +388,10 @@ def _transposed(hbm, options, static_inverse, p, rstd, r0):
     pmax = nl.tile_size.pmax
     full = N // pmax
     tile_index = r0 // pmax
-    y32 = _sbuf((parts, N), nl.float32)
-    nisa.activation(dst=y32, op=nl.copy, data=p, scale=rstd)
+    y32 = p
+    if rstd is not None:
+        y32 = _sbuf((parts, N), nl.float32)
+        nisa.activation(dst=y32, op=nl.copy, data=p, scale=rstd)
     q_full = None
     scale_full = None
     if full > 0:
@@ -401,7 +405,7 @@ def _transposed(hbm, options, static_inverse, p, rstd, r0):
         else:
             q_t = _sbuf((width, parts), quant_dtype)
             scale_t = _column((width, 1))
-        _transpose_group(y32, c0, width, count, q_t, scale_t, options, static_inverse)
+        _transpose_group(y32, c0, width, count, q_t, scale_t, options)
         if width != pmax:
             nisa.dma_copy(dst=y_q_t[c0:N, r0 : r0 + parts], src=q_t)
             if scales_t is not None:
@@ -420,14 +424,14 @@ def _transposed(hbm, options, static_inverse, p, rstd, r0):
         )
 
 
-def _transpose_group(y32, c0, width, count, q_t, scale_t, options, static_inverse):
+def _transpose_group(y32, c0, width, count, q_t, scale_t, options):
     """``count`` chunks of ``width`` columns of y from c0 on, through one PSUM bank: into
-    ``q_t`` (width, count · rows) quantized, their scales into ``scale_t`` (width, count)
-    (unless static)."""
+    ``q_t`` (width, count · rows) quantized, their scales into ``scale_t`` (width, count);
+    with a static scale ``y32`` is y_q, copied through transposed."""
     eps, quant_dtype, scale_mode, block, lower_bound, scale_floor = options
     parts = y32.shape[0]
     fp8max = fp8_max(quant_dtype)
-    bank = nl.ndarray((width, count * parts), dtype=nl.float32, buffer=nl.psum)
+    bank = nl.ndarray((width, count * parts), dtype=y32.dtype, buffer=nl.psum)
     for k in range(count):
         nisa.nc_transpose(
             dst=bank[:, k * parts : (k + 1) * parts],
@@ -435,16 +439,7 @@ def _transpose_group(y32, c0, width, count, q_t, scale_t, options, static_invers
             engine=nisa.tensor_engine,
         )
     if scale_mode == "static":
-        # y / scale clipped to ±fp8_max
-        nisa.tensor_scalar(
-            dst=bank,
-            data=bank,
-            op0=nl.multiply,
-            operand0=static_inverse[0:width, :],
-            op1=nl.minimum,
-            operand1=fp8max,
-        )
-        nisa.tensor_scalar(dst=q_t, data=bank, op0=nl.maximum, operand0=-fp8max)
+        nisa.activation(dst=q_t, op=nl.copy, data=bank)
         return
     amax_t = _column((width, count))
     for k in range(count):
@@ -557,8 +552,8 @@ def _tile_back(hbm, options, static_inverse, state, last):
         y_tile = _sbuf((parts, N), y.dtype)
         nisa.activation(dst=y_tile, op=nl.copy, data=p, scale=rstd)
         nisa.dma_copy(dst=y[rows, :], src=y_tile)
-    if hbm[8] is not None:
-        _transposed(hbm, options, static_inverse, p, rstd, r0)
+    if hbm[8] is not None and scale_mode != "static":
+        _transposed(hbm, options, p, rstd, r0)
 
     if scale_mode == "static":
         factor = _column((parts, 1))
@@ -568,6 +563,8 @@ def _tile_back(hbm, options, static_inverse, state, last):
         # y / scale clipped to ±fp8_max: p clipped to ±fp8_max / factor
         _clip(p, _scaled_inverse(factor, fp8max))
         _quantize(q, p, factor)
+        if hbm[8] is not None:
+            _transposed(hbm, options, q, None, r0)
         nisa.dma_copy(dst=y_q[rows, :], src=q)
         if amax is not None:
             amax_y = _column((parts, 1))
