@@ -414,10 +414,22 @@ def rms_norm_quant(x: np.ndarray, weight: np.ndarray | None = None, eps: float =
     if packed and scale_mode != "row":
         raise ValueError(f"packed=True stores one scale per row: it needs scale_mode='row', "
                          f"got {scale_mode!r}")
+    chosen = dialect.current()
+    if chosen == dialect.LEGACY:
+        # what the legacy twin lacks (nki_rmsnorm.kernels.legacy.rmsnorm_quant says why)
+        for flag, flag_name in ((packed, "packed"), (return_transposed, "return_transposed")):
+            if flag:
+                raise ValueError(f"{flag_name}=True needs the NKI 0.6 kernel (trn2/trn3 on "
+                                 "SDK 2.30+); the legacy NKI dialect has no .ap access patterns")
+        if name == "float8_e4m3fn":
+            raise ValueError("quant_dtype=float8_e4m3fn is not a legacy NKI dtype: use "
+                             "float8_e4m3 (max 240) or float8_e5m2")
     h_bytes = (residual if residual is not None else x).dtype.itemsize
     tile_bytes = n * (h_bytes + (x.dtype.itemsize if residual is not None else 0)
                       + (4 + weight.dtype.itemsize if weight is not None else 0) + 1
                       + (x.dtype.itemsize if return_y else 0) + (4 if return_transposed else 0))
+    if chosen == dialect.LEGACY and weight is not None:
+        tile_bytes += 4 * n  # the legacy twin keeps the weight broadcast as float32
     if tile_bytes > _QUANT_TILE_BYTES:
         raise ValueError(f"x's last dimension N={n} is too long for the quantized kernel with "
                          f"these options: a row tile needs {tile_bytes} bytes per partition, "
@@ -441,7 +453,7 @@ def rms_norm_quant(x: np.ndarray, weight: np.ndarray | None = None, eps: float =
 
     outputs = list(kernels.rmsnorm_quant(
         _rows(x, rows, n), None if residual is None else _rows(residual, rows, n), weight,
-        input_scale, eps, kernels.nki_dtype(name, "nki06"), scale_mode, block, lower_bound,
+        input_scale, eps, kernels.nki_dtype(name, chosen), scale_mode, block, lower_bound,
         scale_floor, bool(return_y), bool(return_amax), bool(packed), bool(return_transposed)))
     y_q = outputs.pop(0)
     scales = None
