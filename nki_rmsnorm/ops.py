@@ -428,8 +428,6 @@ def rms_norm_quant(x: np.ndarray, weight: np.ndarray | None = None, eps: float =
     tile_bytes = n * (h_bytes + (x.dtype.itemsize if residual is not None else 0)
                       + (4 + weight.dtype.itemsize if weight is not None else 0) + 1
                       + (x.dtype.itemsize if return_y else 0) + (4 if return_transposed else 0))
-    if chosen == dialect.LEGACY and weight is not None:
-        tile_bytes += 4 * n  # the legacy twin keeps the weight broadcast as float32
     if tile_bytes > _QUANT_TILE_BYTES:
         raise ValueError(f"x's last dimension N={n} is too long for the quantized kernel with "
                          f"these options: a row tile needs {tile_bytes} bytes per partition, "

@@ -26,15 +26,14 @@ Differences of code, not of results (within the float32 roundings the tests allo
   ``tensor_scalar`` rsqrt is a 0.6 instruction form; it is not clamped at 2⁻⁸⁷, so with
   ``eps`` below 2⁻⁸⁷ an all-zero row gets rstd = inf and a NaN scale here rather than the
   floor;
-* the weight is broadcast to the 128 partitions once (``broadcast_to``, the compiler's ones
-  matmul, as the legacy forward kernels do) and kept as float32 (exact), and 1 / scale is the
-  Vector engine's ``reciprocal`` (``nisa.reciprocal``, isa L1183);
+* 1 / scale is the Vector engine's ``reciprocal`` (``nisa.reciprocal``, isa L1183);
 * ``shared_hbm`` outputs can be created only at the kernel's top level, never under an
   ``if`` (``general/nki/api/nki.errors.rst`` L583-617): every output is created; those not
   asked for are neither written nor returned.
 
 One row tile at a time (whole rows on chip): h (and the residual add), Σh² on the Scalar
-engine, rstd, p = h · w on the Vector engine, the maxima of |p| (``tensor_scalar_reduce`` with
+engine, rstd, p = h · w on the Vector engine against the weight that the Tensor engine
+broadcasts into PSUM per bank, the maxima of |p| (``tensor_scalar_reduce`` with
 ``nl.abs`` and a max, both legal there: nki.api.shared.rst L88, L116), the scales, the clips
 and the quantizing multiply on the Scalar engine (``activation`` copy with a per-row
 ``scale``, converting to fp8 on write).
@@ -47,6 +46,9 @@ from nki_rmsnorm.nki import nisa, nki, nl
 from nki_rmsnorm.plan.kernel_assert import kernel_assert
 
 __all__ = ["fp8_max", "rmsnorm_quant"]
+
+#: Columns of one PSUM bank of float32 (2 KiB per partition).
+_BANK_COLUMNS = 512
 
 
 def fp8_max(dtype):
@@ -88,6 +90,20 @@ def _abs_max(p, amax_p, column):
     )
 
 
+def _product(h_tile, weight_row, ones):
+    """p = h · w (float32) for a tile: per PSUM bank of columns, the Tensor engine broadcasts
+    the weight row to the tile's partitions (``ones`` (1, 128) against it: exact) and the
+    Vector engine multiplies h by that bank (one PSUM operand: one cycle per element rather
+    than the two of two SBUF operands), as the legacy forward's "scalar" plan does."""
+    parts, N = h_tile.shape
+    p = nl.ndarray((parts, N), dtype=nl.float32)
+    for c0 in range(0, N, _BANK_COLUMNS):
+        c1 = min(N, c0 + _BANK_COLUMNS)
+        bank = nisa.nc_matmul(ones[:, 0:parts], weight_row[:, c0:c1])
+        p[:, c0:c1] = nisa.tensor_tensor(h_tile[:, c0:c1], bank, op=nl.multiply, dtype=nl.float32)
+    return p
+
+
 def _clip(p, bound):
     """clip(p, ±bound), ``bound`` a (rows, 1) float32 column (Vector engine)."""
     negative = nisa.tensor_scalar(bound, op0=nl.multiply, operand0=-1.0, dtype=nl.float32)
@@ -120,7 +136,7 @@ def _quant_tile(hbm, options, weight_rows, static_inverse, r0, parts):
     p = (
         nisa.tensor_copy(h_tile, dtype=nl.float32)
         if weight_rows is None
-        else nisa.tensor_tensor(h_tile, weight_rows[0:parts, :], op=nl.multiply, dtype=nl.float32)
+        else _product(h_tile, weight_rows[0], weight_rows[1])
     )
 
     blocks = N // block if scale_mode == "block" else 1
@@ -194,10 +210,9 @@ def _all_tiles(hbm, options, weight, input_scale):
     weight_rows = (
         None
         if weight is None
-        else steps.broadcast_row(
-            weight.reshape((1, N))[nl.arange(1)[:, None], nl.arange(N)[None, :]],
-            parts,
-            nl.float32,
+        else (
+            nl.load(weight.reshape((1, N))[nl.arange(1)[:, None], nl.arange(N)[None, :]]),
+            nl.full((1, parts), 1.0, dtype=weight.dtype),
         )
     )
     static_inverse = (
