@@ -127,3 +127,23 @@ def test_refused_before_launch(monkeypatch, target, kwargs, words):
     monkeypatch.setattr(module, "rmsnorm_quant", launched)
     with pytest.raises(ValueError, match=words):
         ops.rms_norm_quant(np.zeros((4, 256), BF16), None, **kwargs)
+
+
+def test_torch_binding_runs_the_legacy_kernel(rng, target):
+    torch = pytest.importorskip("torch")
+    from nki_rmsnorm import torch as nt
+    from nki_rmsnorm.torch import _from_numpy
+
+    x, weight, residual = _inputs(rng, (2, 40, 256), residual=True)
+    kwargs = dict(scale_mode="block", block=64, return_y=True, return_amax=True)
+    want = ops.rms_norm_quant(x, weight, residual=residual, **kwargs)
+    got = nt.rms_norm_quant(
+        _from_numpy(x), _from_numpy(weight), residual=_from_numpy(residual), **kwargs
+    )
+    np.testing.assert_array_equal(
+        got.y_q.contiguous().view(torch.uint8).numpy(), want.y_q.view(np.uint8)
+    )
+    for name in ("scales", "amax"):
+        np.testing.assert_array_equal(getattr(got, name).numpy(), getattr(want, name))
+    with pytest.raises(ValueError, match="return_transposed"):
+        nt.rms_norm_quant(_from_numpy(x), None, return_transposed=True)
