@@ -427,7 +427,7 @@ def rms_norm_quant(x: np.ndarray, weight: np.ndarray | None = None, eps: float =
     h_bytes = (residual if residual is not None else x).dtype.itemsize
     tile_bytes = n * (h_bytes + (x.dtype.itemsize if residual is not None else 0)
                       + (4 + weight.dtype.itemsize if weight is not None else 0) + 1
-                      + (x.dtype.itemsize if return_y else 0) + (4 if return_transposed else 0))
+                      + (x.dtype.itemsize if return_y else 0) + (5 if return_transposed else 0))
     if tile_bytes > _QUANT_TILE_BYTES:
         raise ValueError(f"x's last dimension N={n} is too long for the quantized kernel with "
                          f"these options: a row tile needs {tile_bytes} bytes per partition, "

@@ -175,3 +175,6 @@ def test_bad_flag(monkeypatch):
     monkeypatch.setenv(TARGET_ENV, "trn2")
     with pytest.raises(TypeError, match="return_transposed"):
         ops.rms_norm_quant(np.zeros((4, 256), BF16), None, return_transposed=1)
+    # the float32 y and y_qᵀ of a tile no longer fit beside the rest (without them they do)
+    with pytest.raises(ValueError, match="N=16384"):
+        ops.rms_norm_quant(np.zeros((4, 16384), BF16), np.ones(16384, BF16), return_transposed=True)

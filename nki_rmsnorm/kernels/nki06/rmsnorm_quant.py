@@ -128,8 +128,8 @@ def _sbuf(shape, dtype):
 
 def _two_tiles_fit(x, residual, weight, emit_y, emit_transposed, quant_dtype):
     """Whether two row tiles (the software pipeline's) fit SBUF beside the weight row: per
-    partition, h (and x), p, y_q, y and the float32 y to transpose of each, and the
-    (rows, 1) columns."""
+    partition, h (and x), p, y_q, y, and the float32 y and y_qᵀ of the transposed output of
+    each, and the (rows, 1) columns."""
     N = x.shape[1]
     x_bytes = dtype_bytes(x.dtype)
     per_tile = x_bytes + dtype_bytes(quant_dtype)
@@ -139,8 +139,8 @@ def _two_tiles_fit(x, residual, weight, emit_y, emit_transposed, quant_dtype):
         per_tile = per_tile + 4
     if emit_y:
         per_tile = per_tile + x_bytes
-    if emit_transposed:
-        per_tile = per_tile + 4
+    if emit_transposed:  # the float32 y and y_qᵀ
+        per_tile = per_tile + 4 + dtype_bytes(quant_dtype)
     resident = 0 if weight is None else dtype_bytes(weight.dtype)
     return N * (2 * per_tile + resident) + _SMALL_TILE_BYTES <= usable_sbuf_bytes()
 
