@@ -66,7 +66,10 @@ or AWS's kernels (nki-library@d2ad3a5) allow each use:
   ``core/rmsnorm/rmsnorm_quant.py`` L560-567;
 * ``tensor_reduce`` (L1161): max and negated min over the last axis of a (rows, blocks,
   block) view; ``reciprocal`` (L2388); ``memset`` (L431); ``nc_matmul`` (L489): a ones
-  row as the stationary operand broadcasts a row (or the static scale) to the partitions.
+  row as the stationary operand broadcasts a row (or the static scale) to the partitions;
+* ``nc_transpose`` (L829) on the Tensor engine, SBUF to PSUM, any dtype (L850-851), for the
+  transposed output; its PSUM banks are read by ``tensor_scalar_reduce`` and ``activation``
+  and its stores address y_qᵀ through ``.ap(pattern, offset)`` over the HBM tensor.
 
 The transposed output (``emit_transposed``) is for the weight-gradient GEMM, which contracts
 y over its M rows (TransformerEngine's ``fp8_t``): a dequant scale can only be factored out
