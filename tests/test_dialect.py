@@ -203,6 +203,7 @@ def test_trn1_and_inf2_always_run_the_legacy_kernels(no_setting, monkeypatch, ta
     monkeypatch.setenv(dialect.TARGET_ENV_VAR, target)
     assert dialect.current() == "legacy"
     assert kernels.rmsnorm_fwd.__module__ == "nki_rmsnorm.kernels.legacy.rmsnorm_fwd"
+    assert kernels.kernel("rmsnorm_quant").__module__.endswith("legacy.rmsnorm_quant")
     with dialect.use_dialect("legacy") as chosen:
         assert chosen == "legacy"
 
