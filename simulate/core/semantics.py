@@ -315,3 +315,77 @@ def dma_accumulate(spec, *values):
     for more in values[1:]:
         total = spec.apply(total, np.asarray(more).astype(np.float32))
     return total
+
+
+# --- cross-partition movement and the top-8 instructions (NKI 0.6 ISA) --------------------------
+QUADRANT = 32
+SHUFFLE_KEEP = 255  # shuffle_mask[i] == 255: output partition i keeps its data
+
+
+def stream_shuffle(src, dst, mask):
+    """``nc_stream_shuffle``: output partition ``i`` of each 32-partition quadrant takes input
+    partition ``mask[i % 32]`` of the same quadrant; ``255`` keeps the destination's data
+    (aws-neuron-sdk@81ce03ae nki/api/nki/isa/__init__.py L2052-2062; release-notes/components/
+    nki.rst L281). ``src`` and ``dst`` are ``(P, F)``; partitions count from each operand's
+    first. Returns the new ``dst``; a source partition outside ``src`` raises IndexError."""
+    out = np.array(dst, copy=True)
+    for p in range(out.shape[0]):
+        source = mask[p % QUADRANT]
+        if source == SHUFFLE_KEEP:
+            continue
+        q = (p // QUADRANT) * QUADRANT + source
+        if q >= src.shape[0]:
+            raise IndexError(q)
+        out[p] = src[q]
+    return out
+
+
+def max8(values):
+    """``max8``: the 8 largest of each partition's elements (read as fp32), descending
+    (nki/api/nki/isa/__init__.py L2415-2420). ``values`` is ``(P, F)``, F >= 8."""
+    return -np.sort(-values.astype(np.float32), axis=1, kind="stable")[:, :8]
+
+
+def find_index8(data, vals, missing):
+    """``nc_find_index8``: per partition, the index of the first occurrence of each of the 8
+    ``vals`` in ``data``; a value found again takes its next occurrence (duplicates advance,
+    in ascending order); not found: ``missing`` (all ones)
+    (nki/api/nki/isa/__init__.py L3169-3187; release-notes/components/nki.rst L75-77)."""
+    out = np.full(vals.shape, missing, np.int64)
+    for p in range(data.shape[0]):
+        taken: set[int] = set()
+        for i, value in enumerate(vals[p]):
+            for j in np.flatnonzero(data[p] == value):
+                if int(j) not in taken:
+                    taken.add(int(j))
+                    out[p, i] = j
+                    break
+    return out
+
+
+def match_replace8(data, vals, imm, missing):
+    """``nc_match_replace8``: per partition, the first not yet replaced occurrence of each of
+    the 8 ``vals`` becomes ``imm``, ``vals`` taken in reverse order (i = 7 .. 0), so duplicate
+    values pair with matches in descending slot order; returns (new data, indices with
+    ``missing`` where no match) (nki/api/nki/isa/__init__.py L3193-3214; release-notes/
+    components/nki.rst L73-74)."""
+    out = np.array(data, copy=True)
+    index = np.full(vals.shape, missing, np.int64)
+    for p in range(data.shape[0]):
+        for i in range(vals.shape[1] - 1, -1, -1):
+            hits = np.flatnonzero(out[p] == vals[p, i])
+            if hits.size:
+                out[p, hits[0]] = imm
+                index[p, i] = hits[0]
+    return out, index
+
+
+def nonzero_with_count(src, index_offset, padding_val):
+    """``nonzero_with_count`` for one partition: the indices (+ ``index_offset``) of the
+    nonzero elements, ``padding_val`` up to the input length, then the count
+    (nki/api/nki/isa/__init__.py L3221-3300)."""
+    found = np.flatnonzero(src != 0) + index_offset
+    out = np.full(src.shape[0] + 1, padding_val, np.int64)
+    out[: found.size] = found
+    out[-1] = found.size
+    return out

@@ -1337,3 +1337,169 @@ def _assign(self, key, value):
 
 
 NkiTensor.__setitem__ = _assign
+
+
+# --- cross-partition shuffle and the top-8 instructions (Vector engine) ------------------------
+_SHUFFLE_STARTS = {32: (0, 32, 64, 96), 64: (0, 64), 96: (0,), 128: (0,)}
+
+
+def nc_stream_shuffle(dst, src, shuffle_mask, name=None):
+    """Cross-partition move within each 32-partition quadrant on the Vector engine: output
+    partition ``i`` of a quadrant takes input partition ``shuffle_mask[i]`` of the same
+    quadrant, ``255`` keeps ``dst``'s data (aws-neuron-sdk@81ce03ae nki/api/nki/isa/__init__.py
+    L2052-2081; release-notes/components/nki.rst L281). SBUF or PSUM; same dtype and elements
+    per partition; the start partitions follow the active-partition rule of L2067-2077."""
+    api = "nc_stream_shuffle"
+    _on_chip(api, "dst", dst)
+    _on_chip(api, "src", src)
+    mask = [int(m) for m in shuffle_mask]
+    if len(mask) != sem.QUADRANT or any(
+        not (0 <= m < sem.QUADRANT or m == sem.SHUFFLE_KEEP) for m in mask
+    ):
+        raise NkiValidationError(
+            f"{api} shuffle_mask must be 32 partition numbers in [0, 32) or 255, got {mask}"
+        )
+    if dst.dtype is not src.dtype:
+        raise NkiTypeError(f"{api} dst dtype {dst.dtype} must equal src dtype {src.dtype}")
+    if _free(dst) != _free(src):
+        raise NkiValidationError(
+            f"{api} dst has {_free(dst)} elements per partition, src {_free(src)}: they must match"
+        )
+    active = math.ceil(max(src.shape[0], dst.shape[0]) / sem.QUADRANT) * sem.QUADRANT
+    for argname, t in (("src", src), ("dst", dst)):
+        if partition_start(t) not in _SHUFFLE_STARTS[active]:
+            raise NkiValidationError(
+                f"{api} {argname} starts at partition {partition_start(t)}: with {active} "
+                f"active partitions it must start at one of {_SHUFFLE_STARTS[active]}"
+            )
+    try:
+        values = sem.stream_shuffle(_pf(src, f32=False), _pf(dst, f32=False), mask)
+    except IndexError as exc:
+        raise NkiValidationError(
+            f"{api} shuffle_mask reads partition {exc.args[0]} of src, which has "
+            f"{src.shape[0]} partitions"
+        ) from None
+    return _write_and_emit("dve", api, name, dst, values, [src, dst])
+
+
+def _top8_operand(api, argname, t) -> np.ndarray:
+    """A max8 / find_index8 / match_replace8 data operand: 8 to 16,384 elements per
+    partition (nki/api/nki/isa/__init__.py L2422, L3178), read as fp32."""
+    _on_chip(api, argname, t)
+    if not 8 <= _free(t) <= 16384:
+        raise NkiValidationError(
+            f"{api} {argname} has {_free(t)} elements per partition; 8 to 16384 are allowed"
+        )
+    return _pf(t)
+
+
+def _eight_per_partition(api, argname, t, partitions) -> None:
+    _on_chip(api, argname, t)
+    if t.shape[0] != partitions or _free(t) != 8:
+        raise NkiValidationError(f"{api} {argname} must be [{partitions}, 8], got {tuple(t.shape)}")
+
+
+def max8(dst, src, name=None):
+    """The 8 largest values of each partition, descending, read as fp32 and written in
+    ``dst.dtype`` (nki/api/nki/isa/__init__.py L2415-2432); a per-partition Vector-engine op
+    (nki/library/api/gpsimd-topk.rst L47)."""
+    api = "max8"
+    values = _top8_operand(api, "src", src)
+    _eight_per_partition(api, "dst", dst, src.shape[0])
+    return _write_and_emit("dve", api, name, dst, sem.max8(values), [src])
+
+
+def _index_dtype(api, argname, t):
+    if t.dtype not in (dt.uint16, dt.uint32):
+        raise NkiTypeError(f"{api} {argname} must be uint16 or uint32, got {t.dtype}")
+    return (1 << (8 * t.itemsize)) - 1  # the all-ones "not found" sentinel
+
+
+def nc_find_index8(dst, data, vals, name=None):
+    """Per partition, the index of each of the 8 ``vals`` in ``data``; duplicate values take
+    successive occurrences; not found: all ones; ``dst`` uint16 or uint32
+    (nki/api/nki/isa/__init__.py L3169-3191; release-notes/components/nki.rst L75-77)."""
+    api = "nc_find_index8"
+    values = _top8_operand(api, "data", data)
+    _eight_per_partition(api, "vals", vals, data.shape[0])
+    _eight_per_partition(api, "dst", dst, data.shape[0])
+    missing = _index_dtype(api, "dst", dst)
+    index = sem.find_index8(values, _pf(vals), missing)
+    return _write_and_emit("dve", api, name, dst, index, [data, vals])
+
+
+def nc_match_replace8(dst, data, vals, imm, dst_idx=None, name=None):
+    """Replace the first occurrence of each of the 8 ``vals`` in ``data`` with ``imm`` into
+    ``dst`` (``vals`` taken from the last, so duplicates pair with matches in descending
+    slots), their indices into ``dst_idx`` (nki/api/nki/isa/__init__.py L3193-3219). An
+    unmatched ``dst_idx`` slot takes the all-ones sentinel of ``nc_find_index8`` (inferred:
+    the docs do not say)."""
+    api = "nc_match_replace8"
+    values = _top8_operand(api, "data", data)
+    _on_chip(api, "dst", dst)
+    _pair(api, "data", data, "dst", dst)
+    _eight_per_partition(api, "vals", vals, data.shape[0])
+    if not is_number(imm):
+        raise NkiTypeError(f"{api} imm must be a number, got {type(imm).__name__}")
+    missing = 0
+    if dst_idx is not None:
+        _eight_per_partition(api, "dst_idx", dst_idx, data.shape[0])
+        missing = _index_dtype(api, "dst_idx", dst_idx)
+    replaced, index = sem.match_replace8(values, _pf(vals), np.float32(imm), missing)
+    write(dst, replaced)
+    if dst_idx is not None:
+        write(dst_idx, index)
+    return _emit(
+        "dve",
+        api,
+        name,
+        reads=[data, vals],
+        writes=[dst] + ([dst_idx] if dst_idx is not None else []),
+        partitions=dst.shape[0],
+        free_size=_free(dst),
+        out_dtype=dst.dtype,
+    )
+
+
+# --- nonzero_with_count (GpSimd, NeuronCore-v3+) -------------------------------------------------
+_GPSIMD_CORE_PARTITIONS = 16  # each GpSimd core serves 16 partitions, reading its 0-th
+
+
+def nonzero_with_count(dst, src, index_offset=0, padding_val=-1, name=None):
+    """Per GpSimd core, the indices (+ ``index_offset``) of the nonzero elements of its 0-th
+    partition, ``padding_val`` padding, then the count; partitions 0, 16, ..., 112 only, the
+    others of ``dst`` untouched (nki/api/nki/isa/__init__.py L3221-3300). NeuronCore-v3+,
+    SBUF; ``src`` float32/int32, ``dst`` int32 with one more element per partition."""
+    api = "nonzero_with_count"
+    if _version(api) < 3:
+        raise NkiValidationError(f"{api} is available only on NeuronCore-v3 and newer")
+    _on_chip(api, "src", src, psum=False)
+    _on_chip(api, "dst", dst, psum=False)
+    if src.dtype not in (dt.float32, dt.int32):
+        raise NkiTypeError(f"{api} src must be float32 or int32, got {src.dtype}")
+    if dst.dtype is not dt.int32:
+        raise NkiTypeError(f"{api} dst must be int32, got {dst.dtype}")
+    if dst.shape[0] != src.shape[0] or _free(dst) != _free(src) + 1:
+        raise NkiValidationError(
+            f"{api} dst must be [{src.shape[0]}, {_free(src) + 1}] (one more element than "
+            f"src per partition), got {tuple(dst.shape)}"
+        )
+    for argname, value in (("index_offset", index_offset), ("padding_val", padding_val)):
+        if not isinstance(value, (int, np.integer)) or not -(2**31) <= value < 2**31:
+            raise NkiTypeError(f"{api} {argname} must be an int32, got {value!r}")
+    values = _pf(src, f32=False)
+    out = _pf(dst, f32=False).astype(np.int64)
+    start = partition_start(src)
+    for p in range(src.shape[0]):
+        if (start + p) % _GPSIMD_CORE_PARTITIONS == 0:
+            out[p] = sem.nonzero_with_count(values[p], int(index_offset), int(padding_val))
+    return _write_and_emit("pool", api, name, dst, out, [src, dst])
+
+
+__all__ += [
+    "nc_stream_shuffle",
+    "max8",
+    "nc_find_index8",
+    "nc_match_replace8",
+    "nonzero_with_count",
+]

@@ -212,6 +212,12 @@ _ADD_MUL_SUB = ("add", "multiply", "subtract")
 _REDUCE_FAST = ("add", "sum", "max", "maximum")
 
 
+# I (inferred, no published figure): Vector instructions that stream each partition's
+# elements once at one element per cycle, as a same-dtype fp32 tensor_copy does, with no
+# 16-bit fast mode: the quadrant shuffle and the top-8 search/replace over the data tile.
+_ONE_PASS_VECTOR = ("nc_stream_shuffle", "max8", "nc_find_index8", "nc_match_replace8")
+
+
 def _op_names(details) -> tuple[str, ...]:
     op = details.get("op", ())
     return tuple(op) if isinstance(op, (list, tuple)) else (op,)
@@ -253,6 +259,8 @@ def compute_cycles(opcode: str, engine: str, n: int, ops: Operands, details: dic
         return max(min_ii, n), False
     if engine == "pool":
         if opcode in ("iota", "affine_select", "rand", "tensor_partition_reduce"):
+            return table.pool_start_cycles + n, True
+        if opcode == "nonzero_with_count":  # I: one pass like iota; none published
             return table.pool_start_cycles + n, True
         if opcode == "core_barrier":  # no data: a Pool instruction start (I; none published)
             return table.pool_start_cycles, True
@@ -308,6 +316,8 @@ def compute_cycles(opcode: str, engine: str, n: int, ops: Operands, details: dic
         return max(min_ii, table.k_bn_aggr * n), True
     if opcode == "reciprocal":
         return max(min_ii, table.k_reciprocal * n * stride), True
+    if opcode in _ONE_PASS_VECTOR:
+        return max(min_ii, n * stride), True
     if opcode == "select":  # tensor_copy_predicated
         return max(min_ii, (1 if any(ops.psum) else table.k_two_inputs) * n * stride), True
     return max(min_ii, n * stride), False

@@ -1,0 +1,238 @@
+"""The NKI 0.6 instructions AWS's nki-library needs beyond the rest of the ISA:
+``nc_stream_shuffle``, ``max8``, ``nc_find_index8``, ``nc_match_replace8`` and
+``nonzero_with_count`` against NumPy written from the ISA reference
+(aws-neuron-sdk@81ce03ae nki/api/nki/isa/__init__.py), with their rules and cost entries."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import simulate.nki06 as nki
+from simulate.perf import cost
+from tests.conftest import poison
+
+nl, nisa = nki.language, nki.isa
+
+
+@pytest.fixture(autouse=True)
+def _trn2(monkeypatch):
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn2")
+    monkeypatch.delenv("NEURON_LOGICAL_NC_CONFIG", raising=False)
+
+
+def _load(x, dtype=None):
+    tile = nl.ndarray(x.shape, dtype=dtype or x.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=tile, src=x)
+    return tile
+
+
+def _store(tile):
+    out = nl.ndarray(tile.shape, dtype=tile.dtype, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=out, src=tile)
+    return out
+
+
+# --- nc_stream_shuffle (L2052-2081) -----------------------------------------------------------
+def test_stream_shuffle_permutes_each_quadrant_and_255_keeps_dst(rng):
+    mask = [int(v) for v in rng.permutation(32)]
+    mask[3] = mask[17] = 255
+
+    @nki.jit
+    def shuffle(x, keep):
+        src, dst = _load(x), _load(keep)
+        nisa.nc_stream_shuffle(dst=dst, src=src, shuffle_mask=mask)
+        return _store(dst)
+
+    x = rng.standard_normal((128, 6)).astype(np.float32)
+    keep = rng.standard_normal((128, 6)).astype(np.float32)
+    expected = keep.copy()
+    for p in range(128):
+        if mask[p % 32] != 255:
+            expected[p] = x[(p // 32) * 32 + mask[p % 32]]
+    np.testing.assert_array_equal(shuffle(x, keep), expected)
+
+
+def test_stream_shuffle_broadcasts_one_partition_to_a_quadrant(rng):
+    """AWS's stream_shuffle_broadcast: a one-partition src, an all-zero mask."""
+
+    @nki.jit
+    def broadcast(x):
+        src = _load(x)
+        dst = nl.ndarray((32, 5), dtype=x.dtype, buffer=nl.sbuf)
+        nisa.nc_stream_shuffle(dst=dst, src=src[0:1, :], shuffle_mask=[0] * 32)
+        return _store(dst)
+
+    x = rng.standard_normal((4, 5)).astype(np.float32)
+    np.testing.assert_array_equal(broadcast(x), np.broadcast_to(x[0], (32, 5)))
+
+
+@pytest.mark.parametrize(
+    "src_slice, dst_slice, mask, match",
+    [
+        ((0, 32), (16, 48), [0] * 32, "starts at partition 16"),  # 64 active: 0 or 64
+        ((0, 32), (0, 32), [33] + [0] * 31, "32 partition numbers"),
+        ((0, 32), (0, 32), [0] * 31, "32 partition numbers"),
+        ((0, 4), (0, 32), [5] + [0] * 31, "reads partition 5 of src"),
+    ],
+)
+def test_stream_shuffle_rules(src_slice, dst_slice, mask, match):
+    @nki.jit
+    def shuffle(x):
+        tile = _load(x)
+        dst = nl.ndarray((128, 4), dtype=x.dtype, buffer=nl.sbuf)
+        nisa.nc_stream_shuffle(
+            dst=dst[dst_slice[0] : dst_slice[1], :],
+            src=tile[src_slice[0] : src_slice[1], :],
+            shuffle_mask=mask,
+        )
+
+    with pytest.raises(AssertionError, match=match):
+        shuffle(np.zeros((128, 4), np.float32))
+
+
+def test_stream_shuffle_needs_equal_dtypes():
+    @nki.jit
+    def shuffle(x):
+        src = _load(x)
+        dst = nl.ndarray((32, 4), dtype=nl.bfloat16, buffer=nl.sbuf)
+        nisa.nc_stream_shuffle(dst=dst, src=src, shuffle_mask=list(range(32)))
+
+    with pytest.raises(TypeError, match="must equal src dtype"):
+        shuffle(np.zeros((32, 4), np.float32))
+
+
+# --- max8, nc_find_index8, nc_match_replace8 (L2415-2432, L3169-3219) -------------------------
+@nki.jit
+def _top8(x, replace_with):
+    data = _load(x)
+    top = nl.ndarray((x.shape[0], 8), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.max8(dst=top, src=data)
+    found = nl.ndarray((x.shape[0], 8), dtype=nl.uint32, buffer=nl.sbuf)
+    nisa.nc_find_index8(dst=found, data=data, vals=top)
+    replaced = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+    index = nl.ndarray((x.shape[0], 8), dtype=nl.uint16, buffer=nl.sbuf)
+    nisa.nc_match_replace8(dst=replaced, data=data, vals=top, imm=replace_with, dst_idx=index)
+    return _store(top), _store(found), _store(replaced), _store(index)
+
+
+def test_top8_of_distinct_values(rng):
+    x = rng.standard_normal((16, 50)).astype(np.float32)
+    top, found, replaced, index = _top8(x, -1e30)
+    order = np.argsort(-x, axis=1, kind="stable")[:, :8]
+    np.testing.assert_array_equal(top, np.take_along_axis(x, order, axis=1))
+    np.testing.assert_array_equal(found, order)
+    np.testing.assert_array_equal(index, order)
+    expected = x.copy()
+    np.put_along_axis(expected, order, np.float32(-1e30), axis=1)
+    np.testing.assert_array_equal(replaced, expected)
+
+
+def test_top8_duplicates_follow_the_documented_tie_breaks():
+    """The ISA reference's own example (L3203-3211): match_replace8 pairs duplicate values
+    with descending slots, find_index8 with ascending ones (release notes L75-77)."""
+    data = np.array([[1, 2, 3, 4, 8, 8, 8, 8, 8, 8, 8]], np.float32)
+
+    @nki.jit
+    def both(x, v):
+        d, vals = _load(x), _load(v)
+        found = nl.ndarray((1, 8), dtype=nl.uint32, buffer=nl.sbuf)
+        nisa.nc_find_index8(dst=found, data=d, vals=vals)
+        replaced = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+        index = nl.ndarray((1, 8), dtype=nl.uint32, buffer=nl.sbuf)
+        nisa.nc_match_replace8(dst=replaced, data=d, vals=vals, imm=0.0, dst_idx=index)
+        return _store(found), _store(index), _store(replaced)
+
+    vals = np.array([[3, 8, 8, 8, 8, 8, 8, 8]], np.float32)
+    found, index, replaced = both(data, vals)
+    np.testing.assert_array_equal(index, [[2, 10, 9, 8, 7, 6, 5, 4]])
+    np.testing.assert_array_equal(found, [[2, 4, 5, 6, 7, 8, 9, 10]])
+    np.testing.assert_array_equal(replaced, [[1, 2, 0, 4, 0, 0, 0, 0, 0, 0, 0]])
+
+
+def test_find_index8_marks_a_missing_value_all_ones():
+    @nki.jit
+    def find(x, v):
+        found = nl.ndarray((1, 8), dtype=nl.uint16, buffer=nl.sbuf)
+        nisa.nc_find_index8(dst=found, data=_load(x), vals=_load(v))
+        return _store(found)
+
+    x = np.arange(10, dtype=np.float32)[None]
+    v = np.array([[9, 0, 42, 1, 2, 3, 4, 5]], np.float32)
+    np.testing.assert_array_equal(find(x, v), [[9, 0, 0xFFFF, 1, 2, 3, 4, 5]])
+
+
+@pytest.mark.parametrize(
+    "free, dst_dtype, match", [(7, "uint32", "8 to 16384"), (16, "int32", "uint16 or uint32")]
+)
+def test_top8_rules(free, dst_dtype, match):
+    @nki.jit
+    def find(x):
+        data = _load(x)
+        found = nl.ndarray((4, 8), dtype=getattr(nl, dst_dtype), buffer=nl.sbuf)
+        nisa.nc_find_index8(dst=found, data=data, vals=data[:, 0:8] if free >= 8 else data)
+
+    with pytest.raises((AssertionError, TypeError), match=match):
+        find(np.zeros((4, free), np.float32))
+
+
+# --- nonzero_with_count (L3221-3300) ------------------------------------------------------------
+@nki.jit
+def _nonzero(x, out_init, index_offset, padding_val):
+    dst = _load(out_init)
+    nisa.nonzero_with_count(
+        dst=dst, src=_load(x), index_offset=index_offset, padding_val=padding_val
+    )
+    return _store(dst)
+
+
+def test_nonzero_with_count_the_documented_example():
+    x = np.zeros((1, 8), np.int32)
+    x[0] = [0, 1, 1, 0, 0, 1, 0, 0]
+    out = _nonzero(x, poison((1, 9), np.int32), 16, -1)
+    np.testing.assert_array_equal(out, [[17, 18, 21, -1, -1, -1, -1, -1, 3]])
+
+
+def test_nonzero_with_count_reads_and_writes_every_16th_partition_only(rng):
+    x = (rng.random((128, 20)) < 0.3).astype(np.float32) * rng.standard_normal((128, 20))
+    x = x.astype(np.float32)
+    init = poison((128, 21), np.int32)
+    out = _nonzero(x, init, 0, -7)
+    for p in range(128):
+        if p % 16:
+            np.testing.assert_array_equal(out[p], init[p])
+            continue
+        hits = np.flatnonzero(x[p])
+        row = np.full(21, -7)
+        row[: hits.size], row[-1] = hits, hits.size
+        np.testing.assert_array_equal(out[p], row)
+
+
+def test_nonzero_with_count_rules(monkeypatch):
+    with pytest.raises(TypeError, match="dst must be int32"):
+        _nonzero(np.ones((1, 8), np.int32), np.zeros((1, 9), np.float32), 0, -1)
+    with pytest.raises(AssertionError, match="one more element"):
+        _nonzero(np.ones((1, 8), np.int32), np.zeros((1, 8), np.int32), 0, -1)
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn1")
+    with pytest.raises((AssertionError, ValueError), match="NeuronCore-v3"):
+        _nonzero(np.ones((1, 8), np.int32), np.zeros((1, 9), np.int32), 0, -1)
+
+
+# --- cost entries ---------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "opcode, engine",
+    [
+        ("nc_stream_shuffle", "dve"),
+        ("max8", "dve"),
+        ("nc_find_index8", "dve"),
+        ("nc_match_replace8", "dve"),
+        ("nonzero_with_count", "pool"),
+    ],
+)
+def test_the_new_instructions_have_a_cost_entry(opcode, engine):
+    table = cost.CostTable("trn2")
+    ops = cost.Operands(("float32", "float32"), (False,), False, 4)
+    short, covered = cost.compute_cycles(opcode, engine, 8, ops, {}, table)
+    long, _ = cost.compute_cycles(opcode, engine, 4096, ops, {}, table)
+    assert covered
+    assert long > short  # one pass over the elements: longer rows take longer
