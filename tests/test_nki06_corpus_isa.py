@@ -236,3 +236,60 @@ def test_the_new_instructions_have_a_cost_entry(opcode, engine):
     long, _ = cost.compute_cycles(opcode, engine, 4096, ops, {}, table)
     assert covered
     assert long > short  # one pass over the elements: longer rows take longer
+
+
+# --- affine_select (L1764-1835) ---------------------------------------------------------------
+@pytest.mark.parametrize(
+    "pattern, multiplier, offset, cmp_op",
+    [
+        ([[-1, 64]], 1, 0, "greater_equal"),  # causal mask: keep column <= row
+        ([[1, 4], [-2, 16]], 3, -5, "not_equal"),
+        ([[-1, 64]], 0, 10, None),  # default nl.equal: only column 10 is kept
+    ],
+)
+def test_affine_select(rng, pattern, multiplier, offset, cmp_op):
+    x = rng.standard_normal((32, 64)).astype(np.float32)
+    keywords = {} if cmp_op is None else {"cmp_op": getattr(nl, cmp_op)}
+
+    @nki.jit
+    def select(data):
+        tile = _load(data)
+        dst = nl.ndarray(data.shape, dtype=data.dtype, buffer=nl.sbuf)
+        nisa.affine_select(
+            dst=dst,
+            pattern=pattern,
+            channel_multiplier=multiplier,
+            on_true_tile=tile,
+            on_false_value=-9999.0,
+            offset=offset,
+            **keywords,
+        )
+        return _store(dst)
+
+    grids = np.meshgrid(*[np.arange(n) * s for s, n in pattern], indexing="ij")
+    affine = offset + np.arange(32)[:, None] * multiplier + sum(grids).reshape(1, -1)
+    keep = {None: np.equal, "greater_equal": np.greater_equal, "not_equal": np.not_equal}[cmp_op](
+        affine, 0
+    )
+    np.testing.assert_array_equal(select(x), np.where(keep, x, np.float32(-9999.0)))
+
+
+def test_affine_select_rules():
+    @nki.jit
+    def select(data, count):
+        tile = _load(data)
+        dst = nl.ndarray(data.shape, dtype=data.dtype, buffer=nl.sbuf)
+        nisa.affine_select(
+            dst=dst,
+            pattern=[[1, count]],
+            channel_multiplier=0,
+            on_true_tile=tile,
+            on_false_value=0.0,
+            cmp_op=nl.add,
+        )
+
+    x = np.zeros((4, 8), np.float32)
+    with pytest.raises(AssertionError, match="pattern covers 7"):
+        select(x, 7)
+    with pytest.raises(AssertionError, match="must be a comparison"):
+        select(x, 8)

@@ -319,3 +319,106 @@ def test_tp_broadcast_of_bf16_is_rejected(rng):
     src = _random(rng, (64, 3), BF16)
     with pytest.raises(TypeError, match="nc_transpose dst dtype float32 must equal"):
         _broadcast_column_kernel(64, 3, 32, 0)(src)
+
+
+# --- cascaded_max (core/max/cascaded_max.py) ---------------------------------------------------
+@pytest.mark.parametrize(
+    "lnc, shape",
+    [(1, (1, 1, 4096)), (1, (1, 1, 1000)), (2, (2, 4, 2048)), (2, (6, 3000))],
+)
+def test_cascaded_max(rng, lnc, shape):
+    """Docstring: [B, S, V] or [B·S, V] → the maximum over V and its index, each [B, S, 1]
+    (or [B·S, 1]); LNC=2 for B·S > 1."""
+    cascaded_max = library_module("core.max.cascaded_max").cascaded_max
+    x = _random(rng, shape, np.float32)
+    values, indices = _launch(cascaded_max, lnc, x)
+    values, indices = np.asarray(values), np.asarray(indices)
+    expected_shape = shape[:-1] + (1,)
+    assert values.shape == indices.shape == expected_shape
+    np.testing.assert_array_equal(values, x.max(axis=-1, keepdims=True))
+    np.testing.assert_array_equal(indices, x.argmax(axis=-1)[..., None])
+
+
+# --- find_nonzero_indices (core/subkernels/find_nonzero_indices.py) ----------------------------
+needs_api_surface = pytest.mark.skipif(
+    not (hasattr(nki, "dtype") and hasattr(nki.isa, "constants")),
+    reason="the kernel's module reads nki.dtype and nki.isa.constants (the language-checker "
+    "branch adds them)",
+)
+
+
+@needs_api_surface
+@pytest.mark.parametrize(
+    "tokens, columns, chunk, start, count",
+    [(256, 16, None, None, None), (512, 8, 256, None, None), (256, 20, None, 4, 8)],
+)
+def test_find_nonzero_indices(rng, tokens, columns, chunk, start, count):
+    """Docstring: input [T, C]; per column the T-indices of its nonzero elements, then -1,
+    and their count; with ``col_start_id``, the ``n_cols`` columns from there; LNC=2."""
+    find = library_module("core.subkernels.find_nonzero_indices").find_nonzero_indices
+    x = np.where(rng.random((tokens, columns)) < 0.3, rng.standard_normal((tokens, columns)), 0)
+    x = x.astype(np.float32)
+    kwargs = {"chunk_size": chunk}
+    if start is not None:
+        kwargs.update(col_start_id=np.array([start], np.int32), n_cols=count)
+    indices, counts = find[2](x, **kwargs)
+    chosen = x[:, start : start + count] if start is not None else x
+    expected = np.full((chosen.shape[1], tokens), -1)
+    for c in range(chosen.shape[1]):
+        hits = np.flatnonzero(chosen[:, c])
+        expected[c, : hits.size] = hits
+    np.testing.assert_array_equal(indices, expected)
+    np.testing.assert_array_equal(np.asarray(counts).reshape(-1), (chosen != 0).sum(axis=0))
+
+
+# --- stream_shuffle_broadcast, cross_partition_copy (core/utils/) -------------------------------
+def _sbuf_helper_kernel(helper, src_shape, dst_shape, **arguments):
+    """A kernel around one of AWS's SBUF-to-SBUF helpers: ``src`` and the initial ``dst`` come
+    from HBM, the helper's ``dst`` goes back to HBM."""
+    nl, nisa = nki.language, nki.isa
+
+    def run(src, dst_init):
+        src_sb = nl.ndarray(src_shape, dtype=src.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=src_sb, src=src)
+        dst_sb = nl.ndarray(dst_shape, dtype=src.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=dst_sb, src=dst_init)
+        helper(src=src_sb, dst=dst_sb, **arguments)
+        out = nl.ndarray(dst_shape, dtype=src.dtype, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out, src=dst_sb)
+        return out
+
+    return nki.jit(run)
+
+
+@pytest.mark.parametrize("rows, free", [(32, 8), (128, 16), (70, 5)])
+def test_stream_shuffle_broadcast(rng, rows, free):
+    """Docstring: the first partition of src onto every partition of dst (2-D, same width)."""
+    helper = library_module("core.utils.stream_shuffle_broadcast").stream_shuffle_broadcast
+    src = _random(rng, (4, free), np.float32)
+    out = _sbuf_helper_kernel(helper, (4, free), (rows, free))(src, poison((rows, free)))
+    np.testing.assert_array_equal(out, np.broadcast_to(src[0], (rows, free)))
+
+
+@pytest.mark.parametrize(
+    "src_start, dst_start, count",
+    [(0, 32, 40), (0, 5, 10), (3, 40, 20), (7, 20, 30), (33, 0, 64), (100, 1, 28)],
+)
+def test_cross_partition_copy(rng, src_start, dst_start, count):
+    """Docstring: dst[dst_start : dst_start + n] = src[src_start : src_start + n] over the
+    first ``free_dim_size`` elements; the other partitions of dst keep their data."""
+    helper = library_module("core.utils.cross_partition_copy").cross_partition_copy
+    free = 6
+    src = _random(rng, (128, free), np.float32)
+    dst = _random(rng, (128, free), np.float32)
+    kernel = _sbuf_helper_kernel(
+        helper,
+        (128, free),
+        (128, free),
+        src_start_partition=src_start,
+        dst_start_partition=dst_start,
+        num_partitions_to_copy=count,
+        free_dim_size=free,
+    )
+    expected = dst.copy()
+    expected[dst_start : dst_start + count] = src[src_start : src_start + count]
+    np.testing.assert_array_equal(kernel(src, dst), expected)

@@ -389,3 +389,11 @@ def nonzero_with_count(src, index_offset, padding_val):
     out[: found.size] = found
     out[-1] = found.size
     return out
+
+
+def affine_select(predicate_spec, affine, on_true, on_false):
+    """``affine_select``: ``on_true`` where ``cmp_op(affine, 0)`` holds, else ``on_false``
+    (aws-neuron-sdk@81ce03ae nki/api/nki/isa/__init__.py L1774-1794); ``affine`` is the
+    :func:`iota_pattern` of the instruction's pattern."""
+    keep = predicate_spec.apply(affine.astype(np.float64), np.float64(0)).astype(bool)
+    return np.where(keep, on_true, np.float32(on_false))

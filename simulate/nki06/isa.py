@@ -1496,10 +1496,43 @@ def nonzero_with_count(dst, src, index_offset=0, padding_val=-1, name=None):
     return _write_and_emit("pool", api, name, dst, out, [src, dst])
 
 
+# --- affine_select (GpSimd) ---------------------------------------------------------------------
+def affine_select(
+    dst, pattern, channel_multiplier, on_true_tile, on_false_value, cmp_op=None, offset=0, name=None
+):
+    """``dst = on_true_tile`` where ``cmp_op(offset + p·channel_multiplier + Σ step·i, 0)``
+    holds, else the float32 ``on_false_value`` (nki/api/nki/isa/__init__.py L1764-1835):
+    GpSimd, SBUF in and out, the pattern as ``iota``'s (1-4 [step, num] pairs covering the
+    elements per partition), ``cmp_op`` a comparison (default ``nl.equal``)."""
+    api = "affine_select"
+    _on_chip(api, "dst", dst, psum=False)
+    _on_chip(api, "on_true_tile", on_true_tile, psum=False)
+    _pair(api, "dst", dst, "on_true_tile", on_true_tile)
+    pairs = [tuple(int(v) for v in pair) for pair in pattern]
+    if not 1 <= len(pairs) <= 4 or any(len(p) != 2 for p in pairs):
+        raise NkiValidationError(f"{api} pattern must be 1 to 4 [step, num] pairs")
+    if math.prod(n for _, n in pairs) != _free(dst):
+        raise NkiValidationError(
+            f"{api} pattern covers {math.prod(n for _, n in pairs)} "
+            f"elements per partition, dst has {_free(dst)}"
+        )
+    if not is_number(on_false_value):
+        raise NkiTypeError(
+            f"{api} on_false_value must be a float32 scalar, got {type(on_false_value).__name__}"
+        )
+    spec = _op(api, "cmp_op", "equal" if cmp_op is None else cmp_op)
+    if spec.name not in fn.COMPARISONS:
+        raise NkiValidationError(f"{api} cmp_op must be a comparison, got {spec.name}")
+    affine = sem.iota_pattern(dst.shape[0], pairs, int(offset), int(channel_multiplier))
+    values = sem.affine_select(spec, affine, _pf(on_true_tile), on_false_value)
+    return _write_and_emit("pool", api, name, dst, values, [on_true_tile])
+
+
 __all__ += [
     "nc_stream_shuffle",
     "max8",
     "nc_find_index8",
     "nc_match_replace8",
     "nonzero_with_count",
+    "affine_select",
 ]
