@@ -293,3 +293,40 @@ def test_affine_select_rules():
         select(x, 7)
     with pytest.raises(AssertionError, match="must be a comparison"):
         select(x, 8)
+
+
+# --- nc_n_gather ----------------------------------------------------------------------------------
+def test_n_gather_takes_flattened_free_elements_per_partition(rng):
+    x = rng.standard_normal((16, 4, 25)).astype(np.float32)
+    index = rng.integers(0, 100, (16, 600)).astype(np.uint32)
+
+    @nki.jit
+    def gather(data, idx):
+        dst = nl.ndarray(idx.shape, dtype=data.dtype, buffer=nl.sbuf)
+        nisa.nc_n_gather(dst=dst, data=_load(data), indices=_load(idx))
+        return _store(dst)
+
+    expected = np.take_along_axis(x.reshape(16, 100), index.astype(np.int64), axis=1)
+    np.testing.assert_array_equal(gather(x, index), expected)
+
+
+@pytest.mark.parametrize(
+    "index_dtype, top, match", [(np.int32, 10, "must be uint32"), (np.uint32, 10, r"\[0, 10\)")]
+)
+def test_n_gather_rules(index_dtype, top, match):
+    @nki.jit
+    def gather(data, idx):
+        dst = nl.ndarray(idx.shape, dtype=data.dtype, buffer=nl.sbuf)
+        nisa.nc_n_gather(dst=dst, data=_load(data), indices=_load(idx))
+
+    index = np.full((2, 3), top, index_dtype)
+    with pytest.raises((AssertionError, TypeError), match=match):
+        gather(np.zeros((2, 10), np.float32), index)
+
+
+def test_n_gather_cost_counts_its_512_element_groups():
+    table = cost.CostTable("trn2")
+    ops = cost.Operands(("float32", "uint32", "float32"), (False, False), False, 4)
+    one, _ = cost.compute_cycles("nc_n_gather", "pool", 512, ops, {}, table)
+    two, _ = cost.compute_cycles("nc_n_gather", "pool", 513, ops, {}, table)
+    assert two - one == pytest.approx(table.pool_start_cycles + 1)

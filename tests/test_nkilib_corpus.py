@@ -422,3 +422,32 @@ def test_cross_partition_copy(rng, src_start, dst_start, count):
     expected = dst.copy()
     expected[dst_start : dst_start + count] = src[src_start : src_start + count]
     np.testing.assert_array_equal(kernel(src, dst), expected)
+
+
+# --- rotational top-k (core/topk/rotational_topk.py) -------------------------------------------
+@pytest.mark.parametrize(
+    "lnc, shape, k, ordered",
+    [
+        (1, (1, 1, 8192), 8, True),
+        (2, (2, 4, 4096), 16, True),
+        (2, (1, 1, 32000), 24, True),
+        (2, (3, 5, 1000), 5, True),  # k not a multiple of 8: padded internally
+        (2, (130, 2048), 8, True),  # B·S above 128: tiled
+        (2, (2, 2, 3000), 16, False),
+    ],
+)
+def test_rotational_topk(rng, lnc, shape, k, ordered):
+    """Docstring (``topk``, the entry point): [B, S, V] → the k largest values along V and
+    their indices, [B, S, k] each, descending when ``sorted_flag``."""
+    topk = library_module("core.topk.rotational_topk").topk
+    x = _random(rng, shape, np.float32)
+    values, indices = topk[lnc](x, k=k, sorted_flag=ordered)
+    values, indices = np.asarray(values), np.asarray(indices)
+    assert values.shape == indices.shape == shape[:-1] + (k,)
+    best = np.argsort(-x, axis=-1, kind="stable")[..., :k]
+    if not ordered:  # the same k elements in some order
+        order = np.argsort(-values, axis=-1, kind="stable")
+        values = np.take_along_axis(values, order, axis=-1)
+        indices = np.take_along_axis(indices, order, axis=-1)
+    np.testing.assert_array_equal(values, np.take_along_axis(x, best, axis=-1))
+    np.testing.assert_array_equal(indices, best)

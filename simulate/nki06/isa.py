@@ -1528,6 +1528,31 @@ def affine_select(
     return _write_and_emit("pool", api, name, dst, values, [on_true_tile])
 
 
+# --- nc_n_gather (GpSimd) ---------------------------------------------------------------------
+def nc_n_gather(dst, data, indices, name=None):
+    """Per partition, ``dst[p, j] = data[p, indices[p, j]]`` over ``data``'s flattened free
+    elements (nki/api/nki/isa/__init__.py nc_n_gather): GpSimd, all three in SBUF, ``dst``
+    of ``data``'s dtype, ``indices`` uint32 with ``dst``'s elements per partition, every
+    index in ``[0, data.size / data.shape[0])``."""
+    api = "nc_n_gather"
+    for argname, t in (("dst", dst), ("data", data), ("indices", indices)):
+        _on_chip(api, argname, t, psum=False)
+    if dst.dtype is not data.dtype:
+        raise NkiTypeError(f"{api} dst dtype {dst.dtype} must equal data dtype {data.dtype}")
+    if indices.dtype is not dt.uint32:
+        raise NkiTypeError(f"{api} indices must be uint32, got {indices.dtype}")
+    if not dst.shape[0] == data.shape[0] == indices.shape[0]:
+        raise NkiValidationError(f"{api} dst, data and indices need the same partitions")
+    _pair(api, "indices", indices, "dst", dst)
+    index = _pf(indices, f32=False).astype(np.int64)
+    if index.size and (index.min() < 0 or index.max() >= _free(data)):
+        raise NkiValidationError(
+            f"{api} indices must lie in [0, {_free(data)}), got {index.min()}..{index.max()}"
+        )
+    values = np.take_along_axis(_pf(data, f32=False), index, axis=1)
+    return _write_and_emit("pool", api, name, dst, values, [data, indices])
+
+
 __all__ += [
     "nc_stream_shuffle",
     "max8",
@@ -1535,4 +1560,5 @@ __all__ += [
     "nc_match_replace8",
     "nonzero_with_count",
     "affine_select",
+    "nc_n_gather",
 ]
