@@ -330,3 +330,102 @@ def test_n_gather_cost_counts_its_512_element_groups():
     one, _ = cost.compute_cycles("nc_n_gather", "pool", 512, ops, {}, table)
     two, _ = cost.compute_cycles("nc_n_gather", "pool", 513, ops, {}, table)
     assert two - one == pytest.approx(table.pool_start_cycles + 1)
+
+
+# --- dma_copy through .ap(vector_offset=...): gather, scatter, oob_mode --------------------------
+@nki.jit
+def _indirect_gather(data, indices, skip):
+    """The ISA reference's gather example (dma_copy, "Indirect gather example"), with an
+    initial ``dst`` so that skipped rows show."""
+    p, f = indices.shape[0], data.shape[1]
+    idx = nl.ndarray((p, 1), dtype=nl.uint32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=idx, src=indices)
+    dst = nl.ndarray((p, f), dtype=data.dtype, buffer=nl.sbuf)
+    nisa.memset(dst=dst, value=-1.0)
+    nisa.dma_copy(
+        dst=dst,
+        src=data.ap(pattern=[[f, p], [1, f]], vector_offset=idx, indirect_dim=0),
+        oob_mode=nisa.oob_mode.skip if skip else nisa.oob_mode.error,
+    )
+    return _store(dst)
+
+
+def test_indirect_gather_reads_the_indexed_rows(rng):
+    data = rng.standard_normal((40, 12)).astype(np.float32)
+    index = rng.integers(0, 40, (16, 1)).astype(np.uint32)
+    np.testing.assert_array_equal(_indirect_gather(data, index, False), data[index[:, 0]])
+
+
+def test_indirect_gather_out_of_bounds_errors_or_skips(rng):
+    data = rng.standard_normal((10, 4)).astype(np.float32)
+    index = np.array([[3], [10], [0], [99]], np.uint32)
+    with pytest.raises(AssertionError, match=r"index 10 \(row 1\) reaches outside"):
+        _indirect_gather(data, index, False)
+    expected = np.full((4, 4), -1.0, np.float32)
+    expected[0], expected[2] = data[3], data[0]
+    np.testing.assert_array_equal(_indirect_gather(data, index, True), expected)
+
+
+def test_indirect_scatter_writes_the_indexed_rows(rng):
+    """The ISA reference's scatter example (``vector_offset`` on ``dst``)."""
+
+    @nki.jit
+    def scatter(src_data, indices, output):
+        p, f = src_data.shape
+        src = _load(src_data)
+        idx = nl.ndarray((p, 1), dtype=nl.uint32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=idx, src=indices)
+        nisa.dma_copy(
+            dst=output.ap(pattern=[[f, p], [1, f]], vector_offset=idx, indirect_dim=0),
+            src=src,
+        )
+        return output
+
+    src = rng.standard_normal((6, 8)).astype(np.float32)
+    index = rng.permutation(20)[:6].astype(np.uint32)[:, None]
+    out = rng.standard_normal((20, 8)).astype(np.float32)
+    expected = out.copy()
+    expected[index[:, 0]] = src
+    np.testing.assert_array_equal(scatter(src, index, out), expected)
+
+
+def test_indirect_index_scales_by_the_indirect_dim_stride(rng):
+    """AWS's KV-cache update (attention_block_tkg.py L1311-1315): a flat cache, the pattern's
+    first stride 1 and each row's index already the element offset."""
+
+    @nki.jit
+    def update(cache, rows, offsets):
+        tile = _load(rows)
+        idx = _load(offsets)
+        nisa.dma_copy(
+            dst=cache.reshape((cache.size,)).ap(
+                pattern=[[1, 3], [1, 5]], offset=0, vector_offset=idx, indirect_dim=0
+            ),
+            src=tile,
+        )
+        return cache
+
+    cache = rng.standard_normal((4, 10)).astype(np.float32)
+    rows = rng.standard_normal((3, 5)).astype(np.float32)
+    offsets = np.array([[2], [17], [33]], np.uint32)
+    expected = cache.reshape(-1).copy()
+    for r, o in enumerate(offsets[:, 0]):
+        expected[o : o + 5] = rows[r]
+    np.testing.assert_array_equal(update(cache, rows, offsets).reshape(-1), expected)
+
+
+def test_vector_offset_rules(rng):
+    @nki.jit
+    def bad(data, which):
+        idx = nl.ndarray(
+            (4, 1), dtype=nl.float32 if which == "dtype" else nl.uint32, buffer=nl.sbuf
+        )
+        nisa.memset(dst=idx, value=0.0 if which == "dtype" else 0)
+        view = data if which != "sbuf" else _load(data)
+        view.ap(pattern=[[4, 4], [1, 4]], vector_offset=idx, indirect_dim=0)
+
+    data = np.zeros((4, 4), np.float32)
+    with pytest.raises(TypeError, match="must be integers"):
+        bad(data, "dtype")
+    with pytest.raises(ValueError, match="must be in HBM"):
+        bad(data, "sbuf")

@@ -374,6 +374,8 @@ def dma_copy(
     _enum(oob_mode, globals()["oob_mode"], "oob_mode", api)
     mode = _enum(dge_mode, globals()["dge_mode"], "dge_mode", api)
     _enum(engine, globals()["engine"], "engine", api)
+    if dst.is_indirect() or src.is_indirect():
+        return _indirect_dma_copy(dst, src, oob_mode is globals()["oob_mode"].skip, mode, name)
     if oob_mode is globals()["oob_mode"].skip:
         raise NkiValidationError(f"{api} oob_mode=skip needs an indirect (vector_offset) access")
     if mode is globals()["dge_mode"].hwdge:
@@ -1551,6 +1553,64 @@ def nc_n_gather(dst, data, indices, name=None):
         )
     values = np.take_along_axis(_pf(data, f32=False), index, axis=1)
     return _write_and_emit("pool", api, name, dst, values, [data, indices])
+
+
+# --- dma_copy through a vector_offset access pattern (gather / scatter) -------------------------
+def _indirect_dma_copy(dst, src, skip, mode, name):
+    """``dma_copy`` with a ``.ap(vector_offset=...)`` side: each row of the indexed side is the
+    storage row its index names, read when the DMA runs. A row reaching outside the indexed
+    tensor raises (``oob_mode.error``) or moves nothing (``oob_mode.skip``), leaving the
+    other side's elements as they were; equal dtypes copy bits, others cast through float32
+    (nki/api/nki/isa/__init__.py dma_copy "Indirect addressing" and ``oob_mode``;
+    release-notes/components/nki.rst L280)."""
+    api = "dma_copy"
+    if src.size != dst.size:
+        raise NkiValidationError(
+            f"{api} src has {src.size} elements {tuple(src.shape)}, dst has "
+            f"{dst.size} {tuple(dst.shape)}"
+        )
+    keep = np.ones(src.size, bool)
+    places = {}
+    for side, t in (("src", src), ("dst", dst)):
+        if not t.is_indirect():
+            continue
+        positions = t.positions()
+        inside = ((positions >= 0) & (positions < t.storage_values().size)).all(axis=1)
+        if not inside.all() and not skip:
+            row = int(np.flatnonzero(~inside)[0])
+            raise NkiValidationError(
+                f"{api} {side} index {int(t.index.values().reshape(-1)[row])} (row {row}) "
+                f"reaches outside `{t.name}` (oob_mode=error; oob_mode=skip skips such rows)"
+            )
+        keep &= np.repeat(inside, positions.shape[1])
+        places[side] = positions.reshape(-1)
+    if src.is_indirect():
+        values = np.zeros(src.size, src.storage_values().dtype)
+        values[keep] = src.storage_values()[places["src"][keep]]
+    else:
+        values = src.values().reshape(-1)
+    if src.dtype is not dst.dtype:
+        values = values.astype(np.float32)
+    if dst.is_indirect():
+        flat = dst.storage_values()
+        flat[places["dst"][keep]] = dt.cast(values[keep], dst.dtype, flat.dtype)
+        dst.storage.written = True
+    else:
+        merged = dst.values().reshape(-1)
+        merged[keep] = dt.cast(values[keep], dst.dtype, merged.dtype)
+        write(dst, merged)
+    indirect = src if src.is_indirect() else dst
+    return _emit(
+        "dma",
+        api,
+        name,
+        reads=[src, indirect.index],
+        writes=[dst],
+        partitions=_chip_partitions(dst, src),
+        out_dtype=dst.dtype,
+        details={"dge_mode": mode.name, "indirect": True},
+        dma=_dma_fields(src, dst, dst.size, _chip_partitions(dst, src)),
+    )
 
 
 __all__ += [
