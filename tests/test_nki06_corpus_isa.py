@@ -359,7 +359,7 @@ def test_indirect_gather_reads_the_indexed_rows(rng):
 def test_indirect_gather_out_of_bounds_errors_or_skips(rng):
     data = rng.standard_normal((10, 4)).astype(np.float32)
     index = np.array([[3], [10], [0], [99]], np.uint32)
-    with pytest.raises(AssertionError, match=r"index 10 \(row 1\) reaches outside"):
+    with pytest.raises(AssertionError, match=r"row 1 \(storage element 40\) reaches outside"):
         _indirect_gather(data, index, False)
     expected = np.full((4, 4), -1.0, np.float32)
     expected[0], expected[2] = data[3], data[0]
@@ -429,3 +429,32 @@ def test_vector_offset_rules(rng):
         bad(data, "dtype")
     with pytest.raises(ValueError, match="must be in HBM"):
         bad(data, "sbuf")
+
+
+def test_scalar_offset_rows_past_the_end_error_or_skip(rng):
+    """A dynamic start (``scalar_offset``) whose rows partly leave the tensor: raised under
+    oob_mode.error, those rows skipped under oob_mode.skip (AWS's indexed_flatten.py
+    L185-195)."""
+
+    @nki.jit
+    def place(rows, start, out, skip):
+        tile = _load(rows)
+        where = _load(start)
+        nisa.dma_copy(
+            dst=out.ap(pattern=[[4, 3], [1, 4]], offset=0, scalar_offset=where, indirect_dim=0),
+            src=tile,
+            oob_mode=nisa.oob_mode.skip if skip else nisa.oob_mode.error,
+        )
+        return out
+
+    rows = rng.standard_normal((3, 4)).astype(np.float32)
+    out = rng.standard_normal((5, 4)).astype(np.float32)
+    start = np.array([[3]], np.int32)
+    with pytest.raises(AssertionError, match="reaches outside"):
+        place(rows, start, out.copy(), False)
+    expected = out.copy()
+    expected[3:5] = rows[:2]
+    np.testing.assert_array_equal(place(rows, start, out.copy(), True), expected)
+    np.testing.assert_array_equal(
+        place(rows, np.array([[1]], np.int32), out.copy(), True)[1:4], rows
+    )

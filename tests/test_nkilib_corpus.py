@@ -451,3 +451,31 @@ def test_rotational_topk(rng, lnc, shape, k, ordered):
         indices = np.take_along_axis(indices, order, axis=-1)
     np.testing.assert_array_equal(values, np.take_along_axis(x, best, axis=-1))
     np.testing.assert_array_equal(indices, best)
+
+
+# --- indexed_flatten (core/subkernels/indexed_flatten.py) --------------------------------------
+@pytest.mark.parametrize(
+    "rows, length, block, out_len, offsets, start",
+    [
+        (2, 256, 16, 512, [0, 20], None),
+        (4, 512, 16, 1024, [0, 40, 100, 72], None),  # rows past the end: skipped, partly or all
+        (3, 512, 32, 1024, [5, 0, 16, 40, 0], 1),  # offsets read from row_offsets_start on
+    ],
+)
+def test_indexed_flatten(rng, rows, length, block, out_len, offsets, start):
+    """Docstring: input [E, T] as [E, T/f, f] blocks; row e's blocks go to output blocks
+    row_offsets[e] + p while they fit in output_len / f, the rest of the output is
+    ``padding_val``; LNC=2 (rows written by both cores meet in a max, so the offsets here do
+    not overlap)."""
+    flatten = library_module("core.subkernels.indexed_flatten").indexed_flatten
+    x = rng.integers(0, 1000, (rows, length)).astype(np.int32)
+    row_offsets = np.array(offsets, np.int32)
+    extra = {} if start is None else {"row_offsets_start": np.array([start], np.int32)}
+    out = np.asarray(flatten[2](x, block, out_len, row_offsets, **extra))
+    expected = np.full((out_len // block, block), -1)
+    used = row_offsets[(start or 0) : (start or 0) + rows]
+    for e, first in enumerate(used):
+        for p in range(length // block):
+            if first + p < out_len // block:
+                expected[first + p] = x[e, p * block : (p + 1) * block]
+    np.testing.assert_array_equal(out, expected.reshape(-1))

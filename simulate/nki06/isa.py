@@ -376,8 +376,12 @@ def dma_copy(
     _enum(engine, globals()["engine"], "engine", api)
     if dst.is_indirect() or src.is_indirect():
         return _indirect_dma_copy(dst, src, oob_mode is globals()["oob_mode"].skip, mode, name)
-    if oob_mode is globals()["oob_mode"].skip:
-        raise NkiValidationError(f"{api} oob_mode=skip needs an indirect (vector_offset) access")
+    dynamic = getattr(dst, "dynamic_start", False) or getattr(src, "dynamic_start", False)
+    if oob_mode is globals()["oob_mode"].skip and not dynamic:
+        raise NkiValidationError(
+            f"{api} oob_mode=skip needs an indirect access (.ap with vector_offset or "
+            "scalar_offset)"
+        )
     if mode is globals()["dge_mode"].hwdge:
         if _version(api) < 3:
             raise NkiValidationError(f"{api} dge_mode=hwdge needs NeuronCore-v3 or later")
@@ -1579,7 +1583,7 @@ def _indirect_dma_copy(dst, src, skip, mode, name):
         if not inside.all() and not skip:
             row = int(np.flatnonzero(~inside)[0])
             raise NkiValidationError(
-                f"{api} {side} index {int(t.index.values().reshape(-1)[row])} (row {row}) "
+                f"{api} {side} row {row} (storage element {int(positions[row].min())}) "
                 f"reaches outside `{t.name}` (oob_mode=error; oob_mode=skip skips such rows)"
             )
         keep &= np.repeat(inside, positions.shape[1])
@@ -1604,7 +1608,7 @@ def _indirect_dma_copy(dst, src, skip, mode, name):
         "dma",
         api,
         name,
-        reads=[src, indirect.index],
+        reads=[src] + ([indirect.index] if indirect.index is not None else []),
         writes=[dst],
         partitions=_chip_partitions(dst, src),
         out_dtype=dst.dtype,

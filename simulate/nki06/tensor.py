@@ -484,6 +484,15 @@ class NkiTensor:
             start += value * self.strides[int(indirect_dim)] * self.itemsize // new.itemsize
         strides = [s for s, _ in pairs]
         shape = [n for _, n in pairs]
+        if scalar_offset is not None and not self.on_chip:
+            try:
+                view = NkiTensor(
+                    shape, new, self.storage, self.buffer, self.name, strides=strides, offset=start
+                )
+            except NkiIndexError:  # checked row by row when the DMA runs (its oob_mode)
+                return ScalarIndirectView(self, shape, strides, new, start, scalar_offset)
+            view.dynamic_start = True  # a DMA through it may take oob_mode=skip
+            return view
         view = NkiTensor(
             shape, new, self.storage, self.buffer, self.name, strides=strides, offset=start
         )
@@ -553,6 +562,25 @@ class VectorIndirectView(NkiTensor):
 
     def storage_values(self) -> np.ndarray:
         return self._flat()
+
+
+class ScalarIndirectView(VectorIndirectView):
+    """An HBM access pattern moved by a ``scalar_offset`` so that some of its rows reach
+    outside the tensor: a DMA checks its rows when it runs and raises or, with
+    ``oob_mode.skip``, skips those rows (dma_copy docstring: "the src and dst tensors can have
+    a dynamic start address ... out-of-bound address checking is turned on automatically";
+    AWS's indexed_flatten.py L185-195 relies on the skip)."""
+
+    def __init__(self, base, shape, strides, dtype, offset, source):
+        self._rows_at = offset
+        index = source if isinstance(source, NkiTensor) else None
+        super().__init__(base, shape, strides, dtype, offset, index, 0)
+
+    def positions(self) -> np.ndarray:
+        flat = np.full(1, self._rows_at, np.int64)
+        for n, s in zip(self._shape, self.strides):
+            flat = (flat[:, None] + np.arange(n, dtype=np.int64)[None, :] * s).reshape(-1)
+        return flat.reshape(self._shape[0], -1)
 
 
 def _vector_indirect(base, pairs, dtype, start, index, indirect_dim, scalar_offset):
