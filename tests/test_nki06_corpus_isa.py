@@ -458,3 +458,120 @@ def test_scalar_offset_rows_past_the_end_error_or_skip(rng):
     np.testing.assert_array_equal(
         place(rows, np.array([[1]], np.int32), out.copy(), True)[1:4], rows
     )
+
+
+# --- range_select, tensor_partition_reduce -----------------------------------------------------
+F32_MIN = np.finfo(np.float32).min
+
+
+@nki.jit
+def _range_select(x, low, high, start, chain):
+    tile, b0, b1 = _load(x), _load(low), _load(high)
+    dst = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+    row_max = nl.ndarray((x.shape[0], 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.range_select(
+        dst=dst,
+        on_true_tile=tile,
+        comp_op0=nl.greater_equal,
+        comp_op1=nl.less,
+        bound0=b0,
+        bound1=b1,
+        reduce_op=nl.maximum,
+        range_start=start,
+        reduce_res=None if chain else row_max,
+        on_false_value=float(F32_MIN),
+    )
+    if chain:  # a second call folds into the accumulators of the first
+        nisa.range_select(
+            dst=dst,
+            on_true_tile=tile,
+            comp_op0=nl.greater_equal,
+            comp_op1=nl.less,
+            bound0=b0,
+            bound1=b1,
+            reduce_op=nl.maximum,
+            range_start=start + 1,
+            reduce_cmd=nisa.reduce_cmd.reduce,
+            reduce_res=row_max,
+            on_false_value=float(F32_MIN),
+        )
+    return _store(dst), _store(row_max)
+
+
+def _range_reference(x, low, high, start):
+    index = start + np.arange(x.shape[1])[None, :]
+    keep = (index >= low) & (index < high)
+    selected = np.where(keep, x, F32_MIN)
+    return selected, selected.max(axis=1, keepdims=True)
+
+
+def test_range_select_keeps_the_window_and_reduces_its_max(rng):
+    x = rng.standard_normal((16, 40)).astype(np.float32)
+    low = rng.integers(0, 50, (16, 1)).astype(np.float32)
+    high = low + rng.integers(0, 20, (16, 1)).astype(np.float32)
+    selected, row_max = _range_select(x, low, high, 10, False)
+    expected, expected_max = _range_reference(x, low, high, 10)
+    np.testing.assert_array_equal(selected, expected)
+    np.testing.assert_array_equal(row_max, expected_max)
+
+
+def test_range_select_reduce_cmd_reduce_accumulates(rng):
+    x = rng.standard_normal((8, 16)).astype(np.float32)
+    low = np.zeros((8, 1), np.float32)
+    high = np.full((8, 1), 8, np.float32)
+    _, row_max = _range_select(x, low, high, 0, True)
+    first = _range_reference(x, low, high, 0)[1]
+    second = _range_reference(x, low, high, 1)[1]
+    np.testing.assert_array_equal(row_max, np.maximum(first, second))
+
+
+def test_range_select_rules(monkeypatch):
+    x = np.zeros((4, 8), np.float32)
+    bound = np.zeros((4, 1), np.float32)
+
+    @nki.jit
+    def select(data, bounds, value, op):
+        tile, b = _load(data), _load(bounds)
+        nisa.range_select(
+            dst=tile,
+            on_true_tile=tile,
+            comp_op0=op,
+            comp_op1=nl.less,
+            bound0=b,
+            bound1=b,
+            on_false_value=value,
+        )
+
+    with pytest.raises(AssertionError, match="must be FP32_MIN"):
+        select(x, bound, 0.0, nl.equal)
+    with pytest.raises(AssertionError, match="comp_op0 must be one of"):
+        select(x, bound, float(F32_MIN), nl.not_equal)
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn1")
+    with pytest.raises((AssertionError, ValueError), match="NeuronCore-v3"):
+        select(x, bound, float(F32_MIN), nl.equal)
+
+
+@pytest.mark.parametrize(
+    "op, dtype",
+    [
+        ("add", np.float32),
+        ("maximum", np.float32),
+        ("bitwise_or", np.int32),
+        ("bitwise_and", np.int32),
+    ],
+)
+def test_tensor_partition_reduce(rng, op, dtype):
+    x = (
+        rng.integers(0, 1 << 20, (24, 10)) if dtype == np.int32 else rng.standard_normal((24, 10))
+    ).astype(dtype)
+
+    @nki.jit
+    def reduce_partitions(data):
+        dst = nl.ndarray((1, 10), dtype=data.dtype, buffer=nl.sbuf)
+        nisa.tensor_partition_reduce(dst=dst, op=getattr(nl, op), data=_load(data))
+        return _store(dst)
+
+    expected = getattr(np, op).reduce(
+        x.astype(np.float64) if dtype != np.int32 else x, axis=0, keepdims=True
+    )
+    np.testing.assert_allclose(reduce_partitions(x), expected, rtol=1e-6, atol=1e-5)

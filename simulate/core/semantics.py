@@ -397,3 +397,27 @@ def affine_select(predicate_spec, affine, on_true, on_false):
     :func:`iota_pattern` of the instruction's pattern."""
     keep = predicate_spec.apply(affine.astype(np.float64), np.float64(0)).astype(bool)
     return np.where(keep, on_true, np.float32(on_false))
+
+
+def range_select(values, bound0, bound1, spec0, spec1, range_start, on_false):
+    """``range_select``'s NumPy equivalent (nki/api/nki/isa/__init__.py range_select): the
+    free index + ``range_start`` (fp32) kept where ``spec0(index, bound0)`` and
+    ``spec1(index, bound1)`` both hold, else ``on_false``. ``values`` is ``(P, F)`` float32,
+    the bounds ``(P, 1)``."""
+    index = np.float32(range_start) + np.arange(values.shape[1], dtype=np.float32)[None, :]
+    keep = spec0.apply(index, bound0).astype(bool) & spec1.apply(index, bound1).astype(bool)
+    return np.where(keep, values, np.float32(on_false))
+
+
+def partition_reduce(name, values):
+    """``tensor_partition_reduce``: ``name`` (add, average, maximum, bitwise_or, bitwise_and)
+    over the partitions of ``(P, F)`` values, as ``(1, F)``."""
+    if name == "average":
+        return values.astype(np.float64).mean(axis=0, keepdims=True)
+    reducer = {
+        "add": np.add,
+        "maximum": np.maximum,
+        "bitwise_or": np.bitwise_or,
+        "bitwise_and": np.bitwise_and,
+    }[name]
+    return reducer.reduce(values, axis=0, keepdims=True)

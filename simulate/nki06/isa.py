@@ -1617,6 +1617,116 @@ def _indirect_dma_copy(dst, src, skip, mode, name):
     )
 
 
+# --- range_select (Vector, NeuronCore-v3+), tensor_partition_reduce (GpSimd) -------------------
+_RANGE_COMPARISONS = ("equal", "less", "less_equal", "greater", "greater_equal")
+_FP32_MIN = float(np.finfo(np.float32).min)
+
+
+def range_select(
+    dst,
+    on_true_tile,
+    comp_op0,
+    comp_op1,
+    bound0,
+    bound1,
+    reduce_cmd=reduce_cmd.reset_reduce,
+    reduce_res=None,
+    reduce_op=None,
+    range_start=0,
+    on_false_value=_FP32_MIN,
+    name=None,
+):
+    """Keep ``on_true_tile``'s elements whose free index + ``range_start`` passes both
+    comparisons with the per-partition fp32 bounds, else ``on_false_value`` (FP32_MIN, the
+    only value the hardware takes); the row maxima fold into the Vector accumulators per
+    ``reduce_cmd`` and go to ``reduce_res`` if given (nki/api/nki/isa/__init__.py
+    range_select: NeuronCore-v3+, comparisons equal/less/less_equal/greater/greater_equal,
+    floating-point data, fp32 bounds, reduce_op nl.maximum only)."""
+    api = "range_select"
+    if _version(api) < 3:
+        raise NkiValidationError(f"{api} is available only on NeuronCore-v3 and newer")
+    _on_chip(api, "on_true_tile", on_true_tile)
+    _on_chip(api, "dst", dst)
+    _pair(api, "on_true_tile", on_true_tile, "dst", dst)
+    if not dt.is_float(on_true_tile.dtype):
+        raise NkiTypeError(f"{api} on_true_tile must be floating point, got {on_true_tile.dtype}")
+    specs = []
+    for argname, op in (("comp_op0", comp_op0), ("comp_op1", comp_op1)):
+        spec = _op(api, argname, op)
+        if spec.name not in _RANGE_COMPARISONS:
+            raise NkiValidationError(
+                f"{api} {argname} must be one of {', '.join(_RANGE_COMPARISONS)}, got {spec.name}"
+            )
+        specs.append(spec)
+    bounds = []
+    for argname, bound in (("bound0", bound0), ("bound1", bound1)):
+        _on_chip(api, argname, bound)
+        if bound.shape[0] != on_true_tile.shape[0] or _free(bound) != 1:
+            raise NkiValidationError(
+                f"{api} {argname} must have one element per partition "
+                f"({on_true_tile.shape[0]}, 1), got {tuple(bound.shape)}"
+            )
+        if bound.dtype is not dt.float32:
+            raise NkiTypeError(f"{api} {argname} must be float32, got {bound.dtype}")
+        bounds.append(_pf(bound))
+    if not is_number(on_false_value) or np.float32(on_false_value) != np.float32(_FP32_MIN):
+        raise NkiValidationError(
+            f"{api} on_false_value must be FP32_MIN ({_FP32_MIN}), got {on_false_value!r}"
+        )
+    spec = _op(api, "reduce_op", "maximum" if reduce_op is None else reduce_op)
+    if spec.name != "maximum":
+        raise NkiValidationError(f"{api} reduce_op must be nl.maximum, got {spec.name}")
+    cmd = _enum(reduce_cmd, globals()["reduce_cmd"], "reduce_cmd", api)
+    values = sem.range_select(
+        _pf(on_true_tile), bounds[0], bounds[1], specs[0], specs[1], range_start, on_false_value
+    )
+    program = context.current(api)
+    regs = program.vector_regs[: dst.shape[0]]
+    sem.update_registers(regs, spec, sem.fold_partitions(spec, values), cmd.name)
+    write(dst, values)
+    writes = [dst]
+    if reduce_res is not None:
+        _on_chip(api, "reduce_res", reduce_res)
+        if reduce_res.shape[0] != dst.shape[0] or _free(reduce_res) != 1:
+            raise NkiValidationError(
+                f"{api} reduce_res must be ({dst.shape[0]}, 1), got {tuple(reduce_res.shape)}"
+            )
+        write(reduce_res, regs)
+        writes.append(reduce_res)
+    return _emit(
+        "dve",
+        api,
+        name,
+        reads=[on_true_tile, bound0, bound1],
+        writes=writes,
+        partitions=dst.shape[0],
+        free_size=_free(dst),
+        out_dtype=dst.dtype,
+    )
+
+
+_PARTITION_REDUCE_OPS = ("add", "maximum", "bitwise_or", "bitwise_and")
+
+
+def tensor_partition_reduce(dst, op, data, name=None):
+    """``dst[0, :] = op`` over the partitions of ``data`` on GpSimd (nki/api/nki/isa/__init__.py
+    tensor_partition_reduce: add, average, max, bitwise_or, bitwise_and; GpSimd cannot access
+    PSUM). ``dst`` has one partition and ``data``'s elements per partition. ``average`` has
+    no ``nl`` operator in the 0.6 API, so it is not reachable here."""
+    api = "tensor_partition_reduce"
+    _on_chip(api, "data", data, psum=False)
+    _on_chip(api, "dst", dst, psum=False)
+    spec = _op(api, "op", op)
+    if spec.name not in _PARTITION_REDUCE_OPS:
+        raise NkiValidationError(
+            f"{api} op must be one of add, maximum, bitwise_or, bitwise_and, got {spec.name}"
+        )
+    if dst.shape[0] != 1 or _free(dst) != _free(data):
+        raise NkiValidationError(f"{api} dst must be (1, {_free(data)}), got {tuple(dst.shape)}")
+    values = _pf(data, f32=spec.name in ("add", "maximum"))
+    return _write_and_emit("pool", api, name, dst, sem.partition_reduce(spec.name, values), [data])
+
+
 __all__ += [
     "nc_stream_shuffle",
     "max8",
@@ -1625,4 +1735,6 @@ __all__ += [
     "nonzero_with_count",
     "affine_select",
     "nc_n_gather",
+    "range_select",
+    "tensor_partition_reduce",
 ]

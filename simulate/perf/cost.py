@@ -215,7 +215,13 @@ _REDUCE_FAST = ("add", "sum", "max", "maximum")
 # I (inferred, no published figure): Vector instructions that stream each partition's
 # elements once at one element per cycle, as a same-dtype fp32 tensor_copy does, with no
 # 16-bit fast mode: the quadrant shuffle and the top-8 search/replace over the data tile.
-_ONE_PASS_VECTOR = ("nc_stream_shuffle", "max8", "nc_find_index8", "nc_match_replace8")
+_ONE_PASS_VECTOR = (
+    "nc_stream_shuffle",
+    "max8",
+    "nc_find_index8",
+    "nc_match_replace8",
+    "range_select",
+)
 
 
 def _op_names(details) -> tuple[str, ...]:
