@@ -742,13 +742,19 @@ def region(t: NkiTensor) -> Region:
 
 def write(t: NkiTensor, values: np.ndarray, accumulated_by_matmul: bool = False) -> None:
     """Round ``values`` (any shape with ``t.size`` elements, paired in row-major order) into
-    the view ``t``; a non-matmul write into PSUM forgets the matmul accumulation state."""
-    if any(s == 0 and n > 1 for n, s in zip(t.shape, t.strides)):
-        raise NkiValidationError(
-            f"`{t.name}`: an instruction cannot write through a broadcast (stride-0) view"
-        )
+    the view ``t``; a non-matmul write into PSUM forgets the matmul accumulation state.
+    Through a stride-0 dimension the elements land on one place in access order, so the last
+    one stays: AWS's qkv_cte.py L3046-3056 writes an unused ``activation_reduce`` result
+    through ``.ap(pattern=[[1, s], [0, H]])``; the ``ap`` docs ban no zero stride ("Analogous
+    to torch.as_strided", nki/api/nki/language/__init__.py L486-491); last-wins is inferred
+    from the access order."""
     target = t.array()
-    target[...] = dt.cast(np.asarray(values).reshape(target.shape), t.dtype, target.dtype)
+    values = np.asarray(values).reshape(target.shape)
+    for dim, (n, stride) in enumerate(zip(t.shape, t.strides)):
+        if stride == 0 and n > 1:
+            values = values.take([n - 1], axis=dim)
+            target = target[(slice(None),) * dim + (slice(0, 1),)]
+    target[...] = dt.cast(values, t.dtype, target.dtype)
     storage = t.storage
     storage.written = True
     if storage.matmul_written is not None and not accumulated_by_matmul:
