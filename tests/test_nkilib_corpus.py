@@ -479,3 +479,72 @@ def test_indexed_flatten(rng, rows, length, block, out_len, offsets, start):
             if first + p < out_len // block:
                 expected[first + p] = x[e, p * block : (p + 1) * block]
     np.testing.assert_array_equal(out, expected.reshape(-1))
+
+
+# --- output_projection_tkg (core/output_projection/output_projection_tkg.py) --------------------
+@needs_api_surface
+@pytest.mark.parametrize(
+    "lnc, d_head, batch, heads, seq, hidden, bias, dtype",
+    [
+        (1, 64, 2, 2, 4, 512, True, np.float32),
+        (2, 128, 1, 4, 8, 1024, False, np.float32),
+        (2, 64, 4, 2, 2, 768, True, BF16),
+    ],
+)
+def test_output_projection_tkg(rng, lnc, d_head, batch, heads, seq, hidden, bias, dtype):
+    """Docstring: attention [D, B, N, S], weight [N·D, H], bias [1, H] →
+    attention @ weight + bias as [B·S, H] (TRANSPOSE_OUT=False)."""
+    project = library_module("core.output_projection.output_projection_tkg")
+    attention = _random(rng, (d_head, batch, heads, seq), dtype)
+    weight = (_random(rng, (heads * d_head, hidden), np.float32) / 16).astype(dtype)
+    b = _random(rng, (1, hidden), dtype) if bias else None
+    out = _launch(project.output_projection_tkg, lnc, attention, weight, b)
+    expected = np.einsum(
+        "dbns,ndh->bsh",
+        attention.astype(np.float64),
+        weight.astype(np.float64).reshape(heads, d_head, hidden),
+    ).reshape(batch * seq, hidden)
+    if bias:
+        expected = expected + b.astype(np.float64)
+    _check(out, expected, dtype, scale=4.0)
+
+
+# --- cross entropy (experimental/loss/cross_entropy.py) ----------------------------------------
+@needs_api_surface
+@pytest.mark.parametrize(
+    "positions, vocab, batch, chunk, dtype",
+    [
+        (64, 4096, 32, 4096, "float32"),
+        (128, 6144, 16, 2048, "float32"),
+        (32, 2048, 8, 2048, "bfloat16"),
+    ],
+)
+def test_cross_entropy_forward_and_backward(rng, positions, vocab, batch, chunk, dtype):
+    """Docstring: logits [P, V], int32 targets [P] → per-position loss = lse − logit[target]
+    and the lse; the backward's gradient (reduction 'mean') is (softmax − onehot) / P."""
+    loss_module = library_module("experimental.loss.cross_entropy")
+    np_dtype = np.float32 if dtype == "float32" else BF16
+    logits = _random(rng, (positions, vocab), np_dtype)
+    targets = rng.integers(0, vocab, positions).astype(np.int32)
+    nl_dtype = getattr(nki.language, dtype)
+    loss, lse = loss_module.cross_entropy_forward[2](
+        logits, targets, positions_per_batch=batch, chunk_size=chunk, dtype=nl_dtype
+    )
+    x = logits.astype(np.float64)
+    top = x.max(axis=1)
+    expected_lse = top + np.log(np.exp(x - top[:, None]).sum(axis=1))
+    rows = np.arange(positions)
+    _check(lse, expected_lse, np_dtype, scale=4.0)
+    _check(loss, expected_lse - x[rows, targets], np_dtype, scale=4.0)
+    grad = loss_module.cross_entropy_backward[2](
+        logits,
+        targets,
+        np.asarray(lse),
+        positions_per_batch=batch,
+        chunk_size=chunk,
+        dtype=nl_dtype,
+        inplace=False,
+    )
+    expected_grad = np.exp(x - expected_lse[:, None])
+    expected_grad[rows, targets] -= 1.0
+    _check(grad, expected_grad / positions, np_dtype, scale=1.0 / positions)
