@@ -575,3 +575,23 @@ def test_tensor_partition_reduce(rng, op, dtype):
         x.astype(np.float64) if dtype != np.int32 else x, axis=0, keepdims=True
     )
     np.testing.assert_allclose(reduce_partitions(x), expected, rtol=1e-6, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "opcode, cycles",
+    [
+        ("max8", lambda n, min_ii: n),  # legacy ISA reference L671
+        ("nc_find_index8", lambda n, min_ii: n),  # L746
+        ("nc_stream_shuffle", lambda n, min_ii: max(min_ii, n)),  # L991
+        ("range_select", lambda n, min_ii: max(min_ii, n)),  # L1133
+        ("nc_match_replace8", lambda n, min_ii: max(min_ii, n)),  # L793
+    ],
+)
+def test_vector_costs_follow_the_documented_estimates(opcode, cycles):
+    table = cost.CostTable("trn2")
+    ops = cost.Operands(("float32", "float32"), (False,), False, 4)
+    for n in (8, 40, 1000):
+        assert cost.compute_cycles(opcode, "dve", n, ops, {}, table) == (
+            cycles(n, table.min_ii_cycles),
+            True,
+        )

@@ -212,16 +212,13 @@ _ADD_MUL_SUB = ("add", "multiply", "subtract")
 _REDUCE_FAST = ("add", "sum", "max", "maximum")
 
 
-# I (inferred, no published figure): Vector instructions that stream each partition's
-# elements once at one element per cycle, as a same-dtype fp32 tensor_copy does, with no
-# 16-bit fast mode: the quadrant shuffle and the top-8 search/replace over the data tile.
-_ONE_PASS_VECTOR = (
-    "nc_stream_shuffle",
-    "max8",
-    "nc_find_index8",
-    "nc_match_replace8",
-    "range_select",
-)
+# Vector instructions costed by the legacy ISA reference's "Estimated instruction cost"
+# (aws-neuron-sdk@8a38e733 general/nki/api/nki/isa/__init__.py): max(MIN_II, N) cycles for
+# nc_stream_shuffle (L991), range_select (L1133) and nc_match_replace8 (L793, which prints
+# min(MIN_II, N): read as max like its siblings, a min would cap every tile at 64 cycles);
+# N cycles for max8 (L671) and nc_find_index8 (L746); N the elements per partition.
+_MIN_II_OR_N_VECTOR = ("nc_stream_shuffle", "range_select", "nc_match_replace8")
+_N_VECTOR = ("max8", "nc_find_index8")
 
 
 def _op_names(details) -> tuple[str, ...]:
@@ -325,8 +322,10 @@ def compute_cycles(opcode: str, engine: str, n: int, ops: Operands, details: dic
         return max(min_ii, table.k_bn_aggr * n), True
     if opcode == "reciprocal":
         return max(min_ii, table.k_reciprocal * n * stride), True
-    if opcode in _ONE_PASS_VECTOR:
+    if opcode in _MIN_II_OR_N_VECTOR:
         return max(min_ii, n * stride), True
+    if opcode in _N_VECTOR:
+        return n * stride, True
     if opcode == "select":  # tensor_copy_predicated
         return max(min_ii, (1 if any(ops.psum) else table.k_two_inputs) * n * stride), True
     return max(min_ii, n * stride), False
