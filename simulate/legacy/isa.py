@@ -627,6 +627,53 @@ def tensor_partition_reduce(op, data, *, mask=None, dtype=None, **kwargs):
                           free_size=src.free_size)
 
 
+# --- top-8 search (Vector engine) -----------------------------------------------------------
+def _top8_data(api, data, m):
+    """The data operand of max8 / nc_find_index8 as fp32 ``(P, F)``: 8 to 16,384 elements per
+    partition (aws-neuron-sdk@8a38e733 general/nki/api/nki/isa/__init__.py L662, L735)."""
+    op = tile_operand(data, "data" if api != "max8" else "src", api, mask=m)
+    free = int(np.prod(op.shape[1:]))
+    if not 8 <= free <= 16384:
+        raise NKIValueError(f"{api} reads {free} elements per partition; 8 to 16384 are allowed",
+                            "err_unsupported_free_size")
+    return op, op.f32().reshape(op.shape[0], free)
+
+
+def max8(*, src, mask=None, dtype=None, **kwargs):
+    """``nisa.max8(src=...)``: the 8 largest values of each partition, descending, read as
+    fp32; output ``[P, 8]`` in ``dtype`` or the input's (legacy ISA reference L655-681)."""
+    m = resolve_mask(mask)
+    op, values = _top8_data("max8", src, None if m is False else m)
+    out_dtype = dt.as_dtype(dtype or op.dtype)
+    if m is False:
+        return _skipped((op.shape[0], 8), out_dtype)
+    return compute_result("dve", "max8", sem.max8(values), out_dtype, None, [op],
+                          free_size=values.shape[1])
+
+
+def nc_find_index8(*, data, vals, mask=None, dtype=None, **kwargs):
+    """``nisa.nc_find_index8(data=..., vals=...)``: per partition, the index of the first
+    occurrence of each of the 8 ``vals`` (duplicates take successive occurrences, a missing
+    value all ones), uint32 unless ``dtype`` says uint16 (legacy ISA reference L727-765;
+    aws-neuron-sdk@81ce03ae release-notes/components/nki.rst L75-77)."""
+    m = resolve_mask(mask)
+    op, values = _top8_data("nc_find_index8", data, None if m is False else m)
+    wanted = tile_operand(vals, "vals", "nc_find_index8")
+    if wanted.shape[0] != op.shape[0] or int(np.prod(wanted.shape[1:])) != 8:
+        raise NKIValueError(f"nc_find_index8 vals must be [{op.shape[0]}, 8], got "
+                            f"{tuple(wanted.shape)}", "err_unsupported_shape")
+    out_dtype = dt.as_dtype(dtype or dt.uint32)
+    if out_dtype not in (dt.uint16, dt.uint32):
+        raise NKITypeError(f"nc_find_index8 dtype must be uint16 or uint32, got {out_dtype}",
+                           "err_unsupported_dtype")
+    if m is False:
+        return _skipped((op.shape[0], 8), out_dtype)
+    missing = (1 << (8 * np.dtype(out_dtype).itemsize)) - 1
+    index = sem.find_index8(values, wanted.f32().reshape(op.shape[0], 8), missing)
+    return compute_result("dve", "nc_find_index8", index, out_dtype, None, [op, wanted],
+                          free_size=values.shape[1])
+
+
 # --- Tensor engine ---------------------------------------------------------------------------
 def _operand_valid(op) -> np.ndarray:
     """(K, F) bool of the points of a matmul operand that were read (operand masks)."""
