@@ -34,7 +34,6 @@ NOT_YET = {
     "test_nki_isa_select_reduce.py": "nisa.select_reduce is not simulated",
     "test_nki_isa_sequence_bounds.py": "nisa.sequence_bounds is not simulated",
     "test_nki_isa_tensor_copy_dynamic.py": "tensor_copy_dynamic_src/dst are not simulated",
-    "test_nki_nl_gather_flattened.py": "nl.gather_flattened is not simulated",
     "test_psum_modulo_alloc.py": "the example calls a module attribute the simulator exposes as "
     "a module",
     "test_sbuf_modulo_alloc.py": "the example calls a module attribute the simulator exposes as "

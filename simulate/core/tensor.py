@@ -386,7 +386,10 @@ class Tensor(TileOperators):
                     f"unsupported index {k!r} on axis {axis} of `{self.name}`",
                     "err_unsupported_indexing",
                 )
-        data = self.data[tuple(np_key)]
+        # the trailing Ellipsis keeps a view when every index is an integer (a 0-d element
+        # written through, as ``y[0, 5] = 1024`` on an iota tile, general/nki/api/
+        # nki.errors.rst@8a38e733 L171-L175)
+        data = self.data[(*np_key, Ellipsis)]
         par_axis = max(0, self.par_axis - dropped_before_par)
         if self.on_chip and data.ndim == 1 and self.par_axis < self.ndim and isinstance(
                 key[self.par_axis], slice):
