@@ -1,8 +1,10 @@
-"""Regenerate the generated tables of README.md and docs/calibration.md from the JSON records.
+"""Regenerate the generated tables of README.md and docs/ from the JSON records.
 
 * ``docs/calibration.json`` (written by ``python tests/calibration_kernels.py --json
-  docs/calibration.json``): the cost model against published measurements.
-* ``docs/bench.json`` (written by ``nki-rmsnorm bench --json docs/bench.json``): the sweep.
+  docs/calibration.json``): the cost model against published measurements
+  (``docs/calibration.md``).
+* ``docs/bench.json`` (written by ``nki-rmsnorm bench --json docs/bench.json``): the sweep
+  (``docs/benchmark.md``) and the README's three-row headline.
 
 Each table sits between ``<!-- generated:NAME begin -->`` and ``<!-- generated:NAME end -->``
 comments; the text between them is replaced, nothing else is touched. Never edit the tables
@@ -25,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 CALIBRATION_JSON = ROOT / "docs" / "calibration.json"
 BENCH_JSON = ROOT / "docs" / "bench.json"
-FILES = (ROOT / "README.md", ROOT / "docs" / "calibration.md")
+FILES = (ROOT / "README.md", ROOT / "docs" / "calibration.md", ROOT / "docs" / "benchmark.md")
 KIND_TITLES = {"fwd": "Forward", "bwd": "Backward", "fused_add": "Fused residual add + forward"}
 # Goals on the ratio to the copy kernel, for N >= 2048 (issue 11): kind -> target -> bound
 COPY_GOALS = {
@@ -155,23 +157,63 @@ def bench_tables(records: list[dict]) -> str:
     return "\n".join(out).rstrip()
 
 
+#: The README's headline: one shape (8192 tokens of a hidden size of 4096, bf16), each kind.
+HEADLINE_SHAPE = (8192, 4096)
+HEADLINE_TARGETS = ("trn1", "trn2", "trn3")
+
+
+def headline_table(records: list[dict]) -> str:
+    """Three rows (forward, backward, fused add) at :data:`HEADLINE_SHAPE`: the modeled time
+    per target at LNC=1, its ratio to a plain DMA copy, and the speed-up over the baseline."""
+    M, N = HEADLINE_SHAPE
+    labels = " | ".join(target.capitalize() for target in HEADLINE_TARGETS)
+    lines = [
+        f"| {M} × {N} bf16 | {labels} | vs the Neuron tutorial kernel |",
+        "|---|" + "---|" * len(HEADLINE_TARGETS) + "---|",
+    ]
+    for kind, title in KIND_TITLES.items():
+        by_target = {
+            r["target"]: r
+            for r in records
+            if r["kind"] == kind and (r["M"], r["N"]) == (M, N) and r.get("lnc", 1) == 1
+        }
+        if not by_target:
+            continue
+        cells = [
+            f"{by_target[t]['modeled_us']:,.0f} µs ({by_target[t]['copy_ratio']:.2f}× copy)"
+            if t in by_target
+            else "n/a"
+            for t in HEADLINE_TARGETS
+        ]
+        speedups = " / ".join(
+            f"{by_target[t]['speedup_vs_baseline']:.2f}×"
+            if t in by_target and by_target[t]["speedup_vs_baseline"]
+            else "n/a"
+            for t in HEADLINE_TARGETS
+        )
+        lines.append(f"| {title.lower().capitalize()} | " + " | ".join(cells) + f" | {speedups} |")
+    return "\n".join(lines)
+
+
 def goal_summary(records: list[dict]) -> str:
     """The goals per kind and target: the copy ratio over the N >= 2048 shapes at LNC=1
     (how many meet the goal, the worst ratio, and the worst once the one-tile shapes,
     M < 128, are left out), then the LNC=2 speed-up over LNC=1 at M >= 2048 for every
-    target the records have at LNC=2."""
+    target the records have at LNC=2. Records with per-engine floors (``floor_us``, the
+    bench's ``binds``) add what binds the worst shape with M ≥ 128: the resource with the
+    largest floor and that floor as a share of the modeled time."""
+    with_floors = any(r.get("floor_us") for r in records)
     lines = [
-        "| kind | target | goal | shapes within | worst | at | worst with M ≥ 128 | at |",
-        "|---|---|---|---|---|---|---|---|",
+        "| kind | target | goal | shapes within | worst | at | worst with M ≥ 128 | at |"
+        + (" binds there |" if with_floors else ""),
+        "|---|---|---|---|---|---|---|---|" + ("---|" if with_floors else ""),
     ]
     for kind, goals in COPY_GOALS.items():
         for target, goal in goals.items():
             rows = [
                 r
                 for r in records
-                if r["kind"] == kind
-                and _column(r) == (target, 1)
-                and r["N"] >= GOAL_MIN_N
+                if r["kind"] == kind and _column(r) == (target, 1) and r["N"] >= GOAL_MIN_N
             ]
             if not rows:
                 continue
@@ -183,6 +225,7 @@ def goal_summary(records: list[dict]) -> str:
             lines.append(
                 f"| {kind} | {target} | ≤ {goal:.2f} ×copy (N ≥ {GOAL_MIN_N}) | {within} of "
                 f"{len(rows)} | {worst['copy_ratio']:.3f} | {_shape(worst)} | {rest_cells} |"
+                + (f" {_binds(rest)} |" if with_floors else "")
             )
     for kind in KIND_TITLES:
         rows = [r for r in records if r["kind"] == kind]
@@ -201,9 +244,17 @@ def goal_summary(records: list[dict]) -> str:
             lines.append(
                 f"| {kind} | {_label(column)} | ≥ {LNC_SPEEDUP_GOAL:.1f}× LNC=1 (M ≥ "
                 f"{LNC_GOAL_MIN_M}) | {within} of {len(speedups)} | {worst:.2f}× | {at} | "
-                f"{worst:.2f}× | {at} |"
+                f"{worst:.2f}× | {at} |" + (" n/a |" if with_floors else "")
             )
     return "\n".join(lines)
+
+
+def _binds(r: dict | None) -> str:
+    """The binding resource of a record and its floor as a share of the modeled time."""
+    if r is None or not r.get("floor_us"):
+        return "n/a"
+    share = r["floor_us"][r["binds"]] / r["modeled_us"]
+    return f"{r['binds']} {100 * share:.0f} %"
 
 
 def generated_blocks() -> dict[str, str]:
@@ -212,7 +263,9 @@ def generated_blocks() -> dict[str, str]:
     if CALIBRATION_JSON.exists():
         blocks["calibration"] = calibration_table(json.loads(CALIBRATION_JSON.read_text()))
     if BENCH_JSON.exists():
-        blocks["bench"] = bench_tables(json.loads(BENCH_JSON.read_text()))
+        records = json.loads(BENCH_JSON.read_text())
+        blocks["bench"] = bench_tables(records)
+        blocks["headline"] = headline_table(records)
     return blocks
 
 

@@ -923,13 +923,19 @@ def tensor_reduce(dst, op, data, axis, negate=False, keepdims=False, name=None):
         raise NkiValidationError(f"{api} negate applies to arithmetic reductions only")
     values = data.values().reshape(data.shape[0], kept, -1)
     values = values if spec.bitvec else values.astype(np.float32)
-    return _write_and_emit(
+    write(dst, sem.reduce_last(spec, values, negate))
+    # costed by the elements it reads, as the legacy front-end does: the Vector engine streams
+    # the input (the tensor_reduce cost rule counts input elements, N/2 cycles for bf16 add
+    # and max: hw_cost_facts §2c, D S10 L1466-1480), whatever few it writes
+    return _emit(
         "dve",
         api,
         name,
-        dst,
-        sem.reduce_last(spec, values, negate),
-        [data],
+        reads=[data],
+        writes=[dst],
+        partitions=dst.shape[0],
+        free_size=_free(data),
+        out_dtype=dst.dtype,
         details={"op": spec.name},
     )
 
@@ -1017,7 +1023,17 @@ def bn_stats(dst, data, name=None):
     enforce(rules.check_bn_stats_free, api, _free(data), "nki06", "data")
     if dst.shape[0] != data.shape[0] or _free(dst) != 6:
         raise NkiValidationError(f"{api} dst must be ({data.shape[0]}, 6), got {tuple(dst.shape)}")
-    return _write_and_emit("dve", api, name, dst, sem.batch_norm_stats(_pf(data)), [data])
+    write(dst, sem.batch_norm_stats(_pf(data)))
+    return _emit(  # costed by the elements it reads (the legacy front-end's bn_stats too)
+        "dve",
+        api,
+        name,
+        reads=[data],
+        writes=[dst],
+        partitions=dst.shape[0],
+        free_size=_free(data),
+        out_dtype=dst.dtype,
+    )
 
 
 def bn_aggr(dst, data, name=None):
