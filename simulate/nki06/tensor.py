@@ -324,7 +324,9 @@ class NkiTensor:
             )
         shape, strides = list(self._shape), list(self.strides)
         shape[dim], strides[dim] = int(size), 0
-        return self._derive(shape, strides, self.offset)
+        view = self._derive(shape, strides, self.offset)
+        view.read_only_broadcast = True  # "repeating elements": a source, never a destination
+        return view
 
     def expand_dim(self, dim: int) -> NkiTensor:
         dim = int(dim) % (self.ndim + 1)
@@ -748,6 +750,11 @@ def write(t: NkiTensor, values: np.ndarray, accumulated_by_matmul: bool = False)
     through ``.ap(pattern=[[1, s], [0, H]])``; the ``ap`` docs ban no zero stride ("Analogous
     to torch.as_strided", nki/api/nki/language/__init__.py L486-491); last-wins is inferred
     from the access order."""
+    if getattr(t, "read_only_broadcast", False):
+        raise NkiValidationError(
+            f"`{t.name}`: an instruction cannot write through a broadcast() view (it repeats "
+            "elements for reading; write through .ap() to alias a destination)"
+        )
     target = t.array()
     values = np.asarray(values).reshape(target.shape)
     for dim, (n, stride) in enumerate(zip(t.shape, t.strides)):
