@@ -1,5 +1,6 @@
-"""Legacy ``neuronxcc.nki.isa.max8`` and ``nc_find_index8`` against NumPy (legacy ISA
-reference, aws-neuron-sdk@8a38e733 general/nki/api/nki/isa/__init__.py L655-765)."""
+"""Legacy ``neuronxcc.nki.isa`` top-8 (max8, nc_find_index8, nc_match_replace8) and
+``nc_stream_shuffle`` against NumPy (legacy ISA reference, aws-neuron-sdk@8a38e733
+general/nki/api/nki/isa/__init__.py L655-800, L959-1000)."""
 
 from __future__ import annotations
 
@@ -42,3 +43,45 @@ def test_max8_needs_8_elements_per_partition():
 
     with pytest.raises(ValueError, match="8 to 16384"):
         outputs_of(kernel, np.zeros((4, 7), np.float32))
+
+
+def test_match_replace8_replaces_and_indexes(rng):
+    x = rng.standard_normal((16, 40)).astype(np.float32)
+
+    def kernel(a):
+        tile = nl.load(a)
+        top = nisa.max8(src=tile)
+        idx = nl.ndarray((16, 8), dtype=nl.uint32, buffer=nl.sbuf)
+        replaced = nisa.nc_match_replace8(data=tile, vals=top, imm=-100.0, dst_idx=idx)
+        return replaced, idx
+
+    replaced, index = outputs_of(kernel, x)
+    order = np.argsort(-x, axis=1, kind="stable")[:, :8]
+    expected = x.copy()
+    np.put_along_axis(expected, order, np.float32(-100.0), axis=1)
+    np.testing.assert_array_equal(replaced, expected)
+    np.testing.assert_array_equal(index, order)
+
+
+def test_stream_shuffle_rotates_each_quadrant(rng):
+    x = rng.standard_normal((64, 12)).astype(np.float32)
+    order = [(i - 1) % 32 for i in range(32)]
+
+    def kernel(a):
+        src = nl.load(a)
+        dst = nl.ndarray((64, 12), dtype=nl.float32)
+        nisa.nc_stream_shuffle(src=src, dst=dst, shuffle_mask=order)
+        return dst
+
+    expected = np.concatenate([x[[q * 32 + k for k in order]] for q in range(2)])
+    np.testing.assert_array_equal(outputs_of(kernel, x), expected)
+
+
+def test_stream_shuffle_rejects_a_bad_mask():
+    def kernel(a):
+        src = nl.load(a)
+        nisa.nc_stream_shuffle(src=src, dst=src, shuffle_mask=[40] * 32)
+        return src
+
+    with pytest.raises(ValueError, match="shuffle_mask"):
+        outputs_of(kernel, np.zeros((32, 4), np.float32))

@@ -30,6 +30,7 @@ from ..core.instructions import (
     check_in_scope,
     compute_result,
     dma_record,
+    emit,
     extent,
     fill_masked_off,
     indirect_inputs,
@@ -41,7 +42,7 @@ from ..core.instructions import (
     work_f32,
     write_into,
 )
-from ..core.loop_index import LoopIndex
+from ..core.loop_index import LoopIndex, concrete
 from ..core.runtime import current
 from ..core.tensor import Access, Tensor, contiguous_row_bytes
 
@@ -672,6 +673,78 @@ def nc_find_index8(*, data, vals, mask=None, dtype=None, **kwargs):
     index = sem.find_index8(values, wanted.f32().reshape(op.shape[0], 8), missing)
     return compute_result("dve", "nc_find_index8", index, out_dtype, None, [op, wanted],
                           free_size=values.shape[1])
+
+
+def nc_match_replace8(*, data, vals, imm, dst_idx=None, mask=None, dtype=None, **kwargs):
+    """``nisa.nc_match_replace8(data=, vals=, imm=, dst_idx=None)``: the first not yet
+    replaced occurrence of each of the 8 ``vals`` in each partition of ``data`` becomes
+    ``imm`` in the returned tile, their indices (over the flattened free dims) go to
+    ``dst_idx``; ``vals`` taken from the last (legacy ISA reference L767-800;
+    aws-neuron-sdk@81ce03ae release-notes/components/nki.rst L73-74)."""
+    api = "nc_match_replace8"
+    m = resolve_mask(mask)
+    op = tile_operand(data, "data", api, mask=None if m is False else m)
+    free = int(np.prod(op.shape[1:]))
+    if free > 16384:
+        raise NKIValueError(f"{api} data has {free} elements per partition; at most 16384",
+                            "err_unsupported_free_size")
+    wanted = tile_operand(vals, "vals", api)
+    if wanted.shape[0] != op.shape[0] or int(np.prod(wanted.shape[1:])) != 8:
+        raise NKIValueError(f"{api} vals must have 8 elements in each of the {op.shape[0]} "
+                            f"partitions of data, got {tuple(wanted.shape)}",
+                            "err_unsupported_shape")
+    out_dtype = dt.as_dtype(dtype or op.dtype)
+    if m is False:
+        return _skipped(op.shape, out_dtype)
+    values = op.f32().reshape(op.shape[0], free)
+    if m is not None:  # masked-off points take no part in the match
+        keep = np.broadcast_to(align_mask(m, op.shape), op.shape).reshape(values.shape)
+        values = np.where(keep, values, np.float32(np.nan))
+    replaced, index = sem.match_replace8(values, wanted.f32().reshape(op.shape[0], 8),
+                                         np.float32(imm), 0xFFFFFFFF)
+    extra = ()
+    if dst_idx is not None:
+        write_into(dst_idx, index.reshape(tuple(dst_idx.shape)), None)
+        extra = (dst_idx.region(),)
+    return compute_result("dve", api, replaced.reshape(op.shape), out_dtype, m, [op, wanted],
+                          free_size=free, extra_writes=extra)
+
+
+def nc_stream_shuffle(src, dst, shuffle_mask, *, dtype=None, mask=None, **kwargs):
+    """``nisa.nc_stream_shuffle(src, dst, shuffle_mask)``: output partition ``i`` of each
+    32-partition quadrant of ``dst`` takes partition ``shuffle_mask[i]`` of the same quadrant
+    of ``src`` (255: unchanged); in place allowed; ``mask`` restricts what ``dst`` receives;
+    same dtype and elements per partition (legacy ISA reference L959-1000)."""
+    api = "nc_stream_shuffle"
+    source = tile_operand(src, "src", api)
+    target = tile_operand(dst, "dst", api)
+    order = [int(concrete(k)) for k in shuffle_mask]
+    if len(order) != sem.QUADRANT or any(
+            not (0 <= k < sem.QUADRANT or k == sem.SHUFFLE_KEEP) for k in order):
+        raise NKIValueError(f"{api} shuffle_mask must be 32 partition numbers in [0, 32) or "
+                            f"255, got {order}", "err_unsupported_shuffle_mask")
+    if source.dtype != target.dtype:
+        raise NKITypeError(f"{api} dst dtype {dt.name(target.dtype)} must equal src dtype "
+                           f"{dt.name(source.dtype)}", "err_unsupported_dtype")
+    rows = [1 if op.values.ndim < 2 else op.shape[0] for op in (source, target)]
+    per_row = [op.values.size // n for op, n in zip((source, target), rows)]
+    if per_row[0] != per_row[1]:
+        raise NKIValueError(f"{api} src has {per_row[0]} elements per partition, dst "
+                            f"{per_row[1]}: they must match", "err_unsupported_shape")
+    try:
+        values = sem.stream_shuffle(source.values.reshape(rows[0], -1),
+                                    target.values.reshape(rows[1], -1), order)
+    except IndexError as exc:
+        raise NKIValueError(f"{api} shuffle_mask reads partition {exc.args[0]} of src, which "
+                            f"has {rows[0]} partitions", "err_unsupported_shuffle_mask") from None
+    shape = tuple(dst.shape)
+    m = resolve_mask(mask, shape)
+    if m is False:
+        return None
+    write_into(dst, values.reshape(shape), m)
+    emit("dve", api, inputs=[source, target], outputs=[dst.region(m)], partitions=rows[1],
+         free_size=per_row[1], out_dtype=target.dtype)
+    return None
 
 
 # --- Tensor engine ---------------------------------------------------------------------------
