@@ -1,6 +1,6 @@
-"""Legacy ``neuronxcc.nki.isa`` top-8 (max8, nc_find_index8, nc_match_replace8) and
-``nc_stream_shuffle`` against NumPy (legacy ISA reference, aws-neuron-sdk@8a38e733
-general/nki/api/nki/isa/__init__.py L655-800, L959-1000)."""
+"""Legacy ``neuronxcc.nki.isa`` top-8 (max8, nc_find_index8, nc_match_replace8),
+``nc_stream_shuffle`` and ``range_select`` against NumPy (legacy ISA reference, aws-neuron-sdk@8a38e733
+general/nki/api/nki/isa/__init__.py L655-800, L959-1000, L1084-1160)."""
 
 from __future__ import annotations
 
@@ -85,3 +85,59 @@ def test_stream_shuffle_rejects_a_bad_mask():
 
     with pytest.raises(ValueError, match="shuffle_mask"):
         outputs_of(kernel, np.zeros((32, 4), np.float32))
+
+
+def test_range_select_window_and_chained_max(rng):
+    x = rng.standard_normal((8, 32)).astype(np.float32)
+    low = np.full((8, 1), 4, np.float32)
+    high = rng.integers(5, 40, (8, 1)).astype(np.float32)
+
+    def kernel(a, b0, b1):
+        tile, lo, hi = nl.load(a), nl.load(b0), nl.load(b1)
+        row_max = nl.ndarray((8, 1), dtype=nl.float32, buffer=nl.sbuf)
+        first = nisa.range_select(
+            on_true_tile=tile,
+            comp_op0=np.greater_equal,
+            comp_op1=np.less,
+            bound0=lo,
+            bound1=hi,
+            reduce_cmd=nisa.reduce_cmd.reset_reduce,
+            reduce_op=np.max,
+            range_start=0,
+        )
+        nisa.range_select(
+            on_true_tile=tile,
+            comp_op0=np.greater_equal,
+            comp_op1=np.less,
+            bound0=lo,
+            bound1=hi,
+            reduce_cmd=nisa.reduce_cmd.reduce,
+            reduce_res=row_max,
+            reduce_op=np.max,
+            range_start=3,
+        )
+        return first, row_max
+
+    first, row_max = outputs_of(kernel, x, low, high, target="trn2")
+    index = np.arange(32)[None, :]
+    fmin = np.finfo(np.float32).min
+    keep0 = (index >= low) & (index < high)
+    keep3 = (index + 3 >= low) & (index + 3 < high)
+    np.testing.assert_array_equal(first, np.where(keep0, x, fmin))
+    expected = np.maximum(np.where(keep0, x, fmin).max(1), np.where(keep3, x, fmin).max(1))
+    np.testing.assert_array_equal(row_max[:, 0], expected)
+
+
+def test_range_select_needs_neuroncore_v3():
+    def kernel(a):
+        tile = nl.load(a)
+        return nisa.range_select(
+            on_true_tile=tile,
+            comp_op0=np.less,
+            comp_op1=np.less,
+            bound0=tile[:, 0:1],
+            bound1=tile[:, 0:1],
+        )
+
+    with pytest.raises(ValueError, match="NeuronCore-v3"):
+        outputs_of(kernel, np.zeros((4, 8), np.float32), target="trn1")

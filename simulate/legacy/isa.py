@@ -710,6 +710,67 @@ def nc_match_replace8(*, data, vals, imm, dst_idx=None, mask=None, dtype=None, *
                           free_size=free, extra_writes=extra)
 
 
+_RANGE_COMPARISONS = ("equal", "less", "less_equal", "greater", "greater_equal")
+_FP32_MIN = float(np.finfo(np.float32).min)
+
+
+def range_select(*, on_true_tile, comp_op0, comp_op1, bound0, bound1, reduce_cmd=reduce_cmd.idle,
+                 reduce_res=None, reduce_op=np.amax, range_start=0,
+                 on_false_value=_FP32_MIN, mask=None, dtype=None,
+                 **kwargs):
+    """``nisa.range_select(...)``: ``on_true_tile`` where the free index + ``range_start``
+    passes both comparisons with the per-partition fp32 bounds, else ``on_false_value``
+    (FP32_MIN only); the row maxima fold into the Vector accumulator per ``reduce_cmd`` and
+    reach ``reduce_res`` when given (legacy ISA reference L1084-1160; NeuronCore-v3+)."""
+    api = "range_select"
+    ctx = current(api)
+    if ctx.target.nc_version < 3:
+        raise NKIValueError(f"{api} is available only on NeuronCore-v3 and newer",
+                            "err_unsupported_target")
+    op = tile_operand(on_true_tile, "on_true_tile", api)
+    partitions = op.shape[0]
+    specs = []
+    for argname, compare in (("comp_op0", comp_op0), ("comp_op1", comp_op1)):
+        spec = fn.lookup(compare, argname)
+        if spec.name not in _RANGE_COMPARISONS:
+            raise NKIValueError(f"{api} {argname} must be one of "
+                                f"{', '.join(_RANGE_COMPARISONS)}, got {spec.name}",
+                                "err_unsupported_compare_op")
+        specs.append(spec)
+    bounds = []
+    for argname, bound in (("bound0", bound0), ("bound1", bound1)):
+        b = tile_operand(bound, argname, api)
+        if b.shape[0] != partitions or b.values.size != partitions:
+            raise NKIValueError(f"{api} {argname} must hold one element per partition",
+                                "err_unsupported_shape")
+        if dt.name(b.dtype) != "float32":
+            raise NKITypeError(f"{api} {argname} must be float32, got {dt.name(b.dtype)}",
+                               "err_unsupported_dtype")
+        bounds.append(b)
+    if np.float32(on_false_value) != np.float32(_FP32_MIN):
+        raise NKIValueError(f"{api} on_false_value must be fp32.min, got {on_false_value!r}",
+                            "err_unsupported_on_false_value")
+    spec = fn.lookup(reduce_op, "reduce_op")
+    if spec.name != "maximum":
+        raise NKIValueError(f"{api} reduce_op must be a maximum, got {spec.name}",
+                            "err_unsupported_reduce_op")
+    m = resolve_mask(mask)
+    out_dtype = dt.as_dtype(dtype or op.dtype)
+    if m is False:
+        return _skipped(op.shape, out_dtype)
+    values = sem.range_select(op.f32().reshape(partitions, -1),
+                              bounds[0].f32().reshape(partitions, 1),
+                              bounds[1].f32().reshape(partitions, 1), specs[0], specs[1],
+                              int(concrete(range_start)), on_false_value)
+    acc = ctx.vector_accumulator[:partitions]
+    sem.update_registers(acc, spec, sem.fold_partitions(spec, values), reduce_cmd.name)
+    extra = ()
+    if reduce_res is not None:
+        extra = (_write_column(reduce_res, acc.copy(), None, "reduce_res", api).region(),)
+    return compute_result("dve", api, values.reshape(op.shape), out_dtype, m,
+                          [op, *bounds], extra_writes=extra)
+
+
 def nc_stream_shuffle(src, dst, shuffle_mask, *, dtype=None, mask=None, **kwargs):
     """``nisa.nc_stream_shuffle(src, dst, shuffle_mask)``: output partition ``i`` of each
     32-partition quadrant of ``dst`` takes partition ``shuffle_mask[i]`` of the same quadrant
