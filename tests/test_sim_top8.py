@@ -1,6 +1,7 @@
 """Legacy ``neuronxcc.nki.isa`` top-8 (max8, nc_find_index8, nc_match_replace8),
-``nc_stream_shuffle`` and ``range_select`` against NumPy (legacy ISA reference, aws-neuron-sdk@8a38e733
-general/nki/api/nki/isa/__init__.py L655-800, L959-1000, L1084-1160)."""
+``nc_stream_shuffle`` and ``range_select`` against NumPy (legacy ISA reference,
+aws-neuron-sdk@8a38e733 general/nki/api/nki/isa/__init__.py L655-800, L959-1000,
+L1084-1160)."""
 
 from __future__ import annotations
 
