@@ -220,6 +220,17 @@ def default_target(dialect_name: str | None = None) -> str:
     return DEFAULT_TARGETS[dialect_name or dialect.current()]
 
 
+def runnable_target(target: str | None, dialect_name: str | None = None) -> str | None:
+    """The target a test that draws ``target`` runs ``dialect_name``'s kernels on (default:
+    the dialect in effect): ``target`` itself, except that the nki06 kernels never run on
+    trn1 / inf2 and take trn2 there (a randomized test keeps its draw for legacy)."""
+    from nki_rmsnorm import dialect
+
+    if target in _LEGACY_ONLY_TARGETS and (dialect_name or dialect.current()) == "nki06":
+        return "trn2"
+    return target
+
+
 def trace_launch(kernel, *args, target=None, lnc=None, **kwargs):
     """Simulate ``kernel`` (either dialect) on ``target`` (default: its dialect's
     :data:`DEFAULT_TARGETS`): ``(outputs, trace)``. ``lnc``: the nki06 launch's LNC degree

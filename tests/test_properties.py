@@ -27,6 +27,7 @@ import os
 
 import ml_dtypes
 import numpy as np
+from conftest import runnable_target
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 from test_bwd import _check_against_reference, _make_inputs
@@ -60,6 +61,7 @@ KERNEL_DTYPES = (FP32, BF16, FP16)
 TARGETS = ("trn1", "trn2", "trn3")
 MAX_ELEMENTS = 2**18
 LONG_ROWS = (2048, 4096, 5120, 8192, 16384, 20000, 30001, 32768, 65536)
+
 
 def _shape(draw, max_hidden=LONG_ROWS[-1]):
     n = draw(
@@ -122,9 +124,7 @@ def backward_cases(draw, with_dh):
 
 def _on_dialects_target(options, kernel_dialect):
     """``options`` with a target the dialect runs on (nki06: a trn1 draw becomes trn2)."""
-    if kernel_dialect == "nki06" and options["target"] == "trn1":
-        return {**options, "target": "trn2"}
-    return options
+    return {**options, "target": runnable_target(options["target"], kernel_dialect)}
 
 
 def _check_forward_case(case, kernel_dialect):
