@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import simulate.nki06 as nki
+from simulate.nki06 import context
 from simulate.perf import cost
 from tests.conftest import poison
 
@@ -19,6 +20,13 @@ nl, nisa = nki.language, nki.isa
 def _trn2(monkeypatch):
     monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn2")
     monkeypatch.delenv("NEURON_LOGICAL_NC_CONFIG", raising=False)
+
+
+def _on_neuroncore_v2(monkeypatch):
+    """A trn1 target with the front-end's own NeuronCore-v2 gate lifted (where it has one),
+    so that the instruction's v3+ rule is the one that answers."""
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn1")
+    monkeypatch.setattr(context, "REJECT_NEURONCORE_V2", False, raising=False)
 
 
 def _load(x, dtype=None):
@@ -213,7 +221,7 @@ def test_nonzero_with_count_rules(monkeypatch):
         _nonzero(np.ones((1, 8), np.int32), np.zeros((1, 9), np.float32), 0, -1)
     with pytest.raises(AssertionError, match="one more element"):
         _nonzero(np.ones((1, 8), np.int32), np.zeros((1, 8), np.int32), 0, -1)
-    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn1")
+    _on_neuroncore_v2(monkeypatch)
     with pytest.raises((AssertionError, ValueError), match="NeuronCore-v3"):
         _nonzero(np.ones((1, 8), np.int32), np.zeros((1, 9), np.int32), 0, -1)
 
@@ -546,7 +554,7 @@ def test_range_select_rules(monkeypatch):
         select(x, bound, 0.0, nl.equal)
     with pytest.raises(AssertionError, match="comp_op0 must be one of"):
         select(x, bound, float(F32_MIN), nl.not_equal)
-    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn1")
+    _on_neuroncore_v2(monkeypatch)
     with pytest.raises((AssertionError, ValueError), match="NeuronCore-v3"):
         select(x, bound, float(F32_MIN), nl.equal)
 
