@@ -41,9 +41,11 @@ def test_a_written_argument_can_be_returned(rng, lnc):
 
 @pytest.mark.parametrize("buffer", ["private_hbm", "hbm"])
 def test_an_allocated_non_shared_hbm_result_is_still_rejected(rng, buffer):
+    region = getattr(nl, buffer)  # resolved on the host: getattr is not NKI
+
     @nki.jit
     def copy_out(x):
-        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=getattr(nl, buffer))
+        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=region)
         tile = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
         nisa.dma_copy(dst=tile, src=x)
         nisa.dma_copy(dst=out, src=tile)

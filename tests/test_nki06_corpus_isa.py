@@ -174,10 +174,12 @@ def test_find_index8_marks_a_missing_value_all_ones():
     "free, dst_dtype, match", [(7, "uint32", "8 to 16384"), (16, "int32", "uint16 or uint32")]
 )
 def test_top8_rules(free, dst_dtype, match):
+    index_dtype = getattr(nl, dst_dtype)  # resolved on the host: getattr is not NKI
+
     @nki.jit
     def find(x):
         data = _load(x)
-        found = nl.ndarray((4, 8), dtype=getattr(nl, dst_dtype), buffer=nl.sbuf)
+        found = nl.ndarray((4, 8), dtype=index_dtype, buffer=nl.sbuf)
         nisa.nc_find_index8(dst=found, data=data, vals=data[:, 0:8] if free >= 8 else data)
 
     with pytest.raises((AssertionError, TypeError), match=match):
@@ -257,21 +259,31 @@ def test_the_new_instructions_have_a_cost_entry(opcode, engine):
 )
 def test_affine_select(rng, pattern, multiplier, offset, cmp_op):
     x = rng.standard_normal((32, 64)).astype(np.float32)
-    keywords = {} if cmp_op is None else {"cmp_op": getattr(nl, cmp_op)}
+    compare = None if cmp_op is None else getattr(nl, cmp_op)
 
     @nki.jit
     def select(data):
         tile = _load(data)
         dst = nl.ndarray(data.shape, dtype=data.dtype, buffer=nl.sbuf)
-        nisa.affine_select(
-            dst=dst,
-            pattern=pattern,
-            channel_multiplier=multiplier,
-            on_true_tile=tile,
-            on_false_value=-9999.0,
-            offset=offset,
-            **keywords,
-        )
+        if compare is None:  # the default cmp_op (nl.equal)
+            nisa.affine_select(
+                dst=dst,
+                pattern=pattern,
+                channel_multiplier=multiplier,
+                on_true_tile=tile,
+                on_false_value=-9999.0,
+                offset=offset,
+            )
+        else:
+            nisa.affine_select(
+                dst=dst,
+                pattern=pattern,
+                channel_multiplier=multiplier,
+                on_true_tile=tile,
+                on_false_value=-9999.0,
+                offset=offset,
+                cmp_op=compare,
+            )
         return _store(dst)
 
     grids = np.meshgrid(*[np.arange(n) * s for s, n in pattern], indexing="ij")
@@ -469,7 +481,7 @@ def test_scalar_offset_rows_past_the_end_error_or_skip(rng):
 
 
 # --- range_select, tensor_partition_reduce -----------------------------------------------------
-F32_MIN = np.finfo(np.float32).min
+F32_MIN = float(np.finfo(np.float32).min)
 
 
 @nki.jit
@@ -487,7 +499,7 @@ def _range_select(x, low, high, start, chain):
         reduce_op=nl.maximum,
         range_start=start,
         reduce_res=None if chain else row_max,
-        on_false_value=float(F32_MIN),
+        on_false_value=F32_MIN,
     )
     if chain:  # a second call folds into the accumulators of the first
         nisa.range_select(
@@ -501,7 +513,7 @@ def _range_select(x, low, high, start, chain):
             range_start=start + 1,
             reduce_cmd=nisa.reduce_cmd.reduce,
             reduce_res=row_max,
-            on_false_value=float(F32_MIN),
+            on_false_value=F32_MIN,
         )
     return _store(dst), _store(row_max)
 
@@ -553,10 +565,10 @@ def test_range_select_rules(monkeypatch):
     with pytest.raises(AssertionError, match="must be FP32_MIN"):
         select(x, bound, 0.0, nl.equal)
     with pytest.raises(AssertionError, match="comp_op0 must be one of"):
-        select(x, bound, float(F32_MIN), nl.not_equal)
+        select(x, bound, F32_MIN, nl.not_equal)
     _on_neuroncore_v2(monkeypatch)
     with pytest.raises((AssertionError, ValueError), match="NeuronCore-v3"):
-        select(x, bound, float(F32_MIN), nl.equal)
+        select(x, bound, F32_MIN, nl.equal)
 
 
 @pytest.mark.parametrize(
@@ -572,11 +584,12 @@ def test_tensor_partition_reduce(rng, op, dtype):
     x = (
         rng.integers(0, 1 << 20, (24, 10)) if dtype == np.int32 else rng.standard_normal((24, 10))
     ).astype(dtype)
+    reducer = getattr(nl, op)  # resolved on the host: getattr is not NKI
 
     @nki.jit
     def reduce_partitions(data):
         dst = nl.ndarray((1, 10), dtype=data.dtype, buffer=nl.sbuf)
-        nisa.tensor_partition_reduce(dst=dst, op=getattr(nl, op), data=_load(data))
+        nisa.tensor_partition_reduce(dst=dst, op=reducer, data=_load(data))
         return _store(dst)
 
     expected = getattr(np, op).reduce(

@@ -372,30 +372,35 @@ def test_find_nonzero_indices(rng, tokens, columns, chunk, start, count):
 
 
 # --- stream_shuffle_broadcast, cross_partition_copy (core/utils/) -------------------------------
-def _sbuf_helper_kernel(helper, src_shape, dst_shape, **arguments):
-    """A kernel around one of AWS's SBUF-to-SBUF helpers: ``src`` and the initial ``dst`` come
-    from HBM, the helper's ``dst`` goes back to HBM."""
+def _load_pair(src, dst_init, src_shape, dst_shape):
+    """``src`` and the initial ``dst`` from HBM into SBUF tiles."""
     nl, nisa = nki.language, nki.isa
+    src_sb = nl.ndarray(src_shape, dtype=src.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=src_sb, src=src)
+    dst_sb = nl.ndarray(dst_shape, dtype=src.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=dst_sb, src=dst_init)
+    return src_sb, dst_sb
 
-    def run(src, dst_init):
-        src_sb = nl.ndarray(src_shape, dtype=src.dtype, buffer=nl.sbuf)
-        nisa.dma_copy(dst=src_sb, src=src)
-        dst_sb = nl.ndarray(dst_shape, dtype=src.dtype, buffer=nl.sbuf)
-        nisa.dma_copy(dst=dst_sb, src=dst_init)
-        helper(src=src_sb, dst=dst_sb, **arguments)
-        out = nl.ndarray(dst_shape, dtype=src.dtype, buffer=nl.shared_hbm)
-        nisa.dma_copy(dst=out, src=dst_sb)
-        return out
 
-    return nki.jit(run)
+def _store_tile(tile):
+    nl = nki.language
+    out = nl.ndarray(tile.shape, dtype=tile.dtype, buffer=nl.shared_hbm)
+    nki.isa.dma_copy(dst=out, src=tile)
+    return out
 
 
 @pytest.mark.parametrize("rows, free", [(32, 8), (128, 16), (70, 5)])
 def test_stream_shuffle_broadcast(rng, rows, free):
     """Docstring: the first partition of src onto every partition of dst (2-D, same width)."""
     helper = library_module("core.utils.stream_shuffle_broadcast").stream_shuffle_broadcast
+
+    def broadcast(src, dst_init):
+        src_sb, dst_sb = _load_pair(src, dst_init, (4, free), (rows, free))
+        helper(src=src_sb, dst=dst_sb)
+        return _store_tile(dst_sb)
+
     src = _random(rng, (4, free), np.float32)
-    out = _sbuf_helper_kernel(helper, (4, free), (rows, free))(src, poison((rows, free)))
+    out = nki.jit(broadcast)(src, poison((rows, free)))
     np.testing.assert_array_equal(out, np.broadcast_to(src[0], (rows, free)))
 
 
@@ -410,15 +415,20 @@ def test_cross_partition_copy(rng, src_start, dst_start, count):
     free = 6
     src = _random(rng, (128, free), np.float32)
     dst = _random(rng, (128, free), np.float32)
-    kernel = _sbuf_helper_kernel(
-        helper,
-        (128, free),
-        (128, free),
-        src_start_partition=src_start,
-        dst_start_partition=dst_start,
-        num_partitions_to_copy=count,
-        free_dim_size=free,
-    )
+
+    def copy(src, dst_init):
+        src_sb, dst_sb = _load_pair(src, dst_init, (128, free), (128, free))
+        helper(
+            src=src_sb,
+            dst=dst_sb,
+            src_start_partition=src_start,
+            dst_start_partition=dst_start,
+            num_partitions_to_copy=count,
+            free_dim_size=free,
+        )
+        return _store_tile(dst_sb)
+
+    kernel = nki.jit(copy)
     expected = dst.copy()
     expected[dst_start : dst_start + count] = src[src_start : src_start + count]
     np.testing.assert_array_equal(kernel(src, dst), expected)
