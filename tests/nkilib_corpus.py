@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-import simulate.nki06 as nki
+import simulate
 
 LIBRARY = Path(os.environ.get("NKI_LIBRARY_PATH", "/nonexistent"))
 SOURCES = LIBRARY / "src"
@@ -29,8 +29,9 @@ requires_library = pytest.mark.skipif(
 
 def import_library():
     """``nkilib_src.nkilib`` from the checkout; ``nki``, ``nki.language``, ``nki.isa`` are
-    the simulator's from here on (:func:`simulate.nki06.install`)."""
-    nki.install()
+    the simulator's from here on, and so is ``neuronxcc.nki`` (AWS's router_topk annotates
+    with ``neuronxcc.nki.typing``, ``core/router_topk/router_topk.py`` L21)."""
+    simulate.install()
     if str(SOURCES) not in sys.path:
         sys.path.insert(0, str(SOURCES))
     return importlib.import_module(PACKAGE)

@@ -558,3 +558,66 @@ def test_cross_entropy_forward_and_backward(rng, positions, vocab, batch, chunk,
     expected_grad = np.exp(x - expected_lse[:, None])
     expected_grad[rows, targets] -= 1.0
     _check(grad, expected_grad / positions, np_dtype, scale=1.0 / positions)
+
+
+# --- router_topk (core/router_topk/router_topk.py) ---------------------------------------------
+def _softmax(x):
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+@pytest.mark.parametrize(
+    "tokens, hidden, experts, k, pre_norm, normalize",
+    [
+        (64, 256, 16, 4, True, False),
+        (128, 512, 64, 8, True, True),
+        (32, 128, 32, 2, False, False),
+    ],
+)
+def test_router_topk(rng, tokens, hidden, experts, k, pre_norm, normalize):
+    """Docstring: logits = x @ w + bias ([H, T] x, [H, E] w) → the k experts of largest
+    affinity per token (descending) and the affinities: softmax of all logits (pre-norm),
+    of the top-k only, L1-normalised over the top-k (norm_topk_prob), or softmax of the
+    top-k logits scattered back (post-norm); LNC=2 (the kernel synchronises both cores)."""
+    router = library_module("core.router_topk.router_topk").router_topk
+    softmax = library_module("core.utils.common_types").RouterActFnType.SOFTMAX
+
+    def route(x, w, bias, logits, affinities, index):
+        router(
+            x,
+            w,
+            bias,
+            logits,
+            affinities,
+            index,
+            softmax,
+            k,
+            0,
+            0,
+            router_pre_norm=pre_norm,
+            norm_topk_prob=normalize,
+        )
+
+    x = _random(rng, (hidden, tokens), np.float32)
+    w = _random(rng, (hidden, experts), np.float32) / math.sqrt(hidden)
+    bias = _random(rng, (1, experts), np.float32)
+    logits = poison((tokens, experts))
+    affinities = poison((tokens, experts))
+    index = poison((tokens, k), np.uint32)
+    nki.jit(route)[2](x, w, bias, logits, affinities, index)
+
+    expected_logits = x.T.astype(np.float64) @ w.astype(np.float64) + bias.astype(np.float64)
+    top = np.argsort(-expected_logits, axis=1, kind="stable")[:, :k]
+    _check(logits, expected_logits, np.float32, scale=4.0)
+    np.testing.assert_array_equal(index, top)
+    if pre_norm:
+        expected = _softmax(expected_logits)
+        if normalize:
+            chosen = np.take_along_axis(expected, top, axis=1)
+            expected = np.zeros_like(expected)
+            np.put_along_axis(expected, top, chosen / chosen.sum(axis=1, keepdims=True), axis=1)
+    else:
+        expected = np.zeros_like(expected_logits)
+        chosen = _softmax(np.take_along_axis(expected_logits, top, axis=1))
+        np.put_along_axis(expected, top, chosen, axis=1)
+    _check(affinities, expected, np.float32)
