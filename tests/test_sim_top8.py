@@ -1,6 +1,6 @@
 """Legacy ``neuronxcc.nki.isa`` top-8 (max8, nc_find_index8, nc_match_replace8),
-``nc_stream_shuffle`` and ``range_select`` against NumPy (legacy ISA reference,
-aws-neuron-sdk@8a38e733 general/nki/api/nki/isa/__init__.py L655-800, L959-1000,
+``nc_stream_shuffle``, ``range_select`` and ``sequence_bounds`` against NumPy (legacy ISA
+reference, aws-neuron-sdk@8a38e733 general/nki/api/nki/isa/__init__.py L655-800, L959-1000,
 L1084-1160)."""
 
 from __future__ import annotations
@@ -142,3 +142,23 @@ def test_range_select_needs_neuroncore_v3():
 
     with pytest.raises(ValueError, match="NeuronCore-v3"):
         outputs_of(kernel, np.zeros((4, 8), np.float32), target="trn1")
+
+
+def test_sequence_bounds_the_documented_example():
+    """The example of the legacy test file (general/nki/test/test_nki_isa_sequence_bounds.py
+    L23-L30): ids [0, 1, 1, 2, 2, 2, 0, 3, 3]."""
+    ids = np.array([[0, 1, 1, 2, 2, 2, 0, 3, 3]], np.int32)
+
+    def kernel(a):
+        return nisa.sequence_bounds(segment_ids=nl.load(a))
+
+    expected = [[[9, 1, 1, 3, 3, 3, 9, 7, 7], [-1, 3, 3, 6, 6, 6, -1, 9, 9]]]
+    np.testing.assert_array_equal(outputs_of(kernel, ids), expected)
+
+
+def test_sequence_bounds_needs_one_partition():
+    def kernel(a):
+        return nisa.sequence_bounds(segment_ids=nl.load(a))
+
+    with pytest.raises(ValueError, match="one partition"):
+        outputs_of(kernel, np.ones((2, 8), np.int32))

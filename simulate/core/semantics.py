@@ -421,3 +421,30 @@ def partition_reduce(name, values):
         "bitwise_and": np.bitwise_and,
     }[name]
     return reducer.reduce(values, axis=0, keepdims=True)
+
+
+def sequence_bounds(ids):
+    """``sequence_bounds`` of one row of segment ids: per element the start of its run of
+    equal ids and one past its end; padding (id 0) gets start ``n`` and end ``-1``
+    (aws-neuron-sdk@8a38e733 general/nki/api/nki/isa/__init__.py sequence_bounds and the
+    NumPy equivalent of its example, general/nki/test/test_nki_isa_sequence_bounds.py
+    L56-L82). Returns ``(2, n)``."""
+    ids = np.asarray(ids)
+    n = ids.shape[0]
+    start = np.empty(n, np.int64)
+    end = np.empty(n, np.int64)
+    for i in range(n):
+        if ids[i] == 0:
+            start[i] = n
+        elif i and ids[i] == ids[i - 1]:
+            start[i] = start[i - 1]
+        else:
+            start[i] = i
+    for i in range(n - 1, -1, -1):
+        if ids[i] == 0:
+            end[i] = -1
+        elif i < n - 1 and ids[i] == ids[i + 1]:
+            end[i] = end[i + 1]
+        else:
+            end[i] = i + 1
+    return np.stack([start, end])

@@ -808,6 +808,27 @@ def nc_stream_shuffle(src, dst, shuffle_mask, *, dtype=None, mask=None, **kwargs
     return None
 
 
+def sequence_bounds(*, segment_ids, dtype=None, **kwargs):
+    """``nisa.sequence_bounds(segment_ids=)``: per element the start and one-past-the-end
+    of its run of equal segment ids (padding id 0: ``n`` and ``-1``), as ``(1, 2, n)`` on
+    GpSimd; one partition; float32 or int32 in and out (legacy ISA reference
+    sequence_bounds)."""
+    api = "sequence_bounds"
+    op = tile_operand(segment_ids, "segment_ids", api, allow_psum=False)
+    if op.shape[0] != 1:
+        raise NKIValueError(f"{api} segment_ids must have one partition, got {op.shape[0]}",
+                            "err_num_partition_mismatch")
+    out_dtype = dt.as_dtype(dtype or op.dtype)
+    for argname, kind in (("segment_ids", op.dtype), ("dtype", out_dtype)):
+        if dt.name(kind) not in ("float32", "int32"):
+            raise NKITypeError(f"{api} {argname} must be float32 or int32, got "
+                               f"{dt.name(kind)}", "err_unsupported_dtype")
+    ids = op.values.reshape(-1)
+    values = sem.sequence_bounds(ids)[None].astype(np.float64)
+    return compute_result("pool", api, values, out_dtype, None, [op], partitions=1,
+                          free_size=ids.size)
+
+
 # --- Tensor engine ---------------------------------------------------------------------------
 def _operand_valid(op) -> np.ndarray:
     """(K, F) bool of the points of a matmul operand that were read (operand masks)."""

@@ -266,7 +266,7 @@ def compute_cycles(opcode: str, engine: str, n: int, ops: Operands, details: dic
         if opcode == "nc_n_gather":  # one ISA instruction per 512 gathered elements (its
             # docstring: n = ceil(elems_per_partition / 512)); I: each a Pool start + 1/elem
             return table.pool_start_cycles * max(1, -(-n // 512)) + n, True
-        if opcode == "nonzero_with_count":  # I: one pass like iota; none published
+        if opcode in ("nonzero_with_count", "sequence_bounds"):  # I: one pass like iota
             return table.pool_start_cycles + n, True
         if opcode == "core_barrier":  # no data: a Pool instruction start (I; none published)
             return table.pool_start_cycles, True
