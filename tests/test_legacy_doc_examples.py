@@ -22,7 +22,6 @@ EXAMPLES = DOCS / "test"
 #: file -> why it does not pass yet (the simulator's gap, not AWS's)
 NOT_YET = {
     "test_nki_isa_activation.py": "an activation's result differs from AWS's golden",
-    "test_nki_isa_copypredicated.py": "a tensor_copy_predicated form is rejected",
     "test_nki_isa_dropout.py": "nisa.dropout is not simulated",
     "test_nki_isa_local_gather.py": "a nisa.local_gather form is rejected",
     "test_nki_isa_nc_match_replace8.py": "one case masks with `(ix < n // 2 and iy < m // 2)`: "

@@ -1,7 +1,7 @@
-"""Legacy ``neuronxcc.nki.isa`` top-8 (max8, nc_find_index8, nc_match_replace8),
-``nc_stream_shuffle``, ``range_select`` and ``sequence_bounds`` against NumPy (legacy ISA
-reference, aws-neuron-sdk@8a38e733 general/nki/api/nki/isa/__init__.py L655-800, L959-1000,
-L1084-1160)."""
+"""Legacy ``neuronxcc.nki.isa`` instructions AWS's doc examples use: the top-8 family
+(max8, nc_find_index8, nc_match_replace8), ``nc_stream_shuffle``, ``range_select``,
+``sequence_bounds`` and ``tensor_copy_predicated``, against NumPy (legacy ISA reference,
+aws-neuron-sdk@8a38e733 general/nki/api/nki/isa/__init__.py)."""
 
 from __future__ import annotations
 
@@ -162,3 +162,34 @@ def test_sequence_bounds_needs_one_partition():
 
     with pytest.raises(ValueError, match="one partition"):
         outputs_of(kernel, np.ones((2, 8), np.int32))
+
+
+@pytest.mark.parametrize("reverse, scalar", [(False, False), (True, False), (False, True)])
+def test_tensor_copy_predicated(rng, reverse, scalar):
+    src = rng.standard_normal((16, 24)).astype(np.float32)
+    dst = rng.standard_normal((16, 24)).astype(np.float32)
+    predicate = (rng.random((16, 24)) < 0.5).astype(np.uint8)
+
+    def kernel(s, d, p):
+        target = nl.load(d)
+        nisa.tensor_copy_predicated(
+            src=2.5 if scalar else nl.load(s),
+            dst=target,
+            predicate=nl.load(p),
+            reverse_pred=reverse,
+        )
+        return target
+
+    keep = (predicate != 0) != reverse
+    expected = np.where(keep, np.float32(2.5) if scalar else src, dst)
+    np.testing.assert_array_equal(outputs_of(kernel, src, dst, predicate), expected)
+
+
+def test_tensor_copy_predicated_needs_an_unsigned_predicate():
+    def kernel(s):
+        tile = nl.load(s)
+        nisa.tensor_copy_predicated(src=tile, dst=tile, predicate=tile)
+        return tile
+
+    with pytest.raises(TypeError, match="uint8, uint16 or uint32"):
+        outputs_of(kernel, np.zeros((4, 8), np.float32))

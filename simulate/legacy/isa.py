@@ -829,6 +829,58 @@ def sequence_bounds(*, segment_ids, dtype=None, **kwargs):
                           free_size=ids.size)
 
 
+_PREDICATE_DTYPES = ("uint8", "uint16", "uint32", "bool")
+
+
+def tensor_copy_predicated(*, src, dst, predicate, reverse_pred=False, mask=None, dtype=None,
+                           **kwargs):
+    """``nisa.tensor_copy_predicated(src=, dst=, predicate=)``: ``dst`` takes ``src`` (a
+    tile or a number) where ``predicate`` is nonzero (zero with ``reverse_pred``) and keeps its
+    data elsewhere; same partitions and elements per partition, ``src`` and ``dst`` of one
+    dtype, not both ``src`` and ``predicate`` in PSUM (legacy ISA reference L1493-1540). The
+    predicate is uint8/16/32 by the docs; a bool tile is taken as uint8, as AWS's own example
+    loads ``np.less_equal(a, 0.8)`` (general/nki/test/test_nki_isa_copypredicated.py L31,
+    L51)."""
+    api = "tensor_copy_predicated"
+    pred = tile_operand(predicate, "predicate", api)
+    target = tile_operand(dst, "dst", api)
+    if dt.name(pred.dtype) not in _PREDICATE_DTYPES:
+        raise NKITypeError(f"{api} predicate must be uint8, uint16 or uint32, got "
+                           f"{dt.name(pred.dtype)}", "err_unsupported_dtype")
+    shape = tuple(dst.shape)
+    rows, per_row = target.shape[0], target.values.size // target.shape[0]
+    if pred.shape[0] != rows or pred.values.size // pred.shape[0] != per_row:
+        raise NKIValueError(f"{api} predicate {tuple(pred.shape)} and dst {shape} need the same "
+                            "partitions and elements per partition", "err_unsupported_shape")
+    inputs = [pred, target]
+    if is_tile(src):
+        source = tile_operand(src, "src", api)
+        if source.dtype != target.dtype:
+            raise NKITypeError(f"{api} src and dst must share a dtype, got "
+                               f"{dt.name(source.dtype)} and {dt.name(target.dtype)}",
+                               "err_unsupported_dtype")
+        if source.memory == "psum" and pred.memory == "psum":
+            raise NKIValueError(f"{api} src and predicate cannot both be in PSUM",
+                                "err_unsupported_memory")
+        if source.values.size != target.values.size:
+            raise NKIValueError(f"{api} src {tuple(source.shape)} and dst {shape} differ in "
+                                "size", "err_unsupported_shape")
+        values = source.values.reshape(shape)
+        inputs.insert(0, source)
+    else:
+        values = np.full(shape, concrete(src))
+    keep = pred.values.reshape(shape) != 0
+    if reverse_pred:
+        keep = ~keep
+    m = resolve_mask(mask, shape)
+    if m is False:
+        return None
+    write_into(dst, np.where(keep, values, target.values.reshape(shape)), m)
+    emit("dve", "select", inputs=inputs, outputs=[dst.region(m)], partitions=rows,
+         free_size=per_row, out_dtype=target.dtype)
+    return None
+
+
 # --- Tensor engine ---------------------------------------------------------------------------
 def _operand_valid(op) -> np.ndarray:
     """(K, F) bool of the points of a matmul operand that were read (operand masks)."""
