@@ -32,7 +32,6 @@ NOT_YET = {
     "exposes as a module",
     "test_nki_isa_range_select.py": "its first kernel returns an SBUF tile, which the "
     "simulator rejects (err_top_level_tensor_must_be_hbm); its chaining example passes",
-    "test_nki_isa_select_reduce.py": "nisa.select_reduce is not simulated",
     "test_nki_isa_tensor_copy_dynamic.py": "tensor_copy_dynamic_src/dst are not simulated",
     "test_psum_modulo_alloc.py": "the example calls a module attribute the simulator exposes as "
     "a module",

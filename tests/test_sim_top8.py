@@ -1,7 +1,7 @@
 """Legacy ``neuronxcc.nki.isa`` instructions AWS's doc examples use: the top-8 family
 (max8, nc_find_index8, nc_match_replace8), ``nc_stream_shuffle``, ``range_select``,
-``sequence_bounds`` and ``tensor_copy_predicated``, against NumPy (legacy ISA reference,
-aws-neuron-sdk@8a38e733 general/nki/api/nki/isa/__init__.py)."""
+``sequence_bounds``, ``tensor_copy_predicated`` and ``select_reduce``, against NumPy
+(legacy ISA reference, aws-neuron-sdk@8a38e733 general/nki/api/nki/isa/__init__.py)."""
 
 from __future__ import annotations
 
@@ -193,3 +193,38 @@ def test_tensor_copy_predicated_needs_an_unsigned_predicate():
 
     with pytest.raises(TypeError, match="uint8, uint16 or uint32"):
         outputs_of(kernel, np.zeros((4, 8), np.float32))
+
+
+def test_select_reduce_selects_and_accumulates_row_maxima(rng):
+    x = rng.standard_normal((8, 16)).astype(np.float32)
+    predicate = (rng.random((8, 16)) < 0.5).astype(np.uint8)
+    fallback = rng.standard_normal((8, 1)).astype(np.float32)
+
+    def kernel(a, p, f):
+        on_true, pred, on_false = nl.load(a), nl.load(p), nl.load(f)
+        dst = nl.ndarray((8, 16), dtype=nl.float32, buffer=nl.sbuf)
+        row_max = nl.ndarray((8, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.select_reduce(
+            dst=dst,
+            predicate=pred,
+            on_true=on_true,
+            on_false=-50.0,
+            reduce_cmd=nisa.reduce_cmd.reset_reduce,
+        )
+        nisa.select_reduce(
+            dst=dst,
+            predicate=pred,
+            on_true=on_true,
+            on_false=on_false,
+            reverse_pred=True,
+            reduce_cmd=nisa.reduce_cmd.reduce,
+            reduce_res=row_max,
+            reduce_op=np.max,
+        )
+        return dst, row_max
+
+    selected, row_max = outputs_of(kernel, x, predicate, fallback)
+    first = np.where(predicate != 0, x, np.float32(-50.0))
+    second = np.where(predicate == 0, x, fallback)
+    np.testing.assert_array_equal(selected, second)
+    np.testing.assert_array_equal(row_max[:, 0], np.maximum(first.max(1), second.max(1)))

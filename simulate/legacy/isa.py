@@ -881,6 +881,66 @@ def tensor_copy_predicated(*, src, dst, predicate, reverse_pred=False, mask=None
     return None
 
 
+_SELECT_PREDICATE_DTYPES = ("int8", "uint8", "int16", "uint16", "bool")
+
+
+def select_reduce(*, dst, predicate, on_true, on_false, reduce_res=None,
+                  reduce_cmd=reduce_cmd.idle, reduce_op=np.amax, reverse_pred=False, mask=None,
+                  dtype=None, **kwargs):
+    """``nisa.select_reduce(...)``: ``dst = where(predicate, on_true, on_false)`` (``on_false``
+    a number or a ``(P, 1)`` tile; ``reverse_pred`` flips the predicate), the row maxima
+    folded into the Vector accumulator per ``reduce_cmd`` (shared with range_select) and
+    written to ``reduce_res`` if given; predicate int8/uint8/int16/uint16 (a bool tile taken
+    as uint8), ``on_true`` not tfloat32/int32/uint32, not both ``on_true`` and ``predicate``
+    in PSUM, ``reduce_op`` max only (legacy ISA reference L1249-1320)."""
+    api = "select_reduce"
+    ctx = current(api)
+    pred = tile_operand(predicate, "predicate", api)
+    data = tile_operand(on_true, "on_true", api)
+    if dt.name(pred.dtype) not in _SELECT_PREDICATE_DTYPES:
+        raise NKITypeError(f"{api} predicate must be int8, uint8, int16 or uint16, got "
+                           f"{dt.name(pred.dtype)}", "err_unsupported_dtype")
+    if dt.name(data.dtype) in ("tfloat32", "int32", "uint32"):
+        raise NKITypeError(f"{api} on_true cannot be {dt.name(data.dtype)}",
+                           "err_unsupported_dtype")
+    if data.memory == "psum" and pred.memory == "psum":
+        raise NKIValueError(f"{api} on_true and predicate cannot both be in PSUM",
+                            "err_unsupported_memory")
+    rows = data.shape[0]
+    shape = tuple(dst.shape)
+    if pred.values.size != data.values.size or data.values.size != int(np.prod(shape)):
+        raise NKIValueError(f"{api} dst, predicate and on_true need the same shape",
+                            "err_unsupported_shape")
+    spec = fn.lookup(reduce_op, "reduce_op")
+    if spec.name != "maximum":
+        raise NKIValueError(f"{api} reduce_op must be a maximum, got {spec.name}",
+                            "err_unsupported_reduce_op")
+    if is_tile(on_false):
+        other = tile_operand(on_false, "on_false", api)
+        if other.values.size != rows:
+            raise NKIValueError(f"{api} on_false must be a number or a ({rows}, 1) tile",
+                                "err_unsupported_shape")
+        fallback = other.f32().reshape(rows, 1)
+    else:
+        fallback = np.float32(concrete(on_false))
+    keep = pred.values.reshape(rows, -1) != 0
+    if reverse_pred:
+        keep = ~keep
+    values = np.where(keep, data.f32().reshape(rows, -1), fallback).astype(np.float32)
+    acc = ctx.vector_accumulator[:rows]
+    sem.update_registers(acc, spec, sem.fold_partitions(spec, values), reduce_cmd.name)
+    m = resolve_mask(mask, shape)
+    if m is False:
+        return None
+    write_into(dst, values.reshape(shape), m)
+    outputs = [dst.region(m)]
+    if reduce_res is not None:
+        outputs.append(_write_column(reduce_res, acc.copy(), None, "reduce_res", api).region())
+    emit("dve", "select", inputs=[data, pred], outputs=outputs, partitions=rows,
+         free_size=values.shape[1], out_dtype=dt.as_dtype(dtype or data.dtype))
+    return None
+
+
 # --- Tensor engine ---------------------------------------------------------------------------
 def _operand_valid(op) -> np.ndarray:
     """(K, F) bool of the points of a matmul operand that were read (operand masks)."""
