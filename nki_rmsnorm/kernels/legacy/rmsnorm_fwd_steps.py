@@ -197,46 +197,68 @@ def _rstd_on_vector(sum_sq, eps, n, mask=None):
         dtype=nl.float32,
         mask=mask,
     )
-    if eps >= RSQRT_MIN_INPUT / RSQRT_PRESCALE:
-        u = nisa.tensor_scalar(
-            v,
-            op0=nl.minimum,
-            operand0=FP32_MAX,
-            op1=nl.multiply,
-            operand1=RSQRT_PRESCALE,
-            dtype=nl.float32,
-            mask=mask,
-        )
-        root_scale = RSQRT_POSTSCALE
-    else:
-        u, root_scale = _scaled_per_row(v, mask)
-    rstd = nl.ndarray(sum_sq.shape, dtype=nl.float32)
+    # one helper per range of eps: a tile made under an ``if`` may not be used after the
+    # block, in helpers too (general/nki/api/nki.errors.rst@8a38e733 L417-474)
+    rstd = (
+        _rstd_prescaled(v, mask)
+        if eps >= RSQRT_MIN_INPUT / RSQRT_PRESCALE
+        else _rstd_scaled_per_row(v, mask)
+    )
+    return _infinite_where_zero(rstd, v, mask) if eps == 0.0 else rstd
+
+
+def _rstd_prescaled(v, mask=None):
+    """rstd of every v in [2⁻⁵⁵, +inf]: u = min(v, FP32_MAX)·2⁻³², rstd = r·2⁻¹⁶ times
+    (v ≤ FP32_MAX), 0 for an infinite v."""
+    u = nisa.tensor_scalar(
+        v,
+        op0=nl.minimum,
+        operand0=FP32_MAX,
+        op1=nl.multiply,
+        operand1=RSQRT_PRESCALE,
+        dtype=nl.float32,
+        mask=mask,
+    )
+    rstd = _refined_rsqrt(u, mask)
+    post_scale = nisa.tensor_scalar(
+        v,
+        op0=nl.less_equal,
+        operand0=FP32_MAX,
+        op1=nl.multiply,
+        operand1=RSQRT_POSTSCALE,
+        dtype=nl.float32,
+        mask=mask,
+    )
+    rstd[...] = nisa.tensor_tensor(rstd, post_scale, op=nl.multiply, dtype=nl.float32, mask=mask)
+    return rstd
+
+
+def _rstd_scaled_per_row(v, mask=None):
+    """rstd of every v in [0, +inf] through the per-row power of two of
+    :func:`_scaled_per_row`, times (v ≤ FP32_MAX): 0 for an infinite v."""
+    u, root_scale = _scaled_per_row(v, mask)
+    rstd = _refined_rsqrt(u, mask)
+    post_scale = nisa.scalar_tensor_tensor(
+        data=v,
+        op0=nl.less_equal,
+        operand0=FP32_MAX,
+        op1=nl.multiply,
+        operand1=root_scale,
+        dtype=nl.float32,
+        mask=mask,
+    )
+    rstd[...] = nisa.tensor_tensor(rstd, post_scale, op=nl.multiply, dtype=nl.float32, mask=mask)
+    return rstd
+
+
+def _refined_rsqrt(u, mask=None):
+    """The Scalar engine's rsqrt of u (in its valid range) refined by ``NEWTON_STEPS``
+    Newton steps on the Vector engine."""
+    rstd = nl.ndarray(u.shape, dtype=nl.float32)
     rstd[...] = nisa.activation(op=nl.rsqrt, data=u, dtype=nl.float32, mask=mask)
     for _ in nl.static_range(NEWTON_STEPS):
         rstd[...] = newton_rsqrt_step(rstd, u, mask)
-    # the scale back times (v <= FP32_MAX): 0 for an infinite v
-    if eps >= RSQRT_MIN_INPUT / RSQRT_PRESCALE:
-        post_scale = nisa.tensor_scalar(
-            v,
-            op0=nl.less_equal,
-            operand0=FP32_MAX,
-            op1=nl.multiply,
-            operand1=root_scale,
-            dtype=nl.float32,
-            mask=mask,
-        )
-    else:
-        post_scale = nisa.scalar_tensor_tensor(
-            data=v,
-            op0=nl.less_equal,
-            operand0=FP32_MAX,
-            op1=nl.multiply,
-            operand1=root_scale,
-            dtype=nl.float32,
-            mask=mask,
-        )
-    rstd[...] = nisa.tensor_tensor(rstd, post_scale, op=nl.multiply, dtype=nl.float32, mask=mask)
-    return _infinite_where_zero(rstd, v, mask) if eps == 0.0 else rstd
+    return rstd
 
 
 def _scaled_per_row(v, mask=None):

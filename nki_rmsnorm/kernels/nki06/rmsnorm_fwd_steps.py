@@ -179,45 +179,65 @@ def _rstd_on_vector(sum_sq, eps, n):
         op1=nl.add,
         operand1=float(eps),
     )
-    single_scale = eps >= RSQRT_MIN_INPUT / RSQRT_PRESCALE
-    if single_scale:
-        u = sbuf(shape, nl.float32)
-        nisa.tensor_scalar(
-            dst=u,
-            data=v,
-            op0=nl.minimum,
-            operand0=FP32_MAX,
-            op1=nl.multiply,
-            operand1=RSQRT_PRESCALE,
-        )
-        root_scale = None
-    else:
-        u, root_scale = _scaled_per_row(v)
-    rstd = _activation(shape, nl.rsqrt, u)
+    # one helper per range of eps, as the legacy kernel must (a tile made under an ``if``
+    # may not be used after the block there)
+    rstd = (
+        _rstd_prescaled(v) if eps >= RSQRT_MIN_INPUT / RSQRT_PRESCALE else _rstd_scaled_per_row(v)
+    )
+    return _infinite_where_zero(rstd, v) if eps == 0.0 else rstd
+
+
+def _rstd_prescaled(v):
+    """rstd of every v in [2⁻⁵⁵, +inf]: u = min(v, FP32_MAX)·2⁻³², rstd = r·2⁻¹⁶ times
+    (v ≤ FP32_MAX), 0 for an infinite v."""
+    u = sbuf(v.shape, nl.float32)
+    nisa.tensor_scalar(
+        dst=u,
+        data=v,
+        op0=nl.minimum,
+        operand0=FP32_MAX,
+        op1=nl.multiply,
+        operand1=RSQRT_PRESCALE,
+    )
+    rstd = _refined_rsqrt(u)
+    post_scale = sbuf(v.shape, nl.float32)
+    nisa.tensor_scalar(
+        dst=post_scale,
+        data=v,
+        op0=nl.less_equal,
+        operand0=FP32_MAX,
+        op1=nl.multiply,
+        operand1=RSQRT_POSTSCALE,
+    )
+    nisa.tensor_tensor(dst=rstd, data1=rstd, data2=post_scale, op=nl.multiply)
+    return rstd
+
+
+def _rstd_scaled_per_row(v):
+    """rstd of every v in [0, +inf] through the per-row power of two of
+    :func:`_scaled_per_row`, times (v ≤ FP32_MAX): 0 for an infinite v."""
+    u, root_scale = _scaled_per_row(v)
+    rstd = _refined_rsqrt(u)
+    post_scale = sbuf(v.shape, nl.float32)
+    nisa.scalar_tensor_tensor(
+        dst=post_scale,
+        data=v,
+        op0=nl.less_equal,
+        operand0=FP32_MAX,
+        op1=nl.multiply,
+        operand1=root_scale,
+    )
+    nisa.tensor_tensor(dst=rstd, data1=rstd, data2=post_scale, op=nl.multiply)
+    return rstd
+
+
+def _refined_rsqrt(u):
+    """The Scalar engine's rsqrt of u (in its valid range) refined by ``NEWTON_STEPS``
+    Newton steps on the Vector engine."""
+    rstd = _activation(u.shape, nl.rsqrt, u)
     for _ in range(NEWTON_STEPS):
         newton_rsqrt_step(rstd, u)
-    # the scale back times (v <= FP32_MAX): 0 for an infinite v
-    post_scale = sbuf(shape, nl.float32)
-    if single_scale:
-        nisa.tensor_scalar(
-            dst=post_scale,
-            data=v,
-            op0=nl.less_equal,
-            operand0=FP32_MAX,
-            op1=nl.multiply,
-            operand1=RSQRT_POSTSCALE,
-        )
-    else:
-        nisa.scalar_tensor_tensor(
-            dst=post_scale,
-            data=v,
-            op0=nl.less_equal,
-            operand0=FP32_MAX,
-            op1=nl.multiply,
-            operand1=root_scale,
-        )
-    nisa.tensor_tensor(dst=rstd, data1=rstd, data2=post_scale, op=nl.multiply)
-    return _infinite_where_zero(rstd, v) if eps == 0.0 else rstd
+    return rstd
 
 
 def _scaled_per_row(v):
