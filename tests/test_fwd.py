@@ -401,10 +401,11 @@ def test_tensor_engine_weights_on_trn2(rng, dtype, weight_dtype, offset):
 @pytest.mark.parametrize("target", ["trn1", "trn2"])
 @pytest.mark.parametrize("residual", [False, True])
 def test_several_rows_per_partition(rng, target, residual):
-    """Short rows: two consecutive rows per partition in each tile (one DMA moves both),
-    a ragged last tile, x read once."""
+    """Short rows: four consecutive rows per partition in each tile (one DMA moves them; a
+    tile of 1 KiB rows under ``CHUNK_BYTES`` grows while 8 tiles remain), a ragged last
+    tile, x read once."""
     inputs = _inputs(rng, 4100, 512, BF16, weight_dtype=BF16, bias=True, residual=residual)
-    assert _layout(inputs, target=target).rows_per_partition == 2
+    assert _layout(inputs, target=target).rows_per_partition == 4
     trace = check_forward(inputs, target=target)
     assert trace.hbm_bytes()[0] == _streamed_bytes(inputs) + _parameter_bytes(inputs)
 
