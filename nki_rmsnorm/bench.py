@@ -226,6 +226,7 @@ def run_case(kind, target, M, N, dtype_name, rng, with_baseline=True, dialect="l
     and baseline yardsticks come from ``cache`` (a :class:`YardstickCache`) when it has
     them."""
     import simulate.cost
+    from nki_rmsnorm import kernels
 
     rmsnorm_fwd, rmsnorm_add_fwd, rmsnorm_bwd = _kernels(dialect)
     dtype = np.dtype(ml_dtypes.bfloat16 if dtype_name == "bfloat16" else dtype_name)
@@ -241,7 +242,7 @@ def run_case(kind, target, M, N, dtype_name, rng, with_baseline=True, dialect="l
         launch = ((rmsnorm_fwd, x) if residual is None
                   else (rmsnorm_add_fwd, x, residual))
         outputs, prof = _profile(dialect, lnc, *launch, weight, None, EPS, 0.0, "gemma",
-                                 dtype, target=target)
+                                 kernels.nki_dtype(dtype_name, dialect), target=target)
     wall = time.perf_counter() - start
     eps_dtype = float(np.finfo(np.float32).eps) if dtype_name == "float32" else (
         2.0 ** -8 if dtype_name == "bfloat16" else 2.0 ** -11)
