@@ -248,20 +248,26 @@ def _replacement(module: nn.Module, classes: frozenset | None = None) -> nn.Modu
     return None
 
 
-def apply(model: nn.Module) -> list[str]:
+def apply(model: nn.Module, *, qk_norm: bool = True) -> list[str]:
     """Replace, in place, every Llama-/Gemma-family RMSNorm of a ``transformers`` model by
     the NKI-kernel module of its family (the classes of the tables, and any other class with
     the same code, see :func:`family`); returns the qualified names of the replaced modules.
-    Warns (``UserWarning``) when the model has RMSNorm modules of another arithmetic, left as
-    they are, or none at all (e.g. GPT-2's LayerNorm); :func:`nki_rmsnorm.torch.patch_module`
-    swaps ``torch.nn.RMSNorm`` too."""
-    swapped = _swap(model, None)
+    ``qk_norm=False`` leaves the attention's per-head ``q_norm`` / ``k_norm`` (Qwen3,
+    Gemma 3) as they are. Warns (``UserWarning``) when the model has RMSNorm modules of
+    another arithmetic, left as they are, or none at all (e.g. GPT-2's LayerNorm);
+    :func:`nki_rmsnorm.torch.patch_module` swaps ``torch.nn.RMSNorm`` too."""
+    if not isinstance(qk_norm, bool):
+        raise TypeError(f"qk_norm must be a bool, got {type(qk_norm).__name__}")
+    swapped = _swap(model, None, qk_norm=qk_norm)
     names = set(swapped)
     left = sorted(
         {
             type(m).__name__
             for name, m in model.named_modules()
-            if name not in names and type(m).__name__.endswith("RMSNorm") and not _on_kernels(m)
+            if name not in names
+            and (qk_norm or not _is_qk_norm(name))
+            and type(m).__name__.endswith("RMSNorm")
+            and not _on_kernels(m)
         }
     )
     if left:
@@ -454,13 +460,19 @@ def _fused_decoder_forward(self, hidden_states, *args, **kwargs):
     return residual + self.mlp(normed)
 
 
-def _swap(model: nn.Module, classes: frozenset | None) -> list[str]:
+def _is_qk_norm(name: str) -> bool:
+    """Whether the module named ``name`` is an attention's per-head query / key norm (the
+    attribute names of the Qwen3 and Gemma 3 attention modules)."""
+    return name.rpartition(".")[2] in ("q_norm", "k_norm")
+
+
+def _swap(model: nn.Module, classes: frozenset | None, qk_norm: bool = True) -> list[str]:
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     swaps = [
         (name, new)
         for name, module in model.named_modules()
-        if (new := _replacement(module, classes)) is not None
+        if (qk_norm or not _is_qk_norm(name)) and (new := _replacement(module, classes)) is not None
     ]
     for name, new in swaps:
         if not name:

@@ -1,5 +1,5 @@
 """The forward kernel in the two NKI dialects, trace against trace, and the nki06 kernel at
-LNC = 1 against LNC = 2, in every regime ("rows", "split", "long", "two_pass").
+LNC = 1 against LNC = 2, in every regime ("rows", "packed", "split", "long", "two_pass").
 
 Both dialects plan with ``nki_rmsnorm.plan.forward`` and emit the same arithmetic, so their
 outputs are bitwise equal and their HBM traffic is the same. Their instruction streams are
@@ -52,6 +52,9 @@ CASES = [
     ("trn2", 29, 17389, BF16, True, True, True, "gemma", 0.0),  # long, tensor
     ("trn3", 29, 30001, BF16, False, True, False, "gemma", 0.0),  # long, vector
     ("trn2", 3, 65536, FP32, True, True, True, "gemma", 1.0),  # two_pass
+    ("trn2", 8192, 128, BF16, True, True, True, "gemma", 0.0),  # packed, k = 16
+    ("trn3", 1000, 64, BF16, True, False, False, "llama", 0.5),  # packed, k = 1
+    ("trn2", 4096, 128, FP32, False, True, True, "none", 0.0),  # packed, fp32
 ]
 
 
@@ -70,7 +73,7 @@ def _plan(target, x, r, w, b, offset, mode):
 def _broadcast_banks(plan, layout, M, N, weight, bias):
     """PSUM banks of the rows the nki06 kernel broadcasts by matmul where the legacy one
     has a partition broadcast (see the module docstring)."""
-    if layout.regime == "split":
+    if layout.regime in ("split", "packed"):  # "packed" broadcasts by matmul in both
         return 0
     if layout.regime == "rows":
         return (int(weight and plan.product_engine == "vector") + int(bias)) * math.ceil(
@@ -122,7 +125,7 @@ def test_the_cases_cover_every_regime(rng):
     for target, M, N, dtype, weight, bias, residual, mode, offset in CASES:
         x, r, w, b = _inputs(rng, 1, N, dtype, weight, bias, residual)
         regimes.add(_plan(target, np.empty((M, N), dtype), r, w, b, offset, mode)[1].regime)
-    assert regimes == {"rows", "split", "long", "two_pass"}
+    assert regimes == {"rows", "packed", "split", "long", "two_pass"}
 
 
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
@@ -210,14 +213,15 @@ def test_bindings_agree_bitwise_on_one_target(rng, monkeypatch, residual):
 @pytest.mark.parametrize(
     "M,N,dtype,residual,regime",
     [
-        (4100, 256, BF16, True, "rows"),
+        (4100, 512, BF16, True, "rows"),
         (3 * 128 + 5, 1000, BF16, False, "rows"),
+        (8200, 128, BF16, True, "packed"),
         (1, 512, BF16, False, "rows"),
         (20, 40000, BF16, True, "split"),
         (200, 17389, BF16, True, "long"),
         (130, 60001, FP32, False, "two_pass"),
     ],
-    ids=["k2-ragged", "odd-tiles", "one-row", "split", "long", "two-pass"],
+    ids=["k2-ragged", "odd-tiles", "packed", "one-row", "split", "long", "two-pass"],
 )
 def test_lnc2_is_bitwise_lnc1(rng, target, M, N, dtype, residual, regime):
     """Under ``kernel[2]`` the row tiles are split between the two physical cores, each
@@ -236,18 +240,18 @@ def test_lnc2_is_bitwise_lnc1(rng, target, M, N, dtype, residual, regime):
 def test_lnc2_keeps_as_many_row_tiles_per_core(rng):
     """Under LNC=2 the planner gives "rows" thinner tiles, so that each core keeps
     ``MIN_TILES`` tiles to pipeline (8192 rows of 2048: k = 4 on one core, 2 on two); the
-    decisions for one core are unchanged. The kernel follows it: 4100 rows of 256 are
+    decisions for one core are unchanged. The kernel follows it: 4100 rows of 512 are
     17 tiles of k = 2 at LNC=1 and 33 tiles of k = 1 at LNC=2, each one rstd store."""
     plan = make_plan(BF16, BF16, None, None, 0.0, "gemma", None, FP32, BF16, tensor_engine=True)
     budget = simulate.get_target("trn2").sbuf_bytes_per_partition
     assert choose_layout(plan, 8192, 2048, budget).rows_per_partition == 4
     assert choose_layout(plan, 8192, 2048, budget, cores=2).rows_per_partition == 2
-    assert choose_layout(plan, 4100, 256, budget).rows_per_partition == 2
-    assert choose_layout(plan, 4100, 256, budget, cores=2).rows_per_partition == 1
+    assert choose_layout(plan, 4100, 512, budget).rows_per_partition == 2
+    assert choose_layout(plan, 4100, 512, budget, cores=2).rows_per_partition == 1
     assert choose_layout(plan, 300, 40000, budget, cores=2) == choose_layout(
         plan, 300, 40000, budget)
 
-    x, _, w, _ = _inputs(rng, 4100, 256, BF16, True, False, False)
+    x, _, w, _ = _inputs(rng, 4100, 512, BF16, True, False, False)
     for lnc, tiles in ((1, 17), (2, 33)):
         _, trace = _launch("nki06", "trn2", x, None, w, None, "gemma", lnc=lnc)
         # per tile: x in, y and rstd out; once per core: the weight

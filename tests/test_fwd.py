@@ -403,10 +403,39 @@ def test_tensor_engine_weights_on_trn2(rng, dtype, weight_dtype, offset):
 def test_several_rows_per_partition(rng, target, residual):
     """Short rows: two consecutive rows per partition in each tile (one DMA moves both),
     a ragged last tile, x read once."""
-    inputs = _inputs(rng, 4100, 256, BF16, weight_dtype=BF16, bias=True, residual=residual)
+    inputs = _inputs(rng, 4100, 512, BF16, weight_dtype=BF16, bias=True, residual=residual)
     assert _layout(inputs, target=target).rows_per_partition == 2
     trace = check_forward(inputs, target=target)
     assert trace.hbm_bytes()[0] == _streamed_bytes(inputs) + _parameter_bytes(inputs)
+
+
+@pytest.mark.parametrize("target", ["trn1", "trn2"])
+@pytest.mark.parametrize("casting_mode", ref.CASTING_MODES)
+@pytest.mark.parametrize("options", ["w", "w_offset_bias_res", "bias", "plain", "w_bias"])
+def test_packed_rows(rng, options, casting_mode, target):
+    """QK-norm heads (N = 128): 8 rows per partition in a tile (the largest divisor of M
+    that leaves 4 tiles), a ragged last tile of 96 partitions, x and the residual read
+    once, the weight and bias once per replication in the PSUM bank (4 rows of 128)."""
+    inputs = _inputs(rng, 7936, 128, BF16, weight_dtype=BF16, **OPTION_SETS[options])
+    layout = _layout(inputs, casting_mode, target=target)
+    assert (layout.regime, layout.rows_per_partition) == ("packed", 8)
+    trace = check_forward(inputs, casting_mode, target=target)
+    assert trace.hbm_bytes()[0] == _streamed_bytes(inputs) + 4 * _parameter_bytes(inputs)
+
+
+@pytest.mark.parametrize(
+    ("M", "N", "dtype", "rows"),
+    [(1, 64, "bf16", 1), (97, 256, "bf16", 1), (6000, 64, "fp32", 10), (2600, 1, "fp16", 5),
+     (4096, 128, "fp32", 8)],
+)
+def test_packed_shapes(rng, M, N, dtype, rows):
+    """Short rows of every dtype: one row (k = 1), M prime (k = 1, a part tile), k the
+    largest divisor of M within the tile's byte target, N = 1 (QK-norm's degenerate head),
+    fp32 rows of 512 B (the regime's widest)."""
+    inputs = _inputs(rng, M, N, DTYPES[dtype], bias=True, residual=True, offset=1.0)
+    layout = _layout(inputs, target="trn2")
+    assert (layout.regime, layout.rows_per_partition) == ("packed", rows)
+    check_forward(inputs, target="trn2")
 
 
 @pytest.mark.parametrize("casting_mode", ref.CASTING_MODES)
@@ -496,6 +525,30 @@ def test_fp16_values_whose_squares_overflow_fp16(rng):
     check_forward(inputs)
     # The discarded squares go to a bf16 scratch tile, not the fp16 y tile.
     assert make_plan(FP16, FP16, None, None, 0.0, "gemma", None, FP32, BF16).squares_in == "scratch"
+
+
+@pytest.mark.parametrize("target", ["trn1", "trn2"])
+def test_packed_rows_keep_a_nan_and_an_inf_in_their_own_row(rng, target):
+    """Packed rows share a partition (4096 × 128: 8 rows per partition): a NaN in one and
+    an inf in another leave their partition neighbours bitwise as they were; the NaN row's
+    rstd is NaN, the inf row's 0 (y NaN where x is inf, else 0, as the reference)."""
+    inputs = _inputs(rng, 4096, 128, BF16, weight_dtype=BF16, residual=True)
+    assert _layout(inputs, target=target).rows_per_partition == 8
+    clean = _run(**inputs, target=target)[0]
+    inputs["x"][13, 100] = np.nan
+    inputs["x"][14, 3] = np.inf
+    dirty = _run(**inputs, target=target)[0]
+    rows = (np.arange(4096) != 13) & (np.arange(4096) != 14)
+    for got, want in zip(dirty, clean):
+        np.testing.assert_array_equal(got[rows], want[rows])
+    y, h, rstd = dirty
+    assert np.isnan(rstd[13]) and np.isnan(y[13].astype(np.float32)).all()
+    x14, r14 = inputs["x"][14:15], inputs["residual"][14:15]
+    want = ref.rms_norm_fwd(x14, inputs["weight"], EPS, residual=r14)
+    assert rstd[14] == want[-1][0] == 0.0
+    nan_y = np.isnan(y[14].astype(np.float32))
+    np.testing.assert_array_equal(nan_y, np.isnan(want[0][0].astype(np.float32)))
+    assert nan_y.any() and not nan_y.all()
 
 
 @pytest.mark.parametrize("target", ["trn1", "trn2"])

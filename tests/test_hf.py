@@ -24,6 +24,7 @@ from __future__ import annotations
 import copy
 import importlib
 import inspect
+import warnings
 
 import ml_dtypes
 import numpy as np
@@ -409,6 +410,25 @@ def test_family_tables_match_the_transformers_sources(table, anchor):
         cls = _hf_class(name)
         for method in ("__init__", "forward"):
             assert _source(cls, method) == _source(anchor_cls, method), f"{name}.{method}"
+
+
+@pytest.mark.parametrize("family", ["qwen3", "gemma3"])
+def test_apply_can_leave_the_qk_norms(family):
+    """``qk_norm=False``: every norm but the attention's q_norm / k_norm is swapped (two per
+    layer), those keep their HF class, and nothing warns about them; a non-bool is refused
+    before anything is swapped."""
+    model = _tiny_model(family, torch.float32)
+    with pytest.raises(TypeError, match="qk_norm"):
+        hf.apply(model, qk_norm="no")
+    assert _norm_classes(model) == _norm_classes(_tiny_model(family, torch.float32))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        swapped = hf.apply(model, qk_norm=False)
+    assert len(swapped) == EXPECTED_SWAPS[family] - 4
+    assert not any(name.endswith(("q_norm", "k_norm")) for name in swapped)
+    kept = [m for name, m in model.named_modules() if name.endswith(("q_norm", "k_norm"))]
+    assert len(kept) == 4
+    assert all(type(m).__module__.startswith("transformers.") for m in kept)
 
 
 def test_apply_leaves_other_modules_and_rejects_bad_input():

@@ -44,8 +44,10 @@ def sdk_mode(request):
 
 # (regime, target, M, N, _inputs options, casting mode); the residual cases run the fused add
 FORWARD = [
-    ("rows", "trn1", 130, 256, dict(bias=True, offset=0.5), "gemma"),
-    ("rows", "trn1", 130, 256, dict(residual=True), "llama"),
+    ("rows", "trn1", 130, 512, dict(bias=True, offset=0.5), "gemma"),
+    ("rows", "trn1", 130, 512, dict(residual=True), "llama"),
+    ("packed", "trn1", 1030, 128, dict(bias=True, offset=0.5), "gemma"),
+    ("packed", "trn1", 1024, 64, dict(residual=True), "llama"),
     ("long", "trn1", 3, 40000, dict(residual=True), "llama"),
     ("split", "trn2", 3, 40000, dict(weight_dtype=BF16, residual=True), "gemma"),
     ("two_pass", "trn1", 3, 65536, dict(bias=True, residual=True, offset=1.0), "none"),

@@ -80,6 +80,14 @@ MAX_SEGMENTS = 32
 SEGMENT_COUNTS = (2, 4, 8, 16, MAX_SEGMENTS)
 #: Tiles the "split" regime keeps in flight (loading, reducing, normalising and storing).
 SPLIT_SLOTS = 6
+#: The "packed" regime takes rows of at most this many bytes of h (QK-norm heads: 256
+#: bf16 columns): below it, a tile of one row per partition moves too few bytes per DMA to
+#: amortise the DMA's fixed cost, and each instruction too few elements for its own.
+PACKED_MAX_ROW_BYTES = 512
+#: ... packing rows until a tile moves this many bytes of x per partition ...
+PACKED_TILE_BYTES = 4096
+#: ... while each core keeps at least this many tiles to pipeline.
+PACKED_MIN_TILES = 4
 
 
 # The rstd chain's constants and the entry points' HBM tensors, shared by both dialects.
@@ -179,6 +187,18 @@ class Plan(NKIObject):
 
     def fits_rows(self, n: int, rows: int, budget: int) -> bool:
         return self.rows_bytes(n, rows) <= budget
+
+    def packed_bytes(self, n: int, rows: int) -> int:
+        """Regime "packed", ``rows`` rows of ``n`` per partition: the weight and bias
+        replicated ``rows`` times, two tiles in flight (h, x with a residual, fp32 x̂, y and
+        the pre-bias product) and one row of discarded bf16 squares."""
+        row = FLOAT32_BYTES + _bytes_of(
+            (self.h_dtype, self.residual_dtype, self.result_dtype, self.product_dtype)
+        )
+        if self.result_dtype != self.out_dtype:
+            row += dtype_bytes(self.out_dtype)
+        per_column = self.resident_bytes() + 2 * row
+        return rows * n * per_column + 2 * n * BFLOAT16_BYTES + RESERVED_BYTES
 
     def split_bytes(self, segment: int) -> int:
         """Regime "split", segments of ``segment`` columns: the weight and bias segments
@@ -326,7 +346,8 @@ def make_plan(
 @dataclass(frozen=True)
 class Layout(NKIObject):
     """How the rows are tiled: ``regime`` is "rows" (whole rows, ``rows_per_partition``
-    consecutive rows per partition in a tile), "split" (each row spread over ``segments``
+    consecutive rows per partition in a tile), "packed" (short rows, ``rows_per_partition``
+    of them per partition, segment-wise instructions), "split" (each row spread over ``segments``
     partitions), "long" (one row tile kept, column chunks of ``chunk`` columns, stored in
     chunks of ``output_chunk``) or "two_pass" (x read twice, column chunks of ``chunk``)."""
 
@@ -340,8 +361,12 @@ class Layout(NKIObject):
 def choose_layout(plan: Plan, m: int, n: int, budget: int, cores: int = 1) -> Layout:
     """The regime for an (m, n) input within ``budget`` SBUF bytes per partition. ``cores``:
     the physical cores the row tiles are shared among (2 under LNC=2), each of which should
-    keep ``MIN_TILES`` tiles to pipeline; only the rows per partition of "rows" depend on
-    it, and they change no row's arithmetic."""
+    keep ``MIN_TILES`` tiles to pipeline; only the rows per partition of "rows" and
+    "packed" depend on it, and they change no row's arithmetic."""
+    if n * dtype_bytes(plan.h_dtype) <= PACKED_MAX_ROW_BYTES:
+        return Layout(
+            "packed", rows_per_partition=packed_rows_per_partition(plan, m, n, budget, cores)
+        )
     if plan.fits_rows(n, 1, budget):
         rows = 1
         for k in range(2, MAX_ROWS_PER_PARTITION + 1):
@@ -367,6 +392,19 @@ def choose_layout(plan: Plan, m: int, n: int, budget: int, cores: int = 1) -> La
         ):
             return Layout("long", chunk=chunk, output_chunk=factor * chunk)
     return Layout("two_pass", chunk=plan.two_pass_chunk(n, budget))
+
+
+def packed_rows_per_partition(plan: Plan, m: int, n: int, budget: int, cores: int = 1) -> int:
+    """Rows per partition of the "packed" regime: the largest k dividing m (the kernel
+    views the rows as (m / k, k·n)) whose tile moves at most ``PACKED_TILE_BYTES`` of x per
+    partition, leaves ``PACKED_MIN_TILES`` tiles per core and fits SBUF."""
+    target = max(1, PACKED_TILE_BYTES // (n * dtype_bytes(plan.in_dtype)))
+    tiles = max(1, m // (PMAX * cores * PACKED_MIN_TILES))
+    rows = 1
+    for k in range(2, target + 1):
+        if k <= tiles and m % k == 0 and plan.packed_bytes(n, k) <= budget:
+            rows = k
+    return rows
 
 
 def _more_rows_help(plan: Plan, m: int, n: int, rows: int, budget: int, cores: int = 1) -> bool:
@@ -396,6 +434,8 @@ def layout_bytes(plan: Plan, layout: Layout, n: int) -> int:
         return plan.rows_bytes(n, layout.rows_per_partition)
     if layout.regime == "split":
         return plan.split_bytes(n // layout.segments)
+    if layout.regime == "packed":
+        return plan.packed_bytes(n, layout.rows_per_partition)
     if layout.regime == "long":
         return plan.long_bytes(n, layout.output_chunk)
     return plan.two_pass_bytes(layout.chunk)

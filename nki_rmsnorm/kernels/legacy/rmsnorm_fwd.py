@@ -40,7 +40,7 @@ convention and ``activation_reduce`` / ``scalar_tensor_tensor`` / ``get_nc_versi
 documented per-generation figure before, ``nki_rmsnorm.nki.usable_sbuf_bytes``).
 
 Regimes (``rmsnorm_fwd_plan.choose_layout``; decided from N, the dtypes, the options and the
-target, never from the data; M only sets the rows per partition of the first one):
+target, never from the data; M only sets the rows per partition of "rows" and "packed"):
 
 ======== =====================================================================================
 rows     whole rows, double-buffered, with the weight (and bias) on chip for the whole kernel:
@@ -48,6 +48,10 @@ rows     whole rows, double-buffered, with the weight (and bias) on chip for the
          ``k`` consecutive rows per partition (``rmsnorm_fwd_rows``): ``k`` grows while a
          tile moves ≤ 32 KiB per partition and stream, ≥ 16 tiles remain, k divides M and
          one PSUM tile holds the transposed rstd (k ≤ 4). One DMA per stream and tile.
+packed   short rows (N · h's bytes ≤ 512, QK-norm heads), before "rows": k rows per
+         partition, k the largest divisor of M keeping a tile ≤ 4 KiB of x per partition
+         and ≥ 4 tiles per core; per-row Scalar Σh² and x̂, one Vector rstd chain per tile,
+         the weight and bias replicated in a PSUM bank (``rmsnorm_fwd_packed``).
 split    NeuronCore-v3+ only, rows too long for "rows": each row spread over s partitions
          (s a power of two ≤ 32 dividing N, the smallest that makes a segment ≤ 8 KiB of h),
          so a tile is R = 128 / s whole rows, one contiguous DMA (``rmsnorm_fwd_split``).
@@ -115,6 +119,7 @@ the same whatever batch it is part of.
 from __future__ import annotations
 
 from nki_rmsnorm.kernels.legacy.rmsnorm_fwd_long import long_rows, two_pass
+from nki_rmsnorm.kernels.legacy.rmsnorm_fwd_packed import packed_rows
 from nki_rmsnorm.kernels.legacy.rmsnorm_fwd_rows import rows_resident
 from nki_rmsnorm.kernels.legacy.rmsnorm_fwd_split import split_rows
 from nki_rmsnorm.nki import nisa, nki, nl, usable_sbuf_bytes
@@ -164,6 +169,8 @@ def forward_body(plan, hbm, eps, offset):
     layout = choose_layout(plan, M, N, usable_sbuf_bytes())
     if layout.regime == "rows":
         rows_resident(plan, layout.rows_per_partition, hbm, eps, offset)
+    elif layout.regime == "packed":
+        packed_rows(plan, layout.rows_per_partition, hbm, eps, offset)
     elif layout.regime == "split":
         split_rows(plan, layout.segments, hbm, eps, offset)
     elif layout.regime == "long":

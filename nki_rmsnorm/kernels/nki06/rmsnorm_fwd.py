@@ -13,7 +13,8 @@ outputs: nki/migration/index.rst, 0.2→0.3), and the output-parameter twins
 ``rmsnorm_fwd_out`` / ``rmsnorm_add_fwd_out``.
 
 Every regime of the legacy kernel exists here with the same file and function names:
-"rows" (``rmsnorm_fwd_rows.rows_resident``), "split" (``rmsnorm_fwd_split.split_rows``),
+"rows" (``rmsnorm_fwd_rows.rows_resident``), "packed" (``rmsnorm_fwd_packed.packed_rows``),
+"split" (``rmsnorm_fwd_split.split_rows``),
 "long" and "two_pass" (``rmsnorm_fwd_long.long_rows`` / ``two_pass``).
 
 Launch with ``kernel[2]`` on trn2 / trn3 to split the row tiles of every regime across the
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 from nki_rmsnorm.kernels.nki06._nki import nisa, nki, nl, usable_sbuf_bytes
 from nki_rmsnorm.kernels.nki06.rmsnorm_fwd_long import long_rows, two_pass
+from nki_rmsnorm.kernels.nki06.rmsnorm_fwd_packed import packed_rows
 from nki_rmsnorm.kernels.nki06.rmsnorm_fwd_rows import rows_resident
 from nki_rmsnorm.kernels.nki06.rmsnorm_fwd_split import split_rows
 from nki_rmsnorm.plan.forward import (
@@ -75,6 +77,8 @@ def forward_body(plan, hbm, eps, offset):
     layout = choose_layout(plan, M, N, usable_sbuf_bytes(), cores=nl.num_programs(0))
     if layout.regime == "rows":
         rows_resident(plan, layout.rows_per_partition, hbm, eps, offset)
+    elif layout.regime == "packed":
+        packed_rows(plan, layout.rows_per_partition, hbm, eps, offset)
     elif layout.regime == "split":
         split_rows(plan, layout.segments, hbm, eps, offset)
     elif layout.regime == "long":

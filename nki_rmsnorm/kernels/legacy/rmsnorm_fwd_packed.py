@@ -1,0 +1,160 @@
+"""Forward regime "packed": short rows (QK-norm heads, N·bytes ≤ ``PACKED_MAX_ROW_BYTES``),
+many rows per partition, each instruction covering as many of them as the arithmetic allows.
+
+With one row per partition a tile of short rows moves a few hundred bytes per partition: a
+DMA's fixed cost and every instruction's (the small rstd steps above all) are paid for a few
+kilobytes. Here a tile is (parts, k·N), partition p holding k consecutive rows (the tensors
+viewed as (M / k, k·N), k dividing M), so one DMA moves k·N elements per partition, and:
+
+* Σh² per row on the Scalar engine: one ``activation_reduce`` a row, whose reduction runs
+  along the whole free axis of its input (aws-neuron-sdk@8a38e733
+  general/nki/api/nki/isa/__init__.py L197, the doc of ``activation_reduce``);
+* rstd of all k rows at once on the Vector engine (``rmsnorm_fwd_steps.rstd_from_sum``
+  with ``on_scalar=False``: each of its instructions is element-wise on the (parts, k)
+  sums, where the Scalar chain takes six instructions per row);
+* x̂ = h·rstd per row on the Scalar engine (``activation`` with a (parts, 1) ``scale``
+  tile, same file L107), every third row on the Vector engine (``tensor_scalar`` with a
+  (parts, 1) operand, L1637), rounded
+  to x's dtype in llama / none, fp32 in gemma (one rounding of y at the end);
+* y = x̂·w (+ b) per 512 columns on the Vector engine against the weight (and bias)
+  replicated along the free axis and broadcast across partitions in a PSUM bank once per
+  kernel (a ones-row matmul: exact, every product 1·w); a ``tensor_tensor`` with one PSUM
+  operand streams at one element a cycle.
+
+The arithmetic of a row does not depend on k or on the tile it is in, so the outputs are
+batch-invariant; they are those of the "rows" regime up to the rstd chain (Vector instead of
+Scalar Newton steps) and the gemma product's order (x̂ in fp32, then ·w), both within the
+forward tests' tolerances.
+"""
+
+from __future__ import annotations
+
+from nki_rmsnorm.kernels.legacy import rmsnorm_fwd_steps as steps
+from nki_rmsnorm.nki import nisa, nl
+from nki_rmsnorm.plan.forward import PSUM_COLS
+
+#: Every this many rows, x̂ = h·rstd is formed on the Vector engine rather than the Scalar
+#: engine: the Scalar engine also reduces every row, so an even split of the two passes
+#: over h would leave it the busier.
+XHAT_ON_VECTOR_EVERY = 3
+
+
+def packed_rows(plan, k, hbm, eps, offset):
+    """Every row read once and written once; tiles of ``k`` rows per partition (k divides
+    M)."""
+    M, N = hbm.x.shape
+    P = nl.tile_size.pmax
+    groups = M // k
+    parts = min(P, groups)
+    # as many rows as one PSUM bank of fp32 holds
+    reps = max(1, min(k, PSUM_COLS // N))
+    scale = (
+        _replicated(hbm.weight, reps, parts, plan.scale_dtype, offset)
+        if hbm.weight is not None
+        else None
+    )
+    shift = (
+        _replicated(hbm.bias, reps, parts, plan.bias_dtype, 0.0) if hbm.bias is not None else None
+    )
+    views = [
+        None if t is None else t.reshape((groups, k * N))
+        for t in (hbm.x, hbm.residual, hbm.y, hbm.h)
+    ]
+    views.append(hbm.rstd.reshape((groups, k)))
+    full_tiles = groups // P
+    for t in nl.affine_range(full_tiles):
+        _packed_tile(plan, views, t * P, P, k, N, scale, shift, eps)
+    if groups % P:
+        _packed_tile(plan, views, full_tiles * P, groups % P, k, N, scale, shift, eps)
+
+
+def _replicated(vector_hbm, reps, parts, dtype, offset):
+    """``vector_hbm`` (N,) + ``offset`` in ``dtype``, ``reps`` times along the free axis,
+    broadcast to ``parts`` partitions in one fp32 PSUM bank that stays for the kernel."""
+    n = vector_hbm.shape[0]
+    src = vector_hbm.reshape((1, n))
+    row = nl.ndarray((1, reps * n), dtype=vector_hbm.dtype)
+    for j in nl.static_range(reps):
+        row[0:1, j * n : (j + 1) * n] = nl.load(src)
+    moving = steps.convert_row(row, dtype, offset)
+    ones = nl.full((1, parts), 1.0, dtype=dtype)
+    bank = nl.ndarray((parts, reps * n), dtype=nl.float32, buffer=nl.psum)
+    bank[...] = nisa.nc_matmul(ones, moving)
+    return bank
+
+
+def _packed_tile(plan, views, group0, parts, k, N, scale, shift, eps):
+    """Row groups ``group0 … group0 + parts − 1`` of ``views``, k rows per partition."""
+    x_v, residual_v, y_v, h_v, rstd_v = views
+    width = k * N
+    i_p = nl.arange(parts)[:, None]
+    groups = group0 + i_p
+    i_f = nl.arange(width)[None, :]
+    i_k = nl.arange(k)[None, :]
+
+    residual = residual_v is not None
+    h_tile = nl.ndarray((parts, width), dtype=plan.h_dtype)
+    x_tile = nl.ndarray((parts, width), dtype=plan.in_dtype) if residual else h_tile
+    steps.load_h(
+        h_tile,
+        x_tile,
+        x_v[groups, i_f],
+        residual_v[groups, i_f] if residual else None,
+        h_v[groups, i_f] if residual else None,
+    )
+
+    # ACT: Σh² per row; the squares are discarded into a bf16 scratch (fp32's exponent
+    # range: the square of any input fits).
+    squares = nl.ndarray((parts, N), dtype=nl.bfloat16)
+    sum_sq = nl.ndarray((parts, k), dtype=nl.float32)
+    for j in nl.static_range(k):
+        squares[...] = nisa.activation_reduce(
+            op=nl.square,
+            data=h_tile[:, j * N : (j + 1) * N],
+            reduce_op=nl.add,
+            reduce_res=sum_sq[:, j : j + 1],
+            dtype=nl.bfloat16,
+        )
+    rstd = steps.rstd_from_sum(sum_sq, eps, N, on_scalar=False)
+    nl.store(rstd_v[groups, i_k], value=rstd)
+
+    # x̂ = h·rstd: rounded to x's dtype (llama / none), straight into y without a weight or
+    # bias, else kept in fp32 for the one rounding of y (gemma)
+    y_tile = nl.ndarray((parts, width), dtype=plan.result_dtype)
+    direct = not plan.rounds_xhat and scale is None and shift is None
+    xhat_dtype = plan.in_dtype if plan.rounds_xhat else nl.float32
+    xhat = y_tile if direct else nl.ndarray((parts, width), dtype=xhat_dtype)
+    for j in nl.static_range(k):
+        data = h_tile[:, j * N : (j + 1) * N]
+        xhat[:, j * N : (j + 1) * N] = (
+            nisa.tensor_scalar(data, op0=nl.multiply, operand0=rstd[:, j : j + 1], dtype=xhat.dtype)
+            if j % XHAT_ON_VECTOR_EVERY == XHAT_ON_VECTOR_EVERY - 1
+            else nisa.activation(op=nl.copy, data=data, scale=rstd[:, j : j + 1], dtype=xhat.dtype)
+        )
+    # DVE: y = x̂ · w [+ b], per chunk of the replicated weight's PSUM bank
+    chunk = N * max(1, min(k, PSUM_COLS // N))
+    product = (
+        nl.ndarray((parts, width), dtype=plan.product_dtype)
+        if scale is not None and shift is not None
+        else None
+    )
+    for c0 in nl.static_range(0, width, chunk):
+        c1 = min(width, c0 + chunk)
+        if scale is not None and shift is not None:
+            product[:, c0:c1] = nisa.tensor_tensor(
+                xhat[:, c0:c1], scale[:parts, : c1 - c0], op=nl.multiply, dtype=product.dtype
+            )
+            y_tile[:, c0:c1] = nisa.tensor_tensor(
+                product[:, c0:c1], shift[:parts, : c1 - c0], op=nl.add, dtype=y_tile.dtype
+            )
+        elif scale is not None:
+            y_tile[:, c0:c1] = nisa.tensor_tensor(
+                xhat[:, c0:c1], scale[:parts, : c1 - c0], op=nl.multiply, dtype=y_tile.dtype
+            )
+        elif shift is not None:
+            y_tile[:, c0:c1] = nisa.tensor_tensor(
+                xhat[:, c0:c1], shift[:parts, : c1 - c0], op=nl.add, dtype=y_tile.dtype
+            )
+        elif not direct:
+            y_tile[:, c0:c1] = nisa.tensor_copy(xhat[:, c0:c1], dtype=y_tile.dtype)
+    steps.store_y(plan, y_v[groups, i_f], y_tile)

@@ -1,0 +1,172 @@
+"""Forward regime "packed" in the ``nki`` 0.6 dialect: short rows (QK-norm heads, N·bytes ≤
+``PACKED_MAX_ROW_BYTES``), many rows per partition, each instruction covering all of them
+where the arithmetic allows (see the legacy ``rmsnorm_fwd_packed`` for the design; the
+instructions are the same).
+
+A tile is (parts, k·N): partition p holds k consecutive rows (the tensors viewed as
+(M / k, k·N)), so one DMA moves k·N elements per partition. Per tile: the Scalar engine's
+Σh² per row (``activation_reduce`` over each row's N columns, one instruction a row:
+its reduction is over the whole free axis of its input, aws-neuron-sdk@81ce03ae
+nki/api/nki/isa/__init__.py L1461-1476), the rstd chain once on the (parts, k) sums (Vector
+engine, every instruction element-wise), h·rstd per row on the Scalar engine (``activation``
+with a (parts, 1) ``scale`` tile, L1336; every third row a Vector ``tensor_scalar``, L1081),
+then one Vector instruction per 512 columns multiplying by the weight replicated along the
+free axis in a PSUM bank (built once), and one adding the bias, replicated likewise. The
+tiles run as a two-stage software pipeline (``packed_rows``).
+
+k divides M (the planner picks the largest such k up to its target), so every tile is whole
+row groups. LNC: the tiles are split between the cores as the "rows" regime splits them
+(``rmsnorm_fwd_steps.core_tiles``); a row's instructions do not depend on its tile or core.
+"""
+
+from __future__ import annotations
+
+from nki_rmsnorm.kernels.nki06 import rmsnorm_fwd_steps as steps
+from nki_rmsnorm.kernels.nki06._nki import nisa, nl
+from nki_rmsnorm.plan.forward import PSUM_COLS
+
+#: Every this many rows, x̂ = h·rstd is formed on the Vector engine rather than the Scalar
+#: engine: the Scalar engine also reduces every row, so an even split of the two passes
+#: over h would leave it the busier (1.2 GHz ACT against 0.96 GHz DVE on trn2).
+XHAT_ON_VECTOR_EVERY = 3
+
+
+def packed_rows(plan, k, hbm, eps, offset):
+    """Every row read once and written once; tiles of ``k`` rows per partition (k divides
+    M)."""
+    M, N = hbm.x.shape
+    P = nl.tile_size.pmax
+    groups = M // k
+    parts = min(P, groups)
+    # as many rows as one PSUM bank of fp32 holds
+    reps = max(1, min(k, PSUM_COLS // N))
+    scale = None
+    if hbm.weight is not None:
+        scale = _replicated(hbm.weight, reps, parts, plan.scale_dtype, offset)
+    shift = None
+    if hbm.bias is not None:
+        shift = _replicated(hbm.bias, reps, parts, plan.bias_dtype, 0.0)
+
+    def grouped(t):
+        return None if t is None else t.reshape((groups, k * N))
+
+    views = (
+        grouped(hbm.x),
+        grouped(hbm.residual),
+        grouped(hbm.y),
+        grouped(hbm.h),
+        hbm.rstd.reshape((groups, k)),
+    )
+    # Software pipeline: the statistics of tile t + 1 are issued before the output of tile
+    # t, so that the Scalar engine, whose in-order stream looks only a few instructions
+    # ahead, reduces the next tile while the Vector engine turns this tile's sums into rstd.
+    tiles = steps.core_tiles(groups, P)
+    ahead = None
+    if tiles:
+        ahead = _statistics(plan, views, tiles[0][0], tiles[0][1], k, N, eps)
+    for t in range(len(tiles)):
+        current = ahead
+        if t + 1 < len(tiles):
+            ahead = _statistics(plan, views, tiles[t + 1][0], tiles[t + 1][1], k, N, eps)
+        _output(plan, views, k, N, scale, shift, current)
+
+
+def _replicated(vector_hbm, reps, parts, dtype, offset):
+    """``vector_hbm`` (N,) + ``offset`` in ``dtype``, ``reps`` times along the free axis,
+    broadcast to ``parts`` partitions in one PSUM bank (reps·N ≤ 512 fp32), where it stays
+    for the whole kernel: reps DMAs into one (1, reps·N) row, then a ones-row matmul (exact:
+    every product is 1·w). The Vector engine reads a PSUM operand of ``tensor_tensor`` at
+    one element a cycle, twice the rate of two SBUF fp32 operands."""
+    n = vector_hbm.shape[0]
+    row = steps.sbuf((1, reps * n), vector_hbm.dtype)
+    src = vector_hbm.reshape((1, n))
+    for j in range(reps):
+        nisa.dma_copy(dst=row[:, j * n : (j + 1) * n], src=src)
+    row = steps.convert_row(row, dtype, offset)
+    ones = steps.sbuf((1, parts), dtype)
+    nisa.memset(dst=ones, value=1.0)
+    bank = nl.ndarray((parts, reps * n), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=bank, stationary=ones, moving=row, accumulate=False)
+    return bank
+
+
+def _statistics(plan, views, group0, parts, k, N, eps):
+    """Row groups ``group0 … group0 + parts − 1`` of ``views``, k rows per partition: load
+    (and h = x + residual), Σh², rstd (stored); returns the tile's state for
+    :func:`_output`."""
+    x_v, residual_v, y_v, h_v, rstd_v = views
+    g1 = group0 + parts
+    width = k * N
+    residual = residual_v is not None
+    h_tile = steps.sbuf((parts, width), plan.h_dtype)
+    x_tile = steps.sbuf((parts, width), plan.in_dtype) if residual else h_tile
+    steps.load_h(
+        h_tile,
+        x_tile,
+        x_v[group0:g1, :],
+        residual_v[group0:g1, :] if residual else None,
+        h_v[group0:g1, :] if residual else None,
+    )
+
+    # ACT: Σh² per row; the squares are discarded into a bf16 scratch (fp32's exponent
+    # range: the square of any input fits).
+    squares = steps.sbuf((parts, N), nl.bfloat16)
+    sum_sq = steps.sbuf((parts, k), nl.float32)
+    for j in range(k):
+        nisa.activation_reduce(
+            dst=squares,
+            op=nl.square,
+            data=h_tile[:, j * N : (j + 1) * N],
+            reduce_op=nl.add,
+            reduce_res=sum_sq[:, j : j + 1],
+        )
+    # DVE: rstd of all k rows at once (the Scalar chain would take six instructions a row)
+    rstd = steps.rstd_from_sum(sum_sq, eps, N, on_scalar=False)
+    nisa.dma_copy(dst=rstd_v[group0:g1, :], src=rstd)
+    return group0, h_tile, rstd
+
+
+def _output(plan, views, k, N, scale, shift, state):
+    """y of the tile whose statistics :func:`_statistics` returned, stored."""
+    group0, h_tile, rstd = state
+    parts = h_tile.shape[0]
+    width = k * N
+    y_v = views[2]
+    y_tile = steps.sbuf((parts, width), plan.result_dtype)
+    # x̂ = h·rstd: rounded to x's dtype (llama / none), straight into y without a weight or
+    # bias, else kept in fp32 for the one rounding of y (gemma)
+    direct = not plan.rounds_xhat and scale is None and shift is None
+    if plan.rounds_xhat:
+        xhat = steps.sbuf((parts, width), plan.in_dtype)
+    elif direct:
+        xhat = y_tile
+    else:
+        xhat = steps.sbuf((parts, width), nl.float32)
+    for j in range(k):
+        dst = xhat[:, j * N : (j + 1) * N]
+        data = h_tile[:, j * N : (j + 1) * N]
+        if j % XHAT_ON_VECTOR_EVERY == XHAT_ON_VECTOR_EVERY - 1:
+            nisa.tensor_scalar(dst=dst, data=data, op0=nl.multiply, operand0=rstd[:, j : j + 1])
+        else:
+            nisa.activation(dst=dst, op=nl.copy, data=data, scale=rstd[:, j : j + 1])
+    # DVE: y = x̂ · w [+ b], per chunk of the replicated weight's PSUM bank
+    chunk = N * max(1, min(k, PSUM_COLS // N))
+    for c0 in range(0, width, chunk):
+        c1 = min(width, c0 + chunk)
+        x_c = xhat[:, c0:c1]
+        y_c = y_tile[:, c0:c1]
+        if scale is not None and shift is not None:
+            product = steps.sbuf((parts, c1 - c0), plan.product_dtype)
+            w_c = scale[:parts, : c1 - c0]
+            nisa.tensor_tensor(dst=product, data1=x_c, data2=w_c, op=nl.multiply)
+            b_c = shift[:parts, : c1 - c0]
+            nisa.tensor_tensor(dst=y_c, data1=product, data2=b_c, op=nl.add)
+        elif scale is not None:
+            w_c = scale[:parts, : c1 - c0]
+            nisa.tensor_tensor(dst=y_c, data1=x_c, data2=w_c, op=nl.multiply)
+        elif shift is not None:
+            b_c = shift[:parts, : c1 - c0]
+            nisa.tensor_tensor(dst=y_c, data1=x_c, data2=b_c, op=nl.add)
+        elif not direct:
+            nisa.tensor_copy(dst=y_c, src=x_c)
+    steps.store_y(plan, y_v[group0 : group0 + parts, :], y_tile)
