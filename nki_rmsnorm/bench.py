@@ -226,6 +226,7 @@ def run_case(kind, target, M, N, dtype_name, rng, with_baseline=True, dialect="l
     and baseline yardsticks come from ``cache`` (a :class:`YardstickCache`) when it has
     them."""
     import simulate.cost
+    from nki_rmsnorm import kernels
 
     rmsnorm_fwd, rmsnorm_add_fwd, rmsnorm_bwd = _kernels(dialect)
     dtype = np.dtype(ml_dtypes.bfloat16 if dtype_name == "bfloat16" else dtype_name)

@@ -51,6 +51,12 @@ def _param(rng, n, dtype, centre=1.0):
     return None if dtype is None else rng.normal(centre, 0.3, n).astype(dtype)
 
 
+def _nki_dtype(dtype, kernel_dialect):
+    """``dtype`` (a NumPy dtype or None) as the kernels of ``kernel_dialect`` take a dtype
+    argument: an NKI 0.6 kernel takes only NKI values (docs/nki_language.md)."""
+    return kernels.nki_dtype(None if dtype is None else dtype.name, kernel_dialect)
+
+
 # ---------------------------------------------------------------------------------------------
 # Output-parameter entry points
 # ---------------------------------------------------------------------------------------------
@@ -207,7 +213,7 @@ def test_backward_output_parameters_match_return_convention(
         opts["offset"],
         has_bias,
         casting_mode,
-        opts["bias"],
+        _nki_dtype(opts["bias"], kernel_dialect),
     )
     dx = poison((M, N), BF16)
     dweight = None if w is None else poison((N,), w.dtype)
@@ -549,7 +555,7 @@ def test_forward_plan_bounds_the_allocation(rng, target, case, kernel_dialect):
     )
     assert planned <= capacity
     x, w, b = _data(rng, (m, n), x_dtype), _param(rng, n, w_dtype), _param(rng, n, b_dtype)
-    common = (w, b, 1e-6, offset, mode, out_dtype)
+    common = (w, b, 1e-6, offset, mode, _nki_dtype(out_dtype, kernel_dialect))
     if r_dtype is None:
         _, trace = trace_launch(kernels.rmsnorm_fwd, x, *common, target=target)
     else:

@@ -16,6 +16,7 @@ from test_fwd import BF16, _inputs, _layout, check_forward
 
 import simulate
 from nki_rmsnorm import nki as nki_module
+from nki_rmsnorm.dialect import use_dialect
 from nki_rmsnorm.plan.backward import BwdDtypes, make_plan
 
 OLDEST = "{}.{}".format(*nki_module.OLDEST_SDK)
@@ -26,11 +27,18 @@ MODE_IDS = [f"sdk{OLDEST}-approx", f"sdk{NEWEST}-exact"]
 
 @pytest.fixture(params=MODES, ids=MODE_IDS)
 def sdk_mode(request):
-    """Emulate the release (and approximate mode) for the test; check that it is in force."""
+    """Emulate the release (and approximate mode) for the test; check that it is in force.
+    The releases are legacy SDKs (2.21 - 2.29), so the kernels are the legacy ones on every
+    target, trn2 included (``nki_rmsnorm.dialect``: Trn2 on SDK <= 2.29 runs legacy)."""
     release, approximate = request.param
-    with simulate.use_sdk(release), simulate.use_approx(approximate):
+    with (
+        simulate.use_sdk(release),
+        simulate.use_approx(approximate),
+        use_dialect("legacy") as kernel_dialect,
+    ):
         assert simulate.sdk_version() == release
         assert bool(simulate.approx_bound()) == approximate
+        assert kernel_dialect == "legacy"
         yield release
 
 
