@@ -1,7 +1,7 @@
 """What the kernels do on Trn1, Trn2 and Trn3, in a few minutes on any CPU (``make run``).
 
 For each hardware generation, in the NKI dialect its Neuron SDK compiles (Trn1: legacy
-``neuronxcc.nki``, SDK 2.21 – 2.29; Trn2 and Trn3: NKI 0.6, SDK 2.30 – 2.32), the forward,
+``neuronxcc.nki``, SDK 2.21 – 2.29; Trn2 and Trn3: NKI 0.6, SDK 2.31 – 2.32), the forward,
 backward and fused residual-add kernels run once on the simulator on a bf16 batch of
 8192 tokens × hidden 4096. Each result is checked against the float64 NumPy reference, then
 the cost model's latency is printed beside a plain DMA copy of the same bytes (the floor
@@ -28,8 +28,8 @@ from nki_rmsnorm import bench
 #: (target, dialect, what runs it): the dialect follows the hardware.
 HARDWARE = (
     ("trn1", "legacy", "Trn1 / Inf2, Neuron SDK 2.21-2.29 (neuronxcc.nki)"),
-    ("trn2", "nki06", "Trn2, Neuron SDK 2.30-2.32 (NKI 0.6)"),
-    ("trn3", "nki06", "Trn3, Neuron SDK 2.30-2.32 (NKI 0.6)"),
+    ("trn2", "nki06", "Trn2, Neuron SDK 2.31-2.32 (NKI 0.6)"),
+    ("trn3", "nki06", "Trn3, Neuron SDK 2.31-2.32 (NKI 0.6)"),
 )
 KINDS = {"fwd": "forward", "bwd": "backward", "fused_add": "residual add + forward"}
 BF16_EPS = 2.0**-8

@@ -651,7 +651,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "nki06 on trn3)")
     sweep.add_argument("--dialect",
                        help="kernel dialect of the trn2/trn3 rows: legacy (neuronxcc.nki, SDK "
-                            "<= 2.29) or nki06 (SDK >= 2.30); default: the package's (nki06 "
+                            "<= 2.29) or nki06 (SDK >= 2.31); default: the package's (nki06 "
                             "unless NKI_RMSNORM_DIALECT says otherwise). trn1/inf2 rows always "
                             "run the legacy kernels")
     sweep.add_argument("--lnc", default="1",

@@ -10,7 +10,7 @@ How each figure is measured, with the SDK's documented APIs only:
   matmul tutorial, general/nki/examples/matrix_multiplication/
   matrix_multiplication_nki_kernels.py L405-L410). ``neuron-bench`` runs the NEFF without a
   framework; its latency includes the host-device transfers.
-* **NKI kernel, NKI 0.4 – 0.6 (SDK 2.30 – 2.32)**: ``nki.benchmark`` is not available since
+* **NKI kernel, NKI 0.5 – 0.6 (SDK 2.31 – 2.32)**: ``nki.benchmark`` is not available since
   NKI 0.2.0 (aws-neuron-sdk@81ce03ae release-notes/components/nki.rst L743), and the docs'
   way to time a workload without the profiler is the wall clock around it with the device
   synchronised (aws-neuron-sdk@81ce03ae
@@ -78,7 +78,7 @@ def check_available() -> None:
             f"nki {version[0]}.{version[1]} is installed but not supported "
             f"(the 0.6 kernels support {_range(dialect.NKI_VERSIONS)})"
             if version is not None
-            else "neither the nki package (SDK 2.30 - 2.32) nor neuronxcc.nki (SDK 2.21 - "
+            else "neither the nki package (SDK 2.31 - 2.32) nor neuronxcc.nki (SDK 2.21 - "
             "2.29) is installed"
         )
         raise ValueError(

@@ -1,5 +1,5 @@
 """Which NKI dialect the kernels run in: ``legacy`` (``neuronxcc.nki``, Neuron SDK 2.21 – 2.29)
-or ``nki06`` (``nki`` 0.4 – 0.6, SDK 2.30 – 2.32). The dialect follows the hardware and the
+or ``nki06`` (``nki`` 0.5 – 0.6, SDK 2.31 – 2.32). The dialect follows the hardware and the
 SDK; it is not a user's choice.
 
 * Trn1 and Inf2 (NeuronCore-v2) run the legacy kernels, always: NKI 0.x supports Trn2 and
@@ -7,7 +7,7 @@ SDK; it is not a user's choice.
   Trn1/Inf2 users "should pin to release 2.28" of the NKI-based libraries, "as NKI 0.3.0
   kernels are not supported on Trn1/Inf2" (``release-notes/components/nxd-inference.rst``
   L61).
-* Trn2 and Trn3 run the ``nki06`` kernels on SDK ≥ 2.30 (a real ``nki`` 0.4 – 0.6,
+* Trn2 and Trn3 run the ``nki06`` kernels on SDK ≥ 2.31 (a real ``nki`` 0.5 – 0.6,
   :data:`NKI_VERSIONS`; from 2.30 any ``neuronxcc.nki`` in a kernel is a compile error,
   ``nki/migration/index.rst``, NKI 0.4 entry) and the legacy ones on SDK ≤ 2.29.
 
@@ -21,7 +21,7 @@ L242–244, and the simulator's, ``nki/guides/nki_simulator.rst`` L103). :func:`
 2. in the simulator (no real NKI): ``legacy`` on a trn1/inf2 target; on trn2/trn3 or with
    no target named, the simulator override (:func:`use_dialect`, else :func:`set_dialect`,
    else the ``NKI_RMSNORM_DIALECT`` environment variable), else :data:`DEFAULT` (``nki06``).
-   The override picks which SDK generation the simulator stands for (``nki06``: 2.30 – 2.32;
+   The override picks which SDK generation the simulator stands for (``nki06``: 2.31 – 2.32;
    ``legacy``: the emulated release, ``NKI_SIM_SDK``, 2.21 – 2.29); asking for ``nki06`` on a
    trn1/inf2 target is a ``ValueError`` naming both. With no target named each dialect's
    kernels run on its simulator's default target (``simulate.core.targets``: trn3 for
@@ -57,7 +57,7 @@ TARGET_ENV_VAR = "NEURON_PLATFORM_TARGET_OVERRIDE"
 #: NeuronCore-v2 hardware: the legacy dialect only (NKI 0.x supports Trn2/Trn3 only,
 #: aws-neuron-sdk@81ce03ae nki/nki_faq.rst L23-27).
 LEGACY_ONLY_TARGETS = ("trn1", "inf2")
-#: Hardware that runs the nki06 kernels on SDK >= 2.30 and the legacy ones before.
+#: Hardware that runs the nki06 kernels on SDK >= 2.31 and the legacy ones on SDK <= 2.29.
 NKI06_TARGETS = ("trn2", "trn3")
 #: The generation names the 0.6 simulator also accepts for the target
 #: (``simulate.nki06.context``).
@@ -67,9 +67,12 @@ _TARGET_ALIASES = {"gen2": "trn1", "gen3": "trn2", "gen4": "trn3"}
 #: L117-118).
 DEFAULT = NKI06
 #: Real ``nki`` releases (major, minor) the 0.6 kernels are written for, oldest and newest:
-#: 0.4 is the first release where ``neuronxcc.nki`` in a kernel is an error (SDK 2.30), 0.6
-#: the current one (SDK 2.32).
-NKI_VERSIONS = ((0, 4), (0, 6))
+#: 0.5 (SDK 2.31) is the first with the tensor view methods and chained slicing the kernels
+#: use (``.broadcast()``, views of views: aws-neuron-sdk@81ce03ae
+#: ``release-notes/components/nki.rst`` L127-132; ``simulate.nki06.release`` gates them), 0.6
+#: (SDK 2.32) the current one. SDK 2.30 (NKI 0.4) runs neither dialect: its compiler rejects
+#: ``neuronxcc.nki`` in a kernel, and the 0.6 kernels need 0.5.
+NKI_VERSIONS = ((0, 5), (0, 6))
 
 _chosen: str | None = None  # set_dialect()
 _scoped: contextvars.ContextVar[str | None] = contextvars.ContextVar(
@@ -303,7 +306,7 @@ def check_launch() -> None:
     if os.environ.get(REQUIRE_DEVICE_ENV, "") not in ("", "0"):
         raise RuntimeError(
             f"{REQUIRE_DEVICE_ENV} is set, but the kernels would run on the CPU simulator: "
-            + (problem or "no Neuron SDK (nki 0.4 - 0.6 or neuronxcc.nki) is installed")
+            + (problem or "no Neuron SDK (nki 0.5 - 0.6 or neuronxcc.nki) is installed")
         )
     loaded = [m for m in FRAMEWORK_BINDINGS if m in sys.modules]
     if loaded and "simulated" not in _announced:

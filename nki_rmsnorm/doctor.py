@@ -32,7 +32,7 @@ def _sdk_lines() -> list[str]:
     nki_version = dialect.real_nki_version()
     legacy = dialect._legacy_sdk_release()
     lines = [
-        "nki (NKI 0.4 - 0.6, SDK 2.30 - 2.32): "
+        "nki (NKI 0.5 - 0.6, SDK 2.31 - 2.32): "
         + ("not installed" if nki_version is None else f"{nki_version[0]}.{nki_version[1]}"),
         "neuronxcc.nki (legacy, SDK 2.21 - 2.29): "
         + (

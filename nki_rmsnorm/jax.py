@@ -149,7 +149,7 @@ LAUNCH_PATHS = ("nki_call", "nki.jit", "simulator")
 
 
 def _on_neuron() -> bool:
-    """A Neuron backend with a real NKI (``nki`` 0.4 - 0.6 or ``neuronxcc.nki``) to compile
+    """A Neuron backend with a real NKI (``nki`` 0.5 - 0.6 or ``neuronxcc.nki``) to compile
     the kernels."""
     return jax.default_backend() == "neuron" and not dialect.simulated()
 

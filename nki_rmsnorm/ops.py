@@ -274,7 +274,7 @@ def target_nc_version() -> int | None:
     (``NEURON_PLATFORM_TARGET_OVERRIDE``); None on a real device (the kernel asserts)."""
     from nki_rmsnorm.kernels.nki06._nki import SIMULATED
 
-    if not SIMULATED:  # pragma: no cover - needs the Neuron SDK 2.30+
+    if not SIMULATED:  # pragma: no cover - needs the Neuron SDK 2.31+
         return None
     from simulate.nki06.context import target_from_env
 
@@ -420,7 +420,7 @@ def rms_norm_quant(x: np.ndarray, weight: np.ndarray | None = None, eps: float =
         for flag, flag_name in ((packed, "packed"), (return_transposed, "return_transposed")):
             if flag:
                 raise ValueError(f"{flag_name}=True needs the NKI 0.6 kernel (trn2/trn3 on "
-                                 "SDK 2.30+); the legacy NKI dialect has no .ap access patterns")
+                                 "SDK 2.31+); the legacy NKI dialect has no .ap access patterns")
         if name == "float8_e4m3fn":
             raise ValueError("quant_dtype=float8_e4m3fn is not a legacy NKI dtype: use "
                              "float8_e4m3 (max 240) or float8_e5m2")

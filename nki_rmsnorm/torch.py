@@ -435,7 +435,7 @@ class _XlaLaunch:
     With ``torch_neuronx.nki_jit`` (Neuron SDK 2.20 – 2.23: the 2.23 end-of-support notice and
     the 2.24 removal notice under ``general/announcements/neuron2.x/``) the output-parameter
     kernels are wrapped by it and called with preallocated XLA outputs, as the RMSNorm tutorial
-    does. Without it (SDK ≥ 2.24, and every SDK with ``nki`` 0.4 – 0.6), the
+    does. Without it (SDK ≥ 2.24, and every SDK with ``nki`` 0.5 – 0.6), the
     return-convention ``nki.jit`` kernels are called directly with the XLA tensors and return
     their outputs, as ``nki/guides/framework_custom_op.rst`` (lines 52-64:
     ``c = nki_tensor_add(a, b)``) shows for the 0.6 kernels.
@@ -458,7 +458,7 @@ class _XlaLaunch:
             nki_jit = getattr(torch_neuronx, "nki_jit", None)
         if device_type == "xla" and dialect.simulated():
             raise RuntimeError(
-                "input is on an XLA device, but neither the nki package (SDK >= 2.30) nor "
+                "input is on an XLA device, but neither the nki package (SDK >= 2.31) nor "
                 "the Neuron compiler's neuronxcc.nki is installed, so the kernels can only run "
                 "simulated, on CPU tensors"
             )

@@ -65,7 +65,7 @@ def test_a_newer_nki_is_named_once_with_what_runs_instead(fake_sdk):
     assert dialect.real_nki_version() == (0, 7)
     assert dialect.hardware_dialect() is None and dialect.simulated()
     message = dialect.unsupported_sdk()
-    assert "nki 0.7 is installed" in message and "support nki 0.4 - 0.6" in message
+    assert "nki 0.7 is installed" in message and "support nki 0.5 - 0.6" in message
     assert "CPU simulator" in message
     with pytest.warns(RuntimeWarning, match="nki 0.7 is installed"):
         dialect.check_launch()
@@ -147,7 +147,7 @@ def test_simulation_under_a_framework_binding_is_logged_once_at_info(caplog, mon
 def test_doctor_says_what_runs_here(capsys):
     assert bench.main(["doctor"]) == 0
     text = capsys.readouterr().out
-    assert "nki (NKI 0.4 - 0.6, SDK 2.30 - 2.32): not installed" in text
+    assert "nki (NKI 0.5 - 0.6, SDK 2.31 - 2.32): not installed" in text
     assert "neuronxcc.nki (legacy, SDK 2.21 - 2.29): not installed" in text
     assert f"kernel dialect: {dialect.current()} now" in text
     assert "per target: trn1 legacy, inf2 legacy, trn2 " in text  # the hardware decides
@@ -164,7 +164,7 @@ def test_doctor_names_an_unsupported_nki_and_the_require_device_setting(fake_sdk
     fake_sdk("nki", "nki", "0.7.0")
     monkeypatch.setenv(dialect.REQUIRE_DEVICE_ENV, "1")
     text = doctor.report()
-    assert "nki (NKI 0.4 - 0.6, SDK 2.30 - 2.32): 0.7" in text
+    assert "nki (NKI 0.5 - 0.6, SDK 2.31 - 2.32): 0.7" in text
     assert "unsupported SDK: nki 0.7 is installed" in text
     assert "NKI_RMSNORM_REQUIRE_DEVICE is set, so launches will raise" in text
 
@@ -174,3 +174,12 @@ def test_device_bench_without_an_sdk_is_a_usage_error(capsys, monkeypatch):
     assert bench.main(["bench", "--device", "--quick"]) == 2
     err = capsys.readouterr().err.strip()
     assert "--device needs the Neuron SDK" in err and len(err.splitlines()) == 1
+
+
+def test_nki_0_4_is_named_unsupported(fake_sdk):
+    """SDK 2.30's nki 0.4 lacks the view methods and chained slicing the 0.6 kernels use
+    (NKI 0.5, release-notes/components/nki.rst L127-132): named, and simulated instead."""
+    fake_sdk("nki", "nki", "0.4.0")
+    assert dialect.hardware_dialect() is None
+    assert "nki 0.4 is installed" in dialect.unsupported_sdk()
+    assert "support nki 0.5 - 0.6" in dialect.unsupported_sdk()

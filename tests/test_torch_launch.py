@@ -309,7 +309,7 @@ def _route(monkeypatch, launcher, torch_neuronx):
     "launcher, with_nki_jit, path",
     [
         (None, False, "simulator"),
-        # SDK >= 2.24 (torch_neuronx without nki_jit), and every nki 0.4 - 0.6 SDK: the
+        # SDK >= 2.24 (torch_neuronx without nki_jit), and every nki 0.5 - 0.6 SDK: the
         # nki.jit kernels are called with the framework tensors (the simulator's torch-tensor
         # mode stands in for the compiler).
         ("xla", False, "nki.jit"),

@@ -17,7 +17,7 @@ import simulate.nki06
 from nki_rmsnorm.kernels.baseline import _COPY_ROW_BYTES, copy_row_length
 from nki_rmsnorm.plan.dtypes import dtype_bytes
 
-if simulate.nki06.real_nki_available():  # pragma: no cover - needs the Neuron SDK 2.30+
+if simulate.nki06.real_nki_available():  # pragma: no cover - needs the Neuron SDK 2.31+
     import nki
     import nki.isa as nisa
     import nki.language as nl

@@ -2,7 +2,7 @@
 :mod:`nki_rmsnorm.nki`).
 
 Kernels say ``from nki_rmsnorm.kernels.nki06._nki import nki, nl, nisa``. With a real ``nki``
-0.4 – 0.6 installed (:func:`nki_rmsnorm.dialect.hardware_dialect`) that is the Neuron SDK's
+0.5 – 0.6 installed (:func:`nki_rmsnorm.dialect.hardware_dialect`) that is the Neuron SDK's
 ``nki``; anywhere else it is :mod:`simulate.nki06`, the simulator's 0.6 front-end.
 ``SIMULATED`` says which one was picked.
 """
@@ -17,7 +17,7 @@ if SIMULATED:
     import simulate.nki06 as nki
     import simulate.nki06.isa as nisa
     import simulate.nki06.language as nl
-else:  # pragma: no cover - needs the Neuron SDK 2.30+
+else:  # pragma: no cover - needs the Neuron SDK 2.31+
     import nki
     import nki.isa as nisa
     import nki.language as nl

@@ -1,4 +1,4 @@
-"""RMSNorm backward in the NKI 0.6 dialect (``import nki``, Neuron SDK 2.30-2.32).
+"""RMSNorm backward in the NKI 0.6 dialect (``import nki``, Neuron SDK 2.31-2.32).
 
 The same kernel as the legacy ``nki_rmsnorm.kernels.legacy.rmsnorm_bwd`` (see its module
 docstring for the math, the engines, the tiling and the software pipeline): the same plan,

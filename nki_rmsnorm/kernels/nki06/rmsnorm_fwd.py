@@ -1,4 +1,4 @@
-"""RMSNorm forward kernel in the ``nki`` 0.6 dialect (NKI 0.4 – 0.6, Neuron SDK 2.30 – 2.32):
+"""RMSNorm forward kernel in the ``nki`` 0.6 dialect (NKI 0.5 – 0.6, Neuron SDK 2.31 – 2.32):
 ``y = h · rstd · (weight + offset) + bias`` over the last axis, with the optional fused
 residual add ``h = x + residual``.
 
