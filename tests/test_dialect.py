@@ -73,7 +73,7 @@ def test_unknown_dialect_names_are_rejected(no_setting, monkeypatch, bad):
 
 @pytest.mark.parametrize(
     ("version", "expected"),
-    [("0.4.0", "nki06"), ("0.6.1", "nki06"), ("0.3.0", None), ("0.7.0", None)],
+    [("0.5.0", "nki06"), ("0.6.1", "nki06"), ("0.4.0", None), ("0.3.0", None), ("0.7.0", None)],
 )
 def test_real_nki_in_the_supported_range_wins(no_setting, monkeypatch, version, expected):
     monkeypatch.setitem(sys.modules, "neuronxcc", None)  # no real legacy compiler either
