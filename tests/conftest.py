@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 import threading
 import zlib
 
 import ml_dtypes
 import numpy as np
 import pytest
+
+# torch.compile's FX-graph cache lives under /tmp by default and outlives a run: a graph it
+# compiled against an earlier schema of the package's custom operators would be served again.
+# Each test run compiles into its own directory.
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="nki_rmsnorm_inductor_"))
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 
