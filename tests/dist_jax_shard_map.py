@@ -30,8 +30,14 @@ import time
 import zlib
 
 DEVICES = int(sys.argv[1]) if len(sys.argv) > 1 else 8
+# The host devices are threads that meet at each collective; every device's kernel runs in a
+# simulator host callback, serialised by the GIL, so on a loaded 2-core machine the last one
+# can arrive after XLA's default 40 s of waiting, which aborts the process. The test's own
+# subprocess timeout bounds the run instead.
 os.environ["XLA_FLAGS"] = (
-    os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={DEVICES}"
+    os.environ.get("XLA_FLAGS", "")
+    + f" --xla_force_host_platform_device_count={DEVICES}"
+    + " --xla_cpu_collective_call_terminate_timeout_seconds=600"
 ).strip()
 
 import jax  # noqa: E402
