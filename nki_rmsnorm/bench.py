@@ -59,7 +59,11 @@ FULL_SHAPES = ((29, 17389), (256, 65536), (1024, 32768), (2048, 16384), (4096, 1
 #: The default run: the headline shape (8192 tokens of a 4096-wide model) on every target.
 SUBSET_SHAPES = ((8192, 4096),)
 QUICK_SHAPES = ((129, 1024), (256, 4096))
+#: The kinds the sweep runs without ``--kind``.
 KINDS = ("fwd", "bwd", "fused_add")
+#: ... and those ``--kind`` takes: also "quant", the fp8 quantized forward (nki06 kernels on
+#: trn2/trn3 only).
+ALL_KINDS = KINDS + ("quant",)
 TARGETS = ("inf2", "trn1", "trn2", "trn3")
 DIALECTS = ("legacy", "nki06")
 LNC_TARGETS = ("trn2", "trn3")  # logical cores of two physical cores (LNC=2) exist only there
@@ -74,10 +78,15 @@ EPS = 1e-6
 # error's scale: the largest |reference| value for the forward outputs and dweight (≤ 1 ulp
 # for bf16/fp16 in gemma mode), and for dx the row's largest term rstd·max(|g|, |x̂·c|), as in
 # tests/test_bwd.py (dx itself can be far smaller than its terms after the cancellation).
-TOLERANCE_EPS = {"fwd": 2.0, "fused_add": 2.0, "bwd": 8.0}
+TOLERANCE_EPS = {"fwd": 2.0, "fused_add": 2.0, "bwd": 8.0, "quant": 1.0}
+#: "quant": the dequantized y_q · scale against the float64 y, relative to the row's amax, in
+#: units of half the spacing of fp8 values just below fp8_max (1/16 for e4m3 and e4m3fn,
+#: 1/8 for e5m2): the error RNE can make.
+QUANT_HALF_SPACING = {"float8_e4m3": 2.0**-4, "float8_e4m3fn": 2.0**-4, "float8_e5m2": 2.0**-3}
 BASELINES = {"fwd": "Neuron RMSNorm tutorial kernel",
              "fused_add": "tutorial add, then the tutorial RMSNorm kernel",
-             "bwd": "straightforward nl backward (no published kernel)"}
+             "bwd": "straightforward nl backward (no published kernel)",
+             "quant": "none here: scripts/compare_nkilib.py runs AWS's rmsnorm_quant_kernel"}
 
 
 @dataclass
@@ -118,6 +127,8 @@ def minimal_hbm_bytes(kind: str, M: int, N: int, itemsize: int) -> int:
         return 2 * itemsize * M * N + itemsize * N + 4 * M
     if kind == "fused_add":
         return 4 * itemsize * M * N + itemsize * N + 4 * M
+    if kind == "quant":  # x in, fp8 y_q with its 4 scale bytes per row out (packed layout)
+        return itemsize * M * N + itemsize * N + M * (N + 4)
     return 3 * itemsize * M * N + itemsize * N + 4 * N + 4 * M
 
 
@@ -157,7 +168,7 @@ def _inputs(kind: str, M: int, N: int, dtype, rng):
 def case_rng(seed: int, kind: str, target: str, lnc: int, M: int, N: int):
     """The random generator of one case: its inputs depend on the seed and the case alone,
     so a case draws the same data whichever cases run beside it and in which process."""
-    key = (KINDS.index(kind), TARGETS.index(target), lnc, M, N)
+    key = (ALL_KINDS.index(kind), TARGETS.index(target), lnc, M, N)
     return np.random.default_rng([seed, *key])
 
 
@@ -221,7 +232,9 @@ def run_case(kind, target, M, N, dtype_name, rng, with_baseline=True, dialect="l
     x, weight, residual, dy = _inputs(kind, M, N, dtype, rng)
     rstd = _reference_fwd(x, weight)[1] if kind == "bwd" else None
     start = time.perf_counter()
-    if kind == "bwd":
+    if kind == "quant":
+        packed, prof = _quant_run(target, lnc, x, weight)
+    elif kind == "bwd":
         outputs, prof = _profile(dialect, lnc, rmsnorm_bwd, dy, x, weight, rstd, None, 0.0,
                                  False, "gemma", target=target)
     else:
@@ -230,15 +243,17 @@ def run_case(kind, target, M, N, dtype_name, rng, with_baseline=True, dialect="l
         outputs, prof = _profile(dialect, lnc, *launch, weight, None, EPS, 0.0, "gemma",
                                  dtype, target=target)
     wall = time.perf_counter() - start
-    if kind == "bwd":
+    eps_dtype = float(np.finfo(np.float32).eps) if dtype_name == "float32" else (
+        2.0 ** -8 if dtype_name == "bfloat16" else 2.0 ** -11)
+    if kind == "quant":
+        errors, eps_dtype = _quant_errors(packed, target, x, weight)
+    elif kind == "bwd":
         want = reference.rms_norm_bwd(dy, x, weight, rstd)
         errors = [_max_error(outputs[0], want[0], _dx_row_scale(dy, x, weight, rstd)),
                   _max_error(outputs[1], want[1], _scale(want[1]))]
     else:
         want = _reference_fwd(x, weight, residual)
         errors = [_max_error(o, w, _scale(w)) for o, w in zip(outputs[:-1], want[:-1])]
-    eps_dtype = float(np.finfo(np.float32).eps) if dtype_name == "float32" else (
-        2.0 ** -8 if dtype_name == "bfloat16" else 2.0 ** -11)
     max_error = max(errors)
     correct = max_error <= TOLERANCE_EPS[kind] * eps_dtype
     cache = cache or YardstickCache(None)
@@ -266,6 +281,50 @@ def run_case(kind, target, M, N, dtype_name, rng, with_baseline=True, dialect="l
         speedup_vs_baseline=baseline_us / prof.latency_us if baseline_us else None,
         correct=bool(correct), max_error=max_error, dialect=dialect, lnc=lnc,
         **_floor_fields(prof))
+
+
+def quant_dtype_for(target: str) -> str:
+    """The fp8 dtype the quantized case writes on ``target``: the OCP e4m3 on trn3, the
+    NeuronCore e4m3 (max 240) before (:func:`nki_rmsnorm.ops.quant_dtype_name`'s default)."""
+    return "float8_e4m3fn" if target == "trn3" else "float8_e4m3"
+
+
+def quant_launch_args(x, weight, quant_dtype: str):
+    """The ``rmsnorm_quant`` kernel's arguments for the benchmark's case: per-row scales in
+    nki-library's packed ``[..., N + 4]`` layout, as AWS's ``rmsnorm_quant_kernel`` writes."""
+    from nki_rmsnorm import kernels
+
+    return (x, None, weight, None, EPS, kernels.nki_dtype(quant_dtype, "nki06"), "row", 128,
+            None, 1e-6, False, False, True)
+
+
+def _quant_run(target, lnc, x, weight):
+    """Run the quantized case: (the packed output, Profile)."""
+    from nki_rmsnorm import kernels
+
+    kernel = kernels.kernel("rmsnorm_quant", "nki06")
+    out, prof = _profile("nki06", lnc, kernel,
+                         *quant_launch_args(x, weight, quant_dtype_for(target)), target=target)
+    return np.asarray(out[0] if isinstance(out, tuple) else out), prof
+
+
+def _quant_errors(packed, target, x, weight):
+    """([error], its unit) of the quantized case: the dequantized y_q · scale against the
+    float64 y, relative to each row's amax, in units of half an fp8 step at the top."""
+    name = quant_dtype_for(target)
+    n = x.shape[1]
+    error = 0.0
+    for r0 in range(0, x.shape[0], _CHECK_ROWS):  # the float64 reference, a slice at a time
+        part = packed[r0 : r0 + _CHECK_ROWS]
+        scales = np.ascontiguousarray(part[:, n:]).view(np.uint8).view("<f4")[:, :1]
+        dequantized = part[:, :n].astype(np.float64) * scales
+        want = reference.rms_norm_quant(x[r0 : r0 + _CHECK_ROWS], weight, EPS, quant_dtype=name)
+        error = max(error, _max_error(dequantized, want["y"], want["amax"][:, None]))
+    return [error], QUANT_HALF_SPACING[name]
+
+
+#: Rows of the quantized case checked against the float64 reference at once.
+_CHECK_ROWS = 1024
 
 
 def _floor_fields(prof) -> dict:
@@ -314,6 +373,9 @@ def _copy_us(kind, target, x, residual, dy, dialect="legacy", lnc=1) -> float:
 
     if kind == "fwd":
         launch = (copies.copy_one, x)
+    elif kind == "quant":  # x's bytes read (as two fp8 halves), its fp8 bytes written
+        halves = np.zeros((2,) + x.shape, ml_dtypes.float8_e4m3)
+        launch = (copies.copy_two_store_one, halves[0], halves[1])
     elif kind == "fused_add":
         launch = (copies.copy_two, x, residual)
     else:
@@ -331,6 +393,8 @@ def _baseline_us(kind, target, x, weight, residual, dy, rstd) -> float | None:
     from nki_rmsnorm.kernels import baseline
 
     out = np.empty_like(x)
+    if kind == "quant":
+        return None
     try:
         if kind == "fwd":
             return simulate.profile(baseline.tutorial_rmsnorm, x, weight, out,
@@ -469,7 +533,7 @@ def plot(records, path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    kinds = [k for k in KINDS if any(r.kind == k for r in records)]
+    kinds = [k for k in ALL_KINDS if any(r.kind == k for r in records)]
     fig, axes = plt.subplots(len(kinds), 1, figsize=(11, 3.2 * len(kinds)), squeeze=False)
     for ax, kind in zip(axes[:, 0], kinds):
         rows = [r for r in records if r.kind == kind]
@@ -570,7 +634,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="comma list of " + ",".join(TARGETS) + "; trn2x2 / trn3x2: that "
                             "target at LNC=2 (nki06). Default: trn1,trn2,trn3, plus trn2x2 "
                             "with the nki06 kernels at --lnc 1")
-    sweep.add_argument("--kind", default=",".join(KINDS), help="comma list of fwd,bwd,fused_add")
+    sweep.add_argument("--kind", default=",".join(KINDS),
+                       help="comma list of fwd,bwd,fused_add (default) and quant (the fp8 "
+                            "quantized forward: nki06 on trn2/trn3 only)")
     sweep.add_argument("--dialect",
                        help="kernel dialect of the trn2/trn3 rows: legacy (neuronxcc.nki, SDK "
                             "<= 2.29) or nki06 (SDK >= 2.30); default: the package's (nki06 "
@@ -654,7 +720,7 @@ def _check(args) -> _Sweep:
                              f"{1 if option == '--iters' else 0}")
     if args.dtype not in DTYPES:
         raise ValueError(f"unknown dtype {args.dtype!r}: expected bf16, fp16 or fp32")
-    kinds = _parse_list(args.kind, KINDS, "kind")
+    kinds = _parse_list(args.kind, ALL_KINDS, "kind")
     dialect_name = args.dialect or dialects.for_target(dialects.NKI06_TARGETS[0])
     if dialect_name not in DIALECTS:
         raise ValueError(f"unknown dialect {dialect_name!r}: expected one of "
@@ -674,6 +740,12 @@ def _check(args) -> _Sweep:
             defaults = sorted(defaults + DEFAULT_LNC2_TARGETS)
         target_text = ",".join(defaults)
     targets = _targets(target_text, lnc, dialect_name)
+    if "quant" in kinds:
+        others = [t for t, _ in targets if t not in LNC_TARGETS]
+        if others or dialect_name != "nki06":
+            raise ValueError("--kind quant runs the nki06 quantized kernel on trn2/trn3 only: "
+                             "pass --dialect nki06 and --target trn2, trn3, trn2x2 or trn3x2"
+                             + (f" (not {', '.join(others)})" if others else ""))
     if "bwd" in kinds:
         for M, N in shapes:
             if N > MAX_HIDDEN_BWD:
@@ -686,6 +758,9 @@ def _check(args) -> _Sweep:
                 raise ValueError(f"{option} {path}: directory {folder} does not exist")
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         raise ValueError("--plot needs matplotlib: pip install 'nki-rmsnorm[bench]'")
+    if args.device and "quant" in kinds:
+        raise ValueError("--kind quant runs on the cost model only (no --device measurement "
+                         "of the quantized kernel yet)")
     if args.device:
         from nki_rmsnorm import device
 

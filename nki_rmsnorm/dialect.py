@@ -210,9 +210,10 @@ def set_dialect(name: str | None) -> None:
 
 @contextlib.contextmanager
 def use_dialect(name: str) -> Iterator[str]:
-    """Simulator-only test hook: run the simulator's kernels in dialect ``name`` inside the
+    """Simulator-only hook: run the simulator's kernels in dialect ``name`` inside the
     ``with`` block (this thread or task only); yields the dialect in effect, so ``nki06``
-    on a trn1/inf2 target is a ``ValueError`` here."""
+    on a trn1/inf2 target is a ``ValueError`` here. Tests choose a dialect with it, and the
+    JAX binding carries the dialect it resolved at trace time into XLA's callback threads."""
     token = _scoped.set(_check(name, "dialect"))
     try:
         yield current()

@@ -29,6 +29,23 @@ family's arithmetic and output dtype (read from ``transformers`` 5.23's modeling
   weight)`` in fp32, cast to the input dtype; the weight starts at zeros. Our preset:
   ``casting_mode="gemma"``, ``offset=1.0``, the input dtype.
 
+What is bit for bit HF's (tests/test_hf.py checks each norm call of every family):
+
+* Llama-style, every target: the kernels do HF's arithmetic in HF's order and roundings;
+  only rstd is computed differently (its own summation order and a Newton-refined rsqrt,
+  one to three fp32 ulps off torch's in some rows), so outputs are bit for bit HF's in rows
+  whose rstd equals torch's, and elsewhere at most 2 ulps of the input dtype off, only
+  where x·rstd lies within an fp32 ulp of a rounding tie (about 1 element in 10⁵).
+* Gemma-style on NeuronCore-v2 (trn1, inf2): as Llama-style, HF's order (h·rstd)·(1 + w).
+* Gemma-style on NeuronCore-v3+ (trn2, trn3; the nki06 kernels' default): the kernel forms
+  rstd·(1 + w) on the Tensor engine and multiplies h by it (one Vector pass with a PSUM
+  operand instead of two SBUF operands), so its fp32 value is a few fp32 ulps from HF's and
+  an output is 1 ulp of the input dtype off HF's where HF's value lies that close to a
+  rounding tie, which then moves a few logits in a thousand by 1 ulp.
+
+Logits of a patched model are therefore HF's bit for bit only when no norm output differs;
+in fp32, every family agrees with HF within fp32 rounding (about 1e-6 relative).
+
 The swapped module keeps the original ``weight`` Parameter (same object: optimiser state, tied
 weights and ``state_dict`` keys stay as they were) and the original epsilon attribute
 (``variance_epsilon`` or ``eps``). A weight in a third dtype (fp16 beside a bf16 input) is

@@ -52,7 +52,7 @@ from jax.experimental.buffer_callback import buffer_callback
 from jax.experimental.custom_partitioning import custom_partitioning
 from jax.sharding import PartitionSpec as P
 
-from nki_rmsnorm import _jax_ffi, dialect, kernels, ops
+from nki_rmsnorm import _jax_ffi, dialect, kernels, ops, validation
 
 __all__ = ["LAUNCH_PATHS", "fused_add_rms_norm", "launch_path", "rms_norm", "rms_norm_quant"]
 
@@ -204,7 +204,12 @@ def _forward_outputs(cfg: _Config, x):
     if cfg.residual_dtype is not None:
         described.append((x.shape, cfg.residual_dtype))
     described.append((x.shape[:1], jnp.float32))
-    return _structs(*described)
+    structs = _structs(*described)
+    validation.check_forward_outputs(
+        x.dtype, structs[0].dtype, structs[-1].dtype, cfg.residual_dtype,
+        structs[1].dtype if cfg.residual_dtype is not None else None,
+    )  # fmt: skip
+    return structs
 
 
 def _backward_outputs(cfg: _Config, x_or_h, weight):
@@ -214,7 +219,12 @@ def _backward_outputs(cfg: _Config, x_or_h, weight):
         described.append((weight.shape, weight.dtype))
     if cfg.bias_dtype is not None:
         described.append((x_or_h.shape[1:], cfg.bias_dtype))
-    return _structs(*described)
+    structs = _structs(*described)
+    validation.check_backward_outputs(
+        x_or_h.dtype, None if weight is None else weight.dtype, structs[0].dtype,
+        None if weight is None else structs[1].dtype, cfg.bias_dtype,
+    )  # fmt: skip
+    return structs
 
 
 def _varying_axes(a) -> frozenset:
@@ -647,6 +657,9 @@ def _rms_norm_2d(cfg: _Config, x, weight, bias, residual):
 
 
 def _rms_norm_2d_fwd(cfg: _Config, x, weight, bias, residual):
+    # Differentiating: reject at trace time what the backward kernel cannot take, before the
+    # forward is launched (the limit follows from the shape alone).
+    validation.check_backward_hidden(x.shape[-1])
     outputs, rstd = _forward(cfg, x, weight, bias, residual)
     x_or_h = x if residual is None else outputs[1]
     return outputs, (x_or_h, weight, rstd)

@@ -14,7 +14,10 @@ Decisions beyond ``design.md``:
   ``weight`` is a ``ValueError`` rather than silently ignored; pass ``weight=np.zeros(N)``
   for a constant scale.
 * ``eps = 0`` is allowed: an all-zero row then has ``rstd = inf`` and ``y = 0 · inf = NaN``,
-  as on the hardware (``reference.py`` documents the same).
+  as on the hardware (``reference.py`` documents the same). An infinite element gives its
+  row rstd = 0 (y NaN there, 0 elsewhere); a finite row whose Σh² or mean square the
+  kernels' fp32 sum of squares cannot hold exactly is a ``ValueError`` naming the limit
+  (:func:`nki_rmsnorm.validation.check_statistics_range`).
 * ``weight`` and ``bias`` are float32 or x's dtype; a ``residual`` is x's dtype or float32
   (an fp32 residual stream beside bf16 activations), and ``h`` comes back in its dtype.
 * In the backward pass ``dy`` and ``dh_out`` may be in any kernel dtype (``y`` may have had
@@ -31,13 +34,13 @@ import ml_dtypes
 import numpy as np
 from numpy.typing import DTypeLike
 
-from nki_rmsnorm import kernels
+from nki_rmsnorm import dialect, kernels
 from nki_rmsnorm.plan.backward import MAX_HIDDEN as MAX_HIDDEN_BWD
 
 # The argument rules live in one module shared by every front end; the launchers below use
 # them under their historical private names.
 from nki_rmsnorm.validation import FLOAT32 as _FLOAT32
-from nki_rmsnorm.validation import KERNEL_DTYPES, check_options
+from nki_rmsnorm.validation import KERNEL_DTYPES, check_options, check_statistics_range
 from nki_rmsnorm.validation import as_array as _array
 from nki_rmsnorm.validation import check_casting_mode as _casting_mode
 from nki_rmsnorm.validation import eps_value as _eps
@@ -107,6 +110,10 @@ def rms_norm_fwd(x: np.ndarray, weight: np.ndarray | None = None, eps: float = 1
     _casting_mode(casting_mode)
     out_dtype = x.dtype if out_dtype is None else _dtype(out_dtype, "out_dtype")
 
+    h = x if residual is None else (x.astype(_FLOAT32) + residual.astype(_FLOAT32)).astype(
+        residual.dtype)
+    check_statistics_range(h, eps)
+
     lead = x.shape[:-1]
     rows = math.prod(lead)
     if rows == 0:
@@ -115,12 +122,15 @@ def rms_norm_fwd(x: np.ndarray, weight: np.ndarray | None = None, eps: float = 1
             outputs.append(np.empty(x.shape, residual.dtype))
         return (*outputs, np.empty(lead, np.float32))
 
+    # the kernel takes an nki.language dtype, not a NumPy one (nki/api/nki.api.shared.rst
+    # L11-L12 in NKI 0.6)
+    y_dtype = kernels.nki_dtype(np.dtype(out_dtype).name, dialect.current())
     if residual is None:
         outputs = kernels.rmsnorm_fwd(_rows(x, rows, n), weight, bias, eps, offset,
-                                      casting_mode, out_dtype)
+                                      casting_mode, y_dtype)
     else:
         outputs = kernels.rmsnorm_add_fwd(_rows(x, rows, n), _rows(residual, rows, n), weight,
-                                          bias, eps, offset, casting_mode, out_dtype)
+                                          bias, eps, offset, casting_mode, y_dtype)
     *tiles, rstd = outputs
     return (*(t.reshape(x.shape) for t in tiles), rstd.reshape(lead))
 
@@ -232,8 +242,8 @@ QUANT_DTYPES = {
 #: ``src/nkilib_src/nkilib/core/utils/kernel_helpers.py`` L489-491).
 _OCP_ONLY_NC_VERSION = 4
 SCALE_MODES = ("row", "block", "static")
-#: Bytes per partition the quantized kernel may keep for one row tile (the smallest usable
-#: SBUF of its targets, trn2's, rounded down).
+#: Bytes per partition the quantized kernel may keep for one row tile and the weight row (the
+#: smallest usable SBUF of its targets, trn2's, rounded down).
 _QUANT_TILE_BYTES = 192 * 1024
 
 
@@ -397,7 +407,7 @@ def rms_norm_quant(x: np.ndarray, weight: np.ndarray | None = None, eps: float =
                          f"got {scale_mode!r}")
     h_bytes = (residual if residual is not None else x).dtype.itemsize
     tile_bytes = n * (h_bytes + (x.dtype.itemsize if residual is not None else 0)
-                      + (4 if weight is not None else 0) + 1
+                      + (4 + weight.dtype.itemsize if weight is not None else 0) + 1
                       + (x.dtype.itemsize if return_y else 0))
     if tile_bytes > _QUANT_TILE_BYTES:
         raise ValueError(f"x's last dimension N={n} is too long for the quantized kernel with "

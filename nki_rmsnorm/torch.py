@@ -15,6 +15,11 @@ the forward and backward passes are four ``torch.library`` custom operators on
                                   bias_dtype?, casting_mode)
         -> [dx, dresidual, dweight?, dbias?]
 
+Their dtype arguments are dtype names ("float32", "bfloat16", "float16"), not ``torch.dtype``:
+a ``ScalarType`` in an operator schema reaches Python through the dispatcher's own conversion,
+which crashes the process on an out-of-range integer before any check could run. Every
+argument is checked in the operator (and its fake implementation) before anything launches.
+
 Each has a fake (meta) implementation, so ``torch.compile`` (no graph breaks), ``torch.export``,
 ``FakeTensorMode`` and ``"meta"`` tensors see shapes and dtypes without running a kernel; the
 forward operators get their backward through ``torch.library.register_autograd``. The device
@@ -54,7 +59,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from nki_rmsnorm import dialect, kernels, ops
+from nki_rmsnorm import dialect, kernels, ops, validation
 
 __all__ = [
     "LAUNCHERS",
@@ -124,6 +129,93 @@ def _check_out_dtype(out_dtype) -> None:
             "out_dtype must be None, torch.float32, torch.float16 or torch.bfloat16, "
             f"got {out_dtype!r}"
         )
+
+
+#: A dtype argument of the custom operators, by name: a ``torch.dtype`` in an operator schema
+#: is a ``ScalarType``, which the dispatcher converts back to Python before any of our code
+#: runs, and an out-of-range integer there (``x_dtype=1000``) crashes the process.
+_DTYPES_BY_NAME = {_dtype_name(d): d for d in SUPPORTED_DTYPES}
+_DTYPE_NAMES = ", ".join(repr(n) for n in _DTYPES_BY_NAME)
+
+
+def _dtype_arg(dtype: torch.dtype | None) -> str | None:
+    """A ``torch.dtype`` (or None) as the custom operators take it: its name."""
+    return None if dtype is None else _dtype_name(dtype)
+
+
+def _op_dtype(value, name: str, optional: bool = True) -> torch.dtype | None:
+    """A custom operator's dtype-name argument as the ``torch.dtype`` it names."""
+    if value is None and optional:
+        return None
+    if not isinstance(value, str) or value not in _DTYPES_BY_NAME:
+        raise TypeError(
+            f"{name} must be {'None or ' if optional else ''}one of {_DTYPE_NAMES} "
+            f"(a dtype name), got {value!r}"
+        )
+    return _DTYPES_BY_NAME[value]
+
+
+def _check_rows(name: str, t) -> None:
+    """``t`` is a 2-D ``(rows, hidden)`` tensor of a kernel dtype on a device the kernels
+    run on."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"{name} must be float32, float16 or bfloat16, got {_dtype_name(t.dtype)}")
+    if t.dim() != 2:
+        raise ValueError(f"{name} must be 2-D (rows, hidden), got shape {tuple(t.shape)}")
+    if t.device.type not in LAUNCHERS and t.device.type != "meta":
+        raise ValueError(
+            f"{name} is on {t.device}; the kernels run on a NeuronCore ('xla' or 'neuron' "
+            "device), simulated on the CPU, or shape-only on 'meta'"
+        )
+
+
+def _check_forward_op(x, residual, weight, bias, eps, offset, casting_mode, out_dtype):
+    """Every argument of a forward operator, before anything runs; returns
+    ``(eps, offset, out_dtype)`` with ``out_dtype`` a ``torch.dtype`` or None."""
+    _check_rows("x", x)
+    hidden = x.shape[1]
+    param_dtypes = (torch.float32, x.dtype)
+    if weight is not None:
+        _check_tensor("weight", weight, (hidden,), x, param_dtypes)
+    if bias is not None:
+        _check_tensor("bias", bias, (hidden,), x, param_dtypes)
+    if residual is not None:
+        _check_tensor("residual", residual, x.shape, x, (x.dtype, torch.float32))
+    eps, offset = ops.check_options(eps, offset, weight, casting_mode)
+    return eps, offset, _op_dtype(out_dtype, "out_dtype")
+
+
+def _check_backward_op(
+    dy, x_or_h, weight, rstd, dh, offset, has_bias, bias_dtype, casting_mode, name="x"
+):
+    """Every argument of a backward operator, before anything runs; returns
+    ``(offset, bias_dtype)`` with ``bias_dtype`` a ``torch.dtype`` or None."""
+    _check_rows(name, x_or_h)
+    rows, hidden = x_or_h.shape
+    validation.check_backward_hidden(hidden, name)
+    _check_tensor("dy", dy, x_or_h.shape, x_or_h, SUPPORTED_DTYPES)
+    # An fp32 h may be the residual stream beside parameters in x's narrower dtype.
+    param_dtypes = (
+        SUPPORTED_DTYPES if x_or_h.dtype == torch.float32 else (torch.float32, x_or_h.dtype)
+    )
+    if weight is not None:
+        _check_tensor("weight", weight, (hidden,), x_or_h, param_dtypes)
+    _check_tensor("rstd", rstd, (rows,), x_or_h, (torch.float32,))
+    if dh is not None:
+        _check_tensor("dh", dh, x_or_h.shape, x_or_h, SUPPORTED_DTYPES)
+    offset = validation.offset_value(offset, weight)
+    if not isinstance(has_bias, bool):
+        raise TypeError(f"has_bias must be a bool, got {type(has_bias).__name__}")
+    bias_dtype = _op_dtype(bias_dtype, "bias_dtype")
+    if bias_dtype is not None and bias_dtype not in param_dtypes:
+        raise TypeError(
+            f"bias_dtype must be float32 or {name}'s dtype ({_dtype_name(x_or_h.dtype)}), "
+            f"got {_dtype_name(bias_dtype)}"
+        )
+    validation.check_casting_mode(casting_mode)
+    return offset, bias_dtype
 
 
 def _check_args(
@@ -306,6 +398,10 @@ def _allocate_backward(x_or_h, weight, has_bias, bias_dtype):
 def _launch_output_kernels(launch, x, weight, bias, residual, options: _ForwardOptions):
     """Forward through an output-parameter kernel: allocate, launch, return the buffers."""
     y, h, rstd = _allocate_forward(x, residual, options.out_dtype)
+    validation.check_forward_outputs(
+        x.dtype, y.dtype, rstd.dtype, None if residual is None else residual.dtype,
+        None if h is None else h.dtype,
+    )  # fmt: skip
     constants = {"eps": options.eps, "offset": options.offset, "casting_mode": options.casting_mode}
     if residual is None:
         kernel = kernels.kernel("rmsnorm_fwd_out", options.dialect)
@@ -318,6 +414,10 @@ def _launch_output_kernels(launch, x, weight, bias, residual, options: _ForwardO
 
 def _launch_output_bwd(launch, dy, x_or_h, weight, rstd, dh_out, options: _BackwardOptions):
     dx, dweight, dbias = _allocate_backward(x_or_h, weight, options.has_bias, options.bias_dtype)
+    validation.check_backward_outputs(
+        x_or_h.dtype, None if weight is None else weight.dtype, dx.dtype,
+        None if dweight is None else dweight.dtype, None if dbias is None else dbias.dtype,
+    )  # fmt: skip
     launch(kernels.kernel("rmsnorm_bwd_out", options.dialect))(
         dy, x_or_h, weight, rstd, dh_out, dx, dweight, dbias,
         offset=options.offset, casting_mode=options.casting_mode,
@@ -461,13 +561,17 @@ def _rms_norm_fwd(
     eps: float,
     offset: float,
     casting_mode: str,
-    out_dtype: torch.dtype | None,
+    out_dtype: str | None,
 ) -> tuple[Tensor, Tensor]:
+    eps, offset, out_dtype = _check_forward_op(
+        x, None, weight, bias, eps, offset, casting_mode, out_dtype
+    )
     return _forward(x, None, weight, bias, eps, offset, casting_mode, out_dtype)
 
 
 @_rms_norm_fwd.register_fake
 def _(x, weight, bias, eps, offset, casting_mode, out_dtype):
+    *_, out_dtype = _check_forward_op(x, None, weight, bias, eps, offset, casting_mode, out_dtype)
     return _empty_forward(x, None, out_dtype)
 
 
@@ -480,13 +584,19 @@ def _rms_norm_add_fwd(
     eps: float,
     offset: float,
     casting_mode: str,
-    out_dtype: torch.dtype | None,
+    out_dtype: str | None,
 ) -> tuple[Tensor, Tensor, Tensor]:
+    eps, offset, out_dtype = _check_forward_op(
+        x, residual, weight, bias, eps, offset, casting_mode, out_dtype
+    )
     return _forward(x, residual, weight, bias, eps, offset, casting_mode, out_dtype)
 
 
 @_rms_norm_add_fwd.register_fake
 def _(x, residual, weight, bias, eps, offset, casting_mode, out_dtype):
+    *_, out_dtype = _check_forward_op(
+        x, residual, weight, bias, eps, offset, casting_mode, out_dtype
+    )
     return _empty_forward(x, residual, out_dtype)
 
 
@@ -555,9 +665,12 @@ def _rms_norm_bwd(
     rstd: Tensor,
     offset: float,
     has_bias: bool,
-    bias_dtype: torch.dtype | None,
+    bias_dtype: str | None,
     casting_mode: str,
 ) -> list[Tensor]:
+    offset, bias_dtype = _check_backward_op(
+        dy, x, weight, rstd, None, offset, has_bias, bias_dtype, casting_mode
+    )
     return _present(
         *_backward_kernel(dy, x, weight, rstd, None, offset, has_bias, bias_dtype, casting_mode)
     )
@@ -565,6 +678,9 @@ def _rms_norm_bwd(
 
 @_rms_norm_bwd.register_fake
 def _(dy, x, weight, rstd, offset, has_bias, bias_dtype, casting_mode):
+    _, bias_dtype = _check_backward_op(
+        dy, x, weight, rstd, None, offset, has_bias, bias_dtype, casting_mode
+    )
     return _present(*_allocate_backward(x, weight, has_bias, bias_dtype))
 
 
@@ -575,12 +691,16 @@ def _rms_norm_add_bwd(
     weight: Tensor | None,
     rstd: Tensor,
     dh: Tensor | None,
-    x_dtype: torch.dtype,
+    x_dtype: str,
     offset: float,
     has_bias: bool,
-    bias_dtype: torch.dtype | None,
+    bias_dtype: str | None,
     casting_mode: str,
 ) -> list[Tensor]:
+    offset, bias_dtype = _check_backward_op(
+        dy, h, weight, rstd, dh, offset, has_bias, bias_dtype, casting_mode, name="h"
+    )
+    x_dtype = _op_dtype(x_dtype, "x_dtype", optional=False)
     dh_total, dweight, dbias = _backward_kernel(
         dy, h, weight, rstd, dh, offset, has_bias, bias_dtype, casting_mode
     )
@@ -592,6 +712,10 @@ def _rms_norm_add_bwd(
 
 @_rms_norm_add_bwd.register_fake
 def _(dy, h, weight, rstd, dh, x_dtype, offset, has_bias, bias_dtype, casting_mode):
+    _, bias_dtype = _check_backward_op(
+        dy, h, weight, rstd, dh, offset, has_bias, bias_dtype, casting_mode, name="h"
+    )
+    x_dtype = _op_dtype(x_dtype, "x_dtype", optional=False)
     dresidual, dweight, dbias = _allocate_backward(h, weight, has_bias, bias_dtype)
     return _present(torch.empty_like(h, dtype=x_dtype), dresidual, dweight, dbias)
 
@@ -654,7 +778,7 @@ def _fwd_backward(ctx, dy, _drstd):
                 rstd,
                 ctx.offset,
                 bias is not None,
-                ctx.bias_dtype,
+                _dtype_arg(ctx.bias_dtype),
                 ctx.casting_mode,
             )
         )
@@ -679,10 +803,10 @@ def _add_fwd_backward(ctx, dy, dh, _drstd):
                 weight,
                 rstd,
                 dh,
-                ctx.x_dtype,
+                _dtype_arg(ctx.x_dtype),
                 ctx.offset,
                 bias is not None,
-                ctx.bias_dtype,
+                _dtype_arg(ctx.bias_dtype),
                 ctx.casting_mode,
             )
         )
@@ -718,7 +842,7 @@ class _RMSNormFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(x, weight, bias, eps, offset, casting_mode, out_dtype):
-        return _rms_norm_fwd(x, weight, bias, eps, offset, casting_mode, out_dtype)
+        return _rms_norm_fwd(x, weight, bias, eps, offset, casting_mode, _dtype_arg(out_dtype))
 
     setup_context = staticmethod(_setup_fwd_context)
     backward = staticmethod(_fwd_backward)
@@ -731,7 +855,9 @@ class _RMSNormAddFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(x, residual, weight, bias, eps, offset, casting_mode, out_dtype):
-        return _rms_norm_add_fwd(x, residual, weight, bias, eps, offset, casting_mode, out_dtype)
+        return _rms_norm_add_fwd(
+            x, residual, weight, bias, eps, offset, casting_mode, _dtype_arg(out_dtype)
+        )
 
     setup_context = staticmethod(_setup_add_fwd_context)
     backward = staticmethod(_add_fwd_backward)
@@ -1010,29 +1136,27 @@ def _rms_norm_quant(
     return_y: bool,
     return_amax: bool,
     packed: bool,
-    dialect: str | None = None,
 ) -> list[Tensor]:
     if x.device.type != "cpu":  # pragma: no cover - needs a NeuronDevice
         raise NotImplementedError(
             "rms_norm_quant runs the simulated kernel on CPU tensors only so far; got a "
             f"tensor on {x.device}"
         )
-    with _dialect_scope(dialect):
-        result = ops.rms_norm_quant(
-            _to_numpy(x),
-            _to_numpy_or_none(weight),
-            eps,
-            residual=_to_numpy_or_none(residual),
-            quant_dtype=quant_dtype,
-            scale_mode=scale_mode,
-            block=block,
-            static_scale=None if static_scale is None else _to_numpy(static_scale),
-            lower_bound=lower_bound,
-            scale_floor=scale_floor,
-            return_y=return_y,
-            return_amax=return_amax,
-            packed=packed,
-        )
+    result = ops.rms_norm_quant(
+        _to_numpy(x),
+        _to_numpy_or_none(weight),
+        eps,
+        residual=_to_numpy_or_none(residual),
+        quant_dtype=quant_dtype,
+        scale_mode=scale_mode,
+        block=block,
+        static_scale=None if static_scale is None else _to_numpy(static_scale),
+        lower_bound=lower_bound,
+        scale_floor=scale_floor,
+        return_y=return_y,
+        return_amax=return_amax,
+        packed=packed,
+    )
     outputs = [_fp8_from_numpy(result.y_q, quant_dtype)]
     for extra in (result.scales, result.y, result.h, result.amax):
         if extra is not None:
@@ -1055,16 +1179,8 @@ def _(
     return_y,
     return_amax,
     packed,
-    dialect=None,
 ):
     return _quant_fake(x, residual, quant_dtype, scale_mode, block, return_y, return_amax, packed)
-
-
-def _dialect_scope(dialect_name: str | None):
-    """``dialect.use_dialect`` for a named dialect; a no-op context for None."""
-    import contextlib
-
-    return contextlib.nullcontext() if dialect_name is None else dialect.use_dialect(dialect_name)
 
 
 def rms_norm_quant(
@@ -1116,6 +1232,14 @@ def rms_norm_quant(
     ):
         if not isinstance(flag, bool):
             raise TypeError(f"{flag_name} must be a bool, got {type(flag).__name__}")
+    # the operator's schema would refuse these with a RuntimeError: name them first
+    if not isinstance(scale_mode, str) or scale_mode not in ops.SCALE_MODES:
+        raise ValueError(f"scale_mode must be one of {ops.SCALE_MODES}, got {scale_mode!r}")
+    if isinstance(block, bool) or not isinstance(block, int):
+        raise TypeError(f"block must be an int, got {type(block).__name__}")
+    eps, scale_floor = validation.real(eps, "eps"), validation.real(scale_floor, "scale_floor")
+    if lower_bound is not None:
+        lower_bound = validation.real(lower_bound, "lower_bound")
     if input.device.type == "meta":
         outputs = _quant_fake(
             input, residual, name, scale_mode, block, return_y, return_amax, packed
@@ -1135,7 +1259,6 @@ def rms_norm_quant(
             return_y,
             return_amax,
             packed,
-            _callers_dialect(),
         )
     outputs = list(outputs)
     y_q = outputs.pop(0)

@@ -18,16 +18,23 @@ import ml_dtypes
 import numpy as np
 from numpy.typing import DTypeLike
 
+from nki_rmsnorm.plan.backward import MAX_HIDDEN
 from nki_rmsnorm.reference import CASTING_MODES
 
 __all__ = [
     "KERNEL_DTYPES",
     "as_array",
+    "bias_gradient_dtypes",
+    "check_backward_hidden",
+    "check_backward_outputs",
     "check_casting_mode",
+    "check_forward_outputs",
     "check_options",
+    "check_statistics_range",
     "eps_value",
     "kernel_array",
     "kernel_dtype",
+    "numpy_dtype",
     "offset_value",
     "parameter",
     "real",
@@ -128,3 +135,126 @@ def kernel_dtype(value: DTypeLike, name: str) -> np.dtype:
     if dtype not in KERNEL_DTYPES:
         raise TypeError(f"{name} must be {DTYPE_NAMES}, got {dtype}")
     return dtype
+
+
+def numpy_dtype(value: Any) -> np.dtype | None:
+    """``value`` (a NumPy, JAX, torch or NKI dtype, or a dtype name) as a NumPy dtype, None
+    when it names none."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = value.removeprefix("torch.")
+        value = ml_dtypes.bfloat16 if value == "bfloat16" else value
+    elif type(value).__module__ == "torch":  # torch.float32 -> "float32", without torch
+        return numpy_dtype(str(value))
+    value = getattr(value, "numpy", value)  # an NKI 0.6 dtype carries its NumPy dtype
+    try:
+        return np.dtype(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _expect_dtype(name: str, dtype: Any, allowed: tuple, meaning: str) -> None:
+    if numpy_dtype(dtype) not in allowed:
+        names = " or ".join(d.name for d in dict.fromkeys(allowed))
+        raise TypeError(f"{name} must be {names} ({meaning}), got {dtype}")
+
+
+def check_forward_outputs(
+    x_dtype: Any, y_dtype: Any, rstd_dtype: Any, residual_dtype: Any = None, h_dtype: Any = None
+) -> None:
+    """The output-parameter forward's preallocated outputs (``rmsnorm_fwd_out``,
+    ``rmsnorm_add_fwd_out``): ``y`` in a kernel dtype (its dtype is the output dtype),
+    ``rstd`` float32, ``h`` in the residual's dtype; a ``TypeError`` naming the output
+    otherwise. Dtypes may be NumPy, torch, JAX or NKI dtypes."""
+    del x_dtype  # y may have any kernel dtype, whatever x's
+    _expect_dtype("y", y_dtype, KERNEL_DTYPES, "the output dtype")
+    _expect_dtype("rstd", rstd_dtype, (FLOAT32,), "the forward's saved statistics")
+    if residual_dtype is not None or h_dtype is not None:
+        _expect_dtype("h", h_dtype, (numpy_dtype(residual_dtype),), "the residual's dtype")
+
+
+def bias_gradient_dtypes(x_dtype: Any) -> tuple[np.dtype, ...]:
+    """The dtypes ``dbias`` (a bias's) may have beside ``x_or_h`` of ``x_dtype``: float32 or
+    x's dtype, any kernel dtype when x_or_h is an fp32 h (an fp32 residual stream)."""
+    x_dtype = numpy_dtype(x_dtype)
+    return KERNEL_DTYPES if x_dtype == FLOAT32 else (FLOAT32, x_dtype)
+
+
+def check_backward_outputs(
+    x_dtype: Any,
+    weight_dtype: Any,
+    dx_dtype: Any,
+    dweight_dtype: Any = None,
+    dbias_dtype: Any = None,
+) -> None:
+    """The output-parameter backward's preallocated outputs (``rmsnorm_bwd_out``): ``dx`` in
+    x_or_h's dtype, ``dweight`` in float32 or the weight's dtype, ``dbias`` in float32 or
+    x_or_h's dtype (:func:`bias_gradient_dtypes`); each is summed in fp32 and rounded once
+    to its dtype. ``TypeError`` naming the output otherwise."""
+    _expect_dtype("dx", dx_dtype, (numpy_dtype(x_dtype),), "x_or_h's dtype")
+    if dweight_dtype is not None:
+        weight = FLOAT32 if weight_dtype is None else numpy_dtype(weight_dtype)
+        _expect_dtype("dweight", dweight_dtype, (FLOAT32, weight), "float32 or the weight's")
+    if dbias_dtype is not None:
+        _expect_dtype("dbias", dbias_dtype, bias_gradient_dtypes(x_dtype), "float32 or x_or_h's")
+
+
+def check_backward_hidden(n: int, name: str = "x") -> None:
+    """``ValueError`` when the backward kernel cannot take hidden size ``n`` (its
+    dweight / dbias accumulators live in PSUM: ``plan.backward.MAX_HIDDEN``)."""
+    if n > MAX_HIDDEN:
+        raise ValueError(
+            f"{name} has hidden size N={n}, above the backward kernel's limit "
+            f"N <= {MAX_HIDDEN} (its dweight/dbias accumulators live in PSUM); differentiate "
+            "a smaller hidden size or run the forward only"
+        )
+
+
+#: The kernels sum h² in fp32 (``plan.forward.FP32_MAX`` ≈ 2¹²⁸): a finite row whose Σh²
+#: reaches this bound (half the fp32 range, room for the fp32 accumulation's rounding) cannot
+#: be normalised exactly.
+SUM_OF_SQUARES_LIMIT = 2.0**127
+#: Below this mean square (+ eps) the rounding of subnormal fp32 squares (2⁻¹⁵⁰ each) reaches
+#: fp32's own precision (2⁻²⁵ relative): the result cannot be exact.
+MEAN_SQUARE_FLOOR = 2.0**-125
+
+
+def check_statistics_range(h: np.ndarray, eps: float, name: str = "x") -> None:
+    """``ValueError`` naming the limit when a finite row of ``h`` (the normalised input, rows
+    on the last axis) is outside what the kernels' fp32 sum of squares holds exactly: Σh² ≥
+    :data:`SUM_OF_SQUARES_LIMIT` (bfloat16/float32 elements around 1.3·10¹⁹/√N and beyond),
+    or 0 < mean(h²) + eps < :data:`MEAN_SQUARE_FLOOR` (eps ≈ 0 and every element around
+    10⁻¹⁹ or smaller). Rows with an infinite or NaN element follow IEEE arithmetic and pass;
+    float16 never reaches either bound. A host-side check: the data is on the host."""
+    if h.size == 0 or h.dtype == np.float16:
+        return
+    rows = np.asarray(h, np.float32).reshape(-1, h.shape[-1])
+    finite = np.isfinite(rows).all(axis=1)
+    peak = np.max(np.abs(np.where(np.isfinite(rows), rows, 0)), axis=1).astype(np.float64)
+    n = rows.shape[1]
+    # Σh² ≤ N·peak² and mean(h²) ≥ peak²/N: only rows near a bound need the float64 sum.
+    near = finite & (
+        (n * peak**2 >= SUM_OF_SQUARES_LIMIT) | (peak**2 / n + eps < MEAN_SQUARE_FLOOR)
+    )
+    if not near.any():
+        return
+    sums = np.einsum("ij,ij->i", rows[near].astype(np.float64), rows[near].astype(np.float64))
+    index = np.flatnonzero(near)
+    high = sums >= SUM_OF_SQUARES_LIMIT
+    if high.any():
+        row = index[np.argmax(high)]
+        raise ValueError(
+            f"{name} row {row} has a sum of squares of {sums[high][0]:.3g}, beyond the fp32 "
+            f"accumulator the kernels sum h² in (limit 2**127 = {SUM_OF_SQUARES_LIMIT:.3g}); "
+            "scale the input down by a power of two"
+        )
+    mean = sums / n + eps
+    low = (mean > 0) & (mean < MEAN_SQUARE_FLOOR)
+    if low.any():
+        row = index[np.argmax(low)]
+        raise ValueError(
+            f"{name} row {row} has a mean square + eps of {mean[low][0]:.3g}, below "
+            f"2**-125 = {MEAN_SQUARE_FLOOR:.3g}, where the kernels' fp32 squares are "
+            "subnormal and inexact; use eps >= 2**-125 or scale the input up by a power of two"
+        )

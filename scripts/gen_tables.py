@@ -199,10 +199,14 @@ def goal_summary(records: list[dict]) -> str:
     """The goals per kind and target: the copy ratio over the N >= 2048 shapes at LNC=1
     (how many meet the goal, the worst ratio, and the worst once the one-tile shapes,
     M < 128, are left out), then the LNC=2 speed-up over LNC=1 at M >= 2048 for every
-    target the records have at LNC=2."""
+    target the records have at LNC=2. Records with per-engine floors (``floor_us``, the
+    bench's ``binds``) add what binds the worst shape with M ≥ 128: the resource with the
+    largest floor and that floor as a share of the modeled time."""
+    with_floors = any(r.get("floor_us") for r in records)
     lines = [
-        "| kind | target | goal | shapes within | worst | at | worst with M ≥ 128 | at |",
-        "|---|---|---|---|---|---|---|---|",
+        "| kind | target | goal | shapes within | worst | at | worst with M ≥ 128 | at |"
+        + (" binds there |" if with_floors else ""),
+        "|---|---|---|---|---|---|---|---|" + ("---|" if with_floors else ""),
     ]
     for kind, goals in COPY_GOALS.items():
         for target, goal in goals.items():
@@ -221,6 +225,7 @@ def goal_summary(records: list[dict]) -> str:
             lines.append(
                 f"| {kind} | {target} | ≤ {goal:.2f} ×copy (N ≥ {GOAL_MIN_N}) | {within} of "
                 f"{len(rows)} | {worst['copy_ratio']:.3f} | {_shape(worst)} | {rest_cells} |"
+                + (f" {_binds(rest)} |" if with_floors else "")
             )
     for kind in KIND_TITLES:
         rows = [r for r in records if r["kind"] == kind]
@@ -239,9 +244,17 @@ def goal_summary(records: list[dict]) -> str:
             lines.append(
                 f"| {kind} | {_label(column)} | ≥ {LNC_SPEEDUP_GOAL:.1f}× LNC=1 (M ≥ "
                 f"{LNC_GOAL_MIN_M}) | {within} of {len(speedups)} | {worst:.2f}× | {at} | "
-                f"{worst:.2f}× | {at} |"
+                f"{worst:.2f}× | {at} |" + (" n/a |" if with_floors else "")
             )
     return "\n".join(lines)
+
+
+def _binds(r: dict | None) -> str:
+    """The binding resource of a record and its floor as a share of the modeled time."""
+    if r is None or not r.get("floor_us"):
+        return "n/a"
+    share = r["floor_us"][r["binds"]] / r["modeled_us"]
+    return f"{r['binds']} {100 * share:.0f} %"
 
 
 def generated_blocks() -> dict[str, str]:

@@ -3,6 +3,12 @@
 Use it as ``import simulate as nki``, ``import simulate.language as nl``,
 ``import simulate.isa as nisa``, or call :func:`install` so that unmodified kernels that
 ``import neuronxcc.nki`` run on it when the Neuron compiler is not installed.
+
+The entry points (``jit``, ``baremetal``, ``benchmark``, ``simulate_kernel``,
+``trace_kernel``, ``profile``, ``last_trace``) also take ``nki`` 0.6 kernels
+(:mod:`simulate.nki06`), which run on their own front-end; a plain function written against
+0.6, or a 0.6 kernel handed to the legacy launcher twins, is a one-line error naming the way
+to launch it.
 """
 
 from __future__ import annotations

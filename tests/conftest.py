@@ -169,7 +169,25 @@ def _only_dialect(config) -> str | None:
     return chosen
 
 
+#: Targets the nki06 kernels never run on (NKI 0.x supports Trn2/Trn3 only,
+#: aws-neuron-sdk@81ce03ae nki/nki_faq.rst L23-27): a test parametrized over both a dialect
+#: and a ``target`` runs only the pairs the hardware has.
+_LEGACY_ONLY_TARGETS = ("trn1", "inf2")
+_DIALECT_PARAMS = ("kernel_dialect", "dialect", "dialect_name")
+
+
+def _runs_nki06_on_neuroncore_v2(item) -> bool:
+    callspec = getattr(item, "callspec", None)
+    params = callspec.params if callspec else {}
+    return params.get("target") in _LEGACY_ONLY_TARGETS and any(
+        params.get(name) == "nki06" for name in _DIALECT_PARAMS)
+
+
 def pytest_collection_modifyitems(config, items):
+    impossible = [item for item in items if _runs_nki06_on_neuroncore_v2(item)]
+    if impossible:
+        config.hook.pytest_deselected(items=impossible)
+        items[:] = [item for item in items if item not in impossible]
     chosen = _only_dialect(config)
     if chosen is None:
         return
@@ -189,9 +207,33 @@ def pytest_collection_modifyitems(config, items):
 _TARGET_LOCK = threading.Lock()
 
 
+#: The target a kernel test runs on when it names none, per dialect: the legacy simulator's
+#: default (trn1), and for nki06 trn2, the oldest NeuronCore NKI 0.x supports
+#: (aws-neuron-sdk@81ce03ae nki/nki_faq.rst L23-27; trn1 and inf2 run the legacy kernels only).
+DEFAULT_TARGETS = {"legacy": "trn1", "nki06": "trn2"}
+
+
+def default_target(dialect_name: str | None = None) -> str:
+    """:data:`DEFAULT_TARGETS` of ``dialect_name`` (default: the dialect in effect)."""
+    from nki_rmsnorm import dialect
+
+    return DEFAULT_TARGETS[dialect_name or dialect.current()]
+
+
+def runnable_target(target: str | None, dialect_name: str | None = None) -> str | None:
+    """The target a test that draws ``target`` runs ``dialect_name``'s kernels on (default:
+    the dialect in effect): ``target`` itself, except that the nki06 kernels never run on
+    trn1 / inf2 and take trn2 there (a randomized test keeps its draw for legacy)."""
+    from nki_rmsnorm import dialect
+
+    if target in _LEGACY_ONLY_TARGETS and (dialect_name or dialect.current()) == "nki06":
+        return "trn2"
+    return target
+
+
 def trace_launch(kernel, *args, target=None, lnc=None, **kwargs):
-    """Simulate ``kernel`` (either dialect) on ``target`` (default: the legacy simulator's,
-    trn1, for both): ``(outputs, trace)``. ``lnc``: the nki06 launch's LNC degree
+    """Simulate ``kernel`` (either dialect) on ``target`` (default: its dialect's
+    :data:`DEFAULT_TARGETS`): ``(outputs, trace)``. ``lnc``: the nki06 launch's LNC degree
     (``kernel[lnc]``); None launches without a bracket."""
     import simulate
     import simulate.nki06 as nki06
@@ -200,7 +242,7 @@ def trace_launch(kernel, *args, target=None, lnc=None, **kwargs):
         if lnc is not None:
             raise ValueError("lnc applies to nki06 kernels only")
         return simulate.trace_kernel(kernel, *args, target=target, **kwargs)
-    name = target or simulate.core.targets.DEFAULT_TARGET
+    name = target or DEFAULT_TARGETS["nki06"]
     with _TARGET_LOCK:
         saved = os.environ.get(_TARGET_ENV)
         os.environ[_TARGET_ENV] = name

@@ -57,7 +57,8 @@ def test_quick_run_checks_results_and_writes_json(tmp_path, capsys):
     for r in records:
         assert REQUIRED_KEYS <= set(r)
         assert r["correct"] is True and r["target"] == "trn2" and r["dtype"] == "bfloat16"
-        assert (r["dialect"], r["lnc"]) == (dialect.current(), 1)  # the package's default
+        # the package's default on trn2
+        assert (r["dialect"], r["lnc"]) == (dialect.for_target("trn2"), 1)
         assert 0 < r["mbu"] <= 1.0
         assert r["modeled_us"] > 0 and r["sim_wall_s"] > 0
         assert r["hbm_bytes_ratio"] >= 0.99  # never fewer bytes than the data itself
@@ -246,6 +247,19 @@ def test_nki06_copy_kernels_copy_on_one_or_two_cores(M, N, lnc, monkeypatch):
 def test_target_list_and_its_lnc_degrees(argv, targets):
     sweep = bench._check(bench.build_parser().parse_args(["bench", *argv]))
     assert list(sweep.targets) == targets
+
+
+def test_trn1_and_inf2_rows_run_the_legacy_kernels(tmp_path):
+    """The dialect follows the target: with ``--dialect nki06`` the trn1 and inf2 rows still
+    run (and record) the legacy kernels, the trn2 row the 0.6 ones (NKI 0.x supports
+    Trn2/Trn3 only)."""
+    path = tmp_path / "bench.json"
+    argv = ["bench", "--dialect", "nki06", "--target", "inf2,trn1,trn2", "--kind", "fwd",
+            "--shapes", "129x1024", "--no-baseline", "--json", str(path)]
+    assert bench.main(argv) == 0
+    records = json.loads(path.read_text())
+    assert [(r["target"], r["dialect"], r["correct"]) for r in records] == [
+        ("inf2", "legacy", True), ("trn1", "legacy", True), ("trn2", "nki06", True)]
 
 
 def test_default_dialect_is_the_packages(monkeypatch):

@@ -45,6 +45,7 @@ import os
 import ml_dtypes
 import numpy as np
 import pytest
+from conftest import DEFAULT_TARGETS
 
 import simulate
 from nki_rmsnorm import reference
@@ -58,8 +59,14 @@ BF16 = np.dtype(ml_dtypes.bfloat16)
 F16 = np.dtype(np.float16)
 F32 = np.dtype(np.float32)
 FP32_REL = 1e-5
-#: The legacy simulator's default target, which the 0.6 runs use too when a test names none.
-DEFAULT_TARGET = "trn1"
+V2_TARGETS = ("trn1", "inf2")
+
+
+def _skip_nki06_on_v2(dialect, target):
+    """NeuronCore-v2 targets run only the legacy dialect."""
+    if dialect == "nki06" and target in V2_TARGETS:
+        pytest.skip("NKI 0.6 supports Trn2/Trn3 only (nki/nki_faq.rst L23-27); the legacy "
+                    "param covers NeuronCore-v2")
 
 
 @pytest.fixture(params=["legacy", "nki06"])
@@ -73,7 +80,7 @@ def _on_target(target):
     """The 0.6 front-end picks its target from ``NEURON_PLATFORM_TARGET_OVERRIDE``."""
     name = "NEURON_PLATFORM_TARGET_OVERRIDE"
     saved = os.environ.get(name)
-    os.environ[name] = target or DEFAULT_TARGET
+    os.environ[name] = target or DEFAULT_TARGETS["nki06"]
     try:
         yield
     finally:
@@ -303,7 +310,7 @@ def test_reads_each_input_once(dialect, M, N):
     identities = 2 * 128 * 128 * 2
     assert 0 < extra <= 0.01 * (sum(minimal_read) + sum(minimal_written)) + identities
     assert trace.sbuf_peak_bytes_per_partition <= simulate.get_target(
-        "trn1").sbuf_bytes_per_partition
+        DEFAULT_TARGETS[dialect]).sbuf_bytes_per_partition
 
 
 def test_folded_rows_keep_nans_and_batch_invariance(dialect):
@@ -332,6 +339,7 @@ def test_other_targets(dialect, target):
     """The kernel runs within every target's limits (the engines of dy·x depend on the
     NeuronCore generation, see the kernel) and matches the reference, and a row's dx is the
     same in any batch there too."""
+    _skip_nki06_on_v2(dialect, target)
     rng = np.random.default_rng(23)
     for mode, w_dtype in (("gemma", BF16), ("llama", F32)):
         dy, x, weight, rstd, dh_out = _make_inputs(rng, 130, 2100, BF16, w_dtype, 1.0, True,
@@ -344,17 +352,19 @@ def test_other_targets(dialect, target):
     assert part[0].tobytes() == dx[7:99].tobytes()
 
 
+@pytest.mark.parametrize("dialect", ["legacy"])  # nki06 never runs on NeuronCore-v2
 def test_dy_times_x_engines_give_the_same_bits(dialect):
     """On NeuronCore-v2 (trn1) the kernel multiplies most chunks of dy·x from SBUF as
     ``(dy − 0)·x``, on NeuronCore-v3 (trn2) all against a Scalar-engine PSUM copy of x;
     with the same tiling the two give bitwise the same dx, dweight and dbias (the fp32
     product of two bf16 values is exact either way, and subtracting 0 changes no bit)."""
+    _skip_nki06_on_v2(dialect, "trn1")
     rng = np.random.default_rng(31)
     M, N = 150, 3000
     dy, x, weight, rstd, dh_out = _make_inputs(rng, M, N, BF16, BF16, 0.0, True, "gemma")
     dtypes = plan_bwd.BwdDtypes(BF16, BF16, BF16, BF16)
     plans = [plan_bwd.make_plan(N, dtypes, 0.0, "gemma",
-                                simulate.get_target(target).sbuf_bytes_per_partition, version)
+                                simulate.get_target(target).sbuf_bytes_per_partition, version >= 3)
              for target, version in (("trn1", 2), ("trn2", 3))]
     assert [plan.x_from_psum for plan in plans] == [False, True]
     assert (plans[0].fold, plans[0].group) == (plans[1].fold, plans[1].group)
@@ -375,7 +385,7 @@ def test_planner_keeps_the_psum_copy_of_x_where_it_pays():
                                          (BF16, "llama", 2, every), (BF16, "gemma", 3, every),
                                          (BF16, "gemma", 4, every)):
         dtypes = plan_bwd.BwdDtypes(x_dtype, x_dtype, BF16, None)
-        plan = plan_bwd.make_plan(4096, dtypes, 0.0, mode, budget, version)
+        plan = plan_bwd.make_plan(4096, dtypes, 0.0, mode, budget, version >= 3)
         assert plan.x_from_psum == want, (x_dtype, mode, version)
 
 
@@ -390,14 +400,46 @@ def test_hidden_size_limit(dialect):
 
 
 def test_rows_that_neither_fit_nor_fold_are_streamed(dialect):
-    """bf16 N = 30,001 on trn1 does not fit SBUF and has no power-of-two factor to fold it
-    by: the streamed regime re-reads the rows (≈ 1.67× the minimal HBM bytes) and is exact."""
+    """N = 30,001 (bf16 on trn1, fp32 on trn2, where 0.6 runs) does not fit SBUF and has no
+    power-of-two factor to fold it by: the streamed regime re-reads the rows (≈ 1.67× the
+    minimal HBM bytes) and is exact."""
     rng = np.random.default_rng(30001)
     M, N = 130, 30001
-    inputs = _make_inputs(rng, M, N, BF16, BF16, 0.5, True, "gemma")
-    _check_against_reference(*inputs, 0.5, True, "gemma", dialect=dialect)
+    target = DEFAULT_TARGETS[dialect]
+    dtype = BF16 if dialect == "legacy" else F32
+    inputs = _make_inputs(rng, M, N, dtype, dtype, 0.5, True, "gemma")
+    _check_against_reference(*inputs, 0.5, True, "gemma", target, dialect)
     dy, x, weight, rstd, dh_out = inputs
-    _, trace = _launch(dialect, dy, x, weight, rstd, dh_out, 0.5, True, "gemma", target="trn1")
+    _, trace = _launch(dialect, dy, x, weight, rstd, dh_out, 0.5, True, "gemma", target=target)
     read, _ = trace.hbm_bytes()
     assert read > 2 * 3 * M * N  # dy and x (and dh_out) read twice, not folded
 
+
+
+def test_planner_reads_nki_dtypes_as_the_tests_numpy_ones():
+    """The kernels hand the planner ``nki.language`` dtypes (NKI values only), the tests NumPy
+    ones: the same sizes and the same plans, folded and streamed."""
+    from nki_rmsnorm.kernels.nki06._nki import nl
+
+    pairs = ((BF16, nl.bfloat16), (F16, nl.float16), (F32, nl.float32))
+    for numpy_dtype, nki_dtype in pairs:
+        assert plan_bwd.dtype_bytes(nki_dtype) == plan_bwd.dtype_bytes(numpy_dtype)
+        assert plan_bwd.dtype_bytes(nki_dtype) == numpy_dtype.itemsize
+    budget = simulate.get_target("trn1").sbuf_bytes_per_partition
+    for (numpy_dtype, nki_dtype), mode in zip(pairs, ("gemma", "llama", "none")):
+        for N in (4096, 40960):
+            plans = [
+                plan_bwd.make_plan(N, plan_bwd.BwdDtypes(d, d, d, None), 0.0, mode, budget, False)
+                for d in (numpy_dtype, nki_dtype)
+            ]
+            assert plans[0] == plans[1]
+        streamed = [
+            plan_bwd.make_streamed_plan(30001, d, d, d, mode, budget)
+            for d in (numpy_dtype, nki_dtype)
+        ]
+        assert streamed[0] == streamed[1]
+    folded = plan_bwd.make_plan(
+        40960, plan_bwd.BwdDtypes(nl.bfloat16, nl.bfloat16, nl.bfloat16, None), 0.0, "gemma",
+        budget, False,
+    )
+    assert folded.fold > 1 and folded.stationary_rows == folded.kw * folded.fold

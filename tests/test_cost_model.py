@@ -809,3 +809,40 @@ def test_dma_busy_time_is_reported_per_direction_on_every_core(lnc):
     assert sched.resource == ["dma_load", "dma_store"] * lnc
     assert sched.busy_us["dma_load"] > 0 and sched.busy_us["dma_store"] > 0
     assert sched.busy_us["dma_copy"] == 0
+
+
+# --- per-engine floors (the bench's "binds") ---------------------------------------------------
+def test_engine_floors_sum_the_rule_costs_without_waits():
+    """A dependent chain on DVE: the floor is the sum of the rule costs (no semaphore, drain
+    or dependent-instruction overhead), below the modeled latency; the idle engines' floors
+    are zero, and DVE binds."""
+    from simulate.cost import binding_resource, engine_floors
+
+    b = TraceBuilder()
+    value = b.tile()
+    for _ in range(4):
+        nxt = b.tile()
+        b.op("dve", "tensor_scalar", 4096, [value], [nxt], op=["multiply"])
+        value = nxt
+    sched = b.run()
+    floors = engine_floors(sched)
+    assert floors["dve"] == pytest.approx(4 * _us(4096, "dve", "trn1"))
+    assert floors["act"] == floors["pe"] == floors["pool"] == floors["dma"] == 0.0
+    assert floors["dve"] < sched.latency_us
+    assert binding_resource(floors) == "dve"
+
+
+def test_engine_floors_of_a_copy_name_the_dma_engines_or_hbm():
+    """A large copy: the DMA floor is its bytes over the 16 DMA engines' rate, the HBM floor
+    its bytes over the capped HBM rate; the modeled latency is no lower than either."""
+    from simulate.cost import binding_resource, engine_floors
+
+    sched = _copy_trace("trn2", 8, 32768).run()
+    floors = engine_floors(sched)
+    nbytes = 2 * 8 * 128 * 32768
+    engines = 16 * _const("dma_engine_peak_gbps", "trn2") * _const("dma_efficiency", "trn2")
+    assert floors["dma"] == pytest.approx(nbytes / engines / 1000, rel=1e-6)
+    assert floors["hbm"] == pytest.approx(nbytes / _hbm_gbps("trn2") / 1000, rel=1e-6)
+    assert max(floors.values()) <= sched.latency_us
+    assert binding_resource(floors) in ("dma", "hbm")
+    assert floors["dve"] == 0.0

@@ -88,6 +88,8 @@ def _broadcast_banks(plan, layout, M, N, weight, bias):
 def _launch(dialect, target, x, residual, weight, bias, casting_mode, lnc=None, offset=None,
             out_dtype=None):
     offset = (0.0 if weight is None else 0.5) if offset is None else offset
+    if out_dtype is not None:  # the dialect's nki.language dtype, as the launchers pass it
+        out_dtype = kernels.nki_dtype(np.dtype(out_dtype).name, dialect)
     common = (weight, bias, 1e-6, offset, casting_mode, out_dtype)
     if residual is None:
         kernel = kernels.kernel("rmsnorm_fwd", dialect)

@@ -50,9 +50,10 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
-from conftest import trace_launch
+from conftest import default_target, trace_launch
 
 import simulate
+from nki_rmsnorm import dialect as dialect_module
 from nki_rmsnorm import kernels
 from nki_rmsnorm import reference as ref
 from nki_rmsnorm.plan.forward import choose_layout, make_plan
@@ -98,8 +99,10 @@ def _inputs(rng, M, N, dtype, *, weight=True, bias=False, residual=False, offset
 
 def _run(x, weight=None, bias=None, residual=None, eps=EPS, offset=0.0, casting_mode="gemma",
          out_dtype=None, target=None):
-    """Simulate the kernel of the current dialect: ``(outputs, trace)``."""
-    out_dtype = None if out_dtype is None else np.dtype(out_dtype)
+    """Simulate the kernel of the current dialect: ``(outputs, trace)``. ``out_dtype`` goes
+    to the kernel as the dialect's ``nki.language`` dtype, as the launchers pass it."""
+    if out_dtype is not None:
+        out_dtype = kernels.nki_dtype(np.dtype(out_dtype).name, dialect_module.current())
     if residual is None:
         kernel = kernels.kernel("rmsnorm_fwd")
         args = (x, weight, bias, eps, offset, casting_mode, out_dtype)
@@ -109,10 +112,11 @@ def _run(x, weight=None, bias=None, residual=None, eps=EPS, offset=0.0, casting_
     return trace_launch(kernel, *args, target=target)
 
 
-def _layout(inputs, casting_mode="gemma", target="trn1"):
-    """The layout the kernel picks for ``inputs`` on ``target`` (pure Python)."""
+def _layout(inputs, casting_mode="gemma", target=None):
+    """The layout the kernel picks for ``inputs`` on ``target`` (default: the dialect's test
+    target, ``conftest.DEFAULT_TARGETS``) (pure Python)."""
     x, w, b, r = (inputs[k] for k in ("x", "weight", "bias", "residual"))
-    spec = simulate.get_target(target)
+    spec = simulate.get_target(target or default_target())
     plan = make_plan(x.dtype, None if w is None else w.dtype, None if b is None else b.dtype,
                      None if r is None else r.dtype, inputs["offset"], casting_mode, None,
                      FP32, BF16, tensor_engine=spec.nc_version >= 3)
@@ -276,10 +280,11 @@ def test_dtypes_and_modes(rng, dtype, casting_mode, weight_dtype):
 @pytest.mark.parametrize("casting_mode", ref.CASTING_MODES)
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 def test_long_rows_with_every_option(rng, dtype, casting_mode):
-    """N = 20000 with every option is too long for two row tiles on trn1: one row tile
-    stays on chip, worked through in column chunks (a ragged last chunk and a ragged last
-    row tile); x and the residual are still read once."""
-    inputs = _inputs(rng, 130, 20000, DTYPES[dtype], bias=True, residual=True, offset=1.0)
+    """N = 30001 with every option is too long for two row tiles (trn1, trn2) and odd, so not
+    spread over partitions either: one row tile stays on chip, worked through in column
+    chunks (a ragged last chunk and a ragged last row tile); x and the residual are still
+    read once."""
+    inputs = _inputs(rng, 130, 30001, DTYPES[dtype], bias=True, residual=True, offset=1.0)
     assert _layout(inputs, casting_mode).regime == "long"
     trace = check_forward(inputs, casting_mode)
     read, _ = trace.hbm_bytes()
@@ -289,7 +294,7 @@ def test_long_rows_with_every_option(rng, dtype, casting_mode):
 
 @pytest.mark.parametrize("options", OPTION_SETS, ids=list(OPTION_SETS))
 def test_long_rows_options(rng, options):
-    inputs = _inputs(rng, 3, 40000, BF16, **OPTION_SETS[options])
+    inputs = _inputs(rng, 3, 30001, BF16, **OPTION_SETS[options])
     assert _layout(inputs, "llama").regime == "long"
     trace = check_forward(inputs, "llama")
     assert trace.hbm_bytes()[0] == _streamed_bytes(inputs) + _parameter_bytes(inputs)
@@ -297,9 +302,10 @@ def test_long_rows_options(rng, options):
 
 @pytest.mark.parametrize("residual", [False, True])
 def test_two_pass_reads_x_twice(rng, residual):
-    """fp32 rows of 65536 with a bias and an offset fit neither two row tiles nor one: the
-    statistics pass and the output pass each read x (and the residual)."""
-    inputs = _inputs(rng, 3, 65536, FP32, bias=True, residual=residual, offset=1.0)
+    """fp32 rows of 60001 with a bias and an offset fit neither two row tiles nor one (and,
+    odd, are not spread over partitions): the statistics pass and the output pass each read
+    x (and the residual)."""
+    inputs = _inputs(rng, 3, 60001, FP32, bias=True, residual=residual, offset=1.0)
     assert _layout(inputs).regime == "two_pass"
     trace = check_forward(inputs)
     assert trace.hbm_bytes()[0] == 2 * _streamed_bytes(inputs) + _parameter_bytes(inputs)
@@ -362,7 +368,8 @@ def test_plan_matches_the_simulated_sbuf(rng, target):
 
 
 # ---------------------------------------------------------------------------------------------
-# Regimes and engine plans per target (the tests above run on the default target, trn1)
+# Regimes and engine plans per target (the tests above run on the dialect's default target:
+# trn1 for legacy, trn2 for nki06, ``conftest.DEFAULT_TARGETS``)
 # ---------------------------------------------------------------------------------------------
 
 

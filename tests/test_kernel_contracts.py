@@ -79,7 +79,9 @@ def test_forward_output_parameters_match_return_convention(
     opts = FWD_OPTIONS[options]
     x = _data(rng, (M, N), BF16)
     w, b = _param(rng, N, opts["weight"]), _param(rng, N, opts["bias"], 0.0)
-    out_dtype = FP32 if options == "plain" else None  # y's dtype follows the buffer
+    # y's dtype follows the buffer; the return convention takes the dialect's nl dtype
+    out_dtype = FP32 if options == "plain" else None
+    nl_out_dtype = None if out_dtype is None else kernels.nki_dtype("float32", kernel_dialect)
     y = poison((M, N), out_dtype or BF16)
     rstd = poison((M,), FP32)
     common = (EPS, opts["offset"], casting_mode)
@@ -87,14 +89,15 @@ def test_forward_output_parameters_match_return_convention(
         r = _data(rng, (M, N), FP32)
         h = poison((M, N), FP32)
         want, _ = trace_launch(
-            kernels.rmsnorm_add_fwd, x, r, w, b, *common, out_dtype, target=target
+            kernels.rmsnorm_add_fwd, x, r, w, b, *common, nl_out_dtype, target=target
         )
         got, _ = trace_launch(
             kernels.rmsnorm_add_fwd_out, x, r, w, b, y, h, rstd, *common, target=target
         )
         outputs = (y, h, rstd)
     else:
-        want, _ = trace_launch(kernels.rmsnorm_fwd, x, w, b, *common, out_dtype, target=target)
+        want, _ = trace_launch(kernels.rmsnorm_fwd, x, w, b, *common, nl_out_dtype,
+                               target=target)
         got, _ = trace_launch(kernels.rmsnorm_fwd_out, x, w, b, y, rstd, *common, target=target)
         outputs = (y, rstd)
     assert got is None, "an output-parameter kernel returns nothing"
@@ -118,22 +121,48 @@ def test_forward_output_parameters_long_rows(rng, kernel_dialect):
     _assert_bitwise(rstd, want[1], "rstd")
 
 
-def test_add_forward_output_parameter_h_dtype_is_checked(rng, kernel_dialect):
-    x, r = _data(rng, (4, 64), BF16), _data(rng, (4, 64), FP32)
-    with pytest.raises(AssertionError, match="h must have the residual's dtype"):
-        trace_launch(
-            kernels.rmsnorm_add_fwd_out,
+WRONG_OUTPUTS = {
+    # output -> (kernel, the message); each case gives that one output a wrong dtype
+    "int32 y": ("rmsnorm_fwd_out", "y must be float32, bfloat16 or float16"),
+    "bf16 rstd": ("rmsnorm_fwd_out", "rstd must be float32"),
+    "bf16 h of an fp32 residual": ("rmsnorm_add_fwd_out", "h must have the residual's dtype"),
+    "fp32 dx of a bf16 x": ("rmsnorm_bwd_out", "dx must have x's dtype"),
+    "fp16 dweight of a bf16 weight": ("rmsnorm_bwd_out", "dweight must be float32 or"),
+    "int32 dbias": ("rmsnorm_bwd_out", "dbias must be float32 or x's dtype"),
+}
+
+
+@pytest.mark.parametrize("case", WRONG_OUTPUTS)
+def test_output_parameter_dtypes_are_checked_before_anything_runs(rng, kernel_dialect, case):
+    """An output buffer of a wrong dtype would be written truncated: each output-parameter
+    kernel asserts its outputs' dtypes (as AWS's kernels check their arguments) before any
+    instruction, whichever launcher calls it (nki_jit, nki_call, TorchNeuron)."""
+    name, message = WRONG_OUTPUTS[case]
+    x, r, w = _data(rng, (4, 64), BF16), _data(rng, (4, 64), FP32), _param(rng, 64, BF16)
+    rstd = poison((4,), BF16 if case == "bf16 rstd" else FP32)
+    y = poison((4, 64), np.dtype(np.int32) if case == "int32 y" else BF16)
+    if name == "rmsnorm_fwd_out":
+        args = (x, w, None, y, rstd, EPS, 0.0, "gemma")
+    elif name == "rmsnorm_add_fwd_out":
+        args = (x, r, w, None, y, poison((4, 64), BF16), rstd, EPS, 0.0, "gemma")
+    else:
+        dx = poison((4, 64), FP32 if case.startswith("fp32 dx") else BF16)
+        dweight = poison((64,), FP16 if case.startswith("fp16 dweight") else FP32)
+        dbias = poison((64,), np.dtype(np.int32) if case == "int32 dbias" else FP32)
+        args = (
+            _data(rng, (4, 64), BF16),
             x,
-            r,
+            w,
+            np.ones(4, np.float32),
             None,
-            None,
-            poison((4, 64), BF16),
-            poison((4, 64), BF16),
-            poison((4,), FP32),
-            EPS,
+            dx,
+            dweight,
+            dbias,
             0.0,
             "gemma",
         )
+    with pytest.raises(AssertionError, match=message):
+        trace_launch(kernels.kernel(name), *args, target="trn2")
 
 
 BWD_OPTIONS = {
@@ -368,8 +397,8 @@ def test_rstd_within_a_few_fp32_ulp_with_approximate_rsqrt(
 @pytest.mark.parametrize("target", ["trn1", "trn2"])
 def test_zero_row_with_zero_eps(rng, approximate_rsqrt, target, kernel_dialect):
     """eps = 0 and an all-zero row: the mean square 0 is outside rsqrt's valid range, so
-    the kernel clamps it and then sets rstd = +inf, y = 0·inf = NaN for that row only, as
-    reference.py says; the other rows are unaffected."""
+    the kernel raises it to the smallest fp32 before scaling and then sets rstd = +inf,
+    y = 0·inf = NaN for that row only, as reference.py says; the other rows are unaffected."""
     x = _data(rng, (130, 256), BF16)
     x[7] = 0
     w = _param(rng, 256, BF16)
@@ -509,9 +538,12 @@ TIGHT_BACKWARD = [
 ]
 
 
-@pytest.mark.parametrize("case", TIGHT_FORWARD, ids=lambda c: f"{c[0]}-{c[2]}-{c[8]}")
-def test_forward_plan_bounds_the_allocation(rng, case, kernel_dialect):
-    target, m, n, x_dtype, w_dtype, b_dtype, r_dtype, offset, mode, out_dtype = case
+# (the target is a parameter of its own, so that conftest runs only the pairs of target and
+# dialect the hardware has: no nki06 on trn1)
+@pytest.mark.parametrize(("target", "case"), [(c[0], c[1:]) for c in TIGHT_FORWARD],
+                         ids=[f"{c[0]}-{c[2]}-{c[8]}" for c in TIGHT_FORWARD])
+def test_forward_plan_bounds_the_allocation(rng, target, case, kernel_dialect):
+    m, n, x_dtype, w_dtype, b_dtype, r_dtype, offset, mode, out_dtype = case
     layout, planned, capacity = _forward_budget(
         target, m, n, x_dtype, w_dtype, b_dtype, r_dtype, offset, mode, out_dtype
     )
@@ -527,9 +559,10 @@ def test_forward_plan_bounds_the_allocation(rng, case, kernel_dialect):
     assert trace.sbuf_peak_bytes_per_partition <= planned, layout
 
 
-@pytest.mark.parametrize("case", TIGHT_BACKWARD, ids=lambda c: f"{c[0]}-{c[1]}-{c[3]}")
-def test_backward_plan_bounds_the_allocation(rng, case, kernel_dialect):
-    target, n, x_dtype, dy_dtype, w_dtype, dh_dtype, offset, mode = case
+@pytest.mark.parametrize(("target", "case"), [(c[0], c[1:]) for c in TIGHT_BACKWARD],
+                         ids=[f"{c[0]}-{c[1]}-{c[3]}" for c in TIGHT_BACKWARD])
+def test_backward_plan_bounds_the_allocation(rng, target, case, kernel_dialect):
+    n, x_dtype, dy_dtype, w_dtype, dh_dtype, offset, mode = case
     regime, planned, capacity = _backward_budget(
         target, n, x_dtype, dy_dtype, w_dtype, dh_dtype, offset, mode
     )

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import simulate.nki06 as nki
+from simulate.nki06 import context
 from simulate.nki06 import isa as nisa
 from simulate.nki06 import language as nl
 from simulate.nki06.errors import NkiValidationError
@@ -25,7 +26,7 @@ def sbuf(x, dtype=None, buffer=None):
     """Kernel helper: an HBM input copied into a new SBUF (or PSUM via a copy) tile."""
     t = nl.ndarray(x.shape, dtype or x.dtype, buffer=nl.sbuf)
     nisa.dma_copy(dst=t, src=x)
-    if buffer is nl.psum:
+    if buffer == nl.psum:
         p = nl.ndarray(x.shape, t.dtype, buffer=nl.psum)
         nisa.tensor_copy(dst=p, src=t)
         return p
@@ -34,7 +35,7 @@ def sbuf(x, dtype=None, buffer=None):
 
 def out(t):
     """Kernel helper: an SBUF/PSUM tile copied to a new shared_hbm output."""
-    if t.buffer is nl.psum:
+    if t.buffer == nl.psum:
         staged = nl.ndarray(t.shape, t.dtype, buffer=nl.sbuf)
         nisa.tensor_copy(dst=staged, src=t)
         t = staged
@@ -191,7 +192,7 @@ def test_tensor_scalar_on_gpsimd_only_for_rsqrt(rng):
             dst=dst,
             data=sbuf(x),
             op0=op,
-            operand0=None if op is nl.rsqrt else 1.0,
+            operand0=None if op == nl.rsqrt else 1.0,
             engine=nisa.engine.gpsimd,
         )
         return out(dst)
@@ -346,6 +347,7 @@ def test_activation_scalar_bias_needs_nc_v3(rng, monkeypatch):
 
     np.testing.assert_allclose(run(kernel, x), x + 1.5)
     monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn1")
+    monkeypatch.setattr(context, "REJECT_NEURONCORE_V2", False)  # the v2 rule behind the gate
     with pytest.raises(AssertionError, match="scalar bias needs NeuronCore-v3"):
         run(kernel, x)
 
@@ -475,6 +477,7 @@ def test_tensor_copy_on_scalar_engine_needs_nc_v3(rng, monkeypatch):
 
     np.testing.assert_array_equal(run(kernel, x), x)
     monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn1")
+    monkeypatch.setattr(context, "REJECT_NEURONCORE_V2", False)  # the v2 rule behind the gate
     with pytest.raises(AssertionError, match="not available on the scalar engine"):
         run(kernel, x)
 

@@ -57,24 +57,28 @@ def test_profile_still_models_legacy_kernels(rng):
     assert profile.target == "trn2" and profile.latency_us > 0
 
 
+@nki.jit
+def _scale_by(x, s):
+    out = nl.ndarray(x.shape, x.dtype, buffer=nl.shared_hbm)
+    t = nl.load(x)
+    y = nl.ndarray(x.shape, x.dtype, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=y, data=t, op0=nl.multiply, operand0=s)
+    nl.store(out, nl.add(s, y))  # the scalar on the left of an nl.* op
+    return out
+
+
 @pytest.mark.parametrize(
     "scalar", [np.float32(1.5), np.float16(1.5), np.float64(1.5), np.int32(3), np.bool_(True)]
 )
-def test_numpy_scalars_are_scalar_operands(rng, monkeypatch, scalar):
+def test_numpy_scalars_are_not_nki_values(rng, monkeypatch, scalar):
+    """NKI values are Python bool/int/float (nki-language-guide.rst@81ce03ae L141-156): a NumPy
+    scalar argument is rejected before the kernel runs; the same number as a Python float runs."""
     monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn2")
     x = rng.standard_normal((64, 96)).astype(np.float32)
-
-    @nki.jit
-    def kernel(x, s):
-        out = nl.ndarray(x.shape, x.dtype, buffer=nl.shared_hbm)
-        t = nl.load(x)
-        y = nl.ndarray(x.shape, x.dtype, buffer=nl.sbuf)
-        nisa.tensor_scalar(dst=y, data=t, op0=nl.multiply, operand0=s)
-        nl.store(out, nl.add(s, y))  # the scalar on the left of an nl.* op
-        return out
-
+    with pytest.raises(TypeError, match=r"argument `s` .*NumPy scalar.*not an NKI value"):
+        _scale_by(x, scalar)
     value = np.float32(float(scalar))
-    np.testing.assert_array_equal(kernel(x, scalar), value + x * value)
+    np.testing.assert_array_equal(_scale_by(x, float(scalar)), value + x * value)
 
 
 def test_each_dialect_runs_on_its_documented_default_target(monkeypatch):
@@ -100,5 +104,5 @@ def test_each_dialect_runs_on_its_documented_default_target(monkeypatch):
     nki06_kernel(x)
     simulate.simulate_kernel(legacy_kernel, x)
     for dialect, version in seen.items():
-        assert int(version) == TARGETS[DIALECT_DEFAULT_TARGET[dialect]].nc_version
-    assert (int(seen["legacy"]), int(seen["nki06"])) == (2, 4)
+        assert version.value == TARGETS[DIALECT_DEFAULT_TARGET[dialect]].nc_version
+    assert (seen["legacy"].value, seen["nki06"].value) == (2, 4)

@@ -13,6 +13,7 @@ import pytest
 
 import simulate
 import simulate.nki06 as nki
+from simulate.nki06 import context
 from simulate.nki06 import isa as nisa
 from simulate.nki06 import language as nl
 from simulate.nki06 import typing as nt
@@ -117,6 +118,9 @@ def test_default_target_is_trn3_and_override_applies(monkeypatch):
     monkeypatch.delenv("NEURON_PLATFORM_TARGET_OVERRIDE")
     nki.simulate(kernel)(np.zeros(1, np.float32))
     monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "gen2")
+    with pytest.raises(ValueError, match=r"NKI 0.6 does not run on trn1.*nki_faq.rst L23-27"):
+        nki.simulate(kernel)(np.zeros(1, np.float32))
+    monkeypatch.setattr(context, "REJECT_NEURONCORE_V2", False)  # the gate's one switch
     nki.simulate(kernel)(np.zeros(1, np.float32))
     assert versions == [nisa.nc_version.gen4, nisa.nc_version.gen2]
     assert versions[0] >= nisa.nc_version.gen3
@@ -168,6 +172,7 @@ def test_launch_degree_rules(monkeypatch):
         kernel[2](np.zeros((2, 2), np.float32))
     monkeypatch.delenv("NEURON_LOGICAL_NC_CONFIG")
     monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn1")
+    monkeypatch.setattr(context, "REJECT_NEURONCORE_V2", False)  # the LNC rule behind the gate
     with pytest.raises(ValueError, match="LNC=2 needs trn2 or trn3"):
         kernel[2](np.zeros((2, 2), np.float32))
 
@@ -242,8 +247,11 @@ def test_fori_loop_and_registers():
 
 
 def test_fori_loop_body_must_not_return_and_registers_have_no_int():
+    def identity(i):
+        return i
+
     def kernel(x):
-        nl.fori_loop(0, 2, lambda i: i)
+        nl.fori_loop(0, 2, identity)
 
     with pytest.raises(AssertionError, match="must not return"):
         nki.simulate(kernel)(np.zeros(1, np.float32))

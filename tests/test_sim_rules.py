@@ -458,6 +458,71 @@ def test_tiles_do_not_outlive_their_block(rng):
     np.testing.assert_array_equal(run(hoisted, x, False), -x)
 
 
+def _loaded_under_if(x, flag):
+    """A helper whose tile is created in an if block and used after it."""
+    if flag:
+        tile = nl.load(x)
+    else:
+        tile = nl.negative(nl.load(x))
+    return nl.add(tile, 1.0)
+
+
+def _loaded_into_hoisted(x, flag):
+    """The legal twin: the tile created before the block, assigned in it."""
+    tile = nl.ndarray(x.shape, nl.float32)
+    if flag:
+        tile[...] = nl.load(x)
+    else:
+        tile[...] = nl.negative(nl.load(x))
+    return nl.add(tile, 1.0)
+
+
+def _returned_from_if(x, flag):
+    """A ``return`` inside the block uses the tile there; the caller binds it."""
+    if flag:
+        tile = nl.load(x)
+        return tile
+    return nl.negative(nl.load(x))
+
+
+def _outer_helper(x, flag):
+    """Helpers reached through other helpers are checked too."""
+    return _loaded_under_if(x, flag)
+
+
+class _Holder:
+    """Methods are helpers like functions."""
+
+    def loaded(self, x, flag):
+        if flag:
+            tile = nl.load(x)
+        else:
+            tile = nl.negative(nl.load(x))
+        return nl.add(tile, 1.0)
+
+
+def test_tiles_do_not_outlive_their_block_in_helpers(rng):
+    """The block-scope rule has no helper exemption (errors manual L417-L474): a helper the
+    kernel calls, directly, through another helper or as a method, is held to it."""
+    x = random_array(rng, (128, 32), np.float32)
+
+    def kernel(x, helper, flag):
+        out = nl.ndarray(x.shape, nl.float32, buffer=nl.shared_hbm)
+        nl.store(out, value=helper(x, flag))
+        return out
+
+    for helper in (_loaded_under_if, _outer_helper, _Holder().loaded):
+        message = rejects("err_local_variable_used_out_of_scope", kernel, x, helper, True,
+                          match="'tile'")
+        assert "if block" in message
+    rejects("err_local_variable_used_out_of_scope", kernel, x, _loaded_under_if, False,
+            match="else block")
+    np.testing.assert_array_equal(run(kernel, x, _loaded_into_hoisted, True), x + 1.0)
+    np.testing.assert_array_equal(run(kernel, x, _loaded_into_hoisted, False), 1.0 - x)
+    np.testing.assert_array_equal(run(kernel, x, _returned_from_if, True), x)
+    np.testing.assert_array_equal(run(kernel, x, _returned_from_if, False), -x)
+
+
 def test_a_tile_shadowed_in_a_loop_is_out_of_scope_after_it(rng):
     x = random_array(rng, (128, 32), np.float32)
 
@@ -620,6 +685,28 @@ def test_while_loops_enter_unconditionally(rng):
         while count < 3:
             acc[...] = nl.add(acc, 1.0)
             count += 1
+        nl.store(out, value=acc)
+        return out
+
+    rejects("err_while_loop_requires_unconditional_entry", kernel, x, 5, match="do-while")
+    np.testing.assert_allclose(run(kernel, x, 0), x + 3.0, rtol=1e-6)
+
+
+def _added_while_below_three(acc, start):
+    """A helper with a while loop: the kernel's rules hold in it too."""
+    count = start
+    while count < 3:
+        acc[...] = nl.add(acc, 1.0)
+        count += 1
+
+
+def test_while_loops_in_helpers_enter_unconditionally(rng):
+    x = random_array(rng, (128, 8), np.float32)
+
+    def kernel(x, start):
+        out = nl.ndarray(x.shape, nl.float32, buffer=nl.shared_hbm)
+        acc = nl.load(x)
+        _added_while_below_three(acc, start)
         nl.store(out, value=acc)
         return out
 

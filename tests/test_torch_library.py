@@ -55,8 +55,8 @@ def _fwd_cases():
     xb = x.bfloat16()
     return [
         (x, w, b, 1e-6, 0.5, "gemma", None),
-        (x, None, None, 1e-5, 0.0, "none", torch.bfloat16),
-        (xb, w.bfloat16(), b, 1e-6, 0.0, "llama", torch.float32),
+        (x, None, None, 1e-5, 0.0, "none", "bfloat16"),
+        (xb, w.bfloat16(), b, 1e-6, 0.0, "llama", "float32"),
     ]
 
 
@@ -78,7 +78,7 @@ def _bwd_cases():
     return [
         (dy, x, w, rstd, 0.0, True, None, "gemma"),
         (dy, x, None, rstd, 0.0, False, None, "none"),
-        (dy.bfloat16(), xb, w.bfloat16(), rstd_b, 0.0, True, torch.float32, "gemma"),
+        (dy.bfloat16(), xb, w.bfloat16(), rstd_b, 0.0, True, "float32", "gemma"),
     ]
 
 
@@ -89,8 +89,8 @@ def _add_bwd_cases():
     xb = x.bfloat16()
     _, hf, rstd_f = OPS.rms_norm_add_fwd(xb, r, None, None, 1e-6, 0.0, "gemma", None)
     return [
-        (dy, h, w, rstd, dh, torch.float32, 0.0, True, None, "gemma"),
-        (dy.bfloat16(), hf, None, rstd_f, None, torch.bfloat16, 0.0, False, None, "gemma"),
+        (dy, h, w, rstd, dh, "float32", 0.0, True, None, "gemma"),
+        (dy.bfloat16(), hf, None, rstd_f, None, "bfloat16", 0.0, False, None, "gemma"),
     ]
 
 

@@ -85,7 +85,11 @@ def tutorial_rmsnorm_bwd(dy, x, weight, rstd, dx, dweight):
         rows = t * P + i_p
         x_tile = nl.load(x[rows, i_f], mask=rows < M)
         dy_tile = nl.load(dy[rows, i_f], mask=rows < M)
-        r_tile = nl.load(rstd[rows], mask=rows < M, dtype=x.dtype)
+        # rstd (M,) viewed as (M, 1) before a 2-D index, as the legacy tutorial reshapes its
+        # 1-D weight (general/nki/tutorials/rmsnorm.rst@8a38e733, L65-L68)
+        r_tile = nl.load(
+            rstd.reshape((M, 1))[rows, nl.arange(1)[None, :]], mask=rows < M, dtype=x.dtype
+        )
         x_hat = nl.multiply(x_tile, r_tile)
         g = nl.multiply(dy_tile, w_row.broadcast_to((P, N)))
         c = nl.mean(nl.multiply(g, x_hat), axis=[1])

@@ -79,20 +79,20 @@ class FoldedPlan(NKIObject):
     stationary_rows: int = 1
 
 
-def make_plan(N, dtypes, offset, casting_mode, budget, nc_version=3):
+def make_plan(N, dtypes, offset, casting_mode, budget, nc_v3_or_newer=True):
     """The smallest fold, then the widest group and the longest ring, that fit ``budget``
     SBUF bytes per partition (``plan_bytes``). ``dtypes``: a ``BwdDtypes``;
-    ``nc_version``: the target's NeuronCore generation, ``nisa.get_nc_version()`` itself or
-    an int, only ever compared with ``>=`` (AWS's kernels order-compare it:
-    aws-neuron/nki-library@d2ad3a5 src/nkilib_src/nkilib/experimental/collectives/fgcc.py
-    L104 ``nisa.get_nc_version() >= 3``); it picks the engines of dy·x (``x_from_psum``) and
-    nothing in SBUF. None when no power-of-two fold of N fits. Tests check every accepted
-    input against the capacity."""
+    ``nc_v3_or_newer``: whether the target is NeuronCore-v3 or newer, which the kernel reads as
+    ``nisa.get_nc_version() >= nisa.nc_version.gen3`` (an enum ordered only against its own
+    members, as AWS's kernels compare it: aws-neuron/nki-library@d2ad3a5
+    src/nkilib_src/nkilib/core/attention/attention_tkg.py L2332); it picks the engines of
+    dy·x (``x_from_psum``) and nothing in SBUF. None when no power-of-two fold of N fits.
+    Tests check every accepted input against the capacity."""
     e_x = dtype_bytes(dtypes.x)
     round_xhat = dtypes.weight is not None and casting_mode != "gemma" and e_x == 2
     bf16_weight = dtypes.weight is not None and dtypes.weight == nl.bfloat16
     kw = 1 if dtypes.weight is None or (bf16_weight and offset == 0.0) else SPLIT
-    x_from_psum = round_xhat or nc_version >= 3
+    x_from_psum = round_xhat or nc_v3_or_newer
     for fold in FOLDS:
         if N % fold != 0:
             continue

@@ -67,6 +67,8 @@ CHUNKS_IN_FLIGHT = 2
 #: overlap in HBM address range, so each store waits for the one before it, and a wider
 #: store amortises that wait (too wide, and the next row tile refills its buffer late).
 MAX_OUTPUT_CHUNK_FACTOR = 2
+#: ... tried widest first.
+OUTPUT_CHUNK_FACTORS = (MAX_OUTPUT_CHUNK_FACTOR, 1)
 MIN_OUTPUT_CHUNKS = 8
 #: The "split" regime spreads a row over the fewest partitions (a power of two) that bring
 #: its per-partition segment down to this many bytes of h.
@@ -74,6 +76,8 @@ SPLIT_SEGMENT_BYTES = 8 * 1024
 #: ... and at most this many: a tile keeps at least 128 / 32 = 4 whole rows, and the
 #: Tensor engine contracts 3 rstd pieces × 32 segments ≤ 128 rows.
 MAX_SEGMENTS = 32
+#: Segments per row tried, fewest first: the powers of two from 2 to ``MAX_SEGMENTS``.
+SEGMENT_COUNTS = (2, 4, 8, 16, MAX_SEGMENTS)
 #: Tiles the "split" regime keeps in flight (loading, reducing, normalising and storing).
 SPLIT_SLOTS = 6
 
@@ -91,6 +95,16 @@ RSQRT_POSTSCALE = 2.0**-16
 NEWTON_STEPS = 2
 #: The largest finite float32.
 FP32_MAX = 3.4028234663852886e38
+#: The smallest positive fp32 (subnormal): an all-zero row's mean square is raised to it
+#: before the Vector-engine chain's scaling, so that rsqrt stays in range (its rstd becomes
+#: +inf afterwards when eps = 0).
+FP32_TINY = 2.0**-149
+#: The Vector-engine chain scales each row's mean square v by an exact power of two chosen
+#: per row, so that every positive finite fp32 v lands in rsqrt's valid range: by 2⁶⁴ when
+#: v < RSQRT_SPLIT (v ≥ 2⁻¹⁴⁹ → [2⁻⁸⁵, 2⁴⁴)), by 2⁻⁶⁴ otherwise (v < 2¹²⁸ → [2⁻⁸⁴, 2⁶⁴));
+#: rstd is rescaled by the square root, 2³² or 2⁻³² (RSQRT_ROOT_SCALE).
+RSQRT_SPLIT = 2.0**-20
+RSQRT_ROOT_SCALE = 2.0**32
 
 
 @dataclass(frozen=True)
@@ -334,22 +348,24 @@ def choose_layout(plan: Plan, m: int, n: int, budget: int, cores: int = 1) -> La
             if _more_rows_help(plan, m, n, k, budget, cores):
                 rows = k
         return Layout("rows", rows_per_partition=rows)
-    segments = 2
-    while plan.exact_transpose and segments <= MAX_SEGMENTS and n % segments == 0:
-        segment = n // segments
-        if segment * dtype_bytes(plan.h_dtype) <= SPLIT_SEGMENT_BYTES and plan.fits_split(
-            segment, budget
-        ):
-            return Layout("split", segments=segments)
-        segments *= 2
+    # Bounded loops, not ``while``: the legacy dialect runs only do-while loops
+    # (general/nki/api/nki.errors.rst@8a38e733, L902-L947), and this runs in its kernels too.
+    if plan.exact_transpose:
+        for segments in SEGMENT_COUNTS:
+            # a power of two that does not divide n is followed by none that does
+            segment = n // segments
+            if (
+                n % segments == 0
+                and segment * dtype_bytes(plan.h_dtype) <= SPLIT_SEGMENT_BYTES
+                and plan.fits_split(segment, budget)
+            ):
+                return Layout("split", segments=segments)
     chunk = plan.chunk_columns()
-    factor = MAX_OUTPUT_CHUNK_FACTOR
-    while factor >= 1:
+    for factor in OUTPUT_CHUNK_FACTORS:
         if (factor == 1 or n >= MIN_OUTPUT_CHUNKS * factor * chunk) and plan.fits_one_row_tile(
             n, budget, factor * chunk
         ):
             return Layout("long", chunk=chunk, output_chunk=factor * chunk)
-        factor //= 2
     return Layout("two_pass", chunk=plan.two_pass_chunk(n, budget))
 
 

@@ -91,7 +91,10 @@ class Context:
         self.act_accumulator = np.full((PMAX, 1), np.nan, np.float32)
         self.fresh_tile = None  # weak reference to the latest instruction's result tile
         self.rng = np.random.default_rng(0)  # ``nl.rand`` state; ``nl.random_seed`` reseeds it
-        self.blocks: list[tuple[str, int]] = []  # kernel-level if/else/for/while being run
+        # if/else/for/while blocks being run, of the kernel and the helpers it calls
+        self.blocks: list[tuple[str, int]] = []
+        # storage ids of the tiles a ``return`` inside a block is handing to the caller
+        self.returning: set[int] = set()
         self.allocated = False  # the kernel places tiles itself (ncc.sbuf/psum allocators)
 
     def loops_key(self):

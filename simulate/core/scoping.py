@@ -1,17 +1,21 @@
-"""Kernel-level language rules that need the kernel's source: block scopes, kernel-level
-``range`` loops and annotations of local variables.
+"""Language rules that need the kernel's source: block scopes, kernel-level ``range`` loops
+and annotations of local variables.
 
 Before a kernel runs, its function is recompiled from its source with small hooks added
-(line numbers kept, so tracebacks point at the user's lines):
+(line numbers kept, so tracebacks point at the user's lines), and so is every helper
+function it calls, when it is called (:meth:`Hooks.call`):
 
 - every ``if``/``else`` body and every iteration of a ``for``/``while`` body is a scope:
   "control blocks in if/else/for statements will introduce their own scope for tensors. A
   tensor defined in if/else/for control blocks are not allowed to be used outside of the
-  scope" (``general/nki/api/nki.errors.rst@8a38e733``, L417-L474). When a block ends, the
-  on-chip tiles it created and bound to a name are marked, and any later use of them raises
-  ``err_local_variable_used_out_of_scope``. The same hook tells ``nl.ndarray(...,
-  buffer=nl.shared_hbm)`` that it runs "under if condition" or "inside a loop"
-  (``err_shared_hbm_must_in_kernel_level``, L581-L615);
+  scope" (``general/nki/api/nki.errors.rst@8a38e733``, L417-L474). The manual exempts no
+  function, so the rule holds in the kernel and in every helper it calls (the stricter
+  reading; :data:`CHECK_HELPER_SCOPES`). When a block ends, the on-chip tiles it created and
+  bound to a name are marked, and any later use of them raises
+  ``err_local_variable_used_out_of_scope``. A ``return`` inside the block uses its tiles
+  inside the block: they go to the caller, which binds them in its own scope. The same
+  hook tells ``nl.ndarray(..., buffer=nl.shared_hbm)`` that it runs "under if condition"
+  or "inside a loop" (``err_shared_hbm_must_in_kernel_level``, L581-L615);
 - ``for v in range(...)`` statements of the kernel function become ``sequential_range``
   loops whose variable is a symbolic :class:`~simulate.core.loop_index.LoopIndex`
   (``general/nki/api/nki/language/__init__.py@8a38e733``, L1416-L1417); helpers the kernel
@@ -20,16 +24,21 @@ Before a kernel runs, its function is recompiled from its source with small hook
   L126-L141).
 
 A kernel whose source is unavailable (e.g. defined in an interactive session) runs as it
-is, without these checks.
+is, without these checks; so do functions nested in another (recompiled at every call, they
+would cost more than they check), library functions (NumPy, the standard library, the
+simulator) and decorated functions.
 """
 
 from __future__ import annotations
 import __future__
 
 import ast
+import builtins
 import inspect
 import itertools
+import sysconfig
 import textwrap
+import types
 import weakref
 
 from . import memory, rules
@@ -38,6 +47,49 @@ from .loop_index import LoopIndex
 from .tensor import Tensor
 
 _PREFIX = "__nki_"
+
+#: The block-scope rule holds in the helpers a kernel calls, not only in its own body (the
+#: errors manual has no helper exemption). The one switch of that reading.
+CHECK_HELPER_SCOPES = True
+
+# Modules whose functions are library code, never kernel helpers.
+_LIBRARY_ROOTS = frozenset({"simulate", "numpy", "ml_dtypes"})
+_STDLIB_DIRS = tuple(
+    {sysconfig.get_paths()[key] for key in ("stdlib", "platstdlib") if key in sysconfig.get_paths()}
+)
+_BUILTIN_NAMES = frozenset(dir(builtins))
+
+
+def _is_helper(func) -> bool:
+    """A plain module-level Python function of user code (a kernel helper)."""
+    if not isinstance(func, types.FunctionType) or func.__closure__:
+        return False
+    if "<locals>" in func.__qualname__ or hasattr(func, "__wrapped__"):
+        return False
+    if (func.__module__ or "").split(".")[0] in _LIBRARY_ROOTS:
+        return False
+    return not func.__code__.co_filename.startswith(_STDLIB_DIRS)
+
+
+def _storage_ids(value, depth=0) -> set[int]:
+    """Storage ids of the on-chip tiles in ``value`` (a tile, or containers and objects
+    holding tiles)."""
+    if isinstance(value, Tensor):
+        return {value.storage.id} if value.on_chip else set()
+    if depth > 3:
+        return set()
+    if isinstance(value, dict):
+        items = value.values()
+    elif isinstance(value, (tuple, list)):
+        items = value
+    elif hasattr(value, "__dict__") and not isinstance(value, type):
+        items = vars(value).values()
+    else:
+        return set()
+    found: set[int] = set()
+    for item in items:
+        found |= _storage_ids(item, depth + 1)
+    return found
 
 
 class Hooks:
@@ -65,10 +117,38 @@ class Hooks:
                 and value.on_chip
                 and value.storage.id > first_id
                 and not value.storage.out_of_scope
+                and value.storage.id not in ctx.returning
             ):
                 value.storage.out_of_scope = (
                     f"'{name}' (a tile created in the {kind} block at line {line})"
                 )
+
+    def returned(self, value):
+        """``return value`` inside a block: the tiles in it leave with the return."""
+        self._current("kernel block").returning.update(_storage_ids(value))
+        return value
+
+    def call(self, func):
+        """``func`` as kernel code calls it: a helper recompiled with these hooks (its blocks
+        scoped, its calls followed), or ``func`` itself."""
+        if not CHECK_HELPER_SCOPES:
+            return func
+        target = func.__func__ if inspect.ismethod(func) else func
+        if not _is_helper(target):
+            return func
+        prepared = prepare(target, self, helper=True)
+        if prepared is target:
+            return func
+        bound = prepared.__get__(func.__self__) if inspect.ismethod(func) else prepared
+        current = self._current
+
+        def helper(*args, **kwargs):
+            try:
+                return bound(*args, **kwargs)
+            finally:
+                current("kernel block").returning.clear()
+
+        return helper
 
     @staticmethod
     def annotation(value, annotation_thunk, name: str, line: int) -> None:
@@ -136,11 +216,14 @@ def _bound_names(statements) -> list[str]:
 
 
 class _Rewriter(ast.NodeTransformer):
-    """Adds the hooks to the kernel function's own statements."""
+    """Adds the hooks to the statements of a kernel function (``helper=False``: its
+    ``range`` loops become ``sequential_range``) or of a helper it calls."""
 
-    def __init__(self):
+    def __init__(self, helper=False):
         self.counter = itertools.count()
         self.root = None
+        self.helper = helper
+        self.depth = 0  # blocks around the statement being rewritten
 
     def _body(self, statements):
         out = []
@@ -160,7 +243,9 @@ class _Rewriter(ast.NodeTransformer):
 
     def _scoped(self, body, kind, line):
         """``tok = enter(); try: body finally: exit(tok, locals(), names)``."""
+        self.depth += 1
         body = self._body(body)
+        self.depth -= 1
         token = f"{_PREFIX}token_{next(self.counter)}"
         names = _bound_names(body)
         enter = ast.Assign(
@@ -191,6 +276,26 @@ class _Rewriter(ast.NodeTransformer):
 
     visit_ClassDef = visit_Lambda = visit_AsyncFunctionDef
 
+    def visit_Return(self, node):
+        """A ``return`` inside a block hands its tiles to the caller (:meth:`Hooks.returned`)."""
+        if node.value is not None:
+            node.value = self.visit(node.value)
+            if self.depth:
+                node.value = self._hook("returned", [node.value])
+        return node
+
+    def visit_Call(self, node):
+        """Calls go through :meth:`Hooks.call`, so the helpers they reach are checked too
+        (builtins are called directly)."""
+        self.generic_visit(node)
+        func = node.func
+        if isinstance(func, ast.Name) and (
+            func.id in _BUILTIN_NAMES or func.id.startswith(_PREFIX)
+        ):
+            return node
+        node.func = self._hook("call", [func])
+        return node
+
     def visit_If(self, node):
         node.test = self.visit(node.test)
         node.body = self._scoped(node.body, "if", node.lineno)
@@ -203,7 +308,8 @@ class _Rewriter(ast.NodeTransformer):
         node.iter = self.visit(node.iter)
         call = node.iter
         if (
-            isinstance(call, ast.Call)
+            not self.helper
+            and isinstance(call, ast.Call)
             and isinstance(call.func, ast.Name)
             and call.func.id == "range"
         ):
@@ -248,25 +354,27 @@ class _Rewriter(ast.NodeTransformer):
 
 
 _prepared: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_prepared_helpers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def prepare(func, hooks: Hooks):
-    """The kernel function recompiled to call ``hooks`` (``func`` itself when its source is
-    not available). A function is recompiled once; the run module always passes the same
-    hooks."""
+def prepare(func, hooks: Hooks, helper=False):
+    """The kernel function (or, with ``helper``, a helper it calls) recompiled to call
+    ``hooks`` (``func`` itself when its source is not available). A function is recompiled
+    once per role; the run module always passes the same hooks."""
+    cache = _prepared_helpers if helper else _prepared
     try:
-        return _prepared[func]
+        return cache[func]
     except (KeyError, TypeError):
         pass
-    prepared = _compile(func, hooks) or func
+    prepared = _compile(func, hooks, helper) or func
     try:
-        _prepared[func] = prepared
+        cache[func] = prepared
     except TypeError:
         pass
     return prepared
 
 
-def _compile(func, hooks):
+def _compile(func, hooks, helper=False):
     code = getattr(func, "__code__", None)
     if code is None or code.co_name == "<lambda>":
         return None
@@ -281,7 +389,7 @@ def _compile(func, hooks):
     if not tree.body or not isinstance(tree.body[0], ast.FunctionDef):
         return None
     ast.increment_lineno(tree, first - 1)
-    kernel = _Rewriter().visit(tree.body[0])
+    kernel = _Rewriter(helper).visit(tree.body[0])
     free = list(code.co_freevars)
     factory = ast.FunctionDef(
         name=f"{_PREFIX}factory__",

@@ -18,11 +18,16 @@ from __future__ import annotations
 import importlib.util
 import sys
 
-from . import isa, language, typing
+from . import constants, dtypes, isa, language, typing
 from .errors import NkiValidationError
 from .runtime import Kernel, jit, last_trace, simulate
 from .tensor import NkiTensor
 
+isa.constants = constants  # ``from nki.isa import constants`` (see :mod:`.constants`)
+#: ``nki.dtype``: the type of an NKI dtype, as AWS's kernels annotate dtype parameters
+#: (aws-neuron/nki-library@d2ad3a5 ``src/nkilib_src/nkilib/experimental/loss/cross_entropy.py``
+#: L33; aws-neuron-sdk@81ce03ae ``nki/library/api/find-nonzero-indices.rst`` L46)
+dtype = dtypes.NkiDtype
 cpu_simulate = simulate  # NKILIB's harness name (spec §1.4 decision)
 __simulated__ = True  # tells a shim that ``import nki`` found this front-end, not the SDK
 __version__ = "0.6.0"  # the NKI release (Neuron SDK 2.32) whose API this front-end mirrors
@@ -62,6 +67,7 @@ _ALIASES = {
     "nki": sys.modules[__name__],
     "nki.language": language,
     "nki.isa": isa,
+    "nki.isa.constants": constants,
     "nki.typing": typing,
 }
 

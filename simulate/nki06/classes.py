@@ -28,6 +28,7 @@ import sysconfig
 import types
 from collections.abc import Iterator
 
+from .context import language_check_enabled
 from .errors import NkiTypeError
 from .language import NKIObject
 
@@ -73,6 +74,80 @@ def _is_allowed_type(kind: type) -> bool:
     return allowed
 
 
+_INT32_MIN, _UINT32_END = -(1 << 31), 1 << 32
+VALUES_DOC = (
+    "NKI values are None, bool, 32-bit int and float, str and tensors, in tuples, lists, "
+    "string-keyed dicts and NKIObject classes (nki/get-started/nki-language-guide.rst"
+    "@81ce03ae, L141-156); a dtype is an nki.language dtype (nki/api/nki.api.shared.rst"
+    "@81ce03ae, L11-12)"
+)
+
+
+def _numpy_problem(value) -> str | None:
+    """What a NumPy/ml_dtypes/torch value is, when ``value`` is one (never an NKI value)."""
+    module = type(value).__module__.partition(".")[0]
+    if isinstance(value, type):
+        module = value.__module__.partition(".")[0]
+        if module in ("numpy", "ml_dtypes"):
+            return f"the NumPy dtype class `{value.__module__}.{value.__name__}`"
+        return None
+    if module not in ("numpy", "ml_dtypes", "torch", "jax", "jaxlib"):
+        return None
+    import numpy as np
+
+    if isinstance(value, np.dtype):
+        return f"the NumPy dtype `np.dtype({str(value)!r})`"
+    if isinstance(value, np.ndarray):
+        return f"a NumPy array (shape {value.shape}, dtype {value.dtype})"
+    if isinstance(value, np.generic):
+        return f"the NumPy scalar `{type(value).__name__}({value!r})`"
+    if module == "torch" and type(value).__name__ == "dtype":
+        return f"the torch dtype `{value}`"
+    return None
+
+
+def offending_value(value, depth: int = 0, arrays: bool = False) -> str | None:
+    """Why ``value`` (or an element of its tuples, lists, dicts) is not an NKI value, or None.
+
+    Rejected: NumPy / ml_dtypes / torch dtypes, NumPy arrays and scalars, sets, ints outside
+    32 bits (signed or unsigned: the guide says "32-bit integer values"), dicts with
+    non-string keys (nl dtypes are strings), and instances of classes that are not NKIObject
+    classes (:func:`offending_type`). ``arrays=True`` lets NumPy arrays through: the one
+    API documented to take one is ``nl.shared_constant`` ("Can be a numpy array or a file
+    path", ``nki/api/nki/language/__init__.py@81ce03ae`` L2630), so a local may hold one."""
+    if depth == 0 and not language_check_enabled():
+        bad_class = offending_type(value)
+        return None if bad_class is None else _class_problem(bad_class)
+    kind = type(value)
+    if kind in (tuple, list):
+        if depth < _MAX_DEPTH:
+            for item in value:
+                found = offending_value(item, depth + 1, arrays)
+                if found is not None:
+                    return found
+        return None
+    if kind is dict:
+        if depth < _MAX_DEPTH:
+            for key, item in value.items():
+                if not isinstance(key, str):
+                    return f"a dict keyed by {type(key).__name__} {key!r} (keys must be strings)"
+                found = offending_value(item, depth + 1, arrays)
+                if found is not None:
+                    return found
+        return None
+    if kind is int and not _INT32_MIN <= value < _UINT32_END:
+        return f"the int {value}, outside 32 bits"
+    if kind in (set, frozenset):
+        return f"the {kind.__name__} {value!r}"
+    problem = _numpy_problem(value)
+    if problem is not None and not (arrays and problem.startswith("a NumPy array")):
+        return problem
+    bad_class = offending_type(value, depth)
+    if bad_class is not None:
+        return _class_problem(bad_class)
+    return None
+
+
 def offending_type(value, depth: int = 0) -> type | None:
     """The first class of ``value`` (or of an element of its tuples, lists, dicts) that a 0.6
     kernel may not use, or None."""
@@ -94,21 +169,25 @@ def offending_type(value, depth: int = 0) -> type | None:
     return None if _is_allowed_type(kind) else kind
 
 
-def _reject(kind: type, where: str) -> None:
+def _class_problem(kind: type) -> str:
     bases = ", ".join(base.__name__ for base in kind.__bases__)
-    raise NkiTypeError(
-        f"{where} is an instance of class `{kind.__qualname__}` (bases: {bases}): a class used "
-        "in an NKI kernel must inherit from nl.NKIObject and no other classes, and NamedTuples "
-        f"are not NKI classes ({DOC})"
+    return (
+        f"an instance of class `{kind.__qualname__}` (bases: {bases}): a class used in an NKI "
+        "kernel must inherit from nl.NKIObject and no other classes, and NamedTuples are not "
+        f"NKI classes ({DOC})"
     )
+
+
+def _reject(problem: str, where: str) -> None:
+    raise NkiTypeError(f"{where} is {problem}: not an NKI value. {VALUES_DOC}")
 
 
 def check_arguments(func, arguments: dict) -> None:
     """Kernel arguments at launch (``arguments``: name → value)."""
     for name, value in arguments.items():
-        kind = offending_type(value)
-        if kind is not None:
-            _reject(kind, f"argument `{name}` of kernel `{func.__name__}`")
+        problem = offending_value(value)
+        if problem is not None:
+            _reject(problem, f"argument `{name}` of kernel `{func.__name__}`")
 
 
 def kernel_code_root(func) -> str | None:
@@ -133,14 +212,14 @@ def _is_kernel_file(root: str, filename: str) -> bool:
     )
 
 
-def _check_frame_values(pairs, what: str, code: types.CodeType) -> None:
+def _check_frame_values(pairs, what: str, code: types.CodeType, arrays=False) -> None:
     for name, value in pairs:
-        kind = offending_type(value)
-        if kind is not None:
-            _reject(kind, f"{what} `{name}` of `{code.co_qualname}`")
+        problem = offending_value(value, arrays=arrays)
+        if problem is not None:
+            _reject(problem, f"{what} `{name}` of `{code.co_qualname}`")
 
 
-def _kernel_code_tracer(root: str):
+def _kernel_code_tracer(root: str, on_new_code):
     """The ``sys.settrace`` hook of one core thread: checks the arguments of every function of
     the kernel's own code, and its return value and locals when it returns."""
     known = _kernel_code_by_root.setdefault(root, {})
@@ -149,17 +228,20 @@ def _kernel_code_tracer(root: str):
     def on_return(frame, event, arg):
         if event == "return":
             code = frame.f_code
-            kind = offending_type(arg)
-            if kind is not None:
-                _reject(kind, f"the value `{code.co_qualname}` returns")
-            _check_frame_values(frame.f_locals.items(), "local", code)
+            problem = offending_value(arg)
+            if problem is not None:
+                _reject(problem, f"the value `{code.co_qualname}` returns")
+            _check_frame_values(frame.f_locals.items(), "local", code, arrays=True)
         return on_return
 
     def on_call(frame, event, arg):  # the global hook only sees "call" events
         code = frame.f_code
         kernel = lookup(code)
         if kernel is None:
-            kernel = known[code] = _is_kernel_file(root, code.co_filename)
+            kernel = _is_kernel_file(root, code.co_filename)
+            if kernel and on_new_code is not None:
+                on_new_code(code, frame.f_globals)  # may raise: the code stays unknown
+            known[code] = kernel
         if not kernel:
             return None
         count = code.co_argcount + code.co_kwonlyargcount
@@ -175,13 +257,14 @@ def _kernel_code_tracer(root: str):
 
 
 @contextlib.contextmanager
-def checking_kernel_code(root: str | None) -> Iterator[None]:
-    """Trace this thread's calls into the files under ``root`` while the block runs."""
+def checking_kernel_code(root: str | None, on_new_code=None) -> Iterator[None]:
+    """Trace this thread's calls into the files under ``root`` while the block runs;
+    ``on_new_code(code, globals)`` sees each code object of kernel code when first called."""
     if root is None:
         yield
         return
     previous = sys.gettrace()
-    sys.settrace(_kernel_code_tracer(root))
+    sys.settrace(_kernel_code_tracer(root, on_new_code))
     try:
         yield
     finally:

@@ -41,6 +41,35 @@ DEFAULT_TARGET = DIALECT_DEFAULT_TARGET["nki06"]
 RENDEZVOUS_TIMEOUT_S = 60.0
 
 
+#: The debugging switch of the language checks (:mod:`.language_check`, the value checks of
+#: :mod:`.classes`, the enum operators of :mod:`.isa`): ``=0`` turns them off, never the
+#: NKIObject class rule. Default on.
+LANGUAGE_CHECK_SWITCH = "NKI_SIM_LANGUAGE_CHECK"
+
+
+def language_check_enabled() -> bool:
+    """The language checks are on unless ``NKI_SIM_LANGUAGE_CHECK=0`` (a debugging aid)."""
+    value = os.environ.get(LANGUAGE_CHECK_SWITCH, "1").strip().lower()
+    return value not in ("0", "false", "off", "no")
+
+
+#: Whether a 0.6 launch on NeuronCore-v2 (trn1, inf2) is an error: "NKI supports Trainium2 and
+#: Trainium3 chips" (aws-neuron-sdk@81ce03ae ``nki/nki_faq.rst`` L23-27); those chips run the
+#: legacy ``neuronxcc.nki`` dialect (:mod:`simulate.legacy`). The one switch of the gate.
+REJECT_NEURONCORE_V2 = True
+
+
+def check_target_supported(target: Target) -> None:
+    """Raise when the 0.6 front-end is asked to run on a chip NKI 0.6 does not support."""
+    if REJECT_NEURONCORE_V2 and target.nc_version < 3:
+        raise NkiValueError(
+            f'NKI 0.6 does not run on {target.name} (NeuronCore-v2): "NKI supports Trainium2 '
+            'and Trainium3 chips" (aws-neuron-sdk@81ce03ae nki/nki_faq.rst L23-27). Trn1/Inf2 '
+            "kernels are written in the legacy neuronxcc.nki dialect (simulate.legacy; "
+            "Neuron SDK <= 2.29)"
+        )
+
+
 def target_from_env(name=None) -> Target:
     """The target ``name`` (a target name or :class:`Target`), else the one
     ``NEURON_PLATFORM_TARGET_OVERRIDE`` names (STUB-NKI ``jit``), else trn3."""

@@ -19,6 +19,8 @@ import numpy as np
 
 from simulate.core import dtypes as core
 
+from . import release
+from .context import language_check_enabled
 from .errors import NkiTypeError
 
 
@@ -120,6 +122,25 @@ def as_dtype(dtype, argname: str = "dtype") -> NkiDtype:
             f"{argname}={dtype!r} is not an NKI dtype; expected one of " + ", ".join(map(str, ALL))
         )
     return found
+
+
+def kernel_dtype(dtype, argname: str = "dtype") -> NkiDtype:
+    """A ``dtype`` argument of an ``nl``/tensor API called from kernel code: "Almost all of the
+    NKI APIs accept a data type field, `dtype`, which must be a `nki.language` data type"
+    (aws-neuron-sdk@81ce03ae ``nki/api/nki.api.shared.rst`` L11–12). An ``nl`` dtype, or its
+    name (the 0.6 stubs type dtypes as ``str``); a NumPy, ml_dtypes or torch dtype is an
+    error (unless ``NKI_SIM_LANGUAGE_CHECK=0``)."""
+    if dtype is float8_e8m0fnu:
+        release.require("nl.float8_e8m0fnu", from_kernel_only=False)
+    if isinstance(dtype, NkiDtype):
+        return dtype
+    if type(dtype) is not str and language_check_enabled():
+        raise NkiTypeError(
+            f"{argname}={dtype!r} is not an nki.language dtype (use nl.float32, nl.bfloat16, "
+            '...): the dtype field "must be a `nki.language` data type" '
+            "(aws-neuron-sdk@81ce03ae nki/api/nki.api.shared.rst L11-12)"
+        )
+    return as_dtype(dtype, argname)
 
 
 def precise_fp() -> bool:

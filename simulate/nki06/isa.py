@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import enum
 import math
+import sys
 import warnings
 
 import numpy as np
@@ -90,10 +91,67 @@ class dma_engine(enum.Enum):  # noqa: N801
     gpsimd_dma = 2
 
 
-class nc_version(enum.IntEnum):  # noqa: N801 - ordered: NKILIB compares versions with >=
+_ENUM_DOC = (
+    "enums support only == and != (aws-neuron-sdk@81ce03ae nki/get-started/"
+    'nki-language-guide.rst L661: "No other binary operators on enum values are supported")'
+)
+
+
+def _caller() -> str:
+    """``file:line`` of the kernel code that applied an operator to an enum."""
+    frame = sys._getframe(2)
+    return f"{frame.f_code.co_filename}:{frame.f_lineno}"
+
+
+def _enum_operator(name, permissive):
+    def reject(self, *other):
+        if not context.language_check_enabled():  # the debugging switch: IntEnum behaviour
+            return permissive(self.value, *other)
+        raise NkiTypeError(
+            f"{_caller()}: {name} on {self!r}: {_ENUM_DOC}; nc_version also orders against "
+            "nc_version (<, <=, >, >=) as AWS's kernels compare it (aws-neuron/nki-library@d2ad3a5 "
+            "src/nkilib_src/nkilib/core/attention/attention_tkg.py L2332)"
+        )
+
+    reject.__name__ = name
+    return reject
+
+
+def _version_order(name, compare):
+    def order(self, other):
+        if not isinstance(other, nc_version) and not context.language_check_enabled():
+            return compare(self.value, other)
+        if not isinstance(other, nc_version):
+            raise NkiTypeError(
+                f"{_caller()}: {self!r} {name} {other!r}: nc_version orders only against "
+                f"nc_version members; {_ENUM_DOC}"
+            )
+        return compare(self.value, other.value)
+
+    order.__name__ = name
+    return order
+
+
+class nc_version(enum.Enum):  # noqa: N801
+    """A plain enum, as in the 0.6 stub (``nki/api/nki/isa/__init__.py@81ce03ae`` L111), with
+    the ordering comparisons AWS's kernels make on ``get_nc_version()``
+    (aws-neuron/nki-library@d2ad3a5 ``core/attention/attention_tkg.py`` L2332 ``>=``,
+    ``core/topk/rotational_topk_utils.py`` L901 ``<=``); ``int()`` and arithmetic raise."""
+
     gen2 = 2
     gen3 = 3
     gen4 = 4
+
+    __lt__ = _version_order("<", lambda a, b: a < b)
+    __le__ = _version_order("<=", lambda a, b: a <= b)
+    __gt__ = _version_order(">", lambda a, b: a > b)
+    __ge__ = _version_order(">=", lambda a, b: a >= b)
+    __int__ = __index__ = _enum_operator("int()", int)
+    __float__ = _enum_operator("float()", float)
+    __add__ = __radd__ = _enum_operator("+", lambda a, b: a + b)
+    __sub__ = _enum_operator("-", lambda a, b: a - b)
+    __rsub__ = _enum_operator("-", lambda a, b: b - a)
+    __mul__ = __rmul__ = _enum_operator("*", lambda a, b: a * b)
 
 
 def get_nc_version() -> nc_version:
@@ -119,7 +177,21 @@ class NkiInstruction:
 
 
 # --- operand checks ----------------------------------------------------------------------------
+#: Enums whose raw integer values AWS's kernels pass, contrary to the migration guide
+#: (aws-neuron-sdk@81ce03ae ``nki/migration/index.rst`` L625: "Raw integer values (e.g.,
+#: ``dge_mode=2``) are no longer accepted"): ``dge_mode=_DGE_MODE_NONE`` with
+#: ``_DGE_MODE_NONE = 3`` (aws-neuron/nki-library@d2ad3a5
+#: ``src/nkilib_src/nkilib/core/subkernels/norm_tkg_utils.py`` L29, ``core/qkv/qkv_tkg.py``
+#: L66; the same on 2.29_release). Known-compiling code wins; other enums stay strict.
+RAW_INT_ENUMS = ("dge_mode",)
+
+
 def _enum(value, cls, argname, api):
+    if cls.__name__ in RAW_INT_ENUMS and type(value) is int:
+        try:
+            return cls(value)
+        except ValueError:
+            pass  # not a member's value: the error below
     if not isinstance(value, cls):
         raise NkiTypeError(
             f"{api} {argname}={value!r}: expected a nisa.{cls.__name__} member "
@@ -917,13 +989,19 @@ def tensor_reduce(dst, op, data, axis, negate=False, keepdims=False, name=None):
         raise NkiValidationError(f"{api} negate applies to arithmetic reductions only")
     values = data.values().reshape(data.shape[0], kept, -1)
     values = values if spec.bitvec else values.astype(np.float32)
-    return _write_and_emit(
+    write(dst, sem.reduce_last(spec, values, negate))
+    # costed by the elements it reads, as the legacy front-end does: the Vector engine streams
+    # the input (the tensor_reduce cost rule counts input elements, N/2 cycles for bf16 add
+    # and max: hw_cost_facts §2c, D S10 L1466-1480), whatever few it writes
+    return _emit(
         "dve",
         api,
         name,
-        dst,
-        sem.reduce_last(spec, values, negate),
-        [data],
+        reads=[data],
+        writes=[dst],
+        partitions=dst.shape[0],
+        free_size=_free(data),
+        out_dtype=dst.dtype,
         details={"op": spec.name},
     )
 
@@ -1011,7 +1089,17 @@ def bn_stats(dst, data, name=None):
     enforce(rules.check_bn_stats_free, api, _free(data), "nki06", "data")
     if dst.shape[0] != data.shape[0] or _free(dst) != 6:
         raise NkiValidationError(f"{api} dst must be ({data.shape[0]}, 6), got {tuple(dst.shape)}")
-    return _write_and_emit("dve", api, name, dst, sem.batch_norm_stats(_pf(data)), [data])
+    write(dst, sem.batch_norm_stats(_pf(data)))
+    return _emit(  # costed by the elements it reads (the legacy front-end's bn_stats too)
+        "dve",
+        api,
+        name,
+        reads=[data],
+        writes=[dst],
+        partitions=dst.shape[0],
+        free_size=_free(data),
+        out_dtype=dst.dtype,
+    )
 
 
 def bn_aggr(dst, data, name=None):

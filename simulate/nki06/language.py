@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import dataclasses
 import math
 import warnings
 
@@ -15,7 +16,7 @@ import numpy as np
 from simulate.core.dtypes import is_number
 from simulate.core.targets import PMAX
 
-from . import context
+from . import context, release
 from . import dtypes as dt
 from . import isa as nisa
 from .dtypes import (  # noqa: F401 - the nl.* dtype names
@@ -46,11 +47,81 @@ shared_hbm = MemoryRegion.shared_hbm
 
 
 class NKIObject:
-    """Base class of user objects a kernel may take (LG "Values")."""
+    """Base class of user objects a kernel may take (LG "Values").
+
+    Classes "with and without the @dataclass decorator will be compiled in the same way" and
+    "the compiler will create the initializer functions __init__ and __post_init__, if they
+    are not provided by the user" (``nki/get-started/nki-language-guide.rst@81ce03ae``
+    L590–602): a subclass without an ``__init__`` of its own gets :func:`_generated_init`
+    (also under ``@dataclass``, whose own initializer it replaces), which takes the annotated
+    fields positionally or by keyword, defaulting to the class value or None, and also the
+    un-annotated class attributes by keyword, as AWS's kernels build them
+    (aws-neuron/nki-library@d2ad3a5 ``src/nkilib_src/nkilib/core/attention/attention_cte.py``
+    L868–876, built at L708)."""
 
     def __init__(self, **kwargs):
         for key, value in kwargs.items():
             setattr(self, key, value)
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        inherited = cls.__init__
+        if "__init__" not in cls.__dict__ and (
+            inherited is NKIObject.__init__ or getattr(inherited, "generated", False)
+        ):
+            cls.__init__ = _generated_init  # in the class dict: @dataclass keeps it
+
+
+def _annotated_fields(cls) -> list[str]:
+    names: list[str] = []
+    for klass in reversed(cls.__mro__):
+        for name, annotation in vars(klass).get("__annotations__", {}).items():
+            if name not in names and "ClassVar" not in str(annotation):
+                names.append(name)
+    return names
+
+
+def _default(cls, name):
+    field = getattr(cls, "__dataclass_fields__", {}).get(name)
+    if field is not None:
+        if field.default_factory is not dataclasses.MISSING:
+            return field.default_factory()
+        if field.default is not dataclasses.MISSING:
+            return field.default
+        return None
+    return getattr(cls, name, None)
+
+
+def _generated_init(self, *args, **kwargs):
+    """The compiler-made initializer of the language guide (L595–602)."""
+    cls = type(self)
+    fields = _annotated_fields(cls)
+    if len(args) > len(fields):
+        raise NkiTypeError(
+            f"{cls.__name__}() takes {len(fields)} positional arguments (its annotated fields "
+            f"{fields}) but {len(args)} were given"
+        )
+    values = dict(zip(fields, args))
+    for key, value in kwargs.items():
+        if key in values:
+            raise NkiTypeError(f"{cls.__name__}() got multiple values for argument '{key}'")
+        if key not in fields and (key.startswith("__") or not hasattr(cls, key)):
+            raise NkiTypeError(
+                f"{cls.__name__}() got an unexpected keyword argument '{key}': the generated "
+                "__init__ takes the class's fields and class attributes"
+            )
+        values[key] = value
+    for name in fields:
+        if name not in values:
+            values[name] = _default(cls, name)
+    for key, value in values.items():
+        object.__setattr__(self, key, value)  # frozen dataclasses are built the same way
+    post_init = getattr(self, "__post_init__", None)
+    if post_init is not None:
+        post_init()
+
+
+_generated_init.generated = True
 
 
 def is_hbm(buffer) -> bool:
@@ -91,6 +162,7 @@ class _TileSize:
 
     @property
     def psum_num_banks(self) -> int:
+        release.require("nl.tile_size.psum_num_banks")
         import os
 
         as_pe = os.environ.get("NKI_DMA_TRANSPOSE_AS_PE_TRANSPOSE", "").lower() == "true"
@@ -542,6 +614,7 @@ def _value(bound) -> int:
 def fori_loop(lower, upper, body_fun, step=1) -> None:
     """``for i in range(lower, upper, step): body_fun(i)`` on the device; ``i`` is a read-only
     register; the body returns nothing."""
+    release.require("nl.fori_loop")
     _runtime_loop("nl.fori_loop")
     if not isinstance(step, int) or step < 1:
         raise NkiValidationError(f"fori_loop step must be a positive int, got {step!r}")
@@ -554,6 +627,7 @@ def fori_loop(lower, upper, body_fun, step=1) -> None:
 
 def while_loop(init, body_fun) -> None:
     """``r = init; while r != 0: r = body_fun(r)`` on the device."""
+    release.require("nl.while_loop")
     _runtime_loop("nl.while_loop")
     register = init
     while (register.value if isinstance(register, nisa.VirtualRegister) else int(register)) != 0:

@@ -19,7 +19,7 @@ import numpy as np
 from simulate.core import jax_calls
 from simulate.core import runtime as core_runtime
 
-from . import classes, context
+from . import classes, context, language_check
 from . import dtypes as dt
 from .errors import NkiRuntimeError, NkiTypeError, NkiValueError
 from .tensor import Buffer, MemoryRegion, NkiTensor
@@ -87,11 +87,20 @@ class Kernel:
         return f"nki.jit({self.func.__name__})" + (f"[{self.lnc}]" if self.lnc else "")
 
 
+#: ``nki.jit`` keywords that only steer the real compiler's diagnostics, accepted and ignored
+#: as AWS's kernels pass them (aws-neuron/nki-library@d2ad3a5
+#: ``src/nkilib_src/nkilib/core/qkv/qkv.py`` L38–43).
+COMPILER_KEYWORDS = frozenset({"debug_kernel", "show_compiler_tb", "experimental_flags"})
+
+
 def jit(fn=None, **kwargs):
-    """``@nki.jit`` / ``@nki.jit()``: ``mode=`` is ignored with a warning, ``platform_target=``
-    and other keywords raise ``TypeError`` (MIG 0.2->0.3; target via
+    """``@nki.jit`` / ``@nki.jit()``: ``mode=`` is ignored with a warning, the compiler's
+    diagnostic keywords (:data:`COMPILER_KEYWORDS`) are ignored, ``platform_target=`` and
+    other keywords raise ``TypeError`` (MIG 0.2->0.3; target via
     ``NEURON_PLATFORM_TARGET_OVERRIDE``)."""
     for key in kwargs:
+        if key in COMPILER_KEYWORDS:
+            continue
         if key == "mode":
             warnings.warn(
                 "nki.jit(mode=...) is deprecated and ignored: the framework is "
@@ -139,6 +148,8 @@ def _to_numpy(value):
 
 
 def _is_array(value) -> bool:
+    if isinstance(value, type):  # e.g. the class np.float32: a (rejected) dtype, not an array
+        return False
     return isinstance(value, np.ndarray) or (
         hasattr(value, "shape")
         and hasattr(value, "dtype")
@@ -196,6 +207,7 @@ def _check_annotations(func, bound) -> None:
 # --- launch ------------------------------------------------------------------------------------
 def launch(func, args, kwargs, lnc, target=None):
     target = context.target_from_env(target)
+    context.check_target_supported(target)
     degree = 1 if lnc is None else lnc
     if degree == 2 and target.nc_version < 3:
         raise NkiValueError(f"kernel[2]: LNC=2 needs trn2 or trn3, the target is {target.name}")
@@ -219,6 +231,7 @@ def launch(func, args, kwargs, lnc, target=None):
         raise NkiTypeError(f"kernel `{func.__name__}`: {exc}") from exc
     _check_annotations(func, bound)
     classes.check_arguments(func, bound)
+    language_check.check_kernel(func, bound)
     state = context.Launch(target, degree, 0 if lnc is None else 1)
     results = _run_programs(func, positional, keywords, state)
     for memory in ("sbuf", "psum"):  # live-range peaks replace the allocator's running ones
@@ -277,7 +290,9 @@ def _run_program(func, positional, keywords, program):
     rejects, :mod:`.classes`), then its SBUF/PSUM capacity check."""
     previous = context.enter(program)
     try:
-        with classes.checking_kernel_code(classes.kernel_code_root(func)):
+        with classes.checking_kernel_code(
+            classes.kernel_code_root(func), language_check.check_code_object
+        ):
             result = func(*positional, **keywords)
         program.check_capacity()
         return result

@@ -20,7 +20,7 @@ from numpy.lib.stride_tricks import as_strided
 from simulate.core.memory import Storage
 from simulate.core.trace import Region
 
-from . import context
+from . import context, release
 from . import dtypes as dt
 from .errors import NkiIndexError, NkiTypeError, NkiValidationError, NkiValueError
 
@@ -103,6 +103,8 @@ def _check_rank(shape, what):
 
 class NkiTensor:
     """A tensor view in HBM, SBUF or PSUM (``nl.ndarray`` and friends return these)."""
+
+    indexed = False  # made by indexing another tensor (chained slicing is NKI 0.5+)
 
     def __init__(
         self,
@@ -225,6 +227,8 @@ class NkiTensor:
 
     # --- indexing --------------------------------------------------------------------------
     def __getitem__(self, key) -> NkiTensor:
+        if self.indexed:
+            release.require("indexing a view made by indexing (chained slicing)")
         key = key if isinstance(key, tuple) else (key,)
         if any(k is Ellipsis for k in key):
             at = next(i for i, k in enumerate(key) if k is Ellipsis)
@@ -266,7 +270,9 @@ class NkiTensor:
             strides.append(1 if dropped is None else dropped)
         if not shape:  # HBM: an index never leaves rank 0
             shape, strides = [1], [1]
-        return self._derive(shape, strides, offset)
+        view = self._derive(shape, strides, offset)
+        view.indexed = True
+        return view
 
     # --- view methods (STUB-NL NkiTensor, RN 0.5) --------------------------------------------
     def _dim(self, dim: int, api: str, allow_partition: bool = False) -> int:
@@ -281,12 +287,14 @@ class NkiTensor:
         return dim
 
     def slice(self, dim: int, start: int, end: int, step: int = 1) -> NkiTensor:
+        release.require("NkiTensor.slice")
         dim = self._dim(dim, "slice", allow_partition=True)
         key = [slice(None)] * self.ndim
         key[dim] = slice(start, end, step)
         return self[tuple(key)]
 
     def select(self, dim: int, index) -> NkiTensor:
+        release.require("NkiTensor.select")
         dim = self._dim(dim, "select", allow_partition=True)
         if isinstance(index, NkiTensor):
             raise NkiTypeError(
@@ -304,6 +312,7 @@ class NkiTensor:
         return self._derive(shape, strides, offset)
 
     def permute(self, dims) -> NkiTensor:
+        release.require("NkiTensor.permute")
         dims = tuple(int(d) % self.ndim for d in dims)
         if sorted(dims) != list(range(self.ndim)):
             raise NkiValidationError(f"permute: {dims} is not a permutation of {self.ndim} dims")
@@ -317,6 +326,7 @@ class NkiTensor:
         )
 
     def broadcast(self, dim: int, size: int) -> NkiTensor:
+        release.require("NkiTensor.broadcast")
         dim = self._dim(dim, "broadcast")
         if self._shape[dim] != 1:
             raise NkiValidationError(
@@ -327,6 +337,7 @@ class NkiTensor:
         return self._derive(shape, strides, self.offset)
 
     def expand_dim(self, dim: int) -> NkiTensor:
+        release.require("NkiTensor.expand_dim")
         dim = int(dim) % (self.ndim + 1)
         if dim == 0 and self.on_chip:
             raise NkiValidationError(
@@ -338,6 +349,7 @@ class NkiTensor:
         return self._derive(shape, strides, self.offset)
 
     def squeeze_dim(self, dim: int) -> NkiTensor:
+        release.require("NkiTensor.squeeze_dim")
         dim = self._dim(dim, "squeeze_dim")
         if self._shape[dim] != 1:
             raise NkiValidationError(f"squeeze_dim: dim {dim} has size {self._shape[dim]}, not 1")
@@ -346,6 +358,7 @@ class NkiTensor:
         return self._derive(shape, strides, self.offset)
 
     def reshape_dim(self, dim: int, shape) -> NkiTensor:
+        release.require("NkiTensor.reshape_dim")
         dim = self._dim(dim, "reshape_dim", allow_partition=len(shape) == 1)
         sizes = list(shape)
         if sizes.count(-1) > 1:
@@ -365,6 +378,7 @@ class NkiTensor:
         )
 
     def flatten_dims(self, start_dim: int, end_dim: int) -> NkiTensor:
+        release.require("NkiTensor.flatten_dims")
         start, end = int(start_dim) % self.ndim, int(end_dim) % self.ndim
         if self.on_chip and start == 0:
             raise NkiValidationError("flatten_dims: start_dim must be > 0 for an on-chip tensor")
@@ -386,6 +400,7 @@ class NkiTensor:
 
     def is_contiguous(self) -> bool:
         """Row-major dense; for on-chip tensors dim 0 (partitions) is skipped."""
+        release.require("NkiTensor.is_contiguous")
         first = 1 if self.on_chip else 0
         expected = 1
         for n, s in zip(reversed(self._shape[first:]), reversed(self.strides[first:])):
@@ -414,7 +429,7 @@ class NkiTensor:
 
     def view(self, dtype) -> NkiTensor:
         """Reinterpret the bits; the last dim scales by the itemsize ratio."""
-        new = dt.as_dtype(dtype)
+        new = dt.kernel_dtype(dtype)
         old_size, new_size = self.itemsize, new.itemsize
         if self.strides[-1] != 1 and self._shape[-1] != 1:
             raise NkiValidationError("view: the last dim must be contiguous")
@@ -442,6 +457,7 @@ class NkiTensor:
         return [[s, n] for s, n in zip(self.strides, self._shape)]
 
     def is_indirect(self) -> bool:
+        release.require("NkiTensor.is_indirect")
         return False
 
     def ap(
@@ -465,7 +481,7 @@ class NkiTensor:
             raise NkiValidationError(
                 f"ap: pattern must be a list of [stride, count] pairs, got {pattern!r}"
             )
-        new = dt.as_dtype(dtype) if dtype is not None else self.dtype
+        new = dt.kernel_dtype(dtype) if dtype is not None else self.dtype
         base = self.offset * self.itemsize // new.itemsize
         start = base
         if offset is not None:
@@ -568,7 +584,7 @@ def allocate(shape, dtype, buffer, name: str = "", fill="uninitialised") -> NkiT
     SBUF/PSUM per partition (the core allocator), fresh memory holds NaN / 4 (SIM)."""
     program = context.current("nl.ndarray")
     region = as_buffer(buffer)
-    dtype = dt.as_dtype(dtype)
+    dtype = dt.kernel_dtype(dtype)
     if isinstance(shape, int):
         shape = (shape,)
     shape = tuple(int(n) for n in shape)

@@ -66,6 +66,24 @@ No tile of data passes through a matmul (only rstd, the weight and the products 
 summed over rows anyway): a matmul multiplies every element by the zeros of the other
 operand, and 0 · NaN would spread a NaN or Inf of one row to the others.
 
+Why four Vector passes. Each of q, p1, p1·x and dx multiplies or adds two tiles that vary
+along both axes, which only the Vector engine does for floats (GpSimd's ``tensor_tensor``
+runs ``power`` and integer arithmetic; the Scalar engine's ``scale``/``bias`` are one value
+per partition). What the other engines can take is taken: rstd (per partition) goes into
+``a`` and the dweight matmul, the weight's broadcast into ``a`` on PE, both column sums onto
+PE, the row sums and −k·x onto ACT. The alternatives, by the cost model: the row dot Σ_j
+q·w' as a PE contraction needs j on the partitions, i.e. fp32 transposes of q (2 PE cycles
+per element on NeuronCore-v3, ``is_transpose``) and a copy out of PSUM (PE reads SBUF only)
+before an fp32 matmul at a quarter rate: PE then binds at about 9.5 PE cycles per element
+and row of a tile against 4 Vector ones now, a floor about 5 % lower on trn2 (PE at 2.4 GHz,
+Vector at 0.96) and 19 % higher on trn3 (Vector at 1.2 GHz). A layout with the hidden axis
+on the partitions makes rstd and −k per-element vectors, so dx needs three two-tile passes
+instead of two, and its loads one descriptor per element. The 16-bit fast modes speed up
+only one-input Vector instructions (``tensor_copy``/``tensor_scalar``) and the two-tile ones
+at most to the N cycles a PSUM operand gives already; a bf16 q or p1 would drop the fp32
+accuracy of dx and dweight. So the Vector engine binds at four N-cycle passes per element,
+and the kernel orders them so that no pass reads the output of the one just before it.
+
 Tiling. Rows go on the partitions, 128 per row tile (a ragged last tile uses fewer), and the
 row is worked through in column groups of ``G`` (2048, 1024 or 512) columns. A row whose
 working set does not fit SBUF is folded: ``x`` is viewed as (M·f, N/f), a reshape, so each
@@ -115,6 +133,7 @@ from nki_rmsnorm.plan.backward import (
     BwdTileSlots,
     make_plan,
 )
+from nki_rmsnorm.plan.kernel_assert import kernel_assert
 
 
 @nki.jit
@@ -143,7 +162,29 @@ def rmsnorm_bwd_out(dy, x, weight, rstd, dh_out, dx, dweight, dbias, offset, cas
     computed) and returns nothing. Each gradient is computed in fp32 and rounded once to its
     buffer's dtype. Same code and results as :func:`rmsnorm_bwd`; the outputs must not alias
     the inputs."""
+    check_gradients(x, weight, dx, dweight, dbias)
     backward_body(dy, x, weight, rstd, dh_out, dx, dweight, dbias, offset, casting_mode)
+
+
+def check_gradients(x, weight, dx, dweight, dbias):
+    """The output parameters' dtypes, before anything runs: dx in x's dtype, dweight fp32 or
+    the weight's, dbias fp32 or x's (any kernel dtype beside an fp32 x, an fp32 residual
+    stream); the package's launchers raise ``TypeError`` for the same first
+    (``validation.check_backward_outputs``)."""
+    kernel_assert(dx.dtype == x.dtype, f"dx must have x's dtype ({x.dtype}), got {dx.dtype}")
+    if dweight is not None:
+        own = weight is not None and dweight.dtype == weight.dtype
+        kernel_assert(
+            dweight.dtype == nl.float32 or own,
+            f"dweight must be float32 or the weight's dtype, got {dweight.dtype}",
+        )
+    if dbias is not None:
+        narrow = dbias.dtype == nl.bfloat16 or dbias.dtype == nl.float16
+        wide_x = x.dtype == nl.float32
+        kernel_assert(
+            dbias.dtype == nl.float32 or dbias.dtype == x.dtype or (wide_x and narrow),
+            f"dbias must be float32 or x's dtype ({x.dtype}), got {dbias.dtype}",
+        )
 
 
 def backward_body(dy, x, weight, rstd, dh_out, dx, dweight, dbias, offset, casting_mode):
@@ -154,7 +195,7 @@ def backward_body(dy, x, weight, rstd, dh_out, dx, dweight, dbias, offset, casti
     dtypes = BwdDtypes(x=x.dtype, dy=dy.dtype, weight=None if weight is None else weight.dtype,
                        dh_out=None if dh_out is None else dh_out.dtype)
     plan = make_plan(N, dtypes, offset, casting_mode, usable_sbuf_bytes(),
-                     nisa.get_nc_version())
+                     nisa.get_nc_version() >= nisa.nc_version.gen3)
     if plan is None:
         streamed_backward(dy, x, weight, rstd, dh_out, offset, casting_mode, dx, dweight,
                           dbias)
@@ -402,6 +443,12 @@ def _statistic_group(plan, consts, views, rings, tile, t, g):
     for c in nl.static_range(-(-width // CHUNK)):
         lo, hi = c * CHUNK, min(width, (c + 1) * CHUNK)
         a = _outer_product(tile.rows, consts.w_rows[:, g0 + lo:g0 + hi])
+        if not plan.round_xhat:
+            # dy·x before p1, so that p1·x = (dy·x)·a does not read the output of the
+            # Vector instruction just before it ("a static instruction overhead of 100
+            # engine cycles": general/nki/arch/trainium_inferentia2_arch.rst@8a38e733,
+            # lines 400-401)
+            dydx[:, lo:hi] = _dy_times_x(plan, dy_g[:, lo:hi], xs[:, lo:hi])
         p1[:, lo:hi] = nisa.tensor_tensor(dy_g[:, lo:hi], a, op=nl.multiply,
                                           dtype=nl.float32)
         if plan.round_xhat:  # dweight sums dy·round(x̂); p1·x is p1 times x itself
@@ -410,7 +457,6 @@ def _statistic_group(plan, consts, views, rings, tile, t, g):
             p1x[:, lo:hi] = nisa.tensor_tensor(p1[:, lo:hi], _psum_copy(xs[:, lo:hi]),
                                                op=nl.multiply, dtype=nl.float32)
         else:
-            dydx[:, lo:hi] = _dy_times_x(plan, dy_g[:, lo:hi], xs[:, lo:hi])
             p1x[:, lo:hi] = nisa.tensor_tensor(dydx[:, lo:hi], a, op=nl.multiply,
                                                dtype=nl.float32)
     nisa.activation_reduce(op=nl.copy, data=p1x, reduce_op=nl.add,
@@ -486,7 +532,8 @@ def _add_fold_segments(out, s, p, f, scratch):
     back to the f partitions of each row. The layout changes through the HBM ``scratch``
     (P fp32), reshaped whole (the only documented reshape): s stored as a column, loaded
     back with the f segments of a row on one partition (rows, f); the Vector engine adds
-    them and repeats the sum f times; stored, and loaded back as a column."""
+    them and copies the sum into each of the f columns; stored, and loaded back as a
+    column."""
     P = nl.tile_size.pmax
     rows = p // f
     column = scratch.reshape((P, 1))
@@ -494,8 +541,10 @@ def _add_fold_segments(out, s, p, f, scratch):
     nl.store(column[0:p, :], value=s)
     segments = nl.load(by_row[0:rows, :])
     total = nisa.tensor_reduce(nl.add, segments, axis=[1], dtype=nl.float32, keepdims=True)
-    nl.store(by_row[0:rows, :], value=nisa.tensor_copy(total.broadcast_to((rows, f)),
-                                                      dtype=nl.float32))
+    repeated = nl.ndarray((rows, f), dtype=nl.float32)
+    for h in nl.static_range(f):  # the sum into each column, as the 0.6 kernel does
+        repeated[:, h:h + 1] = nisa.tensor_copy(total, dtype=nl.float32)
+    nl.store(by_row[0:rows, :], value=repeated)
     out[...] = nl.load(column[0:p, :])
 
 
@@ -558,11 +607,14 @@ def _store_column_sums(plan, dst, acc, g):
     rounded = nl.copy(acc[bank, :, c0:c0 + n * f], dtype=dst.dtype)
     full, rest = divmod(width, n)
     i_b = nl.arange(n)[None, :]
+    # dst reshaped whole to a column (the tutorial's form), indexed by affine expressions:
+    # never a slice of HBM reshaped
+    column = dst.reshape((dst.shape[0], 1))
     for h in nl.static_range(f):
         g0 = h * L + g * G
         if full:
-            nl.store(dst[g0:g0 + full * n].reshape((full, n)),
-                     value=rounded[nl.arange(full)[:, None], h + f * i_b])
+            i_m = nl.arange(full)[:, None]
+            nl.store(column[g0 + n * i_m + i_b, 0], value=rounded[i_m, h + f * i_b])
         if rest:
-            nl.store(dst[g0 + full * n:g0 + width].reshape((1, rest)),
-                     value=rounded[full, h + f * nl.arange(rest)[None, :]])
+            i_r = nl.arange(rest)[None, :]
+            nl.store(column[g0 + full * n + i_r, 0], value=rounded[full, h + f * i_r])

@@ -67,7 +67,9 @@ Engine plan per row (``Plan.product_engine``; DMA moves everything):
 DVE      h = x + residual (``tensor_tensor``, fp32, one rounding to the residual's dtype)
 ACT      Σh² (``activation_reduce(square)``, fp32 accumulation)
 rstd     ACT ``activation(rsqrt)`` of the mean square brought into its valid range
-         [2⁻⁸⁷, 2⁹⁷] (ACT: v·2⁻³², exact; or DVE: v clamped), refined by two Newton steps
+         [2⁻⁸⁷, 2⁹⁷] by exact powers of two (v·2⁻³²; on DVE with eps < 2⁻⁵⁵, v·2^±64
+         chosen per row: every finite v > 0 is covered; an infinite v gives rstd = 0
+         exactly), refined by two Newton steps
          (``rmsnorm_fwd_steps.rstd_from_sum``): within ≈ 2.5 fp32 ulp of 1/sqrt(v) even when
          ACT's rsqrt is off by 2⁻⁹. The chain runs on ACT (with the bf16 split of the
          "tensor" plan) unless ACT carries the product ("scalar" plan) or eps < 2⁻⁵⁵
@@ -93,6 +95,13 @@ DVE      + bias (fp32, one rounding), and a final conversion in "none" mode when
          differs from x's.
 ======== ==================================================================================
 
+A row with an infinite element has Σh² = inf and rstd = 0 exactly: y is NaN at the infinite
+elements and 0 elsewhere, as the float64 reference and torch give. The one data-dependent
+limit: Σh² is an fp32 sum of fp32 squares, so a finite row whose Σh² reaches 2¹²⁸ (bf16/fp32
+elements near 1.8·10¹⁹ and beyond) or, with eps = 0, whose mean square falls below 2⁻¹²⁵
+(subnormal squares) cannot be exact; the NumPy launcher (``nki_rmsnorm.ops``, which the
+torch CPU and JAX host paths use) raises ``ValueError`` for such rows, and on a device they
+behave as torch's fp32 arithmetic does (rstd = 0, y = 0).
 A row whose statistics come out NaN (a NaN input) or infinite (``eps = 0`` and an all-zero
 row: rstd = inf, y = 0 · inf = NaN) affects only its own outputs: rstd moves between partitions
 only through exact transposes, and the zeros of the Tensor engine's operands only meet values
@@ -119,16 +128,34 @@ from nki_rmsnorm.plan.forward import (
 )
 from nki_rmsnorm.plan.kernel_assert import kernel_assert
 
-__all__ = ["CASTING_MODES", "Layout", "Plan", "choose_layout", "forward_body", "make_plan",
-           "rmsnorm_add_fwd", "rmsnorm_add_fwd_out", "rmsnorm_fwd", "rmsnorm_fwd_out"]
+__all__ = [
+    "CASTING_MODES",
+    "Layout",
+    "Plan",
+    "choose_layout",
+    "forward_body",
+    "make_plan",
+    "rmsnorm_add_fwd",
+    "rmsnorm_add_fwd_out",
+    "rmsnorm_fwd",
+    "rmsnorm_fwd_out",
+]
 
 
 def _plan(x, weight, bias, h_dtype, offset, casting_mode, out_dtype):
     """The :class:`Plan` for these HBM tensors on the running target."""
-    return make_plan(x.dtype, None if weight is None else weight.dtype,
-                     None if bias is None else bias.dtype, h_dtype, offset, casting_mode,
-                     out_dtype, nl.float32, nl.bfloat16,
-                     tensor_engine=nisa.get_nc_version() != nisa.nc_version.gen2)
+    return make_plan(
+        x.dtype,
+        None if weight is None else weight.dtype,
+        None if bias is None else bias.dtype,
+        h_dtype,
+        offset,
+        casting_mode,
+        out_dtype,
+        nl.float32,
+        nl.bfloat16,
+        tensor_engine=nisa.get_nc_version() != nisa.nc_version.gen2,
+    )
 
 
 def forward_body(plan, hbm, eps, offset):
@@ -163,6 +190,7 @@ def rmsnorm_fwd_out(x, weight, bias, y, rstd, eps, offset, casting_mode):
     ``y`` (M, N; its dtype is the output dtype) and ``rstd`` (M,) float32 in place and
     returns nothing (``torch_neuronx.nki_jit`` / ``jax_neuronx.nki_call``). Same code and
     results as :func:`rmsnorm_fwd`. The outputs must not alias the inputs."""
+    check_outputs(y, rstd)
     plan = _plan(x, weight, bias, None, offset, casting_mode, y.dtype)
     forward_body(plan, Tensors(x, None, weight, bias, y, None, rstd), eps, offset)
 
@@ -185,7 +213,22 @@ def rmsnorm_add_fwd_out(x, residual, weight, bias, y, h, rstd, eps, offset, cast
     """Fused residual add and RMSNorm, output-parameter convention: writes the caller's
     ``y`` (its dtype is the output dtype), ``h`` (the residual's dtype) and ``rstd`` (M,)
     float32 in place, returns nothing. Same code and results as :func:`rmsnorm_add_fwd`."""
-    kernel_assert(h.dtype == residual.dtype,
-                  "rmsnorm_add_fwd_out: h must have the residual's dtype")
+    check_outputs(y, rstd, residual, h)
     plan = _plan(x, weight, bias, residual.dtype, offset, casting_mode, y.dtype)
     forward_body(plan, Tensors(x, residual, weight, bias, y, h, rstd), eps, offset)
+
+
+def check_outputs(y, rstd, residual=None, h=None):
+    """The output parameters' dtypes, before anything runs: y in a kernel dtype, rstd fp32,
+    h in the residual's dtype (a wrong one would be written truncated); the package's
+    launchers raise ``TypeError`` for the same first (``validation.check_forward_outputs``)."""
+    kernel_assert(
+        y.dtype == nl.float32 or y.dtype == nl.bfloat16 or y.dtype == nl.float16,
+        f"y must be float32, bfloat16 or float16 (the output dtype), got {y.dtype}",
+    )
+    kernel_assert(rstd.dtype == nl.float32, f"rstd must be float32, got {rstd.dtype}")
+    if h is not None:
+        kernel_assert(
+            h.dtype == residual.dtype,
+            f"h must have the residual's dtype ({residual.dtype}), got {h.dtype}",
+        )

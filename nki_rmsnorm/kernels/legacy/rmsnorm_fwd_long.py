@@ -38,20 +38,24 @@ def long_rows(plan, chunk, output_chunk, hbm, eps, offset):
     h_rows = nl.ndarray((parts, N), dtype=plan.h_dtype)
     engine = plan.product_engine if hbm.weight is not None else "vector"
     engine = "vector" if engine == "tensor" and plan.rstd_pieces != 3 else engine
-    helper = (steps.identity(parts, plan.scale_dtype) if engine == "tensor"
-              else nl.full((1, parts), 1.0, dtype=plan.scale_dtype) if engine == "scalar"
-              else None)
+    helper = (
+        steps.identity(parts, plan.scale_dtype)
+        if engine == "tensor"
+        else nl.full((1, parts), 1.0, dtype=plan.scale_dtype)
+        if engine == "scalar"
+        else None
+    )
     for t in nl.static_range(M // P):
-        _long_tile(plan, engine, (chunk, output_chunk), hbm, offset, h_rows, eps, helper,
-                   t * P, P)
+        _long_tile(plan, engine, (chunk, output_chunk), hbm, offset, h_rows, eps, helper, t * P, P)
     if M % P:
-        _long_tile(plan, engine, (chunk, output_chunk), hbm, offset, h_rows, eps, helper,
-                   M - M % P, M % P)
+        _long_tile(
+            plan, engine, (chunk, output_chunk), hbm, offset, h_rows, eps, helper, M - M % P, M % P
+        )
 
 
 def _long_tile(plan, engine, chunks, hbm, offset, h_rows, eps, helper, row0, parts):
     """Rows ``row0 … row0 + parts − 1``: statistics pass, then output pass."""
-    N = hbm.x.shape[1]
+    M, N = hbm.x.shape
     chunk, output_chunk = chunks
     n_chunks = math.ceil(N / chunk)
     i_0 = nl.arange(1)[:, None]
@@ -64,45 +68,74 @@ def _long_tile(plan, engine, chunks, hbm, offset, h_rows, eps, helper, row0, par
         c0 = c * chunk
         width = min(chunk, N - c0)
         cols = c0 + nl.arange(width)[None, :]
-        h_chunk = h_rows[:parts, c0:c0 + width]
-        x_chunk = (None if hbm.residual is None
-                   else nl.ndarray((parts, width), dtype=plan.in_dtype))
-        steps.load_h(h_chunk, x_chunk, hbm.x[rows, cols],
-                     None if hbm.residual is None else hbm.residual[rows, cols],
-                     None if hbm.h is None else hbm.h[rows, cols])
+        h_chunk = h_rows[:parts, c0 : c0 + width]
+        x_chunk = None if hbm.residual is None else nl.ndarray((parts, width), dtype=plan.in_dtype)
+        steps.load_h(
+            h_chunk,
+            x_chunk,
+            hbm.x[rows, cols],
+            None if hbm.residual is None else hbm.residual[rows, cols],
+            None if hbm.h is None else hbm.h[rows, cols],
+        )
         squares = nl.ndarray((parts, width), dtype=nl.bfloat16)
-        squares[...] = nisa.activation_reduce(op=nl.square, data=h_chunk, reduce_op=nl.add,
-                                              reduce_res=partial_sq[:, c:c + 1],
-                                              dtype=squares.dtype)
+        squares[...] = nisa.activation_reduce(
+            op=nl.square,
+            data=h_chunk,
+            reduce_op=nl.add,
+            reduce_res=partial_sq[:, c : c + 1],
+            dtype=squares.dtype,
+        )
     sum_sq = nisa.tensor_reduce(nl.add, partial_sq, axis=1, keepdims=True, dtype=nl.float32)
     rstd_tile = steps.rstd_from_sum(sum_sq, eps, N, on_scalar=engine != "scalar")
-    nl.store(hbm.rstd[rows], value=rstd_tile)
-    stationary = (steps.rstd_rows(plan, rstd_tile, helper[:parts, :parts], stacked=False)
-                  if engine == "tensor" else None)
+    # rstd (M,) viewed as (M, 1) and indexed 2-D, as the tutorial reshapes a 1-D tensor
+    # before a 2-D index (general/nki/tutorials/rmsnorm.rst@8a38e733, L65-L68;
+    # general/nki/examples/rmsnorm/rmsnorm_nki_kernels.py@8a38e733, L35)
+    nl.store(hbm.rstd.reshape((M, 1))[rows, nl.arange(1)[None, :]], value=rstd_tile)
+    stationary = (
+        steps.rstd_rows(plan, rstd_tile, helper[:parts, :parts], stacked=False)
+        if engine == "tensor"
+        else None
+    )
 
     # Output pass: the weight (and bias) chunk, y = h · rstd · w (+ bias), DMA y out.
     for c in nl.static_range(math.ceil(N / output_chunk)):
         c0 = c * output_chunk
         width = min(output_chunk, N - c0)
         cols = c0 + nl.arange(width)[None, :]
-        h_chunk = h_rows[:parts, c0:c0 + width]
+        h_chunk = h_rows[:parts, c0 : c0 + width]
         y_chunk = nl.ndarray((parts, width), dtype=plan.result_dtype)
-        product = (None if plan.product_dtype is None
-                   else nl.ndarray((parts, width), dtype=plan.product_dtype))
-        shift = (None if hbm.bias is None
-                 else steps.broadcast_row(hbm.bias.reshape((1, N))[i_0, cols], parts,
-                                          plan.bias_dtype))
+        product = (
+            None
+            if plan.product_dtype is None
+            else nl.ndarray((parts, width), dtype=plan.product_dtype)
+        )
+        shift = (
+            None
+            if hbm.bias is None
+            else steps.broadcast_row(hbm.bias.reshape((1, N))[i_0, cols], parts, plan.bias_dtype)
+        )
         weight_cols = None if hbm.weight is None else hbm.weight.reshape((1, N))[i_0, cols]
         if engine == "tensor":
             moving = steps.weight_rows(plan, weight_cols, stacked=False)
             stationaries = [stationary[:, b, :] for b in nl.static_range(plan.rstd_pieces)]
             steps.outer_normalize(y_chunk, h_chunk, stationaries, moving, shift, product)
         elif engine == "scalar":
-            steps.scaled_normalize(plan, y_chunk, h_chunk, rstd_tile, helper[:, :parts],
-                                   steps.scale_row(plan, weight_cols, offset), shift, product)
+            steps.scaled_normalize(
+                plan,
+                y_chunk,
+                h_chunk,
+                rstd_tile,
+                helper[:, :parts],
+                steps.scale_row(plan, weight_cols, offset),
+                shift,
+                product,
+            )
         else:
-            scale = (None if weight_cols is None
-                     else steps.broadcast_row(weight_cols, parts, plan.scale_dtype, offset))
+            scale = (
+                None
+                if weight_cols is None
+                else steps.broadcast_row(weight_cols, parts, plan.scale_dtype, offset)
+            )
             xhat = nl.ndarray((parts, width), dtype=plan.in_dtype) if plan.rounds_xhat else None
             steps.normalize(plan, y_chunk, h_chunk, rstd_tile, xhat, scale, shift, product)
         steps.store_y(plan, hbm.y[rows, cols], y_chunk)
@@ -131,17 +164,27 @@ def two_pass(plan, chunk, hbm, eps, offset):
             cols = c * chunk + i_c
             inside = in_rows & (cols < N)
             h_chunk = nl.ndarray((P, chunk), dtype=plan.h_dtype)
-            x_chunk = (None if hbm.residual is None
-                       else nl.ndarray((P, chunk), dtype=plan.in_dtype))
-            steps.load_h(h_chunk, x_chunk, hbm.x[rows, cols],
-                         None if hbm.residual is None else hbm.residual[rows, cols],
-                         None if hbm.h is None else hbm.h[rows, cols], mask=inside)
+            x_chunk = None if hbm.residual is None else nl.ndarray((P, chunk), dtype=plan.in_dtype)
+            steps.load_h(
+                h_chunk,
+                x_chunk,
+                hbm.x[rows, cols],
+                None if hbm.residual is None else hbm.residual[rows, cols],
+                None if hbm.h is None else hbm.h[rows, cols],
+                mask=inside,
+            )
             squares = nl.ndarray((P, chunk), dtype=nl.bfloat16)
-            squares[...] = nisa.activation_reduce(op=nl.square, data=h_chunk, reduce_op=nl.add,
-                                                  reduce_res=partial_sq[:, nl.ds(c, 1)],
-                                                  dtype=squares.dtype, mask=inside)
-        sum_sq = nisa.tensor_reduce(nl.add, partial_sq, axis=1, keepdims=True,
-                                    dtype=nl.float32, mask=in_rows)
+            squares[...] = nisa.activation_reduce(
+                op=nl.square,
+                data=h_chunk,
+                reduce_op=nl.add,
+                reduce_res=partial_sq[:, nl.ds(c, 1)],
+                dtype=squares.dtype,
+                mask=inside,
+            )
+        sum_sq = nisa.tensor_reduce(
+            nl.add, partial_sq, axis=1, keepdims=True, dtype=nl.float32, mask=in_rows
+        )
         rstd_tile = steps.rstd_from_sum(sum_sq, eps, N, mask=in_rows)
         nl.store(rstd_col[rows, i_1], value=rstd_tile, mask=in_rows)
 
@@ -152,22 +195,36 @@ def two_pass(plan, chunk, hbm, eps, offset):
             in_cols = cols < N
             inside = in_rows & in_cols
             h_chunk = nl.ndarray((P, chunk), dtype=plan.h_dtype)
-            x_chunk = (None if hbm.residual is None
-                       else nl.ndarray((P, chunk), dtype=plan.in_dtype))
-            steps.load_h(h_chunk, x_chunk, hbm.x[rows, cols],
-                         None if hbm.residual is None else hbm.residual[rows, cols], None,
-                         mask=inside)
+            x_chunk = None if hbm.residual is None else nl.ndarray((P, chunk), dtype=plan.in_dtype)
+            steps.load_h(
+                h_chunk,
+                x_chunk,
+                hbm.x[rows, cols],
+                None if hbm.residual is None else hbm.residual[rows, cols],
+                None,
+                mask=inside,
+            )
             # llama / none round x̂ into x's tile (h itself when there is no residual)
             xhat = h_chunk if x_chunk is None else x_chunk
-            scale = (None if hbm.weight is None
-                     else steps.broadcast_row(hbm.weight.reshape((1, N))[i_0, cols], P,
-                                              plan.scale_dtype, offset, mask=in_cols))
-            shift = (None if hbm.bias is None
-                     else steps.broadcast_row(hbm.bias.reshape((1, N))[i_0, cols], P,
-                                              plan.bias_dtype, mask=in_cols))
+            scale = (
+                None
+                if hbm.weight is None
+                else steps.broadcast_row(
+                    hbm.weight.reshape((1, N))[i_0, cols], P, plan.scale_dtype, offset, mask=in_cols
+                )
+            )
+            shift = (
+                None
+                if hbm.bias is None
+                else steps.broadcast_row(
+                    hbm.bias.reshape((1, N))[i_0, cols], P, plan.bias_dtype, mask=in_cols
+                )
+            )
             y_chunk = nl.ndarray((P, chunk), dtype=plan.result_dtype)
-            product = (None if plan.product_dtype is None
-                       else nl.ndarray((P, chunk), dtype=plan.product_dtype))
-            steps.normalize(plan, y_chunk, h_chunk, rstd_tile, xhat, scale, shift, product,
-                            inside)
+            product = (
+                None
+                if plan.product_dtype is None
+                else nl.ndarray((P, chunk), dtype=plan.product_dtype)
+            )
+            steps.normalize(plan, y_chunk, h_chunk, rstd_tile, xhat, scale, shift, product, inside)
             steps.store_y(plan, hbm.y[rows, cols], y_chunk, mask=inside)

@@ -37,6 +37,7 @@ from typing import NamedTuple
 
 from nki_rmsnorm.kernels.legacy import rmsnorm_fwd_steps as steps
 from nki_rmsnorm.nki import nisa, nl
+from nki_rmsnorm.plan.dtypes import dtype_bytes
 from nki_rmsnorm.plan.forward import SPLIT_SLOTS
 
 
@@ -70,25 +71,30 @@ def split_rows(plan, s, hbm, eps, offset):
     F = N // s
     segments = M * s
     parts = min(P, segments)
-    views = [None if t is None else t.reshape((segments, F))
-             for t in (hbm.x, hbm.residual, hbm.y, hbm.h)]
+    views = [
+        None if t is None else t.reshape((segments, F)) for t in (hbm.x, hbm.residual, hbm.y, hbm.h)
+    ]
     weight_segments = None if hbm.weight is None else hbm.weight.reshape((s, F))
     bias_segments = None if hbm.bias is None else hbm.bias.reshape((s, F))
-    tensor = plan.product_engine == "tensor"
+    tensor = weight_segments is not None and plan.product_engine == "tensor"
 
-    scale = shift = mask = ident = None
-    if weight_segments is not None and tensor:
-        # Reloading costs 2·N·e_w bytes against 2·M·N·e_x: keep it under 1 %.
-        reload = 100 * plan.scale_dtype.itemsize <= M * plan.in_dtype.itemsize
-        scale = _stacked_segments(plan, weight_segments, offset, reload)
-        mask = _segment_mask(parts, s, plan.scale_dtype)
-        ident = steps.identity(parts, plan.scale_dtype)
-    elif weight_segments is not None:
-        scale = _segments_per_row(weight_segments, parts, plan.scale_dtype, offset)
-    if bias_segments is not None:
-        shift = _segments_per_row(bias_segments, parts, plan.bias_dtype)
-    resident = _Resident(eps, scale, shift, mask, ident,
-                         steps.identity(parts, nl.float32))
+    # Conditional expressions, not if blocks: a tile created in an if block may not be used
+    # after it (general/nki/api/nki.errors.rst@8a38e733, L417-L474).
+    # Reloading the weight costs 2·N·e_w bytes against 2·M·N·e_x: keep it under 1 %.
+    reload = tensor and 100 * dtype_bytes(plan.scale_dtype) <= M * dtype_bytes(plan.in_dtype)
+    scale = (
+        _stacked_segments(plan, weight_segments, offset, reload)
+        if tensor
+        else None
+        if weight_segments is None
+        else _segments_per_row(weight_segments, parts, plan.scale_dtype, offset)
+    )
+    mask = _segment_mask(parts, s, plan.scale_dtype) if tensor else None
+    ident = steps.identity(parts, plan.scale_dtype) if tensor else None
+    shift = (
+        None if bias_segments is None else _segments_per_row(bias_segments, parts, plan.bias_dtype)
+    )
+    resident = _Resident(eps, scale, shift, mask, ident, steps.identity(parts, nl.float32))
 
     def buffer(dtype):
         return None if dtype is None else nl.ndarray((parts, F), dtype=dtype)
@@ -99,11 +105,17 @@ def split_rows(plan, s, hbm, eps, offset):
         return nl.ndarray((plan.rstd_pieces * s, parts), dtype=plan.scale_dtype)
 
     xhat_dtype = plan.in_dtype if hbm.residual is not None else None
-    slots = [_Slot(buffer(xhat_dtype),
-                   buffer(plan.h_dtype), buffer(plan.result_dtype), buffer(plan.product_dtype),
-                   buffer(nl.bfloat16 if plan.squares_in == "scratch" else None),
-                   rstd_buffer())
-             for _ in range(SPLIT_SLOTS)]
+    slots = [
+        _Slot(
+            buffer(xhat_dtype),
+            buffer(plan.h_dtype),
+            buffer(plan.result_dtype),
+            buffer(plan.product_dtype),
+            buffer(nl.bfloat16 if plan.squares_in == "scratch" else None),
+            rstd_buffer(),
+        )
+        for _ in range(SPLIT_SLOTS)
+    ]
     # Software pipeline, unrolled: the statistics of tile t + 1 are issued before the
     # output of tile t, so each engine finds the next tile's small steps ahead of its
     # current long ones.
@@ -111,8 +123,9 @@ def split_rows(plan, s, hbm, eps, offset):
     _split_statistics(plan, s, views, hbm, resident, slots[0], *tiles[0])
     for t in nl.static_range(len(tiles)):
         if t + 1 < len(tiles):
-            _split_statistics(plan, s, views, hbm, resident, slots[(t + 1) % SPLIT_SLOTS],
-                              *tiles[t + 1])
+            _split_statistics(
+                plan, s, views, hbm, resident, slots[(t + 1) % SPLIT_SLOTS], *tiles[t + 1]
+            )
         _split_output(plan, views, resident, slots[t % SPLIT_SLOTS], *tiles[t])
 
 
@@ -131,9 +144,9 @@ def _stacked_segments(plan, weight_segments, offset, reload):
     rows[0:s, :] = nl.load(weight_segments[i_s, i_f])
     for piece in nl.static_range(1, plan.rstd_pieces):
         if reload:
-            rows[piece * s:(piece + 1) * s, :] = nl.load(weight_segments[i_s, i_f])
+            rows[piece * s : (piece + 1) * s, :] = nl.load(weight_segments[i_s, i_f])
         else:
-            nisa.dma_copy(dst=rows[piece * s:(piece + 1) * s, :], src=rows[0:s, :])
+            nisa.dma_copy(dst=rows[piece * s : (piece + 1) * s, :], src=rows[0:s, :])
     return rows
 
 
@@ -146,10 +159,13 @@ def _segments_per_row(segments_hbm, parts, dtype, offset=0.0):
     rows = nl.ndarray((parts, F), dtype=dtype)
     rows[0:s, :] = steps.convert_row(nl.load(segments_hbm[i_s, i_f]), dtype, offset)
     filled = s
-    while filled < parts:
-        count = min(filled, parts - filled)
-        nisa.dma_copy(dst=rows[filled:filled + count, :], src=rows[0:count, :])
-        filled += count
+    # at most parts / s doublings; a bounded loop, as the dialect has only do-while loops
+    # (general/nki/api/nki.errors.rst@8a38e733, L902-L947)
+    for _ in nl.static_range(parts // s):
+        if filled < parts:
+            count = min(filled, parts - filled)
+            nisa.dma_copy(dst=rows[filled : filled + count, :], src=rows[0:count, :])
+            filled += count
     return rows
 
 
@@ -157,8 +173,9 @@ def _segment_mask(parts, s, dtype):
     """(parts, s): 1 in column p mod s of partition p, 0 elsewhere (s a power of two)."""
     i_p = nl.arange(parts)[:, None]
     i_q = nl.arange(s)[None, :]
-    offset = nisa.tensor_scalar(nisa.iota(i_q - i_p + parts * s, nl.int32),
-                                op0=nl.bitwise_and, operand0=s - 1)
+    offset = nisa.tensor_scalar(
+        nisa.iota(i_q - i_p + parts * s, nl.int32), op0=nl.bitwise_and, operand0=s - 1
+    )
     return nisa.tensor_scalar(offset, op0=nl.equal, operand0=0, dtype=dtype)
 
 
@@ -175,19 +192,24 @@ def _split_statistics(plan, s, views, hbm, resident, slot, seg0, parts):
 
     # DMA in (with a residual: DVE h = x + residual, DMA h out).
     h_tile = slot.h[:parts]
-    steps.load_h(h_tile, None if slot.x is None else slot.x[:parts], x_v[segs, i_f],
-                 None if residual_v is None else residual_v[segs, i_f],
-                 None if h_v is None else h_v[segs, i_f])
+    steps.load_h(
+        h_tile,
+        None if slot.x is None else slot.x[:parts],
+        x_v[segs, i_f],
+        None if residual_v is None else residual_v[segs, i_f],
+        None if h_v is None else h_v[segs, i_f],
+    )
     squares = {"product": slot.product, "y": slot.y}.get(plan.squares_in, slot.squares)
 
     # ACT: Σh² per segment. PE: transposed to one row; DVE: each row's s sums added.
     segment_sq = nl.ndarray((parts, 1), dtype=nl.float32)
-    squares[:parts][...] = nisa.activation_reduce(op=nl.square, data=h_tile, reduce_op=nl.add,
-                                                  reduce_res=segment_sq,
-                                                  dtype=squares.dtype)
+    squares[:parts][...] = nisa.activation_reduce(
+        op=nl.square, data=h_tile, reduce_op=nl.add, reduce_res=segment_sq, dtype=squares.dtype
+    )
     sums = nisa.nc_matmul(segment_sq, resident.ident_f32[:parts, :parts], is_transpose=True)
-    by_row = sums[nl.arange(1)[:, None, None],
-                  nl.arange(R)[None, :, None] * s + nl.arange(s)[None, None, :]]
+    by_row = sums[
+        nl.arange(1)[:, None, None], nl.arange(R)[None, :, None] * s + nl.arange(s)[None, None, :]
+    ]
     # Vector: the s segment sums of each row added in segment order. nl.sum over the inner
     # axis of an indexed view, as AWS's legacy pooling example reduces inner axes
     # (general/nki/examples/average_pool2d/average_pool2d_nki_kernels.py@8a38e733, L49-L50);
@@ -200,14 +222,18 @@ def _split_statistics(plan, s, views, hbm, resident, slot, seg0, parts):
     # transposed back to a row; GpSimd: repeated for each segment of its row; PE: transposed
     # back to one rstd per partition. The transposes are exact (one 1·x product each).
     row_sq_col = nisa.tensor_copy(
-        nisa.nc_matmul(row_sq, resident.ident_f32[:1, :1], is_transpose=True), dtype=nl.float32)
+        nisa.nc_matmul(row_sq, resident.ident_f32[:1, :1], is_transpose=True), dtype=nl.float32
+    )
     rstd_by_row = steps.rstd_from_sum(row_sq_col, resident.eps, N)
-    nl.store(hbm.rstd.reshape((hbm.rstd.shape[0], 1))[seg0 // s + nl.arange(R)[:, None],
-                                                       nl.arange(1)[None, :]],
-             value=rstd_by_row)
+    nl.store(
+        hbm.rstd.reshape((hbm.rstd.shape[0], 1))[
+            seg0 // s + nl.arange(R)[:, None], nl.arange(1)[None, :]
+        ],
+        value=rstd_by_row,
+    )
     rstd_row = nisa.tensor_copy(
-        nisa.nc_matmul(rstd_by_row, resident.ident_f32[:R, :R], is_transpose=True),
-        dtype=nl.float32)
+        nisa.nc_matmul(rstd_by_row, resident.ident_f32[:R, :R], is_transpose=True), dtype=nl.float32
+    )
     repeated = nl.ndarray((1, parts), dtype=nl.float32)
     i_r = nl.arange(R)[None, :]
     for q in nl.static_range(s):
@@ -217,8 +243,14 @@ def _split_statistics(plan, s, views, hbm, resident, slot, seg0, parts):
         slot.rstd[:parts][...] = nisa.tensor_copy(column, dtype=nl.float32)
     else:
         rstd_col = nisa.tensor_copy(column, dtype=nl.float32)
-        _segment_stationary(plan, s, rstd_col, resident.segment_mask[:parts],
-                            resident.ident[:parts, :parts], slot.rstd[:, :parts])
+        _segment_stationary(
+            plan,
+            s,
+            rstd_col,
+            resident.segment_mask[:parts],
+            resident.ident[:parts, :parts],
+            slot.rstd[:, :parts],
+        )
 
 
 def _split_output(plan, views, resident, slot, seg0, parts):
@@ -231,13 +263,15 @@ def _split_output(plan, views, resident, slot, seg0, parts):
     product = None if slot.product is None else slot.product[:parts]
     shift = None if resident.shift is None else resident.shift[:parts]
     if resident.segment_mask is not None:
-        steps.outer_normalize(y_tile, slot.h[:parts], [slot.rstd[:, :parts]], resident.scale,
-                              shift, product)
+        steps.outer_normalize(
+            y_tile, slot.h[:parts], [slot.rstd[:, :parts]], resident.scale, shift, product
+        )
     else:
         scale = None if resident.scale is None else resident.scale[:parts]
         xhat = slot.h[:parts] if slot.x is None else slot.x[:parts]
-        steps.normalize(plan, y_tile, slot.h[:parts], slot.rstd[:parts], xhat, scale, shift,
-                        product)
+        steps.normalize(
+            plan, y_tile, slot.h[:parts], slot.rstd[:parts], xhat, scale, shift, product
+        )
     steps.store_y(plan, y_v[segs, i_f], y_tile)
 
 
@@ -253,8 +287,8 @@ def _segment_stationary(plan, s, rstd_col, mask, ident, out):
     split = steps.split_rstd(plan, rstd_col)
     placed = nl.ndarray((parts, pieces * s), dtype=dtype)
     for b in nl.static_range(pieces):
-        placed[:, b * s:(b + 1) * s] = nisa.tensor_scalar(mask, op0=nl.multiply,
-                                                          operand0=split[:, b:b + 1],
-                                                          dtype=dtype)
+        placed[:, b * s : (b + 1) * s] = nisa.tensor_scalar(
+            mask, op0=nl.multiply, operand0=split[:, b : b + 1], dtype=dtype
+        )
     transposed = nisa.nc_matmul(placed, ident, is_transpose=True)
     out[...] = nisa.tensor_copy(transposed, dtype=dtype)

@@ -21,12 +21,14 @@ from __future__ import annotations
 from nki_rmsnorm.nki import nisa, nl
 from nki_rmsnorm.plan.forward import (
     FP32_MAX,
+    FP32_TINY,
     NEWTON_STEPS,
     PSUM_COLS,
-    RSQRT_MAX_INPUT,
     RSQRT_MIN_INPUT,
     RSQRT_POSTSCALE,
     RSQRT_PRESCALE,
+    RSQRT_ROOT_SCALE,
+    RSQRT_SPLIT,
 )
 
 
@@ -51,8 +53,11 @@ def load_h(h_tile, x_tile, x_src, residual_src, h_dst, mask=None):
 def store_y(plan, y_dst, y_tile, mask=None):
     """Store y, converted to the output dtype first when the last step rounded to another
     (Vector copy, "none" mode with an ``out_dtype``)."""
-    converted = (y_tile if plan.result_dtype == plan.out_dtype
-                 else nisa.tensor_copy(y_tile, dtype=plan.out_dtype, mask=mask))
+    converted = (
+        y_tile
+        if plan.result_dtype == plan.out_dtype
+        else nisa.tensor_copy(y_tile, dtype=plan.out_dtype, mask=mask)
+    )
     nl.store(y_dst, value=converted, mask=mask)
 
 
@@ -61,8 +66,7 @@ def identity(parts, dtype):
     Vector compare) rather than read from HBM."""
     i_p = nl.arange(parts)[:, None]
     i_f = nl.arange(parts)[None, :]
-    return nisa.tensor_scalar(nisa.iota(i_f - i_p, nl.int32), op0=nl.equal, operand0=0,
-                              dtype=dtype)
+    return nisa.tensor_scalar(nisa.iota(i_f - i_p, nl.int32), op0=nl.equal, operand0=0, dtype=dtype)
 
 
 def rstd_from_sum(sum_sq, eps, n, mask=None, on_scalar=True):
@@ -82,7 +86,10 @@ def rstd_from_sum(sum_sq, eps, n, mask=None, on_scalar=True):
     eps < 2⁻⁵⁵, where the Scalar-engine chain's fixed scaling cannot cover every row.
 
     A row with v = 0 (an all-zero row with eps = 0) gets rstd = +inf, so y = 0·inf = NaN,
-    as reference.py says.
+    as reference.py says; a row with Σh² = +inf (an infinite h) gets rstd = 0 exactly, so y
+    is NaN at the infinite elements and 0 elsewhere (IEEE rsqrt(+inf) = 0, as the float64
+    reference and torch give); a NaN row stays NaN. Every finite v > 0 reaches rsqrt
+    through exact power-of-two scalings, so no row is clamped.
     """
     if on_scalar and eps >= RSQRT_MIN_INPUT / RSQRT_PRESCALE:
         return _rstd_on_scalar(sum_sq, eps, n, mask)
@@ -94,28 +101,75 @@ def _rstd_on_scalar(sum_sq, eps, n, mask=None):
     fp32, with per-partition scale and bias columns). The rsqrt input is u = v·2⁻³², an
     exact power-of-two scaling that brings every v in [2⁻⁵⁵, 2¹²⁹] — every finite row, as
     the caller guarantees eps ≥ 2⁻⁵⁵ — into the valid range; Newton runs on u, and
-    rstd = r·2⁻¹⁶."""
+    rstd = r·2⁻¹⁶.
+
+    An infinite Σh² (u = +inf, outside rsqrt's range) is taken out without leaving the
+    engine: s = sign(FP32_MAX − u) is +1 for every finite u and −1 for +inf (Sign and Relu
+    are valid on [−inf, inf] and exact: general/nki/api/nki.api.shared.rst@8a38e733, lines
+    146 and 184); relu(u·s) is u itself or 0, plus (1 − s)/2 it reaches rsqrt as u or 1,
+    and the final scale (1 + s)/2·2⁻¹⁶ makes that row's rstd exactly 0. NaN stays NaN."""
     parts, k = sum_sq.shape
-    u = nl.ndarray((parts, k), dtype=nl.float32)
-    u[...] = nisa.activation(op=nl.copy, data=sum_sq, scale=RSQRT_PRESCALE / n,
-                             bias=_column(parts, eps * RSQRT_PRESCALE), dtype=nl.float32,
-                             mask=mask)
+    u = nisa.activation(
+        op=nl.copy,
+        data=sum_sq,
+        scale=RSQRT_PRESCALE / n,
+        bias=_column(parts, eps * RSQRT_PRESCALE),
+        dtype=nl.float32,
+        mask=mask,
+    )
+    sign = nisa.activation(
+        op=nl.sign, data=u, scale=-1.0, bias=_column(parts, FP32_MAX), dtype=nl.float32, mask=mask
+    )
+    shift = nisa.activation(
+        op=nl.copy, data=sign, scale=-0.5, bias=_column(parts, 0.5), dtype=nl.float32, mask=mask
+    )
+    post_scale = nisa.activation(
+        op=nl.copy,
+        data=sign,
+        scale=0.5 * RSQRT_POSTSCALE,
+        bias=_column(parts, 0.5 * RSQRT_POSTSCALE),
+        dtype=nl.float32,
+        mask=mask,
+    )
+    finite_u = nl.ndarray((parts, k), dtype=nl.float32)
+    for j in nl.static_range(k):  # ACT's scale and bias operands are (parts, 1) columns
+        kept = nisa.activation(
+            op=nl.relu, data=u[:, j : j + 1], scale=sign[:, j : j + 1], dtype=nl.float32, mask=mask
+        )
+        finite_u[:, j : j + 1] = nisa.activation(
+            op=nl.copy, data=kept, bias=shift[:, j : j + 1], dtype=nl.float32, mask=mask
+        )
     r = nl.ndarray((parts, k), dtype=nl.float32)
-    r[...] = nisa.activation(op=nl.rsqrt, data=u, dtype=nl.float32, mask=mask)
-    minus_half_u = nisa.activation(op=nl.copy, data=u, scale=-0.5, dtype=nl.float32,
-                                   mask=mask)
+    r[...] = nisa.activation(op=nl.rsqrt, data=finite_u, dtype=nl.float32, mask=mask)
+    minus_half_u = nisa.activation(
+        op=nl.copy, data=finite_u, scale=-0.5, dtype=nl.float32, mask=mask
+    )
     three_halves = _column(parts, 1.5)
     for _ in nl.static_range(NEWTON_STEPS):
         for j in nl.static_range(k):
-            r_j = r[:, j:j + 1]
-            square = nisa.activation(op=nl.copy, data=r_j, scale=r_j, dtype=nl.float32,
-                                     mask=mask)
-            factor = nisa.activation(op=nl.copy, data=square, scale=minus_half_u[:, j:j + 1],
-                                     bias=three_halves, dtype=nl.float32, mask=mask)
-            r_j[...] = nisa.activation(op=nl.copy, data=factor, scale=r_j, dtype=nl.float32,
-                                       mask=mask)
-    return nisa.activation(op=nl.copy, data=r, scale=RSQRT_POSTSCALE, dtype=nl.float32,
-                           mask=mask)
+            r_j = r[:, j : j + 1]
+            square = nisa.activation(op=nl.copy, data=r_j, scale=r_j, dtype=nl.float32, mask=mask)
+            factor = nisa.activation(
+                op=nl.copy,
+                data=square,
+                scale=minus_half_u[:, j : j + 1],
+                bias=three_halves,
+                dtype=nl.float32,
+                mask=mask,
+            )
+            r_j[...] = nisa.activation(
+                op=nl.copy, data=factor, scale=r_j, dtype=nl.float32, mask=mask
+            )
+    rstd = nl.ndarray((parts, k), dtype=nl.float32)
+    for j in nl.static_range(k):
+        rstd[:, j : j + 1] = nisa.activation(
+            op=nl.copy,
+            data=r[:, j : j + 1],
+            scale=post_scale[:, j : j + 1],
+            dtype=nl.float32,
+            mask=mask,
+        )
+    return rstd
 
 
 def _column(parts, value):
@@ -127,40 +181,169 @@ def _column(parts, value):
 
 
 def _rstd_on_vector(sum_sq, eps, n, mask=None):
-    """rstd with the mean square v = Σh²/n + eps formed and clamped into rsqrt's valid range
-    on the Vector engine, the Scalar engine's rsqrt, and the Newton steps on the Vector
-    engine. Out of range: a row with v > 2⁹⁷ (rms above ≈ 4·10¹⁴) gets the rstd of 2⁹⁷,
-    one with 0 < v < 2⁻⁸⁷ (only when eps < 2⁻⁸⁷) the rstd of 2⁻⁸⁷."""
-    v = nisa.tensor_scalar(sum_sq, op0=nl.multiply, operand0=1.0 / n, op1=nl.add,
-                           operand1=float(eps), dtype=nl.float32, mask=mask)
-    clamped = nisa.tensor_scalar(v, op0=nl.minimum, operand0=RSQRT_MAX_INPUT, op1=nl.maximum,
-                                 operand1=RSQRT_MIN_INPUT, dtype=nl.float32, mask=mask)
-    rstd = nl.ndarray(sum_sq.shape, dtype=nl.float32)
-    rstd[...] = nisa.activation(op=nl.rsqrt, data=clamped, dtype=nl.float32, mask=mask)
-    for _ in nl.static_range(NEWTON_STEPS):
-        rstd[...] = newton_rsqrt_step(rstd, clamped, mask)
+    """rstd with the mean square v = Σh²/n + eps formed on the Vector engine and brought into
+    rsqrt's valid range [2⁻⁸⁷, 2⁹⁷] (general/nki/api/nki.api.shared.rst@8a38e733, line 180)
+    by exact power-of-two scalings, the Scalar engine's rsqrt, the Newton steps on the
+    Vector engine, and rstd times 0 where v = +inf (NaN stays NaN). With eps ≥ 2⁻⁵⁵ every v
+    is in [2⁻⁵⁵, 2¹²⁸]: u = min(v, FP32_MAX)·2⁻³², rstd = r·2⁻¹⁶. Below, every finite v > 0
+    is scaled per row (:func:`_scaled_per_row`). Vector-engine operators only (Min, Max,
+    Is Less than, Is Less than or Equal, Multiply, Add: lines 82-102)."""
+    v = nisa.tensor_scalar(
+        sum_sq,
+        op0=nl.multiply,
+        operand0=1.0 / n,
+        op1=nl.add,
+        operand1=float(eps),
+        dtype=nl.float32,
+        mask=mask,
+    )
+    # one helper per range of eps: a tile made under an ``if`` may not be used after the
+    # block, in helpers too (general/nki/api/nki.errors.rst@8a38e733 L417-474)
+    rstd = (
+        _rstd_prescaled(v, mask)
+        if eps >= RSQRT_MIN_INPUT / RSQRT_PRESCALE
+        else _rstd_scaled_per_row(v, mask)
+    )
     return _infinite_where_zero(rstd, v, mask) if eps == 0.0 else rstd
+
+
+def _rstd_prescaled(v, mask=None):
+    """rstd of every v in [2⁻⁵⁵, +inf]: u = min(v, FP32_MAX)·2⁻³², rstd = r·2⁻¹⁶ times
+    (v ≤ FP32_MAX), 0 for an infinite v."""
+    u = nisa.tensor_scalar(
+        v,
+        op0=nl.minimum,
+        operand0=FP32_MAX,
+        op1=nl.multiply,
+        operand1=RSQRT_PRESCALE,
+        dtype=nl.float32,
+        mask=mask,
+    )
+    rstd = _refined_rsqrt(u, mask)
+    post_scale = nisa.tensor_scalar(
+        v,
+        op0=nl.less_equal,
+        operand0=FP32_MAX,
+        op1=nl.multiply,
+        operand1=RSQRT_POSTSCALE,
+        dtype=nl.float32,
+        mask=mask,
+    )
+    rstd[...] = nisa.tensor_tensor(rstd, post_scale, op=nl.multiply, dtype=nl.float32, mask=mask)
+    return rstd
+
+
+def _rstd_scaled_per_row(v, mask=None):
+    """rstd of every v in [0, +inf] through the per-row power of two of
+    :func:`_scaled_per_row`, times (v ≤ FP32_MAX): 0 for an infinite v."""
+    u, root_scale = _scaled_per_row(v, mask)
+    rstd = _refined_rsqrt(u, mask)
+    post_scale = nisa.scalar_tensor_tensor(
+        data=v,
+        op0=nl.less_equal,
+        operand0=FP32_MAX,
+        op1=nl.multiply,
+        operand1=root_scale,
+        dtype=nl.float32,
+        mask=mask,
+    )
+    rstd[...] = nisa.tensor_tensor(rstd, post_scale, op=nl.multiply, dtype=nl.float32, mask=mask)
+    return rstd
+
+
+def _refined_rsqrt(u, mask=None):
+    """The Scalar engine's rsqrt of u (in its valid range) refined by ``NEWTON_STEPS``
+    Newton steps on the Vector engine."""
+    rstd = nl.ndarray(u.shape, dtype=nl.float32)
+    rstd[...] = nisa.activation(op=nl.rsqrt, data=u, dtype=nl.float32, mask=mask)
+    for _ in nl.static_range(NEWTON_STEPS):
+        rstd[...] = newton_rsqrt_step(rstd, u, mask)
+    return rstd
+
+
+def _scaled_per_row(v, mask=None):
+    """``(u, p)``: u = v·p² in rsqrt's valid range for every v in [0, +inf], p = 2³² where
+    v < 2⁻²⁰ else 2⁻³² (``RSQRT_SPLIT``), so that rsqrt(u)·p = rsqrt(v). v is first kept in
+    [2⁻¹⁴⁹, FP32_MAX] (a zero row's rstd becomes +inf later, an infinite one's 0). The
+    selector q = (v < 2⁻²⁰) + 2⁻³² is 1 or 2⁻³² exactly (1 + 2⁻³² rounds to 1), so p = q·2³²·q
+    and p² are exact powers of two."""
+    finite_v = nisa.tensor_scalar(
+        v,
+        op0=nl.minimum,
+        operand0=FP32_MAX,
+        op1=nl.maximum,
+        operand1=FP32_TINY,
+        dtype=nl.float32,
+        mask=mask,
+    )
+    selector = nisa.tensor_scalar(
+        finite_v,
+        op0=nl.less,
+        operand0=RSQRT_SPLIT,
+        op1=nl.add,
+        operand1=1.0 / RSQRT_ROOT_SCALE,
+        dtype=nl.float32,
+        mask=mask,
+    )
+    root_scale = nisa.scalar_tensor_tensor(
+        data=selector,
+        op0=nl.multiply,
+        operand0=RSQRT_ROOT_SCALE,
+        op1=nl.multiply,
+        operand1=selector,
+        dtype=nl.float32,
+        mask=mask,
+    )
+    scale = nisa.tensor_tensor(root_scale, root_scale, op=nl.multiply, dtype=nl.float32, mask=mask)
+    u = nisa.tensor_tensor(finite_v, scale, op=nl.multiply, dtype=nl.float32, mask=mask)
+    return u, root_scale
 
 
 def newton_rsqrt_step(rstd, v, mask=None):
     """One Newton step towards 1/sqrt(v): r·(1.5 − 0.5·v·r²), three fp32 Vector
     instructions on the small (parts, k) tile."""
     square = nisa.tensor_tensor(rstd, rstd, op=nl.multiply, dtype=nl.float32, mask=mask)
-    half_error = nisa.scalar_tensor_tensor(data=square, op0=nl.multiply, operand0=-0.5,
-                                           op1=nl.multiply, operand1=v, dtype=nl.float32,
-                                           mask=mask)
-    return nisa.scalar_tensor_tensor(data=half_error, op0=nl.add, operand0=1.5,
-                                     op1=nl.multiply, operand1=rstd, dtype=nl.float32,
-                                     mask=mask)
+    half_error = nisa.scalar_tensor_tensor(
+        data=square,
+        op0=nl.multiply,
+        operand0=-0.5,
+        op1=nl.multiply,
+        operand1=v,
+        dtype=nl.float32,
+        mask=mask,
+    )
+    return nisa.scalar_tensor_tensor(
+        data=half_error,
+        op0=nl.add,
+        operand0=1.5,
+        op1=nl.multiply,
+        operand1=rstd,
+        dtype=nl.float32,
+        mask=mask,
+    )
 
 
 def _infinite_where_zero(rstd, v, mask=None):
     """rstd + (v == 0 ? 2·FP32_MAX : 0): +inf where the mean square is zero (fp32 overflow
     of 2·FP32_MAX), rstd elsewhere (Vector engine; compare then multiply-add)."""
-    huge = nisa.tensor_scalar(v, op0=nl.equal, operand0=0.0, op1=nl.multiply,
-                              operand1=FP32_MAX, dtype=nl.float32, mask=mask)
-    return nisa.scalar_tensor_tensor(data=huge, op0=nl.multiply, operand0=2.0, op1=nl.add,
-                                     operand1=rstd, dtype=nl.float32, mask=mask)
+    huge = nisa.tensor_scalar(
+        v,
+        op0=nl.equal,
+        operand0=0.0,
+        op1=nl.multiply,
+        operand1=FP32_MAX,
+        dtype=nl.float32,
+        mask=mask,
+    )
+    return nisa.scalar_tensor_tensor(
+        data=huge,
+        op0=nl.multiply,
+        operand0=2.0,
+        op1=nl.add,
+        operand1=rstd,
+        dtype=nl.float32,
+        mask=mask,
+    )
 
 
 def weight_rows(plan, row_hbm, offset=0.0, stacked=True):
@@ -172,7 +355,7 @@ def weight_rows(plan, row_hbm, offset=0.0, stacked=True):
     rows = nl.ndarray((plan.rstd_pieces, row_hbm.shape[1]), dtype=plan.scale_dtype)
     rows[0:1, :] = nl.load(row_hbm)
     for piece in nl.static_range(1, plan.rstd_pieces):
-        nisa.dma_copy(dst=rows[piece:piece + 1, :], src=rows[0:1, :])
+        nisa.dma_copy(dst=rows[piece : piece + 1, :], src=rows[0:1, :])
     return rows
 
 
@@ -213,14 +396,15 @@ def split_rstd(plan, rstd):
     dtype = plan.scale_dtype
     split = nl.ndarray((parts, 3 * k), dtype=dtype)
     for j in nl.static_range(k):
-        r_j = rstd[:, j:j + 1]
-        hi = split[:, 3 * j:3 * j + 1]
-        mid = split[:, 3 * j + 1:3 * j + 2]
+        r_j = rstd[:, j : j + 1]
+        hi = split[:, 3 * j : 3 * j + 1]
+        mid = split[:, 3 * j + 1 : 3 * j + 2]
         hi[...] = nisa.activation(op=nl.copy, data=r_j, dtype=dtype)
         rest = nisa.activation(op=nl.copy, data=hi, scale=-1.0, bias=r_j, dtype=nl.float32)
         mid[...] = nisa.activation(op=nl.copy, data=rest, dtype=dtype)
-        split[:, 3 * j + 2:3 * j + 3] = nisa.activation(op=nl.copy, data=mid, scale=-1.0,
-                                                         bias=rest, dtype=dtype)
+        split[:, 3 * j + 2 : 3 * j + 3] = nisa.activation(
+            op=nl.copy, data=mid, scale=-1.0, bias=rest, dtype=dtype
+        )
     return split
 
 
@@ -237,15 +421,18 @@ def rstd_rows(plan, rstd, ident, stacked=True):
     pieces = plan.rstd_pieces
     dtype = plan.scale_dtype
     split = split_rstd(plan, rstd)
+    # allocated before the branches: a tile created in an if block may not be used after it
+    # (general/nki/api/nki.errors.rst@8a38e733, L417-L474)
+    shape = (pieces, k, parts) if stacked else (1, k * pieces, parts)
+    transposed = nl.ndarray(shape, dtype=nl.float32, buffer=nl.psum)
     if stacked:
-        transposed = nl.ndarray((pieces, k, parts), dtype=nl.float32, buffer=nl.psum)
         for j in nl.static_range(k):
-            transposed[:, j, :] = nisa.nc_matmul(split[:, pieces * j:pieces * (j + 1)], ident,
-                                                 is_transpose=True)
+            transposed[:, j, :] = nisa.nc_matmul(
+                split[:, pieces * j : pieces * (j + 1)], ident, is_transpose=True
+            )
     else:
-        transposed = nl.ndarray((1, k * pieces, parts), dtype=nl.float32, buffer=nl.psum)
         for b in nl.static_range(k * pieces):
-            transposed[:, b, :] = nisa.nc_matmul(split[:, b:b + 1], ident, is_transpose=True)
+            transposed[:, b, :] = nisa.nc_matmul(split[:, b : b + 1], ident, is_transpose=True)
     return nisa.tensor_copy(transposed, dtype=dtype)
 
 
@@ -255,12 +442,17 @@ def outer_normalize(y_row, h_row, stationaries, moving, shift, product_row):
     ``moving`` (K, F) weight rows) and the Vector engine multiplies h by it; the bias is
     added in fp32 after (``product_row`` holds the pre-bias product)."""
     target = y_row if shift is None else product_row
+    parts = h_row.shape[0]
     for c0, c1 in _banks(h_row.shape[-1]):
-        outer = nisa.nc_matmul(stationaries[0], moving[:, c0:c1])
+        # a declared fp32 PSUM tile the first matmul writes and the others accumulate into
+        # (general/nki/examples/attention/attention_kernels.py@8a38e733, L148 and L237)
+        outer = nl.ndarray((parts, c1 - c0), dtype=nl.float32, buffer=nl.psum)
+        outer[...] = nisa.nc_matmul(stationaries[0], moving[:, c0:c1])
         for stationary in stationaries[1:]:
             outer += nisa.nc_matmul(stationary, moving[:, c0:c1])
-        target[:, c0:c1] = nisa.tensor_tensor(h_row[:, c0:c1], outer, op=nl.multiply,
-                                              dtype=target.dtype)
+        target[:, c0:c1] = nisa.tensor_tensor(
+            h_row[:, c0:c1], outer, op=nl.multiply, dtype=target.dtype
+        )
     _add_shift(y_row, product_row, shift)
 
 
@@ -273,10 +465,10 @@ def scaled_normalize(plan, y_row, h_row, rstd_col, ones, weight_row, shift, prod
     scaled_dtype = plan.in_dtype if plan.rounds_xhat else nl.float32
     for c0, c1 in _banks(h_row.shape[-1]):
         weight = nisa.nc_matmul(ones, weight_row[:, c0:c1])
-        scaled = nisa.activation(op=nl.copy, data=h_row[:, c0:c1], scale=rstd_col,
-                                 dtype=scaled_dtype)
-        target[:, c0:c1] = nisa.tensor_tensor(scaled, weight, op=nl.multiply,
-                                              dtype=target.dtype)
+        scaled = nisa.activation(
+            op=nl.copy, data=h_row[:, c0:c1], scale=rstd_col, dtype=scaled_dtype
+        )
+        target[:, c0:c1] = nisa.tensor_tensor(scaled, weight, op=nl.multiply, dtype=target.dtype)
     _add_shift(y_row, product_row, shift)
 
 
@@ -296,27 +488,34 @@ def normalize(plan, y_tile, h_tile, rstd_col, xhat_tile, scale, shift, product, 
     casting mode says. llama / none round x̂ = h·rstd to x's dtype first, in ``xhat_tile``
     (a tile of x's dtype that is no longer needed)."""
     if plan.rounds_xhat:
-        xhat_tile[...] = nisa.tensor_scalar(h_tile, op0=nl.multiply, operand0=rstd_col,
-                                            dtype=xhat_tile.dtype, mask=mask)
+        xhat_tile[...] = nisa.tensor_scalar(
+            h_tile, op0=nl.multiply, operand0=rstd_col, dtype=xhat_tile.dtype, mask=mask
+        )
         data, row_scale = xhat_tile, None
     else:
         data, row_scale = h_tile, rstd_col
 
     if scale is not None and shift is not None:
         _multiply(product, data, row_scale, scale, mask)
-        y_tile[...] = nisa.tensor_tensor(product, shift, op=nl.add, dtype=y_tile.dtype,
-                                         mask=mask)
+        y_tile[...] = nisa.tensor_tensor(product, shift, op=nl.add, dtype=y_tile.dtype, mask=mask)
     elif scale is not None:
         _multiply(y_tile, data, row_scale, scale, mask)
     elif shift is not None and row_scale is not None:
-        y_tile[...] = nisa.scalar_tensor_tensor(data=data, op0=nl.multiply, operand0=row_scale,
-                                                op1=nl.add, operand1=shift,
-                                                dtype=y_tile.dtype, mask=mask)
+        y_tile[...] = nisa.scalar_tensor_tensor(
+            data=data,
+            op0=nl.multiply,
+            operand0=row_scale,
+            op1=nl.add,
+            operand1=shift,
+            dtype=y_tile.dtype,
+            mask=mask,
+        )
     elif shift is not None:
         y_tile[...] = nisa.tensor_tensor(data, shift, op=nl.add, dtype=y_tile.dtype, mask=mask)
     elif row_scale is not None:
-        y_tile[...] = nisa.tensor_scalar(data, op0=nl.multiply, operand0=row_scale,
-                                         dtype=y_tile.dtype, mask=mask)
+        y_tile[...] = nisa.tensor_scalar(
+            data, op0=nl.multiply, operand0=row_scale, dtype=y_tile.dtype, mask=mask
+        )
     else:
         y_tile[...] = nisa.tensor_copy(data, dtype=y_tile.dtype, mask=mask)
 
@@ -327,6 +526,12 @@ def _multiply(dst, data, row_scale, scale, mask):
     if row_scale is None:
         dst[...] = nisa.tensor_tensor(data, scale, op=nl.multiply, dtype=dst.dtype, mask=mask)
     else:
-        dst[...] = nisa.scalar_tensor_tensor(data=data, op0=nl.multiply, operand0=row_scale,
-                                             op1=nl.multiply, operand1=scale, dtype=dst.dtype,
-                                             mask=mask)
+        dst[...] = nisa.scalar_tensor_tensor(
+            data=data,
+            op0=nl.multiply,
+            operand0=row_scale,
+            op1=nl.multiply,
+            operand1=scale,
+            dtype=dst.dtype,
+            mask=mask,
+        )

@@ -28,5 +28,5 @@ __all__ = ["SIMULATED", "nki", "nisa", "nl", "usable_sbuf_bytes"]
 def usable_sbuf_bytes() -> int:
     """SBUF bytes per partition a kernel may allocate on the running target:
     ``nl.tile_size.sbuf_fmax_bytes`` (``total_available_sbuf_size`` is deprecated since
-    NKI 0.4; nki/api/nki.language.tile_size.rst, ../shared/nki06_api_spec.md §2.8)."""
+    NKI 0.4; aws-neuron-sdk@81ce03ae nki/api/nki.language.tile_size.rst)."""
     return nl.tile_size.sbuf_fmax_bytes

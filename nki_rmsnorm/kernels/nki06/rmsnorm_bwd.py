@@ -24,9 +24,6 @@ Differences from the legacy code, all forced or allowed by 0.6:
   half's sums are copied to SBUF at the boundary, and the final sums add the halves instead
   of copying one accumulator), so dweight and dbias are bitwise the same at LNC=1 and
   LNC=2; dx is row-local and the row tiles start at the same rows either way.
-* A folded row's sum is repeated over its partitions through a broadcast view
-  (``NkiTensor.broadcast``, from NKI 0.5: aws-neuron-sdk@81ce03ae
-  release-notes/components/nki.rst L127-132), not a Vector copy of a ``broadcast_to`` tile.
 * Kernel code is the NKI meta-language (nki/get-started/nki-language-guide.rst@81ce03ae
   L54-56): NKI dtypes, ``for``/``.append`` loops, ``assert`` checks, no NumPy; the fold masks
   are built on chip (GpSimd ``iota``, Vector compare and reductions) instead of NumPy arrays
@@ -58,6 +55,7 @@ from nki_rmsnorm.plan.backward import (
     BwdTileSlots,
     make_plan,
 )
+from nki_rmsnorm.plan.kernel_assert import kernel_assert
 
 #: ``sendrecv`` pipe of the LNC=2 column-sum exchange (any id both cores agree on).
 COLUMN_SUM_PIPE = 0
@@ -84,7 +82,29 @@ def rmsnorm_bwd(dy, x, weight, rstd, dh_out, offset, has_bias, casting_mode, bia
 def rmsnorm_bwd_out(dy, x, weight, rstd, dh_out, dx, dweight, dbias, offset, casting_mode):
     """RMSNorm backward, output-parameter convention: writes ``dx`` and (when not None)
     ``dweight``/``dbias`` in place and returns nothing, as the legacy kernel."""
+    check_gradients(x, weight, dx, dweight, dbias)
     backward_body(dy, x, weight, rstd, dh_out, dx, dweight, dbias, offset, casting_mode)
+
+
+def check_gradients(x, weight, dx, dweight, dbias):
+    """The output parameters' dtypes, before anything runs: dx in x's dtype, dweight fp32 or
+    the weight's, dbias fp32 or x's (any kernel dtype beside an fp32 x, an fp32 residual
+    stream); the package's launchers raise ``TypeError`` for the same first
+    (``validation.check_backward_outputs``)."""
+    kernel_assert(dx.dtype == x.dtype, f"dx must have x's dtype ({x.dtype}), got {dx.dtype}")
+    if dweight is not None:
+        own = weight is not None and dweight.dtype == weight.dtype
+        kernel_assert(
+            dweight.dtype == nl.float32 or own,
+            f"dweight must be float32 or the weight's dtype, got {dweight.dtype}",
+        )
+    if dbias is not None:
+        narrow = dbias.dtype == nl.bfloat16 or dbias.dtype == nl.float16
+        wide_x = x.dtype == nl.float32
+        kernel_assert(
+            dbias.dtype == nl.float32 or dbias.dtype == x.dtype or (wide_x and narrow),
+            f"dbias must be float32 or x's dtype ({x.dtype}), got {dbias.dtype}",
+        )
 
 
 def backward_body(dy, x, weight, rstd, dh_out, dx, dweight, dbias, offset, casting_mode):
@@ -101,7 +121,14 @@ def backward_body(dy, x, weight, rstd, dh_out, dx, dweight, dbias, offset, casti
         weight=None if weight is None else weight.dtype,
         dh_out=None if dh_out is None else dh_out.dtype,
     )
-    plan = make_plan(N, dtypes, offset, casting_mode, usable_sbuf_bytes(), nisa.get_nc_version())
+    plan = make_plan(
+        N,
+        dtypes,
+        offset,
+        casting_mode,
+        usable_sbuf_bytes(),
+        nisa.get_nc_version() >= nisa.nc_version.gen3,
+    )
     fold = 1 if plan is None else plan.fold
     n_tiles = -(-M * fold // nl.tile_size.pmax)
     half = -(-n_tiles // 2)  # row tiles of the first half; the second has the rest
@@ -424,6 +451,11 @@ def _statistic_group(plan, consts, views, rings, tile, t, g):
     for c in range(-(-width // CHUNK)):
         lo, hi = c * CHUNK, min(width, (c + 1) * CHUNK)
         a = _outer_product(tile.rows, consts.w_rows[:, g0 + lo : g0 + hi])
+        # dy·x first, so that p1·x = (dy·x)·a does not read the output of the Vector
+        # instruction just before it ("a static instruction overhead of 100 engine cycles":
+        # nki/guides/architecture/trainium_inferentia2_arch.rst@81ce03ae, lines 402-403)
+        if not plan.round_xhat:
+            _dy_times_x(plan, dydx[:, lo:hi], dy_g[:, lo:hi], xs[:, lo:hi])
         nisa.tensor_tensor(dst=p1[:, lo:hi], data1=dy_g[:, lo:hi], data2=a, op=nl.multiply)
         if plan.round_xhat:  # dweight sums dy·round(x̂); p1·x is p1 times x itself
             nisa.tensor_tensor(
@@ -436,7 +468,6 @@ def _statistic_group(plan, consts, views, rings, tile, t, g):
                 op=nl.multiply,
             )
         else:
-            _dy_times_x(plan, dydx[:, lo:hi], dy_g[:, lo:hi], xs[:, lo:hi])
             nisa.tensor_tensor(dst=p1x[:, lo:hi], data1=dydx[:, lo:hi], data2=a, op=nl.multiply)
     nisa.activation_reduce(
         dst=p1x, op=nl.copy, data=p1x, reduce_op=nl.add, reduce_res=tile.partials[:, g : g + 1]
@@ -492,8 +523,10 @@ def _add_fold_segments(out, s, p, f, scratch):
     """Write into ``out`` the row sums of the per-partition sums ``s`` (p, 1), repeated on
     the f partitions of each row. The layout changes through the HBM ``scratch`` (P fp32),
     as in the legacy kernel: s stored as a column, loaded back with the f segments of a row
-    on one partition (rows, f); the Vector engine adds them and repeats the sum f times (a
-    broadcast view); stored, and loaded back as a column."""
+    on one partition (rows, f); the Vector engine adds them and copies the sum into each of
+    the f columns (no broadcast view: ``NkiTensor.broadcast`` exists from NKI 0.5 only,
+    release-notes/components/nki.rst@81ce03ae L127-132); stored, and loaded back as a
+    column."""
     P = nl.tile_size.pmax
     rows = p // f
     column = scratch.reshape((P, 1))
@@ -504,7 +537,8 @@ def _add_fold_segments(out, s, p, f, scratch):
     total = nl.ndarray((rows, 1), dtype=nl.float32)
     nisa.tensor_reduce(dst=total, op=nl.add, data=segments, axis=1, keepdims=True)
     repeated = nl.ndarray((rows, f), dtype=nl.float32)
-    nisa.tensor_copy(dst=repeated, src=total.broadcast(1, f))
+    for h in range(f):
+        nisa.tensor_copy(dst=repeated[:, h : h + 1], src=total)
     nisa.dma_copy(dst=by_row[0:rows, :], src=repeated)
     nisa.dma_copy(dst=out, src=column[0:p, :])
 

@@ -7,7 +7,7 @@ Differences from the legacy code, forced or allowed by 0.6:
 
 * The weight's partition broadcast is spelled out as the Tensor-engine idiom (a ones row as
   the stationary, the weight row as the moving operand, one 512-column PSUM bank per
-  matmul; spec §7.1, ``broadcast_to`` row), copied to SBUF by the Vector engine: what the
+  matmul), copied to SBUF by the Vector engine: what the
   legacy ``broadcast_to`` of a row wider than one bank costs in the model.
 * Chunks of resident rows are loaded straight into them (one DMA each).
 * PSUM accumulation is explicit (``accumulate=``), so the accumulators need no memset.
@@ -383,7 +383,10 @@ def _store_column_sums(dst, acc, bank, other):
             dst=sums, data1=acc[bank][:, 0:used], data2=other[:, first : first + used], op=nl.add
         )
     if full:
-        columns = dst[first * P : (first + full) * P].reshape((full, P)).permute((1, 0))
+        # element (p, j) at dst[(first + j)·P + p]: an explicit access pattern (``ap``, a
+        # method NKI had before 0.5: release-notes/components/nki.rst@81ce03ae L127-133;
+        # AWS: nki-library@d2ad3a5 experimental/collectives/fg_allgather.py L274)
+        columns = dst.ap(pattern=[[1, P], [P, full]], offset=first * P)
         nl.store(columns, value=sums[:, 0:full])
     if rest and first <= full_blocks < first + PSUM_BANK_COLS:
         last = full_blocks - first

@@ -100,6 +100,7 @@ def rmsnorm_fwd_out(x, weight, bias, y, rstd, eps, offset, casting_mode):
     """RMSNorm forward of ``x`` (M, N), output-parameter convention: writes the caller's
     ``y`` (its dtype is the output dtype) and ``rstd`` (M,) float32 in place, returns
     nothing. Same code and results as :func:`rmsnorm_fwd`."""
+    check_outputs(y, rstd)
     plan = _plan(x, weight, bias, None, offset, casting_mode, y.dtype)
     forward_body(plan, Tensors(x, None, weight, bias, y, None, rstd), eps, offset)
 
@@ -122,9 +123,22 @@ def rmsnorm_add_fwd_out(x, residual, weight, bias, y, h, rstd, eps, offset, cast
     """Fused residual add and RMSNorm, output-parameter convention: writes the caller's
     ``y``, ``h`` (the residual's dtype) and ``rstd`` (M,) float32 in place, returns nothing.
     Same code and results as :func:`rmsnorm_add_fwd`."""
-    kernel_assert(
-        h.dtype == residual.dtype,
-        "rmsnorm_add_fwd_out: h must have the residual's dtype",
-    )
+    check_outputs(y, rstd, residual, h)
     plan = _plan(x, weight, bias, residual.dtype, offset, casting_mode, y.dtype)
     forward_body(plan, Tensors(x, residual, weight, bias, y, h, rstd), eps, offset)
+
+
+def check_outputs(y, rstd, residual=None, h=None):
+    """The output parameters' dtypes, before anything runs: y in a kernel dtype, rstd fp32,
+    h in the residual's dtype (a wrong one would be written truncated); the package's
+    launchers raise ``TypeError`` for the same first (``validation.check_forward_outputs``)."""
+    kernel_assert(
+        y.dtype == nl.float32 or y.dtype == nl.bfloat16 or y.dtype == nl.float16,
+        f"y must be float32, bfloat16 or float16 (the output dtype), got {y.dtype}",
+    )
+    kernel_assert(rstd.dtype == nl.float32, f"rstd must be float32, got {rstd.dtype}")
+    if h is not None:
+        kernel_assert(
+            h.dtype == residual.dtype,
+            f"h must have the residual's dtype ({residual.dtype}), got {h.dtype}",
+        )

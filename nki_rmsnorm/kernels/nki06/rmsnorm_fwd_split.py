@@ -155,10 +155,12 @@ def _segments_per_row(segments_hbm, parts, dtype, offset=0.0):
     rows = steps.sbuf((parts, F), dtype)
     steps.load_converted(rows[0:s, :], segments_hbm, offset)
     filled = s
-    while filled < parts:
-        count = min(filled, parts - filled)
-        nisa.dma_copy(dst=rows[filled : filled + count, :], src=rows[0:count, :])
-        filled += count
+    # at most parts / s doublings (a bounded loop, as in the legacy kernel)
+    for _ in range(parts // s):
+        if filled < parts:
+            count = min(filled, parts - filled)
+            nisa.dma_copy(dst=rows[filled : filled + count, :], src=rows[0:count, :])
+            filled += count
     return rows
 
 

@@ -19,12 +19,14 @@ from __future__ import annotations
 from nki_rmsnorm.kernels.nki06._nki import nisa, nl
 from nki_rmsnorm.plan.forward import (
     FP32_MAX,
+    FP32_TINY,
     NEWTON_STEPS,
     PSUM_COLS,
-    RSQRT_MAX_INPUT,
     RSQRT_MIN_INPUT,
     RSQRT_POSTSCALE,
     RSQRT_PRESCALE,
+    RSQRT_ROOT_SCALE,
+    RSQRT_SPLIT,
 )
 
 
@@ -88,7 +90,10 @@ def identity(parts, dtype):
 def rstd_from_sum(sum_sq, eps, n, on_scalar=True):
     """rstd = 1 / sqrt(Σh² / n + eps), fp32, for a (parts, k) tile of row sums: the legacy
     chain (Scalar rsqrt refined by ``NEWTON_STEPS`` Newton steps, on the Scalar engine unless
-    it carries the product or eps < 2⁻⁵⁵)."""
+    it carries the product or eps < 2⁻⁵⁵). An infinite Σh² gives rstd = 0 exactly (y is NaN
+    at the infinite elements, 0 elsewhere, as the float64 reference and torch), a zero
+    mean square with eps = 0 gives +inf, NaN stays NaN, and every finite v > 0 reaches rsqrt
+    through exact power-of-two scalings (no clamping)."""
     if on_scalar and eps >= RSQRT_MIN_INPUT / RSQRT_PRESCALE:
         return _rstd_on_scalar(sum_sq, eps, n)
     return _rstd_on_vector(sum_sq, eps, n)
@@ -102,7 +107,13 @@ def _activation(shape, op, data, scale=1.0, bias=None):
 
 def _rstd_on_scalar(sum_sq, eps, n):
     """rstd on the Scalar engine alone: rsqrt of u = v·2⁻³² (exact scaling into rsqrt's valid
-    range), Newton on u, rstd = r·2⁻¹⁶."""
+    range), Newton on u, rstd = r·2⁻¹⁶.
+
+    An infinite Σh² (u = +inf, outside rsqrt's range) is taken out without leaving the
+    engine: s = sign(FP32_MAX − u) is +1 for every finite u and −1 for +inf (Sign and Relu
+    are valid on [−inf, inf] and exact: nki/api/nki.api.shared.rst@81ce03ae, lines 160 and
+    202); relu(u·s) is u itself or 0, plus (1 − s)/2 it reaches rsqrt as u or 1, and the
+    final scale (1 + s)/2·2⁻¹⁶ makes that row's rstd exactly 0. NaN stays NaN."""
     parts, k = sum_sq.shape
     u = _activation(
         (parts, k),
@@ -111,8 +122,21 @@ def _rstd_on_scalar(sum_sq, eps, n):
         scale=RSQRT_PRESCALE / n,
         bias=_column(parts, eps * RSQRT_PRESCALE),
     )
-    r = _activation((parts, k), nl.rsqrt, u)
-    minus_half_u = _activation((parts, k), nl.copy, u, scale=-0.5)
+    sign = _activation((parts, k), nl.sign, u, scale=-1.0, bias=_column(parts, FP32_MAX))
+    shift = _activation((parts, k), nl.copy, sign, scale=-0.5, bias=_column(parts, 0.5))
+    post_scale = _activation(
+        (parts, k),
+        nl.copy,
+        sign,
+        scale=0.5 * RSQRT_POSTSCALE,
+        bias=_column(parts, 0.5 * RSQRT_POSTSCALE),
+    )
+    finite_u = sbuf((parts, k), nl.float32)
+    for j in range(k):  # ACT's scale and bias operands are (parts, 1) columns
+        kept = _activation((parts, 1), nl.relu, u[:, j : j + 1], scale=sign[:, j : j + 1])
+        nisa.activation(dst=finite_u[:, j : j + 1], op=nl.copy, data=kept, bias=shift[:, j : j + 1])
+    r = _activation((parts, k), nl.rsqrt, finite_u)
+    minus_half_u = _activation((parts, k), nl.copy, finite_u, scale=-0.5)
     three_halves = _column(parts, 1.5)
     for _ in range(NEWTON_STEPS):
         for j in range(k):
@@ -122,7 +146,12 @@ def _rstd_on_scalar(sum_sq, eps, n):
                 (parts, 1), nl.copy, square, scale=minus_half_u[:, j : j + 1], bias=three_halves
             )
             nisa.activation(dst=r_j, op=nl.copy, data=factor, scale=r_j)
-    return _activation((parts, k), nl.copy, r, scale=RSQRT_POSTSCALE)
+    rstd = sbuf((parts, k), nl.float32)
+    for j in range(k):
+        nisa.activation(
+            dst=rstd[:, j : j + 1], op=nl.copy, data=r[:, j : j + 1], scale=post_scale[:, j : j + 1]
+        )
+    return rstd
 
 
 def _column(parts, value):
@@ -133,8 +162,13 @@ def _column(parts, value):
 
 
 def _rstd_on_vector(sum_sq, eps, n):
-    """rstd with v = Σh²/n + eps formed and clamped into rsqrt's valid range on the Vector
-    engine, the Scalar engine's rsqrt, and the Newton steps on the Vector engine."""
+    """rstd with the mean square v = Σh²/n + eps formed on the Vector engine and brought into
+    rsqrt's valid range [2⁻⁸⁷, 2⁹⁷] (nki/api/nki.api.shared.rst@81ce03ae, line 198) by exact
+    power-of-two scalings, the Scalar engine's rsqrt, the Newton steps on the Vector engine,
+    and rstd times 0 where v = +inf (NaN stays NaN). With eps ≥ 2⁻⁵⁵ every v is in
+    [2⁻⁵⁵, 2¹²⁸]: u = min(v, FP32_MAX)·2⁻³², rstd = r·2⁻¹⁶. Below, every finite v > 0 is
+    scaled per row (:func:`_scaled_per_row`). Vector-engine operators only (Min, Max,
+    Is Less than, Is Less than or Equal, Multiply, Add: lines 92-112)."""
     shape = sum_sq.shape
     v = sbuf(shape, nl.float32)
     nisa.tensor_scalar(
@@ -145,19 +179,106 @@ def _rstd_on_vector(sum_sq, eps, n):
         op1=nl.add,
         operand1=float(eps),
     )
-    clamped = sbuf(shape, nl.float32)
+    # one helper per range of eps, as the legacy kernel must (a tile made under an ``if``
+    # may not be used after the block there)
+    rstd = (
+        _rstd_prescaled(v) if eps >= RSQRT_MIN_INPUT / RSQRT_PRESCALE else _rstd_scaled_per_row(v)
+    )
+    return _infinite_where_zero(rstd, v) if eps == 0.0 else rstd
+
+
+def _rstd_prescaled(v):
+    """rstd of every v in [2⁻⁵⁵, +inf]: u = min(v, FP32_MAX)·2⁻³², rstd = r·2⁻¹⁶ times
+    (v ≤ FP32_MAX), 0 for an infinite v."""
+    u = sbuf(v.shape, nl.float32)
     nisa.tensor_scalar(
-        dst=clamped,
+        dst=u,
         data=v,
         op0=nl.minimum,
-        operand0=RSQRT_MAX_INPUT,
-        op1=nl.maximum,
-        operand1=RSQRT_MIN_INPUT,
+        operand0=FP32_MAX,
+        op1=nl.multiply,
+        operand1=RSQRT_PRESCALE,
     )
-    rstd = _activation(shape, nl.rsqrt, clamped)
+    rstd = _refined_rsqrt(u)
+    post_scale = sbuf(v.shape, nl.float32)
+    nisa.tensor_scalar(
+        dst=post_scale,
+        data=v,
+        op0=nl.less_equal,
+        operand0=FP32_MAX,
+        op1=nl.multiply,
+        operand1=RSQRT_POSTSCALE,
+    )
+    nisa.tensor_tensor(dst=rstd, data1=rstd, data2=post_scale, op=nl.multiply)
+    return rstd
+
+
+def _rstd_scaled_per_row(v):
+    """rstd of every v in [0, +inf] through the per-row power of two of
+    :func:`_scaled_per_row`, times (v ≤ FP32_MAX): 0 for an infinite v."""
+    u, root_scale = _scaled_per_row(v)
+    rstd = _refined_rsqrt(u)
+    post_scale = sbuf(v.shape, nl.float32)
+    nisa.scalar_tensor_tensor(
+        dst=post_scale,
+        data=v,
+        op0=nl.less_equal,
+        operand0=FP32_MAX,
+        op1=nl.multiply,
+        operand1=root_scale,
+    )
+    nisa.tensor_tensor(dst=rstd, data1=rstd, data2=post_scale, op=nl.multiply)
+    return rstd
+
+
+def _refined_rsqrt(u):
+    """The Scalar engine's rsqrt of u (in its valid range) refined by ``NEWTON_STEPS``
+    Newton steps on the Vector engine."""
+    rstd = _activation(u.shape, nl.rsqrt, u)
     for _ in range(NEWTON_STEPS):
-        newton_rsqrt_step(rstd, clamped)
-    return _infinite_where_zero(rstd, v) if eps == 0.0 else rstd
+        newton_rsqrt_step(rstd, u)
+    return rstd
+
+
+def _scaled_per_row(v):
+    """``(u, p)``: u = v·p² in rsqrt's valid range for every v in [0, +inf], p = 2³² where
+    v < 2⁻²⁰ else 2⁻³² (``RSQRT_SPLIT``), so that rsqrt(u)·p = rsqrt(v). v is first kept in
+    [2⁻¹⁴⁹, FP32_MAX] (a zero row's rstd becomes +inf later, an infinite one's 0). The
+    selector q = (v < 2⁻²⁰) + 2⁻³² is 1 or 2⁻³² exactly (1 + 2⁻³² rounds to 1), so p = q·2³²·q
+    and p² are exact powers of two."""
+    shape = v.shape
+    finite_v = sbuf(shape, nl.float32)
+    nisa.tensor_scalar(
+        dst=finite_v,
+        data=v,
+        op0=nl.minimum,
+        operand0=FP32_MAX,
+        op1=nl.maximum,
+        operand1=FP32_TINY,
+    )
+    selector = sbuf(shape, nl.float32)
+    nisa.tensor_scalar(
+        dst=selector,
+        data=finite_v,
+        op0=nl.less,
+        operand0=RSQRT_SPLIT,
+        op1=nl.add,
+        operand1=1.0 / RSQRT_ROOT_SCALE,
+    )
+    root_scale = sbuf(shape, nl.float32)
+    nisa.scalar_tensor_tensor(
+        dst=root_scale,
+        data=selector,
+        op0=nl.multiply,
+        operand0=RSQRT_ROOT_SCALE,
+        op1=nl.multiply,
+        operand1=selector,
+    )
+    scale = sbuf(shape, nl.float32)
+    nisa.tensor_tensor(dst=scale, data1=root_scale, data2=root_scale, op=nl.multiply)
+    u = sbuf(shape, nl.float32)
+    nisa.tensor_tensor(dst=u, data1=finite_v, data2=scale, op=nl.multiply)
+    return u, root_scale
 
 
 def newton_rsqrt_step(rstd, v):

@@ -10,19 +10,25 @@ Math (per row of N elements, every step float32 unless it says otherwise)::
     y     = p · rstd
     amax  = max |y| = max |p| · rstd          (per row, or per block of ``block`` columns)
     scale = max(min(amax, lower_bound) · (1 / fp8_max), scale_floor)        dequant scale
-    y_q   = RNE_fp8(clip(y, ±lower_bound) / scale) = RNE_fp8(clip(p · (rstd · (1 / scale)),
-            ±lower_bound · (1 / scale)))
+    y_q   = RNE_fp8(clip(y, ±lower_bound) / scale)
+          = RNE_fp8(clip(p, ±lower_bound · (1 / rstd)) · (rstd · (1 / scale)))
 
-``1 / fp8_max`` and ``1 / scale`` are float32 (the ALU has no divide; the Vector engine's
-``reciprocal``). ``fp8_max`` is the largest finite value of the output dtype: 240 for
-``float8_e4m3`` (the NeuronCore's IEEE-style e4m3), 448 for the OCP ``float8_e4m3fn`` (trn3
-only: nki-library@d2ad3a5 ``src/nkilib_src/nkilib/core/utils/kernel_helpers.py`` L39-43,
+``1 / fp8_max`` and ``1 / scale`` are float32 (the ALU has no divide): ``1 / scale`` is
+``(1 / √scale)²``, the GpSimd rsqrt squared (within 3 float32 ulps of the quotient).
+``fp8_max`` is the largest finite value of the output dtype: 240 for ``float8_e4m3`` (the
+NeuronCore's IEEE-style e4m3), 448 for the OCP ``float8_e4m3fn`` (trn3 only:
+nki-library@d2ad3a5 ``src/nkilib_src/nkilib/core/utils/kernel_helpers.py`` L39-43,
 L489-491) and 57344 for ``float8_e5m2``. With per-row or per-block scales ``|y / scale|``
 never exceeds ``fp8_max`` (by construction, up to float32 rounding, which rounds back to
-``fp8_max``). With a static input scale, ``y / scale`` is clipped to ``±fp8_max`` before the
-conversion, as AWS's ``rmsnorm_quant_kernel`` does (nki-library@d2ad3a5
-``core/rmsnorm/rmsnorm_quant.py`` ``_static_quantize_tile``): the docs say nothing of how an
-engine converts an out-of-range value to fp8, so the kernel never relies on it.
+``fp8_max``). With a static input scale, ``y / scale`` is clipped to ``±fp8_max`` (p to
+``±fp8_max / factor``) before the conversion, as AWS's ``rmsnorm_quant_kernel`` clips
+(nki-library@d2ad3a5 ``core/rmsnorm/rmsnorm_quant.py`` ``_static_quantize_tile``): the docs
+say nothing of how an engine converts an out-of-range value to fp8, so the kernel never
+relies on it. The reductions (Σ of the squares, max of |p|) are those of the float32 results,
+before their discarded elementwise outputs are rounded to fp8 (``nki/api/nki/isa/__init__.py``
+@81ce03ae: the activation pseudo-code L1366-1380 reduces ``output`` before the write;
+``tensor_scalar_reduce`` L2516-2530 reduces "the ``nisa.tensor_scalar`` result", the float32
+computation result that L1112-1117 cast to ``dst.dtype``).
 
 ``scale_floor`` (default 1e-6, AWS's ``min_dequant_scale_value``,
 ``core/rmsnorm/rmsnorm_quant_constants.py``) keeps ``1 / scale`` finite: an all-zero row gets
@@ -36,13 +42,31 @@ tiles are split between the two physical cores by ``nl.program_id(0)``):
 * DMA: x (residual) in, h / y / y_q / scales out;
 * Scalar: Σh² (``activation_reduce``, square and add), the rsqrt, and the quantizing
   multiply (``activation`` copy with the per-row ``scale=`` column, converting to fp8 on
-  write; ``nki/api/nki/isa/__init__.py@81ce03ae`` L1378-1387: any output dtype at no cost);
+  write; ``nki/api/nki/isa/__init__.py@81ce03ae`` L1392-1398: any output dtype at no cost);
 * Tensor: the weight row broadcast to the tile's partitions, one PSUM bank at a time (a
   ones-row matmul, exact);
 * Vector: h · w against that PSUM bank (one PSUM input: N cycles), the per-row absolute
   maximum (``tensor_scalar_reduce`` with ``nl.abs`` and ``nl.maximum``, as AWS's
-  ``_row_quantize_tile`` does), per-block maxima (``tensor_reduce`` max and negated min over
-  a ``(rows, blocks, block)`` view) and the per-row arithmetic on (rows, 1) columns.
+  ``_row_quantize_tile`` does; per block the same, or ``tensor_reduce`` max and negated min
+  of a ``(rows, blocks, block)`` view for blocks under 128 columns) and the per-row
+  arithmetic on (rows, 1) columns.
+
+Instructions and where the docs (aws-neuron-sdk@81ce03ae ``nki/api/nki/isa/__init__.py``)
+or AWS's kernels (nki-library@d2ad3a5) allow each use:
+
+* ``dma_copy`` (L246); the packed scale store reads the float32 column through
+  ``.ap(pattern, dtype=<fp8>)`` as ``core/rmsnorm/rmsnorm_quant.py`` L396-402 does;
+* ``activation`` / ``activation_reduce`` (L1336, L1461): square with an add reduction, copy
+  with a float32 (rows, 1) ``scale`` (L1399-1401), a scalar ``bias`` from NeuronCore-v3 on
+  (L1406-1407), any output dtype including fp8 (L1392-1398);
+* ``tensor_tensor`` (L1019): the multiply against a PSUM bank;
+* ``tensor_scalar`` (L1081): max/min/multiply/add with float32 operands, unary ``nl.abs``
+  and ``nl.rsqrt`` with ``operand0`` None (L1147), ``rsqrt`` on GpSimd (L1157);
+* ``tensor_scalar_reduce`` (L2515): ``nl.abs`` then a ``nl.maximum`` reduction, as
+  ``core/rmsnorm/rmsnorm_quant.py`` L560-567;
+* ``tensor_reduce`` (L1161): max and negated min over the last axis of a (rows, blocks,
+  block) view; ``reciprocal`` (L2388); ``memset`` (L431); ``nc_matmul`` (L489): a ones
+  row as the stationary operand broadcasts a row (or the static scale) to the partitions.
 
 The packed layout (``packed=True``, row scales only) is nki-library's ``[..., N + 4]``: the
 float32 scale's four bytes after each row of y_q, written through an ``.ap(..., dtype=)``
@@ -55,20 +79,22 @@ from __future__ import annotations
 
 import math
 
-from nki_rmsnorm.kernels.nki06._nki import nisa, nki, nl
+from nki_rmsnorm.kernels.nki06._nki import nisa, nki, nl, usable_sbuf_bytes
+from nki_rmsnorm.plan.dtypes import dtype_bytes
 from nki_rmsnorm.plan.forward import RSQRT_MIN_INPUT
 
-__all__ = ["SCALE_MODES", "fp8_max", "rmsnorm_quant"]
+__all__ = ["fp8_max", "rmsnorm_quant"]
 
-#: Per-row scales, per-block scales (``block`` columns of a row share one), or one static
-#: dequantization scale given by the caller.
-SCALE_MODES = ("row", "block", "static")
 #: Columns of one PSUM bank of float32 (2 KiB per partition).
 _BANK_COLUMNS = 512
 #: Column chunks of a row tile: at least this many bytes of x per partition, at most
 #: this many chunks.
 _CHUNK_BYTES = 4096
 _MAX_CHUNKS = 4
+#: Per-partition bytes set aside for the (rows, 1) columns and the ones row.
+_SMALL_TILE_BYTES = 4096
+#: Blocks at least this long get one max-of-|p| reduction each (cheaper than two passes).
+_ONE_REDUCE_PER_BLOCK = 128
 #: Bytes of the float32 scale appended to each row in the packed layout.
 _SCALE_BYTES = 4
 
@@ -85,6 +111,22 @@ def fp8_max(dtype):
 
 def _sbuf(shape, dtype):
     return nl.ndarray(shape, dtype=dtype, buffer=nl.sbuf)
+
+
+def _two_tiles_fit(x, residual, weight, emit_y, quant_dtype):
+    """Whether two row tiles (the software pipeline's) fit SBUF beside the weight row: per
+    partition, h (and x), p, y_q and y of each, and the (rows, 1) columns."""
+    N = x.shape[1]
+    x_bytes = dtype_bytes(x.dtype)
+    per_tile = x_bytes + dtype_bytes(quant_dtype)
+    if residual is not None:
+        per_tile = per_tile + dtype_bytes(residual.dtype)
+    if weight is not None:
+        per_tile = per_tile + 4
+    if emit_y:
+        per_tile = per_tile + x_bytes
+    resident = 0 if weight is None else dtype_bytes(weight.dtype)
+    return N * (2 * per_tile + resident) + _SMALL_TILE_BYTES <= usable_sbuf_bytes()
 
 
 def _core_tiles(rows):
@@ -210,48 +252,73 @@ def _scale(amax_p, rstd, fp8max, lower_bound, scale_floor):
     return amax_y, scale
 
 
-def _factors(scale, rstd, lower_bound):
-    """The quantizing factors rstd · (1 / scale) (Vector reciprocal, Scalar multiply) and,
-    with a lower bound, the clip bounds lower_bound · (1 / scale)."""
+def _factors(scale, rstd):
+    """The quantizing factors rstd · (1 / scale); 1 / scale is (1 / √scale)²: the GpSimd
+    rsqrt (the engine's one ``tensor_scalar`` op, see :func:`_rstd`) squared by the Scalar
+    engine, which keeps these per-row steps off the Vector engine, the kernel's busiest."""
     shape = scale.shape
+    root = _column(shape)
+    nisa.tensor_scalar(dst=root, data=scale, op0=nl.rsqrt, operand0=None, engine=nisa.gpsimd_engine)
     inverse = _column(shape)
-    nisa.reciprocal(dst=inverse, data=scale)
+    nisa.activation(dst=inverse, op=nl.square, data=root)
     factor = _column(shape)
     nisa.activation(dst=factor, op=nl.copy, data=inverse, scale=rstd)
-    bound = None
-    if lower_bound is not None:
-        bound = _column(shape)
-        nisa.tensor_scalar(dst=bound, data=inverse, op0=nl.multiply, operand0=float(lower_bound))
-    return factor, bound
+    return factor
 
 
-def _quantize(q, p, factor, bound, on_vector=False):
+def _quantize(q, p, factor, on_vector=False):
     """q = RNE(p · factor) (Scalar engine, converting on write; the Vector engine's
-    ``tensor_scalar`` if ``on_vector``), or with a (rows, 1) clip ``bound``: min(p · factor,
-    bound) then max(·, −bound) on the Vector engine (the second step reads the fp8 result:
-    exact, both bounds are applied before the last rounding and a value already in fp8
-    rounds to itself)."""
-    if bound is None and on_vector:
+    ``tensor_scalar`` if ``on_vector``)."""
+    if on_vector:
         nisa.tensor_scalar(dst=q, data=p, op0=nl.multiply, operand0=factor)
-        return
-    if bound is None:
+    else:
         nisa.activation(dst=q, op=nl.copy, data=p, scale=factor)
-        return
+
+
+def _clip(p, bound):
+    """p = clip(p, ±bound) in place, ``bound`` a (rows, 1) column in p's units (Vector
+    engine, one instruction): every clip happens before the one rounding to fp8, so the
+    kernel never converts an out-of-range value to fp8 (the docs do not say what that
+    gives; the simulator's OCP e4m3fn makes it NaN)."""
     negative = _column(bound.shape)
     nisa.tensor_scalar(dst=negative, data=bound, op0=nl.multiply, operand0=-1.0)
     nisa.tensor_scalar(
-        dst=q, data=p, op0=nl.multiply, operand0=factor, op1=nl.minimum, operand1=bound
+        dst=p, data=p, op0=nl.minimum, operand0=bound, op1=nl.maximum, operand1=negative
     )
-    nisa.tensor_scalar(dst=q, data=q, op0=nl.maximum, operand0=negative)
 
 
-def _block_maxima(p, block):
-    """max |p| over each ``block`` columns of a tile: (rows, N / block), from the maximum
-    and the negated minimum of a (rows, blocks, block) view (Vector ``tensor_reduce``)."""
+def _scaled_inverse(column, value):
+    """value / column for a (rows, 1) float32 column (Vector reciprocal, then a multiply)."""
+    inverse = _column(column.shape)
+    nisa.reciprocal(dst=inverse, data=column)
+    out = _column(column.shape)
+    nisa.tensor_scalar(dst=out, data=inverse, op0=nl.multiply, operand0=float(value))
+    return out
+
+
+def _block_maxima(p, q, block):
+    """max |p| over each ``block`` columns of a tile: (rows, N / block), exact (a maximum of
+    float32 values), on the Vector engine. Blocks of ``_ONE_REDUCE_PER_BLOCK`` columns or
+    more: one ``tensor_scalar_reduce`` (``nl.abs``, max) per block, its discarded output in
+    ``q``'s columns, 1 + 64 / block cycles per element; shorter ones: the maximum and the
+    negated minimum of a (rows, blocks, block) view (``tensor_reduce``), 2 cycles per
+    element. (``nl.abs_max`` keeps the sign of the larger input: no help here.)"""
     parts, N = p.shape
     blocks = N // block
     view = p.reshape((parts, blocks, block))
     high = _column((parts, blocks))
+    if block >= _ONE_REDUCE_PER_BLOCK:
+        for b in range(blocks):
+            cols = slice(b * block, (b + 1) * block)
+            nisa.tensor_scalar_reduce(
+                dst=q[:, cols],
+                data=p[:, cols],
+                op0=nl.abs,
+                operand0=0.0,
+                reduce_op=nl.maximum,
+                reduce_res=high[:, b : b + 1],
+            )
+        return high
     nisa.tensor_reduce(dst=high, op=nl.maximum, data=view, axis=2)
     low = _column((parts, blocks))
     nisa.tensor_reduce(dst=low, op=nl.minimum, data=view, axis=2, negate=True)
@@ -260,14 +327,13 @@ def _block_maxima(p, block):
 
 
 def _tile_front(hbm, options, weight_row, ones, r0, parts):
-    """Rows r0 … r0 + parts − 1, up to their dequant scales: load (and h = x + residual,
-    stored), mean(h²), rstd, p and its maxima. Returns the tile's state for
-    :func:`_tile_back`."""
+    """Rows r0 … r0 + parts − 1, up to p: load (and h = x + residual, stored), mean(h²),
+    rstd and p = h · w. Returns what :func:`_tile_scales` continues from."""
     x, residual, h = hbm[0], hbm[1], hbm[5]
     eps, quant_dtype, scale_mode, block, lower_bound, scale_floor = options
     N = x.shape[1]
     rows = slice(r0, r0 + parts)
-    chunks = _column_chunks(N, x.dtype.itemsize)
+    chunks = _column_chunks(N, dtype_bytes(x.dtype))
     if residual is None:
         h_tile = _sbuf((parts, N), x.dtype)
         for c0, c1 in chunks:
@@ -298,7 +364,15 @@ def _tile_front(hbm, options, weight_row, ones, r0, parts):
     )
     rstd = _rstd(mean_sq, eps)
     p = h_tile if weight_row is None else _product(h_tile, weight_row, ones)
+    return rows, chunks, q, p, rstd
 
+
+def _tile_scales(hbm, options, loaded):
+    """The maxima of |p| and the dequant scales of a tile :func:`_tile_front` loaded; returns
+    the tile's state for :func:`_tile_back`."""
+    eps, quant_dtype, scale_mode, block, lower_bound, scale_floor = options
+    rows, chunks, q, p, rstd = loaded
+    parts, N = p.shape
     amax_p = None
     if scale_mode == "row":
         amax_p = _column((parts, 1))
@@ -306,7 +380,7 @@ def _tile_front(hbm, options, weight_row, ones, r0, parts):
             dst=q, data=p, op0=nl.abs, operand0=0.0, reduce_op=nl.maximum, reduce_res=amax_p
         )
     elif scale_mode == "block":
-        amax_p = _block_maxima(p, block)
+        amax_p = _block_maxima(p, q, block)
     elif hbm[6] is not None:
         amax_p = _column((parts, 1))
         junk = _sbuf((parts, N), nl.bfloat16)
@@ -328,58 +402,57 @@ def _tile_back(hbm, options, static_inverse, state, last):
     parts, N = p.shape
     fp8max = fp8_max(quant_dtype)
 
+    # y first: the clips below change p in place
+    if y is not None:
+        y_tile = _sbuf((parts, N), y.dtype)
+        nisa.activation(dst=y_tile, op=nl.copy, data=p, scale=rstd)
+        nisa.dma_copy(dst=y[rows, :], src=y_tile)
+
     if scale_mode == "static":
         factor = _column((parts, 1))
         nisa.tensor_scalar(
             dst=factor, data=rstd, op0=nl.multiply, operand0=static_inverse[0:parts, :]
         )
-        nisa.tensor_scalar(
-            dst=q, data=p, op0=nl.multiply, operand0=factor, op1=nl.minimum, operand1=fp8max
-        )
-        nisa.tensor_scalar(dst=q, data=q, op0=nl.maximum, operand0=-fp8max)
+        # y / scale clipped to ±fp8_max: p clipped to ±fp8_max / factor
+        _clip(p, _scaled_inverse(factor, fp8max))
+        _quantize(q, p, factor)
         nisa.dma_copy(dst=y_q[rows, :], src=q)
         if amax is not None:
             amax_y = _column((parts, 1))
             nisa.activation(dst=amax_y, op=nl.copy, data=amax_p, scale=rstd)
             nisa.dma_copy(dst=amax[rows, :], src=amax_y)
-    else:
-        amax_y, scale = scaled
-        factor, bound = _factors(scale, rstd, lower_bound)
-        if scale_mode == "row":
-            for c in range(len(chunks)):
-                c0, c1 = chunks[c]
-                # the Vector engine, done with its products, shares the last tile's quantization
-                _quantize(q[:, c0:c1], p[:, c0:c1], factor, bound, last and c % 2 == 1)
-                nisa.dma_copy(dst=y_q[rows, c0:c1], src=q[:, c0:c1])
-        else:
-            for b in range(N // block):
-                cols = slice(b * block, (b + 1) * block)
-                _quantize(
-                    q[:, cols],
-                    p[:, cols],
-                    factor[:, b : b + 1],
-                    None if bound is None else bound[:, b : b + 1],
-                )
-            nisa.dma_copy(dst=y_q[rows, :], src=q)
-        if packed_scales is not None:
-            # the float32 column's bytes as four fp8 elements per row (AWS's packed layout)
-            nisa.dma_copy(
-                dst=packed_scales[rows, :],
-                src=scale.ap(pattern=[[_SCALE_BYTES, parts], [1, _SCALE_BYTES]], dtype=quant_dtype),
-            )
-        else:
-            nisa.dma_copy(dst=scales[rows, :], src=scale)
-        if amax is not None and scale_mode == "row":
-            nisa.dma_copy(dst=amax[rows, :], src=amax_y)
-        elif amax is not None:
-            row_amax = _column((parts, 1))
-            nisa.tensor_reduce(dst=row_amax, op=nl.maximum, data=amax_y, axis=1)
-            nisa.dma_copy(dst=amax[rows, :], src=row_amax)
+        return
 
-    if y is not None:
-        y_tile = _sbuf((parts, N), y.dtype)
-        nisa.activation(dst=y_tile, op=nl.copy, data=p, scale=rstd)
-        nisa.dma_copy(dst=y[rows, :], src=y_tile)
+    amax_y, scale = scaled
+    factor = _factors(scale, rstd)
+    if lower_bound is not None:
+        # y clipped to ±lower_bound: p clipped to ±lower_bound / rstd
+        _clip(p, _scaled_inverse(rstd, lower_bound))
+    if scale_mode == "row":
+        for c in range(len(chunks)):
+            c0, c1 = chunks[c]
+            # the Vector engine, done with its products, shares the last tile's quantization
+            _quantize(q[:, c0:c1], p[:, c0:c1], factor, last and c % 2 == 1)
+            nisa.dma_copy(dst=y_q[rows, c0:c1], src=q[:, c0:c1])
+    else:
+        for b in range(N // block):
+            cols = slice(b * block, (b + 1) * block)
+            _quantize(q[:, cols], p[:, cols], factor[:, b : b + 1])
+        nisa.dma_copy(dst=y_q[rows, :], src=q)
+    if packed_scales is not None:
+        # the float32 column's bytes as four fp8 elements per row (AWS's packed layout)
+        nisa.dma_copy(
+            dst=packed_scales[rows, :],
+            src=scale.ap(pattern=[[_SCALE_BYTES, parts], [1, _SCALE_BYTES]], dtype=quant_dtype),
+        )
+    else:
+        nisa.dma_copy(dst=scales[rows, :], src=scale)
+    if amax is not None and scale_mode == "row":
+        nisa.dma_copy(dst=amax[rows, :], src=amax_y)
+    elif amax is not None:
+        row_amax = _column((parts, 1))
+        nisa.tensor_reduce(dst=row_amax, op=nl.maximum, data=amax_y, axis=1)
+        nisa.dma_copy(dst=amax[rows, :], src=row_amax)
 
 
 @nki.jit
@@ -449,16 +522,35 @@ def rmsnorm_quant(
         static_inverse = _broadcast_scale(input_scale)
     hbm = (x, residual, y_q, scales, y, h, amax, packed_scales)
     options = (eps, quant_dtype, scale_mode, block, lower_bound, scale_floor)
-    # A two-stage software pipeline: tile t + 1 is issued up to its scales before the rest
-    # of tile t, so that no engine's in-order stream waits on a tile's short chain of
-    # per-row steps (and no Vector step reads the one just before it).
     tiles = _core_tiles(M)
-    ahead = None
+    if not _two_tiles_fit(x, residual, weight, emit_y, quant_dtype):
+        for t in range(len(tiles)):
+            loaded = _tile_front(hbm, options, weight_row, ones, tiles[t][0], tiles[t][1])
+            state = _tile_scales(hbm, options, loaded)
+            _tile_back(hbm, options, static_inverse, state, t == len(tiles) - 1)
+        return tuple(outputs)
+    # A software pipeline: tile t + 1 is loaded and its p formed before tile t's maxima,
+    # scales and quantization are issued, so that no engine's in-order stream waits on a
+    # tile's short chain of per-row steps, and the Vector engine's max of |p| does not read
+    # the instruction just before it (which costs a dependent instruction's overhead). The
+    # last tile's maxima follow its own products directly: behind the products of the tile
+    # after, they would lengthen the pipeline's drain.
+    last = len(tiles) - 1
+    pending = None
     if len(tiles) > 0:
-        ahead = _tile_front(hbm, options, weight_row, ones, tiles[0][0], tiles[0][1])
+        pending = _tile_front(hbm, options, weight_row, ones, tiles[0][0], tiles[0][1])
     for t in range(len(tiles)):
-        current = ahead
-        if t + 1 < len(tiles):
-            ahead = _tile_front(hbm, options, weight_row, ones, tiles[t + 1][0], tiles[t + 1][1])
-        _tile_back(hbm, options, static_inverse, current, t == len(tiles) - 1)
+        if t + 1 < last:
+            loaded = _tile_front(hbm, options, weight_row, ones, tiles[t + 1][0], tiles[t + 1][1])
+            state = _tile_scales(hbm, options, pending)
+            pending = loaded
+        elif t + 1 == last:
+            state = _tile_scales(hbm, options, pending)
+            loaded = _tile_front(hbm, options, weight_row, ones, tiles[t + 1][0], tiles[t + 1][1])
+            pending = _tile_scales(hbm, options, loaded)
+        elif t == 0:  # a single tile
+            state = _tile_scales(hbm, options, pending)
+        else:
+            state = pending
+        _tile_back(hbm, options, static_inverse, state, t == last)
     return tuple(outputs)
