@@ -122,7 +122,7 @@ class Record:
 
 
 def minimal_hbm_bytes(kind: str, M: int, N: int, itemsize: int) -> int:
-    """Bytes each kernel must move at least (hw_cost_facts §6a), incl. the fp32 rstd."""
+    """Bytes each kernel must move at least (docs/design.md, Sources), incl. the fp32 rstd."""
     if kind == "fwd":
         return 2 * itemsize * M * N + itemsize * N + 4 * M
     if kind == "fused_add":
@@ -241,7 +241,7 @@ def run_case(kind, target, M, N, dtype_name, rng, with_baseline=True, dialect="l
         launch = ((rmsnorm_fwd, x) if residual is None
                   else (rmsnorm_add_fwd, x, residual))
         outputs, prof = _profile(dialect, lnc, *launch, weight, None, EPS, 0.0, "gemma",
-                                 dtype, target=target)
+                                 _kernel_dtype(dtype_name, dialect), target=target)
     wall = time.perf_counter() - start
     eps_dtype = float(np.finfo(np.float32).eps) if dtype_name == "float32" else (
         2.0 ** -8 if dtype_name == "bfloat16" else 2.0 ** -11)
@@ -287,6 +287,14 @@ def quant_dtype_for(target: str) -> str:
     """The fp8 dtype the quantized case writes on ``target``: the OCP e4m3 on trn3, the
     NeuronCore e4m3 (max 240) before (:func:`nki_rmsnorm.ops.quant_dtype_name`'s default)."""
     return "float8_e4m3fn" if target == "trn3" else "float8_e4m3"
+
+
+def _kernel_dtype(dtype_name: str, dialect: str):
+    """The dialect's NKI dtype for a kernel's dtype argument: kernel code takes NKI values
+    only, never a NumPy dtype (nki/get-started/nki-language-guide.rst@81ce03ae L141-156)."""
+    from nki_rmsnorm import kernels
+
+    return kernels.nki_dtype(dtype_name, dialect)
 
 
 def quant_launch_args(x, weight, quant_dtype: str):
