@@ -215,7 +215,7 @@ def rms_norm_bwd(dy: np.ndarray, x_or_h: np.ndarray, weight: np.ndarray | None,
     grads = list(kernels.rmsnorm_bwd(
         _rows(dy, rows, n), _rows(x, rows, n), weight, np.ascontiguousarray(rstd.reshape(rows)),
         None if dh_out is None else _rows(dh_out, rows, n), offset, has_bias, casting_mode,
-        bias_dtype))
+        kernels.nki_dtype(np.dtype(bias_dtype).name, dialect.current())))
     dx = grads.pop(0).reshape(x.shape)
     dweight = grads.pop(0) if weight is not None else None
     dbias = grads.pop(0) if has_bias else None
