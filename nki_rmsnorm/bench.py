@@ -61,8 +61,8 @@ SUBSET_SHAPES = ((8192, 4096),)
 QUICK_SHAPES = ((129, 1024), (256, 4096))
 #: The kinds the sweep runs without ``--kind``.
 KINDS = ("fwd", "bwd", "fused_add")
-#: ... and those ``--kind`` takes: also "quant", the fp8 quantized forward (nki06 kernels on
-#: trn2/trn3 only).
+#: ... and those ``--kind`` takes: also "quant", the fp8 quantized forward (legacy kernels on
+#: trn1/inf2, either dialect on trn2, nki06 on trn3).
 ALL_KINDS = KINDS + ("quant",)
 TARGETS = ("inf2", "trn1", "trn2", "trn3")
 DIALECTS = ("legacy", "nki06")
@@ -233,7 +233,7 @@ def run_case(kind, target, M, N, dtype_name, rng, with_baseline=True, dialect="l
     rstd = _reference_fwd(x, weight)[1] if kind == "bwd" else None
     start = time.perf_counter()
     if kind == "quant":
-        packed, prof = _quant_run(target, lnc, x, weight)
+        packed, prof = _quant_run(target, lnc, x, weight, dialect)
     elif kind == "bwd":
         outputs, prof = _profile(dialect, lnc, rmsnorm_bwd, dy, x, weight, rstd, None, 0.0,
                                  False, "gemma", target=target)
@@ -303,16 +303,24 @@ def quant_launch_args(x, weight, quant_dtype: str):
     from nki_rmsnorm import kernels
 
     return (x, None, weight, None, EPS, kernels.nki_dtype(quant_dtype, "nki06"), "row", 128,
-            None, 1e-6, False, False, True)
+            None, 1e-6, False, False, True, False)
 
 
-def _quant_run(target, lnc, x, weight):
-    """Run the quantized case: (the packed output, Profile)."""
+def _quant_run(target, lnc, x, weight, dialect="nki06"):
+    """Run the quantized case: (the packed output, Profile). The legacy kernel has no packed
+    layout: it writes y_q and the scale column, packed here on the host for the check."""
     from nki_rmsnorm import kernels
 
-    kernel = kernels.kernel("rmsnorm_quant", "nki06")
-    out, prof = _profile("nki06", lnc, kernel,
-                         *quant_launch_args(x, weight, quant_dtype_for(target)), target=target)
+    kernel = kernels.kernel("rmsnorm_quant", dialect)
+    args = quant_launch_args(x, weight, quant_dtype_for(target))
+    if dialect == "legacy":
+        args = args[:5] + (kernels.nki_dtype(quant_dtype_for(target), dialect),) + args[6:12]
+        args = args + (False, False)
+    out, prof = _profile(dialect, lnc, kernel, *args, target=target)
+    if dialect == "legacy":
+        y_q, scales = (np.asarray(a) for a in out)
+        scale_bytes = np.ascontiguousarray(scales.astype("<f4")).view(np.uint8).view(y_q.dtype)
+        return np.concatenate([y_q, scale_bytes], axis=1), prof
     return np.asarray(out[0] if isinstance(out, tuple) else out), prof
 
 
@@ -644,7 +652,8 @@ def build_parser() -> argparse.ArgumentParser:
                             "with the nki06 kernels at --lnc 1")
     sweep.add_argument("--kind", default=",".join(KINDS),
                        help="comma list of fwd,bwd,fused_add (default) and quant (the fp8 "
-                            "quantized forward: nki06 on trn2/trn3 only)")
+                            "quantized forward; legacy on trn1/inf2, either dialect on trn2, "
+                            "nki06 on trn3)")
     sweep.add_argument("--dialect",
                        help="kernel dialect of the trn2/trn3 rows: legacy (neuronxcc.nki, SDK "
                             "<= 2.29) or nki06 (SDK >= 2.30); default: the package's (nki06 "
@@ -748,12 +757,9 @@ def _check(args) -> _Sweep:
             defaults = sorted(defaults + DEFAULT_LNC2_TARGETS)
         target_text = ",".join(defaults)
     targets = _targets(target_text, lnc, dialect_name)
-    if "quant" in kinds:
-        others = [t for t, _ in targets if t not in LNC_TARGETS]
-        if others or dialect_name != "nki06":
-            raise ValueError("--kind quant runs the nki06 quantized kernel on trn2/trn3 only: "
-                             "pass --dialect nki06 and --target trn2, trn3, trn2x2 or trn3x2"
-                             + (f" (not {', '.join(others)})" if others else ""))
+    if "quant" in kinds and dialect_name != "nki06" and any(t == "trn3" for t, _ in targets):
+        raise ValueError("--kind quant on trn3 needs --dialect nki06: its OCP float8_e4m3fn is "
+                         "not a legacy NKI dtype")
     if "bwd" in kinds:
         for M, N in shapes:
             if N > MAX_HIDDEN_BWD:

@@ -852,6 +852,7 @@ def rms_norm_quant(
     return_y: bool = False,
     return_amax: bool = False,
     packed: bool = False,
+    return_transposed: bool = False,
 ) -> ops.QuantizedRMSNorm:
     """RMSNorm over the last axis, quantized to fp8 in one pass: the arguments and outputs of
     :func:`nki_rmsnorm.ops.rms_norm_quant`, as JAX arrays (fp8 outputs in ``jnp.float8_*``).
@@ -887,6 +888,7 @@ def rms_norm_quant(
         return_y=return_y,
         return_amax=return_amax,
         packed=packed,
+        return_transposed=return_transposed,
     )
     x2 = x.reshape((-1, n)) if x.ndim != 1 else x.reshape((1, n))
     r2 = None if residual is None else residual.reshape(x2.shape)
@@ -897,9 +899,18 @@ def rms_norm_quant(
         residual=stand_in(r2, "residual"),
         **options,
     )
-    present = [a for a in empty if a is not None]
     rows = x2.shape[0]
-    result_types = [jax.ShapeDtypeStruct((rows,) + a.shape[1:], a.dtype) for a in present]
+    # rows lead every output but the transposed ones: y_q_t (N, M), scales_t (N, ⌈M / 128⌉)
+    full_shapes = [None if a is None else (rows,) + a.shape[1:] for a in empty]
+    full_shapes[5:] = [
+        None if a is None else (n, c) for a, c in zip(empty[5:], (rows, -(-rows // 128)))
+    ]
+    present = [a for a in empty if a is not None]
+    result_types = [
+        jax.ShapeDtypeStruct(shape, a.dtype)
+        for a, shape in zip(empty, full_shapes)
+        if a is not None
+    ]
     dialect_name = dialect.current()
 
     def host(outputs, x_host, weight_host, residual_host):
@@ -910,7 +921,11 @@ def rms_norm_quant(
 
     values = list(_host_call(host, result_types, x2, weight, r2))
     shaped = []
-    for value, part in zip(values, present):
-        shaped.append(value.reshape(lead + part.shape[1:]) if x.ndim != 1 else value[0])
+    transposed = [a is not None for a in empty[5:]].count(True)
+    for i, (value, part) in enumerate(zip(values, present)):
+        if i >= len(present) - transposed:
+            shaped.append(value)
+        else:
+            shaped.append(value.reshape(lead + part.shape[1:]) if x.ndim != 1 else value[0])
     filled = iter(shaped)
     return ops.QuantizedRMSNorm(*(None if a is None else next(filled) for a in empty))

@@ -8,7 +8,7 @@ NeuronDevice) and gives the outputs the caller's shape back. Inputs with no rows
 empty outputs without launching anything; non-contiguous arrays are copied to contiguous
 ones first.
 
-Decisions beyond the contract in ``docs/design.md``:
+Decisions beyond ``design.md``:
 
 * ``offset`` shifts the weight (``weight + offset``), so a non-zero ``offset`` without a
   ``weight`` is a ``ValueError`` rather than silently ignored; pass ``weight=np.zeros(N)``
@@ -215,7 +215,7 @@ def rms_norm_bwd(dy: np.ndarray, x_or_h: np.ndarray, weight: np.ndarray | None,
     grads = list(kernels.rmsnorm_bwd(
         _rows(dy, rows, n), _rows(x, rows, n), weight, np.ascontiguousarray(rstd.reshape(rows)),
         None if dh_out is None else _rows(dh_out, rows, n), offset, has_bias, casting_mode,
-        kernels.nki_dtype(np.dtype(bias_dtype).name, dialect.current())))
+        kernels.nki_dtype(bias_dtype.name, dialect.current())))
     dx = grads.pop(0).reshape(x.shape)
     dweight = grads.pop(0) if weight is not None else None
     dbias = grads.pop(0) if has_bias else None
@@ -255,6 +255,9 @@ class QuantizedRMSNorm(NamedTuple):
     ``x.shape[:-1]`` (row), ``x.shape[:-1] + (N // block,)`` (block), None (static, packed).
     ``y``: the normalized output in x's dtype (``return_y``); ``h``: ``x + residual`` in the
     residual's dtype; ``amax``: float32 ``x.shape[:-1]``, max |y| per row (``return_amax``).
+    ``y_q_t`` (``return_transposed``): y quantized and transposed, (N, M) over the M =
+    prod(x.shape[:-1]) rows, for the weight-gradient GEMM; ``scales_t``: float32
+    (N, ⌈M / 128⌉), one per column of y and 128-row tile (None for static: the static scale).
     """
 
     y_q: np.ndarray
@@ -262,6 +265,8 @@ class QuantizedRMSNorm(NamedTuple):
     y: np.ndarray | None
     h: np.ndarray | None
     amax: np.ndarray | None
+    y_q_t: np.ndarray | None = None
+    scales_t: np.ndarray | None = None
 
 
 def target_nc_version() -> int | None:
@@ -327,7 +332,8 @@ def rms_norm_quant(x: np.ndarray, weight: np.ndarray | None = None, eps: float =
                    scale_mode: str = "row", block: int = 128,
                    static_scale: Any = None, lower_bound: float | None = None,
                    scale_floor: float = 1e-6, return_y: bool = False,
-                   return_amax: bool = False, packed: bool = False) -> QuantizedRMSNorm:
+                   return_amax: bool = False, packed: bool = False,
+                   return_transposed: bool = False) -> QuantizedRMSNorm:
     """RMSNorm over the last axis, quantized to fp8 in the same pass.
 
     ``y = h / sqrt(mean(h²) + eps) · weight`` with ``h = x (+ residual)``; ``y_q`` is y
@@ -354,6 +360,9 @@ def rms_norm_quant(x: np.ndarray, weight: np.ndarray | None = None, eps: float =
         scale_floor: finite > 0, the least dequant scale (an all-zero row gets it).
         return_y, return_amax: also return y (x's dtype) and the per-row max |y| (float32).
         packed: nki-library's layout, row scales only: y_q with N + 4 columns.
+        return_transposed: also return y_qᵀ (N, M) with its own scales, per column of y and
+            128-row tile (TransformerEngine's ``fp8_t`` with column-wise 1 × 128 block
+            scales), or the static scale; the kernel module documents the choice.
 
     Returns:
         :class:`QuantizedRMSNorm`.
@@ -399,16 +408,26 @@ def rms_norm_quant(x: np.ndarray, weight: np.ndarray | None = None, eps: float =
                              "scale_mode='static' y is clipped to ±fp8_max")
     scale_floor = _positive(scale_floor, "scale_floor")
     for flag, flag_name in ((return_y, "return_y"), (return_amax, "return_amax"),
-                            (packed, "packed")):
+                            (packed, "packed"), (return_transposed, "return_transposed")):
         if not isinstance(flag, (bool, np.bool_)):
             raise TypeError(f"{flag_name} must be a bool, got {type(flag).__name__}")
     if packed and scale_mode != "row":
         raise ValueError(f"packed=True stores one scale per row: it needs scale_mode='row', "
                          f"got {scale_mode!r}")
+    chosen = dialect.current()
+    if chosen == dialect.LEGACY:
+        # what the legacy twin lacks (nki_rmsnorm.kernels.legacy.rmsnorm_quant says why)
+        for flag, flag_name in ((packed, "packed"), (return_transposed, "return_transposed")):
+            if flag:
+                raise ValueError(f"{flag_name}=True needs the NKI 0.6 kernel (trn2/trn3 on "
+                                 "SDK 2.30+); the legacy NKI dialect has no .ap access patterns")
+        if name == "float8_e4m3fn":
+            raise ValueError("quant_dtype=float8_e4m3fn is not a legacy NKI dtype: use "
+                             "float8_e4m3 (max 240) or float8_e5m2")
     h_bytes = (residual if residual is not None else x).dtype.itemsize
     tile_bytes = n * (h_bytes + (x.dtype.itemsize if residual is not None else 0)
                       + (4 + weight.dtype.itemsize if weight is not None else 0) + 1
-                      + (x.dtype.itemsize if return_y else 0))
+                      + (x.dtype.itemsize if return_y else 0) + (5 if return_transposed else 0))
     if tile_bytes > _QUANT_TILE_BYTES:
         raise ValueError(f"x's last dimension N={n} is too long for the quantized kernel with "
                          f"these options: a row tile needs {tile_bytes} bytes per partition, "
@@ -425,12 +444,15 @@ def rms_norm_quant(x: np.ndarray, weight: np.ndarray | None = None, eps: float =
                 lead + ((blocks,) if blocks else ()), np.float32),
             np.empty(x.shape, x.dtype) if return_y else None,
             None if residual is None else np.empty(x.shape, residual.dtype),
-            np.empty(lead, np.float32) if return_amax else None)
+            np.empty(lead, np.float32) if return_amax else None,
+            np.empty((n, 0), fp8) if return_transposed else None,
+            np.empty((n, 0), np.float32) if return_transposed and scale_mode != "static"
+            else None)
 
     outputs = list(kernels.rmsnorm_quant(
         _rows(x, rows, n), None if residual is None else _rows(residual, rows, n), weight,
-        input_scale, eps, kernels.nki_dtype(name, "nki06"), scale_mode, block, lower_bound,
-        scale_floor, bool(return_y), bool(return_amax), bool(packed)))
+        input_scale, eps, kernels.nki_dtype(name, chosen), scale_mode, block, lower_bound,
+        scale_floor, bool(return_y), bool(return_amax), bool(packed), bool(return_transposed)))
     y_q = outputs.pop(0)
     scales = None
     if packed:
@@ -442,4 +464,6 @@ def rms_norm_quant(x: np.ndarray, weight: np.ndarray | None = None, eps: float =
     y = outputs.pop(0).reshape(x.shape) if return_y else None
     h = outputs.pop(0).reshape(x.shape) if residual is not None else None
     amax = outputs.pop(0).reshape(lead) if return_amax else None
-    return QuantizedRMSNorm(y_q, scales, y, h, amax)
+    y_q_t = outputs.pop(0) if return_transposed else None
+    scales_t = outputs.pop(0) if return_transposed and scale_mode != "static" else None
+    return QuantizedRMSNorm(y_q, scales, y, h, amax, y_q_t, scales_t)

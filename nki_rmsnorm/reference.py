@@ -340,7 +340,7 @@ _RSQRT_MIN = 2.0**-87
 
 def rms_norm_quant(x, weight=None, eps=1e-6, *, residual=None, quant_dtype="float8_e4m3",
                    scale_mode="row", block=128, static_scale=None, lower_bound=None,
-                   scale_floor=1e-6) -> dict:
+                   scale_floor=1e-6, tile_rows=128) -> dict:
     """Float64 reference of the quantized forward
     (:mod:`nki_rmsnorm.kernels.nki06.rmsnorm_quant` documents the math).
 
@@ -348,7 +348,9 @@ def rms_norm_quant(x, weight=None, eps=1e-6, *, residual=None, quant_dtype="floa
     float64, and ``y_q`` is one round-to-nearest-even of ``q``. Returns a dict: ``q`` (the
     float64 value before the fp8 rounding), ``y_q`` (in the fp8 dtype), ``scales`` (float64:
     per row ``lead``, per block ``lead + (N // block,)``, None for static), ``y``, ``h``
-    (None without a residual) and ``amax`` (max |y| per row).
+    (None without a residual), ``amax`` (max |y| per row), and the transposed output over
+    the M = prod(lead) rows: ``q_t`` / ``y_q_t`` (N, M) and ``scales_t`` (N, ⌈M / tile_rows⌉,
+    one per column of y and ``tile_rows``-row tile; None for static).
     """
     x = np.asarray(x)
     h = x if residual is None else _residual_add(x, residual)
@@ -374,5 +376,26 @@ def rms_norm_quant(x, weight=None, eps=1e-6, *, residual=None, quant_dtype="floa
                                                                  lower_bound)
             q = (clipped / scale).reshape(y.shape)
             scales = scale[..., 0]
+        q_t, scales_t = _quant_transposed(y.reshape(-1, y.shape[-1]).T, scale_mode, static_scale,
+                                          lower_bound, scale_floor, fp8_max, inverse_max,
+                                          tile_rows)
     return {"q": q, "y_q": _cast(q, fp8), "scales": scales, "y": y, "h": None if residual is
-            None else h, "amax": amax}
+            None else h, "amax": amax, "q_t": q_t, "y_q_t": _cast(q_t, fp8),
+            "scales_t": scales_t}
+
+
+def _quant_transposed(y_t, scale_mode, static_scale, lower_bound, scale_floor, fp8_max,
+                      inverse_max, tile_rows):
+    """q of yᵀ (N, M) with one scale per row of yᵀ and ``tile_rows`` columns (the static
+    scale if any); float64 but ``inverse_max``."""
+    if scale_mode == "static":
+        return np.clip(y_t / float(np.asarray(static_scale).reshape(())), -fp8_max, fp8_max), None
+    n, m = y_t.shape
+    tiles = -(-m // tile_rows)
+    padded = np.zeros((n, tiles * tile_rows))  # |y| >= 0: the zero padding never wins a max
+    padded[:, :m] = np.abs(y_t)
+    group_max = np.max(padded.reshape(n, tiles, tile_rows), axis=-1)
+    capped = group_max if lower_bound is None else np.minimum(group_max, lower_bound)
+    scales = np.maximum(capped * inverse_max, scale_floor)
+    clipped = y_t if lower_bound is None else np.clip(y_t, -lower_bound, lower_bound)
+    return clipped / np.repeat(scales, tile_rows, axis=1)[:, :m], scales

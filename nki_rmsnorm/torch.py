@@ -1107,7 +1107,9 @@ def _quant_shapes(x: Tensor, scale_mode: str, block: int, packed: bool):
     return q_shape, scale_shape, lead
 
 
-def _quant_fake(x, residual, quant_dtype, scale_mode, block, return_y, return_amax, packed):
+def _quant_fake(
+    x, residual, quant_dtype, scale_mode, block, return_y, return_amax, packed, return_transposed
+):
     q_shape, scale_shape, lead = _quant_shapes(x, scale_mode, block, packed)
     outputs = [x.new_empty(q_shape, dtype=_TORCH_FP8[quant_dtype])]
     if scale_shape is not None:
@@ -1118,6 +1120,11 @@ def _quant_fake(x, residual, quant_dtype, scale_mode, block, return_y, return_am
         outputs.append(torch.empty_like(residual))
     if return_amax:
         outputs.append(x.new_empty(lead, dtype=torch.float32))
+    if return_transposed:
+        n, m = x.shape[-1], math.prod(lead)
+        outputs.append(x.new_empty((n, m), dtype=_TORCH_FP8[quant_dtype]))
+        if scale_mode != "static":
+            outputs.append(x.new_empty((n, -(-m // 128)), dtype=torch.float32))
     return outputs
 
 
@@ -1136,6 +1143,7 @@ def _rms_norm_quant(
     return_y: bool,
     return_amax: bool,
     packed: bool,
+    return_transposed: bool,
 ) -> list[Tensor]:
     if x.device.type != "cpu":  # pragma: no cover - needs a NeuronDevice
         raise NotImplementedError(
@@ -1156,11 +1164,16 @@ def _rms_norm_quant(
         return_y=return_y,
         return_amax=return_amax,
         packed=packed,
+        return_transposed=return_transposed,
     )
     outputs = [_fp8_from_numpy(result.y_q, quant_dtype)]
     for extra in (result.scales, result.y, result.h, result.amax):
         if extra is not None:
             outputs.append(_from_numpy(extra))
+    if return_transposed:
+        outputs.append(_fp8_from_numpy(result.y_q_t, quant_dtype))
+        if result.scales_t is not None:
+            outputs.append(_from_numpy(result.scales_t))
     return outputs
 
 
@@ -1179,8 +1192,19 @@ def _(
     return_y,
     return_amax,
     packed,
+    return_transposed,
 ):
-    return _quant_fake(x, residual, quant_dtype, scale_mode, block, return_y, return_amax, packed)
+    return _quant_fake(
+        x,
+        residual,
+        quant_dtype,
+        scale_mode,
+        block,
+        return_y,
+        return_amax,
+        packed,
+        return_transposed,
+    )
 
 
 def rms_norm_quant(
@@ -1198,6 +1222,7 @@ def rms_norm_quant(
     return_y: bool = False,
     return_amax: bool = False,
     packed: bool = False,
+    return_transposed: bool = False,
 ) -> ops.QuantizedRMSNorm:
     """RMSNorm over the last dim, quantized to fp8 in one pass (inference; no autograd).
 
@@ -1229,6 +1254,7 @@ def rms_norm_quant(
         (return_y, "return_y"),
         (return_amax, "return_amax"),
         (packed, "packed"),
+        (return_transposed, "return_transposed"),
     ):
         if not isinstance(flag, bool):
             raise TypeError(f"{flag_name} must be a bool, got {type(flag).__name__}")
@@ -1242,7 +1268,15 @@ def rms_norm_quant(
         lower_bound = validation.real(lower_bound, "lower_bound")
     if input.device.type == "meta":
         outputs = _quant_fake(
-            input, residual, name, scale_mode, block, return_y, return_amax, packed
+            input,
+            residual,
+            name,
+            scale_mode,
+            block,
+            return_y,
+            return_amax,
+            packed,
+            return_transposed,
         )
     else:
         outputs = torch.ops.nki_rmsnorm.rms_norm_quant(
@@ -1259,6 +1293,7 @@ def rms_norm_quant(
             return_y,
             return_amax,
             packed,
+            return_transposed,
         )
     outputs = list(outputs)
     y_q = outputs.pop(0)
@@ -1268,4 +1303,6 @@ def rms_norm_quant(
     y = outputs.pop(0) if return_y else None
     h = outputs.pop(0) if residual is not None else None
     amax = outputs.pop(0) if return_amax else None
-    return ops.QuantizedRMSNorm(y_q, scales, y, h, amax)
+    y_q_t = outputs.pop(0) if return_transposed else None
+    scales_t = outputs.pop(0) if return_transposed and scale_mode != "static" else None
+    return ops.QuantizedRMSNorm(y_q, scales, y, h, amax, y_q_t, scales_t)

@@ -109,8 +109,8 @@ def test_entry_points_resolve_in_the_current_dialect(no_setting):
     with dialect.use_dialect("legacy"):
         assert kernels.rmsnorm_fwd is legacy_fwd.rmsnorm_fwd
         assert kernels.kernel("rmsnorm_bwd_out").__module__.endswith("legacy.rmsnorm_bwd")
-    # every entry point but the quantized forward, which exists in nki06 only (Trn2/Trn3)
-    assert set(kernels.available("legacy")) == set(kernels.MODULES) - {"rmsnorm_quant"}
+        assert kernels.kernel("rmsnorm_quant").__module__.endswith("legacy.rmsnorm_quant")
+    assert set(kernels.available("legacy")) == set(kernels.MODULES)
     assert set(kernels.available("nki06")) == set(kernels.MODULES)
 
 
@@ -203,6 +203,7 @@ def test_trn1_and_inf2_always_run_the_legacy_kernels(no_setting, monkeypatch, ta
     monkeypatch.setenv(dialect.TARGET_ENV_VAR, target)
     assert dialect.current() == "legacy"
     assert kernels.rmsnorm_fwd.__module__ == "nki_rmsnorm.kernels.legacy.rmsnorm_fwd"
+    assert kernels.kernel("rmsnorm_quant").__module__.endswith("legacy.rmsnorm_quant")
     with dialect.use_dialect("legacy") as chosen:
         assert chosen == "legacy"
 

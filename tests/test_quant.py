@@ -191,7 +191,8 @@ def test_lnc2_is_bitwise_lnc1(rng):
     from nki_rmsnorm.kernels.nki06.rmsnorm_quant import rmsnorm_quant
 
     x, weight, _ = _inputs(rng, (300, 512))
-    args = (x, None, weight, None, 1e-6, nl.float8_e4m3, "row", 128, None, 1e-6, True, True, False)
+    flags = (True, True, False, False)  # emit_y, emit_amax, packed, emit_transposed
+    args = (x, None, weight, None, 1e-6, nl.float8_e4m3, "row", 128, None, 1e-6, *flags)
     one, _ = trace_launch(rmsnorm_quant, *args, target="trn2", lnc=1)
     two, trace = trace_launch(rmsnorm_quant, *args, target="trn2", lnc=2)
     assert len(one) == len(two) == 4

@@ -58,13 +58,18 @@ def test_quant_case_error_grows_with_a_wrong_scale(monkeypatch):
     assert not record.correct
 
 
-@pytest.mark.parametrize(
-    "extra",
-    [["--target", "trn1"], ["--target", "trn2", "--dialect", "legacy"]],
-)
-def test_quant_kind_refused_without_the_nki06_kernel(extra, capsys):
-    assert bench.main(["bench", "--kind", "quant", "--shapes", "8x64", *extra]) == 2
-    assert "--kind quant" in capsys.readouterr().err
+def test_quant_kind_refused_on_trn3_in_legacy(capsys):
+    argv = ["bench", "--kind", "quant", "--shapes", "8x64", "--target", "trn3"]
+    assert bench.main([*argv, "--dialect", "legacy"]) == 2
+    assert "--kind quant on trn3" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("target", ["trn1", "trn2"])
+def test_quant_case_runs_the_legacy_kernel(target):
+    """The legacy kernel's y_q and scale column, packed on the host, pass the check."""
+    rng = np.random.default_rng(2)
+    record = bench.run_case("quant", target, 130, 256, "bfloat16", rng, False, "legacy", 1)
+    assert record.correct and record.modeled_us > 0
 
 
 def test_quant_copy_yardstick_moves_the_cases_bytes():

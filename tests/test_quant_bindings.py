@@ -115,6 +115,7 @@ def test_torch_fake_shapes():
             False,
             True,
             False,
+            False,
         ),
         test_utils=("test_schema", "test_faketensor"),
     )
@@ -179,3 +180,57 @@ def test_jax_bad_input_at_trace_time():
         nj.rms_norm_quant(x, scale_mode="block", block=96)
     with pytest.raises(TypeError, match="static_scale"):
         nj.rms_norm_quant(x, scale_mode="static", static_scale=jnp.ones(1))
+    with pytest.raises(TypeError, match="return_transposed"):
+        nj.rms_norm_quant(x, return_transposed=None)
+
+
+# --- the transposed output -----------------------------------------------------------------
+@pytest.mark.parametrize("scale_mode", ["row", "static"])
+def test_torch_transposed_matches_numpy(rng, scale_mode):
+    from nki_rmsnorm import torch as nt
+
+    x, weight, _ = _data(rng, (2, 100, 256))
+    static = dict(static_scale=0.01) if scale_mode == "static" else {}
+    kwargs = dict(scale_mode=scale_mode, return_transposed=True, **static)
+    want = ops.rms_norm_quant(x, weight, **kwargs)
+    got = nt.rms_norm_quant(_torch(x), _torch(weight), **kwargs)
+    assert got.y_q_t.shape == (256, 200) and got.y_q_t.dtype == torch.float8_e4m3fn
+    np.testing.assert_array_equal(_torch_bytes(got.y_q_t), _bytes(want.y_q_t))
+    if scale_mode == "static":
+        assert got.scales_t is None and want.scales_t is None
+    else:
+        np.testing.assert_array_equal(got.scales_t.numpy(), want.scales_t)
+    fake = nt.rms_norm_quant(torch.empty((2, 100, 256), device="meta"), None, **kwargs)
+    assert fake.y_q_t.shape == got.y_q_t.shape
+    assert (fake.scales_t is None) == (scale_mode == "static")
+    if fake.scales_t is not None:
+        assert fake.scales_t.shape == (256, 2)
+
+
+def test_torch_transposed_opcheck():
+    args = (torch.randn(130, 128, dtype=torch.bfloat16), None, None, None, 1e-6)
+    args += ("float8_e4m3", "row", 128, None, 1e-6, False, False, False, True)
+    out = torch.library.opcheck(
+        torch.ops.nki_rmsnorm.rms_norm_quant, args, test_utils=("test_schema", "test_faketensor")
+    )
+    assert all(v == "SUCCESS" for v in out.values())
+
+
+def test_jax_transposed_matches_numpy_under_jit(rng):
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+
+    from nki_rmsnorm import jax as nj
+
+    x, weight, _ = _data(rng, (3, 50, 384))
+    kwargs = dict(scale_mode="block", block=128, return_amax=True, return_transposed=True)
+    want = ops.rms_norm_quant(x, weight, **kwargs)
+
+    @jax.jit
+    def run(x, weight):
+        return nj.rms_norm_quant(x, weight, **kwargs)
+
+    got = run(jnp.asarray(x), jnp.asarray(weight))
+    assert got.y_q_t.shape == (384, 150) and got.scales_t.shape == (384, 2)
+    for name in ("y_q", "scales", "amax", "y_q_t", "scales_t"):
+        np.testing.assert_array_equal(_bytes(getattr(got, name)), _bytes(getattr(want, name)))

@@ -17,6 +17,9 @@ iteration's value, which only the simulator's own indexing code reads (:func:`co
 
 from __future__ import annotations
 
+import dis
+import sys
+
 from .errors import NKIControlFlowError, NKITypeError, NKIValueError
 
 _CITATION = "general/nki/api/nki/language/__init__.py@8a38e733, L1416-L1417"
@@ -159,15 +162,36 @@ class LoopCondition:
         return NotImplemented
 
     def __bool__(self):
+        """``if i < 2:`` on a kernel-level ``range`` variable is legal: the errors manual
+        writes it so in its own corrected example (``general/nki/api/nki.errors.rst@8a38e733``
+        L431-L443, err_local_variable_used_out_of_scope). Only a branch of the kernel's code
+        may test the comparison; Python using it otherwise (``min()``, ``sorted``) is the
+        int use :class:`LoopIndex` rejects."""
+        if _tested_by_a_branch(sys._getframe(1)):
+            return self.value
         raise NKIControlFlowError(
             f"`{self.expr}` compares the symbolic index of a kernel-level `range` loop "
-            f"(replaced with sequential_range, {_CITATION}): Python control flow cannot depend "
-            "on it; pass it as mask= or use nl.static_range",
+            f"(replaced with sequential_range, {_CITATION}): only an `if` may test it; "
+            "Python cannot compute with it (min(), max(), sorting); pass it as mask= or use "
+            "nl.static_range",
             "sequential_range_index",
         )
 
     def __repr__(self):
         return self.expr
+
+
+_BRANCH_OPCODES = frozenset(
+    op for op in dis.opmap if op.startswith(("POP_JUMP", "JUMP_IF", "TO_BOOL"))
+)
+
+
+def _tested_by_a_branch(frame) -> bool:
+    """True when ``frame`` is at a conditional jump (an ``if``, a conditional expression,
+    ``and``/``or``): the truth value was asked by the kernel's own branch, not by a builtin
+    it called."""
+    code = frame.f_code.co_code
+    return dis.opname[code[frame.f_lasti]] in _BRANCH_OPCODES
 
 
 def concrete(value):

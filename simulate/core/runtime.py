@@ -89,6 +89,7 @@ class Context:
         # the Scalar engine's fp32 reduce register, one per partition; its state before the
         # first reset is undefined (NaN)
         self.act_accumulator = np.full((PMAX, 1), np.nan, np.float32)
+        self.vector_accumulator = np.full((PMAX, 1), np.nan, np.float32)  # range_select's
         self.fresh_tile = None  # weak reference to the latest instruction's result tile
         self.rng = np.random.default_rng(0)  # ``nl.rand`` state; ``nl.random_seed`` reseeds it
         # if/else/for/while blocks being run, of the kernel and the helpers it calls

@@ -315,3 +315,136 @@ def dma_accumulate(spec, *values):
     for more in values[1:]:
         total = spec.apply(total, np.asarray(more).astype(np.float32))
     return total
+
+
+# --- cross-partition movement and the top-8 instructions (NKI 0.6 ISA) --------------------------
+QUADRANT = 32
+SHUFFLE_KEEP = 255  # shuffle_mask[i] == 255: output partition i keeps its data
+
+
+def stream_shuffle(src, dst, mask):
+    """``nc_stream_shuffle``: output partition ``i`` of each 32-partition quadrant takes input
+    partition ``mask[i % 32]`` of the same quadrant; ``255`` keeps the destination's data
+    (aws-neuron-sdk@81ce03ae nki/api/nki/isa/__init__.py L2052-2062; release-notes/components/
+    nki.rst L281). ``src`` and ``dst`` are ``(P, F)``; partitions count from each operand's
+    first. Returns the new ``dst``; a source partition outside ``src`` raises IndexError."""
+    out = np.array(dst, copy=True)
+    for p in range(out.shape[0]):
+        source = mask[p % QUADRANT]
+        if source == SHUFFLE_KEEP:
+            continue
+        q = (p // QUADRANT) * QUADRANT + source
+        if q >= src.shape[0]:
+            raise IndexError(q)
+        out[p] = src[q]
+    return out
+
+
+def max8(values):
+    """``max8``: the 8 largest of each partition's elements (read as fp32), descending
+    (nki/api/nki/isa/__init__.py L2415-2420). ``values`` is ``(P, F)``, F >= 8."""
+    return -np.sort(-values.astype(np.float32), axis=1, kind="stable")[:, :8]
+
+
+def find_index8(data, vals, missing):
+    """``nc_find_index8``: per partition, the index of the first occurrence of each of the 8
+    ``vals`` in ``data``; a value found again takes its next occurrence (duplicates advance,
+    in ascending order); not found: ``missing`` (all ones)
+    (nki/api/nki/isa/__init__.py L3169-3187; release-notes/components/nki.rst L75-77)."""
+    out = np.full(vals.shape, missing, np.int64)
+    for p in range(data.shape[0]):
+        taken: set[int] = set()
+        for i, value in enumerate(vals[p]):
+            for j in np.flatnonzero(data[p] == value):
+                if int(j) not in taken:
+                    taken.add(int(j))
+                    out[p, i] = j
+                    break
+    return out
+
+
+def match_replace8(data, vals, imm, missing):
+    """``nc_match_replace8``: per partition, the first not yet replaced occurrence of each of
+    the 8 ``vals`` becomes ``imm``, ``vals`` taken in reverse order (i = 7 .. 0), so duplicate
+    values pair with matches in descending slot order; returns (new data, indices with
+    ``missing`` where no match) (nki/api/nki/isa/__init__.py L3193-3214; release-notes/
+    components/nki.rst L73-74)."""
+    out = np.array(data, copy=True)
+    index = np.full(vals.shape, missing, np.int64)
+    for p in range(data.shape[0]):
+        for i in range(vals.shape[1] - 1, -1, -1):
+            hits = np.flatnonzero(out[p] == vals[p, i])
+            if hits.size:
+                out[p, hits[0]] = imm
+                index[p, i] = hits[0]
+    return out, index
+
+
+def nonzero_with_count(src, index_offset, padding_val):
+    """``nonzero_with_count`` for one partition: the indices (+ ``index_offset``) of the
+    nonzero elements, ``padding_val`` up to the input length, then the count
+    (nki/api/nki/isa/__init__.py L3221-3300)."""
+    found = np.flatnonzero(src != 0) + index_offset
+    out = np.full(src.shape[0] + 1, padding_val, np.int64)
+    out[: found.size] = found
+    out[-1] = found.size
+    return out
+
+
+def affine_select(predicate_spec, affine, on_true, on_false):
+    """``affine_select``: ``on_true`` where ``cmp_op(affine, 0)`` holds, else ``on_false``
+    (aws-neuron-sdk@81ce03ae nki/api/nki/isa/__init__.py L1774-1794); ``affine`` is the
+    :func:`iota_pattern` of the instruction's pattern."""
+    keep = predicate_spec.apply(affine.astype(np.float64), np.float64(0)).astype(bool)
+    return np.where(keep, on_true, np.float32(on_false))
+
+
+def range_select(values, bound0, bound1, spec0, spec1, range_start, on_false):
+    """``range_select``'s NumPy equivalent (nki/api/nki/isa/__init__.py range_select): the
+    free index + ``range_start`` (fp32) kept where ``spec0(index, bound0)`` and
+    ``spec1(index, bound1)`` both hold, else ``on_false``. ``values`` is ``(P, F)`` float32,
+    the bounds ``(P, 1)``."""
+    index = np.float32(range_start) + np.arange(values.shape[1], dtype=np.float32)[None, :]
+    keep = spec0.apply(index, bound0).astype(bool) & spec1.apply(index, bound1).astype(bool)
+    return np.where(keep, values, np.float32(on_false))
+
+
+def partition_reduce(name, values):
+    """``tensor_partition_reduce``: ``name`` (add, average, maximum, bitwise_or, bitwise_and)
+    over the partitions of ``(P, F)`` values, as ``(1, F)``."""
+    if name == "average":
+        return values.astype(np.float64).mean(axis=0, keepdims=True)
+    reducer = {
+        "add": np.add,
+        "maximum": np.maximum,
+        "bitwise_or": np.bitwise_or,
+        "bitwise_and": np.bitwise_and,
+    }[name]
+    return reducer.reduce(values, axis=0, keepdims=True)
+
+
+def sequence_bounds(ids):
+    """``sequence_bounds`` of one row of segment ids: per element the start of its run of
+    equal ids and one past its end; padding (id 0) gets start ``n`` and end ``-1``
+    (aws-neuron-sdk@8a38e733 general/nki/api/nki/isa/__init__.py sequence_bounds and the
+    NumPy equivalent of its example, general/nki/test/test_nki_isa_sequence_bounds.py
+    L56-L82). Returns ``(2, n)``."""
+    ids = np.asarray(ids)
+    n = ids.shape[0]
+    start = np.empty(n, np.int64)
+    end = np.empty(n, np.int64)
+    for i in range(n):
+        if ids[i] == 0:
+            start[i] = n
+        elif i and ids[i] == ids[i - 1]:
+            start[i] = start[i - 1]
+        else:
+            start[i] = i
+    for i in range(n - 1, -1, -1):
+        if ids[i] == 0:
+            end[i] = -1
+        elif i < n - 1 and ids[i] == ids[i + 1]:
+            end[i] = end[i + 1]
+        else:
+            end[i] = i + 1
+    return np.stack([start, end])

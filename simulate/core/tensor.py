@@ -386,7 +386,10 @@ class Tensor(TileOperators):
                     f"unsupported index {k!r} on axis {axis} of `{self.name}`",
                     "err_unsupported_indexing",
                 )
-        data = self.data[tuple(np_key)]
+        # the trailing Ellipsis keeps a view when every index is an integer (a 0-d element
+        # written through, as ``y[0, 5] = 1024`` on an iota tile, general/nki/api/
+        # nki.errors.rst@8a38e733 L171-L175)
+        data = self.data[(*np_key, Ellipsis)]
         par_axis = max(0, self.par_axis - dropped_before_par)
         if self.on_chip and data.ndim == 1 and self.par_axis < self.ndim and isinstance(
                 key[self.par_axis], slice):
@@ -639,15 +642,32 @@ class Access(TileOperators):
         """Index arrays of every addressed point (where ``mask`` holds), bounds-checked."""
         points = []
         full = None if mask is None else np.broadcast_to(mask, self.shape)
-        for axis, (a, dim) in enumerate(zip(self._arrays(), self.tensor.shape)):
+        for a in self._arrays():
             a = np.broadcast_to(a, self.shape)
-            sel = a if full is None else a[full]
+            points.append(a if full is None else a[full])
+        for axis, (sel, dim) in enumerate(zip(points, self.tensor.shape)):
             if sel.size:
                 lo, hi = int(sel.min()), int(sel.max())
                 if lo < 0 or hi >= dim:
+                    if self.indirect is not None and axis == self.indirect[0]:
+                        self._dynamic_out_of_bound(points, ((sel < 0) | (sel >= dim)).reshape(-1))
                     self._out_of_bound(axis, lo, hi, dim)
-            points.append(sel)
         return tuple(points)
+
+    def _dynamic_out_of_bound(self, points, bad):
+        """A run-time index outside the tensor: a plain IndexError naming the first such
+        point as a flat element index of the tensor, the message and type AWS's own examples
+        assert (aws-neuron-sdk@8a38e733 general/nki/test/test_nki_isa_dma_copy.py L306-310,
+        L357-361: ``type(exc) == IndexError``, "index 66048 is out of bounds for axis 0
+        with size 65536")."""
+        first = int(np.flatnonzero(bad)[0])
+        shape = self.tensor.shape
+        flat = 0
+        for axis, sel in enumerate(points):
+            flat = flat * shape[axis] + int(sel.reshape(-1)[first])
+        raise IndexError(
+            f"index {flat} is out of bounds for axis 0 with size {int(np.prod(shape))}"
+        )
 
     def combined_mask(self, mask):
         """AND the instruction mask with the operand mask: a compact boolean array

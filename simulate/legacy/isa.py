@@ -30,6 +30,7 @@ from ..core.instructions import (
     check_in_scope,
     compute_result,
     dma_record,
+    emit,
     extent,
     fill_masked_off,
     indirect_inputs,
@@ -41,7 +42,7 @@ from ..core.instructions import (
     work_f32,
     write_into,
 )
-from ..core.loop_index import LoopIndex
+from ..core.loop_index import LoopIndex, concrete
 from ..core.runtime import current
 from ..core.tensor import Access, Tensor, contiguous_row_bytes
 
@@ -625,6 +626,319 @@ def tensor_partition_reduce(op, data, *, mask=None, dtype=None, **kwargs):
     return compute_result("pool", "tensor_partition_reduce", values,
                           dt.as_dtype(dtype or src.dtype), None if m is False else m, [src],
                           free_size=src.free_size)
+
+
+# --- top-8 search (Vector engine) -----------------------------------------------------------
+def _top8_data(api, data, m):
+    """The data operand of max8 / nc_find_index8 as fp32 ``(P, F)``: 8 to 16,384 elements per
+    partition (aws-neuron-sdk@8a38e733 general/nki/api/nki/isa/__init__.py L662, L735)."""
+    op = tile_operand(data, "data" if api != "max8" else "src", api, mask=m)
+    free = int(np.prod(op.shape[1:]))
+    if not 8 <= free <= 16384:
+        raise NKIValueError(f"{api} reads {free} elements per partition; 8 to 16384 are allowed",
+                            "err_unsupported_free_size")
+    return op, op.f32().reshape(op.shape[0], free)
+
+
+def max8(*, src, mask=None, dtype=None, **kwargs):
+    """``nisa.max8(src=...)``: the 8 largest values of each partition, descending, read as
+    fp32; output ``[P, 8]`` in ``dtype`` or the input's (legacy ISA reference L655-681)."""
+    m = resolve_mask(mask)
+    op, values = _top8_data("max8", src, None if m is False else m)
+    out_dtype = dt.as_dtype(dtype or op.dtype)
+    if m is False:
+        return _skipped((op.shape[0], 8), out_dtype)
+    return compute_result("dve", "max8", sem.max8(values), out_dtype, None, [op],
+                          free_size=values.shape[1])
+
+
+def nc_find_index8(*, data, vals, mask=None, dtype=None, **kwargs):
+    """``nisa.nc_find_index8(data=..., vals=...)``: per partition, the index of the first
+    occurrence of each of the 8 ``vals`` (duplicates take successive occurrences, a missing
+    value all ones), uint32 unless ``dtype`` says uint16 (legacy ISA reference L727-765;
+    aws-neuron-sdk@81ce03ae release-notes/components/nki.rst L75-77)."""
+    m = resolve_mask(mask)
+    op, values = _top8_data("nc_find_index8", data, None if m is False else m)
+    wanted = tile_operand(vals, "vals", "nc_find_index8")
+    if wanted.shape[0] != op.shape[0] or int(np.prod(wanted.shape[1:])) != 8:
+        raise NKIValueError(f"nc_find_index8 vals must be [{op.shape[0]}, 8], got "
+                            f"{tuple(wanted.shape)}", "err_unsupported_shape")
+    out_dtype = dt.as_dtype(dtype or dt.uint32)
+    if out_dtype not in (dt.uint16, dt.uint32):
+        raise NKITypeError(f"nc_find_index8 dtype must be uint16 or uint32, got {out_dtype}",
+                           "err_unsupported_dtype")
+    if m is False:
+        return _skipped((op.shape[0], 8), out_dtype)
+    missing = (1 << (8 * np.dtype(out_dtype).itemsize)) - 1
+    index = sem.find_index8(values, wanted.f32().reshape(op.shape[0], 8), missing)
+    return compute_result("dve", "nc_find_index8", index, out_dtype, None, [op, wanted],
+                          free_size=values.shape[1])
+
+
+def nc_match_replace8(*, data, vals, imm, dst_idx=None, mask=None, dtype=None, **kwargs):
+    """``nisa.nc_match_replace8(data=, vals=, imm=, dst_idx=None)``: the first not yet
+    replaced occurrence of each of the 8 ``vals`` in each partition of ``data`` becomes
+    ``imm`` in the returned tile, their indices (over the flattened free dims) go to
+    ``dst_idx``; ``vals`` taken from the last (legacy ISA reference L767-800;
+    aws-neuron-sdk@81ce03ae release-notes/components/nki.rst L73-74)."""
+    api = "nc_match_replace8"
+    m = resolve_mask(mask)
+    op = tile_operand(data, "data", api, mask=None if m is False else m)
+    free = int(np.prod(op.shape[1:]))
+    if free > 16384:
+        raise NKIValueError(f"{api} data has {free} elements per partition; at most 16384",
+                            "err_unsupported_free_size")
+    wanted = tile_operand(vals, "vals", api)
+    if wanted.shape[0] != op.shape[0] or int(np.prod(wanted.shape[1:])) != 8:
+        raise NKIValueError(f"{api} vals must have 8 elements in each of the {op.shape[0]} "
+                            f"partitions of data, got {tuple(wanted.shape)}",
+                            "err_unsupported_shape")
+    out_dtype = dt.as_dtype(dtype or op.dtype)
+    if m is False:
+        return _skipped(op.shape, out_dtype)
+    values = op.f32().reshape(op.shape[0], free)
+    if m is not None:  # masked-off points take no part in the match
+        keep = np.broadcast_to(align_mask(m, op.shape), op.shape).reshape(values.shape)
+        values = np.where(keep, values, np.float32(np.nan))
+    replaced, index = sem.match_replace8(values, wanted.f32().reshape(op.shape[0], 8),
+                                         np.float32(imm), 0xFFFFFFFF)
+    extra = ()
+    if dst_idx is not None:
+        write_into(dst_idx, index.reshape(tuple(dst_idx.shape)), None)
+        extra = (dst_idx.region(),)
+    return compute_result("dve", api, replaced.reshape(op.shape), out_dtype, m, [op, wanted],
+                          free_size=free, extra_writes=extra)
+
+
+_RANGE_COMPARISONS = ("equal", "less", "less_equal", "greater", "greater_equal")
+_FP32_MIN = float(np.finfo(np.float32).min)
+
+
+def range_select(*, on_true_tile, comp_op0, comp_op1, bound0, bound1, reduce_cmd=reduce_cmd.idle,
+                 reduce_res=None, reduce_op=np.amax, range_start=0,
+                 on_false_value=_FP32_MIN, mask=None, dtype=None,
+                 **kwargs):
+    """``nisa.range_select(...)``: ``on_true_tile`` where the free index + ``range_start``
+    passes both comparisons with the per-partition fp32 bounds, else ``on_false_value``
+    (FP32_MIN only); the row maxima fold into the Vector accumulator per ``reduce_cmd`` and
+    reach ``reduce_res`` when given (legacy ISA reference L1084-1160; NeuronCore-v3+)."""
+    api = "range_select"
+    ctx = current(api)
+    if ctx.target.nc_version < 3:
+        raise NKIValueError(f"{api} is available only on NeuronCore-v3 and newer",
+                            "err_unsupported_target")
+    op = tile_operand(on_true_tile, "on_true_tile", api)
+    partitions = op.shape[0]
+    specs = []
+    for argname, compare in (("comp_op0", comp_op0), ("comp_op1", comp_op1)):
+        spec = fn.lookup(compare, argname)
+        if spec.name not in _RANGE_COMPARISONS:
+            raise NKIValueError(f"{api} {argname} must be one of "
+                                f"{', '.join(_RANGE_COMPARISONS)}, got {spec.name}",
+                                "err_unsupported_compare_op")
+        specs.append(spec)
+    bounds = []
+    for argname, bound in (("bound0", bound0), ("bound1", bound1)):
+        b = tile_operand(bound, argname, api)
+        if b.shape[0] != partitions or b.values.size != partitions:
+            raise NKIValueError(f"{api} {argname} must hold one element per partition",
+                                "err_unsupported_shape")
+        if dt.name(b.dtype) != "float32":
+            raise NKITypeError(f"{api} {argname} must be float32, got {dt.name(b.dtype)}",
+                               "err_unsupported_dtype")
+        bounds.append(b)
+    if np.float32(on_false_value) != np.float32(_FP32_MIN):
+        raise NKIValueError(f"{api} on_false_value must be fp32.min, got {on_false_value!r}",
+                            "err_unsupported_on_false_value")
+    spec = fn.lookup(reduce_op, "reduce_op")
+    if spec.name != "maximum":
+        raise NKIValueError(f"{api} reduce_op must be a maximum, got {spec.name}",
+                            "err_unsupported_reduce_op")
+    m = resolve_mask(mask)
+    out_dtype = dt.as_dtype(dtype or op.dtype)
+    if m is False:
+        return _skipped(op.shape, out_dtype)
+    values = sem.range_select(op.f32().reshape(partitions, -1),
+                              bounds[0].f32().reshape(partitions, 1),
+                              bounds[1].f32().reshape(partitions, 1), specs[0], specs[1],
+                              int(concrete(range_start)), on_false_value)
+    acc = ctx.vector_accumulator[:partitions]
+    sem.update_registers(acc, spec, sem.fold_partitions(spec, values), reduce_cmd.name)
+    extra = ()
+    if reduce_res is not None:
+        extra = (_write_column(reduce_res, acc.copy(), None, "reduce_res", api).region(),)
+    return compute_result("dve", api, values.reshape(op.shape), out_dtype, m,
+                          [op, *bounds], extra_writes=extra)
+
+
+def nc_stream_shuffle(src, dst, shuffle_mask, *, dtype=None, mask=None, **kwargs):
+    """``nisa.nc_stream_shuffle(src, dst, shuffle_mask)``: output partition ``i`` of each
+    32-partition quadrant of ``dst`` takes partition ``shuffle_mask[i]`` of the same quadrant
+    of ``src`` (255: unchanged); in place allowed; ``mask`` restricts what ``dst`` receives;
+    same dtype and elements per partition (legacy ISA reference L959-1000)."""
+    api = "nc_stream_shuffle"
+    source = tile_operand(src, "src", api)
+    target = tile_operand(dst, "dst", api)
+    order = [int(concrete(k)) for k in shuffle_mask]
+    if len(order) != sem.QUADRANT or any(
+            not (0 <= k < sem.QUADRANT or k == sem.SHUFFLE_KEEP) for k in order):
+        raise NKIValueError(f"{api} shuffle_mask must be 32 partition numbers in [0, 32) or "
+                            f"255, got {order}", "err_unsupported_shuffle_mask")
+    if source.dtype != target.dtype:
+        raise NKITypeError(f"{api} dst dtype {dt.name(target.dtype)} must equal src dtype "
+                           f"{dt.name(source.dtype)}", "err_unsupported_dtype")
+    rows = [1 if op.values.ndim < 2 else op.shape[0] for op in (source, target)]
+    per_row = [op.values.size // n for op, n in zip((source, target), rows)]
+    if per_row[0] != per_row[1]:
+        raise NKIValueError(f"{api} src has {per_row[0]} elements per partition, dst "
+                            f"{per_row[1]}: they must match", "err_unsupported_shape")
+    try:
+        values = sem.stream_shuffle(source.values.reshape(rows[0], -1),
+                                    target.values.reshape(rows[1], -1), order)
+    except IndexError as exc:
+        raise NKIValueError(f"{api} shuffle_mask reads partition {exc.args[0]} of src, which "
+                            f"has {rows[0]} partitions", "err_unsupported_shuffle_mask") from None
+    shape = tuple(dst.shape)
+    m = resolve_mask(mask, shape)
+    if m is False:
+        return None
+    write_into(dst, values.reshape(shape), m)
+    emit("dve", api, inputs=[source, target], outputs=[dst.region(m)], partitions=rows[1],
+         free_size=per_row[1], out_dtype=target.dtype)
+    return None
+
+
+def sequence_bounds(*, segment_ids, dtype=None, **kwargs):
+    """``nisa.sequence_bounds(segment_ids=)``: per element the start and one-past-the-end
+    of its run of equal segment ids (padding id 0: ``n`` and ``-1``), as ``(1, 2, n)`` on
+    GpSimd; one partition; float32 or int32 in and out (legacy ISA reference
+    sequence_bounds)."""
+    api = "sequence_bounds"
+    op = tile_operand(segment_ids, "segment_ids", api, allow_psum=False)
+    if op.shape[0] != 1:
+        raise NKIValueError(f"{api} segment_ids must have one partition, got {op.shape[0]}",
+                            "err_num_partition_mismatch")
+    out_dtype = dt.as_dtype(dtype or op.dtype)
+    for argname, kind in (("segment_ids", op.dtype), ("dtype", out_dtype)):
+        if dt.name(kind) not in ("float32", "int32"):
+            raise NKITypeError(f"{api} {argname} must be float32 or int32, got "
+                               f"{dt.name(kind)}", "err_unsupported_dtype")
+    ids = op.values.reshape(-1)
+    values = sem.sequence_bounds(ids)[None].astype(np.float64)
+    return compute_result("pool", api, values, out_dtype, None, [op], partitions=1,
+                          free_size=ids.size)
+
+
+_PREDICATE_DTYPES = ("uint8", "uint16", "uint32", "bool")
+
+
+def tensor_copy_predicated(*, src, dst, predicate, reverse_pred=False, mask=None, dtype=None,
+                           **kwargs):
+    """``nisa.tensor_copy_predicated(src=, dst=, predicate=)``: ``dst`` takes ``src`` (a
+    tile or a number) where ``predicate`` is nonzero (zero with ``reverse_pred``) and keeps its
+    data elsewhere; same partitions and elements per partition, ``src`` and ``dst`` of one
+    dtype, not both ``src`` and ``predicate`` in PSUM (legacy ISA reference L1493-1540). The
+    predicate is uint8/16/32 by the docs; a bool tile is taken as uint8, as AWS's own example
+    loads ``np.less_equal(a, 0.8)`` (general/nki/test/test_nki_isa_copypredicated.py L31,
+    L51)."""
+    api = "tensor_copy_predicated"
+    pred = tile_operand(predicate, "predicate", api)
+    target = tile_operand(dst, "dst", api)
+    if dt.name(pred.dtype) not in _PREDICATE_DTYPES:
+        raise NKITypeError(f"{api} predicate must be uint8, uint16 or uint32, got "
+                           f"{dt.name(pred.dtype)}", "err_unsupported_dtype")
+    shape = tuple(dst.shape)
+    rows, per_row = target.shape[0], target.values.size // target.shape[0]
+    if pred.shape[0] != rows or pred.values.size // pred.shape[0] != per_row:
+        raise NKIValueError(f"{api} predicate {tuple(pred.shape)} and dst {shape} need the same "
+                            "partitions and elements per partition", "err_unsupported_shape")
+    inputs = [pred, target]
+    if is_tile(src):
+        source = tile_operand(src, "src", api)
+        if source.dtype != target.dtype:
+            raise NKITypeError(f"{api} src and dst must share a dtype, got "
+                               f"{dt.name(source.dtype)} and {dt.name(target.dtype)}",
+                               "err_unsupported_dtype")
+        if source.memory == "psum" and pred.memory == "psum":
+            raise NKIValueError(f"{api} src and predicate cannot both be in PSUM",
+                                "err_unsupported_memory")
+        if source.values.size != target.values.size:
+            raise NKIValueError(f"{api} src {tuple(source.shape)} and dst {shape} differ in "
+                                "size", "err_unsupported_shape")
+        values = source.values.reshape(shape)
+        inputs.insert(0, source)
+    else:
+        values = np.full(shape, concrete(src))
+    keep = pred.values.reshape(shape) != 0
+    if reverse_pred:
+        keep = ~keep
+    m = resolve_mask(mask, shape)
+    if m is False:
+        return None
+    write_into(dst, np.where(keep, values, target.values.reshape(shape)), m)
+    emit("dve", "select", inputs=inputs, outputs=[dst.region(m)], partitions=rows,
+         free_size=per_row, out_dtype=target.dtype)
+    return None
+
+
+_SELECT_PREDICATE_DTYPES = ("int8", "uint8", "int16", "uint16", "bool")
+
+
+def select_reduce(*, dst, predicate, on_true, on_false, reduce_res=None,
+                  reduce_cmd=reduce_cmd.idle, reduce_op=np.amax, reverse_pred=False, mask=None,
+                  dtype=None, **kwargs):
+    """``nisa.select_reduce(...)``: ``dst = where(predicate, on_true, on_false)`` (``on_false``
+    a number or a ``(P, 1)`` tile; ``reverse_pred`` flips the predicate), the row maxima
+    folded into the Vector accumulator per ``reduce_cmd`` (shared with range_select) and
+    written to ``reduce_res`` if given; predicate int8/uint8/int16/uint16 (a bool tile taken
+    as uint8), ``on_true`` not tfloat32/int32/uint32, not both ``on_true`` and ``predicate``
+    in PSUM, ``reduce_op`` max only (legacy ISA reference L1249-1320)."""
+    api = "select_reduce"
+    ctx = current(api)
+    pred = tile_operand(predicate, "predicate", api)
+    data = tile_operand(on_true, "on_true", api)
+    if dt.name(pred.dtype) not in _SELECT_PREDICATE_DTYPES:
+        raise NKITypeError(f"{api} predicate must be int8, uint8, int16 or uint16, got "
+                           f"{dt.name(pred.dtype)}", "err_unsupported_dtype")
+    if dt.name(data.dtype) in ("tfloat32", "int32", "uint32"):
+        raise NKITypeError(f"{api} on_true cannot be {dt.name(data.dtype)}",
+                           "err_unsupported_dtype")
+    if data.memory == "psum" and pred.memory == "psum":
+        raise NKIValueError(f"{api} on_true and predicate cannot both be in PSUM",
+                            "err_unsupported_memory")
+    rows = data.shape[0]
+    shape = tuple(dst.shape)
+    if pred.values.size != data.values.size or data.values.size != int(np.prod(shape)):
+        raise NKIValueError(f"{api} dst, predicate and on_true need the same shape",
+                            "err_unsupported_shape")
+    spec = fn.lookup(reduce_op, "reduce_op")
+    if spec.name != "maximum":
+        raise NKIValueError(f"{api} reduce_op must be a maximum, got {spec.name}",
+                            "err_unsupported_reduce_op")
+    if is_tile(on_false):
+        other = tile_operand(on_false, "on_false", api)
+        if other.values.size != rows:
+            raise NKIValueError(f"{api} on_false must be a number or a ({rows}, 1) tile",
+                                "err_unsupported_shape")
+        fallback = other.f32().reshape(rows, 1)
+    else:
+        fallback = np.float32(concrete(on_false))
+    keep = pred.values.reshape(rows, -1) != 0
+    if reverse_pred:
+        keep = ~keep
+    values = np.where(keep, data.f32().reshape(rows, -1), fallback).astype(np.float32)
+    acc = ctx.vector_accumulator[:rows]
+    sem.update_registers(acc, spec, sem.fold_partitions(spec, values), reduce_cmd.name)
+    m = resolve_mask(mask, shape)
+    if m is False:
+        return None
+    write_into(dst, values.reshape(shape), m)
+    outputs = [dst.region(m)]
+    if reduce_res is not None:
+        outputs.append(_write_column(reduce_res, acc.copy(), None, "reduce_res", api).region())
+    emit("dve", "select", inputs=[data, pred], outputs=outputs, partitions=rows,
+         free_size=values.shape[1], out_dtype=dt.as_dtype(dtype or data.dtype))
+    return None
 
 
 # --- Tensor engine ---------------------------------------------------------------------------

@@ -57,6 +57,7 @@ from ..core.instructions import (
     work_f32,
     write_into,
 )
+from ..core.loop_index import concrete
 from ..core.runtime import (  # noqa: F401
     affine_range,
     current,
@@ -300,6 +301,10 @@ def store(dst, value, *, mask=None, **kwargs):
         partitions = extent(m, dst.shape)[0] if len(dst.shape) else 1
         direction = f"{op.memory}->hbm"
     else:
+        # a loop variable is stored as its iteration's integer: ``nl.store(out, i, mask=i <
+        # 4)`` in the errors manual's supported mask expressions (general/nki/api/
+        # nki.errors.rst@8a38e733 L846-L856)
+        value = concrete(value)
         values = np.asarray(value)
         in_dtype = dt.weak_scalar_dtype(value)
         src_region, partitions = None, dst.shape[0] if len(dst.shape) else 1
@@ -374,7 +379,7 @@ def assign(dst, value) -> None:
         return
     if isinstance(value, (int, float, np.number, bool, np.bool_)):
         write_into(dst, np.asarray(value), None)
-        emit("dve", "memset", outputs=[dst.region()], partitions=dst.shape[0],
+        emit("dve", "memset", outputs=[dst.region()], partitions=dst.shape[0] if dst.shape else 1,
              free_size=int(np.prod(dst.shape[1:])), out_dtype=dst.dtype,
              details={"value": float(value)})
         return

@@ -446,8 +446,14 @@ def dma_copy(
     _enum(oob_mode, globals()["oob_mode"], "oob_mode", api)
     mode = _enum(dge_mode, globals()["dge_mode"], "dge_mode", api)
     _enum(engine, globals()["engine"], "engine", api)
-    if oob_mode is globals()["oob_mode"].skip:
-        raise NkiValidationError(f"{api} oob_mode=skip needs an indirect (vector_offset) access")
+    if dst.is_indirect() or src.is_indirect():
+        return _indirect_dma_copy(dst, src, oob_mode is globals()["oob_mode"].skip, mode, name)
+    dynamic = getattr(dst, "dynamic_start", False) or getattr(src, "dynamic_start", False)
+    if oob_mode is globals()["oob_mode"].skip and not dynamic:
+        raise NkiValidationError(
+            f"{api} oob_mode=skip needs an indirect access (.ap with vector_offset or "
+            "scalar_offset)"
+        )
     if mode is globals()["dge_mode"].hwdge:
         if _version(api) < 3:
             raise NkiValidationError(f"{api} dge_mode=hwdge needs NeuronCore-v3 or later")
@@ -1425,3 +1431,398 @@ def _assign(self, key, value):
 
 
 NkiTensor.__setitem__ = _assign
+
+
+# --- cross-partition shuffle and the top-8 instructions (Vector engine) ------------------------
+_SHUFFLE_STARTS = {32: (0, 32, 64, 96), 64: (0, 64), 96: (0,), 128: (0,)}
+
+
+def nc_stream_shuffle(dst, src, shuffle_mask, name=None):
+    """Cross-partition move within each 32-partition quadrant on the Vector engine: output
+    partition ``i`` of a quadrant takes input partition ``shuffle_mask[i]`` of the same
+    quadrant, ``255`` keeps ``dst``'s data (aws-neuron-sdk@81ce03ae nki/api/nki/isa/__init__.py
+    L2052-2081; release-notes/components/nki.rst L281). SBUF or PSUM; same dtype and elements
+    per partition; the start partitions follow the active-partition rule of L2067-2077."""
+    api = "nc_stream_shuffle"
+    _on_chip(api, "dst", dst)
+    _on_chip(api, "src", src)
+    mask = [int(m) for m in shuffle_mask]
+    if len(mask) != sem.QUADRANT or any(
+        not (0 <= m < sem.QUADRANT or m == sem.SHUFFLE_KEEP) for m in mask
+    ):
+        raise NkiValidationError(
+            f"{api} shuffle_mask must be 32 partition numbers in [0, 32) or 255, got {mask}"
+        )
+    if dst.dtype is not src.dtype:
+        raise NkiTypeError(f"{api} dst dtype {dst.dtype} must equal src dtype {src.dtype}")
+    if _free(dst) != _free(src):
+        raise NkiValidationError(
+            f"{api} dst has {_free(dst)} elements per partition, src {_free(src)}: they must match"
+        )
+    active = math.ceil(max(src.shape[0], dst.shape[0]) / sem.QUADRANT) * sem.QUADRANT
+    for argname, t in (("src", src), ("dst", dst)):
+        if partition_start(t) not in _SHUFFLE_STARTS[active]:
+            raise NkiValidationError(
+                f"{api} {argname} starts at partition {partition_start(t)}: with {active} "
+                f"active partitions it must start at one of {_SHUFFLE_STARTS[active]}"
+            )
+    try:
+        values = sem.stream_shuffle(_pf(src, f32=False), _pf(dst, f32=False), mask)
+    except IndexError as exc:
+        raise NkiValidationError(
+            f"{api} shuffle_mask reads partition {exc.args[0]} of src, which has "
+            f"{src.shape[0]} partitions"
+        ) from None
+    return _write_and_emit("dve", api, name, dst, values, [src, dst])
+
+
+def _top8_operand(api, argname, t) -> np.ndarray:
+    """A max8 / find_index8 / match_replace8 data operand: 8 to 16,384 elements per
+    partition (nki/api/nki/isa/__init__.py L2422, L3178), read as fp32."""
+    _on_chip(api, argname, t)
+    if not 8 <= _free(t) <= 16384:
+        raise NkiValidationError(
+            f"{api} {argname} has {_free(t)} elements per partition; 8 to 16384 are allowed"
+        )
+    return _pf(t)
+
+
+def _eight_per_partition(api, argname, t, partitions) -> None:
+    _on_chip(api, argname, t)
+    if t.shape[0] != partitions or _free(t) != 8:
+        raise NkiValidationError(f"{api} {argname} must be [{partitions}, 8], got {tuple(t.shape)}")
+
+
+def max8(dst, src, name=None):
+    """The 8 largest values of each partition, descending, read as fp32 and written in
+    ``dst.dtype`` (nki/api/nki/isa/__init__.py L2415-2432); a per-partition Vector-engine op
+    (nki/library/api/gpsimd-topk.rst L47)."""
+    api = "max8"
+    values = _top8_operand(api, "src", src)
+    _eight_per_partition(api, "dst", dst, src.shape[0])
+    return _write_and_emit("dve", api, name, dst, sem.max8(values), [src])
+
+
+def _index_dtype(api, argname, t):
+    if t.dtype not in (dt.uint16, dt.uint32):
+        raise NkiTypeError(f"{api} {argname} must be uint16 or uint32, got {t.dtype}")
+    return (1 << (8 * t.itemsize)) - 1  # the all-ones "not found" sentinel
+
+
+def nc_find_index8(dst, data, vals, name=None):
+    """Per partition, the index of each of the 8 ``vals`` in ``data``; duplicate values take
+    successive occurrences; not found: all ones; ``dst`` uint16 or uint32
+    (nki/api/nki/isa/__init__.py L3169-3191; release-notes/components/nki.rst L75-77)."""
+    api = "nc_find_index8"
+    values = _top8_operand(api, "data", data)
+    _eight_per_partition(api, "vals", vals, data.shape[0])
+    _eight_per_partition(api, "dst", dst, data.shape[0])
+    missing = _index_dtype(api, "dst", dst)
+    index = sem.find_index8(values, _pf(vals), missing)
+    return _write_and_emit("dve", api, name, dst, index, [data, vals])
+
+
+def nc_match_replace8(dst, data, vals, imm, dst_idx=None, name=None):
+    """Replace the first occurrence of each of the 8 ``vals`` in ``data`` with ``imm`` into
+    ``dst`` (``vals`` taken from the last, so duplicates pair with matches in descending
+    slots), their indices into ``dst_idx`` (nki/api/nki/isa/__init__.py L3193-3219). An
+    unmatched ``dst_idx`` slot takes the all-ones sentinel of ``nc_find_index8`` (inferred:
+    the docs do not say)."""
+    api = "nc_match_replace8"
+    values = _top8_operand(api, "data", data)
+    _on_chip(api, "dst", dst)
+    _pair(api, "data", data, "dst", dst)
+    _eight_per_partition(api, "vals", vals, data.shape[0])
+    if not is_number(imm):
+        raise NkiTypeError(f"{api} imm must be a number, got {type(imm).__name__}")
+    missing = 0
+    if dst_idx is not None:
+        _eight_per_partition(api, "dst_idx", dst_idx, data.shape[0])
+        missing = _index_dtype(api, "dst_idx", dst_idx)
+    replaced, index = sem.match_replace8(values, _pf(vals), np.float32(imm), missing)
+    write(dst, replaced)
+    if dst_idx is not None:
+        write(dst_idx, index)
+    return _emit(
+        "dve",
+        api,
+        name,
+        reads=[data, vals],
+        writes=[dst] + ([dst_idx] if dst_idx is not None else []),
+        partitions=dst.shape[0],
+        free_size=_free(dst),
+        out_dtype=dst.dtype,
+    )
+
+
+# --- nonzero_with_count (GpSimd, NeuronCore-v3+) -------------------------------------------------
+_GPSIMD_CORE_PARTITIONS = 16  # each GpSimd core serves 16 partitions, reading its 0-th
+
+
+def nonzero_with_count(dst, src, index_offset=0, padding_val=-1, name=None):
+    """Per GpSimd core, the indices (+ ``index_offset``) of the nonzero elements of its 0-th
+    partition, ``padding_val`` padding, then the count; partitions 0, 16, ..., 112 only, the
+    others of ``dst`` untouched (nki/api/nki/isa/__init__.py L3221-3300). NeuronCore-v3+,
+    SBUF; ``src`` float32/int32, ``dst`` int32 with one more element per partition."""
+    api = "nonzero_with_count"
+    if _version(api) < 3:
+        raise NkiValidationError(f"{api} is available only on NeuronCore-v3 and newer")
+    _on_chip(api, "src", src, psum=False)
+    _on_chip(api, "dst", dst, psum=False)
+    if src.dtype not in (dt.float32, dt.int32):
+        raise NkiTypeError(f"{api} src must be float32 or int32, got {src.dtype}")
+    if dst.dtype is not dt.int32:
+        raise NkiTypeError(f"{api} dst must be int32, got {dst.dtype}")
+    if dst.shape[0] != src.shape[0] or _free(dst) != _free(src) + 1:
+        raise NkiValidationError(
+            f"{api} dst must be [{src.shape[0]}, {_free(src) + 1}] (one more element than "
+            f"src per partition), got {tuple(dst.shape)}"
+        )
+    for argname, value in (("index_offset", index_offset), ("padding_val", padding_val)):
+        if not isinstance(value, (int, np.integer)) or not -(2**31) <= value < 2**31:
+            raise NkiTypeError(f"{api} {argname} must be an int32, got {value!r}")
+    values = _pf(src, f32=False)
+    out = _pf(dst, f32=False).astype(np.int64)
+    start = partition_start(src)
+    for p in range(src.shape[0]):
+        if (start + p) % _GPSIMD_CORE_PARTITIONS == 0:
+            out[p] = sem.nonzero_with_count(values[p], int(index_offset), int(padding_val))
+    return _write_and_emit("pool", api, name, dst, out, [src, dst])
+
+
+# --- affine_select (GpSimd) ---------------------------------------------------------------------
+def affine_select(
+    dst, pattern, channel_multiplier, on_true_tile, on_false_value, cmp_op=None, offset=0, name=None
+):
+    """``dst = on_true_tile`` where ``cmp_op(offset + p·channel_multiplier + Σ step·i, 0)``
+    holds, else the float32 ``on_false_value`` (nki/api/nki/isa/__init__.py L1764-1835):
+    GpSimd, SBUF in and out, the pattern as ``iota``'s (1-4 [step, num] pairs covering the
+    elements per partition), ``cmp_op`` a comparison (default ``nl.equal``)."""
+    api = "affine_select"
+    _on_chip(api, "dst", dst, psum=False)
+    _on_chip(api, "on_true_tile", on_true_tile, psum=False)
+    _pair(api, "dst", dst, "on_true_tile", on_true_tile)
+    pairs = [tuple(int(v) for v in pair) for pair in pattern]
+    if not 1 <= len(pairs) <= 4 or any(len(p) != 2 for p in pairs):
+        raise NkiValidationError(f"{api} pattern must be 1 to 4 [step, num] pairs")
+    if math.prod(n for _, n in pairs) != _free(dst):
+        raise NkiValidationError(
+            f"{api} pattern covers {math.prod(n for _, n in pairs)} "
+            f"elements per partition, dst has {_free(dst)}"
+        )
+    if not is_number(on_false_value):
+        raise NkiTypeError(
+            f"{api} on_false_value must be a float32 scalar, got {type(on_false_value).__name__}"
+        )
+    spec = _op(api, "cmp_op", "equal" if cmp_op is None else cmp_op)
+    if spec.name not in fn.COMPARISONS:
+        raise NkiValidationError(f"{api} cmp_op must be a comparison, got {spec.name}")
+    affine = sem.iota_pattern(dst.shape[0], pairs, int(offset), int(channel_multiplier))
+    values = sem.affine_select(spec, affine, _pf(on_true_tile), on_false_value)
+    return _write_and_emit("pool", api, name, dst, values, [on_true_tile])
+
+
+# --- nc_n_gather (GpSimd) ---------------------------------------------------------------------
+def nc_n_gather(dst, data, indices, name=None):
+    """Per partition, ``dst[p, j] = data[p, indices[p, j]]`` over ``data``'s flattened free
+    elements (nki/api/nki/isa/__init__.py nc_n_gather): GpSimd, all three in SBUF, ``dst``
+    of ``data``'s dtype, ``indices`` uint32 with ``dst``'s elements per partition, every
+    index in ``[0, data.size / data.shape[0])``."""
+    api = "nc_n_gather"
+    for argname, t in (("dst", dst), ("data", data), ("indices", indices)):
+        _on_chip(api, argname, t, psum=False)
+    if dst.dtype is not data.dtype:
+        raise NkiTypeError(f"{api} dst dtype {dst.dtype} must equal data dtype {data.dtype}")
+    if indices.dtype is not dt.uint32:
+        raise NkiTypeError(f"{api} indices must be uint32, got {indices.dtype}")
+    if not dst.shape[0] == data.shape[0] == indices.shape[0]:
+        raise NkiValidationError(f"{api} dst, data and indices need the same partitions")
+    _pair(api, "indices", indices, "dst", dst)
+    index = _pf(indices, f32=False).astype(np.int64)
+    if index.size and (index.min() < 0 or index.max() >= _free(data)):
+        raise NkiValidationError(
+            f"{api} indices must lie in [0, {_free(data)}), got {index.min()}..{index.max()}"
+        )
+    values = np.take_along_axis(_pf(data, f32=False), index, axis=1)
+    return _write_and_emit("pool", api, name, dst, values, [data, indices])
+
+
+# --- dma_copy through a vector_offset access pattern (gather / scatter) -------------------------
+def _indirect_dma_copy(dst, src, skip, mode, name):
+    """``dma_copy`` with a ``.ap(vector_offset=...)`` side: each row of the indexed side is the
+    storage row its index names, read when the DMA runs. A row reaching outside the indexed
+    tensor raises (``oob_mode.error``) or moves nothing (``oob_mode.skip``), leaving the
+    other side's elements as they were; equal dtypes copy bits, others cast through float32
+    (nki/api/nki/isa/__init__.py dma_copy "Indirect addressing" and ``oob_mode``;
+    release-notes/components/nki.rst L280)."""
+    api = "dma_copy"
+    if src.size != dst.size:
+        raise NkiValidationError(
+            f"{api} src has {src.size} elements {tuple(src.shape)}, dst has "
+            f"{dst.size} {tuple(dst.shape)}"
+        )
+    keep = np.ones(src.size, bool)
+    places = {}
+    for side, t in (("src", src), ("dst", dst)):
+        if not t.is_indirect():
+            continue
+        positions = t.positions()
+        inside = ((positions >= 0) & (positions < t.storage_values().size)).all(axis=1)
+        if not inside.all() and not skip:
+            row = int(np.flatnonzero(~inside)[0])
+            raise NkiValidationError(
+                f"{api} {side} row {row} (storage element {int(positions[row].min())}) "
+                f"reaches outside `{t.name}` (oob_mode=error; oob_mode=skip skips such rows)"
+            )
+        keep &= np.repeat(inside, positions.shape[1])
+        places[side] = positions.reshape(-1)
+    if src.is_indirect():
+        values = np.zeros(src.size, src.storage_values().dtype)
+        values[keep] = src.storage_values()[places["src"][keep]]
+    else:
+        values = src.values().reshape(-1)
+    if src.dtype is not dst.dtype:
+        values = values.astype(np.float32)
+    if dst.is_indirect():
+        flat = dst.storage_values()
+        flat[places["dst"][keep]] = dt.cast(values[keep], dst.dtype, flat.dtype)
+        dst.storage.written = True
+    else:
+        merged = dst.values().reshape(-1)
+        merged[keep] = dt.cast(values[keep], dst.dtype, merged.dtype)
+        write(dst, merged)
+    indirect = src if src.is_indirect() else dst
+    return _emit(
+        "dma",
+        api,
+        name,
+        reads=[src] + ([indirect.index] if indirect.index is not None else []),
+        writes=[dst],
+        partitions=_chip_partitions(dst, src),
+        out_dtype=dst.dtype,
+        details={"dge_mode": mode.name, "indirect": True},
+        dma=_dma_fields(src, dst, dst.size, _chip_partitions(dst, src)),
+    )
+
+
+# --- range_select (Vector, NeuronCore-v3+), tensor_partition_reduce (GpSimd) -------------------
+_RANGE_COMPARISONS = ("equal", "less", "less_equal", "greater", "greater_equal")
+_FP32_MIN = float(np.finfo(np.float32).min)
+
+
+def range_select(
+    dst,
+    on_true_tile,
+    comp_op0,
+    comp_op1,
+    bound0,
+    bound1,
+    reduce_cmd=reduce_cmd.reset_reduce,
+    reduce_res=None,
+    reduce_op=None,
+    range_start=0,
+    on_false_value=_FP32_MIN,
+    name=None,
+):
+    """Keep ``on_true_tile``'s elements whose free index + ``range_start`` passes both
+    comparisons with the per-partition fp32 bounds, else ``on_false_value`` (FP32_MIN, the
+    only value the hardware takes); the row maxima fold into the Vector accumulators per
+    ``reduce_cmd`` and go to ``reduce_res`` if given (nki/api/nki/isa/__init__.py
+    range_select: NeuronCore-v3+, comparisons equal/less/less_equal/greater/greater_equal,
+    floating-point data, fp32 bounds, reduce_op nl.maximum only)."""
+    api = "range_select"
+    if _version(api) < 3:
+        raise NkiValidationError(f"{api} is available only on NeuronCore-v3 and newer")
+    _on_chip(api, "on_true_tile", on_true_tile)
+    _on_chip(api, "dst", dst)
+    _pair(api, "on_true_tile", on_true_tile, "dst", dst)
+    if not dt.is_float(on_true_tile.dtype):
+        raise NkiTypeError(f"{api} on_true_tile must be floating point, got {on_true_tile.dtype}")
+    specs = []
+    for argname, op in (("comp_op0", comp_op0), ("comp_op1", comp_op1)):
+        spec = _op(api, argname, op)
+        if spec.name not in _RANGE_COMPARISONS:
+            raise NkiValidationError(
+                f"{api} {argname} must be one of {', '.join(_RANGE_COMPARISONS)}, got {spec.name}"
+            )
+        specs.append(spec)
+    bounds = []
+    for argname, bound in (("bound0", bound0), ("bound1", bound1)):
+        _on_chip(api, argname, bound)
+        if bound.shape[0] != on_true_tile.shape[0] or _free(bound) != 1:
+            raise NkiValidationError(
+                f"{api} {argname} must have one element per partition "
+                f"({on_true_tile.shape[0]}, 1), got {tuple(bound.shape)}"
+            )
+        if bound.dtype is not dt.float32:
+            raise NkiTypeError(f"{api} {argname} must be float32, got {bound.dtype}")
+        bounds.append(_pf(bound))
+    if not is_number(on_false_value) or np.float32(on_false_value) != np.float32(_FP32_MIN):
+        raise NkiValidationError(
+            f"{api} on_false_value must be FP32_MIN ({_FP32_MIN}), got {on_false_value!r}"
+        )
+    spec = _op(api, "reduce_op", "maximum" if reduce_op is None else reduce_op)
+    if spec.name != "maximum":
+        raise NkiValidationError(f"{api} reduce_op must be nl.maximum, got {spec.name}")
+    cmd = _enum(reduce_cmd, globals()["reduce_cmd"], "reduce_cmd", api)
+    values = sem.range_select(
+        _pf(on_true_tile), bounds[0], bounds[1], specs[0], specs[1], range_start, on_false_value
+    )
+    program = context.current(api)
+    regs = program.vector_regs[: dst.shape[0]]
+    sem.update_registers(regs, spec, sem.fold_partitions(spec, values), cmd.name)
+    write(dst, values)
+    writes = [dst]
+    if reduce_res is not None:
+        _on_chip(api, "reduce_res", reduce_res)
+        if reduce_res.shape[0] != dst.shape[0] or _free(reduce_res) != 1:
+            raise NkiValidationError(
+                f"{api} reduce_res must be ({dst.shape[0]}, 1), got {tuple(reduce_res.shape)}"
+            )
+        write(reduce_res, regs)
+        writes.append(reduce_res)
+    return _emit(
+        "dve",
+        api,
+        name,
+        reads=[on_true_tile, bound0, bound1],
+        writes=writes,
+        partitions=dst.shape[0],
+        free_size=_free(dst),
+        out_dtype=dst.dtype,
+    )
+
+
+_PARTITION_REDUCE_OPS = ("add", "maximum", "bitwise_or", "bitwise_and")
+
+
+def tensor_partition_reduce(dst, op, data, name=None):
+    """``dst[0, :] = op`` over the partitions of ``data`` on GpSimd (nki/api/nki/isa/__init__.py
+    tensor_partition_reduce: add, average, max, bitwise_or, bitwise_and; GpSimd cannot access
+    PSUM). ``dst`` has one partition and ``data``'s elements per partition. ``average`` has
+    no ``nl`` operator in the 0.6 API, so it is not reachable here."""
+    api = "tensor_partition_reduce"
+    _on_chip(api, "data", data, psum=False)
+    _on_chip(api, "dst", dst, psum=False)
+    spec = _op(api, "op", op)
+    if spec.name not in _PARTITION_REDUCE_OPS:
+        raise NkiValidationError(
+            f"{api} op must be one of add, maximum, bitwise_or, bitwise_and, got {spec.name}"
+        )
+    if dst.shape[0] != 1 or _free(dst) != _free(data):
+        raise NkiValidationError(f"{api} dst must be (1, {_free(data)}), got {tuple(dst.shape)}")
+    values = _pf(data, f32=spec.name in ("add", "maximum"))
+    return _write_and_emit("pool", api, name, dst, sem.partition_reduce(spec.name, values), [data])
+
+
+__all__ += [
+    "nc_stream_shuffle",
+    "max8",
+    "nc_find_index8",
+    "nc_match_replace8",
+    "nonzero_with_count",
+    "affine_select",
+    "nc_n_gather",
+    "range_select",
+    "tensor_partition_reduce",
+]

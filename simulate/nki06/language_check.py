@@ -186,6 +186,8 @@ ALLOWED_BUILTINS = frozenset(
         "str",  # AWS: core/attention/attention_cte.py L419
         "divmod",  # AWS: core/moe/moe_cte/bwmm_shard_on_I_mx.py L1355
         "isinstance",  # AWS: core/moe/moe_cte/moe_cte_utils.py L272
+        "hash",  # AWS: core/topk/rotational_topk_utils.py L349-L351 (a config's __hash__)
+        "NotImplemented",  # AWS: core/topk/rotational_topk_utils.py L375-L377 (its __eq__)
     }
 )
 #: Modules whose functions kernel code may call or read besides nki and user code.

@@ -334,7 +334,9 @@ class NkiTensor:
             )
         shape, strides = list(self._shape), list(self.strides)
         shape[dim], strides[dim] = int(size), 0
-        return self._derive(shape, strides, self.offset)
+        view = self._derive(shape, strides, self.offset)
+        view.read_only_broadcast = True  # "repeating elements": a source, never a destination
+        return view
 
     def expand_dim(self, dim: int) -> NkiTensor:
         release.require("NkiTensor.expand_dim")
@@ -474,8 +476,6 @@ class NkiTensor:
         view's own shape and strides are ignored). An explicit ``offset`` is added to the
         view's offset (0.6 docstring; spec decision, warned about when the view's offset is
         non-zero)."""
-        if vector_offset is not None:
-            raise NkiTypeError("ap(vector_offset=...) is not supported by this simulator")
         pairs = [tuple(int(v) for v in pair) for pair in pattern]
         if not pairs or any(len(p) != 2 for p in pairs):
             raise NkiValidationError(
@@ -493,11 +493,24 @@ class NkiTensor:
                     stacklevel=2,
                 )
             start = base + int(offset)
+        if vector_offset is not None:
+            return _vector_indirect(
+                self, pairs, new, start, vector_offset, indirect_dim, scalar_offset
+            )
         if scalar_offset is not None:
             value = _scalar_value(scalar_offset, "ap(scalar_offset=)")
             start += value * self.strides[int(indirect_dim)] * self.itemsize // new.itemsize
         strides = [s for s, _ in pairs]
         shape = [n for _, n in pairs]
+        if scalar_offset is not None and not self.on_chip:
+            try:
+                view = NkiTensor(
+                    shape, new, self.storage, self.buffer, self.name, strides=strides, offset=start
+                )
+            except NkiIndexError:  # checked row by row when the DMA runs (its oob_mode)
+                return ScalarIndirectView(self, shape, strides, new, start, scalar_offset)
+            view.dynamic_start = True  # a DMA through it may take oob_mode=skip
+            return view
         view = NkiTensor(
             shape, new, self.storage, self.buffer, self.name, strides=strides, offset=start
         )
@@ -527,6 +540,91 @@ class NkiTensor:
             stacklevel=2,
         )
         return bool(np.all(self.array() != 0))
+
+
+class VectorIndirectView(NkiTensor):
+    """An HBM access pattern whose outermost term is a per-partition index read when the DMA
+    runs: element ``(i, j...)`` is storage element ``offset + index[i]·scale + Σ j_k·s_k``,
+    the pattern's first ``[stride, count]`` giving only the count (aws-neuron-sdk@81ce03ae
+    nki/api/nki/isa/__init__.py dma_copy "Indirect addressing": the gather example's
+    ``[[F, P], [1, F]]`` reads row ``idx[i]``; AWS's attention_block_tkg.py L1311-1315 passes
+    ``[[1, tile_B], ...]`` with the index scaled by the stride of ``indirect_dim``). Only
+    ``dma_copy`` reads or writes through it."""
+
+    def __init__(self, base, shape, strides, dtype, offset, index, scale):
+        self.index, self.scale = index, scale
+        super().__init__(
+            shape, dtype, base.storage, base.buffer, base.name, strides=strides, offset=offset
+        )
+
+    def is_indirect(self) -> bool:
+        return True
+
+    def _extent(self) -> tuple[int, int]:
+        return 0, self._flat().size - 1  # any row the index may name
+
+    def array(self) -> np.ndarray:
+        raise NkiTypeError(
+            f"`{self.name}`: an access pattern with vector_offset is read or written only by "
+            "nisa.dma_copy (its indirect gather/scatter)"
+        )
+
+    def positions(self) -> np.ndarray:
+        """The storage element of each element of the view, (rows, elements per row), from
+        the index values the DMA reads now."""
+        rows = self.index.values().reshape(-1).astype(np.int64)
+        inner = np.zeros(1, np.int64)
+        for n, s in zip(self._shape[1:], self.strides[1:]):
+            inner = (inner[:, None] + np.arange(n, dtype=np.int64)[None, :] * s).reshape(-1)
+        return self.offset + rows[:, None] * self.scale + inner[None, :]
+
+    def storage_values(self) -> np.ndarray:
+        return self._flat()
+
+
+class ScalarIndirectView(VectorIndirectView):
+    """An HBM access pattern moved by a ``scalar_offset`` so that some of its rows reach
+    outside the tensor: a DMA checks its rows when it runs and raises or, with
+    ``oob_mode.skip``, skips those rows (dma_copy docstring: "the src and dst tensors can have
+    a dynamic start address ... out-of-bound address checking is turned on automatically";
+    AWS's indexed_flatten.py L185-195 relies on the skip)."""
+
+    def __init__(self, base, shape, strides, dtype, offset, source):
+        self._rows_at = offset
+        index = source if isinstance(source, NkiTensor) else None
+        super().__init__(base, shape, strides, dtype, offset, index, 0)
+
+    def positions(self) -> np.ndarray:
+        flat = np.full(1, self._rows_at, np.int64)
+        for n, s in zip(self._shape, self.strides):
+            flat = (flat[:, None] + np.arange(n, dtype=np.int64)[None, :] * s).reshape(-1)
+        return flat.reshape(self._shape[0], -1)
+
+
+def _vector_indirect(base, pairs, dtype, start, index, indirect_dim, scalar_offset):
+    """``base.ap(pattern, vector_offset=index, indirect_dim=d)`` (dma_copy docstring,
+    "Vector indirection"): ``base`` in HBM, ``index`` an SBUF ``(P, 1)`` integer tile with one
+    row index per pattern row, not together with ``scalar_offset``."""
+    if scalar_offset is not None:
+        raise NkiValueError("ap: vector_offset and scalar_offset are mutually exclusive")
+    if base.on_chip:
+        raise NkiValueError(
+            f"ap(vector_offset=): the indexed tensor must be in HBM, `{base.name}` is in "
+            f"{base.buffer.value}"
+        )
+    if not isinstance(index, NkiTensor) or index.storage.memory != "sbuf":
+        raise NkiTypeError("ap(vector_offset=) takes an SBUF tensor of row indices")
+    if not dt.is_int(index.dtype):
+        raise NkiTypeError(f"ap(vector_offset=) indices must be integers, got {index.dtype}")
+    if index.size != index.shape[0] or index.shape[0] != pairs[0][1]:
+        raise NkiValueError(
+            f"ap(vector_offset=): the index must be ({pairs[0][1]}, 1), one row index per "
+            f"row of the pattern, got {tuple(index.shape)}"
+        )
+    scale = base.strides[int(indirect_dim)] * base.itemsize // dtype.itemsize
+    strides = [0] + [stride for stride, _ in pairs[1:]]
+    shape = [count for _, count in pairs]
+    return VectorIndirectView(base, shape, strides, dtype, start, index, scale)
 
 
 def _scalar_value(value, api) -> int:
@@ -662,13 +760,24 @@ def region(t: NkiTensor) -> Region:
 
 def write(t: NkiTensor, values: np.ndarray, accumulated_by_matmul: bool = False) -> None:
     """Round ``values`` (any shape with ``t.size`` elements, paired in row-major order) into
-    the view ``t``; a non-matmul write into PSUM forgets the matmul accumulation state."""
-    if any(s == 0 and n > 1 for n, s in zip(t.shape, t.strides)):
+    the view ``t``; a non-matmul write into PSUM forgets the matmul accumulation state.
+    Through a stride-0 dimension the elements land on one place in access order, so the last
+    one stays: AWS's qkv_cte.py L3046-3056 writes an unused ``activation_reduce`` result
+    through ``.ap(pattern=[[1, s], [0, H]])``; the ``ap`` docs ban no zero stride ("Analogous
+    to torch.as_strided", nki/api/nki/language/__init__.py L486-491); last-wins is inferred
+    from the access order."""
+    if getattr(t, "read_only_broadcast", False):
         raise NkiValidationError(
-            f"`{t.name}`: an instruction cannot write through a broadcast (stride-0) view"
+            f"`{t.name}`: an instruction cannot write through a broadcast() view (it repeats "
+            "elements for reading; write through .ap() to alias a destination)"
         )
     target = t.array()
-    target[...] = dt.cast(np.asarray(values).reshape(target.shape), t.dtype, target.dtype)
+    values = np.asarray(values).reshape(target.shape)
+    for dim, (n, stride) in enumerate(zip(t.shape, t.strides)):
+        if stride == 0 and n > 1:
+            values = values.take([n - 1], axis=dim)
+            target = target[(slice(None),) * dim + (slice(0, 1),)]
+    target[...] = dt.cast(values, t.dtype, target.dtype)
     storage = t.storage
     storage.written = True
     if storage.matmul_written is not None and not accumulated_by_matmul:

@@ -212,6 +212,15 @@ _ADD_MUL_SUB = ("add", "multiply", "subtract")
 _REDUCE_FAST = ("add", "sum", "max", "maximum")
 
 
+# Vector instructions costed by the legacy ISA reference's "Estimated instruction cost"
+# (aws-neuron-sdk@8a38e733 general/nki/api/nki/isa/__init__.py): max(MIN_II, N) cycles for
+# nc_stream_shuffle (L991), range_select (L1133) and nc_match_replace8 (L793, which prints
+# min(MIN_II, N): read as max like its siblings, a min would cap every tile at 64 cycles);
+# N cycles for max8 (L671) and nc_find_index8 (L746); N the elements per partition.
+_MIN_II_OR_N_VECTOR = ("nc_stream_shuffle", "range_select", "nc_match_replace8")
+_N_VECTOR = ("max8", "nc_find_index8")
+
+
 def _op_names(details) -> tuple[str, ...]:
     op = details.get("op", ())
     return tuple(op) if isinstance(op, (list, tuple)) else (op,)
@@ -253,6 +262,11 @@ def compute_cycles(opcode: str, engine: str, n: int, ops: Operands, details: dic
         return max(min_ii, n), False
     if engine == "pool":
         if opcode in ("iota", "affine_select", "rand", "tensor_partition_reduce"):
+            return table.pool_start_cycles + n, True
+        if opcode == "nc_n_gather":  # one ISA instruction per 512 gathered elements (its
+            # docstring: n = ceil(elems_per_partition / 512)); I: each a Pool start + 1/elem
+            return table.pool_start_cycles * max(1, -(-n // 512)) + n, True
+        if opcode in ("nonzero_with_count", "sequence_bounds"):  # I: one pass like iota
             return table.pool_start_cycles + n, True
         if opcode == "core_barrier":  # no data: a Pool instruction start (I; none published)
             return table.pool_start_cycles, True
@@ -308,6 +322,10 @@ def compute_cycles(opcode: str, engine: str, n: int, ops: Operands, details: dic
         return max(min_ii, table.k_bn_aggr * n), True
     if opcode == "reciprocal":
         return max(min_ii, table.k_reciprocal * n * stride), True
+    if opcode in _MIN_II_OR_N_VECTOR:
+        return max(min_ii, n * stride), True
+    if opcode in _N_VECTOR:
+        return n * stride, True
     if opcode == "select":  # tensor_copy_predicated
         return max(min_ii, (1 if any(ops.psum) else table.k_two_inputs) * n * stride), True
     return max(min_ii, n * stride), False

@@ -66,7 +66,21 @@ or AWS's kernels (nki-library@d2ad3a5) allow each use:
   ``core/rmsnorm/rmsnorm_quant.py`` L560-567;
 * ``tensor_reduce`` (L1161): max and negated min over the last axis of a (rows, blocks,
   block) view; ``reciprocal`` (L2388); ``memset`` (L431); ``nc_matmul`` (L489): a ones
-  row as the stationary operand broadcasts a row (or the static scale) to the partitions.
+  row as the stationary operand broadcasts a row (or the static scale) to the partitions;
+* ``nc_transpose`` (L829) on the Tensor engine, SBUF to PSUM, any dtype (L850-851), for the
+  transposed output; its PSUM banks are read by ``tensor_scalar_reduce`` and ``activation``
+  and its stores address y_qᵀ through ``.ap(pattern, offset)`` over the HBM tensor.
+
+The transposed output (``emit_transposed``) is for the weight-gradient GEMM, which contracts
+y over its M rows (TransformerEngine's ``fp8_t``): a dequant scale can only be factored out
+of that GEMM if it is constant along M, so y_q's per-row (or 1 × block) scales do not serve
+it. y_qᵀ (N, M) gets its own scales, one per column of y and 128-row tile — 1 × 128 blocks
+along the rows of yᵀ, TransformerEngine's column-wise blockwise scaling — computed in the
+same pass from the tile on chip: scale_t[n, t] = max(min(max over the tile's rows of |y[:, n]|,
+lower_bound) · (1 / fp8_max), scale_floor), y_qᵀ = RNE_fp8(clip(y, ±lower_bound) / scale_t).
+With a static scale (per-tensor, TransformerEngine's delayed scaling) y_qᵀ uses that scale
+and is the transpose of y_q, bit for bit. The transposes are the Tensor engine's
+``nc_transpose`` of the float32 y, or of y_q with a static scale (:func:`_transposed`).
 
 The packed layout (``packed=True``, row scales only) is nki-library's ``[..., N + 4]``: the
 float32 scale's four bytes after each row of y_q, written through an ``.ap(..., dtype=)``
@@ -97,6 +111,8 @@ _SMALL_TILE_BYTES = 4096
 _ONE_REDUCE_PER_BLOCK = 128
 #: Bytes of the float32 scale appended to each row in the packed layout.
 _SCALE_BYTES = 4
+#: Transposed 128-column chunks per PSUM bank: (128, up to 128) float32 is a quarter bank.
+_CHUNKS_PER_BANK = 4
 
 
 def fp8_max(dtype):
@@ -113,9 +129,10 @@ def _sbuf(shape, dtype):
     return nl.ndarray(shape, dtype=dtype, buffer=nl.sbuf)
 
 
-def _two_tiles_fit(x, residual, weight, emit_y, quant_dtype):
+def _two_tiles_fit(x, residual, weight, emit_y, emit_transposed, quant_dtype):
     """Whether two row tiles (the software pipeline's) fit SBUF beside the weight row: per
-    partition, h (and x), p, y_q and y of each, and the (rows, 1) columns."""
+    partition, h (and x), p, y_q, y, and the float32 y and y_qᵀ of the transposed output of
+    each, and the (rows, 1) columns."""
     N = x.shape[1]
     x_bytes = dtype_bytes(x.dtype)
     per_tile = x_bytes + dtype_bytes(quant_dtype)
@@ -125,6 +142,8 @@ def _two_tiles_fit(x, residual, weight, emit_y, quant_dtype):
         per_tile = per_tile + 4
     if emit_y:
         per_tile = per_tile + x_bytes
+    if emit_transposed:  # the float32 y and y_qᵀ
+        per_tile = per_tile + 4 + dtype_bytes(quant_dtype)
     resident = 0 if weight is None else dtype_bytes(weight.dtype)
     return N * (2 * per_tile + resident) + _SMALL_TILE_BYTES <= usable_sbuf_bytes()
 
@@ -232,15 +251,22 @@ def _column(shape):
 
 def _scale(amax_p, rstd, fp8max, lower_bound, scale_floor):
     """From the (rows, k) maxima of |p|: amax of y (Scalar engine) and the dequant scales
-    max(min(amax, lower_bound) · (1 / fp8_max), scale_floor) (Vector engine)."""
-    shape = amax_p.shape
-    amax_y = _column(shape)
+    (:func:`_dequant_scale`)."""
+    amax_y = _column(amax_p.shape)
     nisa.activation(dst=amax_y, op=nl.copy, data=amax_p, scale=rstd)
+    return amax_y, _dequant_scale(amax_y, fp8max, lower_bound, scale_floor)
+
+
+def _dequant_scale(amax_y, fp8max, lower_bound, scale_floor, scale=None):
+    """max(min(amax, lower_bound) · (1 / fp8_max), scale_floor) of a float32 column block
+    (Vector engine), into ``scale`` if given."""
+    shape = amax_y.shape
     capped = amax_y
     if lower_bound is not None:
         capped = _column(shape)
         nisa.tensor_scalar(dst=capped, data=amax_y, op0=nl.minimum, operand0=float(lower_bound))
-    scale = _column(shape)
+    if scale is None:
+        scale = _column(shape)
     nisa.tensor_scalar(
         dst=scale,
         data=capped,
@@ -249,20 +275,24 @@ def _scale(amax_p, rstd, fp8max, lower_bound, scale_floor):
         op1=nl.maximum,
         operand1=float(scale_floor),
     )
-    return amax_y, scale
+    return scale
+
+
+def _inverse(scale):
+    """1 / scale as (1 / √scale)²: the GpSimd rsqrt (the engine's one ``tensor_scalar`` op,
+    see :func:`_rstd`) squared by the Scalar engine, which keeps these per-row steps off the
+    Vector engine, the kernel's busiest."""
+    root = _column(scale.shape)
+    nisa.tensor_scalar(dst=root, data=scale, op0=nl.rsqrt, operand0=None, engine=nisa.gpsimd_engine)
+    inverse = _column(scale.shape)
+    nisa.activation(dst=inverse, op=nl.square, data=root)
+    return inverse
 
 
 def _factors(scale, rstd):
-    """The quantizing factors rstd · (1 / scale); 1 / scale is (1 / √scale)²: the GpSimd
-    rsqrt (the engine's one ``tensor_scalar`` op, see :func:`_rstd`) squared by the Scalar
-    engine, which keeps these per-row steps off the Vector engine, the kernel's busiest."""
-    shape = scale.shape
-    root = _column(shape)
-    nisa.tensor_scalar(dst=root, data=scale, op0=nl.rsqrt, operand0=None, engine=nisa.gpsimd_engine)
-    inverse = _column(shape)
-    nisa.activation(dst=inverse, op=nl.square, data=root)
-    factor = _column(shape)
-    nisa.activation(dst=factor, op=nl.copy, data=inverse, scale=rstd)
+    """The quantizing factors rstd · (1 / scale)."""
+    factor = _column(scale.shape)
+    nisa.activation(dst=factor, op=nl.copy, data=_inverse(scale), scale=rstd)
     return factor
 
 
@@ -326,6 +356,124 @@ def _block_maxima(p, q, block):
     return high
 
 
+def _transpose_groups(N):
+    """(first column, width, count) of the column chunks whose transposes share a PSUM bank:
+    ``count`` chunks of ``width`` columns each, the full ones by ``_CHUNKS_PER_BANK``, the
+    ragged last one (N not a multiple of 128) on its own."""
+    pmax = nl.tile_size.pmax
+    full = N // pmax
+    groups = []
+    for k0 in range(0, full, _CHUNKS_PER_BANK):
+        groups.append((k0 * pmax, pmax, min(_CHUNKS_PER_BANK, full - k0)))
+    if N % pmax != 0:
+        groups.append((full * pmax, N % pmax, 1))
+    return groups
+
+
+def _transposed(hbm, options, p, rstd, r0):
+    """y_qᵀ (and its scales) for the tile of rows r0 … r0 + parts − 1: y in float32, each
+    chunk of up to 128 columns transposed by the Tensor engine into PSUM (``nc_transpose``,
+    aws-neuron-sdk@81ce03ae ``nki/api/nki/isa/__init__.py`` L829-866: SBUF to PSUM, same
+    dtype, up to 128 × 128; bit-accurate from NeuronCore-v3, L561-562), where a row of the
+    bank is a column of y: its maximum |y| over the tile's rows (Vector engine) gives the
+    column's scale for this tile, and the Scalar engine quantizes it from PSUM. The full
+    128-column chunks gather in one SBUF tile each for y_qᵀ and the scales, stored with one
+    DMA apiece through an access pattern over the HBM output (``.ap``, as nki-library's
+    ``core/rmsnorm/rmsnorm_quant.py`` L396-402 addresses its packed output): one transfer
+    per output and tile rather than one per chunk, each costing a DMA queue's fixed
+    overhead; a ragged last chunk (N not a multiple of 128) is stored on its own. With a
+    static scale ``p`` is the tile's y_q and ``rstd`` None: y_qᵀ is its transpose, bit for
+    bit (``nc_transpose`` takes any dtype, L850-851)."""
+    y_q_t, scales_t = hbm[8], hbm[9]
+    eps, quant_dtype, scale_mode, block, lower_bound, scale_floor = options
+    parts, N = p.shape
+    M = y_q_t.shape[1]
+    pmax = nl.tile_size.pmax
+    full = N // pmax
+    tile_index = r0 // pmax
+    y32 = p
+    if rstd is not None:
+        y32 = _sbuf((parts, N), nl.float32)
+        nisa.activation(dst=y32, op=nl.copy, data=p, scale=rstd)
+    q_full = None
+    scale_full = None
+    if full > 0:
+        q_full = _sbuf((pmax, full * parts), quant_dtype)
+        scale_full = _column((pmax, full))
+    for c0, width, count in _transpose_groups(N):
+        k0 = c0 // pmax
+        if width == pmax:
+            q_t = q_full[:, k0 * parts : (k0 + count) * parts]
+            scale_t = scale_full[:, k0 : k0 + count]
+        else:
+            q_t = _sbuf((width, parts), quant_dtype)
+            scale_t = _column((width, 1))
+        _transpose_group(y32, c0, width, count, q_t, scale_t, options)
+        if width != pmax:
+            nisa.dma_copy(dst=y_q_t[c0:N, r0 : r0 + parts], src=q_t)
+            if scales_t is not None:
+                nisa.dma_copy(dst=scales_t[c0:N, tile_index : tile_index + 1], src=scale_t)
+    if full == 0:
+        return
+    # element (i, k, j) of a tile is y_qᵀ[k · 128 + i, r0 + j], its scale scales_t[k · 128 + i, t]
+    nisa.dma_copy(
+        dst=y_q_t.ap(pattern=[[M, pmax], [pmax * M, full], [1, parts]], offset=r0), src=q_full
+    )
+    if scales_t is not None:
+        tiles_m = scales_t.shape[1]
+        nisa.dma_copy(
+            dst=scales_t.ap(pattern=[[tiles_m, pmax], [pmax * tiles_m, full]], offset=tile_index),
+            src=scale_full,
+        )
+
+
+def _transpose_group(y32, c0, width, count, q_t, scale_t, options):
+    """``count`` chunks of ``width`` columns of y from c0 on, through one PSUM bank: into
+    ``q_t`` (width, count · rows) quantized, their scales into ``scale_t`` (width, count);
+    with a static scale ``y32`` is y_q, copied through transposed."""
+    eps, quant_dtype, scale_mode, block, lower_bound, scale_floor = options
+    parts = y32.shape[0]
+    fp8max = fp8_max(quant_dtype)
+    bank = nl.ndarray((width, count * parts), dtype=y32.dtype, buffer=nl.psum)
+    for k in range(count):
+        nisa.nc_transpose(
+            dst=bank[:, k * parts : (k + 1) * parts],
+            data=y32[:, c0 + k * width : c0 + (k + 1) * width],
+            engine=nisa.tensor_engine,
+        )
+    if scale_mode == "static":
+        nisa.activation(dst=q_t, op=nl.copy, data=bank)
+        return
+    amax_t = _column((width, count))
+    for k in range(count):
+        nisa.tensor_scalar_reduce(
+            dst=q_t[:, k * parts : (k + 1) * parts],
+            data=bank[:, k * parts : (k + 1) * parts],
+            op0=nl.abs,
+            operand0=0.0,
+            reduce_op=nl.maximum,
+            reduce_res=amax_t[:, k : k + 1],
+        )
+    _dequant_scale(amax_t, fp8max, lower_bound, scale_floor, scale_t)
+    inverse = _inverse(scale_t)
+    if lower_bound is not None:
+        nisa.tensor_scalar(
+            dst=bank,
+            data=bank,
+            op0=nl.minimum,
+            operand0=float(lower_bound),
+            op1=nl.maximum,
+            operand1=-float(lower_bound),
+        )
+    for k in range(count):
+        nisa.activation(
+            dst=q_t[:, k * parts : (k + 1) * parts],
+            op=nl.copy,
+            data=bank[:, k * parts : (k + 1) * parts],
+            scale=inverse[:, k : k + 1],
+        )
+
+
 def _tile_front(hbm, options, weight_row, ones, r0, parts):
     """Rows r0 … r0 + parts − 1, up to p: load (and h = x + residual, stored), mean(h²),
     rstd and p = h · w. Returns what :func:`_tile_scales` continues from."""
@@ -364,14 +512,14 @@ def _tile_front(hbm, options, weight_row, ones, r0, parts):
     )
     rstd = _rstd(mean_sq, eps)
     p = h_tile if weight_row is None else _product(h_tile, weight_row, ones)
-    return rows, chunks, q, p, rstd
+    return rows, chunks, q, p, rstd, r0
 
 
 def _tile_scales(hbm, options, loaded):
     """The maxima of |p| and the dequant scales of a tile :func:`_tile_front` loaded; returns
     the tile's state for :func:`_tile_back`."""
     eps, quant_dtype, scale_mode, block, lower_bound, scale_floor = options
-    rows, chunks, q, p, rstd = loaded
+    rows, chunks, q, p, rstd, r0 = loaded
     parts, N = p.shape
     amax_p = None
     if scale_mode == "row":
@@ -390,7 +538,7 @@ def _tile_scales(hbm, options, loaded):
     scaled = None
     if scale_mode != "static":
         scaled = _scale(amax_p, rstd, fp8_max(quant_dtype), lower_bound, scale_floor)
-    return rows, chunks, q, p, rstd, amax_p, scaled
+    return rows, chunks, q, p, rstd, r0, amax_p, scaled
 
 
 def _tile_back(hbm, options, static_inverse, state, last):
@@ -398,7 +546,7 @@ def _tile_back(hbm, options, static_inverse, state, last):
     amax and y, stored (``last``: this core's last tile)."""
     y_q, scales, y, amax, packed_scales = hbm[2], hbm[3], hbm[4], hbm[6], hbm[7]
     eps, quant_dtype, scale_mode, block, lower_bound, scale_floor = options
-    rows, chunks, q, p, rstd, amax_p, scaled = state
+    rows, chunks, q, p, rstd, r0, amax_p, scaled = state
     parts, N = p.shape
     fp8max = fp8_max(quant_dtype)
 
@@ -407,6 +555,8 @@ def _tile_back(hbm, options, static_inverse, state, last):
         y_tile = _sbuf((parts, N), y.dtype)
         nisa.activation(dst=y_tile, op=nl.copy, data=p, scale=rstd)
         nisa.dma_copy(dst=y[rows, :], src=y_tile)
+    if hbm[8] is not None and scale_mode != "static":
+        _transposed(hbm, options, p, rstd, r0)
 
     if scale_mode == "static":
         factor = _column((parts, 1))
@@ -416,6 +566,8 @@ def _tile_back(hbm, options, static_inverse, state, last):
         # y / scale clipped to ±fp8_max: p clipped to ±fp8_max / factor
         _clip(p, _scaled_inverse(factor, fp8max))
         _quantize(q, p, factor)
+        if hbm[8] is not None:
+            _transposed(hbm, options, q, None, r0)
         nisa.dma_copy(dst=y_q[rows, :], src=q)
         if amax is not None:
             amax_y = _column((parts, 1))
@@ -470,6 +622,7 @@ def rmsnorm_quant(
     emit_y,
     emit_amax,
     packed,
+    emit_transposed,
 ):
     """Quantized RMSNorm of ``x`` (M, N) (plus ``residual``, or None) with ``weight`` (N,)
     or None. ``scale_mode`` "row" | "block" (``block`` columns per scale) | "static"
@@ -477,7 +630,8 @@ def rmsnorm_quant(
     ``quant_dtype`` — or, with ``packed`` (row scales), (M, N + 4) with each row's scale
     bytes at [N:N + 4]; the scales (M, 1) or (M, N / block) float32 (row / block, unpacked);
     y (M, N) in x's dtype if ``emit_y``; h (M, N) in the residual's dtype with a residual;
-    the per-row amax of y (M, 1) float32 if ``emit_amax``."""
+    the per-row amax of y (M, 1) float32 if ``emit_amax``; with ``emit_transposed`` y_qᵀ
+    (N, M) in ``quant_dtype`` and, unless static, its scales (N, ⌈M / 128⌉) float32."""
     M, N = x.shape
     assert scale_mode == "row" or scale_mode == "block" or scale_mode == "static"
     assert quant_dtype != nl.float8_e4m3fn or nisa.get_nc_version() == nisa.nc_version.gen4
@@ -512,6 +666,15 @@ def rmsnorm_quant(
     if emit_amax:
         amax = nl.ndarray((M, 1), dtype=nl.float32, buffer=nl.shared_hbm)
         outputs.append(amax)
+    y_q_t = None
+    scales_t = None
+    if emit_transposed:
+        y_q_t = nl.ndarray((N, M), dtype=quant_dtype, buffer=nl.shared_hbm)
+        outputs.append(y_q_t)
+        if scale_mode != "static":
+            tiles_m = (M + nl.tile_size.pmax - 1) // nl.tile_size.pmax
+            scales_t = nl.ndarray((N, tiles_m), dtype=nl.float32, buffer=nl.shared_hbm)
+            outputs.append(scales_t)
 
     weight_row = None
     ones = None
@@ -520,10 +683,10 @@ def rmsnorm_quant(
     static_inverse = None
     if scale_mode == "static":
         static_inverse = _broadcast_scale(input_scale)
-    hbm = (x, residual, y_q, scales, y, h, amax, packed_scales)
+    hbm = (x, residual, y_q, scales, y, h, amax, packed_scales, y_q_t, scales_t)
     options = (eps, quant_dtype, scale_mode, block, lower_bound, scale_floor)
     tiles = _core_tiles(M)
-    if not _two_tiles_fit(x, residual, weight, emit_y, quant_dtype):
+    if not _two_tiles_fit(x, residual, weight, emit_y, emit_transposed, quant_dtype):
         for t in range(len(tiles)):
             loaded = _tile_front(hbm, options, weight_row, ones, tiles[t][0], tiles[t][1])
             state = _tile_scales(hbm, options, loaded)

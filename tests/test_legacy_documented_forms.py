@@ -1,0 +1,111 @@
+"""Forms the legacy NKI docs write as legal, run on the legacy simulator exactly as the docs
+write them (aws-neuron-sdk@8a38e733 ``general/nki/api/nki.errors.rst``), with the illegal
+twin each example stands beside still rejected."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import simulate as nki
+import simulate.isa as nisa
+import simulate.language as nl
+from simulate.core.errors import NKIError
+
+
+def _run(kernel, *args):
+    return nki.trace_kernel(kernel, *args, target="trn1")[0]
+
+
+def test_if_on_a_range_variable_comparison(rng):
+    """err_local_variable_used_out_of_scope's corrected example (L431-L443)."""
+
+    def kernel(a, b, c):
+        for i in range(4):
+            tmp = nl.ndarray(shape=a.shape, dtype=a.dtype)
+            if i < 2:
+                tmp[...] = nl.load(a)
+            else:
+                tmp[...] = nl.load(b)
+            nl.store(c, tmp)
+
+    a, b = rng.standard_normal((2, 8, 16)).astype(np.float32)
+    c = np.full_like(a, np.nan)
+    nki.simulate_kernel(nki.jit(kernel), a, b, c)
+    np.testing.assert_array_equal(c, b)  # the last iteration (i = 3) stores b
+
+
+def test_if_scoped_tile_used_outside_is_still_rejected(rng):
+    """The example it corrects (L425-L429): a tile created in the ``if`` block is out of
+    scope after it."""
+
+    def kernel(a, b, c):
+        for i in range(4):
+            if i < 2:
+                tmp = nl.load(a)
+            else:
+                tmp = nl.load(b)
+            nl.store(c, tmp)
+
+    a = rng.standard_normal((8, 16)).astype(np.float32)
+    with pytest.raises(NKIError, match="err_local_variable_used_out_of_scope"):
+        nki.simulate_kernel(nki.jit(kernel), a, a, np.zeros_like(a))
+
+
+def test_a_range_comparison_outside_a_branch_is_still_rejected():
+    """Python computing with the symbolic loop index (``min``) stays illegal."""
+
+    def kernel(x):
+        out = nl.ndarray(x.shape, nl.float32, buffer=nl.shared_hbm)
+        for t in range(2):
+            width = min(t * 8 + 8, 16)
+            nl.store(out[:, 0:width], nl.load(x[:, 0:width]))
+        return out
+
+    with pytest.raises(NKIError, match="sequential_range_index"):
+        _run(kernel, np.zeros((4, 16), np.float32))
+
+
+def test_masks_of_loop_variables_and_a_stored_loop_variable():
+    """err_unsupported_expression_in_mask's supported mask expressions (L846-L856), as
+    written: a loop variable stored under ``mask=i < 4`` and ``(2*i + 3*j + 1) < 20``."""
+
+    def first():
+        out = nl.ndarray([8], dtype=nl.int32, buffer=nl.shared_hbm)
+        for i in range(8):
+            nl.store(out, i, mask=i < 4)
+        return out
+
+    def second():
+        out = nl.ndarray([8], dtype=nl.int32, buffer=nl.shared_hbm)
+        for i in range(8):
+            for j in range(8):
+                nl.store(out, i, mask=(2 * i + 3 * j + 1) < 20)
+        return out
+
+    np.testing.assert_array_equal(_run(first), np.full(8, 3))  # the last i with i < 4
+    np.testing.assert_array_equal(_run(second), np.full(8, 7))  # 2*7 + 0 + 1 < 20
+
+
+def test_item_assignment_into_an_iota_tile():
+    """err_cannot_assign_to_index (L171-L175): ``y = nisa.iota(x); y[0, 5] = 1024`` works,
+    while the index tensor ``x`` itself cannot be assigned."""
+
+    def kernel():
+        out = nl.ndarray([1, 8], dtype=nl.uint32, buffer=nl.shared_hbm)
+        _, x = nl.mgrid[0:1, 0:8]
+        y = nisa.iota(x, dtype=nl.uint32)
+        y[0, 5] = 1024
+        nl.store(out, y)
+        return out
+
+    expected = np.arange(8, dtype=np.uint32)[None]
+    expected[0, 5] = 1024
+    np.testing.assert_array_equal(_run(kernel), expected)
+
+    def assigns_the_index():
+        _, x = nl.mgrid[0:1, 0:8]
+        x[0, 5] = 1024
+
+    with pytest.raises((NKIError, TypeError)):
+        _run(assigns_the_index)
