@@ -30,6 +30,14 @@ JOBS      ?= 2
 venv: $(VENV)/.installed
 venv310: $(VENV310)/.installed
 
+# make run needs only the package (NumPy, ml_dtypes): the same venv, without the frameworks
+# and test tools unless make test installed them already.
+$(VENV)/.core: pyproject.toml
+	@test -n "$(PYTHON311)" || { echo "no Python 3.11 found: set PYTHON311=/path/to/python3.11" >&2; exit 1; }
+	@test -x $(PYTHON) || $(PYTHON311) -m venv $(VENV)
+	$(PYTHON) -m pip install -q -e .
+	touch $@
+
 $(VENV)/.installed: pyproject.toml
 	@test -n "$(PYTHON311)" || { echo "no Python 3.11 found: set PYTHON311=/path/to/python3.11" >&2; exit 1; }
 	@test -x $(PYTHON) || $(PYTHON311) -m venv $(VENV)
@@ -45,7 +53,7 @@ $(VENV310)/.installed: pyproject.toml
 	$(PY310) -m pip install -q -e '.[test]'
 	touch $@
 
-run: venv
+run: $(VENV)/.core
 	$(PYTHON) examples/quickstart.py
 
 lint: venv

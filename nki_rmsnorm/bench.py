@@ -122,7 +122,7 @@ class Record:
 
 
 def minimal_hbm_bytes(kind: str, M: int, N: int, itemsize: int) -> int:
-    """Bytes each kernel must move at least (hw_cost_facts §6a), incl. the fp32 rstd."""
+    """Bytes each kernel must move at least (docs/design.md, Sources), incl. the fp32 rstd."""
     if kind == "fwd":
         return 2 * itemsize * M * N + itemsize * N + 4 * M
     if kind == "fused_add":

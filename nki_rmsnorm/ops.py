@@ -8,7 +8,7 @@ NeuronDevice) and gives the outputs the caller's shape back. Inputs with no rows
 empty outputs without launching anything; non-contiguous arrays are copied to contiguous
 ones first.
 
-Decisions beyond ``design.md``:
+Decisions beyond the contract in ``docs/design.md``:
 
 * ``offset`` shifts the weight (``weight + offset``), so a non-zero ``offset`` without a
   ``weight`` is a ``ValueError`` rather than silently ignored; pass ``weight=np.zeros(N)``

@@ -1,7 +1,7 @@
 """Float64 NumPy reference implementations of RMSNorm (forward and backward).
 
 These are the ground truth the kernels, launchers and framework bindings are tested against.
-They follow the contract in ``design.md``; everything is computed in float64 and rounded only
+They follow the contract in ``docs/design.md``; everything is computed in float64 and rounded only
 where the chosen ``casting_mode`` says a real implementation rounds.
 
 Forward, normalising over the last axis (any number of leading dimensions)::

@@ -29,7 +29,7 @@ CALIBRATION_JSON = ROOT / "docs" / "calibration.json"
 BENCH_JSON = ROOT / "docs" / "bench.json"
 FILES = (ROOT / "README.md", ROOT / "docs" / "calibration.md", ROOT / "docs" / "benchmark.md")
 KIND_TITLES = {"fwd": "Forward", "bwd": "Backward", "fused_add": "Fused residual add + forward"}
-# Goals on the ratio to the copy kernel, for N >= 2048 (issue 11): kind -> target -> bound
+# Goals on the ratio to the copy kernel, for N >= 2048 (our goals): kind -> target -> bound
 COPY_GOALS = {
     "fwd": dict.fromkeys(("trn1", "trn2", "trn3"), 1.03),
     "fused_add": dict.fromkeys(("trn1", "trn2", "trn3"), 1.03),
@@ -37,7 +37,7 @@ COPY_GOALS = {
 }
 GOAL_MIN_N = 2048
 # Goal on the modeled speed-up of a trn2 logical core of two physical cores (LNC=2) over one
-# core (LNC=1), for M >= 2048 (issue 10).
+# core (LNC=1), for M >= 2048 (the project's goal).
 LNC_SPEEDUP_GOAL = 1.9
 LNC_GOAL_MIN_M = 2048
 

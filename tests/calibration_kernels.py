@@ -1,5 +1,5 @@
 """Small NKI kernels that reproduce published Trainium measurements, and the calibration of the
-cost model against them (hw_cost_facts.md §3b, §4, §5).
+cost model against them (docs/calibration.md; source keys in docs/design.md).
 
 Each ``calibrate_*`` function runs its kernel in the simulator on fresh random inputs, checks
 the output against a float64 NumPy reference, models the trace and returns
@@ -467,7 +467,7 @@ def calibrate_dma_and_exp() -> list[CalibrationPoint]:
 
 
 # S6's chart of DMA throughput vs bytes per partition (P = 128), relative to 32 KiB; its
-# y axis has no labels, so the values are pixel readings (I, ±3 %; hw_cost_facts §3b)
+# y axis has no labels, so the values are pixel readings (I, ±3 %; docs/design.md, Sources)
 _DMA_SIZE_CHART = {256: 0.103, 1024: 0.424, 2048: 0.813, 4096: 0.966}
 
 

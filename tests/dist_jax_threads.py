@@ -3,7 +3,7 @@ one after another.
 
 Run as a script by ``test_distributed.py`` in a fresh interpreter under a timeout: with the
 ``pure_callback`` binding, four threads calling a jitted ``rms_norm`` deadlocked at
-``np.asarray`` of a callback argument (issue 13, defect 5), and a deadlock must fail the test
+``np.asarray`` of a callback argument (a deadlock once), and a deadlock must fail the test
 rather than hang it. Every thread checks its results bit for bit against the serial ones.
 """
 

@@ -73,7 +73,7 @@ def test_quick_run_checks_results_and_writes_json(tmp_path, capsys):
 
 
 def test_minimal_bytes_follow_the_roofline_table():
-    # hw_cost_facts §6a: 4096² bf16 forward 67.12 MB (+ 4·M for rstd), backward 100.70 MB
+    # docs/design.md: 4096² bf16 forward 67.12 MB (+ 4·M for rstd), backward 100.70 MB
     assert bench.minimal_hbm_bytes("fwd", 4096, 4096, 2) == 67_117_056 + 4 * 4096
     assert bench.minimal_hbm_bytes("bwd", 4096, 4096, 2) == 100_704_256
     assert bench.minimal_hbm_bytes("fused_add", 1, 1, 4) == 4 * 4 + 4 + 4

@@ -3,7 +3,7 @@
 The kernels and the comparison live in ``calibration_kernels.py``; its docstrings say how
 each published shape is scaled down and why the model's time extrapolates exactly. Every
 published point the project accepts (``asserted``) must be modeled within 35 %, and the
-median error over them within 15 % (issue 11's goals; see ``docs/calibration.md`` for where
+median error over them within 15 % (the project's goals; see ``docs/calibration.md`` for where
 the model stands), so a model change that moves a point out fails here. Every kernel's
 output is checked against float64 NumPy, and ``docs/calibration.json`` (the source of the
 README's table) must match what the model gives now.
@@ -20,8 +20,8 @@ import pytest
 from calibration_kernels import CALIBRATIONS, to_json
 
 ROOT = Path(__file__).resolve().parent.parent
-MAX_ERROR = 0.35  # issue 11's goal for every point
-MEDIAN_ERROR = 0.15  # issue 11's goal for the median
+MAX_ERROR = 0.35  # the project's goal for every point
+MEDIAN_ERROR = 0.15  # the project's goal for the median
 
 
 @pytest.fixture(scope="module")

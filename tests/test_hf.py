@@ -443,7 +443,7 @@ def test_apply_leaves_other_modules_and_rejects_bad_input():
 
 
 # ---------------------------------------------------------------------------------------------
-# What "bit for bit" means for casting_mode="llama" (issue 13 defect 9)
+# What "bit for bit" means for casting_mode="llama" (a regression test)
 # ---------------------------------------------------------------------------------------------
 
 

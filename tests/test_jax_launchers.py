@@ -1,4 +1,4 @@
-"""The JAX launch paths (issue 9) and the JAX parts of issue 13 that need no subprocess.
+"""The JAX launch paths and the JAX regression tests that need no subprocess.
 
 * ``simulate.jax_neuronx.nki_call``, the CPU twin of ``jax_neuronx.nki_call`` (SDK 2.20 -
   2.22), under ``jit`` / ``vmap``, with its ``out_shape`` checks;
@@ -7,7 +7,7 @@
   the tutorial kernel and against ours;
 * the binding's two CPU paths (``"simulator"`` and ``"nki_call"`` through the twin) giving
   the same bits, the path visible through ``launch_path()`` and a DEBUG log line;
-* an fp32 bias's gradient in fp32 (issue 13, defect 3), ``jax.export``'s error.
+* an fp32 bias's gradient in fp32 (a regression test), ``jax.export``'s error.
 """
 
 from __future__ import annotations
@@ -266,7 +266,7 @@ def test_simulator_and_nki_call_paths_give_the_same_bits(monkeypatch, caplog):
 
 
 def test_fp32_bias_gradient_keeps_fp32_accuracy(no_jax_neuronx):
-    """Issue 13, defect 3: dbias of an fp32 bias beside a bf16 weight is the fp32 column sum
+    """Regression: dbias of an fp32 bias beside a bf16 weight is the fp32 column sum
     of dy, not that sum rounded to bfloat16 (0.5 bf16 ulp off)."""
     x = _randn((512, 64), jnp.bfloat16, seed=9)
     w = _randn((64,), jnp.bfloat16, seed=10, scale=0.3, shift=1.0)

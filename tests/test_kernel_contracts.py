@@ -10,7 +10,7 @@
 * The planners: every accepted (N, dtypes, options, target) fits the target's SBUF
   (hypothesis over the pure-Python planners), and their byte budgets bound what the kernels
   really allocate (the simulator's peak) for the tightest cases.
-* dbias comes back in the bias's dtype, summed in fp32 and rounded once (issue 13 defect 3),
+* dbias comes back in the bias's dtype, summed in fp32 and rounded once (a regression test),
   and the backward no longer runs out of SBUF for an fp32 dy beside a 2-byte x (defect 4).
 """
 
@@ -593,7 +593,7 @@ def test_backward_plan_bounds_the_allocation(rng, target, case, kernel_dialect):
 
 
 # ---------------------------------------------------------------------------------------------
-# Issue 13 regressions
+# Regressions
 # ---------------------------------------------------------------------------------------------
 
 

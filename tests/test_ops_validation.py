@@ -60,7 +60,7 @@ FORWARD_CASES = {
     "eps_array": (dict(eps=np.ones(2)), TypeError, "eps"),
     "offset_nan": (dict(offset=float("nan")), ValueError, "offset"),
     "offset_without_weight": (dict(weight=None, offset=1.0), ValueError, "offset"),
-    # Scalars beyond what float() takes quietly (issue 13 defect 8): each names its argument.
+    # Scalars beyond what float() takes quietly (a regression test): each names its argument.
     "eps_huge_int": (dict(eps=10**400), ValueError, "eps"),
     "eps_huge_fraction": (dict(eps=Fraction(10**400, 3)), ValueError, "eps"),
     "eps_none": (dict(eps=None), TypeError, "eps"),

@@ -1,6 +1,6 @@
 """Tests of the float64 reference (nki_rmsnorm.reference) against straightforward formulas.
 
-The expected values are written out directly from the math in design.md. The only building
+The expected values are written out directly from the math in docs/design.md. The only building
 block shared with the module is ``round_to``, which is checked on its own first against the
 definition of correct rounding.
 """

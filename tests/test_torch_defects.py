@@ -1,4 +1,4 @@
-"""Regression tests for the PyTorch defects of issue 13 (each failed before its fix), and
+"""Regression tests for the PyTorch defects found in review (each failed before its fix), and
 gradient accumulation into every input that receives a gradient."""
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ from nki_rmsnorm import dialect, kernels  # noqa: E402
 from nki_rmsnorm import torch as nki_torch  # noqa: E402
 from simulate import torch_neuronx as simulated_torch_neuronx  # noqa: E402
 
-#: The output-parameter kernels (issue 9) come from the kernels' branch; the tests that launch
+#: The output-parameter kernels come from the kernels' branch; the tests that launch
 #: them need them.
 needs_output_kernels = pytest.mark.skipif(
     not hasattr(kernels, "rmsnorm_fwd_out"), reason="needs the output-parameter kernels"

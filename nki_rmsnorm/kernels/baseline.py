@@ -23,8 +23,8 @@ import math
 
 from nki_rmsnorm.nki import nki, nl
 
-_COPY_ROW_BYTES = 16 * 1024  # S5: ≥ 4 KiB per partition saturates the DMA engines
-_COPY_MIN_ROW_BYTES = 4 * 1024  # S5: the target for full saturation
+_COPY_ROW_BYTES = 16 * 1024  # S5 L75-86: ≥ 4 KiB per partition saturates DMA
+_COPY_MIN_ROW_BYTES = 4 * 1024  # S5 L75-86: the target for full saturation
 #: Row lengths (bytes per partition at most) the bench tries for the copy yardstick.
 COPY_ROW_BYTES = (2 * 1024, 4 * 1024, 8 * 1024, 16 * 1024, 32 * 1024)
 
@@ -106,7 +106,7 @@ def tutorial_rmsnorm_bwd(dy, x, weight, rstd, dx, dweight):
 
 def copy_row_length(size: int, itemsize: int, row_bytes: int = _COPY_ROW_BYTES) -> int:
     """Elements per row of the flat copy view of a tensor of ``size`` elements: ``row_bytes``,
-    or down to 4 KiB (S5: saturates the DMA engines) so that the copy has at least 4 tiles to
+    or down to 4 KiB (S5 L75-86: saturates the DMA engines) so that the copy has at least 4 tiles to
     overlap loads with stores, or fewer still so that a tile spans 128 rows (all 16 DMA
     engines busy)."""
     overlap = max(_COPY_MIN_ROW_BYTES // itemsize, size // (4 * 128))

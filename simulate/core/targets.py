@@ -1,6 +1,7 @@
 """Per-target hardware facts the simulator enforces: partitions, SBUF/PSUM capacity, tile limits.
 
-Numbers from ``hw_cost_facts.md`` §1b and ``nki_api_spec.md`` §2.3–2.4 (documented values).
+Documented values: the architecture guides (S1-S3, S8 in ``docs/design.md``, Sources) and the
+legacy programming model's tile-size limits (``general/nki/programming_model.rst@8a38e733``).
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ isa.constants = constants  # ``from nki.isa import constants`` (see :mod:`.const
 #: (aws-neuron/nki-library@d2ad3a5 ``src/nkilib_src/nkilib/experimental/loss/cross_entropy.py``
 #: L33; aws-neuron-sdk@81ce03ae ``nki/library/api/find-nonzero-indices.rst`` L46)
 dtype = dtypes.NkiDtype
-cpu_simulate = simulate  # NKILIB's harness name (spec §1.4 decision)
+cpu_simulate = simulate  # NKILIB's harness name (test/utils/simulation_setup.py)
 __simulated__ = True  # tells a shim that ``import nki`` found this front-end, not the SDK
 __version__ = "0.6.0"  # the NKI release (Neuron SDK 2.32) whose API this front-end mirrors
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import gc
 import inspect
 import os
 import sys
@@ -212,11 +213,26 @@ def _is_kernel_file(root: str, filename: str) -> bool:
     )
 
 
+def _qualified_name(code: types.CodeType) -> str:
+    """``code.co_qualname`` (Python 3.11+); on 3.10 the ``__qualname__`` of the function that
+    owns ``code``. Only error messages call it, so the search of the referrers costs nothing
+    on a legal kernel."""
+    qualname = getattr(code, "co_qualname", None)
+    if qualname is not None:
+        return qualname
+    owners = (
+        f
+        for f in gc.get_referrers(code)
+        if isinstance(f, types.FunctionType) and f.__code__ is code
+    )
+    return next((f.__qualname__ for f in owners), code.co_name)
+
+
 def _check_frame_values(pairs, what: str, code: types.CodeType, arrays=False) -> None:
     for name, value in pairs:
         problem = offending_value(value, arrays=arrays)
         if problem is not None:
-            _reject(problem, f"{what} `{name}` of `{code.co_qualname}`")
+            _reject(problem, f"{what} `{name}` of `{_qualified_name(code)}`")
 
 
 def _kernel_code_tracer(root: str, on_new_code):
@@ -230,7 +246,7 @@ def _kernel_code_tracer(root: str, on_new_code):
             code = frame.f_code
             problem = offending_value(arg)
             if problem is not None:
-                _reject(problem, f"the value `{code.co_qualname}` returns")
+                _reject(problem, f"the value `{_qualified_name(code)}` returns")
             _check_frame_values(frame.f_locals.items(), "local", code, arrays=True)
         return on_return
 

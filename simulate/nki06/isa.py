@@ -5,7 +5,7 @@ Every instruction writes into a caller-supplied ``dst`` view and returns an opaq
 ``dst.dtype`` (MIG 0.1->0.2, ``nki/migration/index.rst@81ce03ae``). Arithmetic runs in
 float32 and rounds on write (SHARED ``nki/api/nki.api.shared.rst@81ce03ae``). Operands pair
 element by element in row-major order when they have the same partition count and the same
-number of elements per partition (spec §3.0 decision). Constraint violations raise
+number of elements per partition (ABOUT L200-202; RN L90-92). Constraint violations raise
 :class:`NkiValidationError` (an ``AssertionError``) naming the instruction and operand, in
 the wording of the official simulator (``nki/guides/nki_simulator.rst@81ce03ae``, line 269).
 """
@@ -488,7 +488,7 @@ def dma_compute(
     dst, srcs, reduce_op, scales=None, unique_indices=True, oob_mode=oob_mode.error, name=None
 ):
     """``dst = reduce_op(srcs[0] * scales[0], ...)`` in float32 on the DMA engine; only
-    ``nl.add``; ``dst`` is read only when it is one of ``srcs`` (spec §3.3 decision)."""
+    ``nl.add``; ``dst`` is read only when it is one of ``srcs`` (STUB-ISA L2661, L2677-L2685)."""
     api = "dma_compute"
     _dma_side(api, "dst", dst)
     if not isinstance(srcs, (list, tuple)) or not 1 <= len(srcs) <= 16:
@@ -656,7 +656,7 @@ def activation(
     or a float32 ``(P, 1)`` tile; ``bias``: a ``(P, 1)`` tile (any dtype but tfloat32; a
     scalar bias only on NeuronCore-v3+). The per-partition reduction of the float32 result
     folds into the Scalar engine's reduce registers per ``reduce_cmd`` (``idle`` leaves them
-    unchanged, spec §3.4 decision); ``reduce_res`` receives the registers after the update."""
+    unchanged; the docs are silent); ``reduce_res`` receives the registers after the update."""
     return _activation(
         "activation", dst, op, data, bias, scale, reduce_op, reduce_res, reduce_cmd, name
     )
@@ -998,7 +998,7 @@ def tensor_reduce(dst, op, data, axis, negate=False, keepdims=False, name=None):
     write(dst, sem.reduce_last(spec, values, negate))
     # costed by the elements it reads, as the legacy front-end does: the Vector engine streams
     # the input (the tensor_reduce cost rule counts input elements, N/2 cycles for bf16 add
-    # and max: hw_cost_facts §2c, D S10 L1466-1480), whatever few it writes
+    # and max: D S10 L1466-1480), whatever few it writes
     return _emit(
         "dve",
         api,

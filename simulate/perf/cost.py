@@ -1,7 +1,7 @@
 """The cost model: turns an instruction trace into modeled time on one NeuronCore.
 
 Every number comes from ``CONSTANTS`` below, one row per constant with a column per
-NeuronCore generation and the source tag of ``hw_cost_facts.md``: **D** documented, **D→**
+NeuronCore generation and a source tag (``docs/design.md``, Sources): **D** documented, **D→**
 arithmetic on documented numbers, **I** inferred (fitted to a published measurement, read
 off a chart, or assumed). Targets: ``inf2`` and ``trn1`` (NeuronCore-v2), ``trn2`` (v3, one
 physical core, LNC=1, or a logical core of two under LNC=2), ``trn3`` (v4, the same).
@@ -10,7 +10,7 @@ What the model assumes
 ----------------------
 * **Engines.** Tensor (PE), Scalar (ACT), Vector (DVE) and GpSimd (Pool) run concurrently.
   An instruction occupies its engine for its cost in that engine's cycles (the documented
-  per-instruction rules, hw_cost_facts §2b-§2c): ``max(MIN_II, k·N / fast_mode)`` for ACT and
+  per-instruction rules, docs/design.md, Sources): ``max(MIN_II, k·N / fast_mode)`` for ACT and
   DVE, ``GPSIMD_START + N`` for Pool index ops, ``max(min(64, N_stationary), N_moving)`` (×4
   for fp32) for matmuls; ``N`` is the free size (elements per partition). The partition
   count never changes the cost; the dtype does only through the documented fast modes
@@ -98,12 +98,12 @@ from ..core.targets import get_target
 from ..core.trace import Trace
 
 # --- the constants ------------------------------------------------------------------------
-# (NC-v2 = inf2/trn1, NC-v3 = trn2, NC-v4 = trn3)   tag and source in hw_cost_facts.md
+# (NC-v2 = inf2/trn1, NC-v3 = trn2, NC-v4 = trn3)   tag and source: docs/design.md, Sources
 CONSTANTS: dict[str, tuple[float, float, float]] = {
     # engine clocks, GHz
     "pe_clock_ghz": (2.8, 2.4, 2.4),  # D S1 L65-73; S2 L44-64; S3 L44-61
     "act_clock_ghz": (1.4, 1.2, 1.2),  # D same
-    "dve_clock_ghz": (1.12, 0.96, 1.2),  # D same (DVE instruction clock, §7 #5)
+    "dve_clock_ghz": (1.12, 0.96, 1.2),  # D same (DVE instruction clock)
     "pool_clock_ghz": (1.4, 1.2, 1.2),  # D same
     # per-instruction rules, engine cycles
     "min_ii_cycles": (64, 64, 64),  # D S10 (every ACT/DVE cost); v3/v4 same: I
@@ -128,13 +128,13 @@ CONSTANTS: dict[str, tuple[float, float, float]] = {
     "k_bn_aggr": (13 / 3, 13 / 3, 13 / 3),  # D S10 L335-338
     "stride_penalty_bytes": (16, 16, 16),  # D S1 L756-762: innermost stride > 16 B ...
     "stride_penalty_factor": (2, 2, 2),  # D S1 L756-762: ... halves the access bandwidth
-    # dtype fast modes (speed-up over the generic rule; hw_cost_facts §2c)
+    # dtype fast modes (speed-up over the generic rule; docs/design.md, Sources)
     "dve_fast_copy": (1, 4, 4),  # D S2 L224-229: tensor_copy/tensor_scalar bf16/fp16 SBUF
     "dve_fast_copy_slow_path": (1, 2, 2),  # D S2 L231-234: strided or one side in PSUM
     "dve_fast_tensor_tensor": (1, 2, 2),  # D S2 L235-236 (? unverified: "2x vs NC-v2")
     "act_fast_copy": (1, 1, 2),  # D S3 L218: ACT tensor_scalar/tensor_copy bf16/fp16
     # dependencies
-    "semaphore_latency_us": (0.1, 0.1, 0.1),  # I (§7 #8: compute->compute undocumented)
+    "semaphore_latency_us": (0.1, 0.1, 0.1),  # I (compute->compute latency is undocumented)
     "schedule_window": (8, 8, 8),  # I (compiler list-scheduling look-ahead per engine)
     "nc_v2_ports": (1, 0, 0),  # D S1 L594-598, L764-770; lifted on v3 (S2 L266-273)
     # DMA
@@ -145,7 +145,7 @@ CONSTANTS: dict[str, tuple[float, float, float]] = {
     # v2: 17.5 B/ns = one engine moving 32 KiB in 1.81-1.93 us (I, S4 fig30; 17.0-18.1 B/ns);
     # v3/v4: D S5 L59-64 table (23/33 B/ns); v3 fits the S6 1416 ns tooltip
     "dma_efficiency": (17.5 / 27.2, 0.85, 0.86),
-    "hbm_share_gbps": (410.0, 362.5, 612.0),  # D→ chip HBM bandwidth / physical cores (§1b)
+    "hbm_share_gbps": (410.0, 362.5, 612.0),  # D→ chip HBM bandwidth / physical cores (S1, S8)
     # LNC=2: a logical core is two physical cores (D S9 L14: trn2/trn3 only) "that have
     # shared HBM memory" (D nki/get-started/about/lnc.rst@81ce03ae L18-21). trn2: "four 24GB
     # HBM banks. Each bank is shared by two physical NeuronCore-v3" (D S9 L65, L100), so the
