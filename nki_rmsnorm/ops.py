@@ -88,23 +88,10 @@ def rms_norm_fwd(x: np.ndarray, weight: np.ndarray | None = None, eps: float = 1
         ``(y, rstd)``, or ``(y, h, rstd)`` with a residual; ``rstd`` is float32 of shape
         ``x.shape[:-1]`` and ``h`` has the residual's dtype.
     """
-    x = _kernel_array(x, "x")
-    if x.ndim == 0:
-        raise ValueError("x must have at least one dimension (the normalised one), got a 0-d "
-                         "array")
+    x, residual = _input_rows(x, residual)
     n = x.shape[-1]
-    if n == 0:
-        raise ValueError(f"x must have a non-empty last (normalised) dimension, got shape "
-                         f"{x.shape}")
     weight = _parameter(weight, "weight", n, x.dtype)
     bias = _parameter(bias, "bias", n, x.dtype)
-    if residual is not None:
-        residual = _kernel_array(residual, "residual")
-        if residual.shape != x.shape:
-            raise ValueError(f"residual must have x's shape {x.shape}, got {residual.shape}")
-        if residual.dtype not in (x.dtype, _FLOAT32):
-            raise TypeError(f"residual must have x's dtype ({x.dtype}) or float32, got "
-                            f"{residual.dtype}")
     eps = _eps(eps)
     offset = _offset(offset, weight)
     _casting_mode(casting_mode)
@@ -220,6 +207,26 @@ def rms_norm_bwd(dy: np.ndarray, x_or_h: np.ndarray, weight: np.ndarray | None,
     dweight = grads.pop(0) if weight is not None else None
     dbias = grads.pop(0) if has_bias else None
     return dx, dweight, dbias
+
+
+def _input_rows(x, residual):
+    """``(x, residual)`` as kernel arrays, checked: x has a non-empty last (normalised)
+    dimension; a residual has x's shape and x's dtype or float32."""
+    x = _kernel_array(x, "x")
+    if x.ndim == 0:
+        raise ValueError("x must have at least one dimension (the normalised one), got a 0-d "
+                         "array")
+    if x.shape[-1] == 0:
+        raise ValueError(f"x must have a non-empty last (normalised) dimension, got shape "
+                         f"{x.shape}")
+    if residual is not None:
+        residual = _kernel_array(residual, "residual")
+        if residual.shape != x.shape:
+            raise ValueError(f"residual must have x's shape {x.shape}, got {residual.shape}")
+        if residual.dtype not in (x.dtype, _FLOAT32):
+            raise TypeError(f"residual must have x's dtype ({x.dtype}) or float32, got "
+                            f"{residual.dtype}")
+    return x, residual
 
 
 def _rows(array: np.ndarray, rows: int, n: int) -> np.ndarray:
@@ -367,22 +374,9 @@ def rms_norm_quant(x: np.ndarray, weight: np.ndarray | None = None, eps: float =
     Returns:
         :class:`QuantizedRMSNorm`.
     """
-    x = _kernel_array(x, "x")
-    if x.ndim == 0:
-        raise ValueError("x must have at least one dimension (the normalised one), got a 0-d "
-                         "array")
+    x, residual = _input_rows(x, residual)
     n = x.shape[-1]
-    if n == 0:
-        raise ValueError(f"x must have a non-empty last (normalised) dimension, got shape "
-                         f"{x.shape}")
     weight = _parameter(weight, "weight", n, x.dtype)
-    if residual is not None:
-        residual = _kernel_array(residual, "residual")
-        if residual.shape != x.shape:
-            raise ValueError(f"residual must have x's shape {x.shape}, got {residual.shape}")
-        if residual.dtype not in (x.dtype, _FLOAT32):
-            raise TypeError(f"residual must have x's dtype ({x.dtype}) or float32, got "
-                            f"{residual.dtype}")
     eps = _eps(eps)
     name = quant_dtype_name(quant_dtype, target_nc_version())
     if scale_mode not in SCALE_MODES:
