@@ -442,7 +442,9 @@ def _transpose_group(y32, c0, width, count, q_t, scale_t, options):
             engine=nisa.tensor_engine,
         )
     if scale_mode == "static":
-        nisa.activation(dst=q_t, op=nl.copy, data=bank)
+        # a bit-accurate copy (same dtype on the Vector engine: isa L396-397); the Scalar
+        # engine's activation computes copy(x + 0), which turns a -0 into +0
+        nisa.tensor_copy(dst=q_t, src=bank, engine=nisa.vector_engine)
         return
     amax_t = _column((width, count))
     for k in range(count):
