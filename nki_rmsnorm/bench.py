@@ -77,7 +77,7 @@ EPS = 1e-6
 # Largest error against the float64 reference, in units of the dtype's epsilon times the
 # error's scale: the largest |reference| value for the forward outputs and dweight (≤ 1 ulp
 # for bf16/fp16 in gemma mode), and for dx the row's largest term rstd·max(|g|, |x̂·c|), as in
-# tests/test_bwd.py (dx itself can be far smaller than its terms after the cancellation).
+# tests/kernels/test_bwd.py (dx itself can be far smaller than its terms after the cancellation).
 TOLERANCE_EPS = {"fwd": 2.0, "fused_add": 2.0, "bwd": 8.0, "quant": 1.0}
 #: "quant": the dequantized y_q · scale against the float64 y, relative to the row's amax, in
 #: units of half the spacing of fp8 values just below fp8_max (1/16 for e4m3 and e4m3fn,
@@ -466,8 +466,8 @@ class YardstickCache:
     reuse one, typically the next sweep after a change to our kernels, which leaves the
     yardsticks alone. A value is keyed by :func:`_yardstick_sources` and the case; the input
     data is not in the key because the cost model reads the trace, never the values (checked
-    by tests/test_bench_runs.py). Files are written atomically, so parallel workers may share the
-    folder."""
+    by tests/bench/test_bench_runs.py). Files are written atomically, so parallel workers may
+    share the folder."""
 
     def __init__(self, folder: str | None) -> None:
         self.folder = None if folder is None else os.path.join(folder, "bench")

@@ -27,7 +27,7 @@ The model column is the cost model's estimate for the same case (the record in
 ``docs/bench.json`` when the checkout has it; else ``n/a``: run ``nki-rmsnorm bench --shapes
 MxN`` on any machine for it; the simulator does not run where the real SDK is installed).
 
-The measurement needs a NeuronDevice (``tests/test_device.py`` marks that test ``neuron``);
+The measurement needs a NeuronDevice (``tests/bench/test_device.py`` marks that test ``neuron``);
 the run's plumbing is tested there with the CPU standing in for the device.
 """
 

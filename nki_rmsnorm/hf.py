@@ -29,7 +29,7 @@ family's arithmetic and output dtype (read from ``transformers`` 5.23's modeling
   weight)`` in fp32, cast to the input dtype; the weight starts at zeros. Our preset:
   ``casting_mode="gemma"``, ``offset=1.0``, the input dtype.
 
-What is bit for bit HF's (tests/test_hf.py checks each norm call of every family):
+What is bit for bit HF's (tests/bindings/test_hf.py checks each norm call of every family):
 
 * Llama-style, every target: the kernels do HF's arithmetic in HF's order and roundings;
   only rstd is computed differently (its own summation order and a Newton-refined rsqrt,
@@ -85,7 +85,7 @@ __all__ = [
 ]
 
 #: ``transformers`` RMSNorm classes computed as LlamaRMSNorm does (checked against the
-#: modeling sources by tests/test_hf.py).
+#: modeling sources by tests/bindings/test_hf.py).
 LLAMA_STYLE = frozenset(
     {
         "LlamaRMSNorm",

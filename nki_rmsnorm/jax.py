@@ -304,7 +304,7 @@ def _host_call(host_function, result_types, *args):
     which runs on the XLA CPU client's worker threads — the same threads that are running
     the callbacks. With several devices (``shard_map``) or threads launching at once, every
     worker can be parked in a callback waiting for a transfer that no free worker runs: the
-    deadlock (tests/dist_jax_threads.py reproduces it).
+    deadlock (tests/bindings/dist_jax_threads.py reproduces it).
     """
 
     def on_host(_context, outputs, *buffers):

@@ -1,6 +1,6 @@
 """Regenerate the generated tables of README.md and docs/ from the JSON records.
 
-* ``docs/calibration.json`` (written by ``python tests/calibration_kernels.py --json
+* ``docs/calibration.json`` (written by ``python tests/simulate/perf/calibration_kernels.py --json
   docs/calibration.json``): the cost model against published measurements
   (``docs/calibration.md``).
 * ``docs/bench.json`` (written by ``nki-rmsnorm bench --json docs/bench.json``): the sweep
@@ -8,8 +8,8 @@
 
 Each table sits between ``<!-- generated:NAME begin -->`` and ``<!-- generated:NAME end -->``
 comments; the text between them is replaced, nothing else is touched. Never edit the tables
-by hand: ``tests/test_calibration.py`` and ``tests/test_bench.py`` fail when they differ
-from what this script makes of the JSON.
+by hand: ``tests/simulate/perf/test_calibration.py`` and ``tests/bench/test_bench.py`` fail
+when they differ from what this script makes of the JSON.
 
     python scripts/gen_tables.py            # rewrite the files
     python scripts/gen_tables.py --check    # exit 1 if a file is out of date

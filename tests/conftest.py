@@ -1,65 +1,30 @@
-"""Shared test helpers: a reproducible per-test random generator and NaN-poisoned outputs."""
+"""Fixtures and hooks: a reproducible per-test random generator, the simulator modes and the
+kernel dialect a test runs in. Shared helper functions live in helpers.py."""
 
 from __future__ import annotations
 
 import os
 import sys
 import tempfile
-import threading
 import zlib
 
-import ml_dtypes
 import numpy as np
 import pytest
+from helpers import LEGACY_ONLY_TARGETS, poison
 
 # torch.compile's FX-graph cache lives under /tmp by default and outlives a run: a graph it
 # compiled against an earlier schema of the package's custom operators would be served again.
 # Each test run compiles into its own directory.
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="nki_rmsnorm_inductor_"))
 
-BF16 = np.dtype(ml_dtypes.bfloat16)
-
 
 @pytest.fixture
 def rng(request):
-    """A generator seeded from the test id: reproducible, and different for every test."""
-    return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
-
-
-def poison(shape, dtype=np.float32) -> np.ndarray:
-    """An output buffer whose every element a kernel must overwrite: NaN for floats, the
-    largest value for integers, True for bool."""
-    dtype = np.dtype(dtype)
-    if dtype.kind in "iu":
-        return np.full(shape, np.iinfo(dtype).max, dtype)
-    if dtype.kind == "b":
-        return np.ones(shape, dtype)
-    return np.full(shape, np.nan, dtype)
-
-
-def random_array(rng, shape, dtype, low=-4.0, high=4.0) -> np.ndarray:
-    """Uniform random data in ``dtype`` (integers: the whole range clipped to [low, high]
-    for small types, never all equal)."""
-    dtype = np.dtype(dtype)
-    if dtype.kind == "b":
-        return rng.random(shape) < 0.5
-    if dtype.kind in "iu":
-        info = np.iinfo(dtype)
-        lo, hi = max(info.min, int(low)), min(info.max, int(high))
-        return rng.integers(lo, hi + 1, size=shape).astype(dtype)
-    return rng.uniform(low, high, size=shape).astype(np.float32).astype(dtype)
-
-
-def fresh_interpreter(code: str, **env: str) -> str:
-    """stdout of ``python -c code`` in a new interpreter whose environment has no NKI_SIM_*
-    variables except ``env`` (the simulator modes are read at import)."""
-    import subprocess
-
-    environment = {k: v for k, v in os.environ.items() if not k.startswith("NKI_SIM_")}
-    environment.update(env, PYTHONPATH=os.pathsep.join(sys.path))
-    result = subprocess.run([sys.executable, "-c", code], env=environment,
-                            capture_output=True, text=True, timeout=120, check=True)
-    return result.stdout.strip()
+    """A generator seeded from the test id: reproducible, and different for every test. The id
+    is taken as if the file sat directly in tests/ (file names are unique across tests/), so
+    moving a test file between directories does not change the inputs it draws."""
+    test = request.node.nodeid.split("::", 1)[1]
+    return np.random.default_rng(zlib.crc32(f"tests/{request.node.path.name}::{test}".encode()))
 
 
 @pytest.fixture(name="poison")
@@ -79,13 +44,23 @@ _SIMULATOR_SUITES = ("test_sim_", "test_cost_model", "test_calibration")
 
 def pytest_addoption(parser):
     group = parser.getgroup("nki simulator")
-    group.addoption("--nki-sdk", default=None,
-                    help="emulate this Neuron SDK release (2.20 ... 2.29) in the kernel tests")
-    group.addoption("--nki-approx", action="store_true",
-                    help="approximate the Scalar engine's transcendental functions")
-    group.addoption("--nki-dialect", default=None, choices=("legacy", "nki06"),
-                    help="run the kernel tests in this NKI dialect only (default: both where "
-                         "a test is parametrized over them)")
+    group.addoption(
+        "--nki-sdk",
+        default=None,
+        help="emulate this Neuron SDK release (2.20 ... 2.29) in the kernel tests",
+    )
+    group.addoption(
+        "--nki-approx",
+        action="store_true",
+        help="approximate the Scalar engine's transcendental functions",
+    )
+    group.addoption(
+        "--nki-dialect",
+        default=None,
+        choices=("legacy", "nki06"),
+        help="run the kernel tests in this NKI dialect only (default: both where "
+        "a test is parametrized over them)",
+    )
 
 
 def pytest_configure(config):
@@ -110,9 +85,11 @@ def pytest_report_header(config):
     import simulate
     from nki_rmsnorm import dialect
 
-    return (f"nki simulator: Neuron SDK {simulate.sdk_version()}, approximate "
-            f"transcendentals {'on' if simulate.approx_bound() else 'off'}; kernel dialect "
-            f"{_only_dialect(config) or 'both'} where parametrized, else {dialect.current()}")
+    return (
+        f"nki simulator: Neuron SDK {simulate.sdk_version()}, approximate "
+        f"transcendentals {'on' if simulate.approx_bound() else 'off'}; kernel dialect "
+        f"{_only_dialect(config) or 'both'} where parametrized, else {dialect.current()}"
+    )
 
 
 @pytest.fixture(autouse=True)
@@ -170,23 +147,21 @@ def dialect(kernel_dialect):
 def _only_dialect(config) -> str | None:
     chosen = config.getoption("--nki-dialect") or os.environ.get(_TEST_DIALECT_ENV) or None
     if chosen is not None and chosen not in KERNEL_DIALECTS:
-        raise pytest.UsageError(f"--nki-dialect must be one of {KERNEL_DIALECTS}, got "
-                                f"{chosen!r}")
+        raise pytest.UsageError(f"--nki-dialect must be one of {KERNEL_DIALECTS}, got {chosen!r}")
     return chosen
 
 
-#: Targets the nki06 kernels never run on (NKI 0.x supports Trn2/Trn3 only,
-#: aws-neuron-sdk@81ce03ae nki/nki_faq.rst L23-27): a test parametrized over both a dialect
-#: and a ``target`` runs only the pairs the hardware has.
-_LEGACY_ONLY_TARGETS = ("trn1", "inf2")
+#: A test parametrized over both a dialect and a ``target`` runs only the pairs the hardware
+#: has (:data:`helpers.LEGACY_ONLY_TARGETS`).
 _DIALECT_PARAMS = ("kernel_dialect", "dialect", "dialect_name")
 
 
 def _runs_nki06_on_neuroncore_v2(item) -> bool:
     callspec = getattr(item, "callspec", None)
     params = callspec.params if callspec else {}
-    return params.get("target") in _LEGACY_ONLY_TARGETS and any(
-        params.get(name) == "nki06" for name in _DIALECT_PARAMS)
+    return params.get("target") in LEGACY_ONLY_TARGETS and any(
+        params.get(name) == "nki06" for name in _DIALECT_PARAMS
+    )
 
 
 def pytest_collection_modifyitems(config, items):
@@ -207,60 +182,3 @@ def pytest_collection_modifyitems(config, items):
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
-
-
-#: Serialises the nki06 front-end's target environment variable between threads.
-_TARGET_LOCK = threading.Lock()
-
-
-#: The target a kernel test runs on when it names none, per dialect: the legacy simulator's
-#: default (trn1), and for nki06 trn2, the oldest NeuronCore NKI 0.x supports
-#: (aws-neuron-sdk@81ce03ae nki/nki_faq.rst L23-27; trn1 and inf2 run the legacy kernels only).
-DEFAULT_TARGETS = {"legacy": "trn1", "nki06": "trn2"}
-
-
-def default_target(dialect_name: str | None = None) -> str:
-    """:data:`DEFAULT_TARGETS` of ``dialect_name`` (default: the dialect in effect)."""
-    from nki_rmsnorm import dialect
-
-    return DEFAULT_TARGETS[dialect_name or dialect.current()]
-
-
-def runnable_target(target: str | None, dialect_name: str | None = None) -> str | None:
-    """The target a test that draws ``target`` runs ``dialect_name``'s kernels on (default:
-    the dialect in effect): ``target`` itself, except that the nki06 kernels never run on
-    trn1 / inf2 and take trn2 there (a randomized test keeps its draw for legacy)."""
-    from nki_rmsnorm import dialect
-
-    if target in _LEGACY_ONLY_TARGETS and (dialect_name or dialect.current()) == "nki06":
-        return "trn2"
-    return target
-
-
-def trace_launch(kernel, *args, target=None, lnc=None, **kwargs):
-    """Simulate ``kernel`` (either dialect) on ``target`` (default: its dialect's
-    :data:`DEFAULT_TARGETS`): ``(outputs, trace)``. ``lnc``: the nki06 launch's LNC degree
-    (``kernel[lnc]``); None launches without a bracket."""
-    import simulate
-    import simulate.nki06 as nki06
-
-    if not isinstance(kernel, nki06.Kernel):
-        if lnc is not None:
-            raise ValueError("lnc applies to nki06 kernels only")
-        return simulate.trace_kernel(kernel, *args, target=target, **kwargs)
-    name = target or DEFAULT_TARGETS["nki06"]
-    with _TARGET_LOCK:
-        saved = os.environ.get(_TARGET_ENV)
-        os.environ[_TARGET_ENV] = name
-        try:
-            outputs = (kernel if lnc is None else kernel[lnc])(*args, **kwargs)
-        finally:
-            if saved is None:
-                del os.environ[_TARGET_ENV]
-            else:
-                os.environ[_TARGET_ENV] = saved
-    return outputs, nki06.last_trace()
-
-
-_TARGET_ENV = "NEURON_PLATFORM_TARGET_OVERRIDE"
-
