@@ -23,8 +23,11 @@ TIMEOUT_S = 240
 def _run(script: str, *args: str) -> str:
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
     env.pop("XLA_FLAGS", None)
-    # the scripts import the shared dialect_launches.py from tests/
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE.parent), env.get("PYTHONPATH")]))
+    # the scripts import the shared dialect_launches.py from tests/; the repository root goes
+    # first, or tests/simulate/ (a directory without __init__.py) would be found as a
+    # namespace package `simulate` before an editable install's finder is asked
+    paths = [str(HERE.parents[1]), str(HERE.parent), env.get("PYTHONPATH")]
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, paths))
     done = subprocess.run(
         [sys.executable, str(HERE / script), *args], capture_output=True, text=True,
         timeout=TIMEOUT_S, env=env, cwd=HERE.parents[1],
