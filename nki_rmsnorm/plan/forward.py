@@ -95,13 +95,15 @@ PACKED_MIN_TILES = 4
 #: over the 128 partitions (regime "decode") forms the same group sums on its partitions and
 #: the same final reduce after a Tensor-engine transpose, so a row's Σh², rstd and y are
 #: bitwise the same in a batch of one row and of thousands.
-GROUP_MIN_COLUMNS = 8
+GROUP_MIN_COLUMNS = 16
 #: Groups whose squares (fp32) one ACT instruction writes and one DVE reduce sums, in the
 #: "rows" regime: a small buffer rather than a tile of fp32 squares per row.
 GROUP_CHUNK = 32
-#: The "decode" regime takes batches of at most this many rows (the group sums of a tile's
-#: rows are transposed to one row per partition) ...
-DECODE_MAX_ROWS = PMAX
+#: The "decode" regime takes batches of at most this many rows: beyond, its w-column DMA
+#: runs (w = n // 128) and its extra Vector passes cost more than the partitions it gains
+#: (modeled trn2 bf16 64 × 4096: 31.9 µs against 20.4 for whole rows; 29 × 8192: 24.0
+#: against 34.0) ...
+DECODE_MAX_ROWS = 32
 #: ... in tiles of at most this many elements per partition (rows · n // PMAX).
 DECODE_TILE_ELEMENTS = 4096
 
@@ -423,15 +425,16 @@ def choose_layout(
     the physical cores the row tiles are shared among (2 under LNC=2), each of which should
     keep ``MIN_TILES`` tiles to pipeline; only the rows per partition of "rows" and
     "packed" (and the rows per tile of "decode") depend on it, and they change no row's
-    arithmetic. ``decode``: the calling kernel has the "decode" regime, which takes batches
-    of at most ``DECODE_MAX_ROWS`` rows where the statistics are grouped (the same
-    arithmetic per row as "rows"; the legacy kernels run "rows" there)."""
+    arithmetic. ``decode``: the calling kernel has the "decode" regime (the nki06 kernels),
+    which takes batches of at most ``DECODE_MAX_ROWS`` rows where the statistics are
+    grouped, and "rows" groups them too at that n (the same arithmetic per row); the legacy
+    kernels have neither yet and keep whole-row statistics."""
     if n * dtype_bytes(plan.h_dtype) <= PACKED_MAX_ROW_BYTES:
         return Layout(
             "packed", rows_per_partition=packed_rows_per_partition(plan, m, n, budget, cores)
         )
-    grouped = grouped_statistics(plan, n, budget)
-    if grouped and decode and m <= DECODE_MAX_ROWS:
+    grouped = decode and grouped_statistics(plan, n, budget)
+    if grouped and m <= DECODE_MAX_ROWS:
         rows = decode_tile_rows(plan, m, n, budget, cores)
         if plan.decode_bytes(n, rows) <= budget:
             return Layout("decode", grouped=True, tile_rows=rows)

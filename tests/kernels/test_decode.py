@@ -1,0 +1,149 @@
+"""The forward regime "decode" (nki06, NeuronCore-v3+: batches of at most 128 rows spread
+over the 128 partitions) and the batch invariance it must keep: a row's y, h and rstd are
+bitwise the same in a batch of one row, of 29 rows ("decode") and of 200 rows ("rows", with
+the same grouped statistics), for every kernel dtype, casting mode and option, including
+rows of Inf, NaN, zeros and extreme magnitudes, and N not a multiple of 128."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from helpers import BF16, poison, trace_launch
+from test_fwd import _inputs, check_forward
+
+import simulate
+from nki_rmsnorm import kernels
+from nki_rmsnorm.plan.forward import DECODE_MAX_ROWS, choose_layout, make_plan
+
+FP32, FP16 = np.dtype(np.float32), np.dtype(np.float16)
+EPS = 1e-6
+
+
+def _layout(target, M, N, dtype, residual=None, decode=True):
+    spec = simulate.get_target(target)
+    plan = make_plan(
+        dtype,
+        dtype,
+        None,
+        residual,
+        0.0,
+        "gemma",
+        None,
+        FP32,
+        BF16,
+        tensor_engine=spec.nc_version >= 3,
+    )
+    return choose_layout(plan, M, N, spec.sbuf_bytes_per_partition, decode=decode)
+
+
+@pytest.mark.parametrize("target", ["trn2", "trn3"])
+@pytest.mark.parametrize("N", [4096, 8192, 17389])
+def test_planner_picks_decode_for_small_batches_only(target, N):
+    """Decode batches take "decode"; larger ones "rows" with the same grouped statistics;
+    the legacy kernels (no ``decode``) keep whole-row statistics."""
+    for M in (1, 8, 29, DECODE_MAX_ROWS):
+        layout = _layout(target, M, N, BF16)
+        assert layout.regime == "decode" and layout.grouped, (M, layout)
+    for M in (DECODE_MAX_ROWS + 1, 8192):
+        layout = _layout(target, M, N, BF16)
+        assert layout.regime == "rows" and layout.grouped, (M, layout)
+    assert not _layout(target, 1, N, BF16, decode=False).grouped
+    for short in (1, 127, 1000):  # packed, or rows too short to group
+        assert _layout(target, 1, short, BF16).regime != "decode"
+
+
+def _edge_rows(x):
+    """Rows 0–5 of ``x`` made IEEE edge cases: an Inf, a NaN, all zeros, huge, tiny and
+    a single non-zero element."""
+    x[0, 3] = np.inf
+    x[1, -1] = np.nan
+    x[2] = 0
+    # huge and tiny, yet with squares (and their sum) finite and normal in fp32
+    big, tiny = (200.0, 1e-2) if x.dtype == FP16 else (1e15, 1e-15)
+    x[3] = (x[3].astype(np.float64) * big).astype(x.dtype)
+    x[4] = (x[4].astype(np.float64) * tiny).astype(x.dtype)
+    x[5] = 0
+    x[5, 7] = 3
+    return x
+
+
+def _run(target, x, weight, bias, residual, mode, eps=EPS):
+    common = (weight, bias, eps, 0.0, mode, None)
+    if residual is None:
+        return trace_launch(kernels.kernel("rmsnorm_fwd", "nki06"), x, *common, target=target)
+    kernel = kernels.kernel("rmsnorm_add_fwd", "nki06")
+    return trace_launch(kernel, x, residual, *common, target=target)
+
+
+def _opcodes(trace):
+    return {i.opcode for i in trace.instructions}
+
+
+# (target, N, x dtype, casting mode, weight, bias, residual dtype)
+INVARIANCE_CASES = [
+    ("trn2", 4096, BF16, "gemma", True, False, None),  # "tensor" product, 3 bf16 pieces
+    ("trn2", 4096, FP32, "gemma", True, True, None),  # "tensor", 1 fp32 piece, bias
+    ("trn2", 4096, FP16, "llama", True, True, FP32),  # "vector", x̂ rounded, fused add
+    ("trn3", 4096, BF16, "none", False, True, BF16),  # "vector", no weight
+    ("trn2", 17389, BF16, "gemma", True, False, None),  # trailing columns (17389 mod 128)
+    ("trn3", 8192, FP32, "gemma", False, False, None),  # rstd only
+]
+
+
+@pytest.mark.parametrize("case", INVARIANCE_CASES, ids=lambda c: f"{c[0]}-{c[1]}-{c[2]}-{c[3]}")
+def test_row_results_do_not_depend_on_the_batch(rng, case):
+    target, N, dtype, mode, weight, bias, residual_dtype = case
+    x = _edge_rows(rng.standard_normal((200, N)).astype(dtype))
+    w = rng.normal(1.0, 0.2, N).astype(dtype) if weight else None
+    b = rng.normal(0.0, 0.5, N).astype(FP32) if bias else None
+    r = None if residual_dtype is None else rng.standard_normal((200, N)).astype(residual_dtype)
+    big, big_trace = _run(target, x, w, b, r, mode)
+    assert "activation_reduce" not in _opcodes(big_trace)  # grouped statistics in "rows"
+    for M in (1, 29):
+        small, trace = _run(target, x[:M].copy(), w, b, None if r is None else r[:M].copy(), mode)
+        assert "nc_matmul" in _opcodes(trace) and "tensor_reduce" in _opcodes(trace)
+        for got, want in zip(small, big):
+            assert got.dtype == want.dtype
+            np.testing.assert_array_equal(
+                got.view(np.uint8), want[:M].view(np.uint8), err_msg=f"M={M}"
+            )
+    # the edge rows: Inf → rstd 0, NaN → NaN, zeros → y 0 (eps > 0, no bias)
+    rstd = big[-1]
+    if residual_dtype is None:
+        assert rstd[0] == 0 and np.isnan(rstd[1])
+        assert bias or np.all(big[0][2] == 0)
+
+
+@pytest.mark.parametrize("M", [1, 8, 29, 64])
+@pytest.mark.parametrize("N", [4096, 17389, 127, 1])
+def test_decode_shapes_match_the_reference(kernel_dialect, rng, M, N):
+    """Decode batches (N = 17389 and the short rows of other regimes too) in each dialect
+    against the float64 reference, with ``test_fwd``'s tolerances."""
+    inputs = _inputs(rng, M, N, BF16, bias=N == 17389, residual=M == 8)
+    check_forward(inputs, target="trn2")
+
+
+@pytest.mark.parametrize("eps", [EPS, 0.0])
+def test_decode_writes_every_output_against_float64(rng, eps):
+    """The output-parameter kernel writes every element of poisoned outputs; y and rstd
+    match the float64 reference, Inf/NaN/zero/extreme rows included."""
+    M, N = 29, 17389
+    x = _edge_rows(rng.standard_normal((M, N)).astype(FP32))
+    w = rng.normal(1.0, 0.2, N).astype(FP32)
+    y, rstd = poison((M, N), FP32), poison((M,), FP32)
+    kernel = kernels.kernel("rmsnorm_fwd_out", "nki06")
+    _, trace = trace_launch(kernel, x, w, None, y, rstd, eps, 0.0, "gemma", target="trn2")
+    assert "tensor_reduce" in _opcodes(trace)
+    x64 = x.astype(np.float64)
+    with np.errstate(all="ignore"):
+        want_rstd = 1.0 / np.sqrt(np.mean(x64 * x64, axis=1) + eps)
+        want_y = x64 * want_rstd[:, None] * w
+    finite = np.isfinite(want_rstd) & np.isfinite(np.mean(x64 * x64, axis=1))
+    np.testing.assert_allclose(rstd[finite], want_rstd[finite], rtol=2e-6)
+    np.testing.assert_allclose(y[finite], want_y[finite], rtol=2e-5, atol=1e-30)
+    assert rstd[0] == 0 and np.isnan(rstd[1])  # Σ = inf → rstd 0; NaN stays NaN
+    assert np.isnan(y[0, 3]) and np.all(y[0, :3] == 0) and np.all(np.isnan(y[1]))
+    if eps == 0.0:
+        assert rstd[2] == np.inf and np.all(np.isnan(y[2]))
+    else:
+        assert np.all(y[2] == 0)
