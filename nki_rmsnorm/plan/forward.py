@@ -88,24 +88,21 @@ PACKED_MAX_ROW_BYTES = 512
 PACKED_TILE_BYTES = 4096
 #: ... while each core keeps at least this many tiles to pipeline.
 PACKED_MIN_TILES = 4
-#: Row statistics "grouped" (NeuronCore-v3+, rows of at least ``PMAX`` ·
-#: ``GROUP_MIN_COLUMNS`` columns that the "rows" regime holds whole): Σh² of a row is the
-#: sum of ``PMAX`` group sums of ``n // PMAX`` consecutive columns each, plus one of the
-#: ``n mod PMAX`` trailing columns, summed in that order by one Vector reduce. A row spread
-#: over the 128 partitions (regime "decode") forms the same group sums on its partitions and
-#: the same final reduce after a Tensor-engine transpose, so a row's Σh², rstd and y are
-#: bitwise the same in a batch of one row and of thousands.
-GROUP_MIN_COLUMNS = 16
-#: Groups whose squares (fp32) one ACT instruction writes and one DVE reduce sums, in the
-#: "rows" regime: a small buffer rather than a tile of fp32 squares per row.
-GROUP_CHUNK = 32
-#: The "decode" regime takes batches of at most this many rows: beyond, its w-column DMA
-#: runs (w = n // 128) and its extra Vector passes cost more than the partitions it gains
-#: (modeled trn2 bf16 64 × 4096: 31.9 µs against 20.4 for whole rows; 29 × 8192: 24.0
-#: against 34.0) ...
+#: Grouped row statistics (NeuronCore-v3+, rows the "rows" regime holds whole): Σh² of a
+#: row is the sum, in order, of its G group sums, group g the Scalar engine's Σ over columns
+#: g·n/G … (g + 1)·n/G − 1 (one ``activation_reduce`` each), added by one Vector reduce.
+#: A decode batch (at most ``DECODE_MAX_ROWS`` rows) then runs the "split" regime with
+#: s = G segments per row, whose per-segment Σ and in-order reduce over the segments are
+#: the same instructions on the same values, so a row's Σh², rstd and y are bitwise the same
+#: in a batch of one row and of thousands, while the batch uses G times the partitions (and
+#: DMA engines). G is the largest power of two up to ``MAX_SEGMENTS`` dividing n with groups
+#: of at least ``GROUP_MIN_COLUMNS``: the whole-row tiles pay one more ACT instruction per
+#: group and row, ``act_read_accumulator_cycles`` = 64 cycles each (simulate/perf/cost.py),
+#: at most 64 / 512 = 12.5 % of the row's n cycles.
+GROUP_MIN_COLUMNS = 512
+#: Batches of at most this many rows take the "split" regime where the statistics are
+#: grouped: one tile of R = 128 / G rows, or a few (measured below).
 DECODE_MAX_ROWS = 32
-#: ... in tiles of at most this many elements per partition (rows · n // PMAX).
-DECODE_TILE_ELEMENTS = 4096
 
 
 # The rstd chain's constants and the entry points' HBM tensors, shared by both dialects.
@@ -197,30 +194,14 @@ class Plan(NKIObject):
             total += BFLOAT16_BYTES
         return total
 
-    def rows_bytes(self, n: int, rows: int, grouped: bool = False) -> int:
+    def rows_bytes(self, n: int, rows: int) -> int:
         """Regime "rows": the weight and bias once, two tiles of ``rows`` rows per
-        partition in flight (with grouped statistics, their fp32 squares and group sums)."""
+        partition in flight."""
         per_column = self.resident_bytes() + 2 * rows * self.row_bytes()
-        extra = 0
-        if grouped:
-            squares = GROUP_CHUNK * (n // PMAX) + n % PMAX
-            extra = 2 * (squares + rows * (PMAX + 1)) * FLOAT32_BYTES
-        return n * per_column + RESERVED_BYTES + extra
+        return n * per_column + RESERVED_BYTES
 
-    def fits_rows(self, n: int, rows: int, budget: int, grouped: bool = False) -> bool:
-        return self.rows_bytes(n, rows, grouped) <= budget
-
-    def decode_bytes(self, n: int, rows: int) -> int:
-        """Regime "decode", ``rows`` rows a tile: two tiles in flight of ``rows`` ·
-        ``n // PMAX`` elements per partition (h, x with a residual, fp32 squares, the fp32
-        product factor, y and its intermediates), the weight and bias pieces once, and the
-        trailing columns' tiles (rows on partitions)."""
-        per_element = self.row_bytes() + 2 * FLOAT32_BYTES
-        if self.residual_dtype is not None:
-            per_element += dtype_bytes(self.h_dtype)
-        tail = (n % PMAX) * (2 * per_element + self.resident_bytes())
-        main = rows * (n // PMAX) * 2 * per_element + (n // PMAX) * self.resident_bytes()
-        return main + tail + 2 * (PMAX + 1) * FLOAT32_BYTES + RESERVED_BYTES
+    def fits_rows(self, n: int, rows: int, budget: int) -> bool:
+        return self.rows_bytes(n, rows) <= budget
 
     def packed_bytes(self, n: int, rows: int) -> int:
         """Regime "packed", ``rows`` rows of ``n`` per partition: the weight and bias
@@ -390,55 +371,25 @@ class Layout(NKIObject):
     segments: int = 1
     chunk: int = 0
     output_chunk: int = 0
-    #: Σh² in groups (see ``GROUP_MIN_COLUMNS``): "rows" and "decode" at the same n.
-    grouped: bool = False
-    #: "decode": rows per tile.
-    tile_rows: int = 0
+    #: "rows": Σh² of each row from this many group sums (``statistic_groups``); 0: whole.
+    groups: int = 0
 
 
-def grouped_statistics(plan: Plan, n: int, budget: int) -> bool:
-    """Whether rows of ``n`` take their Σh² in groups (``GROUP_MIN_COLUMNS``): on
-    NeuronCore-v3+ (the exact Tensor-engine transpose the "decode" regime needs), for rows
-    the "rows" regime holds whole. A decision on n, the dtypes and the target alone."""
-    return (
-        plan.exact_transpose
-        and n // PMAX >= GROUP_MIN_COLUMNS
-        and n * dtype_bytes(plan.h_dtype) > PACKED_MAX_ROW_BYTES
-        and plan.fits_rows(n, 1, budget, grouped=True)
-    )
-
-
-def decode_tile_rows(plan: Plan, m: int, n: int, budget: int, cores: int = 1) -> int:
-    """Rows per "decode" tile: at most ``DECODE_TILE_ELEMENTS`` elements per partition,
-    the rows shared among the ``cores``, within SBUF (no row's arithmetic depends on it)."""
-    rows = max(1, min(-(-m // cores), DECODE_TILE_ELEMENTS // (n // PMAX)))
-    for _ in range(rows):  # bounded: at most ``rows`` halvings are ever needed
-        if rows > 1 and plan.decode_bytes(n, rows) > budget:
-            rows = rows // 2
-    return rows
-
-
-def choose_layout(
-    plan: Plan, m: int, n: int, budget: int, cores: int = 1, decode: bool = False
-) -> Layout:
+def choose_layout(plan: Plan, m: int, n: int, budget: int, cores: int = 1) -> Layout:
     """The regime for an (m, n) input within ``budget`` SBUF bytes per partition. ``cores``:
     the physical cores the row tiles are shared among (2 under LNC=2), each of which should
     keep ``MIN_TILES`` tiles to pipeline; only the rows per partition of "rows" and
-    "packed" (and the rows per tile of "decode") depend on it, and they change no row's
-    arithmetic. ``decode``: the calling kernel has the "decode" regime (the nki06 kernels),
-    which takes batches of at most ``DECODE_MAX_ROWS`` rows where the statistics are
-    grouped, and "rows" groups them too at that n (the same arithmetic per row); the legacy
-    kernels have neither yet and keep whole-row statistics."""
+    "packed" depend on it, and they change no row's arithmetic. m picks between "split" and
+    "rows" only where the statistics are grouped (``statistic_groups``), where the two
+    compute each row alike."""
     if n * dtype_bytes(plan.h_dtype) <= PACKED_MAX_ROW_BYTES:
         return Layout(
             "packed", rows_per_partition=packed_rows_per_partition(plan, m, n, budget, cores)
         )
-    grouped = decode and grouped_statistics(plan, n, budget)
-    if grouped and m <= DECODE_MAX_ROWS:
-        rows = decode_tile_rows(plan, m, n, budget, cores)
-        if plan.decode_bytes(n, rows) <= budget:
-            return Layout("decode", grouped=True, tile_rows=rows)
-    if plan.fits_rows(n, 1, budget, grouped):
+    groups = statistic_groups(plan, n, budget)
+    if groups and m <= DECODE_MAX_ROWS:
+        return Layout("split", segments=groups)
+    if plan.fits_rows(n, 1, budget):
         rows = 1
         for k in range(2, MAX_ROWS_PER_PARTITION + 1):
             # A tile that moves less than CHUNK_BYTES per partition leaves its DMAs short of
@@ -447,9 +398,9 @@ def choose_layout(
             # 8 tiles a core, modeled 61.6 -> 52.7 µs on trn2).
             short = rows * n * dtype_bytes(plan.in_dtype) < CHUNK_BYTES
             min_tiles = MIN_TILES // 2 if short else MIN_TILES
-            if _more_rows_help(plan, m, n, k, budget, cores, min_tiles, grouped):
+            if _more_rows_help(plan, m, n, k, budget, cores, min_tiles):
                 rows = k
-        return Layout("rows", rows_per_partition=rows, grouped=grouped)
+        return Layout("rows", rows_per_partition=rows, groups=groups)
     # Bounded loops, not ``while``: the legacy dialect runs only do-while loops
     # (general/nki/api/nki.errors.rst@8a38e733, L902-L947), and this runs in its kernels too.
     if plan.exact_transpose:
@@ -471,6 +422,28 @@ def choose_layout(
     return Layout("two_pass", chunk=plan.two_pass_chunk(n, budget))
 
 
+def statistic_groups(plan: Plan, n: int, budget: int) -> int:
+    """G of the grouped row statistics (see ``GROUP_MIN_COLUMNS``) for rows of ``n``, or 0
+    where Σh² is taken over the whole row: on NeuronCore-v3+ (the "split" regime's exact
+    transposes), for rows the "rows" regime holds whole and the "split" regime can hold in
+    G segments. A decision on n, the dtypes and the target alone, never on M."""
+    if (
+        not plan.exact_transpose
+        or n * dtype_bytes(plan.h_dtype) <= PACKED_MAX_ROW_BYTES
+        or not plan.fits_rows(n, 1, budget)
+    ):
+        return 0
+    groups = 0
+    for count in SEGMENT_COUNTS:
+        if (
+            n % count == 0
+            and n // count >= GROUP_MIN_COLUMNS
+            and plan.fits_split(n // count, budget)
+        ):
+            groups = count
+    return groups
+
+
 def packed_rows_per_partition(plan: Plan, m: int, n: int, budget: int, cores: int = 1) -> int:
     """Rows per partition of the "packed" regime: the largest k dividing m (the kernel
     views the rows as (m / k, k·n)) whose tile moves at most ``PACKED_TILE_BYTES`` of x per
@@ -485,14 +458,7 @@ def packed_rows_per_partition(plan: Plan, m: int, n: int, budget: int, cores: in
 
 
 def _more_rows_help(
-    plan: Plan,
-    m: int,
-    n: int,
-    rows: int,
-    budget: int,
-    cores: int = 1,
-    min_tiles: int = MIN_TILES,
-    grouped: bool = False,
+    plan: Plan, m: int, n: int, rows: int, budget: int, cores: int = 1, min_tiles: int = MIN_TILES
 ) -> bool:
     """Whether tiles of ``rows`` rows per partition are still worth it: they move at most
     ``TILE_TARGET_BYTES`` per partition, leave ``min_tiles`` tiles per core to pipeline, fit SBUF,
@@ -510,16 +476,14 @@ def _more_rows_help(
         and m >= min_tiles * pmax * rows * cores
         and rows * n <= MAX_FREE_ELEMENTS
         and transposed <= PSUM_COLS * 4
-        and plan.fits_rows(n, rows, budget, grouped)
+        and plan.fits_rows(n, rows, budget)
     )
 
 
 def layout_bytes(plan: Plan, layout: Layout, n: int) -> int:
     """SBUF bytes per partition the planner budgets for ``layout`` of rows of ``n``."""
     if layout.regime == "rows":
-        return plan.rows_bytes(n, layout.rows_per_partition, layout.grouped)
-    if layout.regime == "decode":
-        return plan.decode_bytes(n, layout.tile_rows)
+        return plan.rows_bytes(n, layout.rows_per_partition)
     if layout.regime == "split":
         return plan.split_bytes(n // layout.segments)
     if layout.regime == "packed":

@@ -168,7 +168,7 @@ def forward_body(plan, hbm, eps, offset):
     M, N = hbm.x.shape
     layout = choose_layout(plan, M, N, usable_sbuf_bytes())
     if layout.regime == "rows":
-        rows_resident(plan, layout.rows_per_partition, hbm, eps, offset)
+        rows_resident(plan, layout.rows_per_partition, hbm, eps, offset, layout.groups)
     elif layout.regime == "packed":
         packed_rows(plan, layout.rows_per_partition, hbm, eps, offset)
     elif layout.regime == "split":

@@ -14,8 +14,7 @@ outputs: nki/migration/index.rst, 0.2→0.3), and the output-parameter twins
 
 Every regime of the legacy kernel exists here with the same file and function names:
 "rows" (``rmsnorm_fwd_rows.rows_resident``), "packed" (``rmsnorm_fwd_packed.packed_rows``),
-"split" (``rmsnorm_fwd_split.split_rows``), "decode" (``rmsnorm_fwd_decode.decode_rows``,
-this dialect only: the legacy kernel runs "rows" there, with the same arithmetic),
+"split" (``rmsnorm_fwd_split.split_rows``),
 "long" and "two_pass" (``rmsnorm_fwd_long.long_rows`` / ``two_pass``).
 
 Launch with ``kernel[2]`` on trn2 / trn3 to split the row tiles of every regime across the
@@ -26,7 +25,6 @@ LNC=1.
 from __future__ import annotations
 
 from nki_rmsnorm.kernels.nki06._nki import nisa, nki, nl, usable_sbuf_bytes
-from nki_rmsnorm.kernels.nki06.rmsnorm_fwd_decode import decode_rows
 from nki_rmsnorm.kernels.nki06.rmsnorm_fwd_long import long_rows, two_pass
 from nki_rmsnorm.kernels.nki06.rmsnorm_fwd_packed import packed_rows
 from nki_rmsnorm.kernels.nki06.rmsnorm_fwd_rows import rows_resident
@@ -76,11 +74,9 @@ def forward_body(plan, hbm, eps, offset):
     M, N = hbm.x.shape
     # Under LNC=2 each core should keep as many row tiles to pipeline as one core at LNC=1
     # (thinner tiles; no row's arithmetic changes).
-    layout = choose_layout(plan, M, N, usable_sbuf_bytes(), cores=nl.num_programs(0), decode=True)
+    layout = choose_layout(plan, M, N, usable_sbuf_bytes(), cores=nl.num_programs(0))
     if layout.regime == "rows":
-        rows_resident(plan, layout.rows_per_partition, hbm, eps, offset, layout.grouped)
-    elif layout.regime == "decode":
-        decode_rows(plan, layout.tile_rows, hbm, eps, offset)
+        rows_resident(plan, layout.rows_per_partition, hbm, eps, offset, layout.groups)
     elif layout.regime == "packed":
         packed_rows(plan, layout.rows_per_partition, hbm, eps, offset)
     elif layout.regime == "split":

@@ -25,9 +25,9 @@ from nki_rmsnorm.kernels.nki06._nki import nisa, nl
 from nki_rmsnorm.plan.forward import RowsResident, RowViews
 
 
-def rows_resident(plan, k, hbm, eps, offset, grouped=False):
-    """Every row read once and written once; tiles of ``k`` rows per partition; with
-    ``grouped``, Σh² from group sums (``steps.group_sums``), as the "decode" regime."""
+def rows_resident(plan, k, hbm, eps, offset, groups=0):
+    """Every row read once and written once; tiles of ``k`` rows per partition; Σh² of a
+    row from ``groups`` group sums (``plan.forward.statistic_groups``; 0: the whole row)."""
     M, N = hbm.x.shape
     P = nl.tile_size.pmax
     parts = min(P, M)
@@ -72,12 +72,12 @@ def rows_resident(plan, k, hbm, eps, offset, grouped=False):
     ahead = None
     if tiles:
         group0, parts = tiles[0]
-        ahead = _row_statistics(plan, views, resident, eps, group0, parts, k, N, grouped)
+        ahead = _row_statistics(plan, views, resident, eps, group0, parts, k, N, groups)
     for t in range(len(tiles)):
         current = ahead
         if t + 1 < len(tiles):
             group0, parts = tiles[t + 1]
-            ahead = _row_statistics(plan, views, resident, eps, group0, parts, k, N, grouped)
+            ahead = _row_statistics(plan, views, resident, eps, group0, parts, k, N, groups)
         _row_output(plan, views, resident, k, N, current)
 
 
@@ -91,7 +91,7 @@ def _row(t, j, N):
     return None if t is None else t[:, j * N : (j + 1) * N]
 
 
-def _row_statistics(plan, views, resident, eps, group0, parts, k, N, grouped):
+def _row_statistics(plan, views, resident, eps, group0, parts, k, N, groups):
     """Rows ``k·group0 … k·(group0 + parts) − 1``, k consecutive rows per partition: load
     (and h = x + residual), Σh², rstd (stored) and what the product multiplies by; returns
     the tile's state for :func:`_row_output`."""
@@ -123,16 +123,12 @@ def _row_statistics(plan, views, resident, eps, group0, parts, k, N, grouped):
         squares = steps.sbuf((parts, k * N), nl.bfloat16)
 
     # ACT: Σh² per row (the squares themselves are discarded), then rstd; DMA rstd out.
-    # Grouped: ACT squares (fp32), DVE group sums and their sum per row.
+    # Grouped: ACT Σ per group, DVE the groups' sum (steps.grouped_sum).
     sum_sq = steps.sbuf((parts, k), nl.float32)
-    if grouped:
-        width = steps.grouped_width(N)
-        sums = steps.sbuf((parts, k * width), nl.float32)
-        for j in range(k):
-            steps.group_sums(row(h_tile, j), sums[:, j * width : (j + 1) * width])
-        nisa.tensor_reduce(dst=sum_sq, op=nl.add, data=sums.reshape_dim(1, (k, width)), axis=2)
-    else:
-        for j in range(k):
+    for j in range(k):
+        if groups:
+            steps.grouped_sum(row(squares, j), row(h_tile, j), groups, sum_sq[:, j : j + 1])
+        else:
             nisa.activation_reduce(
                 dst=row(squares, j),
                 op=nl.square,

@@ -20,7 +20,6 @@ from nki_rmsnorm.kernels.nki06._nki import nisa, nl
 from nki_rmsnorm.plan.forward import (
     FP32_MAX,
     FP32_TINY,
-    GROUP_CHUNK,
     NEWTON_STEPS,
     PSUM_COLS,
     RSQRT_MIN_INPUT,
@@ -535,33 +534,21 @@ def _multiply(dst, data, row_scale, scale):
         )
 
 
-def group_sums(h, sums):
-    """The grouped statistics of rows (``nki_rmsnorm.plan.forward.GROUP_MIN_COLUMNS``) of
-    ``h`` (parts, n): per chunk of ``GROUP_CHUNK`` groups, ACT squares h (fp32) and DVE sums
-    each group of n // PMAX consecutive columns into ``sums[:, g]``; the n mod PMAX
-    trailing columns' sum goes to ``sums[:, PMAX]``."""
+def grouped_sum(squares, h, groups, sum_sq):
+    """Σh² of each partition's row ``h`` (parts, n) into ``sum_sq`` (parts, 1), grouped
+    (``nki_rmsnorm.plan.forward.GROUP_MIN_COLUMNS``): ACT Σ of each of the ``groups``
+    column groups (the squares go to ``squares``, discarded), DVE their sum in group order:
+    the instructions the "split" regime runs on a row's segments."""
     parts, n = h.shape
-    pmax = nl.tile_size.pmax
-    width = n // pmax
-    for g0 in range(0, pmax, GROUP_CHUNK):
-        squares = sbuf((parts, GROUP_CHUNK * width), nl.float32)
-        nisa.activation(
-            dst=squares, op=nl.square, data=h[:, g0 * width : (g0 + GROUP_CHUNK) * width]
+    width = n // groups
+    sums = sbuf((parts, groups), nl.float32)
+    for g in range(groups):
+        columns = slice(g * width, (g + 1) * width)
+        nisa.activation_reduce(
+            dst=squares[:, columns],
+            op=nl.square,
+            data=h[:, columns],
+            reduce_op=nl.add,
+            reduce_res=sums[:, g : g + 1],
         )
-        nisa.tensor_reduce(
-            dst=sums[:, g0 : g0 + GROUP_CHUNK],
-            op=nl.add,
-            data=squares.reshape_dim(1, (GROUP_CHUNK, width)),
-            axis=2,
-        )
-    if n % pmax:
-        squares = sbuf((parts, n % pmax), nl.float32)
-        nisa.activation(dst=squares, op=nl.square, data=h[:, pmax * width : n])
-        nisa.tensor_reduce(dst=sums[:, pmax : pmax + 1], op=nl.add, data=squares, axis=1)
-
-
-def grouped_width(n):
-    """Group sums per row of the grouped statistics: PMAX, and one more for the trailing
-    columns when PMAX does not divide n."""
-    pmax = nl.tile_size.pmax
-    return pmax + (1 if n % pmax else 0)
+    nisa.tensor_reduce(dst=sum_sq, op=nl.add, data=sums, axis=1)
