@@ -101,8 +101,13 @@ PACKED_MIN_TILES = 4
 #: at most 64 / 512 = 12.5 % of the row's n cycles.
 GROUP_MIN_COLUMNS = 512
 #: Batches of at most this many rows take the "split" regime where the statistics are
-#: grouped: one tile of R = 128 / G rows, or a few (measured below).
+#: grouped (a tile of R = 128 / G rows, or a few); above, whole-row tiles are faster
+#: (modeled trn2 bf16 forward, split against rows: 29 × 8192 24.7 against 34.0 µs, 48 × 8192
+#: 33.9 / 35.0, 64 × 8192 43.0 / 35.0) ...
 DECODE_MAX_ROWS = 32
+#: ... and with a residual, whose add (Vector engine) the split tiles spread over more
+#: partitions (fused add 64 × 8192: 44.3 against 49.1 µs; 128 × 4096: 40.9 / 29.4).
+DECODE_MAX_ROWS_FUSED = 64
 
 
 # The rstd chain's constants and the entry points' HBM tensors, shared by both dialects.
@@ -387,7 +392,8 @@ def choose_layout(plan: Plan, m: int, n: int, budget: int, cores: int = 1) -> La
             "packed", rows_per_partition=packed_rows_per_partition(plan, m, n, budget, cores)
         )
     groups = statistic_groups(plan, n, budget)
-    if groups and m <= DECODE_MAX_ROWS:
+    decode_rows = DECODE_MAX_ROWS if plan.residual_dtype is None else DECODE_MAX_ROWS_FUSED
+    if groups and m <= decode_rows:
         return Layout("split", segments=groups)
     if plan.fits_rows(n, 1, budget):
         rows = 1

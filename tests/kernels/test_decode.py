@@ -15,7 +15,13 @@ from test_fwd import _inputs, check_forward
 
 import simulate
 from nki_rmsnorm import kernels
-from nki_rmsnorm.plan.forward import DECODE_MAX_ROWS, choose_layout, make_plan, statistic_groups
+from nki_rmsnorm.plan.forward import (
+    DECODE_MAX_ROWS,
+    DECODE_MAX_ROWS_FUSED,
+    choose_layout,
+    make_plan,
+    statistic_groups,
+)
 
 FP32, FP16 = np.dtype(np.float32), np.dtype(np.float16)
 EPS = 1e-6
@@ -50,6 +56,9 @@ def test_planner_spreads_small_batches_only(target, N, groups):
     for M in (DECODE_MAX_ROWS + 1, 8192):
         layout, g = _layout(target, M, N, BF16)
         assert layout.regime == "rows" and layout.groups == groups, M
+    # with a residual, up to DECODE_MAX_ROWS_FUSED rows
+    assert _layout(target, DECODE_MAX_ROWS_FUSED, N, BF16, FP32)[0].regime == "split"
+    assert _layout(target, DECODE_MAX_ROWS_FUSED + 1, N, BF16, FP32)[0].regime == "rows"
 
 
 def test_planner_keeps_whole_row_statistics_elsewhere():
