@@ -21,8 +21,10 @@ the dtype's name, which is the same in both dialects. Host code (tests) may pass
 the legacy dialect's dtypes are NumPy dtypes.
 
 Every decision here depends on N, the dtypes, the options and the NeuronCore generation,
-never on the data. M only picks how many rows go into one tile (``rows_per_partition``),
-which changes no row's arithmetic, so a row's outputs are the same in any batch.
+never on the data. M only picks how many rows go into one tile (``rows_per_partition``), and
+where the row statistics are grouped (``statistic_groups``) whether a decode batch runs
+"split" or "rows", which compute each row alike; so a row's outputs are the same in any
+batch.
 """
 
 from __future__ import annotations

@@ -40,7 +40,9 @@ convention and ``activation_reduce`` / ``scalar_tensor_tensor`` / ``get_nc_versi
 documented per-generation figure before, ``nki_rmsnorm.nki.usable_sbuf_bytes``).
 
 Regimes (``rmsnorm_fwd_plan.choose_layout``; decided from N, the dtypes, the options and the
-target, never from the data; M only sets the rows per partition of "rows" and "packed"):
+target, never from the data; M only sets the rows per partition of "rows" and "packed", and
+sends decode batches of N with grouped statistics to "split", which computes each row as
+"rows" does):
 
 ======== =====================================================================================
 rows     whole rows, double-buffered, with the weight (and bias) on chip for the whole kernel:
@@ -48,11 +50,15 @@ rows     whole rows, double-buffered, with the weight (and bias) on chip for the
          ``k`` consecutive rows per partition (``rmsnorm_fwd_rows``): ``k`` grows while a
          tile moves ≤ 32 KiB per partition and stream, ≥ 16 tiles remain, k divides M and
          one PSUM tile holds the transposed rstd (k ≤ 4). One DMA per stream and tile.
+         NeuronCore-v3+, N with a power-of-two divisor G ≤ 32 leaving groups of ≥ 512
+         columns: Σh² grouped, the in-order sum of G Scalar group sums
+         (``plan.forward.statistic_groups``), as "split" with s = G sums a row.
 packed   short rows (N · h's bytes ≤ 512, QK-norm heads), before "rows": k rows per
          partition, k the largest divisor of M keeping a tile ≤ 4 KiB of x per partition
          and ≥ 4 tiles per core; per-row Scalar Σh² and x̂, one Vector rstd chain per tile,
          the weight and bias replicated in a PSUM bank (``rmsnorm_fwd_packed``).
-split    NeuronCore-v3+ only, rows too long for "rows": each row spread over s partitions
+split    NeuronCore-v3+ only, rows too long for "rows", or decode batches (≤ 32 rows, 64 with a
+         residual) where the statistics are grouped (s = G): each row spread over s partitions
          (s a power of two ≤ 32 dividing N, the smallest that makes a segment ≤ 8 KiB of h),
          so a tile is R = 128 / s whole rows, one contiguous DMA (``rmsnorm_fwd_split``).
          Σh² per segment, combined across partitions by exact Tensor-engine transposes.
