@@ -108,7 +108,9 @@ GROUP_MIN_COLUMNS = 512
 #: 33.9 / 35.0, 64 × 8192 43.0 / 35.0) ...
 DECODE_MAX_ROWS = 32
 #: ... and with a residual, whose add (Vector engine) the split tiles spread over more
-#: partitions (fused add 64 × 8192: 44.3 against 49.1 µs; 128 × 4096: 40.9 / 29.4).
+#: partitions (fused add 64 × 8192: 44.3 against 49.1 µs; 128 × 4096: 40.9 / 29.4). Both
+#: per physical core: under LNC=2 the split tiles are shared by the two cores (trn2 LNC=2
+#: forward 64 × 4096: 14.9 against 20.8 µs for the one 64-row tile of "rows").
 DECODE_MAX_ROWS_FUSED = 64
 
 
@@ -395,7 +397,7 @@ def choose_layout(plan: Plan, m: int, n: int, budget: int, cores: int = 1) -> La
         )
     groups = statistic_groups(plan, n, budget)
     decode_rows = DECODE_MAX_ROWS if plan.residual_dtype is None else DECODE_MAX_ROWS_FUSED
-    if groups and m <= decode_rows:
+    if groups and m <= decode_rows * cores:
         return Layout("split", segments=groups)
     if plan.fits_rows(n, 1, budget):
         rows = 1

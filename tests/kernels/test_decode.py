@@ -56,6 +56,11 @@ def test_planner_spreads_small_batches_only(target, N, groups):
     for M in (DECODE_MAX_ROWS + 1, 8192):
         layout, g = _layout(target, M, N, BF16)
         assert layout.regime == "rows" and layout.groups == groups, M
+    # per core: twice the rows under LNC=2
+    budget = simulate.get_target(target).sbuf_bytes_per_partition
+    plan = make_plan(BF16, BF16, None, None, 0.0, "gemma", None, FP32, BF16, tensor_engine=True)
+    assert choose_layout(plan, 2 * DECODE_MAX_ROWS, N, budget, cores=2).regime == "split"
+    assert choose_layout(plan, 2 * DECODE_MAX_ROWS + 1, N, budget, cores=2).regime == "rows"
     # with a residual, up to DECODE_MAX_ROWS_FUSED rows
     assert _layout(target, DECODE_MAX_ROWS_FUSED, N, BF16, FP32)[0].regime == "split"
     assert _layout(target, DECODE_MAX_ROWS_FUSED + 1, N, BF16, FP32)[0].regime == "rows"
@@ -162,3 +167,21 @@ def test_decode_writes_every_output_against_float64(rng, eps):
         assert rstd[2] == np.inf and np.all(np.isnan(y[2]))
     else:
         assert np.all(y[2] == 0)
+
+
+@pytest.mark.parametrize("M", [1, 29, 64])
+def test_lnc2_decode_is_bitwise_lnc1(rng, M):
+    """Under LNC=2 the split tiles of a decode batch are shared by the two cores (64 rows:
+    split at LNC=2, rows at LNC=1); every output is bitwise that of LNC=1."""
+    x = (
+        _edge_rows(rng.standard_normal((M, 4096)).astype(BF16))
+        if M > 5
+        else (rng.standard_normal((M, 4096)).astype(BF16))
+    )
+    w = rng.normal(1.0, 0.2, 4096).astype(BF16)
+    kernel = kernels.kernel("rmsnorm_fwd", "nki06")
+    args = (x, w, None, EPS, 0.0, "gemma", None)
+    one, _ = trace_launch(kernel, *args, target="trn2")
+    two, _ = trace_launch(kernel, *args, target="trn2", lnc=2)
+    for got, want in zip(two, one):
+        np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
