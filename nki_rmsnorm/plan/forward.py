@@ -100,8 +100,9 @@ PACKED_MIN_TILES = 4
 #: DMA engines). G is the largest power of two up to ``MAX_SEGMENTS`` dividing n with groups
 #: of at least ``GROUP_MIN_COLUMNS``: the whole-row tiles pay one more ACT instruction per
 #: group and row, ``act_read_accumulator_cycles`` = 64 cycles each (simulate/perf/cost.py),
-#: at most 64 / 512 = 12.5 % of the row's n cycles.
-GROUP_MIN_COLUMNS = 512
+#: at most 64 / 1024 = 6.25 % of the row's n cycles (groups of 512 columns cost trn3, whose
+#: forward is Scalar-bound, 7 % at 8192 × 4096 bf16; of 1024, 4 %).
+GROUP_MIN_COLUMNS = 1024
 #: Batches of at most this many rows take the "split" regime where the statistics are
 #: grouped (a tile of R = 128 / G rows, or a few); above, whole-row tiles are faster
 #: (modeled trn2 bf16 forward, split against rows: 29 × 8192 24.7 against 34.0 µs, 48 × 8192

@@ -50,7 +50,7 @@ rows     whole rows, double-buffered, with the weight (and bias) on chip for the
          ``k`` consecutive rows per partition (``rmsnorm_fwd_rows``): ``k`` grows while a
          tile moves ≤ 32 KiB per partition and stream, ≥ 16 tiles remain, k divides M and
          one PSUM tile holds the transposed rstd (k ≤ 4). One DMA per stream and tile.
-         NeuronCore-v3+, N with a power-of-two divisor G ≤ 32 leaving groups of ≥ 512
+         NeuronCore-v3+, N with a power-of-two divisor G ≤ 32 leaving groups of ≥ 1024
          columns: Σh² grouped, the in-order sum of G Scalar group sums
          (``plan.forward.statistic_groups``), as "split" with s = G sums a row.
 packed   short rows (N · h's bytes ≤ 512, QK-norm heads), before "rows": k rows per
