@@ -621,3 +621,112 @@ def test_router_topk(rng, tokens, hidden, experts, k, pre_norm, normalize):
         chosen = _softmax(np.take_along_axis(expected_logits, top, axis=1))
         np.put_along_axis(expected, top, chosen, axis=1)
     _check(affinities, expected, np.float32)
+
+
+# === MX (OCP Microscaling) kernels and paths, trn3 =============================================
+# AWS's MX code runs on NeuronCore-v4 only (nisa.quantize_mx / nc_matmul_mx, isa L2744-2746,
+# L717-719). The scale checks below follow quantize_mx's documented semantics (isa
+# L2795-2808): per 8-partition x 4-lane group X = 2^(floor(log2 amax) - (E_max - 1)).
+def _mx_quantize_reference(values, emax):
+    """float64 reference of quantize_mx on a (P, F) array: (fp8 e4m3fn values (P, F), scale
+    exponents (P / 8, F / 4)); written here from the ISA reference."""
+    p, f = values.shape
+    groups = np.abs(values).reshape(p // 8, 8, f // 4, 4).max(axis=(1, 3))
+    _, frexp_exponent = np.frexp(np.where(groups == 0, 1.0, groups))
+    exponent = np.where(groups == 0, -127, np.maximum(frexp_exponent - 1 - (emax - 1), -127))
+    scale = np.repeat(np.repeat(np.ldexp(1.0, exponent), 8, 0), 4, 1)
+    return (values / scale).astype(ml_dtypes.float8_e4m3fn), exponent
+
+
+def _rmsnorm_mx_quantize_tkg_launcher():
+    """An LNC=2 kernel around AWS's subkernel (its outputs live in SBUF): allocates the SBUF
+    outputs, calls it, and stores each core's half of the tokens to HBM; the scales only
+    from partitions 0-3 of each quadrant, where quantize_mx writes them."""
+    from nki_rmsnorm.kernels.nki06._nki import nisa, nl
+
+    quantize_tkg = library_module("core.subkernels.rmsnorm_mx_quantize_tkg").rmsnorm_mx_quantize_tkg
+
+    def launcher(x, gamma, residual):
+        batch, seq, hidden = x.shape
+        tokens = batch * seq
+        h1 = hidden // 128
+        out_sb = nl.ndarray((128, tokens, h1), dtype=x.dtype, buffer=nl.sbuf)
+        quant_sb = nl.ndarray(
+            (128, hidden // 512, tokens), dtype=nl.float8_e4m3fn_x4, buffer=nl.sbuf
+        )
+        scale_sb = nl.ndarray((128, hidden // 512, tokens), dtype=nl.uint8, buffer=nl.sbuf)
+        residual_out = None
+        if residual is not None:
+            residual_out = nl.ndarray((tokens, hidden), dtype=x.dtype, buffer=nl.shared_hbm)
+        quantize_tkg(
+            input=x,
+            gamma=gamma,
+            output=out_sb,
+            output_quant=quant_sb,
+            output_scale=scale_sb,
+            residual=residual,
+            output_residual=residual_out,
+        )
+        out = nl.ndarray((128, tokens, h1), dtype=x.dtype, buffer=nl.shared_hbm)
+        quant = nl.ndarray(
+            (128, hidden // 512, tokens), dtype=nl.float8_e4m3fn_x4, buffer=nl.shared_hbm
+        )
+        scale = nl.ndarray((16, hidden // 512, tokens), dtype=nl.uint8, buffer=nl.shared_hbm)
+        half = tokens // 2
+        t0 = nl.program_id(0) * half
+        nisa.dma_copy(dst=out[:, t0 : t0 + half, :], src=out_sb[:, t0 : t0 + half, :])
+        nisa.dma_copy(dst=quant[:, :, t0 : t0 + half], src=quant_sb[:, :, t0 : t0 + half])
+        for quadrant in range(4):
+            nisa.dma_copy(
+                dst=scale[quadrant * 4 : quadrant * 4 + 4, :, t0 : t0 + half],
+                src=scale_sb[quadrant * 32 : quadrant * 32 + 4, :, t0 : t0 + half],
+            )
+        if residual is not None:
+            return out, quant, scale, residual_out
+        return out, quant, scale
+
+    return nki.jit(launcher)
+
+
+@pytest.mark.parametrize(
+    "batch, seq, hidden, with_residual",
+    [(1, 8, 1024, False), (2, 4, 2048, False), (2, 128, 1024, True)],
+)
+def test_rmsnorm_mx_quantize_tkg(rng, monkeypatch, batch, seq, hidden, with_residual):
+    """Docstring (core/subkernels/rmsnorm_mx_quantize_tkg.py L41-84): hidden = input (+
+    residual); output = hidden · gamma / sqrt(mean(hidden²) + eps) as [H0, B·S, H1]
+    (element [h0, t, h1] is value h1·128 + h0 of token t); output_quant, output_scale =
+    quantize_mx of it, [H0, H/512, B·S], lane q of x4 element [h0, j, t] being output[h0, t,
+    q·H/512 + j] (the kernel's swizzle, L246-251); LNC=2. The fp8 values and scales must be
+    exactly quantize_mx's of the bf16 output the kernel wrote; that output matches the
+    float64 RMSNorm to bf16 precision (x · gamma and the product with the rsqrt each rounded
+    to bf16: two roundings)."""
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn3")
+    x = _random(rng, (batch, seq, hidden), BF16)
+    gamma = (1.0 + 0.25 * rng.standard_normal((1, hidden))).astype(BF16)
+    residual = _random(rng, (batch, seq, hidden), BF16) if with_residual else None
+    outputs = _rmsnorm_mx_quantize_tkg_launcher()[2](x, gamma, residual)
+    out, quant, scale = (np.asarray(a) for a in outputs[:3])
+    tokens, h1, chunks = batch * seq, hidden // 128, hidden // 512
+
+    h = x.astype(np.float64)
+    if with_residual:
+        h_rounded = (x.astype(np.float32) + residual.astype(np.float32)).astype(BF16)
+        np.testing.assert_array_equal(
+            np.asarray(outputs[3]).view(np.uint16),
+            h_rounded.reshape(tokens, hidden).view(np.uint16),
+        )
+        h = h_rounded.astype(np.float64)
+    h = h.reshape(tokens, hidden)
+    y = h * gamma.astype(np.float64) / np.sqrt(np.mean(h * h, axis=1, keepdims=True) + 1e-6)
+    expected = y.reshape(tokens, h1, 128).transpose(2, 0, 1)
+    _check(out, expected, BF16, scale=np.abs(y).max())
+
+    # quantize_mx of the kernel's own bf16 output, in the kernel's swizzled layout
+    source = out.astype(np.float64).reshape(128, tokens, 4, chunks).transpose(0, 3, 1, 2)
+    values, exponent = _mx_quantize_reference(source.reshape(128, -1), emax=8)
+    packed = np.ascontiguousarray(quant).view(np.uint32).reshape(128, -1)
+    got_values = packed.view(np.uint8).view(ml_dtypes.float8_e4m3fn)
+    np.testing.assert_array_equal(got_values.view(np.uint8), values.view(np.uint8))
+    got_exponent = np.asarray(scale).astype(np.int64).reshape(16, -1) - 127
+    np.testing.assert_array_equal(got_exponent, exponent)
