@@ -29,7 +29,7 @@ OCP_FP8 = (float8_e4m3fn, float8_e8m0fnu)
 # The packed MX types of the 0.6 docs ("4x packed elements, custom data type for
 # nki.isa.nc_matmul_mx and nki.isa.quantize_mx on NeuronCore-v4",
 # nki/api/nki.api.shared.rst@81ce03ae L49-53 and L268): one element holds four 8-bit
-# (float8_e4m3fn / float8_e5m2, "32-bit data types", nki/api/nki/isa/__init__.py L2773-2774) or
+# (float8_e4m3fn / float8_e5m2, "32-bit data types", nki/api/nki/isa/__init__.py L2771-2772) or
 # four 4-bit (float4_e2m1fn, 16 bits) values, the first in the lowest bits (AWS's unpacking,
 # aws-neuron/nki-library@d2ad3a5 src/nkilib_src/nkilib/core/utils/mx_torch_common.py L67-127).
 # Stored as their bits: an unsigned integer tagged with the NKI name (as tfloat32 is) so the

@@ -16,7 +16,7 @@ Math (per row of N elements; float32 unless it says otherwise)::
     y     = RNE_bf16(y1 · w)                      (y1 itself without a weight)
     y_q, scales = quantize_mx(y)                  (32-value blocks along the row)
 
-``quantize_mx`` reads only bfloat16/float16 (isa L2769), so y is rounded to that type
+``quantize_mx`` reads only bfloat16/float16 (isa L2767), so y is rounded to that type
 before it quantizes, and rounding it in two steps (y1, then y) keeps every elementwise pass
 on the engines' fast 16-bit modes. The quantization is the instruction's: per block of 32
 values the scale ``X = 2^(⌊log2 max|y|⌋ − (E_max − 1))`` (E_max 8 for e4m3fn, 15 for

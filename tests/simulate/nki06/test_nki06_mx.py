@@ -93,7 +93,7 @@ def test_packed_dtypes_move_as_bits_and_are_not_computed_on(rng, target, name):
 
 
 # --- nisa.quantize_mx -------------------------------------------------------------------------
-# E_max and the largest finite value of each element type (isa L2791-2793; OCP e4m3fn 448,
+# E_max and the largest finite value of each element type (isa L2798-2799; OCP e4m3fn 448,
 # e5m2 57344)
 EMAX = {"float8_e4m3fn_x4": 8, "float8_e5m2_x4": 15}
 MAX_FINITE = {"float8_e4m3fn_x4": 448.0, "float8_e5m2_x4": 57344.0}
@@ -101,7 +101,7 @@ MAX_FINITE = {"float8_e4m3fn_x4": 448.0, "float8_e5m2_x4": 57344.0}
 
 def reference_quantize_mx(x, packed):
     """float64 reference of the documented quantize_mx, written from the ISA reference
-    (isa L2795-2808) without the simulator's code: per 8x4 group the scale exponent
+    (isa L2790-2812) without the simulator's code: per 8x4 group the scale exponent
     floor(log2 amax) - (E_max - 1) (floor(log2) by repeated halving), 2**-127 for zeros; the
     values x / 2**e rounded to nearest even by hand on the element grid."""
     p, f = x.shape

@@ -625,8 +625,8 @@ def test_router_topk(rng, tokens, hidden, experts, k, pre_norm, normalize):
 
 # === MX (OCP Microscaling) kernels and paths, trn3 =============================================
 # AWS's MX code runs on NeuronCore-v4 only (nisa.quantize_mx / nc_matmul_mx, isa L2744-2746,
-# L717-719). The scale checks below follow quantize_mx's documented semantics (isa
-# L2795-2808): per 8-partition x 4-lane group X = 2^(floor(log2 amax) - (E_max - 1)).
+# L719). The scale checks below follow quantize_mx's documented semantics (isa
+# L2790-2812): per 8-partition x 4-lane group X = 2^(floor(log2 amax) - (E_max - 1)).
 def _mx_quantize_reference(values, emax):
     """float64 reference of quantize_mx on a (P, F) array: (fp8 e4m3fn values (P, F), scale
     exponents (P / 8, F / 4)); written here from the ISA reference."""
