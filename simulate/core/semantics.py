@@ -485,10 +485,11 @@ def quantize_mx(values, element: str):
 
     The scale is X = 2**(floor(log2(a_max)) - (E_max - 1)), two times the OCP sample
     algorithm's (isa L2790-2809, L2752-2756; release-notes/components/nki.rst L166-168),
-    2**-127 for an all-zero group (isa L2811-2812); a group whose exponent would fall below -127 (a_max
-    under 2**-120 for e4m3fn) also takes 2**-127, the least e8m0 value (inferred: the docs
-    give no other encoding). Each value is V / X rounded to nearest even into ``element``;
-    |V / X| < 2**E_max never reaches the type's largest finite value, so nothing saturates.
+    2**-127 for an all-zero group (isa L2811-2812); a group whose exponent would fall below
+    -127 (a_max under 2**-120 for e4m3fn) also takes 2**-127, the least e8m0 value
+    (inferred: the docs give no other encoding). Each value is V / X rounded to nearest even
+    into ``element``; |V / X| < 2**E_max never reaches the type's largest finite value, so
+    nothing saturates.
     A group holding an Inf or a NaN gets the NaN scale 0xFF and NaN values, as the OCP
     conversion the ISA reference links to gives (floor(log2(Inf)) exceeds every scale; the
     ISA reference says nothing of non-finite inputs: inferred)."""
