@@ -730,3 +730,25 @@ def test_rmsnorm_mx_quantize_tkg(rng, monkeypatch, batch, seq, hidden, with_resi
     np.testing.assert_array_equal(got_values.view(np.uint8), values.view(np.uint8))
     got_exponent = np.asarray(scale).astype(np.int64).reshape(16, -1) - 127
     np.testing.assert_array_equal(got_exponent, exponent)
+
+
+@pytest.mark.parametrize("k", [512, 1536])
+def test_mxfp_load_and_quantize(rng, monkeypatch, k):
+    """Docstring (experimental/mxfp_subkernels/mxfp_load_utils.py L32-58, L81-110): a bf16
+    [128, K] tensor, per 512-column K block swizzled to [128, M·4] (partition p, free (m, q)
+    holding block[m, 4p + q]) and quantized to MXFP8: data [128, M · K/512] float8_e4m3fn_x4,
+    scales uint8 with 16 rows at partition offsets 0, 32, 64, 96 (the rest unspecified)."""
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn3")
+    load = library_module("experimental.mxfp_subkernels.mxfp_load_utils")
+    tensor = _random(rng, (128, k), BF16)
+    data, scale = load.mxfp_load_performance_wrapper(tensor)
+    for block in range(k // 512):
+        columns = tensor[:, block * 512 : (block + 1) * 512].astype(np.float64)
+        swizzled = columns.reshape(128, 128, 4).transpose(1, 0, 2).reshape(128, 512)
+        values, exponent = _mx_quantize_reference(swizzled, emax=8)
+        got = np.ascontiguousarray(np.asarray(data)[:, block * 128 : (block + 1) * 128])
+        got_values = got.view(np.uint32).view(np.uint8).view(ml_dtypes.float8_e4m3fn)
+        np.testing.assert_array_equal(got_values.view(np.uint8), values.view(np.uint8))
+        rows = [32 * q + r for q in range(4) for r in range(4)]
+        got_scale = np.asarray(scale)[rows, block * 128 : (block + 1) * 128].astype(np.int64)
+        np.testing.assert_array_equal(got_scale - 127, exponent)
