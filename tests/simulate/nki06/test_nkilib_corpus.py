@@ -752,3 +752,96 @@ def test_mxfp_load_and_quantize(rng, monkeypatch, k):
         rows = [32 * q + r for q in range(4) for r in range(4)]
         got_scale = np.asarray(scale)[rows, block * 128 : (block + 1) * 128].astype(np.int64)
         np.testing.assert_array_equal(got_scale - 127, exponent)
+
+
+def _mx_values(rng, shape, element):
+    """Random values of an MX element type over its whole range (bits of every exponent)."""
+    top = float(ml_dtypes.finfo(element).max)
+    return rng.uniform(-top, top, shape).astype(element)
+
+
+def _gate_up_mx_launcher(H, I, BxS):
+    """An LNC=2 kernel around AWS's MX gate/up projection (its inputs and output live in SBUF):
+    each core loads its half of the H tiles of the hidden data and their scales (4 scale rows
+    to partitions 0-3 of each quadrant), calls it, and core 0 stores the summed output."""
+    from nki_rmsnorm.kernels.nki06._nki import nisa, nl
+
+    projection = library_module("core.mlp.mlp_tkg.gate_up_projection_mx_shard_H")
+    constants = library_module("core.mlp.mlp_tkg.projection_mx_constants")
+    TensorView = library_module("core.utils.tensor_view").TensorView
+
+    def launcher(hidden_qtz, hidden_scale, weight_qtz, weight_scale, bias):
+        cores, core = nl.num_programs(0), nl.program_id(0)
+        cfg = constants.ProjConfig(H=H, I=I, BxS=BxS, n_prgs=cores, prg_id=core)
+        tiles = H // 512 // cores
+        first = core * tiles
+        hidden_sb = nl.ndarray((128, tiles, BxS), dtype=nl.float8_e5m2_x4, buffer=nl.sbuf)
+        nisa.dma_copy(dst=hidden_sb, src=hidden_qtz[:, first : first + tiles, :])
+        scale_sb = nl.ndarray((128, tiles, BxS), dtype=nl.uint8, buffer=nl.sbuf)
+        for quadrant in range(4):
+            nisa.dma_copy(
+                dst=scale_sb[quadrant * 32 : quadrant * 32 + 4, :, :],
+                src=hidden_scale[quadrant * 4 : quadrant * 4 + 4, first : first + tiles, :],
+            )
+        bias_sb = nl.ndarray((128, I // 512, 4), dtype=nl.bfloat16, buffer=nl.sbuf)
+        nisa.dma_copy(dst=bias_sb, src=bias)
+        out_sb = projection.gate_up_projection_mx_tp_shard_H(
+            hidden_qtz_sb=TensorView(hidden_sb),
+            hidden_scale_sb=TensorView(scale_sb),
+            weight_qtz=TensorView(weight_qtz),
+            weight_scale=TensorView(weight_scale),
+            bias_sb=TensorView(bias_sb),
+            cfg=cfg,
+        )
+        out = nl.ndarray(out_sb.shape, dtype=nl.bfloat16, buffer=nl.shared_hbm)
+        if core == 0:
+            nisa.dma_copy(dst=out, src=out_sb)
+        return out
+
+    return nki.jit(launcher)
+
+
+@pytest.mark.parametrize("H, I, BxS", [(1024, 512, 8), (2048, 1024, 32)])
+def test_gate_up_projection_mx(rng, monkeypatch, H, I, BxS):
+    """Docstring (core/mlp/mlp_tkg/gate_up_projection_mx_shard_H.py L44-66): hidden (moving)
+    [H, BxS] @ weight (stationary) [H, I] -> [I, BxS] + bias, MXFP8 (e5m2) hidden against
+    MXFP4 weights on nc_matmul_mx, H sharded over LNC=2 and summed by sendrecv; the output
+    bf16 [128, I/512, BxS, 4], element [p, c, t, q] the I index 512c + 128q + p (the matmuls'
+    I128 tiles, L165-170). Each H512 tile contracts its 128 partitions and the 4 lanes of an
+    x4 element, every value times its 8x4 group's scale 2^(s - 127) (isa L767-769,
+    trainium3_arch.rst L99-105)."""
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn3")
+    from simulate.core.dtypes import pack_x4
+
+    tiles = H // 512
+    hidden = _mx_values(rng, (128, tiles, BxS, 4), ml_dtypes.float8_e5m2)
+    weight = _mx_values(rng, (128, tiles, I, 4), ml_dtypes.float4_e2m1fn)
+    hidden_scale = rng.integers(118, 124, (16, tiles, BxS)).astype(np.uint8)
+    weight_scale = rng.integers(122, 130, (16, tiles, I)).astype(np.uint8)
+    bias = _random(rng, (128, I // 512, 4), BF16)
+    out = _gate_up_mx_launcher(H, I, BxS)[2](
+        pack_x4(hidden.reshape(128, tiles, 4 * BxS), "float8_e5m2_x4"),
+        hidden_scale,
+        pack_x4(weight.reshape(128, tiles, 4 * I), "float4_e2m1fn_x4"),
+        weight_scale,
+        bias,
+    )
+
+    def dequantized(values, scale):  # [128, tiles, X, 4] with scales of partition p // 8
+        factor = np.ldexp(1.0, scale.astype(np.int64) - 127)
+        return values.astype(np.float64) * np.repeat(factor, 8, axis=0)[..., None]
+
+    product = np.einsum(
+        "pjiq,pjtq->it", dequantized(weight, weight_scale), dequantized(hidden, hidden_scale)
+    )
+    bias_by_i = bias.astype(np.float64).transpose(1, 2, 0).reshape(I)  # [p, c, q] -> 512c+128q+p
+    expected = (product + bias_by_i[:, None]).reshape(I // 512, 4, 128, BxS).transpose(2, 0, 3, 1)
+    # the products are exact; the PSUM sum is float32, then bf16 per core, the two cores'
+    # halves added in bf16: a few bf16 roundings of the partial sums
+    magnitude = np.einsum(
+        "pjiq,pjtq->it",
+        np.abs(dequantized(weight, weight_scale)),
+        np.abs(dequantized(hidden, hidden_scale)),
+    )
+    scale = (magnitude + np.abs(bias_by_i)[:, None]).reshape(I // 512, 4, 128, BxS)
+    _check(out, expected, BF16, scale=scale.transpose(2, 0, 3, 1))
