@@ -845,3 +845,70 @@ def test_gate_up_projection_mx(rng, monkeypatch, H, I, BxS):
     )
     scale = (magnitude + np.abs(bias_by_i)[:, None]).reshape(I // 512, 4, 128, BxS)
     _check(out, expected, BF16, scale=scale.transpose(2, 0, 3, 1))
+
+
+def _down_mx_launcher(H, I, BxS):
+    """An LNC=2 kernel around AWS's MX down projection: loads the bf16 intermediate and this
+    core's bias half into SBUF, calls it, and core 0 stores the [BxS, H] result."""
+    from nki_rmsnorm.kernels.nki06._nki import nisa, nl
+
+    projection = library_module("core.mlp.mlp_tkg.down_projection_mx_shard_H")
+    constants = library_module("core.mlp.mlp_tkg.projection_mx_constants")
+
+    def launcher(inter, weight_qtz, weight_scale, bias):
+        cores, core = nl.num_programs(0), nl.program_id(0)
+        cfg = constants.ProjConfig(H=H, I=I, BxS=BxS, n_prgs=cores, prg_id=core)
+        half = H // cores
+        inter_sb = nl.ndarray((128, I // 512, BxS, 4), dtype=nl.bfloat16, buffer=nl.sbuf)
+        nisa.dma_copy(dst=inter_sb, src=inter)
+        bias_sb = nl.ndarray((1, half), dtype=nl.bfloat16, buffer=nl.sbuf)
+        nisa.dma_copy(dst=bias_sb, src=bias[:, core * half : (core + 1) * half])
+        out_sb = projection.down_projection_mx_shard_H(
+            inter_sb=inter_sb,
+            weight=weight_qtz,
+            weight_scale=weight_scale,
+            bias_sb=bias_sb,
+            cfg=cfg,
+        )
+        out = nl.ndarray((BxS, H), dtype=nl.bfloat16, buffer=nl.shared_hbm)
+        if core == 0:
+            for tile in range((BxS + 127) // 128):
+                rows = min(128, BxS - tile * 128)
+                nisa.dma_copy(
+                    dst=out[tile * 128 : tile * 128 + rows, :], src=out_sb[0:rows, tile, :]
+                )
+        return out
+
+    return nki.jit(launcher)
+
+
+@pytest.mark.parametrize("H, I, BxS", [(1024, 512, 8), (2048, 1024, 40)])
+def test_down_projection_mx(rng, monkeypatch, H, I, BxS):
+    """Docstring (core/mlp/mlp_tkg/down_projection_mx_shard_H.py L212-240): weight [I, H] @
+    intermediate [I, BxS] -> [BxS, H] + bias, the bf16 intermediate [128, I/512, BxS, 4]
+    quantized online to MXFP8 e4m3fn by quantize_mx (8x4 groups on its partitions and
+    lanes), then nc_matmul_mx against MXFP4 weights [128, I/512, H] x4 with scales
+    [16, I/512, H]; LNC=2. The reference quantizes the intermediate as the ISA reference
+    documents (isa L2790-2812) and contracts every (partition, tile, lane)."""
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn3")
+    from simulate.core.dtypes import pack_x4
+
+    tiles = I // 512
+    inter = _random(rng, (128, tiles, BxS, 4), BF16)
+    weight = _mx_values(rng, (128, tiles, H, 4), ml_dtypes.float4_e2m1fn)
+    weight_scale = rng.integers(118, 126, (16, tiles, H)).astype(np.uint8)
+    bias = _random(rng, (1, H), BF16)
+    out = _down_mx_launcher(H, I, BxS)[2](
+        inter, pack_x4(weight.reshape(128, tiles, 4 * H), "float4_e2m1fn_x4"), weight_scale, bias
+    )
+
+    values, exponent = _mx_quantize_reference(inter.astype(np.float64).reshape(128, -1), emax=8)
+    inter_q = values.astype(np.float64) * np.repeat(np.repeat(np.ldexp(1.0, exponent), 8, 0), 4, 1)
+    inter_q = inter_q.reshape(128, tiles, BxS, 4)
+    weight_q = (
+        weight.astype(np.float64)
+        * np.repeat(np.ldexp(1.0, weight_scale.astype(np.int64) - 127), 8, axis=0)[..., None]
+    )
+    expected = np.einsum("pctq,pchq->th", inter_q, weight_q) + bias.astype(np.float64)
+    magnitude = np.einsum("pctq,pchq->th", np.abs(inter_q), np.abs(weight_q))
+    _check(out, expected, BF16, scale=magnitude + np.abs(bias.astype(np.float64)))
