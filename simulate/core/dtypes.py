@@ -134,6 +134,12 @@ def as_dtype(dtype, argname: str = "dtype") -> np.dtype:
     if isinstance(dtype, np.dtype):
         if dtype.metadata is not None and is_tf32(dtype):
             return tfloat32
+        if dtype.metadata is not None and packed_name(dtype):
+            raise NKITypeError(
+                f"{argname}={packed_name(dtype)} is a packed MX type of the nki 0.6 front-end "
+                "only; it is not supported here (view its bits as an unsigned integer)",
+                "err_unsupported_dtype",
+            )
         found = _CANONICAL.get(dtype)
         if found is not None:
             return found

@@ -370,3 +370,15 @@ def test_mx_cost_entries_follow_the_trn3_architecture_guide():
         64,
         True,
     )
+
+
+def test_the_legacy_front_end_has_no_packed_types():
+    """The legacy dtype table (aws-neuron-sdk@8a38e733 general/nki/api/nki.api.shared.rst) has
+    no x4 type: the legacy front-end neither names nor accepts them."""
+    import simulate.language as legacy_nl
+    from simulate.core.errors import NKITypeError
+
+    for name in PACKED:
+        assert not hasattr(legacy_nl, name)
+        with pytest.raises(NKITypeError, match="not supported"):
+            core_dtypes.as_dtype(getattr(core_dtypes, name))
