@@ -44,7 +44,7 @@ split between the two physical cores by ``nl.program_id(0)``):
 
 * DMA: x (residual) in, h, y_q and the scales once per tile;
 * Scalar: Σ(h / √N)² (``activation_reduce``, square with an add reduction), eps, and with a
-  residual y1 (``activation`` copy with the per-row ``scale=`` column);
+  residual y1 (``tensor_scalar`` with the per-row rstd column, 16-bit at 2x);
 * GpSimd: the rsqrt (``tensor_scalar`` runs on GpSimd "only for rsqrt", isa L1138-1140);
 * Vector: h = x + residual; y1 = h · rstd without a residual (16-bit in and out: the fast
   mode); per chunk the four lane copies out of PSUM, each times its per-partition weight
@@ -258,10 +258,10 @@ def rmsnorm_mx_quant(x, residual, weight, eps, quant_dtype, scale_dtype):
         h, mean_sq = _load_h(x, residual, h_out, row0, rows, inv_sqrt_n)
         rstd = _rstd(mean_sq, eps)
         y1 = _sbuf((rows, N), y_dtype)
-        if residual is not None:  # the Vector engine has the add: y1 on the Scalar engine
-            nisa.activation(dst=y1, op=nl.copy, data=h, scale=rstd)
-        else:
-            nisa.tensor_scalar(dst=y1, data=h, op0=nl.multiply, operand0=rstd)
+        # with a residual the Vector engine has the add: y1 on the Scalar engine, whose
+        # tensor_scalar runs 16-bit data at 2x (trainium3_arch.rst L218)
+        engine = nisa.scalar_engine if residual is not None else nisa.vector_engine
+        nisa.tensor_scalar(dst=y1, data=h, op0=nl.multiply, operand0=rstd, engine=engine)
         packed = _sbuf((parts, chunks, rows), quant_dtype)
         scale_tile = _sbuf((parts, chunks, rows), scale_dtype)
         # quantize chunk c after the lane copies of chunk c + 1: a Vector instruction that
