@@ -59,6 +59,8 @@ the kernel only asserts them.
 from __future__ import annotations
 
 from nki_rmsnorm.kernels.nki06._nki import nisa, nki, nl
+from nki_rmsnorm.kernels.nki06.rmsnorm_fwd_steps import core_tiles
+from nki_rmsnorm.kernels.nki06.rmsnorm_fwd_steps import sbuf as _sbuf
 from nki_rmsnorm.plan.forward import RSQRT_MIN_INPUT
 
 __all__ = ["MX_CHUNK", "MX_BLOCK", "rmsnorm_mx_quant"]
@@ -75,26 +77,6 @@ _LANES = 4
 #: Scale rows quantize_mx writes per 32-partition quadrant, and the quadrants of a chunk.
 _SCALE_ROWS = 4
 _QUADRANTS = 4
-
-
-def _sbuf(shape, dtype):
-    return nl.ndarray(shape, dtype=dtype, buffer=nl.sbuf)
-
-
-def _core_tiles(rows):
-    """(first row, row count) of this core's tiles of at most 128 rows: under LNC=2 each
-    core takes a contiguous block of the full tiles, the last core also the ragged one."""
-    parts = nl.tile_size.pmax
-    full = rows // parts
-    cores = nl.num_programs(0)
-    core = nl.program_id(0)
-    per_core = (full + cores - 1) // cores
-    tiles = []
-    for t in range(core * per_core, min(full, (core + 1) * per_core)):
-        tiles.append((t * parts, parts))
-    if rows % parts != 0 and core == cores - 1:
-        tiles.append((full * parts, rows % parts))
-    return tiles
 
 
 def _weight_columns(weight, chunks):
@@ -254,7 +236,7 @@ def rmsnorm_mx_quant(x, residual, weight, eps, quant_dtype, scale_dtype):
     y_dtype = nl.float16 if x.dtype == nl.float16 else nl.bfloat16
     w_columns = None if weight is None else _weight_columns(weight, chunks)
     inv_sqrt_n = 1.0 / (N**0.5)
-    for row0, rows in _core_tiles(M):
+    for row0, rows in core_tiles(M, parts):
         h, mean_sq = _load_h(x, residual, h_out, row0, rows, inv_sqrt_n)
         rstd = _rstd(mean_sq, eps)
         y1 = _sbuf((rows, N), y_dtype)
