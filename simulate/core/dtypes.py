@@ -31,7 +31,7 @@ OCP_FP8 = (float8_e4m3fn, float8_e8m0fnu)
 # nki/api/nki.api.shared.rst@81ce03ae L49-53 and L268): one element holds four 8-bit
 # (float8_e4m3fn / float8_e5m2, "32-bit data types", nki/api/nki/isa/__init__.py L2771-2772) or
 # four 4-bit (float4_e2m1fn, 16 bits) values, the first in the lowest bits (AWS's unpacking,
-# aws-neuron/nki-library@d2ad3a5 src/nkilib_src/nkilib/core/utils/mx_torch_common.py L67-127).
+# aws-neuron/nki-library@d2ad3a5 src/nkilib_src/nkilib/core/utils/mx_torch_common.py L69-131).
 # Stored as their bits: an unsigned integer tagged with the NKI name (as tfloat32 is) so the
 # simulator never computes on them; :data:`PACKED_ELEMENT` gives the unpacked type.
 float8_e4m3fn_x4 = np.dtype(np.uint32, metadata={"nki": "float8_e4m3fn_x4"})

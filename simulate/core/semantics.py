@@ -472,7 +472,7 @@ def mx_scale_rows(partitions: int) -> np.ndarray:
     the scale tile), "the full scale tensor is split across four SBUF quadrants, where each
     quadrant holds 4 partitions worth of scales" (nki/guides/architecture/trainium3_arch.rst
     @81ce03ae L105; AWS's golden, aws-neuron/nki-library@d2ad3a5
-    src/nkilib_src/nkilib/core/utils/mx_torch_common.py L258-268)."""
+    src/nkilib_src/nkilib/core/utils/mx_torch_common.py L266-278)."""
     groups = np.arange(partitions // MX_GROUP_PARTITIONS)
     quadrant, row = np.divmod(groups, MX_SCALE_ROWS_PER_QUADRANT)
     return quadrant * QUADRANT + row

@@ -52,7 +52,7 @@ split between the two physical cores by ``nl.program_id(0)``):
 * Tensor: per 512-column chunk, four ``nc_transpose`` of y1's columns 4p + q (q = 0…3), the
   x4 lanes, to (128, rows) PSUM tiles: in the transposed domain w is a per-partition scalar.
 
-The arguments are validated by :func:`nki_rmsnorm.ops.rms_norm_mx_quant` before launch;
+The arguments are validated by :func:`nki_rmsnorm.mx.rms_norm_mx_quant` before launch;
 the kernel only asserts them.
 """
 
