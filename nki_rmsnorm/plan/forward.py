@@ -385,7 +385,9 @@ class Layout(NKIObject):
     groups: int = 0
 
 
-def choose_layout(plan: Plan, m: int, n: int, budget: int, cores: int = 1) -> Layout:
+def choose_layout(
+    plan: Plan, m: int, n: int, budget: int, cores: int = 1, grouped: bool = True
+) -> Layout:
     """The regime for an (m, n) input within ``budget`` SBUF bytes per partition. ``cores``:
     the physical cores the row tiles are shared among (2 under LNC=2), each of which should
     keep ``MIN_TILES`` tiles to pipeline; only the rows per partition of "rows" and
@@ -396,7 +398,7 @@ def choose_layout(plan: Plan, m: int, n: int, budget: int, cores: int = 1) -> La
         return Layout(
             "packed", rows_per_partition=packed_rows_per_partition(plan, m, n, budget, cores)
         )
-    groups = statistic_groups(plan, n, budget)
+    groups = statistic_groups(plan, n, budget) if grouped else 0
     decode_rows = DECODE_MAX_ROWS if plan.residual_dtype is None else DECODE_MAX_ROWS_FUSED
     if groups and m <= decode_rows * cores:
         return Layout("split", segments=groups)

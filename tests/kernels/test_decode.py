@@ -1,10 +1,12 @@
-"""Decode batches (at most ``DECODE_MAX_ROWS`` rows) on NeuronCore-v3+, both dialects: where
+"""Decode batches (at most ``DECODE_MAX_ROWS`` rows) on NeuronCore-v3+, nki06 kernels: where
 the row statistics are grouped (``plan.forward.statistic_groups``) they run the "split"
 regime, each row over G partitions, and larger batches "rows" with the same grouped
 statistics. The batch invariance this must keep: a row's y, h and rstd are bitwise the same
 in a batch of one row, of 29 rows and of 200 rows, for every kernel dtype, casting mode and
 option, including rows of Inf, NaN, zeros and extreme magnitudes; and N not a multiple of
-128 (17389, 127, 1) against the float64 reference."""
+128 (17389, 127, 1) against the float64 reference. The legacy kernels keep whole-row
+statistics and "rows" for every M (``choose_layout(..., grouped=False)``): the same checks
+hold for them trivially and run too."""
 
 from __future__ import annotations
 
@@ -67,11 +69,17 @@ def test_planner_spreads_small_batches_only(target, N, groups):
 
 
 def test_planner_keeps_whole_row_statistics_elsewhere():
-    """trn1 (no exact transpose), rows too short to group or not divisible: no groups."""
+    """trn1 (no exact transpose), rows too short to group or not divisible, and the legacy
+    kernels' plan (``grouped=False``): no groups."""
     assert _layout("trn1", 1, 4096, BF16)[1] == 0
     for N in (1, 127, 1000, 1536, 17389):
         layout, groups = _layout("trn2", 1, N, BF16)
         assert groups == 0 and layout.groups == 0, N
+    plan = make_plan(BF16, BF16, None, None, 0.0, "gemma", None, FP32, BF16, tensor_engine=True)
+    budget = simulate.get_target("trn2").sbuf_bytes_per_partition
+    for M in (1, 8192):
+        layout = choose_layout(plan, M, 4096, budget, grouped=False)
+        assert layout.regime == "rows" and layout.groups == 0
 
 
 def _edge_rows(x):

@@ -40,9 +40,9 @@ convention and ``activation_reduce`` / ``scalar_tensor_tensor`` / ``get_nc_versi
 documented per-generation figure before, ``nki_rmsnorm.nki.usable_sbuf_bytes``).
 
 Regimes (``rmsnorm_fwd_plan.choose_layout``; decided from N, the dtypes, the options and the
-target, never from the data; M only sets the rows per partition of "rows" and "packed", and
-sends decode batches of N with grouped statistics to "split", which computes each row as
-"rows" does):
+target, never from the data; M only sets the rows per partition of "rows" and "packed"; the
+nki06 kernel's grouped statistics and decode batches in "split" are not used here, see
+``plan.forward.choose_layout``):
 
 ======== =====================================================================================
 rows     whole rows, double-buffered, with the weight (and bias) on chip for the whole kernel:
@@ -50,15 +50,11 @@ rows     whole rows, double-buffered, with the weight (and bias) on chip for the
          ``k`` consecutive rows per partition (``rmsnorm_fwd_rows``): ``k`` grows while a
          tile moves ≤ 32 KiB per partition and stream, ≥ 16 tiles remain, k divides M and
          one PSUM tile holds the transposed rstd (k ≤ 4). One DMA per stream and tile.
-         NeuronCore-v3+, N with a power-of-two divisor G ≤ 32 leaving groups of ≥ 1024
-         columns: Σh² grouped, the in-order sum of G Scalar group sums
-         (``plan.forward.statistic_groups``), as "split" with s = G sums a row.
 packed   short rows (N · h's bytes ≤ 512, QK-norm heads), before "rows": k rows per
          partition, k the largest divisor of M keeping a tile ≤ 4 KiB of x per partition
          and ≥ 4 tiles per core; per-row Scalar Σh² and x̂, one Vector rstd chain per tile,
          the weight and bias replicated in a PSUM bank (``rmsnorm_fwd_packed``).
-split    NeuronCore-v3+ only, rows too long for "rows", or decode batches (≤ 32 rows, 64 with a
-         residual) where the statistics are grouped (s = G): each row spread over s partitions
+split    NeuronCore-v3+ only, rows too long for "rows": each row spread over s partitions
          (s a power of two ≤ 32 dividing N, the smallest that makes a segment ≤ 8 KiB of h),
          so a tile is R = 128 / s whole rows, one contiguous DMA (``rmsnorm_fwd_split``).
          Σh² per segment, combined across partitions by exact Tensor-engine transposes.
@@ -172,9 +168,10 @@ def _plan(x, weight, bias, h_dtype, offset, casting_mode, out_dtype):
 def forward_body(plan, hbm, eps, offset):
     """Write y, rstd (and h) of ``hbm`` (a ``Tensors``): the code every entry point shares."""
     M, N = hbm.x.shape
-    layout = choose_layout(plan, M, N, usable_sbuf_bytes())
+    # whole-row statistics (plan.forward.choose_layout says why)
+    layout = choose_layout(plan, M, N, usable_sbuf_bytes(), grouped=False)
     if layout.regime == "rows":
-        rows_resident(plan, layout.rows_per_partition, hbm, eps, offset, layout.groups)
+        rows_resident(plan, layout.rows_per_partition, hbm, eps, offset)
     elif layout.regime == "packed":
         packed_rows(plan, layout.rows_per_partition, hbm, eps, offset)
     elif layout.regime == "split":

@@ -17,10 +17,8 @@ from nki_rmsnorm.nki import nisa, nl
 from nki_rmsnorm.plan.forward import RowsResident, RowViews
 
 
-def rows_resident(plan, k, hbm, eps, offset, statistic_groups=0):
-    """Every row read once and written once; tiles of ``k`` rows per partition; Σh² of a
-    row from ``statistic_groups`` group sums (``plan.forward.statistic_groups``; 0: the
-    whole row)."""
+def rows_resident(plan, k, hbm, eps, offset):
+    """Every row read once and written once; tiles of ``k`` rows per partition."""
     M, N = hbm.x.shape
     P = nl.tile_size.pmax
     parts = min(P, M)
@@ -57,17 +55,15 @@ def rows_resident(plan, k, hbm, eps, offset, statistic_groups=0):
         ),
         hbm.rstd.reshape((M // k, k)),
     )
-    row_groups = M // k
-    full_tiles = row_groups // P
+    groups = M // k
+    full_tiles = groups // P
     for t in nl.affine_range(full_tiles):
-        _row_tile(plan, views, resident, eps, t * P, P, k, N, statistic_groups)
-    if row_groups % P:
-        _row_tile(
-            plan, views, resident, eps, full_tiles * P, row_groups % P, k, N, statistic_groups
-        )
+        _row_tile(plan, views, resident, eps, t * P, P, k, N)
+    if groups % P:
+        _row_tile(plan, views, resident, eps, full_tiles * P, groups % P, k, N)
 
 
-def _row_tile(plan, views, resident, eps, group0, parts, k, N, statistic_groups):
+def _row_tile(plan, views, resident, eps, group0, parts, k, N):
     """Rows ``k·group0 … k·(group0 + parts) − 1``, k consecutive rows per partition."""
     i_p = nl.arange(parts)[:, None]
     groups = group0 + i_p
@@ -104,16 +100,13 @@ def _row_tile(plan, views, resident, eps, group0, parts, k, N, statistic_groups)
     # ACT: Σh² per row (the squares themselves are discarded), then rstd; DMA rstd out.
     sum_sq = nl.ndarray((parts, k), dtype=nl.float32)
     for j in nl.static_range(k):
-        if statistic_groups:
-            sum_sq[:, j : j + 1] = steps.grouped_sum(squares, h_tile, j * N, N, statistic_groups)
-        else:
-            row(squares, j)[...] = nisa.activation_reduce(
-                op=nl.square,
-                data=row(h_tile, j),
-                reduce_op=nl.add,
-                reduce_res=sum_sq[:, j : j + 1],
-                dtype=squares.dtype,
-            )
+        row(squares, j)[...] = nisa.activation_reduce(
+            op=nl.square,
+            data=row(h_tile, j),
+            reduce_op=nl.add,
+            reduce_res=sum_sq[:, j : j + 1],
+            dtype=squares.dtype,
+        )
     rstd_tile = steps.rstd_from_sum(sum_sq, eps, N, on_scalar=plan.product_engine != "scalar")
     nl.store(views.rstd[groups, i_k], value=rstd_tile)
 

@@ -535,24 +535,3 @@ def _multiply(dst, data, row_scale, scale, mask):
             dtype=dst.dtype,
             mask=mask,
         )
-
-
-def grouped_sum(squares, h_tile, col0, n, groups):
-    """Σh² of each partition's row, columns ``col0 … col0 + n − 1`` of ``h_tile``, as a
-    (parts, 1) fp32 tile, grouped (``nki_rmsnorm.plan.forward.GROUP_MIN_COLUMNS``): ACT Σ of
-    each of the ``groups`` column groups (the squares go to ``squares``, discarded), DVE
-    their sum in group order: the instructions the "split" regime runs on a row's
-    segments."""
-    parts = h_tile.shape[0]
-    width = n // groups
-    sums = nl.ndarray((parts, groups), dtype=nl.float32)
-    for g in nl.static_range(groups):
-        c0 = col0 + g * width
-        squares[:, c0 : c0 + width] = nisa.activation_reduce(
-            op=nl.square,
-            data=h_tile[:, c0 : c0 + width],
-            reduce_op=nl.add,
-            reduce_res=sums[:, g : g + 1],
-            dtype=squares.dtype,
-        )
-    return nisa.tensor_reduce(nl.add, sums, axis=[1], dtype=nl.float32)
