@@ -71,12 +71,18 @@ class FoldedPlan(NKIObject):
     # dy·x runs against x copied into PSUM by the Scalar engine (N Vector cycles, and the
     # Scalar engine's N-cycle copy), else from SBUF as (dy − 0)·x: N cycles for bf16 inputs
     # (general/nki/api/nki/isa/__init__.py@8a38e733, L1218-1226), 2N otherwise. NeuronCore-v2
-    # takes SBUF: its Vector and Scalar engines share one PSUM port, so the copy and the
-    # product would queue on it (modeled on trn1 at 8192×2048 bf16: 1.39× the copy kernel
-    # from SBUF, 1.60× with one chunk in four through PSUM).
+    # and two bf16 tiles take SBUF: v2's Vector and Scalar engines share one PSUM port, so
+    # the copy and the product would queue on it (modeled on trn1 at 8192×2048 bf16: 1.39×
+    # the copy kernel from SBUF, 1.60× with one chunk in four through PSUM).
     x_from_psum: bool = True
     # contraction rows of ``a``'s matmuls: one per bf16 part of w' and fold segment (kw·fold)
     stationary_rows: int = 1
+    # matmuls of ``a`` (one per bf16 part of rstd), or 1 when the parts are stacked along
+    # the contraction (stationary_rows then counts SPLIT·kw·fold rows)
+    rstd_parts: int = SPLIT
+    # the row dot Σ_j (dy·x)·w' on the Tensor engine (see ``make_plan``):
+    # bit-accurate fp32 transposes of dy·x, then a matrix-vector product against w'
+    row_dot_on_pe: bool = False
 
 
 def make_plan(N, dtypes, offset, casting_mode, budget, nc_v3_or_newer=True):
@@ -86,14 +92,23 @@ def make_plan(N, dtypes, offset, casting_mode, budget, nc_v3_or_newer=True):
     ``nisa.get_nc_version() >= nisa.nc_version.gen3`` (an enum ordered only against its own
     members, as AWS's kernels compare it: aws-neuron/nki-library@d2ad3a5
     src/nkilib_src/nkilib/core/attention/attention_tkg.py L2332); it picks the engines of
-    dy·x (``x_from_psum``) and nothing in SBUF. None when no power-of-two fold of N fits.
-    Tests check every accepted input against the capacity."""
+    dy·x (``x_from_psum``) and of the row dot (``row_dot_on_pe``: NeuronCore-v3+, whose
+    transposes are bit-accurate, so a NaN stays in its row; an unfolded 2-byte dy and x in
+    gemma mode), and nothing in SBUF. The rstd parts of ``a`` are stacked into one matmul
+    where they fit 128 contraction rows. None when
+    no power-of-two fold of N fits. Tests check every accepted input against the capacity."""
     e_x = dtype_bytes(dtypes.x)
     round_xhat = dtypes.weight is not None and casting_mode != "gemma" and e_x == 2
     bf16_weight = dtypes.weight is not None and dtypes.weight == nl.bfloat16
     kw = 1 if dtypes.weight is None or (bf16_weight and offset == 0.0) else SPLIT
-    x_from_psum = round_xhat or nc_v3_or_newer
+    bf16_pair = dtypes.x == nl.bfloat16 and dtypes.dy == nl.bfloat16
+    # (dy − 0)·x of two bf16 tiles from SBUF: the same N Vector cycles as against a PSUM
+    # copy of x, without the Scalar engine's copy
+    x_from_psum = round_xhat or (nc_v3_or_newer and not bf16_pair)
+    two_byte = dtype_bytes(dtypes.x) == 2 and dtype_bytes(dtypes.dy) == 2
     for fold in FOLDS:
+        stacked = SPLIT * kw * fold <= nl.tile_size.pmax
+        row_dot_on_pe = nc_v3_or_newer and fold == 1 and two_byte and not round_xhat
         if N % fold != 0:
             continue
         width = N // fold
@@ -110,7 +125,9 @@ def make_plan(N, dtypes, offset, casting_mode, budget, nc_v3_or_newer=True):
                     kw=kw,
                     round_xhat=round_xhat,
                     x_from_psum=x_from_psum,
-                    stationary_rows=kw * fold,
+                    stationary_rows=kw * fold * (SPLIT if stacked else 1),
+                    rstd_parts=1 if stacked else SPLIT,
+                    row_dot_on_pe=row_dot_on_pe,
                 )
                 if plan_bytes(plan, dtypes) <= budget:
                     return plan
@@ -122,14 +139,16 @@ def plan_bytes(plan, dtypes) -> int:
     and x slots, the ``DY_SLOTS`` dy slots, the bf16 moving rows of w', the working tiles of
     two column groups in flight (p1·x and dy·x in fp32, dx; round(x̂); with dh_out an fp32
     dx before the sum and dh_out itself) and ``RESERVED_BYTES`` for the constants and
-    per-tile columns."""
+    per-tile columns; with ``row_dot_on_pe`` also w' as fp32 columns (the transposed dy·x
+    takes the place of p1·x)."""
     e_x = dtype_bytes(dtypes.x)
     e_dy = dtype_bytes(dtypes.dy)
     per_group_column = 4 + 4 + e_x + (e_x if plan.round_xhat else 0)
     if dtypes.dh_out is not None:
         per_group_column += 4 + dtype_bytes(dtypes.dh_out)
     return (
-        plan.ring * plan.group * (4 + e_x)
+        (4 * (-(-plan.width // 128)) if plan.row_dot_on_pe else 0)
+        + plan.ring * plan.group * (4 + e_x)
         + DY_SLOTS * plan.group * e_dy
         + 2 * plan.width
         + 2 * plan.group * per_group_column
@@ -215,6 +234,17 @@ class BwdConstants(NKIObject):
     table_rows: object  # HBM (tiles, kw·fold, SPLIT, P) bf16: each tile's stationary rows
     table_cols: object  # HBM (tiles, P, n_cols) fp32: each tile's rstd columns
     fold_scratch: object = None  # HBM (P,) fp32 where a fold's segment sums change layout
+    pe: object = None  # PeConstants with ``row_dot_on_pe``, else None
+
+
+@dataclass(frozen=True)
+class PeConstants(NKIObject):
+    """The constant tiles of ``row_dot_on_pe``: the fp32 identity the transposes move
+    against and w' as fp32 columns (P, ⌈N/128⌉) (w'[b·128 + j] at partition j, column b),
+    the moving operand of the row dot."""
+
+    identity: object
+    w_cols: object
 
 
 @dataclass(frozen=True)
