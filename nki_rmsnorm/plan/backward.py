@@ -31,6 +31,8 @@ MAX_SLACK = 2
 #: pass, so that the small per-tile loads of the rstd operands never queue behind a long
 #: backlog of data loads on the DMA engines (which serve transfers in issue order).
 DY_SLOTS = 2
+#: NeuronCore-v4: one chunk in this many keeps the Vector engine's row dot (see make_plan).
+VECTOR_ROW_DOT_EVERY = 6
 #: Folds tried (partitions per row), smallest first.
 FOLDS = (1, 2, 4, 8, 16, 32)
 #: bf16 parts of an fp32 value (8 + 8 + 8 mantissa bits).
@@ -83,9 +85,12 @@ class FoldedPlan(NKIObject):
     # the row dot Σ_j (dy·x)·w' on the Tensor engine (see ``make_plan``):
     # bit-accurate fp32 transposes of dy·x, then a matrix-vector product against w'
     row_dot_on_pe: bool = False
+    # with row_dot_on_pe: every n-th CHUNK of a row (chunk c with c mod n = n − 1) takes the
+    # Vector engine's row dot instead (p1·x summed by the Scalar engine), 0 for none
+    vector_row_dot_every: int = 0
 
 
-def make_plan(N, dtypes, offset, casting_mode, budget, nc_v3_or_newer=True):
+def make_plan(N, dtypes, offset, casting_mode, budget, nc_v3_or_newer=True, nc_v4_or_newer=False):
     """The smallest fold, then the widest group and the longest ring, that fit ``budget``
     SBUF bytes per partition (``plan_bytes``). ``dtypes``: a ``BwdDtypes``;
     ``nc_v3_or_newer``: whether the target is NeuronCore-v3 or newer, which the kernel reads as
@@ -95,7 +100,12 @@ def make_plan(N, dtypes, offset, casting_mode, budget, nc_v3_or_newer=True):
     dy·x (``x_from_psum``) and of the row dot (``row_dot_on_pe``: NeuronCore-v3+, whose
     transposes are bit-accurate, so a NaN stays in its row; an unfolded 2-byte dy and x in
     gemma mode), and nothing in SBUF. The rstd parts of ``a`` are stacked into one matmul
-    where they fit 128 contraction rows. None when
+    where they fit 128 contraction rows. ``nc_v4_or_newer``: NeuronCore-v4 (trn3), whose
+    Vector engine runs at the Tensor engine's half clock (1.2 / 2.4 GHz; v3: 0.96 / 2.4):
+    there a Tensor-engine row dot of a chunk (4 PE cycles per element and row: an fp32
+    transpose and an fp32 matrix-vector product) outweighs the Vector one (1 DVE cycle) so
+    one chunk in ``VECTOR_ROW_DOT_EVERY`` keeps the Vector row dot, which balances the two
+    engines' floors (PE 7 − 4f against 2·(3 + f) half-clock cycles: f = 1/6). None when
     no power-of-two fold of N fits. Tests check every accepted input against the capacity."""
     e_x = dtype_bytes(dtypes.x)
     round_xhat = dtypes.weight is not None and casting_mode != "gemma" and e_x == 2
@@ -128,6 +138,9 @@ def make_plan(N, dtypes, offset, casting_mode, budget, nc_v3_or_newer=True):
                     stationary_rows=kw * fold * (SPLIT if stacked else 1),
                     rstd_parts=1 if stacked else SPLIT,
                     row_dot_on_pe=row_dot_on_pe,
+                    vector_row_dot_every=(
+                        VECTOR_ROW_DOT_EVERY if row_dot_on_pe and nc_v4_or_newer else 0
+                    ),
                 )
                 if plan_bytes(plan, dtypes) <= budget:
                     return plan
@@ -154,6 +167,23 @@ def plan_bytes(plan, dtypes) -> int:
         + 2 * plan.group * per_group_column
         + RESERVED_BYTES
     )
+
+
+def vector_row_dot_chunk(plan, col0) -> bool:
+    """Whether the chunk of a row starting at column ``col0`` takes the Vector engine's row
+    dot (``vector_row_dot_every``); the same columns in every row, so a row's result never
+    depends on where it sits."""
+    n = plan.vector_row_dot_every
+    return n > 0 and (col0 // CHUNK) % n == n - 1
+
+
+def partial_columns(plan) -> int:
+    """Columns of a row tile's partial row sums: one per column group, or with
+    ``row_dot_on_pe`` one per Vector-engine chunk (at least 1)."""
+    if not plan.row_dot_on_pe:
+        return plan.n_groups
+    n = plan.vector_row_dot_every
+    return max(1, (-(-plan.width // CHUNK)) // n) if n > 0 else 1
 
 
 @dataclass(frozen=True)

@@ -29,60 +29,74 @@ Entry points and SDK releases: ``rmsnorm_bwd`` (return convention) and ``rmsnorm
 SBUF budget comes from ``nki_rmsnorm.nki.usable_sbuf_bytes``: the compiler's
 ``total_available_sbuf_size`` from 2.26, the documented per-generation figure before).
 
-Engines. Per element the kernel needs four products of two tiles (q = dy · x, p1, p1 · x
-and the dx sum). The Vector engine (DVE) takes N cycles (N = elements per partition) for one
-of them when one operand is in PSUM and 2N when both are in SBUF; the Scalar engine (ACT)
-takes N for a one-input pass and adds a row sum for free; the Tensor engine (PE) is
-otherwise idle. GpSimd (Pool) stays out: its ``tensor_tensor`` runs only ``power`` and
-integer arithmetic (general/nki/api/nki/isa/__init__.py@8a38e733, lines 1766-1767) and its
-``tensor_scalar`` only rsqrt (line 1699). So PE and ACT put the second operand of each of
-the Vector engine's products into PSUM. Per column group of a row tile, in 512-column chunks
-(one fp32 PSUM bank each):
+Engines. Per element the kernel needs four products of two tiles (q = dy · x, p1, the row
+dot Σ_j q·w' and the dx sum). The Vector engine (DVE) takes N cycles (N = elements per
+partition) for one of them when one operand is in PSUM, or for ``(dy − 0)·x`` of two bf16
+tiles (``scalar_tensor_tensor``), and 2N otherwise; the Scalar engine (ACT) takes N for a
+one-input pass and adds a row sum for free; the Tensor engine (PE) takes 1 cycle per bf16
+element of its moving operand (4 for fp32, 2 for an fp32 transpose on NeuronCore-v3+; at
+least 64 per matmul) at twice the Vector clock on trn2/trn3 (2.4 against 0.96 / 1.2 GHz).
+GpSimd (Pool) stays out: its ``tensor_tensor`` runs only ``power`` and integer arithmetic
+(general/nki/api/nki/isa/__init__.py@8a38e733, lines 1766-1767; 0.6: nki/api/nki/isa/
+__init__.py@81ce03ae L1025-1036) and its ``tensor_scalar`` only rsqrt (line 1699). Per column
+group of a row tile, in 512-column chunks (one fp32 PSUM bank each):
 
 ====  ===================================================================================
-PE    ``a = rstd ⊗ w'`` into PSUM: three accumulating matmuls, one per bf16 part of the
-      tile's rstd (stationary), against w' split likewise (moving, ``kw`` rows per fold
-      segment; ``kw = 1`` for a bf16 weight without offset); the bf16 products are exact
-      and the sum is fp32, so ``a`` is fp32-accurate
-ACT   x copied into PSUM (fp32); not on NeuronCore-v2 (but in llama / none)
-DVE   ``q = dy · x`` against that copy (exact for 2-byte inputs); on NeuronCore-v2,
-      whose DVE and ACT share one PSUM port (a copy holds it as long as DVE's product
-      against it), from SBUF as ``(dy − 0) · x``
-      (``scalar_tensor_tensor``: N cycles by the documented rule for two bf16 operands,
-      2N otherwise); in llama / none
-      ``q = dy · round(x̂)`` from SBUF, with ``round(x̂) = x · rstd`` rounded by ACT
+PE    ``a = rstd ⊗ w'`` into PSUM: the bf16 parts of the tile's rstd (stationary) against
+      w' split likewise (moving, ``kw`` rows per fold segment; ``kw = 1`` for a bf16
+      weight without offset), stacked along the contraction into one matmul where the
+      3·kw·fold rows fit 128 (else one matmul per part of rstd); the bf16 products are
+      exact and the sum is fp32, so ``a`` is fp32-accurate
+DVE   ``q = dy · x``: two bf16 tiles from SBUF as ``(dy − 0) · x`` (N cycles by the
+      documented rule, general/nki/api/nki/isa/__init__.py@8a38e733, lines 1218-1226; on
+      every target); other 2-byte or fp32 inputs against x copied into PSUM by ACT on
+      NeuronCore-v3+, from SBUF (2N) on NeuronCore-v2, whose DVE and ACT share one PSUM
+      port; in llama / none ``q = dy · round(x̂)`` from SBUF, with ``round(x̂) = x · rstd``
+      rounded by ACT
 DVE   ``p1 = dy · a``, kept in SBUF for the gradient pass
-DVE   ``p1 · x = q · a`` (in llama / none ``p1`` times the PSUM copy of x)
-ACT   row sums of ``p1 · x`` (``activation_reduce``); at the end of the tile
-      ``−k = −rstd²/N · s`` in one more reduction
+row   ``row_dot_on_pe`` (NeuronCore-v3+, an unfolded 2-byte dy and x, gemma): PE
+dot   transposes each 128-column block of q (fp32, ``is_transpose``: bit-accurate, NaN
+      and Inf included, from NeuronCore-v3), ACT copies it to SBUF, PE multiplies it
+      with w' (a matrix-vector product: the sum over the columns of one row, fp32);
+      trn3 keeps one chunk in ``VECTOR_ROW_DOT_EVERY`` (6) on DVE as below, which
+      balances PE against DVE there. Otherwise (trn1, inf2, folded rows, llama / none,
+      fp32): DVE ``p1 · x = q · a`` (in llama / none ``p1`` times the PSUM copy of x),
+      ACT row sums of it (``activation_reduce``)
+ACT   at the end of the tile ``−k = −rstd³/N · Σ q·w'`` (or ``−rstd²/N · Σ p1·x``)
 PE    ``dweight += qᵀ · rstd`` per 128 columns (the tile's rstd column as the moving
       operand gives the row scaling and the sum over rows for free) into an fp32 PSUM
-      accumulator kept for the whole kernel; ``dbias += dyᵀ · 1`` likewise
+      accumulator kept for the whole kernel; ``dbias += dyᵀ · 1`` likewise; a gradient
+      the caller does not get back is not computed
 ACT   ``−k · x`` into PSUM (gradient pass)
 DVE   ``dx = p1 + (−k · x)`` rounded to x's dtype (DVE adds dh_out from SBUF); DMA stores
 ====  ===================================================================================
 
-No tile of data passes through a matmul (only rstd, the weight and the products that are
-summed over rows anyway): a matmul multiplies every element by the zeros of the other
-operand, and 0 · NaN would spread a NaN or Inf of one row to the others.
+So per element and row the Vector engine runs three N-cycle passes on trn2 (q, p1, dx),
+3 + 1/6 on trn3 and four on trn1 / inf2 (q, p1, p1·x, dx); PE runs 7 (trn2: 1 for ``a``,
+2 each for dweight, the transpose and the matrix-vector product; 8 with dbias) and ACT 2.
+By the cost model's floors (8192×4096 bf16, µs, Vector / Scalar / Tensor / DMA / HBM):
+trn2 822 / 440 / 765 / 561 / 655, trn3 685 / 451 / 710 / 396 / 388, trn1 (four Vector
+passes) about 940 / 390 / 340 / 740 / 580: the Vector engine still binds on trn2 and trn1,
+the Tensor and Vector engines together on trn3.
 
-Why four Vector passes. Each of q, p1, p1·x and dx multiplies or adds two tiles that vary
-along both axes, which only the Vector engine does for floats (GpSimd's ``tensor_tensor``
-runs ``power`` and integer arithmetic; the Scalar engine's ``scale``/``bias`` are one value
-per partition). What the other engines can take is taken: rstd (per partition) goes into
-``a`` and the dweight matmul, the weight's broadcast into ``a`` on PE, both column sums onto
-PE, the row sums and −k·x onto ACT. The alternatives, by the cost model: the row dot Σ_j
-q·w' as a PE contraction needs j on the partitions, i.e. fp32 transposes of q (2 PE cycles
-per element on NeuronCore-v3, ``is_transpose``) and a copy out of PSUM (PE reads SBUF only)
-before an fp32 matmul at a quarter rate: PE then binds at about 9.5 PE cycles per element
-and row of a tile against 4 Vector ones now, a floor about 5 % lower on trn2 (PE at 2.4 GHz,
-Vector at 0.96) and 19 % higher on trn3 (Vector at 1.2 GHz). A layout with the hidden axis
-on the partitions makes rstd and −k per-element vectors, so dx needs three two-tile passes
-instead of two, and its loads one descriptor per element. The 16-bit fast modes speed up
-only one-input Vector instructions (``tensor_copy``/``tensor_scalar``) and the two-tile ones
-at most to the N cycles a PSUM operand gives already; a bf16 q or p1 would drop the fp32
-accuracy of dx and dweight. So the Vector engine binds at four N-cycle passes per element,
-and the kernel orders them so that no pass reads the output of the one just before it.
+What else was weighed, by the cost model's documented rules:
+
+* A Tensor-engine copy of x (or dy) into PSUM, an identity matmul, would make every Vector
+  product an N-cycle one at PE cost only, but a matmul multiplies every element by the
+  zeros of the identity, and 0 · NaN (or 0 · Inf) would spread a NaN of one row to every
+  row; ``is_transpose`` moves data exactly only as a transpose. No tile of data passes
+  through a non-transposing matmul; q passes through the row dot's matrix-vector product,
+  which sums over the columns of one row only.
+* The row dot from transposed dy and x·w' in bf16 (PE transposes of 2-byte data, one
+  cycle per element): x·w' rounded to bf16 puts up to 2⁻⁹ of each term into the row dot,
+  about 2 bf16 ulps of dx at N = 1024 against the 1-ulp test bound; the fp32 q keeps it
+  exact.
+* dy·w' on PE (diagonal blocks of w' against transposed dy) and ``p1 = rstd·(dy·w')`` on
+  ACT would take p1 off DVE, but PE then needs 8 cycles per element and row (more than
+  DVE's 3 on trn2, at 2.5× the clock) and ACT 3.
+* GpSimd's ``tensor_tensor`` does no float arithmetic (above); the 16-bit fast modes speed
+  up only one-input Vector instructions, and a bf16 q or p1 would drop the fp32 accuracy of
+  dx and dweight; the Scalar engine's ``scale``/``bias`` are one value per partition.
 
 Tiling. Rows go on the partitions, 128 per row tile (a ragged last tile uses fewer), and the
 row is worked through in column groups of ``G`` (2048, 1024 or 512) columns. A row whose
@@ -133,6 +147,8 @@ from nki_rmsnorm.plan.backward import (
     BwdTileSlots,
     PeConstants,
     make_plan,
+    partial_columns,
+    vector_row_dot_chunk,
 )
 from nki_rmsnorm.plan.kernel_assert import kernel_assert
 
@@ -200,7 +216,8 @@ def backward_body(dy, x, weight, rstd, dh_out, dx, dweight, dbias, offset, casti
     dtypes = BwdDtypes(x=x.dtype, dy=dy.dtype, weight=None if weight is None else weight.dtype,
                        dh_out=None if dh_out is None else dh_out.dtype)
     plan = make_plan(N, dtypes, offset, casting_mode, usable_sbuf_bytes(),
-                     nisa.get_nc_version() >= nisa.nc_version.gen3)
+                     nisa.get_nc_version() >= nisa.nc_version.gen3,
+                     nisa.get_nc_version() >= nisa.nc_version.gen4)
     if plan is None:
         streamed_backward(dy, x, weight, rstd, dh_out, offset, casting_mode, dx, dweight,
                           dbias)
@@ -231,7 +248,7 @@ def _folded_backward(plan, dy, x, weight, rstd, dh_out, dx, dweight, dbias, offs
     slots = BwdTileSlots(
         rows=nl.ndarray((plan.stationary_rows, 2, plan.rstd_parts, P), dtype=nl.bfloat16),
         cols=nl.ndarray((P, 2, consts.table_cols.shape[2]), dtype=nl.float32),
-        partials=nl.ndarray((P, 2, plan.n_groups), dtype=nl.float32),
+        partials=nl.ndarray((P, 2, partial_columns(plan)), dtype=nl.float32),
         negk=nl.ndarray((P, 2, 1), dtype=nl.float32))
 
     # Software pipeline: statistic pass of tile t next to the gradient pass of tile t − 1.
@@ -256,7 +273,7 @@ def _folded_backward(plan, dy, x, weight, rstd, dh_out, dx, dweight, dbias, offs
                 _column_sums_group(plan, consts, tile, g, dy_g, dydx,
                                    (dweight, dbias) if t == n_tiles - 1 else (None, None))
         if tile is not None and row_dot is not None:
-            _finish_row_dot(tile, row_dot)
+            _finish_row_dot(plan, tile, row_dot)
         elif tile is not None:
             _finish_statistic(plan, consts, tile)
 
@@ -515,8 +532,15 @@ def _statistic_group(plan, consts, views, rings, tile, t, g, row_dot):
         elif row_dot is None:
             p1x[:, lo:hi] = nisa.tensor_tensor(dydx[:, lo:hi], a, op=nl.multiply,
                                                dtype=nl.float32)
+        elif vector_row_dot_chunk(plan, g0 + lo):  # its partial: column (g0 + lo) // (n·CHUNK)
+            column = (g0 + lo) // (plan.vector_row_dot_every * CHUNK)
+            p1x[:, lo:hi] = nisa.tensor_tensor(dydx[:, lo:hi], a, op=nl.multiply,
+                                               dtype=nl.float32)
+            nisa.activation_reduce(op=nl.copy, data=p1x[:, lo:hi], reduce_op=nl.add,
+                                   reduce_res=tile.partials[:, column:column + 1],
+                                   dtype=nl.float32)
         else:
-            _row_dot_chunk(consts.pe, row_dot, dydx[:, lo:hi], g0 + lo, g == 0 and c == 0)
+            _row_dot_chunk(consts.pe, row_dot, dydx[:, lo:hi], g0 + lo, g0 + lo == 0)
     if row_dot is None:
         nisa.activation_reduce(op=nl.copy, data=p1x, reduce_op=nl.add,
                                reduce_res=tile.partials[:, g:g + 1], dtype=nl.float32)
@@ -557,10 +581,19 @@ def _row_dot_chunk(pe, row_dot, dydx, col0, first):
                                               pe.w_cols[0:bw, b:b + 1])
 
 
-def _finish_row_dot(tile, row_dot):
-    """``−k = −rstd³/N · Σ_j (dy·x)·w'`` per partition (Scalar engine)."""
-    tile.negk[...] = nisa.activation(op=nl.copy, data=row_dot[0:tile.p, :],
-                                     scale=tile.cols[:, 2:3], dtype=nl.float32)
+def _finish_row_dot(plan, tile, row_dot):
+    """``−k = −rstd³/N · Σ_j (dy·x)·w'`` per partition (Scalar engine), plus
+    ``−rstd²/N · Σ p1·x`` of the Vector-engine chunks (``vector_row_dot_every``) as the
+    bias."""
+    if plan.vector_row_dot_every > 0 and plan.width >= plan.vector_row_dot_every * CHUNK:
+        bias = nl.ndarray((tile.p, 1), dtype=nl.float32)
+        nisa.activation_reduce(op=nl.copy, data=tile.partials, reduce_op=nl.add,
+                               reduce_res=bias, scale=tile.cols[:, 1:2], dtype=nl.float32)
+        tile.negk[...] = nisa.activation(op=nl.copy, data=row_dot[0:tile.p, :], bias=bias,
+                                         scale=tile.cols[:, 2:3], dtype=nl.float32)
+    else:
+        tile.negk[...] = nisa.activation(op=nl.copy, data=row_dot[0:tile.p, :],
+                                         scale=tile.cols[:, 2:3], dtype=nl.float32)
 
 
 def _psum_copy(values):

@@ -55,6 +55,8 @@ from nki_rmsnorm.plan.backward import (
     BwdTileSlots,
     PeConstants,
     make_plan,
+    partial_columns,
+    vector_row_dot_chunk,
 )
 from nki_rmsnorm.plan.kernel_assert import kernel_assert
 
@@ -134,6 +136,7 @@ def backward_body(dy, x, weight, rstd, dh_out, dx, dweight, dbias, offset, casti
         casting_mode,
         usable_sbuf_bytes(),
         nisa.get_nc_version() >= nisa.nc_version.gen3,
+        nisa.get_nc_version() >= nisa.nc_version.gen4,
     )
     fold = 1 if plan is None else plan.fold
     n_tiles = -(-M * fold // nl.tile_size.pmax)
@@ -181,7 +184,7 @@ def _rows_backward(plan, dy, x, weight, rstd, dh_out, dx, dweight, dbias, offset
     slots = BwdTileSlots(
         rows=_tiles(2, (plan.stationary_rows, plan.rstd_parts, P), nl.bfloat16),
         cols=_tiles(2, (P, consts.table_cols.shape[2]), nl.float32),
-        partials=_tiles(2, (P, plan.n_groups), nl.float32),
+        partials=_tiles(2, (P, partial_columns(plan)), nl.float32),
         negk=_tiles(2, (P, 1), nl.float32),
     )
     # with two halves on this core, the first half's column sums wait here (fp32, SBUF)
@@ -227,7 +230,7 @@ def _rows_backward(plan, dy, x, weight, rstd, dh_out, dx, dweight, dbias, offset
                 )
         if tile is not None:
             if plan.row_dot_on_pe:
-                _finish_row_dot(tile, row_dot)
+                _finish_row_dot(plan, tile, row_dot)
             else:
                 _finish_statistic(plan, consts, tile)
             if first_half is not None and t + 1 in starts:
@@ -535,8 +538,18 @@ def _statistic_group(plan, consts, views, rings, tile, t, g, row_dot):
             )
         elif row_dot is None:
             nisa.tensor_tensor(dst=p1x[:, lo:hi], data1=dydx[:, lo:hi], data2=a, op=nl.multiply)
+        elif vector_row_dot_chunk(plan, g0 + lo):  # its partial: column (g0 + lo) // (n·CHUNK)
+            column = (g0 + lo) // (plan.vector_row_dot_every * CHUNK)
+            nisa.tensor_tensor(dst=p1x[:, lo:hi], data1=dydx[:, lo:hi], data2=a, op=nl.multiply)
+            nisa.activation_reduce(
+                dst=p1x[:, lo:hi],
+                op=nl.copy,
+                data=p1x[:, lo:hi],
+                reduce_op=nl.add,
+                reduce_res=tile.partials[:, column : column + 1],
+            )
         else:
-            _row_dot_chunk(consts.pe, row_dot, dydx[:, lo:hi], g0 + lo, g == 0 and c == 0)
+            _row_dot_chunk(consts.pe, row_dot, dydx[:, lo:hi], g0 + lo, g0 + lo == 0)
     if row_dot is None:
         nisa.activation_reduce(
             dst=p1x,
@@ -586,9 +599,28 @@ def _row_dot_chunk(pe, row_dot, dydx, col0, first):
         )
 
 
-def _finish_row_dot(tile, row_dot):
-    """``−k = −rstd³/N · Σ_j (dy·x)·w'`` per partition (Scalar engine)."""
-    nisa.activation(dst=tile.negk, op=nl.copy, data=row_dot[0 : tile.p, :], scale=tile.cols[:, 2:3])
+def _finish_row_dot(plan, tile, row_dot):
+    """``−k = −rstd³/N · Σ_j (dy·x)·w'`` per partition (Scalar engine), plus
+    ``−rstd²/N · Σ p1·x`` of the Vector-engine chunks (``vector_row_dot_every``) as the
+    bias."""
+    bias = None
+    if plan.vector_row_dot_every > 0 and plan.width >= plan.vector_row_dot_every * CHUNK:
+        bias = nl.ndarray((tile.p, 1), dtype=nl.float32)
+        nisa.activation_reduce(
+            dst=tile.partials,
+            op=nl.copy,
+            data=tile.partials,
+            reduce_op=nl.add,
+            reduce_res=bias,
+            scale=tile.cols[:, 1:2],
+        )
+    nisa.activation(
+        dst=tile.negk,
+        op=nl.copy,
+        data=row_dot[0 : tile.p, :],
+        bias=bias,
+        scale=tile.cols[:, 2:3],
+    )
 
 
 def _psum_copy(values):
