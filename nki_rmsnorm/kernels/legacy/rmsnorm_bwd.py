@@ -72,11 +72,11 @@ DVE   ``dx = p1 + (−k · x)`` rounded to x's dtype (DVE adds dh_out from SBUF)
 ====  ===================================================================================
 
 So per element and row the Vector engine runs three N-cycle passes on trn2 (q, p1, dx),
-3 + 1/6 on trn3 and four on trn1 / inf2 (q, p1, p1·x, dx); PE runs 7 (trn2: 1 for ``a``,
-2 each for dweight, the transpose and the matrix-vector product; 8 with dbias) and ACT 2.
+up to 3 + 1/6 on trn3 and four on trn1 / inf2 (q, p1, p1·x, dx); PE runs 7 (trn2: 1 for ``a``,
+2 each for dweight, the transpose and the matrix-vector product; 7.5 with dbias) and ACT 2.
 By the cost model's floors (8192×4096 bf16, µs, Vector / Scalar / Tensor / DMA / HBM):
 trn2 822 / 440 / 765 / 561 / 655, trn3 685 / 451 / 710 / 396 / 388, trn1 (four Vector
-passes) about 940 / 390 / 340 / 740 / 580: the Vector engine still binds on trn2 and trn1,
+passes) 939 / 386 / 281 / 737 / 579: the Vector engine still binds on trn2 and trn1,
 the Tensor and Vector engines together on trn3.
 
 What else was weighed, by the cost model's documented rules:
