@@ -7,9 +7,10 @@ A tile is (parts, k·N): partition p holds k consecutive rows (the tensors viewe
 (M / k, k·N)), so one DMA moves k·N elements per partition. Per tile: the Scalar engine's
 Σh² per row (``activation_reduce`` over each row's N columns, one instruction a row:
 its reduction is over the whole free axis of its input, aws-neuron-sdk@81ce03ae
-nki/api/nki/isa/__init__.py L1461-1476), the rstd chain once on the (parts, k) sums (Vector
-engine, every instruction element-wise), h·rstd per row on the Scalar engine (``activation``
-with a (parts, 1) ``scale`` tile, L1336; every third row a Vector ``tensor_scalar``, L1081),
+nki/api/nki/isa/__init__.py L1461-1476), rstd once on the (parts, k) sums (the mean square on
+the Vector engine, the reverse square root on the GpSimd engine: ``_rstd``), h·rstd per
+row on the Scalar engine (``activation`` with a (parts, 1) ``scale`` tile, L1336; every
+other row a Vector ``tensor_scalar``, L1081),
 then one Vector instruction per 512 columns multiplying by the weight replicated along the
 free axis in a PSUM bank (built once), and one adding the bias, replicated likewise. The
 tiles run as a two-stage software pipeline (``packed_rows``).
@@ -26,9 +27,11 @@ from nki_rmsnorm.kernels.nki06._nki import nisa, nl
 from nki_rmsnorm.plan.forward import PSUM_COLS
 
 #: Every this many rows, x̂ = h·rstd is formed on the Vector engine rather than the Scalar
-#: engine: the Scalar engine also reduces every row, so an even split of the two passes
-#: over h would leave it the busier (1.2 GHz ACT against 0.96 GHz DVE on trn2).
-XHAT_ON_VECTOR_EVERY = 3
+#: engine, which also reduces every row: every other row balances the two (the Vector
+#: engine multiplies every row by the weight too, at 0.96 GHz against the Scalar engine's
+#: 1.2 GHz on trn2; modeled trn2 bf16 16384 × 128: every third row 38.6 µs, every other
+#: 37.0 µs).
+XHAT_ON_VECTOR_EVERY = 2
 
 
 def packed_rows(plan, k, hbm, eps, offset):
@@ -120,8 +123,7 @@ def _statistics(plan, views, group0, parts, k, N, eps):
             reduce_op=nl.add,
             reduce_res=sum_sq[:, j : j + 1],
         )
-    # DVE: rstd of all k rows at once (the Scalar chain would take six instructions a row)
-    rstd = steps.rstd_from_sum(sum_sq, eps, N, on_scalar=False)
+    rstd = _rstd(sum_sq, eps, N)
     nisa.dma_copy(dst=rstd_v[group0:g1, :], src=rstd)
     return group0, h_tile, rstd
 
@@ -170,3 +172,30 @@ def _output(plan, views, k, N, scale, shift, state):
         elif not direct:
             nisa.tensor_copy(dst=y_c, src=x_c)
     steps.store_y(plan, y_v[group0 : group0 + parts, :], y_tile)
+
+
+def _rstd(sum_sq, eps, n):
+    """rstd = 1 / sqrt(Σh² / n + eps) of all k rows of the tile at once: the mean square on
+    the Vector engine, its reverse square root on the GpSimd engine, which computes it "at a
+    higher precision compared to Scalar Engine" with ``tensor_scalar(op0=nl.rsqrt,
+    operand0=0.0)`` (aws-neuron-sdk@81ce03ae nki/api/nki.api.shared.rst L258-262), so no
+    Newton step follows and no range scaling precedes (the valid input range of
+    nki.api.shared.rst L198 is the Scalar engine's activation table). Two instructions a
+    tile where the Vector-engine chain (``rmsnorm_fwd_steps.rstd_from_sum``) takes ten: at
+    a few rows per partition their fixed cost, not their elements, is what a tile pays. An
+    infinite mean square gives rstd = 0, a zero one (eps = 0) +inf, NaN stays NaN."""
+    shape = sum_sq.shape
+    mean_square = steps.sbuf(shape, nl.float32)
+    nisa.tensor_scalar(
+        dst=mean_square,
+        data=sum_sq,
+        op0=nl.multiply,
+        operand0=1.0 / n,
+        op1=nl.add,
+        operand1=float(eps),
+    )
+    rstd = steps.sbuf(shape, nl.float32)
+    nisa.tensor_scalar(
+        dst=rstd, data=mean_square, op0=nl.rsqrt, operand0=0.0, engine=nisa.gpsimd_engine
+    )
+    return rstd
