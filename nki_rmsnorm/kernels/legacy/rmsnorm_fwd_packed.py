@@ -71,16 +71,16 @@ def packed_rows(plan, k, hbm, eps, offset):
 
 def _replicated(vector_hbm, reps, parts, dtype, offset):
     """``vector_hbm`` (N,) + ``offset`` in ``dtype``, ``reps`` times along the free axis,
-    broadcast to ``parts`` partitions in one fp32 PSUM bank that stays for the kernel."""
+    broadcast to ``parts`` partitions in one fp32 PSUM bank that stays for the kernel: one
+    load, then one ones-row matmul per replica into its columns of the bank (exact). One
+    DMA, not one per replica: each DMA pays a fixed cost on its queue, and the first output
+    waits for the bank."""
     n = vector_hbm.shape[0]
-    src = vector_hbm.reshape((1, n))
-    row = nl.ndarray((1, reps * n), dtype=vector_hbm.dtype)
-    for j in nl.static_range(reps):
-        row[0:1, j * n : (j + 1) * n] = nl.load(src)
-    moving = steps.convert_row(row, dtype, offset)
+    moving = steps.convert_row(nl.load(vector_hbm.reshape((1, n))), dtype, offset)
     ones = nl.full((1, parts), 1.0, dtype=dtype)
     bank = nl.ndarray((parts, reps * n), dtype=nl.float32, buffer=nl.psum)
-    bank[...] = nisa.nc_matmul(ones, moving)
+    for j in nl.static_range(reps):
+        bank[:, j * n : (j + 1) * n] = nisa.nc_matmul(ones, moving)
     return bank
 
 

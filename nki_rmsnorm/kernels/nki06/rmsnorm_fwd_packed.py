@@ -77,19 +77,22 @@ def packed_rows(plan, k, hbm, eps, offset):
 def _replicated(vector_hbm, reps, parts, dtype, offset):
     """``vector_hbm`` (N,) + ``offset`` in ``dtype``, ``reps`` times along the free axis,
     broadcast to ``parts`` partitions in one PSUM bank (reps·N ≤ 512 fp32), where it stays
-    for the whole kernel: reps DMAs into one (1, reps·N) row, then a ones-row matmul (exact:
-    every product is 1·w). The Vector engine reads a PSUM operand of ``tensor_tensor`` at
-    one element a cycle, twice the rate of two SBUF fp32 operands."""
+    for the whole kernel: one load, then one ones-row matmul per replica into its columns
+    of the bank (exact: every product is 1·w). One DMA, not one per replica: each DMA pays
+    a fixed cost on its queue, and the first output waits for the bank. The Vector engine
+    reads a PSUM operand of ``tensor_tensor`` at one element a cycle, twice the rate of two
+    SBUF fp32 operands."""
     n = vector_hbm.shape[0]
-    row = steps.sbuf((1, reps * n), vector_hbm.dtype)
-    src = vector_hbm.reshape((1, n))
-    for j in range(reps):
-        nisa.dma_copy(dst=row[:, j * n : (j + 1) * n], src=src)
+    row = steps.sbuf((1, n), vector_hbm.dtype)
+    nisa.dma_copy(dst=row, src=vector_hbm.reshape((1, n)))
     row = steps.convert_row(row, dtype, offset)
     ones = steps.sbuf((1, parts), dtype)
     nisa.memset(dst=ones, value=1.0)
     bank = nl.ndarray((parts, reps * n), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=bank, stationary=ones, moving=row, accumulate=False)
+    for j in range(reps):
+        nisa.nc_matmul(
+            dst=bank[:, j * n : (j + 1) * n], stationary=ones, moving=row, accumulate=False
+        )
     return bank
 
 
