@@ -95,3 +95,48 @@ def test_bad_input_is_rejected_before_a_launch(monkeypatch, change, error, messa
     args.update(change)
     with pytest.raises(error, match=message):
         nki_torch.rms_norm_qk(**args)
+
+
+# --- JAX -----------------------------------------------------------------------------------
+
+
+def test_jax_same_bytes_and_gradients(rng):
+    """Under ``jax.jit``: the NumPy launcher's bytes; the gradients of a scalar loss in q,
+    k and both weights equal those of two separate ``nki_rmsnorm.jax.rms_norm`` calls."""
+    jax = pytest.importorskip("jax")
+    jnp = jax.numpy
+    from nki_rmsnorm import jax as nki_jax
+
+    q = rng.standard_normal((16, 4, 64)).astype(np.float32)
+    k = rng.standard_normal((16, 2, 64)).astype(np.float32)
+    wq = (1 + 0.3 * rng.standard_normal(64)).astype(np.float32)
+    wk = (1 + 0.3 * rng.standard_normal(64)).astype(np.float32)
+    y_q, y_k = jax.jit(lambda *a: nki_jax.rms_norm_qk(*a, 1e-6))(q, k, wq, wk)
+    want_q, want_k = ops.rms_norm_qk(q, k, wq, wk, 1e-6)
+    np.testing.assert_array_equal(np.asarray(y_q), want_q)
+    np.testing.assert_array_equal(np.asarray(y_k), want_k)
+
+    def fused_loss(q, k, wq, wk):
+        a, b = nki_jax.rms_norm_qk(q, k, wq, wk, 1e-6)
+        return jnp.sum(a * jnp.cos(a)) + jnp.sum(b * b)
+
+    def separate_loss(q, k, wq, wk):
+        a, b = nki_jax.rms_norm(q, wq, 1e-6), nki_jax.rms_norm(k, wk, 1e-6)
+        return jnp.sum(a * jnp.cos(a)) + jnp.sum(b * b)
+
+    fused = jax.grad(fused_loss, argnums=(0, 1, 2, 3))(q, k, wq, wk)
+    separate = jax.grad(separate_loss, argnums=(0, 1, 2, 3))(q, k, wq, wk)
+    for got, want in zip(fused, separate):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+
+
+def test_jax_bad_input_before_a_launch(monkeypatch):
+    pytest.importorskip("jax")
+    from nki_rmsnorm import jax as nki_jax
+
+    monkeypatch.setattr(nki_jax, "_host_call", lambda *a, **k: pytest.fail("launched"))
+    q, k = np.ones((4, 128), np.float32), np.ones((4, 128), np.float32)
+    with pytest.raises(ValueError, match="k_weight must have shape"):
+        nki_jax.rms_norm_qk(q, k, None, np.ones(64, np.float32))
+    with pytest.raises(TypeError, match="q_weight must be float32 or q's dtype"):
+        nki_jax.rms_norm_qk(q.astype(np.float16), k.astype(np.float16), np.ones(128, BF16))
