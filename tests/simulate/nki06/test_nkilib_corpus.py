@@ -43,8 +43,10 @@ def _random(rng, shape, dtype):
     return rng.standard_normal(shape).astype(np.float32).astype(dtype)
 
 
-def _check(actual, expected, dtype, scale=1.0):
-    rtol, atol = TOLERANCE[np.dtype(dtype)]
+def _check(actual, expected, dtype, scale=1.0, precision=None):
+    """``actual`` is ``dtype`` and within the tolerance of ``precision`` (default: ``dtype``;
+    bf16 for kernels that compute in bf16 whatever their output dtype)."""
+    rtol, atol = TOLERANCE[np.dtype(precision or dtype)]
     actual = np.asarray(actual)
     assert actual.shape == expected.shape
     assert actual.dtype == np.dtype(dtype)
@@ -621,3 +623,281 @@ def test_router_topk(rng, tokens, hidden, experts, k, pre_norm, normalize):
         chosen = _softmax(np.take_along_axis(expected_logits, top, axis=1))
         np.put_along_axis(expected, top, chosen, axis=1)
     _check(affinities, expected, np.float32)
+
+
+# --- attention_cte (core/attention/attention_cte.py) -------------------------------------------
+def _attention_reference(q, k, v, scale, causal, window=0, sink=None, prior_len=0):
+    """softmax(q·kᵀ·scale + mask)·v over [B, S_q, d] q and [B, S_kv, d] k, v (the caller
+    repeats k, v for GQA and prepends the used prior); the mask compares query i, shifted by
+    the prior length, with key j: causal keeps j <= i, a window keeps j > i − window; a sink
+    joins every row's softmax as one more logit whose value is dropped."""
+    logits = np.einsum("bqd,bkd->bqk", q, k) * scale
+    query = np.arange(q.shape[1])[:, None] + prior_len
+    key = np.arange(k.shape[1])[None, :]
+    keep = np.ones((q.shape[1], k.shape[1]), bool)
+    if causal:
+        keep &= key <= query
+    if window:
+        keep &= key > query - window
+    logits = np.where(keep, logits, -np.inf)
+    top = logits.max(axis=-1, keepdims=True)
+    if sink is not None:
+        top = np.maximum(top, sink[:, :, None])
+    weights = np.exp(logits - top)
+    total = weights.sum(axis=-1, keepdims=True)
+    if sink is not None:
+        total = total + np.exp(sink[:, :, None] - top)
+    return np.einsum("bqk,bkd->bqd", weights / total, v)
+
+
+@pytest.mark.parametrize(
+    "lnc, batch, kv_batch, seq_q, seq_kv, d, options, dtype",
+    [
+        (1, 1, 1, 128, 128, 64, {}, np.float32),
+        (1, 1, 1, 128, 256, 64, {"causal_mask": False}, np.float32),
+        (2, 4, 2, 256, 256, 64, {}, np.float32),  # GQA: 2 query sequences per KV sequence
+        (1, 2, 2, 128, 128, 128, {"tp_k": True, "tp_out": True}, np.float32),
+        (1, 1, 1, 128, 128, 64, {"tp_q": False}, np.float32),
+        (1, 1, 1, 200, 200, 64, {}, BF16),  # a partial Q tile
+        (1, 2, 1, 128, 128, 64, {"sink": True}, np.float32),
+        (1, 1, 1, 256, 256, 64, {"sliding_window": 64}, np.float32),
+        (2, 2, 2, 256, 256, 64, {"sliding_window": 100}, BF16),
+        (1, 1, 1, 128, 128, 64, {"prior": (256, 100)}, np.float32),  # prefix caching
+        (1, 1, 1, 128, 128, 64, {"prior": (256, 100), "sliding_window": 150}, np.float32),
+        (1, 1, 1, 128, 1088, 64, {"causal_mask": False}, np.float32),  # K/V tiles of 512
+    ],
+)
+def test_attention_cte(rng, lnc, batch, kv_batch, seq_q, seq_kv, d, options, dtype):
+    """Docstring: softmax(q @ k) @ v with q [B, S_q, d] (tp_q, else [B, d, S_q]), k [B_kv, d,
+    S_kv] (tp_k: [B_kv, S_kv, d]), v [B_kv, S_kv, d]; GQA repeats each KV sequence for
+    B / B_kv query sequences; prefix caching prepends the first prior_used_len of k_prior,
+    v_prior; a sink [B, 1] is one more logit per row; out [B, S_q, d] (tp_out: [B, d, S_q]).
+    "float32 for softmax and bfloat16 for other operations": bf16-level tolerance."""
+    attention_cte = library_module("core.attention.attention_cte").attention_cte
+    options = dict(options)
+    tp_q, tp_k = options.get("tp_q", True), options.get("tp_k", False)
+    # logits ~ N(0, 1) whatever the scale the kernel applies (it requires 1.0 with a window,
+    # a sink or a prior)
+    scale = 1.0 if {"sink", "sliding_window", "prior"} & options.keys() else 1.0 / math.sqrt(d)
+    q = (_random(rng, (batch, seq_q, d), np.float32) / math.sqrt(d) / scale).astype(dtype)
+    k = _random(rng, (kv_batch, seq_kv, d), dtype)
+    v = _random(rng, (kv_batch, seq_kv, d), dtype)
+    kwargs = {"scale": scale, "causal_mask": options.get("causal_mask", True)}
+    kwargs.update(tp_q=tp_q, tp_k=tp_k, tp_out=options.get("tp_out", False))
+    kwargs["sliding_window"] = options.get("sliding_window", 0)
+    sink = None
+    if options.get("sink"):
+        sink = _random(rng, (batch, 1), np.float32)
+        kwargs["sink"] = sink
+    prior_len = 0
+    k_all, v_all = k.astype(np.float64), v.astype(np.float64)
+    if "prior" in options:
+        prior_seq, prior_len = options["prior"]
+        k_prior = _random(rng, (kv_batch, prior_seq, d), dtype)
+        v_prior = _random(rng, (kv_batch, prior_seq, d), dtype)
+        kwargs.update(
+            k_prior=k_prior if tp_k else k_prior.transpose(0, 2, 1).copy(),
+            v_prior=v_prior,
+            prior_used_len=np.array([prior_len], np.int32),
+        )
+        k_all = np.concatenate([k_prior[:, :prior_len].astype(np.float64), k_all], axis=1)
+        v_all = np.concatenate([v_prior[:, :prior_len].astype(np.float64), v_all], axis=1)
+    q_in = q if tp_q else q.transpose(0, 2, 1).copy()
+    k_in = k if tp_k else k.transpose(0, 2, 1).copy()
+    out = np.asarray(_launch(attention_cte, lnc, q_in, k_in, v, **kwargs))
+    if kwargs["tp_out"]:
+        out = out.transpose(0, 2, 1)
+    group = batch // kv_batch
+    expected = _attention_reference(
+        q.astype(np.float64),
+        np.repeat(k_all, group, axis=0),
+        np.repeat(v_all, group, axis=0),
+        scale,
+        kwargs["causal_mask"],
+        kwargs["sliding_window"],
+        None if sink is None else sink.astype(np.float64),
+        prior_len,
+    )
+    _check(out, expected, dtype, scale=np.abs(v_all).max(), precision=BF16)
+
+
+def test_attention_cte_softmax_cache(rng):
+    """Docstring: with cache_softmax the kernel also returns −max and 1/sum of each row's
+    softmax, as [B, 128, ceil(S_q / 128)] (row t·128 + p at [:, p, t])."""
+    attention_cte = library_module("core.attention.attention_cte").attention_cte
+    q = _random(rng, (1, 256, 64), np.float32) / 8
+    k, v = _random(rng, (1, 64, 256), np.float32), _random(rng, (1, 256, 64), np.float32)
+    out, neg_max, recip = attention_cte(q, k, v, cache_softmax=True)
+    logits = q[0].astype(np.float64) @ k[0].astype(np.float64)
+    logits = np.where(np.tri(256, dtype=bool), logits, -np.inf)
+    top = logits.max(axis=1)
+    total = np.exp(logits - top[:, None]).sum(axis=1)
+    # the logits come from bf16 operands (fp32 softmax)
+    tiles = (1, 2, 128)
+    _check(neg_max, (-top).reshape(tiles).transpose(0, 2, 1), np.float32, 4.0, BF16)
+    _check(recip, (1 / total).reshape(tiles).transpose(0, 2, 1), np.float32, 0.0, BF16)
+    expected = np.exp(logits - top[:, None]) / total[:, None] @ v[0].astype(np.float64)
+    _check(out, expected[None], np.float32, scale=4.0, precision=BF16)
+
+
+# --- attention_bwd (core/attention/attention_bwd.py) -------------------------------------------
+@pytest.mark.parametrize(
+    "lnc, batch, heads, kv_heads, d, seq, causal, window, dtype",
+    [
+        (1, 1, 1, 1, 64, 128, False, None, np.float32),
+        (1, 1, 2, 1, 64, 256, True, None, np.float32),  # GQA: dK, dV summed over the group
+        (1, 1, 2, 2, 128, 256, True, None, BF16),
+        (2, 1, 2, 1, 64, 512, True, 100, np.float32),
+    ],
+)
+def test_attention_bwd(rng, lnc, batch, heads, kv_heads, d, seq, causal, window, dtype):
+    """Docstring: q, o, dy [B, H, d, S], k, v [B, H_kv, d, S], lse [B, H, 128, S / 128]
+    (query t·128 + p at [..., p, t]); P = softmax(qᵀk·scale), scale 1/√d; dV = Pᵀ·dy,
+    dS = P ∘ (dyᵀv − rowsum(dy ∘ o)), dQ = dS·k·scale, dK = dSᵀ·q·scale."""
+    attention_bwd = library_module("core.attention.attention_bwd").attention_bwd
+    q, dy = _random(rng, (batch, heads, d, seq), dtype), _random(rng, (batch, heads, d, seq), dtype)
+    k, v = (_random(rng, (batch, kv_heads, d, seq), dtype) for _ in range(2))
+    group = heads // kv_heads
+    q64, dy64 = q.astype(np.float64), dy.astype(np.float64)
+    k64 = np.repeat(k.astype(np.float64), group, axis=1)
+    v64 = np.repeat(v.astype(np.float64), group, axis=1)
+    scale = 1.0 / math.sqrt(d)
+    logits = np.einsum("bhdq,bhdk->bhqk", q64, k64) * scale
+    query, key = np.arange(seq)[:, None], np.arange(seq)[None, :]
+    keep = (key <= query) if causal else np.ones((seq, seq), bool)
+    if window:
+        keep &= key > query - window
+    logits = np.where(keep, logits, -np.inf)
+    top = logits.max(axis=-1, keepdims=True)
+    total = np.exp(logits - top).sum(axis=-1, keepdims=True)
+    weights = np.exp(logits - top) / total
+    lse = (top + np.log(total))[..., 0]
+    o = np.einsum("bhqk,bhdk->bhdq", weights, v64).astype(dtype)
+    lse_tiles = lse.reshape(batch, heads, seq // 128, 128).transpose(0, 1, 3, 2)
+    dq, dk, dv = _launch(
+        attention_bwd,
+        lnc,
+        q,
+        k,
+        v,
+        o,
+        dy,
+        lse_tiles.astype(np.float32),
+        use_causal_mask=causal,
+        sliding_window=window,
+        mixed_precision=dtype == BF16,
+    )
+    row_term = (dy64 * o.astype(np.float64)).sum(axis=2)[..., None]
+    d_logits = weights * (np.einsum("bhdq,bhdk->bhqk", dy64, v64) - row_term)
+    expected_dq = np.einsum("bhqk,bhdk->bhdq", d_logits, k64) * scale
+    expected_dk = np.einsum("bhqk,bhdq->bhdk", d_logits, q64) * scale
+    expected_dv = np.einsum("bhqk,bhdq->bhdk", weights, dy64)
+    per_kv = (batch, kv_heads, group, d, seq)
+    # fp32 runs agree to fp32 accuracy; bf16 ones (mixed precision: fp32 intermediates) to bf16
+    _check(dq, expected_dq, dtype, scale=np.abs(expected_dq).max())
+    _check(dk, expected_dk.reshape(per_kv).sum(axis=2), dtype, scale=np.abs(expected_dk).max())
+    _check(dv, expected_dv.reshape(per_kv).sum(axis=2), dtype, scale=np.abs(expected_dv).max())
+
+
+# --- qkv_cte (core/qkv/qkv_cte.py) -------------------------------------------------------------
+@pytest.mark.parametrize(
+    "lnc, batch, seq, hidden, q_heads, kv_heads, d_head, bias, norm, dtype, dma_transpose",
+    [
+        (1, 1, 128, 256, 2, 1, 64, False, None, np.float32, True),
+        (2, 2, 256, 512, 4, 2, 64, True, None, BF16, True),
+        (1, 1, 128, 256, 2, 1, 64, False, "RMS_NORM", np.float32, True),  # fused RMSNorm
+        (1, 1, 128, 256, 2, 1, 64, True, "RMS_NORM", np.float32, False),
+        (1, 2, 100, 384, 1, 1, 128, False, "LAYER_NORM", BF16, True),
+    ],
+)
+def test_qkv_cte(
+    rng, lnc, batch, seq, hidden, q_heads, kv_heads, d_head, bias, norm, dtype, dma_transpose
+):
+    """Docstring: input [B, S, H], fused weights [H, I], I = (q + 2·kv heads)·d_head →
+    norm(input) @ weights + bias as [B, S, I]; RMSNorm x·γ/√(mean(x²) + eps), LayerNorm
+    (x − mean)/√(var + eps)·γ (+ β); "fp32 inputs are internally converted to bf16": bf16
+    tolerance."""
+    qkv_cte = nki.jit(library_module("core.qkv.qkv_cte").qkv_cte)
+    norm_type = library_module("core.utils.common_types").NormType
+    fused = (q_heads + 2 * kv_heads) * d_head
+    x = _random(rng, (batch, seq, hidden), dtype)
+    w = (_random(rng, (hidden, fused), np.float32) / math.sqrt(hidden)).astype(dtype)
+    kwargs = {"load_input_with_DMA_transpose": dma_transpose}
+    x64 = x.astype(np.float64)
+    if norm:
+        gamma = _random(rng, (1, hidden), dtype)
+        kwargs.update(fused_norm_type=getattr(norm_type, norm), gamma_norm_weights=gamma)
+        if norm == "RMS_NORM":
+            x64 = x64 / np.sqrt((x64**2).mean(axis=-1, keepdims=True) + 1e-6)
+        else:
+            centred = x64 - x64.mean(axis=-1, keepdims=True)
+            x64 = centred / np.sqrt((centred**2).mean(axis=-1, keepdims=True) + 1e-6)
+        x64 = x64 * gamma.astype(np.float64)
+    expected = x64 @ w.astype(np.float64)
+    if bias:
+        kwargs["bias"] = _random(rng, (1, fused), dtype)
+        expected = expected + kwargs["bias"].astype(np.float64)
+    out = _launch(qkv_cte, lnc, x, w, **kwargs)
+    _check(out, expected, dtype, scale=4.0, precision=BF16)
+
+
+# --- gen_mask_tkg (core/attention/gen_mask_tkg.py) ---------------------------------------------
+def _mask_rows(s_prior, block_len):
+    """The key position of each row of gen_mask_tkg_hbm's [s_prior, ...] output: n_tile =
+    s_prior / 128 rows of 128, row f·128 + p holds key p·n_tile + f (strided layout), or with a
+    block KV cache of (resized) block length L, key fold·L·128 + p·L + f mod L, fold = f // L
+    (the kernel's docstring, "token_idx = fold_idx * block_len * P_MAX + partition * block_len
+    + blk_offset")."""
+    tiles = s_prior // 128
+    if not block_len:
+        return (np.arange(128)[None, :] * tiles + np.arange(tiles)[:, None]).reshape(-1)
+    folds = tiles // block_len
+    fold = np.arange(folds)[:, None, None]
+    return (
+        fold * block_len * 128
+        + np.arange(128)[None, None, :] * block_len
+        + np.arange(block_len)[None, :, None]
+    ).reshape(-1)
+
+
+@pytest.mark.parametrize(
+    "lnc, batch, heads, active, s_prior, options",
+    [
+        (1, 2, 2, 1, 256, {}),
+        (2, 2, 4, 4, 512, {}),
+        (1, 2, 2, 2, 256, {"window": True}),
+        (2, 4, 2, 2, 1024, {"window": True}),
+        (1, 2, 2, 3, 256, {"active_mask": True}),
+        (2, 2, 2, 3, 512, {"active_mask": True}),
+        (1, 2, 2, 1, 1024, {"block_len": 16}),  # resized to 8 for this bucket (kernel's log)
+    ],
+)
+def test_gen_mask_tkg(rng, lnc, batch, heads, active, s_prior, options):
+    """Docstring (gen_mask_tkg_hbm): pos_ids [1, B·s_active] → mask [s_prior, B, H, s_active]
+    in the kernel's key order: key < the batch's cache length (its first position id), or
+    with SWA start positions start <= key < pos (wrapping: start <= key or key < pos); an
+    active mask [s_active(key), B, H, s_active] overwrites the last s_active keys."""
+    gen_mask = nki.jit(library_module("core.attention.gen_mask_tkg").gen_mask_tkg_hbm)
+    positions = rng.integers(active, s_prior, (1, batch * active)).astype(np.int32)
+    kwargs = {}
+    key = np.arange(s_prior)[:, None, None, None]
+    per_query = positions.reshape(1, batch, 1, active)
+    if options.get("window"):
+        starts = (positions - rng.integers(1, s_prior // 2, positions.shape)).clip(0)
+        kwargs["start_pos_hbm"] = starts.astype(np.int32)
+        start = starts.reshape(1, batch, 1, active)
+        expected = (key >= start) & (key < per_query)
+    else:
+        expected = key < positions.reshape(batch, active)[:, :1].reshape(1, batch, 1, 1)
+    expected = np.broadcast_to(expected, (s_prior, batch, heads, active)).astype(np.float64)
+    if options.get("active_mask"):
+        tail = (rng.random((active, batch, heads, active)) < 0.5).astype(np.float32)
+        kwargs["active_mask"] = tail
+        expected = expected.copy()
+        expected[s_prior - active :] = tail
+    block_len = options.get("block_len", 0)
+    if block_len:
+        kwargs["block_len"] = block_len
+    mask = _launch(gen_mask, lnc, positions, batch, heads, active, s_prior, **kwargs)
+    resized = block_len // 2 if block_len else 0
+    np.testing.assert_array_equal(mask, expected[_mask_rows(s_prior, resized)])
