@@ -266,7 +266,14 @@ def _two_tiles(api, first, second, dst) -> None:
 
 
 def _pf(t: NkiTensor, f32: bool = True) -> np.ndarray:
-    """The operand's values as (partitions, elements per partition)."""
+    """The operand's values as (partitions, elements per partition). The packed MX types are
+    only copied (``f32=False``) or read by the MX instructions: no engine computes on them."""
+    if f32 and t.dtype in dt.PACKED:
+        raise NkiTypeError(
+            f"`{t.name}` is {t.dtype}: four packed values per element, an operand of "
+            "nisa.nc_matmul_mx only (or of a same-dtype copy / DMA) "
+            "(aws-neuron-sdk@81ce03ae nki/api/nki.api.shared.rst L268)"
+        )
     values = t.values().reshape(t.shape[0], -1)
     return values.astype(np.float32, copy=False) if f32 else values
 
@@ -469,6 +476,11 @@ def dma_copy(
         )
     values = src.values()
     if src.dtype is not dst.dtype:
+        if src.dtype in dt.PACKED or dst.dtype in dt.PACKED:
+            raise NkiTypeError(
+                f"{api} cannot convert {src.dtype} to {dst.dtype}: a packed MX type moves "
+                "as its bits only (reinterpret with .view() or .ap(dtype=))"
+            )
         values = values.astype(np.float32)
     write(dst, values)
     return _emit(

@@ -22,9 +22,12 @@ from . import isa as nisa
 from .dtypes import (  # noqa: F401 - the nl.* dtype names
     bfloat16,
     bool_,
+    float4_e2m1fn_x4,
     float8_e4m3,
     float8_e4m3fn,
+    float8_e4m3fn_x4,
     float8_e5m2,
+    float8_e5m2_x4,
     float8_e8m0fnu,
     float16,
     float32,
