@@ -901,3 +901,119 @@ def test_gen_mask_tkg(rng, lnc, batch, heads, active, s_prior, options):
     mask = _launch(gen_mask, lnc, positions, batch, heads, active, s_prior, **kwargs)
     resized = block_len // 2 if block_len else 0
     np.testing.assert_array_equal(mask, expected[_mask_rows(s_prior, resized)])
+
+
+# --- output_projection_cte (core/output_projection/output_projection_cte/) -----------------------
+@pytest.mark.parametrize(
+    "lnc, batch, heads, d_head, seq, hidden, bias, dtype",
+    [
+        (1, 1, 2, 64, 128, 256, True, np.float32),
+        (2, 2, 3, 128, 512, 512, False, BF16),
+        (1, 1, 1, 32, 100, 200, True, np.float32),  # partial S and H tiles
+    ],
+)
+def test_output_projection_cte(rng, lnc, batch, heads, d_head, seq, hidden, bias, dtype):
+    """Docstring: attention [B, N, D, S], weight [N·D, H], bias [1, H] → attention @ weight
+    + bias as [B, S, H] in the attention's dtype."""
+    project = library_module(
+        "core.output_projection.output_projection_cte.output_projection_cte"
+    ).output_projection_cte
+    attention = _random(rng, (batch, heads, d_head, seq), dtype)
+    weight = (_random(rng, (heads * d_head, hidden), np.float32) / 16).astype(dtype)
+    b = _random(rng, (1, hidden), dtype) if bias else None
+    out = _launch(project, lnc, attention, weight, b)
+    expected = np.einsum(
+        "bnds,ndh->bsh",
+        attention.astype(np.float64),
+        weight.astype(np.float64).reshape(heads, d_head, hidden),
+    )
+    if bias:
+        expected = expected + b.astype(np.float64)
+    _check(out, expected, dtype, scale=4.0)
+
+
+# --- mlp_cte, mlp_tkg (core/mlp/) --------------------------------------------------------------
+def _mlp_kernel(token_generation, norm, activation, fused_add):
+    """A kernel around AWS's MLPParameters and mlp_cte / mlp_tkg, allocating the outputs
+    as AWS's entry point does (core/mlp/mlp.py, which does not parse at d2ad3a5: its
+    docstring is pasted twice, L203). mlp_tkg's own default SbufManager is an undefined
+    name (mlp_tkg.py L132), so the kernel passes one as mlp.py does."""
+    parameters = library_module("core.mlp.mlp_parameters").MLPParameters
+    mlp_cte = library_module("core.mlp.mlp_cte.mlp_cte").mlp_cte
+    mlp_tkg = library_module("core.mlp.mlp_tkg.mlp_tkg").mlp_tkg
+    sbuf_manager = library_module("core.utils.allocator").SbufManager
+    logger = library_module("core.utils.logging").Logger
+    nl = nki.language
+
+    def mlp(x, gate, up, down, gamma, residual):
+        params = parameters(
+            hidden_tensor=x,
+            gate_proj_weights_tensor=gate,
+            up_proj_weights_tensor=up,
+            down_proj_weights_tensor=down,
+            normalization_weights_tensor=gamma,
+            normalization_type=norm,
+            activation_fn=activation,
+            fused_add_tensor=residual,
+            store_fused_add_result=fused_add,
+            force_cte_mode=not token_generation,
+        )
+        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        added = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm) if fused_add else None
+        if token_generation:
+            mlp_tkg(params, out, added, sbm=sbuf_manager(0, 200 * 1024, logger("mlp")))
+        else:
+            mlp_cte(params, out, added)
+        if fused_add:
+            return out, added
+        return out
+
+    return nki.jit(mlp)
+
+
+@pytest.mark.parametrize(
+    "lnc, tkg, batch, seq, hidden, inter, norm, activation, fused_add, dtype",
+    [
+        (1, False, 1, 128, 256, 512, "NO_NORM", "SiLU", False, np.float32),
+        (2, False, 1, 256, 512, 512, "RMS_NORM", "SiLU", False, BF16),
+        (1, False, 2, 64, 256, 384, "RMS_NORM", "GELU", True, BF16),
+        (1, True, 2, 1, 256, 512, "NO_NORM", "SiLU", False, np.float32),
+        (2, True, 4, 1, 512, 1024, "RMS_NORM", "SiLU", False, BF16),
+        (1, True, 2, 4, 256, 256, "RMS_NORM", "SiLU", True, np.float32),
+    ],
+)
+def test_mlp(rng, lnc, tkg, batch, seq, hidden, inter, norm, activation, fused_add, dtype):
+    """Docstring (MLPParameters, mlp_cte, mlp_tkg): x [B, S, H] (+ the fused-add tensor,
+    stored when asked), RMSNorm x·γ/√(mean(x²) + eps), then down(act(x @ gate) · (x @ up))
+    with gate, up [H, I], down [I, H]. The CTE path computes in bf16 for fp32 inputs
+    (mlp_cte_constants.py L124-125): bf16 tolerance there."""
+    act_type = library_module("core.utils.common_types").ActFnType
+    norm_type = library_module("core.utils.common_types").NormType
+    kernel = _mlp_kernel(tkg, getattr(norm_type, norm), getattr(act_type, activation), fused_add)
+    x = _random(rng, (batch, seq, hidden), dtype)
+    gate, up = (
+        (_random(rng, (hidden, inter), np.float32) / math.sqrt(hidden)).astype(dtype)
+        for _ in range(2)
+    )
+    down = (_random(rng, (inter, hidden), np.float32) / math.sqrt(inter)).astype(dtype)
+    gamma = _random(rng, (1, hidden), dtype) if norm != "NO_NORM" else None
+    residual = _random(rng, (batch, seq, hidden), dtype) if fused_add else None
+    result = _launch(kernel, lnc, x, gate, up, down, gamma, residual)
+    x64 = x.astype(np.float64)
+    if fused_add:
+        x64 = x64 + residual.astype(np.float64)
+        out, added = result
+        _check(added, x64, dtype, scale=4.0)
+    else:
+        out = result
+    if gamma is not None:
+        x64 = x64 / np.sqrt((x64**2).mean(axis=-1, keepdims=True) + 1e-6)
+        x64 = x64 * gamma.astype(np.float64)
+    a = x64 @ gate.astype(np.float64)
+    act = _silu(a) if activation == "SiLU" else 0.5 * a * (1 + _erf(a / math.sqrt(2.0)))
+    expected = (act * (x64 @ up.astype(np.float64))) @ down.astype(np.float64)
+    _check(out, expected, dtype, scale=4.0, precision=None if tkg else BF16)
+
+
+def _erf(x):
+    return np.vectorize(math.erf)(x)
