@@ -1017,3 +1017,72 @@ def test_mlp(rng, lnc, tkg, batch, seq, hidden, inter, norm, activation, fused_a
 
 def _erf(x):
     return np.vectorize(math.erf)(x)
+
+
+# --- qkv (core/qkv/qkv.py: qkv_tkg for B·S <= 128 and S <= 96, qkv_cte otherwise) -------------
+def _rotate_heads(qkv, cos, sin, q_heads, kv_heads, d_head):
+    """Docstring (qkv_cte): each Q and K head X = [X1, X2] becomes X·cos + [−X2, X1]·sin
+    with cos, sin [B, S, d_head]; V heads are left as they are."""
+    batch, seq, _ = qkv.shape
+    heads = qkv.reshape(batch, seq, -1, d_head).copy()
+    rotated = heads[:, :, : q_heads + kv_heads]
+    c, s = cos.astype(np.float64)[:, :, None], sin.astype(np.float64)[:, :, None]
+    heads[:, :, : q_heads + kv_heads] = rotated * c + _rotate_half(rotated) * s
+    return heads.reshape(batch, seq, -1)
+
+
+@pytest.mark.parametrize(
+    "lnc, batch, seq, hidden, q_heads, kv_heads, d_head, options, dtype",
+    [
+        (1, 2, 1, 256, 2, 1, 64, {}, np.float32),  # qkv_tkg
+        (2, 4, 1, 512, 4, 2, 64, {"bias": True, "norm": "RMS_NORM"}, BF16),
+        (1, 2, 4, 256, 2, 1, 128, {"norm": "LAYER_NORM", "residual": True}, np.float32),
+        (1, 2, 2, 256, 2, 1, 128, {"layout": "NBSd"}, np.float32),
+        (1, 1, 128, 256, 2, 1, 64, {"rope": True}, np.float32),  # qkv_cte (RoPE is CTE only)
+        (1, 1, 128, 256, 2, 1, 128, {"layout": "NBSd", "residual": True, "norm": "RMS_NORM"}, BF16),
+    ],
+)
+def test_qkv(rng, lnc, batch, seq, hidden, q_heads, kv_heads, d_head, options, dtype):
+    """Docstring (qkv, qkv_tkg): x [B, S, H] (+ mlp_prev + attention_prev), normalised
+    (RMSNorm or LayerNorm with γ), @ weights [H, I] + bias, RoPE on the Q and K heads;
+    out [B, S, I] (BSD) or [heads, B, S, d_head] (NBSd); qkv_tkg with the fused add also
+    returns the sum x + mlp_prev + attention_prev. CTE computes fp32 inputs in bf16."""
+    qkv = library_module("core.qkv.qkv").qkv
+    types = library_module("core.utils.common_types")
+    heads = q_heads + 2 * kv_heads
+    x = _random(rng, (batch, seq, hidden), dtype)
+    w = (_random(rng, (hidden, heads * d_head), np.float32) / math.sqrt(hidden)).astype(dtype)
+    kwargs = {}
+    x64 = x.astype(np.float64)
+    if options.get("residual"):
+        mlp_prev, attention_prev = (_random(rng, x.shape, dtype) for _ in range(2))
+        kwargs.update(fused_residual_add=True, mlp_prev=mlp_prev, attention_prev=attention_prev)
+        x64 = x64 + mlp_prev.astype(np.float64) + attention_prev.astype(np.float64)
+    summed = x64
+    norm = options.get("norm")
+    if norm:
+        gamma = _random(rng, (1, hidden), dtype)
+        kwargs.update(fused_norm_type=getattr(types.NormType, norm), gamma_norm_weights=gamma)
+        centred = x64 - x64.mean(axis=-1, keepdims=True) if norm == "LAYER_NORM" else x64
+        x64 = centred / np.sqrt((centred**2).mean(axis=-1, keepdims=True) + 1e-6)
+        x64 = x64 * gamma.astype(np.float64)
+    expected = x64 @ w.astype(np.float64)
+    if options.get("bias"):
+        kwargs["bias"] = _random(rng, (1, heads * d_head), dtype)
+        expected = expected + kwargs["bias"].astype(np.float64)
+    head_counts = {"d_head": d_head, "num_q_heads": q_heads, "num_kv_heads": kv_heads}
+    if options.get("rope"):
+        angle = rng.uniform(-math.pi, math.pi, (batch, seq, d_head // 2))
+        angle = np.concatenate([angle, angle], axis=-1)
+        cos, sin = np.cos(angle).astype(dtype), np.sin(angle).astype(dtype)
+        kwargs.update(fused_rope=True, cos_cache=cos, sin_cache=sin, **head_counts)
+        expected = _rotate_heads(expected, cos, sin, q_heads, kv_heads, d_head)
+    if options.get("layout") == "NBSd":
+        kwargs.update(output_layout=types.QKVOutputLayout.NBSd, **head_counts)
+        expected = expected.reshape(batch, seq, heads, d_head).transpose(2, 0, 1, 3)
+    out = _launch(qkv, lnc, x, w, **kwargs)
+    cte = seq > 96 or batch * seq > 128
+    if options.get("residual") and not cte:
+        out, fused_hidden = out
+        _check(fused_hidden, summed, dtype, scale=4.0)
+    _check(out, expected, dtype, scale=4.0, precision=BF16 if cte else None)
