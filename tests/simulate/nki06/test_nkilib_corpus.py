@@ -1086,3 +1086,157 @@ def test_qkv(rng, lnc, batch, seq, hidden, q_heads, kv_heads, d_head, options, d
         out, fused_hidden = out
         _check(fused_hidden, summed, dtype, scale=4.0)
     _check(out, expected, dtype, scale=4.0, precision=BF16 if cte else None)
+
+
+# --- attention_tkg (core/attention/attention_tkg.py) -------------------------------------------
+def _attention_tkg_kernel(config, fuse_rope):
+    """A kernel around AWS's attention_tkg: an SbufManager as AWS's own harness makes one
+    (test/integration/nkilib/core/attention/test_attention_tkg.py L120), q and k_active
+    copied into SBUF when RoPE is not fused (the kernel asserts ``qk_in_sb`` then), the
+    output [B, H, d, s_active] (and the rotated k_active [B, 1, d, s_active]) in HBM."""
+    attention_tkg = library_module("core.attention.attention_tkg").attention_tkg
+    sbuf_manager = library_module("core.utils.allocator").SbufManager
+    logger = library_module("core.utils.logging").Logger
+    nl, nisa = nki.language, nki.isa
+
+    def attention(q, k_active, v_active, k_prior, v_prior, mask, sink, positions, inv_freqs):
+        sbm = sbuf_manager(0, nl.tile_size.sbuf_fmax_bytes - 16 * 1024, logger("attention"))
+        sbm.open_scope()
+        shape = (config.bs, config.q_head, config.d_head, config.s_active)
+        out = nl.ndarray(shape, dtype=q.dtype, buffer=nl.shared_hbm)
+        k_out = None
+        if fuse_rope:
+            k_shape = (config.bs, 1, config.d_head, config.s_active)
+            k_out = nl.ndarray(k_shape, dtype=q.dtype, buffer=nl.shared_hbm)
+        else:
+            q_sb = sbm.alloc_stack(q.shape, dtype=q.dtype, buffer=nl.sbuf)
+            k_sb = sbm.alloc_stack(k_active.shape, dtype=k_active.dtype, buffer=nl.sbuf)
+            nisa.dma_copy(dst=q_sb, src=q)
+            nisa.dma_copy(dst=k_sb, src=k_active)
+            q, k_active = q_sb, k_sb
+        out, k_out = attention_tkg(
+            q,
+            k_active,
+            v_active,
+            k_prior,
+            v_prior,
+            mask,
+            out,
+            config,
+            sbm,
+            inv_freqs=inv_freqs,
+            rope_pos_ids=positions,
+            sink=sink,
+            k_out=k_out,
+        )
+        sbm.close_scope()
+        if fuse_rope:
+            return out, k_out
+        return out
+
+    return nki.jit(attention)
+
+
+def _rope_rows(x, positions, inv_freqs):
+    """RoPE over the first axis (d) of x [d, B, ..., s] at positions [B, s]: angle
+    inv_freq·pos repeated for both halves, x·cos + [−x2, x1]·sin."""
+    angle = inv_freqs.astype(np.float64)[:, 0, None, None] * positions[None]
+    angle = np.concatenate([angle, angle])
+    extra = (slice(None), slice(None)) + (None,) * (x.ndim - 3) + (slice(None),)
+    cos, sin = np.cos(angle)[extra], np.sin(angle)[extra]
+    half = x.shape[0] // 2
+    return x * cos + np.concatenate([-x[half:], x[:half]]) * sin
+
+
+@pytest.mark.parametrize(
+    "lnc, batch, heads, active, s_prior, d, options, dtype",
+    [
+        (1, 2, 2, 1, 256, 64, {}, np.float32),
+        (1, 2, 4, 2, 512, 128, {"tp_k_prior": True}, np.float32),
+        (2, 2, 2, 1, 1024, 64, {}, np.float32),  # s_prior sharded over the two cores
+        (1, 1, 2, 1, 256, 64, {"sink": True}, np.float32),
+        (1, 2, 2, 3, 512, 64, {}, BF16),
+        (1, 1, 2, 1, 8704, 64, {}, np.float32),  # flash-attention tiles over s_prior
+        (1, 2, 2, 2, 256, 64, {"use_pos_id": True}, np.float32),
+        (2, 2, 4, 1, 1024, 128, {"use_pos_id": True, "tp_k_prior": True}, np.float32),
+        (1, 2, 2, 2, 256, 64, {"use_pos_id": True, "fuse_rope": True}, np.float32),
+        (2, 4, 2, 1, 512, 128, {"use_pos_id": True, "fuse_rope": True}, BF16),
+    ],
+)
+def test_attention_tkg(rng, lnc, batch, heads, active, s_prior, d, options, dtype):
+    """Docstring: the keys are k_prior's first s_prior with the last s_active replaced by
+    k_active (v likewise); per query, softmax over the keys the mask keeps ([s_prior, B, H,
+    s_active]; with use_pos_id the prior keys below the batch's position id and an active
+    mask [s_active(key), B, H, s_active] on the tail), plus a sink [H, 1] logit; with
+    fuse_rope, q and k_active are rotated (inv_freqs [d/2, 1], positions [B, s_active]) and q
+    is scaled by 1/√d, and the rotated k_active is returned; out [B, H, d, s_active].
+    In HBM the kernel reads q as [B, H, s_active, d] and k_active as [B, 1, s_active, d]
+    (_apply_rope's docstring, attention_tkg.py L3109, and AWS's harness, test_attention_tkg.py
+    L250-255), not the [B, d, H, s_active] / [B, d, s_active] of the entry docstring (L89-98)."""
+    config_type = library_module("core.attention.attention_tkg_utils").AttnTKGConfig
+    fuse_rope = options.get("fuse_rope", False)
+    config = config_type(
+        bs=batch,
+        q_head=heads,
+        s_active=active,
+        curr_sprior=s_prior,
+        full_sprior=s_prior,
+        d_head=d,
+        tp_k_prior=options.get("tp_k_prior", False),
+        use_pos_id=options.get("use_pos_id", False),
+        fuse_rope=fuse_rope,
+        qk_in_sb=not fuse_rope,
+    )
+    q = _random(rng, (batch, d, heads, active), np.float32)
+    q = (q if fuse_rope else q / math.sqrt(d)).astype(dtype)
+    k_active = _random(rng, (batch, d, active), dtype)
+    v_active = _random(rng, (batch, 1, active, d), dtype)
+    k_prior = _random(rng, (batch, 1, d, s_prior), dtype)
+    v_prior = _random(rng, (batch, 1, s_prior, d), dtype)
+    lengths = rng.integers(1, s_prior - active, batch)
+    key = np.arange(s_prior)[:, None, None, None]
+    causal = np.tri(active, dtype=bool).T[:, None, None, :]  # [key, 1, 1, query]
+    keep = np.broadcast_to(key < lengths[None, :, None, None], (s_prior, batch, heads, active))
+    keep = keep.copy()
+    keep[s_prior - active :] = causal
+    positions = (lengths[:, None] + np.arange(active)).astype(np.float32)
+    if config.use_pos_id:
+        mask = np.broadcast_to(causal, (active, batch, heads, active)).astype(np.uint8)
+    else:
+        mask = keep.astype(np.uint8)
+    sink = _random(rng, (heads, 1), np.float32) if options.get("sink") else None
+    inv_freqs = (1e4 ** (-np.arange(d // 2) / (d // 2)))[:, None].astype(np.float32)
+    if fuse_rope:  # HBM q [B, H, s_active, d], k_active [B, 1, s_active, d] (see above)
+        q_in = q.transpose(0, 2, 3, 1).copy()
+        k_in = k_active.transpose(0, 2, 1)[:, None].copy()
+    else:  # SBUF q [d, B·H·s_active], k_active [d, B·s_active]
+        q_in = q.transpose(1, 0, 2, 3).reshape(d, -1).copy()
+        k_in = k_active.transpose(1, 0, 2).reshape(d, -1).copy()
+    k_prior_in = k_prior.transpose(0, 1, 3, 2).copy() if config.tp_k_prior else k_prior
+    kernel = _attention_tkg_kernel(config, fuse_rope)
+    args = (q_in, k_in, v_active, k_prior_in, v_prior, mask, sink, positions, inv_freqs)
+    result = _launch(kernel, lnc, *args)
+
+    q64, k_new = q.astype(np.float64), k_active.astype(np.float64)
+    if fuse_rope:
+        q64 = _rope_rows(q64.transpose(1, 0, 2, 3), positions, inv_freqs).transpose(1, 0, 2, 3)
+        q64 = q64 / math.sqrt(d)
+        k_new = _rope_rows(k_new.transpose(1, 0, 2), positions, inv_freqs).transpose(1, 0, 2)
+        out, k_out = result
+        _check(k_out, k_new[:, None], dtype, scale=2.0)
+    else:
+        out = result
+    keys, values = k_prior[:, 0].astype(np.float64), v_prior[:, 0].astype(np.float64)
+    keys[:, :, s_prior - active :] = k_new
+    values[:, s_prior - active :] = v_active[:, 0]
+    logits = np.einsum("bdhq,bdk->bhkq", q64, keys)
+    logits = np.where(keep.transpose(1, 2, 0, 3), logits, -np.inf)
+    top = logits.max(axis=2, keepdims=True)
+    if sink is not None:
+        top = np.maximum(top, sink.astype(np.float64)[None, :, :, None])
+    weights = np.exp(logits - top)
+    total = weights.sum(axis=2, keepdims=True)
+    if sink is not None:
+        total = total + np.exp(sink.astype(np.float64)[None, :, :, None] - top)
+    expected = np.einsum("bhkq,bkd->bhdq", weights / total, values)
+    _check(out, expected, dtype, scale=4.0)
