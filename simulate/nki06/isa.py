@@ -1838,3 +1838,74 @@ __all__ += [
     "range_select",
     "tensor_partition_reduce",
 ]
+
+
+# --- local_gather (GpSimd gather within 16-partition blocks) -----------------------------------
+_LOCAL_GATHER_ELEMENTS = (1, 2, 4, 8, 16, 32)
+#: "The number of indices for gather per core must be less than or equal to 4096"
+_LOCAL_GATHER_MAX_INDICES = 4096
+
+
+def local_gather(dst, src_buffer, index, num_elem_per_idx=1, num_valid_indices=None, name=None):
+    """Each 16-partition block of ``src_buffer`` gathered by its own block of ``index``
+    (semantics: :func:`simulate.core.semantics.local_gather`). The rules are the ISA
+    reference's (aws-neuron-sdk@81ce03ae nki/api/nki/isa/__init__.py L1838-1889): GpSimd,
+    so SBUF only; ``dst`` of ``src_buffer``'s dtype ("no data type casting is allowed");
+    ``index`` uint16; ``src_buffer.shape[0] == index.shape[0]``, a multiple of 16;
+    ``num_elem_per_idx`` in 1, 2, 4, ..., 32; ``num_valid_indices`` at most the indices of a
+    block (``index.size / (index.shape[0] / 16)``) and at most 4096. An index whose elements
+    leave the row is rejected: "Behavior of out-of-bound index access is undefined"."""
+    api = "local_gather"
+    for argname, t in (("dst", dst), ("src_buffer", src_buffer), ("index", index)):
+        _on_chip(api, argname, t, psum=False)
+    if dst.dtype is not src_buffer.dtype:
+        raise NkiTypeError(
+            f"{api} dst dtype {dst.dtype} must equal src_buffer dtype {src_buffer.dtype} "
+            "(no data type casting is allowed)"
+        )
+    if index.dtype is not dt.uint16:
+        raise NkiTypeError(f"{api} index must be uint16, got {index.dtype}")
+    partitions = src_buffer.shape[0]
+    block = sem.GPSIMD_CORE_PARTITIONS
+    if index.shape[0] != partitions or partitions % block:
+        raise NkiValidationError(
+            f"{api} src_buffer and index need the same partitions, a multiple of {block}; got "
+            f"{partitions} and {index.shape[0]}"
+        )
+    if num_elem_per_idx not in _LOCAL_GATHER_ELEMENTS:
+        raise NkiValidationError(
+            f"{api} num_elem_per_idx must be one of {_LOCAL_GATHER_ELEMENTS}, got "
+            f"{num_elem_per_idx!r}"
+        )
+    per_block = index.size // (partitions // block)
+    valid = per_block if num_valid_indices is None else num_valid_indices
+    if not isinstance(valid, int) or not 0 < valid <= min(per_block, _LOCAL_GATHER_MAX_INDICES):
+        raise NkiValidationError(
+            f"{api} num_valid_indices must be an int in [1, "
+            f"{min(per_block, _LOCAL_GATHER_MAX_INDICES)}] (the indices of 16 partitions of "
+            f"index, at most {_LOCAL_GATHER_MAX_INDICES}), got {num_valid_indices!r}"
+        )
+    if dst.shape[0] != partitions or _free(dst) != valid * num_elem_per_idx:
+        raise NkiValidationError(
+            f"{api} dst must hold {partitions} partitions x {valid * num_elem_per_idx} "
+            f"elements (num_valid_indices x num_elem_per_idx), got {dst.shape[0]} x {_free(dst)}"
+        )
+    offsets = _pf(index, f32=False).astype(np.int64)
+    row = _free(src_buffer)
+    used = np.concatenate(
+        [
+            offsets[start : start + block].flatten(order="F")[:valid]
+            for start in range(0, partitions, block)
+        ]
+    )
+    if used.min() < 0 or used.max() + num_elem_per_idx > row:
+        raise NkiValidationError(
+            f"{api} an index reads elements {used.max()}..{used.max() + num_elem_per_idx - 1} "
+            f"of rows of {row}: out-of-bound access is undefined"
+        )
+    values = sem.local_gather(_pf(src_buffer, f32=False), offsets, num_elem_per_idx, valid)
+    details = {"num_elem_per_idx": num_elem_per_idx, "num_valid_indices": valid}
+    return _write_and_emit("pool", api, name, dst, values, [src_buffer, index], details)
+
+
+__all__ += ["local_gather"]

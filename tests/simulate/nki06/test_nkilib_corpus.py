@@ -1240,3 +1240,55 @@ def test_attention_tkg(rng, lnc, batch, heads, active, s_prior, d, options, dtyp
         total = total + np.exp(sink.astype(np.float64)[None, :, :, None] - top)
     expected = np.einsum("bhkq,bkd->bhdq", weights / total, values)
     _check(out, expected, dtype, scale=4.0)
+
+
+# --- moe_tkg (core/moe/moe_tkg/moe_tkg.py) -----------------------------------------------------
+@pytest.mark.parametrize(
+    "lnc, tokens, hidden, inter, experts, top_k, all_expert, scaling, mask_unselected",
+    [
+        (1, 4, 256, 256, 4, 2, False, "NO_SCALE", False),  # selective: local_gather
+        (1, 4, 256, 256, 4, 2, False, "POST_SCALE", False),
+        (2, 8, 512, 256, 4, 2, False, "POST_SCALE", False),
+        (1, 4, 256, 256, 2, 1, True, "NO_SCALE", False),
+        (1, 4, 256, 256, 4, 2, True, "POST_SCALE", False),
+        # the masking reads expert_index from SBUF unless it is in shared HBM, which kernel
+        # arguments are at LNC=2 (nki/guides/nki_simulator.rst L198-199, L208)
+        (2, 8, 256, 256, 4, 2, True, "POST_SCALE", True),
+    ],
+)
+def test_moe_tkg(
+    rng, lnc, tokens, hidden, inter, experts, top_k, all_expert, scaling, mask_unselected
+):
+    """Docstring: hidden [T, H] bf16, gate/up [E, H, 2, I], down [E, I, H], affinities [T, E],
+    top-k expert_index [T, K] → Σ over the token's K experts (all E with is_all_expert) of
+    w·down(SiLU(x @ gate) · (x @ up)), w the affinity with POST_SCALE (all-expert masking:
+    0 for the experts the token did not pick), else 1. AWS's harness passes fp32
+    affinities to the selective path and bf16 to the all-expert one
+    (test/integration/nkilib/core/moe/moe_tkg/test_moe_tkg_utils.py L244-247)."""
+    moe_tkg = library_module("core.moe.moe_tkg.moe_tkg").moe_tkg
+    scale_mode = library_module("core.utils.common_types").ExpertAffinityScaleMode
+    x = _random(rng, (tokens, hidden), BF16)
+    gate_up = (_random(rng, (experts, hidden, 2, inter), np.float32) / 16).astype(BF16)
+    down = (_random(rng, (experts, inter, hidden), np.float32) / 16).astype(BF16)
+    affinities = rng.random((tokens, experts)).astype(BF16 if all_expert else np.float32)
+    index = np.stack([rng.permutation(experts)[:top_k] for _ in range(tokens)]).astype(np.int32)
+    kwargs = {
+        "expert_affinities_scaling_mode": getattr(scale_mode, scaling),
+        "mask_unselected_experts": mask_unselected,
+    }
+    if all_expert and scaling != "NO_SCALE":
+        kwargs["rank_id"] = np.zeros((1, 1), np.int32)
+    out = _launch(nki.jit(moe_tkg), lnc, x, gate_up, down, affinities, index, all_expert, **kwargs)
+    x64 = x.astype(np.float64)
+    gate = np.einsum("th,ehi->eti", x64, gate_up[:, :, 0].astype(np.float64))
+    up = np.einsum("th,ehi->eti", x64, gate_up[:, :, 1].astype(np.float64))
+    per_expert = np.einsum("eti,eih->eth", _silu(gate) * up, down.astype(np.float64))
+    chosen = np.zeros((experts, tokens), bool)
+    chosen[index.T, np.arange(tokens)] = True
+    weight = np.ones((experts, tokens)) if all_expert else chosen.astype(np.float64)
+    if scaling == "POST_SCALE":
+        weight = weight * affinities.astype(np.float64).T
+    if mask_unselected:
+        weight = weight * chosen
+    expected = np.einsum("et,eth->th", weight, per_expert)
+    _check(out, expected, BF16, scale=4.0)
