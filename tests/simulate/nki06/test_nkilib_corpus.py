@@ -1292,3 +1292,64 @@ def test_moe_tkg(
         weight = weight * chosen
     expected = np.einsum("et,eth->th", weight, per_expert)
     _check(out, expected, BF16, scale=4.0)
+
+
+# --- moe_cte (core/moe/moe_cte/moe_cte.py: blockwise matmul) -----------------------------------
+def _moe_blocks(rng, tokens, experts, top_k, block, blocks_per_iteration):
+    """Each token's top-k experts; per expert its tokens in blocks of ``block`` slots padded
+    with the pad token T, expert by expert, then padding blocks of the last expert up to
+    N = ceil((T·K − (E − 1)) / B) + E − 1 rounded to a multiple of ``blocks_per_iteration``
+    (the layout of AWS's harness, test/integration/nkilib/core/moe/moe_cte/
+    test_moe_cte_common.py L95-98, L199-249)."""
+    chosen = np.stack([rng.permutation(experts)[:top_k] for _ in range(tokens)])
+    count = math.ceil((tokens * top_k - (experts - 1)) / block) + experts - 1
+    count = blocks_per_iteration * math.ceil(count / blocks_per_iteration)
+    slots, owners = [], []
+    for expert in range(experts):
+        mine = [t for t in range(tokens) if expert in chosen[t]]
+        for start in range(0, len(mine), block):
+            part = mine[start : start + block]
+            slots.append(part + [tokens] * (block - len(part)))
+            owners.append(expert)
+    while len(owners) < count:
+        slots.append([tokens] * block)
+        owners.append(experts - 1)
+    return chosen, np.array(slots, np.int32).reshape(-1), np.array(owners, np.int32)
+
+
+@pytest.mark.parametrize(
+    "implementation, tokens, hidden, inter, experts, top_k, block",
+    [
+        ("shard_on_block", 128, 512, 256, 4, 2, 128),  # per-core partial outputs, summed
+        ("shard_on_block", 128, 1024, 384, 4, 1, 256),
+        ("shard_on_i", 128, 512, 512, 4, 2, 256),
+    ],
+)
+def test_moe_cte(rng, implementation, tokens, hidden, inter, experts, top_k, block):
+    """Docstring: hidden [T+1, H] (row T the pad token), affinities [(T+1)·E, 1], gate/up
+    [E, H, 2, I], down [E, I, H], token_position_to_id [N·B], block_to_expert [N]: every
+    block slot's token goes through its block's expert and adds affinity ·
+    down(SiLU(x·gate) · (x·up)) (POST_SCALE, the default) to its output row; out [T+1, H],
+    or [T+1, 2, H] (one partial sum per core) for shard_on_block with top-k > 1. Both
+    implementations shard over the two cores of LNC=2 (AWS's cases for them are LNC=2
+    only; at LNC=1 shard_on_i indexes the other core's blocks, bwmm_shard_on_I.py L1685)."""
+    moe = library_module("core.moe.moe_cte.moe_cte")
+    per_iteration = 2 if implementation == "shard_on_block" else 1
+    chosen, positions, owners = _moe_blocks(rng, tokens, experts, top_k, block, per_iteration)
+    x = np.concatenate([_random(rng, (tokens, hidden), BF16), np.zeros((1, hidden), BF16)])
+    affinities = np.zeros((tokens + 1, experts), np.float32)
+    np.put_along_axis(affinities[:tokens], chosen, rng.random(chosen.shape), axis=1)
+    affinities = affinities.astype(BF16)
+    gate_up = (_random(rng, (experts, hidden, 2, inter), np.float32) / 16).astype(BF16)
+    down = (_random(rng, (experts, inter, hidden), np.float32) / 16).astype(BF16)
+    spec = moe.MoECTESpec(implementation=getattr(moe.MoECTEImplementation, implementation))
+    args = (x, affinities.reshape(-1, 1), gate_up, down, positions, owners, block, spec)
+    out = np.asarray(moe.moe_cte[2](*args))
+    if out.ndim == 3:
+        out = out.astype(np.float64).sum(axis=1).astype(BF16)
+    x64 = x[:tokens].astype(np.float64)
+    gate = np.einsum("th,ehi->eti", x64, gate_up[:, :, 0].astype(np.float64))
+    up = np.einsum("th,ehi->eti", x64, gate_up[:, :, 1].astype(np.float64))
+    per_expert = np.einsum("eti,eih->eth", _silu(gate) * up, down.astype(np.float64))
+    expected = np.einsum("te,eth->th", affinities[:tokens].astype(np.float64), per_expert)
+    _check(out[:tokens], expected, BF16, scale=4.0)
