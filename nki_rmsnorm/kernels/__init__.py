@@ -34,6 +34,7 @@ MODULES = {
     "rmsnorm_bwd": "rmsnorm_bwd",
     "rmsnorm_bwd_out": "rmsnorm_bwd",
     "rmsnorm_quant": "rmsnorm_quant",
+    "rmsnorm_mx_quant": "rmsnorm_mx_quant",
 }
 
 __all__ = [*MODULES, "available", "kernel", "nki_dtype"]
