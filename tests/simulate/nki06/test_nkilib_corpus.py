@@ -1353,3 +1353,84 @@ def test_moe_cte(rng, implementation, tokens, hidden, inter, experts, top_k, blo
     per_expert = np.einsum("eti,eih->eth", _silu(gate) * up, down.astype(np.float64))
     expected = np.einsum("te,eth->th", affinities[:tokens].astype(np.float64), per_expert)
     _check(out[:tokens], expected, BF16, scale=4.0)
+
+
+# --- attention_block_tkg (experimental/transformer/attention_block_tkg.py) ---------------------
+def _rotate_contiguous(x, cos, sin):
+    """RoPE with contiguous halves over the last axis: [a·cos − b·sin, b·cos + a·sin]."""
+    half = x.shape[-1] // 2
+    first, second = x[..., :half], x[..., half:]
+    return np.concatenate([first * cos - second * sin, second * cos + first * sin], axis=-1)
+
+
+@pytest.mark.parametrize(
+    "lnc, batch, tokens, hidden, heads, d, s_ctx, project, update_cache",
+    [
+        (1, 2, 1, 256, 2, 64, 256, True, False),
+        (1, 2, 2, 256, 4, 64, 512, False, False),
+        (2, 2, 1, 512, 2, 128, 512, True, False),
+        (1, 2, 2, 256, 2, 64, 256, True, True),
+    ],
+)
+def test_attention_block_tkg(
+    rng, lnc, batch, tokens, hidden, heads, d, s_ctx, project, update_cache
+):
+    """Docstring (pseudocode): X [B, S, H] → RMSNorm(γ) → @ W_qkv [H, d·(q_heads + 2)] →
+    Q, K, V heads; RoPE (cos, sin [d/2, B, S], contiguous halves) on Q and K; attention_tkg
+    of Q/√d over the first S_ctx cache rows with the last S rows the new K, V, under the
+    mask [S_ctx, B, q_heads, S]; @ W_out [q_heads·d, H] as [B·S, H] (or [B, q_heads, d, S]
+    without W_out). K_out, V_out: the new K [d, B, S] and V [B, 1, S, d], or with
+    update_cache the caches with them written at kv_cache_update_idx [B, 1]. One rank
+    (KVDP=1: no collectives)."""
+    block = library_module("experimental.transformer.attention_block_tkg").attention_block_tkg
+    none = library_module("core.utils.common_types").QuantizationType.NONE
+    x = _random(rng, (batch, tokens, hidden), BF16)
+    gamma = _random(rng, (1, hidden), BF16)
+    w_qkv = (_random(rng, (hidden, d * (heads + 2)), np.float32) / math.sqrt(hidden)).astype(BF16)
+    angle = rng.uniform(-math.pi, math.pi, (d // 2, batch, tokens))
+    cos, sin = np.cos(angle).astype(BF16), np.sin(angle).astype(BF16)
+    k_cache = _random(rng, (batch, s_ctx + 64, d), BF16)
+    v_cache = _random(rng, (batch, s_ctx + 64, d), BF16)
+    lengths = rng.integers(1, s_ctx - tokens, batch)
+    keep = np.arange(s_ctx)[:, None, None, None] < lengths[None, :, None, None]
+    keep = np.broadcast_to(keep, (s_ctx, batch, heads, tokens)).copy()
+    keep[s_ctx - tokens :] = np.tri(tokens, dtype=bool).T[:, None, None, :]
+    w_out = (_random(rng, (heads * d, hidden), np.float32) / math.sqrt(heads * d)).astype(BF16)
+    where = (lengths[:, None] + 0).astype(np.uint32) if update_cache else None
+    kernel = block[lnc] if lnc == 2 else block
+    out, k_out, v_out = kernel(
+        x, None, True, 1e-6, gamma, w_qkv, None, none, None, None,
+        False, 0.0, None, None, cos, sin, True, False, 0.0, None, None,
+        False, None, k_cache, v_cache, keep.astype(BF16), None,
+        update_cache, where, w_out if project else None, None, none, None, None, False, False,
+    )  # fmt: skip
+
+    x64 = x.astype(np.float64)
+    x64 = x64 / np.sqrt((x64**2).mean(axis=-1, keepdims=True) + 1e-6) * gamma.astype(np.float64)
+    qkv = (x64 @ w_qkv.astype(np.float64)).reshape(batch, tokens, heads + 2, d)
+    c = cos.astype(np.float64).transpose(1, 2, 0)
+    s = sin.astype(np.float64).transpose(1, 2, 0)
+    q = _rotate_contiguous(qkv[:, :, :heads], c[:, :, None], s[:, :, None])
+    k_new, v_new = _rotate_contiguous(qkv[:, :, heads], c, s), qkv[:, :, heads + 1]
+    if update_cache:
+        expected_k, expected_v = k_cache.astype(np.float64), v_cache.astype(np.float64)
+        for b, first in enumerate(lengths):
+            expected_k[b, first : first + tokens] = k_new[b]
+            expected_v[b, first : first + tokens] = v_new[b]
+        _check(k_out, expected_k, BF16, scale=4.0)
+        _check(v_out, expected_v, BF16, scale=4.0)
+    else:
+        _check(k_out, k_new.transpose(2, 0, 1), BF16, scale=4.0)
+        _check(v_out, v_new[:, None], BF16, scale=4.0)
+    keys, values = k_cache[:, :s_ctx].astype(np.float64), v_cache[:, :s_ctx].astype(np.float64)
+    keys[:, s_ctx - tokens :], values[:, s_ctx - tokens :] = k_new, v_new
+    logits = np.einsum("bshd,bkd->bhks", q, keys) / math.sqrt(d)
+    logits = np.where(keep.transpose(1, 2, 0, 3), logits, -np.inf)
+    weights = np.exp(logits - logits.max(axis=2, keepdims=True))
+    attention = np.einsum("bhks,bkd->bhds", weights / weights.sum(axis=2, keepdims=True), values)
+    if project:
+        w = w_out.astype(np.float64).reshape(heads, d, hidden)
+        expected = np.einsum("bhds,hdo->bso", attention, w).reshape(batch * tokens, hidden)
+    else:
+        expected = attention
+    _check(out, expected, BF16, scale=1.0)
