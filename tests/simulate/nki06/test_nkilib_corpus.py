@@ -1434,3 +1434,98 @@ def test_attention_block_tkg(
     else:
         expected = attention
     _check(out, expected, BF16, scale=1.0)
+
+
+@pytest.mark.parametrize(
+    "lnc, batch, heads, active, s_prior, d, block_len",
+    [(1, 2, 2, 1, 1024, 64, 16), (2, 2, 2, 2, 2048, 64, 16), (1, 1, 2, 1, 4096, 128, 32)],
+)
+def test_attention_tkg_block_kv(rng, lnc, batch, heads, active, s_prior, d, block_len):
+    """Docstring (block KV cache): k_prior, v_prior [blocks, block_len, d], the batch's
+    keys the blocks active_blocks_table [B, s_prior / block_len] (uint32) names, in order;
+    the mask is in the kernel's block layout, per core's share of s_prior: row f·128 + p
+    holds key fold·L·128 + p·L + f mod L, fold = f // L, L the block length the kernel
+    resizes to (AWS's resize_cache_block_len_for_attention_tkg_kernel, the gen_mask_tkg
+    docstring); not strided MM1 ("Block KV requires MM1 to not be strided")."""
+    utils = library_module("core.attention.attention_tkg_utils")
+    config = utils.AttnTKGConfig(
+        bs=batch,
+        q_head=heads,
+        s_active=active,
+        curr_sprior=s_prior,
+        full_sprior=s_prior,
+        d_head=d,
+        block_len=block_len,
+        tp_k_prior=True,
+        qk_in_sb=True,
+        strided_mm1=False,
+    )
+    per_batch = s_prior // block_len
+    spare = batch * per_batch + 3
+    q = _random(rng, (batch, d, heads, active), np.float32) / np.float32(math.sqrt(d))
+    k_active = _random(rng, (batch, d, active), np.float32)
+    v_active = _random(rng, (batch, 1, active, d), np.float32)
+    k_blocks = _random(rng, (spare, block_len, d), np.float32)
+    v_blocks = _random(rng, (spare, block_len, d), np.float32)
+    table = np.stack([rng.permutation(spare)[:per_batch] for _ in range(batch)]).astype(np.uint32)
+    lengths = rng.integers(1, s_prior - active, batch)
+    keep = np.arange(s_prior)[:, None, None, None] < lengths[None, :, None, None]
+    keep = np.broadcast_to(keep, (s_prior, batch, heads, active)).copy()
+    keep[s_prior - active :] = np.tri(active, dtype=bool).T[:, None, None, :]
+    resized, _ = utils.resize_cache_block_len_for_attention_tkg_kernel(
+        per_batch, block_len, lnc, 128, batch, heads, active, full_sprior=s_prior
+    )
+    share = s_prior // lnc
+    rows = np.concatenate([core * share + _mask_rows(share, resized) for core in range(lnc)])
+    mask = keep[rows].astype(np.uint8)
+
+    attention_tkg = library_module("core.attention.attention_tkg").attention_tkg
+    sbuf_manager = library_module("core.utils.allocator").SbufManager
+    logger = library_module("core.utils.logging").Logger
+    nl, nisa = nki.language, nki.isa
+
+    def attention(q, k_active, v_active, k_prior, v_prior, mask, table):
+        sbm = sbuf_manager(0, nl.tile_size.sbuf_fmax_bytes - 16 * 1024, logger("attention"))
+        sbm.open_scope()
+        q_sb = sbm.alloc_stack(q.shape, dtype=q.dtype, buffer=nl.sbuf)
+        k_sb = sbm.alloc_stack(k_active.shape, dtype=k_active.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=q_sb, src=q)
+        nisa.dma_copy(dst=k_sb, src=k_active)
+        shape = (config.bs, config.q_head, config.d_head, config.s_active)
+        out = nl.ndarray(shape, dtype=q.dtype, buffer=nl.shared_hbm)
+        out, _ = attention_tkg(
+            q_sb, k_sb, v_active, k_prior, v_prior, mask, out, config, sbm,
+            active_blocks_table=table,
+        )  # fmt: skip
+        sbm.close_scope()
+        return out
+
+    q_in = q.transpose(1, 0, 2, 3).reshape(d, -1).copy()
+    k_in = k_active.transpose(1, 0, 2).reshape(d, -1).copy()
+    args = (q_in, k_in, v_active, k_blocks, v_blocks, mask, table)
+    out = _launch(nki.jit(attention), lnc, *args)
+    keys = k_blocks[table].reshape(batch, s_prior, d).astype(np.float64)
+    values = v_blocks[table].reshape(batch, s_prior, d).astype(np.float64)
+    keys[:, s_prior - active :] = k_active.transpose(0, 2, 1)
+    values[:, s_prior - active :] = v_active[:, 0]
+    logits = np.einsum("bdhq,bkd->bhkq", q.astype(np.float64), keys)
+    logits = np.where(keep.transpose(1, 2, 0, 3), logits, -np.inf)
+    weights = np.exp(logits - logits.max(axis=2, keepdims=True))
+    expected = np.einsum("bhkq,bkd->bhdq", weights / weights.sum(axis=2, keepdims=True), values)
+    _check(out, expected, np.float32, scale=4.0)
+
+
+# --- find_nonzero_indices_with_count (experimental/benchmark/) ---------------------------------
+@pytest.mark.parametrize("length, dtype", [(64, np.float32), (500, np.int32), (2048, np.float32)])
+def test_find_nonzero_indices_with_count(rng, length, dtype):
+    """Docstring: input [1, T] (float32 or int32) → int32 [1, T + 1]: the indices of the
+    nonzero elements, then −1, and the count in the last position."""
+    find = library_module("experimental.benchmark.find_nonzero_indices_with_count")
+    x = np.where(rng.random((1, length)) < 0.3, rng.integers(1, 5, (1, length)), 0).astype(dtype)
+    out = np.asarray(find.find_nonzero_indices_with_count(x))
+    hits = np.flatnonzero(x[0])
+    expected = np.full((1, length + 1), -1, np.int32)
+    expected[0, : hits.size] = hits
+    expected[0, length] = hits.size
+    assert out.dtype == np.int32
+    np.testing.assert_array_equal(out, expected)
