@@ -606,8 +606,13 @@ def tensor_copy(dst, src, engine=engine.unknown, name=None):
 
 
 def memset(dst, value, engine=engine.unknown, name=None):
-    """Fill ``dst`` with a compile-time constant whose Python type fits the dtype (a float
-    literal into an integer tensor is an error since 0.3)."""
+    """Fill ``dst`` with a compile-time constant whose Python type fits the dtype: a float
+    literal into an integer tensor is an error since 0.3 (aws-neuron-sdk@81ce03ae
+    nki/migration/index.rst L497-512), except ``0.0``. AWS's ``cross_partition_copy`` clears
+    its temporaries of the source's dtype with ``value=0.0`` (aws-neuron/nki-library@d2ad3a5
+    core/utils/cross_partition_copy.py L188-191) and ``moe_block_tkg`` passes it uint32 expert
+    indices; zero is the same all-zero fill in every dtype ("The ISA memset instruction fills
+    the destination with a single u32 value", migration/index.rst L749-751)."""
     api = "memset"
     _on_chip(api, "dst", dst)
     eng = _engine_of(
@@ -617,7 +622,7 @@ def memset(dst, value, engine=engine.unknown, name=None):
         (globals()["engine"].vector, globals()["engine"].gpsimd),
     )
     _no_gpsimd_psum(api, eng, ("dst", dst))
-    if isinstance(value, (float, np.floating)) and dt.is_int(dst.dtype):
+    if isinstance(value, (float, np.floating)) and dt.is_int(dst.dtype) and value != 0.0:
         raise NkiTypeError(
             f"{api} value {value!r} is a float but dst is {dst.dtype}: the value "
             "type must match the dtype"

@@ -1529,3 +1529,49 @@ def test_find_nonzero_indices_with_count(rng, length, dtype):
     expected[0, length] = hits.size
     assert out.dtype == np.int32
     np.testing.assert_array_equal(out, expected)
+
+
+# --- moe_block_tkg (core/moe_block/moe_block_tkg.py) -------------------------------------------
+@pytest.mark.parametrize(
+    "batch, hidden, inter, experts, top_k, router_act",
+    [(2, 256, 256, 8, 2, "SOFTMAX"), (4, 512, 256, 8, 2, "SIGMOID")],
+)
+def test_moe_block_tkg(rng, batch, hidden, inter, experts, top_k, router_act):
+    """Docstring (pseudocode): RMSNorm(x [B, S, H], γ) → router logits @ W [H, E] (bf16
+    matmul), affinities act(logits) (softmax or sigmoid), top-k; out [T, H] = Σ over the
+    token's k experts of affinity · down(SiLU(x·gate) · (x·up)) (POST_SCALE); LNC=2 ("Requires
+    LNC-2 sharding configuration"). The experts are chosen from the kernel's own logits
+    (checked against the reference first), so a near tie cannot flip the choice."""
+    moe_block_tkg = library_module("core.moe_block.moe_block_tkg").moe_block_tkg
+    types = library_module("core.utils.common_types")
+    x = _random(rng, (batch, 1, hidden), BF16)
+    gamma = _random(rng, (1, hidden), BF16)
+    router = (_random(rng, (hidden, experts), np.float32) / math.sqrt(hidden)).astype(BF16)
+    gate_up = (_random(rng, (experts, hidden, 2, inter), np.float32) / 16).astype(BF16)
+    down = (_random(rng, (experts, inter, hidden), np.float32) / 16).astype(BF16)
+    out, logits = moe_block_tkg[2](
+        x,
+        gamma,
+        router,
+        gate_up,
+        down,
+        top_k=top_k,
+        router_act_fn=getattr(types.RouterActFnType, router_act),
+        expert_affinities_scaling_mode=types.ExpertAffinityScaleMode.POST_SCALE,
+    )
+    x64 = x.astype(np.float64).reshape(batch, hidden)
+    x64 = x64 / np.sqrt((x64**2).mean(axis=-1, keepdims=True) + 1e-6) * gamma.astype(np.float64)
+    _check(logits, x64 @ router.astype(np.float64), BF16, scale=4.0)
+    chosen_logits = np.asarray(logits).astype(np.float64)
+    if router_act == "SOFTMAX":
+        affinity = _softmax(chosen_logits)
+    else:
+        affinity = 1.0 / (1.0 + np.exp(-chosen_logits))
+    top = np.argsort(-affinity, axis=1, kind="stable")[:, :top_k]
+    weight = np.zeros((experts, batch))
+    for token, picked in enumerate(top):
+        weight[picked, token] = affinity[token, picked]
+    gate = np.einsum("th,ehi->eti", x64, gate_up[:, :, 0].astype(np.float64))
+    up = np.einsum("th,ehi->eti", x64, gate_up[:, :, 1].astype(np.float64))
+    per_expert = np.einsum("eti,eih->eth", _silu(gate) * up, down.astype(np.float64))
+    _check(out, np.einsum("et,eth->th", weight, per_expert), BF16, scale=4.0)
