@@ -1575,3 +1575,69 @@ def test_moe_block_tkg(rng, batch, hidden, inter, experts, top_k, router_act):
     up = np.einsum("th,ehi->eti", x64, gate_up[:, :, 1].astype(np.float64))
     per_expert = np.einsum("eti,eih->eth", _silu(gate) * up, down.astype(np.float64))
     _check(out, np.einsum("et,eth->th", weight, per_expert), BF16, scale=4.0)
+
+
+# --- blockwise_mm_bwd (experimental/moe/bwd/blockwise_mm_backward.py) --------------------------
+@pytest.mark.parametrize(
+    "tokens, hidden, inter, experts, top_k, block", [(256, 256, 128, 2, 1, 256)]
+)
+def test_blockwise_mm_bwd(rng, tokens, hidden, inter, experts, top_k, block):
+    """Docstring: the backward of moe_cte's blockwise MLP (POST_SCALE affinities) from the
+    checkpointed gate/up activations [N, 2, I, B] (before the activation, transposed) and
+    down activations [N, B, H] (before the affinity), as AWS's harness builds them
+    (test/integration/nkilib/experimental/moe/test_bwmm_bwd_common.py L103-191): with
+    h = SiLU(g)·u, dV = a·dy, dH = dV·Wdᵀ, dg = dH·u·SiLU'(g), du = dH·SiLU(g):
+    d hidden = dg·Wgᵀ + du·Wuᵀ, dWd = hᵀ·dV, dWg/dWu = xᵀ·dg / xᵀ·du. LNC=2 (AWS's cases).
+    The affinity gradient is not checked: core 1 zeroes it expert-major
+    (bwmm_bwd_dropless.py L120-127) with no barrier after core 0 has scattered its tiles
+    token-major (L686-696), a race the simulator's schedule (core 0 first) loses."""
+    backward = library_module("experimental.moe.bwd.blockwise_mm_backward").blockwise_mm_bwd
+    chosen, positions, owners = _moe_blocks(rng, tokens, experts, top_k, block, 1)
+    slots = positions.reshape(-1, block)
+    x = np.concatenate([_random(rng, (tokens, hidden), BF16), np.zeros((1, hidden), BF16)])
+    affinities = np.zeros((tokens + 1, experts), np.float32)
+    np.put_along_axis(affinities[:tokens], chosen, rng.random(chosen.shape), axis=1)
+    affinities = affinities.astype(BF16)
+    gate_up = (_random(rng, (experts, hidden, 2, inter), np.float32) / 16).astype(BF16)
+    down = (_random(rng, (experts, inter, hidden), np.float32) / 16).astype(BF16)
+    dy = np.concatenate([_random(rng, (tokens, hidden), BF16), np.zeros((1, hidden), BF16)])
+    x64, dy64, a64 = (v.astype(np.float64) for v in (x, dy, affinities))
+    pre = np.einsum("nbh,nhci->ncib", x64[slots], gate_up[owners].astype(np.float64))
+    g, u = pre[:, 0].transpose(0, 2, 1), pre[:, 1].transpose(0, 2, 1)  # [N, B, I]
+    down_act = np.einsum("nbi,nih->nbh", _silu(g) * u, down[owners].astype(np.float64))
+    dx, _, d_gate_up, d_down = backward[2](
+        x,
+        affinities.reshape(-1, 1),
+        gate_up,
+        down,
+        pre.astype(BF16),
+        down_act.astype(BF16),
+        positions,
+        owners.reshape(-1, 1),
+        dy,
+        block,
+    )
+    weight = a64[slots, owners[:, None]][..., None]  # [N, B, 1]
+    d_value = dy64[slots] * weight
+    d_hidden = np.einsum("nbh,nih->nbi", d_value, down[owners].astype(np.float64))
+    sig = 1.0 / (1.0 + np.exp(-g))
+    dg, du = d_hidden * u * sig * (1 + g * (1 - sig)), d_hidden * g * sig
+    w_gate = gate_up[owners, :, 0].astype(np.float64)
+    w_up = gate_up[owners, :, 1].astype(np.float64)
+    expected_dx = np.zeros((tokens + 1, hidden))
+    np.add.at(
+        expected_dx,
+        slots,
+        np.einsum("nbi,nhi->nbh", dg, w_gate) + np.einsum("nbi,nhi->nbh", du, w_up),
+    )
+    expected_gate_up = np.zeros((experts, hidden, 2, inter))
+    expected_down = np.zeros((experts, inter, hidden))
+    for n, expert in enumerate(owners):
+        rows = x64[slots[n]]
+        expected_gate_up[expert, :, 0] += rows.T @ dg[n]
+        expected_gate_up[expert, :, 1] += rows.T @ du[n]
+        expected_down[expert] += (_silu(g[n]) * u[n]).T @ d_value[n]
+    _check(np.asarray(dx)[:tokens], expected_dx[:tokens], BF16, scale=4.0)
+    # bf16 sums over a block's 256 tokens
+    _check(d_gate_up, expected_gate_up, BF16, scale=np.abs(expected_gate_up).max())
+    _check(d_down, expected_down, BF16, scale=np.abs(expected_down).max())
