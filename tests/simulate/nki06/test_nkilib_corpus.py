@@ -740,6 +740,26 @@ def test_attention_cte_softmax_cache(rng):
     _check(out, expected[None], np.float32, scale=4.0, precision=BF16)
 
 
+@pytest.mark.parametrize("causal", [True, False])
+def test_attention_cte_sequence_packing(rng, causal):
+    """Docstring: query i attends only to keys bound_min[i] <= j < bound_max[i] ([S_q, 1];
+    the kernel reads them in 128-row tiles), with the causal mask on top when asked; scale
+    1.0 (the range_select path)."""
+    attention_cte = library_module("core.attention.attention_cte").attention_cte
+    q = _random(rng, (1, 256, 64), np.float32) / 8
+    k, v = _random(rng, (1, 64, 256), np.float32), _random(rng, (1, 256, 64), np.float32)
+    starts = np.repeat([0, 100, 180], [100, 80, 76])[:, None].astype(np.int32)
+    ends = np.repeat([100, 180, 256], [100, 80, 76])[:, None].astype(np.int32)
+    out = attention_cte(q, k, v, scale=1.0, causal_mask=causal, bound_min=starts, bound_max=ends)
+    logits = q[0].astype(np.float64) @ k[0].astype(np.float64)
+    key, query = np.arange(256)[None, :], np.arange(256)[:, None]
+    keep = (key >= starts) & (key < ends) & ((key <= query) if causal else True)
+    logits = np.where(keep, logits, -np.inf)
+    weights = np.exp(logits - logits.max(axis=1, keepdims=True))
+    expected = (weights / weights.sum(axis=1, keepdims=True)) @ v[0].astype(np.float64)
+    _check(out, expected[None], np.float32, scale=4.0, precision=BF16)
+
+
 # --- attention_bwd (core/attention/attention_bwd.py) -------------------------------------------
 @pytest.mark.parametrize(
     "lnc, batch, heads, kv_heads, d, seq, causal, window, dtype",
