@@ -1367,11 +1367,7 @@ def test_moe_cte(rng, implementation, tokens, hidden, inter, experts, top_k, blo
     out = np.asarray(moe.moe_cte[2](*args))
     if out.ndim == 3:
         out = out.astype(np.float64).sum(axis=1).astype(BF16)
-    x64 = x[:tokens].astype(np.float64)
-    gate = np.einsum("th,ehi->eti", x64, gate_up[:, :, 0].astype(np.float64))
-    up = np.einsum("th,ehi->eti", x64, gate_up[:, :, 1].astype(np.float64))
-    per_expert = np.einsum("eti,eih->eth", _silu(gate) * up, down.astype(np.float64))
-    expected = np.einsum("te,eth->th", affinities[:tokens].astype(np.float64), per_expert)
+    expected = _moe_forward_reference(x, affinities, gate_up, down, tokens)
     _check(out[:tokens], expected, BF16, scale=4.0)
 
 
@@ -1595,6 +1591,37 @@ def test_moe_block_tkg(rng, batch, hidden, inter, experts, top_k, router_act):
     up = np.einsum("th,ehi->eti", x64, gate_up[:, :, 1].astype(np.float64))
     per_expert = np.einsum("eti,eih->eth", _silu(gate) * up, down.astype(np.float64))
     _check(out, np.einsum("et,eth->th", weight, per_expert), BF16, scale=4.0)
+
+
+def _moe_forward_reference(x, affinities, gate_up, down, tokens):
+    """Σ over each token's experts of affinity · down(SiLU(x·gate) · (x·up)), [T, H]."""
+    x64 = x[:tokens].astype(np.float64)
+    gate = np.einsum("th,ehi->eti", x64, gate_up[:, :, 0].astype(np.float64))
+    up = np.einsum("th,ehi->eti", x64, gate_up[:, :, 1].astype(np.float64))
+    per_expert = np.einsum("eti,eih->eth", _silu(gate) * up, down.astype(np.float64))
+    return np.einsum("te,eth->th", affinities[:tokens].astype(np.float64), per_expert)
+
+
+@pytest.mark.parametrize(
+    "tokens, hidden, inter, experts, top_k, block",
+    [(128, 512, 256, 4, 2, 128), (256, 1024, 256, 2, 1, 256)],
+)
+def test_blockwise_mm_shard_hidden(rng, tokens, hidden, inter, experts, top_k, block):
+    """Docstring (experimental/moe/forward/bwmm_shard_on_H.py): moe_cte's blockwise MLP with
+    H sharded over the two cores of LNC=2; the same inputs and output [T+1, H]."""
+    forward = library_module("experimental.moe.forward.bwmm_shard_on_H")
+    chosen, positions, owners = _moe_blocks(rng, tokens, experts, top_k, block, 1)
+    x = np.concatenate([_random(rng, (tokens, hidden), BF16), np.zeros((1, hidden), BF16)])
+    affinities = np.zeros((tokens + 1, experts), np.float32)
+    np.put_along_axis(affinities[:tokens], chosen, rng.random(chosen.shape), axis=1)
+    affinities = affinities.astype(BF16)
+    gate_up = (_random(rng, (experts, hidden, 2, inter), np.float32) / 16).astype(BF16)
+    down = (_random(rng, (experts, inter, hidden), np.float32) / 16).astype(BF16)
+    out = forward.blockwise_mm_baseline_shard_hidden[2](
+        x, affinities.reshape(-1, 1), gate_up, down, block, positions, owners.reshape(-1, 1)
+    )
+    expected = _moe_forward_reference(x, affinities, gate_up, down, tokens)
+    _check(np.asarray(out)[:tokens], expected, BF16, scale=4.0)
 
 
 # --- blockwise_mm_bwd (experimental/moe/bwd/blockwise_mm_backward.py) --------------------------
