@@ -571,6 +571,8 @@ def dma_transpose(
         )
     if src.dtype is not dst.dtype:
         raise NkiValidationError(f"{api} dst dtype {dst.dtype} must equal src dtype {src.dtype}")
+    if src.is_indirect():
+        return _indirect_dma_transpose(dst, src, perm, dge_mode, oob_mode, name)
     return _write_and_emit(
         "dma",
         api,
@@ -578,6 +580,65 @@ def dma_transpose(
         dst,
         np.transpose(src.values(), perm),
         [src],
+        dma=_dma_fields(src, dst, dst.size, dst.shape[0], row_bytes=src.itemsize),
+    )
+
+
+def _indirect_dma_transpose(dst, src, perm, mode, oob, name):
+    """``dma_transpose`` from a ``.ap(vector_offset=indices)`` source: the rows the indices
+    name, gathered, then transposed ("``gathered = src[flat_indices, :]``, ``dst =
+    gathered.T``"), under the reference's "DMA Indirect Transpose Constraints"
+    (aws-neuron-sdk@81ce03ae nki/api/nki/isa/__init__.py L889-910): dge_mode unknown or
+    swdge; a 4-D src with ``src.shape[1]`` or ``src.shape[2]`` 1; ``src.shape[-1] <= 128``;
+    2-byte data; src in HBM; ``src.shape[0]`` a multiple of 16; uint32 indices in SBUF with
+    ``indices.shape[0]`` in [16, 128] and a multiple of 16; Trn2 and newer. The index is
+    the ``(P, 1)`` tile the view takes, one row per pattern row (AWS's block KV cache load,
+    aws-neuron/nki-library@d2ad3a5 core/attention/attention_tkg.py L1642-1664). A row the
+    index sends outside ``src`` raises (``oob_mode.error``) or is not moved (``skip``)."""
+    api = "dma_transpose"
+    if _version(api) < 3:
+        raise NkiValidationError(f"{api} from an indirect source needs Trn2 or newer")
+    mode = _enum(mode, dge_mode, "dge_mode", api)
+    if mode not in (dge_mode.unknown, dge_mode.swdge):
+        raise NkiValidationError(
+            f"{api} from an indirect source takes dge_mode unknown or swdge, got {mode.name}"
+        )
+    shape, index = tuple(src.shape), src.index
+    if len(shape) == 4 and 1 not in (shape[1], shape[2]):
+        raise NkiValidationError(f"{api} 4-D indirect src needs shape[1] or shape[2] of 1: {shape}")
+    if shape[-1] > 128:
+        raise NkiValidationError(f"{api} indirect src.shape[-1] must be <= 128, got {shape[-1]}")
+    if src.itemsize != 2:
+        raise NkiTypeError(f"{api} indirect src must be a 2-byte dtype, got {src.dtype}")
+    if shape[0] % 16:
+        raise NkiValidationError(f"{api} indirect src.shape[0] must divide by 16, got {shape[0]}")
+    if index.dtype is not dt.uint32:
+        raise NkiTypeError(f"{api} indices must be uint32, got {index.dtype}")
+    if not (16 <= index.shape[0] <= 128 and index.shape[0] % 16 == 0):
+        raise NkiValidationError(
+            f"{api} indices.shape[0] must be a multiple of 16 in [16, 128], got {index.shape[0]}"
+        )
+    skip = _enum(oob, oob_mode, "oob_mode", api) is oob_mode.skip
+    positions = src.positions()
+    flat = src.storage_values()
+    inside = ((positions >= 0) & (positions < flat.size)).all(axis=1)
+    if not inside.all() and not skip:
+        row = int(np.flatnonzero(~inside)[0])
+        raise NkiValidationError(
+            f"{api} src row {row} (storage element {int(positions[row].min())}) reaches "
+            f"outside `{src.name}` (oob_mode=error; oob_mode=skip skips such rows)"
+        )
+    gathered = dst.values().transpose(np.argsort(perm)).reshape(shape[0], -1).copy()
+    gathered[inside] = flat[positions[inside]]
+    values = np.transpose(gathered.reshape(shape), perm)
+    return _write_and_emit(
+        "dma",
+        api,
+        name,
+        dst,
+        values,
+        [src, index],
+        details={"dge_mode": mode.name, "indirect": True},
         dma=_dma_fields(src, dst, dst.size, dst.shape[0], row_bytes=src.itemsize),
     )
 

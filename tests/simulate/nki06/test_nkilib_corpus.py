@@ -1453,16 +1453,25 @@ def test_attention_block_tkg(
 
 
 @pytest.mark.parametrize(
-    "lnc, batch, heads, active, s_prior, d, block_len",
-    [(1, 2, 2, 1, 1024, 64, 16), (2, 2, 2, 2, 2048, 64, 16), (1, 1, 2, 1, 4096, 128, 32)],
+    "lnc, batch, heads, active, s_prior, d, block_len, dtype",
+    [
+        (1, 2, 2, 1, 1024, 64, 16, np.float32),
+        (2, 2, 2, 2, 2048, 64, 16, np.float32),
+        (1, 1, 2, 1, 4096, 128, 32, np.float32),
+        # bf16 with d_head 128: K blocks load by an indirect dma_transpose
+        (1, 2, 2, 1, 1024, 128, 16, BF16),
+        (2, 2, 2, 1, 2048, 128, 16, BF16),
+    ],
 )
-def test_attention_tkg_block_kv(rng, lnc, batch, heads, active, s_prior, d, block_len):
+def test_attention_tkg_block_kv(rng, lnc, batch, heads, active, s_prior, d, block_len, dtype):
     """Docstring (block KV cache): k_prior, v_prior [blocks, block_len, d], the batch's
     keys the blocks active_blocks_table [B, s_prior / block_len] (uint32) names, in order;
     the mask is in the kernel's block layout, per core's share of s_prior: row f·128 + p
     holds key fold·L·128 + p·L + f mod L, fold = f // L, L the block length the kernel
     resizes to (AWS's resize_cache_block_len_for_attention_tkg_kernel, the gen_mask_tkg
-    docstring); not strided MM1 ("Block KV requires MM1 to not be strided")."""
+    docstring); not strided MM1 ("Block KV requires MM1 to not be strided"). bf16 blocks
+    with d_head 128 load through dma_transpose from a vector_offset source
+    (attention_tkg.py L821, L1642-1664)."""
     utils = library_module("core.attention.attention_tkg_utils")
     config = utils.AttnTKGConfig(
         bs=batch,
@@ -1478,11 +1487,11 @@ def test_attention_tkg_block_kv(rng, lnc, batch, heads, active, s_prior, d, bloc
     )
     per_batch = s_prior // block_len
     spare = batch * per_batch + 3
-    q = _random(rng, (batch, d, heads, active), np.float32) / np.float32(math.sqrt(d))
-    k_active = _random(rng, (batch, d, active), np.float32)
-    v_active = _random(rng, (batch, 1, active, d), np.float32)
-    k_blocks = _random(rng, (spare, block_len, d), np.float32)
-    v_blocks = _random(rng, (spare, block_len, d), np.float32)
+    q = (_random(rng, (batch, d, heads, active), np.float32) / math.sqrt(d)).astype(dtype)
+    k_active = _random(rng, (batch, d, active), dtype)
+    v_active = _random(rng, (batch, 1, active, d), dtype)
+    k_blocks = _random(rng, (spare, block_len, d), dtype)
+    v_blocks = _random(rng, (spare, block_len, d), dtype)
     table = np.stack([rng.permutation(spare)[:per_batch] for _ in range(batch)]).astype(np.uint32)
     lengths = rng.integers(1, s_prior - active, batch)
     keep = np.arange(s_prior)[:, None, None, None] < lengths[None, :, None, None]
@@ -1528,7 +1537,7 @@ def test_attention_tkg_block_kv(rng, lnc, batch, heads, active, s_prior, d, bloc
     logits = np.where(keep.transpose(1, 2, 0, 3), logits, -np.inf)
     weights = np.exp(logits - logits.max(axis=2, keepdims=True))
     expected = np.einsum("bhkq,bkd->bhdq", weights / weights.sum(axis=2, keepdims=True), values)
-    _check(out, expected, np.float32, scale=4.0)
+    _check(out, expected, dtype, scale=4.0)
 
 
 # --- find_nonzero_indices_with_count (experimental/benchmark/) ---------------------------------
