@@ -1343,6 +1343,7 @@ def _moe_blocks(rng, tokens, experts, top_k, block, blocks_per_iteration):
         ("shard_on_block", 128, 512, 256, 4, 2, 128),  # per-core partial outputs, summed
         ("shard_on_block", 128, 1024, 384, 4, 1, 256),
         ("shard_on_i", 128, 512, 512, 4, 2, 256),
+        ("shard_on_i_hybrid", 128, 512, 512, 4, 2, 256),
     ],
 )
 def test_moe_cte(rng, implementation, tokens, hidden, inter, experts, top_k, block):
@@ -1350,9 +1351,11 @@ def test_moe_cte(rng, implementation, tokens, hidden, inter, experts, top_k, blo
     [E, H, 2, I], down [E, I, H], token_position_to_id [N·B], block_to_expert [N]: every
     block slot's token goes through its block's expert and adds affinity ·
     down(SiLU(x·gate) · (x·up)) (POST_SCALE, the default) to its output row; out [T+1, H],
-    or [T+1, 2, H] (one partial sum per core) for shard_on_block with top-k > 1. Both
-    implementations shard over the two cores of LNC=2 (AWS's cases for them are LNC=2
-    only; at LNC=1 shard_on_i indexes the other core's blocks, bwmm_shard_on_I.py L1685)."""
+    or [T+1, 2, H] (one partial sum per core) for shard_on_block with top-k > 1;
+    shard_on_i_hybrid also takes conditions [N+1] (1 for a block holding tokens, AWS's
+    harness, test_moe_cte_common.py L251-254). The implementations shard over the two cores
+    of LNC=2 (AWS's cases for them are LNC=2 only; at LNC=1 shard_on_i indexes the other
+    core's blocks, bwmm_shard_on_I.py L1685)."""
     moe = library_module("core.moe.moe_cte.moe_cte")
     per_iteration = 2 if implementation == "shard_on_block" else 1
     chosen, positions, owners = _moe_blocks(rng, tokens, experts, top_k, block, per_iteration)
@@ -1364,7 +1367,11 @@ def test_moe_cte(rng, implementation, tokens, hidden, inter, experts, top_k, blo
     down = (_random(rng, (experts, inter, hidden), np.float32) / 16).astype(BF16)
     spec = moe.MoECTESpec(implementation=getattr(moe.MoECTEImplementation, implementation))
     args = (x, affinities.reshape(-1, 1), gate_up, down, positions, owners, block, spec)
-    out = np.asarray(moe.moe_cte[2](*args))
+    conditions = None
+    if implementation == "shard_on_i_hybrid":  # [N+1]: 1 for the blocks holding tokens
+        used = (positions.reshape(-1, block) < tokens).any(axis=1)
+        conditions = np.append(used, False).astype(np.int32)
+    out = np.asarray(moe.moe_cte[2](*args, conditions=conditions))
     if out.ndim == 3:
         out = out.astype(np.float64).sum(axis=1).astype(BF16)
     expected = _moe_forward_reference(x, affinities, gate_up, down, tokens)
