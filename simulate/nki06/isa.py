@@ -1224,9 +1224,12 @@ def nc_matmul(
     _on_chip(api, "stationary", stationary, psum=False)
     _on_chip(api, "moving", moving, psum=False)
     _on_chip(api, "dst", dst, sbuf=False)
-    _enum(perf_mode, matmul_perf_mode, "perf_mode", api)
+    perf_mode = _enum(perf_mode, matmul_perf_mode, "perf_mode", api)
     version = _version(api)
     k, m, n = stationary.shape[0], _free(stationary), _free(moving)
+    double_row = perf_mode is matmul_perf_mode.double_row
+    if double_row:
+        m, n = _double_row_free_sizes(api, stationary, moving, is_transpose, tile_size)
     if moving.shape[0] != k:
         raise NkiValidationError(
             f"{api} moving has {moving.shape[0]} partitions, stationary "
@@ -1254,7 +1257,7 @@ def nc_matmul(
         raise NkiValidationError(
             f"{api} the stationary ({k} x {m}) does not fit tile_size {tuple(tile_size)}"
         )
-    if perf_mode is matmul_perf_mode.double_row and (
+    if double_row and (
         version < 3 or not kinds <= {dt.float8_e4m3, dt.float8_e5m2, dt.float8_e4m3fn}
     ):
         raise NkiValidationError(
@@ -1263,6 +1266,8 @@ def nc_matmul(
         )
     a = _pf(stationary)
     b = _pf(moving)
+    if double_row:  # contraction over (partition, pair): rows k·2 + j
+        a, b = a.reshape(k * 2, m), b.reshape(k * 2, n)
     if is_transpose:
         if n != k or not sem.is_identity(b):
             raise NkiValidationError(f"{api} is_transpose=True needs an identity as moving")
@@ -1297,6 +1302,30 @@ def nc_matmul(
             "accumulate": accumulate,
         },
     )
+
+
+def _double_row_free_sizes(api, stationary, moving, is_transpose, tile_size):
+    """The free sizes (M, N) of a ``double_row`` matmul: "the contraction dimension of the
+    matmul is split between the partition dimension and the first free dimension after the
+    partition dimension in both ``stationary`` and ``moving`` tiles. The first free
+    dimension must be 2 ... the stationary tile is of shape ``[128, 2, 1]``, while the moving
+    tile is of shape ``[128, 2, 3]``" (aws-neuron-sdk@81ce03ae nki/api/nki/isa/__init__.py
+    L596-599); not with column tiling (L511) nor transpose mode
+    (nki/guides/architecture/trainium2_arch.rst L124-128)."""
+    for argname, t in (("stationary", stationary), ("moving", moving)):
+        if t.ndim < 3 or t.shape[1] != 2:
+            raise NkiValidationError(
+                f"{api} perf_mode=double_row needs {argname} [K, 2, ...] (the contraction split "
+                f"over the partitions and a first free dimension of 2), got {tuple(t.shape)}"
+            )
+    if is_transpose:
+        raise NkiValidationError(f"{api} perf_mode=double_row cannot be combined with is_transpose")
+    if tile_size and int(tile_size[1]) < PMAX:
+        raise NkiValidationError(
+            f"{api} perf_mode=double_row cannot be combined with column tiling "
+            f"(tile_size {tuple(tile_size)})"
+        )
+    return _free(stationary) // 2, _free(moving) // 2
 
 
 def _accumulate_product(api, dst, product, accumulate) -> None:

@@ -952,6 +952,41 @@ def test_output_projection_cte(rng, lnc, batch, heads, d_head, seq, hidden, bias
     _check(out, expected, dtype, scale=4.0)
 
 
+@pytest.mark.parametrize(
+    "lnc, batch, heads, d_head, seq, hidden", [(1, 1, 2, 64, 128, 256), (2, 1, 4, 128, 512, 512)]
+)
+def test_output_projection_cte_fp8_static(rng, lnc, batch, heads, d_head, seq, hidden):
+    """Docstring: QuantizationType.STATIC, fp8 weights [N·D, H], input_scales and
+    weight_scales [128, 1]: out = (q(attention) @ weight) · input_scale · weight_scale with
+    q(x) the fp8 (e4m3) of x · (1 / input_scale), which the kernel scales in place in the
+    attention's bf16 tile and clamps to ±240 before the cast
+    (output_projection_cte_quantization.py L441-456); pairs of heads go through the
+    double-FP8 matmul (perf_mode=double_row)."""
+    project = library_module(
+        "core.output_projection.output_projection_cte.output_projection_cte"
+    ).output_projection_cte
+    quantization = library_module("core.utils.common_types").QuantizationType.STATIC
+    fp8 = np.dtype(ml_dtypes.float8_e4m3)
+    attention = _random(rng, (batch, heads, d_head, seq), BF16)
+    weight = (_random(rng, (heads * d_head, hidden), np.float32) * 8).astype(fp8)
+    input_scale, weight_scale = np.float32(0.05), np.float32(0.01)
+    out = _launch(
+        project,
+        lnc,
+        attention,
+        weight,
+        None,
+        quantization_type=quantization,
+        input_scales=np.full((128, 1), input_scale, np.float32),
+        weight_scales=np.full((128, 1), weight_scale, np.float32),
+    )
+    scaled = (attention.astype(np.float32) * (np.float32(1) / input_scale)).astype(BF16)
+    quantized = np.clip(scaled.astype(np.float64), -240, 240).astype(fp8).astype(np.float64)
+    w = weight.astype(np.float64).reshape(heads, d_head, hidden)
+    expected = np.einsum("bnds,ndh->bsh", quantized, w) * float(input_scale * weight_scale)
+    _check(out, expected, BF16, scale=4.0)
+
+
 # --- mlp_cte, mlp_tkg (core/mlp/) --------------------------------------------------------------
 def _mlp_kernel(token_generation, norm, activation, fused_add):
     """A kernel around AWS's MLPParameters and mlp_cte / mlp_tkg, allocating the outputs
