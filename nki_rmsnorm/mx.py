@@ -5,7 +5,7 @@ layout) and the decoding of its outputs.
 ``quant_dtype`` names the packed output type, as ``nki.language`` does: ``float8_e4m3fn_x4``
 (MXFP8 E4M3, the default) or ``float8_e5m2_x4`` (MXFP8 E5M2). ``float4_e2m1fn_x4`` (MXFP4)
 is an ``nc_matmul_mx`` input only: ``quantize_mx`` writes the fp8 types alone
-(aws-neuron-sdk@81ce03ae ``nki/api/nki/isa/__init__.py`` L2769-2770).
+(aws-neuron-sdk@81ce03ae ``nki/api/nki/isa/__init__.py`` L2767-2768).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ MX_QUANT_DTYPES = {
     "float8_e5m2_x4": np.dtype(ml_dtypes.float8_e5m2),
 }
 #: The scale types: the OCP e8m0 (preferred) or its bytes as uint8 ("uint8 accepted for
-#: backward compatibility", isa L2771-2772).
+#: backward compatibility", isa L2768-2769).
 MX_SCALE_DTYPES = {
     "float8_e8m0fnu": np.dtype(ml_dtypes.float8_e8m0fnu),
     "uint8": np.dtype(np.uint8),

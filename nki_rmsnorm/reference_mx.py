@@ -4,7 +4,7 @@
 Everything is float64 and each rounding the kernel documents is one round-to-nearest-even
 (:func:`nki_rmsnorm.reference.round_to`): y1 = h · rstd and y = y1 · w to bfloat16 (float16
 for float16 x), then the MX quantization of ``nisa.quantize_mx`` as its ISA reference states
-it (aws-neuron-sdk@81ce03ae ``nki/api/nki/isa/__init__.py`` L2795-2808): per block of 32
+it (aws-neuron-sdk@81ce03ae ``nki/api/nki/isa/__init__.py`` L2790-2812): per block of 32
 values X = 2^(⌊log2 max|y|⌋ − (E_max − 1)), 2⁻¹²⁷ for an all-zero block and never below it,
 y_q = RNE(y / X); a block with an Inf or a NaN gets the NaN scale.
 """
@@ -18,7 +18,7 @@ from nki_rmsnorm.reference import _residual_add, round_to
 
 __all__ = ["MX_EMAX", "rms_norm_mx_quant"]
 
-#: E_max of the element types (isa L2791-2793).
+#: E_max of the element types (isa L2798-2799).
 MX_EMAX = {"float8_e4m3fn_x4": 8, "float8_e5m2_x4": 15}
 _ELEMENT = {
     "float8_e4m3fn_x4": ml_dtypes.float8_e4m3fn,

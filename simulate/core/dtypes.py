@@ -29,9 +29,9 @@ OCP_FP8 = (float8_e4m3fn, float8_e8m0fnu)
 # The packed MX types of the 0.6 docs ("4x packed elements, custom data type for
 # nki.isa.nc_matmul_mx and nki.isa.quantize_mx on NeuronCore-v4",
 # nki/api/nki.api.shared.rst@81ce03ae L49-53 and L268): one element holds four 8-bit
-# (float8_e4m3fn / float8_e5m2, "32-bit data types", nki/api/nki/isa/__init__.py L2773-2774) or
+# (float8_e4m3fn / float8_e5m2, "32-bit data types", nki/api/nki/isa/__init__.py L2771-2772) or
 # four 4-bit (float4_e2m1fn, 16 bits) values, the first in the lowest bits (AWS's unpacking,
-# aws-neuron/nki-library@d2ad3a5 src/nkilib_src/nkilib/core/utils/mx_torch_common.py L67-127).
+# aws-neuron/nki-library@d2ad3a5 src/nkilib_src/nkilib/core/utils/mx_torch_common.py L69-131).
 # Stored as their bits: an unsigned integer tagged with the NKI name (as tfloat32 is) so the
 # simulator never computes on them; :data:`PACKED_ELEMENT` gives the unpacked type.
 float8_e4m3fn_x4 = np.dtype(np.uint32, metadata={"nki": "float8_e4m3fn_x4"})
@@ -134,6 +134,12 @@ def as_dtype(dtype, argname: str = "dtype") -> np.dtype:
     if isinstance(dtype, np.dtype):
         if dtype.metadata is not None and is_tf32(dtype):
             return tfloat32
+        if dtype.metadata is not None and packed_name(dtype):
+            raise NKITypeError(
+                f"{argname}={packed_name(dtype)} is a packed MX type of the nki 0.6 front-end "
+                "only; it is not supported here (view its bits as an unsigned integer)",
+                "err_unsupported_dtype",
+            )
         found = _CANONICAL.get(dtype)
         if found is not None:
             return found

@@ -2037,8 +2037,8 @@ def _mx_data(api, argname, t, partitions_limit=PMAX) -> NkiTensor:
     if t.shape[0] % sem.QUADRANT or t.shape[0] > partitions_limit:
         raise NkiValidationError(
             f"{api} {argname} partition dimension {t.shape[0]} must be a multiple of 32 and "
-            f"at most {partitions_limit} (scaling groups span 8 partitions; {_ISA} L2785-2786, "
-            "L767-768)"
+            f"at most {partitions_limit} (scaling groups span 8 partitions; {_ISA} L2784, "
+            "L779-780)"
         )
     return t
 
@@ -2054,7 +2054,7 @@ def _mx_scale(api, argname, scale, data_partitions, free) -> NkiTensor:
     if scale.dtype not in _MX_SCALE_DTYPES:
         raise NkiTypeError(
             f"{api} {argname} must be float8_e8m0fnu or uint8, got {scale.dtype} "
-            f"({_ISA} L2771-2772, L754-756)"
+            f"({_ISA} L2768-2769, L761-762)"
         )
     if _free(scale) != free:
         raise NkiValidationError(
@@ -2107,28 +2107,28 @@ def quantize_mx(dst, src, dst_scale, name=None):
     are left as they are (AWS packs two tensors' scales in one tile,
     nki/deep-dives/src/mxfp-matmul/mx_kernels.py L243-256). NeuronCore-v4 only; all tiles in
     SBUF; P a multiple of 32 up to 128, F a multiple of 4 (aws-neuron-sdk@81ce03ae
-    nki/api/nki/isa/__init__.py L2741-2813). Values and scales:
+    nki/api/nki/isa/__init__.py L2741-2816). Values and scales:
     :func:`simulate.core.semantics.quantize_mx`."""
     api = "quantize_mx"
     _neuroncore_v4(api, 2746)
     _mx_data(api, "src", src)
     _on_chip(api, "dst", dst, psum=False)
     if src.dtype not in (dt.float16, dt.bfloat16):
-        raise NkiTypeError(f"{api} src must be float16 or bfloat16, got {src.dtype} ({_ISA} L2769)")
+        raise NkiTypeError(f"{api} src must be float16 or bfloat16, got {src.dtype} ({_ISA} L2767)")
     if dst.dtype not in _MX_FP8:
         raise NkiTypeError(
             f"{api} dst must be float8_e4m3fn_x4 or float8_e5m2_x4, got {dst.dtype} "
-            f"({_ISA} L2769-2770; float4_e2m1fn_x4 is an nc_matmul_mx input only)"
+            f"({_ISA} L2767-2768; float4_e2m1fn_x4 is an nc_matmul_mx input only)"
         )
     free = _free(src)
     if free % sem.MX_GROUP_ELEMENTS:
         raise NkiValidationError(
-            f"{api} src free size {free} must be a multiple of 4 ({_ISA} L2787-2788)"
+            f"{api} src free size {free} must be a multiple of 4 ({_ISA} L2785)"
         )
     if dst.shape[0] != src.shape[0] or _free(dst) * sem.MX_GROUP_ELEMENTS != free:
         raise NkiValidationError(
             f"{api} dst has {dst.shape[0]} partitions x {_free(dst)} elements: it needs "
-            f"{src.shape[0]} x {free // 4}, a quarter of src's free size ({_ISA} L2789-2791)"
+            f"{src.shape[0]} x {free // 4}, a quarter of src's free size ({_ISA} L2787-2788)"
         )
     _mx_scale(api, "dst_scale", dst_scale, src.shape[0], free // sem.MX_GROUP_ELEMENTS)
     values, scale_bytes = sem.quantize_mx(_pf(src), _element(dst.dtype))
@@ -2179,35 +2179,35 @@ def nc_matmul_mx(
         if t.dtype not in dt.PACKED:
             raise NkiTypeError(
                 f"{api} {argname} must be float8_e5m2_x4, float8_e4m3fn_x4 or float4_e2m1fn_x4, "
-                f"got {t.dtype} ({_ISA} L752-753)"
+                f"got {t.dtype} ({_ISA} L760-761)"
             )
     if dst.dtype not in (dt.float32, dt.bfloat16):
-        raise NkiTypeError(f"{api} dst must be float32 or bfloat16, got {dst.dtype} ({_ISA} L756)")
+        raise NkiTypeError(f"{api} dst must be float32 or bfloat16, got {dst.dtype} ({_ISA} L763)")
     k, m, n = stationary.shape[0], _free(stationary), _free(moving)
     if moving.shape[0] != k:
         raise NkiValidationError(
             f"{api} moving has {moving.shape[0]} partitions, stationary {k}: they must be "
-            f"identical ({_ISA} L767-768)"
+            f"identical ({_ISA} L779-780)"
         )
     if m % 2 or m > 128:
         raise NkiValidationError(
-            f"{api} stationary free size {m} must be even and at most 128 ({_ISA} L769)"
+            f"{api} stationary free size {m} must be even and at most 128 ({_ISA} L781)"
         )
     limit = 4096 if dst.dtype is dt.float32 else 8192
     if n > limit:
         raise NkiValidationError(
-            f"{api} moving free size {n} exceeds {limit} for a {dst.dtype} dst ({_ISA} L770-772)"
+            f"{api} moving free size {n} exceeds {limit} for a {dst.dtype} dst ({_ISA} L782-783)"
         )
     if dst.shape[0] != m or _free(dst) != n:
         raise NkiValidationError(
             f"{api} dst {tuple(dst.shape)} must hold {m} partitions x {n} elements "
-            f"(stationary free size x moving free size, {_ISA} L763-765)"
+            f"(stationary free size x moving free size, {_ISA} L771-773)"
         )
     _mx_scale(api, "stationary_scale", stationary_scale, k, m)
     _mx_scale(api, "moving_scale", moving_scale, k, n)
     if (tile_position is None) != (tile_size is None):
         raise NkiValidationError(
-            f"{api} tile_position and tile_size must both be set ({_ISA} L745-748)"
+            f"{api} tile_position and tile_size must both be set ({_ISA} L747-749)"
         )
     if tile_size is not None:
         rows, columns = (int(v) for v in tile_size)
@@ -2215,13 +2215,13 @@ def nc_matmul_mx(
         if rows not in (32, 64, 128) or columns != 128:
             raise NkiValidationError(
                 f"{api} tile_size {tuple(tile_size)}: row tiling only, (32, 64 or 128, 128) "
-                f"({_ISA} L731-736)"
+                f"({_ISA} L732-737)"
             )
         if start_column != 0 or start_row % rows or start_row + rows > 128 or k > rows:
             raise NkiValidationError(
                 f"{api} tile_position {tuple(tile_position)} with tile_size {tuple(tile_size)} "
                 f"and {k} stationary partitions: start_row a multiple of the row size, "
-                f"start_column 0, the stationary inside its tile ({_ISA} L736-744)"
+                f"start_column 0, the stationary inside its tile ({_ISA} L738-742)"
             )
     product = sem.matmul_mx(
         core_dtypes.unpack_x4(_pf(stationary, f32=False), str(stationary.dtype)),

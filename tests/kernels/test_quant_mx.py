@@ -190,3 +190,10 @@ def test_bad_shapes_rejected_before_launch(no_mx_launch):
         mx.rms_norm_mx_quant(np.ones((4, 512), BF16), residual=np.ones((4, 1024), BF16))
     with pytest.raises(ValueError, match="too long"):
         mx.rms_norm_mx_quant(np.ones((1, 65536), BF16))
+
+
+def test_rms_norm_quant_points_mx_formats_to_the_mx_launcher(no_mx_launch):
+    from nki_rmsnorm import ops
+
+    with pytest.raises(TypeError, match="rms_norm_mx_quant"):
+        ops.rms_norm_quant(np.ones((4, 512), BF16), quant_dtype="float8_e4m3fn_x4")

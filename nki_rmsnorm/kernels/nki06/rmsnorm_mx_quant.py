@@ -16,7 +16,7 @@ Math (per row of N elements; float32 unless it says otherwise)::
     y     = RNE_bf16(y1 · w)                      (y1 itself without a weight)
     y_q, scales = quantize_mx(y)                  (32-value blocks along the row)
 
-``quantize_mx`` reads only bfloat16/float16 (isa L2769), so y is rounded to that type
+``quantize_mx`` reads only bfloat16/float16 (isa L2767), so y is rounded to that type
 before it quantizes, and rounding it in two steps (y1, then y) keeps every elementwise pass
 on the engines' fast 16-bit modes. The quantization is the instruction's: per block of 32
 values the scale ``X = 2^(⌊log2 max|y|⌋ − (E_max − 1))`` (E_max 8 for e4m3fn, 15 for
@@ -42,9 +42,9 @@ L105) — four 4-row DMAs, as AWS's ``load_scales_scattered`` does (aws-neuron-s
 Engines, per tile of up to 128 rows (whole rows on chip; under ``kernel[2]`` the tiles are
 split between the two physical cores by ``nl.program_id(0)``):
 
-* DMA: x (residual) in, h, y_q per 512-column chunk, the scales once per tile;
+* DMA: x (residual) in, h, y_q and the scales once per tile;
 * Scalar: Σ(h / √N)² (``activation_reduce``, square with an add reduction), eps, and with a
-  residual y1 (``activation`` copy with the per-row ``scale=`` column);
+  residual y1 (``tensor_scalar`` with the per-row rstd column, 16-bit at 2x);
 * GpSimd: the rsqrt (``tensor_scalar`` runs on GpSimd "only for rsqrt", isa L1138-1140);
 * Vector: h = x + residual; y1 = h · rstd without a residual (16-bit in and out: the fast
   mode); per chunk the four lane copies out of PSUM, each times its per-partition weight
@@ -52,13 +52,15 @@ split between the two physical cores by ``nl.program_id(0)``):
 * Tensor: per 512-column chunk, four ``nc_transpose`` of y1's columns 4p + q (q = 0…3), the
   x4 lanes, to (128, rows) PSUM tiles: in the transposed domain w is a per-partition scalar.
 
-The arguments are validated by :func:`nki_rmsnorm.ops.rms_norm_mx_quant` before launch;
+The arguments are validated by :func:`nki_rmsnorm.mx.rms_norm_mx_quant` before launch;
 the kernel only asserts them.
 """
 
 from __future__ import annotations
 
 from nki_rmsnorm.kernels.nki06._nki import nisa, nki, nl
+from nki_rmsnorm.kernels.nki06.rmsnorm_fwd_steps import core_tiles
+from nki_rmsnorm.kernels.nki06.rmsnorm_fwd_steps import sbuf as _sbuf
 from nki_rmsnorm.plan.forward import RSQRT_MIN_INPUT
 
 __all__ = ["MX_CHUNK", "MX_BLOCK", "rmsnorm_mx_quant"]
@@ -68,31 +70,13 @@ __all__ = ["MX_CHUNK", "MX_BLOCK", "rmsnorm_mx_quant"]
 MX_BLOCK = 32
 #: Values of a row per transposed chunk: 128 partitions x 4 lanes of an x4 element.
 MX_CHUNK = 512
+#: Column parts a row tile is loaded and reduced in (fewer when N / 512 is smaller).
+_LOAD_PARTS = 4
 #: Lanes of an x4 element.
 _LANES = 4
 #: Scale rows quantize_mx writes per 32-partition quadrant, and the quadrants of a chunk.
 _SCALE_ROWS = 4
 _QUADRANTS = 4
-
-
-def _sbuf(shape, dtype):
-    return nl.ndarray(shape, dtype=dtype, buffer=nl.sbuf)
-
-
-def _core_tiles(rows):
-    """(first row, row count) of this core's tiles of at most 128 rows: under LNC=2 each
-    core takes a contiguous block of the full tiles, the last core also the ragged one."""
-    parts = nl.tile_size.pmax
-    full = rows // parts
-    cores = nl.num_programs(0)
-    core = nl.program_id(0)
-    per_core = (full + cores - 1) // cores
-    tiles = []
-    for t in range(core * per_core, min(full, (core + 1) * per_core)):
-        tiles.append((t * parts, parts))
-    if rows % parts != 0 and core == cores - 1:
-        tiles.append((full * parts, rows % parts))
-    return tiles
 
 
 def _weight_columns(weight, chunks):
@@ -105,15 +89,58 @@ def _weight_columns(weight, chunks):
     return columns
 
 
-def _rstd(h, rows, inv_sqrt_n, eps):
-    """rstd (rows, 1) of the tile h: Σ(h / √N)² on the Scalar engine (its elementwise
-    squares are discarded), eps added there, the GpSimd rsqrt."""
-    squares = _sbuf(h.shape, h.dtype)
+def _load_h(x, residual, h_out, row0, rows, inv_sqrt_n):
+    """The tile's h (rows, N) and its Σ(h / √N)² (rows, 1), in column parts of 512 · k
+    values: each part's load, add and store, and its square-and-add reduction on the Scalar
+    engine (the elementwise squares discarded), start as soon as that part is in, so the
+    first tile's statistics do not wait for its whole load."""
+    N = x.shape[1]
+    parts = _LOAD_PARTS
+    while (N // MX_CHUNK) % parts != 0:  # parts of whole 512-value chunks
+        parts = parts - 1
+    width = N // parts
+    x_tile = _sbuf((rows, N), x.dtype)
+    h = x_tile
+    if residual is not None:
+        r_tile = _sbuf((rows, N), residual.dtype)
+        h = _sbuf((rows, N), residual.dtype)
+    squares = _sbuf((rows, N), h.dtype)
+    partial = _sbuf((rows, parts), nl.float32)
+    for part in range(parts):
+        c0 = part * width
+        c1 = c0 + width
+        nisa.dma_copy(dst=x_tile[:, c0:c1], src=x[row0 : row0 + rows, c0:c1])
+        if residual is not None:
+            nisa.dma_copy(dst=r_tile[:, c0:c1], src=residual[row0 : row0 + rows, c0:c1])
+            nisa.tensor_tensor(
+                dst=h[:, c0:c1], data1=x_tile[:, c0:c1], data2=r_tile[:, c0:c1], op=nl.add
+            )
+            nisa.dma_copy(dst=h_out[row0 : row0 + rows, c0:c1], src=h[:, c0:c1])
+        nisa.activation_reduce(
+            dst=squares[:, c0:c1],
+            op=nl.square,
+            data=h[:, c0:c1],
+            reduce_op=nl.add,
+            reduce_res=partial[:, part : part + 1],
+            scale=inv_sqrt_n,
+        )
     mean_sq = _sbuf((rows, 1), nl.float32)
     nisa.activation_reduce(
-        dst=squares, op=nl.square, data=h, reduce_op=nl.add, reduce_res=mean_sq, scale=inv_sqrt_n
+        dst=_sbuf((rows, parts), nl.float32),
+        op=nl.copy,
+        data=partial,
+        reduce_op=nl.add,
+        reduce_res=mean_sq,
     )
-    v = _sbuf((rows, 1), nl.float32)
+    return h, mean_sq
+
+
+def _rstd(mean_sq, eps):
+    """rstd = 1 / sqrt(max(mean_sq + eps, 2⁻⁸⁷)) of a (rows, 1) column: eps added on the
+    Scalar engine (the Vector engine when the clamp matters), the GpSimd rsqrt (GpSimd runs
+    ``tensor_scalar`` "only for rsqrt", isa L1138-1140)."""
+    shape = mean_sq.shape
+    v = _sbuf(shape, nl.float32)
     if eps >= RSQRT_MIN_INPUT:
         nisa.activation(dst=v, op=nl.copy, data=mean_sq, bias=float(eps))
     else:
@@ -125,16 +152,16 @@ def _rstd(h, rows, inv_sqrt_n, eps):
             op1=nl.maximum,
             operand1=RSQRT_MIN_INPUT,
         )
-    rstd = _sbuf((rows, 1), nl.float32)
+    rstd = _sbuf(shape, nl.float32)
     nisa.tensor_scalar(dst=rstd, data=v, op0=nl.rsqrt, operand0=None, engine=nisa.gpsimd_engine)
     return rstd
 
 
-def _quantize_chunk(y1, rows, chunk, w_columns, y_q, scale_tile, row0, y_dtype, quant_dtype):
-    """Transpose, weight, quantize and store chunk ``chunk`` (512 values of each row) of the
-    tile ``y1``: lanes q = 0…3 are y1's columns 512·chunk + 4p + q (p the partition they land
-    on), transposed by the Tensor engine into one PSUM bank, copied out lane by lane into
-    the (128, rows, 4) source of ``quantize_mx`` (times the lane's weight column)."""
+def _lanes(y1, rows, chunk, w_columns, y_dtype):
+    """The (128, rows, 4) source of ``quantize_mx`` for chunk ``chunk`` (512 values of each
+    row) of the tile ``y1``: lanes q = 0…3 are y1's columns 512·chunk + 4p + q (p the
+    partition they land on), transposed by the Tensor engine into one PSUM bank and copied
+    out lane by lane (times the lane's weight column)."""
     parts = nl.tile_size.pmax
     c0 = chunk * MX_CHUNK
     lanes = nl.ndarray((parts, _LANES, rows), dtype=y_dtype, buffer=nl.psum)
@@ -150,9 +177,24 @@ def _quantize_chunk(y1, rows, chunk, w_columns, y_q, scale_tile, row0, y_dtype, 
                 op0=nl.multiply,
                 operand0=w_columns[:, chunk, q : q + 1],
             )
-    packed = _sbuf((parts, rows), quant_dtype)
-    nisa.quantize_mx(dst=packed, src=source, dst_scale=scale_tile[:, chunk, 0:rows])
-    nisa.dma_copy(dst=y_q[chunk * parts : (chunk + 1) * parts, row0 : row0 + rows], src=packed)
+    return source
+
+
+def _quantize(source, packed, scale_tile, chunk, rows):
+    nisa.quantize_mx(
+        dst=packed[:, chunk, 0:rows], src=source, dst_scale=scale_tile[:, chunk, 0:rows]
+    )
+
+
+def _store_values(y_q, packed, chunks, row0, rows, M):
+    """The tile's packed values (128, chunks, rows) to ``y_q`` (N / 4, M) rows 128c + p, in
+    one DMA (rows · chunks · 4 bytes per partition: small per-chunk stores would each pay
+    the DMA's fixed cost)."""
+    parts = nl.tile_size.pmax
+    nisa.dma_copy(
+        dst=y_q.ap(pattern=[[M, parts], [parts * M, chunks], [1, rows]], offset=row0),
+        src=packed[:, :, 0:rows],
+    )
 
 
 def _store_scales(scales, scale_tile, chunks, row0, rows, M):
@@ -194,24 +236,26 @@ def rmsnorm_mx_quant(x, residual, weight, eps, quant_dtype, scale_dtype):
     y_dtype = nl.float16 if x.dtype == nl.float16 else nl.bfloat16
     w_columns = None if weight is None else _weight_columns(weight, chunks)
     inv_sqrt_n = 1.0 / (N**0.5)
-    for row0, rows in _core_tiles(M):
-        x_tile = _sbuf((rows, N), x.dtype)
-        nisa.dma_copy(dst=x_tile, src=x[row0 : row0 + rows, :])
-        h = x_tile
-        if residual is not None:
-            r_tile = _sbuf((rows, N), residual.dtype)
-            nisa.dma_copy(dst=r_tile, src=residual[row0 : row0 + rows, :])
-            h = _sbuf((rows, N), residual.dtype)
-            nisa.tensor_tensor(dst=h, data1=x_tile, data2=r_tile, op=nl.add)
-            nisa.dma_copy(dst=h_out[row0 : row0 + rows, :], src=h)
-        rstd = _rstd(h, rows, inv_sqrt_n, eps)
+    for row0, rows in core_tiles(M, parts):
+        h, mean_sq = _load_h(x, residual, h_out, row0, rows, inv_sqrt_n)
+        rstd = _rstd(mean_sq, eps)
         y1 = _sbuf((rows, N), y_dtype)
-        if residual is not None:  # the Vector engine has the add: y1 on the Scalar engine
-            nisa.activation(dst=y1, op=nl.copy, data=h, scale=rstd)
-        else:
-            nisa.tensor_scalar(dst=y1, data=h, op0=nl.multiply, operand0=rstd)
+        # with a residual the Vector engine has the add: y1 on the Scalar engine, whose
+        # tensor_scalar runs 16-bit data at 2x (trainium3_arch.rst L218)
+        engine = nisa.scalar_engine if residual is not None else nisa.vector_engine
+        nisa.tensor_scalar(dst=y1, data=h, op0=nl.multiply, operand0=rstd, engine=engine)
+        packed = _sbuf((parts, chunks, rows), quant_dtype)
         scale_tile = _sbuf((parts, chunks, rows), scale_dtype)
+        # quantize chunk c after the lane copies of chunk c + 1: a Vector instruction that
+        # reads the one just before it waits for it to drain (the cost model's dependent
+        # overhead, dependent_overhead_cycles); this order keeps them apart
+        previous = None
         for chunk in range(chunks):
-            _quantize_chunk(y1, rows, chunk, w_columns, y_q, scale_tile, row0, y_dtype, quant_dtype)
+            source = _lanes(y1, rows, chunk, w_columns, y_dtype)
+            if previous is not None:
+                _quantize(previous, packed, scale_tile, chunk - 1, rows)
+            previous = source
+        _quantize(previous, packed, scale_tile, chunks - 1, rows)
+        _store_values(y_q, packed, chunks, row0, rows, M)
         _store_scales(scales, scale_tile, chunks, row0, rows, M)
     return tuple(outputs)

@@ -93,7 +93,7 @@ def test_packed_dtypes_move_as_bits_and_are_not_computed_on(rng, target, name):
 
 
 # --- nisa.quantize_mx -------------------------------------------------------------------------
-# E_max and the largest finite value of each element type (isa L2791-2793; OCP e4m3fn 448,
+# E_max and the largest finite value of each element type (isa L2798-2799; OCP e4m3fn 448,
 # e5m2 57344)
 EMAX = {"float8_e4m3fn_x4": 8, "float8_e5m2_x4": 15}
 MAX_FINITE = {"float8_e4m3fn_x4": 448.0, "float8_e5m2_x4": 57344.0}
@@ -101,7 +101,7 @@ MAX_FINITE = {"float8_e4m3fn_x4": 448.0, "float8_e5m2_x4": 57344.0}
 
 def reference_quantize_mx(x, packed):
     """float64 reference of the documented quantize_mx, written from the ISA reference
-    (isa L2795-2808) without the simulator's code: per 8x4 group the scale exponent
+    (isa L2790-2812) without the simulator's code: per 8x4 group the scale exponent
     floor(log2 amax) - (E_max - 1) (floor(log2) by repeated halving), 2**-127 for zeros; the
     values x / 2**e rounded to nearest even by hand on the element grid."""
     p, f = x.shape
@@ -370,3 +370,34 @@ def test_mx_cost_entries_follow_the_trn3_architecture_guide():
         64,
         True,
     )
+
+
+def test_the_legacy_front_end_has_no_packed_types():
+    """The legacy dtype table (aws-neuron-sdk@8a38e733 general/nki/api/nki.api.shared.rst) has
+    no x4 type: the legacy front-end neither names nor accepts them."""
+    import simulate.language as legacy_nl
+    from simulate.core.errors import NKITypeError
+
+    for name in PACKED:
+        assert not hasattr(legacy_nl, name)
+        with pytest.raises(NKITypeError, match="not supported"):
+            core_dtypes.as_dtype(getattr(core_dtypes, name))
+
+
+def test_quantize_mx_of_float16_and_matmul_of_a_nan_scale(rng, target):
+    """float16 sources quantize like bfloat16 ones (isa L2767); a NaN scale byte (0xFF, the
+    e8m0 NaN, L56-57 of the language stubs) makes its group's products NaN in nc_matmul_mx
+    (every value of the group is times NaN)."""
+    target("trn3")
+    x = (rng.standard_normal((64, 32)) * np.exp2(rng.integers(-14, 14, (64, 1)))).astype(np.float16)
+    data, scale = _quantize_kernel("float8_e4m3fn_x4", nl.uint8, src_dtype=nl.float16)(x)
+    want_q, want_e = reference_quantize_mx(x.astype(np.float64), "float8_e4m3fn_x4")
+    got_q = core_dtypes.unpack_x4(data.view(np.uint32), "float8_e4m3fn_x4")
+    np.testing.assert_array_equal(got_q.view(np.uint8), want_q.view(np.uint8))
+    np.testing.assert_array_equal(_dense(scale.view(np.uint8), 64).astype(np.int64) - 127, want_e)
+
+    st, st_hw, _, _ = _random_mx(rng, 32, 16, "float8_e4m3fn_x4")
+    mv, mv_hw, _, _ = _random_mx(rng, 32, 8, "float8_e4m3fn_x4")
+    mv_hw[1, 3] = 0xFF  # the group of partitions 8-15, column 3 of moving
+    got = _matmul_mx_kernel("float8_e4m3fn_x4", "float8_e4m3fn_x4")(st, st_hw, mv, mv_hw)
+    assert np.isnan(got[:, 3]).all() and np.isfinite(np.delete(got, 3, axis=1)).all()
