@@ -1653,6 +1653,34 @@ def _moe_forward_reference(x, affinities, gate_up, down, tokens):
     return np.einsum("te,eth->th", affinities[:tokens].astype(np.float64), per_expert)
 
 
+def test_moe_cte_dropping(rng):
+    """Docstring (shard_on_i_dropping): one block per expert (N = E, block_to_expert =
+    0..E−1), each B token ids, every (token, expert) affinity live (AWS's harness,
+    test_moe_cte_common.py L109-138, L166-171); out as moe_cte's. The kernel walks each block
+    in 1024-token tiles ("Used for training with large block sizes (B >= 1024)",
+    bwmm_shard_on_I.py L1890-1893, MAX_BLOCK_TILE_SIZE L44): a smaller block computes
+    nothing, so B = 1024 here."""
+    moe = library_module("core.moe.moe_cte.moe_cte")
+    tokens, hidden, inter, experts, block = 1024, 512, 512, 2, 1024
+    slots = np.stack([rng.permutation(tokens)[:block] for _ in range(experts)]).astype(np.int32)
+    x = np.concatenate([_random(rng, (tokens, hidden), BF16), np.zeros((1, hidden), BF16)])
+    affinities = np.concatenate([rng.random((tokens, experts)), np.zeros((1, experts))])
+    affinities = affinities.astype(BF16)
+    gate_up = (_random(rng, (experts, hidden, 2, inter), np.float32) / 16).astype(BF16)
+    down = (_random(rng, (experts, inter, hidden), np.float32) / 16).astype(BF16)
+    spec = moe.MoECTESpec(implementation=moe.MoECTEImplementation.shard_on_i_dropping)
+    owners = np.arange(experts, dtype=np.int32)
+    out = moe.moe_cte[2](
+        x, affinities.reshape(-1, 1), gate_up, down, slots.reshape(-1), owners, block, spec
+    )[0]
+    chosen = np.zeros((tokens + 1, experts), bool)
+    for expert, tokens_of in enumerate(slots):
+        chosen[tokens_of, expert] = True
+    live = np.where(chosen, affinities.astype(np.float64), 0.0)
+    expected = _moe_forward_reference(x, live, gate_up, down, tokens)
+    _check(np.asarray(out)[:tokens], expected, BF16, scale=4.0)
+
+
 @pytest.mark.parametrize(
     "tokens, hidden, inter, experts, top_k, block",
     [(128, 512, 256, 4, 2, 128), (256, 1024, 256, 2, 1, 256)],
