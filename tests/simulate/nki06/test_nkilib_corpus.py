@@ -2058,3 +2058,39 @@ def test_down_projection_mx(rng, monkeypatch, H, I, BxS):
     expected = np.einsum("pctq,pchq->th", inter_q, weight_q) + bias.astype(np.float64)
     magnitude = np.einsum("pctq,pchq->th", np.abs(inter_q), np.abs(weight_q))
     _check(out, expected, BF16, scale=magnitude + np.abs(bias.astype(np.float64)))
+
+
+# --- interleave_copy (core/utils/interleave_copy.py) -------------------------------------------
+@pytest.mark.parametrize("index", [0, 1])  # even: Scalar engine, odd: Vector engine
+@pytest.mark.parametrize("with_scale, with_bias", [(False, False), (True, False), (True, True)])
+def test_interleave_copy(rng, index, with_scale, with_bias):
+    """Docstring: dst = src (· scale) (+ bias), scale and bias per-partition [P, 1] views,
+    on the Scalar engine for an even ``index`` and the Vector engine for an odd one."""
+    interleave_copy = library_module("core.utils.interleave_copy").interleave_copy
+    tensor_view = library_module("core.utils.tensor_view").TensorView
+    nl, nisa = nki.language, nki.isa
+
+    def copy(src, scale, bias):
+        tiles = []
+        for t in (src, scale, bias):
+            tile = nl.ndarray(t.shape, dtype=t.dtype, buffer=nl.sbuf)
+            nisa.dma_copy(dst=tile, src=t)
+            tiles.append(tile)
+        dst = nl.ndarray(src.shape, dtype=src.dtype, buffer=nl.sbuf)
+        interleave_copy(
+            dst,
+            tiles[0],
+            scale=tensor_view(tiles[1]) if with_scale else None,
+            bias=tensor_view(tiles[2]) if with_bias else None,
+            index=index,
+        )
+        return _store_tile(dst)
+
+    src = _random(rng, (64, 96), np.float32)
+    scale, bias = _random(rng, (64, 1), np.float32), _random(rng, (64, 1), np.float32)
+    expected = src.astype(np.float64)
+    if with_scale:
+        expected = expected * scale
+    if with_bias:
+        expected = expected + bias
+    _check(nki.jit(copy)(src, scale, bias), expected, np.float32, scale=4.0)
