@@ -193,3 +193,70 @@ def test_lnc2_decode_is_bitwise_lnc1(rng, M):
     two, _ = trace_launch(kernel, *args, target="trn2", lnc=2)
     for got, want in zip(two, one):
         np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
+
+
+def _check_nonfinite_weight(y, x, w, eps, rtol, atol):
+    """y against the float64 reference for a weight with ±Inf and NaN elements: exactly the
+    columns IEEE makes non-finite are (x·rstd·w, x finite and non-zero), with the reference's
+    sign of infinity; the finite columns match to ``rtol`` (``atol``: fp16's subnormals)."""
+    x64 = x.astype(np.float64)
+    rstd = 1.0 / np.sqrt(np.mean(x64 * x64, axis=1) + eps)
+    with np.errstate(all="ignore"):
+        want = x64 * rstd[:, None] * w.astype(np.float64)
+    y64 = y.astype(np.float64)
+    np.testing.assert_array_equal(np.isnan(y64), np.isnan(want))
+    np.testing.assert_array_equal(np.isinf(y64), np.isinf(want))
+    inf = np.isinf(want)
+    np.testing.assert_array_equal(np.sign(y64[inf]), np.sign(want[inf]))
+    finite = np.isfinite(want)
+    np.testing.assert_allclose(y64[finite], want[finite], rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize(
+    "target, N, dtype, mode",
+    [
+        ("trn2", 4096, BF16, "gemma"),  # "tensor" product, 3 bf16 pieces
+        ("trn2", 4096, FP32, "gemma"),  # "tensor", 1 fp32 piece
+        ("trn3", 8192, BF16, "gemma"),
+        ("trn2", 4096, FP16, "llama"),  # "vector" product
+    ],
+)
+def test_non_finite_weight_stays_in_its_column(rng, target, N, dtype, mode):
+    """A weight with +Inf, −Inf and NaN elements (one in each of three segments): a decode
+    batch (split, weight segments stacked under the Tensor engine) and a large batch (rows)
+    give bitwise the same rows, and each matches the float64 reference, non-finite in those
+    columns only."""
+    w = rng.normal(1.0, 0.2, N).astype(dtype)
+    F = N // statistic_groups_for(target, N, dtype)
+    w[5], w[F + 17], w[2 * F + 100] = np.inf, -np.inf, np.nan
+    x = rng.standard_normal((200, N)).astype(dtype)
+    x[x == 0] = 1  # x·Inf is NaN at x = 0; keep the expected pattern per column
+    assert _layout(target, 29, N, dtype)[0].regime == "split"
+    assert _layout(target, 200, N, dtype)[0].regime == "rows"
+    rtol, atol = (2e-5, 1e-30) if dtype == FP32 else (1e-2, 4 * 2.0**-24)
+    big, _ = _run("nki06", target, x, w, None, None, mode)
+    _check_nonfinite_weight(big[0], x, w, EPS, rtol, atol)
+    small, _ = _run("nki06", target, x[:29].copy(), w, None, None, mode)
+    _check_nonfinite_weight(small[0], x[:29], w, EPS, rtol, atol)
+    for got, want in zip(small, big):
+        np.testing.assert_array_equal(got.view(np.uint8), want[:29].view(np.uint8))
+
+
+def statistic_groups_for(target, N, dtype):
+    return _layout(target, 1, N, dtype)[1]
+
+
+@pytest.mark.parametrize(
+    "N, M, dtype, regime",
+    [(32768, 20, BF16, "split"), (32768, 20, FP32, "split"), (128, 300, BF16, "packed")],
+)
+def test_non_finite_weight_in_other_regimes(rng, N, M, dtype, regime):
+    """The same for long rows ("split" at every M, 8 segments) and short ones ("packed")."""
+    w = rng.normal(1.0, 0.2, N).astype(dtype)
+    w[5], w[N // 4 + 17], w[N // 2 + 30] = np.inf, -np.inf, np.nan
+    x = rng.standard_normal((M, N)).astype(dtype)
+    x[x == 0] = 1
+    assert _layout("trn2", M, N, dtype)[0].regime == regime
+    y = _run("nki06", "trn2", x, w, None, None, "gemma")[0][0]
+    rtol, atol = (2e-5, 1e-30) if dtype == FP32 else (1e-2, 4 * 2.0**-24)
+    _check_nonfinite_weight(y, x, w, EPS, rtol, atol)

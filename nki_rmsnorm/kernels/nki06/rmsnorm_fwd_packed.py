@@ -245,17 +245,26 @@ def _rstd(sum_sq, eps, n):
 
 
 def _stacked(plan, weight_hbm, offset):
-    """w + offset in the scale dtype on every partition, (128, N) in SBUF: the Tensor
-    engine's moving operand, of which each matmul reads the partitions of one row tile.
-    Built once: one load, a ones-row matmul into PSUM (exact) and a copy out."""
+    """w + offset in the scale dtype, (128, N) in SBUF: the Tensor engine's moving operand,
+    of which each matmul reads the partitions of one row tile, against the rstd pieces and
+    the high piece again (:func:`_rstd_slots`): the first ``plan.rstd_pieces`` partitions
+    of each row tile hold w's finite part (±Inf and NaN zeroed), the next its non-finite part
+    (zero where finite), so that no zero piece meets an infinite weight (0·Inf is NaN; see
+    ``steps.weight_rows``). Built once: one load, the split (Vector), a ones-row matmul
+    into PSUM (exact) and a copy out, the non-finite row copied in by DMA."""
     n = weight_hbm.shape[0]
-    row = steps.scale_row(plan, weight_hbm.reshape((1, n)), offset)
+    finite, nonfinite = steps.finite_parts(weight_hbm, plan.scale_dtype, offset)
+    row = steps.sbuf((1, n), plan.scale_dtype)
+    nisa.dma_copy(dst=row, src=finite)
     ones = steps.sbuf((1, PMAX), plan.scale_dtype)
     nisa.memset(dst=ones, value=1.0)
     broadcast = nl.ndarray((PMAX, n), dtype=nl.float32, buffer=nl.psum)
     nisa.nc_matmul(dst=broadcast, stationary=ones, moving=row, accumulate=False)
     stacked = steps.sbuf((PMAX, n), plan.scale_dtype)
     nisa.tensor_copy(dst=stacked, src=broadcast)
+    pieces = plan.rstd_pieces
+    for start in range(0, PMAX, ROW_TILE):
+        nisa.dma_copy(dst=stacked[start + pieces : start + pieces + 1, :], src=nonfinite)
     return stacked
 
 
@@ -266,7 +275,8 @@ def _rstd_slots(plan, rstd):
     (bf16 weight): hi = bf16(rstd), mid = bf16(rstd − hi), lo = bf16(rstd − hi − mid), whose
     sum is rstd exactly (each difference is exact in fp32); the copies on the GpSimd engine,
     the differences on the Vector engine, each instruction covering all k rows. One piece:
-    rstd itself (an fp32 matmul against an fp32 weight + offset)."""
+    rstd itself (an fp32 matmul against an fp32 weight + offset). Then the first piece
+    again, against the weight's non-finite part (:func:`_stacked`)."""
     parts, k = rstd.shape
     slots = steps.sbuf((parts, k * ROW_TILE), plan.scale_dtype)
     pieces = slots.reshape((parts, k, ROW_TILE))
@@ -276,6 +286,8 @@ def _rstd_slots(plan, rstd):
         nisa.tensor_tensor(dst=rest, data1=rstd, data2=pieces[:, :, 0], op=nl.subtract)
         nisa.tensor_copy(dst=pieces[:, :, 1], src=rest, engine=nisa.gpsimd_engine)
         nisa.tensor_tensor(dst=pieces[:, :, 2], data1=rest, data2=pieces[:, :, 1], op=nl.subtract)
+    last = plan.rstd_pieces
+    nisa.tensor_copy(dst=pieces[:, :, last], src=pieces[:, :, 0], engine=nisa.gpsimd_engine)
     return slots
 
 
@@ -287,7 +299,7 @@ def _transposed_rstd(plan, k, ident, state):
     :func:`_outer_output`."""
     group0, h_tile, rstd = state
     parts = h_tile.shape[0]
-    pieces = plan.rstd_pieces
+    pieces = plan.rstd_pieces + 1  # with the non-finite weight's
     slots = _rstd_slots(plan, rstd)
     transposed_rows = []
     for q0 in range(0, k, ROWS_PER_TRANSPOSE):
@@ -318,7 +330,7 @@ def _outer_output(plan, views, k, N, stacked, shift, state):
     group0, h_tile, transposed_rows = state
     parts = h_tile.shape[0]
     width = k * N
-    pieces = plan.rstd_pieces
+    pieces = plan.rstd_pieces + 1  # with the non-finite weight's
     y_tile = steps.sbuf((parts, width), plan.result_dtype)
     product = None
     if shift is not None:

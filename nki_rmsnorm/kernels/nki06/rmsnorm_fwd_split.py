@@ -25,7 +25,6 @@ from __future__ import annotations
 
 from nki_rmsnorm.kernels.nki06 import rmsnorm_fwd_steps as steps
 from nki_rmsnorm.kernels.nki06._nki import nisa, nl
-from nki_rmsnorm.plan.dtypes import dtype_bytes
 from nki_rmsnorm.plan.forward import SPLIT_SLOTS, RowViews
 
 
@@ -33,7 +32,8 @@ class _Resident(nl.NKIObject):
     """On-chip tiles every tile reads (see :func:`split_rows`)."""
 
     eps: float
-    scale: object  # weight segments: (3s | s, F) moving rows ("tensor") or (P, F) per row
+    scale: object  # weight segments: (3s | s, F) finite moving rows ("tensor") or (P, F) per row
+    nonfinite: object  # (P, F) per row: the weight's ±Inf and NaN, 0 elsewhere ("tensor")
     shift: object  # bias segments, (P, F) per row
     segment_mask: object  # (P, s): 1 where q == p mod s ("tensor")
     ident: object  # identity in the Tensor engine's operand dtype ("tensor")
@@ -49,6 +49,7 @@ class _Slot(nl.NKIObject):
     product: object
     squares: object
     rstd: object  # (P, 1): each segment's rstd, or the stationary rows ("tensor")
+    rstd_col: object  # (P, 1): each segment's rstd ("tensor")
 
 
 def split_rows(plan, s, hbm, eps, offset):
@@ -72,11 +73,9 @@ def split_rows(plan, s, hbm, eps, offset):
     bias_segments = None if hbm.bias is None else hbm.bias.reshape((s, F))
     tensor = plan.product_engine == "tensor"
 
-    scale = shift = mask = ident = None
+    scale = shift = mask = ident = nonfinite = None
     if weight_segments is not None and tensor:
-        # Reloading costs 2·N·e_w bytes against 2·M·N·e_x: keep it under 1 %.
-        reload = 100 * dtype_bytes(plan.scale_dtype) <= M * dtype_bytes(plan.in_dtype)
-        scale = _stacked_segments(plan, weight_segments, offset, reload)
+        scale, nonfinite = _stacked_segments(plan, weight_segments, parts, offset)
         mask = _segment_mask(parts, s, plan.scale_dtype)
         ident = steps.identity(parts, plan.scale_dtype)
     elif weight_segments is not None:
@@ -86,6 +85,7 @@ def split_rows(plan, s, hbm, eps, offset):
     resident = _Resident(
         eps=eps,
         scale=scale,
+        nonfinite=nonfinite,
         shift=shift,
         segment_mask=mask,
         ident=ident,
@@ -112,6 +112,7 @@ def split_rows(plan, s, hbm, eps, offset):
                 product=buffer(plan.product_dtype),
                 squares=buffer(squares_dtype),
                 rstd=rstd_buffer(),
+                rstd_col=None if mask is None else steps.sbuf((parts, 1), nl.float32),
             )
         )
     # Software pipeline, unrolled: the statistics of tile t + 1 are issued before the
@@ -132,28 +133,41 @@ def _segmented(tensor, segments, width):
     return None if tensor is None else tensor.reshape((segments, width))
 
 
-def _stacked_segments(plan, weight_segments, offset, reload):
-    """The weight as moving rows for ``plan.rstd_pieces`` pieces: row b·s + q holds
-    segment q (bf16), or row q holds segment q + offset in fp32 for one fp32 piece; with
-    ``reload`` each bf16 copy is loaded from HBM, otherwise copied on chip by DMA (see the
-    legacy ``_stacked_segments`` for the trade-off)."""
+def _stacked_segments(plan, weight_segments, parts, offset):
+    """The weight (+ offset, in the scale dtype) as the Tensor engine's moving rows for
+    ``plan.rstd_pieces`` pieces, row b·s + q holding segment q's finite part (±Inf and NaN
+    zeroed: the masked stationary multiplies every segment, and 0·Inf is NaN), and its
+    non-finite part per row, (parts, F), which :func:`_split_output` adds as rstd · part
+    (what IEEE gives for rstd·w there; zero elsewhere). The segments are loaded once and
+    split (``steps.split_finite``) into the first s partitions of both; the copies are made
+    on chip by DMA (:func:`_doubled` for the rows)."""
     s, F = weight_segments.shape
-    if plan.rstd_pieces == 1:
-        return steps.scale_row(plan, weight_segments, offset)
-    rows = steps.sbuf((plan.rstd_pieces * s, F), plan.scale_dtype)
-    nisa.dma_copy(dst=rows[0:s, :], src=weight_segments)
+    dtype = plan.scale_dtype
+    values = steps.sbuf((s, F), dtype)
+    steps.load_converted(values, weight_segments, offset)
+    rows = steps.sbuf((plan.rstd_pieces * s, F), dtype)
+    nonfinite = steps.sbuf((parts, F), dtype)
+    steps.split_finite(values, rows[0:s, :], nonfinite[0:s, :])
     for piece in range(1, plan.rstd_pieces):
-        copy = rows[piece * s : (piece + 1) * s, :]
-        nisa.dma_copy(dst=copy, src=weight_segments if reload else rows[0:s, :])
-    return rows
+        nisa.dma_copy(dst=rows[piece * s : (piece + 1) * s, :], src=rows[0:s, :])
+    _doubled(nonfinite, s)
+    return rows, nonfinite
 
 
 def _segments_per_row(segments_hbm, parts, dtype, offset=0.0):
     """(parts, F): partition p holds segment p mod s, converted to ``dtype`` (+ offset).
-    The s segments are loaded once and doubled on chip by SBUF-to-SBUF DMAs."""
+    The s segments are loaded once and doubled on chip (:func:`_doubled`)."""
     s, F = segments_hbm.shape
     rows = steps.sbuf((parts, F), dtype)
     steps.load_converted(rows[0:s, :], segments_hbm, offset)
+    _doubled(rows, s)
+    return rows
+
+
+def _doubled(rows, s):
+    """Fill ``rows`` (parts, F) from its first s partitions, partition p taking p mod s's
+    values, by SBUF-to-SBUF DMAs."""
+    parts = rows.shape[0]
     filled = s
     # at most parts / s doublings (a bounded loop, as in the legacy kernel)
     for _ in range(parts // s):
@@ -161,7 +175,6 @@ def _segments_per_row(segments_hbm, parts, dtype, offset=0.0):
             count = min(filled, parts - filled)
             nisa.dma_copy(dst=rows[filled : filled + count, :], src=rows[0:count, :])
             filled += count
-    return rows
 
 
 def _segment_mask(parts, s, dtype):
@@ -237,7 +250,7 @@ def _split_statistics(plan, s, views, resident, slot, seg0, parts):
     if resident.segment_mask is None:
         nisa.tensor_copy(dst=slot.rstd[:parts], src=column)
     else:
-        rstd_col = steps.sbuf((parts, 1), nl.float32)
+        rstd_col = slot.rstd_col[:parts]
         nisa.tensor_copy(dst=rstd_col, src=column)
         _segment_stationary(
             plan,
@@ -268,7 +281,13 @@ def _split_output(plan, views, resident, slot, seg0, parts):
     shift = None if resident.shift is None else resident.shift[:parts]
     if resident.segment_mask is not None:
         steps.outer_normalize(
-            y_tile, slot.h[:parts], [slot.rstd[:, :parts]], resident.scale, shift, product
+            y_tile,
+            slot.h[:parts],
+            [slot.rstd[:, :parts]],
+            resident.scale,
+            shift,
+            product,
+            nonfinite=(resident.nonfinite[:parts], slot.rstd_col[:parts]),
         )
     else:
         scale = None if resident.scale is None else resident.scale[:parts]

@@ -323,16 +323,56 @@ def _infinite_where_zero(rstd, v):
 
 
 def weight_rows(plan, row_hbm, offset=0.0, stacked=True):
-    """The weight row ``row_hbm`` (1, F) as the Tensor engine's moving operand: for three
-    stacked rstd pieces, three copies of the bf16 row (loaded once, copied on chip by DMA);
-    otherwise one row of weight + offset in the scale dtype."""
-    if plan.rstd_pieces != 3 or not stacked:
+    """The weight row ``row_hbm`` (1, F) as the Tensor engine's moving operand. Stacked:
+    ``plan.rstd_pieces`` copies of its finite part (weight + offset in the scale dtype, ±Inf
+    and NaN zeroed), then its non-finite part (zero where finite), against the rstd pieces
+    and the high piece again (:func:`rstd_rows`): a zero piece or a masked zero times an
+    infinite weight would be NaN (0·Inf), a positive high piece times the non-finite part
+    is what IEEE gives for rstd·w. Otherwise one row of weight + offset."""
+    if not stacked:
         return scale_row(plan, row_hbm, offset)
-    rows = sbuf((plan.rstd_pieces, row_hbm.shape[1]), plan.scale_dtype)
-    nisa.dma_copy(dst=rows[0:1, :], src=row_hbm)
-    for piece in range(1, plan.rstd_pieces):
+    pieces = plan.rstd_pieces
+    rows = sbuf((pieces + 1, row_hbm.shape[1]), plan.scale_dtype)
+    finite, nonfinite = finite_parts(row_hbm, plan.scale_dtype, offset)
+    nisa.dma_copy(dst=rows[0:1, :], src=finite)
+    nisa.dma_copy(dst=rows[pieces : pieces + 1, :], src=nonfinite)
+    for piece in range(1, pieces):
         nisa.dma_copy(dst=rows[piece : piece + 1, :], src=rows[0:1, :])
     return rows
+
+
+def finite_parts(weight_hbm, dtype, offset=0.0):
+    """weight + offset in ``dtype`` as its finite part (±Inf and NaN zeroed) and its
+    non-finite part (zero where finite), each (p, size / p) in SBUF, spread over the largest
+    power-of-two p ≤ 128 dividing its size so that the Vector instructions are short; the
+    callers move them into their layouts by DMA. Vector engine: v·0 == 0 holds exactly
+    where v is finite; a predicated copy selects; v − finite part leaves the rest."""
+    size = 1
+    for extent in weight_hbm.shape:
+        size = size * extent
+    p = 1
+    for _ in range(7):
+        if size % (2 * p) == 0:
+            p = 2 * p
+    values = sbuf((p, size // p), dtype)
+    load_converted(values, weight_hbm.reshape((p, size // p)), offset)
+    finite = sbuf(values.shape, dtype)
+    nonfinite = sbuf(values.shape, dtype)
+    split_finite(values, finite, nonfinite)
+    return finite, nonfinite
+
+
+def split_finite(values, finite, nonfinite):
+    """Write the finite part of ``values`` (an SBUF tile; ±Inf and NaN zeroed) into
+    ``finite`` and its non-finite part (zero where finite) into ``nonfinite``, tiles of its
+    shape and dtype (see :func:`finite_parts`)."""
+    is_finite = sbuf(values.shape, nl.uint8)
+    nisa.tensor_scalar(
+        dst=is_finite, data=values, op0=nl.multiply, operand0=0.0, op1=nl.equal, operand1=0.0
+    )
+    nisa.memset(dst=finite, value=0.0)
+    nisa.tensor_copy_predicated(dst=finite, src=values, predicate=is_finite)
+    nisa.tensor_tensor(dst=nonfinite, data1=values, data2=finite, op=nl.subtract)
 
 
 def scale_row(plan, row_hbm, offset=0.0):
@@ -424,11 +464,17 @@ def rstd_rows(plan, rstd, ident, stacked=True):
     dtype = plan.scale_dtype
     split = split_rstd(plan, rstd)
     if stacked:
-        transposed = nl.ndarray((pieces, k, parts), dtype=dtype, buffer=nl.psum)
+        # the pieces, then the high piece again, against weight_rows' finite copies and its
+        # non-finite part
+        stacked_pieces = sbuf((parts, k * (pieces + 1)), dtype)
+        blocks = stacked_pieces.reshape((parts, k, pieces + 1))
+        nisa.tensor_copy(dst=blocks[:, :, 0:pieces], src=split.reshape((parts, k, pieces)))
+        nisa.tensor_copy(dst=blocks[:, :, pieces : pieces + 1], src=blocks[:, :, 0:1])
+        transposed = nl.ndarray((pieces + 1, k, parts), dtype=dtype, buffer=nl.psum)
         for j in range(k):
             nisa.nc_matmul(
                 dst=transposed[:, j, :],
-                stationary=split[:, pieces * j : pieces * (j + 1)],
+                stationary=stacked_pieces[:, (pieces + 1) * j : (pieces + 1) * (j + 1)],
                 moving=ident,
                 is_transpose=True,
             )
@@ -446,11 +492,13 @@ def rstd_rows(plan, rstd, ident, stacked=True):
     return stationary
 
 
-def outer_normalize(y_row, h_row, stationaries, moving, shift, product_row):
+def outer_normalize(y_row, h_row, stationaries, moving, shift, product_row, nonfinite=None):
     """y = h · (rstd ⊗ w) [+ bias] for one row of the tile: per PSUM bank, the Tensor engine
     writes rstd ⊗ w (the sum over ``stationaries`` (K, parts) against the ``moving`` (K, F)
     weight rows, accumulated in PSUM) and the Vector engine multiplies h by it; the bias is
-    added in fp32 after."""
+    added in fp32 after. ``nonfinite``: (part (parts, F), rstd (parts, 1)), the weight's
+    non-finite part per row (zero elsewhere), whose product with rstd the Vector engine
+    adds to rstd ⊗ w first (one more instruction)."""
     target = y_row if shift is None else product_row
     parts, width = h_row.shape
     for c0 in range(0, width, PSUM_COLS):
@@ -460,7 +508,21 @@ def outer_normalize(y_row, h_row, stationaries, moving, shift, product_row):
             nisa.nc_matmul(
                 dst=outer, stationary=stationaries[i], moving=moving[:, c0:c1], accumulate=i > 0
             )
-        nisa.tensor_tensor(dst=target[:, c0:c1], data1=h_row[:, c0:c1], data2=outer, op=nl.multiply)
+        factor = outer
+        if nonfinite is not None:
+            part, rstd_col = nonfinite
+            factor = sbuf((parts, c1 - c0), nl.float32)
+            nisa.scalar_tensor_tensor(
+                dst=factor,
+                data=part[:, c0:c1],
+                op0=nl.multiply,
+                operand0=rstd_col,
+                op1=nl.add,
+                operand1=outer,
+            )
+        nisa.tensor_tensor(
+            dst=target[:, c0:c1], data1=h_row[:, c0:c1], data2=factor, op=nl.multiply
+        )
     _add_shift(y_row, product_row, shift)
 
 
