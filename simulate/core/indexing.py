@@ -51,6 +51,8 @@ class IndexExpr:
         return IndexExpr(self.values[key])
 
     def __add__(self, other):
+        if getattr(other, "on_chip", False):  # `iy + tile[0, i]`: a run-time offset
+            return NotImplemented
         return IndexExpr(self.values + _values(other), self.is_1d)
 
     __radd__ = __add__

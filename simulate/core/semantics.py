@@ -448,3 +448,28 @@ def sequence_bounds(ids):
         else:
             end[i] = i + 1
     return np.stack([start, end])
+
+
+def dropout(values, drop_probability, uniform):
+    """``dropout``: an element becomes 0 where its uniform [0, 1) draw is below its
+    partition's drop probability (so 1.0 drops all, 0.0 keeps all); the kept elements are
+    not rescaled, the docs speak of replacing elements with zeros only (aws-neuron-sdk@8a38e733
+    general/nki/api/nki/isa/__init__.py L499-506)."""
+    return np.where(uniform < drop_probability, np.zeros_like(values), values)
+
+
+def local_gather(src, index, cores, partitions_per_core, num_elem_per_idx, num_valid):
+    """``local_gather``: each GpSimd core flattens its 16-partition slice of ``index``
+    partition-first, keeps the first ``num_valid`` entries and, for every partition of its
+    slice, reads ``num_elem_per_idx`` contiguous elements of ``src`` starting at each entry
+    (an element offset into the partition's flattened free axis). ``src`` is ``(P, F)``,
+    ``index`` ``(P, K)``; returns ``(P, num_valid * num_elem_per_idx)`` (legacy ISA reference
+    L582-620 and its NumPy semantics, general/nki/test/test_nki_isa_local_gather.py)."""
+    out = np.empty((src.shape[0], num_valid * num_elem_per_idx), src.dtype)
+    span = np.arange(num_elem_per_idx)
+    for core in range(cores):
+        rows = slice(core * partitions_per_core, (core + 1) * partitions_per_core)
+        starts = index[rows].flatten(order="F")[:num_valid].astype(np.int64)
+        columns = (starts[:, None] + span[None, :]).reshape(-1)
+        out[rows] = src[rows][:, columns]
+    return out
