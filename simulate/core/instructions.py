@@ -210,8 +210,10 @@ def allocate(shape, dtype, buffer: str = "sbuf", name: str = "", fill=None) -> T
         check_tile_shape(shape[par_axis:], f"tile `{name or 'tile'}` of shape {shape}")
         per_partition = int(np.prod(shape[:par_axis] + shape[par_axis + 1:])) * dtype.itemsize
         storage = Storage(buffer, buffer, name)
-        if buffer == "psum":
-            rules.check_psum_tile(per_partition // dtype.itemsize, dtype.itemsize,
+        if buffer == "psum":  # TC#2 is a rule per (P, F) tile; each block is one tile
+            # ("The block dimensions described how many physical (P, F) tiles the tensor
+            # has", general/nki/nki_block_dimension_migration_guide.rst@8a38e733 L31)
+            rules.check_psum_tile(int(np.prod(shape[par_axis + 1:])), dtype.itemsize,
                                   f"PSUM tile `{name or 'tile'}` of shape {shape} "
                                   f"{dt.name(dtype)}")
         (ctx.sbuf if buffer == "sbuf" else ctx.psum).allocate(

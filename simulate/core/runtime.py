@@ -453,6 +453,12 @@ class _Arguments:
             return value
         if isinstance(value, np.ndarray):
             return self._param(value, value, argname, index, mutable)
+        spec = getattr(value, "__nki_argument_spec__", None)
+        if spec is not None:  # a shape-and-dtype placeholder: an input of undefined values
+            shape, dtype = spec
+            dtype = dt.as_dtype(dtype, argname)
+            array = dt.full(shape, dt.uninitialised(dtype), dtype)
+            return self._param(array, array, argname, index, mutable)
         if isinstance(value, (list, tuple)) and not isinstance(value, str):
             items = [self.convert(v, f"{argname}[{i}]", (index, i), mutable)
                      for i, v in enumerate(value)]

@@ -510,9 +510,8 @@ class DynamicOffset:
 
 def dynamic_offset_sum(tile, other):
     """``tile + index_expression``: a run-time offset (see :class:`DynamicOffset`) when the
-    tile is a one-element integer SBUF tile; None otherwise."""
-    if (isinstance(other, IndexExpr) and tile.on_chip and dt.is_int(tile.dtype)
-            and int(np.prod(tile.shape)) == 1):
+    tile is an integer SBUF tile; None otherwise."""
+    if isinstance(other, IndexExpr) and tile.on_chip and dt.is_int(tile.dtype):
         return DynamicOffset(tile, other)
     return None
 

@@ -497,11 +497,23 @@ def matmul(x, y, *, transpose_x=False, mask=None, **kwargs):
     ``transpose_x`` the compiler first transposes ``x`` on the Tensor engine."""
     from . import isa
 
+    y = _in_sbuf(y)
     if transpose_x:
-        return isa.nc_matmul(x, y, mask=mask)
-    op = tile_operand(x, "x", "matmul", allow_psum=False)
-    x_t = copy(transpose(x), dtype=op.dtype)
+        return isa.nc_matmul(_in_sbuf(x), y, mask=mask)
+    op = tile_operand(x, "x", "matmul")
+    x_t = copy(transpose(_in_sbuf(x)), dtype=op.dtype)
     return isa.nc_matmul(x_t, y, mask=mask)
+
+
+def _in_sbuf(tile):
+    """An nl.matmul operand in PSUM, e.g. an nl.transpose result, is first copied to SBUF
+    (one Vector copy), as the compiler lowers AWS's attention tutorial, which multiplies by
+    ``nl.transpose(v_sbuf)`` (aws-neuron-sdk@8a38e733
+    general/nki/examples/attention/attention_kernels.py L53-L56); the Tensor engine itself
+    reads SBUF only (nisa.nc_matmul, general/nki/api/nki/isa/__init__.py L870-872)."""
+    if is_tile(tile) and tile.on_chip and tile.storage.memory == "psum":
+        return copy(tile)
+    return tile
 
 
 def where(condition, x, y, *, dtype=None, mask=None, **kwargs):
