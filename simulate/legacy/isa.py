@@ -449,6 +449,11 @@ def tensor_scalar_reduce(*, data, op0, operand0, reduce_op, reduce_res, reverse0
     spec = fn.lookup(reduce_op, "reduce_op")
     if spec.name not in ("add", "subtract", "multiply", "maximum", "minimum"):
         raise NKIValueError(f"reduce_op={spec.name} is not supported", "err_unsupported_reduce_op")
+    if fn.lookup(op0, "op0").bitvec:
+        raise NKIValueError(
+            f"op0={fn.lookup(op0, 'op0').name} of nisa.tensor_scalar_reduce: \"op0 can only be "
+            "arithmetic operation ... Bitvec operators are not supported in this API\" "
+            "(general/nki/api/nki/isa/__init__.py@8a38e733 L1719-1721)", "err_unsupported_op0")
     out = tensor_scalar(data, op0, operand0, dtype=dtype, mask=mask)
     if out.fresh is None:  # masked off entirely: the instruction does not run
         return out
@@ -1209,6 +1214,12 @@ def nc_matmul(stationary, moving, *, is_stationary_onezero=False, is_moving_onez
         if any(int(v) % 32 for v in (*tile_position, *tile_size)):
             raise NKIValueError("tile_position/tile_size must be multiples of 32",
                                 "err_tile_position")
+        if _nc_version("nc_matmul") == 2 and 32 in (int(tile_size[0]), int(tile_size[1])):
+            raise NKIValueError(
+                f"tile_size {tuple(tile_size)}: \"Both the row and column sizes in tile_size "
+                "cannot be 32 for NeuronCore-v2\" (general/nki/api/nki/isa/__init__.py@8a38e733"
+                " L933; the PE array tiles into 2 x 64 rows there, aws-neuron-sdk@81ce03ae "
+                "nki/api/nki/isa/__init__.py L517-518)", "err_tile_position")
         if (int(tile_size[0]) < st.partitions or int(tile_size[1]) < st.free_size
                 or any(int(p) + int(s) > 128 for p, s in zip(tile_position, tile_size))):
             raise NKIValueError("tile_size must cover the stationary tile and fit in the 128x128 "
