@@ -144,7 +144,7 @@ def store_masked_in_bound(x):
 
 def output_dependency_in_affine_loop(x):  # E L786-791
     a = nl.ndarray((4, nl.par_dim(128), 512), dtype=nl.float32, buffer=nl.sbuf)
-    for i in nl.affine_range(4):
+    for _i in nl.affine_range(4):
         a[0] = nl.load(x)
     result = nl.copy(a[0])
     out = nl.ndarray(result.shape, dtype=result.dtype, buffer=nl.shared_hbm)
@@ -154,7 +154,7 @@ def output_dependency_in_affine_loop(x):  # E L786-791
 
 def output_dependency_in_sequential_loop(x):
     a = nl.ndarray((4, nl.par_dim(128), 512), dtype=nl.float32, buffer=nl.sbuf)
-    for i in nl.sequential_range(4):
+    for _i in nl.sequential_range(4):
         a[0] = nl.load(x)
     result = nl.copy(a[0])
     out = nl.ndarray(result.shape, dtype=result.dtype, buffer=nl.shared_hbm)
