@@ -609,6 +609,12 @@ def affine_select(pred, on_true_tile, on_false_value, *, mask=None, dtype=None, 
                            "err_unsupported_expression_in_mask")
     rules.check_affine_select_pred(len(pred.comparisons),
                                    f"on_true_tile `{getattr(on_true_tile, 'name', '') or 'tile'}`")
+    if isinstance(on_false_value, (np.generic, np.ndarray)) and on_false_value.dtype != np.float32:
+        raise NKITypeError(
+            f"on_false_value of nisa.affine_select is {on_false_value.dtype}: \"the data type "
+            "of on_false_value must be float32, regardless of the input/output tile data "
+            "types\" (general/nki/api/nki/isa/__init__.py@8a38e733 L286-287)",
+            "err_unsupported_dtype")
     m = resolve_mask(mask)
     op = tile_operand(on_true_tile, "on_true_tile", "affine_select", mask=m, allow_psum=False)
     out_dtype = dt.as_dtype(dtype or op.dtype)

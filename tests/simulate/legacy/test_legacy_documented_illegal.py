@@ -497,7 +497,108 @@ def max8_eight(x):
     return out
 
 
-CASES = [  # (illegal, legal twin, error key, target)
+def affine_select_fp16_false_value(x):  # I L286-287: on_false_value float32
+    i, j = nl.mgrid[0:128, 0:512]
+    result = nisa.affine_select(i > j, nl.load(x), np.float16(-1.0))
+    out = nl.ndarray(result.shape, dtype=result.dtype, buffer=nl.shared_hbm)
+    nl.store(out, value=result)
+    return out
+
+
+def affine_select_fp32_false_value(x):
+    i, j = nl.mgrid[0:128, 0:512]
+    result = nisa.affine_select(i > j, nl.load(x), np.float32(-1.0))
+    out = nl.ndarray(result.shape, dtype=result.dtype, buffer=nl.shared_hbm)
+    nl.store(out, value=result)
+    return out
+
+
+def range_select_on_v2(x):  # I L1091: NeuronCore-v3 and beyond
+    bound = nl.zeros((128, 1), dtype=nl.float32)
+    result = nisa.range_select(
+        on_true_tile=nl.load(x),
+        comp_op0=nl.greater_equal,
+        comp_op1=nl.less,
+        bound0=bound,
+        bound1=bound,
+    )
+    out = nl.ndarray(result.shape, dtype=result.dtype, buffer=nl.shared_hbm)
+    nl.store(out, value=result)
+    return out
+
+
+def range_select_reduce_add(x):  # I L1159: reduce_op np.max only
+    bound = nl.zeros((128, 1), dtype=nl.float32)
+    res = nl.zeros((128, 1), dtype=nl.float32)
+    result = nisa.range_select(
+        on_true_tile=nl.load(x),
+        comp_op0=nl.greater_equal,
+        comp_op1=nl.less,
+        bound0=bound,
+        bound1=bound,
+        reduce_cmd=nisa.reduce_cmd.reset_reduce,
+        reduce_res=res,
+        reduce_op=np.add,
+    )
+    out = nl.ndarray(result.shape, dtype=result.dtype, buffer=nl.shared_hbm)
+    nl.store(out, value=result)
+    return out
+
+
+def range_select_reduce_max(x):
+    bound = nl.zeros((128, 1), dtype=nl.float32)
+    res = nl.zeros((128, 1), dtype=nl.float32)
+    result = nisa.range_select(
+        on_true_tile=nl.load(x),
+        comp_op0=nl.greater_equal,
+        comp_op1=nl.less,
+        bound0=bound,
+        bound1=bound,
+        reduce_cmd=nisa.reduce_cmd.reset_reduce,
+        reduce_res=res,
+        reduce_op=np.max,
+    )
+    out = nl.ndarray(result.shape, dtype=result.dtype, buffer=nl.shared_hbm)
+    nl.store(out, value=result)
+    return out
+
+
+def scan_both_in_psum(x):  # I L1864: data0 and data1 not both in PSUM
+    a = nl.zeros((128, 512), dtype=nl.float32, buffer=nl.psum)
+    b = nl.zeros((128, 512), dtype=nl.float32, buffer=nl.psum)
+    result = nisa.tensor_tensor_scan(a, b, 0.0, np.multiply, np.add)
+    out = nl.ndarray(result.shape, dtype=result.dtype, buffer=nl.shared_hbm)
+    nl.store(out, value=result)
+    return out
+
+
+def scan_one_in_psum(x):
+    a = nl.zeros((128, 512), dtype=nl.float32, buffer=nl.psum)
+    result = nisa.tensor_tensor_scan(a, nl.load(x), 0.0, np.multiply, np.add)
+    out = nl.ndarray(result.shape, dtype=result.dtype, buffer=nl.shared_hbm)
+    nl.store(out, value=result)
+    return out
+
+
+def tensor_scalar_mixed_operator_kinds(x):  # I L1657: op0 and op1 of one kind
+    result = nisa.tensor_scalar(
+        nl.load(x, dtype=nl.int32), np.add, 1, op1=np.bitwise_and, operand1=3
+    )
+    out = nl.ndarray(result.shape, dtype=result.dtype, buffer=nl.shared_hbm)
+    nl.store(out, value=result)
+    return out
+
+
+def tensor_scalar_bitvec_pair(x):
+    result = nisa.tensor_scalar(
+        nl.load(x, dtype=nl.int32), np.bitwise_or, 1, op1=np.bitwise_and, operand1=3
+    )
+    out = nl.ndarray(result.shape, dtype=result.dtype, buffer=nl.shared_hbm)
+    nl.store(out, value=result)
+    return out
+
+
+CASES = [  # (illegal, legal twin, error key, target or (illegal's, twin's target))
     (activation_bias_int8, activation_bias_bf16, "err_activation_bias_invalid_type", None),
     (activation_scale_fp16, activation_scale_fp32, "err_activation_scale_invalid_type", None),
     (activation_scale_row, activation_scale_fp32, "err_activation_scale_scalar_or_vector", None),
@@ -558,6 +659,16 @@ CASES = [  # (illegal, legal twin, error key, target)
     (sequence_bounds_float16, sequence_bounds_int32, "dtype", "trn2"),
     (tensor_copy_gpsimd_from_psum, tensor_copy_vector_from_psum, "err_unsupported_memory", None),
     (max8_too_few, max8_eight, "8 to 16384", None),
+    (affine_select_fp16_false_value, affine_select_fp32_false_value, "err_unsupported_dtype", None),
+    (range_select_on_v2, range_select_reduce_max, "NeuronCore-v3", ("trn1", "trn2")),
+    (range_select_reduce_add, range_select_reduce_max, "err_unsupported_reduce_op", "trn2"),
+    (scan_both_in_psum, scan_one_in_psum, "err_unsupported_memory", None),
+    (
+        tensor_scalar_mixed_operator_kinds,
+        tensor_scalar_bitvec_pair,
+        "err_mixed_operator_kinds",
+        None,
+    ),
 ]
 
 
@@ -565,8 +676,8 @@ CASES = [  # (illegal, legal twin, error key, target)
     "illegal, legal, key, target", CASES, ids=[case[0].__name__ for case in CASES]
 )
 def test_documented_illegal_construct_is_rejected_and_its_twin_runs(illegal, legal, key, target):
-    target = target or "trn1"
+    illegal_target, legal_target = target if isinstance(target, tuple) else (target or "trn1",) * 2
     with pytest.raises(NKIError, match=key):
-        nki.trace_kernel(illegal, X, target=target)
-    outputs, _ = nki.trace_kernel(legal, X, target=target)
+        nki.trace_kernel(illegal, X, target=illegal_target)
+    outputs, _ = nki.trace_kernel(legal, X, target=legal_target)
     assert outputs is not None
