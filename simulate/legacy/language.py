@@ -830,10 +830,14 @@ def atomic_rmw(dst, value, op=np.add, *, mask=None, **kwargs):
     rules.check_atomic_rmw(fn.lookup(op, "op").name,
                            isinstance(dst, Access) and dst.indirect is not None,
                            f"dst `{getattr(dst, 'name', '') or 'tensor'}`")
+    if isinstance(value, (int, float, np.number)) and not isinstance(value, bool):
+        # "tile or scalar value that is the operand to op" (general/nki/api/nki/language/
+        # __init__.py@8a38e733 L346): the scalar is materialised as an SBUF tile of dst's shape
+        value = isa.memset(tuple(dst.shape), value, dst.dtype)
     if is_tile(value):
         vars(isa)["dma_copy"](dst=dst, src=value, mask=mask, dst_rmw_op=op)
         return None
-    raise NKITypeError("atomic_rmw value must be a tile", "err_unsupported_memory")
+    raise NKITypeError("atomic_rmw value must be a tile or a scalar", "err_unsupported_memory")
 
 
 def device_print(prefix, x, *, mask=None, **kwargs):

@@ -42,7 +42,59 @@ mutable_tensor = _MutableTensorAnnotation()
 
 
 def scalar(tile):
-    """``nki.typing.scalar(tile)``: use a one-element tile as a scalar."""
+    """``nki.typing.scalar(tile)``: use a one-element tile as a scalar; a Python value stays
+    itself (``cond = scalar(True)``, the do-while entry of aws-neuron-sdk@8a38e733
+    general/nki/api/nki.errors.rst L937)."""
     import numpy as np
 
-    return np.asarray(tile.data).reshape(-1)[0].item()
+    if isinstance(tile, (bool, int, float)):
+        return tile
+    value = np.asarray(tile.data).reshape(-1)[0].item()
+    return (_RuntimeFloat if isinstance(value, float) else _RuntimeInt)(value)
+
+
+class _RuntimeCondition:
+    """A comparison of a run-time scalar: a ``while`` may test it only after its first
+    iteration (nki.errors.rst L902-947); the simulator knows its value."""
+
+    __nki_runtime__ = True
+
+    def __init__(self, value: bool):
+        self.value = bool(value)
+
+    def __bool__(self):
+        return self.value
+
+    def __repr__(self):
+        return f"scalar({self.value})"
+
+
+def _compare(op):
+    def compare(self, other):
+        return _RuntimeCondition(op(self._plain(), other))
+
+    return compare
+
+
+class _RuntimeNumber:
+    """A value ``scalar(tile)`` read from a tile: known only when the kernel runs."""
+
+    import operator as _op
+
+    __lt__ = _compare(_op.lt)
+    __le__ = _compare(_op.le)
+    __gt__ = _compare(_op.gt)
+    __ge__ = _compare(_op.ge)
+    __eq__ = _compare(_op.eq)
+    __ne__ = _compare(_op.ne)
+    __hash__ = None
+
+
+class _RuntimeFloat(_RuntimeNumber, float):
+    def _plain(self):
+        return float(self)
+
+
+class _RuntimeInt(_RuntimeNumber, int):
+    def _plain(self):
+        return int(self)
