@@ -587,8 +587,8 @@ def _finish(result, params, expected_outputs, simulation=False):
     (aws-neuron-sdk@8a38e733 general/nki/nki_known_issues.rst L11-15). A
     ``mode="simulation"`` kernel, which only the compiler's built-in CPU simulator runs
     (general/nki/api/nki/__init__.py L368-378, L463-467), may also hand back an SBUF/PSUM
-    tile, as AWS's own examples do (general/nki/test/test_nki_isa_range_select.py L36-55,
-    test_nki_isa_dma_transpose.py L15-24)."""
+    tile, as AWS's own examples do (general/nki/test/test_nki_isa_range_select.py L19-55,
+    test_nki_isa_dma_transpose.py L24-38)."""
     if result is None:
         outputs = [p for p in params if isinstance(p.storage.param_index, int)]
         if expected_outputs:
@@ -760,7 +760,7 @@ def trace(func=None, **options):
     """``nki.trace``: the legacy decorator of a kernel that other kernels call or
     ``nki.simulate_kernel`` runs. The legacy API reference does not list it; the errors
     manual (aws-neuron-sdk@8a38e733 general/nki/api/nki.errors.rst L524-535) and AWS's
-    own examples (general/nki/test/test_nki_isa_partition_reduce.py L16,
+    own examples (general/nki/test/test_nki_isa_partition_reduce.py L14,
     test_psum_modulo_alloc.py L44) use it, so it is :func:`jit`."""
     return jit(func, **options)
 

@@ -475,7 +475,7 @@ class DynamicOffset:
     integer tile in SBUF, plus an optional index expression (``t[ix, off[0, i] + iy]``).
     Only ``nisa.tensor_copy_dynamic_src`` / ``_dst`` address a tile through one: "The dynamic
     offset must be a scalar value resided in SBUF" (aws-neuron-sdk@8a38e733
-    general/nki/api/nki/isa/__init__.py L1430, L1463); any other use is
+    general/nki/api/nki/isa/__init__.py L1428, L1461); any other use is
     err_copy_dynamic_indirect_indices_not_natively_supported (nki.errors.rst L256-281)."""
 
     def __init__(self, tile, expr: IndexExpr | None = None):

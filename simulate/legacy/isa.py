@@ -846,9 +846,9 @@ _DYNAMIC_COPY_ENGINES = ("dve", "act", "pool")
 
 def _dynamic_offset_access(value, argname, api):
     """The dynamically indexed side of a tensor_copy_dynamic_*: an SBUF/PSUM access whose
-    one run-time offset is a one-element integer SBUF tile (legacy ISA reference L1430-1431,
-    L1463-1464: "The dynamic offset must be a scalar value resided in SBUF"), on a free axis
-    ("located at a dynamic offset within each partition", L1420, L1452)."""
+    one run-time offset is a one-element integer SBUF tile (legacy ISA reference L1428,
+    L1461: "The dynamic offset must be a scalar value resided in SBUF"), on a free axis
+    ("located at a dynamic offset within each partition", L1421, L1453)."""
     if not isinstance(value, Access) or value.dynamic is None:
         raise NKIValueError(
             f"`{argname}` of nisa.{api} must be a tile indexed at a run-time offset "
@@ -861,7 +861,7 @@ def _dynamic_offset_access(value, argname, api):
             f"the dynamic offset of `{argname}` of nisa.{api} must be a scalar value in SBUF "
             f"(a one-element tile), got shape {tuple(offset.tile.shape)} in "
             f"{memory.upper()} (aws-neuron-sdk@8a38e733 general/nki/api/nki/isa/"
-            "__init__.py L1430, L1463)", "err_unsupported_dynamic_access")
+            "__init__.py L1428, L1461)", "err_unsupported_dynamic_access")
     return offset
 
 
@@ -880,7 +880,7 @@ def tensor_copy_dynamic_src(src, *, mask=None, dtype=None, engine=None, **kwargs
     """``nisa.tensor_copy_dynamic_src(src)``: copy an SBUF/PSUM tile whose free-axis index
     holds a run-time offset (a scalar SBUF value) into a new tile, with a cast to ``dtype``
     (legacy ISA reference L1450-1491). Cost ``max(MIN_II_DYNAMIC, N)``, MIN_II_DYNAMIC about
-    600 engine cycles (L1466-1470)."""
+    600 engine cycles (L1467-1471)."""
     api = "tensor_copy_dynamic_src"
     offset = _dynamic_offset_access(src, "src", api)
     m = resolve_mask(mask)
@@ -950,7 +950,7 @@ def dropout(data, prob, *, mask=None, dtype=None, **kwargs):
             raise NKITypeError(
                 f"`prob` of nisa.{api} must be float32 for integer data and a float type "
                 f"otherwise, got {prob_dtype} with {dt.name(op.dtype)} data (legacy ISA "
-                "reference L511-515)", "err_unsupported_dtype")
+                "reference L516-520)", "err_unsupported_dtype")
         probability = prob_op.f32().reshape(op.partitions, *([1] * (len(op.shape) - 1)))
         inputs = [op, prob_op]
     else:
@@ -959,7 +959,7 @@ def dropout(data, prob, *, mask=None, dtype=None, **kwargs):
     out_dtype = dt.as_dtype(dtype or op.dtype)
     if integer and out_dtype != op.dtype:
         raise NKITypeError(f"nisa.{api} of {dt.name(op.dtype)} data must keep its dtype, got "
-                           f"dtype={dt.name(out_dtype)} (legacy ISA reference L517-519)",
+                           f"dtype={dt.name(out_dtype)} (legacy ISA reference L522-525)",
                            "err_unsupported_dtype")
     if m is False:
         return _skipped(op.shape, out_dtype)
@@ -988,17 +988,17 @@ def local_gather(src_buffer, index, num_elem_per_idx=1, num_valid_indices=None, 
     idx = tile_operand(index, "index", api, allow_psum=False)
     if dt.name(idx.dtype) != "uint16":
         raise NKITypeError(f"`index` of {api} must be uint16, got {dt.name(idx.dtype)} "
-                           "(legacy ISA reference L613)", "err_unsupported_dtype")
+                           "(legacy ISA reference L618)", "err_unsupported_dtype")
     if src.partitions != idx.partitions or src.partitions % _PARTITIONS_PER_GPSIMD_CORE:
         raise NKIValueError(
             f"{api}: src_buffer and index need the same partition count, a multiple of 16; "
-            f"got {src.partitions} and {idx.partitions} (legacy ISA reference L617-618)",
+            f"got {src.partitions} and {idx.partitions} (legacy ISA reference L622-623)",
             "err_num_partition_mismatch")
     num_elem_per_idx = int(concrete(num_elem_per_idx))
     if num_elem_per_idx not in _LOCAL_GATHER_ELEMENTS_PER_INDEX:
         raise NKIValueError(f"num_elem_per_idx of {api} must be one of "
                             f"{list(_LOCAL_GATHER_ELEMENTS_PER_INDEX)}, got {num_elem_per_idx} "
-                            "(legacy ISA reference L619-620)", "err_unsupported_value")
+                            "(legacy ISA reference L624-625)", "err_unsupported_value")
     cores = src.partitions // _PARTITIONS_PER_GPSIMD_CORE
     per_core = idx.values.size // cores
     num_valid = per_core if num_valid_indices is None else int(concrete(num_valid_indices))
@@ -1008,7 +1008,7 @@ def local_gather(src_buffer, index, num_elem_per_idx=1, num_valid_indices=None, 
                             "err_unsupported_value")
     if num_valid > _LOCAL_GATHER_MAX_INDICES:
         raise NKIValueError(f"{api} gathers {num_valid} indices per core; at most 4096 "
-                            "(legacy ISA reference L621)", "err_unsupported_value")
+                            "(legacy ISA reference L626)", "err_unsupported_value")
     flat = src.values.reshape(src.partitions, -1)
     indices = idx.values.reshape(idx.partitions, -1)
     if m is False:
@@ -1020,12 +1020,12 @@ def local_gather(src_buffer, index, num_elem_per_idx=1, num_valid_indices=None, 
     if last > flat.shape[1]:
         raise IndexError(f"{api}: an index reads up to element {last - 1} of a partition of "
                          f"{flat.shape[1]} elements (out-of-bound behaviour is undefined, "
-                         "legacy ISA reference L606)")
+                         "legacy ISA reference L603)")
     values = sem.local_gather(flat, indices, cores, _PARTITIONS_PER_GPSIMD_CORE,
                               num_elem_per_idx, num_valid)
     if num_valid == per_core:
         # every index: (P, K, 16, E), index column-major over the core's 16 partitions, the
-        # shape AWS's example annotates (general/nki/test/test_nki_isa_local_gather.py L30-31)
+        # shape AWS's example annotates (general/nki/test/test_nki_isa_local_gather.py L32)
         values = values.reshape(src.partitions, per_core // _PARTITIONS_PER_GPSIMD_CORE,
                                 _PARTITIONS_PER_GPSIMD_CORE, num_elem_per_idx)
     else:  # the docs give no shape; inferred: (P, num_valid_indices, E)

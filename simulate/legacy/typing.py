@@ -15,7 +15,7 @@ class _TensorAnnotation:
         # ``tensor[[250, 512], nl.float32]``: a shape and a dtype, an argument that stands for
         # an input of that shape (``nki.benchmark`` / ``nki.profile`` "use the input tensors
         # mainly to specify the shape", aws-neuron-sdk@8a38e733 general/nki/api/nki/__init__.py
-        # L451-455; AWS's examples general/nki/examples/prof-kernel-benchmark.py L39,
+        # L456-458; AWS's examples general/nki/examples/prof-kernel-benchmark.py L39,
         # matrix_multiplication/matrix_multiplication_nki_kernels.py L402-403)
         self.__nki_argument_spec__ = None if dtype is None else (shape, dtype)
 

@@ -220,10 +220,10 @@ _REDUCE_FAST = ("add", "sum", "max", "maximum")
 _MIN_II_OR_N_VECTOR = ("nc_stream_shuffle", "range_select", "nc_match_replace8", "dropout")
 # dropout: max(MIN_II, N) Vector cycles (L529-531). tensor_copy_dynamic_src/_dst, on any of
 # the three engines: max(MIN_II_DYNAMIC, N), "MIN_II_DYNAMIC is roughly 600 engine cycles"
-# (L1433-1437, L1466-1470).
+# (L1434-1438, L1467-1471).
 _MIN_II_DYNAMIC = 600
 # local_gather (GpSimd): 150 + V·E / C cycles with C = ((28 + t·E) / (t·E)) / min(4 / size, E),
-# t = 4, V the valid indices per core, E the elements per index, size the itemsize (L622-628).
+# t = 4, V the valid indices per core, E the elements per index, size the itemsize (L630-634).
 _LOCAL_GATHER_T = 4
 _N_VECTOR = ("max8", "nc_find_index8")
 

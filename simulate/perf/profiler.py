@@ -161,7 +161,7 @@ _LEGACY_PROFILE_OPTIONS = {"working_directory", "save_neff_name", "save_trace_na
 
 def _legacy_profile_decorator(options):
     """``@nki.profile(working_directory=..., ...)``: the decorated kernel runs in the simulator
-    and returns None, as documented (L424; its outputs are undefined, L451-455). No NEFF or
+    and returns None, as documented (L424; its outputs are undefined, L456-458). No NEFF or
     NTFF is written: there is no device; the modeled profile of the run is the decorated
     function's ``last_profile``."""
     if not options.get("working_directory"):

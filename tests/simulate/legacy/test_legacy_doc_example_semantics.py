@@ -9,7 +9,7 @@ these tests skip.
   (general/nki/nki_known_issues.rst L60-64), the hardware rounds to the requested dtype.
 - ``test_nki_isa_dropout.py::test_dropout``: AWS's check wants a non-zero output from drop
   probabilities in [0, 100); it holds only because AWS's simulator does not drop ("we don't
-  have dropout simulation implementation", the file's L50); every probability >= 1 drops all.
+  have dropout simulation implementation", the file's L65); every probability >= 1 drops all.
 - ``test_nki_isa_nc_match_replace8.py::test_nc_match_replace_indices8_mask`` masks with
   Python ``and``: "We do not support using ``and`` for masks" (nki_known_issues.rst L38).
 - ``test_nki_isa_dma_transpose.py`` defines kernels but no check.

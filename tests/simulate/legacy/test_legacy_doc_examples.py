@@ -31,7 +31,7 @@ CHECKS_OF_AWS_SIMULATOR = {
         "test_nki_isa_dropout.py",
         "test_dropout",
     ): "drop probabilities in [0, 100) drop every element of most partitions; the check "
-    "holds only without dropout ('we don't have dropout simulation implementation', L50)",
+    "holds only without dropout ('we don't have dropout simulation implementation', L65)",
     (
         "test_nki_isa_nc_match_replace8.py",
         "test_nc_match_replace_indices8_mask",

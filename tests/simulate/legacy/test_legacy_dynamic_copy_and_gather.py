@@ -99,7 +99,7 @@ def test_a_run_time_index_read_by_any_other_instruction_is_rejected(rng):
 
 
 def test_the_dynamic_offset_is_one_value_in_sbuf(rng):
-    """ "The dynamic offset must be a scalar value resided in SBUF" (L1463)."""
+    """ "The dynamic offset must be a scalar value resided in SBUF" (L1461)."""
 
     def offsets_per_partition(src, offsets):
         out = nl.ndarray((src.shape[0], 1), dtype=src.dtype, buffer=nl.shared_hbm)
@@ -122,7 +122,7 @@ def test_the_dynamic_offset_is_one_value_in_sbuf(rng):
 
 
 def test_dynamic_copy_cost_has_its_600_cycle_floor():
-    """max(MIN_II_DYNAMIC, N), MIN_II_DYNAMIC roughly 600 cycles (L1466-1470)."""
+    """max(MIN_II_DYNAMIC, N), MIN_II_DYNAMIC roughly 600 cycles (L1467-1471)."""
     table = cost.CostTable("trn1")
     ops = cost.Operands(("float32", "float32"), (False,), False, 4)
     short, covered = cost.compute_cycles("tensor_copy_dynamic", "dve", 1, ops, {}, table)
@@ -148,7 +148,7 @@ def test_dropout_probability_zero_keeps_and_one_drops(rng):
 
 
 def test_dropout_dtype_rules(rng):
-    """Integer data: an fp32 ``prob`` and the data's own output dtype (L511-519)."""
+    """Integer data: an fp32 ``prob`` and the data's own output dtype (L516-525)."""
 
     def integer_with_bf16_prob(x, prob):
         out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
@@ -208,9 +208,9 @@ def test_local_gather_matches_its_numpy_semantics(rng, per_index, valid):
 @pytest.mark.parametrize(
     "partitions, index_dtype, per_index, valid, match",
     [
-        (24, np.uint16, 1, None, "err_num_partition_mismatch"),  # a multiple of 16 (L617)
-        (32, np.int32, 1, None, "err_unsupported_dtype"),  # uint16 indices (L613)
-        (32, np.uint16, 3, None, "err_unsupported_value"),  # 1, 2, 4, ..., 32 (L619)
+        (24, np.uint16, 1, None, "err_num_partition_mismatch"),  # a multiple of 16 (L622)
+        (32, np.int32, 1, None, "err_unsupported_dtype"),  # uint16 indices (L618)
+        (32, np.uint16, 3, None, "err_unsupported_value"),  # 1, 2, 4, ..., 32 (L625)
         (32, np.uint16, 1, 65, "err_unsupported_value"),  # at most a core's 64 (L596)
     ],
 )
