@@ -800,6 +800,35 @@ def softmax(x, axis, *, dtype=None, compute_dtype=None, mask=None, **kwargs):
     return divide(e, sum(e, axis=axis, keepdims=True, dtype=float32), dtype=dtype or x.dtype)
 
 
+def rms_norm(x, w, axis, n, epsilon=1e-06, *, dtype=None, compute_dtype=None, mask=None,
+             **kwargs):
+    """``nl.rms_norm(x, w, axis, n, epsilon=1e-6)``: ``x / RMS(x) * w`` with
+    ``RMS(x) = sqrt(sum(x**2 along axis) / n + epsilon)``, ``n`` "the total number of values to
+    calculate rms" (general/nki/api/nki/language/__init__.py@8a38e733 L1375-1390); "currently
+    dtype and compute_dtype behave the same, both sets internal compute and return dtype"
+    (L1385-1386), so the steps compute in that dtype (default: ``x``'s)."""
+    work = compute_dtype or dtype or x.dtype
+    total = sum(square(x, dtype=float32, mask=mask), axis=axis, keepdims=True, dtype=float32,
+                mask=mask)
+    rstd = rsqrt(add(multiply(total, 1.0 / concrete(n), dtype=float32), epsilon,
+                     dtype=float32), dtype=float32)
+    return multiply(multiply(x, rstd, dtype=work, mask=mask), w, dtype=dtype or work, mask=mask)
+
+
+def dropout(x, rate, *, dtype=None, mask=None, **kwargs):
+    """``nl.dropout(x, rate)``: zero elements of ``x`` with probability ``rate``, a number or
+    a one-element tile (general/nki/api/nki/language/__init__.py@8a38e733 L496-506); the
+    Vector engine's ``nisa.dropout``."""
+    from . import isa
+
+    if is_tile(rate):
+        if int(np.prod(rate.shape)) != 1:
+            raise NKIValueError(f"nl.dropout rate is a scalar or a tile with 1 element, got "
+                                f"shape {tuple(rate.shape)}", "err_unsupported_shape")
+        rate = broadcast_to(rate, shape=(x.shape[0], 1))
+    return isa.dropout(x, rate, dtype=dtype, mask=mask)
+
+
 # --- indexing helpers and misc ---------------------------------------------------------------
 def gather_flattened(data, indices, *, mask=None, dtype=None, **kwargs):
     """``nl.gather_flattened(data, indices)``: per partition, gather elements of ``data``'s

@@ -338,3 +338,39 @@ def test_psum_free_size_limit_is_per_block(rng):
     np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-3)
     with pytest.raises(NKIError, match="err_size_of_dimension_exceed_arch_limit"):
         _run(one_wide_tile, x)
+
+
+# --- nl.rms_norm, nl.dropout ------------------------------------------------------------------
+def test_nl_rms_norm_matches_numpy(rng):
+    """``x / RMS(x) * w``, RMS over ``axis`` with ``n`` values and ``epsilon`` (language
+    L1375-1390)."""
+
+    def kernel(x, w):
+        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        weight = nl.load(w).broadcast_to((x.shape[0], x.shape[1]))
+        nl.store(out, value=nl.rms_norm(nl.load(x), weight, axis=1, n=x.shape[1], epsilon=1e-5))
+        return out
+
+    x = rng.standard_normal((64, 96)).astype(np.float32)
+    w = rng.uniform(0.5, 1.5, (1, 96)).astype(np.float32)
+
+    out, _ = _run(kernel, x, w)
+
+    x64 = x.astype(np.float64)
+    expected = x64 / np.sqrt(np.mean(x64 * x64, axis=1, keepdims=True) + 1e-5) * w
+    np.testing.assert_allclose(out, expected, rtol=2e-6, atol=1e-6)
+
+
+def test_nl_dropout_takes_a_number_or_a_one_element_tile(rng):
+    def kernel(x, rate):
+        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        nl.store(out, value=nl.dropout(nl.load(x), rate=nl.load(rate)))
+        return out
+
+    x = rng.uniform(1, 2, (64, 256)).astype(np.float32)
+    out, _ = _run(kernel, x, np.ones((1, 1), np.float32))
+    assert not out.any()
+    out, _ = _run(kernel, x, np.zeros((1, 1), np.float32))
+    np.testing.assert_array_equal(out, x)
+    with pytest.raises(NKIError, match="err_unsupported_shape"):
+        _run(kernel, x, np.zeros((1, 2), np.float32))
