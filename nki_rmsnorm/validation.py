@@ -102,15 +102,20 @@ def weight_parameter(value: Any, name: str, x_shape: tuple, x_dtype: np.dtype,
     if array.dtype not in (FLOAT32, x_dtype):
         raise TypeError(
             f"{name} must be float32 or {x_name}'s dtype ({x_dtype}), got {array.dtype}")
-    h_bytes = np.dtype(x_dtype if h_dtype is None else h_dtype).itemsize
-    heads = array.shape[0]
+    check_head_weight(name, array.shape, np.dtype(x_dtype if h_dtype is None else h_dtype).itemsize)
+    return np.ascontiguousarray(array)
+
+
+def check_head_weight(name: str, shape: tuple, h_bytes: int) -> None:
+    """A per-head weight of ``shape`` (heads, N) fits the kernels' "packed" regime (rows of h
+    in a dtype of ``h_bytes`` bytes), else a ``ValueError`` naming ``name``."""
+    heads, n = shape
     if not packed_takes_heads(h_bytes, n, heads):
         raise ValueError(
-            f"{name} of shape (heads, N) = {array.shape} (a per-head weight) needs "
+            f"{name} of shape (heads, N) = {tuple(shape)} (a per-head weight) needs "
             f"N * {h_bytes} bytes <= {PACKED_MAX_ROW_BYTES} and heads * N <= "
             f"{PACKED_MAX_HEAD_COLUMNS} (the kernels' short-row regime); pass an (N,) weight "
             "or split the heads")
-    return np.ascontiguousarray(array)
 
 
 def real(value: Any, name: str) -> float:

@@ -1,0 +1,120 @@
+"""The per-head weight ``(heads, head_dim)`` through the torch custom operator
+(``nki_rmsnorm.torch.rms_norm_heads``) and JAX (``nki_rmsnorm.jax.rms_norm_heads``): the
+NumPy launcher's bytes, gradients against float64 references per head, fake (meta) shapes,
+``torch.library.opcheck``, and bad input rejected before a launch."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from nki_rmsnorm import dialect, ops
+from nki_rmsnorm import reference as ref
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+EPS = 1e-6
+
+
+@pytest.fixture(autouse=True)
+def _trn2_nki06(monkeypatch):
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn2")
+    with dialect.use_dialect("nki06"):
+        yield
+
+
+def _arrays(rng, tokens=24, heads=8, n=128, dtype=np.float32):
+    x = rng.standard_normal((tokens, heads, n)).astype(dtype)
+    w = (1 + 0.3 * rng.standard_normal((heads, n))).astype(dtype)
+    dy = rng.standard_normal((tokens, heads, n)).astype(dtype)
+    return x, w, dy
+
+
+def _reference_grads(x, w, dy, offset):
+    """dx, dweight per head from the float64 reference backward of each head's rows."""
+    dx = np.empty(x.shape)
+    dw = np.empty(w.shape)
+    for i in range(x.shape[1]):
+        rstd = ref.rms_norm_fwd(x[:, i], w[i], EPS, offset=offset)[1]
+        got = ref.rms_norm_bwd(dy[:, i], x[:, i], w[i], rstd, offset=offset)
+        dx[:, i], dw[i] = got[0], got[1]
+    return dx, dw
+
+
+# --- torch ------------------------------------------------------------------------------------
+
+
+def test_torch_same_bytes_as_the_numpy_launcher(rng):
+    torch = pytest.importorskip("torch")
+    from nki_rmsnorm import torch as nki_torch
+
+    x, w, _ = _arrays(rng, dtype=np.float32)
+    xt, wt = torch.from_numpy(x).bfloat16(), torch.from_numpy(w).bfloat16()
+    y = nki_torch.rms_norm_heads(xt.reshape(4, 6, 8, 128), wt, EPS)
+    want = ops.rms_norm_fwd(nki_torch._to_numpy(xt), nki_torch._to_numpy(wt), EPS)[0]
+    assert y.shape == (4, 6, 8, 128) and y.dtype == torch.bfloat16
+    np.testing.assert_array_equal(
+        nki_torch._to_numpy(y.reshape(24, 8, 128)).view(np.uint16), want.view(np.uint16)
+    )
+
+
+def test_torch_gradients_against_the_reference(rng):
+    torch = pytest.importorskip("torch")
+    from nki_rmsnorm import torch as nki_torch
+
+    x, w, dy = _arrays(rng, heads=4, n=64)
+    xt, wt = torch.from_numpy(x).requires_grad_(), torch.from_numpy(w).requires_grad_()
+    y = nki_torch.rms_norm_heads(xt, wt, EPS, offset=0.5)
+    y.backward(torch.from_numpy(dy))
+    want_dx, want_dw = _reference_grads(x, w, dy, 0.5)
+    np.testing.assert_allclose(xt.grad.numpy(), want_dx, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(wt.grad.numpy(), want_dw, rtol=1e-4, atol=1e-4)
+
+
+def test_torch_fake_shapes_and_opcheck(rng):
+    torch = pytest.importorskip("torch")
+    from nki_rmsnorm import torch as nki_torch
+
+    x, w, dy = _arrays(rng, tokens=4, heads=4, n=64)
+    meta_x = torch.empty((2, 4, 4, 64), device="meta", dtype=torch.bfloat16)
+    meta_w = torch.empty((4, 64), device="meta", dtype=torch.bfloat16)
+    y = nki_torch.rms_norm_heads(meta_x, meta_w, EPS, out_dtype=torch.float32)
+    assert (y.shape, y.dtype, y.device.type) == ((2, 4, 4, 64), torch.float32, "meta")
+    xt, wt = torch.from_numpy(x), torch.from_numpy(w)
+    torch.library.opcheck(
+        torch.ops.nki_rmsnorm.rms_norm_heads_fwd,
+        (xt, wt.requires_grad_(), EPS, 0.0, "gemma", None),
+    )
+    rstd = ops.rms_norm_fwd(x, w, EPS)[1]
+    torch.library.opcheck(
+        torch.ops.nki_rmsnorm.rms_norm_heads_bwd,
+        (torch.from_numpy(dy), xt, wt.detach(), torch.from_numpy(rstd), 0.0, "gemma"),
+        test_utils=("test_schema", "test_faketensor"),
+    )
+
+
+@pytest.mark.parametrize(
+    ("x_shape", "w_shape", "w_dtype", "error", "message"),
+    [
+        ((4, 8, 128), (4, 128), "bfloat16", ValueError, "weight must have shape (heads, head_dim)"),
+        ((128,), (1, 128), "bfloat16", ValueError, "weight must have shape (heads, head_dim)"),
+        ((4, 32, 128), (32, 128), "bfloat16", ValueError, "heads * N <= 2048"),
+        ((4, 2, 512), (2, 512), "bfloat16", ValueError, "N * 2 bytes <= 512"),
+        ((4, 8, 128), (8, 128), "float16", TypeError, "weight must be float32 or bfloat16"),
+    ],
+)
+def test_torch_bad_input_is_rejected_before_a_launch(
+    monkeypatch, x_shape, w_shape, w_dtype, error, message
+):
+    torch = pytest.importorskip("torch")
+    from nki_rmsnorm import torch as nki_torch
+
+    def no_launch(*args, **kwargs):
+        raise AssertionError("a kernel was launched")
+
+    monkeypatch.setattr(ops, "rms_norm_fwd", no_launch)
+    x = torch.ones(x_shape, dtype=torch.bfloat16)
+    w = torch.ones(w_shape, dtype=getattr(torch, w_dtype))
+    pattern = message.replace("(", r"\(").replace(")", r"\)").replace("*", r"\*")
+    with pytest.raises(error, match=pattern):
+        nki_torch.rms_norm_heads(x, w, EPS)
