@@ -59,6 +59,7 @@ __all__ = [
     "fused_add_rms_norm",
     "launch_path",
     "rms_norm",
+    "rms_norm_heads",
     "rms_norm_mx_quant",
     "rms_norm_qk",
     "rms_norm_quant",
@@ -1102,3 +1103,71 @@ def rms_norm_qk(
     fused.defvjp(fused_fwd, fused_bwd)
     y_q, y_k = fused(q2, k2, q_weight, k_weight)
     return y_q.reshape(q.shape), y_k.reshape(k.shape)
+
+
+def rms_norm_heads(x, weight, eps: float = 1e-6, *, offset: float = 0.0, casting_mode="gemma"):
+    """RMSNorm over the last axis of ``x`` ``(..., heads, head_dim)`` with a per-head
+    ``weight`` ``(heads, head_dim)`` (QK-norm with a weight per head): the row of head i is
+    scaled by ``weight[i] + offset``, as :func:`nki_rmsnorm.ops.rms_norm_fwd` with a 2-D
+    weight (the same bits). Works under ``jax.jit`` (a host callback running the simulated
+    kernel) and is differentiable in x and the weight (a ``jax.custom_vjp``: the backward
+    kernel once per head, from the saved rstd, so the weight's gradient is per head).
+    head_dim · bytes ≤ 512 and heads · head_dim ≤ 2048, else a ``ValueError`` naming
+    ``weight``; every argument is checked when traced, before anything runs."""
+    for name, a in (("x", x), ("weight", weight)):
+        if not hasattr(a, "shape") or not hasattr(a, "dtype"):
+            raise TypeError(f"{name} must be an array, got {type(a).__name__}")
+    if x.ndim < 2 or weight.ndim != 2 or tuple(x.shape[-2:]) != tuple(weight.shape):
+        raise ValueError(
+            "weight must have shape (heads, head_dim) = x.shape[-2:], got weight "
+            f"{tuple(weight.shape)} for x {tuple(x.shape)}"
+        )
+    rows = x.reshape((-1,) + tuple(weight.shape))
+    ops.rms_norm_fwd(
+        np.empty((0,) + tuple(weight.shape), np.dtype(x.dtype)),
+        np.empty(weight.shape, np.dtype(weight.dtype)),
+        eps,
+        offset=offset,
+        casting_mode=casting_mode,
+    )
+    eps = validation.eps_value(eps)
+    dialect_name = dialect.current()
+    types = (
+        jax.ShapeDtypeStruct(rows.shape, np.dtype(x.dtype)),
+        jax.ShapeDtypeStruct(rows.shape[:2], np.float32),
+    )
+
+    def forward_host(outputs, x_host, w_host):
+        with dialect.use_dialect(dialect_name):
+            result = ops.rms_norm_fwd(x_host, w_host, eps, offset=offset, casting_mode=casting_mode)
+        for o, value in zip(outputs, result):
+            o[...] = value
+
+    def backward_host(outputs, dy, x_host, w_host, rstd):
+        with dialect.use_dialect(dialect_name):
+            dx, dweight, _ = ops.rms_norm_bwd(
+                dy, x_host, w_host, rstd, offset=offset, casting_mode=casting_mode
+            )
+        outputs[0][...] = dx
+        outputs[1][...] = dweight
+
+    @jax.custom_vjp
+    def per_head(x_rows, w):
+        return _host_call(forward_host, types, x_rows, w)[0]
+
+    def per_head_fwd(x_rows, w):
+        y, rstd = _host_call(forward_host, types, x_rows, w)
+        return y, (x_rows, w, rstd)
+
+    def per_head_bwd(saved, dy):
+        x_rows, w, rstd = saved
+        grad_types = (
+            jax.ShapeDtypeStruct(x_rows.shape, x_rows.dtype),
+            jax.ShapeDtypeStruct(w.shape, w.dtype),
+        )
+        return tuple(
+            _host_call(backward_host, grad_types, dy.astype(x_rows.dtype), x_rows, w, rstd)
+        )
+
+    per_head.defvjp(per_head_fwd, per_head_bwd)
+    return per_head(rows, weight).reshape(x.shape)

@@ -118,3 +118,55 @@ def test_torch_bad_input_is_rejected_before_a_launch(
     pattern = message.replace("(", r"\(").replace(")", r"\)").replace("*", r"\*")
     with pytest.raises(error, match=pattern):
         nki_torch.rms_norm_heads(x, w, EPS)
+
+
+# --- JAX --------------------------------------------------------------------------------------
+
+
+def test_jax_same_bytes_as_the_numpy_launcher_under_jit(rng):
+    jax = pytest.importorskip("jax")
+    from nki_rmsnorm import jax as nki_jax
+
+    x, w, _ = _arrays(rng, tokens=12, heads=8, n=128)
+    x, w = x.astype(BF16), w.astype(BF16)
+    y = jax.jit(lambda a, b: nki_jax.rms_norm_heads(a, b, EPS))(x.reshape(3, 4, 8, 128), w)
+    want = ops.rms_norm_fwd(x, w, EPS)[0]
+    assert y.shape == (3, 4, 8, 128) and np.dtype(y.dtype) == BF16
+    np.testing.assert_array_equal(
+        np.asarray(y).reshape(12, 8, 128).view(np.uint16), want.view(np.uint16)
+    )
+
+
+def test_jax_gradients_against_the_reference(rng):
+    jax = pytest.importorskip("jax")
+    from nki_rmsnorm import jax as nki_jax
+
+    x, w, dy = _arrays(rng, heads=4, n=64)
+
+    def loss(a, b):
+        return (nki_jax.rms_norm_heads(a, b, EPS, offset=0.5) * dy).sum()
+
+    dx, dw = jax.grad(loss, argnums=(0, 1))(x, w)
+    want_dx, want_dw = _reference_grads(x, w, dy, 0.5)
+    np.testing.assert_allclose(np.asarray(dx), want_dx, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(dw), want_dw, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("x_shape", "w_shape", "message"),
+    [
+        ((4, 8, 128), (4, 128), "weight must have shape (heads, head_dim)"),
+        ((4, 32, 128), (32, 128), "heads * N <= 2048"),
+    ],
+)
+def test_jax_bad_input_is_rejected_when_traced(monkeypatch, x_shape, w_shape, message):
+    pytest.importorskip("jax")
+    from nki_rmsnorm import jax as nki_jax
+
+    def no_launch(*args, **kwargs):
+        raise AssertionError("a kernel was launched")
+
+    monkeypatch.setattr(nki_jax, "_host_call", no_launch)
+    pattern = message.replace("(", r"\(").replace(")", r"\)").replace("*", r"\*")
+    with pytest.raises(ValueError, match=pattern):
+        nki_jax.rms_norm_heads(np.ones(x_shape, BF16), np.ones(w_shape, BF16), EPS)
