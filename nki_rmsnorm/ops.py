@@ -80,8 +80,8 @@ def rms_norm_fwd(x: np.ndarray, weight: np.ndarray | None = None, eps: float = 1
         weight: ``(N,)`` scale in float32 or x's dtype, or None for no scale; or a per-head
             ``(heads, N)`` weight equal to ``x.shape[-2:]`` (x of shape ``(..., heads, N)``,
             QK-norm with a weight per head as Liger and Quack offer): the row of head i is
-            scaled by ``weight[i]``. Per-head weights need N·bytes(h) ≤ 512 and heads·N ≤
-            2048 (the kernels' short-row "packed" regime), else a ``ValueError``.
+            scaled by ``weight[i]``. Per-head weights need N·bytes(h) ≤ 512 and heads ≤
+            4·(512 // N) (the kernels' short-row "packed" regime), else a ``ValueError``.
         eps: finite and ≥ 0, added to the mean square inside the root.
         offset: added to ``weight`` (Gemma's ``1 + w``); needs a weight.
         bias: ``(N,)`` in float32 or x's dtype, added last, or None.

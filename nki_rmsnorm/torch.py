@@ -1654,7 +1654,7 @@ def rms_norm_heads(
     norm over both dims. Differentiable: ``weight``'s gradient is per head (the backward
     kernel once per head, :func:`nki_rmsnorm.ops.rms_norm_bwd`). Launches
     ``torch.ops.nki_rmsnorm.rms_norm_heads_fwd`` (with a fake implementation); head_dim ·
-    bytes ≤ 512 and heads · head_dim ≤ 2048 (else a ``ValueError`` naming ``weight``); CPU
+    bytes ≤ 512 and heads ≤ 4 · (512 // head_dim) (else a ``ValueError`` naming ``weight``); CPU
     tensors (the simulated kernels) and ``"meta"`` only so far."""
     if not isinstance(input, torch.Tensor):
         raise TypeError(f"input must be a torch.Tensor, got {type(input).__name__}")

@@ -20,8 +20,10 @@ from numpy.typing import DTypeLike
 
 from nki_rmsnorm.plan.backward import MAX_HIDDEN
 from nki_rmsnorm.plan.forward import (
-    PACKED_MAX_HEAD_COLUMNS,
+    PACKED_MAX_HEAD_BANKS,
     PACKED_MAX_ROW_BYTES,
+    PSUM_COLS,
+    max_heads,
     packed_takes_heads,
 )
 from nki_rmsnorm.reference import CASTING_MODES
@@ -87,7 +89,8 @@ def weight_parameter(value: Any, name: str, x_shape: tuple, x_dtype: np.dtype,
     array equal to ``x_shape[-2:]`` (x is ``(..., heads, head_dim)``; row r of the flattened
     ``(tokens·heads, N)`` rows is scaled by ``weight[r mod heads]``), in float32 or x's
     dtype. A per-head weight runs in the kernels' "packed" regime only: N·bytes of h (the
-    residual's dtype, else x's; ``h_dtype``) ≤ 512 and heads·N ≤ 2048."""
+    residual's dtype, else x's; ``h_dtype``) ≤ 512 and heads ≤ 4·(512 // N) (16 heads of
+    128)."""
     if value is None:
         return None
     n = x_shape[-1]
@@ -113,9 +116,9 @@ def check_head_weight(name: str, shape: tuple, h_bytes: int) -> None:
     if not packed_takes_heads(h_bytes, n, heads):
         raise ValueError(
             f"{name} of shape (heads, N) = {tuple(shape)} (a per-head weight) needs "
-            f"N * {h_bytes} bytes <= {PACKED_MAX_ROW_BYTES} and heads * N <= "
-            f"{PACKED_MAX_HEAD_COLUMNS} (the kernels' short-row regime); pass an (N,) weight "
-            "or split the heads")
+            f"N * {h_bytes} bytes <= {PACKED_MAX_ROW_BYTES} and heads <= "
+            f"{PACKED_MAX_HEAD_BANKS} * ({PSUM_COLS} // N) = {max_heads(n)} (the kernels' "
+            "short-row regime); pass an (N,) weight or split the heads")
 
 
 def real(value: Any, name: str) -> float:

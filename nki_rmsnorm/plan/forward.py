@@ -88,11 +88,11 @@ PACKED_MAX_ROW_BYTES = 512
 PACKED_TILE_BYTES = 4096
 #: ... while each core keeps at least this many tiles to pipeline.
 PACKED_MIN_TILES = 4
-#: A per-head weight (heads, N) takes the "packed" regime only, with heads·N at most this
-#: many columns: it is replicated across partitions in PSUM banks of ``PSUM_COLS`` fp32
-#: columns each, four of the eight banks of a partition's 16 KiB PSUM (the bias and the
-#: Tensor engine's products keep the rest).
-PACKED_MAX_HEAD_COLUMNS = 4 * PSUM_COLS
+#: A per-head weight (heads, N) takes the "packed" regime only, replicated across partitions
+#: in at most this many PSUM banks (``PSUM_COLS`` fp32 columns, whole heads each) of the
+#: eight of a partition's 16 KiB PSUM (the bias and the Tensor engine's products keep the
+#: rest): heads ≤ 4 · (512 // N), 16 heads of 128.
+PACKED_MAX_HEAD_BANKS = 4
 
 
 # The rstd chain's constants and the entry points' HBM tensors, shared by both dialects.
@@ -412,9 +412,15 @@ def choose_layout(
 
 def packed_takes_heads(h_dtype_bytes: int, n: int, heads: int) -> bool:
     """Whether the "packed" regime takes a per-head weight (heads, n) for rows of h in a
-    dtype of ``h_dtype_bytes`` bytes: rows of at most ``PACKED_MAX_ROW_BYTES`` and heads·n
-    at most ``PACKED_MAX_HEAD_COLUMNS``."""
-    return n * h_dtype_bytes <= PACKED_MAX_ROW_BYTES and heads * n <= PACKED_MAX_HEAD_COLUMNS
+    dtype of ``h_dtype_bytes`` bytes: rows of at most ``PACKED_MAX_ROW_BYTES`` and
+    at most ``PACKED_MAX_HEAD_BANKS`` banks of whole heads (:func:`max_heads`)."""
+    return n * h_dtype_bytes <= PACKED_MAX_ROW_BYTES and heads <= max_heads(n)
+
+
+def max_heads(n: int) -> int:
+    """The most heads of n a per-head weight may have: ``PACKED_MAX_HEAD_BANKS`` PSUM banks
+    of ``PSUM_COLS // n`` heads each."""
+    return PACKED_MAX_HEAD_BANKS * max(1, PSUM_COLS // n)
 
 
 def weight_heads(plan: Plan, weight_shape, m: int, n: int) -> int:
@@ -432,8 +438,9 @@ def weight_heads(plan: Plan, weight_shape, m: int, n: int) -> int:
         packed_takes_heads(dtype_bytes(plan.h_dtype), n, heads),
         "a per-head weight (heads, N) needs N * bytes(h) <= "
         + str(PACKED_MAX_ROW_BYTES)
-        + " and heads * N <= "
-        + str(PACKED_MAX_HEAD_COLUMNS),
+        + " and heads <= "
+        + str(PACKED_MAX_HEAD_BANKS)
+        + " * (512 // N)",
     )
     return heads
 

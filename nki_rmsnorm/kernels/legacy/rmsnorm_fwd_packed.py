@@ -22,9 +22,9 @@ viewed as (M / k, k·N), k dividing M), so one DMA moves k·N elements per parti
 
 A per-head weight (heads, N) (QK-norm with a weight per head; the rows are tokens × heads,
 row r of head r mod heads): k is a multiple of heads, so that row j of every partition is
-of head j mod heads, and the weight is replicated as the (heads·N,) row of all heads, in a
-PSUM bank up to ``PSUM_COLS`` columns, else an SBUF tile (:func:`_weight_banks`); a (N,)
-weight is the case heads = 1, with the same instructions.
+of head j mod heads, and the weight is replicated as the (heads·N,) row of all heads, in
+one PSUM bank per ``PSUM_COLS`` columns (:func:`_weight_banks`); a (N,) weight is the case
+heads = 1, with the same instructions.
 
 The arithmetic of a row does not depend on k or on the tile it is in, so the outputs are
 batch-invariant; they are those of the "rows" regime up to rstd (GpSimd's reverse square
@@ -91,39 +91,52 @@ def _replicated(vector_hbm, reps, parts, dtype, offset):
 
 
 def _weight_banks(weight_row, n, tokens, parts, plan, offset):
-    """The weight + offset in the scale dtype, broadcast to ``parts`` partitions, for the
-    Vector engine's products (:func:`_segments` says which columns of a tile multiply which
-    of its columns). ``weight_row``: the (heads·n,) rows of all heads one after the other.
-    Up to ``PSUM_COLS`` columns, one PSUM bank holding it ``min(tokens, PSUM_COLS //
-    (heads·n))`` times (``tokens``: rows per partition / heads). Longer, an SBUF tile of
-    heads·n columns, filled one ones-row matmul (exact) and one copy out of PSUM per bank:
-    a legacy kernel cannot keep a variable number of PSUM banks (a tile created in a loop
-    may not be used after it, general/nki/api/nki.errors.rst@8a38e733 L417-L474)."""
+    """The weight + offset in the scale dtype, broadcast to ``parts`` partitions in PSUM
+    banks for the Vector engine's products (:func:`_segments` says which columns of a tile
+    each bank multiplies). ``weight_row``: the (heads·n,) rows of all heads one after the
+    other. Up to ``PSUM_COLS`` columns, one bank holding it ``min(tokens, PSUM_COLS //
+    (heads·n))`` times (``tokens``: rows per partition / heads); longer, one bank per
+    ``PSUM_COLS // n`` heads (one load, one ones-row matmul per bank, exact). The banks are
+    ``PACKED_MAX_HEAD_BANKS`` tiles allocated before the loop that fills them: a tile
+    created in a loop may not be used after it (general/nki/api/nki.errors.rst@8a38e733
+    L417-L474)."""
     period = weight_row.shape[0]
     if period <= PSUM_COLS:
         reps = max(1, min(tokens, PSUM_COLS // period))
-        return _replicated(weight_row, reps, parts, plan.scale_dtype, offset)
+        return [_replicated(weight_row, reps, parts, plan.scale_dtype, offset)]
     moving = steps.convert_row(nl.load(weight_row.reshape((1, period))), plan.scale_dtype, offset)
     ones = nl.full((1, parts), 1.0, dtype=plan.scale_dtype)
-    replicated = nl.ndarray((parts, period), dtype=plan.scale_dtype)
-    for c0 in nl.static_range(0, period, PSUM_COLS):
-        c1 = min(period, c0 + PSUM_COLS)
-        bank = nisa.nc_matmul(ones, moving[:, c0:c1])
-        replicated[:, c0:c1] = nisa.tensor_copy(bank, dtype=plan.scale_dtype)
-    return replicated
+    per_bank = (PSUM_COLS // n) * n
+    banks = [
+        nl.ndarray((parts, per_bank), dtype=nl.float32, buffer=nl.psum),
+        nl.ndarray((parts, per_bank), dtype=nl.float32, buffer=nl.psum),
+        nl.ndarray((parts, per_bank), dtype=nl.float32, buffer=nl.psum),
+        nl.ndarray((parts, per_bank), dtype=nl.float32, buffer=nl.psum),
+    ]
+    for b in nl.static_range((period + per_bank - 1) // per_bank):
+        c0 = b * per_bank
+        c1 = min(period, c0 + per_bank)
+        banks[b][:, : c1 - c0] = nisa.nc_matmul(ones, moving[:, c0:c1])
+    return banks
 
 
-def _segments(width, period, tokens):
-    """(c0, c1) per Vector-engine product of a tile row of ``width`` columns against the
-    weight of :func:`_weight_banks` (``period`` = heads·n; without a weight, n): columns
-    c0 … c1 − 1 of the tile times columns 0 … c1 − c0 − 1 of the weight. Every segment
-    starts at head 0 of a token."""
-    chunk = period
+def _segments(width, period, n, tokens):
+    """(c0, c1, bank) per Vector-engine product of a tile row of ``width`` columns against
+    the banks of :func:`_weight_banks` (``period`` = heads·n; without a weight, n): columns
+    c0 … c1 − 1 of the tile times columns 0 … c1 − c0 − 1 of bank ``bank``. Every segment
+    starts at a row, and at head 0 of a token when the whole period fits a bank."""
+    segments = []
     if period <= PSUM_COLS:
         chunk = period * max(1, min(tokens, PSUM_COLS // period))
-    segments = []
-    for c0 in range(0, width, chunk):
-        segments.append((c0, min(width, c0 + chunk)))
+        for c0 in range(0, width, chunk):
+            segments.append((c0, min(width, c0 + chunk), 0))
+        return segments
+    per_bank = (PSUM_COLS // n) * n
+    for t0 in range(0, width, period):
+        bank = 0
+        for c0 in range(0, period, per_bank):
+            segments.append((t0 + c0, t0 + min(period, c0 + per_bank), bank))
+            bank = bank + 1
     return segments
 
 
@@ -181,18 +194,18 @@ def _packed_tile(plan, views, group0, parts, k, heads, N, scale, shift, eps):
         if scale is not None and shift is not None
         else None
     )
-    for segment in _segments(width, heads * N, k // heads):
-        c0, c1 = segment
+    for segment in _segments(width, heads * N, N, k // heads):
+        c0, c1, bank = segment
         if scale is not None and shift is not None:
             product[:, c0:c1] = nisa.tensor_tensor(
-                xhat[:, c0:c1], scale[:parts, : c1 - c0], op=nl.multiply, dtype=product.dtype
+                xhat[:, c0:c1], scale[bank][:parts, : c1 - c0], op=nl.multiply, dtype=product.dtype
             )
             y_tile[:, c0:c1] = nisa.tensor_tensor(
                 product[:, c0:c1], shift[:parts, : c1 - c0], op=nl.add, dtype=y_tile.dtype
             )
         elif scale is not None:
             y_tile[:, c0:c1] = nisa.tensor_tensor(
-                xhat[:, c0:c1], scale[:parts, : c1 - c0], op=nl.multiply, dtype=y_tile.dtype
+                xhat[:, c0:c1], scale[bank][:parts, : c1 - c0], op=nl.multiply, dtype=y_tile.dtype
             )
         elif shift is not None:
             y_tile[:, c0:c1] = nisa.tensor_tensor(
