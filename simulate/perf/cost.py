@@ -240,6 +240,23 @@ class Operands:
     stride_bytes: int  # largest innermost stride of a streamed operand (0: one element)
 
 
+def _local_gather_cycles(n: int, ops: Operands, details: dict) -> float:
+    """D legacy ISA reference (aws-neuron-sdk@8a38e733 general/nki/api/nki/isa/__init__.py
+    L628-634): ``150 + (num_valid_indices * num_elem_per_idx)/C`` with ``C = ((28 + t *
+    num_elem_per_idx)/(t * num_elem_per_idx)) / min(4/dtype_size, num_elem_per_idx)``, t = 4.
+    C is read as cycles per element (28 cycles per group of t indices plus one per element,
+    over the elements a 4-byte lane carries), so the elements are multiplied by C: divided,
+    one element per index would cost 64x less per element than 32, against the reference's
+    own "gathering of multiple contiguous elements ... to improve gather throughput"
+    (L1857-1858 of the 0.6 reference). ``n`` is the gathered elements per partition; the 150
+    is the Pool start added by the caller."""
+    per_index = details.get("num_elem_per_idx", 1)
+    group = 4 * per_index
+    element_bytes = _ITEMSIZE.get(ops.dtypes[-1], 4)  # dst's dtype is src_buffer's
+    cycles_per_element = ((28 + group) / group) / min(4 / element_bytes, per_index)
+    return n * cycles_per_element
+
+
 def compute_cycles(opcode: str, engine: str, n: int, ops: Operands, details: dict,
                    table: CostTable) -> tuple[float, bool]:
     """Engine cycles of one compute instruction; also whether a documented rule covers it."""
@@ -272,6 +289,8 @@ def compute_cycles(opcode: str, engine: str, n: int, ops: Operands, details: dic
         if opcode == "nc_n_gather":  # one ISA instruction per 512 gathered elements (its
             # docstring: n = ceil(elems_per_partition / 512)); I: each a Pool start + 1/elem
             return table.pool_start_cycles * max(1, -(-n // 512)) + n, True
+        if opcode == "local_gather":
+            return table.pool_start_cycles + _local_gather_cycles(n, ops, details), True
         if opcode in ("nonzero_with_count", "sequence_bounds"):  # I: one pass like iota
             return table.pool_start_cycles + n, True
         if opcode == "core_barrier":  # no data: a Pool instruction start (I; none published)
