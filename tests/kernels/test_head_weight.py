@@ -273,3 +273,27 @@ def test_kernel_rejects_a_per_head_weight_outside_the_packed_regime(rng):
     with pytest.raises(Exception, match="per-head weight"):
         trace_launch(kernels.kernel("rmsnorm_fwd_out"), x, w, None, y, rstd, EPS, 0.0, "gemma")
     assert dialect_module.current() in ("legacy", "nki06")
+
+
+def test_fused_q_and_k_reject_a_per_head_weight_of_other_heads(monkeypatch):
+    def no_launch(*args, **kwargs):
+        raise AssertionError("a kernel was launched")
+
+    monkeypatch.setattr(kernels, "kernel", no_launch)
+    q, k = np.ones((4, 8, 128), BF16), np.ones((4, 2, 128), BF16)
+    with pytest.raises(ValueError, match=re.escape("k_weight must have shape (N,) = (128,), or")):
+        ops.rms_norm_qk(q, k, np.ones((8, 128), BF16), np.ones((8, 128), BF16))
+
+
+def test_no_tokens_gives_empty_outputs_and_zero_gradients(monkeypatch):
+    def no_launch(*args, **kwargs):
+        raise AssertionError("a kernel was launched")
+
+    monkeypatch.setattr(kernels, "kernel", no_launch)
+    x = np.ones((0, 4, 64), BF16)
+    w = np.ones((4, 64), BF16)
+    y, rstd = ops.rms_norm_fwd(x, w)
+    assert y.shape == x.shape and rstd.shape == (0, 4)
+    dx, dweight, _ = ops.rms_norm_bwd(x, x, w, rstd)
+    assert dx.shape == x.shape
+    np.testing.assert_array_equal(dweight, np.zeros((4, 64), BF16))
