@@ -993,6 +993,16 @@ def rms_norm_mx_quant(
     return mx.MXQuantizedRMSNorm(values[0], values[1], h)
 
 
+def _per_head(x, weight) -> bool:
+    """Whether ``weight`` is a per-head ``(heads, head_dim)`` weight of ``x``."""
+    return (
+        weight is not None
+        and weight.ndim == 2
+        and x.ndim >= 2
+        and (tuple(x.shape[-2:]) == tuple(weight.shape))
+    )
+
+
 def rms_norm_qk(
     q,
     k,
@@ -1005,7 +1015,8 @@ def rms_norm_qk(
     out_dtype=None,
 ):
     """The query and key norms of an attention in one kernel launch: ``(y_q, y_k)``, the
-    arguments and outputs of :func:`nki_rmsnorm.ops.rms_norm_qk` as JAX arrays, bit for bit
+    arguments and outputs of :func:`nki_rmsnorm.ops.rms_norm_qk` as JAX arrays (per-head
+    ``(heads, head_dim)`` weights included), bit for bit
     what :func:`rms_norm` gives each alone. Works under ``jax.jit`` (the launch is a host
     callback running the simulated kernel, as the ``"simulator"`` path of :func:`rms_norm`)
     and is differentiable in q, k and the weights (a ``jax.custom_vjp``: the backward
@@ -1028,7 +1039,12 @@ def rms_norm_qk(
                 f"{name} must have a non-empty last (normalised) dimension, got shape "
                 f"{tuple(a.shape)}"
             )
-    q2, k2 = q.reshape((-1, q.shape[-1])), k.reshape((-1, k.shape[-1]))
+    # a per-head weight equal to a.shape[-2:] keeps the heads axis, (tokens, heads,
+    # head_dim); any other weight meets the launcher's shape check on (rows, head_dim)
+    q2, k2 = (
+        a.reshape((-1,) + (tuple(w.shape) if _per_head(a, w) else tuple(a.shape[-1:])))
+        for a, w in ((q, q_weight), (k, k_weight))
+    )
     ops.rms_norm_qk_fwd(
         stand_in(q2),
         stand_in(k2),
@@ -1044,8 +1060,8 @@ def rms_norm_qk(
     y_types = (
         jax.ShapeDtypeStruct(q2.shape, out or np.dtype(q.dtype)),
         jax.ShapeDtypeStruct(k2.shape, out or np.dtype(k.dtype)),
-        jax.ShapeDtypeStruct(q2.shape[:1], np.float32),
-        jax.ShapeDtypeStruct(k2.shape[:1], np.float32),
+        jax.ShapeDtypeStruct(q2.shape[:-1], np.float32),
+        jax.ShapeDtypeStruct(k2.shape[:-1], np.float32),
     )
 
     def forward_host(outputs, q_host, k_host, wq_host, wk_host):

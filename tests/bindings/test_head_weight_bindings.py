@@ -172,3 +172,39 @@ def test_jax_bad_input_is_rejected_when_traced(monkeypatch, x_shape, w_shape, me
     pattern = re.escape(message)
     with pytest.raises(ValueError, match=pattern):
         nki_jax.rms_norm_heads(np.ones(x_shape, BF16), np.ones(w_shape, BF16), EPS)
+
+
+def test_jax_fused_q_and_k_with_per_head_weights(rng):
+    """``rms_norm_qk`` with (heads, head_dim) weights: the NumPy launcher's bytes, and the
+    weights' gradients per head (the reference backward of each head's rows)."""
+    jax = pytest.importorskip("jax")
+    from nki_rmsnorm import jax as nki_jax
+
+    q, wq, dq = _arrays(rng, tokens=10, heads=4, n=64)
+    k, wk, dk = _arrays(rng, tokens=10, heads=2, n=64)
+    y_q, y_k = jax.jit(lambda *a: nki_jax.rms_norm_qk(*a, EPS))(q, k, wq, wk)
+    want_q, want_k = ops.rms_norm_qk(q, k, wq, wk, EPS)
+    np.testing.assert_array_equal(np.asarray(y_q), want_q)
+    np.testing.assert_array_equal(np.asarray(y_k), want_k)
+
+    def loss(a, b, wa, wb):
+        ya, yb = nki_jax.rms_norm_qk(a, b, wa, wb, EPS)
+        return (ya * dq).sum() + (yb * dk).sum()
+
+    grads = jax.grad(loss, argnums=(0, 1, 2, 3))(q, k, wq, wk)
+    for x, w, dy, dx, dw in (
+        (q, wq, dq, grads[0], grads[2]),
+        (k, wk, dk, grads[1], grads[3]),
+    ):
+        want_dx, want_dw = _reference_grads(x, w, dy, 0.0)
+        np.testing.assert_allclose(np.asarray(dx), want_dx, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(np.asarray(dw), want_dw, rtol=1e-4, atol=1e-4)
+
+
+def test_jax_fused_q_and_k_reject_a_weight_of_other_heads():
+    pytest.importorskip("jax")
+    from nki_rmsnorm import jax as nki_jax
+
+    q, k = np.ones((4, 16, 128), BF16), np.ones((4, 2, 128), BF16)
+    with pytest.raises(ValueError, match=re.escape("q_weight must have shape (N,) = (128,)")):
+        nki_jax.rms_norm_qk(q, k, np.ones((8, 128), BF16), None, EPS)
