@@ -1218,12 +1218,14 @@ def _(
 def _check_qk_op(q, k, q_weight, k_weight, eps, offset, casting_mode, out_dtype):
     """Every argument of the fused QK-norm operator, before anything runs; returns
     ``(eps, offset, out_dtype)`` with ``out_dtype`` a ``torch.dtype`` or None."""
-    _check_rows("q", q)
-    _check_rows("k", k)
-    if q_weight is not None:
-        _check_tensor("q_weight", q_weight, (q.shape[1],), q, (torch.float32, q.dtype))
-    if k_weight is not None:
-        _check_tensor("k_weight", k_weight, (k.shape[1],), k, (torch.float32, k.dtype))
+    for name, t, weight in (("q", q, q_weight), ("k", k, k_weight)):
+        if isinstance(weight, torch.Tensor) and weight.dim() == 2:
+            # a per-head weight: t is (tokens, heads, head_dim)
+            _check_heads_op(t, weight, name, f"{name}_weight")
+        else:
+            _check_rows(name, t)
+            if weight is not None:
+                _check_tensor(f"{name}_weight", weight, (t.shape[1],), t, (torch.float32, t.dtype))
     if k.device != q.device:
         raise ValueError(f"k is on {k.device} but q is on {q.device}")
     out = _op_dtype(out_dtype, "out_dtype")
@@ -1279,8 +1281,8 @@ def _(q, k, q_weight, k_weight, eps, offset, casting_mode, out_dtype):
     return (
         torch.empty_like(q, dtype=out or q.dtype),
         torch.empty_like(k, dtype=out or k.dtype),
-        q.new_empty(q.shape[:1], dtype=torch.float32),
-        k.new_empty(k.shape[:1], dtype=torch.float32),
+        q.new_empty(q.shape[:-1], dtype=torch.float32),
+        k.new_empty(k.shape[:-1], dtype=torch.float32),
     )
 
 
@@ -1298,13 +1300,26 @@ def _qk_backward(ctx, dy_q, dy_k, _drstd_q, _drstd_k):
         if dy is None:
             dy = torch.zeros_like(x)
         offset = ctx.offset if weight is not None else 0.0
-        result = _rms_norm_bwd(dy, x, weight, rstd, offset, False, None, ctx.casting_mode)
+        if x.dim() == 3:  # a per-head weight
+            result = _rms_norm_heads_bwd(dy, x, weight, rstd, offset, ctx.casting_mode)
+        else:
+            result = _rms_norm_bwd(dy, x, weight, rstd, offset, False, None, ctx.casting_mode)
         grads.append((result[0], None if weight is None else result[1]))
     (dq, dq_weight), (dk, dk_weight) = grads
     return dq, dk, dq_weight, dk_weight, None, None, None, None
 
 
 _rms_norm_qk_fwd.register_autograd(_qk_backward, setup_context=_qk_setup_context)
+
+
+def _qk_rows(t: Tensor, weight) -> Tensor:
+    """``t`` as the operator's rows: (tokens, heads, head_dim) for a per-head weight equal
+    to its last two dims, else (rows, head_dim) (any other weight meets the operator's
+    shape check)."""
+    if isinstance(weight, Tensor) and weight.dim() == 2 and t.dim() >= 2:
+        if tuple(t.shape[-2:]) == tuple(weight.shape):
+            return t.reshape((-1,) + tuple(weight.shape))
+    return t.reshape(-1, t.shape[-1])
 
 
 def rms_norm_qk(
@@ -1333,8 +1348,8 @@ def rms_norm_qk(
                 f"{tuple(t.shape)}"
             )
     y_q, y_k, _, _ = _rms_norm_qk_fwd(
-        q.reshape(-1, q.shape[-1]),
-        k.reshape(-1, k.shape[-1]),
+        _qk_rows(q, q_weight),
+        _qk_rows(k, k_weight),
         q_weight,
         k_weight,
         eps,
@@ -1550,7 +1565,7 @@ def rms_norm_mx_quant(
 # ---------------------------------------------------------------------------------------------
 
 
-def _check_heads_op(x, weight, name="x"):
+def _check_heads_op(x, weight, name="x", weight_name="weight"):
     """``x`` (tokens, heads, N) and ``weight`` (heads, N) of the per-head operators: shapes,
     dtypes, device and the kernels' "packed" limits, before anything runs."""
     if not isinstance(x, torch.Tensor):
@@ -1567,8 +1582,8 @@ def _check_heads_op(x, weight, name="x"):
             "the per-head weight runs the simulated kernel on CPU tensors only so far; got a "
             f"tensor on {x.device}"
         )
-    _check_tensor("weight", weight, tuple(x.shape[1:]), x, (torch.float32, x.dtype))
-    validation.check_head_weight("weight", tuple(weight.shape), x.element_size())
+    _check_tensor(weight_name, weight, tuple(x.shape[1:]), x, (torch.float32, x.dtype))
+    validation.check_head_weight(weight_name, tuple(weight.shape), x.element_size())
 
 
 @torch.library.custom_op("nki_rmsnorm::rms_norm_heads_fwd", mutates_args=())

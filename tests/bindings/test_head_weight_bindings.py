@@ -208,3 +208,31 @@ def test_jax_fused_q_and_k_reject_a_weight_of_other_heads():
     q, k = np.ones((4, 16, 128), BF16), np.ones((4, 2, 128), BF16)
     with pytest.raises(ValueError, match=re.escape("q_weight must have shape (N,) = (128,)")):
         nki_jax.rms_norm_qk(q, k, np.ones((8, 128), BF16), None, EPS)
+
+
+def test_torch_fused_q_and_k_with_per_head_weights(rng):
+    """``rms_norm_qk`` with (heads, head_dim) weights: the NumPy launcher's bytes, the
+    weights' gradients per head, fake shapes and ``opcheck`` of the operator."""
+    torch = pytest.importorskip("torch")
+    from nki_rmsnorm import torch as nki_torch
+
+    q, wq, dq = _arrays(rng, tokens=10, heads=4, n=64)
+    k, wk, dk = _arrays(rng, tokens=10, heads=2, n=64)
+    leaves = [torch.from_numpy(a).requires_grad_() for a in (q, k, wq, wk)]
+    y_q, y_k = nki_torch.rms_norm_qk(*leaves, EPS)
+    want_q, want_k = ops.rms_norm_qk(q, k, wq, wk, EPS)
+    np.testing.assert_array_equal(y_q.detach().numpy(), want_q)
+    np.testing.assert_array_equal(y_k.detach().numpy(), want_k)
+    torch.autograd.backward((y_q, y_k), (torch.from_numpy(dq), torch.from_numpy(dk)))
+    for x, w, dy, x_leaf, w_leaf in ((q, wq, dq, leaves[0], leaves[2]), (k, wk, dk, *leaves[1::2])):
+        want_dx, want_dw = _reference_grads(x, w, dy, 0.0)
+        np.testing.assert_allclose(x_leaf.grad.numpy(), want_dx, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(w_leaf.grad.numpy(), want_dw, rtol=1e-4, atol=1e-4)
+    meta = [torch.empty(a.shape, device="meta", dtype=torch.bfloat16) for a in (q, k, wq, wk)]
+    m_q, m_k = nki_torch.rms_norm_qk(*meta, EPS)
+    assert (m_q.shape, m_k.shape) == (q.shape, k.shape)
+    torch.library.opcheck(
+        torch.ops.nki_rmsnorm.rms_norm_qk_fwd,
+        (*(torch.from_numpy(a) for a in (q, k, wq, wk)), EPS, 0.0, "gemma", None),
+        test_utils=("test_schema", "test_faketensor"),
+    )
