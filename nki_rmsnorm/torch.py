@@ -1337,8 +1337,9 @@ def rms_norm_qk(
     call) in one kernel launch: ``(y_q, y_k)``, each normalised over its last dim with its
     own weight, bit for bit what :func:`rms_norm` gives each alone; differentiable (the
     backward runs the backward kernel per tensor). The arguments are those of
-    :func:`nki_rmsnorm.ops.rms_norm_qk`, as tensors (``out_dtype`` a ``torch.dtype``);
-    CPU tensors (the simulated kernels) and ``"meta"`` only so far."""
+    :func:`nki_rmsnorm.ops.rms_norm_qk`, as tensors (``out_dtype`` a ``torch.dtype``;
+    per-head ``(heads, head_dim)`` weights as :func:`rms_norm_heads` takes, then bit for bit
+    what it gives); CPU tensors (the simulated kernels) and ``"meta"`` only so far."""
     for name, t in (("q", q), ("k", k)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
