@@ -89,15 +89,21 @@ def _weight_columns(weight, chunks):
     return columns
 
 
-def _load_h(x, residual, h_out, row0, rows, inv_sqrt_n):
-    """The tile's h (rows, N) and its Σ(h / √N)² (rows, 1), in column parts of 512 · k
-    values: each part's load, add and store, and its square-and-add reduction on the Scalar
-    engine (the elementwise squares discarded), start as soon as that part is in, so the
-    first tile's statistics do not wait for its whole load."""
-    N = x.shape[1]
+def _parts(N):
+    """Column parts of a row tile: whole 512-value chunks, at most ``_LOAD_PARTS``."""
     parts = _LOAD_PARTS
-    while (N // MX_CHUNK) % parts != 0:  # parts of whole 512-value chunks
+    while (N // MX_CHUNK) % parts != 0:
         parts = parts - 1
+    return parts
+
+
+def _load_h(x, residual, h_out, row0, rows, inv_sqrt_n):
+    """The tile's h (rows, N) and its partial sums Σ(h / √N)² (rows, parts) over column
+    parts of 512 · k values: each part's load, add and store, and its square-and-add
+    reduction on the Scalar engine (the elementwise squares discarded), start as soon as that
+    part is in, so the first tile's statistics do not wait for its whole load."""
+    N = x.shape[1]
+    parts = _parts(N)
     width = N // parts
     x_tile = _sbuf((rows, N), x.dtype)
     h = x_tile
@@ -124,34 +130,28 @@ def _load_h(x, residual, h_out, row0, rows, inv_sqrt_n):
             reduce_res=partial[:, part : part + 1],
             scale=inv_sqrt_n,
         )
-    mean_sq = _sbuf((rows, 1), nl.float32)
-    nisa.activation_reduce(
-        dst=_sbuf((rows, parts), nl.float32),
-        op=nl.copy,
-        data=partial,
-        reduce_op=nl.add,
-        reduce_res=mean_sq,
-    )
-    return h, mean_sq
+    return h, partial
 
 
-def _rstd(mean_sq, eps):
-    """rstd = 1 / sqrt(max(mean_sq + eps, 2⁻⁸⁷)) of a (rows, 1) column: eps added on the
-    Scalar engine (the Vector engine when the clamp matters), the GpSimd rsqrt (GpSimd runs
-    ``tensor_scalar`` "only for rsqrt", isa L1138-1140)."""
-    shape = mean_sq.shape
+def _rstd(partial, eps):
+    """rstd = 1 / sqrt(max(Σ partial + eps, 2⁻⁸⁷)) of the (rows, parts) partial sums: one
+    Vector ``tensor_scalar_reduce`` adds eps / parts to each part and sums them (isa
+    L2515-2535; the Scalar engine, which binds, keeps only the squares), a Vector clamp when
+    it matters, the GpSimd rsqrt (GpSimd runs ``tensor_scalar`` "only for rsqrt", isa
+    L1138-1140)."""
+    rows, parts = partial.shape
+    shape = (rows, 1)
     v = _sbuf(shape, nl.float32)
-    if eps >= RSQRT_MIN_INPUT:
-        nisa.activation(dst=v, op=nl.copy, data=mean_sq, bias=float(eps))
-    else:
-        nisa.tensor_scalar(
-            dst=v,
-            data=mean_sq,
-            op0=nl.add,
-            operand0=float(eps),
-            op1=nl.maximum,
-            operand1=RSQRT_MIN_INPUT,
-        )
+    nisa.tensor_scalar_reduce(
+        dst=_sbuf((rows, parts), nl.float32),
+        data=partial,
+        op0=nl.add,
+        operand0=float(eps) / parts,
+        reduce_op=nl.add,
+        reduce_res=v,
+    )
+    if eps < RSQRT_MIN_INPUT:
+        nisa.tensor_scalar(dst=v, data=v, op0=nl.maximum, operand0=RSQRT_MIN_INPUT)
     rstd = _sbuf(shape, nl.float32)
     nisa.tensor_scalar(dst=rstd, data=v, op0=nl.rsqrt, operand0=None, engine=nisa.gpsimd_engine)
     return rstd
@@ -186,14 +186,18 @@ def _quantize(source, packed, scale_tile, chunk, rows):
     )
 
 
-def _store_values(y_q, packed, chunks, row0, rows, M):
-    """The tile's packed values (128, chunks, rows) to ``y_q`` (N / 4, M) rows 128c + p, in
-    one DMA (rows · chunks · 4 bytes per partition: small per-chunk stores would each pay
-    the DMA's fixed cost)."""
+def _store_values(y_q, packed, first, count, row0, rows, M):
+    """Chunks ``first`` … ``first + count - 1`` of the tile's packed values (128, chunks,
+    rows) to ``y_q`` (N / 4, M) rows 128c + p, in one DMA (rows · count · 4 bytes per
+    partition: per-chunk stores would each pay the DMA's fixed cost; a column part's at a
+    time, the last tile's store does not wait for all its chunks)."""
     parts = nl.tile_size.pmax
     nisa.dma_copy(
-        dst=y_q.ap(pattern=[[M, parts], [parts * M, chunks], [1, rows]], offset=row0),
-        src=packed[:, :, 0:rows],
+        dst=y_q.ap(
+            pattern=[[M, parts], [parts * M, count], [1, rows]],
+            offset=first * parts * M + row0,
+        ),
+        src=packed[:, first : first + count, 0:rows],
     )
 
 
@@ -236,14 +240,23 @@ def rmsnorm_mx_quant(x, residual, weight, eps, quant_dtype, scale_dtype):
     y_dtype = nl.float16 if x.dtype == nl.float16 else nl.bfloat16
     w_columns = None if weight is None else _weight_columns(weight, chunks)
     inv_sqrt_n = 1.0 / (N**0.5)
+    column_parts = _parts(N)
+    part_width = N // column_parts
+    part_chunks = chunks // column_parts
     for row0, rows in core_tiles(M, parts):
-        h, mean_sq = _load_h(x, residual, h_out, row0, rows, inv_sqrt_n)
-        rstd = _rstd(mean_sq, eps)
+        h, partial = _load_h(x, residual, h_out, row0, rows, inv_sqrt_n)
+        rstd = _rstd(partial, eps)
         y1 = _sbuf((rows, N), y_dtype)
         # with a residual the Vector engine has the add: y1 on the Scalar engine, whose
-        # tensor_scalar runs 16-bit data at 2x (trainium3_arch.rst L218)
+        # tensor_scalar runs 16-bit data at 2x (trainium3_arch.rst L218); per column part,
+        # so the first transposes do not wait for the whole tile
         engine = nisa.scalar_engine if residual is not None else nisa.vector_engine
-        nisa.tensor_scalar(dst=y1, data=h, op0=nl.multiply, operand0=rstd, engine=engine)
+        for part in range(column_parts):
+            c0 = part * part_width
+            c1 = c0 + part_width
+            nisa.tensor_scalar(
+                dst=y1[:, c0:c1], data=h[:, c0:c1], op0=nl.multiply, operand0=rstd, engine=engine
+            )
         packed = _sbuf((parts, chunks, rows), quant_dtype)
         scale_tile = _sbuf((parts, chunks, rows), scale_dtype)
         # quantize chunk c after the lane copies of chunk c + 1: a Vector instruction that
@@ -254,8 +267,10 @@ def rmsnorm_mx_quant(x, residual, weight, eps, quant_dtype, scale_dtype):
             source = _lanes(y1, rows, chunk, w_columns, y_dtype)
             if previous is not None:
                 _quantize(previous, packed, scale_tile, chunk - 1, rows)
+                if chunk % part_chunks == 0:  # chunk - 1 ends a column part
+                    _store_values(y_q, packed, chunk - part_chunks, part_chunks, row0, rows, M)
             previous = source
         _quantize(previous, packed, scale_tile, chunks - 1, rows)
-        _store_values(y_q, packed, chunks, row0, rows, M)
+        _store_values(y_q, packed, chunks - part_chunks, part_chunks, row0, rows, M)
         _store_scales(scales, scale_tile, chunks, row0, rows, M)
     return tuple(outputs)
