@@ -81,11 +81,19 @@ _QUADRANTS = 4
 
 def _weight_columns(weight, chunks):
     """(128, chunks, 4) float32: ``[p, c, q] = w[512c + 4p + q]``, the weight of the row value
-    partition p holds in lane q of chunk c (one strided DMA, cast to float32 on the way)."""
+    partition p holds in lane q of chunk c. The weight comes in as (chunks, 512) in one DMA
+    of whole 1 KB rows (loaded into that layout directly it would be 8-byte pieces, whose
+    descriptors would hold the DMA engines the first x load needs), then each lane's columns
+    go through the Tensor engine's transpose (bit-accurate from NeuronCore-v3, isa L840-841)
+    and are copied to float32."""
     parts = nl.tile_size.pmax
+    by_chunk = _sbuf((chunks, MX_CHUNK), weight.dtype)
+    nisa.dma_copy(dst=by_chunk, src=weight.reshape((chunks, MX_CHUNK)))
     columns = _sbuf((parts, chunks, _LANES), nl.float32)
-    source = weight.ap(pattern=[[_LANES, parts], [MX_CHUNK, chunks], [1, _LANES]], offset=0)
-    nisa.dma_copy(dst=columns, src=source)
+    for q in range(_LANES):
+        lane = nl.ndarray((parts, chunks), dtype=weight.dtype, buffer=nl.psum)
+        nisa.nc_transpose(dst=lane, data=by_chunk[:, q:MX_CHUNK:_LANES])
+        nisa.tensor_copy(dst=columns[:, :, q], src=lane)
     return columns
 
 
@@ -157,11 +165,13 @@ def _rstd(partial, eps):
     return rstd
 
 
-def _lanes(y1, rows, chunk, w_columns, y_dtype):
+def _lanes(y1, rows, chunk, w_columns, y_dtype, engine):
     """The (128, rows, 4) source of ``quantize_mx`` for chunk ``chunk`` (512 values of each
     row) of the tile ``y1``: lanes q = 0…3 are y1's columns 512·chunk + 4p + q (p the
     partition they land on), transposed by the Tensor engine into one PSUM bank and copied
-    out lane by lane (times the lane's weight column)."""
+    out lane by lane (times the lane's weight column) by ``engine``, the Vector or the
+    Scalar engine (both read PSUM from NeuronCore-v3 on, isa L399-403, and compute
+    ``tensor_scalar`` in float32 with one rounding to the output dtype, L1112-1117)."""
     parts = nl.tile_size.pmax
     c0 = chunk * MX_CHUNK
     lanes = nl.ndarray((parts, _LANES, rows), dtype=y_dtype, buffer=nl.psum)
@@ -169,15 +179,31 @@ def _lanes(y1, rows, chunk, w_columns, y_dtype):
     for q in range(_LANES):
         nisa.nc_transpose(dst=lanes[:, q, 0:rows], data=y1[0:rows, c0 + q : c0 + MX_CHUNK : _LANES])
         if w_columns is None:
-            nisa.tensor_copy(dst=source[:, 0:rows, q], src=lanes[:, q, 0:rows])
+            nisa.tensor_copy(dst=source[:, 0:rows, q], src=lanes[:, q, 0:rows], engine=engine)
         else:
             nisa.tensor_scalar(
                 dst=source[:, 0:rows, q],
                 data=lanes[:, q, 0:rows],
                 op0=nl.multiply,
                 operand0=w_columns[:, chunk, q : q + 1],
+                engine=engine,
             )
     return source
+
+
+def _scaled(y1, h, rstd, part, width, residual, last):
+    """Column part ``part`` of y1 = h · rstd (the first transposes do not wait for the whole
+    tile). With a residual the Vector engine has the add: y1 on the Scalar engine, whose
+    ``tensor_scalar`` runs 16-bit data at 2x (trainium3_arch.rst L218); in the last tile
+    the odd parts go to the Scalar engine too, idle by then."""
+    engine = nisa.vector_engine
+    if residual is not None or (last and part % 2 == 1):
+        engine = nisa.scalar_engine
+    c0 = part * width
+    c1 = c0 + width
+    nisa.tensor_scalar(
+        dst=y1[:, c0:c1], data=h[:, c0:c1], op0=nl.multiply, operand0=rstd, engine=engine
+    )
 
 
 def _quantize(source, packed, scale_tile, chunk, rows):
@@ -243,19 +269,26 @@ def rmsnorm_mx_quant(x, residual, weight, eps, quant_dtype, scale_dtype):
     column_parts = _parts(N)
     part_width = N // column_parts
     part_chunks = chunks // column_parts
-    for row0, rows in core_tiles(M, parts):
-        h, partial = _load_h(x, residual, h_out, row0, rows, inv_sqrt_n)
-        rstd = _rstd(partial, eps)
+    tiles = core_tiles(M, parts)
+    # statistics one tile ahead: tile i + 1's load and Σh² are issued before tile i's
+    # chunks, and its partial sums are combined and its rstd computed just before tile i's
+    # last chunk, so the Vector engine goes from tile i to tile i + 1 without waiting for
+    # the GpSimd rsqrt (in the program order of each engine the same steps as one tile at a
+    # time: the rounding of every row is that of its tile alone)
+    if len(tiles) > 0:
+        h_next, partial = _load_h(x, residual, h_out, tiles[0][0], tiles[0][1], inv_sqrt_n)
+        rstd_next = _rstd(partial, eps)
+    for i in range(len(tiles)):
+        row0, rows = tiles[i]
+        h = h_next
+        rstd = rstd_next
         y1 = _sbuf((rows, N), y_dtype)
-        # with a residual the Vector engine has the add: y1 on the Scalar engine, whose
-        # tensor_scalar runs 16-bit data at 2x (trainium3_arch.rst L218); per column part,
-        # so the first transposes do not wait for the whole tile
-        engine = nisa.scalar_engine if residual is not None else nisa.vector_engine
+        last = i + 1 == len(tiles)
         for part in range(column_parts):
-            c0 = part * part_width
-            c1 = c0 + part_width
-            nisa.tensor_scalar(
-                dst=y1[:, c0:c1], data=h[:, c0:c1], op0=nl.multiply, operand0=rstd, engine=engine
+            _scaled(y1, h, rstd, part, part_width, residual, last)
+        if not last:
+            h_next, partial = _load_h(
+                x, residual, h_out, tiles[i + 1][0], tiles[i + 1][1], inv_sqrt_n
             )
         packed = _sbuf((parts, chunks, rows), quant_dtype)
         scale_tile = _sbuf((parts, chunks, rows), scale_dtype)
@@ -264,7 +297,14 @@ def rmsnorm_mx_quant(x, residual, weight, eps, quant_dtype, scale_dtype):
         # overhead, dependent_overhead_cycles); this order keeps them apart
         previous = None
         for chunk in range(chunks):
-            source = _lanes(y1, rows, chunk, w_columns, y_dtype)
+            if chunk == chunks - 1 and not last:
+                rstd_next = _rstd(partial, eps)
+            # the last tile's chunks alternate between the Vector engine and the Scalar
+            # engine, idle once the last Σh² is done: the kernel's tail is that tile
+            copier = nisa.vector_engine
+            if last and chunk % 2 == 1 and residual is None:
+                copier = nisa.scalar_engine
+            source = _lanes(y1, rows, chunk, w_columns, y_dtype, copier)
             if previous is not None:
                 _quantize(previous, packed, scale_tile, chunk - 1, rows)
                 if chunk % part_chunks == 0:  # chunk - 1 ends a column part
