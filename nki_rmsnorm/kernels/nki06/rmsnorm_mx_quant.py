@@ -119,7 +119,8 @@ def _load_h(x, residual, h_out, row0, rows, inv_sqrt_n):
         r_tile = _sbuf((rows, N), residual.dtype)
         h = _sbuf((rows, N), residual.dtype)
     squares = _sbuf((rows, N), h.dtype)
-    partial = _sbuf((rows, parts), nl.float32)
+    sums = (parts + 1) // 2  # Σh² over two parts at a time: one accumulator read each
+    partial = _sbuf((rows, sums), nl.float32)
     for part in range(parts):
         c0 = part * width
         c1 = c0 + width
@@ -130,14 +131,16 @@ def _load_h(x, residual, h_out, row0, rows, inv_sqrt_n):
                 dst=h[:, c0:c1], data1=x_tile[:, c0:c1], data2=r_tile[:, c0:c1], op=nl.add
             )
             nisa.dma_copy(dst=h_out[row0 : row0 + rows, c0:c1], src=h[:, c0:c1])
-        nisa.activation_reduce(
-            dst=squares[:, c0:c1],
-            op=nl.square,
-            data=h[:, c0:c1],
-            reduce_op=nl.add,
-            reduce_res=partial[:, part : part + 1],
-            scale=inv_sqrt_n,
-        )
+        if part % 2 == 1 or part == parts - 1:
+            s0 = (part // 2) * 2 * width
+            nisa.activation_reduce(
+                dst=squares[:, s0:c1],
+                op=nl.square,
+                data=h[:, s0:c1],
+                reduce_op=nl.add,
+                reduce_res=partial[:, part // 2 : part // 2 + 1],
+                scale=inv_sqrt_n,
+            )
     return h, partial
 
 
