@@ -42,15 +42,28 @@ L105) — four 4-row DMAs, as AWS's ``load_scales_scattered`` does (aws-neuron-s
 Engines, per tile of up to 128 rows (whole rows on chip; under ``kernel[2]`` the tiles are
 split between the two physical cores by ``nl.program_id(0)``):
 
-* DMA: x (residual) in, h, y_q and the scales once per tile;
-* Scalar: Σ(h / √N)² (``activation_reduce``, square with an add reduction), eps, and with a
-  residual y1 (``tensor_scalar`` with the per-row rstd column, 16-bit at 2x);
+* DMA: x (residual) in, in four column parts; h, y_q (a column part at a time) and the
+  scales out; the weight once, as (N / 512, 512) rows;
+* Scalar: Σ(h / √N)² (``activation_reduce``, square with an add reduction, over two load
+  parts at a time), and with a residual y1 (``tensor_scalar`` with the per-row rstd
+  column, 16-bit at 2x);
 * GpSimd: the rsqrt (``tensor_scalar`` runs on GpSimd "only for rsqrt", isa L1138-1140);
-* Vector: h = x + residual; y1 = h · rstd without a residual (16-bit in and out: the fast
-  mode); per chunk the four lane copies out of PSUM, each times its per-partition weight
-  column; ``quantize_mx`` (4 values per partition per cycle, trainium3_arch.rst L172);
+* Vector: the partial sums plus eps (one ``tensor_scalar_reduce``); h = x + residual;
+  y1 = h · rstd without a residual (16-bit in and out: the fast mode); per chunk the four
+  lane copies out of PSUM, each times its per-partition weight column; ``quantize_mx`` (4
+  values per partition per cycle, trainium3_arch.rst L172);
 * Tensor: per 512-column chunk, four ``nc_transpose`` of y1's columns 4p + q (q = 0…3), the
-  x4 lanes, to (128, rows) PSUM tiles: in the transposed domain w is a per-partition scalar.
+  x4 lanes, to (128, rows) PSUM tiles: in the transposed domain w is a per-partition scalar
+  (the weight's own columns 4p + q come the same way, once).
+
+The Scalar and Vector engines carry about the same work per tile, so the statistics run one
+tile ahead: tile i + 1's loads and Σh² are issued before tile i's chunks and its rstd just
+before tile i's last chunk, and the Vector engine never waits for the rsqrt. In each core's
+last tile, whose work is the kernel's tail, the Scalar engine (done with Σh² by then) takes
+the odd y1 parts and the lane copies of the odd chunks. Every row gets the same steps and
+roundings in every tile (the Scalar and Vector engines' ``tensor_scalar`` both compute in
+float32 with one rounding to the output dtype, isa L1115-1117), so a row's bits do not
+depend on how many rows come with it.
 
 The arguments are validated by :func:`nki_rmsnorm.mx.rms_norm_mx_quant` before launch;
 the kernel only asserts them.
@@ -174,7 +187,8 @@ def _lanes(y1, rows, chunk, w_columns, y_dtype, engine):
     partition they land on), transposed by the Tensor engine into one PSUM bank and copied
     out lane by lane (times the lane's weight column) by ``engine``, the Vector or the
     Scalar engine (both read PSUM from NeuronCore-v3 on, isa L399-403, and compute
-    ``tensor_scalar`` in float32 with one rounding to the output dtype, L1112-1117)."""
+    ``tensor_scalar`` in float32 with one rounding to the output dtype, L1115-1117; a
+    16-bit ``tensor_copy`` through float32 is exact for every finite value, L396-397)."""
     parts = nl.tile_size.pmax
     c0 = chunk * MX_CHUNK
     lanes = nl.ndarray((parts, _LANES, rows), dtype=y_dtype, buffer=nl.psum)
