@@ -222,13 +222,14 @@ def _check_nonfinite_weight(y, x, w, eps, rtol, atol):
     ],
 )
 def test_non_finite_weight_stays_in_its_column(rng, target, N, dtype, mode):
-    """A weight with +Inf, −Inf and NaN elements (one in each of three segments): a decode
-    batch (split, weight segments stacked under the Tensor engine) and a large batch (rows)
-    give bitwise the same rows, and each matches the float64 reference, non-finite in those
+    """A weight with +Inf, −Inf and NaN elements (one in each of three segments) and a −0: a
+    decode batch (split) and a large batch (rows, the weight under the Tensor engine) give
+    bitwise the same rows, and each matches the float64 reference, non-finite in those
     columns only."""
     w = rng.normal(1.0, 0.2, N).astype(dtype)
     F = N // statistic_groups_for(target, N, dtype)
     w[5], w[F + 17], w[2 * F + 100] = np.inf, -np.inf, np.nan
+    w[F + 1] = -0.0  # y = ±0 with the sign of x·(−0) in both regimes
     x = rng.standard_normal((200, N)).astype(dtype)
     x[x == 0] = 1  # x·Inf is NaN at x = 0; keep the expected pattern per column
     assert _layout(target, 29, N, dtype)[0].regime == "split"

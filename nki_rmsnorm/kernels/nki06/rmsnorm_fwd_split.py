@@ -32,11 +32,8 @@ class _Resident(nl.NKIObject):
     """On-chip tiles every tile reads (see :func:`split_rows`)."""
 
     eps: float
-    scale: object  # weight segments: (3s | s, F) finite moving rows ("tensor") or (P, F) per row
-    nonfinite: object  # (P, F) per row: the weight's ±Inf and NaN, 0 elsewhere ("tensor")
+    scale: object  # weight segments, (P, F) per row
     shift: object  # bias segments, (P, F) per row
-    segment_mask: object  # (P, s): 1 where q == p mod s ("tensor")
-    ident: object  # identity in the Tensor engine's operand dtype ("tensor")
     ident_f32: object  # fp32 identity: moves Σh² and rstd across partitions
 
 
@@ -48,8 +45,7 @@ class _Slot(nl.NKIObject):
     y: object
     product: object
     squares: object
-    rstd: object  # (P, 1): each segment's rstd, or the stationary rows ("tensor")
-    rstd_col: object  # (P, 1): each segment's rstd ("tensor")
+    rstd: object  # (P, 1): each segment's rstd
 
 
 def split_rows(plan, s, hbm, eps, offset):
@@ -71,34 +67,21 @@ def split_rows(plan, s, hbm, eps, offset):
     )
     weight_segments = None if hbm.weight is None else hbm.weight.reshape((s, F))
     bias_segments = None if hbm.bias is None else hbm.bias.reshape((s, F))
-    tensor = plan.product_engine == "tensor"
 
-    scale = shift = mask = ident = nonfinite = None
-    if weight_segments is not None and tensor:
-        scale, nonfinite = _stacked_segments(plan, weight_segments, parts, offset)
-        mask = _segment_mask(parts, s, plan.scale_dtype)
-        ident = steps.identity(parts, plan.scale_dtype)
-    elif weight_segments is not None:
+    scale = shift = None
+    if weight_segments is not None:
         scale = _segments_per_row(weight_segments, parts, plan.scale_dtype, offset)
     if bias_segments is not None:
         shift = _segments_per_row(bias_segments, parts, plan.bias_dtype)
     resident = _Resident(
         eps=eps,
         scale=scale,
-        nonfinite=nonfinite,
         shift=shift,
-        segment_mask=mask,
-        ident=ident,
         ident_f32=steps.identity(parts, nl.float32),
     )
 
     def buffer(dtype):
         return None if dtype is None else steps.sbuf((parts, F), dtype)
-
-    def rstd_buffer():
-        if mask is None:
-            return steps.sbuf((parts, 1), nl.float32)
-        return steps.sbuf((plan.rstd_pieces * s, parts), plan.scale_dtype)
 
     xhat_dtype = plan.in_dtype if hbm.residual is not None else None
     squares_dtype = nl.bfloat16 if plan.squares_in == "scratch" else None
@@ -111,8 +94,7 @@ def split_rows(plan, s, hbm, eps, offset):
                 y=buffer(plan.result_dtype),
                 product=buffer(plan.product_dtype),
                 squares=buffer(squares_dtype),
-                rstd=rstd_buffer(),
-                rstd_col=None if mask is None else steps.sbuf((parts, 1), nl.float32),
+                rstd=steps.sbuf((parts, 1), nl.float32),
             )
         )
     # Software pipeline, unrolled: the statistics of tile t + 1 are issued before the
@@ -133,33 +115,15 @@ def _segmented(tensor, segments, width):
     return None if tensor is None else tensor.reshape((segments, width))
 
 
-def _stacked_segments(plan, weight_segments, parts, offset):
-    """The weight (+ offset, in the scale dtype) as the Tensor engine's moving rows for
-    ``plan.rstd_pieces`` pieces, row b·s + q holding segment q's finite part (±Inf and NaN
-    zeroed: the masked stationary multiplies every segment, and 0·Inf is NaN), and its
-    non-finite part per row, (parts, F), which :func:`_split_output` adds as rstd · part
-    (what IEEE gives for rstd·w there; zero elsewhere). The segments are loaded once and
-    split (``steps.split_finite``) into the first s partitions of both; the copies are made
-    on chip by DMA (:func:`_doubled` for the rows)."""
-    s, F = weight_segments.shape
-    dtype = plan.scale_dtype
-    values = steps.sbuf((s, F), dtype)
-    steps.load_converted(values, weight_segments, offset)
-    rows = steps.sbuf((plan.rstd_pieces * s, F), dtype)
-    nonfinite = steps.sbuf((parts, F), dtype)
-    steps.split_finite(values, rows[0:s, :], nonfinite[0:s, :])
-    for piece in range(1, plan.rstd_pieces):
-        nisa.dma_copy(dst=rows[piece * s : (piece + 1) * s, :], src=rows[0:s, :])
-    _doubled(nonfinite, s)
-    return rows, nonfinite
-
-
 def _segments_per_row(segments_hbm, parts, dtype, offset=0.0):
-    """(parts, F): partition p holds segment p mod s, converted to ``dtype`` (+ offset).
-    The s segments are loaded once and doubled on chip (:func:`_doubled`)."""
+    """(parts, F): partition p holds segment p mod s, converted to ``dtype`` (+ offset),
+    −0 made +0 (``steps.signed_zeros_positive``) as the "rows" regime's Tensor-engine
+    product and ones-row broadcast make it. The s segments are loaded once and doubled on
+    chip (:func:`_doubled`)."""
     s, F = segments_hbm.shape
     rows = steps.sbuf((parts, F), dtype)
     steps.load_converted(rows[0:s, :], segments_hbm, offset)
+    steps.signed_zeros_positive(rows[0:s, :])
     _doubled(rows, s)
     return rows
 
@@ -175,18 +139,6 @@ def _doubled(rows, s):
             count = min(filled, parts - filled)
             nisa.dma_copy(dst=rows[filled : filled + count, :], src=rows[0:count, :])
             filled += count
-
-
-def _segment_mask(parts, s, dtype):
-    """(parts, s): 1 in column p mod s of partition p, 0 elsewhere (s a power of two):
-    GpSimd iota of q − p + parts·s (non-negative), Vector ``& (s − 1)`` and compare with 0."""
-    offsets = steps.sbuf((parts, s), nl.int32)
-    nisa.iota(offsets, pattern=[[1, s]], offset=parts * s, channel_multiplier=-1)
-    in_segment = steps.sbuf((parts, s), nl.int32)
-    nisa.tensor_scalar(dst=in_segment, data=offsets, op0=nl.bitwise_and, operand0=s - 1)
-    mask = steps.sbuf((parts, s), dtype)
-    nisa.tensor_scalar(dst=mask, data=in_segment, op0=nl.equal, operand0=0.0)
-    return mask
 
 
 def _split_statistics(plan, s, views, resident, slot, seg0, parts):
@@ -247,19 +199,7 @@ def _split_statistics(plan, s, views, resident, slot, seg0, parts):
     nisa.nc_matmul(
         dst=column, stationary=repeated, moving=resident.ident_f32[:1, :1], is_transpose=True
     )
-    if resident.segment_mask is None:
-        nisa.tensor_copy(dst=slot.rstd[:parts], src=column)
-    else:
-        rstd_col = slot.rstd_col[:parts]
-        nisa.tensor_copy(dst=rstd_col, src=column)
-        _segment_stationary(
-            plan,
-            s,
-            rstd_col,
-            resident.segment_mask[:parts],
-            resident.ident[:parts, :parts],
-            slot.rstd[:, :parts],
-        )
+    nisa.tensor_copy(dst=slot.rstd[:parts], src=column)
 
 
 def _transposed(tile, ident):
@@ -279,42 +219,24 @@ def _split_output(plan, views, resident, slot, seg0, parts):
     y_tile = slot.y[:parts]
     product = None if slot.product is None else slot.product[:parts]
     shift = None if resident.shift is None else resident.shift[:parts]
-    if resident.segment_mask is not None:
-        steps.outer_normalize(
-            y_tile,
-            slot.h[:parts],
-            [slot.rstd[:, :parts]],
-            resident.scale,
-            shift,
-            product,
-            nonfinite=(resident.nonfinite[:parts], slot.rstd_col[:parts]),
+    scale = None if resident.scale is None else resident.scale[:parts]
+    if plan.product_engine == "tensor" and scale is not None:
+        # DVE: y = (w · rstd) · h, rounded as the "rows" regime's h · (rstd ⊗ w) (see the
+        # module docstring), [+ bias].
+        target = y_tile if shift is None else product
+        nisa.scalar_tensor_tensor(
+            dst=target,
+            data=scale,
+            op0=nl.multiply,
+            operand0=slot.rstd[:parts],
+            op1=nl.multiply,
+            operand1=slot.h[:parts],
         )
+        if shift is not None:
+            nisa.tensor_tensor(dst=y_tile, data1=product, data2=shift, op=nl.add)
     else:
-        scale = None if resident.scale is None else resident.scale[:parts]
         xhat = slot.h[:parts] if slot.x is None else slot.x[:parts]
         steps.normalize(
             plan, y_tile, slot.h[:parts], slot.rstd[:parts], xhat, scale, shift, product
         )
     steps.store_y(plan, y_v[seg0 : seg0 + parts, :], y_tile)
-
-
-def _segment_stationary(plan, s, rstd_col, mask, ident, out):
-    """Write into ``out`` (pieces·s, parts): column p holds the pieces of partition p's rstd
-    in the rows b·s + (p mod s), zeros elsewhere. Pieces on the Scalar engine, masking on the
-    Vector engine, the transpose on the Tensor engine, the PSUM → SBUF copy on the Vector
-    engine."""
-    parts = rstd_col.shape[0]
-    pieces = plan.rstd_pieces
-    dtype = plan.scale_dtype
-    split = steps.split_rstd(plan, rstd_col)
-    placed = steps.sbuf((parts, pieces * s), dtype)
-    for b in range(pieces):
-        nisa.tensor_tensor(
-            dst=placed[:, b * s : (b + 1) * s],
-            data1=mask,
-            data2=split[:, b : b + 1].broadcast(1, s),
-            op=nl.multiply,
-        )
-    transposed = nl.ndarray((pieces * s, parts), dtype=dtype, buffer=nl.psum)
-    nisa.nc_matmul(dst=transposed, stationary=placed, moving=ident, is_transpose=True)
-    nisa.tensor_copy(dst=out, src=transposed)

@@ -346,7 +346,7 @@ def finite_parts(weight_hbm, dtype, offset=0.0):
     non-finite part (zero where finite), each (p, size / p) in SBUF, spread over the largest
     power-of-two p ≤ 128 dividing its size so that the Vector instructions are short; the
     callers move them into their layouts by DMA. Vector engine: v·0 == 0 holds exactly
-    where v is finite; a predicated copy selects; v − finite part leaves the rest."""
+    where v is finite; a predicated copy selects; −(finite part − v) leaves the rest."""
     size = 1
     for extent in weight_hbm.shape:
         size = size * extent
@@ -363,8 +363,9 @@ def finite_parts(weight_hbm, dtype, offset=0.0):
 
 
 def split_finite(values, finite, nonfinite):
-    """Write the finite part of ``values`` (an SBUF tile; ±Inf and NaN zeroed) into
-    ``finite`` and its non-finite part (zero where finite) into ``nonfinite``, tiles of its
+    """Write the finite part of ``values`` (an SBUF tile; ±Inf and NaN zeroed, −0 made +0 as
+    :func:`signed_zeros_positive` does) into ``finite`` and its non-finite part (−0 where
+    finite, so that adding its products changes no sum) into ``nonfinite``, tiles of its
     shape and dtype (see :func:`finite_parts`)."""
     is_finite = sbuf(values.shape, nl.uint8)
     nisa.tensor_scalar(
@@ -372,7 +373,17 @@ def split_finite(values, finite, nonfinite):
     )
     nisa.memset(dst=finite, value=0.0)
     nisa.tensor_copy_predicated(dst=finite, src=values, predicate=is_finite)
-    nisa.tensor_tensor(dst=nonfinite, data1=values, data2=finite, op=nl.subtract)
+    signed_zeros_positive(finite)
+    nisa.tensor_tensor(dst=nonfinite, data1=finite, data2=values, op=nl.subtract)
+    nisa.tensor_scalar(dst=nonfinite, data=nonfinite, op0=nl.multiply, operand0=-1.0)
+
+
+def signed_zeros_positive(weights):
+    """−0 made +0 in place (v + 0; Vector engine): the Tensor engine's rstd ⊗ w sums
+    products of rstd pieces of either sign and its ones-row broadcast starts from +0, so a
+    −0 weight (or bias) is +0 in the "rows" regime; the "split" regime's per-row weights
+    must be the same to stay bitwise equal."""
+    nisa.tensor_scalar(dst=weights, data=weights, op0=nl.add, operand0=0.0)
 
 
 def scale_row(plan, row_hbm, offset=0.0):
@@ -492,13 +503,11 @@ def rstd_rows(plan, rstd, ident, stacked=True):
     return stationary
 
 
-def outer_normalize(y_row, h_row, stationaries, moving, shift, product_row, nonfinite=None):
+def outer_normalize(y_row, h_row, stationaries, moving, shift, product_row):
     """y = h · (rstd ⊗ w) [+ bias] for one row of the tile: per PSUM bank, the Tensor engine
     writes rstd ⊗ w (the sum over ``stationaries`` (K, parts) against the ``moving`` (K, F)
     weight rows, accumulated in PSUM) and the Vector engine multiplies h by it; the bias is
-    added in fp32 after. ``nonfinite``: (part (parts, F), rstd (parts, 1)), the weight's
-    non-finite part per row (zero elsewhere), whose product with rstd the Vector engine
-    adds to rstd ⊗ w first (one more instruction)."""
+    added in fp32 after."""
     target = y_row if shift is None else product_row
     parts, width = h_row.shape
     for c0 in range(0, width, PSUM_COLS):
@@ -508,21 +517,7 @@ def outer_normalize(y_row, h_row, stationaries, moving, shift, product_row, nonf
             nisa.nc_matmul(
                 dst=outer, stationary=stationaries[i], moving=moving[:, c0:c1], accumulate=i > 0
             )
-        factor = outer
-        if nonfinite is not None:
-            part, rstd_col = nonfinite
-            factor = sbuf((parts, c1 - c0), nl.float32)
-            nisa.scalar_tensor_tensor(
-                dst=factor,
-                data=part[:, c0:c1],
-                op0=nl.multiply,
-                operand0=rstd_col,
-                op1=nl.add,
-                operand1=outer,
-            )
-        nisa.tensor_tensor(
-            dst=target[:, c0:c1], data1=h_row[:, c0:c1], data2=factor, op=nl.multiply
-        )
+        nisa.tensor_tensor(dst=target[:, c0:c1], data1=h_row[:, c0:c1], data2=outer, op=nl.multiply)
     _add_shift(y_row, product_row, shift)
 
 
