@@ -5,13 +5,16 @@ and engines per tile, and the unrolled software pipeline over ``SPLIT_SLOTS`` bu
 this module emits the same instructions in 0.6 idioms (dst-first ``nisa`` calls, slices and
 step slices instead of index arithmetic, explicit PSUM tiles).
 
-Two steps are written differently because 0.6 rules differ:
+Written differently:
 
-* the masking multiply that places rstd's bf16 pieces in their segment's rows is a
-  ``tensor_tensor`` against the piece broadcast along the free dim (a stride-0 view), not a
-  ``tensor_scalar``: a ``tensor_scalar`` operand of an arithmetic op must be float32
-  (nki/api/nki/isa/__init__.py@81ce03ae, line 1114), and the pieces are bf16. Same engine
-  (Vector), same products (mask ∈ {0, 1}), same rounding;
+* gemma with a weight (the plan's "tensor" product): y = (w · rstd) · h by one Vector
+  ``scalar_tensor_tensor`` against the per-row weight segments, not the legacy kernel's
+  rstd pieces placed by a 0/1 mask and multiplied by the stacked weight segments on the
+  Tensor engine. A masked zero times another segment's ±Inf or NaN weight is NaN there
+  (0·Inf), in columns where IEEE gives a finite y. The Vector product rounds as the "rows"
+  regime's h · (rstd ⊗ w) (the rstd pieces sum exactly, so PSUM holds rstd·w rounded once
+  to fp32, and fp32 w · rstd is that same rounding), with −0 weights made +0 as there
+  (``steps.signed_zeros_positive``): a row's y is bitwise the same in both regimes;
 * on-chip containers are ``nl.NKIObject`` classes (the only user classes a kernel may use:
   nki/get-started/nki-language-guide.rst@81ce03ae, line 572).
 

@@ -441,24 +441,34 @@ def broadcast_row(row_hbm, partitions, dtype, offset=0.0):
     return out
 
 
-def split_rstd(plan, rstd):
+def split_rstd(plan, rstd, spare=0):
     """rstd (parts, k) fp32 as the Tensor engine's operand dtype: for three pieces,
-    (parts, 3k) bf16 with row j's hi, mid, lo in columns 3j … 3j + 2 (Scalar engine, as in
-    the legacy kernel); for one piece, rstd."""
-    if plan.rstd_pieces != 3:
+    (parts, w·k) bf16 with row j's hi, mid, lo in columns w·j … w·j + 2 (Scalar engine, as
+    in the legacy kernel), w = 3 + ``spare`` (columns left for the caller); for one piece,
+    rstd, or with ``spare`` rstd in columns w·j (GpSimd copy), w = 1 + ``spare``."""
+    pieces = plan.rstd_pieces
+    if pieces != 3 and not spare:
         return rstd
     parts, k = rstd.shape
-    dtype = plan.scale_dtype
-    split = sbuf((parts, 3 * k), dtype)
+    width = pieces + spare
+    split = sbuf((parts, width * k), plan.scale_dtype)
+    if pieces != 3:
+        columns = split.reshape((parts, k, width))
+        nisa.tensor_copy(dst=columns[:, :, 0], src=rstd, engine=nisa.gpsimd_engine)
+        return split
     for j in range(k):
         r_j = rstd[:, j : j + 1]
-        hi = split[:, 3 * j : 3 * j + 1]
-        mid = split[:, 3 * j + 1 : 3 * j + 2]
+        hi = split[:, width * j : width * j + 1]
+        mid = split[:, width * j + 1 : width * j + 2]
         nisa.activation(dst=hi, op=nl.copy, data=r_j)
         rest = _activation((parts, 1), nl.copy, hi, scale=-1.0, bias=r_j)
         nisa.activation(dst=mid, op=nl.copy, data=rest)
         nisa.activation(
-            dst=split[:, 3 * j + 2 : 3 * j + 3], op=nl.copy, data=mid, scale=-1.0, bias=rest
+            dst=split[:, width * j + 2 : width * j + 3],
+            op=nl.copy,
+            data=mid,
+            scale=-1.0,
+            bias=rest,
         )
     return split
 
@@ -473,14 +483,14 @@ def rstd_rows(plan, rstd, ident, stacked=True):
     parts, k = rstd.shape
     pieces = plan.rstd_pieces
     dtype = plan.scale_dtype
-    split = split_rstd(plan, rstd)
     if stacked:
         # the pieces, then the high piece again, against weight_rows' finite copies and its
         # non-finite part
-        stacked_pieces = sbuf((parts, k * (pieces + 1)), dtype)
+        stacked_pieces = split_rstd(plan, rstd, spare=1)
         blocks = stacked_pieces.reshape((parts, k, pieces + 1))
-        nisa.tensor_copy(dst=blocks[:, :, 0:pieces], src=split.reshape((parts, k, pieces)))
-        nisa.tensor_copy(dst=blocks[:, :, pieces : pieces + 1], src=blocks[:, :, 0:1])
+        nisa.tensor_copy(
+            dst=blocks[:, :, pieces : pieces + 1], src=blocks[:, :, 0:1], engine=nisa.gpsimd_engine
+        )
         transposed = nl.ndarray((pieces + 1, k, parts), dtype=dtype, buffer=nl.psum)
         for j in range(k):
             nisa.nc_matmul(
@@ -490,6 +500,7 @@ def rstd_rows(plan, rstd, ident, stacked=True):
                 is_transpose=True,
             )
     else:
+        split = split_rstd(plan, rstd)
         transposed = nl.ndarray((1, k * pieces, parts), dtype=dtype, buffer=nl.psum)
         for b in range(k * pieces):
             nisa.nc_matmul(
