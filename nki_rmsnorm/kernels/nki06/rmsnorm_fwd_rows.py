@@ -131,12 +131,20 @@ def _row_statistics(plan, views, resident, eps, group0, parts, k, N):
             reduce_op=nl.add,
             reduce_res=sum_sq[:, j : j + 1],
         )
-    rstd_tile = steps.rstd_from_sum(sum_sq, eps, N, on_scalar=plan.product_engine != "scalar")
+    # v3+ plans: v = Σh²/n + eps on ACT, GpSimd's rsqrt of it (two instructions for all k
+    # rows, off the Vector engine's product); the "scalar" plan (v2): the Vector chain.
+    rstd_tile = (
+        steps.rstd_from_sum(sum_sq, eps, N, on_scalar=False)
+        if plan.product_engine == "scalar"
+        else steps.rstd_on_gpsimd(sum_sq, eps, N)
+    )
     nisa.dma_copy(dst=views.rstd[group0:g1, :], src=rstd_tile)
 
     stationary = None
     if plan.product_engine == "tensor":
-        stationary = steps.rstd_rows(plan, rstd_tile, resident.ident[:parts, :parts])
+        stationary = steps.rstd_rows(
+            plan, rstd_tile, resident.ident[:parts, :parts], on_vector=True
+        )
     return group0, h_tile, xhat_tile, y_tile, product, rstd_tile, stationary
 
 

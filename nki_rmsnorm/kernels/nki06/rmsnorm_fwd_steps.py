@@ -99,6 +99,25 @@ def rstd_from_sum(sum_sq, eps, n, on_scalar=True):
     return _rstd_on_vector(sum_sq, eps, n)
 
 
+def rstd_on_gpsimd(sum_sq, eps, n):
+    """rstd = 1 / sqrt(Σh² / n + eps), fp32, for a (parts, k) tile of row sums, in two
+    instructions for all k rows: v = Σh²·(1/n) + eps on the Scalar engine (``activation``
+    copy with a per-partition bias), then the GpSimd engine's ``tensor_scalar`` rsqrt, which
+    "performs reverse square root at a higher precision compared to Scalar Engine"
+    (aws-neuron-sdk@8a38e733 general/nki/api/nki.api.shared.rst L444-448; the GpSimd engine
+    runs ``tensor_scalar`` only for rsqrt, nki/api/nki/isa/__init__.py@81ce03ae L1157). No
+    Newton refinement and no range scaling: the Scalar engine's Valid Input Range
+    (nki.api.shared.rst L180) is not GpSimd's, and IEEE rsqrt already gives rstd = +inf for
+    v = 0 (eps = 0, an all-zero row), 0 for v = +inf and NaN for NaN, as the float64
+    reference. Neither the Vector engine (the product) nor the Scalar engine's Σh² stream
+    waits behind a per-row chain."""
+    parts, k = sum_sq.shape
+    v = _activation((parts, k), nl.copy, sum_sq, scale=1.0 / n, bias=_column(parts, eps))
+    rstd = sbuf((parts, k), nl.float32)
+    nisa.tensor_scalar(dst=rstd, data=v, op0=nl.rsqrt, operand0=0.0, engine=nisa.gpsimd_engine)
+    return rstd
+
+
 def _activation(shape, op, data, scale=1.0, bias=None):
     out = sbuf(shape, nl.float32)
     nisa.activation(dst=out, op=op, data=data, scale=scale, bias=bias)
@@ -390,7 +409,7 @@ def broadcast_row(row_hbm, partitions, dtype, offset=0.0):
     return out
 
 
-def split_rstd(plan, rstd):
+def split_rstd(plan, rstd, on_vector=False):
     """rstd (parts, k) fp32 as the Tensor engine's operand dtype: for three pieces,
     (parts, 3k) bf16 with row j's hi, mid, lo in columns 3j … 3j + 2 (Scalar engine, as in
     the legacy kernel); for one piece, rstd."""
@@ -399,6 +418,17 @@ def split_rstd(plan, rstd):
     parts, k = rstd.shape
     dtype = plan.scale_dtype
     split = sbuf((parts, 3 * k), dtype)
+    if on_vector:
+        # DVE, all k rows per instruction (strided destinations: piece p of row j is
+        # column 3j + p)
+        nisa.tensor_copy(dst=split[:, 0 : 3 * k : 3], src=rstd)
+        rest = sbuf((parts, k), nl.float32)
+        nisa.tensor_tensor(dst=rest, data1=rstd, data2=split[:, 0 : 3 * k : 3], op=nl.subtract)
+        nisa.tensor_copy(dst=split[:, 1 : 3 * k : 3], src=rest)
+        nisa.tensor_tensor(
+            dst=split[:, 2 : 3 * k : 3], data1=rest, data2=split[:, 1 : 3 * k : 3], op=nl.subtract
+        )
+        return split
     for j in range(k):
         r_j = rstd[:, j : j + 1]
         hi = split[:, 3 * j : 3 * j + 1]
@@ -412,7 +442,7 @@ def split_rstd(plan, rstd):
     return split
 
 
-def rstd_rows(plan, rstd, ident, stacked=True):
+def rstd_rows(plan, rstd, ident, stacked=True, on_vector=False):
     """rstd (parts, k) fp32 as Tensor-engine stationary operands: with ``stacked``,
     (pieces, k, parts), the ``plan.rstd_pieces`` pieces of row j's rstd for partition p in
     column p of block j (a K = pieces matmul against stacked weight rows); otherwise
@@ -422,7 +452,7 @@ def rstd_rows(plan, rstd, ident, stacked=True):
     parts, k = rstd.shape
     pieces = plan.rstd_pieces
     dtype = plan.scale_dtype
-    split = split_rstd(plan, rstd)
+    split = split_rstd(plan, rstd, on_vector)
     if stacked:
         transposed = nl.ndarray((pieces, k, parts), dtype=dtype, buffer=nl.psum)
         for j in range(k):
