@@ -224,7 +224,7 @@ def _split_statistics(plan, s, views, hbm, resident, slot, seg0, parts):
     row_sq_col = nisa.tensor_copy(
         nisa.nc_matmul(row_sq, resident.ident_f32[:1, :1], is_transpose=True), dtype=nl.float32
     )
-    rstd_by_row = steps.rstd_from_sum(row_sq_col, resident.eps, N)
+    rstd_by_row = steps.rstd_on_gpsimd(row_sq_col, resident.eps, N)
     nl.store(
         hbm.rstd.reshape((hbm.rstd.shape[0], 1))[
             seg0 // s + nl.arange(R)[:, None], nl.arange(1)[None, :]
@@ -284,7 +284,7 @@ def _segment_stationary(plan, s, rstd_col, mask, ident, out):
     parts = rstd_col.shape[0]
     pieces = plan.rstd_pieces
     dtype = plan.scale_dtype
-    split = steps.split_rstd(plan, rstd_col)
+    split = steps.split_rstd(plan, rstd_col, on_vector=True)
     placed = nl.ndarray((parts, pieces * s), dtype=dtype)
     for b in nl.static_range(pieces):
         placed[:, b * s : (b + 1) * s] = nisa.tensor_scalar(

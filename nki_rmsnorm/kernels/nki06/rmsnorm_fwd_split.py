@@ -223,7 +223,7 @@ def _split_statistics(plan, s, views, resident, slot, seg0, parts):
     # column: on the (1, R) row they would be one instruction per row); rstd stored. PE:
     # transposed back to a row; GpSimd: repeated for each segment of its row; PE: transposed
     # back to one rstd per partition. The transposes are exact (one 1·x product each).
-    rstd_by_row = steps.rstd_from_sum(_transposed(row_sq, resident.ident_f32), resident.eps, N)
+    rstd_by_row = steps.rstd_on_gpsimd(_transposed(row_sq, resident.ident_f32), resident.eps, N)
     row0 = seg0 // s
     nisa.dma_copy(dst=views.rstd[row0 : row0 + R, :], src=rstd_by_row)
     rstd_row = _transposed(rstd_by_row, resident.ident_f32)
@@ -287,7 +287,7 @@ def _segment_stationary(plan, s, rstd_col, mask, ident, out):
     parts = rstd_col.shape[0]
     pieces = plan.rstd_pieces
     dtype = plan.scale_dtype
-    split = steps.split_rstd(plan, rstd_col)
+    split = steps.split_rstd(plan, rstd_col, on_vector=True)
     placed = steps.sbuf((parts, pieces * s), dtype)
     for b in range(pieces):
         nisa.tensor_tensor(
