@@ -284,7 +284,7 @@ def _segment_stationary(plan, s, rstd_col, mask, ident, out):
     parts = rstd_col.shape[0]
     pieces = plan.rstd_pieces
     dtype = plan.scale_dtype
-    split = steps.split_rstd(plan, rstd_col, on_vector=True)
+    split = steps.split_rstd(plan, rstd_col)
     placed = nl.ndarray((parts, pieces * s), dtype=dtype)
     for b in nl.static_range(pieces):
         placed[:, b * s : (b + 1) * s] = nisa.tensor_scalar(

@@ -287,7 +287,7 @@ def _segment_stationary(plan, s, rstd_col, mask, ident, out):
     parts = rstd_col.shape[0]
     pieces = plan.rstd_pieces
     dtype = plan.scale_dtype
-    split = steps.split_rstd(plan, rstd_col, on_vector=True)
+    split = steps.split_rstd(plan, rstd_col)
     placed = steps.sbuf((parts, pieces * s), dtype)
     for b in range(pieces):
         nisa.tensor_tensor(
