@@ -119,9 +119,7 @@ def _row_tile(plan, views, resident, eps, group0, parts, k, N):
     shift = None if resident.shift is None else resident.shift[:parts]
     if plan.product_engine == "tensor":
         # PE: rstd ⊗ w per PSUM bank; DVE: y = h · (rstd ⊗ w) [+ bias].
-        stationary = steps.rstd_rows(
-            plan, rstd_tile, resident.ident[:parts, :parts], on_vector=True
-        )
+        stationary = steps.rstd_rows(plan, rstd_tile, resident.ident[:parts, :parts], batched=True)
         for j in nl.static_range(k):
             steps.outer_normalize(
                 row(y_tile, j),

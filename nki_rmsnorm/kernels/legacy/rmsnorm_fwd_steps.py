@@ -401,26 +401,29 @@ def broadcast_row(row_hbm, partitions, dtype, offset=0.0, mask=None):
     return row.broadcast_to((partitions, row.shape[1]))
 
 
-def split_rstd(plan, rstd, on_vector=False):
+def split_rstd(plan, rstd, batched=False):
     """rstd (parts, k) fp32 as the Tensor engine's operand dtype: for three pieces,
     (parts, 3k) bf16 with row j's hi, mid, lo in columns 3j, 3j + 1, 3j + 2; for one piece,
-    rstd. On the Scalar engine, whose ``activation`` adds a per-partition bias column:
-    hi = bf16(r), rest = r − hi (exact: hi is r rounded), mid = bf16(rest),
-    lo = bf16(rest − mid), whatever ACT's rounding mode (GpSimd may not subtract: its
-    ``tensor_scalar`` runs only rsqrt and its ``tensor_tensor`` only power and integer
-    arithmetic, general/nki/api/nki/isa/__init__.py@8a38e733 lines 1699 and 1767; the
-    Vector engine is busy with the product)."""
+    rstd. hi = bf16(r), rest = r − hi (exact: hi is r rounded), mid = bf16(rest),
+    lo = bf16(rest − mid), whatever the rounding mode. By default per row on the Scalar
+    engine, whose ``activation`` adds a per-partition bias column (GpSimd may not subtract:
+    its ``tensor_scalar`` runs only rsqrt and its ``tensor_tensor`` only power and integer
+    arithmetic, general/nki/api/nki/isa/__init__.py@8a38e733 lines 1699 and 1767). With
+    ``batched``, all k rows per instruction through strided destinations: the roundings by
+    GpSimd ``tensor_copy`` (an fp32 cast when the dtypes differ, isa L1375-1395), the
+    subtractions on the Vector engine, which then carries two small instructions per tile
+    instead of the Scalar engine's 4·k behind its Σh² stream."""
     if plan.rstd_pieces != 3:
         return rstd
     parts, k = rstd.shape
     dtype = plan.scale_dtype
     split = nl.ndarray((parts, 3 * k), dtype=dtype)
-    if on_vector:
-        # DVE, all k rows per instruction (strided destinations: piece p of row j is
-        # column 3j + p)
-        split[:, 0 : 3 * k : 3] = nisa.tensor_copy(rstd, dtype=dtype)
+    if batched:
+        # all k rows per instruction (strided destinations: piece p of row j is column
+        # 3j + p): the roundings on GpSimd, the exact subtractions on DVE
+        split[:, 0 : 3 * k : 3] = nisa.tensor_copy(rstd, dtype=dtype, engine=nisa.gpsimd_engine)
         rest = nisa.tensor_tensor(rstd, split[:, 0 : 3 * k : 3], op=nl.subtract, dtype=nl.float32)
-        split[:, 1 : 3 * k : 3] = nisa.tensor_copy(rest, dtype=dtype)
+        split[:, 1 : 3 * k : 3] = nisa.tensor_copy(rest, dtype=dtype, engine=nisa.gpsimd_engine)
         split[:, 2 : 3 * k : 3] = nisa.tensor_tensor(
             rest, split[:, 1 : 3 * k : 3], op=nl.subtract, dtype=dtype
         )
@@ -438,19 +441,20 @@ def split_rstd(plan, rstd, on_vector=False):
     return split
 
 
-def rstd_rows(plan, rstd, ident, stacked=True, on_vector=False):
+def rstd_rows(plan, rstd, ident, stacked=True, batched=False):
     """rstd (parts, k) fp32, one column per row of the tile, as Tensor-engine stationary
     operands: with ``stacked``, (pieces, k, parts), the ``plan.rstd_pieces`` pieces of row
     j's rstd for partition p in column p of block j (a K = pieces matmul against stacked
     weight rows); otherwise (1, k·pieces, parts), one block per row and piece (``pieces``
-    accumulating K = 1 matmuls against one weight row). Pieces from :func:`split_rstd`,
+    accumulating K = 1 matmuls against one weight row). Pieces from :func:`split_rstd`
+    (``batched``: all k rows per instruction),
     transposes on the Tensor engine (exact) into float32 PSUM (a legacy matmul's result is
     always float32: general/nki/api/nki/isa/__init__.py@8a38e733, L876), the PSUM → SBUF
     copy to the operand dtype on the Vector engine (exact: every piece is a bf16 value)."""
     parts, k = rstd.shape
     pieces = plan.rstd_pieces
     dtype = plan.scale_dtype
-    split = split_rstd(plan, rstd, on_vector)
+    split = split_rstd(plan, rstd, batched)
     # allocated before the branches: a tile created in an if block may not be used after it
     # (general/nki/api/nki.errors.rst@8a38e733, L417-L474)
     shape = (pieces, k, parts) if stacked else (1, k * pieces, parts)

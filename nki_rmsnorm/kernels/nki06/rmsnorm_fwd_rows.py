@@ -142,9 +142,7 @@ def _row_statistics(plan, views, resident, eps, group0, parts, k, N):
 
     stationary = None
     if plan.product_engine == "tensor":
-        stationary = steps.rstd_rows(
-            plan, rstd_tile, resident.ident[:parts, :parts], on_vector=True
-        )
+        stationary = steps.rstd_rows(plan, rstd_tile, resident.ident[:parts, :parts], batched=True)
     return group0, h_tile, xhat_tile, y_tile, product, rstd_tile, stationary
 
 

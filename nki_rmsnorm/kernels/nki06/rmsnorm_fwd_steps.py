@@ -409,22 +409,24 @@ def broadcast_row(row_hbm, partitions, dtype, offset=0.0):
     return out
 
 
-def split_rstd(plan, rstd, on_vector=False):
+def split_rstd(plan, rstd, batched=False):
     """rstd (parts, k) fp32 as the Tensor engine's operand dtype: for three pieces,
-    (parts, 3k) bf16 with row j's hi, mid, lo in columns 3j … 3j + 2 (Scalar engine, as in
-    the legacy kernel); for one piece, rstd."""
+    (parts, 3k) bf16 with row j's hi, mid, lo in columns 3j … 3j + 2, as in the legacy
+    kernel (whose docstring gives the arithmetic): per row on the Scalar engine, or with
+    ``batched`` for all k rows at once, the two roundings to bf16 on the GpSimd engine and
+    the two subtractions on the Vector engine; for one piece, rstd."""
     if plan.rstd_pieces != 3:
         return rstd
     parts, k = rstd.shape
     dtype = plan.scale_dtype
     split = sbuf((parts, 3 * k), dtype)
-    if on_vector:
-        # DVE, all k rows per instruction (strided destinations: piece p of row j is
-        # column 3j + p)
-        nisa.tensor_copy(dst=split[:, 0 : 3 * k : 3], src=rstd)
+    if batched:
+        # all k rows per instruction (strided destinations: piece p of row j is column
+        # 3j + p): the roundings on GpSimd, the exact subtractions on DVE
+        nisa.tensor_copy(dst=split[:, 0 : 3 * k : 3], src=rstd, engine=nisa.engine.gpsimd)
         rest = sbuf((parts, k), nl.float32)
         nisa.tensor_tensor(dst=rest, data1=rstd, data2=split[:, 0 : 3 * k : 3], op=nl.subtract)
-        nisa.tensor_copy(dst=split[:, 1 : 3 * k : 3], src=rest)
+        nisa.tensor_copy(dst=split[:, 1 : 3 * k : 3], src=rest, engine=nisa.engine.gpsimd)
         nisa.tensor_tensor(
             dst=split[:, 2 : 3 * k : 3], data1=rest, data2=split[:, 1 : 3 * k : 3], op=nl.subtract
         )
@@ -442,17 +444,18 @@ def split_rstd(plan, rstd, on_vector=False):
     return split
 
 
-def rstd_rows(plan, rstd, ident, stacked=True, on_vector=False):
+def rstd_rows(plan, rstd, ident, stacked=True, batched=False):
     """rstd (parts, k) fp32 as Tensor-engine stationary operands: with ``stacked``,
     (pieces, k, parts), the ``plan.rstd_pieces`` pieces of row j's rstd for partition p in
     column p of block j (a K = pieces matmul against stacked weight rows); otherwise
     (1, k·pieces, parts), one block per row and piece (``pieces`` accumulating K = 1
-    matmuls against one weight row). Transposes on the Tensor engine (exact), the
-    PSUM → SBUF copy on the Vector engine."""
+    matmuls against one weight row). Pieces from :func:`split_rstd` (``batched``: all k
+    rows per instruction), transposes on the Tensor engine (exact), the PSUM → SBUF copy
+    on the Vector engine."""
     parts, k = rstd.shape
     pieces = plan.rstd_pieces
     dtype = plan.scale_dtype
-    split = split_rstd(plan, rstd, on_vector)
+    split = split_rstd(plan, rstd, batched)
     if stacked:
         transposed = nl.ndarray((pieces, k, parts), dtype=dtype, buffer=nl.psum)
         for j in range(k):
