@@ -149,9 +149,8 @@ def rmsnorm_bwd(dy, x, weight, rstd, dh_out, offset, has_bias, casting_mode, bia
     param_dtype = nl.float32 if weight is None else weight.dtype
     dx = nl.ndarray((M, N), dtype=x.dtype, buffer=nl.shared_hbm)
     dweight = nl.ndarray((N,), dtype=param_dtype, buffer=nl.shared_hbm)
-    dbias = nl.ndarray(
-        (N,), dtype=param_dtype if bias_dtype is None else bias_dtype, buffer=nl.shared_hbm
-    )
+    dbias = nl.ndarray((N,), dtype=param_dtype if bias_dtype is None else bias_dtype,
+                       buffer=nl.shared_hbm)
     backward_body(dy, x, weight, rstd, dh_out, dx, dweight, dbias, offset, casting_mode)
     return (dx,) + ((dweight,) if weight is not None else ()) + ((dbias,) if has_bias else ())
 
@@ -193,22 +192,13 @@ def backward_body(dy, x, weight, rstd, dh_out, dx, dweight, dbias, offset, casti
     M, N = x.shape
     # the bindings raise ValueError before any launch; the kernel only asserts
     assert N <= MAX_HIDDEN, f"rmsnorm_bwd: hidden size {N} exceeds the supported {MAX_HIDDEN}"
-    dtypes = BwdDtypes(
-        x=x.dtype,
-        dy=dy.dtype,
-        weight=None if weight is None else weight.dtype,
-        dh_out=None if dh_out is None else dh_out.dtype,
-    )
-    plan = make_plan(
-        N,
-        dtypes,
-        offset,
-        casting_mode,
-        usable_sbuf_bytes(),
-        nisa.get_nc_version() >= nisa.nc_version.gen3,
-    )
+    dtypes = BwdDtypes(x=x.dtype, dy=dy.dtype, weight=None if weight is None else weight.dtype,
+                       dh_out=None if dh_out is None else dh_out.dtype)
+    plan = make_plan(N, dtypes, offset, casting_mode, usable_sbuf_bytes(),
+                     nisa.get_nc_version() >= nisa.nc_version.gen3)
     if plan is None:
-        streamed_backward(dy, x, weight, rstd, dh_out, offset, casting_mode, dx, dweight, dbias)
+        streamed_backward(dy, x, weight, rstd, dh_out, offset, casting_mode, dx, dweight,
+                          dbias)
     else:
         _folded_backward(plan, dy, x, weight, rstd, dh_out, dx, dweight, dbias, offset)
 
@@ -217,16 +207,11 @@ def _folded_backward(plan, dy, x, weight, rstd, dh_out, dx, dweight, dbias, offs
     """The main regime: rows (folded over ``plan.fold`` partitions) kept on chip between
     the two passes of a row tile."""
     M, N = x.shape
-    consts = _constants(
-        plan, M, N, dy, weight, rstd, offset, dweight is not None, dbias is not None
-    )
+    consts = _constants(plan, M, N, dy, weight, rstd, offset, dweight is not None,
+                        dbias is not None)
     f, L = plan.fold, plan.width
-    views = (
-        dy.reshape((M * f, L)),
-        x.reshape((M * f, L)),
-        dx.reshape((M * f, L)),
-        None if dh_out is None else dh_out.reshape((M * f, L)),
-    )
+    views = (dy.reshape((M * f, L)), x.reshape((M * f, L)), dx.reshape((M * f, L)),
+             None if dh_out is None else dh_out.reshape((M * f, L)))
     P = nl.tile_size.pmax
     # Every buffer that outlives one loop iteration is created here, before the loops, with
     # its slots in a free dimension after the partitions (the ring of group slots; two slots
@@ -235,17 +220,14 @@ def _folded_backward(plan, dy, x, weight, rstd, dh_out, dx, dweight, dbias, offs
     # dimension into free dimension"), and written with ``[...] =`` inside them: a tile
     # created in a loop body may not be used after it (general/nki/api/nki.errors.rst
     # @8a38e733, lines 419-475).
-    rings = (
-        nl.ndarray((P, plan.ring, plan.group), dtype=nl.float32),
-        nl.ndarray((P, plan.ring, plan.group), dtype=x.dtype),
-        nl.ndarray((P, DY_SLOTS, plan.group), dtype=dy.dtype),
-    )
+    rings = (nl.ndarray((P, plan.ring, plan.group), dtype=nl.float32),
+             nl.ndarray((P, plan.ring, plan.group), dtype=x.dtype),
+             nl.ndarray((P, DY_SLOTS, plan.group), dtype=dy.dtype))
     slots = BwdTileSlots(
         rows=nl.ndarray((plan.stationary_rows, 2, SPLIT, P), dtype=nl.bfloat16),
         cols=nl.ndarray((P, 2, consts.table_cols.shape[2]), dtype=nl.float32),
         partials=nl.ndarray((P, 2, plan.n_groups), dtype=nl.float32),
-        negk=nl.ndarray((P, 2, 1), dtype=nl.float32),
-    )
+        negk=nl.ndarray((P, 2, 1), dtype=nl.float32))
 
     # Software pipeline: statistic pass of tile t next to the gradient pass of tile t − 1.
     n_tiles = -(-M * f // P)
@@ -262,15 +244,8 @@ def _folded_backward(plan, dy, x, weight, rstd, dh_out, dx, dweight, dbias, offs
                 dy_g, dydx = _statistic_group(plan, consts, views, rings, tile, t, g)
                 if previous is not None:
                     _gradient_group(plan, views, rings, previous, t - 1, g)
-                _column_sums_group(
-                    plan,
-                    consts,
-                    tile,
-                    g,
-                    dy_g,
-                    dydx,
-                    (dweight, dbias) if t == n_tiles - 1 else (None, None),
-                )
+                _column_sums_group(plan, consts, tile, g, dy_g, dydx,
+                                   (dweight, dbias) if t == n_tiles - 1 else (None, None))
         if tile is not None:
             _finish_statistic(plan, consts, tile)
 
@@ -286,17 +261,13 @@ def _constants(plan, M, N, dy, weight, rstd, offset, want_dweight, want_dbias):
     dbias_moving = _fold_mask(f, dy.dtype) if want_dbias else None
     n_cols = 2 + (f if (want_dweight and not plan.round_xhat and f > 1) else 0)
     table_rows, table_cols = _rstd_tables(plan, M, N, rstd, n_cols)
-    return BwdConstants(
-        w_rows=_weight_rows(plan, N, weight, offset),
-        w_lazy=weight if plan.kw == 1 else None,
-        dweight_moving=dweight_moving,
-        dbias_moving=dbias_moving,
-        dweight_acc=_column_sum_accumulators(plan) if want_dweight else None,
-        dbias_acc=_column_sum_accumulators(plan) if want_dbias else None,
-        table_rows=table_rows,
-        table_cols=table_cols,
-        fold_scratch=_fold_scratch(f),
-    )
+    return BwdConstants(w_rows=_weight_rows(plan, N, weight, offset),
+                        w_lazy=weight if plan.kw == 1 else None,
+                        dweight_moving=dweight_moving, dbias_moving=dbias_moving,
+                        dweight_acc=_column_sum_accumulators(plan) if want_dweight else None,
+                        dbias_acc=_column_sum_accumulators(plan) if want_dbias else None,
+                        table_rows=table_rows, table_cols=table_cols,
+                        fold_scratch=_fold_scratch(f))
 
 
 def _fold_scratch(f):
@@ -314,18 +285,13 @@ def _fold_mask(f, dtype):
     has a single 1."""
     P = nl.tile_size.pmax
     i_p = nl.arange(P)[:, None]
-    identity = nisa.tensor_scalar(
-        nisa.iota(nl.arange(P)[None, :] - i_p, dtype=nl.int32),
-        op0=nl.equal,
-        operand0=0.0,
-        dtype=nl.float32,
-    )
+    identity = nisa.tensor_scalar(nisa.iota(nl.arange(P)[None, :] - i_p, dtype=nl.int32),
+                                  op0=nl.equal, operand0=0.0, dtype=nl.float32)
     i_r = nl.arange(P // f)[None, :]
     mask = nl.ndarray((P, f), dtype=dtype)
     for h in nl.static_range(f):
-        mask[:, h : h + 1] = nisa.tensor_reduce(
-            nl.add, identity[i_p, h + f * i_r], axis=[1], dtype=dtype, keepdims=True
-        )
+        mask[:, h:h + 1] = nisa.tensor_reduce(nl.add, identity[i_p, h + f * i_r], axis=[1],
+                                              dtype=dtype, keepdims=True)
     return mask
 
 
@@ -355,14 +321,14 @@ def _weight_rows(plan, N, weight, offset):
         w = nl.load(weight.reshape((lanes, N // lanes)), dtype=nl.float32)
         w_parts = _bf16_parts(nisa.tensor_scalar(w, nl.add, float(offset), dtype=nl.float32))
         for b in nl.static_range(SPLIT):
-            nisa.dma_copy(dst=rows[b * f : (b + 1) * f, :], src=w_parts[b])
+            nisa.dma_copy(dst=rows[b * f:(b + 1) * f, :], src=w_parts[b])
     return rows
 
 
 def _load_weight_group(plan, rows, weight, g0, width):
     """Columns g0 … g0+width of the bf16 weight rows (one row per fold segment)."""
     f, L = plan.fold, plan.width
-    rows[:, g0 : g0 + width] = nl.load(weight.reshape((f, L))[:, g0 : g0 + width])
+    rows[:, g0:g0 + width] = nl.load(weight.reshape((f, L))[:, g0:g0 + width])
 
 
 def _rstd_tables(plan, M, N, rstd, n_cols):
@@ -376,7 +342,8 @@ def _rstd_tables(plan, M, N, rstd, n_cols):
     f, K = plan.fold, plan.stationary_rows
     R = P // f
     n_tiles = -(-M // R)
-    table_rows = nl.ndarray((n_tiles, K, SPLIT, P), dtype=nl.bfloat16, buffer=nl.private_hbm)
+    table_rows = nl.ndarray((n_tiles, K, SPLIT, P), dtype=nl.bfloat16,
+                            buffer=nl.private_hbm)
     table_cols = nl.ndarray((n_tiles, P, n_cols), dtype=nl.float32, buffer=nl.private_hbm)
     # rstd padded with zeros to whole row tiles: (tiles, R) by reshaping whole HBM tensors
     # only (general/nki/tutorials/..., the tutorial reshapes the tensor, never a slice)
@@ -384,13 +351,14 @@ def _rstd_tables(plan, M, N, rstd, n_cols):
     flat = padded.reshape((1, n_tiles * R))
     nl.store(flat[0:1, 0:M], value=nl.load(rstd.reshape((1, M))))
     if n_tiles * R > M:
-        nl.store(flat[0:1, M : n_tiles * R], value=nl.zeros((1, n_tiles * R - M), dtype=nl.float32))
+        nl.store(flat[0:1, M:n_tiles * R], value=nl.zeros((1, n_tiles * R - M),
+                                                           dtype=nl.float32))
     i_r = nl.arange(R)[None, :]
     for block in nl.static_range(-(-n_tiles // P)):
         t0 = block * P
         nt = min(P, n_tiles - t0)
         i_t = nl.arange(nt)[:, None]
-        r_t = nl.load(padded[t0 : t0 + nt, :])
+        r_t = nl.load(padded[t0:t0 + nt, :])
         rows = nl.zeros((nt, K, SPLIT, P), dtype=nl.bfloat16)
         parts = _bf16_parts(r_t)
         # partition p of segment h is h + f·r: an affine stride on the free dimension
@@ -399,22 +367,17 @@ def _rstd_tables(plan, M, N, rstd, n_cols):
             for b in nl.static_range(plan.kw):
                 for h in nl.static_range(f):
                     rows[i_t, b * f + h, a, h + f * i_r] = nisa.tensor_copy(parts[a])
-        nl.store(table_rows[t0 : t0 + nt], value=rows)
-        neg_scale = nisa.scalar_tensor_tensor(
-            data=r_t,
-            op0=nl.multiply,
-            operand0=-1.0 / N,
-            op1=nl.multiply,
-            operand1=r_t,
-            dtype=nl.float32,
-        )
+        nl.store(table_rows[t0:t0 + nt], value=rows)
+        neg_scale = nisa.scalar_tensor_tensor(data=r_t, op0=nl.multiply, operand0=-1.0 / N,
+                                              op1=nl.multiply, operand1=r_t,
+                                              dtype=nl.float32)
         cols = nl.zeros((nt, P, n_cols), dtype=nl.float32)
         for h in nl.static_range(f):
             cols[i_t, h + f * i_r, 0] = nisa.tensor_copy(r_t)
             cols[i_t, h + f * i_r, 1] = nisa.tensor_copy(neg_scale)
             if n_cols > 2:
                 cols[i_t, h + f * i_r, 2 + h] = nisa.tensor_copy(r_t)
-        nl.store(table_cols[t0 : t0 + nt], value=cols)
+        nl.store(table_cols[t0:t0 + nt], value=cols)
     return table_rows, table_cols
 
 
@@ -426,29 +389,23 @@ def _column_sum_accumulators(plan):
     general/nki/nki_block_dimension_migration_guide.rst@8a38e733, lines 176-180)."""
     P = nl.tile_size.pmax
     n = plan.n_groups * (-(-plan.group // P)) * plan.fold
-    return nl.zeros(
-        (-(-n // PSUM_BANK_COLS), nl.par_dim(P), PSUM_BANK_COLS), dtype=nl.float32, buffer=nl.psum
-    )
+    return nl.zeros((-(-n // PSUM_BANK_COLS), nl.par_dim(P), PSUM_BANK_COLS),
+                    dtype=nl.float32, buffer=nl.psum)
 
 
 # --- the pipeline steps ---------------------------------------------------------------------
 def _tile_view(slots, t, p):
     """Row tile ``t`` of ``p`` partitions, its operands in slot t mod 2."""
     slot = t % 2
-    return BwdTile(
-        v0=t * nl.tile_size.pmax,
-        p=p,
-        rows=slots.rows[:, slot, :, 0:p],
-        cols=slots.cols[0:p, slot, :],
-        partials=slots.partials[0:p, slot, :],
-        negk=slots.negk[0:p, slot, :],
-    )
+    return BwdTile(v0=t * nl.tile_size.pmax, p=p, rows=slots.rows[:, slot, :, 0:p],
+                   cols=slots.cols[0:p, slot, :], partials=slots.partials[0:p, slot, :],
+                   negk=slots.negk[0:p, slot, :])
 
 
 def _load_tile_operands(consts, tile, t):
     """Load row tile t's stationary rows and rstd columns from the HBM tables."""
-    tile.rows[...] = nl.load(consts.table_rows[t, :, :, 0 : tile.p])
-    tile.cols[...] = nl.load(consts.table_cols[t, 0 : tile.p, :])
+    tile.rows[...] = nl.load(consts.table_rows[t, :, :, 0:tile.p])
+    tile.cols[...] = nl.load(consts.table_cols[t, 0:tile.p, :])
 
 
 def _slot(plan, t, g):
@@ -480,38 +437,30 @@ def _statistic_group(plan, consts, views, rings, tile, t, g):
     # into PSUM. (GpSimd would share the load, but its tensor_tensor runs only power and
     # integer arithmetic: general/nki/api/nki/isa/__init__.py@8a38e733, lines 1766-1767.)
     dydx = nl.ndarray((p, width), dtype=nl.float32)
-    rounded = (
-        nisa.activation(op=nl.copy, data=xs, scale=tile.cols[:, 0:1], dtype=xs.dtype)
-        if plan.round_xhat
-        else None
-    )
+    rounded = (nisa.activation(op=nl.copy, data=xs, scale=tile.cols[:, 0:1], dtype=xs.dtype)
+               if plan.round_xhat else None)
     p1x = nl.ndarray((p, width), dtype=nl.float32)
     for c in nl.static_range(-(-width // CHUNK)):
         lo, hi = c * CHUNK, min(width, (c + 1) * CHUNK)
-        a = _outer_product(tile.rows, consts.w_rows[:, g0 + lo : g0 + hi])
+        a = _outer_product(tile.rows, consts.w_rows[:, g0 + lo:g0 + hi])
         if not plan.round_xhat:
             # dy·x before p1, so that p1·x = (dy·x)·a does not read the output of the
             # Vector instruction just before it ("a static instruction overhead of 100
             # engine cycles": general/nki/arch/trainium_inferentia2_arch.rst@8a38e733,
             # lines 400-401)
             dydx[:, lo:hi] = _dy_times_x(plan, dy_g[:, lo:hi], xs[:, lo:hi])
-        p1[:, lo:hi] = nisa.tensor_tensor(dy_g[:, lo:hi], a, op=nl.multiply, dtype=nl.float32)
+        p1[:, lo:hi] = nisa.tensor_tensor(dy_g[:, lo:hi], a, op=nl.multiply,
+                                          dtype=nl.float32)
         if plan.round_xhat:  # dweight sums dy·round(x̂); p1·x is p1 times x itself
-            dydx[:, lo:hi] = nisa.tensor_tensor(
-                dy_g[:, lo:hi], rounded[:, lo:hi], op=nl.multiply, dtype=nl.float32
-            )
-            p1x[:, lo:hi] = nisa.tensor_tensor(
-                p1[:, lo:hi], _psum_copy(xs[:, lo:hi]), op=nl.multiply, dtype=nl.float32
-            )
+            dydx[:, lo:hi] = nisa.tensor_tensor(dy_g[:, lo:hi], rounded[:, lo:hi],
+                                                op=nl.multiply, dtype=nl.float32)
+            p1x[:, lo:hi] = nisa.tensor_tensor(p1[:, lo:hi], _psum_copy(xs[:, lo:hi]),
+                                               op=nl.multiply, dtype=nl.float32)
         else:
-            p1x[:, lo:hi] = nisa.tensor_tensor(dydx[:, lo:hi], a, op=nl.multiply, dtype=nl.float32)
-    nisa.activation_reduce(
-        op=nl.copy,
-        data=p1x,
-        reduce_op=nl.add,
-        reduce_res=tile.partials[:, g : g + 1],
-        dtype=nl.float32,
-    )
+            p1x[:, lo:hi] = nisa.tensor_tensor(dydx[:, lo:hi], a, op=nl.multiply,
+                                               dtype=nl.float32)
+    nisa.activation_reduce(op=nl.copy, data=p1x, reduce_op=nl.add,
+                           reduce_res=tile.partials[:, g:g + 1], dtype=nl.float32)
     return dy_g, dydx
 
 
@@ -534,9 +483,8 @@ def _dy_times_x(plan, dy_c, x_c):
     no bit of dy."""
     if plan.x_from_psum:
         return nisa.tensor_tensor(dy_c, _psum_copy(x_c), op=nl.multiply, dtype=nl.float32)
-    return nisa.scalar_tensor_tensor(
-        data=dy_c, op0=nl.subtract, operand0=0.0, op1=nl.multiply, operand1=x_c, dtype=nl.float32
-    )
+    return nisa.scalar_tensor_tensor(data=dy_c, op0=nl.subtract, operand0=0.0,
+                                     op1=nl.multiply, operand1=x_c, dtype=nl.float32)
 
 
 def _column_sums_group(plan, consts, tile, g, dy_g, dydx, outputs):
@@ -547,13 +495,8 @@ def _column_sums_group(plan, consts, tile, g, dy_g, dydx, outputs):
     p = tile.p
     dweight, dbias = outputs
     if consts.dweight_acc is not None:
-        moving = (
-            consts.dweight_moving[0:p, :]
-            if consts.dweight_moving is not None
-            else tile.cols[:, 0:1]
-            if plan.fold == 1
-            else tile.cols[:, 2:]
-        )
+        moving = (consts.dweight_moving[0:p, :] if consts.dweight_moving is not None
+                  else tile.cols[:, 0:1] if plan.fold == 1 else tile.cols[:, 2:])
         _accumulate_column_sums(plan, consts.dweight_acc, dydx, moving, g)
         if dweight is not None:
             _store_column_sums(plan, dweight, consts.dweight_acc, g)
@@ -578,14 +521,8 @@ def _finish_statistic(plan, consts, tile):
     engine: the partials scaled by the tile's −rstd²/N column and added); with a fold the
     segment sums of a row are added next (on-chip DMAs, no arithmetic across rows)."""
     segment_negk = tile.negk if plan.fold == 1 else nl.ndarray((tile.p, 1), dtype=nl.float32)
-    nisa.activation_reduce(
-        op=nl.copy,
-        data=tile.partials,
-        reduce_op=nl.add,
-        reduce_res=segment_negk,
-        scale=tile.cols[:, 1:2],
-        dtype=nl.float32,
-    )
+    nisa.activation_reduce(op=nl.copy, data=tile.partials, reduce_op=nl.add,
+                           reduce_res=segment_negk, scale=tile.cols[:, 1:2], dtype=nl.float32)
     if plan.fold > 1:
         _add_fold_segments(tile.negk, segment_negk, tile.p, plan.fold, consts.fold_scratch)
 
@@ -606,7 +543,7 @@ def _add_fold_segments(out, s, p, f, scratch):
     total = nisa.tensor_reduce(nl.add, segments, axis=[1], dtype=nl.float32, keepdims=True)
     repeated = nl.ndarray((rows, f), dtype=nl.float32)
     for h in nl.static_range(f):  # the sum into each column, as the 0.6 kernel does
-        repeated[:, h : h + 1] = nisa.tensor_copy(total, dtype=nl.float32)
+        repeated[:, h:h + 1] = nisa.tensor_copy(total, dtype=nl.float32)
     nl.store(by_row[0:rows, :], value=repeated)
     out[...] = nl.load(column[0:p, :])
 
@@ -620,7 +557,8 @@ def _gradient_group(plan, views, rings, tile, t, g):
     for c in nl.static_range(-(-width // CHUNK)):
         lo, hi = c * CHUNK, min(width, (c + 1) * CHUNK)
         kx = nl.ndarray((p, hi - lo), dtype=nl.float32, buffer=nl.psum)
-        kx[...] = nisa.activation(op=nl.copy, data=xs[:, lo:hi], scale=tile.negk, dtype=nl.float32)
+        kx[...] = nisa.activation(op=nl.copy, data=xs[:, lo:hi], scale=tile.negk,
+                                  dtype=nl.float32)
         dx_g[:, lo:hi] = nisa.tensor_tensor(p1[:, lo:hi], kx, op=nl.add, dtype=out_dtype)
     dx_dst = dx_v[nl.ds(tile.v0, p), nl.ds(g0, width)]
     if dh_v is None:
@@ -649,7 +587,7 @@ def _accumulate_column_sums(plan, acc, data, moving, g):
         # columns b, b + n, …: an affine stride on the free dimension (programming_model
         # L531-577)
         stationary = data[i_p, b + n * nl.arange(count)[None, :]]
-        acc[bank, 0:count, c : c + f] += nisa.nc_matmul(stationary, moving)
+        acc[bank, 0:count, c:c + f] += nisa.nc_matmul(stationary, moving)
 
 
 def _store_column_sums(plan, dst, acc, g):
@@ -666,7 +604,7 @@ def _store_column_sums(plan, dst, acc, g):
     n = -(-width // P)
     bank, c0 = divmod(g * per_group * f, PSUM_BANK_COLS)
     # column b·f + h: set b of segment h
-    rounded = nl.copy(acc[bank, :, c0 : c0 + n * f], dtype=dst.dtype)
+    rounded = nl.copy(acc[bank, :, c0:c0 + n * f], dtype=dst.dtype)
     full, rest = divmod(width, n)
     i_b = nl.arange(n)[None, :]
     # dst reshaped whole to a column (the tutorial's form), indexed by affine expressions:
