@@ -52,9 +52,16 @@ from jax.experimental.buffer_callback import buffer_callback
 from jax.experimental.custom_partitioning import custom_partitioning
 from jax.sharding import PartitionSpec as P
 
-from nki_rmsnorm import _jax_ffi, dialect, kernels, ops, validation
+from nki_rmsnorm import _jax_ffi, dialect, kernels, mx, ops, validation
 
-__all__ = ["LAUNCH_PATHS", "fused_add_rms_norm", "launch_path", "rms_norm", "rms_norm_quant"]
+__all__ = [
+    "LAUNCH_PATHS",
+    "fused_add_rms_norm",
+    "launch_path",
+    "rms_norm",
+    "rms_norm_mx_quant",
+    "rms_norm_quant",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -929,3 +936,56 @@ def rms_norm_quant(
             shaped.append(value.reshape(lead + part.shape[1:]) if x.ndim != 1 else value[0])
     filled = iter(shaped)
     return ops.QuantizedRMSNorm(*(None if a is None else next(filled) for a in empty))
+
+
+def rms_norm_mx_quant(
+    x,
+    weight=None,
+    eps: float = 1e-6,
+    *,
+    residual=None,
+    quant_dtype="float8_e4m3fn_x4",
+    scale_dtype="float8_e8m0fnu",
+) -> mx.MXQuantizedRMSNorm:
+    """RMSNorm over the last axis, MXFP8-quantized in one pass on trn3: the arguments and
+    outputs of :func:`nki_rmsnorm.mx.rms_norm_mx_quant`, as JAX arrays (``y_q`` uint32 bits
+    (N / 4, M), ``scales`` (N / 32, M) in ``jnp.float8_e8m0fnu`` or uint8, ``h`` x's shape).
+
+    Works under ``jax.jit`` (a host callback running the simulated kernel); not
+    differentiable. Every argument is checked when the function is traced, on zero-row
+    stand-ins of the arrays, before anything runs."""
+    for a, name in ((x, "x"), (weight, "weight"), (residual, "residual")):
+        if a is not None and (not hasattr(a, "shape") or not hasattr(a, "dtype")):
+            raise TypeError(f"{name} must be an array, got {type(a).__name__}")
+    n = x.shape[-1] if x.ndim else 0
+    x2 = x.reshape((-1, n)) if x.ndim != 1 else x.reshape((1, n))
+    r2 = None if residual is None else residual.reshape(x2.shape)
+    rows = x2.shape[0]
+
+    def stand_in(a):
+        return None if a is None else np.empty((0,) + tuple(a.shape[1:]), np.dtype(a.dtype))
+
+    weight_stand_in = None if weight is None else np.empty(weight.shape, np.dtype(weight.dtype))
+    options = dict(quant_dtype=quant_dtype, scale_dtype=scale_dtype)
+    empty = mx.rms_norm_mx_quant(
+        stand_in(x2), weight_stand_in, eps, residual=stand_in(r2), **options
+    )
+    result_types = [
+        jax.ShapeDtypeStruct((empty.y_q.shape[0], rows), empty.y_q.dtype),
+        jax.ShapeDtypeStruct((empty.scales.shape[0], rows), empty.scales.dtype),
+    ]
+    if residual is not None:
+        result_types.append(jax.ShapeDtypeStruct(x2.shape, np.dtype(residual.dtype)))
+    dialect_name = dialect.current()
+
+    def host(outputs, x_host, weight_host, residual_host):
+        with dialect.use_dialect(dialect_name):
+            result = mx.rms_norm_mx_quant(
+                x_host, weight_host, eps, residual=residual_host, **options
+            )
+        for out, value in zip(outputs, [a for a in result if a is not None]):
+            out[...] = value.reshape(out.shape)
+
+    values = list(_host_call(host, result_types, x2, weight, r2))
+    h = values[2].reshape(x.shape) if residual is not None else None
+    return mx.MXQuantizedRMSNorm(values[0], values[1], h)

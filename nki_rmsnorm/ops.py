@@ -300,8 +300,10 @@ def quant_dtype_name(quant_dtype: Any, nc_version: int | None) -> str:
         except TypeError:
             name = str(quant_dtype).removeprefix("torch.").removeprefix("nl.")
     if name not in QUANT_DTYPES:
+        mx_hint = ("; MX formats (float8_e4m3fn_x4, float8_e5m2_x4) are "
+                   "nki_rmsnorm.mx.rms_norm_mx_quant's" if name.endswith("_x4") else "")
         raise TypeError(f"quant_dtype must be one of {', '.join(QUANT_DTYPES)}, got "
-                        f"{quant_dtype!r}")
+                        f"{quant_dtype!r}{mx_hint}")
     if (name == "float8_e4m3fn" and nc_version is not None
             and nc_version != _OCP_ONLY_NC_VERSION):
         raise ValueError("quant_dtype=float8_e4m3fn (OCP) needs trn3 (NeuronCore-v4); this "

@@ -59,7 +59,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from nki_rmsnorm import dialect, kernels, ops, validation
+from nki_rmsnorm import dialect, kernels, mx, ops, validation
 
 __all__ = [
     "LAUNCHERS",
@@ -69,6 +69,7 @@ __all__ = [
     "last_launch_path",
     "patch_module",
     "rms_norm",
+    "rms_norm_mx_quant",
     "rms_norm_quant",
 ]
 
@@ -1306,3 +1307,102 @@ def rms_norm_quant(
     y_q_t = outputs.pop(0) if return_transposed else None
     scales_t = outputs.pop(0) if return_transposed and scale_mode != "static" else None
     return ops.QuantizedRMSNorm(y_q, scales, y, h, amax, y_q_t, scales_t)
+
+
+# --- MX-quantized forward (trn3) ---------------------------------------------------------------
+_TORCH_MX_SCALES = {"float8_e8m0fnu": torch.float8_e8m0fnu, "uint8": torch.uint8}
+
+
+def _mx_fake(x: Tensor, residual: Tensor | None, scale_dtype: str) -> list[Tensor]:
+    n, m = x.shape[-1], math.prod(x.shape[:-1])
+    outputs = [
+        x.new_empty((n // 4, m), dtype=torch.uint32),
+        x.new_empty((n // mx.MX_BLOCK, m), dtype=_TORCH_MX_SCALES[scale_dtype]),
+    ]
+    if residual is not None:
+        outputs.append(torch.empty_like(residual))
+    return outputs
+
+
+@torch.library.custom_op("nki_rmsnorm::rms_norm_mx_quant", mutates_args=())
+def _rms_norm_mx_quant(
+    x: Tensor,
+    weight: Tensor | None,
+    residual: Tensor | None,
+    eps: float,
+    quant_dtype: str,
+    scale_dtype: str,
+) -> list[Tensor]:
+    if x.device.type != "cpu":  # pragma: no cover - needs a NeuronDevice
+        raise NotImplementedError(
+            "rms_norm_mx_quant runs the simulated kernel on CPU tensors only so far; got a "
+            f"tensor on {x.device}"
+        )
+    result = mx.rms_norm_mx_quant(
+        _to_numpy(x),
+        _to_numpy_or_none(weight),
+        eps,
+        residual=_to_numpy_or_none(residual),
+        quant_dtype=quant_dtype,
+        scale_dtype=scale_dtype,
+    )
+    scale_bits = torch.from_numpy(np.ascontiguousarray(result.scales).view(np.uint8))
+    outputs = [torch.from_numpy(result.y_q), scale_bits.view(_TORCH_MX_SCALES[scale_dtype])]
+    if result.h is not None:
+        outputs.append(_from_numpy(result.h))
+    return outputs
+
+
+@_rms_norm_mx_quant.register_fake
+def _(x, weight, residual, eps, quant_dtype, scale_dtype):
+    return _mx_fake(x, residual, scale_dtype)
+
+
+def rms_norm_mx_quant(
+    input: Tensor,
+    weight: Tensor | None = None,
+    eps: float = 1e-6,
+    *,
+    residual: Tensor | None = None,
+    quant_dtype: str = "float8_e4m3fn_x4",
+    scale_dtype: str | torch.dtype = "float8_e8m0fnu",
+) -> mx.MXQuantizedRMSNorm:
+    """RMSNorm over the last dim, MXFP8-quantized in one pass on trn3 (inference; no
+    autograd). The arguments and outputs are those of :func:`nki_rmsnorm.mx.rms_norm_mx_quant`,
+    as tensors: ``y_q`` (N / 4, M) ``torch.uint32`` (the packed bits), ``scales`` (N / 32, M)
+    ``torch.float8_e8m0fnu`` (``scale_dtype`` "float8_e8m0fnu" or that dtype) or
+    ``torch.uint8``. Launches ``torch.ops.nki_rmsnorm.rms_norm_mx_quant`` (with a fake
+    implementation for ``torch.compile`` / meta tensors)."""
+    for name, t in (("input", input), ("weight", weight), ("residual", residual)):
+        if t is not None and not isinstance(t, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if isinstance(scale_dtype, torch.dtype):
+        names = {v: k for k, v in _TORCH_MX_SCALES.items()}
+        if scale_dtype not in names:
+            raise TypeError(
+                f"scale_dtype must be torch.float8_e8m0fnu or torch.uint8, got {scale_dtype}"
+            )
+        scale_dtype = names[scale_dtype]
+    # the operator's schema would refuse these with a RuntimeError: name them first
+    for value, argname, allowed in (
+        (quant_dtype, "quant_dtype", mx.MX_QUANT_DTYPES),
+        (scale_dtype, "scale_dtype", mx.MX_SCALE_DTYPES),
+    ):
+        if not isinstance(value, str) or value not in allowed:
+            raise TypeError(f"{argname} must be one of {', '.join(allowed)}, got {value!r}")
+    eps = validation.real(eps, "eps")
+    mx.check_mx_target()
+    if input.shape and input.shape[-1] % mx.MX_CHUNK:
+        raise ValueError(
+            f"input's last dimension N={input.shape[-1]} must be a multiple of {mx.MX_CHUNK} "
+            "for MX quantization"
+        )
+    if input.device.type == "meta":
+        outputs = _mx_fake(input, residual, scale_dtype)
+    else:
+        outputs = torch.ops.nki_rmsnorm.rms_norm_mx_quant(
+            input, weight, residual, eps, quant_dtype, scale_dtype
+        )
+    return mx.MXQuantizedRMSNorm(
+        outputs[0], outputs[1], outputs[2] if residual is not None else None
+    )

@@ -34,9 +34,15 @@ MODULES = {
     "rmsnorm_bwd": "rmsnorm_bwd",
     "rmsnorm_bwd_out": "rmsnorm_bwd",
     "rmsnorm_quant": "rmsnorm_quant",
+    "rmsnorm_mx_quant": "rmsnorm_mx_quant",
 }
 
-__all__ = [*MODULES, "available", "kernel", "nki_dtype"]
+#: Entry points only the 0.6 dialect has: MX quantization needs NeuronCore-v4 (trn3), which
+#: runs NKI 0.6 only, and the legacy dtype table has no packed x4 or e8m0 types
+#: (aws-neuron-sdk@8a38e733 general/nki/api/nki.api.shared.rst).
+NKI06_ONLY = ("rmsnorm_mx_quant",)
+
+__all__ = [*MODULES, "NKI06_ONLY", "available", "kernel", "nki_dtype"]
 
 
 def kernel(name: str, dialect_name: str | None = None):
