@@ -96,7 +96,7 @@ def rstd_from_sum(sum_sq, eps, n, mask=None, on_scalar=True):
     return _rstd_on_vector(sum_sq, eps, n, mask)
 
 
-def rstd_on_gpsimd(sum_sq, eps, n):
+def rstd_on_gpsimd(sum_sq, eps, n, mean_on_scalar=True):
     """rstd = 1 / sqrt(Σh² / n + eps), fp32, for a (parts, k) tile of row sums, in two
     instructions for all k rows: v = Σh²·(1/n) + eps on the Scalar engine (``activation``
     copy with a per-partition bias), then the GpSimd engine's rsqrt
@@ -106,10 +106,23 @@ def rstd_on_gpsimd(sum_sq, eps, n):
     and no range scaling: the Scalar engine's Valid Input Range (L180) is not GpSimd's, and
     IEEE rsqrt already gives rstd = +inf for v = 0 (eps = 0, an all-zero row), 0 for
     v = +inf and NaN for NaN, as the float64 reference. Neither the Vector engine (the
-    product) nor the Scalar engine's Σh² stream waits behind a per-row chain."""
+    product) nor the Scalar engine's Σh² stream waits behind a per-row chain.
+    ``mean_on_scalar=False``: v on the Vector engine (``tensor_scalar``), for a chain
+    whose other steps run there, so that no step waits behind a whole-tile Σh² on ACT."""
     parts, k = sum_sq.shape
-    v = nisa.activation(
-        op=nl.copy, data=sum_sq, scale=1.0 / n, bias=_column(parts, eps), dtype=nl.float32
+    v = (
+        nisa.activation(
+            op=nl.copy, data=sum_sq, scale=1.0 / n, bias=_column(parts, eps), dtype=nl.float32
+        )
+        if mean_on_scalar
+        else nisa.tensor_scalar(
+            sum_sq,
+            op0=nl.multiply,
+            operand0=1.0 / n,
+            op1=nl.add,
+            operand1=float(eps),
+            dtype=nl.float32,
+        )
     )
     return nisa.tensor_scalar(
         v, op0=nl.rsqrt, operand0=0.0, engine=nisa.gpsimd_engine, dtype=nl.float32

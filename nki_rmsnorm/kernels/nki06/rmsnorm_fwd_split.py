@@ -218,12 +218,14 @@ def _split_statistics(plan, s, views, resident, slot, seg0, parts):
     row_sq = steps.sbuf((1, R), nl.float32)
     nisa.tensor_reduce(dst=row_sq, op=nl.add, data=sums.reshape((1, R, s)), axis=2)
 
-    # PE: the R sums transposed to one per partition, so that the rstd chain (ACT) is a
-    # fixed number of instructions over all R rows (its Newton steps scale by a per-partition
-    # column: on the (1, R) row they would be one instruction per row); rstd stored. PE:
+    # PE: the R sums transposed to one per partition; DVE: v = Σh²/N + eps, GpSimd: rsqrt
+    # (no step of the chain on ACT, which is busy with the next whole-tile Σh²); rstd
+    # stored. PE:
     # transposed back to a row; GpSimd: repeated for each segment of its row; PE: transposed
     # back to one rstd per partition. The transposes are exact (one 1·x product each).
-    rstd_by_row = steps.rstd_on_gpsimd(_transposed(row_sq, resident.ident_f32), resident.eps, N)
+    rstd_by_row = steps.rstd_on_gpsimd(
+        _transposed(row_sq, resident.ident_f32), resident.eps, N, mean_on_scalar=False
+    )
     row0 = seg0 // s
     nisa.dma_copy(dst=views.rstd[row0 : row0 + R, :], src=rstd_by_row)
     rstd_row = _transposed(rstd_by_row, resident.ident_f32)
@@ -281,13 +283,13 @@ def _split_output(plan, views, resident, slot, seg0, parts):
 
 def _segment_stationary(plan, s, rstd_col, mask, ident, out):
     """Write into ``out`` (pieces·s, parts): column p holds the pieces of partition p's rstd
-    in the rows b·s + (p mod s), zeros elsewhere. Pieces on the Scalar engine, masking on the
-    Vector engine, the transpose on the Tensor engine, the PSUM → SBUF copy on the Vector
-    engine."""
+    in the rows b·s + (p mod s), zeros elsewhere. Pieces on the GpSimd and Vector engines
+    (``split_rstd``, batched), masking on the Vector engine, the transpose on the Tensor
+    engine, the PSUM → SBUF copy on the Vector engine."""
     parts = rstd_col.shape[0]
     pieces = plan.rstd_pieces
     dtype = plan.scale_dtype
-    split = steps.split_rstd(plan, rstd_col)
+    split = steps.split_rstd(plan, rstd_col, batched=True)
     placed = steps.sbuf((parts, pieces * s), dtype)
     for b in range(pieces):
         nisa.tensor_tensor(
