@@ -107,12 +107,13 @@ def _row_tile(plan, views, resident, eps, group0, parts, k, N):
             reduce_res=sum_sq[:, j : j + 1],
             dtype=squares.dtype,
         )
-    # v3+ plans: v = Σh²/n + eps on ACT, GpSimd's rsqrt of it (two instructions for all k
-    # rows, off the Vector engine's product); the "scalar" plan (v2): the Vector chain.
+    # NeuronCore-v3+ (``exact_transpose``): v = Σh²/n + eps on ACT, GpSimd's rsqrt of it
+    # (two instructions for all k rows, off the Vector engine's product), with or without
+    # a weight. NeuronCore-v2: the Newton-refined chain, on ACT unless ACT carries the product.
     rstd_tile = (
-        steps.rstd_from_sum(sum_sq, eps, N, on_scalar=False)
-        if plan.product_engine == "scalar"
-        else steps.rstd_on_gpsimd(sum_sq, eps, N)
+        steps.rstd_on_gpsimd(sum_sq, eps, N)
+        if plan.exact_transpose
+        else steps.rstd_from_sum(sum_sq, eps, N, on_scalar=plan.product_engine != "scalar")
     )
     nl.store(views.rstd[groups, i_k], value=rstd_tile)
 
