@@ -226,7 +226,12 @@ def _split_statistics(plan, s, views, hbm, resident, slot, seg0, parts):
     row_sq_col = nisa.tensor_copy(
         nisa.nc_matmul(row_sq, resident.ident_f32[:1, :1], is_transpose=True), dtype=nl.float32
     )
-    rstd_by_row = steps.rstd_on_gpsimd(row_sq_col, resident.eps, N, mean_on_scalar=False)
+    # Without a residual ACT carries the heavier load (Σh²) and the chain's small steps go
+    # to DVE and GpSimd; with one DVE does (the add and the product) and they stay on ACT.
+    # Either way the same values: v rounds twice in fp32 on both engines, and the pieces
+    # are exact.
+    fused = residual_v is not None
+    rstd_by_row = steps.rstd_on_gpsimd(row_sq_col, resident.eps, N, mean_on_scalar=fused)
     nl.store(
         hbm.rstd.reshape((hbm.rstd.shape[0], 1))[
             seg0 // s + nl.arange(R)[:, None], nl.arange(1)[None, :]
@@ -252,6 +257,7 @@ def _split_statistics(plan, s, views, hbm, resident, slot, seg0, parts):
             resident.segment_mask[:parts],
             resident.ident[:parts, :parts],
             slot.rstd[:, :parts],
+            batched=not fused,
         )
 
 
@@ -277,16 +283,17 @@ def _split_output(plan, views, resident, slot, seg0, parts):
     steps.store_y(plan, y_v[segs, i_f], y_tile)
 
 
-def _segment_stationary(plan, s, rstd_col, mask, ident, out):
+def _segment_stationary(plan, s, rstd_col, mask, ident, out, batched=True):
     """Write into ``out`` (pieces·s, parts): column p holds the pieces of partition p's rstd
-    in the rows b·s + (p mod s), zeros elsewhere. Pieces and masking on the Vector engine, the
-    transpose on the Tensor engine, the PSUM → SBUF copy on the Vector engine (the masking
-    multiply is a ``tensor_scalar``, which GpSimd may run only for rsqrt:
+    in the rows b·s + (p mod s), zeros elsewhere. Pieces from ``split_rstd`` (``batched``:
+    on the GpSimd and Vector engines, else on the Scalar engine), masking on the Vector
+    engine, the transpose on the Tensor engine, the PSUM → SBUF copy on the Vector engine
+    (the masking multiply is a ``tensor_scalar``, which GpSimd may run only for rsqrt:
     general/nki/api/nki/isa/__init__.py@8a38e733, line 1699)."""
     parts = rstd_col.shape[0]
     pieces = plan.rstd_pieces
     dtype = plan.scale_dtype
-    split = steps.split_rstd(plan, rstd_col, batched=True)
+    split = steps.split_rstd(plan, rstd_col, batched)
     placed = nl.ndarray((parts, pieces * s), dtype=dtype)
     for b in nl.static_range(pieces):
         placed[:, b * s : (b + 1) * s] = nisa.tensor_scalar(

@@ -223,8 +223,13 @@ def _split_statistics(plan, s, views, resident, slot, seg0, parts):
     # stored. PE:
     # transposed back to a row; GpSimd: repeated for each segment of its row; PE: transposed
     # back to one rstd per partition. The transposes are exact (one 1·x product each).
+    # Without a residual ACT carries the heavier load (Σh²) and the chain's small steps go
+    # to DVE and GpSimd; with one DVE does (the add and the product) and they stay on ACT.
+    # Either way the same values: v rounds twice in fp32 on both engines, and the pieces
+    # are exact.
+    fused = residual_v is not None
     rstd_by_row = steps.rstd_on_gpsimd(
-        _transposed(row_sq, resident.ident_f32), resident.eps, N, mean_on_scalar=False
+        _transposed(row_sq, resident.ident_f32), resident.eps, N, mean_on_scalar=fused
     )
     row0 = seg0 // s
     nisa.dma_copy(dst=views.rstd[row0 : row0 + R, :], src=rstd_by_row)
@@ -248,6 +253,7 @@ def _split_statistics(plan, s, views, resident, slot, seg0, parts):
             resident.segment_mask[:parts],
             resident.ident[:parts, :parts],
             slot.rstd[:, :parts],
+            batched=not fused,
         )
 
 
@@ -281,15 +287,15 @@ def _split_output(plan, views, resident, slot, seg0, parts):
     steps.store_y(plan, y_v[seg0 : seg0 + parts, :], y_tile)
 
 
-def _segment_stationary(plan, s, rstd_col, mask, ident, out):
+def _segment_stationary(plan, s, rstd_col, mask, ident, out, batched=True):
     """Write into ``out`` (pieces·s, parts): column p holds the pieces of partition p's rstd
-    in the rows b·s + (p mod s), zeros elsewhere. Pieces on the GpSimd and Vector engines
-    (``split_rstd``, batched), masking on the Vector engine, the transpose on the Tensor
-    engine, the PSUM → SBUF copy on the Vector engine."""
+    in the rows b·s + (p mod s), zeros elsewhere. Pieces from ``split_rstd`` (``batched``:
+    on the GpSimd and Vector engines, else on the Scalar engine), masking on the Vector
+    engine, the transpose on the Tensor engine, the PSUM → SBUF copy on the Vector engine."""
     parts = rstd_col.shape[0]
     pieces = plan.rstd_pieces
     dtype = plan.scale_dtype
-    split = steps.split_rstd(plan, rstd_col, batched=True)
+    split = steps.split_rstd(plan, rstd_col, batched)
     placed = steps.sbuf((parts, pieces * s), dtype)
     for b in range(pieces):
         nisa.tensor_tensor(
