@@ -571,6 +571,8 @@ def dma_transpose(
         )
     if src.dtype is not dst.dtype:
         raise NkiValidationError(f"{api} dst dtype {dst.dtype} must equal src dtype {src.dtype}")
+    if src.is_indirect():
+        return _indirect_dma_transpose(dst, src, perm, dge_mode, oob_mode, name)
     return _write_and_emit(
         "dma",
         api,
@@ -578,6 +580,65 @@ def dma_transpose(
         dst,
         np.transpose(src.values(), perm),
         [src],
+        dma=_dma_fields(src, dst, dst.size, dst.shape[0], row_bytes=src.itemsize),
+    )
+
+
+def _indirect_dma_transpose(dst, src, perm, mode, oob, name):
+    """``dma_transpose`` from a ``.ap(vector_offset=indices)`` source: the rows the indices
+    name, gathered, then transposed ("``gathered = src[flat_indices, :]``, ``dst =
+    gathered.T``"), under the reference's "DMA Indirect Transpose Constraints"
+    (aws-neuron-sdk@81ce03ae nki/api/nki/isa/__init__.py L889-910): dge_mode unknown or
+    swdge; a 4-D src with ``src.shape[1]`` or ``src.shape[2]`` 1; ``src.shape[-1] <= 128``;
+    2-byte data; src in HBM; ``src.shape[0]`` a multiple of 16; uint32 indices in SBUF with
+    ``indices.shape[0]`` in [16, 128] and a multiple of 16; Trn2 and newer. The index is
+    the ``(P, 1)`` tile the view takes, one row per pattern row (AWS's block KV cache load,
+    aws-neuron/nki-library@d2ad3a5 core/attention/attention_tkg.py L1642-1664). A row the
+    index sends outside ``src`` raises (``oob_mode.error``) or is not moved (``skip``)."""
+    api = "dma_transpose"
+    if _version(api) < 3:
+        raise NkiValidationError(f"{api} from an indirect source needs Trn2 or newer")
+    mode = _enum(mode, dge_mode, "dge_mode", api)
+    if mode not in (dge_mode.unknown, dge_mode.swdge):
+        raise NkiValidationError(
+            f"{api} from an indirect source takes dge_mode unknown or swdge, got {mode.name}"
+        )
+    shape, index = tuple(src.shape), src.index
+    if len(shape) == 4 and 1 not in (shape[1], shape[2]):
+        raise NkiValidationError(f"{api} 4-D indirect src needs shape[1] or shape[2] of 1: {shape}")
+    if shape[-1] > 128:
+        raise NkiValidationError(f"{api} indirect src.shape[-1] must be <= 128, got {shape[-1]}")
+    if src.itemsize != 2:
+        raise NkiTypeError(f"{api} indirect src must be a 2-byte dtype, got {src.dtype}")
+    if shape[0] % 16:
+        raise NkiValidationError(f"{api} indirect src.shape[0] must divide by 16, got {shape[0]}")
+    if index.dtype is not dt.uint32:
+        raise NkiTypeError(f"{api} indices must be uint32, got {index.dtype}")
+    if not (16 <= index.shape[0] <= 128 and index.shape[0] % 16 == 0):
+        raise NkiValidationError(
+            f"{api} indices.shape[0] must be a multiple of 16 in [16, 128], got {index.shape[0]}"
+        )
+    skip = _enum(oob, oob_mode, "oob_mode", api) is oob_mode.skip
+    positions = src.positions()
+    flat = src.storage_values()
+    inside = ((positions >= 0) & (positions < flat.size)).all(axis=1)
+    if not inside.all() and not skip:
+        row = int(np.flatnonzero(~inside)[0])
+        raise NkiValidationError(
+            f"{api} src row {row} (storage element {int(positions[row].min())}) reaches "
+            f"outside `{src.name}` (oob_mode=error; oob_mode=skip skips such rows)"
+        )
+    gathered = dst.values().transpose(np.argsort(perm)).reshape(shape[0], -1).copy()
+    gathered[inside] = flat[positions[inside]]
+    values = np.transpose(gathered.reshape(shape), perm)
+    return _write_and_emit(
+        "dma",
+        api,
+        name,
+        dst,
+        values,
+        [src, index],
+        details={"dge_mode": mode.name, "indirect": True},
         dma=_dma_fields(src, dst, dst.size, dst.shape[0], row_bytes=src.itemsize),
     )
 
@@ -606,8 +667,13 @@ def tensor_copy(dst, src, engine=engine.unknown, name=None):
 
 
 def memset(dst, value, engine=engine.unknown, name=None):
-    """Fill ``dst`` with a compile-time constant whose Python type fits the dtype (a float
-    literal into an integer tensor is an error since 0.3)."""
+    """Fill ``dst`` with a compile-time constant whose Python type fits the dtype: a float
+    literal into an integer tensor is an error since 0.3 (aws-neuron-sdk@81ce03ae
+    nki/migration/index.rst L497-512), except ``0.0``. AWS's ``cross_partition_copy`` clears
+    its temporaries of the source's dtype with ``value=0.0`` (aws-neuron/nki-library@d2ad3a5
+    core/utils/cross_partition_copy.py L188-191) and ``moe_block_tkg`` passes it uint32 expert
+    indices; zero is the same all-zero fill in every dtype ("The ISA memset instruction fills
+    the destination with a single u32 value", migration/index.rst L749-751)."""
     api = "memset"
     _on_chip(api, "dst", dst)
     eng = _engine_of(
@@ -617,7 +683,7 @@ def memset(dst, value, engine=engine.unknown, name=None):
         (globals()["engine"].vector, globals()["engine"].gpsimd),
     )
     _no_gpsimd_psum(api, eng, ("dst", dst))
-    if isinstance(value, (float, np.floating)) and dt.is_int(dst.dtype):
+    if isinstance(value, (float, np.floating)) and dt.is_int(dst.dtype) and value != 0.0:
         raise NkiTypeError(
             f"{api} value {value!r} is a float but dst is {dst.dtype}: the value "
             "type must match the dtype"
@@ -1158,9 +1224,12 @@ def nc_matmul(
     _on_chip(api, "stationary", stationary, psum=False)
     _on_chip(api, "moving", moving, psum=False)
     _on_chip(api, "dst", dst, sbuf=False)
-    _enum(perf_mode, matmul_perf_mode, "perf_mode", api)
+    perf_mode = _enum(perf_mode, matmul_perf_mode, "perf_mode", api)
     version = _version(api)
     k, m, n = stationary.shape[0], _free(stationary), _free(moving)
+    double_row = perf_mode is matmul_perf_mode.double_row
+    if double_row:
+        m, n = _double_row_free_sizes(api, stationary, moving, is_transpose, tile_size)
     if moving.shape[0] != k:
         raise NkiValidationError(
             f"{api} moving has {moving.shape[0]} partitions, stationary "
@@ -1188,7 +1257,7 @@ def nc_matmul(
         raise NkiValidationError(
             f"{api} the stationary ({k} x {m}) does not fit tile_size {tuple(tile_size)}"
         )
-    if perf_mode is matmul_perf_mode.double_row and (
+    if double_row and (
         version < 3 or not kinds <= {dt.float8_e4m3, dt.float8_e5m2, dt.float8_e4m3fn}
     ):
         raise NkiValidationError(
@@ -1197,6 +1266,8 @@ def nc_matmul(
         )
     a = _pf(stationary)
     b = _pf(moving)
+    if double_row:  # contraction over (partition, pair): rows k·2 + j
+        a, b = a.reshape(k * 2, m), b.reshape(k * 2, n)
     if is_transpose:
         if n != k or not sem.is_identity(b):
             raise NkiValidationError(f"{api} is_transpose=True needs an identity as moving")
@@ -1231,6 +1302,30 @@ def nc_matmul(
             "accumulate": accumulate,
         },
     )
+
+
+def _double_row_free_sizes(api, stationary, moving, is_transpose, tile_size):
+    """The free sizes (M, N) of a ``double_row`` matmul: "the contraction dimension of the
+    matmul is split between the partition dimension and the first free dimension after the
+    partition dimension in both ``stationary`` and ``moving`` tiles. The first free
+    dimension must be 2 ... the stationary tile is of shape ``[128, 2, 1]``, while the moving
+    tile is of shape ``[128, 2, 3]``" (aws-neuron-sdk@81ce03ae nki/api/nki/isa/__init__.py
+    L596-599); not with column tiling (L511) nor transpose mode
+    (nki/guides/architecture/trainium2_arch.rst L124-128)."""
+    for argname, t in (("stationary", stationary), ("moving", moving)):
+        if t.ndim < 3 or t.shape[1] != 2:
+            raise NkiValidationError(
+                f"{api} perf_mode=double_row needs {argname} [K, 2, ...] (the contraction split "
+                f"over the partitions and a first free dimension of 2), got {tuple(t.shape)}"
+            )
+    if is_transpose:
+        raise NkiValidationError(f"{api} perf_mode=double_row cannot be combined with is_transpose")
+    if tile_size and int(tile_size[1]) < PMAX:
+        raise NkiValidationError(
+            f"{api} perf_mode=double_row cannot be combined with column tiling "
+            f"(tile_size {tuple(tile_size)})"
+        )
+    return _free(stationary) // 2, _free(moving) // 2
 
 
 def _accumulate_product(api, dst, product, accumulate) -> None:
@@ -1845,6 +1940,77 @@ __all__ += [
     "range_select",
     "tensor_partition_reduce",
 ]
+
+
+# --- local_gather (GpSimd gather within 16-partition blocks) -----------------------------------
+_LOCAL_GATHER_ELEMENTS = (1, 2, 4, 8, 16, 32)
+#: "The number of indices for gather per core must be less than or equal to 4096"
+_LOCAL_GATHER_MAX_INDICES = 4096
+
+
+def local_gather(dst, src_buffer, index, num_elem_per_idx=1, num_valid_indices=None, name=None):
+    """Each 16-partition block of ``src_buffer`` gathered by its own block of ``index``
+    (semantics: :func:`simulate.core.semantics.local_gather`). The rules are the ISA
+    reference's (aws-neuron-sdk@81ce03ae nki/api/nki/isa/__init__.py L1838-1889): GpSimd,
+    so SBUF only; ``dst`` of ``src_buffer``'s dtype ("no data type casting is allowed");
+    ``index`` uint16; ``src_buffer.shape[0] == index.shape[0]``, a multiple of 16;
+    ``num_elem_per_idx`` in 1, 2, 4, ..., 32; ``num_valid_indices`` at most the indices of a
+    block (``index.size / (index.shape[0] / 16)``) and at most 4096. An index whose elements
+    leave the row is rejected: "Behavior of out-of-bound index access is undefined"."""
+    api = "local_gather"
+    for argname, t in (("dst", dst), ("src_buffer", src_buffer), ("index", index)):
+        _on_chip(api, argname, t, psum=False)
+    if dst.dtype is not src_buffer.dtype:
+        raise NkiTypeError(
+            f"{api} dst dtype {dst.dtype} must equal src_buffer dtype {src_buffer.dtype} "
+            "(no data type casting is allowed)"
+        )
+    if index.dtype is not dt.uint16:
+        raise NkiTypeError(f"{api} index must be uint16, got {index.dtype}")
+    partitions = src_buffer.shape[0]
+    block = sem.GPSIMD_CORE_PARTITIONS
+    if index.shape[0] != partitions or partitions % block:
+        raise NkiValidationError(
+            f"{api} src_buffer and index need the same partitions, a multiple of {block}; got "
+            f"{partitions} and {index.shape[0]}"
+        )
+    if num_elem_per_idx not in _LOCAL_GATHER_ELEMENTS:
+        raise NkiValidationError(
+            f"{api} num_elem_per_idx must be one of {_LOCAL_GATHER_ELEMENTS}, got "
+            f"{num_elem_per_idx!r}"
+        )
+    per_block = index.size // (partitions // block)
+    valid = per_block if num_valid_indices is None else num_valid_indices
+    if not isinstance(valid, int) or not 0 < valid <= min(per_block, _LOCAL_GATHER_MAX_INDICES):
+        raise NkiValidationError(
+            f"{api} num_valid_indices must be an int in [1, "
+            f"{min(per_block, _LOCAL_GATHER_MAX_INDICES)}] (the indices of 16 partitions of "
+            f"index, at most {_LOCAL_GATHER_MAX_INDICES}), got {num_valid_indices!r}"
+        )
+    if dst.shape[0] != partitions or _free(dst) != valid * num_elem_per_idx:
+        raise NkiValidationError(
+            f"{api} dst must hold {partitions} partitions x {valid * num_elem_per_idx} "
+            f"elements (num_valid_indices x num_elem_per_idx), got {dst.shape[0]} x {_free(dst)}"
+        )
+    offsets = _pf(index, f32=False).astype(np.int64)
+    row = _free(src_buffer)
+    used = np.concatenate(
+        [
+            offsets[start : start + block].flatten(order="F")[:valid]
+            for start in range(0, partitions, block)
+        ]
+    )
+    if used.min() < 0 or used.max() + num_elem_per_idx > row:
+        raise NkiValidationError(
+            f"{api} an index reads elements {used.max()}..{used.max() + num_elem_per_idx - 1} "
+            f"of rows of {row}: out-of-bound access is undefined"
+        )
+    values = sem.local_gather(_pf(src_buffer, f32=False), offsets, num_elem_per_idx, valid)
+    details = {"num_elem_per_idx": num_elem_per_idx, "num_valid_indices": valid}
+    return _write_and_emit("pool", api, name, dst, values, [src_buffer, index], details)
+
+
+__all__ += ["local_gather"]
 
 
 # --- OCP Microscaling (MX) ------------------------------------------------------------------

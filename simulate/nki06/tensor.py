@@ -534,12 +534,14 @@ class NkiTensor:
     __pow__ = __matmul__ = _no_operator
 
     def __bool__(self):
-        warnings.warn(
-            "bool(NkiTensor) reads the values: simulation only, the compiler does "
-            "not know tensor contents",
-            stacklevel=2,
-        )
-        return bool(np.all(self.array() != 0))
+        """A tensor is true as a condition, whatever it holds: "All ``if`` statements with
+        compile-time conditions are resolved at specialization time"
+        (aws-neuron-sdk@81ce03ae nki/get-started/nki-language-guide.rst L90) and a tensor's
+        contents exist only when the kernel runs, so the test can only be whether the object
+        is there. AWS's code relies on exactly that: ``if params.expert_params and
+        params.expert_params.expert_index:`` reads the top-k width of any index tensor
+        (nki-library@d2ad3a5 core/mlp/mlp_tkg/mlp_tkg_constants.py L173), zeros included."""
+        return True
 
 
 class VectorIndirectView(NkiTensor):

@@ -125,6 +125,7 @@ CONSTANTS: dict[str, tuple[float, float, float]] = {
     "k_reduce_half": (0.5, 0.5, 0.5),  # D S10 L1466-1480: bf16 add/max tensor_reduce N/2
     "k_memset_zero_half": (0.5, 1, 1),  # D S10a L420 (v2: N/2); v3/v4 use dve_fast_copy
     "k_reciprocal": (8, 8, 8),  # D S10 L1182-1185
+    "k_gpsimd_rsqrt": (4, 4, 4),  # D nki.api.shared.rst@81ce03ae L260-262 (4x below ACT)
     "k_bn_aggr": (13 / 3, 13 / 3, 13 / 3),  # D S10 L335-338
     # quantize_mx (NC-v4 only; the v2/v3 columns are never read): "four input elements per
     # partition, per cycle (i.e., 4x Vector performance mode)", D S3 L172
@@ -239,6 +240,23 @@ class Operands:
     stride_bytes: int  # largest innermost stride of a streamed operand (0: one element)
 
 
+def _local_gather_cycles(n: int, ops: Operands, details: dict) -> float:
+    """D legacy ISA reference (aws-neuron-sdk@8a38e733 general/nki/api/nki/isa/__init__.py
+    L628-634): ``150 + (num_valid_indices * num_elem_per_idx)/C`` with ``C = ((28 + t *
+    num_elem_per_idx)/(t * num_elem_per_idx)) / min(4/dtype_size, num_elem_per_idx)``, t = 4.
+    C is read as cycles per element (28 cycles per group of t indices plus one per element,
+    over the elements a 4-byte lane carries), so the elements are multiplied by C: divided,
+    one element per index would cost 64x less per element than 32, against the reference's
+    own "gathering of multiple contiguous elements ... to improve gather throughput"
+    (L1857-1858 of the 0.6 reference). ``n`` is the gathered elements per partition; the 150
+    is the Pool start added by the caller."""
+    per_index = details.get("num_elem_per_idx", 1)
+    group = 4 * per_index
+    element_bytes = _ITEMSIZE.get(ops.dtypes[-1], 4)  # dst's dtype is src_buffer's
+    cycles_per_element = ((28 + group) / group) / min(4 / element_bytes, per_index)
+    return n * cycles_per_element
+
+
 def compute_cycles(opcode: str, engine: str, n: int, ops: Operands, details: dict,
                    table: CostTable) -> tuple[float, bool]:
     """Engine cycles of one compute instruction; also whether a documented rule covers it."""
@@ -271,10 +289,16 @@ def compute_cycles(opcode: str, engine: str, n: int, ops: Operands, details: dic
         if opcode == "nc_n_gather":  # one ISA instruction per 512 gathered elements (its
             # docstring: n = ceil(elems_per_partition / 512)); I: each a Pool start + 1/elem
             return table.pool_start_cycles * max(1, -(-n // 512)) + n, True
+        if opcode == "local_gather":
+            return table.pool_start_cycles + _local_gather_cycles(n, ops, details), True
         if opcode in ("nonzero_with_count", "sequence_bounds"):  # I: one pass like iota
             return table.pool_start_cycles + n, True
         if opcode == "core_barrier":  # no data: a Pool instruction start (I; none published)
             return table.pool_start_cycles, True
+        if opcode == "tensor_scalar" and "rsqrt" in _op_names(details):
+            # D: GpSimd's reverse square root "is 4x lower [throughput] than Scalar Engine"
+            # (nki/api/nki.api.shared.rst@81ce03ae L260-262), whose rule is max(MIN_II, N)
+            return max(min_ii, table.k_gpsimd_rsqrt * n) * stride, True
         k = table.k_two_inputs if opcode == "tensor_tensor" else 1  # as DVE v2: no rule exists
         return max(min_ii, k * n) * stride, False
     if engine == "act":

@@ -801,11 +801,18 @@ def test_nc_matmul_tiling_and_perf_mode_rules(rng):
     np.testing.assert_allclose(
         run(kernel, a, (32, 0), (32, 32), nl.float32, none), ref, rtol=1e-5, atol=1e-5
     )
-    run(kernel, a, (), (), nl.float8_e4m3, double)
+    # double_row: the contraction over (partition, a first free dimension of 2), isa L596-599
+    paired = a.reshape(16, 2, 32)
+    fp8 = paired.astype(ml_dtypes.float8_e4m3).astype(np.float64).reshape(32, 32)
+    np.testing.assert_allclose(
+        run(kernel, paired, (), (), nl.float8_e4m3, double), fp8.T @ fp8, rtol=1e-5, atol=1e-4
+    )
     with pytest.raises(AssertionError, match="multiples of 32"):
         run(kernel, a, (16, 0), (32, 32), nl.float32, none)
     with pytest.raises(AssertionError, match="double_row needs fp8"):
-        run(kernel, a, (), (), nl.bfloat16, double)
+        run(kernel, paired, (), (), nl.bfloat16, double)
+    with pytest.raises(AssertionError, match="first free dimension of 2"):
+        run(kernel, a, (), (), nl.float8_e4m3, double)
 
 
 def test_dma_oob_skip_needs_an_indirect_access(rng):
