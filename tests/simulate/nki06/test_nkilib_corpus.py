@@ -2094,3 +2094,63 @@ def test_interleave_copy(rng, index, with_scale, with_bias):
     if with_bias:
         expected = expected + bias
     _check(nki.jit(copy)(src, scale, bias), expected, np.float32, scale=4.0)
+
+
+# --- qkv_cte FP8 KV cache (core/qkv/qkv_cte.py _quantize_and_store_kv) ------------------------
+@pytest.mark.parametrize(
+    "lnc, batch, seq, hidden, q_heads, kv_heads, d_head, block_size",
+    [
+        (1, 1, 128, 256, 2, 1, 64, None),
+        (1, 2, 128, 256, 2, 1, 64, 32),
+        (2, 1, 256, 256, 4, 2, 64, 64),
+    ],
+)
+def test_qkv_fp8_kv_cache(rng, lnc, batch, seq, hidden, q_heads, kv_heads, d_head, block_size):
+    """Docstring (qkv_cte, _quantize_and_store_kv): with k_scale and v_scale [128, 1] the
+    kernel returns Q [B, S, q_dim] and writes K, V of each token as
+    clamp(value / scale, fp8_min, fp8_max) in ``kv_dtype`` (default range ±240 for
+    float8_e4m3, kernel_helpers.get_max_positive_value_for_dtype) into k_cache, v_cache
+    [B, max_seq_len, kv_dim] at positions 0..S-1, or, with use_block_kv, into the cache row
+    slot_mapping[b, s] of [num_blocks, block_size, kv_dim] (indirect DMA on the slot)."""
+    qkv = library_module("core.qkv.qkv").qkv
+    fp8 = np.dtype(ml_dtypes.float8_e4m3)
+    q_dim, kv_dim = q_heads * d_head, kv_heads * d_head
+    x = _random(rng, (batch, seq, hidden), BF16)
+    w = (_random(rng, (hidden, q_dim + 2 * kv_dim), np.float32) / math.sqrt(hidden)).astype(BF16)
+    k_scale, v_scale = np.float32(0.02), np.float32(0.01)
+    kwargs = {
+        "k_scale": np.full((128, 1), k_scale, np.float32),
+        "v_scale": np.full((128, 1), v_scale, np.float32),
+        "kv_dtype": nki.language.float8_e4m3,
+        "d_head": d_head,
+        "num_q_heads": q_heads,
+        "num_kv_heads": kv_heads,
+    }
+    if block_size is None:
+        cache_shape = (batch, seq + 64, kv_dim)
+        rows = np.arange(batch * seq).reshape(batch, seq) // seq * (seq + 64) + np.arange(seq)
+    else:
+        blocks = 2 * batch * seq // block_size
+        cache_shape = (blocks, block_size, kv_dim)
+        slots = rng.permutation(blocks * block_size)[: batch * seq].astype(np.int32)
+        rows = slots.reshape(batch, seq)
+        kwargs.update(use_block_kv=True, block_size=block_size, slot_mapping=rows.copy())
+    initial = rng.uniform(-8, 8, cache_shape).astype(fp8)
+    k_cache, v_cache = initial.copy(), initial.copy()
+    q, k_out, v_out = _launch(qkv, lnc, x, w, k_cache=k_cache, v_cache=v_cache, **kwargs)
+    projected = x.astype(np.float64) @ w.astype(np.float64)
+    _check(q, projected[:, :, :q_dim], BF16, scale=4.0)
+    written = np.zeros(initial.shape[0] * initial.shape[1], bool)
+    written[rows.ravel()] = True
+    for cache, offset, scale in ((k_out, q_dim, k_scale), (v_out, q_dim + kv_dim, v_scale)):
+        cache = np.asarray(cache)
+        assert cache.dtype == fp8 and cache.shape == initial.shape
+        flat = cache.reshape(-1, kv_dim)
+        expected = np.clip(projected[:, :, offset : offset + kv_dim] / float(scale), -240, 240)
+        actual = flat[rows.ravel()].astype(np.float64).reshape(expected.shape)
+        # e4m3 keeps 3 fraction bits (half an ulp: 2^-4 relative) on top of the bf16 product
+        assert np.allclose(actual, expected, rtol=0.08, atol=0.02 / float(scale)), np.abs(
+            actual - expected
+        ).max()
+        untouched = initial.reshape(-1, kv_dim)[~written]
+        assert (flat[~written].view(np.uint8) == untouched.view(np.uint8)).all()
