@@ -2154,3 +2154,57 @@ def test_qkv_fp8_kv_cache(rng, lnc, batch, seq, hidden, q_heads, kv_heads, d_hea
         ).max()
         untouched = initial.reshape(-1, kv_dim)[~written]
         assert (flat[~written].view(np.uint8) == untouched.view(np.uint8)).all()
+
+
+# --- attention_tkg with an FP8 KV cache (core/attention/attention_tkg.py L749-821) ------------
+@pytest.mark.parametrize(
+    "lnc, batch, heads, active, s_prior, d, tp_k_prior",
+    [
+        (1, 2, 2, 1, 256, 64, False),
+        (1, 2, 4, 2, 512, 128, True),
+        (2, 2, 2, 1, 1024, 64, False),
+    ],
+)
+def test_attention_tkg_fp8_kv(rng, lnc, batch, heads, active, s_prior, d, tp_k_prior):
+    """Docstring (AttnTKGConfig, is_fp8_kv): k_active, v_active, k_prior, v_prior all
+    float8_e4m3 (no scales: the fp8 values are the keys and values), q bf16 in SBUF, no
+    fused RoPE; the prior keys are loaded as bf16 (L820). Same attention as the bf16 case:
+    softmax over the masked keys [s_prior, B, H, s_active] with the last s_active keys
+    replaced by k_active."""
+    config_type = library_module("core.attention.attention_tkg_utils").AttnTKGConfig
+    fp8 = np.dtype(ml_dtypes.float8_e4m3)
+    config = config_type(
+        bs=batch,
+        q_head=heads,
+        s_active=active,
+        curr_sprior=s_prior,
+        full_sprior=s_prior,
+        d_head=d,
+        tp_k_prior=tp_k_prior,
+        qk_in_sb=True,
+    )
+    q = (_random(rng, (batch, d, heads, active), np.float32) / math.sqrt(d)).astype(BF16)
+    k_active = _random(rng, (batch, d, active), fp8)
+    v_active = _random(rng, (batch, 1, active, d), fp8)
+    k_prior = _random(rng, (batch, 1, d, s_prior), fp8)
+    v_prior = _random(rng, (batch, 1, s_prior, d), fp8)
+    lengths = rng.integers(1, s_prior - active, batch)
+    key = np.arange(s_prior)[:, None, None, None]
+    keep = np.broadcast_to(key < lengths[None, :, None, None], (s_prior, batch, heads, active))
+    keep = keep.copy()
+    keep[s_prior - active :] = np.tri(active, dtype=bool).T[:, None, None, :]
+    q_in = q.transpose(1, 0, 2, 3).reshape(d, -1).copy()
+    k_in = k_active.transpose(1, 0, 2).reshape(d, -1).copy()
+    k_prior_in = k_prior.transpose(0, 1, 3, 2).copy() if tp_k_prior else k_prior
+    kernel = _attention_tkg_kernel(config, fuse_rope=False)
+    mask = keep.astype(np.uint8)
+    out = _launch(kernel, lnc, q_in, k_in, v_active, k_prior_in, v_prior, mask, None, None, None)
+
+    keys, values = k_prior[:, 0].astype(np.float64), v_prior[:, 0].astype(np.float64)
+    keys[:, :, s_prior - active :] = k_active.astype(np.float64)
+    values[:, s_prior - active :] = v_active[:, 0].astype(np.float64)
+    logits = np.einsum("bdhq,bdk->bhkq", q.astype(np.float64), keys)
+    logits = np.where(keep.transpose(1, 2, 0, 3), logits, -np.inf)
+    weights = np.exp(logits - logits.max(axis=2, keepdims=True))
+    expected = np.einsum("bhkq,bkd->bhdq", weights / weights.sum(axis=2, keepdims=True), values)
+    _check(out, expected, BF16, scale=4.0)
