@@ -83,8 +83,9 @@ class oob_mode(enum.Enum):  # noqa: N801
 
 
 class matmul_perf_mode(enum.Enum):  # noqa: N801
-    none = 0
-    double_row = 1
+    # the stub's string values (aws-neuron-sdk@81ce03ae nki/api/nki/isa/__init__.py L100-107)
+    none = "none"
+    double_row = "double_row"
 
 
 class dma_engine(enum.Enum):  # noqa: N801
@@ -185,10 +186,22 @@ class NkiInstruction:
 #: ``src/nkilib_src/nkilib/core/subkernels/norm_tkg_utils.py`` L29, ``core/qkv/qkv_tkg.py``
 #: L66; the same on 2.29_release). Known-compiling code wins; other enums stay strict.
 RAW_INT_ENUMS = ("dge_mode",)
+#: Enums whose member values (strings in the stub) AWS's kernels pass as is: the migration
+#: guide's ban names raw integers and lists the five integer enums, not matmul_perf_mode
+#: (L622-626), whose values are ``'none'`` / ``'double_row'`` (isa ``__init__.py`` L100-107);
+#: AWS passes ``perf_mode=('double_row' if ... else 'none')`` (aws-neuron/nki-library@d2ad3a5
+#: ``src/nkilib_src/nkilib/core/mlp/mlp_cte/mlp_cte_projection.py`` L1166,
+#: ``core/qkv/qkv_cte.py`` L1382).
+RAW_STRING_ENUMS = ("matmul_perf_mode",)
 
 
 def _enum(value, cls, argname, api):
     if cls.__name__ in RAW_INT_ENUMS and type(value) is int:
+        try:
+            return cls(value)
+        except ValueError:
+            pass  # not a member's value: the error below
+    if cls.__name__ in RAW_STRING_ENUMS and type(value) is str:
         try:
             return cls(value)
         except ValueError:

@@ -511,16 +511,11 @@ class NkiTensor:
                 return ScalarIndirectView(self, shape, strides, new, start, scalar_offset)
             view.dynamic_start = True  # a DMA through it may take oob_mode=skip
             return view
-        view = NkiTensor(
+        if self.on_chip and shape[0] > 1:
+            strides[0] = _partition_step(strides, shape, self, new)
+        return NkiTensor(
             shape, new, self.storage, self.buffer, self.name, strides=strides, offset=start
         )
-        if view.on_chip and shape[0] > 1 and strides[0] != view.free_units():
-            raise NkiValidationError(
-                f"ap: the partition stride {strides[0]} of an on-chip "
-                f"access pattern must equal the free size "
-                f"{view.free_units()} of `{self.name}`'s storage"
-            )
-        return view
 
     # --- no arithmetic ---------------------------------------------------------------------
     def _no_operator(self, *_):
@@ -795,3 +790,26 @@ def matmul_mask(t: NkiTensor) -> np.ndarray:
             "a PSUM view reinterpreted to another element size cannot take matmul results"
         )
     return as_strided(flags[t.offset :], shape=tuple(t.shape), strides=tuple(t.strides))
+
+
+def _partition_step(strides, shape, tensor, dtype) -> int:
+    """The storage stride of one partition for an on-chip ``.ap()`` pattern whose first
+    ``[stride, count]`` pair is the partition dim. The docs' example gives it the storage's
+    free size (``sb.ap(pattern=[[32, 128], [1, 32]])`` on a ``(128, 32)`` tile,
+    aws-neuron-sdk@81ce03ae nki/api/nki/language/__init__.py L495-497); AWS's mlp_cte gives
+    it the dense extent of the pattern's free pairs on a wider tile (``[[I_SHARD_SIZE *
+    len(hidden_subtiles), 128], [I_SHARD_SIZE, len(hidden_subtiles)], [1, I_SHARD_SIZE]]``,
+    nki-library@d2ad3a5 src/nkilib_src/nkilib/core/mlp/mlp_cte/mlp_cte_projection.py
+    L1117-1124) and then reads the same elements at the start of each partition, so both
+    step exactly one partition (inferred from that read-back). Any other stride is
+    rejected: the docs give on-chip patterns no other meaning."""
+    stored = dt.storage_dtype(dtype)
+    free = tensor.storage.free_size * tensor.storage.array.dtype.itemsize // stored.itemsize
+    dense = 1 + sum((n - 1) * abs(s) for s, n in zip(strides[1:], shape[1:]))
+    if strides[0] not in (free, dense):
+        raise NkiValidationError(
+            f"ap: the partition stride {strides[0]} of an on-chip access pattern must be "
+            f"the free size {free} of `{tensor.name}`'s storage or the pattern's dense free "
+            f"extent {dense} (one partition either way)"
+        )
+    return free

@@ -813,6 +813,14 @@ def test_nc_matmul_tiling_and_perf_mode_rules(rng):
         run(kernel, paired, (), (), nl.bfloat16, double)
     with pytest.raises(AssertionError, match="first free dimension of 2"):
         run(kernel, a, (), (), nl.float8_e4m3, double)
+    # the stub's string values, as AWS passes them (mlp_cte_projection.py L1166)
+    np.testing.assert_allclose(
+        run(kernel, paired, (), (), nl.float8_e4m3, "double_row"), fp8.T @ fp8, rtol=1e-5
+    )
+    with pytest.raises(AssertionError, match="expected a nisa.matmul_perf_mode member"):
+        run(kernel, a, (), (), nl.float32, "double")
+    with pytest.raises(AssertionError, match="expected a nisa.matmul_perf_mode member"):
+        run(kernel, a, (), (), nl.float32, 1)
 
 
 def test_dma_oob_skip_needs_an_indirect_access(rng):
