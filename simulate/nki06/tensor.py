@@ -557,6 +557,10 @@ class VectorIndirectView(NkiTensor):
     def is_indirect(self) -> bool:
         return True
 
+    def index_columns(self) -> int:
+        """Columns of the index: 1, or N of a [128, N] index (dma_transpose only)."""
+        return self.index.shape[1] if self.index is not None and self.index.ndim == 2 else 1
+
     def _extent(self) -> tuple[int, int]:
         return 0, self._flat().size - 1  # any row the index may name
 
@@ -569,7 +573,9 @@ class VectorIndirectView(NkiTensor):
     def positions(self) -> np.ndarray:
         """The storage element of each element of the view, (rows, elements per row), from
         the index values the DMA reads now."""
-        rows = self.index.values().reshape(-1).astype(np.int64)
+        # a [128, N] index lists its rows column by column: "flat_indices =
+        # indices.T.flatten()[:src.shape[0]]" (nki/api/nki/isa/__init__.py L907-908)
+        rows = self.index.values().T.reshape(-1)[: self._shape[0]].astype(np.int64)
         inner = np.zeros(1, np.int64)
         for n, s in zip(self._shape[1:], self.strides[1:]):
             inner = (inner[:, None] + np.arange(n, dtype=np.int64)[None, :] * s).reshape(-1)
@@ -613,10 +619,18 @@ def _vector_indirect(base, pairs, dtype, start, index, indirect_dim, scalar_offs
         raise NkiTypeError("ap(vector_offset=) takes an SBUF tensor of row indices")
     if not dt.is_int(index.dtype):
         raise NkiTypeError(f"ap(vector_offset=) indices must be integers, got {index.dtype}")
-    if index.size != index.shape[0] or index.shape[0] != pairs[0][1]:
+    rows = pairs[0][1]
+    columns = index.ndim == 2 and index.shape[1] > 1
+    if columns and not (index.shape[0] == 128 and index.size >= rows):
         raise NkiValueError(
-            f"ap(vector_offset=): the index must be ({pairs[0][1]}, 1), one row index per "
-            f"row of the pattern, got {tuple(index.shape)}"
+            f"ap(vector_offset=): a [P, N] index with N > 1 must have P = 128 and at least "
+            f"{rows} elements, one row index per row of the pattern taken column by column "
+            f"(dma_transpose, nki/api/nki/isa/__init__.py L897-908), got {tuple(index.shape)}"
+        )
+    if not columns and (index.size != index.shape[0] or index.shape[0] != rows):
+        raise NkiValueError(
+            f"ap(vector_offset=): the index must be ({rows}, 1), one row index per "
+            f"row of the pattern, or [128, N] for dma_transpose, got {tuple(index.shape)}"
         )
     scale = base.strides[int(indirect_dim)] * base.itemsize // dtype.itemsize
     strides = [0] + [stride for stride, _ in pairs[1:]]
