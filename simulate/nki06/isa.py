@@ -564,12 +564,13 @@ def dma_transpose(
 ):
     """A transposing DMA into SBUF; permutations (1,0), (2,1,0), (3,1,2,0) by rank; ``dst``
     must have exactly the permuted shape and rank (0.4) and the same dtype. A direct
-    transpose takes ``dge_mode`` unknown or hwdge; hwdge (a Hardware DGE transpose) needs
-    ``src.shape[0] == 16`` (2-d) or ``src.shape[0]`` in {1, 2, 4, 8, 16} with
-    ``src.shape[0] * src.shape[-2]`` a multiple of 16 (3-d/4-d), ``src.shape[-1] <= 128`` and
-    a 2-byte dtype ("DMA Direct Transpose Constraints", aws-neuron-sdk@81ce03ae
-    nki/api/nki/isa/__init__.py L878-888). AWS's kernels never pass a dge_mode to it
-    (aws-neuron/nki-library@d2ad3a5, all 37 calls), so no AWS call meets these checks."""
+    transpose takes ``dge_mode`` unknown or hwdge ("The only valid dge_modes are unknown and
+    hwdge", aws-neuron-sdk@81ce03ae nki/api/nki/isa/__init__.py L878-888), and none, which
+    AWS's mlp_tkg passes as the raw ``_DGE_MODE_NONE = 3`` (aws-neuron/nki-library@d2ad3a5
+    src/nkilib_src/nkilib/core/mlp/mlp_tkg/mlp_tkg_gate_up_projection.py L323, L386); hwdge
+    (a Hardware DGE transpose) needs ``src.shape[0] == 16`` (2-d) or ``src.shape[0]`` in
+    {1, 2, 4, 8, 16} with ``src.shape[0] * src.shape[-2]`` a multiple of 16 (3-d/4-d),
+    ``src.shape[-1] <= 128`` and a 2-byte dtype (L880-887). No AWS call passes hwdge."""
     api = "dma_transpose"
     _dma_side(api, "src", src)
     _on_chip(api, "dst", dst, psum=False)
@@ -607,10 +608,11 @@ def dma_transpose(
 def _direct_transpose_rules(api, src, mode):
     """The reference's "DMA Direct Transpose Constraints" (see ``dma_transpose``)."""
     modes = globals()["dge_mode"]
-    if mode not in (modes.unknown, modes.hwdge):
+    if mode not in (modes.unknown, modes.hwdge, modes.none):
         raise NkiValidationError(
-            f"{api} (direct) takes dge_mode unknown or hwdge, got {mode.name}; swdge is the "
-            "indirect transpose's (a .ap(vector_offset=) source)"
+            f"{api} (direct) takes dge_mode unknown or hwdge (or none, as AWS's mlp_tkg "
+            f"passes it), got {mode.name}; swdge is the indirect transpose's (a "
+            ".ap(vector_offset=) source)"
         )
     if mode is not modes.hwdge:
         return

@@ -697,10 +697,12 @@ def test_dma_transpose_shape_must_be_the_permuted_shape(rng):
         ((16, 256), BF16, "hwdge", "partition dimension 256 exceeds"),  # src.shape[-1] <= 128
         ((16, 8), np.float32, "hwdge", "2-byte src dtype"),
         ((32, 8), np.float32, "unknown", None),  # the hwdge limits bind hwdge only
+        ((32, 8), np.float32, "none", None),  # AWS's mlp_tkg_gate_up_projection.py L386
     ],
 )
 def test_dma_transpose_direct_constraints(rng, shape, dtype, mode, match):
-    """The reference's "DMA Direct Transpose Constraints" (isa ``__init__.py`` L878-888)."""
+    """The reference's "DMA Direct Transpose Constraints" (isa ``__init__.py`` L878-888),
+    plus dge_mode none as AWS's mlp_tkg passes it."""
     x = rng.standard_normal(shape).astype(dtype)
     perm = {2: (1, 0), 3: (2, 1, 0), 4: (3, 1, 2, 0)}[len(shape)]
     transposed = tuple(shape[a] for a in perm)
