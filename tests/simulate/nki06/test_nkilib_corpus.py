@@ -2319,3 +2319,46 @@ def test_mlp_fp8(rng, lnc, tkg, batch, seq, hidden, inter, quantization):
     assert np.asarray(out).dtype == BF16 and np.isfinite(actual).all()
     error = np.abs(actual - expected)
     assert np.sqrt((error**2).mean()) <= 0.04 * rms and error.max() <= 0.3 * rms
+
+
+# --- attention_cte context parallel (core/attention/attention_cte.py L266-288) ----------------
+@pytest.mark.parametrize(
+    "lnc, seq_q, cp_degree, rank, strided, dtype",
+    [
+        (1, 128, 2, 1, False, np.float32),
+        (1, 128, 4, 2, True, np.float32),
+        (2, 256, 2, 0, False, BF16),
+        (1, 128, 3, 1, True, BF16),
+    ],
+)
+def test_attention_cte_context_parallel(rng, lnc, seq_q, cp_degree, rank, strided, dtype):
+    """Docstring (Context Parallel Support): one rank's Q slice of seq_q queries against the
+    full K/V of cp_degree·seq_q keys, in causal order; contiguous slicing: the queries are
+    positions cp_offset + i with cp_offset = rank·seq_q; strided slicing: positions
+    rank + i·cp_degree with cp_offset = rank. cp_offset is a (1, 1) HBM tensor."""
+    attention_cte = library_module("core.attention.attention_cte").attention_cte
+    d, seq_kv = 64, cp_degree * seq_q
+    scale = 1.0  # "SWA/Prefix Caching/CP only support scale=1.0" (attention_cte.py L946)
+    q = (_random(rng, (1, seq_q, d), np.float32) / math.sqrt(d)).astype(dtype)
+    k = _random(rng, (1, seq_kv, d), dtype)
+    v = _random(rng, (1, seq_kv, d), dtype)
+    offset = rank if strided else rank * seq_q
+    positions = rank + np.arange(seq_q) * cp_degree if strided else offset + np.arange(seq_q)
+    out = _launch(
+        attention_cte,
+        lnc,
+        q,
+        k.transpose(0, 2, 1).copy(),
+        v,
+        scale=scale,
+        causal_mask=True,
+        cp_offset=np.array([[offset]], np.int32),
+        global_cp_deg=cp_degree,
+        cp_strided_q_slicing=strided,
+    )
+    logits = np.einsum("bqd,bkd->bqk", q.astype(np.float64), k.astype(np.float64)) * scale
+    logits = np.where(np.arange(seq_kv)[None, :] <= positions[:, None], logits, -np.inf)
+    weights = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    weights = weights / weights.sum(axis=-1, keepdims=True)
+    expected = np.einsum("bqk,bkd->bqd", weights, v.astype(np.float64))
+    _check(out, expected, dtype, scale=np.abs(v.astype(np.float64)).max(), precision=BF16)
