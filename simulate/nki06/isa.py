@@ -1538,6 +1538,15 @@ def core_barrier(data, cores, engine=engine.gpsimd, name=None):
 
 # --- registers ----------------------------------------------------------------------------------
 def register_alloc(x=None) -> VirtualRegister:
+    """A register holding ``x``: None, an immediate int (aws-neuron-sdk@81ce03ae
+    nki/api/nki/isa/__init__.py L3071-3074), or, beyond the docs, a 1-element SBUF/HBM tensor
+    loaded as ``register_load`` would (the docs' "two-step" form, L3085-3087, in one call),
+    which AWS's MX MoE passes (aws-neuron/nki-library@d2ad3a5
+    src/nkilib_src/nkilib/core/moe/moe_tkg/all_expert_mx_impl.py L311)."""
+    if isinstance(x, NkiTensor):
+        register = VirtualRegister(0)
+        register_load(register, x)
+        return register
     return VirtualRegister(0 if x is None else int(x))
 
 

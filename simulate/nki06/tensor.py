@@ -67,12 +67,13 @@ class Shape(tuple):
 class Buffer(Storage):
     """A storage of the 0.6 front-end: one flat array plus the on-chip geometry."""
 
-    __slots__ = ("region_kind", "partitions", "free_size", "matmul_written", "nki_dtype")
+    __slots__ = ("region_kind", "partitions", "free_size", "matmul_written", "nki_dtype", "root")
 
     def __init__(
         self, region: MemoryRegion, name: str, dtype, partitions: int, free_size: int, fill_value
     ):
         super().__init__(region.memory, region.value, name)
+        self.root = None  # (shape, dtype, buffer, name) of the first tensor over it
         self.region_kind = region
         self.nki_dtype = dtype
         self.partitions = partitions  # 1 for HBM
@@ -129,6 +130,8 @@ class NkiTensor:
         )
         self.offset = int(offset)
         self._check_bounds()
+        if storage.root is None:
+            storage.root = (self._shape, self.dtype, self.buffer, self.name)
 
     def _fresh_strides(self):
         if self.on_chip:
@@ -136,6 +139,16 @@ class NkiTensor:
         return _row_major(self._shape)
 
     # --- attributes ----------------------------------------------------------------------
+    @property
+    def base_tensor(self) -> NkiTensor:
+        """The whole tensor this view was cut from. Not in the API reference; AWS's MX MoE
+        reads ``weight.base_tensor.dtype`` of a kernel argument (aws-neuron/nki-library@d2ad3a5
+        src/nkilib_src/nkilib/core/moe/moe_tkg/gate_up_projection_mx.py L354,
+        down_projection_mx.py L105), as of its TensorView (core/utils/tensor_view.py L45-51);
+        inferred: the storage's first tensor (shape, dtype, buffer)."""
+        shape, dtype, buffer, name = self.storage.root
+        return NkiTensor(shape, dtype, self.storage, buffer, name)
+
     @property
     def shape(self) -> Shape:
         return self._shape

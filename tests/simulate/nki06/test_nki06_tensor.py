@@ -443,3 +443,14 @@ def test_nl_where_var_all_and_load_transpose2d(rng):
     np.testing.assert_allclose(variance[:, 0], x.astype(np.float64).var(1), rtol=1e-5)
     np.testing.assert_array_equal(every[:, 0], cond.all(1))
     np.testing.assert_array_equal(transposed, x.T)
+
+
+def test_base_tensor_is_the_whole_tensor_a_view_was_cut_from():
+    """Not in the API reference; AWS's MX MoE reads ``weight.base_tensor.dtype`` of a kernel
+    argument (core/moe/moe_tkg/gate_up_projection_mx.py L354)."""
+
+    def kernel(x):
+        t = nl.ndarray((4, 8), nl.bfloat16)
+        return (x[1:2, 0:3].base_tensor.shape, t[0:2, 2:4].base_tensor.shape)
+
+    assert shapes_of(kernel, np.zeros((3, 5), np.float32)) == [(3, 5), (4, 8)]
