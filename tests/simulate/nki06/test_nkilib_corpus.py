@@ -2362,3 +2362,92 @@ def test_attention_cte_context_parallel(rng, lnc, seq_q, cp_degree, rank, stride
     weights = weights / weights.sum(axis=-1, keepdims=True)
     expected = np.einsum("bqk,bkd->bqd", weights, v.astype(np.float64))
     _check(out, expected, dtype, scale=np.abs(v.astype(np.float64)).max(), precision=BF16)
+
+
+# --- moe_tkg, all-expert MX (core/moe/moe_tkg/all_expert_mx_impl.py) -------------------------
+def _mx_dequantize_layout(values, scale):
+    """[128, tiles, X, 4] MX values with [16, tiles, X] e8m0 scales (one per 8 partitions and
+    the 4 lanes) as float64."""
+    factor = np.ldexp(1.0, scale.astype(np.int64) - 127)
+    return values.astype(np.float64) * np.repeat(factor, 8, axis=0)[..., None]
+
+
+def _mx_round_trip(layout):
+    """quantize_mx (e4m3fn, 8 partitions x 4 lanes per scale) of a [128, tiles, X, 4] array,
+    dequantized (the ISA reference's scale, as _mx_quantize_reference)."""
+    values, exponent = _mx_quantize_reference(layout.reshape(128, -1), emax=8)
+    scale = np.repeat(np.repeat(np.ldexp(1.0, exponent), 8, 0), 4, 1)
+    return (values.astype(np.float64) * scale).reshape(layout.shape)
+
+
+@pytest.mark.parametrize(
+    "tokens, hidden, inter, local_experts, rank",
+    [(32, 512, 512, 1, 0), (64, 1024, 512, 2, 1)],
+)
+def test_moe_tkg_all_expert_mx(rng, monkeypatch, tokens, hidden, inter, local_experts, rank):
+    """Docstring (moe_tkg, all-expert MX, LNC=2 on Trn3): hidden [T, H] bf16, MXFP4 gate/up
+    [E_L, 128, 2, H/512, I] x4 with e8m0 scales [E_L, 16, 2, H/512, I], down [E_L, I_p,
+    I/512, H] x4 with scales [E_L, I_p/8, I/512, H]; out = Σ_e a[t, E_L·rank_id + e] ·
+    down(silu(x @ gate) · (x @ up)) (POST_SCALE). The kernel quantizes x online to MXFP8
+    e4m3fn, H split as [4, H/512, 128] onto (lane, tile, partition) (AWS's own torch
+    reference, core/moe/moe_tkg/moe_tkg_torch.py L366), and the bf16 intermediate in its
+    [128, I/512, T, 4] layout with I = 512c + 128q + p (gate_up_projection_mx_shard_H.py
+    L165-170)."""
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn3")
+    from simulate.core.dtypes import pack_x4
+
+    moe_tkg = library_module("core.moe.moe_tkg.moe_tkg").moe_tkg
+    scale_mode = library_module("core.utils.common_types").ExpertAffinityScaleMode
+    h_tiles, i_tiles, experts = hidden // 512, inter // 512, 2 * local_experts
+    x = _random(rng, (tokens, hidden), BF16)
+    shape = (local_experts, 128, 2, h_tiles, inter)
+    gate_up = _mx_values(rng, shape + (4,), ml_dtypes.float4_e2m1fn)
+    gate_up_scale = rng.integers(118, 122, (local_experts, 16) + shape[2:]).astype(np.uint8)
+    down = _mx_values(rng, (local_experts, 128, i_tiles, hidden, 4), ml_dtypes.float4_e2m1fn)
+    down_scale = rng.integers(118, 122, (local_experts, 16, i_tiles, hidden)).astype(np.uint8)
+    affinities = rng.random((tokens, experts)).astype(BF16)
+    index = rng.integers(0, experts, (tokens, 1)).astype(np.int32)
+    out = nki.jit(moe_tkg)[2](
+        x,
+        pack_x4(gate_up.reshape(shape[:-1] + (4 * inter,)), "float4_e2m1fn_x4"),
+        pack_x4(down.reshape(local_experts, 128, i_tiles, 4 * hidden), "float4_e2m1fn_x4"),
+        affinities,
+        index,
+        True,
+        rank_id=np.full((1, 1), rank, np.int32),
+        expert_gate_up_weights_scale=gate_up_scale,
+        expert_down_weights_scale=down_scale,
+        expert_affinities_scaling_mode=scale_mode.POST_SCALE,
+    )
+    x_q = _mx_round_trip(
+        x.astype(np.float64).reshape(tokens, 4, h_tiles, 128).transpose(3, 2, 0, 1)
+    )
+    expected = np.zeros((tokens, hidden))
+    for e in range(local_experts):
+        gate, up = (
+            np.einsum(
+                "pjtq,pjiq->ti",
+                x_q,
+                _mx_dequantize_layout(gate_up[e, :, g], gate_up_scale[e, :, g]),
+            )
+            for g in (0, 1)
+        )
+        inter_values = (_silu(gate) * up).astype(BF16).astype(np.float64)  # bf16 compute
+        layout = inter_values.reshape(tokens, i_tiles, 4, 128).transpose(3, 1, 0, 2)
+        contribution = np.einsum(
+            "pctq,pchq->th", _mx_round_trip(layout), _mx_dequantize_layout(down[e], down_scale[e])
+        )
+        expected += (
+            affinities[:, local_experts * rank + e].astype(np.float64)[:, None] * contribution
+        )
+    # MX quantization of bf16 values the kernel rounds differently from float64 moves a few
+    # elements by one e4m3 ulp (2^-3): measured 1.5 % of the output's rms (rms of the error),
+    # 17 % at worst; wrong layouts or scales are off by ~100 %
+    rms = float(np.sqrt((expected**2).mean()))
+    actual = np.asarray(out).astype(np.float64)
+    assert np.asarray(out).dtype == BF16 and np.isfinite(actual).all()
+    error = np.abs(actual - expected)
+    assert np.sqrt((error**2).mean()) <= 0.04 * rms and error.max() <= 0.3 * rms, (
+        np.sqrt((error**2).mean()) / rms,
+        error.max() / rms,
+    )
