@@ -101,6 +101,7 @@ __all__ = ["fp8_max", "rmsnorm_quant"]
 
 #: Columns of one PSUM bank of float32 (2 KiB per partition).
 _BANK_COLUMNS = 512
+_BANK_BYTES = 2048
 #: Column chunks of a row tile: at least this many bytes of x per partition, at most
 #: this many chunks.
 _CHUNK_BYTES = 4096
@@ -476,9 +477,102 @@ def _transpose_group(y32, c0, width, count, q_t, scale_t, options):
         )
 
 
-def _tile_front(hbm, options, weight_row, ones, r0, parts):
+def _use_tensor_products(x, residual, weight, options, emit_transposed):
+    """Whether p = h · w comes from the Tensor engine (:func:`_weight_diagonals`): row
+    scales, no ``lower_bound`` clip (it rewrites p in place), no transposed output, a
+    16-bit h and weight of one dtype (their products are exact in the float32 PSUM), N a
+    multiple of 128."""
+    eps, quant_dtype, scale_mode, block, lower_bound, scale_floor = options
+    if weight is None or scale_mode != "row" or lower_bound is not None or emit_transposed:
+        return False
+    h_dtype = x.dtype if residual is None else residual.dtype
+    if weight.dtype != h_dtype or (h_dtype != nl.bfloat16 and h_dtype != nl.float16):
+        return False
+    return x.shape[1] % nl.tile_size.pmax == 0
+
+
+def _weight_diagonals(weight):
+    """diag(w[b · 128 : (b + 1) · 128]) for every 128-column block b, side by side in a
+    (128, N) SBUF tile of the weight's dtype: the moving operand that makes a Tensor-engine
+    matmul of hᵀ's block b give p's block b. The weight's blocks are loaded as rows,
+    transposed to columns by the Tensor engine, and each scales a 16-bit identity (the
+    Scalar engine's ``activation`` with a per-partition ``scale``, exact; the Vector engine
+    is the busier)."""
+    pmax = nl.tile_size.pmax
+    N = weight.shape[0]
+    blocks = N // pmax
+    columns = _column((pmax, blocks))
+    by_block = weight.reshape((blocks, pmax))
+    for b0 in range(0, blocks, pmax):
+        count = min(pmax, blocks - b0)
+        rows = _sbuf((count, pmax), weight.dtype)
+        nisa.dma_copy(dst=rows, src=by_block[b0 : b0 + count, :])
+        bank = nl.ndarray((pmax, count), dtype=weight.dtype, buffer=nl.psum)
+        nisa.nc_transpose(dst=bank, data=rows, engine=nisa.tensor_engine)
+        nisa.tensor_copy(dst=columns[:, b0 : b0 + count], src=bank, engine=nisa.vector_engine)
+    offsets = _sbuf((pmax, pmax), nl.int32)
+    nisa.iota(dst=offsets, pattern=[[1, pmax]], offset=0, channel_multiplier=-1)
+    identity = _sbuf((pmax, pmax), weight.dtype)
+    nisa.tensor_scalar(dst=identity, data=offsets, op0=nl.equal, operand0=0.0)
+    diagonals = _sbuf((pmax, N), weight.dtype)
+    for b in range(blocks):
+        nisa.activation(
+            dst=diagonals[:, b * pmax : (b + 1) * pmax],
+            op=nl.copy,
+            data=identity,
+            scale=columns[:, b : b + 1],
+        )
+    return diagonals
+
+
+def _transposed_rows(h_tile):
+    """hᵀ of a (rows, N) tile, block by block: (128, N / 128 · rows), block b at columns
+    b · rows …; Tensor-engine transposes into one PSUM bank per group of blocks, copied
+    out by the Vector engine (16-bit, one side in PSUM: its 2× mode)."""
+    parts, N = h_tile.shape
+    pmax = nl.tile_size.pmax
+    blocks = N // pmax
+    per_bank = max(1, _BANK_BYTES // (dtype_bytes(h_tile.dtype) * parts))
+    h_t = _sbuf((pmax, blocks * parts), h_tile.dtype)
+    for b0 in range(0, blocks, per_bank):
+        count = min(per_bank, blocks - b0)
+        bank = nl.ndarray((pmax, count * parts), dtype=h_tile.dtype, buffer=nl.psum)
+        for j in range(count):
+            b = b0 + j
+            nisa.nc_transpose(
+                dst=bank[:, j * parts : (j + 1) * parts],
+                data=h_tile[:, b * pmax : (b + 1) * pmax],
+                engine=nisa.tensor_engine,
+            )
+        nisa.tensor_copy(
+            dst=h_t[:, b0 * parts : (b0 + count) * parts], src=bank, engine=nisa.vector_engine
+        )
+    return h_t
+
+
+def _product_bank(h_t, diagonals, c0, c1):
+    """p[:, c0:c1] (at most one PSUM bank of float32) on the Tensor engine: for each block,
+    hᵀ's block as the stationary operand against the block's weight diagonal, exact (one
+    nonzero product per sum)."""
+    pmax = nl.tile_size.pmax
+    parts = h_t.shape[1] // (diagonals.shape[1] // pmax)
+    bank = nl.ndarray((parts, c1 - c0), dtype=nl.float32, buffer=nl.psum)
+    for b in range(c0 // pmax, c1 // pmax):
+        j = b - c0 // pmax
+        nisa.nc_matmul(
+            dst=bank[:, j * pmax : (j + 1) * pmax],
+            stationary=h_t[:, b * parts : (b + 1) * parts],
+            moving=diagonals[:, b * pmax : (b + 1) * pmax],
+            accumulate=False,
+        )
+    return bank
+
+
+def _tile_front(hbm, options, weight_row, ones, r0, parts, diagonals=None):
     """Rows r0 … r0 + parts − 1, up to p: load (and h = x + residual, stored), mean(h²),
-    rstd and p = h · w. Returns what :func:`_tile_scales` continues from."""
+    rstd and p = h · w — or, with the weight's ``diagonals`` (:func:`_weight_diagonals`),
+    hᵀ, from which the Tensor engine forms p one PSUM bank at a time when it is read.
+    Returns what :func:`_tile_scales` continues from."""
     x, residual, h = hbm[0], hbm[1], hbm[5]
     eps, quant_dtype, scale_mode, block, lower_bound, scale_floor = options
     N = x.shape[1]
@@ -513,18 +607,22 @@ def _tile_front(hbm, options, weight_row, ones, r0, parts):
         scale=1.0 / math.sqrt(N),  # as AWS's attention_tkg.py L1567 scales by 1 / sqrt(d)
     )
     rstd = _rstd(mean_sq, eps)
+    if diagonals is not None:
+        return rows, chunks, q, h_tile, rstd, r0, (_transposed_rows(h_tile), diagonals)
     p = h_tile if weight_row is None else _product(h_tile, weight_row, ones)
-    return rows, chunks, q, p, rstd, r0
+    return rows, chunks, q, p, rstd, r0, None
 
 
 def _tile_scales(hbm, options, loaded):
     """The maxima of |p| and the dequant scales of a tile :func:`_tile_front` loaded; returns
     the tile's state for :func:`_tile_back`."""
     eps, quant_dtype, scale_mode, block, lower_bound, scale_floor = options
-    rows, chunks, q, p, rstd, r0 = loaded
+    rows, chunks, q, p, rstd, r0, products = loaded
     parts, N = p.shape
     amax_p = None
-    if scale_mode == "row":
+    if products is not None:
+        amax_p = _bank_maxima(q, products)
+    elif scale_mode == "row":
         amax_p = _column((parts, 1))
         nisa.tensor_scalar_reduce(
             dst=q, data=p, op0=nl.abs, operand0=0.0, reduce_op=nl.maximum, reduce_res=amax_p
@@ -540,7 +638,33 @@ def _tile_scales(hbm, options, loaded):
     scaled = None
     if scale_mode != "static":
         scaled = _scale(amax_p, rstd, fp8_max(quant_dtype), lower_bound, scale_floor)
-    return rows, chunks, q, p, rstd, r0, amax_p, scaled
+    return rows, chunks, q, p, rstd, r0, products, amax_p, scaled
+
+
+def _bank_maxima(q, products):
+    """max |p| per row, p formed by the Tensor engine one PSUM bank at a time: the Vector
+    engine's ``tensor_scalar_reduce`` (``nl.abs``, max) of each bank (discarded output in
+    q's columns), then the maximum of the banks' maxima."""
+    h_t, diagonals = products
+    parts, N = q.shape
+    banks = -(-N // _BANK_COLUMNS)
+    maxima = _column((parts, banks))
+    for g in range(banks):
+        c0 = g * _BANK_COLUMNS
+        c1 = min(N, c0 + _BANK_COLUMNS)
+        nisa.tensor_scalar_reduce(
+            dst=q[:, c0:c1],
+            data=_product_bank(h_t, diagonals, c0, c1),
+            op0=nl.abs,
+            operand0=0.0,
+            reduce_op=nl.maximum,
+            reduce_res=maxima[:, g : g + 1],
+        )
+    if banks == 1:
+        return maxima
+    amax_p = _column((parts, 1))
+    nisa.tensor_reduce(dst=amax_p, op=nl.maximum, data=maxima, axis=1)
+    return amax_p
 
 
 def _tile_back(hbm, options, static_inverse, state, last):
@@ -548,9 +672,12 @@ def _tile_back(hbm, options, static_inverse, state, last):
     amax and y, stored (``last``: this core's last tile)."""
     y_q, scales, y, amax, packed_scales = hbm[2], hbm[3], hbm[4], hbm[6], hbm[7]
     eps, quant_dtype, scale_mode, block, lower_bound, scale_floor = options
-    rows, chunks, q, p, rstd, r0, amax_p, scaled = state
+    rows, chunks, q, p, rstd, r0, products, amax_p, scaled = state
     parts, N = p.shape
     fp8max = fp8_max(quant_dtype)
+    if products is not None:
+        _tile_back_banks(hbm, options, state, last)
+        return
 
     # y first: the clips below change p in place
     if y is not None:
@@ -607,6 +734,42 @@ def _tile_back(hbm, options, static_inverse, state, last):
         row_amax = _column((parts, 1))
         nisa.tensor_reduce(dst=row_amax, op=nl.maximum, data=amax_y, axis=1)
         nisa.dma_copy(dst=amax[rows, :], src=row_amax)
+
+
+def _tile_back_banks(hbm, options, state, last):
+    """:func:`_tile_back` for a tile whose p the Tensor engine forms (row scales): per PSUM
+    bank of p, y (Scalar engine) and y_q (Scalar engine, ``scale=`` the row's factor; on
+    this core's ``last`` tile every other bank on the Vector engine, then free), the stores
+    per column chunk."""
+    y_q, scales, y, amax, packed_scales = hbm[2], hbm[3], hbm[4], hbm[6], hbm[7]
+    eps, quant_dtype, scale_mode, block, lower_bound, scale_floor = options
+    rows, chunks, q, p, rstd, r0, products, amax_p, scaled = state
+    h_t, diagonals = products
+    parts, N = q.shape
+    amax_y, scale = scaled
+    factor = _factors(scale, rstd)
+    y_tile = None
+    if y is not None:
+        y_tile = _sbuf((parts, N), y.dtype)
+    for c0, c1 in chunks:
+        for b0 in range(c0, c1, _BANK_COLUMNS):
+            b1 = min(c1, b0 + _BANK_COLUMNS)
+            bank = _product_bank(h_t, diagonals, b0, b1)
+            if y_tile is not None:
+                nisa.activation(dst=y_tile[:, b0:b1], op=nl.copy, data=bank, scale=rstd)
+            _quantize(q[:, b0:b1], bank, factor, last and (b0 // _BANK_COLUMNS) % 2 == 1)
+        nisa.dma_copy(dst=y_q[rows, c0:c1], src=q[:, c0:c1])
+        if y_tile is not None:
+            nisa.dma_copy(dst=y[rows, c0:c1], src=y_tile[:, c0:c1])
+    if packed_scales is not None:
+        nisa.dma_copy(
+            dst=packed_scales[rows, :],
+            src=scale.ap(pattern=[[_SCALE_BYTES, parts], [1, _SCALE_BYTES]], dtype=quant_dtype),
+        )
+    else:
+        nisa.dma_copy(dst=scales[rows, :], src=scale)
+    if amax is not None:
+        nisa.dma_copy(dst=amax[rows, :], src=amax_y)
 
 
 @nki.jit
@@ -680,17 +843,22 @@ def rmsnorm_quant(
 
     weight_row = None
     ones = None
-    if weight is not None:
+    diagonals = None
+    options = (eps, quant_dtype, scale_mode, block, lower_bound, scale_floor)
+    if _use_tensor_products(x, residual, weight, options, emit_transposed):
+        diagonals = _weight_diagonals(weight)
+    elif weight is not None:
         weight_row, ones = _load_weight(weight)
     static_inverse = None
     if scale_mode == "static":
         static_inverse = _broadcast_scale(input_scale)
     hbm = (x, residual, y_q, scales, y, h, amax, packed_scales, y_q_t, scales_t)
-    options = (eps, quant_dtype, scale_mode, block, lower_bound, scale_floor)
     tiles = _core_tiles(M)
     if not _two_tiles_fit(x, residual, weight, emit_y, emit_transposed, quant_dtype):
         for t in range(len(tiles)):
-            loaded = _tile_front(hbm, options, weight_row, ones, tiles[t][0], tiles[t][1])
+            loaded = _tile_front(
+                hbm, options, weight_row, ones, tiles[t][0], tiles[t][1], diagonals
+            )
             state = _tile_scales(hbm, options, loaded)
             _tile_back(hbm, options, static_inverse, state, t == len(tiles) - 1)
         return tuple(outputs)
@@ -703,15 +871,19 @@ def rmsnorm_quant(
     last = len(tiles) - 1
     pending = None
     if len(tiles) > 0:
-        pending = _tile_front(hbm, options, weight_row, ones, tiles[0][0], tiles[0][1])
+        pending = _tile_front(hbm, options, weight_row, ones, tiles[0][0], tiles[0][1], diagonals)
     for t in range(len(tiles)):
         if t + 1 < last:
-            loaded = _tile_front(hbm, options, weight_row, ones, tiles[t + 1][0], tiles[t + 1][1])
+            loaded = _tile_front(
+                hbm, options, weight_row, ones, tiles[t + 1][0], tiles[t + 1][1], diagonals
+            )
             state = _tile_scales(hbm, options, pending)
             pending = loaded
         elif t + 1 == last:
             state = _tile_scales(hbm, options, pending)
-            loaded = _tile_front(hbm, options, weight_row, ones, tiles[t + 1][0], tiles[t + 1][1])
+            loaded = _tile_front(
+                hbm, options, weight_row, ones, tiles[t + 1][0], tiles[t + 1][1], diagonals
+            )
             pending = _tile_scales(hbm, options, loaded)
         elif t == 0:  # a single tile
             state = _tile_scales(hbm, options, pending)
