@@ -102,6 +102,12 @@ __all__ = ["fp8_max", "rmsnorm_quant"]
 #: Columns of one PSUM bank of float32 (2 KiB per partition).
 _BANK_COLUMNS = 512
 _BANK_BYTES = 2048
+#: The share of a tile's columns whose Σh² the Tensor engine's Gram matrix sums.
+_GRAM_SHARE_NUM = 7
+_GRAM_SHARE_DEN = 10
+#: The share of hᵀ's PSUM banks the Scalar engine copies out (the Vector engine the rest).
+_ACT_COPY_NUM = 3
+_ACT_COPY_DEN = 8
 #: Column chunks of a row tile: at least this many bytes of x per partition, at most
 #: this many chunks.
 _CHUNK_BYTES = 4096
@@ -306,15 +312,21 @@ def _quantize(q, p, factor, on_vector=False):
         nisa.activation(dst=q, op=nl.copy, data=p, scale=factor)
 
 
-def _clip(p, bound):
-    """p = clip(p, ±bound) in place, ``bound`` a (rows, 1) column in p's units (Vector
+def _clip(p, bound, dst=None):
+    """p = clip(p, ±bound) in place (or into ``dst``), ``bound`` a (rows, 1) column in p's
+    units (Vector
     engine, one instruction): every clip happens before the one rounding to fp8, so the
     kernel never converts an out-of-range value to fp8 (the docs do not say what that
     gives; the simulator's OCP e4m3fn makes it NaN)."""
     negative = _column(bound.shape)
     nisa.tensor_scalar(dst=negative, data=bound, op0=nl.multiply, operand0=-1.0)
     nisa.tensor_scalar(
-        dst=p, data=p, op0=nl.minimum, operand0=bound, op1=nl.maximum, operand1=negative
+        dst=p if dst is None else dst,
+        data=p,
+        op0=nl.minimum,
+        operand0=bound,
+        op1=nl.maximum,
+        operand1=negative,
     )
 
 
@@ -477,13 +489,12 @@ def _transpose_group(y32, c0, width, count, q_t, scale_t, options):
         )
 
 
-def _use_tensor_products(x, residual, weight, options, emit_transposed):
+def _use_tensor_products(x, residual, weight, options):
     """Whether p = h · w comes from the Tensor engine (:func:`_weight_diagonals`): row
-    scales, no ``lower_bound`` clip (it rewrites p in place), no transposed output, a
-    16-bit h and weight of one dtype (their products are exact in the float32 PSUM), N a
-    multiple of 128."""
+    scales, a 16-bit h and weight of one dtype (their products are exact in the float32
+    PSUM), N a multiple of 128."""
     eps, quant_dtype, scale_mode, block, lower_bound, scale_floor = options
-    if weight is None or scale_mode != "row" or lower_bound is not None or emit_transposed:
+    if weight is None or scale_mode != "row":
         return False
     h_dtype = x.dtype if residual is None else residual.dtype
     if weight.dtype != h_dtype or (h_dtype != nl.bfloat16 and h_dtype != nl.float16):
@@ -525,16 +536,17 @@ def _weight_diagonals(weight):
     return diagonals
 
 
-def _transposed_rows(h_tile):
-    """hᵀ of a (rows, N) tile, block by block: (128, N / 128 · rows), block b at columns
-    b · rows …; Tensor-engine transposes into one PSUM bank per group of blocks, copied
-    out by the Vector engine (16-bit, one side in PSUM: its 2× mode)."""
+def _transposed_rows(h_tile, first):
+    """hᵀ of a (rows, N) tile's blocks from ``first`` on: (128, N / 128 · rows), block b at
+    columns b · rows …; Tensor-engine transposes into one PSUM bank per group of blocks,
+    copied out by the Vector engine (16-bit, one side in PSUM: its 2× mode) or, for a
+    share of the banks, the Scalar engine."""
     parts, N = h_tile.shape
     pmax = nl.tile_size.pmax
     blocks = N // pmax
     per_bank = max(1, _BANK_BYTES // (dtype_bytes(h_tile.dtype) * parts))
     h_t = _sbuf((pmax, blocks * parts), h_tile.dtype)
-    for b0 in range(0, blocks, per_bank):
+    for b0 in range(first, blocks, per_bank):
         count = min(per_bank, blocks - b0)
         bank = nl.ndarray((pmax, count * parts), dtype=h_tile.dtype, buffer=nl.psum)
         for j in range(count):
@@ -544,10 +556,79 @@ def _transposed_rows(h_tile):
                 data=h_tile[:, b * pmax : (b + 1) * pmax],
                 engine=nisa.tensor_engine,
             )
-        nisa.tensor_copy(
-            dst=h_t[:, b0 * parts : (b0 + count) * parts], src=bank, engine=nisa.vector_engine
-        )
+        engine = nisa.vector_engine
+        k = b0 // per_bank
+        if ((k + 1) * _ACT_COPY_NUM) // _ACT_COPY_DEN != (k * _ACT_COPY_NUM) // _ACT_COPY_DEN:
+            engine = nisa.scalar_engine
+        nisa.tensor_copy(dst=h_t[:, b0 * parts : (b0 + count) * parts], src=bank, engine=engine)
     return h_t
+
+
+def _gram_first(N):
+    """The first 128-column block whose Σh² the Tensor engine's Gram matrix sums."""
+    blocks = N // nl.tile_size.pmax
+    return blocks - (blocks * _GRAM_SHARE_NUM) // _GRAM_SHARE_DEN
+
+
+def _split_square_sums(h_tile, q):
+    """The Scalar engine's share of Σh² of a tile whose hᵀ is on chip: Σ (h / √N)² over the
+    columns before block ``first`` (:func:`_gram_first`); returns it and ``first``.
+    :func:`_mean_square` adds the Tensor engine's share, the diagonal of the Gram matrix
+    hᵀᵀ·hᵀ of the other columns. The split depends on N alone, so that every option's
+    kernel computes the same rstd."""
+    parts, N = h_tile.shape
+    first = _gram_first(N)
+    cut = first * nl.tile_size.pmax
+    on_scalar = _column((parts, 1))
+    nisa.activation_reduce(
+        dst=q[:, 0:cut],
+        op=nl.square,
+        data=h_tile[:, 0:cut],
+        reduce_op=nl.add,
+        reduce_res=on_scalar,
+        scale=1.0 / math.sqrt(N),  # as AWS's attention_tkg.py L1567 scales by 1 / sqrt(d)
+    )
+    return on_scalar, first
+
+
+def _mean_square(sums, h_t, q):
+    """mean(h²) from :func:`_split_square_sums`: over the columns from block ``first`` on,
+    the Tensor engine's Gram matrix, issued here (after the tile's products, so that the
+    products wait for no other engine's stream), whose diagonal the Vector engine's
+    ``range_select`` picks out (free index == partition; a select, so the NaN or Inf of
+    other rows' entries does not reach it), times 1 / N; plus the Scalar engine's part."""
+    on_scalar, first = sums
+    parts, N = q.shape
+    blocks = N // nl.tile_size.pmax
+    if first == blocks:
+        return on_scalar
+    gram = nl.ndarray((parts, parts), dtype=nl.float32, buffer=nl.psum)
+    for b in range(first, blocks):
+        block = h_t[:, b * parts : (b + 1) * parts]
+        nisa.nc_matmul(dst=gram, stationary=block, moving=block, accumulate=b > first)
+    index = _column((parts, 1))
+    nisa.iota(dst=index, pattern=[[0, 1]], offset=0, channel_multiplier=1)
+    diagonal = _column((parts, 1))
+    nisa.range_select(
+        dst=q[:, 0:parts],
+        on_true_tile=gram,
+        comp_op0=nl.greater_equal,
+        comp_op1=nl.less_equal,
+        bound0=index,
+        bound1=index,
+        reduce_res=diagonal,
+        reduce_op=nl.maximum,
+    )
+    mean_sq = _column((parts, 1))
+    nisa.tensor_scalar(
+        dst=mean_sq,
+        data=diagonal,
+        op0=nl.multiply,
+        operand0=1.0 / N,
+        op1=nl.add,
+        operand1=on_scalar,
+    )
+    return mean_sq
 
 
 def _product_bank(h_t, diagonals, c0, c1):
@@ -568,7 +649,7 @@ def _product_bank(h_t, diagonals, c0, c1):
     return bank
 
 
-def _tile_front(hbm, options, weight_row, ones, r0, parts, diagonals=None):
+def _tile_front(hbm, options, weight_row, ones, r0, parts, diagonals=None, split=False):
     """Rows r0 … r0 + parts − 1, up to p: load (and h = x + residual, stored), mean(h²),
     rstd and p = h · w — or, with the weight's ``diagonals`` (:func:`_weight_diagonals`),
     hᵀ, from which the Tensor engine forms p one PSUM bank at a time when it is read.
@@ -596,6 +677,13 @@ def _tile_front(hbm, options, weight_row, ones, r0, parts, diagonals=None):
     # The quantized tile is written last; until then it takes the discarded elementwise
     # results of the reductions.
     q = _sbuf((parts, N), quant_dtype)
+    if split:
+        h_t = _transposed_rows(h_tile, 0 if diagonals is not None else _gram_first(N))
+        sums = _split_square_sums(h_tile, q)
+        p = h_tile
+        if diagonals is None:
+            p = _product(h_tile, weight_row, ones)
+        return rows, chunks, q, p, None, r0, (h_t, diagonals, sums)
     # mean(h²) as Σ (h / √N)²: the Scalar engine's scale folds the 1 / N in
     mean_sq = _column((parts, 1))
     nisa.activation_reduce(
@@ -607,8 +695,6 @@ def _tile_front(hbm, options, weight_row, ones, r0, parts, diagonals=None):
         scale=1.0 / math.sqrt(N),  # as AWS's attention_tkg.py L1567 scales by 1 / sqrt(d)
     )
     rstd = _rstd(mean_sq, eps)
-    if diagonals is not None:
-        return rows, chunks, q, h_tile, rstd, r0, (_transposed_rows(h_tile), diagonals)
     p = h_tile if weight_row is None else _product(h_tile, weight_row, ones)
     return rows, chunks, q, p, rstd, r0, None
 
@@ -620,7 +706,7 @@ def _tile_scales(hbm, options, loaded):
     rows, chunks, q, p, rstd, r0, products = loaded
     parts, N = p.shape
     amax_p = None
-    if products is not None:
+    if products is not None and products[1] is not None:
         amax_p = _bank_maxima(q, products)
     elif scale_mode == "row":
         amax_p = _column((parts, 1))
@@ -635,6 +721,9 @@ def _tile_scales(hbm, options, loaded):
         nisa.tensor_scalar_reduce(
             dst=junk, data=p, op0=nl.abs, operand0=0.0, reduce_op=nl.maximum, reduce_res=amax_p
         )
+    if products is not None:
+        # after the maxima: the Gram diagonal is read once the Vector engine is done with them
+        rstd = _rstd(_mean_square(products[2], products[0], q), eps)
     scaled = None
     if scale_mode != "static":
         scaled = _scale(amax_p, rstd, fp8_max(quant_dtype), lower_bound, scale_floor)
@@ -645,7 +734,7 @@ def _bank_maxima(q, products):
     """max |p| per row, p formed by the Tensor engine one PSUM bank at a time: the Vector
     engine's ``tensor_scalar_reduce`` (``nl.abs``, max) of each bank (discarded output in
     q's columns), then the maximum of the banks' maxima."""
-    h_t, diagonals = products
+    h_t, diagonals, sums = products
     parts, N = q.shape
     banks = -(-N // _BANK_COLUMNS)
     maxima = _column((parts, banks))
@@ -675,7 +764,7 @@ def _tile_back(hbm, options, static_inverse, state, last):
     rows, chunks, q, p, rstd, r0, products, amax_p, scaled = state
     parts, N = p.shape
     fp8max = fp8_max(quant_dtype)
-    if products is not None:
+    if products is not None and products[1] is not None:
         _tile_back_banks(hbm, options, state, last)
         return
 
@@ -738,25 +827,38 @@ def _tile_back(hbm, options, static_inverse, state, last):
 
 def _tile_back_banks(hbm, options, state, last):
     """:func:`_tile_back` for a tile whose p the Tensor engine forms (row scales): per PSUM
-    bank of p, y (Scalar engine) and y_q (Scalar engine, ``scale=`` the row's factor; on
-    this core's ``last`` tile every other bank on the Vector engine, then free), the stores
-    per column chunk."""
+    bank of p, y (Scalar engine), the float32 y of the transposed output, p clipped to
+    ±lower_bound / rstd (Vector engine) and y_q (Scalar engine, ``scale=`` the row's
+    factor; on this core's ``last`` tile every other bank on the Vector engine, then free),
+    the stores per column chunk, the transposed output (:func:`_transposed`) last."""
     y_q, scales, y, amax, packed_scales = hbm[2], hbm[3], hbm[4], hbm[6], hbm[7]
     eps, quant_dtype, scale_mode, block, lower_bound, scale_floor = options
     rows, chunks, q, p, rstd, r0, products, amax_p, scaled = state
-    h_t, diagonals = products
+    h_t, diagonals, sums = products
     parts, N = q.shape
     amax_y, scale = scaled
     factor = _factors(scale, rstd)
     y_tile = None
     if y is not None:
         y_tile = _sbuf((parts, N), y.dtype)
+    y32 = None
+    if hbm[8] is not None:
+        y32 = _sbuf((parts, N), nl.float32)
+    bound = None
+    if lower_bound is not None:
+        bound = _scaled_inverse(rstd, lower_bound)
     for c0, c1 in chunks:
         for b0 in range(c0, c1, _BANK_COLUMNS):
             b1 = min(c1, b0 + _BANK_COLUMNS)
             bank = _product_bank(h_t, diagonals, b0, b1)
             if y_tile is not None:
                 nisa.activation(dst=y_tile[:, b0:b1], op=nl.copy, data=bank, scale=rstd)
+            if y32 is not None:
+                nisa.activation(dst=y32[:, b0:b1], op=nl.copy, data=bank, scale=rstd)
+            if bound is not None:
+                clipped = _sbuf((parts, b1 - b0), nl.float32)
+                _clip(bank, bound, clipped)
+                bank = clipped
             _quantize(q[:, b0:b1], bank, factor, last and (b0 // _BANK_COLUMNS) % 2 == 1)
         nisa.dma_copy(dst=y_q[rows, c0:c1], src=q[:, c0:c1])
         if y_tile is not None:
@@ -770,6 +872,8 @@ def _tile_back_banks(hbm, options, state, last):
         nisa.dma_copy(dst=scales[rows, :], src=scale)
     if amax is not None:
         nisa.dma_copy(dst=amax[rows, :], src=amax_y)
+    if y32 is not None:
+        _transposed(hbm, options, y32, None, r0)
 
 
 @nki.jit
@@ -845,7 +949,8 @@ def rmsnorm_quant(
     ones = None
     diagonals = None
     options = (eps, quant_dtype, scale_mode, block, lower_bound, scale_floor)
-    if _use_tensor_products(x, residual, weight, options, emit_transposed):
+    split = _use_tensor_products(x, residual, weight, options)
+    if split and not emit_y and not emit_transposed:
         diagonals = _weight_diagonals(weight)
     elif weight is not None:
         weight_row, ones = _load_weight(weight)
@@ -857,7 +962,7 @@ def rmsnorm_quant(
     if not _two_tiles_fit(x, residual, weight, emit_y, emit_transposed, quant_dtype):
         for t in range(len(tiles)):
             loaded = _tile_front(
-                hbm, options, weight_row, ones, tiles[t][0], tiles[t][1], diagonals
+                hbm, options, weight_row, ones, tiles[t][0], tiles[t][1], diagonals, split
             )
             state = _tile_scales(hbm, options, loaded)
             _tile_back(hbm, options, static_inverse, state, t == len(tiles) - 1)
@@ -871,18 +976,20 @@ def rmsnorm_quant(
     last = len(tiles) - 1
     pending = None
     if len(tiles) > 0:
-        pending = _tile_front(hbm, options, weight_row, ones, tiles[0][0], tiles[0][1], diagonals)
+        pending = _tile_front(
+            hbm, options, weight_row, ones, tiles[0][0], tiles[0][1], diagonals, split
+        )
     for t in range(len(tiles)):
         if t + 1 < last:
             loaded = _tile_front(
-                hbm, options, weight_row, ones, tiles[t + 1][0], tiles[t + 1][1], diagonals
+                hbm, options, weight_row, ones, tiles[t + 1][0], tiles[t + 1][1], diagonals, split
             )
             state = _tile_scales(hbm, options, pending)
             pending = loaded
         elif t + 1 == last:
             state = _tile_scales(hbm, options, pending)
             loaded = _tile_front(
-                hbm, options, weight_row, ones, tiles[t + 1][0], tiles[t + 1][1], diagonals
+                hbm, options, weight_row, ones, tiles[t + 1][0], tiles[t + 1][1], diagonals, split
             )
             pending = _tile_scales(hbm, options, loaded)
         elif t == 0:  # a single tile
