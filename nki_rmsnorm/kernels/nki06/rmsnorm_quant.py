@@ -51,6 +51,27 @@ tiles are split between the two physical cores by ``nl.program_id(0)``):
   of a ``(rows, blocks, block)`` view for blocks under 128 columns) and the per-row
   arithmetic on (rows, 1) columns.
 
+With row scales and a 16-bit weight of h's dtype (N a multiple of 128: the case of AWS's
+``rmsnorm_quant_kernel``) the Vector engine's h · w pass goes to the Tensor engine, which
+has time to spare, and Σh² is shared with it (:func:`_use_tensor_products`):
+
+* Tensor: each 128-column block of h transposed into PSUM (``nc_transpose``); hᵀ copied
+  to SBUF (16-bit, one side in PSUM: the Vector engine's 2× mode; a 3/8 share of the banks
+  on the Scalar engine, ``tensor_copy``); p's block b = (hᵀ block b)ᵀ · diag(w block b), a
+  matmul with hᵀ's block as the stationary and the weight's diagonal block as the moving
+  operand, one PSUM bank (4 blocks) at a time — exact: one nonzero 16-bit product per
+  float32 sum — formed twice, for the maximum of |p| and for the quantization, instead of
+  being kept; and the Gram matrix (hᵀ)ᵀ · hᵀ of the last 7/10 of the blocks accumulated
+  in one PSUM bank, whose diagonal is those columns' Σh² (:func:`_mean_square`);
+* Scalar: Σ (h / √N)² of the first 3/10 of the columns, its hᵀ copies, the quantization
+  from each PSUM bank of p;
+* Vector: its hᵀ copies, max |p| per PSUM bank, the Gram diagonal (``range_select``).
+
+The split of Σh² depends on N alone: y_q is the same with and without the y and
+transposed outputs (those keep the Vector engine's product, whose NaN and Inf stay in
+their columns: a row holding ±Inf gets NaN across its 128-column block from the
+diagonal matmul's Inf · 0, harmless to y_q, whose row is flagged, but not to y).
+
 Instructions and where the docs (aws-neuron-sdk@81ce03ae ``nki/api/nki/isa/__init__.py``)
 or AWS's kernels (nki-library@d2ad3a5) allow each use:
 
@@ -69,7 +90,16 @@ or AWS's kernels (nki-library@d2ad3a5) allow each use:
   row as the stationary operand broadcasts a row (or the static scale) to the partitions;
 * ``nc_transpose`` (L829) on the Tensor engine, SBUF to PSUM, any dtype (L850-851), for the
   transposed output; its PSUM banks are read by ``tensor_scalar_reduce`` and ``activation``
-  and its stores address y_qᵀ through ``.ap(pattern, offset)`` over the HBM tensor.
+  and its stores address y_qᵀ through ``.ap(pattern, offset)`` over the HBM tensor; and
+  for hᵀ (16-bit, bit-accurate from NeuronCore-v3, L841);
+* ``nc_matmul`` (L489) for p and the Gram matrix: SBUF operands, a float32 PSUM result
+  (L571-573, L587-589), 16-bit operands of one dtype (L577-581), ``accumulate`` False then
+  True into one PSUM tile (L541-545);
+* ``tensor_copy`` (L384) out of PSUM on the Vector or Scalar engine (not GpSimd, which
+  cannot read PSUM, L399-401; the Scalar engine has it from NeuronCore-v3, L403);
+* ``iota`` (L1708) of the partition index; ``range_select`` (L2819, NeuronCore-v3+) of the
+  Gram diagonal from PSUM (free index ≥ and ≤ the partition index, max reduction), as
+  nki-library's ``core/attention/attention_cte.py`` L2738-2750 reads a PSUM tile.
 
 The transposed output (``emit_transposed``) is for the weight-gradient GEMM, which contracts
 y over its M rows (TransformerEngine's ``fp8_t``): a dequant scale can only be factored out
@@ -136,10 +166,11 @@ def _sbuf(shape, dtype):
     return nl.ndarray(shape, dtype=dtype, buffer=nl.sbuf)
 
 
-def _two_tiles_fit(x, residual, weight, emit_y, emit_transposed, quant_dtype):
+def _two_tiles_fit(x, residual, weight, emit_y, emit_transposed, quant_dtype, split=False):
     """Whether two row tiles (the software pipeline's) fit SBUF beside the weight row: per
     partition, h (and x), p, y_q, y, and the float32 y and y_qᵀ of the transposed output of
-    each, and the (rows, 1) columns."""
+    each, hᵀ when the Tensor engine shares the work (``split``), and the (rows, 1)
+    columns."""
     N = x.shape[1]
     x_bytes = dtype_bytes(x.dtype)
     per_tile = x_bytes + dtype_bytes(quant_dtype)
@@ -151,6 +182,8 @@ def _two_tiles_fit(x, residual, weight, emit_y, emit_transposed, quant_dtype):
         per_tile = per_tile + x_bytes
     if emit_transposed:  # the float32 y and y_qᵀ
         per_tile = per_tile + 4 + dtype_bytes(quant_dtype)
+    if split:
+        per_tile = per_tile + x_bytes
     resident = 0 if weight is None else dtype_bytes(weight.dtype)
     return N * (2 * per_tile + resident) + _SMALL_TILE_BYTES <= usable_sbuf_bytes()
 
@@ -610,7 +643,7 @@ def _mean_square(sums, h_t, q):
     nisa.iota(dst=index, pattern=[[0, 1]], offset=0, channel_multiplier=1)
     diagonal = _column((parts, 1))
     nisa.range_select(
-        dst=q[:, 0:parts],
+        dst=_column((parts, parts)),  # discarded; float32, so the reduction reads no downcast
         on_true_tile=gram,
         comp_op0=nl.greater_equal,
         comp_op1=nl.less_equal,
@@ -959,7 +992,7 @@ def rmsnorm_quant(
         static_inverse = _broadcast_scale(input_scale)
     hbm = (x, residual, y_q, scales, y, h, amax, packed_scales, y_q_t, scales_t)
     tiles = _core_tiles(M)
-    if not _two_tiles_fit(x, residual, weight, emit_y, emit_transposed, quant_dtype):
+    if not _two_tiles_fit(x, residual, weight, emit_y, emit_transposed, quant_dtype, split):
         for t in range(len(tiles)):
             loaded = _tile_front(
                 hbm, options, weight_row, ones, tiles[t][0], tiles[t][1], diagonals, split
