@@ -133,11 +133,13 @@ __all__ = ["fp8_max", "rmsnorm_quant"]
 _BANK_COLUMNS = 512
 _BANK_BYTES = 2048
 #: The share of a tile's columns whose Σh² the Tensor engine's Gram matrix sums.
-_GRAM_SHARE_NUM = 7
-_GRAM_SHARE_DEN = 10
+_GRAM_SHARE = (7, 10)
 #: The share of hᵀ's PSUM banks the Scalar engine copies out (the Vector engine the rest).
-_ACT_COPY_NUM = 3
-_ACT_COPY_DEN = 8
+_ACT_COPY_SHARE = (3, 8)
+#: NeuronCore-v4 (trn3): the Vector engine runs at the Scalar engine's clock, the Tensor
+#: engine's share binds first; the Scalar engine copies hᵀ at 2×, but has Σh² to do.
+_GRAM_SHARE_V4 = (2, 5)
+_ACT_COPY_SHARE_V4 = (0, 8)
 #: Column chunks of a row tile: at least this many bytes of x per partition, at most
 #: this many chunks.
 _CHUNK_BYTES = 4096
@@ -591,7 +593,10 @@ def _transposed_rows(h_tile, first):
             )
         engine = nisa.vector_engine
         k = b0 // per_bank
-        if ((k + 1) * _ACT_COPY_NUM) // _ACT_COPY_DEN != (k * _ACT_COPY_NUM) // _ACT_COPY_DEN:
+        num, den = _ACT_COPY_SHARE
+        if nisa.get_nc_version() == nisa.nc_version.gen4:
+            num, den = _ACT_COPY_SHARE_V4
+        if ((k + 1) * num) // den != (k * num) // den:
             engine = nisa.scalar_engine
         nisa.tensor_copy(dst=h_t[:, b0 * parts : (b0 + count) * parts], src=bank, engine=engine)
     return h_t
@@ -600,7 +605,10 @@ def _transposed_rows(h_tile, first):
 def _gram_first(N):
     """The first 128-column block whose Σh² the Tensor engine's Gram matrix sums."""
     blocks = N // nl.tile_size.pmax
-    return blocks - (blocks * _GRAM_SHARE_NUM) // _GRAM_SHARE_DEN
+    num, den = _GRAM_SHARE
+    if nisa.get_nc_version() == nisa.nc_version.gen4:
+        num, den = _GRAM_SHARE_V4
+    return blocks - (blocks * num) // den
 
 
 def _split_square_sums(h_tile, q):
