@@ -168,24 +168,26 @@ def _sbuf(shape, dtype):
     return nl.ndarray(shape, dtype=dtype, buffer=nl.sbuf)
 
 
-def _two_tiles_fit(x, residual, weight, emit_y, emit_transposed, quant_dtype, split=False):
-    """Whether two row tiles (the software pipeline's) fit SBUF beside the weight row: per
-    partition, h (and x), p, y_q, y, and the float32 y and y_qᵀ of the transposed output of
-    each, hᵀ when the Tensor engine shares the work (``split``), and the (rows, 1)
-    columns."""
+def _two_tiles_fit(
+    x, residual, weight, emit_y, emit_transposed, quant_dtype, split=False, in_psum=False
+):
+    """Whether two row tiles (the software pipeline's) fit SBUF beside the weight row (or
+    its diagonals): per partition, h (and x), p (unless the Tensor engine forms it in PSUM,
+    ``in_psum``), y_q, y, and the float32 y and y_qᵀ of the transposed output of each, hᵀ
+    when the Tensor engine shares the work (``split``), and the (rows, 1) columns."""
     N = x.shape[1]
     x_bytes = dtype_bytes(x.dtype)
     per_tile = x_bytes + dtype_bytes(quant_dtype)
     if residual is not None:
         per_tile = per_tile + dtype_bytes(residual.dtype)
-    if weight is not None:
+    if weight is not None and not in_psum:
         per_tile = per_tile + 4
     if emit_y:
         per_tile = per_tile + x_bytes
     if emit_transposed:  # the float32 y and y_qᵀ
         per_tile = per_tile + 4 + dtype_bytes(quant_dtype)
     if split:
-        per_tile = per_tile + x_bytes
+        per_tile = per_tile + dtype_bytes(x.dtype if residual is None else residual.dtype)
     resident = 0 if weight is None else dtype_bytes(weight.dtype)
     return N * (2 * per_tile + resident) + _SMALL_TILE_BYTES <= usable_sbuf_bytes()
 
@@ -1000,7 +1002,10 @@ def rmsnorm_quant(
         static_inverse = _broadcast_scale(input_scale)
     hbm = (x, residual, y_q, scales, y, h, amax, packed_scales, y_q_t, scales_t)
     tiles = _core_tiles(M)
-    if not _two_tiles_fit(x, residual, weight, emit_y, emit_transposed, quant_dtype, split):
+    fit = _two_tiles_fit(
+        x, residual, weight, emit_y, emit_transposed, quant_dtype, split, diagonals is not None
+    )
+    if not fit:
         for t in range(len(tiles)):
             loaded = _tile_front(
                 hbm, options, weight_row, ones, tiles[t][0], tiles[t][1], diagonals, split
