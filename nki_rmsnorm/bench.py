@@ -54,10 +54,17 @@ from nki_rmsnorm import reference
 from nki_rmsnorm.plan.backward import MAX_HIDDEN as MAX_HIDDEN_BWD
 
 #: ``--full``: the sweep docs/bench.json and the README tables come from.
-FULL_SHAPES = ((29, 17389), (256, 65536), (1024, 32768), (2048, 16384), (4096, 1024),
-                  (4096, 12288), (8192, 2048), (8192, 4096), (8192, 8192), (16384, 4096))
-#: The default run: the headline shape (8192 tokens of a 4096-wide model) on every target.
-SUBSET_SHAPES = ((8192, 4096),)
+#: Serving shapes: decode batches (a few rows of a model's hidden size) ...
+DECODE_SHAPES = ((1, 4096), (8, 4096), (29, 17389), (64, 8192))
+#: ... and QK-norm heads (tokens × heads rows of head_dim).
+QK_NORM_SHAPES = ((4096, 128), (16384, 128), (8192, 64), (8192, 256))
+#: ``--full``: the sweep docs/bench.json and the README tables come from.
+FULL_SHAPES = DECODE_SHAPES + ((256, 65536), (1024, 32768), (2048, 16384), (4096, 1024),
+                               (4096, 12288), (8192, 2048), (8192, 4096), (8192, 8192),
+                               (16384, 4096)) + QK_NORM_SHAPES
+#: The default run: the headline shape (8192 tokens of a 4096-wide model), a decode batch
+#: and the QK-norm heads of 4096 tokens × 32 heads (Qwen3-8B's q_norm), on every target.
+SUBSET_SHAPES = ((8192, 4096), (8, 4096), (16384, 128))
 QUICK_SHAPES = ((129, 1024), (256, 4096))
 #: The kinds the sweep runs without ``--kind``.
 KINDS = ("fwd", "bwd", "fused_add")
@@ -591,10 +598,12 @@ cost-model estimates (about +-20 % on steady-state kernels), not device measurem
 machine with a NeuronDevice, --device measures instead.
 
 Runs:
-  (default)   the headline subset: fwd, bwd and fused_add at 8192x4096 bf16 on every default
-              target (12 cases, about 75 CPU-seconds: a minute or so on 2 idle cores)
-  --full      the full sweep: 10 shapes from 29x17389 to 16384x4096 (120 cases, about 14
-              CPU-minutes: some 7 minutes on 2 idle cores at -j 2, less with a warm cache)
+  (default)   the headline subset: fwd, bwd and fused_add at 8192x4096, a decode batch
+              (8x4096) and QK-norm heads (16384x128), bf16, on every default target (36
+              cases, about 85 CPU-seconds: a minute or so on 2 idle cores)
+  --full      the full sweep: 17 shapes, decode batches (1x4096 to 64x8192), 256x65536 to
+              16384x4096 and QK-norm heads (4096x128 to 8192x256) (204 cases, about 15
+              CPU-minutes: some 8 minutes on 2 idle cores at -j 2, less with a warm cache)
   --quick     a smoke run: two small shapes (129x1024, 256x4096), seconds per case; checks
               the install and the kernels' results, its times say little about large shapes
 """
@@ -635,7 +644,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     runs = sweep.add_mutually_exclusive_group()
     runs.add_argument("--full", action="store_true",
-                      help="the full sweep (10 shapes, 120 cases) instead of the subset")
+                      help="the full sweep (17 shapes, 204 cases) instead of the subset")
     runs.add_argument("--quick", action="store_true",
                       help="a smoke run on two small shapes (checks results, not speed)")
     sweep.add_argument("--shapes", help="comma-separated MxN list, e.g. 4096x4096,8192x2048 "

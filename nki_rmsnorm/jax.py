@@ -52,9 +52,17 @@ from jax.experimental.buffer_callback import buffer_callback
 from jax.experimental.custom_partitioning import custom_partitioning
 from jax.sharding import PartitionSpec as P
 
-from nki_rmsnorm import _jax_ffi, dialect, kernels, ops, validation
+from nki_rmsnorm import _jax_ffi, dialect, kernels, mx, ops, validation
 
-__all__ = ["LAUNCH_PATHS", "fused_add_rms_norm", "launch_path", "rms_norm", "rms_norm_quant"]
+__all__ = [
+    "LAUNCH_PATHS",
+    "fused_add_rms_norm",
+    "launch_path",
+    "rms_norm",
+    "rms_norm_mx_quant",
+    "rms_norm_qk",
+    "rms_norm_quant",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -929,3 +937,168 @@ def rms_norm_quant(
             shaped.append(value.reshape(lead + part.shape[1:]) if x.ndim != 1 else value[0])
     filled = iter(shaped)
     return ops.QuantizedRMSNorm(*(None if a is None else next(filled) for a in empty))
+
+
+def rms_norm_mx_quant(
+    x,
+    weight=None,
+    eps: float = 1e-6,
+    *,
+    residual=None,
+    quant_dtype="float8_e4m3fn_x4",
+    scale_dtype="float8_e8m0fnu",
+) -> mx.MXQuantizedRMSNorm:
+    """RMSNorm over the last axis, MXFP8-quantized in one pass on trn3: the arguments and
+    outputs of :func:`nki_rmsnorm.mx.rms_norm_mx_quant`, as JAX arrays (``y_q`` uint32 bits
+    (N / 4, M), ``scales`` (N / 32, M) in ``jnp.float8_e8m0fnu`` or uint8, ``h`` x's shape).
+
+    Works under ``jax.jit`` (a host callback running the simulated kernel); not
+    differentiable. Every argument is checked when the function is traced, on zero-row
+    stand-ins of the arrays, before anything runs."""
+    for a, name in ((x, "x"), (weight, "weight"), (residual, "residual")):
+        if a is not None and (not hasattr(a, "shape") or not hasattr(a, "dtype")):
+            raise TypeError(f"{name} must be an array, got {type(a).__name__}")
+    n = x.shape[-1] if x.ndim else 0
+    x2 = x.reshape((-1, n)) if x.ndim != 1 else x.reshape((1, n))
+    r2 = None if residual is None else residual.reshape(x2.shape)
+    rows = x2.shape[0]
+
+    def stand_in(a):
+        return None if a is None else np.empty((0,) + tuple(a.shape[1:]), np.dtype(a.dtype))
+
+    weight_stand_in = None if weight is None else np.empty(weight.shape, np.dtype(weight.dtype))
+    options = dict(quant_dtype=quant_dtype, scale_dtype=scale_dtype)
+    empty = mx.rms_norm_mx_quant(
+        stand_in(x2), weight_stand_in, eps, residual=stand_in(r2), **options
+    )
+    result_types = [
+        jax.ShapeDtypeStruct((empty.y_q.shape[0], rows), empty.y_q.dtype),
+        jax.ShapeDtypeStruct((empty.scales.shape[0], rows), empty.scales.dtype),
+    ]
+    if residual is not None:
+        result_types.append(jax.ShapeDtypeStruct(x2.shape, np.dtype(residual.dtype)))
+    dialect_name = dialect.current()
+
+    def host(outputs, x_host, weight_host, residual_host):
+        with dialect.use_dialect(dialect_name):
+            result = mx.rms_norm_mx_quant(
+                x_host, weight_host, eps, residual=residual_host, **options
+            )
+        for out, value in zip(outputs, [a for a in result if a is not None]):
+            out[...] = value.reshape(out.shape)
+
+    values = list(_host_call(host, result_types, x2, weight, r2))
+    h = values[2].reshape(x.shape) if residual is not None else None
+    return mx.MXQuantizedRMSNorm(values[0], values[1], h)
+
+
+def rms_norm_qk(
+    q,
+    k,
+    q_weight=None,
+    k_weight=None,
+    eps: float = 1e-6,
+    *,
+    offset: float = 0.0,
+    casting_mode: str = "gemma",
+    out_dtype=None,
+):
+    """The query and key norms of an attention in one kernel launch: ``(y_q, y_k)``, the
+    arguments and outputs of :func:`nki_rmsnorm.ops.rms_norm_qk` as JAX arrays, bit for bit
+    what :func:`rms_norm` gives each alone. Works under ``jax.jit`` (the launch is a host
+    callback running the simulated kernel, as the ``"simulator"`` path of :func:`rms_norm`)
+    and is differentiable in q, k and the weights (a ``jax.custom_vjp``: the backward
+    kernel per tensor, from the saved rstd). Every argument is checked when traced, before
+    anything runs (the launcher's own checks, on zero-row stand-ins)."""
+    for name, a in (("q", q), ("k", k), ("q_weight", q_weight), ("k_weight", k_weight)):
+        if a is not None and (not hasattr(a, "shape") or not hasattr(a, "dtype")):
+            raise TypeError(f"{name} must be an array, got {type(a).__name__}")
+    out = None if out_dtype is None else np.dtype(out_dtype)
+
+    def stand_in(a, rows=True):
+        if a is None:
+            return None
+        shape = ((0,) + tuple(a.shape[1:])) if rows and a.ndim > 1 else tuple(a.shape)
+        return np.empty(shape, np.dtype(a.dtype))
+
+    for a, name in ((q, "q"), (k, "k")):
+        if a.ndim == 0 or a.shape[-1] == 0:
+            raise ValueError(
+                f"{name} must have a non-empty last (normalised) dimension, got shape "
+                f"{tuple(a.shape)}"
+            )
+    q2, k2 = q.reshape((-1, q.shape[-1])), k.reshape((-1, k.shape[-1]))
+    ops.rms_norm_qk_fwd(
+        stand_in(q2),
+        stand_in(k2),
+        stand_in(q_weight, False),
+        stand_in(k_weight, False),
+        eps,
+        offset=offset,
+        casting_mode=casting_mode,
+        out_dtype=out,
+    )
+    eps = validation.eps_value(eps)
+    dialect_name = dialect.current()
+    y_types = (
+        jax.ShapeDtypeStruct(q2.shape, out or np.dtype(q.dtype)),
+        jax.ShapeDtypeStruct(k2.shape, out or np.dtype(k.dtype)),
+        jax.ShapeDtypeStruct(q2.shape[:1], np.float32),
+        jax.ShapeDtypeStruct(k2.shape[:1], np.float32),
+    )
+
+    def forward_host(outputs, q_host, k_host, wq_host, wk_host):
+        with dialect.use_dialect(dialect_name):
+            result = ops.rms_norm_qk_fwd(
+                q_host,
+                k_host,
+                wq_host,
+                wk_host,
+                eps,
+                offset=offset,
+                casting_mode=casting_mode,
+                out_dtype=out,
+            )
+        for o, value in zip(outputs, result):
+            o[...] = value
+
+    def backward_host(outputs, dy, x, weight, rstd):
+        with dialect.use_dialect(dialect_name):
+            dx, dweight, _ = ops.rms_norm_bwd(
+                dy,
+                x,
+                weight,
+                rstd,
+                offset=offset if weight is not None else 0.0,
+                casting_mode=casting_mode,
+            )
+        outputs[0][...] = dx
+        if weight is not None:
+            outputs[1][...] = dweight
+
+    @jax.custom_vjp
+    def fused(q_rows, k_rows, wq, wk):
+        return _host_call(forward_host, y_types, q_rows, k_rows, wq, wk)[:2]
+
+    def fused_fwd(q_rows, k_rows, wq, wk):
+        y_q, y_k, rstd_q, rstd_k = _host_call(forward_host, y_types, q_rows, k_rows, wq, wk)
+        return (y_q, y_k), (q_rows, k_rows, wq, wk, rstd_q, rstd_k)
+
+    def fused_bwd(saved, cotangents):
+        q_rows, k_rows, wq, wk, rstd_q, rstd_k = saved
+        grads = []
+        for x, w, rstd, dy in (
+            (q_rows, wq, rstd_q, cotangents[0]),
+            (k_rows, wk, rstd_k, cotangents[1]),
+        ):
+            types = [jax.ShapeDtypeStruct(x.shape, x.dtype)]
+            if w is not None:
+                types.append(jax.ShapeDtypeStruct(w.shape, w.dtype))
+            result = _host_call(backward_host, types, dy.astype(x.dtype), x, w, rstd)
+            grads.append((result[0], None if w is None else result[1]))
+        (dq, dwq), (dk, dwk) = grads
+        return dq, dk, dwq, dwk
+
+    fused.defvjp(fused_fwd, fused_bwd)
+    y_q, y_k = fused(q2, k2, q_weight, k_weight)
+    return y_q.reshape(q.shape), y_k.reshape(k.shape)

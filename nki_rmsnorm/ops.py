@@ -51,7 +51,7 @@ from nki_rmsnorm.validation import parameter as _parameter
 from nki_rmsnorm.validation import real as _real
 
 __all__ = ["KERNEL_DTYPES", "QuantizedRMSNorm", "check_options", "rms_norm", "rms_norm_bwd",
-           "rms_norm_fwd", "rms_norm_quant"]
+           "rms_norm_fwd", "rms_norm_qk", "rms_norm_qk_fwd", "rms_norm_quant"]
 
 
 def rms_norm(x: np.ndarray, weight: np.ndarray | None = None, eps: float = 1e-6, *,
@@ -120,6 +120,82 @@ def rms_norm_fwd(x: np.ndarray, weight: np.ndarray | None = None, eps: float = 1
                                           bias, eps, offset, casting_mode, y_dtype)
     *tiles, rstd = outputs
     return (*(t.reshape(x.shape) for t in tiles), rstd.reshape(lead))
+
+
+def rms_norm_qk(q: np.ndarray, k: np.ndarray, q_weight: np.ndarray | None = None,
+                k_weight: np.ndarray | None = None, eps: float = 1e-6, *, offset: float = 0.0,
+                casting_mode: str = "gemma",
+                out_dtype: DTypeLike | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The query and key norms of an attention in one launch: ``(y_q, y_k)``; see
+    :func:`rms_norm_qk_fwd`."""
+    return rms_norm_qk_fwd(q, k, q_weight, k_weight, eps, offset=offset,
+                           casting_mode=casting_mode, out_dtype=out_dtype)[:2]
+
+
+def rms_norm_qk_fwd(q: np.ndarray, k: np.ndarray, q_weight: np.ndarray | None = None,
+                    k_weight: np.ndarray | None = None, eps: float = 1e-6, *,
+                    offset: float = 0.0, casting_mode: str = "gemma",
+                    out_dtype: DTypeLike | None = None) -> tuple[np.ndarray, ...]:
+    """RMSNorm of the queries and of the keys (QK-norm, as Qwen3 and Gemma 3 apply it per
+    head, Megatron's fused call) in one kernel launch, with the ``rstd`` of each.
+
+    Args:
+        q: queries, rank ≥ 1 (e.g. ``(tokens, heads, head_dim)``), float32, bfloat16 or
+            float16; normalised over its last axis.
+        k: keys, likewise (its own shape and dtype: grouped-query attention has fewer key
+            heads).
+        q_weight, k_weight: ``(q.shape[-1],)`` / ``(k.shape[-1],)`` scales in float32 or
+            their tensor's dtype, or None.
+        eps, offset, casting_mode, out_dtype: as :func:`rms_norm_fwd`, for both (a non-zero
+            ``offset`` needs both weights).
+
+    Returns:
+        ``(y_q, y_k, rstd_q, rstd_k)``: each as :func:`rms_norm_fwd` returns for that tensor
+        alone, bit for bit.
+    """
+    q = _named_rows(q, "q")
+    k = _named_rows(k, "k")
+    q_weight = _parameter(q_weight, "q_weight", q.shape[-1], q.dtype, "q")
+    k_weight = _parameter(k_weight, "k_weight", k.shape[-1], k.dtype, "k")
+    eps = _eps(eps)
+    offset = _real(offset, "offset")
+    if offset and (q_weight is None or k_weight is None):
+        raise ValueError(f"offset={offset} shifts the weights (weight + offset): it needs "
+                         "q_weight and k_weight, got None")
+    offset = _offset(offset, q_weight if q_weight is not None else k_weight)
+    _casting_mode(casting_mode)
+    out_q = q.dtype if out_dtype is None else _dtype(out_dtype, "out_dtype")
+    out_k = k.dtype if out_dtype is None else out_q
+    check_statistics_range(q, eps)
+    check_statistics_range(k, eps)
+    rows_q, rows_k = math.prod(q.shape[:-1]), math.prod(k.shape[:-1])
+    if rows_q == 0 or rows_k == 0:  # one launch or none: an empty tensor has no kernel rows
+        fwd = (rms_norm_fwd(t, w, eps, offset=offset if w is not None else 0.0,
+                            casting_mode=casting_mode, out_dtype=out)
+               for t, w, out in ((q, q_weight, out_q), (k, k_weight, out_k)))
+        (y_q, rstd_q), (y_k, rstd_k) = fwd
+        return y_q, y_k, rstd_q, rstd_k
+    if out_dtype is None and q.dtype != k.dtype:
+        raise TypeError(f"q and k have different dtypes ({q.dtype}, {k.dtype}): pass out_dtype "
+                        "(the one launch writes both in it)")
+    y_dtype = kernels.nki_dtype(np.dtype(out_q).name, dialect.current())
+    y_q, y_k, rstd_q, rstd_k = kernels.rmsnorm_qk_fwd(
+        _rows(q, rows_q, q.shape[-1]), _rows(k, rows_k, k.shape[-1]), q_weight, k_weight, eps,
+        offset, casting_mode, y_dtype)
+    return (y_q.reshape(q.shape), y_k.reshape(k.shape), rstd_q.reshape(q.shape[:-1]),
+            rstd_k.reshape(k.shape[:-1]))
+
+
+def _named_rows(value: Any, name: str) -> np.ndarray:
+    """``value`` as a kernel array with a non-empty last (normalised) dimension."""
+    array = _kernel_array(value, name)
+    if array.ndim == 0:
+        raise ValueError(f"{name} must have at least one dimension (the normalised one), got a "
+                         "0-d array")
+    if array.shape[-1] == 0:
+        raise ValueError(f"{name} must have a non-empty last (normalised) dimension, got shape "
+                         f"{array.shape}")
+    return array
 
 
 def rms_norm_bwd(dy: np.ndarray, x_or_h: np.ndarray, weight: np.ndarray | None,
@@ -300,8 +376,10 @@ def quant_dtype_name(quant_dtype: Any, nc_version: int | None) -> str:
         except TypeError:
             name = str(quant_dtype).removeprefix("torch.").removeprefix("nl.")
     if name not in QUANT_DTYPES:
+        mx_hint = ("; MX formats (float8_e4m3fn_x4, float8_e5m2_x4) are "
+                   "nki_rmsnorm.mx.rms_norm_mx_quant's" if name.endswith("_x4") else "")
         raise TypeError(f"quant_dtype must be one of {', '.join(QUANT_DTYPES)}, got "
-                        f"{quant_dtype!r}")
+                        f"{quant_dtype!r}{mx_hint}")
     if (name == "float8_e4m3fn" and nc_version is not None
             and nc_version != _OCP_ONLY_NC_VERSION):
         raise ValueError("quant_dtype=float8_e4m3fn (OCP) needs trn3 (NeuronCore-v4); this "

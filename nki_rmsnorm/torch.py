@@ -59,7 +59,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from nki_rmsnorm import dialect, kernels, ops, validation
+from nki_rmsnorm import dialect, kernels, mx, ops, validation
 
 __all__ = [
     "LAUNCHERS",
@@ -69,6 +69,8 @@ __all__ = [
     "last_launch_path",
     "patch_module",
     "rms_norm",
+    "rms_norm_mx_quant",
+    "rms_norm_qk",
     "rms_norm_quant",
 ]
 
@@ -1207,6 +1209,141 @@ def _(
     )
 
 
+# ---------------------------------------------------------------------------------------------
+# The query and key norms in one launch
+# ---------------------------------------------------------------------------------------------
+
+
+def _check_qk_op(q, k, q_weight, k_weight, eps, offset, casting_mode, out_dtype):
+    """Every argument of the fused QK-norm operator, before anything runs; returns
+    ``(eps, offset, out_dtype)`` with ``out_dtype`` a ``torch.dtype`` or None."""
+    _check_rows("q", q)
+    _check_rows("k", k)
+    if q_weight is not None:
+        _check_tensor("q_weight", q_weight, (q.shape[1],), q, (torch.float32, q.dtype))
+    if k_weight is not None:
+        _check_tensor("k_weight", k_weight, (k.shape[1],), k, (torch.float32, k.dtype))
+    if k.device != q.device:
+        raise ValueError(f"k is on {k.device} but q is on {q.device}")
+    out = _op_dtype(out_dtype, "out_dtype")
+    if out is None and q.dtype != k.dtype:
+        raise TypeError(
+            f"q and k have different dtypes ({_dtype_name(q.dtype)}, {_dtype_name(k.dtype)}): "
+            "pass out_dtype (the one launch writes both in it)"
+        )
+    if offset and (q_weight is None or k_weight is None):
+        raise ValueError(
+            f"offset={offset} shifts the weights (weight + offset): it needs q_weight and "
+            "k_weight, got None"
+        )
+    eps, offset = ops.check_options(
+        eps, offset, q_weight if q_weight is not None else k_weight, casting_mode
+    )
+    return eps, offset, out
+
+
+@torch.library.custom_op("nki_rmsnorm::rms_norm_qk_fwd", mutates_args=())
+def _rms_norm_qk_fwd(
+    q: Tensor,
+    k: Tensor,
+    q_weight: Tensor | None,
+    k_weight: Tensor | None,
+    eps: float,
+    offset: float,
+    casting_mode: str,
+    out_dtype: str | None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    eps, offset, out = _check_qk_op(q, k, q_weight, k_weight, eps, offset, casting_mode, out_dtype)
+    if q.device.type != "cpu":  # pragma: no cover - needs a NeuronDevice
+        raise NotImplementedError(
+            "rms_norm_qk runs the simulated kernel on CPU tensors only so far; got a tensor "
+            f"on {q.device}"
+        )
+    outputs = ops.rms_norm_qk_fwd(
+        _to_numpy(q),
+        _to_numpy(k),
+        _to_numpy_or_none(q_weight),
+        _to_numpy_or_none(k_weight),
+        eps,
+        offset=offset,
+        casting_mode=casting_mode,
+        out_dtype=None if out is None else _NUMPY_DTYPES[out],
+    )
+    return tuple(_from_numpy(a) for a in outputs)
+
+
+@_rms_norm_qk_fwd.register_fake
+def _(q, k, q_weight, k_weight, eps, offset, casting_mode, out_dtype):
+    *_, out = _check_qk_op(q, k, q_weight, k_weight, eps, offset, casting_mode, out_dtype)
+    return (
+        torch.empty_like(q, dtype=out or q.dtype),
+        torch.empty_like(k, dtype=out or k.dtype),
+        q.new_empty(q.shape[:1], dtype=torch.float32),
+        k.new_empty(k.shape[:1], dtype=torch.float32),
+    )
+
+
+def _qk_setup_context(ctx, inputs, output):
+    q, k, q_weight, k_weight, _eps, offset, casting_mode, _ = inputs
+    ctx.save_for_backward(q, k, q_weight, k_weight, output[2], output[3])
+    ctx.offset, ctx.casting_mode = offset, casting_mode
+
+
+def _qk_backward(ctx, dy_q, dy_k, _drstd_q, _drstd_k):
+    """Each tensor's gradient by the backward operator, as the separate forwards'."""
+    q, k, q_weight, k_weight, rstd_q, rstd_k = ctx.saved_tensors
+    grads = []
+    for x, weight, rstd, dy in ((q, q_weight, rstd_q, dy_q), (k, k_weight, rstd_k, dy_k)):
+        if dy is None:
+            dy = torch.zeros_like(x)
+        offset = ctx.offset if weight is not None else 0.0
+        result = _rms_norm_bwd(dy, x, weight, rstd, offset, False, None, ctx.casting_mode)
+        grads.append((result[0], None if weight is None else result[1]))
+    (dq, dq_weight), (dk, dk_weight) = grads
+    return dq, dk, dq_weight, dk_weight, None, None, None, None
+
+
+_rms_norm_qk_fwd.register_autograd(_qk_backward, setup_context=_qk_setup_context)
+
+
+def rms_norm_qk(
+    q: Tensor,
+    k: Tensor,
+    q_weight: Tensor | None = None,
+    k_weight: Tensor | None = None,
+    eps: float = 1e-6,
+    *,
+    offset: float = 0.0,
+    casting_mode: str = "gemma",
+    out_dtype: torch.dtype | None = None,
+) -> tuple[Tensor, Tensor]:
+    """The query and key norms of an attention (QK-norm, Qwen3 / Gemma 3; Megatron's fused
+    call) in one kernel launch: ``(y_q, y_k)``, each normalised over its last dim with its
+    own weight, bit for bit what :func:`rms_norm` gives each alone; differentiable (the
+    backward runs the backward kernel per tensor). The arguments are those of
+    :func:`nki_rmsnorm.ops.rms_norm_qk`, as tensors (``out_dtype`` a ``torch.dtype``);
+    CPU tensors (the simulated kernels) and ``"meta"`` only so far."""
+    for name, t in (("q", q), ("k", k)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() == 0 or t.shape[-1] == 0:
+            raise ValueError(
+                f"{name} must have a non-empty last (normalised) dimension, got shape "
+                f"{tuple(t.shape)}"
+            )
+    y_q, y_k, _, _ = _rms_norm_qk_fwd(
+        q.reshape(-1, q.shape[-1]),
+        k.reshape(-1, k.shape[-1]),
+        q_weight,
+        k_weight,
+        eps,
+        offset,
+        casting_mode,
+        _dtype_arg(out_dtype),
+    )
+    return y_q.reshape(q.shape), y_k.reshape(k.shape)
+
+
 def rms_norm_quant(
     input: Tensor,
     weight: Tensor | None = None,
@@ -1306,3 +1443,102 @@ def rms_norm_quant(
     y_q_t = outputs.pop(0) if return_transposed else None
     scales_t = outputs.pop(0) if return_transposed and scale_mode != "static" else None
     return ops.QuantizedRMSNorm(y_q, scales, y, h, amax, y_q_t, scales_t)
+
+
+# --- MX-quantized forward (trn3) ---------------------------------------------------------------
+_TORCH_MX_SCALES = {"float8_e8m0fnu": torch.float8_e8m0fnu, "uint8": torch.uint8}
+
+
+def _mx_fake(x: Tensor, residual: Tensor | None, scale_dtype: str) -> list[Tensor]:
+    n, m = x.shape[-1], math.prod(x.shape[:-1])
+    outputs = [
+        x.new_empty((n // 4, m), dtype=torch.uint32),
+        x.new_empty((n // mx.MX_BLOCK, m), dtype=_TORCH_MX_SCALES[scale_dtype]),
+    ]
+    if residual is not None:
+        outputs.append(torch.empty_like(residual))
+    return outputs
+
+
+@torch.library.custom_op("nki_rmsnorm::rms_norm_mx_quant", mutates_args=())
+def _rms_norm_mx_quant(
+    x: Tensor,
+    weight: Tensor | None,
+    residual: Tensor | None,
+    eps: float,
+    quant_dtype: str,
+    scale_dtype: str,
+) -> list[Tensor]:
+    if x.device.type != "cpu":  # pragma: no cover - needs a NeuronDevice
+        raise NotImplementedError(
+            "rms_norm_mx_quant runs the simulated kernel on CPU tensors only so far; got a "
+            f"tensor on {x.device}"
+        )
+    result = mx.rms_norm_mx_quant(
+        _to_numpy(x),
+        _to_numpy_or_none(weight),
+        eps,
+        residual=_to_numpy_or_none(residual),
+        quant_dtype=quant_dtype,
+        scale_dtype=scale_dtype,
+    )
+    scale_bits = torch.from_numpy(np.ascontiguousarray(result.scales).view(np.uint8))
+    outputs = [torch.from_numpy(result.y_q), scale_bits.view(_TORCH_MX_SCALES[scale_dtype])]
+    if result.h is not None:
+        outputs.append(_from_numpy(result.h))
+    return outputs
+
+
+@_rms_norm_mx_quant.register_fake
+def _(x, weight, residual, eps, quant_dtype, scale_dtype):
+    return _mx_fake(x, residual, scale_dtype)
+
+
+def rms_norm_mx_quant(
+    input: Tensor,
+    weight: Tensor | None = None,
+    eps: float = 1e-6,
+    *,
+    residual: Tensor | None = None,
+    quant_dtype: str = "float8_e4m3fn_x4",
+    scale_dtype: str | torch.dtype = "float8_e8m0fnu",
+) -> mx.MXQuantizedRMSNorm:
+    """RMSNorm over the last dim, MXFP8-quantized in one pass on trn3 (inference; no
+    autograd). The arguments and outputs are those of :func:`nki_rmsnorm.mx.rms_norm_mx_quant`,
+    as tensors: ``y_q`` (N / 4, M) ``torch.uint32`` (the packed bits), ``scales`` (N / 32, M)
+    ``torch.float8_e8m0fnu`` (``scale_dtype`` "float8_e8m0fnu" or that dtype) or
+    ``torch.uint8``. Launches ``torch.ops.nki_rmsnorm.rms_norm_mx_quant`` (with a fake
+    implementation for ``torch.compile`` / meta tensors)."""
+    for name, t in (("input", input), ("weight", weight), ("residual", residual)):
+        if t is not None and not isinstance(t, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if isinstance(scale_dtype, torch.dtype):
+        names = {v: k for k, v in _TORCH_MX_SCALES.items()}
+        if scale_dtype not in names:
+            raise TypeError(
+                f"scale_dtype must be torch.float8_e8m0fnu or torch.uint8, got {scale_dtype}"
+            )
+        scale_dtype = names[scale_dtype]
+    # the operator's schema would refuse these with a RuntimeError: name them first
+    for value, argname, allowed in (
+        (quant_dtype, "quant_dtype", mx.MX_QUANT_DTYPES),
+        (scale_dtype, "scale_dtype", mx.MX_SCALE_DTYPES),
+    ):
+        if not isinstance(value, str) or value not in allowed:
+            raise TypeError(f"{argname} must be one of {', '.join(allowed)}, got {value!r}")
+    eps = validation.real(eps, "eps")
+    mx.check_mx_target()
+    if input.shape and input.shape[-1] % mx.MX_CHUNK:
+        raise ValueError(
+            f"input's last dimension N={input.shape[-1]} must be a multiple of {mx.MX_CHUNK} "
+            "for MX quantization"
+        )
+    if input.device.type == "meta":
+        outputs = _mx_fake(input, residual, scale_dtype)
+    else:
+        outputs = torch.ops.nki_rmsnorm.rms_norm_mx_quant(
+            input, weight, residual, eps, quant_dtype, scale_dtype
+        )
+    return mx.MXQuantizedRMSNorm(
+        outputs[0], outputs[1], outputs[2] if residual is not None else None
+    )

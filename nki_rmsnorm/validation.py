@@ -61,15 +61,18 @@ def kernel_array(value: Any, name: str) -> np.ndarray:
     return array
 
 
-def parameter(value: Any, name: str, n: int, x_dtype: np.dtype) -> np.ndarray | None:
-    """``weight`` / ``bias``: None, or an ``(N,)`` array in float32 or x's dtype."""
+def parameter(value: Any, name: str, n: int, x_dtype: np.dtype,
+              x_name: str = "x") -> np.ndarray | None:
+    """``weight`` / ``bias``: None, or an ``(N,)`` array in float32 or the dtype of the
+    input it scales (``x_name``)."""
     if value is None:
         return None
     array = as_array(value, name)
     if array.shape != (n,):
         raise ValueError(f"{name} must have shape (N,) = ({n},), got {array.shape}")
     if array.dtype not in (FLOAT32, x_dtype):
-        raise TypeError(f"{name} must be float32 or x's dtype ({x_dtype}), got {array.dtype}")
+        raise TypeError(
+            f"{name} must be float32 or {x_name}'s dtype ({x_dtype}), got {array.dtype}")
     return np.ascontiguousarray(array)
 
 

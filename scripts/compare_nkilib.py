@@ -7,6 +7,11 @@ Usage::
     python scripts/compare_nkilib.py --nkilib ~/src/nki-library \\
         [--target trn2] [--lnc 2] [--shapes 1x2048x8192,1x2048x16384,1x32768x8192]
         [--tkg [--tkg-shapes 1x1x4096,1x8x8192,1x64x8192]]
+        [--mx [--mx-shapes 1x8x8192,1x64x8192,1x256x8192]]
+
+``--mx`` (trn3, LNC=2) runs nki-library's MXFP8 decode subkernel ``rmsnorm_mx_quantize_tkg``
+(from a small ``nki.jit`` wrapper that gives it SBUF outputs and stores them) beside this
+package's ``rmsnorm_mx_quant`` on ``--mx-shapes`` (its token counts must be multiples of 4).
 
 ``--tkg`` also runs nki-library's decode subkernel ``rmsnorm_tkg`` (called unmodified from a
 small ``nki.jit`` wrapper here that gives it its HBM input and a ``[128, B·S, H / 128]``
@@ -33,6 +38,7 @@ import numpy as np
 
 DEFAULT_SHAPES = "1x2048x8192,1x2048x16384,1x32768x8192"
 DEFAULT_TKG_SHAPES = "1x1x4096,1x8x8192,1x29x8192,1x64x8192"
+DEFAULT_MX_SHAPES = "1x8x8192,1x64x8192,1x256x8192"
 EPS = 1e-6
 QUANT_DTYPE = "float8_e4m3"  # what rmsnorm_quant_kernel writes (rmsnorm_quant_constants.py)
 
@@ -194,6 +200,70 @@ def compare(nkilib: str, target: str, lnc: int, shapes) -> list[dict]:
     return rows
 
 
+def _mx_wrapper():
+    """An LNC=2 ``nki.jit`` kernel around nki-library's ``rmsnorm_mx_quantize_tkg`` (imported
+    after :func:`_load_nkilib`; its outputs live in SBUF): allocates them, calls it, and
+    stores each core's half of the tokens (the scales from partitions 0-3 of each quadrant,
+    where ``quantize_mx`` writes them)."""
+    import nki
+    import nki.isa as nisa
+    import nki.language as nl
+    from nkilib.core.subkernels.rmsnorm_mx_quantize_tkg import rmsnorm_mx_quantize_tkg
+
+    @nki.jit
+    def rmsnorm_mx_kernel(x, gamma):
+        b, s, h = x.shape
+        tokens = b * s
+        out_sb = nl.ndarray((128, tokens, h // 128), dtype=x.dtype, buffer=nl.sbuf)
+        shape = (128, h // 512, tokens)
+        quant_sb = nl.ndarray(shape, dtype=nl.float8_e4m3fn_x4, buffer=nl.sbuf)
+        scale_sb = nl.ndarray(shape, dtype=nl.uint8, buffer=nl.sbuf)
+        rmsnorm_mx_quantize_tkg(
+            input=x, gamma=gamma, output=out_sb, output_quant=quant_sb, output_scale=scale_sb
+        )
+        out = nl.ndarray(out_sb.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        quant = nl.ndarray(shape, dtype=nl.float8_e4m3fn_x4, buffer=nl.shared_hbm)
+        scale = nl.ndarray((16, h // 512, tokens), dtype=nl.uint8, buffer=nl.shared_hbm)
+        half = tokens // 2
+        t0 = nl.program_id(0) * half
+        nisa.dma_copy(dst=out[:, t0 : t0 + half, :], src=out_sb[:, t0 : t0 + half, :])
+        nisa.dma_copy(dst=quant[:, :, t0 : t0 + half], src=quant_sb[:, :, t0 : t0 + half])
+        for quadrant in range(4):
+            nisa.dma_copy(
+                dst=scale[quadrant * 4 : quadrant * 4 + 4, :, t0 : t0 + half],
+                src=scale_sb[quadrant * 32 : quadrant * 32 + 4, :, t0 : t0 + half],
+            )
+        return out, quant, scale
+
+    return rmsnorm_mx_kernel
+
+
+def compare_mx(nkilib: str, shapes) -> list[dict]:
+    """``rmsnorm_mx_quantize_tkg`` against ``rmsnorm_mx_quant`` on trn3 at LNC=2 (the AWS
+    kernel's only configuration), bf16 in, float8_e4m3fn_x4 out, with the quant copy
+    yardstick (x read, its fp8 bytes written)."""
+    _load_nkilib(nkilib)
+    from nki_rmsnorm import bench, kernels
+    from nki_rmsnorm.kernels.nki06._nki import nl
+
+    aws = _mx_wrapper()
+    ours = kernels.kernel("rmsnorm_mx_quant", "nki06")
+    rng = np.random.default_rng(0)
+    rows = []
+    for b, s, h in shapes:
+        x = rng.standard_normal((b, s, h)).astype(ml_dtypes.bfloat16)
+        weight = (1.0 + 0.1 * rng.standard_normal(h)).astype(ml_dtypes.bfloat16)
+        _, aws_us = _launch(aws, 2, "trn3", x, weight.reshape(1, h))
+        x2d = x.reshape(b * s, h)
+        args = (x2d, None, weight, EPS, nl.float8_e4m3fn_x4, nl.float8_e8m0fnu)
+        _, ours_us = _launch(ours, 2, "trn3", *args)
+        copy_us = bench._copy_us("quant", "trn3", x2d, None, None, "nki06", 2)
+        rows.append(
+            {"shape": f"{b}x{s}x{h}", "aws_us": aws_us, "ours_us": ours_us, "copy_us": copy_us}
+        )
+    return rows
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--nkilib", required=True, help="root of an nki-library checkout")
@@ -202,12 +272,18 @@ def main(argv=None) -> int:
     parser.add_argument("--shapes", default=DEFAULT_SHAPES, help="comma list of BxSxH")
     parser.add_argument("--tkg", action="store_true", help="also rmsnorm_tkg vs rmsnorm_fwd")
     parser.add_argument("--tkg-shapes", default=DEFAULT_TKG_SHAPES, help="comma list of BxSxH")
+    parser.add_argument(
+        "--mx", action="store_true", help="also rmsnorm_mx_quantize_tkg vs rmsnorm_mx_quant"
+    )
+    parser.add_argument("--mx-shapes", default=DEFAULT_MX_SHAPES, help="comma list of BxSxH")
     args = parser.parse_args(argv)
     try:
         shapes = _parse_shapes(args.shapes)
         tkg_shapes = _parse_shapes(args.tkg_shapes)
+        mx_shapes = _parse_shapes(args.mx_shapes)
         rows = compare(args.nkilib, args.target, args.lnc, shapes)
         tkg_rows = compare_tkg(args.nkilib, args.target, args.lnc, tkg_shapes) if args.tkg else []
+        mx_rows = compare_mx(args.nkilib, mx_shapes) if args.mx else []
     except ValueError as error:
         parser.error(str(error))
     print(
@@ -234,6 +310,17 @@ def main(argv=None) -> int:
             aws = "n/a" if r["aws_us"] is None else f"{r['aws_us']:.1f}"
             speedup = "n/a" if r["aws_us"] is None else f"{r['aws_us'] / r['ours_us']:.2f}×"
             print(f"{r['shape']:>14s} {aws:>9s} {r['ours_us']:9.1f} {speedup:>9s}  {r['note']}")
+    if mx_rows:
+        print(
+            "\nrmsnorm_mx_quantize_tkg (nki-library) vs nki_rmsnorm rmsnorm_mx_quant, trn3 "
+            "LNC=2, bf16 in, float8_e4m3fn_x4 out, modeled"
+        )
+        print(f"{'shape':>14s} {'AWS µs':>9s} {'ours µs':>9s} {'speed-up':>9s} {'copy µs':>9s}")
+        for r in mx_rows:
+            print(
+                f"{r['shape']:>14s} {r['aws_us']:9.1f} {r['ours_us']:9.1f} "
+                f"{r['aws_us'] / r['ours_us']:8.2f}× {r['copy_us']:9.1f}"
+            )
     return 0
 
 

@@ -10,8 +10,8 @@ legacy kernel gets it as its ``platform_target`` (the legacy ``nki.jit`` option)
 Two calling conventions over the same code:
 
 * return convention (SDK ≥ 2.21; what ``nki.jit`` kernels called directly use):
-  ``rmsnorm_fwd``, ``rmsnorm_add_fwd`` (fused residual add) and ``rmsnorm_bwd`` create their
-  HBM outputs and return them;
+  ``rmsnorm_fwd``, ``rmsnorm_add_fwd`` (fused residual add), ``rmsnorm_qk_fwd`` (the query
+  and key norms in one launch) and ``rmsnorm_bwd`` create their HBM outputs and return them;
 * output-parameter convention (``torch_neuronx.nki_jit``, ``jax_neuronx.nki_call``):
   ``rmsnorm_fwd_out``, ``rmsnorm_add_fwd_out`` and ``rmsnorm_bwd_out`` write the caller's
   preallocated outputs in place and return nothing; an output's dtype is its buffer's.
@@ -31,12 +31,19 @@ MODULES = {
     "rmsnorm_fwd_out": "rmsnorm_fwd",
     "rmsnorm_add_fwd": "rmsnorm_fwd",
     "rmsnorm_add_fwd_out": "rmsnorm_fwd",
+    "rmsnorm_qk_fwd": "rmsnorm_fwd",
     "rmsnorm_bwd": "rmsnorm_bwd",
     "rmsnorm_bwd_out": "rmsnorm_bwd",
     "rmsnorm_quant": "rmsnorm_quant",
+    "rmsnorm_mx_quant": "rmsnorm_mx_quant",
 }
 
-__all__ = [*MODULES, "available", "kernel", "nki_dtype"]
+#: Entry points only the 0.6 dialect has: MX quantization needs NeuronCore-v4 (trn3), which
+#: runs NKI 0.6 only, and the legacy dtype table has no packed x4 or e8m0 types
+#: (aws-neuron-sdk@8a38e733 general/nki/api/nki.api.shared.rst).
+NKI06_ONLY = ("rmsnorm_mx_quant",)
+
+__all__ = [*MODULES, "NKI06_ONLY", "available", "kernel", "nki_dtype"]
 
 
 def kernel(name: str, dialect_name: str | None = None):

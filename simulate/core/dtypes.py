@@ -26,6 +26,23 @@ float8_e5m2 = np.dtype(ml_dtypes.float8_e5m2)
 float8_e4m3fn = np.dtype(ml_dtypes.float8_e4m3fn)
 float8_e8m0fnu = np.dtype(ml_dtypes.float8_e8m0fnu)
 OCP_FP8 = (float8_e4m3fn, float8_e8m0fnu)
+# The packed MX types of the 0.6 docs ("4x packed elements, custom data type for
+# nki.isa.nc_matmul_mx and nki.isa.quantize_mx on NeuronCore-v4",
+# nki/api/nki.api.shared.rst@81ce03ae L49-53 and L268): one element holds four 8-bit
+# (float8_e4m3fn / float8_e5m2, "32-bit data types", nki/api/nki/isa/__init__.py L2771-2772) or
+# four 4-bit (float4_e2m1fn, 16 bits) values, the first in the lowest bits (AWS's unpacking,
+# aws-neuron/nki-library@d2ad3a5 src/nkilib_src/nkilib/core/utils/mx_torch_common.py L69-131).
+# Stored as their bits: an unsigned integer tagged with the NKI name (as tfloat32 is) so the
+# simulator never computes on them; :data:`PACKED_ELEMENT` gives the unpacked type.
+float8_e4m3fn_x4 = np.dtype(np.uint32, metadata={"nki": "float8_e4m3fn_x4"})
+float8_e5m2_x4 = np.dtype(np.uint32, metadata={"nki": "float8_e5m2_x4"})
+float4_e2m1fn_x4 = np.dtype(np.uint16, metadata={"nki": "float4_e2m1fn_x4"})
+PACKED = (float8_e4m3fn_x4, float8_e5m2_x4, float4_e2m1fn_x4)
+PACKED_ELEMENT = {
+    "float8_e4m3fn_x4": np.dtype(ml_dtypes.float8_e4m3fn),
+    "float8_e5m2_x4": np.dtype(ml_dtypes.float8_e5m2),
+    "float4_e2m1fn_x4": np.dtype(ml_dtypes.float4_e2m1fn),
+}
 int8 = np.dtype(np.int8)
 int16 = np.dtype(np.int16)
 int32 = np.dtype(np.int32)
@@ -35,16 +52,32 @@ uint32 = np.dtype(np.uint32)
 bool_ = np.dtype(np.bool_)
 
 SUPPORTED = (
-    float32, float16, bfloat16, tfloat32, float8_e4m3, float8_e5m2,
-    int8, int16, int32, uint8, uint16, uint32, bool_,
+    float32,
+    float16,
+    bfloat16,
+    tfloat32,
+    float8_e4m3,
+    float8_e5m2,
+    int8,
+    int16,
+    int32,
+    uint8,
+    uint16,
+    uint32,
+    bool_,
 )
-# The dtypes each dialect's docs list (the nki06 front-end also has packed x4 types: none)
-DIALECT_DTYPES = {"legacy": SUPPORTED, "nki06": SUPPORTED + OCP_FP8}
+# The dtypes each dialect's docs list (the legacy table, general/nki/api/nki.api.shared.rst
+# @8a38e733, has neither the OCP nor the packed types)
+DIALECT_DTYPES = {"legacy": SUPPORTED, "nki06": SUPPORTED + OCP_FP8 + PACKED}
 # (exponent bits, mantissa bits): a float type holds another when it has at least as many of
 # both; NKI widens to the smallest of these that holds both when neither holds the other
 _FLOAT_FORMAT = {
-    "float8_e4m3": (4, 3), "float8_e5m2": (5, 2), "bfloat16": (8, 7), "float16": (5, 10),
-    "tfloat32": (8, 10), "float32": (8, 23),
+    "float8_e4m3": (4, 3),
+    "float8_e5m2": (5, 2),
+    "bfloat16": (8, 7),
+    "float16": (5, 10),
+    "tfloat32": (8, 10),
+    "float32": (8, 23),
 }
 _WIDENED_FLOATS = ("bfloat16", "float32")
 _BY_NAME = {}
@@ -55,6 +88,37 @@ def is_tf32(dtype) -> bool:
     """True for the simulator's tfloat32 tag."""
     md = getattr(dtype, "metadata", None)
     return bool(md) and md.get("nki") == "tfloat32"
+
+
+def packed_name(dtype) -> str | None:
+    """The NKI name of a packed MX dtype (``float8_e4m3fn_x4`` ...), else None."""
+    md = getattr(dtype, "metadata", None)
+    name = md.get("nki") if md else None
+    return name if name in PACKED_ELEMENT else None
+
+
+def pack_x4(values: np.ndarray, packed: str) -> np.ndarray:
+    """Pack the last axis of ``values`` (already in the element type, a multiple of 4 long)
+    into ``packed`` elements: four values per element, the first in the lowest bits. The
+    result has the tagged dtype, so a kernel takes it as ``nl.<packed>``."""
+    element = PACKED_ELEMENT[packed]
+    bits = np.ascontiguousarray(np.asarray(values).astype(element)).view(np.uint8)
+    if packed == "float4_e2m1fn_x4":
+        nibbles = (bits & 0xF).astype(np.uint16).reshape(*bits.shape[:-1], -1, 4)
+        packed_bits = nibbles[..., 0] | nibbles[..., 1] << 4 | nibbles[..., 2] << 8
+        return (packed_bits | nibbles[..., 3] << 12).view(float4_e2m1fn_x4)
+    return bits.view(float8_e4m3fn_x4 if packed == "float8_e4m3fn_x4" else float8_e5m2_x4)
+
+
+def unpack_x4(bits: np.ndarray, packed: str) -> np.ndarray:
+    """The values of ``packed`` elements as the element type, the last axis 4x longer."""
+    element = PACKED_ELEMENT[packed]
+    bits = np.ascontiguousarray(bits)
+    if packed == "float4_e2m1fn_x4":
+        raw = bits.view(np.uint16)
+        nibbles = np.stack([(raw >> s) & 0xF for s in (0, 4, 8, 12)], axis=-1).astype(np.uint8)
+        return nibbles.reshape(*raw.shape[:-1], -1).view(element)
+    return bits.view(np.uint32).view(np.uint8).view(element)
 
 
 def name(dtype) -> str:
@@ -70,6 +134,12 @@ def as_dtype(dtype, argname: str = "dtype") -> np.dtype:
     if isinstance(dtype, np.dtype):
         if dtype.metadata is not None and is_tf32(dtype):
             return tfloat32
+        if dtype.metadata is not None and packed_name(dtype):
+            raise NKITypeError(
+                f"{argname}={packed_name(dtype)} is a packed MX type of the nki 0.6 front-end "
+                "only; it is not supported here (view its bits as an unsigned integer)",
+                "err_unsupported_dtype",
+            )
         found = _CANONICAL.get(dtype)
         if found is not None:
             return found
@@ -257,8 +327,11 @@ def uninitialised(dtype) -> float | int:
 class _FloatLimits:
     def __init__(self, min_bits: int, dtype):
         self.dtype = dtype
-        self.min = float(np.array([min_bits], np.uint32 if dtype == float32 else np.uint16)
-                         .view(np.float32 if dtype == float32 else ml_dtypes.bfloat16)[0])
+        self.min = float(
+            np.array([min_bits], np.uint32 if dtype == float32 else np.uint16).view(
+                np.float32 if dtype == float32 else ml_dtypes.bfloat16
+            )[0]
+        )
 
 
 fp32 = _FloatLimits(0xFF7FFFFF, float32)

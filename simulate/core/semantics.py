@@ -12,6 +12,7 @@ boolean array of the points that take part (None: all of them), as masks give it
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 
 from . import functions as fn
@@ -448,3 +449,91 @@ def sequence_bounds(ids):
         else:
             end[i] = i + 1
     return np.stack([start, end])
+
+
+# --- OCP Microscaling (MX) ------------------------------------------------------------------
+# A scaling group is 32 values: 8 partitions x 4 consecutive free elements, the four values of
+# one packed x4 element on 8 partitions (aws-neuron-sdk@81ce03ae nki/api/nki/isa/__init__.py
+# L2776-2777, L724-725). Its scale is an e8m0 exponent: byte b means 2**(b - 127), 0xFF NaN
+# (nki/api/nki/language/__init__.py L56-57).
+MX_GROUP_PARTITIONS = 8
+MX_GROUP_ELEMENTS = 4
+MX_SCALE_BIAS = 127
+MX_SCALE_NAN = 0xFF
+MX_SCALE_ROWS_PER_QUADRANT = QUADRANT // MX_GROUP_PARTITIONS  # 4 scale partitions a quadrant
+# E_max, the largest unbiased exponent of each element type (isa L2798-2799; float4_e2m1fn's
+# from aws-neuron-sdk@81ce03ae nki/deep-dives/src/mxfp-matmul/mx_cpu_utils.py L35-46)
+MX_EMAX = {"float8_e4m3fn": 8, "float8_e5m2": 15, "float4_e2m1fn": 2}
+
+
+def mx_scale_rows(partitions: int) -> np.ndarray:
+    """The scale partition of each 8-partition group of ``partitions`` data partitions: the
+    4 groups of a 32-partition quadrant write partitions 0-3 of that quadrant (relative to
+    the scale tile), "the full scale tensor is split across four SBUF quadrants, where each
+    quadrant holds 4 partitions worth of scales" (nki/guides/architecture/trainium3_arch.rst
+    @81ce03ae L105; AWS's golden, aws-neuron/nki-library@d2ad3a5
+    src/nkilib_src/nkilib/core/utils/mx_torch_common.py L266-278)."""
+    groups = np.arange(partitions // MX_GROUP_PARTITIONS)
+    quadrant, row = np.divmod(groups, MX_SCALE_ROWS_PER_QUADRANT)
+    return quadrant * QUADRANT + row
+
+
+def quantize_mx(values, element: str):
+    """``nisa.quantize_mx`` of a (P, F) array (P a multiple of 8, F of 4) into ``element``
+    (``float8_e4m3fn`` / ``float8_e5m2``): (the quantized values as ``element``, (P, F),
+    and the scale bytes, (P/8, F/4) uint8, one per group, dense).
+
+    The scale is X = 2**(floor(log2(a_max)) - (E_max - 1)), two times the OCP sample
+    algorithm's (isa L2790-2809, L2752-2756; release-notes/components/nki.rst L166-168),
+    2**-127 for an all-zero group (isa L2811-2812); a group whose exponent would fall below
+    -127 (a_max under 2**-120 for e4m3fn) also takes 2**-127, the least e8m0 value
+    (inferred: the docs give no other encoding). Each value is V / X rounded to nearest even
+    into ``element``; |V / X| < 2**E_max never reaches the type's largest finite value, so
+    nothing saturates.
+    A group holding an Inf or a NaN gets the NaN scale 0xFF and NaN values, as the OCP
+    conversion the ISA reference links to gives (floor(log2(Inf)) exceeds every scale; the
+    ISA reference says nothing of non-finite inputs: inferred)."""
+    v = np.asarray(values, np.float64)
+    p, f = v.shape
+    groups = np.abs(v).reshape(
+        p // MX_GROUP_PARTITIONS, MX_GROUP_PARTITIONS, f // MX_GROUP_ELEMENTS, MX_GROUP_ELEMENTS
+    )
+    with np.errstate(invalid="ignore"):
+        amax = groups.max(axis=(1, 3))  # NaN when the group holds a NaN
+    special = ~np.isfinite(amax)
+    finite = np.where(special | (amax == 0), 1.0, amax)
+    exponent = np.frexp(finite)[1] - 1 - (MX_EMAX[element] - 1)  # floor(log2 a_max) - ...
+    exponent = np.where(amax == 0, -MX_SCALE_BIAS, np.maximum(exponent, -MX_SCALE_BIAS))
+    scale_bytes = np.where(special, MX_SCALE_NAN, exponent + MX_SCALE_BIAS).astype(np.uint8)
+    factor = np.ldexp(1.0, -exponent)
+    factor = np.repeat(np.repeat(factor, MX_GROUP_PARTITIONS, 0), MX_GROUP_ELEMENTS, 1)
+    scaled = v * factor  # exact: a power of two, inside float64's range
+    nan_rows = np.repeat(np.repeat(special, MX_GROUP_PARTITIONS, 0), MX_GROUP_ELEMENTS, 1)
+    scaled = np.where(nan_rows, np.nan, scaled)
+    return scaled.astype(np.dtype(getattr(ml_dtypes, element))), scale_bytes
+
+
+def mx_dequantize(elements, scale_bytes) -> np.ndarray:
+    """float64 values of MX data: ``elements`` (P, F) in an MX element type times the scale
+    of their group from ``scale_bytes`` (P/8, F/4; 0xFF is NaN)."""
+    scale = np.where(
+        scale_bytes == MX_SCALE_NAN,
+        np.nan,
+        np.ldexp(1.0, scale_bytes.astype(np.int64) - MX_SCALE_BIAS),
+    )
+    scale = np.repeat(np.repeat(scale, MX_GROUP_PARTITIONS, 0), MX_GROUP_ELEMENTS, 1)
+    return np.asarray(elements).astype(np.float64) * scale
+
+
+def matmul_mx(stationary, stationary_scale, moving, moving_scale):
+    """``nisa.nc_matmul_mx``: (K, 4M) and (K, 4N) unpacked MX values with their dense scale
+    bytes (K/8, M) and (K/8, N) -> (M, N) float32: the contraction runs over the K partitions
+    and the four values of each x4 element (isa L767-769; trainium3_arch.rst L79-87), each
+    value dequantized by its group's scale; exact products summed in float64, rounded once."""
+    a = mx_dequantize(stationary, stationary_scale)
+    b = mx_dequantize(moving, moving_scale)
+    k = a.shape[0]
+    a = a.reshape(k, -1, MX_GROUP_ELEMENTS)
+    b = b.reshape(k, -1, MX_GROUP_ELEMENTS)
+    with np.errstate(invalid="ignore", over="ignore"):
+        return np.einsum("kiq,kjq->ij", a, b).astype(np.float32)

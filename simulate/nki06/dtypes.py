@@ -64,6 +64,9 @@ float8_e4m3 = NkiDtype("float8_e4m3", core.float8_e4m3)
 float8_e4m3fn = NkiDtype("float8_e4m3fn", core.float8_e4m3fn)
 float8_e5m2 = NkiDtype("float8_e5m2", core.float8_e5m2)
 float8_e8m0fnu = NkiDtype("float8_e8m0fnu", core.float8_e8m0fnu)
+float8_e4m3fn_x4 = NkiDtype("float8_e4m3fn_x4", core.float8_e4m3fn_x4)
+float8_e5m2_x4 = NkiDtype("float8_e5m2_x4", core.float8_e5m2_x4)
+float4_e2m1fn_x4 = NkiDtype("float4_e2m1fn_x4", core.float4_e2m1fn_x4)
 int8 = NkiDtype("int8", core.int8)
 int16 = NkiDtype("int16", core.int16)
 int32 = NkiDtype("int32", core.int32)
@@ -81,6 +84,9 @@ ALL = (
     float8_e4m3fn,
     float8_e5m2,
     float8_e8m0fnu,
+    float8_e4m3fn_x4,
+    float8_e5m2_x4,
+    float4_e2m1fn_x4,
     int8,
     int16,
     int32,
@@ -89,9 +95,12 @@ ALL = (
     uint32,
     bool_,
 )
+#: the packed MX types (core.PACKED): bits only, never computed on
+PACKED = (float8_e4m3fn_x4, float8_e5m2_x4, float4_e2m1fn_x4)
 _BY_NAME = {str.__str__(d): d for d in ALL}
 _BY_NAME["bool"] = bool_
-_BY_NUMPY = {d.numpy: d for d in ALL if d is not tfloat32}
+# the packed types store as tagged unsigned integers, found by their tag (as_dtype)
+_BY_NUMPY = {d.numpy: d for d in ALL if d is not tfloat32 and d not in PACKED}
 assert {d.numpy for d in ALL} == set(core.DIALECT_DTYPES["nki06"])  # one list, in the core
 _LOW_PRECISION = frozenset(
     (float16, bfloat16, tfloat32, float8_e4m3, float8_e4m3fn, float8_e5m2, float8_e8m0fnu)
@@ -108,6 +117,8 @@ def as_dtype(dtype, argname: str = "dtype") -> NkiDtype:
             return found
     if isinstance(dtype, np.dtype) and core.is_tf32(dtype):
         return tfloat32
+    if isinstance(dtype, np.dtype) and core.packed_name(dtype):
+        return _BY_NAME[core.packed_name(dtype)]
     text = str(dtype)
     if text.startswith("torch."):  # torch dtypes spell the NumPy names
         found = _BY_NAME.get({"torch.bool": "bool_"}.get(text, text[6:]))
@@ -156,11 +167,27 @@ def storage_dtype(dtype: NkiDtype) -> np.dtype:
 
 
 def cast(values, dtype: NkiDtype, stored_as: np.dtype | None = None) -> np.ndarray:
-    """``values`` rounded into ``dtype`` as the engines write it, in the storage type."""
+    """``values`` rounded into ``dtype`` as the engines write it, in the storage type. A
+    packed MX type takes bits only (integers of its width: a copy, a DMA, ``memset``, the
+    simulator's fill); only ``quantize_mx`` makes such bits from values."""
+    if dtype in PACKED:
+        return _packed_bits(values, dtype)
     stored_as = storage_dtype(dtype) if stored_as is None else stored_as
     if stored_as == core.float32 and not core.is_tf32(stored_as):
         return core.cast(values, core.float32)
     return core.cast(values, stored_as)
+
+
+def _packed_bits(values, dtype: NkiDtype) -> np.ndarray:
+    values = np.asarray(values)
+    if values.dtype.kind not in "iu" or (values.ndim and values.dtype.itemsize != dtype.itemsize):
+        raise NkiTypeError(
+            f"{dtype} holds four packed values per element: only their bits can be written "
+            f"(a same-dtype copy or DMA, or nisa.quantize_mx), got {values.dtype} values "
+            "(aws-neuron-sdk@81ce03ae nki/api/nki.api.shared.rst L49-53, L268)"
+        )
+    mask = (1 << (8 * dtype.itemsize)) - 1
+    return (values.astype(np.int64) & mask).astype(dtype.numpy)
 
 
 def is_float(dtype) -> bool:
@@ -187,5 +214,9 @@ def promote(a, b) -> NkiDtype:
 
 
 def uninitialised(dtype: NkiDtype):
-    """Fresh memory: NaN for floats, 4 for integers (SIM "How It Works")."""
+    """Fresh memory: NaN for floats, 4 for integers (SIM "How It Works"); all bits set in a
+    packed MX type (four NaNs of the fp8 types; -6.0 four times in float4_e2m1fn, which has
+    no NaN)."""
+    if as_dtype(dtype) in PACKED:
+        return (1 << (8 * dtype.itemsize)) - 1
     return np.nan if is_float(dtype) else 4

@@ -19,6 +19,7 @@ import warnings
 
 import numpy as np
 
+from simulate.core import dtypes as core_dtypes
 from simulate.core import functions as fn
 from simulate.core import rules
 from simulate.core import semantics as sem
@@ -266,7 +267,14 @@ def _two_tiles(api, first, second, dst) -> None:
 
 
 def _pf(t: NkiTensor, f32: bool = True) -> np.ndarray:
-    """The operand's values as (partitions, elements per partition)."""
+    """The operand's values as (partitions, elements per partition). The packed MX types are
+    only copied (``f32=False``) or read by the MX instructions: no engine computes on them."""
+    if f32 and t.dtype in dt.PACKED:
+        raise NkiTypeError(
+            f"`{t.name}` is {t.dtype}: four packed values per element, an operand of "
+            "nisa.nc_matmul_mx only (or of a same-dtype copy / DMA) "
+            "(aws-neuron-sdk@81ce03ae nki/api/nki.api.shared.rst L268)"
+        )
     values = t.values().reshape(t.shape[0], -1)
     return values.astype(np.float32, copy=False) if f32 else values
 
@@ -469,6 +477,11 @@ def dma_copy(
         )
     values = src.values()
     if src.dtype is not dst.dtype:
+        if src.dtype in dt.PACKED or dst.dtype in dt.PACKED:
+            raise NkiTypeError(
+                f"{api} cannot convert {src.dtype} to {dst.dtype}: a packed MX type moves "
+                "as its bits only (reinterpret with .view() or .ap(dtype=))"
+            )
         values = values.astype(np.float32)
     write(dst, values)
     return _emit(
@@ -1203,26 +1216,7 @@ def nc_matmul(
             )
         if stationary.dtype is dt.tfloat32 or moving.dtype is dt.tfloat32:
             a, b = dt.cast(a, dt.tfloat32), dt.cast(b, dt.tfloat32)
-        product = sem.matmul(a, b)
-        flags = matmul_mask(dst).reshape(m, n)
-        if accumulate is None:
-            add = flags.copy()
-        elif accumulate is True:
-            if not flags.all():
-                warnings.warn(
-                    f"{api} accumulate=True onto PSUM elements no matmul wrote "
-                    f"(`{dst.name}`): undefined on hardware",
-                    stacklevel=2,
-                )
-            add = np.ones_like(flags)
-        elif accumulate is False:
-            add = np.zeros_like(flags)
-        else:
-            raise NkiTypeError(f"{api} accumulate must be None, True or False")
-        current_values = _pf(dst)
-        result = np.where(add, current_values + product, product)
-        write(dst, result, accumulated_by_matmul=True)
-        matmul_mask(dst)[...] = True
+        _accumulate_product(api, dst, sem.matmul(a, b), accumulate)
     return _emit(
         "pe",
         api,
@@ -1239,6 +1233,30 @@ def nc_matmul(
             "accumulate": accumulate,
         },
     )
+
+
+def _accumulate_product(api, dst, product, accumulate) -> None:
+    """Write a matmul ``product`` into PSUM ``dst``: ``accumulate`` False overwrites, True
+    adds, None adds where a matmul wrote since allocation and overwrites elsewhere."""
+    flags = matmul_mask(dst).reshape(product.shape)
+    if accumulate is None:
+        add = flags.copy()
+    elif accumulate is True:
+        if not flags.all():
+            warnings.warn(
+                f"{api} accumulate=True onto PSUM elements no matmul wrote "
+                f"(`{dst.name}`): undefined on hardware",
+                stacklevel=3,
+            )
+        add = np.ones_like(flags)
+    elif accumulate is False:
+        add = np.zeros_like(flags)
+    else:
+        raise NkiTypeError(f"{api} accumulate must be None, True or False")
+    current_values = _pf(dst)
+    result = np.where(add, current_values + product, product)
+    write(dst, result, accumulated_by_matmul=True)
+    matmul_mask(dst)[...] = True
 
 
 def nc_transpose(dst, data, engine=engine.unknown, name=None):
@@ -1407,6 +1425,7 @@ __all__ = [
         "context",
         "sem",
         "dt",
+        "core_dtypes",
         "NkiIndexError",
         "NkiTypeError",
         "NkiValueError",
@@ -1828,3 +1847,236 @@ __all__ += [
     "range_select",
     "tensor_partition_reduce",
 ]
+
+
+# --- OCP Microscaling (MX) ------------------------------------------------------------------
+_ISA = "aws-neuron-sdk@81ce03ae nki/api/nki/isa/__init__.py"
+_MX_SCALE_DTYPES = (dt.float8_e8m0fnu, dt.uint8)
+_MX_FP8 = (dt.float8_e4m3fn_x4, dt.float8_e5m2_x4)
+
+
+def _neuroncore_v4(api, line) -> None:
+    if _version(api) < 4:
+        raise NkiValidationError(
+            f"{api} is available only on NeuronCore-v4 and newer (trn3), not on "
+            f"NeuronCore-v{_version(api)} ({_ISA} L{line})"
+        )
+
+
+def _element(packed) -> str:
+    return str(packed)[: -len("_x4")]
+
+
+def _mx_data(api, argname, t, partitions_limit=PMAX) -> NkiTensor:
+    """An MX data tile: SBUF, a multiple of 32 partitions up to 128."""
+    _on_chip(api, argname, t, psum=False)
+    if t.shape[0] % sem.QUADRANT or t.shape[0] > partitions_limit:
+        raise NkiValidationError(
+            f"{api} {argname} partition dimension {t.shape[0]} must be a multiple of 32 and "
+            f"at most {partitions_limit} (scaling groups span 8 partitions; {_ISA} L2784, "
+            "L779-780)"
+        )
+    return t
+
+
+def _mx_scale(api, argname, scale, data_partitions, free) -> NkiTensor:
+    """The scale tile of MX data of ``data_partitions`` x ``free`` x4 elements: SBUF,
+    float8_e8m0fnu or uint8, ``free`` elements per partition (one scale per x4 element
+    column of a group: quantize_mx's src free size is 4x its scale's, AWS's
+    nki/deep-dives/src/mxfp-matmul/mx_kernels.py L236-238), and partitions reaching every
+    group's row: rows 0-3 of each 32-partition quadrant (trainium3_arch.rst L105), all in the
+    quadrant they start in."""
+    _on_chip(api, argname, scale, psum=False)
+    if scale.dtype not in _MX_SCALE_DTYPES:
+        raise NkiTypeError(
+            f"{api} {argname} must be float8_e8m0fnu or uint8, got {scale.dtype} "
+            f"({_ISA} L2768-2769, L761-762)"
+        )
+    if _free(scale) != free:
+        raise NkiValidationError(
+            f"{api} {argname} has {_free(scale)} elements per partition: it needs {free}, one "
+            "scale per x4 element of the data's partition rows"
+        )
+    rows = int(sem.mx_scale_rows(data_partitions)[-1]) + 1
+    if scale.shape[0] < rows:
+        raise NkiValidationError(
+            f"{api} {argname} has {scale.shape[0]} partitions: {data_partitions} data "
+            f"partitions put their scales on partitions 0-3 of each 32-partition quadrant, "
+            f"which needs {rows} (aws-neuron-sdk@81ce03ae "
+            "nki/guides/architecture/trainium3_arch.rst L105)"
+        )
+    if partition_start(scale) % sem.QUADRANT + sem.MX_SCALE_ROWS_PER_QUADRANT > sem.QUADRANT:
+        raise NkiValidationError(
+            f"{api} {argname} starts at partition {partition_start(scale)}: the 4 scale rows of "
+            "a quadrant must stay in that quadrant (trainium3_arch.rst L105)"
+        )
+    return scale
+
+
+def _scale_rows(scale: NkiTensor, data_partitions: int) -> list[NkiTensor]:
+    """The views of ``scale`` that hold the scale rows of each data quadrant (4 partitions
+    each, or fewer below 32 data partitions)."""
+    per_quadrant = min(data_partitions, sem.QUADRANT) // sem.MX_GROUP_PARTITIONS
+    views = []
+    for quadrant in range(max(1, data_partitions // sem.QUADRANT)):
+        start = scale.offset + quadrant * sem.QUADRANT * scale.strides[0]
+        views.append(
+            scale._derive((per_quadrant, *scale.shape[1:]), scale.strides, start)  # noqa: SLF001
+        )
+    return views
+
+
+def _read_scale(scale: NkiTensor, data_partitions: int) -> np.ndarray:
+    """The dense (data_partitions / 8, free) scale bytes of an MX scale tile."""
+    rows = [
+        v.values().reshape(v.shape[0], -1).view(np.uint8)
+        for v in _scale_rows(scale, data_partitions)
+    ]
+    return np.concatenate(rows, axis=0)
+
+
+def quantize_mx(dst, src, dst_scale, name=None):
+    """Quantize float16/bfloat16 ``src`` (P, F) to MXFP8 on the Vector engine: ``dst``
+    (P, F/4) ``float8_e4m3fn_x4`` / ``float8_e5m2_x4`` and one e8m0 scale per 32-value group
+    of 8 partitions x 4 elements in ``dst_scale`` (``float8_e8m0fnu`` or ``uint8``), on
+    partitions 0-3 of each 32-partition quadrant of the scale tile; its other partitions
+    are left as they are (AWS packs two tensors' scales in one tile,
+    nki/deep-dives/src/mxfp-matmul/mx_kernels.py L243-256). NeuronCore-v4 only; all tiles in
+    SBUF; P a multiple of 32 up to 128, F a multiple of 4 (aws-neuron-sdk@81ce03ae
+    nki/api/nki/isa/__init__.py L2741-2816). Values and scales:
+    :func:`simulate.core.semantics.quantize_mx`."""
+    api = "quantize_mx"
+    _neuroncore_v4(api, 2746)
+    _mx_data(api, "src", src)
+    _on_chip(api, "dst", dst, psum=False)
+    if src.dtype not in (dt.float16, dt.bfloat16):
+        raise NkiTypeError(f"{api} src must be float16 or bfloat16, got {src.dtype} ({_ISA} L2767)")
+    if dst.dtype not in _MX_FP8:
+        raise NkiTypeError(
+            f"{api} dst must be float8_e4m3fn_x4 or float8_e5m2_x4, got {dst.dtype} "
+            f"({_ISA} L2767-2768; float4_e2m1fn_x4 is an nc_matmul_mx input only)"
+        )
+    free = _free(src)
+    if free % sem.MX_GROUP_ELEMENTS:
+        raise NkiValidationError(
+            f"{api} src free size {free} must be a multiple of 4 ({_ISA} L2785)"
+        )
+    if dst.shape[0] != src.shape[0] or _free(dst) * sem.MX_GROUP_ELEMENTS != free:
+        raise NkiValidationError(
+            f"{api} dst has {dst.shape[0]} partitions x {_free(dst)} elements: it needs "
+            f"{src.shape[0]} x {free // 4}, a quarter of src's free size ({_ISA} L2787-2788)"
+        )
+    _mx_scale(api, "dst_scale", dst_scale, src.shape[0], free // sem.MX_GROUP_ELEMENTS)
+    values, scale_bytes = sem.quantize_mx(_pf(src), _element(dst.dtype))
+    write(dst, core_dtypes.pack_x4(values, str(dst.dtype)).view(dst.dtype.numpy))
+    per_quadrant = sem.MX_SCALE_ROWS_PER_QUADRANT
+    for quadrant, view in enumerate(_scale_rows(dst_scale, src.shape[0])):
+        rows = scale_bytes[quadrant * per_quadrant : quadrant * per_quadrant + view.shape[0]]
+        write(view, rows.view(dst_scale.dtype.numpy) if dst_scale.dtype is not dt.uint8 else rows)
+    return _emit(
+        "dve",
+        api,
+        name,
+        reads=[src],
+        writes=[dst, dst_scale],
+        partitions=src.shape[0],
+        free_size=free,
+        out_dtype=dst.dtype,
+    )
+
+
+def nc_matmul_mx(
+    dst,
+    stationary,
+    moving,
+    stationary_scale,
+    moving_scale,
+    tile_position=None,
+    tile_size=None,
+    accumulate=None,
+    name=None,
+):
+    """MX matmul with dequantization on the Tensor engine (NeuronCore-v4 only):
+    ``dst[i, j] = sum_k sum_q S[k, 4i+q] * s_S * M[k, 4j+q] * s_M``, the contraction over
+    the partitions and the four values of each x4 element, every value times its group's
+    scale (layout of :func:`quantize_mx`). ``stationary`` (K, M) and ``moving`` (K, N) in
+    ``float8_e5m2_x4`` / ``float8_e4m3fn_x4`` / ``float4_e2m1fn_x4`` (mixed allowed,
+    trainium3_arch.rst L77), SBUF; K a multiple of 32 up to 128, M even and <= 128, N <= 4096
+    (float32 ``dst``) or 8192 (bfloat16); ``dst`` (M, N) in PSUM; row tiling only
+    (``tile_size`` (32/64/128, 128), ``tile_position`` (a multiple of the row size, 0));
+    ``accumulate`` as :func:`nc_matmul` (aws-neuron-sdk@81ce03ae nki/api/nki/isa/__init__.py
+    L714-826). Values: :func:`simulate.core.semantics.matmul_mx`."""
+    api = "nc_matmul_mx"
+    _neuroncore_v4(api, 719)
+    _mx_data(api, "stationary", stationary)
+    _mx_data(api, "moving", moving)
+    _on_chip(api, "dst", dst, sbuf=False)
+    for argname, t in (("stationary", stationary), ("moving", moving)):
+        if t.dtype not in dt.PACKED:
+            raise NkiTypeError(
+                f"{api} {argname} must be float8_e5m2_x4, float8_e4m3fn_x4 or float4_e2m1fn_x4, "
+                f"got {t.dtype} ({_ISA} L760-761)"
+            )
+    if dst.dtype not in (dt.float32, dt.bfloat16):
+        raise NkiTypeError(f"{api} dst must be float32 or bfloat16, got {dst.dtype} ({_ISA} L763)")
+    k, m, n = stationary.shape[0], _free(stationary), _free(moving)
+    if moving.shape[0] != k:
+        raise NkiValidationError(
+            f"{api} moving has {moving.shape[0]} partitions, stationary {k}: they must be "
+            f"identical ({_ISA} L779-780)"
+        )
+    if m % 2 or m > 128:
+        raise NkiValidationError(
+            f"{api} stationary free size {m} must be even and at most 128 ({_ISA} L781)"
+        )
+    limit = 4096 if dst.dtype is dt.float32 else 8192
+    if n > limit:
+        raise NkiValidationError(
+            f"{api} moving free size {n} exceeds {limit} for a {dst.dtype} dst ({_ISA} L782-783)"
+        )
+    if dst.shape[0] != m or _free(dst) != n:
+        raise NkiValidationError(
+            f"{api} dst {tuple(dst.shape)} must hold {m} partitions x {n} elements "
+            f"(stationary free size x moving free size, {_ISA} L771-773)"
+        )
+    _mx_scale(api, "stationary_scale", stationary_scale, k, m)
+    _mx_scale(api, "moving_scale", moving_scale, k, n)
+    if (tile_position is None) != (tile_size is None):
+        raise NkiValidationError(
+            f"{api} tile_position and tile_size must both be set ({_ISA} L747-749)"
+        )
+    if tile_size is not None:
+        rows, columns = (int(v) for v in tile_size)
+        start_row, start_column = (int(v) for v in tile_position)
+        if rows not in (32, 64, 128) or columns != 128:
+            raise NkiValidationError(
+                f"{api} tile_size {tuple(tile_size)}: row tiling only, (32, 64 or 128, 128) "
+                f"({_ISA} L732-737)"
+            )
+        if start_column != 0 or start_row % rows or start_row + rows > 128 or k > rows:
+            raise NkiValidationError(
+                f"{api} tile_position {tuple(tile_position)} with tile_size {tuple(tile_size)} "
+                f"and {k} stationary partitions: start_row a multiple of the row size, "
+                f"start_column 0, the stationary inside its tile ({_ISA} L738-742)"
+            )
+    product = sem.matmul_mx(
+        core_dtypes.unpack_x4(_pf(stationary, f32=False), str(stationary.dtype)),
+        _read_scale(stationary_scale, k),
+        core_dtypes.unpack_x4(_pf(moving, f32=False), str(moving.dtype)),
+        _read_scale(moving_scale, k),
+    )
+    _accumulate_product(api, dst, product, accumulate)
+    return _emit(
+        "pe",
+        api,
+        name,
+        reads=[stationary, moving, stationary_scale, moving_scale],
+        writes=[dst],
+        partitions=k,
+        free_size=n,
+        out_dtype=dst.dtype,
+        details={"stationary_free": m, "accumulate": accumulate},
+    )
+
+
+__all__ += ["quantize_mx", "nc_matmul_mx"]

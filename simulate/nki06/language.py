@@ -22,9 +22,12 @@ from . import isa as nisa
 from .dtypes import (  # noqa: F401 - the nl.* dtype names
     bfloat16,
     bool_,
+    float4_e2m1fn_x4,
     float8_e4m3,
     float8_e4m3fn,
+    float8_e4m3fn_x4,
     float8_e5m2,
+    float8_e5m2_x4,
     float8_e8m0fnu,
     float16,
     float32,
@@ -296,13 +299,13 @@ def broadcast_to(x, shape, dtype=None) -> NkiTensor:
         raise NkiValidationError(f"broadcast_to: cannot broadcast {tuple(x.shape)} to {shape}")
     out = ndarray(shape, dtype or x.dtype, sbuf)
     view = x
-    for dim in range(1, len(shape)):
+    for dim in builtins.range(1, len(shape)):
         if x.shape[dim] == 1 and shape[dim] > 1:
             view = view.broadcast(dim, shape[dim])
     if x.shape[0] == shape[0]:
         nisa.tensor_copy(dst=out, src=view)
     else:  # a partition broadcast: one copy per partition (the compiler uses a DMA or PE)
-        for p in range(shape[0]):
+        for p in builtins.range(shape[0]):
             nisa.tensor_copy(dst=out[p : p + 1], src=view)
     return out
 
@@ -593,6 +596,12 @@ def affine_range(start, stop=None, step=1):
 
 
 sequential_range = static_range = affine_range
+# ``nl.range``: not in the 0.6 API reference, but AWS's code loops with it as with
+# affine_range (aws-neuron/nki-library@d2ad3a5
+# src/nkilib_src/nkilib/experimental/mxfp_subkernels/mxfp_load_utils.py L123, L130), and the
+# stubs call affine_range "an alias for Python's range()" (nki/api/nki/language/__init__.py
+# @81ce03ae L2317-2322): the same unrolled loop
+range = affine_range  # noqa: A001 - the NKI name
 
 
 def dynamic_range(start, stop=None, step=1):

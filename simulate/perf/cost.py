@@ -125,7 +125,11 @@ CONSTANTS: dict[str, tuple[float, float, float]] = {
     "k_reduce_half": (0.5, 0.5, 0.5),  # D S10 L1466-1480: bf16 add/max tensor_reduce N/2
     "k_memset_zero_half": (0.5, 1, 1),  # D S10a L420 (v2: N/2); v3/v4 use dve_fast_copy
     "k_reciprocal": (8, 8, 8),  # D S10 L1182-1185
+    "k_gpsimd_rsqrt": (4, 4, 4),  # D nki.api.shared.rst@81ce03ae L260-262 (4x below ACT)
     "k_bn_aggr": (13 / 3, 13 / 3, 13 / 3),  # D S10 L335-338
+    # quantize_mx (NC-v4 only; the v2/v3 columns are never read): "four input elements per
+    # partition, per cycle (i.e., 4x Vector performance mode)", D S3 L172
+    "quantize_mx_elements_per_cycle": (4, 4, 4),
     "stride_penalty_bytes": (16, 16, 16),  # D S1 L756-762: innermost stride > 16 B ...
     "stride_penalty_factor": (2, 2, 2),  # D S1 L756-762: ... halves the access bandwidth
     # dtype fast modes (speed-up over the generic rule; docs/design.md, Sources)
@@ -245,7 +249,9 @@ def compute_cycles(opcode: str, engine: str, n: int, ops: Operands, details: dic
     unit_stride = ops.stride_bytes <= 2
     any_psum = any(ops.psum) or ops.out_psum
     if engine == "pe":
-        if opcode == "nc_matmul":
+        if opcode in ("nc_matmul", "nc_matmul_mx"):  # MX: the documented matmul rule with
+            # n the moving free size in x4 elements, each PE taking the 4 values of one per
+            # cycle (D→ S3 L79: "four pairs of MX multiplications ... per cycle")
             floor = min(table.pe_stationary_floor, details.get("stationary_free", 128))
             factor = table.pe_fp32_factor if details.get("fp32") else 1
             if details.get("transpose") and details.get("fp32"):
@@ -270,6 +276,10 @@ def compute_cycles(opcode: str, engine: str, n: int, ops: Operands, details: dic
             return table.pool_start_cycles + n, True
         if opcode == "core_barrier":  # no data: a Pool instruction start (I; none published)
             return table.pool_start_cycles, True
+        if opcode == "tensor_scalar" and "rsqrt" in _op_names(details):
+            # D: GpSimd's reverse square root "is 4x lower [throughput] than Scalar Engine"
+            # (nki/api/nki.api.shared.rst@81ce03ae L260-262), whose rule is max(MIN_II, N)
+            return max(min_ii, table.k_gpsimd_rsqrt * n) * stride, True
         k = table.k_two_inputs if opcode == "tensor_tensor" else 1  # as DVE v2: no rule exists
         return max(min_ii, k * n) * stride, False
     if engine == "act":
@@ -320,6 +330,8 @@ def compute_cycles(opcode: str, engine: str, n: int, ops: Operands, details: dic
         return max(min_ii, n * stride), True
     if opcode == "bn_aggr":
         return max(min_ii, table.k_bn_aggr * n), True
+    if opcode == "quantize_mx":  # n: the source elements per partition
+        return max(min_ii, n * stride / table.quantize_mx_elements_per_cycle), True
     if opcode == "reciprocal":
         return max(min_ii, table.k_reciprocal * n * stride), True
     if opcode in _MIN_II_OR_N_VECTOR:

@@ -40,7 +40,10 @@ def test_default_run_is_the_headline_subset_and_full_is_the_sweep():
     assert _sweep("--quick").shapes == bench.QUICK_SHAPES
     assert _sweep("--full", "--shapes", "64x512").shapes == ((64, 512),)
     assert set(bench.SUBSET_SHAPES) <= set(bench.FULL_SHAPES)  # its rows are the sweep's rows
-    assert len(bench.FULL_SHAPES) == 10
+    assert len(bench.FULL_SHAPES) == 17
+    # the serving shapes: every decode batch and QK-norm head shape, one of each by default
+    assert set(bench.DECODE_SHAPES) | set(bench.QK_NORM_SHAPES) <= set(bench.FULL_SHAPES)
+    assert {(8, 4096), (16384, 128)} <= set(bench.SUBSET_SHAPES)
 
 
 @pytest.mark.parametrize(

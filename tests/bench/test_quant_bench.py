@@ -93,6 +93,7 @@ def _compare_script():
     [
         (["--shapes", "2048x8192"], "BxSxH"),
         (["--tkg-shapes", "1x0x4096"], "BxSxH"),
+        (["--mx", "--mx-shapes", "8x8192"], "BxSxH"),
         ([], "no src/nkilib_src/nkilib"),
     ],
 )

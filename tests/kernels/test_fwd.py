@@ -416,12 +416,12 @@ def test_several_rows_per_partition(rng, target, residual):
 def test_packed_rows(rng, options, casting_mode, target):
     """QK-norm heads (N = 128): 8 rows per partition in a tile (the largest divisor of M
     that leaves 4 tiles), a ragged last tile of 96 partitions, x and the residual read
-    once, the weight and bias once per replication in the PSUM bank (4 rows of 128)."""
+    once, the weight and bias once each (replicated on chip, 4 rows of 128 in a PSUM bank)."""
     inputs = _inputs(rng, 7936, 128, BF16, weight_dtype=BF16, **OPTION_SETS[options])
     layout = _layout(inputs, casting_mode, target=target)
     assert (layout.regime, layout.rows_per_partition) == ("packed", 8)
     trace = check_forward(inputs, casting_mode, target=target)
-    assert trace.hbm_bytes()[0] == _streamed_bytes(inputs) + 4 * _parameter_bytes(inputs)
+    assert trace.hbm_bytes()[0] == _streamed_bytes(inputs) + _parameter_bytes(inputs)
 
 
 @pytest.mark.parametrize(

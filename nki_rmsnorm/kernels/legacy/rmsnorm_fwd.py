@@ -144,6 +144,7 @@ __all__ = [
     "rmsnorm_add_fwd_out",
     "rmsnorm_fwd",
     "rmsnorm_fwd_out",
+    "rmsnorm_qk_fwd",
 ]
 
 
@@ -224,6 +225,27 @@ def rmsnorm_add_fwd_out(x, residual, weight, bias, y, h, rstd, eps, offset, cast
     plan = _plan(x, weight, bias, residual.dtype, offset, casting_mode, y.dtype)
     forward_body(plan, Tensors(x, residual, weight, bias, y, h, rstd), eps, offset)
 
+
+
+@nki.jit
+def rmsnorm_qk_fwd(q, k, q_weight, k_weight, eps, offset, casting_mode, out_dtype):
+    """The query and key norms of an attention (QK-norm: Qwen3, Gemma 3; Megatron's fused
+    call) in one launch: q (Mq, Nq) and k (Mk, Nk) (rows: tokens × heads, Nq and Nk the head
+    sizes), each with its own weight (or None) and the same eps, offset, casting mode and
+    output dtype; return convention: ``(y_q, y_k, rstd_q, rstd_k)``. Each is planned and
+    normalised exactly as :func:`rmsnorm_fwd` would (the same bits), one after the other:
+    the launch is paid once, and k's first loads overlap q's last stores."""
+    Mq, Nq = q.shape
+    Mk, Nk = k.shape
+    plan_q = _plan(q, q_weight, None, None, offset, casting_mode, out_dtype)
+    plan_k = _plan(k, k_weight, None, None, offset, casting_mode, out_dtype)
+    y_q = nl.ndarray((Mq, Nq), dtype=plan_q.out_dtype, buffer=nl.shared_hbm)
+    y_k = nl.ndarray((Mk, Nk), dtype=plan_k.out_dtype, buffer=nl.shared_hbm)
+    rstd_q = nl.ndarray((Mq,), dtype=nl.float32, buffer=nl.shared_hbm)
+    rstd_k = nl.ndarray((Mk,), dtype=nl.float32, buffer=nl.shared_hbm)
+    forward_body(plan_q, Tensors(q, None, q_weight, None, y_q, None, rstd_q), eps, offset)
+    forward_body(plan_k, Tensors(k, None, k_weight, None, y_k, None, rstd_k), eps, offset)
+    return y_q, y_k, rstd_q, rstd_k
 
 def check_outputs(y, rstd, residual=None, h=None):
     """The output parameters' dtypes, before anything runs: y in a kernel dtype, rstd fp32,

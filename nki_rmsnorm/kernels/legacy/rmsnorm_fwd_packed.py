@@ -9,11 +9,10 @@ viewed as (M / k, k·N), k dividing M), so one DMA moves k·N elements per parti
 * Σh² per row on the Scalar engine: one ``activation_reduce`` a row, whose reduction runs
   along the whole free axis of its input (aws-neuron-sdk@8a38e733
   general/nki/api/nki/isa/__init__.py L197, the doc of ``activation_reduce``);
-* rstd of all k rows at once on the Vector engine (``rmsnorm_fwd_steps.rstd_from_sum``
-  with ``on_scalar=False``: each of its instructions is element-wise on the (parts, k)
-  sums, where the Scalar chain takes six instructions per row);
+* rstd of all k rows at once: the mean square on the Vector engine, its reverse square root
+  on the GpSimd engine (two instructions a tile, :func:`_rstd`);
 * x̂ = h·rstd per row on the Scalar engine (``activation`` with a (parts, 1) ``scale``
-  tile, same file L107), every third row on the Vector engine (``tensor_scalar`` with a
+  tile, same file L107), every other row on the Vector engine (``tensor_scalar`` with a
   (parts, 1) operand, L1637), rounded
   to x's dtype in llama / none, fp32 in gemma (one rounding of y at the end);
 * y = x̂·w (+ b) per 512 columns on the Vector engine against the weight (and bias)
@@ -22,9 +21,9 @@ viewed as (M / k, k·N), k dividing M), so one DMA moves k·N elements per parti
   operand streams at one element a cycle.
 
 The arithmetic of a row does not depend on k or on the tile it is in, so the outputs are
-batch-invariant; they are those of the "rows" regime up to the rstd chain (Vector instead of
-Scalar Newton steps) and the gemma product's order (x̂ in fp32, then ·w), both within the
-forward tests' tolerances.
+batch-invariant; they are those of the "rows" regime up to rstd (GpSimd's reverse square
+root instead of the Scalar engine's refined by Newton steps) and the gemma product's order
+(x̂ in fp32, then ·w), both within the forward tests' tolerances.
 """
 
 from __future__ import annotations
@@ -34,9 +33,11 @@ from nki_rmsnorm.nki import nisa, nl
 from nki_rmsnorm.plan.forward import PSUM_COLS
 
 #: Every this many rows, x̂ = h·rstd is formed on the Vector engine rather than the Scalar
-#: engine: the Scalar engine also reduces every row, so an even split of the two passes
-#: over h would leave it the busier.
-XHAT_ON_VECTOR_EVERY = 3
+#: engine, which also reduces every row: every other row balances the two (the Vector
+#: engine multiplies every row by the weight too, at 0.96 GHz against the Scalar engine's
+#: 1.2 GHz on trn2; modeled trn2 bf16 16384 × 128: every third row 38.6 µs, every other
+#: 37.0 µs).
+XHAT_ON_VECTOR_EVERY = 2
 
 
 def packed_rows(plan, k, hbm, eps, offset):
@@ -70,16 +71,16 @@ def packed_rows(plan, k, hbm, eps, offset):
 
 def _replicated(vector_hbm, reps, parts, dtype, offset):
     """``vector_hbm`` (N,) + ``offset`` in ``dtype``, ``reps`` times along the free axis,
-    broadcast to ``parts`` partitions in one fp32 PSUM bank that stays for the kernel."""
+    broadcast to ``parts`` partitions in one fp32 PSUM bank that stays for the kernel: one
+    load, then one ones-row matmul per replica into its columns of the bank (exact). One
+    DMA, not one per replica: each DMA pays a fixed cost on its queue, and the first output
+    waits for the bank."""
     n = vector_hbm.shape[0]
-    src = vector_hbm.reshape((1, n))
-    row = nl.ndarray((1, reps * n), dtype=vector_hbm.dtype)
-    for j in nl.static_range(reps):
-        row[0:1, j * n : (j + 1) * n] = nl.load(src)
-    moving = steps.convert_row(row, dtype, offset)
+    moving = steps.convert_row(nl.load(vector_hbm.reshape((1, n))), dtype, offset)
     ones = nl.full((1, parts), 1.0, dtype=dtype)
     bank = nl.ndarray((parts, reps * n), dtype=nl.float32, buffer=nl.psum)
-    bank[...] = nisa.nc_matmul(ones, moving)
+    for j in nl.static_range(reps):
+        bank[:, j * n : (j + 1) * n] = nisa.nc_matmul(ones, moving)
     return bank
 
 
@@ -115,7 +116,7 @@ def _packed_tile(plan, views, group0, parts, k, N, scale, shift, eps):
             reduce_res=sum_sq[:, j : j + 1],
             dtype=nl.bfloat16,
         )
-    rstd = steps.rstd_from_sum(sum_sq, eps, N, on_scalar=False)
+    rstd = _rstd(sum_sq, eps, N)
     nl.store(rstd_v[groups, i_k], value=rstd)
 
     # x̂ = h·rstd: rounded to x's dtype (llama / none), straight into y without a weight or
@@ -158,3 +159,27 @@ def _packed_tile(plan, views, group0, parts, k, N, scale, shift, eps):
         elif not direct:
             y_tile[:, c0:c1] = nisa.tensor_copy(xhat[:, c0:c1], dtype=y_tile.dtype)
     steps.store_y(plan, y_v[groups, i_f], y_tile)
+
+
+def _rstd(sum_sq, eps, n):
+    """rstd = 1 / sqrt(Σh² / n + eps) of all k rows of the tile at once: the mean square on
+    the Vector engine, its reverse square root on the GpSimd engine, which computes it "at a
+    higher precision compared to Scalar Engine" with ``tensor_scalar(op0=nl.rsqrt,
+    operand0=0.0)`` (aws-neuron-sdk@8a38e733 general/nki/api/nki.api.shared.rst L444-448),
+    so no Newton step follows and no range scaling precedes (the valid input range of L180
+    is the Scalar engine's activation table). Two instructions a tile where the
+    Vector-engine chain (``rmsnorm_fwd_steps.rstd_from_sum``) takes ten: at a few rows per
+    partition their fixed cost, not their elements, is what a tile pays. An infinite mean
+    square gives rstd = 0, a zero one (eps = 0) +inf, NaN stays NaN."""
+    mean_square = nisa.tensor_scalar(
+        sum_sq,
+        op0=nl.multiply,
+        operand0=1.0 / n,
+        op1=nl.add,
+        operand1=float(eps),
+        dtype=nl.float32,
+    )
+    # no ``engine`` argument: SDK 2.21 has none (general/nki/nki_rn.rst L94); rsqrt runs on
+    # the GpSimd or Scalar engine only (nki.api.shared.rst L112), and the doc's GpSimd form
+    # (L446) is this call without one
+    return nisa.tensor_scalar(mean_square, op0=nl.rsqrt, operand0=0.0, dtype=nl.float32)

@@ -7,9 +7,10 @@ A tile is (parts, k·N): partition p holds k consecutive rows (the tensors viewe
 (M / k, k·N)), so one DMA moves k·N elements per partition. Per tile: the Scalar engine's
 Σh² per row (``activation_reduce`` over each row's N columns, one instruction a row:
 its reduction is over the whole free axis of its input, aws-neuron-sdk@81ce03ae
-nki/api/nki/isa/__init__.py L1461-1476), the rstd chain once on the (parts, k) sums (Vector
-engine, every instruction element-wise), h·rstd per row on the Scalar engine (``activation``
-with a (parts, 1) ``scale`` tile, L1336; every third row a Vector ``tensor_scalar``, L1081),
+nki/api/nki/isa/__init__.py L1461-1476), rstd once on the (parts, k) sums (the mean square on
+the Vector engine, the reverse square root on the GpSimd engine: ``_rstd``), h·rstd per
+row on the Scalar engine (``activation`` with a (parts, 1) ``scale`` tile, L1336; every
+other row a Vector ``tensor_scalar``, L1081),
 then one Vector instruction per 512 columns multiplying by the weight replicated along the
 free axis in a PSUM bank (built once), and one adding the bias, replicated likewise. The
 tiles run as a two-stage software pipeline (``packed_rows``).
@@ -23,12 +24,21 @@ from __future__ import annotations
 
 from nki_rmsnorm.kernels.nki06 import rmsnorm_fwd_steps as steps
 from nki_rmsnorm.kernels.nki06._nki import nisa, nl
-from nki_rmsnorm.plan.forward import PSUM_COLS
+from nki_rmsnorm.plan.forward import PMAX, PSUM_COLS
+
+#: The Tensor engine's row tiles on NeuronCore-v3+: "4x 32 row tiles" (aws-neuron-sdk@81ce03ae
+#: nki/api/nki/isa/__init__.py L515-526). A row's rstd pieces sit at the start of one row
+#: tile, so that its matmul contracts over its own pieces alone (see ``_outer_output``).
+ROW_TILE = 32
+#: ... four rows' pieces to one transposed tile.
+ROWS_PER_TRANSPOSE = PMAX // ROW_TILE
 
 #: Every this many rows, x̂ = h·rstd is formed on the Vector engine rather than the Scalar
-#: engine: the Scalar engine also reduces every row, so an even split of the two passes
-#: over h would leave it the busier (1.2 GHz ACT against 0.96 GHz DVE on trn2).
-XHAT_ON_VECTOR_EVERY = 3
+#: engine, which also reduces every row: every other row balances the two (the Vector
+#: engine multiplies every row by the weight too, at 0.96 GHz against the Scalar engine's
+#: 1.2 GHz on trn2; modeled trn2 bf16 16384 × 128: every third row 38.6 µs, every other
+#: 37.0 µs).
+XHAT_ON_VECTOR_EVERY = 2
 
 
 def packed_rows(plan, k, hbm, eps, offset):
@@ -40,8 +50,13 @@ def packed_rows(plan, k, hbm, eps, offset):
     parts = min(P, groups)
     # as many rows as one PSUM bank of fp32 holds
     reps = max(1, min(k, PSUM_COLS // N))
+    outer = hbm.weight is not None and plan.product_engine == "tensor"
     scale = None
-    if hbm.weight is not None:
+    ident = None
+    if outer:
+        scale = _stacked(plan, hbm.weight, offset)
+        ident = steps.identity(parts, plan.scale_dtype)
+    elif hbm.weight is not None:
         scale = _replicated(hbm.weight, reps, parts, plan.scale_dtype, offset)
     shift = None
     if hbm.bias is not None:
@@ -57,10 +72,13 @@ def packed_rows(plan, k, hbm, eps, offset):
         grouped(hbm.h),
         hbm.rstd.reshape((groups, k)),
     )
+    tiles = steps.core_tiles(groups, P)
+    if outer:
+        _outer_pipeline(plan, views, tiles, k, N, eps, scale, shift, ident)
+        return
     # Software pipeline: the statistics of tile t + 1 are issued before the output of tile
     # t, so that the Scalar engine, whose in-order stream looks only a few instructions
     # ahead, reduces the next tile while the Vector engine turns this tile's sums into rstd.
-    tiles = steps.core_tiles(groups, P)
     ahead = None
     if tiles:
         ahead = _statistics(plan, views, tiles[0][0], tiles[0][1], k, N, eps)
@@ -71,22 +89,50 @@ def packed_rows(plan, k, hbm, eps, offset):
         _output(plan, views, k, N, scale, shift, current)
 
 
+def _outer_pipeline(plan, views, tiles, k, N, eps, stacked, shift, ident):
+    """The tiles of the Tensor-engine product as a three-stage software pipeline: the
+    statistics of tile t + 2, then the transposed rstd pieces of tile t + 1, then the
+    output of tile t. The pieces pass between the Vector, GpSimd and Tensor engines several
+    times; issued a tile ahead, they are ready when the Vector engine reaches the tile's
+    products, which then run back to back (modeled trn2 bf16 16384 × 128: two stages 34.8
+    µs, three 32.0 µs)."""
+    count = len(tiles)
+    statistics = []
+    for t in range(min(2, count)):
+        statistics.append(_statistics(plan, views, tiles[t][0], tiles[t][1], k, N, eps))
+    prepared = None
+    if count:
+        prepared = _transposed_rstd(plan, k, ident, statistics[0])
+    for t in range(count):
+        if t + 2 < count:
+            group0, parts = tiles[t + 2]
+            statistics.append(_statistics(plan, views, group0, parts, k, N, eps))
+        following = None
+        if t + 1 < count:
+            following = _transposed_rstd(plan, k, ident, statistics[t + 1])
+        _outer_output(plan, views, k, N, stacked, shift, prepared)
+        prepared = following
+
+
 def _replicated(vector_hbm, reps, parts, dtype, offset):
     """``vector_hbm`` (N,) + ``offset`` in ``dtype``, ``reps`` times along the free axis,
     broadcast to ``parts`` partitions in one PSUM bank (reps·N ≤ 512 fp32), where it stays
-    for the whole kernel: reps DMAs into one (1, reps·N) row, then a ones-row matmul (exact:
-    every product is 1·w). The Vector engine reads a PSUM operand of ``tensor_tensor`` at
-    one element a cycle, twice the rate of two SBUF fp32 operands."""
+    for the whole kernel: one load, then one ones-row matmul per replica into its columns
+    of the bank (exact: every product is 1·w). One DMA, not one per replica: each DMA pays
+    a fixed cost on its queue, and the first output waits for the bank. The Vector engine
+    reads a PSUM operand of ``tensor_tensor`` at one element a cycle, twice the rate of two
+    SBUF fp32 operands."""
     n = vector_hbm.shape[0]
-    row = steps.sbuf((1, reps * n), vector_hbm.dtype)
-    src = vector_hbm.reshape((1, n))
-    for j in range(reps):
-        nisa.dma_copy(dst=row[:, j * n : (j + 1) * n], src=src)
+    row = steps.sbuf((1, n), vector_hbm.dtype)
+    nisa.dma_copy(dst=row, src=vector_hbm.reshape((1, n)))
     row = steps.convert_row(row, dtype, offset)
     ones = steps.sbuf((1, parts), dtype)
     nisa.memset(dst=ones, value=1.0)
     bank = nl.ndarray((parts, reps * n), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=bank, stationary=ones, moving=row, accumulate=False)
+    for j in range(reps):
+        nisa.nc_matmul(
+            dst=bank[:, j * n : (j + 1) * n], stationary=ones, moving=row, accumulate=False
+        )
     return bank
 
 
@@ -120,8 +166,7 @@ def _statistics(plan, views, group0, parts, k, N, eps):
             reduce_op=nl.add,
             reduce_res=sum_sq[:, j : j + 1],
         )
-    # DVE: rstd of all k rows at once (the Scalar chain would take six instructions a row)
-    rstd = steps.rstd_from_sum(sum_sq, eps, N, on_scalar=False)
+    rstd = _rstd(sum_sq, eps, N)
     nisa.dma_copy(dst=rstd_v[group0:g1, :], src=rstd)
     return group0, h_tile, rstd
 
@@ -170,3 +215,138 @@ def _output(plan, views, k, N, scale, shift, state):
         elif not direct:
             nisa.tensor_copy(dst=y_c, src=x_c)
     steps.store_y(plan, y_v[group0 : group0 + parts, :], y_tile)
+
+
+def _rstd(sum_sq, eps, n):
+    """rstd = 1 / sqrt(Σh² / n + eps) of all k rows of the tile at once: the mean square on
+    the Vector engine, its reverse square root on the GpSimd engine, which computes it "at a
+    higher precision compared to Scalar Engine" with ``tensor_scalar(op0=nl.rsqrt,
+    operand0=0.0)`` (aws-neuron-sdk@81ce03ae nki/api/nki.api.shared.rst L258-262), so no
+    Newton step follows and no range scaling precedes (the valid input range of
+    nki.api.shared.rst L198 is the Scalar engine's activation table). Two instructions a
+    tile where the Vector-engine chain (``rmsnorm_fwd_steps.rstd_from_sum``) takes ten: at
+    a few rows per partition their fixed cost, not their elements, is what a tile pays. An
+    infinite mean square gives rstd = 0, a zero one (eps = 0) +inf, NaN stays NaN."""
+    shape = sum_sq.shape
+    mean_square = steps.sbuf(shape, nl.float32)
+    nisa.tensor_scalar(
+        dst=mean_square,
+        data=sum_sq,
+        op0=nl.multiply,
+        operand0=1.0 / n,
+        op1=nl.add,
+        operand1=float(eps),
+    )
+    rstd = steps.sbuf(shape, nl.float32)
+    nisa.tensor_scalar(
+        dst=rstd, data=mean_square, op0=nl.rsqrt, operand0=0.0, engine=nisa.gpsimd_engine
+    )
+    return rstd
+
+
+def _stacked(plan, weight_hbm, offset):
+    """w + offset in the scale dtype on every partition, (128, N) in SBUF: the Tensor
+    engine's moving operand, of which each matmul reads the partitions of one row tile.
+    Built once: one load, a ones-row matmul into PSUM (exact) and a copy out."""
+    n = weight_hbm.shape[0]
+    row = steps.scale_row(plan, weight_hbm.reshape((1, n)), offset)
+    ones = steps.sbuf((1, PMAX), plan.scale_dtype)
+    nisa.memset(dst=ones, value=1.0)
+    broadcast = nl.ndarray((PMAX, n), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=broadcast, stationary=ones, moving=row, accumulate=False)
+    stacked = steps.sbuf((PMAX, n), plan.scale_dtype)
+    nisa.tensor_copy(dst=stacked, src=broadcast)
+    return stacked
+
+
+def _rstd_slots(plan, rstd):
+    """rstd (parts, k) fp32 as the Tensor engine's operand, (parts, k·32): row j's pieces
+    in columns 32·j … 32·j + pieces − 1 (the rest unused), so that four rows transpose into
+    one (128, parts) tile with each row's pieces at the start of a row tile. Three pieces
+    (bf16 weight): hi = bf16(rstd), mid = bf16(rstd − hi), lo = bf16(rstd − hi − mid), whose
+    sum is rstd exactly (each difference is exact in fp32); the copies on the GpSimd engine,
+    the differences on the Vector engine, each instruction covering all k rows. One piece:
+    rstd itself (an fp32 matmul against an fp32 weight + offset)."""
+    parts, k = rstd.shape
+    slots = steps.sbuf((parts, k * ROW_TILE), plan.scale_dtype)
+    pieces = slots.reshape((parts, k, ROW_TILE))
+    nisa.tensor_copy(dst=pieces[:, :, 0], src=rstd, engine=nisa.gpsimd_engine)
+    if plan.rstd_pieces == 3:
+        rest = steps.sbuf((parts, k), nl.float32)
+        nisa.tensor_tensor(dst=rest, data1=rstd, data2=pieces[:, :, 0], op=nl.subtract)
+        nisa.tensor_copy(dst=pieces[:, :, 1], src=rest, engine=nisa.gpsimd_engine)
+        nisa.tensor_tensor(dst=pieces[:, :, 2], data1=rest, data2=pieces[:, :, 1], op=nl.subtract)
+    return slots
+
+
+def _transposed_rstd(plan, k, ident, state):
+    """The tile's rstd pieces as the Tensor engine's stationary operands: per four rows,
+    their pieces (:func:`_rstd_slots`) transposed at once (PE, exact) into a (128, parts)
+    PSUM tile, row j's pieces starting at partition 32·(j mod 4), and copied to SBUF (one
+    Vector instruction of 128 elements a partition); returns the state for
+    :func:`_outer_output`."""
+    group0, h_tile, rstd = state
+    parts = h_tile.shape[0]
+    pieces = plan.rstd_pieces
+    slots = _rstd_slots(plan, rstd)
+    transposed_rows = []
+    for q0 in range(0, k, ROWS_PER_TRANSPOSE):
+        q1 = min(k, q0 + ROWS_PER_TRANSPOSE)
+        height = (q1 - q0 - 1) * ROW_TILE + pieces
+        transposed = nl.ndarray((height, parts), dtype=slots.dtype, buffer=nl.psum)
+        nisa.nc_matmul(
+            dst=transposed,
+            stationary=slots[:, q0 * ROW_TILE : q0 * ROW_TILE + height],
+            moving=ident[:parts, :parts],
+            is_transpose=True,
+        )
+        stationary = steps.sbuf((height, parts), slots.dtype)
+        nisa.tensor_copy(dst=stationary, src=transposed)
+        transposed_rows.append(stationary)
+    return group0, h_tile, transposed_rows
+
+
+def _outer_output(plan, views, k, N, stacked, shift, state):
+    """y of the tile whose rstd :func:`_transposed_rstd` transposed, stored, with the
+    Tensor engine forming rstd ⊗ w (gemma with a weight on NeuronCore-v3+, as the "rows"
+    regime's ``tensor`` product), so that the Scalar engine only reduces and the Vector
+    engine makes one pass over h: per row, one matmul of its pieces against the weight, in
+    the row tile its pieces start (contracting over that row's pieces alone: a NaN or
+    infinite rstd stays in its own row), into its columns of a PSUM bank; per bank, one
+    Vector multiply y = h · (rstd ⊗ w) reading PSUM (one element a cycle); the bias is
+    added in fp32 after."""
+    group0, h_tile, transposed_rows = state
+    parts = h_tile.shape[0]
+    width = k * N
+    pieces = plan.rstd_pieces
+    y_tile = steps.sbuf((parts, width), plan.result_dtype)
+    product = None
+    if shift is not None:
+        product = steps.sbuf((parts, width), plan.product_dtype)
+    target = y_tile if shift is None else product
+    rows_per_bank = max(1, min(k, PSUM_COLS // N))
+    for j0 in range(0, k, rows_per_bank):
+        j1 = min(k, j0 + rows_per_bank)
+        outer = nl.ndarray((parts, (j1 - j0) * N), dtype=nl.float32, buffer=nl.psum)
+        for j in range(j0, j1):
+            start = (j % ROWS_PER_TRANSPOSE) * ROW_TILE
+            nisa.nc_matmul(
+                dst=outer[:, (j - j0) * N : (j - j0 + 1) * N],
+                stationary=transposed_rows[j // ROWS_PER_TRANSPOSE][start : start + pieces, :],
+                moving=stacked[start : start + pieces, :],
+                accumulate=False,
+                tile_position=(start, 0),
+                tile_size=(ROW_TILE, PMAX),
+            )
+        c0, c1 = j0 * N, j1 * N
+        nisa.tensor_tensor(
+            dst=target[:, c0:c1], data1=h_tile[:, c0:c1], data2=outer, op=nl.multiply
+        )
+        if shift is not None:
+            nisa.tensor_tensor(
+                dst=y_tile[:, c0:c1],
+                data1=product[:, c0:c1],
+                data2=shift[:parts, : c1 - c0],
+                op=nl.add,
+            )
+    steps.store_y(plan, views[2][group0 : group0 + parts, :], y_tile)

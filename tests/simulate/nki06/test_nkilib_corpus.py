@@ -621,3 +621,294 @@ def test_router_topk(rng, tokens, hidden, experts, k, pre_norm, normalize):
         chosen = _softmax(np.take_along_axis(expected_logits, top, axis=1))
         np.put_along_axis(expected, top, chosen, axis=1)
     _check(affinities, expected, np.float32)
+
+
+# === MX (OCP Microscaling) kernels and paths, trn3 =============================================
+# AWS's MX code runs on NeuronCore-v4 only (nisa.quantize_mx / nc_matmul_mx, isa L2744-2746,
+# L719). The scale checks below follow quantize_mx's documented semantics (isa
+# L2790-2812): per 8-partition x 4-lane group X = 2^(floor(log2 amax) - (E_max - 1)).
+def _mx_quantize_reference(values, emax):
+    """float64 reference of quantize_mx on a (P, F) array: (fp8 e4m3fn values (P, F), scale
+    exponents (P / 8, F / 4)); written here from the ISA reference."""
+    p, f = values.shape
+    groups = np.abs(values).reshape(p // 8, 8, f // 4, 4).max(axis=(1, 3))
+    _, frexp_exponent = np.frexp(np.where(groups == 0, 1.0, groups))
+    exponent = np.where(groups == 0, -127, np.maximum(frexp_exponent - 1 - (emax - 1), -127))
+    scale = np.repeat(np.repeat(np.ldexp(1.0, exponent), 8, 0), 4, 1)
+    return (values / scale).astype(ml_dtypes.float8_e4m3fn), exponent
+
+
+def _rmsnorm_mx_quantize_tkg_launcher():
+    """An LNC=2 kernel around AWS's subkernel (its outputs live in SBUF): allocates the SBUF
+    outputs, calls it, and stores each core's half of the tokens to HBM; the scales only
+    from partitions 0-3 of each quadrant, where quantize_mx writes them."""
+    from nki_rmsnorm.kernels.nki06._nki import nisa, nl
+
+    quantize_tkg = library_module("core.subkernels.rmsnorm_mx_quantize_tkg").rmsnorm_mx_quantize_tkg
+
+    def launcher(x, gamma, residual):
+        batch, seq, hidden = x.shape
+        tokens = batch * seq
+        h1 = hidden // 128
+        out_sb = nl.ndarray((128, tokens, h1), dtype=x.dtype, buffer=nl.sbuf)
+        quant_sb = nl.ndarray(
+            (128, hidden // 512, tokens), dtype=nl.float8_e4m3fn_x4, buffer=nl.sbuf
+        )
+        scale_sb = nl.ndarray((128, hidden // 512, tokens), dtype=nl.uint8, buffer=nl.sbuf)
+        residual_out = None
+        if residual is not None:
+            residual_out = nl.ndarray((tokens, hidden), dtype=x.dtype, buffer=nl.shared_hbm)
+        quantize_tkg(
+            input=x,
+            gamma=gamma,
+            output=out_sb,
+            output_quant=quant_sb,
+            output_scale=scale_sb,
+            residual=residual,
+            output_residual=residual_out,
+        )
+        out = nl.ndarray((128, tokens, h1), dtype=x.dtype, buffer=nl.shared_hbm)
+        quant = nl.ndarray(
+            (128, hidden // 512, tokens), dtype=nl.float8_e4m3fn_x4, buffer=nl.shared_hbm
+        )
+        scale = nl.ndarray((16, hidden // 512, tokens), dtype=nl.uint8, buffer=nl.shared_hbm)
+        half = tokens // 2
+        t0 = nl.program_id(0) * half
+        nisa.dma_copy(dst=out[:, t0 : t0 + half, :], src=out_sb[:, t0 : t0 + half, :])
+        nisa.dma_copy(dst=quant[:, :, t0 : t0 + half], src=quant_sb[:, :, t0 : t0 + half])
+        for quadrant in range(4):
+            nisa.dma_copy(
+                dst=scale[quadrant * 4 : quadrant * 4 + 4, :, t0 : t0 + half],
+                src=scale_sb[quadrant * 32 : quadrant * 32 + 4, :, t0 : t0 + half],
+            )
+        if residual is not None:
+            return out, quant, scale, residual_out
+        return out, quant, scale
+
+    return nki.jit(launcher)
+
+
+@pytest.mark.parametrize(
+    "batch, seq, hidden, with_residual",
+    [(1, 8, 1024, False), (2, 4, 2048, False), (2, 128, 1024, True)],
+)
+def test_rmsnorm_mx_quantize_tkg(rng, monkeypatch, batch, seq, hidden, with_residual):
+    """Docstring (core/subkernels/rmsnorm_mx_quantize_tkg.py L41-84): hidden = input (+
+    residual); output = hidden · gamma / sqrt(mean(hidden²) + eps) as [H0, B·S, H1]
+    (element [h0, t, h1] is value h1·128 + h0 of token t); output_quant, output_scale =
+    quantize_mx of it, [H0, H/512, B·S], lane q of x4 element [h0, j, t] being output[h0, t,
+    q·H/512 + j] (the kernel's swizzle, L246-251); LNC=2. The fp8 values and scales must be
+    exactly quantize_mx's of the bf16 output the kernel wrote; that output matches the
+    float64 RMSNorm to bf16 precision (x · gamma and the product with the rsqrt each rounded
+    to bf16: two roundings)."""
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn3")
+    x = _random(rng, (batch, seq, hidden), BF16)
+    gamma = (1.0 + 0.25 * rng.standard_normal((1, hidden))).astype(BF16)
+    residual = _random(rng, (batch, seq, hidden), BF16) if with_residual else None
+    outputs = _rmsnorm_mx_quantize_tkg_launcher()[2](x, gamma, residual)
+    out, quant, scale = (np.asarray(a) for a in outputs[:3])
+    tokens, h1, chunks = batch * seq, hidden // 128, hidden // 512
+
+    h = x.astype(np.float64)
+    if with_residual:
+        h_rounded = (x.astype(np.float32) + residual.astype(np.float32)).astype(BF16)
+        np.testing.assert_array_equal(
+            np.asarray(outputs[3]).view(np.uint16),
+            h_rounded.reshape(tokens, hidden).view(np.uint16),
+        )
+        h = h_rounded.astype(np.float64)
+    h = h.reshape(tokens, hidden)
+    y = h * gamma.astype(np.float64) / np.sqrt(np.mean(h * h, axis=1, keepdims=True) + 1e-6)
+    expected = y.reshape(tokens, h1, 128).transpose(2, 0, 1)
+    _check(out, expected, BF16, scale=np.abs(y).max())
+
+    # quantize_mx of the kernel's own bf16 output, in the kernel's swizzled layout
+    source = out.astype(np.float64).reshape(128, tokens, 4, chunks).transpose(0, 3, 1, 2)
+    values, exponent = _mx_quantize_reference(source.reshape(128, -1), emax=8)
+    packed = np.ascontiguousarray(quant).view(np.uint32).reshape(128, -1)
+    got_values = packed.view(np.uint8).view(ml_dtypes.float8_e4m3fn)
+    np.testing.assert_array_equal(got_values.view(np.uint8), values.view(np.uint8))
+    got_exponent = np.asarray(scale).astype(np.int64).reshape(16, -1) - 127
+    np.testing.assert_array_equal(got_exponent, exponent)
+
+
+@pytest.mark.parametrize("k", [512, 1536])
+def test_mxfp_load_and_quantize(rng, monkeypatch, k):
+    """Docstring (experimental/mxfp_subkernels/mxfp_load_utils.py L32-58, L81-110): a bf16
+    [128, K] tensor, per 512-column K block swizzled to [128, M·4] (partition p, free (m, q)
+    holding block[m, 4p + q]) and quantized to MXFP8: data [128, M · K/512] float8_e4m3fn_x4,
+    scales uint8 with 16 rows at partition offsets 0, 32, 64, 96 (the rest unspecified)."""
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn3")
+    load = library_module("experimental.mxfp_subkernels.mxfp_load_utils")
+    tensor = _random(rng, (128, k), BF16)
+    data, scale = load.mxfp_load_performance_wrapper(tensor)
+    for block in range(k // 512):
+        columns = tensor[:, block * 512 : (block + 1) * 512].astype(np.float64)
+        swizzled = columns.reshape(128, 128, 4).transpose(1, 0, 2).reshape(128, 512)
+        values, exponent = _mx_quantize_reference(swizzled, emax=8)
+        got = np.ascontiguousarray(np.asarray(data)[:, block * 128 : (block + 1) * 128])
+        got_values = got.view(np.uint32).view(np.uint8).view(ml_dtypes.float8_e4m3fn)
+        np.testing.assert_array_equal(got_values.view(np.uint8), values.view(np.uint8))
+        rows = [32 * q + r for q in range(4) for r in range(4)]
+        got_scale = np.asarray(scale)[rows, block * 128 : (block + 1) * 128].astype(np.int64)
+        np.testing.assert_array_equal(got_scale - 127, exponent)
+
+
+def _mx_values(rng, shape, element):
+    """Random values of an MX element type over its whole range (bits of every exponent)."""
+    top = float(ml_dtypes.finfo(element).max)
+    return rng.uniform(-top, top, shape).astype(element)
+
+
+def _gate_up_mx_launcher(H, I, BxS):
+    """An LNC=2 kernel around AWS's MX gate/up projection (its inputs and output live in SBUF):
+    each core loads its half of the H tiles of the hidden data and their scales (4 scale rows
+    to partitions 0-3 of each quadrant), calls it, and core 0 stores the summed output."""
+    from nki_rmsnorm.kernels.nki06._nki import nisa, nl
+
+    projection = library_module("core.mlp.mlp_tkg.gate_up_projection_mx_shard_H")
+    constants = library_module("core.mlp.mlp_tkg.projection_mx_constants")
+    TensorView = library_module("core.utils.tensor_view").TensorView
+
+    def launcher(hidden_qtz, hidden_scale, weight_qtz, weight_scale, bias):
+        cores, core = nl.num_programs(0), nl.program_id(0)
+        cfg = constants.ProjConfig(H=H, I=I, BxS=BxS, n_prgs=cores, prg_id=core)
+        tiles = H // 512 // cores
+        first = core * tiles
+        hidden_sb = nl.ndarray((128, tiles, BxS), dtype=nl.float8_e5m2_x4, buffer=nl.sbuf)
+        nisa.dma_copy(dst=hidden_sb, src=hidden_qtz[:, first : first + tiles, :])
+        scale_sb = nl.ndarray((128, tiles, BxS), dtype=nl.uint8, buffer=nl.sbuf)
+        for quadrant in range(4):
+            nisa.dma_copy(
+                dst=scale_sb[quadrant * 32 : quadrant * 32 + 4, :, :],
+                src=hidden_scale[quadrant * 4 : quadrant * 4 + 4, first : first + tiles, :],
+            )
+        bias_sb = nl.ndarray((128, I // 512, 4), dtype=nl.bfloat16, buffer=nl.sbuf)
+        nisa.dma_copy(dst=bias_sb, src=bias)
+        out_sb = projection.gate_up_projection_mx_tp_shard_H(
+            hidden_qtz_sb=TensorView(hidden_sb),
+            hidden_scale_sb=TensorView(scale_sb),
+            weight_qtz=TensorView(weight_qtz),
+            weight_scale=TensorView(weight_scale),
+            bias_sb=TensorView(bias_sb),
+            cfg=cfg,
+        )
+        out = nl.ndarray(out_sb.shape, dtype=nl.bfloat16, buffer=nl.shared_hbm)
+        if core == 0:
+            nisa.dma_copy(dst=out, src=out_sb)
+        return out
+
+    return nki.jit(launcher)
+
+
+@pytest.mark.parametrize("H, I, BxS", [(1024, 512, 8), (2048, 1024, 32)])
+def test_gate_up_projection_mx(rng, monkeypatch, H, I, BxS):
+    """Docstring (core/mlp/mlp_tkg/gate_up_projection_mx_shard_H.py L44-66): hidden (moving)
+    [H, BxS] @ weight (stationary) [H, I] -> [I, BxS] + bias, MXFP8 (e5m2) hidden against
+    MXFP4 weights on nc_matmul_mx, H sharded over LNC=2 and summed by sendrecv; the output
+    bf16 [128, I/512, BxS, 4], element [p, c, t, q] the I index 512c + 128q + p (the matmuls'
+    I128 tiles, L165-170). Each H512 tile contracts its 128 partitions and the 4 lanes of an
+    x4 element, every value times its 8x4 group's scale 2^(s - 127) (isa L767-769,
+    trainium3_arch.rst L99-105)."""
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn3")
+    from simulate.core.dtypes import pack_x4
+
+    tiles = H // 512
+    hidden = _mx_values(rng, (128, tiles, BxS, 4), ml_dtypes.float8_e5m2)
+    weight = _mx_values(rng, (128, tiles, I, 4), ml_dtypes.float4_e2m1fn)
+    hidden_scale = rng.integers(118, 124, (16, tiles, BxS)).astype(np.uint8)
+    weight_scale = rng.integers(122, 130, (16, tiles, I)).astype(np.uint8)
+    bias = _random(rng, (128, I // 512, 4), BF16)
+    out = _gate_up_mx_launcher(H, I, BxS)[2](
+        pack_x4(hidden.reshape(128, tiles, 4 * BxS), "float8_e5m2_x4"),
+        hidden_scale,
+        pack_x4(weight.reshape(128, tiles, 4 * I), "float4_e2m1fn_x4"),
+        weight_scale,
+        bias,
+    )
+
+    def dequantized(values, scale):  # [128, tiles, X, 4] with scales of partition p // 8
+        factor = np.ldexp(1.0, scale.astype(np.int64) - 127)
+        return values.astype(np.float64) * np.repeat(factor, 8, axis=0)[..., None]
+
+    product = np.einsum(
+        "pjiq,pjtq->it", dequantized(weight, weight_scale), dequantized(hidden, hidden_scale)
+    )
+    bias_by_i = bias.astype(np.float64).transpose(1, 2, 0).reshape(I)  # [p, c, q] -> 512c+128q+p
+    expected = (product + bias_by_i[:, None]).reshape(I // 512, 4, 128, BxS).transpose(2, 0, 3, 1)
+    # the products are exact; the PSUM sum is float32, then bf16 per core, the two cores'
+    # halves added in bf16: a few bf16 roundings of the partial sums
+    magnitude = np.einsum(
+        "pjiq,pjtq->it",
+        np.abs(dequantized(weight, weight_scale)),
+        np.abs(dequantized(hidden, hidden_scale)),
+    )
+    scale = (magnitude + np.abs(bias_by_i)[:, None]).reshape(I // 512, 4, 128, BxS)
+    _check(out, expected, BF16, scale=scale.transpose(2, 0, 3, 1))
+
+
+def _down_mx_launcher(H, I, BxS):
+    """An LNC=2 kernel around AWS's MX down projection: loads the bf16 intermediate and this
+    core's bias half into SBUF, calls it, and core 0 stores the [BxS, H] result."""
+    from nki_rmsnorm.kernels.nki06._nki import nisa, nl
+
+    projection = library_module("core.mlp.mlp_tkg.down_projection_mx_shard_H")
+    constants = library_module("core.mlp.mlp_tkg.projection_mx_constants")
+
+    def launcher(inter, weight_qtz, weight_scale, bias):
+        cores, core = nl.num_programs(0), nl.program_id(0)
+        cfg = constants.ProjConfig(H=H, I=I, BxS=BxS, n_prgs=cores, prg_id=core)
+        half = H // cores
+        inter_sb = nl.ndarray((128, I // 512, BxS, 4), dtype=nl.bfloat16, buffer=nl.sbuf)
+        nisa.dma_copy(dst=inter_sb, src=inter)
+        bias_sb = nl.ndarray((1, half), dtype=nl.bfloat16, buffer=nl.sbuf)
+        nisa.dma_copy(dst=bias_sb, src=bias[:, core * half : (core + 1) * half])
+        out_sb = projection.down_projection_mx_shard_H(
+            inter_sb=inter_sb,
+            weight=weight_qtz,
+            weight_scale=weight_scale,
+            bias_sb=bias_sb,
+            cfg=cfg,
+        )
+        out = nl.ndarray((BxS, H), dtype=nl.bfloat16, buffer=nl.shared_hbm)
+        if core == 0:
+            for tile in range((BxS + 127) // 128):
+                rows = min(128, BxS - tile * 128)
+                nisa.dma_copy(
+                    dst=out[tile * 128 : tile * 128 + rows, :], src=out_sb[0:rows, tile, :]
+                )
+        return out
+
+    return nki.jit(launcher)
+
+
+@pytest.mark.parametrize("H, I, BxS", [(1024, 512, 8), (2048, 1024, 40)])
+def test_down_projection_mx(rng, monkeypatch, H, I, BxS):
+    """Docstring (core/mlp/mlp_tkg/down_projection_mx_shard_H.py L212-240): weight [I, H] @
+    intermediate [I, BxS] -> [BxS, H] + bias, the bf16 intermediate [128, I/512, BxS, 4]
+    quantized online to MXFP8 e4m3fn by quantize_mx (8x4 groups on its partitions and
+    lanes), then nc_matmul_mx against MXFP4 weights [128, I/512, H] x4 with scales
+    [16, I/512, H]; LNC=2. The reference quantizes the intermediate as the ISA reference
+    documents (isa L2790-2812) and contracts every (partition, tile, lane)."""
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn3")
+    from simulate.core.dtypes import pack_x4
+
+    tiles = I // 512
+    inter = _random(rng, (128, tiles, BxS, 4), BF16)
+    weight = _mx_values(rng, (128, tiles, H, 4), ml_dtypes.float4_e2m1fn)
+    weight_scale = rng.integers(118, 126, (16, tiles, H)).astype(np.uint8)
+    bias = _random(rng, (1, H), BF16)
+    out = _down_mx_launcher(H, I, BxS)[2](
+        inter, pack_x4(weight.reshape(128, tiles, 4 * H), "float4_e2m1fn_x4"), weight_scale, bias
+    )
+
+    values, exponent = _mx_quantize_reference(inter.astype(np.float64).reshape(128, -1), emax=8)
+    inter_q = values.astype(np.float64) * np.repeat(np.repeat(np.ldexp(1.0, exponent), 8, 0), 4, 1)
+    inter_q = inter_q.reshape(128, tiles, BxS, 4)
+    weight_q = (
+        weight.astype(np.float64)
+        * np.repeat(np.ldexp(1.0, weight_scale.astype(np.int64) - 127), 8, axis=0)[..., None]
+    )
+    expected = np.einsum("pctq,pchq->th", inter_q, weight_q) + bias.astype(np.float64)
+    magnitude = np.einsum("pctq,pchq->th", np.abs(inter_q), np.abs(weight_q))
+    _check(out, expected, BF16, scale=magnitude + np.abs(bias.astype(np.float64)))

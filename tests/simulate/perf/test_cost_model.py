@@ -186,6 +186,19 @@ def test_nc_v2_shares_the_sbuf_port_between_vector_and_gpsimd():
         max(_us(2048, "dve", "trn2"), _us(150 + 2048, "pool", "trn2")))
 
 
+def test_gpsimd_rsqrt_runs_at_a_quarter_of_the_scalar_engine_rate():
+    """GpSimd's ``tensor_scalar(op0=nl.rsqrt)``: "4x lower [throughput] than Scalar Engine"
+    (nki/api/nki.api.shared.rst@81ce03ae L260-262): 4·N Pool cycles, at least MIN_II; a
+    documented rule, so not reported as unmodeled."""
+    b = TraceBuilder("trn2")
+    b.op("pool", "tensor_scalar", 1000, [b.tile()], [b.tile()], op=["rsqrt"])
+    b.op("pool", "tensor_scalar", 8, [b.tile()], [b.tile()], op=["rsqrt"])
+    sched = b.run()
+    assert _duration(sched, 0) == pytest.approx(_us(4 * 1000, "pool", "trn2"))
+    assert _duration(sched, 1) == pytest.approx(_us(64, "pool", "trn2"))
+    assert "pool.tensor_scalar" not in sched.unmodeled
+
+
 def test_address_tracking_turns_buffer_reuse_into_a_wait():
     b = TraceBuilder()
     old = b.tile(storage=next(_storage), start=8192)
