@@ -70,7 +70,9 @@ has time to spare, and Σh² is shared with it (:func:`_use_tensor_products`):
 The split of Σh² depends on N alone: y_q is the same with and without the y and
 transposed outputs (those keep the Vector engine's product, whose NaN and Inf stay in
 their columns: a row holding ±Inf gets NaN across its 128-column block from the
-diagonal matmul's Inf · 0, harmless to y_q, whose row is flagged, but not to y).
+diagonal matmul's Inf · 0, harmless to y_q, whose row is flagged, but not to y; there the
+Scalar engine copies out all of hᵀ's Gram blocks, so that the Vector engine's load stays
+as it was).
 
 Instructions and where the docs (aws-neuron-sdk@81ce03ae ``nki/api/nki/isa/__init__.py``)
 or AWS's kernels (nki-library@d2ad3a5) allow each use:
