@@ -575,12 +575,11 @@ def _weight_diagonals(weight):
     return diagonals
 
 
-def _transposed_rows(h_tile, first, on_scalar):
+def _transposed_rows(h_tile, first):
     """hᵀ of a (rows, N) tile's blocks from ``first`` on: (128, N / 128 · rows), block b at
     columns b · rows …; Tensor-engine transposes into one PSUM bank per group of blocks,
     copied out by the Vector engine (16-bit, one side in PSUM: its 2× mode) or, for a
-    share of the banks (all of them if ``on_scalar``: the Vector engine forms p), the
-    Scalar engine."""
+    share of the banks, the Scalar engine."""
     parts, N = h_tile.shape
     pmax = nl.tile_size.pmax
     blocks = N // pmax
@@ -601,7 +600,7 @@ def _transposed_rows(h_tile, first, on_scalar):
         num, den = _ACT_COPY_SHARE
         if nisa.get_nc_version() == nisa.nc_version.gen4:
             num, den = _ACT_COPY_SHARE_V4
-        if on_scalar or ((k + 1) * num) // den != (k * num) // den:
+        if ((k + 1) * num) // den != (k * num) // den:
             engine = nisa.scalar_engine
         nisa.tensor_copy(dst=h_t[:, b0 * parts : (b0 + count) * parts], src=bank, engine=engine)
     return h_t
@@ -724,10 +723,7 @@ def _tile_front(hbm, options, weight_row, ones, r0, parts, diagonals=None, split
     # results of the reductions.
     q = _sbuf((parts, N), quant_dtype)
     if split:
-        if diagonals is not None:
-            h_t = _transposed_rows(h_tile, 0, False)
-        else:
-            h_t = _transposed_rows(h_tile, _gram_first(N), True)
+        h_t = _transposed_rows(h_tile, 0 if diagonals is not None else _gram_first(N))
         sums = _split_square_sums(h_tile, q)
         p = h_tile
         if diagonals is None:
