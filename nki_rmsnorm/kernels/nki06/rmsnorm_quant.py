@@ -70,9 +70,8 @@ has time to spare, and Σh² is shared with it (:func:`_use_tensor_products`):
 The split of Σh² depends on N alone: y_q is the same with and without the y and
 transposed outputs (those keep the Vector engine's product, whose NaN and Inf stay in
 their columns: a row holding ±Inf gets NaN across its 128-column block from the
-diagonal matmul's Inf · 0, harmless to y_q, whose row is flagged, but not to y; there the
-Scalar engine copies out all of hᵀ's Gram blocks, so that the Vector engine's load stays
-as it was).
+diagonal matmul's Inf · 0, harmless to y_q, whose row is flagged, but not to y; there
+rstd is formed before the maxima, as y needs it).
 
 Instructions and where the docs (aws-neuron-sdk@81ce03ae ``nki/api/nki/isa/__init__.py``)
 or AWS's kernels (nki-library@d2ad3a5) allow each use:
@@ -725,10 +724,12 @@ def _tile_front(hbm, options, weight_row, ones, r0, parts, diagonals=None, split
     if split:
         h_t = _transposed_rows(h_tile, 0 if diagonals is not None else _gram_first(N))
         sums = _split_square_sums(h_tile, q)
-        p = h_tile
-        if diagonals is None:
-            p = _product(h_tile, weight_row, ones)
-        return rows, chunks, q, p, None, r0, (h_t, diagonals, sums)
+        if diagonals is not None:
+            return rows, chunks, q, h_tile, None, r0, (h_t, diagonals, sums)
+        # the y / transposed outputs: rstd at once, as without the split (y needs it)
+        rstd = _rstd(_mean_square(sums, h_t, q), eps)
+        p = _product(h_tile, weight_row, ones)
+        return rows, chunks, q, p, rstd, r0, (h_t, None, sums)
     # mean(h²) as Σ (h / √N)²: the Scalar engine's scale folds the 1 / N in
     mean_sq = _column((parts, 1))
     nisa.activation_reduce(
@@ -766,7 +767,7 @@ def _tile_scales(hbm, options, loaded):
         nisa.tensor_scalar_reduce(
             dst=junk, data=p, op0=nl.abs, operand0=0.0, reduce_op=nl.maximum, reduce_res=amax_p
         )
-    if products is not None:
+    if rstd is None:
         # after the maxima: the Gram diagonal is read once the Vector engine is done with them
         rstd = _rstd(_mean_square(products[2], products[0], q), eps)
     scaled = None
