@@ -31,6 +31,8 @@ MAX_SLACK = 2
 #: pass, so that the small per-tile loads of the rstd operands never queue behind a long
 #: backlog of data loads on the DMA engines (which serve transfers in issue order).
 DY_SLOTS = 2
+#: NeuronCore-v4: one chunk in this many keeps the Vector engine's row dot (see make_plan).
+VECTOR_ROW_DOT_EVERY = 6
 #: Folds tried (partitions per row), smallest first.
 FOLDS = (1, 2, 4, 8, 16, 32)
 #: bf16 parts of an fp32 value (8 + 8 + 8 mantissa bits).
@@ -71,29 +73,52 @@ class FoldedPlan(NKIObject):
     # dy·x runs against x copied into PSUM by the Scalar engine (N Vector cycles, and the
     # Scalar engine's N-cycle copy), else from SBUF as (dy − 0)·x: N cycles for bf16 inputs
     # (general/nki/api/nki/isa/__init__.py@8a38e733, L1218-1226), 2N otherwise. NeuronCore-v2
-    # takes SBUF: its Vector and Scalar engines share one PSUM port, so the copy and the
-    # product would queue on it (modeled on trn1 at 8192×2048 bf16: 1.39× the copy kernel
-    # from SBUF, 1.60× with one chunk in four through PSUM).
+    # and two bf16 tiles take SBUF: v2's Vector and Scalar engines share one PSUM port, so
+    # the copy and the product would queue on it (modeled on trn1 at 8192×2048 bf16: 1.39×
+    # the copy kernel from SBUF, 1.60× with one chunk in four through PSUM).
     x_from_psum: bool = True
     # contraction rows of ``a``'s matmuls: one per bf16 part of w' and fold segment (kw·fold)
     stationary_rows: int = 1
+    # matmuls of ``a`` (one per bf16 part of rstd), or 1 when the parts are stacked along
+    # the contraction (stationary_rows then counts SPLIT·kw·fold rows)
+    rstd_parts: int = SPLIT
+    # the row dot Σ_j (dy·x)·w' on the Tensor engine (see ``make_plan``):
+    # bit-accurate fp32 transposes of dy·x, then a matrix-vector product against w'
+    row_dot_on_pe: bool = False
+    # with row_dot_on_pe: every n-th CHUNK of a row (chunk c with c mod n = n − 1) takes the
+    # Vector engine's row dot instead (p1·x summed by the Scalar engine), 0 for none
+    vector_row_dot_every: int = 0
 
 
-def make_plan(N, dtypes, offset, casting_mode, budget, nc_v3_or_newer=True):
+def make_plan(N, dtypes, offset, casting_mode, budget, nc_v3_or_newer=True, nc_v4_or_newer=False):
     """The smallest fold, then the widest group and the longest ring, that fit ``budget``
     SBUF bytes per partition (``plan_bytes``). ``dtypes``: a ``BwdDtypes``;
     ``nc_v3_or_newer``: whether the target is NeuronCore-v3 or newer, which the kernel reads as
     ``nisa.get_nc_version() >= nisa.nc_version.gen3`` (an enum ordered only against its own
     members, as AWS's kernels compare it: aws-neuron/nki-library@d2ad3a5
     src/nkilib_src/nkilib/core/attention/attention_tkg.py L2332); it picks the engines of
-    dy·x (``x_from_psum``) and nothing in SBUF. None when no power-of-two fold of N fits.
-    Tests check every accepted input against the capacity."""
+    dy·x (``x_from_psum``) and of the row dot (``row_dot_on_pe``: NeuronCore-v3+, whose
+    transposes are bit-accurate, so a NaN stays in its row; an unfolded 2-byte dy and x in
+    gemma mode), and nothing in SBUF. The rstd parts of ``a`` are stacked into one matmul
+    where they fit 128 contraction rows. ``nc_v4_or_newer``: NeuronCore-v4 (trn3), whose
+    Vector engine runs at the Tensor engine's half clock (1.2 / 2.4 GHz; v3: 0.96 / 2.4):
+    there a Tensor-engine row dot of a chunk (4 PE cycles per element and row: an fp32
+    transpose and an fp32 matrix-vector product) outweighs the Vector one (1 DVE cycle) so
+    one chunk in ``VECTOR_ROW_DOT_EVERY`` keeps the Vector row dot, which balances the two
+    engines' floors (PE 7 − 4f against 2·(3 + f) half-clock cycles: f = 1/6). None when
+    no power-of-two fold of N fits. Tests check every accepted input against the capacity."""
     e_x = dtype_bytes(dtypes.x)
     round_xhat = dtypes.weight is not None and casting_mode != "gemma" and e_x == 2
     bf16_weight = dtypes.weight is not None and dtypes.weight == nl.bfloat16
     kw = 1 if dtypes.weight is None or (bf16_weight and offset == 0.0) else SPLIT
-    x_from_psum = round_xhat or nc_v3_or_newer
+    bf16_pair = dtypes.x == nl.bfloat16 and dtypes.dy == nl.bfloat16
+    # (dy − 0)·x of two bf16 tiles from SBUF: the same N Vector cycles as against a PSUM
+    # copy of x, without the Scalar engine's copy
+    x_from_psum = round_xhat or (nc_v3_or_newer and not bf16_pair)
+    two_byte = dtype_bytes(dtypes.x) == 2 and dtype_bytes(dtypes.dy) == 2
     for fold in FOLDS:
+        stacked = SPLIT * kw * fold <= nl.tile_size.pmax
+        row_dot_on_pe = nc_v3_or_newer and fold == 1 and two_byte and not round_xhat
         if N % fold != 0:
             continue
         width = N // fold
@@ -110,7 +135,12 @@ def make_plan(N, dtypes, offset, casting_mode, budget, nc_v3_or_newer=True):
                     kw=kw,
                     round_xhat=round_xhat,
                     x_from_psum=x_from_psum,
-                    stationary_rows=kw * fold,
+                    stationary_rows=kw * fold * (SPLIT if stacked else 1),
+                    rstd_parts=1 if stacked else SPLIT,
+                    row_dot_on_pe=row_dot_on_pe,
+                    vector_row_dot_every=(
+                        VECTOR_ROW_DOT_EVERY if row_dot_on_pe and nc_v4_or_newer else 0
+                    ),
                 )
                 if plan_bytes(plan, dtypes) <= budget:
                     return plan
@@ -122,19 +152,38 @@ def plan_bytes(plan, dtypes) -> int:
     and x slots, the ``DY_SLOTS`` dy slots, the bf16 moving rows of w', the working tiles of
     two column groups in flight (p1·x and dy·x in fp32, dx; round(x̂); with dh_out an fp32
     dx before the sum and dh_out itself) and ``RESERVED_BYTES`` for the constants and
-    per-tile columns."""
+    per-tile columns; with ``row_dot_on_pe`` also w' as fp32 columns (the transposed dy·x
+    takes the place of p1·x)."""
     e_x = dtype_bytes(dtypes.x)
     e_dy = dtype_bytes(dtypes.dy)
     per_group_column = 4 + 4 + e_x + (e_x if plan.round_xhat else 0)
     if dtypes.dh_out is not None:
         per_group_column += 4 + dtype_bytes(dtypes.dh_out)
     return (
-        plan.ring * plan.group * (4 + e_x)
+        (4 * (-(-plan.width // 128)) if plan.row_dot_on_pe else 0)
+        + plan.ring * plan.group * (4 + e_x)
         + DY_SLOTS * plan.group * e_dy
         + 2 * plan.width
         + 2 * plan.group * per_group_column
         + RESERVED_BYTES
     )
+
+
+def vector_row_dot_chunk(plan, col0) -> bool:
+    """Whether the chunk of a row starting at column ``col0`` takes the Vector engine's row
+    dot (``vector_row_dot_every``); the same columns in every row, so a row's result never
+    depends on where it sits."""
+    n = plan.vector_row_dot_every
+    return n > 0 and (col0 // CHUNK) % n == n - 1
+
+
+def partial_columns(plan) -> int:
+    """Columns of a row tile's partial row sums: one per column group, or with
+    ``row_dot_on_pe`` one per Vector-engine chunk (at least 1)."""
+    if not plan.row_dot_on_pe:
+        return plan.n_groups
+    n = plan.vector_row_dot_every
+    return max(1, (-(-plan.width // CHUNK)) // n) if n > 0 else 1
 
 
 @dataclass(frozen=True)
@@ -215,6 +264,17 @@ class BwdConstants(NKIObject):
     table_rows: object  # HBM (tiles, kw·fold, SPLIT, P) bf16: each tile's stationary rows
     table_cols: object  # HBM (tiles, P, n_cols) fp32: each tile's rstd columns
     fold_scratch: object = None  # HBM (P,) fp32 where a fold's segment sums change layout
+    pe: object = None  # PeConstants with ``row_dot_on_pe``, else None
+
+
+@dataclass(frozen=True)
+class PeConstants(NKIObject):
+    """The constant tiles of ``row_dot_on_pe``: the fp32 identity the transposes move
+    against and w' as fp32 columns (P, ⌈N/128⌉) (w'[b·128 + j] at partition j, column b),
+    the moving operand of the row dot."""
+
+    identity: object
+    w_cols: object
 
 
 @dataclass(frozen=True)

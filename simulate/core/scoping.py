@@ -168,7 +168,9 @@ class Hooks:
 
     @staticmethod
     def while_entry(condition_thunk, line: int) -> None:
-        rules.check_while_entry(bool(condition_thunk()), line)
+        condition = condition_thunk()
+        rules.check_while_entry(bool(condition), line,
+                                runtime=getattr(condition, "__nki_runtime__", False))
 
     def range(self, name: str, line: int):
         def sequential(*args):

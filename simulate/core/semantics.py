@@ -451,6 +451,36 @@ def sequence_bounds(ids):
     return np.stack([start, end])
 
 
+def dropout(values, drop_probability, uniform):
+    """``dropout``: an element becomes 0 where its uniform [0, 1) draw is below its
+    partition's drop probability (so 1.0 drops all, 0.0 keeps all); the kept elements are
+    not rescaled, the docs speak of replacing elements with zeros only (aws-neuron-sdk@8a38e733
+    general/nki/api/nki/isa/__init__.py L499-506)."""
+    return np.where(uniform < drop_probability, np.zeros_like(values), values)
+
+
+#: partitions each of GpSimd's eight cores reads and writes for ``local_gather``
+GPSIMD_CORE_PARTITIONS = 16
+
+
+def local_gather(src, index, num_elem_per_idx, num_valid):
+    """``local_gather`` over (partitions, elements) ``src`` and ``index``: each block of 16
+    partitions (one GpSimd core) flattens its own ``index`` rows partition first, keeps the
+    first ``num_valid`` indices, and every partition of the block reads ``num_elem_per_idx``
+    contiguous elements of its own row from each index (an element offset) — the reference's
+    NumPy semantics, ``index[start_par:end_par].flatten(order='F')[0:num_valid_indices]``
+    then ``np.take(src_buffer[start_par:end_par], indices_1d, axis=1)`` with the index given
+    in elements (``index_hw = index * num_elem_per_idx``)
+    (aws-neuron-sdk@8a38e733 general/nki/test/test_nki_isa_local_gather.py L60-88)."""
+    block = GPSIMD_CORE_PARTITIONS
+    out = np.empty((src.shape[0], num_valid * num_elem_per_idx), src.dtype)
+    for start in range(0, src.shape[0], block):
+        flat = index[start : start + block].flatten(order="F")[:num_valid].astype(np.int64)
+        columns = (flat[:, None] + np.arange(num_elem_per_idx)).reshape(-1)
+        out[start : start + block] = src[start : start + block][:, columns]
+    return out
+
+
 # --- OCP Microscaling (MX) ------------------------------------------------------------------
 # A scaling group is 32 values: 8 partitions x 4 consecutive free elements, the four values of
 # one packed x4 element on 8 partitions (aws-neuron-sdk@81ce03ae nki/api/nki/isa/__init__.py

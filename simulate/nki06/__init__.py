@@ -18,7 +18,7 @@ from __future__ import annotations
 import importlib.util
 import sys
 
-from . import constants, dtypes, isa, language, typing
+from . import collectives, constants, dtypes, isa, language, typing
 from .errors import NkiValidationError
 from .runtime import Kernel, jit, last_trace, simulate
 from .tensor import NkiTensor
@@ -35,6 +35,7 @@ __version__ = "0.6.0"  # the NKI release (Neuron SDK 2.32) whose API this front-
 __all__ = [
     "Kernel",
     "NkiTensor",
+    "collectives",
     "NkiValidationError",
     "install",
     "isa",
@@ -69,6 +70,7 @@ _ALIASES = {
     "nki.isa": isa,
     "nki.isa.constants": constants,
     "nki.typing": typing,
+    "nki.collectives": collectives,
 }
 
 

@@ -83,8 +83,9 @@ class oob_mode(enum.Enum):  # noqa: N801
 
 
 class matmul_perf_mode(enum.Enum):  # noqa: N801
-    none = 0
-    double_row = 1
+    # the stub's string values (aws-neuron-sdk@81ce03ae nki/api/nki/isa/__init__.py L100-107)
+    none = "none"
+    double_row = "double_row"
 
 
 class dma_engine(enum.Enum):  # noqa: N801
@@ -185,10 +186,22 @@ class NkiInstruction:
 #: ``src/nkilib_src/nkilib/core/subkernels/norm_tkg_utils.py`` L29, ``core/qkv/qkv_tkg.py``
 #: L66; the same on 2.29_release). Known-compiling code wins; other enums stay strict.
 RAW_INT_ENUMS = ("dge_mode",)
+#: Enums whose member values (strings in the stub) AWS's kernels pass as is: the migration
+#: guide's ban names raw integers and lists the five integer enums, not matmul_perf_mode
+#: (L622-626), whose values are ``'none'`` / ``'double_row'`` (isa ``__init__.py`` L100-107);
+#: AWS passes ``perf_mode=('double_row' if ... else 'none')`` (aws-neuron/nki-library@d2ad3a5
+#: ``src/nkilib_src/nkilib/core/mlp/mlp_cte/mlp_cte_projection.py`` L1166,
+#: ``core/qkv/qkv_cte.py`` L1382).
+RAW_STRING_ENUMS = ("matmul_perf_mode",)
 
 
 def _enum(value, cls, argname, api):
     if cls.__name__ in RAW_INT_ENUMS and type(value) is int:
+        try:
+            return cls(value)
+        except ValueError:
+            pass  # not a member's value: the error below
+    if cls.__name__ in RAW_STRING_ENUMS and type(value) is str:
         try:
             return cls(value)
         except ValueError:
@@ -550,11 +563,18 @@ def dma_transpose(
     name=None,
 ):
     """A transposing DMA into SBUF; permutations (1,0), (2,1,0), (3,1,2,0) by rank; ``dst``
-    must have exactly the permuted shape and rank (0.4) and the same dtype."""
+    must have exactly the permuted shape and rank (0.4) and the same dtype. A direct
+    transpose takes ``dge_mode`` unknown or hwdge ("The only valid dge_modes are unknown and
+    hwdge", aws-neuron-sdk@81ce03ae nki/api/nki/isa/__init__.py L878-888), and none, which
+    AWS's mlp_tkg passes as the raw ``_DGE_MODE_NONE = 3`` (aws-neuron/nki-library@d2ad3a5
+    src/nkilib_src/nkilib/core/mlp/mlp_tkg/mlp_tkg_gate_up_projection.py L323, L386); hwdge
+    (a Hardware DGE transpose) needs ``src.shape[0] == 16`` (2-d) or ``src.shape[0]`` in
+    {1, 2, 4, 8, 16} with ``src.shape[0] * src.shape[-2]`` a multiple of 16 (3-d/4-d),
+    ``src.shape[-1] <= 128`` and a 2-byte dtype (L880-887). No AWS call passes hwdge."""
     api = "dma_transpose"
     _dma_side(api, "src", src)
     _on_chip(api, "dst", dst, psum=False)
-    _enum(dge_mode, globals()["dge_mode"], "dge_mode", api)
+    mode = _enum(dge_mode, globals()["dge_mode"], "dge_mode", api)
     rank = src.ndim
     if rank not in sem.DMA_TRANSPOSE_AXES:
         raise NkiValidationError(f"{api} src must have rank 2 to 4, got {rank}")
@@ -571,6 +591,9 @@ def dma_transpose(
         )
     if src.dtype is not dst.dtype:
         raise NkiValidationError(f"{api} dst dtype {dst.dtype} must equal src dtype {src.dtype}")
+    if src.is_indirect():
+        return _indirect_dma_transpose(dst, src, perm, dge_mode, oob_mode, name)
+    _direct_transpose_rules(api, src, mode)
     return _write_and_emit(
         "dma",
         api,
@@ -578,6 +601,106 @@ def dma_transpose(
         dst,
         np.transpose(src.values(), perm),
         [src],
+        dma=_dma_fields(src, dst, dst.size, dst.shape[0], row_bytes=src.itemsize),
+    )
+
+
+def _direct_transpose_rules(api, src, mode):
+    """The reference's "DMA Direct Transpose Constraints" (see ``dma_transpose``)."""
+    modes = globals()["dge_mode"]
+    if mode not in (modes.unknown, modes.hwdge, modes.none):
+        raise NkiValidationError(
+            f"{api} (direct) takes dge_mode unknown or hwdge (or none, as AWS's mlp_tkg "
+            f"passes it), got {mode.name}; swdge is the indirect transpose's (a "
+            ".ap(vector_offset=) source)"
+        )
+    if mode is not modes.hwdge:
+        return
+    shape = tuple(src.shape)
+    if len(shape) == 2 and shape[0] != 16:
+        raise NkiValidationError(
+            f"{api} dge_mode=hwdge needs src.shape[0] == 16 for a 2-d src, got {shape}"
+        )
+    if len(shape) > 2 and (shape[0] not in (1, 2, 4, 8, 16) or (shape[0] * shape[-2]) % 16):
+        raise NkiValidationError(
+            f"{api} dge_mode=hwdge needs src.shape[0] in {{1, 2, 4, 8, 16}} and "
+            f"src.shape[0] * src.shape[-2] a multiple of 16 for a {len(shape)}-d src, got {shape}"
+        )
+    # src.shape[-1] <= 128 is dst's partition count, checked for every transpose
+    if src.itemsize != 2:
+        raise NkiTypeError(f"{api} dge_mode=hwdge needs a 2-byte src dtype, got {src.dtype}")
+
+
+def _indirect_dma_transpose(dst, src, perm, mode, oob, name):
+    """``dma_transpose`` from a ``.ap(vector_offset=indices)`` source: the rows the indices
+    name, gathered, then transposed ("``gathered = src[flat_indices, :]``, ``dst =
+    gathered.T``"), under the reference's "DMA Indirect Transpose Constraints"
+    (aws-neuron-sdk@81ce03ae nki/api/nki/isa/__init__.py L889-910): dge_mode unknown or
+    swdge; a 4-D src with ``src.shape[1]`` or ``src.shape[2]`` 1; ``src.shape[-1] <= 128``;
+    2-byte data; src in HBM; ``src.shape[0]`` a multiple of 16; uint32 indices in SBUF with
+    ``indices.shape[0]`` in [16, 128] and a multiple of 16, exactly 128 when
+    ``indices.shape[1] > 1``, ``indices.shape[0] * indices.shape[1] >= src.shape[0]``; Trn2
+    and newer. The index is the ``(P, 1)`` tile the view takes, one row per pattern row
+    (AWS's block KV cache load, aws-neuron/nki-library@d2ad3a5
+    core/attention/attention_tkg.py L1642-1664), or a ``[128, N]`` tile read column by column
+    (``flat_indices = indices.T.flatten()[:src.shape[0]]``, L907-908). A row the index sends
+    outside ``src`` raises (``oob_mode.error``) or is not moved (``skip``)."""
+    api = "dma_transpose"
+    if _version(api) < 3:
+        raise NkiValidationError(f"{api} from an indirect source needs Trn2 or newer")
+    mode = _enum(mode, dge_mode, "dge_mode", api)
+    if mode not in (dge_mode.unknown, dge_mode.swdge):
+        raise NkiValidationError(
+            f"{api} from an indirect source takes dge_mode unknown or swdge, got {mode.name}"
+        )
+    shape, index = tuple(src.shape), src.index
+    if len(shape) == 4 and 1 not in (shape[1], shape[2]):
+        raise NkiValidationError(f"{api} 4-D indirect src needs shape[1] or shape[2] of 1: {shape}")
+    if shape[-1] > 128:
+        raise NkiValidationError(f"{api} indirect src.shape[-1] must be <= 128, got {shape[-1]}")
+    if src.itemsize != 2:
+        raise NkiTypeError(f"{api} indirect src must be a 2-byte dtype, got {src.dtype}")
+    if shape[0] % 16:
+        raise NkiValidationError(f"{api} indirect src.shape[0] must divide by 16, got {shape[0]}")
+    if index.dtype is not dt.uint32:
+        raise NkiTypeError(f"{api} indices must be uint32, got {index.dtype}")
+    if index.ndim != 2:
+        raise NkiValidationError(f"{api} indices must be 2-d, got {tuple(index.shape)}")
+    if not (16 <= index.shape[0] <= 128 and index.shape[0] % 16 == 0):
+        raise NkiValidationError(
+            f"{api} indices.shape[0] must be a multiple of 16 in [16, 128], got {index.shape[0]}"
+        )
+    if index.shape[1] > 1 and index.shape[0] != 128:
+        raise NkiValidationError(
+            f"{api} indices with {index.shape[1]} columns need indices.shape[0] = 128, "
+            f"got {index.shape[0]}"
+        )
+    if index.size < shape[0]:
+        raise NkiValidationError(
+            f"{api} indices.shape[0] * indices.shape[1] = {index.size} must be >= "
+            f"src.shape[0] = {shape[0]}"
+        )
+    skip = _enum(oob, oob_mode, "oob_mode", api) is oob_mode.skip
+    positions = src.positions()
+    flat = src.storage_values()
+    inside = ((positions >= 0) & (positions < flat.size)).all(axis=1)
+    if not inside.all() and not skip:
+        row = int(np.flatnonzero(~inside)[0])
+        raise NkiValidationError(
+            f"{api} src row {row} (storage element {int(positions[row].min())}) reaches "
+            f"outside `{src.name}` (oob_mode=error; oob_mode=skip skips such rows)"
+        )
+    gathered = dst.values().transpose(np.argsort(perm)).reshape(shape[0], -1).copy()
+    gathered[inside] = flat[positions[inside]]
+    values = np.transpose(gathered.reshape(shape), perm)
+    return _write_and_emit(
+        "dma",
+        api,
+        name,
+        dst,
+        values,
+        [src, index],
+        details={"dge_mode": mode.name, "indirect": True},
         dma=_dma_fields(src, dst, dst.size, dst.shape[0], row_bytes=src.itemsize),
     )
 
@@ -606,8 +729,13 @@ def tensor_copy(dst, src, engine=engine.unknown, name=None):
 
 
 def memset(dst, value, engine=engine.unknown, name=None):
-    """Fill ``dst`` with a compile-time constant whose Python type fits the dtype (a float
-    literal into an integer tensor is an error since 0.3)."""
+    """Fill ``dst`` with a compile-time constant whose Python type fits the dtype: a float
+    literal into an integer tensor is an error since 0.3 (aws-neuron-sdk@81ce03ae
+    nki/migration/index.rst L497-512), except ``0.0``. AWS's ``cross_partition_copy`` clears
+    its temporaries of the source's dtype with ``value=0.0`` (aws-neuron/nki-library@d2ad3a5
+    core/utils/cross_partition_copy.py L188-191) and ``moe_block_tkg`` passes it uint32 expert
+    indices; zero is the same all-zero fill in every dtype ("The ISA memset instruction fills
+    the destination with a single u32 value", migration/index.rst L749-751)."""
     api = "memset"
     _on_chip(api, "dst", dst)
     eng = _engine_of(
@@ -617,7 +745,7 @@ def memset(dst, value, engine=engine.unknown, name=None):
         (globals()["engine"].vector, globals()["engine"].gpsimd),
     )
     _no_gpsimd_psum(api, eng, ("dst", dst))
-    if isinstance(value, (float, np.floating)) and dt.is_int(dst.dtype):
+    if isinstance(value, (float, np.floating)) and dt.is_int(dst.dtype) and value != 0.0:
         raise NkiTypeError(
             f"{api} value {value!r} is a float but dst is {dst.dtype}: the value "
             "type must match the dtype"
@@ -1160,9 +1288,12 @@ def nc_matmul(
     _on_chip(api, "stationary", stationary, psum=False)
     _on_chip(api, "moving", moving, psum=False)
     _on_chip(api, "dst", dst, sbuf=False)
-    _enum(perf_mode, matmul_perf_mode, "perf_mode", api)
+    perf_mode = _enum(perf_mode, matmul_perf_mode, "perf_mode", api)
     version = _version(api)
     k, m, n = stationary.shape[0], _free(stationary), _free(moving)
+    double_row = perf_mode is matmul_perf_mode.double_row
+    if double_row:
+        m, n = _double_row_free_sizes(api, stationary, moving, is_transpose, tile_size)
     if moving.shape[0] != k:
         raise NkiValidationError(
             f"{api} moving has {moving.shape[0]} partitions, stationary "
@@ -1190,7 +1321,7 @@ def nc_matmul(
         raise NkiValidationError(
             f"{api} the stationary ({k} x {m}) does not fit tile_size {tuple(tile_size)}"
         )
-    if perf_mode is matmul_perf_mode.double_row and (
+    if double_row and (
         version < 3 or not kinds <= {dt.float8_e4m3, dt.float8_e5m2, dt.float8_e4m3fn}
     ):
         raise NkiValidationError(
@@ -1199,6 +1330,8 @@ def nc_matmul(
         )
     a = _pf(stationary)
     b = _pf(moving)
+    if double_row:  # contraction over (partition, pair): rows k·2 + j
+        a, b = a.reshape(k * 2, m), b.reshape(k * 2, n)
     if is_transpose:
         if n != k or not sem.is_identity(b):
             raise NkiValidationError(f"{api} is_transpose=True needs an identity as moving")
@@ -1233,6 +1366,30 @@ def nc_matmul(
             "accumulate": accumulate,
         },
     )
+
+
+def _double_row_free_sizes(api, stationary, moving, is_transpose, tile_size):
+    """The free sizes (M, N) of a ``double_row`` matmul: "the contraction dimension of the
+    matmul is split between the partition dimension and the first free dimension after the
+    partition dimension in both ``stationary`` and ``moving`` tiles. The first free
+    dimension must be 2 ... the stationary tile is of shape ``[128, 2, 1]``, while the moving
+    tile is of shape ``[128, 2, 3]``" (aws-neuron-sdk@81ce03ae nki/api/nki/isa/__init__.py
+    L596-599); not with column tiling (L511) nor transpose mode
+    (nki/guides/architecture/trainium2_arch.rst L124-128)."""
+    for argname, t in (("stationary", stationary), ("moving", moving)):
+        if t.ndim < 3 or t.shape[1] != 2:
+            raise NkiValidationError(
+                f"{api} perf_mode=double_row needs {argname} [K, 2, ...] (the contraction split "
+                f"over the partitions and a first free dimension of 2), got {tuple(t.shape)}"
+            )
+    if is_transpose:
+        raise NkiValidationError(f"{api} perf_mode=double_row cannot be combined with is_transpose")
+    if tile_size and int(tile_size[1]) < PMAX:
+        raise NkiValidationError(
+            f"{api} perf_mode=double_row cannot be combined with column tiling "
+            f"(tile_size {tuple(tile_size)})"
+        )
+    return _free(stationary) // 2, _free(moving) // 2
 
 
 def _accumulate_product(api, dst, product, accumulate) -> None:
@@ -1383,6 +1540,15 @@ def core_barrier(data, cores, engine=engine.gpsimd, name=None):
 
 # --- registers ----------------------------------------------------------------------------------
 def register_alloc(x=None) -> VirtualRegister:
+    """A register holding ``x``: None, an immediate int (aws-neuron-sdk@81ce03ae
+    nki/api/nki/isa/__init__.py L3071-3074), or, beyond the docs, a 1-element SBUF/HBM tensor
+    loaded as ``register_load`` would (the docs' "two-step" form, L3085-3087, in one call),
+    which AWS's MX MoE passes (aws-neuron/nki-library@d2ad3a5
+    src/nkilib_src/nkilib/core/moe/moe_tkg/all_expert_mx_impl.py L311)."""
+    if isinstance(x, NkiTensor):
+        register = VirtualRegister(0)
+        register_load(register, x)
+        return register
     return VirtualRegister(0 if x is None else int(x))
 
 
@@ -1687,6 +1853,11 @@ def _indirect_dma_copy(dst, src, skip, mode, name):
     for side, t in (("src", src), ("dst", dst)):
         if not t.is_indirect():
             continue
+        if t.index_columns() > 1:  # documented for dma_transpose's indirect source only
+            raise NkiValidationError(
+                f"{api} {side} takes a (P, 1) vector_offset index; a [128, N] index is "
+                "dma_transpose's (nki/api/nki/isa/__init__.py L897-908)"
+            )
         positions = t.positions()
         inside = ((positions >= 0) & (positions < t.storage_values().size)).all(axis=1)
         if not inside.all() and not skip:
@@ -1847,6 +2018,77 @@ __all__ += [
     "range_select",
     "tensor_partition_reduce",
 ]
+
+
+# --- local_gather (GpSimd gather within 16-partition blocks) -----------------------------------
+_LOCAL_GATHER_ELEMENTS = (1, 2, 4, 8, 16, 32)
+#: "The number of indices for gather per core must be less than or equal to 4096"
+_LOCAL_GATHER_MAX_INDICES = 4096
+
+
+def local_gather(dst, src_buffer, index, num_elem_per_idx=1, num_valid_indices=None, name=None):
+    """Each 16-partition block of ``src_buffer`` gathered by its own block of ``index``
+    (semantics: :func:`simulate.core.semantics.local_gather`). The rules are the ISA
+    reference's (aws-neuron-sdk@81ce03ae nki/api/nki/isa/__init__.py L1838-1889): GpSimd,
+    so SBUF only; ``dst`` of ``src_buffer``'s dtype ("no data type casting is allowed");
+    ``index`` uint16; ``src_buffer.shape[0] == index.shape[0]``, a multiple of 16;
+    ``num_elem_per_idx`` in 1, 2, 4, ..., 32; ``num_valid_indices`` at most the indices of a
+    block (``index.size / (index.shape[0] / 16)``) and at most 4096. An index whose elements
+    leave the row is rejected: "Behavior of out-of-bound index access is undefined"."""
+    api = "local_gather"
+    for argname, t in (("dst", dst), ("src_buffer", src_buffer), ("index", index)):
+        _on_chip(api, argname, t, psum=False)
+    if dst.dtype is not src_buffer.dtype:
+        raise NkiTypeError(
+            f"{api} dst dtype {dst.dtype} must equal src_buffer dtype {src_buffer.dtype} "
+            "(no data type casting is allowed)"
+        )
+    if index.dtype is not dt.uint16:
+        raise NkiTypeError(f"{api} index must be uint16, got {index.dtype}")
+    partitions = src_buffer.shape[0]
+    block = sem.GPSIMD_CORE_PARTITIONS
+    if index.shape[0] != partitions or partitions % block:
+        raise NkiValidationError(
+            f"{api} src_buffer and index need the same partitions, a multiple of {block}; got "
+            f"{partitions} and {index.shape[0]}"
+        )
+    if num_elem_per_idx not in _LOCAL_GATHER_ELEMENTS:
+        raise NkiValidationError(
+            f"{api} num_elem_per_idx must be one of {_LOCAL_GATHER_ELEMENTS}, got "
+            f"{num_elem_per_idx!r}"
+        )
+    per_block = index.size // (partitions // block)
+    valid = per_block if num_valid_indices is None else num_valid_indices
+    if not isinstance(valid, int) or not 0 < valid <= min(per_block, _LOCAL_GATHER_MAX_INDICES):
+        raise NkiValidationError(
+            f"{api} num_valid_indices must be an int in [1, "
+            f"{min(per_block, _LOCAL_GATHER_MAX_INDICES)}] (the indices of 16 partitions of "
+            f"index, at most {_LOCAL_GATHER_MAX_INDICES}), got {num_valid_indices!r}"
+        )
+    if dst.shape[0] != partitions or _free(dst) != valid * num_elem_per_idx:
+        raise NkiValidationError(
+            f"{api} dst must hold {partitions} partitions x {valid * num_elem_per_idx} "
+            f"elements (num_valid_indices x num_elem_per_idx), got {dst.shape[0]} x {_free(dst)}"
+        )
+    offsets = _pf(index, f32=False).astype(np.int64)
+    row = _free(src_buffer)
+    used = np.concatenate(
+        [
+            offsets[start : start + block].flatten(order="F")[:valid]
+            for start in range(0, partitions, block)
+        ]
+    )
+    if used.min() < 0 or used.max() + num_elem_per_idx > row:
+        raise NkiValidationError(
+            f"{api} an index reads elements {used.max()}..{used.max() + num_elem_per_idx - 1} "
+            f"of rows of {row}: out-of-bound access is undefined"
+        )
+    values = sem.local_gather(_pf(src_buffer, f32=False), offsets, num_elem_per_idx, valid)
+    details = {"num_elem_per_idx": num_elem_per_idx, "num_valid_indices": valid}
+    return _write_and_emit("pool", api, name, dst, values, [src_buffer, index], details)
+
+
+__all__ += ["local_gather"]
 
 
 # --- OCP Microscaling (MX) ------------------------------------------------------------------

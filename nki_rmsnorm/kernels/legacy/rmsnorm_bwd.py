@@ -29,60 +29,74 @@ Entry points and SDK releases: ``rmsnorm_bwd`` (return convention) and ``rmsnorm
 SBUF budget comes from ``nki_rmsnorm.nki.usable_sbuf_bytes``: the compiler's
 ``total_available_sbuf_size`` from 2.26, the documented per-generation figure before).
 
-Engines. Per element the kernel needs four products of two tiles (q = dy · x, p1, p1 · x
-and the dx sum). The Vector engine (DVE) takes N cycles (N = elements per partition) for one
-of them when one operand is in PSUM and 2N when both are in SBUF; the Scalar engine (ACT)
-takes N for a one-input pass and adds a row sum for free; the Tensor engine (PE) is
-otherwise idle. GpSimd (Pool) stays out: its ``tensor_tensor`` runs only ``power`` and
-integer arithmetic (general/nki/api/nki/isa/__init__.py@8a38e733, lines 1766-1767) and its
-``tensor_scalar`` only rsqrt (line 1699). So PE and ACT put the second operand of each of
-the Vector engine's products into PSUM. Per column group of a row tile, in 512-column chunks
-(one fp32 PSUM bank each):
+Engines. Per element the kernel needs four products of two tiles (q = dy · x, p1, the row
+dot Σ_j q·w' and the dx sum). The Vector engine (DVE) takes N cycles (N = elements per
+partition) for one of them when one operand is in PSUM, or for ``(dy − 0)·x`` of two bf16
+tiles (``scalar_tensor_tensor``), and 2N otherwise; the Scalar engine (ACT) takes N for a
+one-input pass and adds a row sum for free; the Tensor engine (PE) takes 1 cycle per bf16
+element of its moving operand (4 for fp32, 2 for an fp32 transpose on NeuronCore-v3+; at
+least 64 per matmul) at twice the Vector clock on trn2/trn3 (2.4 against 0.96 / 1.2 GHz).
+GpSimd (Pool) stays out: its ``tensor_tensor`` runs only ``power`` and integer arithmetic
+(general/nki/api/nki/isa/__init__.py@8a38e733, lines 1766-1767; 0.6: nki/api/nki/isa/
+__init__.py@81ce03ae L1025-1036) and its ``tensor_scalar`` only rsqrt (line 1699). Per column
+group of a row tile, in 512-column chunks (one fp32 PSUM bank each):
 
 ====  ===================================================================================
-PE    ``a = rstd ⊗ w'`` into PSUM: three accumulating matmuls, one per bf16 part of the
-      tile's rstd (stationary), against w' split likewise (moving, ``kw`` rows per fold
-      segment; ``kw = 1`` for a bf16 weight without offset); the bf16 products are exact
-      and the sum is fp32, so ``a`` is fp32-accurate
-ACT   x copied into PSUM (fp32); not on NeuronCore-v2 (but in llama / none)
-DVE   ``q = dy · x`` against that copy (exact for 2-byte inputs); on NeuronCore-v2,
-      whose DVE and ACT share one PSUM port (a copy holds it as long as DVE's product
-      against it), from SBUF as ``(dy − 0) · x``
-      (``scalar_tensor_tensor``: N cycles by the documented rule for two bf16 operands,
-      2N otherwise); in llama / none
-      ``q = dy · round(x̂)`` from SBUF, with ``round(x̂) = x · rstd`` rounded by ACT
+PE    ``a = rstd ⊗ w'`` into PSUM: the bf16 parts of the tile's rstd (stationary) against
+      w' split likewise (moving, ``kw`` rows per fold segment; ``kw = 1`` for a bf16
+      weight without offset), stacked along the contraction into one matmul where the
+      3·kw·fold rows fit 128 (else one matmul per part of rstd); the bf16 products are
+      exact and the sum is fp32, so ``a`` is fp32-accurate
+DVE   ``q = dy · x``: two bf16 tiles from SBUF as ``(dy − 0) · x`` (N cycles by the
+      documented rule, general/nki/api/nki/isa/__init__.py@8a38e733, lines 1218-1226; on
+      every target); other 2-byte or fp32 inputs against x copied into PSUM by ACT on
+      NeuronCore-v3+, from SBUF (2N) on NeuronCore-v2, whose DVE and ACT share one PSUM
+      port; in llama / none ``q = dy · round(x̂)`` from SBUF, with ``round(x̂) = x · rstd``
+      rounded by ACT
 DVE   ``p1 = dy · a``, kept in SBUF for the gradient pass
-DVE   ``p1 · x = q · a`` (in llama / none ``p1`` times the PSUM copy of x)
-ACT   row sums of ``p1 · x`` (``activation_reduce``); at the end of the tile
-      ``−k = −rstd²/N · s`` in one more reduction
+row   ``row_dot_on_pe`` (NeuronCore-v3+, an unfolded 2-byte dy and x, gemma): PE
+dot   transposes each 128-column block of q (fp32, ``is_transpose``: bit-accurate, NaN
+      and Inf included, from NeuronCore-v3), ACT copies it to SBUF, PE multiplies it
+      with w' (a matrix-vector product: the sum over the columns of one row, fp32);
+      trn3 keeps one chunk in ``VECTOR_ROW_DOT_EVERY`` (6) on DVE as below, which
+      balances PE against DVE there. Otherwise (trn1, inf2, folded rows, llama / none,
+      fp32): DVE ``p1 · x = q · a`` (in llama / none ``p1`` times the PSUM copy of x),
+      ACT row sums of it (``activation_reduce``)
+ACT   at the end of the tile ``−k = −rstd³/N · Σ q·w'`` (or ``−rstd²/N · Σ p1·x``)
 PE    ``dweight += qᵀ · rstd`` per 128 columns (the tile's rstd column as the moving
       operand gives the row scaling and the sum over rows for free) into an fp32 PSUM
-      accumulator kept for the whole kernel; ``dbias += dyᵀ · 1`` likewise
+      accumulator kept for the whole kernel; ``dbias += dyᵀ · 1`` likewise; a gradient
+      the caller does not get back is not computed
 ACT   ``−k · x`` into PSUM (gradient pass)
 DVE   ``dx = p1 + (−k · x)`` rounded to x's dtype (DVE adds dh_out from SBUF); DMA stores
 ====  ===================================================================================
 
-No tile of data passes through a matmul (only rstd, the weight and the products that are
-summed over rows anyway): a matmul multiplies every element by the zeros of the other
-operand, and 0 · NaN would spread a NaN or Inf of one row to the others.
+So per element and row the Vector engine runs three N-cycle passes on trn2 (q, p1, dx),
+up to 3 + 1/6 on trn3 and four on trn1 / inf2 (q, p1, p1·x, dx); PE runs 7 (trn2: 1 for ``a``,
+2 each for dweight, the transpose and the matrix-vector product; 7.5 with dbias) and ACT 2.
+By the cost model's floors (8192×4096 bf16, µs, Vector / Scalar / Tensor / DMA / HBM):
+trn2 822 / 440 / 765 / 561 / 655, trn3 685 / 451 / 710 / 396 / 388, trn1 (four Vector
+passes) 939 / 386 / 281 / 737 / 579: the Vector engine still binds on trn2 and trn1,
+the Tensor and Vector engines together on trn3.
 
-Why four Vector passes. Each of q, p1, p1·x and dx multiplies or adds two tiles that vary
-along both axes, which only the Vector engine does for floats (GpSimd's ``tensor_tensor``
-runs ``power`` and integer arithmetic; the Scalar engine's ``scale``/``bias`` are one value
-per partition). What the other engines can take is taken: rstd (per partition) goes into
-``a`` and the dweight matmul, the weight's broadcast into ``a`` on PE, both column sums onto
-PE, the row sums and −k·x onto ACT. The alternatives, by the cost model: the row dot Σ_j
-q·w' as a PE contraction needs j on the partitions, i.e. fp32 transposes of q (2 PE cycles
-per element on NeuronCore-v3, ``is_transpose``) and a copy out of PSUM (PE reads SBUF only)
-before an fp32 matmul at a quarter rate: PE then binds at about 9.5 PE cycles per element
-and row of a tile against 4 Vector ones now, a floor about 5 % lower on trn2 (PE at 2.4 GHz,
-Vector at 0.96) and 19 % higher on trn3 (Vector at 1.2 GHz). A layout with the hidden axis
-on the partitions makes rstd and −k per-element vectors, so dx needs three two-tile passes
-instead of two, and its loads one descriptor per element. The 16-bit fast modes speed up
-only one-input Vector instructions (``tensor_copy``/``tensor_scalar``) and the two-tile ones
-at most to the N cycles a PSUM operand gives already; a bf16 q or p1 would drop the fp32
-accuracy of dx and dweight. So the Vector engine binds at four N-cycle passes per element,
-and the kernel orders them so that no pass reads the output of the one just before it.
+What else was weighed, by the cost model's documented rules:
+
+* A Tensor-engine copy of x (or dy) into PSUM, an identity matmul, would make every Vector
+  product an N-cycle one at PE cost only, but a matmul multiplies every element by the
+  zeros of the identity, and 0 · NaN (or 0 · Inf) would spread a NaN of one row to every
+  row; ``is_transpose`` moves data exactly only as a transpose. No tile of data passes
+  through a non-transposing matmul; q passes through the row dot's matrix-vector product,
+  which sums over the columns of one row only.
+* The row dot from transposed dy and x·w' in bf16 (PE transposes of 2-byte data, one
+  cycle per element): x·w' rounded to bf16 puts up to 2⁻⁹ of each term into the row dot,
+  about 2 bf16 ulps of dx at N = 1024 against the 1-ulp test bound; the fp32 q keeps it
+  exact.
+* dy·w' on PE (diagonal blocks of w' against transposed dy) and ``p1 = rstd·(dy·w')`` on
+  ACT would take p1 off DVE, but PE then needs 8 cycles per element and row (more than
+  DVE's 3 on trn2, at 2.5× the clock) and ACT 3.
+* GpSimd's ``tensor_tensor`` does no float arithmetic (above); the 16-bit fast modes speed
+  up only one-input Vector instructions, and a bf16 q or p1 would drop the fp32 accuracy of
+  dx and dweight; the Scalar engine's ``scale``/``bias`` are one value per partition.
 
 Tiling. Rows go on the partitions, 128 per row tile (a ragged last tile uses fewer), and the
 row is worked through in column groups of ``G`` (2048, 1024 or 512) columns. A row whose
@@ -131,7 +145,10 @@ from nki_rmsnorm.plan.backward import (
     BwdDtypes,
     BwdTile,
     BwdTileSlots,
+    PeConstants,
     make_plan,
+    partial_columns,
+    vector_row_dot_chunk,
 )
 from nki_rmsnorm.plan.kernel_assert import kernel_assert
 
@@ -151,7 +168,11 @@ def rmsnorm_bwd(dy, x, weight, rstd, dh_out, offset, has_bias, casting_mode, bia
     dweight = nl.ndarray((N,), dtype=param_dtype, buffer=nl.shared_hbm)
     dbias = nl.ndarray((N,), dtype=param_dtype if bias_dtype is None else bias_dtype,
                        buffer=nl.shared_hbm)
-    backward_body(dy, x, weight, rstd, dh_out, dx, dweight, dbias, offset, casting_mode)
+    # the gradients nobody asked for are not computed (None): not returned, never read
+    wanted_dweight = dweight if weight is not None else None
+    wanted_dbias = dbias if has_bias else None
+    backward_body(dy, x, weight, rstd, dh_out, dx, wanted_dweight, wanted_dbias, offset,
+                  casting_mode)
     return (dx,) + ((dweight,) if weight is not None else ()) + ((dbias,) if has_bias else ())
 
 
@@ -195,7 +216,8 @@ def backward_body(dy, x, weight, rstd, dh_out, dx, dweight, dbias, offset, casti
     dtypes = BwdDtypes(x=x.dtype, dy=dy.dtype, weight=None if weight is None else weight.dtype,
                        dh_out=None if dh_out is None else dh_out.dtype)
     plan = make_plan(N, dtypes, offset, casting_mode, usable_sbuf_bytes(),
-                     nisa.get_nc_version() >= nisa.nc_version.gen3)
+                     nisa.get_nc_version() >= nisa.nc_version.gen3,
+                     nisa.get_nc_version() >= nisa.nc_version.gen4)
     if plan is None:
         streamed_backward(dy, x, weight, rstd, dh_out, offset, casting_mode, dx, dweight,
                           dbias)
@@ -224,9 +246,9 @@ def _folded_backward(plan, dy, x, weight, rstd, dh_out, dx, dweight, dbias, offs
              nl.ndarray((P, plan.ring, plan.group), dtype=x.dtype),
              nl.ndarray((P, DY_SLOTS, plan.group), dtype=dy.dtype))
     slots = BwdTileSlots(
-        rows=nl.ndarray((plan.stationary_rows, 2, SPLIT, P), dtype=nl.bfloat16),
+        rows=nl.ndarray((plan.stationary_rows, 2, plan.rstd_parts, P), dtype=nl.bfloat16),
         cols=nl.ndarray((P, 2, consts.table_cols.shape[2]), dtype=nl.float32),
-        partials=nl.ndarray((P, 2, plan.n_groups), dtype=nl.float32),
+        partials=nl.ndarray((P, 2, partial_columns(plan)), dtype=nl.float32),
         negk=nl.ndarray((P, 2, 1), dtype=nl.float32))
 
     # Software pipeline: statistic pass of tile t next to the gradient pass of tile t − 1.
@@ -236,17 +258,23 @@ def _folded_backward(plan, dy, x, weight, rstd, dh_out, dx, dweight, dbias, offs
         previous = _tile_view(slots, t - 1, min(P, M * f - (t - 1) * P)) if t > 0 else None
         if tile is not None:
             _load_tile_operands(consts, tile, t)
+        # Σ_j (dy·x)·w' of the tile's rows (``row_dot_on_pe``), made outside the ``if`` that
+        # uses it (errors L417-474)
+        row_dot = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.psum) if plan.row_dot_on_pe \
+            else None
         for g in nl.static_range(plan.n_groups):
             # the tiles the statistic pass returns are used in the block that made them
             if tile is None:
                 _gradient_group(plan, views, rings, previous, t - 1, g)
             else:
-                dy_g, dydx = _statistic_group(plan, consts, views, rings, tile, t, g)
+                dy_g, dydx = _statistic_group(plan, consts, views, rings, tile, t, g, row_dot)
                 if previous is not None:
                     _gradient_group(plan, views, rings, previous, t - 1, g)
                 _column_sums_group(plan, consts, tile, g, dy_g, dydx,
                                    (dweight, dbias) if t == n_tiles - 1 else (None, None))
-        if tile is not None:
+        if tile is not None and row_dot is not None:
+            _finish_row_dot(plan, tile, row_dot)
+        elif tile is not None:
             _finish_statistic(plan, consts, tile)
 
 
@@ -260,6 +288,7 @@ def _constants(plan, M, N, dy, weight, rstd, offset, want_dweight, want_dbias):
     dweight_moving = _fold_mask(f, nl.float32) if want_dweight and plan.round_xhat else None
     dbias_moving = _fold_mask(f, dy.dtype) if want_dbias else None
     n_cols = 2 + (f if (want_dweight and not plan.round_xhat and f > 1) else 0)
+    n_cols = 3 if plan.row_dot_on_pe else n_cols  # −rstd³/N last (fold 1)
     table_rows, table_cols = _rstd_tables(plan, M, N, rstd, n_cols)
     return BwdConstants(w_rows=_weight_rows(plan, N, weight, offset),
                         w_lazy=weight if plan.kw == 1 else None,
@@ -267,7 +296,8 @@ def _constants(plan, M, N, dy, weight, rstd, offset, want_dweight, want_dbias):
                         dweight_acc=_column_sum_accumulators(plan) if want_dweight else None,
                         dbias_acc=_column_sum_accumulators(plan) if want_dbias else None,
                         table_rows=table_rows, table_cols=table_cols,
-                        fold_scratch=_fold_scratch(f))
+                        fold_scratch=_fold_scratch(f),
+                        pe=_pe_constants(N, weight, offset) if plan.row_dot_on_pe else None)
 
 
 def _fold_scratch(f):
@@ -306,13 +336,15 @@ def _bf16_parts(values):
 
 def _weight_rows(plan, N, weight, offset):
     """The moving operand of ``a = rstd · w'``: row (b, h) holds bf16 part b of w' over
-    fold segment h (columns h·L … h·L + L − 1). A bf16 weight is its own single part and
-    is loaded group by group as the first row tile needs it (``_load_weight_group``);
+    fold segment h (columns h·L … h·L + L − 1), once per stacked part a of rstd (row
+    (a·kw + b)·f + h when ``plan.rstd_parts == 1``). A bf16 weight is its own single part
+    and is loaded group by group as the first row tile needs it (``_load_weight_group``);
     otherwise w' is computed and split here."""
     f, L = plan.fold, plan.width
-    rows = nl.ndarray((plan.kw * f, L), dtype=nl.bfloat16)
+    K = plan.stationary_rows
+    rows = nl.ndarray((K, L), dtype=nl.bfloat16)
     if weight is None:
-        rows[...] = nisa.memset((plan.kw * f, L), 1.0, dtype=nl.bfloat16)
+        rows[...] = nisa.memset((K, L), 1.0, dtype=nl.bfloat16)
     elif plan.kw > 1:
         # w' = weight + offset in fp32, split, on as many partitions as divide N
         lanes = 1
@@ -320,15 +352,20 @@ def _weight_rows(plan, N, weight, offset):
             lanes = d if N % d == 0 else lanes
         w = nl.load(weight.reshape((lanes, N // lanes)), dtype=nl.float32)
         w_parts = _bf16_parts(nisa.tensor_scalar(w, nl.add, float(offset), dtype=nl.float32))
-        for b in nl.static_range(SPLIT):
-            nisa.dma_copy(dst=rows[b * f:(b + 1) * f, :], src=w_parts[b])
+        for a in nl.static_range(K // (plan.kw * f)):
+            for b in nl.static_range(SPLIT):
+                r0 = (a * plan.kw + b) * f
+                nisa.dma_copy(dst=rows[r0:r0 + f, :], src=w_parts[b])
     return rows
 
 
 def _load_weight_group(plan, rows, weight, g0, width):
-    """Columns g0 … g0+width of the bf16 weight rows (one row per fold segment)."""
+    """Columns g0 … g0+width of the bf16 weight rows (one row per fold segment, once per
+    stacked part of rstd)."""
     f, L = plan.fold, plan.width
-    rows[:, g0:g0 + width] = nl.load(weight.reshape((f, L))[:, g0:g0 + width])
+    rows[0:f, g0:g0 + width] = nl.load(weight.reshape((f, L))[:, g0:g0 + width])
+    for r0 in nl.static_range(f, plan.stationary_rows, f):  # on-chip copies, one HBM read
+        nisa.dma_copy(dst=rows[r0:r0 + f, g0:g0 + width], src=rows[0:f, g0:g0 + width])
 
 
 def _rstd_tables(plan, M, N, rstd, n_cols):
@@ -342,7 +379,7 @@ def _rstd_tables(plan, M, N, rstd, n_cols):
     f, K = plan.fold, plan.stationary_rows
     R = P // f
     n_tiles = -(-M // R)
-    table_rows = nl.ndarray((n_tiles, K, SPLIT, P), dtype=nl.bfloat16,
+    table_rows = nl.ndarray((n_tiles, K, plan.rstd_parts, P), dtype=nl.bfloat16,
                             buffer=nl.private_hbm)
     table_cols = nl.ndarray((n_tiles, P, n_cols), dtype=nl.float32, buffer=nl.private_hbm)
     # rstd padded with zeros to whole row tiles: (tiles, R) by reshaping whole HBM tensors
@@ -359,14 +396,17 @@ def _rstd_tables(plan, M, N, rstd, n_cols):
         nt = min(P, n_tiles - t0)
         i_t = nl.arange(nt)[:, None]
         r_t = nl.load(padded[t0:t0 + nt, :])
-        rows = nl.zeros((nt, K, SPLIT, P), dtype=nl.bfloat16)
+        rows = nl.zeros((nt, K, plan.rstd_parts, P), dtype=nl.bfloat16)
         parts = _bf16_parts(r_t)
+        stacked = plan.rstd_parts == 1
         # partition p of segment h is h + f·r: an affine stride on the free dimension
         # (general/nki/programming_model.rst@8a38e733, lines 531-577)
         for a in nl.static_range(SPLIT):
             for b in nl.static_range(plan.kw):
                 for h in nl.static_range(f):
-                    rows[i_t, b * f + h, a, h + f * i_r] = nisa.tensor_copy(parts[a])
+                    row = ((a * plan.kw if stacked else 0) + b) * f + h
+                    rows[i_t, row, 0 if stacked else a, h + f * i_r] = nisa.tensor_copy(
+                        parts[a])
         nl.store(table_rows[t0:t0 + nt], value=rows)
         neg_scale = nisa.scalar_tensor_tensor(data=r_t, op0=nl.multiply, operand0=-1.0 / N,
                                               op1=nl.multiply, operand1=r_t,
@@ -375,10 +415,42 @@ def _rstd_tables(plan, M, N, rstd, n_cols):
         for h in nl.static_range(f):
             cols[i_t, h + f * i_r, 0] = nisa.tensor_copy(r_t)
             cols[i_t, h + f * i_r, 1] = nisa.tensor_copy(neg_scale)
-            if n_cols > 2:
+            if plan.row_dot_on_pe:
+                neg_cube = nisa.tensor_tensor(neg_scale, r_t, op=nl.multiply, dtype=nl.float32)
+                cols[i_t, i_r, 2] = nisa.tensor_copy(neg_cube)
+            elif n_cols > 2:
                 cols[i_t, h + f * i_r, 2 + h] = nisa.tensor_copy(r_t)
         nl.store(table_cols[t0:t0 + nt], value=cols)
     return table_rows, table_cols
+
+
+def _pe_constants(N, weight, offset):
+    """The constants of ``row_dot_on_pe`` (``PeConstants``): the fp32 identity the
+    transposes move against (built as in ``_fold_mask``) and w' + offset (fp32) with block
+    b's 128 values down the partitions of column b (an affine index on the partition
+    dimension of one load; the last partial block apart)."""
+    P = nl.tile_size.pmax
+    n_blocks = -(-N // P)
+    i_p = nl.arange(P)[:, None]
+    identity = nisa.tensor_scalar(nisa.iota(nl.arange(P)[None, :] - i_p, dtype=nl.int32),
+                                  op0=nl.equal, operand0=0.0, dtype=nl.float32)
+    w_cols = nl.ndarray((P, n_blocks), dtype=nl.float32)
+    full, rest = N // P, N % P
+    if weight is None:
+        w_cols[...] = nisa.memset((P, n_blocks), 1.0, dtype=nl.float32)
+    else:
+        w_row = weight.reshape((1, N))
+        if rest:
+            w_cols[...] = nisa.memset((P, n_blocks), 0.0, dtype=nl.float32)
+            i_rest = nl.arange(rest)[:, None]
+            w_cols[i_rest, full] = nl.load(w_row[0, full * P + i_rest], dtype=nl.float32)
+        if full:
+            i_b = nl.arange(full)[None, :]
+            w_cols[i_p, i_b] = nl.load(w_row[0, i_p + P * i_b], dtype=nl.float32)
+    # a conditional expression, not an ``if`` block (errors L417-474)
+    shifted = (nisa.tensor_scalar(w_cols, nl.add, float(offset), dtype=nl.float32)
+               if weight is not None and offset != 0.0 else w_cols)
+    return PeConstants(identity=identity, w_cols=shifted)
 
 
 def _column_sum_accumulators(plan):
@@ -421,10 +493,11 @@ def _group_slot(plan, rings, tile, t, g):
     return p, g0, width, rings[0][0:p, slot, 0:width], rings[1][0:p, slot, 0:width]
 
 
-def _statistic_group(plan, consts, views, rings, tile, t, g):
+def _statistic_group(plan, consts, views, rings, tile, t, g, row_dot):
     """Statistic pass over column group g of row tile t: p1 into the ring, the row-sum
-    partial of p1·x, and the products whose column sums give dweight (returned, with dy,
-    for ``_column_sums_group``)."""
+    partial of p1·x (or with ``row_dot_on_pe`` the row dot into ``row_dot``:
+    ``_row_dot_chunk``), and the products whose column sums give dweight (returned, with
+    dy, for ``_column_sums_group``)."""
     dy_v, x_v = views[0], views[1]
     p, g0, width, p1, xs = _group_slot(plan, rings, tile, t, g)
     dy_g = rings[2][0:p, (t * plan.n_groups + g) % DY_SLOTS, 0:width]
@@ -456,12 +529,71 @@ def _statistic_group(plan, consts, views, rings, tile, t, g):
                                                 op=nl.multiply, dtype=nl.float32)
             p1x[:, lo:hi] = nisa.tensor_tensor(p1[:, lo:hi], _psum_copy(xs[:, lo:hi]),
                                                op=nl.multiply, dtype=nl.float32)
-        else:
+        elif row_dot is None:
             p1x[:, lo:hi] = nisa.tensor_tensor(dydx[:, lo:hi], a, op=nl.multiply,
                                                dtype=nl.float32)
-    nisa.activation_reduce(op=nl.copy, data=p1x, reduce_op=nl.add,
-                           reduce_res=tile.partials[:, g:g + 1], dtype=nl.float32)
+        elif vector_row_dot_chunk(plan, g0 + lo):  # its partial: column (g0 + lo) // (n·CHUNK)
+            column = (g0 + lo) // (plan.vector_row_dot_every * CHUNK)
+            p1x[:, lo:hi] = nisa.tensor_tensor(dydx[:, lo:hi], a, op=nl.multiply,
+                                               dtype=nl.float32)
+            nisa.activation_reduce(op=nl.copy, data=p1x[:, lo:hi], reduce_op=nl.add,
+                                   reduce_res=tile.partials[:, column:column + 1],
+                                   dtype=nl.float32)
+        else:
+            _row_dot_chunk(consts.pe, row_dot, dydx[:, lo:hi], g0 + lo, g0 + lo == 0)
+    if row_dot is None:
+        nisa.activation_reduce(op=nl.copy, data=p1x, reduce_op=nl.add,
+                               reduce_res=tile.partials[:, g:g + 1], dtype=nl.float32)
     return dy_g, dydx
+
+
+def _row_dot_chunk(pe, row_dot, dydx, col0, first):
+    """``row_dot += Σ_j (dy·x)·w'`` over one chunk of columns starting at ``col0``, on the
+    Tensor engine: each 128-column block of dy·x (fp32) transposed into PSUM
+    (``is_transpose``, exact and NaN-safe on NeuronCore-v3+: general/nki/api/nki/isa/
+    __init__.py@8a38e733, L944; a NaN stays in its row), copied to SBUF by the Scalar
+    engine, then a matrix-vector product against the block's column of w', summing the
+    columns of each row in fp32."""
+    P = nl.tile_size.pmax
+    p, width = dydx.shape[0], dydx.shape[1]
+    n = -(-width // P)
+    whole = width // P
+    moved = nl.ndarray((P, n * p), dtype=nl.float32, buffer=nl.psum)
+    for k in nl.static_range(n):
+        bw = min(P, width - k * P)
+        moved[0:bw, k * p:(k + 1) * p] = nisa.nc_matmul(
+            dydx[:, k * P:k * P + bw], pe.identity[0:p, 0:p], is_transpose=True)
+    flipped = nl.ndarray((P, n * p), dtype=nl.float32)
+    if whole:
+        flipped[:, 0:whole * p] = nisa.activation(op=nl.copy, data=moved[:, 0:whole * p],
+                                                  dtype=nl.float32)
+    if whole < n:
+        bw = width - whole * P
+        flipped[0:bw, whole * p:n * p] = nisa.activation(
+            op=nl.copy, data=moved[0:bw, whole * p:n * p], dtype=nl.float32)
+    for k in nl.static_range(n):
+        bw, b = min(P, width - k * P), (col0 + k * P) // P
+        if first and k == 0:
+            row_dot[0:p, :] = nisa.nc_matmul(flipped[0:bw, k * p:(k + 1) * p],
+                                             pe.w_cols[0:bw, b:b + 1])
+        else:
+            row_dot[0:p, :] += nisa.nc_matmul(flipped[0:bw, k * p:(k + 1) * p],
+                                              pe.w_cols[0:bw, b:b + 1])
+
+
+def _finish_row_dot(plan, tile, row_dot):
+    """``−k = −rstd³/N · Σ_j (dy·x)·w'`` per partition (Scalar engine), plus
+    ``−rstd²/N · Σ p1·x`` of the Vector-engine chunks (``vector_row_dot_every``) as the
+    bias."""
+    if plan.vector_row_dot_every > 0 and plan.width >= plan.vector_row_dot_every * CHUNK:
+        bias = nl.ndarray((tile.p, 1), dtype=nl.float32)
+        nisa.activation_reduce(op=nl.copy, data=tile.partials, reduce_op=nl.add,
+                               reduce_res=bias, scale=tile.cols[:, 1:2], dtype=nl.float32)
+        tile.negk[...] = nisa.activation(op=nl.copy, data=row_dot[0:tile.p, :], bias=bias,
+                                         scale=tile.cols[:, 2:3], dtype=nl.float32)
+    else:
+        tile.negk[...] = nisa.activation(op=nl.copy, data=row_dot[0:tile.p, :],
+                                         scale=tile.cols[:, 2:3], dtype=nl.float32)
 
 
 def _psum_copy(values):
@@ -511,7 +643,7 @@ def _outer_product(rstd_rows, w_rows):
     tile's stationary rows for that part against the rows of w'), accumulated in fp32."""
     a = nl.ndarray((rstd_rows.shape[2], w_rows.shape[1]), dtype=nl.float32, buffer=nl.psum)
     a[...] = nisa.nc_matmul(rstd_rows[:, 0, :], w_rows)
-    for part in nl.static_range(1, SPLIT):
+    for part in nl.static_range(1, rstd_rows.shape[1]):
         a[...] += nisa.nc_matmul(rstd_rows[:, part, :], w_rows)
     return a
 

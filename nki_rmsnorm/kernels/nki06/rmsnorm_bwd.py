@@ -53,7 +53,10 @@ from nki_rmsnorm.plan.backward import (
     BwdDtypes,
     BwdTile,
     BwdTileSlots,
+    PeConstants,
     make_plan,
+    partial_columns,
+    vector_row_dot_chunk,
 )
 from nki_rmsnorm.plan.kernel_assert import kernel_assert
 
@@ -74,7 +77,12 @@ def rmsnorm_bwd(dy, x, weight, rstd, dh_out, offset, has_bias, casting_mode, bia
     dbias = nl.ndarray(
         (N,), dtype=param_dtype if bias_dtype is None else bias_dtype, buffer=nl.shared_hbm
     )
-    backward_body(dy, x, weight, rstd, dh_out, dx, dweight, dbias, offset, casting_mode)
+    # the gradients nobody asked for are not computed (None): not returned, never read
+    wanted_dweight = dweight if weight is not None else None
+    wanted_dbias = dbias if has_bias else None
+    backward_body(
+        dy, x, weight, rstd, dh_out, dx, wanted_dweight, wanted_dbias, offset, casting_mode
+    )
     return (dx,) + ((dweight,) if weight is not None else ()) + ((dbias,) if has_bias else ())
 
 
@@ -128,6 +136,7 @@ def backward_body(dy, x, weight, rstd, dh_out, dx, dweight, dbias, offset, casti
         casting_mode,
         usable_sbuf_bytes(),
         nisa.get_nc_version() >= nisa.nc_version.gen3,
+        nisa.get_nc_version() >= nisa.nc_version.gen4,
     )
     fold = 1 if plan is None else plan.fold
     n_tiles = -(-M * fold // nl.tile_size.pmax)
@@ -173,9 +182,9 @@ def _rows_backward(plan, dy, x, weight, rstd, dh_out, dx, dweight, dbias, offset
         _tiles(DY_SLOTS, (P, plan.group), dy.dtype),
     )
     slots = BwdTileSlots(
-        rows=_tiles(2, (plan.stationary_rows, SPLIT, P), nl.bfloat16),
+        rows=_tiles(2, (plan.stationary_rows, plan.rstd_parts, P), nl.bfloat16),
         cols=_tiles(2, (P, consts.table_cols.shape[2]), nl.float32),
-        partials=_tiles(2, (P, plan.n_groups), nl.float32),
+        partials=_tiles(2, (P, partial_columns(plan)), nl.float32),
         negk=_tiles(2, (P, 1), nl.float32),
     )
     # with two halves on this core, the first half's column sums wait here (fp32, SBUF)
@@ -195,13 +204,16 @@ def _rows_backward(plan, dy, x, weight, rstd, dh_out, dx, dweight, dbias, offset
     for t in range(n_local + 1):
         tile = _tile_view(slots, t, min(P, rows * f - t * P)) if t < n_local else None
         previous = _tile_view(slots, t - 1, min(P, rows * f - (t - 1) * P)) if t > 0 else None
+        row_dot = None
         if tile is not None:
             _load_tile_operands(consts, tile, t)
+            if plan.row_dot_on_pe:  # Σ_j (dy·x)·w' of the tile's rows
+                row_dot = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.psum)
         for g in range(plan.n_groups):
             if tile is None:
                 _gradient_group(plan, views, rings, previous, t - 1, g)
             else:
-                dy_g, dydx = _statistic_group(plan, consts, views, rings, tile, t, g)
+                dy_g, dydx = _statistic_group(plan, consts, views, rings, tile, t, g, row_dot)
                 if previous is not None:
                     _gradient_group(plan, views, rings, previous, t - 1, g)
                 last = t == n_local - 1
@@ -217,7 +229,10 @@ def _rows_backward(plan, dy, x, weight, rstd, dh_out, dx, dweight, dbias, offset
                     first_half if last else None,
                 )
         if tile is not None:
-            _finish_statistic(plan, consts, tile)
+            if plan.row_dot_on_pe:
+                _finish_row_dot(plan, tile, row_dot)
+            else:
+                _finish_statistic(plan, consts, tile)
             if first_half is not None and t + 1 in starts:
                 copy_column_sums(accumulators, first_half, used)
     if share is not None:
@@ -265,6 +280,8 @@ def _constants(plan, M, N, dy, weight, rstd, offset, want_dweight, want_dbias):
     dweight_moving = _fold_mask(f, nl.float32) if want_dweight and plan.round_xhat else None
     dbias_moving = _fold_mask(f, dy.dtype) if want_dbias else None
     n_cols = 2 + (f if (want_dweight and not plan.round_xhat and f > 1) else 0)
+    if plan.row_dot_on_pe:
+        n_cols = 3  # −rstd³/N last (fold 1)
     table_rows, table_cols = _rstd_tables(plan, M, N, rstd, n_cols)
     return BwdConstants(
         fold_scratch=_fold_scratch(f),
@@ -276,6 +293,7 @@ def _constants(plan, M, N, dy, weight, rstd, offset, want_dweight, want_dbias):
         dbias_acc=_column_sum_accumulators(plan) if want_dbias else None,
         table_rows=table_rows,
         table_cols=table_cols,
+        pe=_pe_constants(N, weight, offset) if plan.row_dot_on_pe else None,
     )
 
 
@@ -322,10 +340,11 @@ def _bf16_parts(values):
 
 def _weight_rows(plan, N, weight, offset):
     """The moving operand of ``a = rstd · w'``: row (b, h) holds bf16 part b of w' over
-    fold segment h (columns h·L … h·L + L − 1). A bf16 weight is its own single part,
+    fold segment h (columns h·L … h·L + L − 1), once per stacked part of rstd (row
+    (a·kw + b)·f + h, ``plan.rstd_parts == 1``). A bf16 weight is its own single part,
     loaded group by group by the first row tile."""
     f, L = plan.fold, plan.width
-    rows = nl.ndarray((plan.kw * f, L), dtype=nl.bfloat16)
+    rows = nl.ndarray((plan.stationary_rows, L), dtype=nl.bfloat16)
     if weight is None:
         nisa.memset(dst=rows, value=1.0)
     elif plan.kw > 1:
@@ -338,8 +357,10 @@ def _weight_rows(plan, N, weight, offset):
         shifted = nl.ndarray((lanes, N // lanes), dtype=nl.float32)
         nisa.tensor_scalar(dst=shifted, data=w, op0=nl.add, operand0=float(offset))
         parts = _bf16_parts(shifted)
-        for b in range(SPLIT):
-            nisa.dma_copy(dst=rows[b * f : (b + 1) * f, :], src=parts[b])
+        for a in range(plan.stationary_rows // (plan.kw * f)):
+            for b in range(SPLIT):
+                r0 = (a * plan.kw + b) * f
+                nisa.dma_copy(dst=rows[r0 : r0 + f, :], src=parts[b])
     return rows
 
 
@@ -353,7 +374,9 @@ def _rstd_tables(plan, M, N, rstd, n_cols):
     f, K = plan.fold, plan.stationary_rows
     R = P // f
     n_tiles = -(-M // R)
-    table_rows = nl.ndarray((n_tiles, K, SPLIT, P), dtype=nl.bfloat16, buffer=nl.private_hbm)
+    table_rows = nl.ndarray(
+        (n_tiles, K, plan.rstd_parts, P), dtype=nl.bfloat16, buffer=nl.private_hbm
+    )
     table_cols = nl.ndarray((n_tiles, P, n_cols), dtype=nl.float32, buffer=nl.private_hbm)
     # rstd padded with zeros to whole row tiles, (tiles, R), as the legacy kernel does
     padded = nl.ndarray((n_tiles, R), dtype=nl.float32, buffer=nl.private_hbm)
@@ -369,12 +392,15 @@ def _rstd_tables(plan, M, N, rstd, n_cols):
         nt = min(P, n_tiles - t0)
         r_t = nl.ndarray((nt, R), dtype=nl.float32)
         nisa.dma_copy(dst=r_t, src=padded[t0 : t0 + nt, :])
-        rows = nl.zeros((nt, K, SPLIT, P), dtype=nl.bfloat16)
+        rows = nl.zeros((nt, K, plan.rstd_parts, P), dtype=nl.bfloat16)
         parts = _bf16_parts(r_t)
+        stacked = plan.rstd_parts == 1
         for a in range(SPLIT):
             for b in range(plan.kw):
                 for h in range(f):
-                    nisa.tensor_copy(dst=rows[:, b * f + h, a, h::f], src=parts[a])
+                    row = ((a * plan.kw if stacked else 0) + b) * f + h
+                    part = 0 if stacked else a
+                    nisa.tensor_copy(dst=rows[:, row, part, h::f], src=parts[a])
         nl.store(table_rows[t0 : t0 + nt], value=rows)
         neg_scale = nl.ndarray((nt, R), dtype=nl.float32)
         nisa.scalar_tensor_tensor(
@@ -389,10 +415,45 @@ def _rstd_tables(plan, M, N, rstd, n_cols):
         for h in range(f):
             nisa.tensor_copy(dst=cols[:, h::f, 0], src=r_t)
             nisa.tensor_copy(dst=cols[:, h::f, 1], src=neg_scale)
-            if n_cols > 2:
+            if plan.row_dot_on_pe:
+                neg_cube = nl.ndarray((nt, R), dtype=nl.float32)
+                nisa.tensor_tensor(dst=neg_cube, data1=neg_scale, data2=r_t, op=nl.multiply)
+                nisa.tensor_copy(dst=cols[:, :, 2], src=neg_cube)
+            elif n_cols > 2:
                 nisa.tensor_copy(dst=cols[:, h::f, 2 + h], src=r_t)
         nl.store(table_cols[t0 : t0 + nt], value=cols)
     return table_rows, table_cols
+
+
+def _pe_constants(N, weight, offset):
+    """The constants of ``row_dot_on_pe`` (``PeConstants``): the fp32 identity the
+    transposes move against, built on chip as in ``_fold_mask``, and w' + offset (fp32)
+    with block b's 128 values down the partitions of column b (one strided DMA, the last
+    partial block apart)."""
+    P = nl.tile_size.pmax
+    n_blocks = -(-N // P)
+    offsets = nl.ndarray((P, P), dtype=nl.int32)
+    nisa.iota(dst=offsets, pattern=[[1, P]], offset=0, channel_multiplier=-1)
+    identity = nl.ndarray((P, P), dtype=nl.float32)
+    nisa.tensor_scalar(dst=identity, data=offsets, op0=nl.equal, operand0=0.0)
+    w_cols = nl.ndarray((P, n_blocks), dtype=nl.float32)
+    if weight is None:
+        nisa.memset(dst=w_cols, value=1.0)
+    else:
+        full, rest = N // P, N % P
+        if rest:
+            nisa.memset(dst=w_cols, value=0.0)  # the rows past N of the last block
+            nisa.dma_copy(
+                dst=w_cols[0:rest, full : full + 1],
+                src=weight.ap(pattern=[[1, rest], [1, 1]], offset=full * P),
+            )
+        if full:
+            nisa.dma_copy(dst=w_cols[:, 0:full], src=weight.ap(pattern=[[1, P], [P, full]]))
+        if offset != 0.0:
+            shifted = nl.ndarray((P, n_blocks), dtype=nl.float32)
+            nisa.tensor_scalar(dst=shifted, data=w_cols, op0=nl.add, operand0=float(offset))
+            w_cols = shifted
+    return PeConstants(identity=identity, w_cols=w_cols)
 
 
 def _column_sum_accumulators(plan):
@@ -431,18 +492,26 @@ def _group_slot(plan, rings, tile, t, g):
     return p, g0, width, rings[0][slot][0:p, 0:width], rings[1][slot][0:p, 0:width]
 
 
-def _statistic_group(plan, consts, views, rings, tile, t, g):
-    """Statistic pass over column group g of row tile t (see the legacy kernel)."""
+def _statistic_group(plan, consts, views, rings, tile, t, g, row_dot):
+    """Statistic pass over column group g of row tile t (see the legacy kernel); with
+    ``row_dot_on_pe`` the row dot goes to ``row_dot`` (``_row_dot_chunk``) instead of the
+    group partials."""
     dy_v, x_v = views[0], views[1]
     p, g0, width, p1, xs = _group_slot(plan, rings, tile, t, g)
     dy_g = rings[2][(t * plan.n_groups + g) % DY_SLOTS][0:p, 0:width]
     nisa.dma_copy(dst=dy_g, src=dy_v[tile.v0 : tile.v0 + p, g0 : g0 + width])
     nisa.dma_copy(dst=xs, src=x_v[tile.v0 : tile.v0 + p, g0 : g0 + width])
     if t == 0 and consts.w_lazy is not None:
+        f = plan.fold
         nisa.dma_copy(
-            dst=consts.w_rows[:, g0 : g0 + width],
-            src=consts.w_lazy.reshape((plan.fold, plan.width))[:, g0 : g0 + width],
+            dst=consts.w_rows[0:f, g0 : g0 + width],
+            src=consts.w_lazy.reshape((f, plan.width))[:, g0 : g0 + width],
         )
+        for r0 in range(f, plan.stationary_rows, f):  # each further stacked part of rstd
+            nisa.dma_copy(
+                dst=consts.w_rows[r0 : r0 + f, g0 : g0 + width],
+                src=consts.w_rows[0:f, g0 : g0 + width],
+            )
     dydx = nl.ndarray((p, width), dtype=nl.float32)
     rounded = nl.ndarray((p, width), dtype=xs.dtype) if plan.round_xhat else None
     if plan.round_xhat:
@@ -467,12 +536,91 @@ def _statistic_group(plan, consts, views, rings, tile, t, g):
                 data2=_psum_copy(xs[:, lo:hi]),
                 op=nl.multiply,
             )
-        else:
+        elif row_dot is None:
             nisa.tensor_tensor(dst=p1x[:, lo:hi], data1=dydx[:, lo:hi], data2=a, op=nl.multiply)
-    nisa.activation_reduce(
-        dst=p1x, op=nl.copy, data=p1x, reduce_op=nl.add, reduce_res=tile.partials[:, g : g + 1]
-    )
+        elif vector_row_dot_chunk(plan, g0 + lo):  # its partial: column (g0 + lo) // (n·CHUNK)
+            column = (g0 + lo) // (plan.vector_row_dot_every * CHUNK)
+            nisa.tensor_tensor(dst=p1x[:, lo:hi], data1=dydx[:, lo:hi], data2=a, op=nl.multiply)
+            nisa.activation_reduce(
+                dst=p1x[:, lo:hi],
+                op=nl.copy,
+                data=p1x[:, lo:hi],
+                reduce_op=nl.add,
+                reduce_res=tile.partials[:, column : column + 1],
+            )
+        else:
+            _row_dot_chunk(consts.pe, row_dot, dydx[:, lo:hi], g0 + lo, g0 + lo == 0)
+    if row_dot is None:
+        nisa.activation_reduce(
+            dst=p1x,
+            op=nl.copy,
+            data=p1x,
+            reduce_op=nl.add,
+            reduce_res=tile.partials[:, g : g + 1],
+        )
     return dy_g, dydx
+
+
+def _row_dot_chunk(pe, row_dot, dydx, col0, first):
+    """``row_dot += Σ_j (dy·x)·w'`` over one chunk of columns starting at ``col0``, on the
+    Tensor engine: each 128-column block of dy·x (fp32) transposed into PSUM with
+    ``is_transpose`` (bit-accurate from NeuronCore-v3, NaN and Inf included, so nothing
+    leaks between rows: nki/api/nki/isa/__init__.py@81ce03ae L558-564), copied to SBUF by
+    the Scalar engine, then a matrix-vector product with w' (the block's column of
+    ``w_cols``) summing over the columns of each row in fp32."""
+    P = nl.tile_size.pmax
+    p, width = dydx.shape[0], dydx.shape[1]
+    n = -(-width // P)
+    whole = width // P
+    moved = nl.ndarray((P, n * p), dtype=nl.float32, buffer=nl.psum)
+    for k in range(n):
+        bw = min(P, width - k * P)
+        nisa.nc_matmul(
+            dst=moved[0:bw, k * p : (k + 1) * p],
+            stationary=dydx[:, k * P : k * P + bw],
+            moving=pe.identity[0:p, 0:p],
+            is_transpose=True,
+        )
+    flipped = nl.ndarray((P, n * p), dtype=nl.float32)
+    if whole:
+        nisa.activation(dst=flipped[:, 0 : whole * p], op=nl.copy, data=moved[:, 0 : whole * p])
+    if whole < n:
+        bw = width - whole * P
+        nisa.activation(
+            dst=flipped[0:bw, whole * p : n * p], op=nl.copy, data=moved[0:bw, whole * p : n * p]
+        )
+    for k in range(n):
+        bw, b = min(P, width - k * P), (col0 + k * P) // P
+        nisa.nc_matmul(
+            dst=row_dot[0:p, :],
+            stationary=flipped[0:bw, k * p : (k + 1) * p],
+            moving=pe.w_cols[0:bw, b : b + 1],
+            accumulate=not (first and k == 0),
+        )
+
+
+def _finish_row_dot(plan, tile, row_dot):
+    """``−k = −rstd³/N · Σ_j (dy·x)·w'`` per partition (Scalar engine), plus
+    ``−rstd²/N · Σ p1·x`` of the Vector-engine chunks (``vector_row_dot_every``) as the
+    bias."""
+    bias = None
+    if plan.vector_row_dot_every > 0 and plan.width >= plan.vector_row_dot_every * CHUNK:
+        bias = nl.ndarray((tile.p, 1), dtype=nl.float32)
+        nisa.activation_reduce(
+            dst=tile.partials,
+            op=nl.copy,
+            data=tile.partials,
+            reduce_op=nl.add,
+            reduce_res=bias,
+            scale=tile.cols[:, 1:2],
+        )
+    nisa.activation(
+        dst=tile.negk,
+        op=nl.copy,
+        data=row_dot[0 : tile.p, :],
+        bias=bias,
+        scale=tile.cols[:, 2:3],
+    )
 
 
 def _psum_copy(values):
@@ -498,7 +646,7 @@ def _outer_product(rstd_rows, w_rows):
     """``a = rstd ⊗ w'`` for one chunk into PSUM: one matmul per bf16 part of rstd, the
     first overwriting and the others accumulating in fp32."""
     a = nl.ndarray((rstd_rows.shape[2], w_rows.shape[1]), dtype=nl.float32, buffer=nl.psum)
-    for part in range(SPLIT):
+    for part in range(rstd_rows.shape[1]):
         nisa.nc_matmul(dst=a, stationary=rstd_rows[:, part, :], moving=w_rows, accumulate=part > 0)
     return a
 

@@ -84,3 +84,25 @@ def test_an_instruction_writes_through_a_stride_0_destination(rng):
     np.testing.assert_allclose(sums[:, 0], (x.astype(np.float64) ** 2).sum(axis=1), rtol=1e-5)
     np.testing.assert_allclose(scratch[:16, 0], x[:, -1] ** 2, rtol=1e-6)
     np.testing.assert_array_equal(scratch[16:], 0)
+
+
+@pytest.mark.parametrize("value, accepted", [(0.0, True), (2.0, False)])
+def test_memset_of_an_integer_tile_takes_float_zero_only(value, accepted):
+    """AWS's cross_partition_copy clears uint32 temporaries with ``value=0.0``
+    (core/utils/cross_partition_copy.py L188-191); any other float into an integer tile is
+    still the 0.3 error (nki/migration/index.rst L497-512)."""
+
+    @nki.jit
+    def clear(x):
+        tile = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+        nisa.memset(dst=tile, value=value)
+        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out, src=tile)
+        return out
+
+    x = np.full((4, 8), 7, np.uint32)
+    if accepted:
+        np.testing.assert_array_equal(clear(x), np.zeros_like(x))
+    else:
+        with pytest.raises(TypeError, match="value 2.0 is a float but dst is uint32"):
+            clear(x)
