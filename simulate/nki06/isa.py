@@ -888,15 +888,17 @@ def _activation(api, dst, op, data, bias, scale, reduce_op, reduce_res, cmd, nam
 
 def _reduce_registers(api, program, out, reduce_op, cmd, reduce_res):
     spec = _op(api, "reduce_op", reduce_op if reduce_op is not None else "add")
-    if spec.name not in ("add", "maximum", "minimum"):
-        raise NkiValidationError(
-            f"{api} reduce_op must be nl.add (nl.maximum / nl.minimum on "
-            f"NeuronCore-v3+), got {spec.name}"
-        )
     if spec.name != "add":
-        if program.target.nc_version == 2:
-            raise NkiValidationError(f"{api} reduce_op must be nl.add on NeuronCore-v2")
-        warnings.warn(f"{api} reduce_op={spec.name}: the docs only promise nl.add", stacklevel=3)
+        # nki/api/nki/isa/__init__.py@81ce03ae L1347-1348 ("``reduce_op`` must be
+        # ``nl.add``") and nki/guides/architecture/trainium3_arch.rst@81ce03ae L228
+        # ("Activation only supported add as a reduce command"; max, min, absmax and absmin
+        # are activate2's, NeuronCore-v4): activation_reduce's "On NeuronCore-v2, the
+        # reduce_op must be nl.add" (L1476) names no other op for a later core
+        raise NkiValidationError(
+            f"{api} reduce_op must be nl.add on every NeuronCore (the Scalar engine's "
+            f"Activate reduces only by addition; max/min reductions are activate2's, "
+            f"NeuronCore-v4), got {spec.name}"
+        )
     if cmd is reduce_cmd.load_reduce:
         raise NkiValidationError(f"{api} reduce_cmd=load_reduce is a Vector-engine command")
     if cmd is reduce_cmd.idle and reduce_res is not None:

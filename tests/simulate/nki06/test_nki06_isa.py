@@ -352,6 +352,24 @@ def test_activation_scalar_bias_needs_nc_v3(rng, monkeypatch):
         run(kernel, x)
 
 
+@pytest.mark.parametrize("target", ["trn2", "trn3"])
+@pytest.mark.parametrize("api", [nisa.activation, nisa.activation_reduce])
+def test_activation_reduces_only_by_addition(rng, monkeypatch, target, api):
+    """The Scalar engine's Activate reduces by nl.add alone, on NeuronCore-v3 and v4 too
+    (isa L1347-1348; trainium3_arch.rst L228: max/min are activate2's)."""
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", target)
+    x = f32(rng, 8, 16)
+
+    def kernel(x):
+        sink = nl.ndarray(x.shape, nl.float32)
+        res = nl.ndarray((8, 1), nl.float32)
+        api(dst=sink, op=nl.abs, data=sbuf(x), reduce_op=nl.maximum, reduce_res=res)
+        return out(res)
+
+    with pytest.raises(NkiValidationError, match="reduce_op must be nl.add on every"):
+        run(kernel, x)
+
+
 # --- reductions and statistics ---
 @pytest.mark.parametrize("axis, keepdims", [(2, False), ((1, 2), False), (2, True)])
 def test_tensor_reduce_suffix_axes(rng, axis, keepdims):
