@@ -38,7 +38,11 @@ _TARGET_ALIASES = {
 # The official simulator's default when NEURON_PLATFORM_TARGET_OVERRIDE is unset (SIM; the
 # core's per-dialect table says why the legacy front-end's differs)
 DEFAULT_TARGET = DIALECT_DEFAULT_TARGET["nki06"]
-RENDEZVOUS_TIMEOUT_S = 60.0
+#: A safety net only: a real deadlock (every waiting program waits for a peer that cannot
+#: run) is detected when it happens, by :class:`Turns`. A waiting program otherwise waits as
+#: long as its peer's turn takes, which on a loaded machine ran past the former 60 s for
+#: large LNC=2 kernels and was reported as a deadlock. ``NKI_SIM_LNC_TIMEOUT_S`` overrides.
+RENDEZVOUS_TIMEOUT_S = float(os.environ.get("NKI_SIM_LNC_TIMEOUT_S", "3600"))
 
 
 #: The debugging switch of the language checks (:mod:`.language_check`, the value checks of

@@ -24,7 +24,7 @@ from . import dtypes as dt
 from .errors import NkiRuntimeError, NkiTypeError, NkiValueError
 from .tensor import Buffer, MemoryRegion, NkiTensor
 
-JOIN_TIMEOUT_S = 600.0
+JOIN_TIMEOUT_S = context.RENDEZVOUS_TIMEOUT_S
 _last = threading.local()
 
 

@@ -150,6 +150,24 @@ def test_residual_y_and_amax(rng, trn2):
     assert_fp8_matches(got.y_q, want, "float8_e4m3")
 
 
+@pytest.mark.parametrize("n", [1024, 200])
+def test_y_output_keeps_y_q(rng, trn2, n):
+    """y_q, the scales and amax are the same bytes with and without the y output (with a
+    16-bit weight and N a multiple of 128 the plain kernel forms h · w on the Tensor
+    engine and the y kernel on the Vector engine; both share Σh² alike), and both match
+    the reference; N = 200 takes the Vector engine either way."""
+    x, weight, _ = _inputs(rng, (260, n))
+    plain = ops.rms_norm_quant(x, weight, return_amax=True)
+    with_y = ops.rms_norm_quant(x, weight, return_y=True, return_amax=True)
+    np.testing.assert_array_equal(plain.y_q.view(np.uint8), with_y.y_q.view(np.uint8))
+    np.testing.assert_array_equal(plain.scales, with_y.scales)
+    np.testing.assert_array_equal(plain.amax, with_y.amax)
+    want = reference.rms_norm_quant(x, weight)
+    np.testing.assert_allclose(plain.scales, want["scales"], rtol=SCALE_RTOL)
+    assert_fp8_matches(plain.y_q, want, "float8_e4m3")
+    assert np.all(reference.ulp_distance(with_y.y, want["y"], BF16) <= 1)
+
+
 def test_packed_layout(rng, trn2):
     x, weight, _ = _inputs(rng, (131, 512))
     got = ops.rms_norm_quant(x, weight, packed=True)

@@ -77,9 +77,11 @@ rstd     ACT ``activation(rsqrt)`` of the mean square brought into its valid ran
          chosen per row: every finite v > 0 is covered; an infinite v gives rstd = 0
          exactly), refined by two Newton steps
          (``rmsnorm_fwd_steps.rstd_from_sum``): within ≈ 2.5 fp32 ulp of 1/sqrt(v) even when
-         ACT's rsqrt is off by 2⁻⁹. The chain runs on ACT (with the bf16 split of the
-         "tensor" plan) unless ACT carries the product ("scalar" plan) or eps < 2⁻⁵⁵
-tensor   gemma with a weight on NeuronCore-v3+ (trn2, trn3): ACT splits rstd into three
+         ACT's rsqrt is off by 2⁻⁹. The chain runs on ACT unless ACT carries the product
+         ("scalar" plan) or eps < 2⁻⁵⁵. On NeuronCore-v3+ the "rows" and "split" regimes
+         instead take v (ACT or DVE) and GpSimd's more precise rsqrt
+         (``rmsnorm_fwd_steps.rstd_on_gpsimd``), a few instructions per tile for all its rows
+tensor   gemma with a weight on NeuronCore-v3+ (trn2, trn3): rstd is split into three
          bf16 pieces (hi, mid, lo; their sum is rstd within 2⁻²⁴), the Tensor engine
          transposes them exactly into a row (``is_transpose``) and forms rstd ⊗ w per
          512-column PSUM bank with a K = 3 matmul (bf16 products are exact, the sum is

@@ -107,13 +107,20 @@ def _row_tile(plan, views, resident, eps, group0, parts, k, N):
             reduce_res=sum_sq[:, j : j + 1],
             dtype=squares.dtype,
         )
-    rstd_tile = steps.rstd_from_sum(sum_sq, eps, N, on_scalar=plan.product_engine != "scalar")
+    # NeuronCore-v3+ (``exact_transpose``): v = Σh²/n + eps on ACT, GpSimd's rsqrt of it
+    # (two instructions for all k rows, off the Vector engine's product), with or without
+    # a weight. NeuronCore-v2: the Newton-refined chain, on ACT unless ACT carries the product.
+    rstd_tile = (
+        steps.rstd_on_gpsimd(sum_sq, eps, N)
+        if plan.exact_transpose
+        else steps.rstd_from_sum(sum_sq, eps, N, on_scalar=plan.product_engine != "scalar")
+    )
     nl.store(views.rstd[groups, i_k], value=rstd_tile)
 
     shift = None if resident.shift is None else resident.shift[:parts]
     if plan.product_engine == "tensor":
         # PE: rstd ⊗ w per PSUM bank; DVE: y = h · (rstd ⊗ w) [+ bias].
-        stationary = steps.rstd_rows(plan, rstd_tile, resident.ident[:parts, :parts])
+        stationary = steps.rstd_rows(plan, rstd_tile, resident.ident[:parts, :parts], batched=True)
         for j in nl.static_range(k):
             steps.outer_normalize(
                 row(y_tile, j),

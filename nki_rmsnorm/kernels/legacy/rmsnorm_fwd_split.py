@@ -14,9 +14,11 @@ DMA   load the (P, F) segments of x (with a residual: load both, DVE adds them, 
 ACT   Σh² per segment (``activation_reduce``) into an fp32 column
 PE    transpose that column into one row; DVE: each row's s segment sums added
       (``nl.sum`` over the segment axis, segment order)
-PE    the R row sums transposed to an (R, 1) column; ACT rstd on it (a fixed number of
-      instructions, not some per row); DMA rstd out; PE: transposed to a row; GpSimd: rstd
-      repeated into each segment's place; PE: transposed back, one rstd per partition
+PE    the R row sums transposed to an (R, 1) column; DVE v = Σh²/N + eps, GpSimd rsqrt
+      (``rmsnorm_fwd_steps.rstd_on_gpsimd``; no step on ACT, whose next Σh² would delay
+      it); DMA rstd out; PE: transposed to a row; GpSimd: rstd repeated into each segment's
+      place; PE: transposed back, one rstd per partition; its bf16 pieces rounded on
+      GpSimd, subtracted on DVE
 PE    "tensor" (gemma): rstd ⊗ w per PSUM bank from a K = 3·s matmul: the bf16 pieces of
       partition p's rstd sit in the rows of its own segment q = p mod s (zeros in the other
       segments' rows; DVE places them), the moving rows hold the s weight segments;
@@ -216,15 +218,20 @@ def _split_statistics(plan, s, views, hbm, resident, slot, seg0, parts):
     # nisa.tensor_reduce would have to reduce every free axis (isa L1586, L1619).
     row_sq = nl.sum(by_row, axis=[2], dtype=nl.float32)
 
-    # PE: the R sums transposed to one per partition, so that the rstd chain (ACT) is a
-    # fixed number of instructions over all R rows (its Newton steps scale by a per-partition
-    # column: on the (1, R) row they would be one instruction per row); rstd stored. PE:
+    # PE: the R sums transposed to one per partition; DVE: v = Σh²/N + eps, GpSimd: rsqrt
+    # (no step of the chain on ACT, which is busy with the next whole-tile Σh²); rstd
+    # stored. PE:
     # transposed back to a row; GpSimd: repeated for each segment of its row; PE: transposed
     # back to one rstd per partition. The transposes are exact (one 1·x product each).
     row_sq_col = nisa.tensor_copy(
         nisa.nc_matmul(row_sq, resident.ident_f32[:1, :1], is_transpose=True), dtype=nl.float32
     )
-    rstd_by_row = steps.rstd_from_sum(row_sq_col, resident.eps, N)
+    # Without a residual ACT carries the heavier load (Σh²) and the chain's small steps go
+    # to DVE and GpSimd; with one DVE does (the add and the product) and they stay on ACT.
+    # Either way the same values: v rounds twice in fp32 on both engines, and the pieces
+    # are exact.
+    fused = residual_v is not None
+    rstd_by_row = steps.rstd_on_gpsimd(row_sq_col, resident.eps, N, mean_on_scalar=fused)
     nl.store(
         hbm.rstd.reshape((hbm.rstd.shape[0], 1))[
             seg0 // s + nl.arange(R)[:, None], nl.arange(1)[None, :]
@@ -250,6 +257,7 @@ def _split_statistics(plan, s, views, hbm, resident, slot, seg0, parts):
             resident.segment_mask[:parts],
             resident.ident[:parts, :parts],
             slot.rstd[:, :parts],
+            batched=not fused,
         )
 
 
@@ -275,16 +283,17 @@ def _split_output(plan, views, resident, slot, seg0, parts):
     steps.store_y(plan, y_v[segs, i_f], y_tile)
 
 
-def _segment_stationary(plan, s, rstd_col, mask, ident, out):
+def _segment_stationary(plan, s, rstd_col, mask, ident, out, batched=True):
     """Write into ``out`` (pieces·s, parts): column p holds the pieces of partition p's rstd
-    in the rows b·s + (p mod s), zeros elsewhere. Pieces and masking on the Vector engine, the
-    transpose on the Tensor engine, the PSUM → SBUF copy on the Vector engine (the masking
-    multiply is a ``tensor_scalar``, which GpSimd may run only for rsqrt:
+    in the rows b·s + (p mod s), zeros elsewhere. Pieces from ``split_rstd`` (``batched``:
+    on the GpSimd and Vector engines, else on the Scalar engine), masking on the Vector
+    engine, the transpose on the Tensor engine, the PSUM → SBUF copy on the Vector engine
+    (the masking multiply is a ``tensor_scalar``, which GpSimd may run only for rsqrt:
     general/nki/api/nki/isa/__init__.py@8a38e733, line 1699)."""
     parts = rstd_col.shape[0]
     pieces = plan.rstd_pieces
     dtype = plan.scale_dtype
-    split = steps.split_rstd(plan, rstd_col)
+    split = steps.split_rstd(plan, rstd_col, batched)
     placed = nl.ndarray((parts, pieces * s), dtype=dtype)
     for b in nl.static_range(pieces):
         placed[:, b * s : (b + 1) * s] = nisa.tensor_scalar(

@@ -96,6 +96,39 @@ def rstd_from_sum(sum_sq, eps, n, mask=None, on_scalar=True):
     return _rstd_on_vector(sum_sq, eps, n, mask)
 
 
+def rstd_on_gpsimd(sum_sq, eps, n, mean_on_scalar=True):
+    """rstd = 1 / sqrt(Σh² / n + eps), fp32, for a (parts, k) tile of row sums, in two
+    instructions for all k rows: v = Σh²·(1/n) + eps on the Scalar engine (``activation``
+    copy with a per-partition bias), then the GpSimd engine's rsqrt
+    (``tensor_scalar(op0=nl.rsqrt, operand0=0.0)``, which "performs reverse square root at a
+    higher precision compared to Scalar Engine": general/nki/api/nki.api.shared.rst@8a38e733
+    L444-448; GpSimd runs ``tensor_scalar`` only for rsqrt, isa L1699). No Newton refinement
+    and no range scaling: the Scalar engine's Valid Input Range (L180) is not GpSimd's, and
+    IEEE rsqrt already gives rstd = +inf for v = 0 (eps = 0, an all-zero row), 0 for
+    v = +inf and NaN for NaN, as the float64 reference. Neither the Vector engine (the
+    product) nor the Scalar engine's Σh² stream waits behind a per-row chain.
+    ``mean_on_scalar=False``: v on the Vector engine (``tensor_scalar``), for a chain
+    whose other steps run there, so that no step waits behind a whole-tile Σh² on ACT."""
+    parts, k = sum_sq.shape
+    v = (
+        nisa.activation(
+            op=nl.copy, data=sum_sq, scale=1.0 / n, bias=_column(parts, eps), dtype=nl.float32
+        )
+        if mean_on_scalar
+        else nisa.tensor_scalar(
+            sum_sq,
+            op0=nl.multiply,
+            operand0=1.0 / n,
+            op1=nl.add,
+            operand1=float(eps),
+            dtype=nl.float32,
+        )
+    )
+    return nisa.tensor_scalar(
+        v, op0=nl.rsqrt, operand0=0.0, engine=nisa.gpsimd_engine, dtype=nl.float32
+    )
+
+
 def _rstd_on_scalar(sum_sq, eps, n, mask=None):
     """rstd on the Scalar engine alone (its ``activation`` computes f(data·scale + bias) in
     fp32, with per-partition scale and bias columns). The rsqrt input is u = v·2⁻³², an
@@ -381,20 +414,33 @@ def broadcast_row(row_hbm, partitions, dtype, offset=0.0, mask=None):
     return row.broadcast_to((partitions, row.shape[1]))
 
 
-def split_rstd(plan, rstd):
+def split_rstd(plan, rstd, batched=False):
     """rstd (parts, k) fp32 as the Tensor engine's operand dtype: for three pieces,
     (parts, 3k) bf16 with row j's hi, mid, lo in columns 3j, 3j + 1, 3j + 2; for one piece,
-    rstd. On the Scalar engine, whose ``activation`` adds a per-partition bias column:
-    hi = bf16(r), rest = r − hi (exact: hi is r rounded), mid = bf16(rest),
-    lo = bf16(rest − mid), whatever ACT's rounding mode (GpSimd may not subtract: its
-    ``tensor_scalar`` runs only rsqrt and its ``tensor_tensor`` only power and integer
-    arithmetic, general/nki/api/nki/isa/__init__.py@8a38e733 lines 1699 and 1767; the
-    Vector engine is busy with the product)."""
+    rstd. hi = bf16(r), rest = r − hi (exact: hi is r rounded), mid = bf16(rest),
+    lo = bf16(rest − mid), whatever the rounding mode. By default per row on the Scalar
+    engine, whose ``activation`` adds a per-partition bias column (GpSimd may not subtract:
+    its ``tensor_scalar`` runs only rsqrt and its ``tensor_tensor`` only power and integer
+    arithmetic, general/nki/api/nki/isa/__init__.py@8a38e733 lines 1699 and 1767). With
+    ``batched``, all k rows per instruction through strided destinations: the roundings by
+    GpSimd ``tensor_copy`` (an fp32 cast when the dtypes differ, isa L1375-1395), the
+    subtractions on the Vector engine, which then carries two small instructions per tile
+    instead of the Scalar engine's 4·k behind its Σh² stream."""
     if plan.rstd_pieces != 3:
         return rstd
     parts, k = rstd.shape
     dtype = plan.scale_dtype
     split = nl.ndarray((parts, 3 * k), dtype=dtype)
+    if batched:
+        # all k rows per instruction (strided destinations: piece p of row j is column
+        # 3j + p): the roundings on GpSimd, the exact subtractions on DVE
+        split[:, 0 : 3 * k : 3] = nisa.tensor_copy(rstd, dtype=dtype, engine=nisa.gpsimd_engine)
+        rest = nisa.tensor_tensor(rstd, split[:, 0 : 3 * k : 3], op=nl.subtract, dtype=nl.float32)
+        split[:, 1 : 3 * k : 3] = nisa.tensor_copy(rest, dtype=dtype, engine=nisa.gpsimd_engine)
+        split[:, 2 : 3 * k : 3] = nisa.tensor_tensor(
+            rest, split[:, 1 : 3 * k : 3], op=nl.subtract, dtype=dtype
+        )
+        return split
     for j in nl.static_range(k):
         r_j = rstd[:, j : j + 1]
         hi = split[:, 3 * j : 3 * j + 1]
@@ -408,19 +454,20 @@ def split_rstd(plan, rstd):
     return split
 
 
-def rstd_rows(plan, rstd, ident, stacked=True):
+def rstd_rows(plan, rstd, ident, stacked=True, batched=False):
     """rstd (parts, k) fp32, one column per row of the tile, as Tensor-engine stationary
     operands: with ``stacked``, (pieces, k, parts), the ``plan.rstd_pieces`` pieces of row
     j's rstd for partition p in column p of block j (a K = pieces matmul against stacked
     weight rows); otherwise (1, k·pieces, parts), one block per row and piece (``pieces``
-    accumulating K = 1 matmuls against one weight row). Pieces from :func:`split_rstd`,
+    accumulating K = 1 matmuls against one weight row). Pieces from :func:`split_rstd`
+    (``batched``: all k rows per instruction),
     transposes on the Tensor engine (exact) into float32 PSUM (a legacy matmul's result is
     always float32: general/nki/api/nki/isa/__init__.py@8a38e733, L876), the PSUM → SBUF
     copy to the operand dtype on the Vector engine (exact: every piece is a bf16 value)."""
     parts, k = rstd.shape
     pieces = plan.rstd_pieces
     dtype = plan.scale_dtype
-    split = split_rstd(plan, rstd)
+    split = split_rstd(plan, rstd, batched)
     # allocated before the branches: a tile created in an if block may not be used after it
     # (general/nki/api/nki.errors.rst@8a38e733, L417-L474)
     shape = (pieces, k, parts) if stacked else (1, k * pieces, parts)

@@ -136,12 +136,19 @@ def _row_statistics(plan, views, resident, eps, group0, parts, k, N, groups):
                 reduce_op=nl.add,
                 reduce_res=sum_sq[:, j : j + 1],
             )
-    rstd_tile = steps.rstd_from_sum(sum_sq, eps, N, on_scalar=plan.product_engine != "scalar")
+    # NeuronCore-v3+ (``exact_transpose``): v = Σh²/n + eps on ACT, GpSimd's rsqrt of it
+    # (two instructions for all k rows, off the Vector engine's product), with or without
+    # a weight. NeuronCore-v2: the Newton-refined chain, on ACT unless ACT carries the product.
+    rstd_tile = (
+        steps.rstd_on_gpsimd(sum_sq, eps, N)
+        if plan.exact_transpose
+        else steps.rstd_from_sum(sum_sq, eps, N, on_scalar=plan.product_engine != "scalar")
+    )
     nisa.dma_copy(dst=views.rstd[group0:g1, :], src=rstd_tile)
 
     stationary = None
     if plan.product_engine == "tensor":
-        stationary = steps.rstd_rows(plan, rstd_tile, resident.ident[:parts, :parts])
+        stationary = steps.rstd_rows(plan, rstd_tile, resident.ident[:parts, :parts], batched=True)
     return group0, h_tile, xhat_tile, y_tile, product, rstd_tile, stationary
 
 

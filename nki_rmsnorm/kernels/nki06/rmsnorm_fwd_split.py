@@ -186,12 +186,19 @@ def _split_statistics(plan, s, views, resident, slot, seg0, parts):
     row_sq = steps.sbuf((1, R), nl.float32)
     nisa.tensor_reduce(dst=row_sq, op=nl.add, data=sums.reshape((1, R, s)), axis=2)
 
-    # PE: the R sums transposed to one per partition, so that the rstd chain (ACT) is a
-    # fixed number of instructions over all R rows (its Newton steps scale by a per-partition
-    # column: on the (1, R) row they would be one instruction per row); rstd stored. PE:
+    # PE: the R sums transposed to one per partition; DVE: v = Σh²/N + eps, GpSimd: rsqrt
+    # (no step of the chain on ACT, which is busy with the next whole-tile Σh²); rstd
+    # stored. PE:
     # transposed back to a row; GpSimd: repeated for each segment of its row; PE: transposed
     # back to one rstd per partition. The transposes are exact (one 1·x product each).
-    rstd_by_row = steps.rstd_from_sum(_transposed(row_sq, resident.ident_f32), resident.eps, N)
+    # Without a residual ACT carries the heavier load (Σh²) and the chain's small steps go
+    # to DVE and GpSimd; with one DVE does (the add and the product) and they stay on ACT.
+    # Either way the same values: v rounds twice in fp32 on both engines, and the pieces
+    # are exact.
+    fused = residual_v is not None
+    rstd_by_row = steps.rstd_on_gpsimd(
+        _transposed(row_sq, resident.ident_f32), resident.eps, N, mean_on_scalar=fused
+    )
     row0 = seg0 // s
     nisa.dma_copy(dst=views.rstd[row0 : row0 + R, :], src=rstd_by_row)
     rstd_row = _transposed(rstd_by_row, resident.ident_f32)

@@ -99,6 +99,33 @@ def rstd_from_sum(sum_sq, eps, n, on_scalar=True):
     return _rstd_on_vector(sum_sq, eps, n)
 
 
+def rstd_on_gpsimd(sum_sq, eps, n, mean_on_scalar=True):
+    """rstd = 1 / sqrt(Σh² / n + eps), fp32, for a (parts, k) tile of row sums, in two
+    instructions for all k rows: v = Σh²·(1/n) + eps on the Scalar engine (``activation``
+    copy with a per-partition bias), then the GpSimd engine's ``tensor_scalar`` rsqrt, which
+    "performs reverse square root at a higher precision compared to Scalar Engine"
+    (aws-neuron-sdk@8a38e733 general/nki/api/nki.api.shared.rst L444-448; the GpSimd engine
+    runs ``tensor_scalar`` only for rsqrt, nki/api/nki/isa/__init__.py@81ce03ae L1157). No
+    Newton refinement and no range scaling: the Scalar engine's Valid Input Range
+    (nki.api.shared.rst L180) is not GpSimd's, and IEEE rsqrt already gives rstd = +inf for
+    v = 0 (eps = 0, an all-zero row), 0 for v = +inf and NaN for NaN, as the float64
+    reference. Neither the Vector engine (the product) nor the Scalar engine's Σh² stream
+    waits behind a per-row chain. ``mean_on_scalar=False``: v on the Vector engine
+    (``tensor_scalar``), for a chain whose other steps run there, so that no step waits
+    behind a whole-tile Σh² on ACT."""
+    parts, k = sum_sq.shape
+    if mean_on_scalar:
+        v = _activation((parts, k), nl.copy, sum_sq, scale=1.0 / n, bias=_column(parts, eps))
+    else:
+        v = sbuf((parts, k), nl.float32)
+        nisa.tensor_scalar(
+            dst=v, data=sum_sq, op0=nl.multiply, operand0=1.0 / n, op1=nl.add, operand1=float(eps)
+        )
+    rstd = sbuf((parts, k), nl.float32)
+    nisa.tensor_scalar(dst=rstd, data=v, op0=nl.rsqrt, operand0=0.0, engine=nisa.gpsimd_engine)
+    return rstd
+
+
 def _activation(shape, op, data, scale=1.0, bias=None):
     out = sbuf(shape, nl.float32)
     nisa.activation(dst=out, op=op, data=data, scale=scale, bias=bias)
@@ -441,11 +468,14 @@ def broadcast_row(row_hbm, partitions, dtype, offset=0.0):
     return out
 
 
-def split_rstd(plan, rstd, spare=0):
+def split_rstd(plan, rstd, batched=False, spare=0):
     """rstd (parts, k) fp32 as the Tensor engine's operand dtype: for three pieces,
-    (parts, w·k) bf16 with row j's hi, mid, lo in columns w·j … w·j + 2 (Scalar engine, as
-    in the legacy kernel), w = 3 + ``spare`` (columns left for the caller); for one piece,
-    rstd, or with ``spare`` rstd in columns w·j (GpSimd copy), w = 1 + ``spare``."""
+    (parts, w·k) bf16 with row j's hi, mid, lo in columns w·j … w·j + 2, w = 3 + ``spare``
+    (columns left for the caller), as in the legacy kernel (whose docstring gives the
+    arithmetic): per row on the Scalar engine, or with ``batched`` for all k rows at once,
+    the two roundings to bf16 on the GpSimd engine and the two subtractions on the Vector
+    engine; for one piece, rstd, or with ``spare`` rstd in columns w·j (GpSimd copy),
+    w = 1 + ``spare``."""
     pieces = plan.rstd_pieces
     if pieces != 3 and not spare:
         return rstd
@@ -453,8 +483,19 @@ def split_rstd(plan, rstd, spare=0):
     width = pieces + spare
     split = sbuf((parts, width * k), plan.scale_dtype)
     if pieces != 3:
-        columns = split.reshape((parts, k, width))
-        nisa.tensor_copy(dst=columns[:, :, 0], src=rstd, engine=nisa.gpsimd_engine)
+        nisa.tensor_copy(dst=split[:, 0 : width * k : width], src=rstd, engine=nisa.gpsimd_engine)
+        return split
+    if batched:
+        # all k rows per instruction (strided destinations: piece p of row j is column
+        # w·j + p): the roundings on GpSimd, the exact subtractions on DVE
+        end = width * k
+        hi = split[:, 0:end:width]
+        mid = split[:, 1:end:width]
+        nisa.tensor_copy(dst=hi, src=rstd, engine=nisa.engine.gpsimd)
+        rest = sbuf((parts, k), nl.float32)
+        nisa.tensor_tensor(dst=rest, data1=rstd, data2=hi, op=nl.subtract)
+        nisa.tensor_copy(dst=mid, src=rest, engine=nisa.engine.gpsimd)
+        nisa.tensor_tensor(dst=split[:, 2:end:width], data1=rest, data2=mid, op=nl.subtract)
         return split
     for j in range(k):
         r_j = rstd[:, j : j + 1]
@@ -473,20 +514,21 @@ def split_rstd(plan, rstd, spare=0):
     return split
 
 
-def rstd_rows(plan, rstd, ident, stacked=True):
+def rstd_rows(plan, rstd, ident, stacked=True, batched=False):
     """rstd (parts, k) fp32 as Tensor-engine stationary operands: with ``stacked``,
     (pieces, k, parts), the ``plan.rstd_pieces`` pieces of row j's rstd for partition p in
     column p of block j (a K = pieces matmul against stacked weight rows); otherwise
     (1, k·pieces, parts), one block per row and piece (``pieces`` accumulating K = 1
-    matmuls against one weight row). Transposes on the Tensor engine (exact), the
-    PSUM → SBUF copy on the Vector engine."""
+    matmuls against one weight row). Pieces from :func:`split_rstd` (``batched``: all k
+    rows per instruction), transposes on the Tensor engine (exact), the PSUM → SBUF copy
+    on the Vector engine."""
     parts, k = rstd.shape
     pieces = plan.rstd_pieces
     dtype = plan.scale_dtype
     if stacked:
         # the pieces, then the high piece again, against weight_rows' finite copies and its
         # non-finite part
-        stacked_pieces = split_rstd(plan, rstd, spare=1)
+        stacked_pieces = split_rstd(plan, rstd, batched, spare=1)
         blocks = stacked_pieces.reshape((parts, k, pieces + 1))
         nisa.tensor_copy(
             dst=blocks[:, :, pieces : pieces + 1], src=blocks[:, :, 0:1], engine=nisa.gpsimd_engine
@@ -500,7 +542,7 @@ def rstd_rows(plan, rstd, ident, stacked=True):
                 is_transpose=True,
             )
     else:
-        split = split_rstd(plan, rstd)
+        split = split_rstd(plan, rstd, batched)
         transposed = nl.ndarray((1, k * pieces, parts), dtype=dtype, buffer=nl.psum)
         for b in range(k * pieces):
             nisa.nc_matmul(

@@ -51,6 +51,28 @@ tiles are split between the two physical cores by ``nl.program_id(0)``):
   of a ``(rows, blocks, block)`` view for blocks under 128 columns) and the per-row
   arithmetic on (rows, 1) columns.
 
+With row scales and a 16-bit weight of h's dtype (N a multiple of 128: the case of AWS's
+``rmsnorm_quant_kernel``) the Vector engine's h · w pass goes to the Tensor engine, which
+has time to spare, and Σh² is shared with it (:func:`_use_tensor_products`):
+
+* Tensor: each 128-column block of h transposed into PSUM (``nc_transpose``); hᵀ copied
+  to SBUF (16-bit, one side in PSUM: the Vector engine's 2× mode; a 3/8 share of the banks
+  on the Scalar engine, ``tensor_copy``); p's block b = (hᵀ block b)ᵀ · diag(w block b), a
+  matmul with hᵀ's block as the stationary and the weight's diagonal block as the moving
+  operand, one PSUM bank (4 blocks) at a time — exact: one nonzero 16-bit product per
+  float32 sum — formed twice, for the maximum of |p| and for the quantization, instead of
+  being kept; and the Gram matrix (hᵀ)ᵀ · hᵀ of the last 7/10 of the blocks accumulated
+  in one PSUM bank, whose diagonal is those columns' Σh² (:func:`_mean_square`);
+* Scalar: Σ (h / √N)² of the first 3/10 of the columns, its hᵀ copies, the quantization
+  from each PSUM bank of p;
+* Vector: its hᵀ copies, max |p| per PSUM bank, the Gram diagonal (``range_select``).
+
+The split of Σh² depends on N alone: y_q is the same with and without the y and
+transposed outputs (those keep the Vector engine's product, whose NaN and Inf stay in
+their columns: a row holding ±Inf gets NaN across its 128-column block from the
+diagonal matmul's Inf · 0, harmless to y_q, whose row is flagged, but not to y; there
+rstd is formed before the maxima, as y needs it).
+
 Instructions and where the docs (aws-neuron-sdk@81ce03ae ``nki/api/nki/isa/__init__.py``)
 or AWS's kernels (nki-library@d2ad3a5) allow each use:
 
@@ -69,7 +91,16 @@ or AWS's kernels (nki-library@d2ad3a5) allow each use:
   row as the stationary operand broadcasts a row (or the static scale) to the partitions;
 * ``nc_transpose`` (L829) on the Tensor engine, SBUF to PSUM, any dtype (L850-851), for the
   transposed output; its PSUM banks are read by ``tensor_scalar_reduce`` and ``activation``
-  and its stores address y_qᵀ through ``.ap(pattern, offset)`` over the HBM tensor.
+  and its stores address y_qᵀ through ``.ap(pattern, offset)`` over the HBM tensor; and
+  for hᵀ (16-bit, bit-accurate from NeuronCore-v3, L841);
+* ``nc_matmul`` (L489) for p and the Gram matrix: SBUF operands, a float32 PSUM result
+  (L571-573, L587-589), 16-bit operands of one dtype (L577-581), ``accumulate`` False then
+  True into one PSUM tile (L541-545);
+* ``tensor_copy`` (L384) out of PSUM on the Vector or Scalar engine (not GpSimd, which
+  cannot read PSUM, L399-401; the Scalar engine has it from NeuronCore-v3, L403);
+* ``iota`` (L1708) of the partition index; ``range_select`` (L2819, NeuronCore-v3+) of the
+  Gram diagonal from PSUM (free index ≥ and ≤ the partition index, max reduction), as
+  nki-library's ``core/attention/attention_cte.py`` L2738-2750 reads a PSUM tile.
 
 The transposed output (``emit_transposed``) is for the weight-gradient GEMM, which contracts
 y over its M rows (TransformerEngine's ``fp8_t``): a dequant scale can only be factored out
@@ -101,6 +132,15 @@ __all__ = ["fp8_max", "rmsnorm_quant"]
 
 #: Columns of one PSUM bank of float32 (2 KiB per partition).
 _BANK_COLUMNS = 512
+_BANK_BYTES = 2048
+#: The share of a tile's columns whose Σh² the Tensor engine's Gram matrix sums.
+_GRAM_SHARE = (7, 10)
+#: The share of hᵀ's PSUM banks the Scalar engine copies out (the Vector engine the rest).
+_ACT_COPY_SHARE = (3, 8)
+#: NeuronCore-v4 (trn3): the Vector engine runs at the Scalar engine's clock, the Tensor
+#: engine's share binds first; the Scalar engine copies hᵀ at 2×, but has Σh² to do.
+_GRAM_SHARE_V4 = (2, 5)
+_ACT_COPY_SHARE_V4 = (0, 8)
 #: Column chunks of a row tile: at least this many bytes of x per partition, at most
 #: this many chunks.
 _CHUNK_BYTES = 4096
@@ -129,21 +169,26 @@ def _sbuf(shape, dtype):
     return nl.ndarray(shape, dtype=dtype, buffer=nl.sbuf)
 
 
-def _two_tiles_fit(x, residual, weight, emit_y, emit_transposed, quant_dtype):
-    """Whether two row tiles (the software pipeline's) fit SBUF beside the weight row: per
-    partition, h (and x), p, y_q, y, and the float32 y and y_qᵀ of the transposed output of
-    each, and the (rows, 1) columns."""
+def _two_tiles_fit(
+    x, residual, weight, emit_y, emit_transposed, quant_dtype, split=False, in_psum=False
+):
+    """Whether two row tiles (the software pipeline's) fit SBUF beside the weight row (or
+    its diagonals): per partition, h (and x), p (unless the Tensor engine forms it in PSUM,
+    ``in_psum``), y_q, y, and the float32 y and y_qᵀ of the transposed output of each, hᵀ
+    when the Tensor engine shares the work (``split``), and the (rows, 1) columns."""
     N = x.shape[1]
     x_bytes = dtype_bytes(x.dtype)
     per_tile = x_bytes + dtype_bytes(quant_dtype)
     if residual is not None:
         per_tile = per_tile + dtype_bytes(residual.dtype)
-    if weight is not None:
+    if weight is not None and not in_psum:
         per_tile = per_tile + 4
     if emit_y:
         per_tile = per_tile + x_bytes
     if emit_transposed:  # the float32 y and y_qᵀ
         per_tile = per_tile + 4 + dtype_bytes(quant_dtype)
+    if split:
+        per_tile = per_tile + dtype_bytes(x.dtype if residual is None else residual.dtype)
     resident = 0 if weight is None else dtype_bytes(weight.dtype)
     return N * (2 * per_tile + resident) + _SMALL_TILE_BYTES <= usable_sbuf_bytes()
 
@@ -305,15 +350,21 @@ def _quantize(q, p, factor, on_vector=False):
         nisa.activation(dst=q, op=nl.copy, data=p, scale=factor)
 
 
-def _clip(p, bound):
-    """p = clip(p, ±bound) in place, ``bound`` a (rows, 1) column in p's units (Vector
+def _clip(p, bound, dst=None):
+    """p = clip(p, ±bound) in place (or into ``dst``), ``bound`` a (rows, 1) column in p's
+    units (Vector
     engine, one instruction): every clip happens before the one rounding to fp8, so the
     kernel never converts an out-of-range value to fp8 (the docs do not say what that
     gives; the simulator's OCP e4m3fn makes it NaN)."""
     negative = _column(bound.shape)
     nisa.tensor_scalar(dst=negative, data=bound, op0=nl.multiply, operand0=-1.0)
     nisa.tensor_scalar(
-        dst=p, data=p, op0=nl.minimum, operand0=bound, op1=nl.maximum, operand1=negative
+        dst=p if dst is None else dst,
+        data=p,
+        op0=nl.minimum,
+        operand0=bound,
+        op1=nl.maximum,
+        operand1=negative,
     )
 
 
@@ -476,9 +527,177 @@ def _transpose_group(y32, c0, width, count, q_t, scale_t, options):
         )
 
 
-def _tile_front(hbm, options, weight_row, ones, r0, parts):
+def _use_tensor_products(x, residual, weight, options):
+    """Whether p = h · w comes from the Tensor engine (:func:`_weight_diagonals`): row
+    scales, a 16-bit h and weight of one dtype (their products are exact in the float32
+    PSUM), N a multiple of 128."""
+    eps, quant_dtype, scale_mode, block, lower_bound, scale_floor = options
+    if weight is None or scale_mode != "row":
+        return False
+    h_dtype = x.dtype if residual is None else residual.dtype
+    if weight.dtype != h_dtype or (h_dtype != nl.bfloat16 and h_dtype != nl.float16):
+        return False
+    return x.shape[1] % nl.tile_size.pmax == 0
+
+
+def _weight_diagonals(weight):
+    """diag(w[b · 128 : (b + 1) · 128]) for every 128-column block b, side by side in a
+    (128, N) SBUF tile of the weight's dtype: the moving operand that makes a Tensor-engine
+    matmul of hᵀ's block b give p's block b. The weight's blocks are loaded as rows,
+    transposed to columns by the Tensor engine, and each scales a 16-bit identity (the
+    Scalar engine's ``activation`` with a per-partition ``scale``, exact; the Vector engine
+    is the busier)."""
+    pmax = nl.tile_size.pmax
+    N = weight.shape[0]
+    blocks = N // pmax
+    columns = _column((pmax, blocks))
+    by_block = weight.reshape((blocks, pmax))
+    for b0 in range(0, blocks, pmax):
+        count = min(pmax, blocks - b0)
+        rows = _sbuf((count, pmax), weight.dtype)
+        nisa.dma_copy(dst=rows, src=by_block[b0 : b0 + count, :])
+        bank = nl.ndarray((pmax, count), dtype=weight.dtype, buffer=nl.psum)
+        nisa.nc_transpose(dst=bank, data=rows, engine=nisa.tensor_engine)
+        nisa.tensor_copy(dst=columns[:, b0 : b0 + count], src=bank, engine=nisa.vector_engine)
+    offsets = _sbuf((pmax, pmax), nl.int32)
+    nisa.iota(dst=offsets, pattern=[[1, pmax]], offset=0, channel_multiplier=-1)
+    identity = _sbuf((pmax, pmax), weight.dtype)
+    nisa.tensor_scalar(dst=identity, data=offsets, op0=nl.equal, operand0=0.0)
+    diagonals = _sbuf((pmax, N), weight.dtype)
+    for b in range(blocks):
+        nisa.activation(
+            dst=diagonals[:, b * pmax : (b + 1) * pmax],
+            op=nl.copy,
+            data=identity,
+            scale=columns[:, b : b + 1],
+        )
+    return diagonals
+
+
+def _transposed_rows(h_tile, first):
+    """hᵀ of a (rows, N) tile's blocks from ``first`` on: (128, N / 128 · rows), block b at
+    columns b · rows …; Tensor-engine transposes into one PSUM bank per group of blocks,
+    copied out by the Vector engine (16-bit, one side in PSUM: its 2× mode) or, for a
+    share of the banks, the Scalar engine."""
+    parts, N = h_tile.shape
+    pmax = nl.tile_size.pmax
+    blocks = N // pmax
+    per_bank = max(1, _BANK_BYTES // (dtype_bytes(h_tile.dtype) * parts))
+    h_t = _sbuf((pmax, blocks * parts), h_tile.dtype)
+    for b0 in range(first, blocks, per_bank):
+        count = min(per_bank, blocks - b0)
+        bank = nl.ndarray((pmax, count * parts), dtype=h_tile.dtype, buffer=nl.psum)
+        for j in range(count):
+            b = b0 + j
+            nisa.nc_transpose(
+                dst=bank[:, j * parts : (j + 1) * parts],
+                data=h_tile[:, b * pmax : (b + 1) * pmax],
+                engine=nisa.tensor_engine,
+            )
+        engine = nisa.vector_engine
+        k = b0 // per_bank
+        num, den = _ACT_COPY_SHARE
+        if nisa.get_nc_version() == nisa.nc_version.gen4:
+            num, den = _ACT_COPY_SHARE_V4
+        if ((k + 1) * num) // den != (k * num) // den:
+            engine = nisa.scalar_engine
+        nisa.tensor_copy(dst=h_t[:, b0 * parts : (b0 + count) * parts], src=bank, engine=engine)
+    return h_t
+
+
+def _gram_first(N):
+    """The first 128-column block whose Σh² the Tensor engine's Gram matrix sums."""
+    blocks = N // nl.tile_size.pmax
+    num, den = _GRAM_SHARE
+    if nisa.get_nc_version() == nisa.nc_version.gen4:
+        num, den = _GRAM_SHARE_V4
+    return blocks - (blocks * num) // den
+
+
+def _split_square_sums(h_tile, q):
+    """The Scalar engine's share of Σh² of a tile whose hᵀ is on chip: Σ (h / √N)² over the
+    columns before block ``first`` (:func:`_gram_first`); returns it and ``first``.
+    :func:`_mean_square` adds the Tensor engine's share, the diagonal of the Gram matrix
+    hᵀᵀ·hᵀ of the other columns. The split depends on N alone, so that every option's
+    kernel computes the same rstd."""
+    parts, N = h_tile.shape
+    first = _gram_first(N)
+    cut = first * nl.tile_size.pmax
+    on_scalar = _column((parts, 1))
+    nisa.activation_reduce(
+        dst=q[:, 0:cut],
+        op=nl.square,
+        data=h_tile[:, 0:cut],
+        reduce_op=nl.add,
+        reduce_res=on_scalar,
+        scale=1.0 / math.sqrt(N),  # as AWS's attention_tkg.py L1567 scales by 1 / sqrt(d)
+    )
+    return on_scalar, first
+
+
+def _mean_square(sums, h_t, q):
+    """mean(h²) from :func:`_split_square_sums`: over the columns from block ``first`` on,
+    the Tensor engine's Gram matrix, issued here (after the tile's products, so that the
+    products wait for no other engine's stream), whose diagonal the Vector engine's
+    ``range_select`` picks out (free index == partition; a select, so the NaN or Inf of
+    other rows' entries does not reach it), times 1 / N; plus the Scalar engine's part."""
+    on_scalar, first = sums
+    parts, N = q.shape
+    blocks = N // nl.tile_size.pmax
+    if first == blocks:
+        return on_scalar
+    gram = nl.ndarray((parts, parts), dtype=nl.float32, buffer=nl.psum)
+    for b in range(first, blocks):
+        block = h_t[:, b * parts : (b + 1) * parts]
+        nisa.nc_matmul(dst=gram, stationary=block, moving=block, accumulate=b > first)
+    index = _column((parts, 1))
+    nisa.iota(dst=index, pattern=[[0, 1]], offset=0, channel_multiplier=1)
+    diagonal = _column((parts, 1))
+    nisa.range_select(
+        dst=_column((parts, parts)),  # discarded; float32, so the reduction reads no downcast
+        on_true_tile=gram,
+        comp_op0=nl.greater_equal,
+        comp_op1=nl.less_equal,
+        bound0=index,
+        bound1=index,
+        reduce_res=diagonal,
+        reduce_op=nl.maximum,
+    )
+    mean_sq = _column((parts, 1))
+    nisa.tensor_scalar(
+        dst=mean_sq,
+        data=diagonal,
+        op0=nl.multiply,
+        operand0=1.0 / N,
+        op1=nl.add,
+        operand1=on_scalar,
+    )
+    return mean_sq
+
+
+def _product_bank(h_t, diagonals, c0, c1):
+    """p[:, c0:c1] (at most one PSUM bank of float32) on the Tensor engine: for each block,
+    hᵀ's block as the stationary operand against the block's weight diagonal, exact (one
+    nonzero product per sum)."""
+    pmax = nl.tile_size.pmax
+    parts = h_t.shape[1] // (diagonals.shape[1] // pmax)
+    bank = nl.ndarray((parts, c1 - c0), dtype=nl.float32, buffer=nl.psum)
+    for b in range(c0 // pmax, c1 // pmax):
+        j = b - c0 // pmax
+        nisa.nc_matmul(
+            dst=bank[:, j * pmax : (j + 1) * pmax],
+            stationary=h_t[:, b * parts : (b + 1) * parts],
+            moving=diagonals[:, b * pmax : (b + 1) * pmax],
+            accumulate=False,
+        )
+    return bank
+
+
+def _tile_front(hbm, options, weight_row, ones, r0, parts, diagonals=None, split=False):
     """Rows r0 … r0 + parts − 1, up to p: load (and h = x + residual, stored), mean(h²),
-    rstd and p = h · w. Returns what :func:`_tile_scales` continues from."""
+    rstd and p = h · w — or, with the weight's ``diagonals`` (:func:`_weight_diagonals`),
+    hᵀ, from which the Tensor engine forms p one PSUM bank at a time when it is read.
+    Returns what :func:`_tile_scales` continues from."""
     x, residual, h = hbm[0], hbm[1], hbm[5]
     eps, quant_dtype, scale_mode, block, lower_bound, scale_floor = options
     N = x.shape[1]
@@ -502,6 +721,15 @@ def _tile_front(hbm, options, weight_row, ones, r0, parts):
     # The quantized tile is written last; until then it takes the discarded elementwise
     # results of the reductions.
     q = _sbuf((parts, N), quant_dtype)
+    if split:
+        h_t = _transposed_rows(h_tile, 0 if diagonals is not None else _gram_first(N))
+        sums = _split_square_sums(h_tile, q)
+        if diagonals is not None:
+            return rows, chunks, q, h_tile, None, r0, (h_t, diagonals, sums)
+        # the y / transposed outputs: rstd at once, as without the split (y needs it)
+        rstd = _rstd(_mean_square(sums, h_t, q), eps)
+        p = _product(h_tile, weight_row, ones)
+        return rows, chunks, q, p, rstd, r0, (h_t, None, sums)
     # mean(h²) as Σ (h / √N)²: the Scalar engine's scale folds the 1 / N in
     mean_sq = _column((parts, 1))
     nisa.activation_reduce(
@@ -514,17 +742,19 @@ def _tile_front(hbm, options, weight_row, ones, r0, parts):
     )
     rstd = _rstd(mean_sq, eps)
     p = h_tile if weight_row is None else _product(h_tile, weight_row, ones)
-    return rows, chunks, q, p, rstd, r0
+    return rows, chunks, q, p, rstd, r0, None
 
 
 def _tile_scales(hbm, options, loaded):
     """The maxima of |p| and the dequant scales of a tile :func:`_tile_front` loaded; returns
     the tile's state for :func:`_tile_back`."""
     eps, quant_dtype, scale_mode, block, lower_bound, scale_floor = options
-    rows, chunks, q, p, rstd, r0 = loaded
+    rows, chunks, q, p, rstd, r0, products = loaded
     parts, N = p.shape
     amax_p = None
-    if scale_mode == "row":
+    if products is not None and products[1] is not None:
+        amax_p = _bank_maxima(q, products)
+    elif scale_mode == "row":
         amax_p = _column((parts, 1))
         nisa.tensor_scalar_reduce(
             dst=q, data=p, op0=nl.abs, operand0=0.0, reduce_op=nl.maximum, reduce_res=amax_p
@@ -537,10 +767,39 @@ def _tile_scales(hbm, options, loaded):
         nisa.tensor_scalar_reduce(
             dst=junk, data=p, op0=nl.abs, operand0=0.0, reduce_op=nl.maximum, reduce_res=amax_p
         )
+    if rstd is None:
+        # after the maxima: the Gram diagonal is read once the Vector engine is done with them
+        rstd = _rstd(_mean_square(products[2], products[0], q), eps)
     scaled = None
     if scale_mode != "static":
         scaled = _scale(amax_p, rstd, fp8_max(quant_dtype), lower_bound, scale_floor)
-    return rows, chunks, q, p, rstd, r0, amax_p, scaled
+    return rows, chunks, q, p, rstd, r0, products, amax_p, scaled
+
+
+def _bank_maxima(q, products):
+    """max |p| per row, p formed by the Tensor engine one PSUM bank at a time: the Vector
+    engine's ``tensor_scalar_reduce`` (``nl.abs``, max) of each bank (discarded output in
+    q's columns), then the maximum of the banks' maxima."""
+    h_t, diagonals, sums = products
+    parts, N = q.shape
+    banks = -(-N // _BANK_COLUMNS)
+    maxima = _column((parts, banks))
+    for g in range(banks):
+        c0 = g * _BANK_COLUMNS
+        c1 = min(N, c0 + _BANK_COLUMNS)
+        nisa.tensor_scalar_reduce(
+            dst=q[:, c0:c1],
+            data=_product_bank(h_t, diagonals, c0, c1),
+            op0=nl.abs,
+            operand0=0.0,
+            reduce_op=nl.maximum,
+            reduce_res=maxima[:, g : g + 1],
+        )
+    if banks == 1:
+        return maxima
+    amax_p = _column((parts, 1))
+    nisa.tensor_reduce(dst=amax_p, op=nl.maximum, data=maxima, axis=1)
+    return amax_p
 
 
 def _tile_back(hbm, options, static_inverse, state, last):
@@ -548,9 +807,12 @@ def _tile_back(hbm, options, static_inverse, state, last):
     amax and y, stored (``last``: this core's last tile)."""
     y_q, scales, y, amax, packed_scales = hbm[2], hbm[3], hbm[4], hbm[6], hbm[7]
     eps, quant_dtype, scale_mode, block, lower_bound, scale_floor = options
-    rows, chunks, q, p, rstd, r0, amax_p, scaled = state
+    rows, chunks, q, p, rstd, r0, products, amax_p, scaled = state
     parts, N = p.shape
     fp8max = fp8_max(quant_dtype)
+    if products is not None and products[1] is not None:
+        _tile_back_banks(hbm, options, state, last)
+        return
 
     # y first: the clips below change p in place
     if y is not None:
@@ -607,6 +869,57 @@ def _tile_back(hbm, options, static_inverse, state, last):
         row_amax = _column((parts, 1))
         nisa.tensor_reduce(dst=row_amax, op=nl.maximum, data=amax_y, axis=1)
         nisa.dma_copy(dst=amax[rows, :], src=row_amax)
+
+
+def _tile_back_banks(hbm, options, state, last):
+    """:func:`_tile_back` for a tile whose p the Tensor engine forms (row scales): per PSUM
+    bank of p, y (Scalar engine), the float32 y of the transposed output, p clipped to
+    ±lower_bound / rstd (Vector engine) and y_q (Scalar engine, ``scale=`` the row's
+    factor; on this core's ``last`` tile every other bank on the Vector engine, then free),
+    the stores per column chunk, the transposed output (:func:`_transposed`) last."""
+    y_q, scales, y, amax, packed_scales = hbm[2], hbm[3], hbm[4], hbm[6], hbm[7]
+    eps, quant_dtype, scale_mode, block, lower_bound, scale_floor = options
+    rows, chunks, q, p, rstd, r0, products, amax_p, scaled = state
+    h_t, diagonals, sums = products
+    parts, N = q.shape
+    amax_y, scale = scaled
+    factor = _factors(scale, rstd)
+    y_tile = None
+    if y is not None:
+        y_tile = _sbuf((parts, N), y.dtype)
+    y32 = None
+    if hbm[8] is not None:
+        y32 = _sbuf((parts, N), nl.float32)
+    bound = None
+    if lower_bound is not None:
+        bound = _scaled_inverse(rstd, lower_bound)
+    for c0, c1 in chunks:
+        for b0 in range(c0, c1, _BANK_COLUMNS):
+            b1 = min(c1, b0 + _BANK_COLUMNS)
+            bank = _product_bank(h_t, diagonals, b0, b1)
+            if y_tile is not None:
+                nisa.activation(dst=y_tile[:, b0:b1], op=nl.copy, data=bank, scale=rstd)
+            if y32 is not None:
+                nisa.activation(dst=y32[:, b0:b1], op=nl.copy, data=bank, scale=rstd)
+            if bound is not None:
+                clipped = _sbuf((parts, b1 - b0), nl.float32)
+                _clip(bank, bound, clipped)
+                bank = clipped
+            _quantize(q[:, b0:b1], bank, factor, last and (b0 // _BANK_COLUMNS) % 2 == 1)
+        nisa.dma_copy(dst=y_q[rows, c0:c1], src=q[:, c0:c1])
+        if y_tile is not None:
+            nisa.dma_copy(dst=y[rows, c0:c1], src=y_tile[:, c0:c1])
+    if packed_scales is not None:
+        nisa.dma_copy(
+            dst=packed_scales[rows, :],
+            src=scale.ap(pattern=[[_SCALE_BYTES, parts], [1, _SCALE_BYTES]], dtype=quant_dtype),
+        )
+    else:
+        nisa.dma_copy(dst=scales[rows, :], src=scale)
+    if amax is not None:
+        nisa.dma_copy(dst=amax[rows, :], src=amax_y)
+    if y32 is not None:
+        _transposed(hbm, options, y32, None, r0)
 
 
 @nki.jit
@@ -680,17 +993,26 @@ def rmsnorm_quant(
 
     weight_row = None
     ones = None
-    if weight is not None:
+    diagonals = None
+    options = (eps, quant_dtype, scale_mode, block, lower_bound, scale_floor)
+    split = _use_tensor_products(x, residual, weight, options)
+    if split and not emit_y and not emit_transposed:
+        diagonals = _weight_diagonals(weight)
+    elif weight is not None:
         weight_row, ones = _load_weight(weight)
     static_inverse = None
     if scale_mode == "static":
         static_inverse = _broadcast_scale(input_scale)
     hbm = (x, residual, y_q, scales, y, h, amax, packed_scales, y_q_t, scales_t)
-    options = (eps, quant_dtype, scale_mode, block, lower_bound, scale_floor)
     tiles = _core_tiles(M)
-    if not _two_tiles_fit(x, residual, weight, emit_y, emit_transposed, quant_dtype):
+    fit = _two_tiles_fit(
+        x, residual, weight, emit_y, emit_transposed, quant_dtype, split, diagonals is not None
+    )
+    if not fit:
         for t in range(len(tiles)):
-            loaded = _tile_front(hbm, options, weight_row, ones, tiles[t][0], tiles[t][1])
+            loaded = _tile_front(
+                hbm, options, weight_row, ones, tiles[t][0], tiles[t][1], diagonals, split
+            )
             state = _tile_scales(hbm, options, loaded)
             _tile_back(hbm, options, static_inverse, state, t == len(tiles) - 1)
         return tuple(outputs)
@@ -703,15 +1025,21 @@ def rmsnorm_quant(
     last = len(tiles) - 1
     pending = None
     if len(tiles) > 0:
-        pending = _tile_front(hbm, options, weight_row, ones, tiles[0][0], tiles[0][1])
+        pending = _tile_front(
+            hbm, options, weight_row, ones, tiles[0][0], tiles[0][1], diagonals, split
+        )
     for t in range(len(tiles)):
         if t + 1 < last:
-            loaded = _tile_front(hbm, options, weight_row, ones, tiles[t + 1][0], tiles[t + 1][1])
+            loaded = _tile_front(
+                hbm, options, weight_row, ones, tiles[t + 1][0], tiles[t + 1][1], diagonals, split
+            )
             state = _tile_scales(hbm, options, pending)
             pending = loaded
         elif t + 1 == last:
             state = _tile_scales(hbm, options, pending)
-            loaded = _tile_front(hbm, options, weight_row, ones, tiles[t + 1][0], tiles[t + 1][1])
+            loaded = _tile_front(
+                hbm, options, weight_row, ones, tiles[t + 1][0], tiles[t + 1][1], diagonals, split
+            )
             pending = _tile_scales(hbm, options, loaded)
         elif t == 0:  # a single tile
             state = _tile_scales(hbm, options, pending)
