@@ -69,8 +69,12 @@ QUICK_SHAPES = ((129, 1024), (256, 4096))
 #: The kinds the sweep runs without ``--kind``.
 KINDS = ("fwd", "bwd", "fused_add")
 #: ... and those ``--kind`` takes: also "quant", the fp8 quantized forward (legacy kernels on
-#: trn1/inf2, either dialect on trn2, nki06 on trn3).
-ALL_KINDS = KINDS + ("quant",)
+#: trn1/inf2, either dialect on trn2, nki06 on trn3), and "mx", the MXFP8 quantized forward
+#: (nki06 on trn3 only: ``quantize_mx`` is NeuronCore-v4's).
+ALL_KINDS = KINDS + ("quant", "mx")
+#: The targets of the "mx" kind, and the multiple its N must be (the kernel's 512-value chunk).
+MX_TARGETS = ("trn3",)
+MX_N_MULTIPLE = 512
 TARGETS = ("inf2", "trn1", "trn2", "trn3")
 DIALECTS = ("legacy", "nki06")
 LNC_TARGETS = ("trn2", "trn3")  # logical cores of two physical cores (LNC=2) exist only there
@@ -85,15 +89,24 @@ EPS = 1e-6
 # error's scale: the largest |reference| value for the forward outputs and dweight (≤ 1 ulp
 # for bf16/fp16 in gemma mode), and for dx the row's largest term rstd·max(|g|, |x̂·c|), as in
 # tests/kernels/test_bwd.py (dx itself can be far smaller than its terms after the cancellation).
-TOLERANCE_EPS = {"fwd": 2.0, "fused_add": 2.0, "bwd": 8.0, "quant": 1.0}
+TOLERANCE_EPS = {"fwd": 2.0, "fused_add": 2.0, "bwd": 8.0, "quant": 1.0, "mx": 1.0}
 #: "quant": the dequantized y_q · scale against the float64 y, relative to the row's amax, in
 #: units of half the spacing of fp8 values just below fp8_max (1/16 for e4m3 and e4m3fn,
 #: 1/8 for e5m2): the error RNE can make.
 QUANT_HALF_SPACING = {"float8_e4m3": 2.0**-4, "float8_e4m3fn": 2.0**-4, "float8_e5m2": 2.0**-3}
+#: "mx": the dequantized output against the float64 reference's (the documented roundings and
+#: quantization, :mod:`nki_rmsnorm.reference_mx`), in units of the fp8 step at the top binade
+#: of the value's block: a block's values reach [2^7, 2^8) times its scale X, where e4m3fn
+#: steps by 2^4 X. The kernel's float32 rstd can put a rare y on the other side of a bf16
+#: rounding boundary than the float64 one: one bf16 ulp of y, at most one fp8 step.
+MX_QUANT_DTYPE = "float8_e4m3fn_x4"
+MX_TOP_STEP = 2.0**4
 BASELINES = {"fwd": "Neuron RMSNorm tutorial kernel",
              "fused_add": "tutorial add, then the tutorial RMSNorm kernel",
              "bwd": "straightforward nl backward (no published kernel)",
-             "quant": "none here: scripts/compare_nkilib.py runs AWS's rmsnorm_quant_kernel"}
+             "quant": "none here: scripts/compare_nkilib.py runs AWS's rmsnorm_quant_kernel",
+             "mx": "none here: scripts/compare_nkilib.py --mx runs AWS's "
+                   "rmsnorm_mx_quantize_tkg"}
 
 
 @dataclass
@@ -136,6 +149,8 @@ def minimal_hbm_bytes(kind: str, M: int, N: int, itemsize: int) -> int:
         return 4 * itemsize * M * N + itemsize * N + 4 * M
     if kind == "quant":  # x in, fp8 y_q with its 4 scale bytes per row out (packed layout)
         return itemsize * M * N + itemsize * N + M * (N + 4)
+    if kind == "mx":  # x in, fp8 y_q with one e8m0 scale byte per 32 values out
+        return itemsize * M * N + itemsize * N + M * N + M * N // 32
     return 3 * itemsize * M * N + itemsize * N + 4 * N + 4 * M
 
 
@@ -242,6 +257,8 @@ def run_case(kind, target, M, N, dtype_name, rng, with_baseline=True, dialect="l
     start = time.perf_counter()
     if kind == "quant":
         packed, prof = _quant_run(target, lnc, x, weight, dialect)
+    elif kind == "mx":
+        packed, prof = _mx_run(lnc, x, weight, target)
     elif kind == "bwd":
         outputs, prof = _profile(dialect, lnc, rmsnorm_bwd, dy, x, weight, rstd, None, 0.0,
                                  False, "gemma", target=target)
@@ -257,6 +274,8 @@ def run_case(kind, target, M, N, dtype_name, rng, with_baseline=True, dialect="l
         2.0 ** -8 if dtype_name == "bfloat16" else 2.0 ** -11)
     if kind == "quant":
         errors, eps_dtype = _quant_errors(packed, target, x, weight)
+    elif kind == "mx":
+        errors, eps_dtype = _mx_errors(packed, x, weight)
     elif kind == "bwd":
         want = reference.rms_norm_bwd(dy, x, weight, rstd)
         errors = [_max_error(outputs[0], want[0], _dx_row_scale(dy, x, weight, rstd)),
@@ -345,6 +364,54 @@ def _quant_errors(packed, target, x, weight):
 _CHECK_ROWS = 1024
 
 
+def _mx_run(lnc, x, weight, target):
+    """Run the MX case (``rmsnorm_mx_quant``, e4m3fn values, e8m0 scales): ((y_q (N / 4, M)
+    as uint32, scales (N / 32, M) as uint8), Profile)."""
+    from nki_rmsnorm import kernels
+
+    kernel = kernels.kernel("rmsnorm_mx_quant", "nki06")
+    args = (x, None, weight, EPS, kernels.nki_dtype(MX_QUANT_DTYPE, "nki06"),
+            kernels.nki_dtype("float8_e8m0fnu", "nki06"))
+    out, prof = _profile("nki06", lnc, kernel, *args, target=target)
+    y_q = np.ascontiguousarray(np.asarray(out[0])).view(np.uint32)
+    return (y_q, np.ascontiguousarray(np.asarray(out[1])).view(np.uint8)), prof
+
+
+def _mx_errors(packed, x, weight):
+    """([error], its unit) of the MX case: the dequantized output against the float64
+    reference's, in units of the fp8 step at the top of the value's block (its NaN blocks
+    must be the reference's)."""
+    from nki_rmsnorm import mx, reference_mx
+
+    y_q, scales = packed
+    error = 0.0
+    for r0 in range(0, x.shape[0], _CHECK_ROWS):
+        rows = slice(r0, r0 + _CHECK_ROWS)
+        got = mx.mx_dequantize(y_q[:, rows], scales[:, rows], MX_QUANT_DTYPE)
+        want = reference_mx.rms_norm_mx_quant(x[rows], weight, EPS, quant_dtype=MX_QUANT_DTYPE)
+        expected = want["dequantized"]
+        if not np.array_equal(np.isnan(got), np.isnan(expected)):
+            return [float("inf")], 1.0
+        step = np.ldexp(MX_TOP_STEP, want["scale_bytes"].astype(np.int64) - 127)
+        finite = np.isfinite(expected)
+        deviation = np.abs(got - expected) / np.repeat(step, 32, axis=1)
+        error = max(error, float(deviation[finite].max(initial=0.0)))
+    return [error], 1.0
+
+
+def _mx_copy_views(x, row_bytes):
+    """The (a, b) fp8 tensors of the MX case's copy yardstick for ``row_bytes``: together
+    x's bytes (read), a's alone the bytes the case writes, fp8 values and scales (33 bytes
+    per 32 values; b the other 31). They share their row count, a's rows at most
+    ``row_bytes`` long where the shape allows."""
+    unit = x.size // 32  # per 32 values of x: 33 bytes written, 32 · itemsize read
+    width = max([k for k in range(1, max(1, row_bytes // 33) + 1) if unit % k == 0])
+    rows = unit // width
+    fp8 = ml_dtypes.float8_e4m3fn
+    return (np.zeros((rows, 33 * width), fp8),
+            np.zeros((rows, (32 * x.dtype.itemsize - 33) * width), fp8))
+
+
 def _floor_fields(prof) -> dict:
     """The record's per-engine floor and the resource it names as binding."""
     import simulate.cost
@@ -379,7 +446,8 @@ def _dx_row_scale(dy, x, weight, rstd) -> np.ndarray:
 
 def _copy_us(kind, target, x, residual, dy, dialect="legacy", lnc=1) -> float:
     """Modeled time of a plain DMA copy moving the tensors the case moves: x → y (forward),
-    x, residual → y, h (fused add), dy, x read and one tensor written (backward), in the
+    x, residual → y, h (fused add), dy, x read and one tensor written (backward), x read
+    and its fp8 bytes written (quant; mx: with a scale byte per 32 values), in the
     case's dialect and on its logical core (under LNC=2 each core copies half the rows); the
     fastest of the row lengths :data:`~nki_rmsnorm.kernels.baseline.COPY_ROW_BYTES`."""
     if dialect == "nki06":
@@ -389,6 +457,10 @@ def _copy_us(kind, target, x, residual, dy, dialect="legacy", lnc=1) -> float:
 
     from nki_rmsnorm.kernels.baseline import COPY_ROW_BYTES
 
+    if kind == "mx":  # x's bytes read, the fp8 values' and scales' bytes written
+        return min(_profile(dialect, lnc, copies.copy_one_load_one,
+                            *_mx_copy_views(x, row_bytes), target=target)[1].latency_us
+                   for row_bytes in COPY_ROW_BYTES)
     if kind == "fwd":
         launch = (copies.copy_one, x)
     elif kind == "quant":  # x's bytes read (as two fp8 halves), its fp8 bytes written
@@ -411,7 +483,7 @@ def _baseline_us(kind, target, x, weight, residual, dy, rstd) -> float | None:
     from nki_rmsnorm.kernels import baseline
 
     out = np.empty_like(x)
-    if kind == "quant":
+    if kind in ("quant", "mx"):
         return None
     try:
         if kind == "fwd":
@@ -610,7 +682,8 @@ Runs:
 
 BENCH_LEGEND = """\
 columns:
-  kind      fwd (forward), bwd (backward), fused_add (residual add + forward)
+  kind      fwd (forward), bwd (backward), fused_add (residual add + forward), quant (fp8
+            output, row scales), mx (MXFP8 output, a scale per 32 values)
   target    trn1, trn2, trn3, inf2; trn2x2 / trn3x2 = that target at LNC=2 (two cores)
   shape     M x N: rows x hidden size
   model µs  the modeled kernel latency in microseconds
@@ -655,9 +728,10 @@ def build_parser() -> argparse.ArgumentParser:
                             "target at LNC=2 (nki06). Default: trn1,trn2,trn3, plus trn2x2 "
                             "with the nki06 kernels at --lnc 1")
     sweep.add_argument("--kind", default=",".join(KINDS),
-                       help="comma list of fwd,bwd,fused_add (default) and quant (the fp8 "
+                       help="comma list of fwd,bwd,fused_add (default), quant (the fp8 "
                             "quantized forward; legacy on trn1/inf2, either dialect on trn2, "
-                            "nki06 on trn3)")
+                            "nki06 on trn3) and mx (the MXFP8 quantized forward; trn3 and "
+                            "trn3x2 only)")
     sweep.add_argument("--dialect",
                        help="kernel dialect of the trn2/trn3 rows: legacy (neuronxcc.nki, SDK "
                             "<= 2.29) or nki06 (SDK >= 2.31); default: the package's (nki06 "
@@ -764,6 +838,8 @@ def _check(args) -> _Sweep:
     if "quant" in kinds and dialect_name != "nki06" and any(t == "trn3" for t, _ in targets):
         raise ValueError("--kind quant on trn3 needs --dialect nki06: its OCP float8_e4m3fn is "
                          "not a legacy NKI dtype")
+    if "mx" in kinds:
+        _check_mx(shapes, targets, dialect_name)
     if "bwd" in kinds:
         for M, N in shapes:
             if N > MAX_HIDDEN_BWD:
@@ -776,14 +852,31 @@ def _check(args) -> _Sweep:
                 raise ValueError(f"{option} {path}: directory {folder} does not exist")
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         raise ValueError("--plot needs matplotlib: pip install 'nki-rmsnorm[bench]'")
-    if args.device and "quant" in kinds:
-        raise ValueError("--kind quant runs on the cost model only (no --device measurement "
-                         "of the quantized kernel yet)")
+    for kind in ("quant", "mx"):
+        if args.device and kind in kinds:
+            raise ValueError(f"--kind {kind} runs on the cost model only (no --device "
+                             "measurement of the quantized kernels yet)")
     if args.device:
         from nki_rmsnorm import device
 
         device.check_available()  # ValueError naming what is missing, before any case
     return _Sweep(shapes, DTYPES[args.dtype], targets, kinds, dialect_name)
+
+
+def _check_mx(shapes, targets, dialect_name) -> None:
+    """ValueError unless every ``--kind mx`` case can run: the 0.6 kernel on trn3 (LNC 1 or
+    2), N a multiple of 512."""
+    others = sorted({t for t, _ in targets if t not in MX_TARGETS})
+    if others:
+        raise ValueError(f"--kind mx needs --target trn3 or trn3x2 (quantize_mx exists on "
+                         f"NeuronCore-v4 only); not {', '.join(others)}")
+    if dialect_name != "nki06":
+        raise ValueError("--kind mx needs --dialect nki06: the legacy NKI dialect has no MX "
+                         "dtypes or quantize_mx")
+    for M, N in shapes:
+        if N % MX_N_MULTIPLE:
+            raise ValueError(f"shape {M}x{N}: --kind mx needs N a multiple of "
+                             f"{MX_N_MULTIPLE} (the MX kernel's chunk of a row)")
 
 
 def available_cores() -> int:

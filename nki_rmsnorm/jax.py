@@ -59,6 +59,7 @@ __all__ = [
     "fused_add_rms_norm",
     "launch_path",
     "rms_norm",
+    "rms_norm_heads",
     "rms_norm_mx_quant",
     "rms_norm_qk",
     "rms_norm_quant",
@@ -992,6 +993,16 @@ def rms_norm_mx_quant(
     return mx.MXQuantizedRMSNorm(values[0], values[1], h)
 
 
+def _per_head(x, weight) -> bool:
+    """Whether ``weight`` is a per-head ``(heads, head_dim)`` weight of ``x``."""
+    return (
+        weight is not None
+        and weight.ndim == 2
+        and x.ndim >= 2
+        and (tuple(x.shape[-2:]) == tuple(weight.shape))
+    )
+
+
 def rms_norm_qk(
     q,
     k,
@@ -1004,7 +1015,8 @@ def rms_norm_qk(
     out_dtype=None,
 ):
     """The query and key norms of an attention in one kernel launch: ``(y_q, y_k)``, the
-    arguments and outputs of :func:`nki_rmsnorm.ops.rms_norm_qk` as JAX arrays, bit for bit
+    arguments and outputs of :func:`nki_rmsnorm.ops.rms_norm_qk` as JAX arrays (per-head
+    ``(heads, head_dim)`` weights included), bit for bit
     what :func:`rms_norm` gives each alone. Works under ``jax.jit`` (the launch is a host
     callback running the simulated kernel, as the ``"simulator"`` path of :func:`rms_norm`)
     and is differentiable in q, k and the weights (a ``jax.custom_vjp``: the backward
@@ -1027,7 +1039,12 @@ def rms_norm_qk(
                 f"{name} must have a non-empty last (normalised) dimension, got shape "
                 f"{tuple(a.shape)}"
             )
-    q2, k2 = q.reshape((-1, q.shape[-1])), k.reshape((-1, k.shape[-1]))
+    # a per-head weight equal to a.shape[-2:] keeps the heads axis, (tokens, heads,
+    # head_dim); any other weight meets the launcher's shape check on (rows, head_dim)
+    q2, k2 = (
+        a.reshape((-1,) + (tuple(w.shape) if _per_head(a, w) else tuple(a.shape[-1:])))
+        for a, w in ((q, q_weight), (k, k_weight))
+    )
     ops.rms_norm_qk_fwd(
         stand_in(q2),
         stand_in(k2),
@@ -1043,8 +1060,8 @@ def rms_norm_qk(
     y_types = (
         jax.ShapeDtypeStruct(q2.shape, out or np.dtype(q.dtype)),
         jax.ShapeDtypeStruct(k2.shape, out or np.dtype(k.dtype)),
-        jax.ShapeDtypeStruct(q2.shape[:1], np.float32),
-        jax.ShapeDtypeStruct(k2.shape[:1], np.float32),
+        jax.ShapeDtypeStruct(q2.shape[:-1], np.float32),
+        jax.ShapeDtypeStruct(k2.shape[:-1], np.float32),
     )
 
     def forward_host(outputs, q_host, k_host, wq_host, wk_host):
@@ -1102,3 +1119,71 @@ def rms_norm_qk(
     fused.defvjp(fused_fwd, fused_bwd)
     y_q, y_k = fused(q2, k2, q_weight, k_weight)
     return y_q.reshape(q.shape), y_k.reshape(k.shape)
+
+
+def rms_norm_heads(x, weight, eps: float = 1e-6, *, offset: float = 0.0, casting_mode="gemma"):
+    """RMSNorm over the last axis of ``x`` ``(..., heads, head_dim)`` with a per-head
+    ``weight`` ``(heads, head_dim)`` (QK-norm with a weight per head): the row of head i is
+    scaled by ``weight[i] + offset``, as :func:`nki_rmsnorm.ops.rms_norm_fwd` with a 2-D
+    weight (the same bits). Works under ``jax.jit`` (a host callback running the simulated
+    kernel) and is differentiable in x and the weight (a ``jax.custom_vjp``: the backward
+    kernel once per head, from the saved rstd, so the weight's gradient is per head).
+    head_dim · bytes ≤ 512 and heads ≤ 4 · (512 // head_dim), else a ``ValueError`` naming
+    ``weight``; every argument is checked when traced, before anything runs."""
+    for name, a in (("x", x), ("weight", weight)):
+        if not hasattr(a, "shape") or not hasattr(a, "dtype"):
+            raise TypeError(f"{name} must be an array, got {type(a).__name__}")
+    if x.ndim < 2 or weight.ndim != 2 or tuple(x.shape[-2:]) != tuple(weight.shape):
+        raise ValueError(
+            "weight must have shape (heads, head_dim) = x.shape[-2:], got weight "
+            f"{tuple(weight.shape)} for x {tuple(x.shape)}"
+        )
+    rows = x.reshape((-1,) + tuple(weight.shape))
+    ops.rms_norm_fwd(
+        np.empty((0,) + tuple(weight.shape), np.dtype(x.dtype)),
+        np.empty(weight.shape, np.dtype(weight.dtype)),
+        eps,
+        offset=offset,
+        casting_mode=casting_mode,
+    )
+    eps = validation.eps_value(eps)
+    dialect_name = dialect.current()
+    types = (
+        jax.ShapeDtypeStruct(rows.shape, np.dtype(x.dtype)),
+        jax.ShapeDtypeStruct(rows.shape[:2], np.float32),
+    )
+
+    def forward_host(outputs, x_host, w_host):
+        with dialect.use_dialect(dialect_name):
+            result = ops.rms_norm_fwd(x_host, w_host, eps, offset=offset, casting_mode=casting_mode)
+        for o, value in zip(outputs, result):
+            o[...] = value
+
+    def backward_host(outputs, dy, x_host, w_host, rstd):
+        with dialect.use_dialect(dialect_name):
+            dx, dweight, _ = ops.rms_norm_bwd(
+                dy, x_host, w_host, rstd, offset=offset, casting_mode=casting_mode
+            )
+        outputs[0][...] = dx
+        outputs[1][...] = dweight
+
+    @jax.custom_vjp
+    def per_head(x_rows, w):
+        return _host_call(forward_host, types, x_rows, w)[0]
+
+    def per_head_fwd(x_rows, w):
+        y, rstd = _host_call(forward_host, types, x_rows, w)
+        return y, (x_rows, w, rstd)
+
+    def per_head_bwd(saved, dy):
+        x_rows, w, rstd = saved
+        grad_types = (
+            jax.ShapeDtypeStruct(x_rows.shape, x_rows.dtype),
+            jax.ShapeDtypeStruct(w.shape, w.dtype),
+        )
+        return tuple(
+            _host_call(backward_host, grad_types, dy.astype(x_rows.dtype), x_rows, w, rstd)
+        )
+
+    per_head.defvjp(per_head_fwd, per_head_bwd)
+    return per_head(rows, weight).reshape(x.shape)

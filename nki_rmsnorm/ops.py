@@ -49,6 +49,7 @@ from nki_rmsnorm.validation import kernel_dtype as _dtype
 from nki_rmsnorm.validation import offset_value as _offset
 from nki_rmsnorm.validation import parameter as _parameter
 from nki_rmsnorm.validation import real as _real
+from nki_rmsnorm.validation import weight_parameter as _weight_parameter
 
 __all__ = ["KERNEL_DTYPES", "QuantizedRMSNorm", "check_options", "rms_norm", "rms_norm_bwd",
            "rms_norm_fwd", "rms_norm_qk", "rms_norm_qk_fwd", "rms_norm_quant"]
@@ -76,7 +77,11 @@ def rms_norm_fwd(x: np.ndarray, weight: np.ndarray | None = None, eps: float = 1
 
     Args:
         x: array of rank ≥ 1 in float32, bfloat16 or float16; normalised over its last axis.
-        weight: ``(N,)`` scale in float32 or x's dtype, or None for no scale.
+        weight: ``(N,)`` scale in float32 or x's dtype, or None for no scale; or a per-head
+            ``(heads, N)`` weight equal to ``x.shape[-2:]`` (x of shape ``(..., heads, N)``,
+            QK-norm with a weight per head as Liger and Quack offer): the row of head i is
+            scaled by ``weight[i]``. Per-head weights need N·bytes(h) ≤ 512 and heads ≤
+            4·(512 // N) (the kernels' short-row "packed" regime), else a ``ValueError``.
         eps: finite and ≥ 0, added to the mean square inside the root.
         offset: added to ``weight`` (Gemma's ``1 + w``); needs a weight.
         bias: ``(N,)`` in float32 or x's dtype, added last, or None.
@@ -90,7 +95,8 @@ def rms_norm_fwd(x: np.ndarray, weight: np.ndarray | None = None, eps: float = 1
     """
     x, residual = _input_rows(x, residual)
     n = x.shape[-1]
-    weight = _parameter(weight, "weight", n, x.dtype)
+    weight = _weight_parameter(weight, "weight", x.shape, x.dtype,
+                               None if residual is None else residual.dtype)
     bias = _parameter(bias, "bias", n, x.dtype)
     eps = _eps(eps)
     offset = _offset(offset, weight)
@@ -145,7 +151,8 @@ def rms_norm_qk_fwd(q: np.ndarray, k: np.ndarray, q_weight: np.ndarray | None = 
         k: keys, likewise (its own shape and dtype: grouped-query attention has fewer key
             heads).
         q_weight, k_weight: ``(q.shape[-1],)`` / ``(k.shape[-1],)`` scales in float32 or
-            their tensor's dtype, or None.
+            their tensor's dtype, or None; or per-head ``q.shape[-2:]`` / ``k.shape[-2:]``
+            weights (as :func:`rms_norm_fwd`'s ``weight``).
         eps, offset, casting_mode, out_dtype: as :func:`rms_norm_fwd`, for both (a non-zero
             ``offset`` needs both weights).
 
@@ -155,8 +162,8 @@ def rms_norm_qk_fwd(q: np.ndarray, k: np.ndarray, q_weight: np.ndarray | None = 
     """
     q = _named_rows(q, "q")
     k = _named_rows(k, "k")
-    q_weight = _parameter(q_weight, "q_weight", q.shape[-1], q.dtype, "q")
-    k_weight = _parameter(k_weight, "k_weight", k.shape[-1], k.dtype, "k")
+    q_weight = _weight_parameter(q_weight, "q_weight", q.shape, q.dtype, x_name="q")
+    k_weight = _weight_parameter(k_weight, "k_weight", k.shape, k.dtype, x_name="k")
     eps = _eps(eps)
     offset = _real(offset, "offset")
     if offset and (q_weight is None or k_weight is None):
@@ -208,7 +215,8 @@ def rms_norm_bwd(dy: np.ndarray, x_or_h: np.ndarray, weight: np.ndarray | None,
     Args:
         dy: gradient of ``y``, shaped like ``x_or_h`` (float32, bfloat16 or float16).
         x_or_h: the normalised input: ``x``, or ``h`` when the forward added a residual.
-        weight: the forward's ``(N,)`` weight, or None.
+        weight: the forward's ``(N,)`` weight, its per-head ``(heads, N)`` weight
+            (``x_or_h.shape[-2:]``; ``dweight`` is then per head), or None.
         rstd: the forward's float32 ``rstd``, shape ``x_or_h.shape[:-1]``.
         offset: the forward's weight offset (needs a weight).
         has_bias: whether the forward added a bias (then ``dbias`` is returned).
@@ -239,8 +247,10 @@ def rms_norm_bwd(dy: np.ndarray, x_or_h: np.ndarray, weight: np.ndarray | None,
         raise ValueError(f"dy must have x_or_h's shape {x.shape}, got {dy.shape}")
     if weight is not None:
         weight = _kernel_array(weight, "weight")
-        if weight.shape != (n,):
-            raise ValueError(f"weight must have shape (N,) = ({n},), got {weight.shape}")
+        per_head = weight.ndim == 2 and x.ndim >= 2 and weight.shape == x.shape[-2:]
+        if weight.shape != (n,) and not per_head:
+            raise ValueError(f"weight must have shape (N,) = ({n},), or x_or_h.shape[-2:] = "
+                             f"{x.shape[-2:]} for a per-head weight, got {weight.shape}")
     rstd = _array(rstd, "rstd")
     if rstd.dtype != _FLOAT32:
         raise TypeError(f"rstd must be float32 (as rms_norm_fwd returns it), got {rstd.dtype}")
@@ -272,8 +282,11 @@ def rms_norm_bwd(dy: np.ndarray, x_or_h: np.ndarray, weight: np.ndarray | None,
     rows = math.prod(lead)
     if rows == 0:  # gradients of a sum over no rows
         return (np.empty(x.shape, x.dtype),
-                None if weight is None else np.zeros(n, param_dtype),
+                None if weight is None else np.zeros(weight.shape, param_dtype),
                 np.zeros(n, bias_dtype) if has_bias else None)
+    if weight is not None and weight.ndim == 2:
+        return _per_head_bwd(dy, x, weight, rstd, offset, has_bias, bias_dtype, dh_out,
+                             casting_mode)
 
     grads = list(kernels.rmsnorm_bwd(
         _rows(dy, rows, n), _rows(x, rows, n), weight, np.ascontiguousarray(rstd.reshape(rows)),
@@ -282,6 +295,36 @@ def rms_norm_bwd(dy: np.ndarray, x_or_h: np.ndarray, weight: np.ndarray | None,
     dx = grads.pop(0).reshape(x.shape)
     dweight = grads.pop(0) if weight is not None else None
     dbias = grads.pop(0) if has_bias else None
+    return dx, dweight, dbias
+
+
+def _per_head_bwd(dy, x, weight, rstd, offset, has_bias, bias_dtype, dh_out, casting_mode):
+    """The backward of a per-head weight (heads, N) as a composition of the backward
+    kernel: one launch per head, on that head's rows (``x[..., i, :]`` copied contiguous)
+    with ``weight[i]``, gives its rows' dx and ``dweight[i]``; with a bias, one more launch
+    over all rows without a weight gives ``dbias`` (its dx is discarded: dbias = Σ dy does
+    not depend on the weight). Each row's dx is the backward kernel's for that row alone, so
+    it does not depend on the number of tokens."""
+    heads, n = weight.shape
+    dx = np.empty(x.shape, x.dtype)
+    dweight = np.empty(weight.shape, weight.dtype)
+    rows = math.prod(x.shape[:-2])
+    no_bias = kernels.nki_dtype(weight.dtype.name, dialect.current())
+    for head in range(heads):
+        head_dx, head_dweight = kernels.rmsnorm_bwd(
+            _rows(dy[..., head, :], rows, n), _rows(x[..., head, :], rows, n), weight[head],
+            np.ascontiguousarray(rstd[..., head].reshape(rows)),
+            None if dh_out is None else _rows(dh_out[..., head, :], rows, n), offset, False,
+            casting_mode, no_bias)
+        dx[..., head, :] = head_dx.reshape(x.shape[:-2] + (n,))
+        dweight[head] = head_dweight
+    dbias = None
+    if has_bias:
+        total = math.prod(x.shape[:-1])
+        dbias = kernels.rmsnorm_bwd(
+            _rows(dy, total, n), _rows(x, total, n), None,
+            np.ascontiguousarray(rstd.reshape(total)), None, 0.0, True, casting_mode,
+            kernels.nki_dtype(bias_dtype.name, dialect.current()))[1]
     return dx, dweight, dbias
 
 

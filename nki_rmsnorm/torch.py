@@ -69,6 +69,7 @@ __all__ = [
     "last_launch_path",
     "patch_module",
     "rms_norm",
+    "rms_norm_heads",
     "rms_norm_mx_quant",
     "rms_norm_qk",
     "rms_norm_quant",
@@ -1217,12 +1218,14 @@ def _(
 def _check_qk_op(q, k, q_weight, k_weight, eps, offset, casting_mode, out_dtype):
     """Every argument of the fused QK-norm operator, before anything runs; returns
     ``(eps, offset, out_dtype)`` with ``out_dtype`` a ``torch.dtype`` or None."""
-    _check_rows("q", q)
-    _check_rows("k", k)
-    if q_weight is not None:
-        _check_tensor("q_weight", q_weight, (q.shape[1],), q, (torch.float32, q.dtype))
-    if k_weight is not None:
-        _check_tensor("k_weight", k_weight, (k.shape[1],), k, (torch.float32, k.dtype))
+    for name, t, weight in (("q", q, q_weight), ("k", k, k_weight)):
+        if isinstance(weight, torch.Tensor) and weight.dim() == 2:
+            # a per-head weight: t is (tokens, heads, head_dim)
+            _check_heads_op(t, weight, name, f"{name}_weight")
+        else:
+            _check_rows(name, t)
+            if weight is not None:
+                _check_tensor(f"{name}_weight", weight, (t.shape[1],), t, (torch.float32, t.dtype))
     if k.device != q.device:
         raise ValueError(f"k is on {k.device} but q is on {q.device}")
     out = _op_dtype(out_dtype, "out_dtype")
@@ -1278,8 +1281,8 @@ def _(q, k, q_weight, k_weight, eps, offset, casting_mode, out_dtype):
     return (
         torch.empty_like(q, dtype=out or q.dtype),
         torch.empty_like(k, dtype=out or k.dtype),
-        q.new_empty(q.shape[:1], dtype=torch.float32),
-        k.new_empty(k.shape[:1], dtype=torch.float32),
+        q.new_empty(q.shape[:-1], dtype=torch.float32),
+        k.new_empty(k.shape[:-1], dtype=torch.float32),
     )
 
 
@@ -1297,13 +1300,26 @@ def _qk_backward(ctx, dy_q, dy_k, _drstd_q, _drstd_k):
         if dy is None:
             dy = torch.zeros_like(x)
         offset = ctx.offset if weight is not None else 0.0
-        result = _rms_norm_bwd(dy, x, weight, rstd, offset, False, None, ctx.casting_mode)
+        if x.dim() == 3:  # a per-head weight
+            result = _rms_norm_heads_bwd(dy, x, weight, rstd, offset, ctx.casting_mode)
+        else:
+            result = _rms_norm_bwd(dy, x, weight, rstd, offset, False, None, ctx.casting_mode)
         grads.append((result[0], None if weight is None else result[1]))
     (dq, dq_weight), (dk, dk_weight) = grads
     return dq, dk, dq_weight, dk_weight, None, None, None, None
 
 
 _rms_norm_qk_fwd.register_autograd(_qk_backward, setup_context=_qk_setup_context)
+
+
+def _qk_rows(t: Tensor, weight) -> Tensor:
+    """``t`` as the operator's rows: (tokens, heads, head_dim) for a per-head weight equal
+    to its last two dims, else (rows, head_dim) (any other weight meets the operator's
+    shape check)."""
+    if isinstance(weight, Tensor) and weight.dim() == 2 and t.dim() >= 2:
+        if tuple(t.shape[-2:]) == tuple(weight.shape):
+            return t.reshape((-1,) + tuple(weight.shape))
+    return t.reshape(-1, t.shape[-1])
 
 
 def rms_norm_qk(
@@ -1321,8 +1337,9 @@ def rms_norm_qk(
     call) in one kernel launch: ``(y_q, y_k)``, each normalised over its last dim with its
     own weight, bit for bit what :func:`rms_norm` gives each alone; differentiable (the
     backward runs the backward kernel per tensor). The arguments are those of
-    :func:`nki_rmsnorm.ops.rms_norm_qk`, as tensors (``out_dtype`` a ``torch.dtype``);
-    CPU tensors (the simulated kernels) and ``"meta"`` only so far."""
+    :func:`nki_rmsnorm.ops.rms_norm_qk`, as tensors (``out_dtype`` a ``torch.dtype``;
+    per-head ``(heads, head_dim)`` weights as :func:`rms_norm_heads` takes, then bit for bit
+    what it gives); CPU tensors (the simulated kernels) and ``"meta"`` only so far."""
     for name, t in (("q", q), ("k", k)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -1332,8 +1349,8 @@ def rms_norm_qk(
                 f"{tuple(t.shape)}"
             )
     y_q, y_k, _, _ = _rms_norm_qk_fwd(
-        q.reshape(-1, q.shape[-1]),
-        k.reshape(-1, k.shape[-1]),
+        _qk_rows(q, q_weight),
+        _qk_rows(k, k_weight),
         q_weight,
         k_weight,
         eps,
@@ -1542,3 +1559,130 @@ def rms_norm_mx_quant(
     return mx.MXQuantizedRMSNorm(
         outputs[0], outputs[1], outputs[2] if residual is not None else None
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# A per-head weight (QK-norm with a weight per head)
+# ---------------------------------------------------------------------------------------------
+
+
+def _check_heads_op(x, weight, name="x", weight_name="weight"):
+    """``x`` (tokens, heads, N) and ``weight`` (heads, N) of the per-head operators: shapes,
+    dtypes, device and the kernels' "packed" limits, before anything runs."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"{name} must be float32, float16 or bfloat16, got {_dtype_name(x.dtype)}")
+    if x.dim() != 3 or x.shape[2] == 0:
+        raise ValueError(
+            f"{name} must be 3-D (tokens, heads, head_dim) with head_dim > 0, got shape "
+            f"{tuple(x.shape)}"
+        )
+    if x.device.type not in ("cpu", "meta"):  # pragma: no cover - needs a NeuronDevice
+        raise NotImplementedError(
+            "the per-head weight runs the simulated kernel on CPU tensors only so far; got a "
+            f"tensor on {x.device}"
+        )
+    _check_tensor(weight_name, weight, tuple(x.shape[1:]), x, (torch.float32, x.dtype))
+    validation.check_head_weight(weight_name, tuple(weight.shape), x.element_size())
+
+
+@torch.library.custom_op("nki_rmsnorm::rms_norm_heads_fwd", mutates_args=())
+def _rms_norm_heads_fwd(
+    x: Tensor, weight: Tensor, eps: float, offset: float, casting_mode: str, out_dtype: str | None
+) -> tuple[Tensor, Tensor]:
+    _check_heads_op(x, weight)
+    eps, offset = ops.check_options(eps, offset, weight, casting_mode)
+    out = _op_dtype(out_dtype, "out_dtype")
+    y, rstd = ops.rms_norm_fwd(
+        _to_numpy(x),
+        _to_numpy(weight),
+        eps,
+        offset=offset,
+        casting_mode=casting_mode,
+        out_dtype=None if out is None else _NUMPY_DTYPES[out],
+    )
+    return _from_numpy(y), _from_numpy(rstd)
+
+
+@_rms_norm_heads_fwd.register_fake
+def _(x, weight, eps, offset, casting_mode, out_dtype):
+    _check_heads_op(x, weight)
+    ops.check_options(eps, offset, weight, casting_mode)
+    out = _op_dtype(out_dtype, "out_dtype")
+    return torch.empty_like(x, dtype=out or x.dtype), x.new_empty(x.shape[:2], dtype=torch.float32)
+
+
+@torch.library.custom_op("nki_rmsnorm::rms_norm_heads_bwd", mutates_args=())
+def _rms_norm_heads_bwd(
+    dy: Tensor, x: Tensor, weight: Tensor, rstd: Tensor, offset: float, casting_mode: str
+) -> tuple[Tensor, Tensor]:
+    _check_heads_op(x, weight)
+    _check_tensor("dy", dy, x.shape, x, SUPPORTED_DTYPES)
+    _check_tensor("rstd", rstd, x.shape[:2], x, (torch.float32,))
+    dx, dweight, _ = ops.rms_norm_bwd(
+        _to_numpy(dy),
+        _to_numpy(x),
+        _to_numpy(weight),
+        _to_numpy(rstd),
+        offset=offset,
+        casting_mode=casting_mode,
+    )
+    return _from_numpy(dx), _from_numpy(dweight)
+
+
+@_rms_norm_heads_bwd.register_fake
+def _(dy, x, weight, rstd, offset, casting_mode):
+    _check_heads_op(x, weight)
+    _check_tensor("dy", dy, x.shape, x, SUPPORTED_DTYPES)
+    _check_tensor("rstd", rstd, x.shape[:2], x, (torch.float32,))
+    return torch.empty_like(x), torch.empty_like(weight)
+
+
+def _heads_setup_context(ctx, inputs, output):
+    x, weight, _eps, offset, casting_mode, _ = inputs
+    ctx.save_for_backward(x, weight, output[1])
+    ctx.offset, ctx.casting_mode = offset, casting_mode
+
+
+def _heads_backward(ctx, dy, _drstd):
+    x, weight, rstd = ctx.saved_tensors
+    dx, dweight = _rms_norm_heads_bwd(dy, x, weight, rstd, ctx.offset, ctx.casting_mode)
+    return dx, dweight, None, None, None, None
+
+
+_rms_norm_heads_fwd.register_autograd(_heads_backward, setup_context=_heads_setup_context)
+
+
+def rms_norm_heads(
+    input: Tensor,
+    weight: Tensor,
+    eps: float = 1e-6,
+    *,
+    offset: float = 0.0,
+    casting_mode: str = "gemma",
+    out_dtype: torch.dtype | None = None,
+) -> Tensor:
+    """RMSNorm over the last dim of ``input`` ``(..., heads, head_dim)`` with a per-head
+    ``weight`` ``(heads, head_dim)`` (QK-norm with a weight per head, as Liger's and Quack's
+    RMSNorm take): the row of head i is scaled by ``weight[i] + offset``. A separate
+    function rather than :func:`rms_norm`'s ``normalized_shape``, where a 2-D weight means a
+    norm over both dims. Differentiable: ``weight``'s gradient is per head (the backward
+    kernel once per head, :func:`nki_rmsnorm.ops.rms_norm_bwd`). Launches
+    ``torch.ops.nki_rmsnorm.rms_norm_heads_fwd`` (with a fake implementation); head_dim ·
+    bytes ≤ 512 and heads ≤ 4 · (512 // head_dim) (else a ``ValueError`` naming ``weight``); CPU
+    tensors (the simulated kernels) and ``"meta"`` only so far."""
+    if not isinstance(input, torch.Tensor):
+        raise TypeError(f"input must be a torch.Tensor, got {type(input).__name__}")
+    if not isinstance(weight, torch.Tensor):
+        raise TypeError(f"weight must be a torch.Tensor, got {type(weight).__name__}")
+    if input.dim() < 2 or weight.dim() != 2 or tuple(input.shape[-2:]) != tuple(weight.shape):
+        raise ValueError(
+            "weight must have shape (heads, head_dim) = input.shape[-2:], got weight "
+            f"{tuple(weight.shape)} for input {tuple(input.shape)}"
+        )
+    heads, n = weight.shape
+    y, _ = _rms_norm_heads_fwd(
+        input.reshape(-1, heads, n), weight, eps, offset, casting_mode, _dtype_arg(out_dtype)
+    )
+    return y.reshape(input.shape)

@@ -19,6 +19,13 @@ import numpy as np
 from numpy.typing import DTypeLike
 
 from nki_rmsnorm.plan.backward import MAX_HIDDEN
+from nki_rmsnorm.plan.forward import (
+    PACKED_MAX_HEAD_BANKS,
+    PACKED_MAX_ROW_BYTES,
+    PSUM_COLS,
+    max_heads,
+    packed_takes_heads,
+)
 from nki_rmsnorm.reference import CASTING_MODES
 
 __all__ = [
@@ -74,6 +81,44 @@ def parameter(value: Any, name: str, n: int, x_dtype: np.dtype,
         raise TypeError(
             f"{name} must be float32 or {x_name}'s dtype ({x_dtype}), got {array.dtype}")
     return np.ascontiguousarray(array)
+
+
+def weight_parameter(value: Any, name: str, x_shape: tuple, x_dtype: np.dtype,
+                     h_dtype: np.dtype | None = None, x_name: str = "x") -> np.ndarray | None:
+    """``weight``: None, an ``(N,)`` array (:func:`parameter`), or a per-head ``(heads, N)``
+    array equal to ``x_shape[-2:]`` (x is ``(..., heads, head_dim)``; row r of the flattened
+    ``(tokens·heads, N)`` rows is scaled by ``weight[r mod heads]``), in float32 or x's
+    dtype. A per-head weight runs in the kernels' "packed" regime only: N·bytes of h (the
+    residual's dtype, else x's; ``h_dtype``) ≤ 512 and heads ≤ 4·(512 // N) (16 heads of
+    128)."""
+    if value is None:
+        return None
+    n = x_shape[-1]
+    if np.ndim(value) != 2:
+        return parameter(value, name, n, x_dtype, x_name)
+    array = as_array(value, name)
+    if len(x_shape) < 2 or array.shape != tuple(x_shape[-2:]):
+        raise ValueError(
+            f"{name} must have shape (N,) = ({n},), or (heads, N) = {x_name}.shape[-2:] for a "
+            f"per-head weight ({x_name} of shape (..., heads, N)), got {array.shape} with "
+            f"{x_name} of shape {tuple(x_shape)}")
+    if array.dtype not in (FLOAT32, x_dtype):
+        raise TypeError(
+            f"{name} must be float32 or {x_name}'s dtype ({x_dtype}), got {array.dtype}")
+    check_head_weight(name, array.shape, np.dtype(x_dtype if h_dtype is None else h_dtype).itemsize)
+    return np.ascontiguousarray(array)
+
+
+def check_head_weight(name: str, shape: tuple, h_bytes: int) -> None:
+    """A per-head weight of ``shape`` (heads, N) fits the kernels' "packed" regime (rows of h
+    in a dtype of ``h_bytes`` bytes), else a ``ValueError`` naming ``name``."""
+    heads, n = shape
+    if not packed_takes_heads(h_bytes, n, heads):
+        raise ValueError(
+            f"{name} of shape (heads, N) = {tuple(shape)} (a per-head weight) needs "
+            f"N * {h_bytes} bytes <= {PACKED_MAX_ROW_BYTES} and heads <= "
+            f"{PACKED_MAX_HEAD_BANKS} * ({PSUM_COLS} // N) = {max_heads(n)} (the kernels' "
+            "short-row regime); pass an (N,) weight or split the heads")
 
 
 def real(value: Any, name: str) -> float:

@@ -66,6 +66,8 @@ sys.modules[f"{__name__}.tensor"] = sys.modules[f"{__name__}.core.tensor"]
 del _module
 
 tensor = language.Tensor  # ``nki.tensor``: the class (the module is ``simulate.core.tensor``)
+# ``nki.trace``: the decorator (the module stays importable as ``simulate.trace``)
+trace = runtime.trace
 
 __all__ = [
     "CapacityError", "Instruction", "Kernel", "NKIError", "Profile", "SDK_RELEASES",

@@ -40,6 +40,22 @@ def _core_rows(rows: int) -> tuple[int, int]:
     return start, min(rows, start + per_core * _PARTITIONS)
 
 
+def _copy_tiles(views, targets):
+    """Copy the 2-D ``views[k]`` into ``targets[k]`` for the targets given (a view without a
+    target is loaded only), 128 rows at a time over this core's rows; the views share their
+    row count, not their width."""
+    start, stop = _core_rows(views[0].shape[0])
+    for r0 in range(start, stop, _PARTITIONS):
+        count = min(_PARTITIONS, stop - r0)
+        tiles = []
+        for view in views:
+            tile = nl.ndarray((count, view.shape[1]), view.dtype, buffer=nl.sbuf)
+            nisa.dma_copy(dst=tile, src=view[r0 : r0 + count])
+            tiles.append(tile)
+        for k in range(len(targets)):
+            nisa.dma_copy(dst=targets[k][r0 : r0 + count], src=tiles[k])
+
+
 def _copy_rows(sources, outputs, row_bytes):
     """Copy ``sources[k]`` into ``outputs[k]`` for the outputs given (a source without an
     output is loaded only), over this core's rows of the flat view; the last core also
@@ -59,16 +75,7 @@ def _copy_rows(sources, outputs, row_bytes):
     for t in outputs:
         flat_out.append(t.reshape((size,)))
         targets.append(flat_out[-1][0 : rows * width].reshape((rows, width)))
-    start, stop = _core_rows(rows)
-    for r0 in range(start, stop, _PARTITIONS):
-        count = min(_PARTITIONS, stop - r0)
-        tiles = []
-        for view in views:
-            tile = nl.ndarray((count, width), view.dtype, buffer=nl.sbuf)
-            nisa.dma_copy(dst=tile, src=view[r0 : r0 + count])
-            tiles.append(tile)
-        for k in range(len(targets)):
-            nisa.dma_copy(dst=targets[k][r0 : r0 + count], src=tiles[k])
+    _copy_tiles(views, targets)
     last_core = (nl.program_id(0) if nl.program_ndim() else 0) == (
         nl.num_programs(0) if nl.program_ndim() else 1
     ) - 1
@@ -105,4 +112,15 @@ def copy_two_store_one(a, b, row_bytes=_COPY_ROW_BYTES):
     tensors read, one written)."""
     out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
     _copy_rows([a, b], [out], row_bytes)
+    return out
+
+
+@nki.jit
+def copy_one_load_one(a, b):
+    """Loads ``a`` and ``b`` (2-D, the same row count, any widths) and stores a copy of
+    ``a``: the bytes of a case whose output is smaller than its input but not a whole
+    tensor of it (the MX-quantized forward: x's bytes read as a and b, the fp8 values and
+    their scales written as a's copy)."""
+    out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+    _copy_tiles([a, b], [out])
     return out

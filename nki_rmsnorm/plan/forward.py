@@ -88,6 +88,11 @@ PACKED_MAX_ROW_BYTES = 512
 PACKED_TILE_BYTES = 4096
 #: ... while each core keeps at least this many tiles to pipeline.
 PACKED_MIN_TILES = 4
+#: A per-head weight (heads, N) takes the "packed" regime only, replicated across partitions
+#: in at most this many PSUM banks (``PSUM_COLS`` fp32 columns, whole heads each) of the
+#: eight of a partition's 16 KiB PSUM (the bias and the Tensor engine's products keep the
+#: rest): heads ≤ 4 · (512 // N), 16 heads of 128.
+PACKED_MAX_HEAD_BANKS = 4
 
 
 # The rstd chain's constants and the entry points' HBM tensors, shared by both dialects.
@@ -358,14 +363,19 @@ class Layout(NKIObject):
     output_chunk: int = 0
 
 
-def choose_layout(plan: Plan, m: int, n: int, budget: int, cores: int = 1) -> Layout:
+def choose_layout(
+    plan: Plan, m: int, n: int, budget: int, cores: int = 1, heads: int = 1
+) -> Layout:
     """The regime for an (m, n) input within ``budget`` SBUF bytes per partition. ``cores``:
     the physical cores the row tiles are shared among (2 under LNC=2), each of which should
     keep ``MIN_TILES`` tiles to pipeline; only the rows per partition of "rows" and
-    "packed" depend on it, and they change no row's arithmetic."""
+    "packed" depend on it, and they change no row's arithmetic. ``heads`` > 1: a per-head
+    weight (heads, n), row r using weight[r mod heads]; only "packed" takes it
+    (:func:`packed_takes_heads`)."""
     if n * dtype_bytes(plan.h_dtype) <= PACKED_MAX_ROW_BYTES:
         return Layout(
-            "packed", rows_per_partition=packed_rows_per_partition(plan, m, n, budget, cores)
+            "packed",
+            rows_per_partition=packed_rows_per_partition(plan, m, n, budget, cores, heads),
         )
     if plan.fits_rows(n, 1, budget):
         rows = 1
@@ -400,14 +410,53 @@ def choose_layout(plan: Plan, m: int, n: int, budget: int, cores: int = 1) -> La
     return Layout("two_pass", chunk=plan.two_pass_chunk(n, budget))
 
 
-def packed_rows_per_partition(plan: Plan, m: int, n: int, budget: int, cores: int = 1) -> int:
+def packed_takes_heads(h_dtype_bytes: int, n: int, heads: int) -> bool:
+    """Whether the "packed" regime takes a per-head weight (heads, n) for rows of h in a
+    dtype of ``h_dtype_bytes`` bytes: rows of at most ``PACKED_MAX_ROW_BYTES`` and
+    at most ``PACKED_MAX_HEAD_BANKS`` banks of whole heads (:func:`max_heads`)."""
+    return n * h_dtype_bytes <= PACKED_MAX_ROW_BYTES and heads <= max_heads(n)
+
+
+def max_heads(n: int) -> int:
+    """The most heads of n a per-head weight may have: ``PACKED_MAX_HEAD_BANKS`` PSUM banks
+    of ``PSUM_COLS // n`` heads each."""
+    return PACKED_MAX_HEAD_BANKS * max(1, PSUM_COLS // n)
+
+
+def weight_heads(plan: Plan, weight_shape, m: int, n: int) -> int:
+    """The heads of a weight of ``weight_shape`` for (m, n) rows: 1 for (n,) (or no weight,
+    None); ``heads`` for a per-head (heads, n), which the "packed" regime alone takes
+    (:func:`packed_takes_heads`) and whose rows are tokens × heads (heads divides m)."""
+    if weight_shape is None or len(weight_shape) == 1:
+        return 1
+    heads = weight_shape[0]
+    kernel_assert(
+        len(weight_shape) == 2 and weight_shape[1] == n and heads >= 1 and m % heads == 0,
+        "a per-head weight must be (heads, N) with heads dividing the rows (tokens x heads)",
+    )
+    kernel_assert(
+        packed_takes_heads(dtype_bytes(plan.h_dtype), n, heads),
+        "a per-head weight (heads, N) needs N * bytes(h) <= "
+        + str(PACKED_MAX_ROW_BYTES)
+        + " and heads <= "
+        + str(PACKED_MAX_HEAD_BANKS)
+        + " * (512 // N)",
+    )
+    return heads
+
+
+def packed_rows_per_partition(
+    plan: Plan, m: int, n: int, budget: int, cores: int = 1, heads: int = 1
+) -> int:
     """Rows per partition of the "packed" regime: the largest k dividing m (the kernel
     views the rows as (m / k, k·n)) whose tile moves at most ``PACKED_TILE_BYTES`` of x per
-    partition, leaves ``PACKED_MIN_TILES`` tiles per core and fits SBUF."""
-    target = max(1, PACKED_TILE_BYTES // (n * dtype_bytes(plan.in_dtype)))
-    tiles = max(1, m // (PMAX * cores * PACKED_MIN_TILES))
-    rows = 1
-    for k in range(2, target + 1):
+    partition, leaves ``PACKED_MIN_TILES`` tiles per core and fits SBUF; with a per-head
+    weight, k is a multiple of ``heads`` (m is one: tokens × heads), so that every
+    partition's row j is of head j mod heads."""
+    target = max(heads, PACKED_TILE_BYTES // (n * dtype_bytes(plan.in_dtype)))
+    tiles = max(heads, m // (PMAX * cores * PACKED_MIN_TILES))
+    rows = heads
+    for k in range(2 * heads, target + 1, heads):
         if k <= tiles and m % k == 0 and plan.packed_bytes(n, k) <= budget:
             rows = k
     return rows

@@ -51,6 +51,8 @@ class IndexExpr:
         return IndexExpr(self.values[key])
 
     def __add__(self, other):
+        if getattr(other, "on_chip", False):  # `iy + tile[0, i]`: a run-time offset
+            return NotImplemented
         return IndexExpr(self.values + _values(other), self.is_1d)
 
     __radd__ = __add__
@@ -154,7 +156,8 @@ class Predicate:
         raise NKIControlFlowError(
             "a comparison of index expressions is a mask, not a Python bool: it cannot drive "
             "'if'/'while', and predicates combine with '&', not 'and' "
-            "(err_ambiguous_tensor_truth_value)",
+            "(err_ambiguous_tensor_truth_value; \"We do not support using and for masks\", "
+            "general/nki/nki_known_issues.rst@8a38e733 L38)",
             "err_control_flow_condition_depending_on_arange",
         )
 

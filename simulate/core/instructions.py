@@ -13,7 +13,7 @@ import numpy as np
 
 from . import dtypes as dt
 from . import rules
-from .errors import NKITypeError, NKIValueError
+from .errors import NKIIndexError, NKITypeError, NKIValueError
 from .indexing import align_mask, mask_box, mask_values
 from .memory import Storage
 from .runtime import check_writable, current, record_write
@@ -112,8 +112,19 @@ def _fits(mask, shape) -> bool:
     return True
 
 
+def check_no_dynamic_offset(value, use: str) -> None:
+    """Only nisa.tensor_copy_dynamic_src/_dst address a tile at a run-time offset."""
+    if isinstance(value, Access) and value.dynamic is not None:
+        raise NKIIndexError(
+            f"{use} is indexed by a value known only at run time; copying such an on-chip "
+            "access is not natively supported: use nisa.tensor_copy_dynamic_src (a dynamic "
+            "source) or nisa.tensor_copy_dynamic_dst (a dynamic destination) "
+            "(aws-neuron-sdk@8a38e733 general/nki/api/nki.errors.rst L256-281)",
+            "err_copy_dynamic_indirect_indices_not_natively_supported")
+
+
 def tile_operand(value, argname: str, api: str, mask=None, allow_psum=True,
-                 operand_mask=False) -> Operand:
+                 operand_mask=False, dynamic_offset=False) -> Operand:
     """Read an SBUF/PSUM tile argument of a compute instruction.
 
     ``mask`` (a compact boolean array) restricts the read when it fits the operand's shape,
@@ -134,6 +145,8 @@ def tile_operand(value, argname: str, api: str, mask=None, allow_psum=True,
             f"Expected operand '{argname}' of '{api}' to be in address space 'sbuf', but got a "
             "tile in 'psum' instead", "err_unsupported_memory")
     if isinstance(value, Access):
+        if not dynamic_offset:
+            check_no_dynamic_offset(value, f"operand '{argname}' of '{api}'")
         if value.operand_mask is not None and not operand_mask:
             raise NKIValueError(
                 f"`{argname}` of {api} is operand-masked (tile[...][mask]); only the matmul "
@@ -197,8 +210,10 @@ def allocate(shape, dtype, buffer: str = "sbuf", name: str = "", fill=None) -> T
         check_tile_shape(shape[par_axis:], f"tile `{name or 'tile'}` of shape {shape}")
         per_partition = int(np.prod(shape[:par_axis] + shape[par_axis + 1:])) * dtype.itemsize
         storage = Storage(buffer, buffer, name)
-        if buffer == "psum":
-            rules.check_psum_tile(per_partition // dtype.itemsize, dtype.itemsize,
+        if buffer == "psum":  # TC#2 is a rule per (P, F) tile; each block is one tile
+            # ("The block dimensions described how many physical (P, F) tiles the tensor
+            # has", general/nki/nki_block_dimension_migration_guide.rst@8a38e733 L31)
+            rules.check_psum_tile(int(np.prod(shape[par_axis + 1:])), dtype.itemsize,
                                   f"PSUM tile `{name or 'tile'}` of shape {shape} "
                                   f"{dt.name(dtype)}")
         (ctx.sbuf if buffer == "sbuf" else ctx.psum).allocate(
@@ -379,9 +394,11 @@ def fit_values(values: np.ndarray, shape, name: str) -> np.ndarray:
         "err_store_dst_shape_smaller_than_other_shape")
 
 
-def write_into(dst, values: np.ndarray, mask, accumulate=False) -> None:
+def write_into(dst, values: np.ndarray, mask, accumulate=False, dynamic_offset=False) -> None:
     """Write ``values`` (fp32 or storage-typed) into a tile or HBM view where ``mask``
     holds, rounding to the destination dtype."""
+    if not dynamic_offset:
+        check_no_dynamic_offset(dst, f"destination `{dst.name or 'tile'}`")
     ctx = current("write")
     check_writable(ctx, dst.storage)
     check_in_scope(dst, f"destination `{dst.name or 'tile'}` of a write")

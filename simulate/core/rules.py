@@ -459,8 +459,17 @@ def check_shared_hbm_blocks(blocks, name: str) -> None:
         )
 
 
-def check_while_entry(entered: bool, line: int) -> None:
-    """Only do-while loops: the first iteration is always executed (errors L902-L947)."""
+def check_while_entry(entered: bool, line: int, runtime: bool = False) -> None:
+    """Only do-while loops: the first iteration is always executed (errors L902-L947). A
+    condition computed from a run-time scalar (``scalar(tile) < 10``) is checked before the
+    first iteration even when it holds: the manual's unsupported example (L917-L924)."""
+    if runtime:
+        raise NKIValueError(
+            f"while loop at line {line}: Traditional while loops are not supported - use "
+            "do-while pattern instead (the condition is a run-time value on entry; enter with "
+            f"cond = scalar(True) and update cond at the end of the body; {ERRORS}, L902-L947)",
+            "err_while_loop_requires_unconditional_entry",
+        )
     if not entered:
         # general/nki/api/nki.errors.rst@8a38e733, L902-L947
         raise NKIValueError(

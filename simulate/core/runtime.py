@@ -175,11 +175,12 @@ def check_legacy_kernel(kernel, entry_point: str | None = None) -> None:
         "err_kernel_of_the_other_dialect")
 
 
-def _launch(func, args, kwargs, *, grid=(), target=None):
+def _launch(func, args, kwargs, *, grid=(), target=None, simulation=False):
     """``(outputs, trace)`` of one run of ``func`` (either dialect) in the simulator."""
     own_launcher = getattr(func, "__simulate_trace__", None)
     if own_launcher is None:
-        outputs, trace, _ = run(func, args, kwargs, grid=grid, target=target)
+        outputs, trace, _ = run(func, args, kwargs, grid=grid, target=target,
+                                simulation=simulation)
         return outputs, trace
     if grid:
         raise NKIValueError(
@@ -452,6 +453,12 @@ class _Arguments:
             return value
         if isinstance(value, np.ndarray):
             return self._param(value, value, argname, index, mutable)
+        spec = getattr(value, "__nki_argument_spec__", None)
+        if spec is not None:  # a shape-and-dtype placeholder: an input of undefined values
+            shape, dtype = spec
+            dtype = dt.as_dtype(dtype, argname)
+            array = dt.full(shape, dt.uninitialised(dtype), dtype)
+            return self._param(array, array, argname, index, mutable)
         if isinstance(value, (list, tuple)) and not isinstance(value, str):
             items = [self.convert(v, f"{argname}[{i}]", (index, i), mutable)
                      for i, v in enumerate(value)]
@@ -520,11 +527,13 @@ class _Arguments:
                     "err_unsupported_argument")
 
 
-def run(func, args, kwargs, *, grid=(), target=None, check_affine=True, expected_outputs=None):
+def run(func, args, kwargs, *, grid=(), target=None, check_affine=True, expected_outputs=None,
+        simulation=False):
     """Run a kernel in the simulator. Returns ``(result, trace, params)`` where ``result`` is
     the kernel's return value converted to NumPy (None in the output-parameter convention,
     where the kernel has written the caller's arrays). ``expected_outputs=k`` says the last
-    ``k`` array parameters are outputs that must be written (bindings pass it)."""
+    ``k`` array parameters are outputs that must be written (bindings pass it).
+    ``simulation``: a legacy ``nki.jit(mode="simulation")`` kernel (see :func:`_finish`)."""
     if _context.get() is not None:
         raise NKIRuntimeError("a kernel cannot launch another kernel with a grid",
                               "err_nested_kernel_with_spmd_grid")
@@ -560,7 +569,7 @@ def run(func, args, kwargs, *, grid=(), target=None, check_affine=True, expected
             ctx.core = 0 if core_of is None else core_of(pid)
             ctx.shared_hbm_cursor = 0
             result = func(*positional, **keywords)
-        outputs = _finish(result, arguments.params, expected_outputs)
+        outputs = _finish(result, arguments.params, expected_outputs, simulation)
     finally:
         _context.reset(token)
         _finished.trace = ctx.trace
@@ -570,8 +579,16 @@ def run(func, args, kwargs, *, grid=(), target=None, check_affine=True, expected
     return outputs, ctx.trace, arguments.params
 
 
-def _finish(result, params, expected_outputs):
-    """Apply the calling-convention checks and convert the result to NumPy."""
+def _finish(result, params, expected_outputs, simulation=False):
+    """Apply the calling-convention checks and convert the result to NumPy.
+
+    A compiled kernel returns HBM tensors only: "We currently do not support using tensors
+    stored in SBUF or PSUM as the input or output of the top-level kernel"
+    (aws-neuron-sdk@8a38e733 general/nki/nki_known_issues.rst L11-15). A
+    ``mode="simulation"`` kernel, which only the compiler's built-in CPU simulator runs
+    (general/nki/api/nki/__init__.py L368-378, L463-467), may also hand back an SBUF/PSUM
+    tile, as AWS's own examples do (general/nki/test/test_nki_isa_range_select.py L19-55,
+    test_nki_isa_dma_transpose.py L24-38)."""
     if result is None:
         outputs = [p for p in params if isinstance(p.storage.param_index, int)]
         if expected_outputs:
@@ -586,10 +603,14 @@ def _finish(result, params, expected_outputs):
     returned = result if isinstance(result, (tuple, list)) else (result,)
     returned_storages = set()
     for item in returned:
+        if isinstance(item, Tensor) and item.on_chip and simulation:
+            continue  # an on-chip tile a simulation-mode kernel hands back
         if not isinstance(item, Tensor) or item.on_chip:
             raise NKITypeError(
-                "a kernel returns HBM tensors (nl.ndarray(..., buffer=nl.shared_hbm)); "
-                f"got {item!r}", "err_top_level_tensor_must_be_hbm")
+                "a compiled kernel returns HBM tensors (nl.ndarray(..., buffer=nl.shared_hbm)),"
+                " not SBUF/PSUM tiles (aws-neuron-sdk@8a38e733 general/nki/nki_known_issues.rst"
+                f" L11-15; only a mode=\"simulation\" kernel may); got {item!r}",
+                "err_top_level_tensor_must_be_hbm")
         _check_written(item)
         returned_storages.add(item.storage.id)
     for tensor in params:
@@ -706,7 +727,8 @@ class Kernel:
             return jax_calls.call_traced(
                 lambda a, k: _launch(self.func, a, k, grid=self.grid, target=target)[0],
                 args, kwargs, self.func.__name__)
-        outputs, trace = _launch(self.func, args, kwargs, grid=self.grid, target=target)
+        outputs, trace = _launch(self.func, args, kwargs, grid=self.grid, target=target,
+                                 simulation=self.mode == "simulation")
         self._finished.trace = trace
         if self.mode == "benchmark":
             if _benchmark_reporter is None:
@@ -732,6 +754,15 @@ def jit(func=None, mode="auto", **options):
         options = {**func.options, **options}
         func = func.func
     return Kernel(func, mode, **options)
+
+
+def trace(func=None, **options):
+    """``nki.trace``: the legacy decorator of a kernel that other kernels call or
+    ``nki.simulate_kernel`` runs. The legacy API reference does not list it; the errors
+    manual (aws-neuron-sdk@8a38e733 general/nki/api/nki.errors.rst L524-535) and AWS's
+    own examples (general/nki/test/test_nki_isa_partition_reduce.py L14,
+    test_psum_modulo_alloc.py L44) use it, so it is :func:`jit`."""
+    return jit(func, **options)
 
 
 def _unwrap(kernel):

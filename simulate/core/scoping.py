@@ -38,6 +38,7 @@ import inspect
 import itertools
 import sysconfig
 import textwrap
+import threading
 import types
 import weakref
 
@@ -168,7 +169,9 @@ class Hooks:
 
     @staticmethod
     def while_entry(condition_thunk, line: int) -> None:
-        rules.check_while_entry(bool(condition_thunk()), line)
+        condition = condition_thunk()
+        rules.check_while_entry(bool(condition), line,
+                                runtime=getattr(condition, "__nki_runtime__", False))
 
     def range(self, name: str, line: int):
         def sequential(*args):
@@ -374,6 +377,20 @@ def prepare(func, hooks: Hooks, helper=False):
     return prepared
 
 
+#: Held around every conversion between Python AST objects and CPython's internal AST
+#: (``ast.parse``, ``compile`` of an AST): on CPython before 3.12.1 / 3.11.8 that conversion
+#: keeps its recursion depth in interpreter-wide state, so two threads converting at once fail
+#: with "SystemError: AST constructor recursion depth mismatch" (CPython gh-106905), as kernels
+#: launched from several JAX device threads at once did.
+AST_LOCK = threading.RLock()
+
+
+def parse_source(source: str) -> ast.Module:
+    """``ast.parse`` of ``source`` under :data:`AST_LOCK`."""
+    with AST_LOCK:
+        return ast.parse(source)
+
+
 def _compile(func, hooks, helper=False):
     code = getattr(func, "__code__", None)
     if code is None or code.co_name == "<lambda>":
@@ -383,7 +400,7 @@ def _compile(func, hooks, helper=False):
     except (OSError, TypeError):
         return None
     try:
-        tree = ast.parse(textwrap.dedent("".join(lines)))
+        tree = parse_source(textwrap.dedent("".join(lines)))
     except SyntaxError:
         return None
     if not tree.body or not isinstance(tree.body[0], ast.FunctionDef):
@@ -411,7 +428,8 @@ def _compile(func, hooks, helper=False):
     ast.fix_missing_locations(module)
     flags = code.co_flags & __future__.annotations.compiler_flag
     try:
-        compiled = compile(module, code.co_filename, "exec", flags=flags, dont_inherit=True)
+        with AST_LOCK:
+            compiled = compile(module, code.co_filename, "exec", flags=flags, dont_inherit=True)
         namespace: dict = {}
         exec(compiled, func.__globals__, namespace)  # noqa: S102 - the kernel's own source
         cells = [cell.cell_contents for cell in (func.__closure__ or ())]

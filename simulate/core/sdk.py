@@ -58,6 +58,7 @@ API_TABLE: dict[str, tuple[str, str]] = {
     "nisa.scalar_tensor_tensor": ("2.21", _doc(_ISA, "2.21", 696)),
     "nisa.tensor_copy": ("2.21", _doc(_ISA, "2.21", 739)),
     "nisa.tensor_copy_dynamic_src": ("2.21", _doc(_ISA, "2.21", 782)),
+    "nisa.tensor_copy_dynamic_dst": ("2.22", _doc(_ISA, "2.22", 1034)),
     "nisa.tensor_partition_reduce": ("2.21", _doc(_ISA, "2.21", 825)),
     "nisa.tensor_scalar_reduce": ("2.21", _doc(_ISA, "2.21", 990)),
     "nl.ds": ("2.21", _doc(_LANG, "2.21", 311)),
@@ -104,6 +105,8 @@ PARAM_TABLE: dict[tuple[str, str], tuple[str, str]] = {
     ("nisa.dma_copy", "dst_rmw_op"): ("2.23", f"{_RN}, L67"),
     ("nisa.dma_copy", "oob_mode"): ("2.23", f"{_RN}, L67"),
     ("nisa.dma_copy", "dge_mode"): ("2.23", f"{_RN}, L67"),
+    ("nisa.tensor_copy_dynamic_src", "engine"): ("2.23", f"{_RN}, L66"),
+    ("nisa.tensor_copy_dynamic_dst", "engine"): ("2.23", f"{_RN}, L66"),
     ("nisa.dma_transpose", "axes"): ("2.26", f"{_RN}, L26"),
     ("nisa.dma_transpose", "dge_mode"): ("2.26", f"{_RN}, L27"),
 }

@@ -451,6 +451,14 @@ def sequence_bounds(ids):
     return np.stack([start, end])
 
 
+def dropout(values, drop_probability, uniform):
+    """``dropout``: an element becomes 0 where its uniform [0, 1) draw is below its
+    partition's drop probability (so 1.0 drops all, 0.0 keeps all); the kept elements are
+    not rescaled, the docs speak of replacing elements with zeros only (aws-neuron-sdk@8a38e733
+    general/nki/api/nki/isa/__init__.py L499-506)."""
+    return np.where(uniform < drop_probability, np.zeros_like(values), values)
+
+
 #: partitions each of GpSimd's eight cores reads and writes for ``local_gather``
 GPSIMD_CORE_PARTITIONS = 16
 

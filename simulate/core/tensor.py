@@ -125,6 +125,10 @@ class TileOperators:
     __array_priority__ = 1000  # keep NumPy scalars from swallowing tile arithmetic
 
     def _binary(self, other, op, reverse=False):
+        if op == "add":
+            offset = dynamic_offset_sum(self, other)
+            if offset is not None:
+                return offset
         a, b = (other, self) if reverse else (self, other)
         return _operators.elementwise_binary(op, a, b, operator=True)
 
@@ -466,6 +470,52 @@ def _progression(values: np.ndarray, rank: int):
     return ("range", varying[0], int(flat[0]), step)
 
 
+class DynamicOffset:
+    """A run-time offset into a free axis of an SBUF/PSUM tile: the value of a one-element
+    integer tile in SBUF, plus an optional index expression (``t[ix, off[0, i] + iy]``).
+    Only ``nisa.tensor_copy_dynamic_src`` / ``_dst`` address a tile through one: "The dynamic
+    offset must be a scalar value resided in SBUF" (aws-neuron-sdk@8a38e733
+    general/nki/api/nki/isa/__init__.py L1428, L1461); any other use is
+    err_copy_dynamic_indirect_indices_not_natively_supported (nki.errors.rst L256-281)."""
+
+    def __init__(self, tile, expr: IndexExpr | None = None):
+        if not tile.on_chip or not dt.is_int(tile.dtype):
+            raise NKITypeError("a dynamic offset must be an integer tile in SBUF",
+                               "err_indirect_index_type")
+        self.tile = tile
+        self.expr = expr
+
+    @property
+    def shape(self):
+        return () if self.expr is None else self.expr.shape
+
+    @property
+    def scalar(self) -> bool:
+        return int(np.prod(self.tile.shape)) == 1
+
+    def values(self) -> np.ndarray:
+        """The offsets, read from the tile when the access is used."""
+        values = self.tile.read()[0] if isinstance(self.tile, Access) else self.tile.data
+        values = np.asarray(values).astype(np.int64)
+        values = values.reshape(()) if values.size == 1 else values
+        return values if self.expr is None else self.expr.values + values
+
+    def __add__(self, other):
+        if isinstance(other, (IndexExpr, int, np.integer)):
+            return DynamicOffset(self.tile, other if self.expr is None else self.expr + other)
+        return NotImplemented
+
+    __radd__ = __add__
+
+
+def dynamic_offset_sum(tile, other):
+    """``tile + index_expression``: a run-time offset (see :class:`DynamicOffset`) when the
+    tile is an integer SBUF tile; None otherwise."""
+    if isinstance(other, IndexExpr) and tile.on_chip and dt.is_int(tile.dtype):
+        return DynamicOffset(tile, other)
+    return None
+
+
 class Access(TileOperators):
     """A tensor indexed with index expressions (advanced indexing), optionally operand-masked.
 
@@ -480,6 +530,7 @@ class Access(TileOperators):
         self.fresh = None
         self.updated_in_place = False
         self.indirect = None
+        self.dynamic = None
         self._plan = None
         if key is None:  # tile[mask]: the whole tile, restricted by the mask
             self.indices = None
@@ -505,6 +556,17 @@ class Access(TileOperators):
                         "err_1d_arange_not_supported",
                     )
                 arrays.append(k.values)
+            elif isinstance(k, DynamicOffset) or (
+                    isinstance(k, (Tensor, Access)) and tensor.on_chip
+                    and axis != tensor.par_axis):
+                offset = k if isinstance(k, DynamicOffset) else DynamicOffset(k)
+                if not tensor.on_chip:
+                    raise NKIIndexError(
+                        "a run-time offset plus an index expression addresses an SBUF/PSUM "
+                        "tile (nisa.tensor_copy_dynamic_src/dst); HBM takes indirect indices "
+                        "on its first axis", "err_indirect_indices_free_dim")
+                self.dynamic = (axis, offset)
+                arrays.append(np.zeros(offset.shape, np.int64))
             elif isinstance(k, (Tensor, Access)):
                 self._check_indirect(axis, k)
                 self.indirect = (axis, k)
@@ -584,6 +646,9 @@ class Access(TileOperators):
     # --- concrete index arrays ------------------------------------------------------------
     def _arrays(self) -> list[np.ndarray]:
         arrays = list(self.indices)
+        if self.dynamic is not None:
+            axis, offset = self.dynamic
+            arrays[axis] = offset.values()
         if self.indirect is not None:
             axis, tile = self.indirect
             values = tile.read()[0] if isinstance(tile, Access) else tile.data
@@ -599,7 +664,7 @@ class Access(TileOperators):
         the access is a strided NumPy view); None otherwise."""
         if self._plan is None:
             self._plan = False
-            if self.indices is not None and self.indirect is None:
+            if self.indices is not None and self.indirect is None and self.dynamic is None:
                 rank = len(self.shape)
                 steps = [_progression(a, rank) for a in self.indices]
                 order = [s[1] for s in steps if s is not None and s[0] == "range"]
@@ -629,7 +694,7 @@ class Access(TileOperators):
         return self.tensor.data[tuple(key)].reshape(shape)
 
     def _out_of_bound(self, axis, lo, hi, dim):
-        if self.indirect is not None and axis == self.indirect[0]:
+        if any(d is not None and axis == d[0] for d in (self.indirect, self.dynamic)):
             bad = hi if hi >= dim else lo
             raise NKIIndexError(f"index {bad} is out of bounds for axis {axis} with size {dim}",
                                 "err_dynamic_index_out_of_bound")
@@ -756,7 +821,7 @@ class Access(TileOperators):
     def box(self, mask=None):
         """Per base axis (first, last, step) of the addressed elements (see Tensor.box);
         None for indirect accesses, whose elements are only known at run time."""
-        if self.indirect is not None:
+        if self.indirect is not None or self.dynamic is not None:
             return None
         if self.indices is None:
             return self.tensor.box()

@@ -449,6 +449,11 @@ def tensor_scalar_reduce(*, data, op0, operand0, reduce_op, reduce_res, reverse0
     spec = fn.lookup(reduce_op, "reduce_op")
     if spec.name not in ("add", "subtract", "multiply", "maximum", "minimum"):
         raise NKIValueError(f"reduce_op={spec.name} is not supported", "err_unsupported_reduce_op")
+    if fn.lookup(op0, "op0").bitvec:
+        raise NKIValueError(
+            f"op0={fn.lookup(op0, 'op0').name} of nisa.tensor_scalar_reduce: \"op0 can only be "
+            "arithmetic operation ... Bitvec operators are not supported in this API\" "
+            "(general/nki/api/nki/isa/__init__.py@8a38e733 L1719-1721)", "err_unsupported_op0")
     out = tensor_scalar(data, op0, operand0, dtype=dtype, mask=mask)
     if out.fresh is None:  # masked off entirely: the instruction does not run
         return out
@@ -604,6 +609,12 @@ def affine_select(pred, on_true_tile, on_false_value, *, mask=None, dtype=None, 
                            "err_unsupported_expression_in_mask")
     rules.check_affine_select_pred(len(pred.comparisons),
                                    f"on_true_tile `{getattr(on_true_tile, 'name', '') or 'tile'}`")
+    if isinstance(on_false_value, (np.generic, np.ndarray)) and on_false_value.dtype != np.float32:
+        raise NKITypeError(
+            f"on_false_value of nisa.affine_select is {on_false_value.dtype}: \"the data type "
+            "of on_false_value must be float32, regardless of the input/output tile data "
+            "types\" (general/nki/api/nki/isa/__init__.py@8a38e733 L286-287)",
+            "err_unsupported_dtype")
     m = resolve_mask(mask)
     op = tile_operand(on_true_tile, "on_true_tile", "affine_select", mask=m, allow_psum=False)
     out_dtype = dt.as_dtype(dtype or op.dtype)
@@ -829,6 +840,200 @@ def sequence_bounds(*, segment_ids, dtype=None, **kwargs):
                           free_size=ids.size)
 
 
+# --- copies at a run-time offset, dropout, local gather --------------------------------------
+_DYNAMIC_COPY_ENGINES = ("dve", "act", "pool")
+
+
+def _dynamic_offset_access(value, argname, api):
+    """The dynamically indexed side of a tensor_copy_dynamic_*: an SBUF/PSUM access whose
+    one run-time offset is a one-element integer SBUF tile (legacy ISA reference L1428,
+    L1461: "The dynamic offset must be a scalar value resided in SBUF"), on a free axis
+    ("located at a dynamic offset within each partition", L1421, L1453)."""
+    if not isinstance(value, Access) or value.dynamic is None:
+        raise NKIValueError(
+            f"`{argname}` of nisa.{api} must be a tile indexed at a run-time offset "
+            "(t[ix, offset_tile[0, i] + iy]); for a static copy use nisa.tensor_copy",
+            "err_unsupported_dynamic_access")
+    offset = value.dynamic[1]
+    memory = offset.tile.storage.memory
+    if not offset.scalar or memory != "sbuf":
+        raise NKIValueError(
+            f"the dynamic offset of `{argname}` of nisa.{api} must be a scalar value in SBUF "
+            f"(a one-element tile), got shape {tuple(offset.tile.shape)} in "
+            f"{memory.upper()} (aws-neuron-sdk@8a38e733 general/nki/api/nki/isa/"
+            "__init__.py L1428, L1461)", "err_unsupported_dynamic_access")
+    return offset
+
+
+def _dynamic_copy_engine(engine_arg, api, *operands):
+    eng = _engine_name(engine_arg, "dve")
+    if eng not in _DYNAMIC_COPY_ENGINES:
+        raise NKIValueError(f"nisa.{api} runs on the Vector, Scalar or GpSimd engine, not "
+                            f"{engine_arg}", "err_unsupported_engine")
+    if eng == "pool" and any(op.memory == "psum" for op in operands):
+        raise NKITypeError("GpSimd instructions cannot read or write PSUM",
+                           "err_unsupported_memory")
+    return eng
+
+
+def tensor_copy_dynamic_src(src, *, mask=None, dtype=None, engine=None, **kwargs):
+    """``nisa.tensor_copy_dynamic_src(src)``: copy an SBUF/PSUM tile whose free-axis index
+    holds a run-time offset (a scalar SBUF value) into a new tile, with a cast to ``dtype``
+    (legacy ISA reference L1450-1491). Cost ``max(MIN_II_DYNAMIC, N)``, MIN_II_DYNAMIC about
+    600 engine cycles (L1467-1471)."""
+    api = "tensor_copy_dynamic_src"
+    offset = _dynamic_offset_access(src, "src", api)
+    m = resolve_mask(mask)
+    op = tile_operand(src, "src", api, mask=None if m is False else m, dynamic_offset=True)
+    check_free_size(op, f"nisa.{api}")
+    eng = _dynamic_copy_engine(engine, api, op)
+    out_dtype = dt.as_dtype(dtype or op.dtype)
+    if m is False:
+        return _skipped(op.shape, out_dtype)
+    values = op.values if out_dtype == op.dtype else op.f32()
+    offset_operand = tile_operand(offset.tile, "offset", api)
+    return compute_result(eng, "tensor_copy_dynamic", values, out_dtype, m,
+                          [op, offset_operand])
+
+
+def tensor_copy_dynamic_dst(*, dst, src, mask=None, dtype=None, engine=None, **kwargs):
+    """``nisa.tensor_copy_dynamic_dst(dst=, src=)``: write ``src`` into an SBUF/PSUM tile
+    whose free-axis index holds a run-time offset (a scalar SBUF value); same partitions and
+    elements per partition (legacy ISA reference L1418-1448). Returns None."""
+    api = "tensor_copy_dynamic_dst"
+    offset = _dynamic_offset_access(dst, "dst", api)
+    m = resolve_mask(mask)
+    source = tile_operand(src, "src", api, mask=None if m is False else m)
+    target_memory = dst.storage.memory
+    if not dst.on_chip:
+        raise NKITypeError(f"`dst` of nisa.{api} must be in SBUF or PSUM",
+                           "err_unsupported_memory")
+    dst_partitions = dst.shape[0]
+    dst_free = int(np.prod(dst.shape[1:]))
+    if source.partitions != dst_partitions or source.free_size != dst_free:
+        raise NKIValueError(
+            f"nisa.{api}: src {tuple(source.shape)} and dst {tuple(dst.shape)} need the same "
+            "partitions and elements per partition (legacy ISA reference L1425-1426)",
+            "err_num_partition_mismatch")
+    eng = _dynamic_copy_engine(engine, api, source)
+    if eng == "pool" and target_memory == "psum":
+        raise NKITypeError("GpSimd instructions cannot write PSUM", "err_unsupported_memory")
+    if m is False:
+        return None
+    values = source.values.reshape(dst.shape)
+    if dtype is not None:
+        values = dt.cast(source.f32().reshape(dst.shape), dt.as_dtype(dtype))
+    write_into(dst, values, m, dynamic_offset=True)
+    emit(eng, "tensor_copy_dynamic", inputs=[source, tile_operand(offset.tile, "offset", api)],
+         outputs=[dst.region(m)], partitions=dst_partitions, free_size=dst_free,
+         out_dtype=dst.dtype)
+    return None
+
+
+def dropout(data, prob, *, mask=None, dtype=None, **kwargs):
+    """``nisa.dropout(data, prob)``: each element becomes 0 with its partition's drop
+    probability ``prob`` (a number, or a ``(P, 1)`` float tile), on the Vector engine; an
+    integer ``data`` needs an fp32 ``prob`` and keeps its dtype (legacy ISA reference
+    L499-547). The draws come from the kernel's ``nl.random_seed`` stream."""
+    api = "dropout"
+    m = resolve_mask(mask)
+    op = tile_operand(data, "data", api, mask=None if m is False else m)
+    check_free_size(op, f"nisa.{api}")
+    integer = dt.is_int(op.dtype)
+    if is_tile(prob):
+        prob_op = tile_operand(prob, "prob", api)
+        if prob_op.shape != (op.partitions, 1) and prob_op.values.size != op.partitions:
+            raise NKIValueError(f"`prob` of nisa.{api} is a number or a ({op.partitions}, 1) "
+                                f"tile, got {tuple(prob_op.shape)}", "err_unsupported_shape")
+        prob_dtype = dt.name(prob_op.dtype)
+        if integer and prob_dtype != "float32" or not dt.is_float(prob_op.dtype):
+            raise NKITypeError(
+                f"`prob` of nisa.{api} must be float32 for integer data and a float type "
+                f"otherwise, got {prob_dtype} with {dt.name(op.dtype)} data (legacy ISA "
+                "reference L516-520)", "err_unsupported_dtype")
+        probability = prob_op.f32().reshape(op.partitions, *([1] * (len(op.shape) - 1)))
+        inputs = [op, prob_op]
+    else:
+        probability = np.float32(concrete(prob))
+        inputs = [op]
+    out_dtype = dt.as_dtype(dtype or op.dtype)
+    if integer and out_dtype != op.dtype:
+        raise NKITypeError(f"nisa.{api} of {dt.name(op.dtype)} data must keep its dtype, got "
+                           f"dtype={dt.name(out_dtype)} (legacy ISA reference L522-525)",
+                           "err_unsupported_dtype")
+    if m is False:
+        return _skipped(op.shape, out_dtype)
+    uniform = current(f"nisa.{api}").rng.random(op.shape, dtype=np.float32)
+    values = sem.dropout(op.values if integer else op.f32(), probability, uniform)
+    return compute_result("dve", api, values, out_dtype, m, inputs)
+
+
+_LOCAL_GATHER_CORES, _PARTITIONS_PER_GPSIMD_CORE = 8, sem.GPSIMD_CORE_PARTITIONS
+_LOCAL_GATHER_ELEMENTS_PER_INDEX = (1, 2, 4, 8, 16, 32)
+_LOCAL_GATHER_MAX_INDICES = 4096
+
+
+def local_gather(src_buffer, index, num_elem_per_idx=1, num_valid_indices=None, *,
+                 mask=None):
+    """``nisa.local_gather(src_buffer, index, num_elem_per_idx=1, num_valid_indices=None)``:
+    each of the eight GpSimd cores gathers, for its 16 partitions, ``num_elem_per_idx``
+    contiguous elements at each of its first ``num_valid_indices`` uint16 indices (element
+    offsets into a partition's free axis), in ``src_buffer``'s dtype. Rules: partitions
+    equal and a multiple of 16, ``num_elem_per_idx`` in 1..32 (powers of two), at most 4096
+    indices per core, ``num_valid_indices`` at most the indices a core holds; an index past
+    the partition is rejected (undefined on hardware) (legacy ISA reference L582-653)."""
+    api = "nisa.local_gather"
+    m = resolve_mask(mask)
+    src = tile_operand(src_buffer, "src_buffer", api, allow_psum=False)
+    idx = tile_operand(index, "index", api, allow_psum=False)
+    if dt.name(idx.dtype) != "uint16":
+        raise NKITypeError(f"`index` of {api} must be uint16, got {dt.name(idx.dtype)} "
+                           "(legacy ISA reference L618)", "err_unsupported_dtype")
+    if src.partitions != idx.partitions or src.partitions % _PARTITIONS_PER_GPSIMD_CORE:
+        raise NKIValueError(
+            f"{api}: src_buffer and index need the same partition count, a multiple of 16; "
+            f"got {src.partitions} and {idx.partitions} (legacy ISA reference L622-623)",
+            "err_num_partition_mismatch")
+    num_elem_per_idx = int(concrete(num_elem_per_idx))
+    if num_elem_per_idx not in _LOCAL_GATHER_ELEMENTS_PER_INDEX:
+        raise NKIValueError(f"num_elem_per_idx of {api} must be one of "
+                            f"{list(_LOCAL_GATHER_ELEMENTS_PER_INDEX)}, got {num_elem_per_idx} "
+                            "(legacy ISA reference L624-625)", "err_unsupported_value")
+    cores = src.partitions // _PARTITIONS_PER_GPSIMD_CORE
+    per_core = idx.values.size // cores
+    num_valid = per_core if num_valid_indices is None else int(concrete(num_valid_indices))
+    if not 0 < num_valid <= per_core:
+        raise NKIValueError(f"num_valid_indices of {api} must be 1 to the {per_core} indices "
+                            f"a core holds, got {num_valid} (legacy ISA reference L596-598)",
+                            "err_unsupported_value")
+    if num_valid > _LOCAL_GATHER_MAX_INDICES:
+        raise NKIValueError(f"{api} gathers {num_valid} indices per core; at most 4096 "
+                            "(legacy ISA reference L626)", "err_unsupported_value")
+    flat = src.values.reshape(src.partitions, -1)
+    indices = idx.values.reshape(idx.partitions, -1)
+    if m is False:
+        return _skipped((src.partitions, num_valid * num_elem_per_idx), src.dtype)
+    used = np.concatenate([
+        indices[c * _PARTITIONS_PER_GPSIMD_CORE:(c + 1) * _PARTITIONS_PER_GPSIMD_CORE]
+        .flatten(order="F")[:num_valid] for c in range(cores)])
+    last = int(used.max()) + num_elem_per_idx
+    if last > flat.shape[1]:
+        raise IndexError(f"{api}: an index reads up to element {last - 1} of a partition of "
+                         f"{flat.shape[1]} elements (out-of-bound behaviour is undefined, "
+                         "legacy ISA reference L603)")
+    values = sem.local_gather(flat, indices, num_elem_per_idx, num_valid)
+    if num_valid == per_core:
+        # every index: (P, K, 16, E), index column-major over the core's 16 partitions, the
+        # shape AWS's example annotates (general/nki/test/test_nki_isa_local_gather.py L32)
+        values = values.reshape(src.partitions, per_core // _PARTITIONS_PER_GPSIMD_CORE,
+                                _PARTITIONS_PER_GPSIMD_CORE, num_elem_per_idx)
+    else:  # the docs give no shape; inferred: (P, num_valid_indices, E)
+        values = values.reshape(src.partitions, num_valid, num_elem_per_idx)
+    return compute_result("pool", "local_gather", values, src.dtype, m, [src, idx],
+                          details={"gather_elements": num_valid * num_elem_per_idx,
+                                   "elements_per_index": num_elem_per_idx})
+
+
 _PREDICATE_DTYPES = ("uint8", "uint16", "uint32", "bool")
 
 
@@ -950,6 +1155,38 @@ def _operand_valid(op) -> np.ndarray:
     return np.broadcast_to(align_mask(op.mask, op.shape), op.shape).reshape(shape)
 
 
+_DOUBLE_ROW_DTYPES = ("float8_e4m3", "float8_e5m2")
+
+
+def _double_row(perf_mode, st, mv, tiling) -> bool:
+    """``perf_mode="double_row_gen3"``: Tensor Engine FP8 double-row mode. The legacy API
+    reference does not list it; AWS's legacy example runs it on trn2
+    (aws-neuron-sdk@8a38e733 general/nki/test/test_nki_isa_nc_matmul.py L83-98), and the 0.6
+    reference states its rules (aws-neuron-sdk@81ce03ae nki/api/nki/isa/__init__.py
+    L504-511, L582-600): NeuronCore-v3+, both inputs float8_e4m3/float8_e5m2, the first free
+    axis of both tiles of size 2 (it joins the contraction), no PE tiling."""
+    if perf_mode is None:
+        return False
+    if perf_mode != "double_row_gen3":
+        raise NKIValueError(f"nc_matmul perf_mode={perf_mode!r}: the one mode is "
+                            "'double_row_gen3'", "err_unsupported_perf_mode")
+    version = _nc_version("nc_matmul")
+    kinds = {dt.name(st.dtype), dt.name(mv.dtype)}
+    if version < 3 or not kinds <= set(_DOUBLE_ROW_DTYPES):
+        raise NKITypeError(
+            f"nc_matmul perf_mode='double_row_gen3' needs float8_e4m3/float8_e5m2 inputs on "
+            f"NeuronCore-v3+, got {sorted(kinds)} on NeuronCore-v{version}",
+            "err_unsupported_perf_mode")
+    if len(st.shape) < 3 or len(mv.shape) < 3 or st.shape[1] != 2 or mv.shape[1] != 2:
+        raise NKIValueError(
+            f"nc_matmul perf_mode='double_row_gen3' needs tiles [K, 2, ...], got stationary "
+            f"{tuple(st.shape)} and moving {tuple(mv.shape)}", "err_unsupported_perf_mode")
+    if tiling:
+        raise NKIValueError("nc_matmul perf_mode='double_row_gen3' cannot be combined with PE "
+                            "tiling (tile_position / tile_size)", "err_unsupported_perf_mode")
+    return True
+
+
 def nc_matmul(stationary, moving, *, is_stationary_onezero=False, is_moving_onezero=False,
               is_transpose=False, tile_position=(), tile_size=(), mask=None, **kwargs):
     """``nisa.nc_matmul(stationary, moving)``: ``stationary.T @ moving`` on the Tensor engine
@@ -969,8 +1206,10 @@ def nc_matmul(stationary, moving, *, is_stationary_onezero=False, is_moving_onez
     if st.partitions != mv.partitions:
         raise NKIValueError(f"nc_matmul contraction mismatch: stationary has {st.partitions} "
                             f"partitions, moving {mv.partitions}", "err_num_partition_mismatch")
-    rules.check_matmul_free_sizes("nisa.nc_matmul", st.free_size, mv.free_size, "legacy",
-                                  _nc_version("nc_matmul"), tile=_describe(mv))
+    double_row = _double_row(kwargs.pop("perf_mode", None), st, mv, tile_position or tile_size)
+    rows = 2 if double_row else 1
+    rules.check_matmul_free_sizes("nisa.nc_matmul", st.free_size // rows, mv.free_size // rows,
+                                  "legacy", _nc_version("nc_matmul"), tile=_describe(mv))
     rules.check_matmul_inputs("nisa.nc_matmul", dt.name(st.dtype), dt.name(mv.dtype), "legacy",
                               _nc_version("nc_matmul"))
     if tile_position or tile_size:
@@ -980,13 +1219,20 @@ def nc_matmul(stationary, moving, *, is_stationary_onezero=False, is_moving_onez
         if any(int(v) % 32 for v in (*tile_position, *tile_size)):
             raise NKIValueError("tile_position/tile_size must be multiples of 32",
                                 "err_tile_position")
+        if _nc_version("nc_matmul") == 2 and 32 in (int(tile_size[0]), int(tile_size[1])):
+            raise NKIValueError(
+                f"tile_size {tuple(tile_size)}: \"Both the row and column sizes in tile_size "
+                "cannot be 32 for NeuronCore-v2\" (general/nki/api/nki/isa/__init__.py@8a38e733"
+                " L933; the PE array tiles into 2 x 64 rows there, aws-neuron-sdk@81ce03ae "
+                "nki/api/nki/isa/__init__.py L517-518)", "err_tile_position")
         if (int(tile_size[0]) < st.partitions or int(tile_size[1]) < st.free_size
                 or any(int(p) + int(s) > 128 for p, s in zip(tile_position, tile_size))):
             raise NKIValueError("tile_size must cover the stationary tile and fit in the 128x128 "
                                 "array at tile_position", "err_tile_position")
     version = current("nc_matmul").target.nc_version
-    a = st.f32().reshape(st.partitions, -1)
-    b = mv.f32().reshape(mv.partitions, -1)
+    # double_row: the second axis (2) joins the contraction, [K, 2, M] x [K, 2, N]
+    a = st.f32().reshape(st.partitions * rows, -1)
+    b = mv.f32().reshape(mv.partitions * rows, -1)
     out_dtype = dt.float32
     if is_transpose:
         if not sem.is_identity(b):
@@ -1010,7 +1256,8 @@ def nc_matmul(stationary, moving, *, is_stationary_onezero=False, is_moving_onez
         m = align_mask(m, result.shape)
         out_mask = m if out_mask is None else out_mask & m
     return compute_result("pe", "nc_matmul", result, out_dtype, out_mask, [st, mv],
-                          partitions=st.partitions, free_size=mv.free_size, buffer="psum",
+                          partitions=st.partitions, free_size=mv.free_size // rows,
+                          buffer="psum",
                           details={"stationary_free": st.free_size, "transpose": is_transpose,
                                    "fp32": "float32" in (dt.name(st.dtype), dt.name(mv.dtype))})
 

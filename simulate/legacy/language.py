@@ -497,11 +497,23 @@ def matmul(x, y, *, transpose_x=False, mask=None, **kwargs):
     ``transpose_x`` the compiler first transposes ``x`` on the Tensor engine."""
     from . import isa
 
+    y = _in_sbuf(y)
     if transpose_x:
-        return isa.nc_matmul(x, y, mask=mask)
-    op = tile_operand(x, "x", "matmul", allow_psum=False)
-    x_t = copy(transpose(x), dtype=op.dtype)
+        return isa.nc_matmul(_in_sbuf(x), y, mask=mask)
+    op = tile_operand(x, "x", "matmul")
+    x_t = copy(transpose(_in_sbuf(x)), dtype=op.dtype)
     return isa.nc_matmul(x_t, y, mask=mask)
+
+
+def _in_sbuf(tile):
+    """An nl.matmul operand in PSUM, e.g. an nl.transpose result, is first copied to SBUF
+    (one Vector copy), as the compiler lowers AWS's attention tutorial, which multiplies by
+    ``nl.transpose(v_sbuf)`` (aws-neuron-sdk@8a38e733
+    general/nki/examples/attention/attention_kernels.py L53-L56); the Tensor engine itself
+    reads SBUF only (nisa.nc_matmul, general/nki/api/nki/isa/__init__.py L870-872)."""
+    if is_tile(tile) and tile.on_chip and tile.storage.memory == "psum":
+        return copy(tile)
+    return tile
 
 
 def where(condition, x, y, *, dtype=None, mask=None, **kwargs):
@@ -788,6 +800,35 @@ def softmax(x, axis, *, dtype=None, compute_dtype=None, mask=None, **kwargs):
     return divide(e, sum(e, axis=axis, keepdims=True, dtype=float32), dtype=dtype or x.dtype)
 
 
+def rms_norm(x, w, axis, n, epsilon=1e-06, *, dtype=None, compute_dtype=None, mask=None,
+             **kwargs):
+    """``nl.rms_norm(x, w, axis, n, epsilon=1e-6)``: ``x / RMS(x) * w`` with
+    ``RMS(x) = sqrt(sum(x**2 along axis) / n + epsilon)``, ``n`` "the total number of values to
+    calculate rms" (general/nki/api/nki/language/__init__.py@8a38e733 L1375-1390); "currently
+    dtype and compute_dtype behave the same, both sets internal compute and return dtype"
+    (L1385-1386), so the steps compute in that dtype (default: ``x``'s)."""
+    work = compute_dtype or dtype or x.dtype
+    total = sum(square(x, dtype=float32, mask=mask), axis=axis, keepdims=True, dtype=float32,
+                mask=mask)
+    rstd = rsqrt(add(multiply(total, 1.0 / concrete(n), dtype=float32), epsilon,
+                     dtype=float32), dtype=float32)
+    return multiply(multiply(x, rstd, dtype=work, mask=mask), w, dtype=dtype or work, mask=mask)
+
+
+def dropout(x, rate, *, dtype=None, mask=None, **kwargs):
+    """``nl.dropout(x, rate)``: zero elements of ``x`` with probability ``rate``, a number or
+    a one-element tile (general/nki/api/nki/language/__init__.py@8a38e733 L496-506); the
+    Vector engine's ``nisa.dropout``."""
+    from . import isa
+
+    if is_tile(rate):
+        if int(np.prod(rate.shape)) != 1:
+            raise NKIValueError(f"nl.dropout rate is a scalar or a tile with 1 element, got "
+                                f"shape {tuple(rate.shape)}", "err_unsupported_shape")
+        rate = broadcast_to(rate, shape=(x.shape[0], 1))
+    return isa.dropout(x, rate, dtype=dtype, mask=mask)
+
+
 # --- indexing helpers and misc ---------------------------------------------------------------
 def gather_flattened(data, indices, *, mask=None, dtype=None, **kwargs):
     """``nl.gather_flattened(data, indices)``: per partition, gather elements of ``data``'s
@@ -818,10 +859,14 @@ def atomic_rmw(dst, value, op=np.add, *, mask=None, **kwargs):
     rules.check_atomic_rmw(fn.lookup(op, "op").name,
                            isinstance(dst, Access) and dst.indirect is not None,
                            f"dst `{getattr(dst, 'name', '') or 'tensor'}`")
+    if isinstance(value, (int, float, np.number)) and not isinstance(value, bool):
+        # "tile or scalar value that is the operand to op" (general/nki/api/nki/language/
+        # __init__.py@8a38e733 L346): the scalar is materialised as an SBUF tile of dst's shape
+        value = isa.memset(tuple(dst.shape), value, dst.dtype)
     if is_tile(value):
         vars(isa)["dma_copy"](dst=dst, src=value, mask=mask, dst_rmw_op=op)
         return None
-    raise NKITypeError("atomic_rmw value must be a tile", "err_unsupported_memory")
+    raise NKITypeError("atomic_rmw value must be a tile or a scalar", "err_unsupported_memory")
 
 
 def device_print(prefix, x, *, mask=None, **kwargs):

@@ -91,8 +91,9 @@ class oob_mode(enum.Enum):  # noqa: N801
 
 
 class matmul_perf_mode(enum.Enum):  # noqa: N801
-    none = 0
-    double_row = 1
+    # the stub's string values (aws-neuron-sdk@81ce03ae nki/api/nki/isa/__init__.py L100-107)
+    none = "none"
+    double_row = "double_row"
 
 
 class dma_engine(enum.Enum):  # noqa: N801
@@ -193,10 +194,22 @@ class NkiInstruction:
 #: ``src/nkilib_src/nkilib/core/subkernels/norm_tkg_utils.py`` L29, ``core/qkv/qkv_tkg.py``
 #: L66; the same on 2.29_release). Known-compiling code wins; other enums stay strict.
 RAW_INT_ENUMS = ("dge_mode",)
+#: Enums whose member values (strings in the stub) AWS's kernels pass as is: the migration
+#: guide's ban names raw integers and lists the five integer enums, not matmul_perf_mode
+#: (L622-626), whose values are ``'none'`` / ``'double_row'`` (isa ``__init__.py`` L100-107);
+#: AWS passes ``perf_mode=('double_row' if ... else 'none')`` (aws-neuron/nki-library@d2ad3a5
+#: ``src/nkilib_src/nkilib/core/mlp/mlp_cte/mlp_cte_projection.py`` L1166,
+#: ``core/qkv/qkv_cte.py`` L1382).
+RAW_STRING_ENUMS = ("matmul_perf_mode",)
 
 
 def _enum(value, cls, argname, api):
     if cls.__name__ in RAW_INT_ENUMS and type(value) is int:
+        try:
+            return cls(value)
+        except ValueError:
+            pass  # not a member's value: the error below
+    if cls.__name__ in RAW_STRING_ENUMS and type(value) is str:
         try:
             return cls(value)
         except ValueError:
@@ -558,11 +571,18 @@ def dma_transpose(
     name=None,
 ):
     """A transposing DMA into SBUF; permutations (1,0), (2,1,0), (3,1,2,0) by rank; ``dst``
-    must have exactly the permuted shape and rank (0.4) and the same dtype."""
+    must have exactly the permuted shape and rank (0.4) and the same dtype. A direct
+    transpose takes ``dge_mode`` unknown or hwdge ("The only valid dge_modes are unknown and
+    hwdge", aws-neuron-sdk@81ce03ae nki/api/nki/isa/__init__.py L878-888), and none, which
+    AWS's mlp_tkg passes as the raw ``_DGE_MODE_NONE = 3`` (aws-neuron/nki-library@d2ad3a5
+    src/nkilib_src/nkilib/core/mlp/mlp_tkg/mlp_tkg_gate_up_projection.py L323, L386); hwdge
+    (a Hardware DGE transpose) needs ``src.shape[0] == 16`` (2-d) or ``src.shape[0]`` in
+    {1, 2, 4, 8, 16} with ``src.shape[0] * src.shape[-2]`` a multiple of 16 (3-d/4-d),
+    ``src.shape[-1] <= 128`` and a 2-byte dtype (L880-887). No AWS call passes hwdge."""
     api = "dma_transpose"
     _dma_side(api, "src", src)
     _on_chip(api, "dst", dst, psum=False)
-    _enum(dge_mode, globals()["dge_mode"], "dge_mode", api)
+    mode = _enum(dge_mode, globals()["dge_mode"], "dge_mode", api)
     rank = src.ndim
     if rank not in sem.DMA_TRANSPOSE_AXES:
         raise NkiValidationError(f"{api} src must have rank 2 to 4, got {rank}")
@@ -581,6 +601,7 @@ def dma_transpose(
         raise NkiValidationError(f"{api} dst dtype {dst.dtype} must equal src dtype {src.dtype}")
     if src.is_indirect():
         return _indirect_dma_transpose(dst, src, perm, dge_mode, oob_mode, name)
+    _direct_transpose_rules(api, src, mode)
     return _write_and_emit(
         "dma",
         api,
@@ -592,6 +613,32 @@ def dma_transpose(
     )
 
 
+def _direct_transpose_rules(api, src, mode):
+    """The reference's "DMA Direct Transpose Constraints" (see ``dma_transpose``)."""
+    modes = globals()["dge_mode"]
+    if mode not in (modes.unknown, modes.hwdge, modes.none):
+        raise NkiValidationError(
+            f"{api} (direct) takes dge_mode unknown or hwdge (or none, as AWS's mlp_tkg "
+            f"passes it), got {mode.name}; swdge is the indirect transpose's (a "
+            ".ap(vector_offset=) source)"
+        )
+    if mode is not modes.hwdge:
+        return
+    shape = tuple(src.shape)
+    if len(shape) == 2 and shape[0] != 16:
+        raise NkiValidationError(
+            f"{api} dge_mode=hwdge needs src.shape[0] == 16 for a 2-d src, got {shape}"
+        )
+    if len(shape) > 2 and (shape[0] not in (1, 2, 4, 8, 16) or (shape[0] * shape[-2]) % 16):
+        raise NkiValidationError(
+            f"{api} dge_mode=hwdge needs src.shape[0] in {{1, 2, 4, 8, 16}} and "
+            f"src.shape[0] * src.shape[-2] a multiple of 16 for a {len(shape)}-d src, got {shape}"
+        )
+    # src.shape[-1] <= 128 is dst's partition count, checked for every transpose
+    if src.itemsize != 2:
+        raise NkiTypeError(f"{api} dge_mode=hwdge needs a 2-byte src dtype, got {src.dtype}")
+
+
 def _indirect_dma_transpose(dst, src, perm, mode, oob, name):
     """``dma_transpose`` from a ``.ap(vector_offset=indices)`` source: the rows the indices
     name, gathered, then transposed ("``gathered = src[flat_indices, :]``, ``dst =
@@ -599,10 +646,13 @@ def _indirect_dma_transpose(dst, src, perm, mode, oob, name):
     (aws-neuron-sdk@81ce03ae nki/api/nki/isa/__init__.py L889-910): dge_mode unknown or
     swdge; a 4-D src with ``src.shape[1]`` or ``src.shape[2]`` 1; ``src.shape[-1] <= 128``;
     2-byte data; src in HBM; ``src.shape[0]`` a multiple of 16; uint32 indices in SBUF with
-    ``indices.shape[0]`` in [16, 128] and a multiple of 16; Trn2 and newer. The index is
-    the ``(P, 1)`` tile the view takes, one row per pattern row (AWS's block KV cache load,
-    aws-neuron/nki-library@d2ad3a5 core/attention/attention_tkg.py L1642-1664). A row the
-    index sends outside ``src`` raises (``oob_mode.error``) or is not moved (``skip``)."""
+    ``indices.shape[0]`` in [16, 128] and a multiple of 16, exactly 128 when
+    ``indices.shape[1] > 1``, ``indices.shape[0] * indices.shape[1] >= src.shape[0]``; Trn2
+    and newer. The index is the ``(P, 1)`` tile the view takes, one row per pattern row
+    (AWS's block KV cache load, aws-neuron/nki-library@d2ad3a5
+    core/attention/attention_tkg.py L1642-1664), or a ``[128, N]`` tile read column by column
+    (``flat_indices = indices.T.flatten()[:src.shape[0]]``, L907-908). A row the index sends
+    outside ``src`` raises (``oob_mode.error``) or is not moved (``skip``)."""
     api = "dma_transpose"
     if _version(api) < 3:
         raise NkiValidationError(f"{api} from an indirect source needs Trn2 or newer")
@@ -622,9 +672,21 @@ def _indirect_dma_transpose(dst, src, perm, mode, oob, name):
         raise NkiValidationError(f"{api} indirect src.shape[0] must divide by 16, got {shape[0]}")
     if index.dtype is not dt.uint32:
         raise NkiTypeError(f"{api} indices must be uint32, got {index.dtype}")
+    if index.ndim != 2:
+        raise NkiValidationError(f"{api} indices must be 2-d, got {tuple(index.shape)}")
     if not (16 <= index.shape[0] <= 128 and index.shape[0] % 16 == 0):
         raise NkiValidationError(
             f"{api} indices.shape[0] must be a multiple of 16 in [16, 128], got {index.shape[0]}"
+        )
+    if index.shape[1] > 1 and index.shape[0] != 128:
+        raise NkiValidationError(
+            f"{api} indices with {index.shape[1]} columns need indices.shape[0] = 128, "
+            f"got {index.shape[0]}"
+        )
+    if index.size < shape[0]:
+        raise NkiValidationError(
+            f"{api} indices.shape[0] * indices.shape[1] = {index.size} must be >= "
+            f"src.shape[0] = {shape[0]}"
         )
     skip = _enum(oob, oob_mode, "oob_mode", api) is oob_mode.skip
     positions = src.positions()
@@ -1495,6 +1557,15 @@ def core_barrier(data, cores, engine=engine.gpsimd, name=None):
 
 # --- registers ----------------------------------------------------------------------------------
 def register_alloc(x=None) -> VirtualRegister:
+    """A register holding ``x``: None, an immediate int (aws-neuron-sdk@81ce03ae
+    nki/api/nki/isa/__init__.py L3071-3074), or, beyond the docs, a 1-element SBUF/HBM tensor
+    loaded as ``register_load`` would (the docs' "two-step" form, L3085-3087, in one call),
+    which AWS's MX MoE passes (aws-neuron/nki-library@d2ad3a5
+    src/nkilib_src/nkilib/core/moe/moe_tkg/all_expert_mx_impl.py L311)."""
+    if isinstance(x, NkiTensor):
+        register = VirtualRegister(0)
+        register_load(register, x)
+        return register
     return VirtualRegister(0 if x is None else int(x))
 
 
@@ -1799,6 +1870,11 @@ def _indirect_dma_copy(dst, src, skip, mode, name):
     for side, t in (("src", src), ("dst", dst)):
         if not t.is_indirect():
             continue
+        if t.index_columns() > 1:  # documented for dma_transpose's indirect source only
+            raise NkiValidationError(
+                f"{api} {side} takes a (P, 1) vector_offset index; a [128, N] index is "
+                "dma_transpose's (nki/api/nki/isa/__init__.py L897-908)"
+            )
         positions = t.positions()
         inside = ((positions >= 0) & (positions < t.storage_values().size)).all(axis=1)
         if not inside.all() and not skip:

@@ -41,6 +41,7 @@ import textwrap
 import threading
 import types
 
+from ..core.scoping import parse_source
 from .classes import offending_value
 from .context import LANGUAGE_CHECK_SWITCH, language_check_enabled
 from .errors import NkiValidationError
@@ -301,7 +302,7 @@ def _parse(obj) -> tuple[ast.AST, str] | None:
         node = ast.Lambda(args=None, body=None, lineno=code.co_firstlineno)
         return node, filename
     try:
-        tree = ast.parse(textwrap.dedent("".join(lines)))
+        tree = parse_source(textwrap.dedent("".join(lines)))
     except SyntaxError:
         return None
     ast.increment_lineno(tree, max(first - 1, 0))

@@ -74,12 +74,14 @@ class Buffer(Storage):
         "matmul_written",
         "value_written",
         "nki_dtype",
+        "root",
     )
 
     def __init__(
         self, region: MemoryRegion, name: str, dtype, partitions: int, free_size: int, fill_value
     ):
         super().__init__(region.memory, region.value, name)
+        self.root = None  # (shape, dtype, buffer, name) of the first tensor over it
         self.region_kind = region
         self.nki_dtype = dtype
         self.partitions = partitions  # 1 for HBM
@@ -138,6 +140,8 @@ class NkiTensor:
         )
         self.offset = int(offset)
         self._check_bounds()
+        if storage.root is None:
+            storage.root = (self._shape, self.dtype, self.buffer, self.name)
 
     def _fresh_strides(self):
         if self.on_chip:
@@ -145,6 +149,16 @@ class NkiTensor:
         return _row_major(self._shape)
 
     # --- attributes ----------------------------------------------------------------------
+    @property
+    def base_tensor(self) -> NkiTensor:
+        """The whole tensor this view was cut from. Not in the API reference; AWS's MX MoE
+        reads ``weight.base_tensor.dtype`` of a kernel argument (aws-neuron/nki-library@d2ad3a5
+        src/nkilib_src/nkilib/core/moe/moe_tkg/gate_up_projection_mx.py L354,
+        down_projection_mx.py L105), as of its TensorView (core/utils/tensor_view.py L45-51);
+        inferred: the storage's first tensor (shape, dtype, buffer)."""
+        shape, dtype, buffer, name = self.storage.root
+        return NkiTensor(shape, dtype, self.storage, buffer, name)
+
     @property
     def shape(self) -> Shape:
         return self._shape
@@ -520,16 +534,11 @@ class NkiTensor:
                 return ScalarIndirectView(self, shape, strides, new, start, scalar_offset)
             view.dynamic_start = True  # a DMA through it may take oob_mode=skip
             return view
-        view = NkiTensor(
+        if self.on_chip and shape[0] > 1:
+            strides[0] = _partition_step(strides, shape, self, new)
+        return NkiTensor(
             shape, new, self.storage, self.buffer, self.name, strides=strides, offset=start
         )
-        if view.on_chip and shape[0] > 1 and strides[0] != view.free_units():
-            raise NkiValidationError(
-                f"ap: the partition stride {strides[0]} of an on-chip "
-                f"access pattern must equal the free size "
-                f"{view.free_units()} of `{self.name}`'s storage"
-            )
-        return view
 
     # --- no arithmetic ---------------------------------------------------------------------
     def _no_operator(self, *_):
@@ -571,6 +580,10 @@ class VectorIndirectView(NkiTensor):
     def is_indirect(self) -> bool:
         return True
 
+    def index_columns(self) -> int:
+        """Columns of the index: 1, or N of a [128, N] index (dma_transpose only)."""
+        return self.index.shape[1] if self.index is not None and self.index.ndim == 2 else 1
+
     def _extent(self) -> tuple[int, int]:
         return 0, self._flat().size - 1  # any row the index may name
 
@@ -583,7 +596,9 @@ class VectorIndirectView(NkiTensor):
     def positions(self) -> np.ndarray:
         """The storage element of each element of the view, (rows, elements per row), from
         the index values the DMA reads now."""
-        rows = self.index.values().reshape(-1).astype(np.int64)
+        # a [128, N] index lists its rows column by column: "flat_indices =
+        # indices.T.flatten()[:src.shape[0]]" (nki/api/nki/isa/__init__.py L907-908)
+        rows = self.index.values().T.reshape(-1)[: self._shape[0]].astype(np.int64)
         inner = np.zeros(1, np.int64)
         for n, s in zip(self._shape[1:], self.strides[1:]):
             inner = (inner[:, None] + np.arange(n, dtype=np.int64)[None, :] * s).reshape(-1)
@@ -627,10 +642,18 @@ def _vector_indirect(base, pairs, dtype, start, index, indirect_dim, scalar_offs
         raise NkiTypeError("ap(vector_offset=) takes an SBUF tensor of row indices")
     if not dt.is_int(index.dtype):
         raise NkiTypeError(f"ap(vector_offset=) indices must be integers, got {index.dtype}")
-    if index.size != index.shape[0] or index.shape[0] != pairs[0][1]:
+    rows = pairs[0][1]
+    columns = index.ndim == 2 and index.shape[1] > 1
+    if columns and not (index.shape[0] == 128 and index.size >= rows):
         raise NkiValueError(
-            f"ap(vector_offset=): the index must be ({pairs[0][1]}, 1), one row index per "
-            f"row of the pattern, got {tuple(index.shape)}"
+            f"ap(vector_offset=): a [P, N] index with N > 1 must have P = 128 and at least "
+            f"{rows} elements, one row index per row of the pattern taken column by column "
+            f"(dma_transpose, nki/api/nki/isa/__init__.py L897-908), got {tuple(index.shape)}"
+        )
+    if not columns and (index.size != index.shape[0] or index.shape[0] != rows):
+        raise NkiValueError(
+            f"ap(vector_offset=): the index must be ({rows}, 1), one row index per "
+            f"row of the pattern, or [128, N] for dma_transpose, got {tuple(index.shape)}"
         )
     scale = base.strides[int(indirect_dim)] * base.itemsize // dtype.itemsize
     strides = [0] + [stride for stride, _ in pairs[1:]]
@@ -814,3 +837,26 @@ def _psum_flags(t: NkiTensor, flags: np.ndarray) -> np.ndarray:
             "a PSUM view reinterpreted to another element size cannot take matmul results"
         )
     return as_strided(flags[t.offset :], shape=tuple(t.shape), strides=tuple(t.strides))
+
+
+def _partition_step(strides, shape, tensor, dtype) -> int:
+    """The storage stride of one partition for an on-chip ``.ap()`` pattern whose first
+    ``[stride, count]`` pair is the partition dim. The docs' example gives it the storage's
+    free size (``sb.ap(pattern=[[32, 128], [1, 32]])`` on a ``(128, 32)`` tile,
+    aws-neuron-sdk@81ce03ae nki/api/nki/language/__init__.py L495-497); AWS's mlp_cte gives
+    it the dense extent of the pattern's free pairs on a wider tile (``[[I_SHARD_SIZE *
+    len(hidden_subtiles), 128], [I_SHARD_SIZE, len(hidden_subtiles)], [1, I_SHARD_SIZE]]``,
+    nki-library@d2ad3a5 src/nkilib_src/nkilib/core/mlp/mlp_cte/mlp_cte_projection.py
+    L1117-1124) and then reads the same elements at the start of each partition, so both
+    step exactly one partition (inferred from that read-back). Any other stride is
+    rejected: the docs give on-chip patterns no other meaning."""
+    stored = dt.storage_dtype(dtype)
+    free = tensor.storage.free_size * tensor.storage.array.dtype.itemsize // stored.itemsize
+    dense = 1 + sum((n - 1) * abs(s) for s, n in zip(strides[1:], shape[1:]))
+    if strides[0] not in (free, dense):
+        raise NkiValidationError(
+            f"ap: the partition stride {strides[0]} of an on-chip access pattern must be "
+            f"the free size {free} of `{tensor.name}`'s storage or the pattern's dense free "
+            f"extent {dense} (one partition either way)"
+        )
+    return free

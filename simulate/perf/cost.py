@@ -221,7 +221,14 @@ _REDUCE_FAST = ("add", "sum", "max", "maximum")
 # nc_stream_shuffle (L991), range_select (L1133) and nc_match_replace8 (L793, which prints
 # min(MIN_II, N): read as max like its siblings, a min would cap every tile at 64 cycles);
 # N cycles for max8 (L671) and nc_find_index8 (L746); N the elements per partition.
-_MIN_II_OR_N_VECTOR = ("nc_stream_shuffle", "range_select", "nc_match_replace8")
+_MIN_II_OR_N_VECTOR = ("nc_stream_shuffle", "range_select", "nc_match_replace8", "dropout")
+# dropout: max(MIN_II, N) Vector cycles (L529-531). tensor_copy_dynamic_src/_dst, on any of
+# the three engines: max(MIN_II_DYNAMIC, N), "MIN_II_DYNAMIC is roughly 600 engine cycles"
+# (L1434-1438, L1467-1471).
+_MIN_II_DYNAMIC = 600
+# local_gather (GpSimd): 150 + V·E / C cycles with C = ((28 + t·E) / (t·E)) / min(4 / size, E),
+# t = 4, V the valid indices per core, E the elements per index, size the itemsize (L630-634).
+_LOCAL_GATHER_T = 4
 _N_VECTOR = ("max8", "nc_find_index8")
 
 
@@ -265,6 +272,8 @@ def compute_cycles(opcode: str, engine: str, n: int, ops: Operands, details: dic
     half = all(d in _HALF for d in ops.dtypes)
     unit_stride = ops.stride_bytes <= 2
     any_psum = any(ops.psum) or ops.out_psum
+    if opcode == "tensor_copy_dynamic":
+        return max(_MIN_II_DYNAMIC, n), True
     if engine == "pe":
         if opcode in ("nc_matmul", "nc_matmul_mx"):  # MX: the documented matmul rule with
             # n the moving free size in x4 elements, each PE taking the 4 values of one per
@@ -293,6 +302,12 @@ def compute_cycles(opcode: str, engine: str, n: int, ops: Operands, details: dic
             return table.pool_start_cycles + _local_gather_cycles(n, ops, details), True
         if opcode in ("nonzero_with_count", "sequence_bounds"):  # I: one pass like iota
             return table.pool_start_cycles + n, True
+        if opcode == "local_gather":
+            per_index = details["elements_per_index"]
+            size = _ITEMSIZE.get(ops.dtypes[0], 4)
+            rate = ((28 + _LOCAL_GATHER_T * per_index) / (_LOCAL_GATHER_T * per_index)
+                    ) / min(4 / size, per_index)
+            return table.pool_start_cycles + details["gather_elements"] / rate, True
         if opcode == "core_barrier":  # no data: a Pool instruction start (I; none published)
             return table.pool_start_cycles, True
         if opcode == "tensor_scalar" and "rsqrt" in _op_names(details):

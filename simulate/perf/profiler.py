@@ -153,8 +153,35 @@ class Profile:
         return self.summary()
 
 
-def profile(kernel, *args, target=None, **kwargs):
+#: the options of the legacy ``nki.profile`` decorator (aws-neuron-sdk@8a38e733
+#: general/nki/api/nki/__init__.py L402-424)
+_LEGACY_PROFILE_OPTIONS = {"working_directory", "save_neff_name", "save_trace_name",
+                           "additional_compile_opt", "overwrite", "profile_nth"}
+
+
+def _legacy_profile_decorator(options):
+    """``@nki.profile(working_directory=..., ...)``: the decorated kernel runs in the simulator
+    and returns None, as documented (L424; its outputs are undefined, L456-458). No NEFF or
+    NTFF is written: there is no device; the modeled profile of the run is the decorated
+    function's ``last_profile``."""
+    if not options.get("working_directory"):
+        raise ValueError("nki.profile needs working_directory= (an absolute path, L412-413)")
+
+    def decorate(func):
+        def run(*args, **kwargs):
+            run.last_profile = profile(func, *args, **kwargs)[1]
+
+        run.last_profile = None
+        return run
+
+    return decorate
+
+
+def profile(kernel=None, *args, target=None, **kwargs):
     """``simulate.profile(kernel, *args, target="trn1", **kwargs) -> (outputs, Profile)``.
+
+    Called with only the legacy ``nki.profile`` options (``working_directory=`` ...), it is
+    that decorator instead (:func:`_legacy_profile_decorator`).
 
     Runs ``kernel`` once in the simulator (outputs as ``nki.simulate_kernel`` returns them)
     and models its trace on ``target`` ("inf2", "trn1", "trn2" = one NeuronCore-v3 with LNC=1,
@@ -166,6 +193,10 @@ def profile(kernel, *args, target=None, **kwargs):
     """
     from ..core.runtime import trace_kernel
 
+    if kernel is None or (not args and kwargs and set(kwargs) <= _LEGACY_PROFILE_OPTIONS):
+        if kernel is not None:
+            return _legacy_profile_decorator(kwargs)(kernel)
+        return _legacy_profile_decorator(kwargs)
     own_launcher = getattr(kernel, "__simulate_trace__", None)
     if own_launcher is not None:
         outputs, trace = own_launcher(*args, target=target, **kwargs)

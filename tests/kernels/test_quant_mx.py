@@ -197,3 +197,25 @@ def test_rms_norm_quant_points_mx_formats_to_the_mx_launcher(no_mx_launch):
 
     with pytest.raises(TypeError, match="rms_norm_mx_quant"):
         ops.rms_norm_quant(np.ones((4, 512), BF16), quant_dtype="float8_e4m3fn_x4")
+
+
+@pytest.mark.parametrize("lnc", [1, 2])
+def test_rows_are_batch_invariant(rng, lnc):
+    """A row's values and scales do not depend on how many rows come with it: the last
+    tile of each core (whose y1 and copies partly run on the Scalar engine) and the other
+    tiles give the same bits, at LNC=1 and LNC=2."""
+    import simulate.nki06 as nki06
+
+    x, weight, _ = _inputs(rng, (300, 1024))
+    entry = kernels.kernel("rmsnorm_mx_quant")
+    args = (weight, 1e-6, nki06.language.float8_e4m3fn_x4, nki06.language.float8_e8m0fnu)
+
+    def run(rows):
+        out = entry[lnc](x[:rows], None, *args)
+        return np.asarray(out[0]).view(np.uint32), np.asarray(out[1]).view(np.uint8)
+
+    full_q, full_s = run(300)
+    for rows in (1, 5, 128, 129, 256):
+        part_q, part_s = run(rows)
+        np.testing.assert_array_equal(part_q, full_q[:, :rows])
+        np.testing.assert_array_equal(part_s, full_s[:, :rows])

@@ -20,6 +20,12 @@ viewed as (M / k, k·N), k dividing M), so one DMA moves k·N elements per parti
   kernel (a ones-row matmul: exact, every product 1·w); a ``tensor_tensor`` with one PSUM
   operand streams at one element a cycle.
 
+A per-head weight (heads, N) (QK-norm with a weight per head; the rows are tokens × heads,
+row r of head r mod heads): k is a multiple of heads, so that row j of every partition is
+of head j mod heads, and the weight is replicated as the (heads·N,) row of all heads, in
+one PSUM bank per ``PSUM_COLS`` columns (:func:`_weight_banks`); a (N,) weight is the case
+heads = 1, with the same instructions.
+
 The arithmetic of a row does not depend on k or on the tile it is in, so the outputs are
 batch-invariant; they are those of the "rows" regime up to rstd (GpSimd's reverse square
 root instead of the Scalar engine's refined by Newton steps) and the gemma product's order
@@ -40,9 +46,9 @@ from nki_rmsnorm.plan.forward import PSUM_COLS
 XHAT_ON_VECTOR_EVERY = 2
 
 
-def packed_rows(plan, k, hbm, eps, offset):
+def packed_rows(plan, k, heads, hbm, eps, offset):
     """Every row read once and written once; tiles of ``k`` rows per partition (k divides
-    M)."""
+    M; a multiple of ``heads``, the first dimension of a per-head weight, else 1)."""
     M, N = hbm.x.shape
     P = nl.tile_size.pmax
     groups = M // k
@@ -50,7 +56,7 @@ def packed_rows(plan, k, hbm, eps, offset):
     # as many rows as one PSUM bank of fp32 holds
     reps = max(1, min(k, PSUM_COLS // N))
     scale = (
-        _replicated(hbm.weight, reps, parts, plan.scale_dtype, offset)
+        _weight_banks(hbm.weight.reshape((heads * N,)), N, k // heads, parts, plan, offset)
         if hbm.weight is not None
         else None
     )
@@ -64,9 +70,9 @@ def packed_rows(plan, k, hbm, eps, offset):
     views.append(hbm.rstd.reshape((groups, k)))
     full_tiles = groups // P
     for t in nl.affine_range(full_tiles):
-        _packed_tile(plan, views, t * P, P, k, N, scale, shift, eps)
+        _packed_tile(plan, views, t * P, P, k, heads, N, scale, shift, eps)
     if groups % P:
-        _packed_tile(plan, views, full_tiles * P, groups % P, k, N, scale, shift, eps)
+        _packed_tile(plan, views, full_tiles * P, groups % P, k, heads, N, scale, shift, eps)
 
 
 def _replicated(vector_hbm, reps, parts, dtype, offset):
@@ -84,7 +90,57 @@ def _replicated(vector_hbm, reps, parts, dtype, offset):
     return bank
 
 
-def _packed_tile(plan, views, group0, parts, k, N, scale, shift, eps):
+def _weight_banks(weight_row, n, tokens, parts, plan, offset):
+    """The weight + offset in the scale dtype, broadcast to ``parts`` partitions in PSUM
+    banks for the Vector engine's products (:func:`_segments` says which columns of a tile
+    each bank multiplies). ``weight_row``: the (heads·n,) rows of all heads one after the
+    other. Up to ``PSUM_COLS`` columns, one bank holding it ``min(tokens, PSUM_COLS //
+    (heads·n))`` times (``tokens``: rows per partition / heads); longer, one bank per
+    ``PSUM_COLS // n`` heads (one load, one ones-row matmul per bank, exact). The banks are
+    ``PACKED_MAX_HEAD_BANKS`` tiles allocated before the loop that fills them: a tile
+    created in a loop may not be used after it (general/nki/api/nki.errors.rst@8a38e733
+    L417-L474)."""
+    period = weight_row.shape[0]
+    if period <= PSUM_COLS:
+        reps = max(1, min(tokens, PSUM_COLS // period))
+        return [_replicated(weight_row, reps, parts, plan.scale_dtype, offset)]
+    moving = steps.convert_row(nl.load(weight_row.reshape((1, period))), plan.scale_dtype, offset)
+    ones = nl.full((1, parts), 1.0, dtype=plan.scale_dtype)
+    per_bank = (PSUM_COLS // n) * n
+    banks = [
+        nl.ndarray((parts, per_bank), dtype=nl.float32, buffer=nl.psum),
+        nl.ndarray((parts, per_bank), dtype=nl.float32, buffer=nl.psum),
+        nl.ndarray((parts, per_bank), dtype=nl.float32, buffer=nl.psum),
+        nl.ndarray((parts, per_bank), dtype=nl.float32, buffer=nl.psum),
+    ]
+    for b in nl.static_range((period + per_bank - 1) // per_bank):
+        c0 = b * per_bank
+        c1 = min(period, c0 + per_bank)
+        banks[b][:, : c1 - c0] = nisa.nc_matmul(ones, moving[:, c0:c1])
+    return banks
+
+
+def _segments(width, period, n, tokens):
+    """(c0, c1, bank) per Vector-engine product of a tile row of ``width`` columns against
+    the banks of :func:`_weight_banks` (``period`` = heads·n; without a weight, n): columns
+    c0 … c1 − 1 of the tile times columns 0 … c1 − c0 − 1 of bank ``bank``. Every segment
+    starts at a row, and at head 0 of a token when the whole period fits a bank."""
+    segments = []
+    if period <= PSUM_COLS:
+        chunk = period * max(1, min(tokens, PSUM_COLS // period))
+        for c0 in range(0, width, chunk):
+            segments.append((c0, min(width, c0 + chunk), 0))
+        return segments
+    per_bank = (PSUM_COLS // n) * n
+    for t0 in range(0, width, period):
+        bank = 0
+        for c0 in range(0, period, per_bank):
+            segments.append((t0 + c0, t0 + min(period, c0 + per_bank), bank))
+            bank = bank + 1
+    return segments
+
+
+def _packed_tile(plan, views, group0, parts, k, heads, N, scale, shift, eps):
     """Row groups ``group0 … group0 + parts − 1`` of ``views``, k rows per partition."""
     x_v, residual_v, y_v, h_v, rstd_v = views
     width = k * N
@@ -132,25 +188,24 @@ def _packed_tile(plan, views, group0, parts, k, N, scale, shift, eps):
             if j % XHAT_ON_VECTOR_EVERY == XHAT_ON_VECTOR_EVERY - 1
             else nisa.activation(op=nl.copy, data=data, scale=rstd[:, j : j + 1], dtype=xhat.dtype)
         )
-    # DVE: y = x̂ · w [+ b], per chunk of the replicated weight's PSUM bank
-    chunk = N * max(1, min(k, PSUM_COLS // N))
+    # DVE: y = x̂ · w [+ b], per segment of the replicated weight's PSUM banks
     product = (
         nl.ndarray((parts, width), dtype=plan.product_dtype)
         if scale is not None and shift is not None
         else None
     )
-    for c0 in nl.static_range(0, width, chunk):
-        c1 = min(width, c0 + chunk)
+    for segment in _segments(width, heads * N, N, k // heads):
+        c0, c1, bank = segment
         if scale is not None and shift is not None:
             product[:, c0:c1] = nisa.tensor_tensor(
-                xhat[:, c0:c1], scale[:parts, : c1 - c0], op=nl.multiply, dtype=product.dtype
+                xhat[:, c0:c1], scale[bank][:parts, : c1 - c0], op=nl.multiply, dtype=product.dtype
             )
             y_tile[:, c0:c1] = nisa.tensor_tensor(
                 product[:, c0:c1], shift[:parts, : c1 - c0], op=nl.add, dtype=y_tile.dtype
             )
         elif scale is not None:
             y_tile[:, c0:c1] = nisa.tensor_tensor(
-                xhat[:, c0:c1], scale[:parts, : c1 - c0], op=nl.multiply, dtype=y_tile.dtype
+                xhat[:, c0:c1], scale[bank][:parts, : c1 - c0], op=nl.multiply, dtype=y_tile.dtype
             )
         elif shift is not None:
             y_tile[:, c0:c1] = nisa.tensor_tensor(

@@ -36,6 +36,7 @@ from nki_rmsnorm.plan.forward import (
     Tensors,
     choose_layout,
     make_plan,
+    weight_heads,
 )
 from nki_rmsnorm.plan.kernel_assert import kernel_assert
 
@@ -75,11 +76,13 @@ def forward_body(plan, hbm, eps, offset):
     M, N = hbm.x.shape
     # Under LNC=2 each core should keep as many row tiles to pipeline as one core at LNC=1
     # (thinner tiles; no row's arithmetic changes).
-    layout = choose_layout(plan, M, N, usable_sbuf_bytes(), cores=nl.num_programs(0))
+    # a per-head weight (heads, N): "packed" only, k rows per partition a multiple of heads
+    heads = weight_heads(plan, None if hbm.weight is None else hbm.weight.shape, M, N)
+    layout = choose_layout(plan, M, N, usable_sbuf_bytes(), cores=nl.num_programs(0), heads=heads)
     if layout.regime == "rows":
         rows_resident(plan, layout.rows_per_partition, hbm, eps, offset)
     elif layout.regime == "packed":
-        packed_rows(plan, layout.rows_per_partition, hbm, eps, offset)
+        packed_rows(plan, layout.rows_per_partition, heads, hbm, eps, offset)
     elif layout.regime == "split":
         split_rows(plan, layout.segments, hbm, eps, offset)
     elif layout.regime == "long":
@@ -133,7 +136,6 @@ def rmsnorm_add_fwd_out(x, residual, weight, bias, y, h, rstd, eps, offset, cast
     forward_body(plan, Tensors(x, residual, weight, bias, y, h, rstd), eps, offset)
 
 
-
 @nki.jit
 def rmsnorm_qk_fwd(q, k, q_weight, k_weight, eps, offset, casting_mode, out_dtype):
     """The query and key norms of an attention (QK-norm: Qwen3, Gemma 3; Megatron's fused
@@ -153,6 +155,7 @@ def rmsnorm_qk_fwd(q, k, q_weight, k_weight, eps, offset, casting_mode, out_dtyp
     forward_body(plan_q, Tensors(q, None, q_weight, None, y_q, None, rstd_q), eps, offset)
     forward_body(plan_k, Tensors(k, None, k_weight, None, y_k, None, rstd_k), eps, offset)
     return y_q, y_k, rstd_q, rstd_k
+
 
 def check_outputs(y, rstd, residual=None, h=None):
     """The output parameters' dtypes, before anything runs: y in a kernel dtype, rstd fp32,

@@ -16,7 +16,13 @@ free axis in a PSUM bank (built once), and one adding the bias, replicated likew
 tiles run as a two-stage software pipeline (``packed_rows``).
 
 k divides M (the planner picks the largest such k up to its target), so every tile is whole
-row groups. LNC: the tiles are split between the cores as the "rows" regime splits them
+row groups. A per-head weight (heads, N) (QK-norm with a weight per head; the rows are
+tokens × heads, row r of head r mod heads): k is a multiple of heads, so that row j of
+every partition is of head j mod heads, and the weight is replicated as the (heads·N,) row
+of all heads (one PSUM bank per ``PSUM_COLS`` columns, :func:`_weight_banks`); a (N,)
+weight is the case heads = 1, with the same instructions as before.
+
+LNC: the tiles are split between the cores as the "rows" regime splits them
 (``rmsnorm_fwd_steps.core_tiles``); a row's instructions do not depend on its tile or core.
 """
 
@@ -41,9 +47,9 @@ ROWS_PER_TRANSPOSE = PMAX // ROW_TILE
 XHAT_ON_VECTOR_EVERY = 2
 
 
-def packed_rows(plan, k, hbm, eps, offset):
+def packed_rows(plan, k, heads, hbm, eps, offset):
     """Every row read once and written once; tiles of ``k`` rows per partition (k divides
-    M)."""
+    M; a multiple of ``heads``, the first dimension of a per-head weight, else 1)."""
     M, N = hbm.x.shape
     P = nl.tile_size.pmax
     groups = M // k
@@ -54,10 +60,10 @@ def packed_rows(plan, k, hbm, eps, offset):
     scale = None
     ident = None
     if outer:
-        scale = _stacked(plan, hbm.weight, offset)
+        scale = _stacked(plan, hbm.weight.reshape((heads * N,)), offset)
         ident = steps.identity(parts, plan.scale_dtype)
     elif hbm.weight is not None:
-        scale = _replicated(hbm.weight, reps, parts, plan.scale_dtype, offset)
+        scale = _weight_banks(hbm.weight.reshape((heads * N,)), N, k // heads, parts, plan, offset)
     shift = None
     if hbm.bias is not None:
         shift = _replicated(hbm.bias, reps, parts, plan.bias_dtype, 0.0)
@@ -74,7 +80,7 @@ def packed_rows(plan, k, hbm, eps, offset):
     )
     tiles = steps.core_tiles(groups, P)
     if outer:
-        _outer_pipeline(plan, views, tiles, k, N, eps, scale, shift, ident)
+        _outer_pipeline(plan, views, tiles, k, heads, N, eps, scale, shift, ident)
         return
     # Software pipeline: the statistics of tile t + 1 are issued before the output of tile
     # t, so that the Scalar engine, whose in-order stream looks only a few instructions
@@ -86,10 +92,10 @@ def packed_rows(plan, k, hbm, eps, offset):
         current = ahead
         if t + 1 < len(tiles):
             ahead = _statistics(plan, views, tiles[t + 1][0], tiles[t + 1][1], k, N, eps)
-        _output(plan, views, k, N, scale, shift, current)
+        _output(plan, views, k, heads, N, scale, shift, current)
 
 
-def _outer_pipeline(plan, views, tiles, k, N, eps, stacked, shift, ident):
+def _outer_pipeline(plan, views, tiles, k, heads, N, eps, stacked, shift, ident):
     """The tiles of the Tensor-engine product as a three-stage software pipeline: the
     statistics of tile t + 2, then the transposed rstd pieces of tile t + 1, then the
     output of tile t. The pieces pass between the Vector, GpSimd and Tensor engines several
@@ -110,7 +116,7 @@ def _outer_pipeline(plan, views, tiles, k, N, eps, stacked, shift, ident):
         following = None
         if t + 1 < count:
             following = _transposed_rstd(plan, k, ident, statistics[t + 1])
-        _outer_output(plan, views, k, N, stacked, shift, prepared)
+        _outer_output(plan, views, k, heads, N, stacked, shift, prepared)
         prepared = following
 
 
@@ -134,6 +140,52 @@ def _replicated(vector_hbm, reps, parts, dtype, offset):
             dst=bank[:, j * n : (j + 1) * n], stationary=ones, moving=row, accumulate=False
         )
     return bank
+
+
+def _weight_banks(weight_row, n, tokens, parts, plan, offset):
+    """The weight + offset in the scale dtype, broadcast to ``parts`` partitions in PSUM
+    banks for the Vector engine's products (:func:`_segments` says which columns of a tile
+    each bank multiplies). ``weight_row``: the (heads·n,) rows of all heads one after the
+    other. Up to ``PSUM_COLS`` columns, one bank holding it ``min(tokens, PSUM_COLS //
+    (heads·n))`` times (``tokens``: rows per partition / heads); longer, one bank per
+    ``PSUM_COLS // n`` heads (one load, one ones-row matmul per bank, exact)."""
+    period = weight_row.shape[0]
+    if period <= PSUM_COLS:
+        reps = max(1, min(tokens, PSUM_COLS // period))
+        return [_replicated(weight_row, reps, parts, plan.scale_dtype, offset)]
+    row = steps.sbuf((1, period), weight_row.dtype)
+    nisa.dma_copy(dst=row, src=weight_row.reshape((1, period)))
+    row = steps.convert_row(row, plan.scale_dtype, offset)
+    ones = steps.sbuf((1, parts), plan.scale_dtype)
+    nisa.memset(dst=ones, value=1.0)
+    per_bank = (PSUM_COLS // n) * n
+    banks = []
+    for c0 in range(0, period, per_bank):
+        c1 = min(period, c0 + per_bank)
+        bank = nl.ndarray((parts, c1 - c0), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(dst=bank, stationary=ones, moving=row[:, c0:c1], accumulate=False)
+        banks.append(bank)
+    return banks
+
+
+def _segments(width, period, n, tokens):
+    """(c0, c1, bank) per Vector-engine product of a tile row of ``width`` columns against
+    the banks of :func:`_weight_banks` (``period`` = heads·n; without a weight, n): columns
+    c0 … c1 − 1 of the tile times columns 0 … c1 − c0 − 1 of bank ``bank``. Every segment
+    starts at a row, and at head 0 of a token when the whole period fits a bank."""
+    segments = []
+    if period <= PSUM_COLS:
+        chunk = period * max(1, min(tokens, PSUM_COLS // period))
+        for c0 in range(0, width, chunk):
+            segments.append((c0, min(width, c0 + chunk), 0))
+        return segments
+    per_bank = (PSUM_COLS // n) * n
+    for t0 in range(0, width, period):
+        bank = 0
+        for c0 in range(0, period, per_bank):
+            segments.append((t0 + c0, t0 + min(period, c0 + per_bank), bank))
+            bank = bank + 1
+    return segments
 
 
 def _statistics(plan, views, group0, parts, k, N, eps):
@@ -171,7 +223,7 @@ def _statistics(plan, views, group0, parts, k, N, eps):
     return group0, h_tile, rstd
 
 
-def _output(plan, views, k, N, scale, shift, state):
+def _output(plan, views, k, heads, N, scale, shift, state):
     """y of the tile whose statistics :func:`_statistics` returned, stored."""
     group0, h_tile, rstd = state
     parts = h_tile.shape[0]
@@ -194,20 +246,19 @@ def _output(plan, views, k, N, scale, shift, state):
             nisa.tensor_scalar(dst=dst, data=data, op0=nl.multiply, operand0=rstd[:, j : j + 1])
         else:
             nisa.activation(dst=dst, op=nl.copy, data=data, scale=rstd[:, j : j + 1])
-    # DVE: y = x̂ · w [+ b], per chunk of the replicated weight's PSUM bank
-    chunk = N * max(1, min(k, PSUM_COLS // N))
-    for c0 in range(0, width, chunk):
-        c1 = min(width, c0 + chunk)
+    # DVE: y = x̂ · w [+ b], per segment of the replicated weight's PSUM banks
+    for segment in _segments(width, heads * N, N, k // heads):
+        c0, c1, bank = segment
         x_c = xhat[:, c0:c1]
         y_c = y_tile[:, c0:c1]
         if scale is not None and shift is not None:
             product = steps.sbuf((parts, c1 - c0), plan.product_dtype)
-            w_c = scale[:parts, : c1 - c0]
+            w_c = scale[bank][:parts, : c1 - c0]
             nisa.tensor_tensor(dst=product, data1=x_c, data2=w_c, op=nl.multiply)
             b_c = shift[:parts, : c1 - c0]
             nisa.tensor_tensor(dst=y_c, data1=product, data2=b_c, op=nl.add)
         elif scale is not None:
-            w_c = scale[:parts, : c1 - c0]
+            w_c = scale[bank][:parts, : c1 - c0]
             nisa.tensor_tensor(dst=y_c, data1=x_c, data2=w_c, op=nl.multiply)
         elif shift is not None:
             b_c = shift[:parts, : c1 - c0]
@@ -245,17 +296,21 @@ def _rstd(sum_sq, eps, n):
 
 
 def _stacked(plan, weight_hbm, offset):
-    """w + offset in the scale dtype on every partition, (128, N) in SBUF: the Tensor
-    engine's moving operand, of which each matmul reads the partitions of one row tile.
-    Built once: one load, a ones-row matmul into PSUM (exact) and a copy out."""
+    """w + offset in the scale dtype on every partition, (128, heads·N) in SBUF (the rows
+    of a per-head weight one after the other): the Tensor engine's moving operand, of which
+    each matmul reads the partitions of one row tile and the columns of one head. Built
+    once: one load, per ``PSUM_COLS`` columns a ones-row matmul into PSUM (exact) and a copy
+    out."""
     n = weight_hbm.shape[0]
     row = steps.scale_row(plan, weight_hbm.reshape((1, n)), offset)
     ones = steps.sbuf((1, PMAX), plan.scale_dtype)
     nisa.memset(dst=ones, value=1.0)
-    broadcast = nl.ndarray((PMAX, n), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=broadcast, stationary=ones, moving=row, accumulate=False)
     stacked = steps.sbuf((PMAX, n), plan.scale_dtype)
-    nisa.tensor_copy(dst=stacked, src=broadcast)
+    for c0 in range(0, n, PSUM_COLS):
+        c1 = min(n, c0 + PSUM_COLS)
+        broadcast = nl.ndarray((PMAX, c1 - c0), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(dst=broadcast, stationary=ones, moving=row[:, c0:c1], accumulate=False)
+        nisa.tensor_copy(dst=stacked[:, c0:c1], src=broadcast)
     return stacked
 
 
@@ -306,13 +361,14 @@ def _transposed_rstd(plan, k, ident, state):
     return group0, h_tile, transposed_rows
 
 
-def _outer_output(plan, views, k, N, stacked, shift, state):
+def _outer_output(plan, views, k, heads, N, stacked, shift, state):
     """y of the tile whose rstd :func:`_transposed_rstd` transposed, stored, with the
     Tensor engine forming rstd ⊗ w (gemma with a weight on NeuronCore-v3+, as the "rows"
     regime's ``tensor`` product), so that the Scalar engine only reduces and the Vector
     engine makes one pass over h: per row, one matmul of its pieces against the weight, in
     the row tile its pieces start (contracting over that row's pieces alone: a NaN or
-    infinite rstd stays in its own row), into its columns of a PSUM bank; per bank, one
+    infinite rstd stays in its own row) and its head's columns of the weight, into its
+    columns of a PSUM bank; per bank, one
     Vector multiply y = h · (rstd ⊗ w) reading PSUM (one element a cycle); the bias is
     added in fp32 after."""
     group0, h_tile, transposed_rows = state
@@ -333,7 +389,7 @@ def _outer_output(plan, views, k, N, stacked, shift, state):
             nisa.nc_matmul(
                 dst=outer[:, (j - j0) * N : (j - j0 + 1) * N],
                 stationary=transposed_rows[j // ROWS_PER_TRANSPOSE][start : start + pieces, :],
-                moving=stacked[start : start + pieces, :],
+                moving=stacked[start : start + pieces, (j % heads) * N : (j % heads + 1) * N],
                 accumulate=False,
                 tile_position=(start, 0),
                 tile_size=(ROW_TILE, PMAX),

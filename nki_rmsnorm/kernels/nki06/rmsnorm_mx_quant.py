@@ -42,15 +42,28 @@ L105) — four 4-row DMAs, as AWS's ``load_scales_scattered`` does (aws-neuron-s
 Engines, per tile of up to 128 rows (whole rows on chip; under ``kernel[2]`` the tiles are
 split between the two physical cores by ``nl.program_id(0)``):
 
-* DMA: x (residual) in, h, y_q and the scales once per tile;
-* Scalar: Σ(h / √N)² (``activation_reduce``, square with an add reduction), eps, and with a
-  residual y1 (``tensor_scalar`` with the per-row rstd column, 16-bit at 2x);
+* DMA: x (residual) in, in four column parts; h, y_q (a column part at a time) and the
+  scales out; the weight once, as (N / 512, 512) rows;
+* Scalar: Σ(h / √N)² (``activation_reduce``, square with an add reduction, over two load
+  parts at a time), and with a residual y1 (``tensor_scalar`` with the per-row rstd
+  column, 16-bit at 2x);
 * GpSimd: the rsqrt (``tensor_scalar`` runs on GpSimd "only for rsqrt", isa L1138-1140);
-* Vector: h = x + residual; y1 = h · rstd without a residual (16-bit in and out: the fast
-  mode); per chunk the four lane copies out of PSUM, each times its per-partition weight
-  column; ``quantize_mx`` (4 values per partition per cycle, trainium3_arch.rst L172);
+* Vector: the partial sums plus eps (one ``tensor_scalar_reduce``); h = x + residual;
+  y1 = h · rstd without a residual (16-bit in and out: the fast mode); per chunk the four
+  lane copies out of PSUM, each times its per-partition weight column; ``quantize_mx`` (4
+  values per partition per cycle, trainium3_arch.rst L172);
 * Tensor: per 512-column chunk, four ``nc_transpose`` of y1's columns 4p + q (q = 0…3), the
-  x4 lanes, to (128, rows) PSUM tiles: in the transposed domain w is a per-partition scalar.
+  x4 lanes, to (128, rows) PSUM tiles: in the transposed domain w is a per-partition scalar
+  (the weight's own columns 4p + q come the same way, once).
+
+The Scalar and Vector engines carry about the same work per tile, so the statistics run one
+tile ahead: tile i + 1's loads and Σh² are issued before tile i's chunks and its rstd just
+before tile i's last chunk, and the Vector engine never waits for the rsqrt. In each core's
+last tile, whose work is the kernel's tail, the Scalar engine (done with Σh² by then) takes
+the odd y1 parts and the lane copies of the odd chunks. Every row gets the same steps and
+roundings in every tile (the Scalar and Vector engines' ``tensor_scalar`` both compute in
+float32 with one rounding to the output dtype, isa L1115-1117), so a row's bits do not
+depend on how many rows come with it.
 
 The arguments are validated by :func:`nki_rmsnorm.mx.rms_norm_mx_quant` before launch;
 the kernel only asserts them.
@@ -81,23 +94,37 @@ _QUADRANTS = 4
 
 def _weight_columns(weight, chunks):
     """(128, chunks, 4) float32: ``[p, c, q] = w[512c + 4p + q]``, the weight of the row value
-    partition p holds in lane q of chunk c (one strided DMA, cast to float32 on the way)."""
+    partition p holds in lane q of chunk c. The weight comes in as (chunks, 512) in one DMA
+    of whole 1 KB rows (loaded into that layout directly it would be 8-byte pieces, whose
+    descriptors would hold the DMA engines the first x load needs), then each lane's columns
+    go through the Tensor engine's transpose (bit-accurate from NeuronCore-v3, isa L840-841)
+    and are copied to float32."""
     parts = nl.tile_size.pmax
+    by_chunk = _sbuf((chunks, MX_CHUNK), weight.dtype)
+    nisa.dma_copy(dst=by_chunk, src=weight.reshape((chunks, MX_CHUNK)))
     columns = _sbuf((parts, chunks, _LANES), nl.float32)
-    source = weight.ap(pattern=[[_LANES, parts], [MX_CHUNK, chunks], [1, _LANES]], offset=0)
-    nisa.dma_copy(dst=columns, src=source)
+    for q in range(_LANES):
+        lane = nl.ndarray((parts, chunks), dtype=weight.dtype, buffer=nl.psum)
+        nisa.nc_transpose(dst=lane, data=by_chunk[:, q:MX_CHUNK:_LANES])
+        nisa.tensor_copy(dst=columns[:, :, q], src=lane)
     return columns
 
 
-def _load_h(x, residual, h_out, row0, rows, inv_sqrt_n):
-    """The tile's h (rows, N) and its Σ(h / √N)² (rows, 1), in column parts of 512 · k
-    values: each part's load, add and store, and its square-and-add reduction on the Scalar
-    engine (the elementwise squares discarded), start as soon as that part is in, so the
-    first tile's statistics do not wait for its whole load."""
-    N = x.shape[1]
+def _parts(N):
+    """Column parts of a row tile: whole 512-value chunks, at most ``_LOAD_PARTS``."""
     parts = _LOAD_PARTS
-    while (N // MX_CHUNK) % parts != 0:  # parts of whole 512-value chunks
+    while (N // MX_CHUNK) % parts != 0:
         parts = parts - 1
+    return parts
+
+
+def _load_h(x, residual, h_out, row0, rows, inv_sqrt_n):
+    """The tile's h (rows, N) and its partial sums Σ(h / √N)² (rows, parts) over column
+    parts of 512 · k values: each part's load, add and store, and its square-and-add
+    reduction on the Scalar engine (the elementwise squares discarded), start as soon as that
+    part is in, so the first tile's statistics do not wait for its whole load."""
+    N = x.shape[1]
+    parts = _parts(N)
     width = N // parts
     x_tile = _sbuf((rows, N), x.dtype)
     h = x_tile
@@ -105,7 +132,8 @@ def _load_h(x, residual, h_out, row0, rows, inv_sqrt_n):
         r_tile = _sbuf((rows, N), residual.dtype)
         h = _sbuf((rows, N), residual.dtype)
     squares = _sbuf((rows, N), h.dtype)
-    partial = _sbuf((rows, parts), nl.float32)
+    sums = (parts + 1) // 2  # Σh² over two parts at a time: one accumulator read each
+    partial = _sbuf((rows, sums), nl.float32)
     for part in range(parts):
         c0 = part * width
         c1 = c0 + width
@@ -116,52 +144,51 @@ def _load_h(x, residual, h_out, row0, rows, inv_sqrt_n):
                 dst=h[:, c0:c1], data1=x_tile[:, c0:c1], data2=r_tile[:, c0:c1], op=nl.add
             )
             nisa.dma_copy(dst=h_out[row0 : row0 + rows, c0:c1], src=h[:, c0:c1])
-        nisa.activation_reduce(
-            dst=squares[:, c0:c1],
-            op=nl.square,
-            data=h[:, c0:c1],
-            reduce_op=nl.add,
-            reduce_res=partial[:, part : part + 1],
-            scale=inv_sqrt_n,
-        )
-    mean_sq = _sbuf((rows, 1), nl.float32)
-    nisa.activation_reduce(
-        dst=_sbuf((rows, parts), nl.float32),
-        op=nl.copy,
-        data=partial,
-        reduce_op=nl.add,
-        reduce_res=mean_sq,
-    )
-    return h, mean_sq
+        if part % 2 == 1 or part == parts - 1:
+            s0 = (part // 2) * 2 * width
+            nisa.activation_reduce(
+                dst=squares[:, s0:c1],
+                op=nl.square,
+                data=h[:, s0:c1],
+                reduce_op=nl.add,
+                reduce_res=partial[:, part // 2 : part // 2 + 1],
+                scale=inv_sqrt_n,
+            )
+    return h, partial
 
 
-def _rstd(mean_sq, eps):
-    """rstd = 1 / sqrt(max(mean_sq + eps, 2⁻⁸⁷)) of a (rows, 1) column: eps added on the
-    Scalar engine (the Vector engine when the clamp matters), the GpSimd rsqrt (GpSimd runs
-    ``tensor_scalar`` "only for rsqrt", isa L1138-1140)."""
-    shape = mean_sq.shape
+def _rstd(partial, eps):
+    """rstd = 1 / sqrt(max(Σ partial + eps, 2⁻⁸⁷)) of the (rows, parts) partial sums: one
+    Vector ``tensor_scalar_reduce`` adds eps / parts to each part and sums them (isa
+    L2515-2535; the Scalar engine, which binds, keeps only the squares), a Vector clamp when
+    it matters, the GpSimd rsqrt (GpSimd runs ``tensor_scalar`` "only for rsqrt", isa
+    L1138-1140)."""
+    rows, parts = partial.shape
+    shape = (rows, 1)
     v = _sbuf(shape, nl.float32)
-    if eps >= RSQRT_MIN_INPUT:
-        nisa.activation(dst=v, op=nl.copy, data=mean_sq, bias=float(eps))
-    else:
-        nisa.tensor_scalar(
-            dst=v,
-            data=mean_sq,
-            op0=nl.add,
-            operand0=float(eps),
-            op1=nl.maximum,
-            operand1=RSQRT_MIN_INPUT,
-        )
+    nisa.tensor_scalar_reduce(
+        dst=_sbuf((rows, parts), nl.float32),
+        data=partial,
+        op0=nl.add,
+        operand0=float(eps) / parts,
+        reduce_op=nl.add,
+        reduce_res=v,
+    )
+    if eps < RSQRT_MIN_INPUT:
+        nisa.tensor_scalar(dst=v, data=v, op0=nl.maximum, operand0=RSQRT_MIN_INPUT)
     rstd = _sbuf(shape, nl.float32)
     nisa.tensor_scalar(dst=rstd, data=v, op0=nl.rsqrt, operand0=None, engine=nisa.gpsimd_engine)
     return rstd
 
 
-def _lanes(y1, rows, chunk, w_columns, y_dtype):
+def _lanes(y1, rows, chunk, w_columns, y_dtype, engine):
     """The (128, rows, 4) source of ``quantize_mx`` for chunk ``chunk`` (512 values of each
     row) of the tile ``y1``: lanes q = 0…3 are y1's columns 512·chunk + 4p + q (p the
     partition they land on), transposed by the Tensor engine into one PSUM bank and copied
-    out lane by lane (times the lane's weight column)."""
+    out lane by lane (times the lane's weight column) by ``engine``, the Vector or the
+    Scalar engine (both read PSUM from NeuronCore-v3 on, isa L399-403, and compute
+    ``tensor_scalar`` in float32 with one rounding to the output dtype, L1115-1117; a
+    16-bit ``tensor_copy`` through float32 is exact for every finite value, L396-397)."""
     parts = nl.tile_size.pmax
     c0 = chunk * MX_CHUNK
     lanes = nl.ndarray((parts, _LANES, rows), dtype=y_dtype, buffer=nl.psum)
@@ -169,15 +196,31 @@ def _lanes(y1, rows, chunk, w_columns, y_dtype):
     for q in range(_LANES):
         nisa.nc_transpose(dst=lanes[:, q, 0:rows], data=y1[0:rows, c0 + q : c0 + MX_CHUNK : _LANES])
         if w_columns is None:
-            nisa.tensor_copy(dst=source[:, 0:rows, q], src=lanes[:, q, 0:rows])
+            nisa.tensor_copy(dst=source[:, 0:rows, q], src=lanes[:, q, 0:rows], engine=engine)
         else:
             nisa.tensor_scalar(
                 dst=source[:, 0:rows, q],
                 data=lanes[:, q, 0:rows],
                 op0=nl.multiply,
                 operand0=w_columns[:, chunk, q : q + 1],
+                engine=engine,
             )
     return source
+
+
+def _scaled(y1, h, rstd, part, width, residual, last):
+    """Column part ``part`` of y1 = h · rstd (the first transposes do not wait for the whole
+    tile). With a residual the Vector engine has the add: y1 on the Scalar engine, whose
+    ``tensor_scalar`` runs 16-bit data at 2x (trainium3_arch.rst L218); in the last tile
+    the odd parts go to the Scalar engine too, idle by then."""
+    engine = nisa.vector_engine
+    if residual is not None or (last and part % 2 == 1):
+        engine = nisa.scalar_engine
+    c0 = part * width
+    c1 = c0 + width
+    nisa.tensor_scalar(
+        dst=y1[:, c0:c1], data=h[:, c0:c1], op0=nl.multiply, operand0=rstd, engine=engine
+    )
 
 
 def _quantize(source, packed, scale_tile, chunk, rows):
@@ -186,14 +229,18 @@ def _quantize(source, packed, scale_tile, chunk, rows):
     )
 
 
-def _store_values(y_q, packed, chunks, row0, rows, M):
-    """The tile's packed values (128, chunks, rows) to ``y_q`` (N / 4, M) rows 128c + p, in
-    one DMA (rows · chunks · 4 bytes per partition: small per-chunk stores would each pay
-    the DMA's fixed cost)."""
+def _store_values(y_q, packed, first, count, row0, rows, M):
+    """Chunks ``first`` … ``first + count - 1`` of the tile's packed values (128, chunks,
+    rows) to ``y_q`` (N / 4, M) rows 128c + p, in one DMA (rows · count · 4 bytes per
+    partition: per-chunk stores would each pay the DMA's fixed cost; a column part's at a
+    time, the last tile's store does not wait for all its chunks)."""
     parts = nl.tile_size.pmax
     nisa.dma_copy(
-        dst=y_q.ap(pattern=[[M, parts], [parts * M, chunks], [1, rows]], offset=row0),
-        src=packed[:, :, 0:rows],
+        dst=y_q.ap(
+            pattern=[[M, parts], [parts * M, count], [1, rows]],
+            offset=first * parts * M + row0,
+        ),
+        src=packed[:, first : first + count, 0:rows],
     )
 
 
@@ -236,14 +283,30 @@ def rmsnorm_mx_quant(x, residual, weight, eps, quant_dtype, scale_dtype):
     y_dtype = nl.float16 if x.dtype == nl.float16 else nl.bfloat16
     w_columns = None if weight is None else _weight_columns(weight, chunks)
     inv_sqrt_n = 1.0 / (N**0.5)
-    for row0, rows in core_tiles(M, parts):
-        h, mean_sq = _load_h(x, residual, h_out, row0, rows, inv_sqrt_n)
-        rstd = _rstd(mean_sq, eps)
+    column_parts = _parts(N)
+    part_width = N // column_parts
+    part_chunks = chunks // column_parts
+    tiles = core_tiles(M, parts)
+    # statistics one tile ahead: tile i + 1's load and Σh² are issued before tile i's
+    # chunks, and its partial sums are combined and its rstd computed just before tile i's
+    # last chunk, so the Vector engine goes from tile i to tile i + 1 without waiting for
+    # the GpSimd rsqrt (in the program order of each engine the same steps as one tile at a
+    # time: the rounding of every row is that of its tile alone)
+    if len(tiles) > 0:
+        h_next, partial = _load_h(x, residual, h_out, tiles[0][0], tiles[0][1], inv_sqrt_n)
+        rstd_next = _rstd(partial, eps)
+    for i in range(len(tiles)):
+        row0, rows = tiles[i]
+        h = h_next
+        rstd = rstd_next
         y1 = _sbuf((rows, N), y_dtype)
-        # with a residual the Vector engine has the add: y1 on the Scalar engine, whose
-        # tensor_scalar runs 16-bit data at 2x (trainium3_arch.rst L218)
-        engine = nisa.scalar_engine if residual is not None else nisa.vector_engine
-        nisa.tensor_scalar(dst=y1, data=h, op0=nl.multiply, operand0=rstd, engine=engine)
+        last = i + 1 == len(tiles)
+        for part in range(column_parts):
+            _scaled(y1, h, rstd, part, part_width, residual, last)
+        if not last:
+            h_next, partial = _load_h(
+                x, residual, h_out, tiles[i + 1][0], tiles[i + 1][1], inv_sqrt_n
+            )
         packed = _sbuf((parts, chunks, rows), quant_dtype)
         scale_tile = _sbuf((parts, chunks, rows), scale_dtype)
         # quantize chunk c after the lane copies of chunk c + 1: a Vector instruction that
@@ -251,11 +314,20 @@ def rmsnorm_mx_quant(x, residual, weight, eps, quant_dtype, scale_dtype):
         # overhead, dependent_overhead_cycles); this order keeps them apart
         previous = None
         for chunk in range(chunks):
-            source = _lanes(y1, rows, chunk, w_columns, y_dtype)
+            if chunk == chunks - 1 and not last:
+                rstd_next = _rstd(partial, eps)
+            # the last tile's chunks alternate between the Vector engine and the Scalar
+            # engine, idle once the last Σh² is done: the kernel's tail is that tile
+            copier = nisa.vector_engine
+            if last and chunk % 2 == 1 and residual is None:
+                copier = nisa.scalar_engine
+            source = _lanes(y1, rows, chunk, w_columns, y_dtype, copier)
             if previous is not None:
                 _quantize(previous, packed, scale_tile, chunk - 1, rows)
+                if chunk % part_chunks == 0:  # chunk - 1 ends a column part
+                    _store_values(y_q, packed, chunk - part_chunks, part_chunks, row0, rows, M)
             previous = source
         _quantize(previous, packed, scale_tile, chunks - 1, rows)
-        _store_values(y_q, packed, chunks, row0, rows, M)
+        _store_values(y_q, packed, chunks - part_chunks, part_chunks, row0, rows, M)
         _store_scales(scales, scale_tile, chunks, row0, rows, M)
     return tuple(outputs)

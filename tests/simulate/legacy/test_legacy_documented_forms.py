@@ -109,3 +109,78 @@ def test_item_assignment_into_an_iota_tile():
 
     with pytest.raises((NKIError, TypeError)):
         _run(assigns_the_index)
+
+
+def test_do_while_on_a_scalar_tile_condition(rng):
+    """err_while_loop_requires_unconditional_entry's required pattern (L932-L941): enter with
+    ``cond = scalar(True)``, recompute ``cond`` from a one-element tile at the end."""
+    from simulate.typing import scalar
+
+    def kernel(a):
+        out = nl.ndarray((1, 1), dtype=nl.float32, buffer=nl.shared_hbm)
+        a_tile = nl.load(a[0:1, 0:1])
+        cond = scalar(True)
+        while cond:
+            a_tile[...] = nl.add(a_tile, 1.0)
+            a_scalar = scalar(a_tile)
+            cond = a_scalar < 10
+        nl.store(out, value=a_tile)
+        return out
+
+    start = float(rng.integers(0, 5))
+    np.testing.assert_array_equal(_run(kernel, np.full((1, 1), start, np.float32)), [[10.0]])
+    # entered unconditionally: a start past the bound still runs the body once
+    np.testing.assert_array_equal(_run(kernel, np.full((1, 1), 12.0, np.float32)), [[13.0]])
+
+
+def test_atomic_rmw_with_a_scalar_value(rng):
+    """nl.atomic_rmw's value is "a tile or a scalar" (general/nki/api/nki/language/
+    __init__.py, atomic_rmw :param value:)."""
+
+    def kernel(rows):
+        out = nl.ndarray((16, 8), dtype=nl.float32, buffer=nl.shared_hbm)
+        nl.store(out, value=0.0)
+        idx = nl.load(rows)
+        i_p, i_f = nl.arange(4)[:, None], nl.arange(8)[None, :]
+        nl.atomic_rmw(out[idx[i_p, 0], i_f], value=2.5, op=np.add)
+        return out
+
+    rows = rng.choice(16, (4, 1), replace=False).astype(np.int32)
+    expected = np.zeros((16, 8), np.float32)
+    expected[rows[:, 0]] = 2.5
+    np.testing.assert_array_equal(_run(kernel, rows), expected)
+
+
+def test_masked_access_whose_masked_off_part_is_out_of_bound(rng):
+    """err_tensor_access_out_of_bound (L679-L683): the mask keeps the access in bounds; only
+    the points it masks off lie past the tensor."""
+
+    def kernel(x):
+        out = nl.ndarray((128, 1000), dtype=nl.float32, buffer=nl.shared_hbm)
+        for i in nl.affine_range((1000 + 511) // 512):
+            tile = nl.mgrid[0:128, 0:512]
+            value = nl.load(x[tile.p, i * 512 + tile.x], mask=i * 512 + tile.x < 1000)
+            nl.store(out[tile.p, i * 512 + tile.x], value=value, mask=i * 512 + tile.x < 1000)
+        return out
+
+    x = rng.standard_normal((128, 1000)).astype(np.float32)
+    np.testing.assert_array_equal(_run(kernel, x), x)
+
+
+def test_a_while_testing_a_run_time_scalar_on_entry_is_rejected():
+    """The manual's unsupported twin (L917-L924): ``while a_scalar < 10`` tests a run-time
+    value before the first iteration, even when it holds."""
+    from simulate.typing import scalar
+
+    def kernel(a):
+        out = nl.ndarray((1, 1), dtype=nl.float32, buffer=nl.shared_hbm)
+        a_tile = nl.load(a[0:1, 0:1])
+        a_scalar = scalar(a_tile)
+        while a_scalar < 10:
+            a_tile[...] = nl.add(a_tile, 1.0)
+            a_scalar = scalar(a_tile)
+        nl.store(out, value=a_tile)
+        return out
+
+    with pytest.raises(NKIError, match="err_while_loop_requires_unconditional_entry"):
+        _run(kernel, np.zeros((1, 1), np.float32))

@@ -708,6 +708,43 @@ def test_dma_transpose_shape_must_be_the_permuted_shape(rng):
         run(kernel, x, (8, 16, 1))
 
 
+@pytest.mark.parametrize(
+    "shape, dtype, mode, match",
+    [
+        ((16, 8), BF16, "hwdge", None),
+        ((4, 4, 128), BF16, "hwdge", None),  # 4 · 4 = 16
+        ((2, 3, 8, 64), BF16, "hwdge", None),  # 2 · 8 = 16
+        ((16, 8), BF16, "swdge", "takes dge_mode unknown or hwdge"),
+        ((32, 8), BF16, "hwdge", r"src.shape\[0\] == 16"),
+        ((3, 16, 8), BF16, "hwdge", r"src.shape\[0\] in \{1, 2, 4, 8, 16\}"),
+        ((4, 2, 8), BF16, "hwdge", "a multiple of 16"),
+        ((16, 256), BF16, "hwdge", "partition dimension 256 exceeds"),  # src.shape[-1] <= 128
+        ((16, 8), np.float32, "hwdge", "2-byte src dtype"),
+        ((32, 8), np.float32, "unknown", None),  # the hwdge limits bind hwdge only
+        ((32, 8), np.float32, "none", None),  # AWS's mlp_tkg_gate_up_projection.py L386
+    ],
+)
+def test_dma_transpose_direct_constraints(rng, shape, dtype, mode, match):
+    """The reference's "DMA Direct Transpose Constraints" (isa ``__init__.py`` L878-888),
+    plus dge_mode none as AWS's mlp_tkg passes it."""
+    x = rng.standard_normal(shape).astype(dtype)
+    perm = {2: (1, 0), 3: (2, 1, 0), 4: (3, 1, 2, 0)}[len(shape)]
+    transposed = tuple(shape[a] for a in perm)
+    kind = nl.bfloat16 if dtype == BF16 else nl.float32
+    dge = getattr(nisa.dge_mode, mode)
+
+    def kernel(x):
+        t = nl.ndarray(transposed, kind)
+        nisa.dma_transpose(dst=t, src=x, dge_mode=dge)
+        return out(t)
+
+    if match is None:
+        np.testing.assert_array_equal(run(kernel, x), np.transpose(x, perm))
+    else:
+        with pytest.raises((AssertionError, TypeError), match=match):
+            run(kernel, x)
+
+
 def test_broadcast_views_are_read_only(rng):
     col = f32(rng, 8, 1)
 
@@ -837,6 +874,14 @@ def test_nc_matmul_tiling_and_perf_mode_rules(rng):
         run(kernel, paired, (), (), nl.bfloat16, double)
     with pytest.raises(AssertionError, match="first free dimension of 2"):
         run(kernel, a, (), (), nl.float8_e4m3, double)
+    # the stub's string values, as AWS passes them (mlp_cte_projection.py L1166)
+    np.testing.assert_allclose(
+        run(kernel, paired, (), (), nl.float8_e4m3, "double_row"), fp8.T @ fp8, rtol=1e-5
+    )
+    with pytest.raises(AssertionError, match="expected a nisa.matmul_perf_mode member"):
+        run(kernel, a, (), (), nl.float32, "double")
+    with pytest.raises(AssertionError, match="expected a nisa.matmul_perf_mode member"):
+        run(kernel, a, (), (), nl.float32, 1)
 
 
 def test_dma_oob_skip_needs_an_indirect_access(rng):

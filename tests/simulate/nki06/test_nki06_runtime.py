@@ -378,3 +378,27 @@ def test_while_loop_runs_until_the_register_is_zero():
         return o
 
     np.testing.assert_array_equal(nki.simulate(kernel)(np.zeros(1, np.float32)), 3)
+
+
+def test_register_alloc_from_a_one_element_tensor():
+    """Beyond the documented int/None, AWS's MX MoE initialises a register from an SBUF
+    element (core/moe/moe_tkg/all_expert_mx_impl.py L311): register_alloc + register_load."""
+
+    def kernel(x, shape):
+        t = nl.zeros((2, 1), nl.float32)
+        counter = nl.full(shape, 3, nl.int32)
+
+        def body(reg):
+            nisa.tensor_scalar(dst=t, data=t, op0=nl.add, operand0=1.0)
+            nisa.tensor_scalar(dst=counter, data=counter, op0=nl.subtract, operand0=1.0)
+            nisa.register_load(reg, counter[0:1, 0:1])
+            return reg
+
+        nl.while_loop(nisa.register_alloc(counter[0:1, 0:1] if shape == (1, 1) else counter), body)
+        o = nl.ndarray((2, 1), nl.float32, buffer=nl.shared_hbm)
+        nl.store(o, value=t)
+        return o
+
+    np.testing.assert_array_equal(nki.simulate(kernel)(np.zeros(1, np.float32), (1, 1)), 3)
+    with pytest.raises(AssertionError, match="1-element"):
+        nki.simulate(kernel)(np.zeros(1, np.float32), (2, 1))

@@ -118,6 +118,28 @@ def test_ap_partition_stride_must_equal_the_free_size():
         shapes_of(kernel, np.zeros(1, np.float32), 4)
 
 
+def test_ap_partition_stride_of_the_dense_free_extent_steps_one_partition(rng):
+    """AWS's mlp_cte writes a [128, 2, I] block into a [128, 8, I] tile with the partition
+    stride 2·I (mlp_cte_projection.py L1117-1124) and reads it back at the start of each
+    partition: a partition stride equal to the pattern's dense free extent is one partition."""
+    x = rng.standard_normal((4, 6)).astype(np.float32)
+
+    def kernel(x, stride):
+        t = nl.ndarray((4, 16), nl.float32)
+        nisa.memset(dst=t, value=0.0)
+        nisa.dma_copy(dst=t.ap([[stride, 4], [3, 2], [1, 3]]), src=x)
+        o = nl.ndarray((4, 16), nl.float32, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=o, src=t)
+        return o
+
+    expected = np.zeros((4, 16), np.float32)
+    expected[:, :6] = x
+    np.testing.assert_array_equal(run(kernel, x, 6), expected)
+    np.testing.assert_array_equal(run(kernel, x, 16), expected)
+    with pytest.raises(AssertionError, match="dense free extent 6"):
+        run(kernel, x, 8)
+
+
 def test_ap_offset_and_dtype_reinterpretation():
     x = np.arange(16, dtype=np.float32).reshape(2, 8)
 
@@ -421,3 +443,14 @@ def test_nl_where_var_all_and_load_transpose2d(rng):
     np.testing.assert_allclose(variance[:, 0], x.astype(np.float64).var(1), rtol=1e-5)
     np.testing.assert_array_equal(every[:, 0], cond.all(1))
     np.testing.assert_array_equal(transposed, x.T)
+
+
+def test_base_tensor_is_the_whole_tensor_a_view_was_cut_from():
+    """Not in the API reference; AWS's MX MoE reads ``weight.base_tensor.dtype`` of a kernel
+    argument (core/moe/moe_tkg/gate_up_projection_mx.py L354)."""
+
+    def kernel(x):
+        t = nl.ndarray((4, 8), nl.bfloat16)
+        return (x[1:2, 0:3].base_tensor.shape, t[0:2, 2:4].base_tensor.shape)
+
+    assert shapes_of(kernel, np.zeros((3, 5), np.float32)) == [(3, 5), (4, 8)]
