@@ -31,8 +31,11 @@ MAX_SLACK = 2
 #: pass, so that the small per-tile loads of the rstd operands never queue behind a long
 #: backlog of data loads on the DMA engines (which serve transfers in issue order).
 DY_SLOTS = 2
-#: NeuronCore-v4: one chunk in this many keeps the Vector engine's row dot (see make_plan).
+#: NeuronCore-v4: one 128-column block in this many keeps the Vector engine's row dot (see
+#: make_plan); blocks rather than CHUNKs, so that a row of a few chunks gets its share too.
 VECTOR_ROW_DOT_EVERY = 6
+#: Columns of one block of the Tensor-engine row dot: one transpose, the PE's 128 rows.
+ROW_DOT_BLOCK = 128
 #: Folds tried (partitions per row), smallest first.
 FOLDS = (1, 2, 4, 8, 16, 32)
 #: bf16 parts of an fp32 value (8 + 8 + 8 mantissa bits).
@@ -85,8 +88,8 @@ class FoldedPlan(NKIObject):
     # the row dot Σ_j (dy·x)·w' on the Tensor engine (see ``make_plan``):
     # bit-accurate fp32 transposes of dy·x, then a matrix-vector product against w'
     row_dot_on_pe: bool = False
-    # with row_dot_on_pe: every n-th CHUNK of a row (chunk c with c mod n = n − 1) takes the
-    # Vector engine's row dot instead (p1·x summed by the Scalar engine), 0 for none
+    # with row_dot_on_pe: every n-th ROW_DOT_BLOCK of a row (block b with b mod n = n − 1)
+    # takes the Vector engine's row dot instead (p1·x summed by the Scalar engine), 0 for none
     vector_row_dot_every: int = 0
 
 
@@ -104,8 +107,8 @@ def make_plan(N, dtypes, offset, casting_mode, budget, nc_v3_or_newer=True, nc_v
     Vector engine runs at the Tensor engine's half clock (1.2 / 2.4 GHz; v3: 0.96 / 2.4):
     there a Tensor-engine row dot of a chunk (4 PE cycles per element and row: an fp32
     transpose and an fp32 matrix-vector product) outweighs the Vector one (1 DVE cycle) so
-    one chunk in ``VECTOR_ROW_DOT_EVERY`` keeps the Vector row dot, which balances the two
-    engines' floors (PE 7 − 4f against 2·(3 + f) half-clock cycles: f = 1/6). None when
+    one 128-column block in ``VECTOR_ROW_DOT_EVERY`` keeps the Vector row dot, which balances
+    the two engines' floors (PE 7 − 4f against 2·(3 + f) half-clock cycles: f = 1/6). None when
     no power-of-two fold of N fits. Tests check every accepted input against the capacity."""
     e_x = dtype_bytes(dtypes.x)
     round_xhat = dtypes.weight is not None and casting_mode != "gemma" and e_x == 2
@@ -169,21 +172,37 @@ def plan_bytes(plan, dtypes) -> int:
     )
 
 
-def vector_row_dot_chunk(plan, col0) -> bool:
-    """Whether the chunk of a row starting at column ``col0`` takes the Vector engine's row
-    dot (``vector_row_dot_every``); the same columns in every row, so a row's result never
-    depends on where it sits."""
+def vector_row_dot_block(plan, col0) -> bool:
+    """Whether the ``ROW_DOT_BLOCK`` of a row starting at column ``col0`` takes the Vector
+    engine's row dot (``vector_row_dot_every``); the same columns in every row, so a row's
+    result never depends on where it sits."""
     n = plan.vector_row_dot_every
-    return n > 0 and (col0 // CHUNK) % n == n - 1
+    return n > 0 and (col0 // ROW_DOT_BLOCK) % n == n - 1
+
+
+def tensor_row_dot_end(plan, col0, hi) -> int:
+    """The end (at most ``hi``) of the run of Tensor-engine row-dot blocks from ``col0``: the
+    start of the next Vector-engine block."""
+    n = plan.vector_row_dot_every
+    if n == 0:
+        return hi
+    b = col0 // ROW_DOT_BLOCK
+    return min(hi, (b + (n - 1 - b % n)) * ROW_DOT_BLOCK)
+
+
+def has_vector_row_dot(plan) -> bool:
+    """Whether a row has any Vector-engine row-dot block."""
+    n = plan.vector_row_dot_every
+    return n > 0 and -(-plan.width // ROW_DOT_BLOCK) >= n
 
 
 def partial_columns(plan) -> int:
     """Columns of a row tile's partial row sums: one per column group, or with
-    ``row_dot_on_pe`` one per Vector-engine chunk (at least 1)."""
+    ``row_dot_on_pe`` one per Vector-engine block (at least 1)."""
     if not plan.row_dot_on_pe:
         return plan.n_groups
     n = plan.vector_row_dot_every
-    return max(1, (-(-plan.width // CHUNK)) // n) if n > 0 else 1
+    return max(1, (-(-plan.width // ROW_DOT_BLOCK)) // n) if n > 0 else 1
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,15 @@ from .errors import (
     NkiValidationError,
     enforce,
 )
-from .tensor import NkiTensor, VirtualRegister, matmul_mask, partition_start, region, write
+from .tensor import (
+    NkiTensor,
+    VirtualRegister,
+    initialized_mask,
+    matmul_mask,
+    partition_start,
+    region,
+    write,
+)
 
 PMAX = 128
 
@@ -1394,15 +1402,26 @@ def _double_row_free_sizes(api, stationary, moving, is_transpose, tile_size):
 
 def _accumulate_product(api, dst, product, accumulate) -> None:
     """Write a matmul ``product`` into PSUM ``dst``: ``accumulate`` False overwrites, True
-    adds, None adds where a matmul wrote since allocation and overwrites elsewhere."""
+    adds, None adds where a matmul wrote since allocation and overwrites elsewhere.
+    ``accumulate=True`` onto elements no instruction wrote is "undefined behavior on all
+    targets"; onto elements a non-matmul instruction (``memset``, ``tensor_copy``, ...) wrote
+    it "is not supported" on NeuronCore-v2 and NeuronCore-v3 only, so NeuronCore-v4 (trn3)
+    adds to them (aws-neuron-sdk@81ce03ae nki/api/nki/isa/__init__.py L543-545, L552-555)."""
     flags = matmul_mask(dst).reshape(product.shape)
     if accumulate is None:
         add = flags.copy()
     elif accumulate is True:
-        if not flags.all():
+        if not initialized_mask(dst).all():
             warnings.warn(
-                f"{api} accumulate=True onto PSUM elements no matmul wrote "
-                f"(`{dst.name}`): undefined on hardware",
+                f"{api} accumulate=True onto PSUM elements no instruction wrote "
+                f"(`{dst.name}`): undefined behavior on all targets ({_ISA} L543-545)",
+                stacklevel=3,
+            )
+        elif not flags.all() and _version(api) < 4:
+            warnings.warn(
+                f"{api} accumulate=True onto PSUM elements a non-matmul instruction wrote "
+                f"(`{dst.name}`): not supported on NeuronCore-v2/v3, undefined on hardware "
+                f"({_ISA} L552-555)",
                 stacklevel=3,
             )
         add = np.ones_like(flags)

@@ -67,7 +67,15 @@ class Shape(tuple):
 class Buffer(Storage):
     """A storage of the 0.6 front-end: one flat array plus the on-chip geometry."""
 
-    __slots__ = ("region_kind", "partitions", "free_size", "matmul_written", "nki_dtype", "root")
+    __slots__ = (
+        "region_kind",
+        "partitions",
+        "free_size",
+        "matmul_written",
+        "value_written",
+        "nki_dtype",
+        "root",
+    )
 
     def __init__(
         self, region: MemoryRegion, name: str, dtype, partitions: int, free_size: int, fill_value
@@ -81,10 +89,12 @@ class Buffer(Storage):
         self.array = np.empty(partitions * free_size, dt.storage_dtype(dtype))
         if fill_value is not None:
             self.array[...] = dt.cast(np.asarray(fill_value), dtype, self.array.dtype)
-        # PSUM: which elements a matmul wrote since allocation (nc_matmul(accumulate=None))
-        self.matmul_written = (
-            np.zeros(self.array.size, bool) if region is MemoryRegion.psum else None
-        )
+        # PSUM: which elements a matmul wrote since allocation (nc_matmul(accumulate=None)),
+        # and which any instruction wrote (nc_matmul(accumulate=True)); on-chip memory is
+        # allocated uninitialised (nl.zeros/nl.full issue a memset)
+        psum = region is MemoryRegion.psum
+        self.matmul_written = np.zeros(self.array.size, bool) if psum else None
+        self.value_written = np.zeros(self.array.size, bool) if psum else None
 
 
 def _row_major(shape) -> tuple[int, ...]:
@@ -804,13 +814,23 @@ def write(t: NkiTensor, values: np.ndarray, accumulated_by_matmul: bool = False)
     target[...] = dt.cast(values, t.dtype, target.dtype)
     storage = t.storage
     storage.written = True
-    if storage.matmul_written is not None and not accumulated_by_matmul:
-        matmul_mask(t)[...] = False
+    if storage.matmul_written is not None:
+        initialized_mask(t)[...] = True
+        if not accumulated_by_matmul:
+            matmul_mask(t)[...] = False
 
 
 def matmul_mask(t: NkiTensor) -> np.ndarray:
     """The per-element "written by a matmul" flags of a PSUM view."""
-    flags = t.storage.matmul_written
+    return _psum_flags(t, t.storage.matmul_written)
+
+
+def initialized_mask(t: NkiTensor) -> np.ndarray:
+    """The per-element "written by any instruction" flags of a PSUM view."""
+    return _psum_flags(t, t.storage.value_written)
+
+
+def _psum_flags(t: NkiTensor, flags: np.ndarray) -> np.ndarray:
     ratio = t.storage.array.dtype.itemsize
     if t._flat().dtype.itemsize != ratio:
         raise NkiValidationError(

@@ -372,7 +372,10 @@ def compute_cycles(opcode: str, engine: str, n: int, ops: Operands, details: dic
         return max(min_ii, n * stride), True
     if opcode in _N_VECTOR:
         return n * stride, True
-    if opcode == "select":  # tensor_copy_predicated
+    if opcode in ("select", "tensor_copy_predicated"):  # the legacy and 0.6 opcodes
+        # D legacy ISA reference (aws-neuron-sdk@8a38e733 general/nki/api/nki/isa/__init__.py
+        # L1513-1526): max(MIN_II, N) with one of src/predicate in PSUM, max(MIN_II, 2N) with
+        # both in SBUF; the 0.6 reference prints no cost (I: the same instruction, same rule)
         return max(min_ii, (1 if any(ops.psum) else table.k_two_inputs) * n * stride), True
     return max(min_ii, n * stride), False
 

@@ -403,6 +403,31 @@ def test_planner_keeps_the_psum_copy_of_x_where_it_pays():
         assert plan.x_from_psum == want, (x_dtype, mode, version)
 
 
+@pytest.mark.parametrize(("N", "vector_blocks"), [(1000, [5]), (3000, [5, 11, 17, 23]),
+                                                  (640, [])])
+def test_trn3_row_dot_splits_by_128_column_block(N, vector_blocks):
+    """On NeuronCore-v4 one 128-column block in VECTOR_ROW_DOT_EVERY (6) of every row takes
+    the Vector row dot (the same blocks in every row: batch invariance), each with its own
+    partial column; the Tensor-engine runs end where a Vector block starts."""
+    dtypes = plan_bwd.BwdDtypes(BF16, BF16, BF16, None)
+    budget = simulate.get_target("trn3").sbuf_bytes_per_partition
+    plan = plan_bwd.make_plan(N, dtypes, 0.0, "gemma", budget, True, True)
+    assert plan.row_dot_on_pe and plan.vector_row_dot_every == 6
+    blocks = -(-N // 128)
+    chosen = [b for b in range(blocks) if plan_bwd.vector_row_dot_block(plan, b * 128)]
+    assert chosen == vector_blocks
+    assert plan_bwd.partial_columns(plan) == max(1, len(vector_blocks))
+    assert plan_bwd.has_vector_row_dot(plan) == bool(vector_blocks)
+    for b in range(blocks):
+        if b not in vector_blocks:
+            end = plan_bwd.tensor_row_dot_end(plan, b * 128, N)
+            following = [v for v in vector_blocks if v > b]
+            assert end == (following[0] * 128 if following else N)
+    on_v3 = plan_bwd.make_plan(N, dtypes, 0.0, "gemma", budget, True, False)
+    assert plan_bwd.tensor_row_dot_end(on_v3, 0, N) == N
+    assert not plan_bwd.has_vector_row_dot(on_v3)
+
+
 def test_hidden_size_limit(dialect):
     """Past MAX_HIDDEN the PSUM accumulators would not fit: a clear error, not a wrong
     answer (the kernel's own check is an ``assert``, as AWS's kernels check; the bindings

@@ -58,7 +58,7 @@ row   ``row_dot_on_pe`` (NeuronCore-v3+, an unfolded 2-byte dy and x, gemma): PE
 dot   transposes each 128-column block of q (fp32, ``is_transpose``: bit-accurate, NaN
       and Inf included, from NeuronCore-v3), ACT copies it to SBUF, PE multiplies it
       with w' (a matrix-vector product: the sum over the columns of one row, fp32);
-      trn3 keeps one chunk in ``VECTOR_ROW_DOT_EVERY`` (6) on DVE as below, which
+      trn3 keeps one 128-column block in ``VECTOR_ROW_DOT_EVERY`` (6) on DVE as below, which
       balances PE against DVE there. Otherwise (trn1, inf2, folded rows, llama / none,
       fp32): DVE ``p1 · x = q · a`` (in llama / none ``p1`` times the PSUM copy of x),
       ACT row sums of it (``activation_reduce``)
@@ -72,10 +72,11 @@ DVE   ``dx = p1 + (−k · x)`` rounded to x's dtype (DVE adds dh_out from SBUF)
 ====  ===================================================================================
 
 So per element and row the Vector engine runs three N-cycle passes on trn2 (q, p1, dx),
-up to 3 + 1/6 on trn3 and four on trn1 / inf2 (q, p1, p1·x, dx); PE runs 7 (trn2: 1 for ``a``,
-2 each for dweight, the transpose and the matrix-vector product; 7.5 with dbias) and ACT 2.
+3 + ⌊B/6⌋/B on trn3 (B the 128-column blocks of a row) and four on trn1 / inf2 (q, p1,
+p1·x, dx); PE runs 7 (trn2: 1 for ``a``, 2 each for dweight, the transpose and the
+matrix-vector product; 7.5 with dbias) and ACT 2.
 By the cost model's floors (8192×4096 bf16, µs, Vector / Scalar / Tensor / DMA / HBM):
-trn2 822 / 440 / 765 / 561 / 655, trn3 685 / 451 / 710 / 396 / 388, trn1 (four Vector
+trn2 822 / 440 / 765 / 561 / 655, trn3 692 / 464 / 696 / 396 / 388, trn1 (four Vector
 passes) 939 / 386 / 281 / 737 / 579: the Vector engine still binds on trn2 and trn1,
 the Tensor and Vector engines together on trn3.
 
@@ -140,15 +141,18 @@ from nki_rmsnorm.plan.backward import (
     DY_SLOTS,
     MAX_HIDDEN,
     PSUM_BANK_COLS,
+    ROW_DOT_BLOCK,
     SPLIT,
     BwdConstants,
     BwdDtypes,
     BwdTile,
     BwdTileSlots,
     PeConstants,
+    has_vector_row_dot,
     make_plan,
     partial_columns,
-    vector_row_dot_chunk,
+    tensor_row_dot_end,
+    vector_row_dot_block,
 )
 from nki_rmsnorm.plan.kernel_assert import kernel_assert
 
@@ -532,19 +536,31 @@ def _statistic_group(plan, consts, views, rings, tile, t, g, row_dot):
         elif row_dot is None:
             p1x[:, lo:hi] = nisa.tensor_tensor(dydx[:, lo:hi], a, op=nl.multiply,
                                                dtype=nl.float32)
-        elif vector_row_dot_chunk(plan, g0 + lo):  # its partial: column (g0 + lo) // (n·CHUNK)
-            column = (g0 + lo) // (plan.vector_row_dot_every * CHUNK)
-            p1x[:, lo:hi] = nisa.tensor_tensor(dydx[:, lo:hi], a, op=nl.multiply,
-                                               dtype=nl.float32)
-            nisa.activation_reduce(op=nl.copy, data=p1x[:, lo:hi], reduce_op=nl.add,
-                                   reduce_res=tile.partials[:, column:column + 1],
-                                   dtype=nl.float32)
         else:
-            _row_dot_chunk(consts.pe, row_dot, dydx[:, lo:hi], g0 + lo, g0 + lo == 0)
+            _row_dot_blocks(plan, consts.pe, tile, row_dot, dydx, a, p1x, g0, lo, hi)
     if row_dot is None:
         nisa.activation_reduce(op=nl.copy, data=p1x, reduce_op=nl.add,
                                reduce_res=tile.partials[:, g:g + 1], dtype=nl.float32)
     return dy_g, dydx
+
+
+def _row_dot_blocks(plan, pe, tile, row_dot, dydx, a, p1x, g0, lo, hi):
+    """The row dot of the chunk ``lo:hi`` of column group ``g0``, block by block: each run of
+    Tensor-engine blocks in one ``_row_dot_chunk``, each Vector-engine block
+    (``vector_row_dot_block``) as ``p1·x = (dy·x)·a`` summed by the Scalar engine into its
+    partial column (block index // n)."""
+    for b0 in nl.static_range(lo, hi, ROW_DOT_BLOCK):
+        if vector_row_dot_block(plan, g0 + b0):
+            b1 = min(hi, b0 + ROW_DOT_BLOCK)
+            column = (g0 + b0) // (plan.vector_row_dot_every * ROW_DOT_BLOCK)
+            p1x[:, b0:b1] = nisa.tensor_tensor(dydx[:, b0:b1], a[:, b0 - lo:b1 - lo],
+                                               op=nl.multiply, dtype=nl.float32)
+            nisa.activation_reduce(op=nl.copy, data=p1x[:, b0:b1], reduce_op=nl.add,
+                                   reduce_res=tile.partials[:, column:column + 1],
+                                   dtype=nl.float32)
+        elif b0 == lo or vector_row_dot_block(plan, g0 + b0 - ROW_DOT_BLOCK):
+            end = tensor_row_dot_end(plan, g0 + b0, g0 + hi) - g0
+            _row_dot_chunk(pe, row_dot, dydx[:, b0:end], g0 + b0, g0 + b0 == 0)
 
 
 def _row_dot_chunk(pe, row_dot, dydx, col0, first):
@@ -583,9 +599,9 @@ def _row_dot_chunk(pe, row_dot, dydx, col0, first):
 
 def _finish_row_dot(plan, tile, row_dot):
     """``−k = −rstd³/N · Σ_j (dy·x)·w'`` per partition (Scalar engine), plus
-    ``−rstd²/N · Σ p1·x`` of the Vector-engine chunks (``vector_row_dot_every``) as the
+    ``−rstd²/N · Σ p1·x`` of the Vector-engine blocks (``vector_row_dot_every``) as the
     bias."""
-    if plan.vector_row_dot_every > 0 and plan.width >= plan.vector_row_dot_every * CHUNK:
+    if has_vector_row_dot(plan):
         bias = nl.ndarray((tile.p, 1), dtype=nl.float32)
         nisa.activation_reduce(op=nl.copy, data=tile.partials, reduce_op=nl.add,
                                reduce_res=bias, scale=tile.cols[:, 1:2], dtype=nl.float32)

@@ -48,15 +48,18 @@ from nki_rmsnorm.plan.backward import (
     DY_SLOTS,
     MAX_HIDDEN,
     PSUM_BANK_COLS,
+    ROW_DOT_BLOCK,
     SPLIT,
     BwdConstants,
     BwdDtypes,
     BwdTile,
     BwdTileSlots,
     PeConstants,
+    has_vector_row_dot,
     make_plan,
     partial_columns,
-    vector_row_dot_chunk,
+    tensor_row_dot_end,
+    vector_row_dot_block,
 )
 from nki_rmsnorm.plan.kernel_assert import kernel_assert
 
@@ -538,18 +541,8 @@ def _statistic_group(plan, consts, views, rings, tile, t, g, row_dot):
             )
         elif row_dot is None:
             nisa.tensor_tensor(dst=p1x[:, lo:hi], data1=dydx[:, lo:hi], data2=a, op=nl.multiply)
-        elif vector_row_dot_chunk(plan, g0 + lo):  # its partial: column (g0 + lo) // (n·CHUNK)
-            column = (g0 + lo) // (plan.vector_row_dot_every * CHUNK)
-            nisa.tensor_tensor(dst=p1x[:, lo:hi], data1=dydx[:, lo:hi], data2=a, op=nl.multiply)
-            nisa.activation_reduce(
-                dst=p1x[:, lo:hi],
-                op=nl.copy,
-                data=p1x[:, lo:hi],
-                reduce_op=nl.add,
-                reduce_res=tile.partials[:, column : column + 1],
-            )
         else:
-            _row_dot_chunk(consts.pe, row_dot, dydx[:, lo:hi], g0 + lo, g0 + lo == 0)
+            _row_dot_blocks(plan, consts.pe, tile, row_dot, dydx, a, p1x, g0, lo, hi)
     if row_dot is None:
         nisa.activation_reduce(
             dst=p1x,
@@ -559,6 +552,33 @@ def _statistic_group(plan, consts, views, rings, tile, t, g, row_dot):
             reduce_res=tile.partials[:, g : g + 1],
         )
     return dy_g, dydx
+
+
+def _row_dot_blocks(plan, pe, tile, row_dot, dydx, a, p1x, g0, lo, hi):
+    """The row dot of the chunk ``lo:hi`` of column group ``g0``, block by block: each run of
+    Tensor-engine blocks in one ``_row_dot_chunk``, each Vector-engine block
+    (``vector_row_dot_block``) as ``p1·x = (dy·x)·a`` summed by the Scalar engine into its
+    partial column (block index // n)."""
+    for b0 in range(lo, hi, ROW_DOT_BLOCK):
+        if vector_row_dot_block(plan, g0 + b0):
+            b1 = min(hi, b0 + ROW_DOT_BLOCK)
+            column = (g0 + b0) // (plan.vector_row_dot_every * ROW_DOT_BLOCK)
+            nisa.tensor_tensor(
+                dst=p1x[:, b0:b1],
+                data1=dydx[:, b0:b1],
+                data2=a[:, b0 - lo : b1 - lo],
+                op=nl.multiply,
+            )
+            nisa.activation_reduce(
+                dst=p1x[:, b0:b1],
+                op=nl.copy,
+                data=p1x[:, b0:b1],
+                reduce_op=nl.add,
+                reduce_res=tile.partials[:, column : column + 1],
+            )
+        elif b0 == lo or vector_row_dot_block(plan, g0 + b0 - ROW_DOT_BLOCK):
+            end = tensor_row_dot_end(plan, g0 + b0, g0 + hi) - g0
+            _row_dot_chunk(pe, row_dot, dydx[:, b0:end], g0 + b0, g0 + b0 == 0)
 
 
 def _row_dot_chunk(pe, row_dot, dydx, col0, first):
@@ -601,10 +621,10 @@ def _row_dot_chunk(pe, row_dot, dydx, col0, first):
 
 def _finish_row_dot(plan, tile, row_dot):
     """``−k = −rstd³/N · Σ_j (dy·x)·w'`` per partition (Scalar engine), plus
-    ``−rstd²/N · Σ p1·x`` of the Vector-engine chunks (``vector_row_dot_every``) as the
+    ``−rstd²/N · Σ p1·x`` of the Vector-engine blocks (``vector_row_dot_every``) as the
     bias."""
     bias = None
-    if plan.vector_row_dot_every > 0 and plan.width >= plan.vector_row_dot_every * CHUNK:
+    if has_vector_row_dot(plan):
         bias = nl.ndarray((tile.p, 1), dtype=nl.float32)
         nisa.activation_reduce(
             dst=tile.partials,

@@ -3,6 +3,8 @@ documented error with a must-raise test and a legal twin."""
 
 from __future__ import annotations
 
+import warnings
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -566,8 +568,30 @@ def test_nc_matmul_accumulate_false_overwrites_and_true_warns_on_fresh_psum(rng)
 
     ref = a.astype(np.float64).T @ b
     np.testing.assert_allclose(run(kernel, a, b, False), ref, rtol=1e-5, atol=1e-5)
-    with pytest.warns(UserWarning, match="accumulate=True onto PSUM elements no matmul wrote"):
+    with pytest.warns(UserWarning, match="no instruction wrote.*undefined behavior on all"):
         run(kernel, a, b, True)
+
+
+@pytest.mark.parametrize("target", ["trn2", "trn3"])
+def test_nc_matmul_accumulate_onto_memset_psum_only_on_neuroncore_v4(rng, monkeypatch, target):
+    # isa/__init__.py L552-555: unsupported on NeuronCore-v2/v3 only
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", target)
+    a, b = f32(rng, 32, 16), f32(rng, 32, 24)
+
+    def kernel(a, b):
+        acc = nl.ndarray((16, 24), nl.float32, buffer=nl.psum)
+        nisa.memset(dst=acc, value=2.0)
+        nisa.nc_matmul(dst=acc, stationary=sbuf(a), moving=sbuf(b), accumulate=True)
+        return out(acc)
+
+    ref = a.astype(np.float64).T @ b + 2.0
+    if target == "trn2":
+        with pytest.warns(UserWarning, match="non-matmul instruction wrote.*NeuronCore-v2/v3"):
+            run(kernel, a, b)
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        np.testing.assert_allclose(run(kernel, a, b), ref, rtol=1e-5, atol=1e-5)
 
 
 def test_nc_matmul_limits_and_dtypes(rng, monkeypatch):

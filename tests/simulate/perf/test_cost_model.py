@@ -366,6 +366,19 @@ def test_scalar_tensor_tensor_fast_mode_follows_the_documented_condition(dtype, 
     assert b.run().latency_us == pytest.approx(_us(cycles, "dve", "trn2"))
 
 
+@pytest.mark.parametrize("opcode", ["select", "tensor_copy_predicated"])  # legacy, 0.6
+@pytest.mark.parametrize(("predicate_memory", "cycles"), [("sbuf", 2 * 1024), ("psum", 1024)])
+def test_tensor_copy_predicated_follows_the_documented_rule(opcode, predicate_memory, cycles):
+    """legacy isa@8a38e733 L1513-1526: N with src or predicate in PSUM, 2N both in SBUF."""
+    b = TraceBuilder("trn2")
+    predicate = b.tile(4096, memory=predicate_memory)
+    b.op("dve", opcode, 1024, [predicate, b.tile(4096), b.tile(4096)], [b.tile(4096)],
+         max_stride_bytes=4)
+    sched = b.run()
+    assert sched.unmodeled == {}
+    assert sched.latency_us == pytest.approx(_us(cycles, "dve", "trn2"))
+
+
 def test_opcodes_without_a_documented_rule_are_listed():
     b = TraceBuilder("trn1")
     b.op("pool", "gather_flattened", 1024, [b.tile()], [b.tile()])
