@@ -124,9 +124,10 @@ def rstd_on_gpsimd(sum_sq, eps, n, mean_on_scalar=True):
             dtype=nl.float32,
         )
     )
-    return nisa.tensor_scalar(
-        v, op0=nl.rsqrt, operand0=0.0, engine=nisa.gpsimd_engine, dtype=nl.float32
-    )
+    # no ``engine`` argument: SDK 2.21 has none (general/nki/nki_rn.rst L94); rsqrt runs on
+    # the GpSimd or Scalar engine only (nki.api.shared.rst L112), and the doc's GpSimd form
+    # (L446) is this call without one
+    return nisa.tensor_scalar(v, op0=nl.rsqrt, operand0=0.0, dtype=nl.float32)
 
 
 def _rstd_on_scalar(sum_sq, eps, n, mask=None):
