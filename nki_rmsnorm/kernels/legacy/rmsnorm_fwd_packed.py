@@ -10,7 +10,7 @@ viewed as (M / k, k·N), k dividing M), so one DMA moves k·N elements per parti
   along the whole free axis of its input (aws-neuron-sdk@8a38e733
   general/nki/api/nki/isa/__init__.py L197, the doc of ``activation_reduce``);
 * rstd of all k rows at once: the mean square on the Vector engine, its reverse square root
-  on the GpSimd engine (two instructions a tile, :func:`_rstd`);
+  on the GpSimd engine (two instructions a tile, :func:`rmsnorm_fwd_steps.rstd_on_gpsimd`);
 * x̂ = h·rstd per row on the Scalar engine (``activation`` with a (parts, 1) ``scale``
   tile, same file L107), every other row on the Vector engine (``tensor_scalar`` with a
   (parts, 1) operand, L1637), rounded
@@ -172,7 +172,7 @@ def _packed_tile(plan, views, group0, parts, k, heads, N, scale, shift, eps):
             reduce_res=sum_sq[:, j : j + 1],
             dtype=nl.bfloat16,
         )
-    rstd = _rstd(sum_sq, eps, N)
+    rstd = steps.rstd_on_gpsimd(sum_sq, eps, N, mean_on_scalar=False)
     nl.store(rstd_v[groups, i_k], value=rstd)
 
     # x̂ = h·rstd: rounded to x's dtype (llama / none), straight into y without a weight or
@@ -214,27 +214,3 @@ def _packed_tile(plan, views, group0, parts, k, heads, N, scale, shift, eps):
         elif not direct:
             y_tile[:, c0:c1] = nisa.tensor_copy(xhat[:, c0:c1], dtype=y_tile.dtype)
     steps.store_y(plan, y_v[groups, i_f], y_tile)
-
-
-def _rstd(sum_sq, eps, n):
-    """rstd = 1 / sqrt(Σh² / n + eps) of all k rows of the tile at once: the mean square on
-    the Vector engine, its reverse square root on the GpSimd engine, which computes it "at a
-    higher precision compared to Scalar Engine" with ``tensor_scalar(op0=nl.rsqrt,
-    operand0=0.0)`` (aws-neuron-sdk@8a38e733 general/nki/api/nki.api.shared.rst L444-448),
-    so no Newton step follows and no range scaling precedes (the valid input range of L180
-    is the Scalar engine's activation table). Two instructions a tile where the
-    Vector-engine chain (``rmsnorm_fwd_steps.rstd_from_sum``) takes ten: at a few rows per
-    partition their fixed cost, not their elements, is what a tile pays. An infinite mean
-    square gives rstd = 0, a zero one (eps = 0) +inf, NaN stays NaN."""
-    mean_square = nisa.tensor_scalar(
-        sum_sq,
-        op0=nl.multiply,
-        operand0=1.0 / n,
-        op1=nl.add,
-        operand1=float(eps),
-        dtype=nl.float32,
-    )
-    # no ``engine`` argument: SDK 2.21 has none (general/nki/nki_rn.rst L94); rsqrt runs on
-    # the GpSimd or Scalar engine only (nki.api.shared.rst L112), and the doc's GpSimd form
-    # (L446) is this call without one
-    return nisa.tensor_scalar(mean_square, op0=nl.rsqrt, operand0=0.0, dtype=nl.float32)

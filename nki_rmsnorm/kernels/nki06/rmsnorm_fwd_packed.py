@@ -8,9 +8,9 @@ A tile is (parts, k·N): partition p holds k consecutive rows (the tensors viewe
 Σh² per row (``activation_reduce`` over each row's N columns, one instruction a row:
 its reduction is over the whole free axis of its input, aws-neuron-sdk@81ce03ae
 nki/api/nki/isa/__init__.py L1461-1476), rstd once on the (parts, k) sums (the mean square on
-the Vector engine, the reverse square root on the GpSimd engine: ``_rstd``), h·rstd per
-row on the Scalar engine (``activation`` with a (parts, 1) ``scale`` tile, L1336; every
-other row a Vector ``tensor_scalar``, L1081),
+the Vector engine, the reverse square root on the GpSimd engine:
+``rmsnorm_fwd_steps.rstd_on_gpsimd``), h·rstd per row on the Scalar engine (``activation``
+with a (parts, 1) ``scale`` tile, L1336; every other row a Vector ``tensor_scalar``, L1081),
 then one Vector instruction per 512 columns multiplying by the weight replicated along the
 free axis in a PSUM bank (built once), and one adding the bias, replicated likewise. The
 tiles run as a two-stage software pipeline (``packed_rows``).
@@ -218,7 +218,7 @@ def _statistics(plan, views, group0, parts, k, N, eps):
             reduce_op=nl.add,
             reduce_res=sum_sq[:, j : j + 1],
         )
-    rstd = _rstd(sum_sq, eps, N)
+    rstd = steps.rstd_on_gpsimd(sum_sq, eps, N, mean_on_scalar=False)
     nisa.dma_copy(dst=rstd_v[group0:g1, :], src=rstd)
     return group0, h_tile, rstd
 
@@ -266,33 +266,6 @@ def _output(plan, views, k, heads, N, scale, shift, state):
         elif not direct:
             nisa.tensor_copy(dst=y_c, src=x_c)
     steps.store_y(plan, y_v[group0 : group0 + parts, :], y_tile)
-
-
-def _rstd(sum_sq, eps, n):
-    """rstd = 1 / sqrt(Σh² / n + eps) of all k rows of the tile at once: the mean square on
-    the Vector engine, its reverse square root on the GpSimd engine, which computes it "at a
-    higher precision compared to Scalar Engine" with ``tensor_scalar(op0=nl.rsqrt,
-    operand0=0.0)`` (aws-neuron-sdk@81ce03ae nki/api/nki.api.shared.rst L258-262), so no
-    Newton step follows and no range scaling precedes (the valid input range of
-    nki.api.shared.rst L198 is the Scalar engine's activation table). Two instructions a
-    tile where the Vector-engine chain (``rmsnorm_fwd_steps.rstd_from_sum``) takes ten: at
-    a few rows per partition their fixed cost, not their elements, is what a tile pays. An
-    infinite mean square gives rstd = 0, a zero one (eps = 0) +inf, NaN stays NaN."""
-    shape = sum_sq.shape
-    mean_square = steps.sbuf(shape, nl.float32)
-    nisa.tensor_scalar(
-        dst=mean_square,
-        data=sum_sq,
-        op0=nl.multiply,
-        operand0=1.0 / n,
-        op1=nl.add,
-        operand1=float(eps),
-    )
-    rstd = steps.sbuf(shape, nl.float32)
-    nisa.tensor_scalar(
-        dst=rstd, data=mean_square, op0=nl.rsqrt, operand0=0.0, engine=nisa.gpsimd_engine
-    )
-    return rstd
 
 
 def _stacked(plan, weight_hbm, offset):
