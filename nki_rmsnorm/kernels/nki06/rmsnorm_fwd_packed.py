@@ -279,9 +279,9 @@ def _stacked(plan, weight_hbm, offset):
     columns a ones-row matmul into PSUM (exact) and a copy out, the non-finite row copied in
     by DMA."""
     n = weight_hbm.shape[0]
-    finite, nonfinite = steps.finite_parts(weight_hbm, plan.scale_dtype, offset)
+    parts = steps.finite_parts(weight_hbm, plan.scale_dtype, offset)
     row = steps.sbuf((1, n), plan.scale_dtype)
-    nisa.dma_copy(dst=row, src=finite)
+    steps.copy_parts(row, parts, 0)
     ones = steps.sbuf((1, PMAX), plan.scale_dtype)
     nisa.memset(dst=ones, value=1.0)
     stacked = steps.sbuf((PMAX, n), plan.scale_dtype)
@@ -292,7 +292,7 @@ def _stacked(plan, weight_hbm, offset):
         nisa.tensor_copy(dst=stacked[:, c0:c1], src=broadcast)
     pieces = plan.rstd_pieces
     for start in range(0, PMAX, ROW_TILE):
-        nisa.dma_copy(dst=stacked[start + pieces : start + pieces + 1, :], src=nonfinite)
+        steps.copy_parts(stacked[start + pieces : start + pieces + 1, :], parts, 1)
     return stacked
 
 

@@ -360,9 +360,9 @@ def weight_rows(plan, row_hbm, offset=0.0, stacked=True):
         return scale_row(plan, row_hbm, offset)
     pieces = plan.rstd_pieces
     rows = sbuf((pieces + 1, row_hbm.shape[1]), plan.scale_dtype)
-    finite, nonfinite = finite_parts(row_hbm, plan.scale_dtype, offset)
-    nisa.dma_copy(dst=rows[0:1, :], src=finite)
-    nisa.dma_copy(dst=rows[pieces : pieces + 1, :], src=nonfinite)
+    parts = finite_parts(row_hbm, plan.scale_dtype, offset)
+    copy_parts(rows[0:1, :], parts, 0)
+    copy_parts(rows[pieces : pieces + 1, :], parts, 1)
     for piece in range(1, pieces):
         nisa.dma_copy(dst=rows[piece : piece + 1, :], src=rows[0:1, :])
     return rows
@@ -370,23 +370,41 @@ def weight_rows(plan, row_hbm, offset=0.0, stacked=True):
 
 def finite_parts(weight_hbm, dtype, offset=0.0):
     """weight + offset in ``dtype`` as its finite part (±Inf and NaN zeroed) and its
-    non-finite part (zero where finite), each (p, size / p) in SBUF, spread over the largest
-    power-of-two p ≤ 128 dividing its size so that the Vector instructions are short; the
-    callers move them into their layouts by DMA. Vector engine: v·0 == 0 holds exactly
-    where v is finite; a predicated copy selects; −(finite part − v) leaves the rest."""
+    non-finite part (zero where finite), in SBUF tiles short enough for the Vector engine:
+    the first p·q elements as (p, q) tiles, p = min(128, size), q = size // p, and the
+    remaining size − p·q < p elements as (1, r) tiles (an odd hidden size has no partition
+    split that divides it: as one (1, size) row, each of the split's Vector instructions
+    cost a cycle per element, 29 × 17389 bf16 on trn2 64.8 -> 121.3 µs). Returns the pieces
+    as (first column, finite, non-finite), which :func:`copy_parts` moves into the callers'
+    row layouts by DMA. Vector engine: v·0 == 0 holds exactly where v is finite; a
+    predicated copy selects; −(finite part − v) leaves the rest."""
     size = 1
     for extent in weight_hbm.shape:
         size = size * extent
-    p = 1
-    for _ in range(7):
-        if size % (2 * p) == 0:
-            p = 2 * p
-    values = sbuf((p, size // p), dtype)
-    load_converted(values, weight_hbm.reshape((p, size // p)), offset)
-    finite = sbuf(values.shape, dtype)
-    nonfinite = sbuf(values.shape, dtype)
-    split_finite(values, finite, nonfinite)
-    return finite, nonfinite
+    flat = weight_hbm.reshape((size,))
+    p = min(nl.tile_size.pmax, size)
+    q = size // p
+    pieces = []
+    for start, rows, columns in ((0, p, q), (p * q, 1, size - p * q)):
+        if columns:
+            values = sbuf((rows, columns), dtype)
+            source = flat[start : start + rows * columns].reshape((rows, columns))
+            load_converted(values, source, offset)
+            finite = sbuf(values.shape, dtype)
+            nonfinite = sbuf(values.shape, dtype)
+            split_finite(values, finite, nonfinite)
+            pieces.append((start, finite, nonfinite))
+    return pieces
+
+
+def copy_parts(dst_row, pieces, which):
+    """DMA the finite (``which`` 0) or non-finite (1) parts of :func:`finite_parts` into
+    the (1, size) row ``dst_row``."""
+    for piece in pieces:
+        start = piece[0]
+        tile = piece[1 + which]
+        count = tile.shape[0] * tile.shape[1]
+        nisa.dma_copy(dst=dst_row[:, start : start + count], src=tile)
 
 
 def split_finite(values, finite, nonfinite):
