@@ -39,7 +39,6 @@ from typing import NamedTuple
 
 from nki_rmsnorm.kernels.legacy import rmsnorm_fwd_steps as steps
 from nki_rmsnorm.nki import nisa, nl
-from nki_rmsnorm.plan.dtypes import dtype_bytes
 from nki_rmsnorm.plan.forward import SPLIT_SLOTS
 
 
@@ -50,6 +49,7 @@ class _Resident(NamedTuple):
     scale: object  # weight segments: (3s | s, F) moving rows ("tensor") or (P, F) per row
     shift: object  # bias segments, (P, F) per row
     segment_mask: object  # (P, s): 1 where q == p mod s ("tensor")
+    nonfinite: object  # (P, F): the weight's non-finite part of segment p mod s ("tensor")
     ident: object  # identity in the Tensor engine's operand dtype ("tensor")
     ident_f32: object  # fp32 identity: moves Σh² and rstd across partitions
 
@@ -64,6 +64,7 @@ class _Slot(NamedTuple):
     product: object
     squares: object
     rstd: object  # (P, 1): each segment's rstd, or the stationary rows ("tensor")
+    rstd_col: object  # (P, 1): each segment's rstd ("tensor", for the non-finite weights)
 
 
 def split_rows(plan, s, hbm, eps, offset):
@@ -82,10 +83,14 @@ def split_rows(plan, s, hbm, eps, offset):
 
     # Conditional expressions, not if blocks: a tile created in an if block may not be used
     # after it (general/nki/api/nki.errors.rst@8a38e733, L417-L474).
-    # Reloading the weight costs 2·N·e_w bytes against 2·M·N·e_x: keep it under 1 %.
-    reload = tensor and 100 * dtype_bytes(plan.scale_dtype) <= M * dtype_bytes(plan.in_dtype)
+    # "tensor": the weight's finite part under the masked Tensor-engine product (a masked
+    # zero times ±Inf or NaN would be NaN in other segments), its non-finite part per row
+    # on the Vector engine (steps.outer_normalize)
+    finite, nonfinite = (
+        steps.finite_parts(hbm.weight, plan.scale_dtype, offset) if tensor else (None, None)
+    )
     scale = (
-        _stacked_segments(plan, weight_segments, offset, reload)
+        _stacked_segments(plan, s, finite)
         if tensor
         else None
         if weight_segments is None
@@ -96,7 +101,10 @@ def split_rows(plan, s, hbm, eps, offset):
     shift = (
         None if bias_segments is None else _segments_per_row(bias_segments, parts, plan.bias_dtype)
     )
-    resident = _Resident(eps, scale, shift, mask, ident, steps.identity(parts, nl.float32))
+    nonfinite_rows = None if nonfinite is None else _nonfinite_per_row(nonfinite, s, F, parts)
+    resident = _Resident(
+        eps, scale, shift, mask, nonfinite_rows, ident, steps.identity(parts, nl.float32)
+    )
 
     def buffer(dtype):
         return None if dtype is None else nl.ndarray((parts, F), dtype=dtype)
@@ -115,6 +123,7 @@ def split_rows(plan, s, hbm, eps, offset):
             buffer(plan.product_dtype),
             buffer(nl.bfloat16 if plan.squares_in == "scratch" else None),
             rstd_buffer(),
+            nl.ndarray((parts, 1), dtype=nl.float32) if tensor else None,
         )
         for _ in range(SPLIT_SLOTS)
     ]
@@ -131,24 +140,14 @@ def split_rows(plan, s, hbm, eps, offset):
         _split_output(plan, views, resident, slots[t % SPLIT_SLOTS], *tiles[t])
 
 
-def _stacked_segments(plan, weight_segments, offset, reload):
-    """The weight as moving rows for ``plan.rstd_pieces`` pieces: row b·s + q holds
-    segment q (bf16), or row q holds segment q + offset in fp32 for one fp32 piece. With
-    ``reload`` each bf16 copy is loaded from HBM (2·N·e extra bytes, once), otherwise copied
-    on chip: on-chip copies queue behind the first tiles' loads and hold up the first
-    outputs, which only matters when there are many rows."""
-    s, F = weight_segments.shape
-    i_s = nl.arange(s)[:, None]
-    i_f = nl.arange(F)[None, :]
-    if plan.rstd_pieces == 1:
-        return steps.scale_row(plan, weight_segments[i_s, i_f], offset)
+def _stacked_segments(plan, s, finite):
+    """The weight's finite part ``finite`` (``steps.finite_parts``) as moving rows, each
+    piece's copy moved in by an SBUF-to-SBUF DMA: for ``plan.rstd_pieces`` pieces row
+    b·s + q holds segment q."""
+    F = finite.shape[0] * finite.shape[1] // s
     rows = nl.ndarray((plan.rstd_pieces * s, F), dtype=plan.scale_dtype)
-    rows[0:s, :] = nl.load(weight_segments[i_s, i_f])
-    for piece in nl.static_range(1, plan.rstd_pieces):
-        if reload:
-            rows[piece * s : (piece + 1) * s, :] = nl.load(weight_segments[i_s, i_f])
-        else:
-            nisa.dma_copy(dst=rows[piece * s : (piece + 1) * s, :], src=rows[0:s, :])
+    for piece in nl.static_range(plan.rstd_pieces):
+        nisa.dma_copy(dst=rows[piece * s : (piece + 1) * s, :], src=finite)
     return rows
 
 
@@ -160,6 +159,19 @@ def _segments_per_row(segments_hbm, parts, dtype, offset=0.0):
     i_f = nl.arange(F)[None, :]
     rows = nl.ndarray((parts, F), dtype=dtype)
     rows[0:s, :] = steps.convert_row(nl.load(segments_hbm[i_s, i_f]), dtype, offset)
+    return _doubled(rows, s, parts)
+
+
+def _nonfinite_per_row(nonfinite, s, F, parts):
+    """(parts, F): partition p holds segment p mod s of the weight's non-finite part
+    ``nonfinite`` (``steps.finite_parts``), moved in and doubled on chip by SBUF-to-SBUF DMAs."""
+    rows = nl.ndarray((parts, F), dtype=nonfinite.dtype)
+    nisa.dma_copy(dst=rows[0:s, :], src=nonfinite)
+    return _doubled(rows, s, parts)
+
+
+def _doubled(rows, s, parts):
+    """``rows`` with its first s partitions copied until all ``parts`` hold them."""
     filled = s
     # at most parts / s doublings; a bounded loop, as the dialect has only do-while loops
     # (general/nki/api/nki.errors.rst@8a38e733, L902-L947)
@@ -249,7 +261,8 @@ def _split_statistics(plan, s, views, hbm, resident, slot, seg0, parts):
     if resident.segment_mask is None:
         slot.rstd[:parts][...] = nisa.tensor_copy(column, dtype=nl.float32)
     else:
-        rstd_col = nisa.tensor_copy(column, dtype=nl.float32)
+        rstd_col = slot.rstd_col[:parts]
+        rstd_col[...] = nisa.tensor_copy(column, dtype=nl.float32)
         _segment_stationary(
             plan,
             s,
@@ -272,7 +285,13 @@ def _split_output(plan, views, resident, slot, seg0, parts):
     shift = None if resident.shift is None else resident.shift[:parts]
     if resident.segment_mask is not None:
         steps.outer_normalize(
-            y_tile, slot.h[:parts], [slot.rstd[:, :parts]], resident.scale, shift, product
+            y_tile,
+            slot.h[:parts],
+            [slot.rstd[:, :parts]],
+            resident.scale,
+            shift,
+            product,
+            nonfinite_per_row=(resident.nonfinite[:parts], slot.rstd_col[:parts]),
         )
     else:
         scale = None if resident.scale is None else resident.scale[:parts]

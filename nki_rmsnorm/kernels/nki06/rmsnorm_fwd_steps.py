@@ -556,11 +556,13 @@ def rstd_rows(plan, rstd, ident, stacked=True, batched=False):
     return stationary
 
 
-def outer_normalize(y_row, h_row, stationaries, moving, shift, product_row):
+def outer_normalize(y_row, h_row, stationaries, moving, shift, product_row, nonfinite_moving=None):
     """y = h · (rstd ⊗ w) [+ bias] for one row of the tile: per PSUM bank, the Tensor engine
     writes rstd ⊗ w (the sum over ``stationaries`` (K, parts) against the ``moving`` (K, F)
     weight rows, accumulated in PSUM) and the Vector engine multiplies h by it; the bias is
-    added in fp32 after."""
+    added in fp32 after. ``nonfinite_moving`` (1, F): the weight's non-finite part (−0
+    where finite) when ``moving`` holds only its finite part, one more matmul against
+    ``stationaries[0]`` (the high rstd piece, positive where rstd is)."""
     target = y_row if shift is None else product_row
     parts, width = h_row.shape
     for c0 in range(0, width, PSUM_COLS):
@@ -569,6 +571,13 @@ def outer_normalize(y_row, h_row, stationaries, moving, shift, product_row):
         for i in range(len(stationaries)):
             nisa.nc_matmul(
                 dst=outer, stationary=stationaries[i], moving=moving[:, c0:c1], accumulate=i > 0
+            )
+        if nonfinite_moving is not None:
+            nisa.nc_matmul(
+                dst=outer,
+                stationary=stationaries[0],
+                moving=nonfinite_moving[:, c0:c1],
+                accumulate=True,
             )
         nisa.tensor_tensor(dst=target[:, c0:c1], data1=h_row[:, c0:c1], data2=outer, op=nl.multiply)
     _add_shift(y_row, product_row, shift)
