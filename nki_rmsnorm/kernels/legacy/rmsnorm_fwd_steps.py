@@ -544,25 +544,14 @@ def rstd_rows(plan, rstd, ident, stacked=True, batched=False):
     return nisa.tensor_copy(transposed, dtype=dtype)
 
 
-def outer_normalize(
-    y_row,
-    h_row,
-    stationaries,
-    moving,
-    shift,
-    product_row,
-    nonfinite_per_row=None,
-    nonfinite_moving=None,
-):
+def outer_normalize(y_row, h_row, stationaries, moving, shift, product_row, nonfinite_moving=None):
     """y = h · (rstd ⊗ w) [+ bias] for one row of the tile: per PSUM bank of columns, the
     Tensor engine writes rstd ⊗ w (the sum over ``stationaries`` (K, parts) against the
     ``moving`` (K, F) weight rows) and the Vector engine multiplies h by it; the bias is
     added in fp32 after (``product_row`` holds the pre-bias product). The weight's
     non-finite part (−0 where finite, so that adding its products changes no sum), when
     ``moving`` holds only its finite part: ``nonfinite_moving`` (1, F), one more matmul
-    against ``stationaries[0]`` (the high rstd piece, positive where rstd is); or
-    ``nonfinite_per_row`` (a (parts, F) part and the (parts, 1) rstd column), added as
-    rstd · part on the Vector engine."""
+    against ``stationaries[0]`` (the high rstd piece, positive where rstd is)."""
     target = y_row if shift is None else product_row
     parts = h_row.shape[0]
     for c0, c1 in _banks(h_row.shape[-1]):
@@ -574,22 +563,8 @@ def outer_normalize(
             outer += nisa.nc_matmul(stationary, moving[:, c0:c1])
         if nonfinite_moving is not None:
             outer += nisa.nc_matmul(stationaries[0], nonfinite_moving[:, c0:c1])
-        # a conditional expression: a tile created in an if block may not be used after it
-        # (general/nki/api/nki.errors.rst@8a38e733, L417-L474)
-        weighted = (
-            outer
-            if nonfinite_per_row is None
-            else nisa.scalar_tensor_tensor(
-                data=nonfinite_per_row[0][:, c0:c1],
-                op0=nl.multiply,
-                operand0=nonfinite_per_row[1],
-                op1=nl.add,
-                operand1=outer,
-                dtype=nl.float32,
-            )
-        )
         target[:, c0:c1] = nisa.tensor_tensor(
-            h_row[:, c0:c1], weighted, op=nl.multiply, dtype=target.dtype
+            h_row[:, c0:c1], outer, op=nl.multiply, dtype=target.dtype
         )
     _add_shift(y_row, product_row, shift)
 
