@@ -118,9 +118,7 @@ def _long_tile(plan, engine, chunks, hbm, offset, h_rows, eps, helper, row0, par
         if engine == "tensor":
             # the finite part against the pieces, the non-finite part against the high
             # piece again: a zero piece times ±Inf or NaN would be NaN (0·Inf)
-            finite, nonfinite = steps.split_finite(
-                steps.weight_rows(plan, weight_cols, stacked=False), plan.scale_dtype
-            )
+            finite, nonfinite = steps.finite_row_parts(plan, weight_cols)
             stationaries = [stationary[:, b, :] for b in nl.static_range(plan.rstd_pieces)]
             steps.outer_normalize(
                 y_chunk, h_chunk, stationaries, finite, shift, product, nonfinite_moving=nonfinite

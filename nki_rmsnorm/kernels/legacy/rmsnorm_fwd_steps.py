@@ -380,15 +380,13 @@ def _infinite_where_zero(rstd, v, mask=None):
     )
 
 
-def weight_rows(plan, row_hbm, offset=0.0, stacked=True, weight_hbm=None):
-    """The weight as the Tensor engine's moving operand. Stacked (``weight_hbm``, the whole
-    weight in HBM): ``plan.rstd_pieces`` copies of its finite part (weight + offset in the
+def weight_rows(plan, weight_hbm, offset=0.0):
+    """The weight ``weight_hbm`` (N,) as the Tensor engine's moving operand:
+    ``plan.rstd_pieces`` copies of its finite part (weight + offset in the
     scale dtype, ±Inf and NaN zeroed), then its non-finite part (zero where finite), against
     the rstd pieces and the high piece again (:func:`rstd_rows`): a zero piece times an
     infinite weight would be NaN (0·Inf), a positive high piece times the non-finite part is
-    what IEEE gives for rstd·w. Otherwise one row ``row_hbm`` (1, F) of weight + offset."""
-    if not stacked:
-        return scale_row(plan, row_hbm, offset)
+    what IEEE gives for rstd·w (the "long" regime's chunks: :func:`finite_row_parts`)."""
     pieces = plan.rstd_pieces
     rows = nl.ndarray((pieces + 1, weight_hbm.shape[0]), dtype=plan.scale_dtype)
     finite, nonfinite = finite_parts(weight_hbm, plan.scale_dtype, offset)
@@ -415,6 +413,27 @@ def finite_parts(weight_hbm, dtype, offset=0.0):
     spread = weight_hbm.reshape((p, f))[nl.arange(p)[:, None], nl.arange(f)[None, :]]
     values = convert_row(nl.load(spread), dtype, offset)
     return split_finite(values, dtype)
+
+
+def finite_row_parts(plan, row_hbm):
+    """The (1, F) weight row ``row_hbm`` in the scale dtype as its finite part and its
+    non-finite part (:func:`split_finite`), each a (1, F) SBUF row: loaded spread over the
+    largest power-of-two p ≤ 128 dividing F (a DMA moves elements in order, so any two
+    shapes of one size), split there by short Vector instructions, and moved into rows by
+    two SBUF-to-SBUF DMAs."""
+    width = row_hbm.shape[1]
+    p = 1
+    for _ in nl.static_range(7):
+        if width % (2 * p) == 0:
+            p = 2 * p
+    staged = nl.ndarray((p, width // p), dtype=row_hbm.dtype)
+    nisa.dma_copy(dst=staged, src=row_hbm)
+    finite, nonfinite = split_finite(convert_row(staged, plan.scale_dtype), plan.scale_dtype)
+    finite_row = nl.ndarray((1, width), dtype=plan.scale_dtype)
+    nisa.dma_copy(dst=finite_row, src=finite)
+    nonfinite_row = nl.ndarray((1, width), dtype=plan.scale_dtype)
+    nisa.dma_copy(dst=nonfinite_row, src=nonfinite)
+    return finite_row, nonfinite_row
 
 
 def split_finite(values, dtype):

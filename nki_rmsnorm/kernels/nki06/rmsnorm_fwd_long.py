@@ -121,10 +121,7 @@ def _long_tile(plan, engine, chunks, hbm, offset, h_rows, eps, helper, row0, par
         if engine == "tensor":
             # the finite part against the pieces, the non-finite part against the high
             # piece again: a zero piece times ±Inf or NaN would be NaN (0·Inf)
-            row = steps.weight_rows(plan, weight_cols, stacked=False)
-            finite = steps.sbuf(row.shape, plan.scale_dtype)
-            nonfinite = steps.sbuf(row.shape, plan.scale_dtype)
-            steps.split_finite(row, finite, nonfinite)
+            finite, nonfinite = steps.finite_row_parts(plan, weight_cols)
             stationaries = []
             for b in range(plan.rstd_pieces):
                 stationaries.append(stationary[:, b, :])

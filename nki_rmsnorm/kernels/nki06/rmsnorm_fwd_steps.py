@@ -349,15 +349,13 @@ def _infinite_where_zero(rstd, v):
     return infinite
 
 
-def weight_rows(plan, row_hbm, offset=0.0, stacked=True):
-    """The weight row ``row_hbm`` (1, F) as the Tensor engine's moving operand. Stacked:
+def weight_rows(plan, row_hbm, offset=0.0):
+    """The weight row ``row_hbm`` (1, F) as the Tensor engine's moving operand:
     ``plan.rstd_pieces`` copies of its finite part (weight + offset in the scale dtype, ±Inf
     and NaN zeroed), then its non-finite part (zero where finite), against the rstd pieces
     and the high piece again (:func:`rstd_rows`): a zero piece or a masked zero times an
     infinite weight would be NaN (0·Inf), a positive high piece times the non-finite part
-    is what IEEE gives for rstd·w. Otherwise one row of weight + offset."""
-    if not stacked:
-        return scale_row(plan, row_hbm, offset)
+    is what IEEE gives for rstd·w (the "long" regime's chunks: :func:`finite_row_parts`)."""
     pieces = plan.rstd_pieces
     rows = sbuf((pieces + 1, row_hbm.shape[1]), plan.scale_dtype)
     finite, nonfinite = finite_parts(row_hbm, plan.scale_dtype, offset)
@@ -387,6 +385,35 @@ def finite_parts(weight_hbm, dtype, offset=0.0):
     nonfinite = sbuf(values.shape, dtype)
     split_finite(values, finite, nonfinite)
     return finite, nonfinite
+
+
+def finite_row_parts(plan, row_hbm):
+    """The (1, F) weight row ``row_hbm`` in the scale dtype as its finite part and its
+    non-finite part (:func:`split_finite`), each a (1, F) SBUF row: loaded spread over the
+    largest power-of-two p ≤ 128 dividing F (a DMA moves elements in order, so any two
+    shapes of one size), split there by short Vector instructions, and moved into rows by
+    two SBUF-to-SBUF DMAs."""
+    width = row_hbm.shape[1]
+    p = 1
+    for _ in range(7):
+        if width % (2 * p) == 0:
+            p = 2 * p
+    values = convert_row(_load_as(row_hbm, (p, width // p)), plan.scale_dtype)
+    finite = sbuf(values.shape, plan.scale_dtype)
+    nonfinite = sbuf(values.shape, plan.scale_dtype)
+    split_finite(values, finite, nonfinite)
+    rows = []
+    for part in (finite, nonfinite):
+        row = sbuf((1, width), plan.scale_dtype)
+        nisa.dma_copy(dst=row, src=part)
+        rows.append(row)
+    return rows[0], rows[1]
+
+
+def _load_as(src, shape):
+    tile = sbuf(shape, src.dtype)
+    nisa.dma_copy(dst=tile, src=src)
+    return tile
 
 
 def split_finite(values, finite, nonfinite):
