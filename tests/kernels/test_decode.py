@@ -249,15 +249,60 @@ def statistic_groups_for(target, N, dtype):
 
 @pytest.mark.parametrize(
     "N, M, dtype, regime",
-    [(32768, 20, BF16, "split"), (32768, 20, FP32, "split"), (128, 300, BF16, "packed")],
+    [
+        (32768, 20, BF16, "split"),
+        (32768, 20, FP32, "split"),
+        (128, 300, BF16, "packed"),
+        (65537, 4, BF16, "long"),
+    ],
 )
 def test_non_finite_weight_in_other_regimes(rng, N, M, dtype, regime):
-    """The same for long rows ("split" at every M, 8 segments) and short ones ("packed")."""
+    """The same for long rows ("split" at every M, 8 segments; "long" where N has no
+    power-of-two divisor) and short ones ("packed")."""
     w = rng.normal(1.0, 0.2, N).astype(dtype)
     w[5], w[N // 4 + 17], w[N // 2 + 30] = np.inf, -np.inf, np.nan
     x = rng.standard_normal((M, N)).astype(dtype)
     x[x == 0] = 1
     assert _layout("trn2", M, N, dtype)[0].regime == regime
     y = _run("nki06", "trn2", x, w, None, None, "gemma")[0][0]
+    rtol, atol = (2e-5, 1e-30) if dtype == FP32 else (1e-2, 4 * 2.0**-24)
+    _check_nonfinite_weight(y, x, w, EPS, rtol, atol)
+
+
+@pytest.mark.parametrize(
+    "target, M, N, dtype, regime",
+    [
+        ("trn1", 200, 4096, BF16, "rows"),
+        ("trn2", 200, 4096, BF16, "rows"),  # "tensor" product, 3 bf16 pieces
+        ("trn2", 200, 4096, FP32, "rows"),  # "tensor", 1 fp32 piece
+        ("trn2", 20, 32768, BF16, "split"),
+        ("trn2", 4, 65537, BF16, "long"),
+        ("trn1", 4, 65537, BF16, "long"),
+        ("trn2", 20, 32768, FP32, "split"),
+    ],
+)
+def test_non_finite_weight_stays_in_its_column_legacy(rng, target, M, N, dtype, regime):
+    """The legacy kernels (trn1, and trn2 on SDK <= 2.29) against the float64 reference for a
+    weight with +Inf, −Inf and NaN elements in different segments and a −0."""
+    w = rng.normal(1.0, 0.2, N).astype(dtype)
+    w[5], w[N // 4 + 17], w[N // 2 + 30] = np.inf, -np.inf, np.nan
+    w[N // 4 + 1] = -0.0
+    x = rng.standard_normal((M, N)).astype(dtype)
+    x[x == 0] = 1
+    plan = make_plan(
+        dtype,
+        dtype,
+        None,
+        None,
+        0.0,
+        "gemma",
+        None,
+        FP32,
+        BF16,
+        tensor_engine=simulate.get_target(target).nc_version >= 3,
+    )
+    budget = simulate.get_target(target).sbuf_bytes_per_partition
+    assert choose_layout(plan, M, N, budget, grouped=False).regime == regime
+    y = _run("legacy", target, x, w, None, None, "gemma")[0][0]
     rtol, atol = (2e-5, 1e-30) if dtype == FP32 else (1e-2, 4 * 2.0**-24)
     _check_nonfinite_weight(y, x, w, EPS, rtol, atol)

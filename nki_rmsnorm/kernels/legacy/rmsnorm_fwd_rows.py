@@ -30,7 +30,7 @@ def rows_resident(plan, k, hbm, eps, offset):
     engine = plan.product_engine if weight else None
     # PE's moving rows, ACT's scale row or DVE's broadcast weight, as the plan says
     scale = (
-        steps.weight_rows(plan, weight_row, offset)
+        steps.weight_rows(plan, hbm.weight, offset)
         if engine == "tensor"
         else steps.scale_row(plan, weight_row, offset)
         if engine == "scalar"

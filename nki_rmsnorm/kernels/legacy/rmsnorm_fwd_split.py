@@ -18,12 +18,14 @@ PE    the R row sums transposed to an (R, 1) column; DVE v = Σh²/N + eps, GpSi
       (``rmsnorm_fwd_steps.rstd_on_gpsimd``; no step on ACT, whose next Σh² would delay
       it); DMA rstd out; PE: transposed to a row; GpSimd: rstd repeated into each segment's
       place; PE: transposed back, one rstd per partition; its bf16 pieces rounded on
-      GpSimd, subtracted on DVE
-PE    "tensor" (gemma): rstd ⊗ w per PSUM bank from a K = 3·s matmul: the bf16 pieces of
-      partition p's rstd sit in the rows of its own segment q = p mod s (zeros in the other
-      segments' rows; DVE places them), the moving rows hold the s weight segments;
-      DVE y = h · it. Otherwise DVE, against the weight segments laid out one per partition
-      (row p holds segment p mod s), as the "vector" plan of ``rmsnorm_fwd_steps``.
+      (GpSimd)
+DVE   against the weight segments laid out one per partition (row p holds segment p mod s,
+      −0 made +0): "tensor" (gemma) y = (w · rstd) · h, one ``scalar_tensor_tensor``,
+      rounded as the "rows" regime's h · (rstd ⊗ w) (its rstd pieces sum exactly, so PSUM
+      holds rstd·w rounded once to fp32, which fp32 w · rstd is too), so a row's y is
+      bitwise the same in both regimes; no masked Tensor-engine product, whose masked zeros
+      times another segment's ±Inf or NaN weight would be NaN (0·Inf). Otherwise as the
+      "vector" plan of ``rmsnorm_fwd_steps``.
 DMA   store y
 ====  ===================================================================================
 
@@ -39,7 +41,6 @@ from typing import NamedTuple
 
 from nki_rmsnorm.kernels.legacy import rmsnorm_fwd_steps as steps
 from nki_rmsnorm.nki import nisa, nl
-from nki_rmsnorm.plan.dtypes import dtype_bytes
 from nki_rmsnorm.plan.forward import SPLIT_SLOTS
 
 
@@ -47,10 +48,8 @@ class _Resident(NamedTuple):
     """On-chip tiles every tile reads (see :func:`split_rows`)."""
 
     eps: float
-    scale: object  # weight segments: (3s | s, F) moving rows ("tensor") or (P, F) per row
+    scale: object  # weight segments, (P, F) per row
     shift: object  # bias segments, (P, F) per row
-    segment_mask: object  # (P, s): 1 where q == p mod s ("tensor")
-    ident: object  # identity in the Tensor engine's operand dtype ("tensor")
     ident_f32: object  # fp32 identity: moves Σh² and rstd across partitions
 
 
@@ -63,7 +62,7 @@ class _Slot(NamedTuple):
     y: object
     product: object
     squares: object
-    rstd: object  # (P, 1): each segment's rstd, or the stationary rows ("tensor")
+    rstd: object  # (P, 1): each segment's rstd
 
 
 def split_rows(plan, s, hbm, eps, offset):
@@ -78,33 +77,18 @@ def split_rows(plan, s, hbm, eps, offset):
     ]
     weight_segments = None if hbm.weight is None else hbm.weight.reshape((s, F))
     bias_segments = None if hbm.bias is None else hbm.bias.reshape((s, F))
-    tensor = weight_segments is not None and plan.product_engine == "tensor"
-
-    # Conditional expressions, not if blocks: a tile created in an if block may not be used
-    # after it (general/nki/api/nki.errors.rst@8a38e733, L417-L474).
-    # Reloading the weight costs 2·N·e_w bytes against 2·M·N·e_x: keep it under 1 %.
-    reload = tensor and 100 * dtype_bytes(plan.scale_dtype) <= M * dtype_bytes(plan.in_dtype)
     scale = (
-        _stacked_segments(plan, weight_segments, offset, reload)
-        if tensor
-        else None
+        None
         if weight_segments is None
         else _segments_per_row(weight_segments, parts, plan.scale_dtype, offset)
     )
-    mask = _segment_mask(parts, s, plan.scale_dtype) if tensor else None
-    ident = steps.identity(parts, plan.scale_dtype) if tensor else None
     shift = (
         None if bias_segments is None else _segments_per_row(bias_segments, parts, plan.bias_dtype)
     )
-    resident = _Resident(eps, scale, shift, mask, ident, steps.identity(parts, nl.float32))
+    resident = _Resident(eps, scale, shift, steps.identity(parts, nl.float32))
 
     def buffer(dtype):
         return None if dtype is None else nl.ndarray((parts, F), dtype=dtype)
-
-    def rstd_buffer():
-        if mask is None:
-            return nl.ndarray((parts, 1), dtype=nl.float32)
-        return nl.ndarray((plan.rstd_pieces * s, parts), dtype=plan.scale_dtype)
 
     xhat_dtype = plan.in_dtype if hbm.residual is not None else None
     slots = [
@@ -114,7 +98,7 @@ def split_rows(plan, s, hbm, eps, offset):
             buffer(plan.result_dtype),
             buffer(plan.product_dtype),
             buffer(nl.bfloat16 if plan.squares_in == "scratch" else None),
-            rstd_buffer(),
+            nl.ndarray((parts, 1), dtype=nl.float32),
         )
         for _ in range(SPLIT_SLOTS)
     ]
@@ -131,35 +115,23 @@ def split_rows(plan, s, hbm, eps, offset):
         _split_output(plan, views, resident, slots[t % SPLIT_SLOTS], *tiles[t])
 
 
-def _stacked_segments(plan, weight_segments, offset, reload):
-    """The weight as moving rows for ``plan.rstd_pieces`` pieces: row b·s + q holds
-    segment q (bf16), or row q holds segment q + offset in fp32 for one fp32 piece. With
-    ``reload`` each bf16 copy is loaded from HBM (2·N·e extra bytes, once), otherwise copied
-    on chip: on-chip copies queue behind the first tiles' loads and hold up the first
-    outputs, which only matters when there are many rows."""
-    s, F = weight_segments.shape
-    i_s = nl.arange(s)[:, None]
-    i_f = nl.arange(F)[None, :]
-    if plan.rstd_pieces == 1:
-        return steps.scale_row(plan, weight_segments[i_s, i_f], offset)
-    rows = nl.ndarray((plan.rstd_pieces * s, F), dtype=plan.scale_dtype)
-    rows[0:s, :] = nl.load(weight_segments[i_s, i_f])
-    for piece in nl.static_range(1, plan.rstd_pieces):
-        if reload:
-            rows[piece * s : (piece + 1) * s, :] = nl.load(weight_segments[i_s, i_f])
-        else:
-            nisa.dma_copy(dst=rows[piece * s : (piece + 1) * s, :], src=rows[0:s, :])
-    return rows
-
-
 def _segments_per_row(segments_hbm, parts, dtype, offset=0.0):
-    """(parts, F): partition p holds segment p mod s, converted to ``dtype`` (+ offset).
-    The s segments are loaded once and doubled on chip by SBUF-to-SBUF DMAs."""
+    """(parts, F): partition p holds segment p mod s, converted to ``dtype`` (+ offset),
+    −0 made +0 (``steps.signed_zeros_positive``) as the "rows" regime's Tensor-engine
+    product and ones-row broadcast make it. The s segments are loaded once and doubled on
+    chip by SBUF-to-SBUF DMAs."""
     s, F = segments_hbm.shape
     i_s = nl.arange(s)[:, None]
     i_f = nl.arange(F)[None, :]
     rows = nl.ndarray((parts, F), dtype=dtype)
-    rows[0:s, :] = steps.convert_row(nl.load(segments_hbm[i_s, i_f]), dtype, offset)
+    rows[0:s, :] = steps.signed_zeros_positive(
+        steps.convert_row(nl.load(segments_hbm[i_s, i_f]), dtype, offset)
+    )
+    return _doubled(rows, s, parts)
+
+
+def _doubled(rows, s, parts):
+    """``rows`` with its first s partitions copied until all ``parts`` hold them."""
     filled = s
     # at most parts / s doublings; a bounded loop, as the dialect has only do-while loops
     # (general/nki/api/nki.errors.rst@8a38e733, L902-L947)
@@ -169,16 +141,6 @@ def _segments_per_row(segments_hbm, parts, dtype, offset=0.0):
             nisa.dma_copy(dst=rows[filled : filled + count, :], src=rows[0:count, :])
             filled += count
     return rows
-
-
-def _segment_mask(parts, s, dtype):
-    """(parts, s): 1 in column p mod s of partition p, 0 elsewhere (s a power of two)."""
-    i_p = nl.arange(parts)[:, None]
-    i_q = nl.arange(s)[None, :]
-    offset = nisa.tensor_scalar(
-        nisa.iota(i_q - i_p + parts * s, nl.int32), op0=nl.bitwise_and, operand0=s - 1
-    )
-    return nisa.tensor_scalar(offset, op0=nl.equal, operand0=0, dtype=dtype)
 
 
 def _split_statistics(plan, s, views, hbm, resident, slot, seg0, parts):
@@ -246,19 +208,7 @@ def _split_statistics(plan, s, views, hbm, resident, slot, seg0, parts):
     for q in nl.static_range(s):
         repeated[0, i_r * s + q] = nisa.tensor_copy(rstd_row, engine=nisa.gpsimd_engine)
     column = nisa.nc_matmul(repeated, resident.ident_f32[:1, :1], is_transpose=True)
-    if resident.segment_mask is None:
-        slot.rstd[:parts][...] = nisa.tensor_copy(column, dtype=nl.float32)
-    else:
-        rstd_col = nisa.tensor_copy(column, dtype=nl.float32)
-        _segment_stationary(
-            plan,
-            s,
-            rstd_col,
-            resident.segment_mask[:parts],
-            resident.ident[:parts, :parts],
-            slot.rstd[:, :parts],
-            batched=not fused,
-        )
+    slot.rstd[:parts][...] = nisa.tensor_copy(column, dtype=nl.float32)
 
 
 def _split_output(plan, views, resident, slot, seg0, parts):
@@ -270,34 +220,24 @@ def _split_output(plan, views, resident, slot, seg0, parts):
     y_tile = slot.y[:parts]
     product = None if slot.product is None else slot.product[:parts]
     shift = None if resident.shift is None else resident.shift[:parts]
-    if resident.segment_mask is not None:
-        steps.outer_normalize(
-            y_tile, slot.h[:parts], [slot.rstd[:, :parts]], resident.scale, shift, product
+    scale = None if resident.scale is None else resident.scale[:parts]
+    if plan.product_engine == "tensor" and scale is not None:
+        # DVE: y = (w · rstd) · h, rounded as the "rows" regime's h · (rstd ⊗ w) (see the
+        # module docstring), [+ bias].
+        target = y_tile if shift is None else product
+        target[...] = nisa.scalar_tensor_tensor(
+            data=scale,
+            op0=nl.multiply,
+            operand0=slot.rstd[:parts],
+            op1=nl.multiply,
+            operand1=slot.h[:parts],
+            dtype=target.dtype,
         )
+        if shift is not None:
+            y_tile[...] = nisa.tensor_tensor(product, shift, op=nl.add, dtype=y_tile.dtype)
     else:
-        scale = None if resident.scale is None else resident.scale[:parts]
         xhat = slot.h[:parts] if slot.x is None else slot.x[:parts]
         steps.normalize(
             plan, y_tile, slot.h[:parts], slot.rstd[:parts], xhat, scale, shift, product
         )
     steps.store_y(plan, y_v[segs, i_f], y_tile)
-
-
-def _segment_stationary(plan, s, rstd_col, mask, ident, out, batched=True):
-    """Write into ``out`` (pieces·s, parts): column p holds the pieces of partition p's rstd
-    in the rows b·s + (p mod s), zeros elsewhere. Pieces from ``split_rstd`` (``batched``:
-    on the GpSimd and Vector engines, else on the Scalar engine), masking on the Vector
-    engine, the transpose on the Tensor engine, the PSUM → SBUF copy on the Vector engine
-    (the masking multiply is a ``tensor_scalar``, which GpSimd may run only for rsqrt:
-    general/nki/api/nki/isa/__init__.py@8a38e733, line 1699)."""
-    parts = rstd_col.shape[0]
-    pieces = plan.rstd_pieces
-    dtype = plan.scale_dtype
-    split = steps.split_rstd(plan, rstd_col, batched)
-    placed = nl.ndarray((parts, pieces * s), dtype=dtype)
-    for b in nl.static_range(pieces):
-        placed[:, b * s : (b + 1) * s] = nisa.tensor_scalar(
-            mask, op0=nl.multiply, operand0=split[:, b : b + 1], dtype=dtype
-        )
-    transposed = nisa.nc_matmul(placed, ident, is_transpose=True)
-    out[...] = nisa.tensor_copy(transposed, dtype=dtype)

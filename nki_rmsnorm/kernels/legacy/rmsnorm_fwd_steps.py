@@ -380,17 +380,81 @@ def _infinite_where_zero(rstd, v, mask=None):
     )
 
 
-def weight_rows(plan, row_hbm, offset=0.0, stacked=True):
-    """The weight row ``row_hbm`` (1, F) as the Tensor engine's moving operand. For three
-    stacked rstd pieces: three copies of the bf16 row (loaded once, copied on chip, so HBM
-    is read once); otherwise one row of weight + offset in the scale dtype."""
-    if plan.rstd_pieces != 3 or not stacked:
-        return scale_row(plan, row_hbm, offset)
-    rows = nl.ndarray((plan.rstd_pieces, row_hbm.shape[1]), dtype=plan.scale_dtype)
-    rows[0:1, :] = nl.load(row_hbm)
-    for piece in nl.static_range(1, plan.rstd_pieces):
+def weight_rows(plan, weight_hbm, offset=0.0):
+    """The weight ``weight_hbm`` (N,) as the Tensor engine's moving operand:
+    ``plan.rstd_pieces`` copies of its finite part (weight + offset in the
+    scale dtype, ±Inf and NaN zeroed), then its non-finite part (zero where finite), against
+    the rstd pieces and the high piece again (:func:`rstd_rows`): a zero piece times an
+    infinite weight would be NaN (0·Inf), a positive high piece times the non-finite part is
+    what IEEE gives for rstd·w (the "long" regime's chunks: :func:`finite_row_parts`)."""
+    pieces = plan.rstd_pieces
+    rows = nl.ndarray((pieces + 1, weight_hbm.shape[0]), dtype=plan.scale_dtype)
+    finite, nonfinite = finite_parts(weight_hbm, plan.scale_dtype, offset)
+    nisa.dma_copy(dst=rows[0:1, :], src=finite)
+    nisa.dma_copy(dst=rows[pieces : pieces + 1, :], src=nonfinite)
+    for piece in nl.static_range(1, pieces):
         nisa.dma_copy(dst=rows[piece : piece + 1, :], src=rows[0:1, :])
     return rows
+
+
+def finite_parts(weight_hbm, dtype, offset=0.0):
+    """weight + offset in ``dtype`` as its finite part (±Inf and NaN zeroed) and its
+    non-finite part (zero where finite), each (p, size / p) in SBUF, spread over the largest
+    power-of-two p ≤ 128 dividing its size so that the Vector instructions are short; the
+    callers move them into their layouts by DMA."""
+    size = 1
+    for extent in weight_hbm.shape:
+        size = size * extent
+    p = 1
+    for _ in nl.static_range(7):
+        if size % (2 * p) == 0:
+            p = 2 * p
+    f = size // p
+    spread = weight_hbm.reshape((p, f))[nl.arange(p)[:, None], nl.arange(f)[None, :]]
+    values = convert_row(nl.load(spread), dtype, offset)
+    return split_finite(values, dtype)
+
+
+def finite_row_parts(plan, row_hbm):
+    """The (1, F) weight row ``row_hbm`` in the scale dtype as its finite part and its
+    non-finite part (:func:`split_finite`), each a (1, F) SBUF row: loaded spread over the
+    largest power-of-two p ≤ 128 dividing F (a DMA moves elements in order, so any two
+    shapes of one size), split there by short Vector instructions, and moved into rows by
+    two SBUF-to-SBUF DMAs."""
+    width = row_hbm.shape[1]
+    p = 1
+    for _ in nl.static_range(7):
+        if width % (2 * p) == 0:
+            p = 2 * p
+    staged = nl.ndarray((p, width // p), dtype=row_hbm.dtype)
+    nisa.dma_copy(dst=staged, src=row_hbm)
+    finite, nonfinite = split_finite(convert_row(staged, plan.scale_dtype), plan.scale_dtype)
+    finite_row = nl.ndarray((1, width), dtype=plan.scale_dtype)
+    nisa.dma_copy(dst=finite_row, src=finite)
+    nonfinite_row = nl.ndarray((1, width), dtype=plan.scale_dtype)
+    nisa.dma_copy(dst=nonfinite_row, src=nonfinite)
+    return finite_row, nonfinite_row
+
+
+def split_finite(values, dtype):
+    """The finite part of the SBUF tile ``values`` (±Inf and NaN zeroed, −0 made +0 as
+    :func:`signed_zeros_positive` does) and its non-finite part (−0 where finite, so that
+    adding its products changes no sum), tiles of its shape in ``dtype``. Vector engine:
+    v·0 == 0 holds exactly where v is finite; ``nl.where`` selects (no arithmetic on the
+    rejected value); −(finite part − v) leaves the rest."""
+    is_finite = nisa.tensor_scalar(
+        values, op0=nl.multiply, operand0=0.0, op1=nl.equal, operand1=0.0, dtype=nl.uint8
+    )
+    finite = signed_zeros_positive(nl.where(is_finite, values, 0.0, dtype=dtype))
+    difference = nisa.tensor_tensor(finite, values, op=nl.subtract, dtype=dtype)
+    nonfinite = nisa.tensor_scalar(difference, op0=nl.multiply, operand0=-1.0, dtype=dtype)
+    return finite, nonfinite
+
+
+def signed_zeros_positive(weights):
+    """−0 made +0 (v + 0; Vector engine), returned as a new tile: the Tensor engine's
+    rstd ⊗ w sums products of rstd pieces of either sign, so a −0 weight is +0 there."""
+    return nisa.tensor_scalar(weights, op0=nl.add, operand0=0.0, dtype=weights.dtype)
 
 
 def scale_row(plan, row_hbm, offset=0.0, mask=None):
@@ -415,7 +479,7 @@ def broadcast_row(row_hbm, partitions, dtype, offset=0.0, mask=None):
     return row.broadcast_to((partitions, row.shape[1]))
 
 
-def split_rstd(plan, rstd, batched=False):
+def split_rstd(plan, rstd, batched=False, spare=0):
     """rstd (parts, k) fp32 as the Tensor engine's operand dtype: for three pieces,
     (parts, 3k) bf16 with row j's hi, mid, lo in columns 3j, 3j + 1, 3j + 2; for one piece,
     rstd. hi = bf16(r), rest = r − hi (exact: hi is r rounded), mid = bf16(rest),
@@ -426,30 +490,38 @@ def split_rstd(plan, rstd, batched=False):
     ``batched``, all k rows per instruction through strided destinations: the roundings by
     GpSimd ``tensor_copy`` (an fp32 cast when the dtypes differ, isa L1375-1395), the
     subtractions on the Vector engine, which then carries two small instructions per tile
-    instead of the Scalar engine's 4·k behind its Σh² stream."""
-    if plan.rstd_pieces != 3:
+    instead of the Scalar engine's 4·k behind its Σh² stream.
+    ``spare`` columns per row are left after its pieces (width w = pieces + spare; with
+    one piece, rstd is copied into columns w·j on GpSimd)."""
+    pieces = plan.rstd_pieces
+    if pieces != 3 and not spare:
         return rstd
     parts, k = rstd.shape
     dtype = plan.scale_dtype
-    split = nl.ndarray((parts, 3 * k), dtype=dtype)
+    width = pieces + spare
+    end = width * k
+    split = nl.ndarray((parts, end), dtype=dtype)
+    if pieces != 3:
+        split[:, 0:end:width] = nisa.tensor_copy(rstd, dtype=dtype, engine=nisa.gpsimd_engine)
+        return split
     if batched:
         # all k rows per instruction (strided destinations: piece p of row j is column
-        # 3j + p): the roundings on GpSimd, the exact subtractions on DVE
-        split[:, 0 : 3 * k : 3] = nisa.tensor_copy(rstd, dtype=dtype, engine=nisa.gpsimd_engine)
-        rest = nisa.tensor_tensor(rstd, split[:, 0 : 3 * k : 3], op=nl.subtract, dtype=nl.float32)
-        split[:, 1 : 3 * k : 3] = nisa.tensor_copy(rest, dtype=dtype, engine=nisa.gpsimd_engine)
-        split[:, 2 : 3 * k : 3] = nisa.tensor_tensor(
-            rest, split[:, 1 : 3 * k : 3], op=nl.subtract, dtype=dtype
+        # w·j + p): the roundings on GpSimd, the exact subtractions on DVE
+        split[:, 0:end:width] = nisa.tensor_copy(rstd, dtype=dtype, engine=nisa.gpsimd_engine)
+        rest = nisa.tensor_tensor(rstd, split[:, 0:end:width], op=nl.subtract, dtype=nl.float32)
+        split[:, 1:end:width] = nisa.tensor_copy(rest, dtype=dtype, engine=nisa.gpsimd_engine)
+        split[:, 2:end:width] = nisa.tensor_tensor(
+            rest, split[:, 1:end:width], op=nl.subtract, dtype=dtype
         )
         return split
     for j in nl.static_range(k):
         r_j = rstd[:, j : j + 1]
-        hi = split[:, 3 * j : 3 * j + 1]
-        mid = split[:, 3 * j + 1 : 3 * j + 2]
+        hi = split[:, width * j : width * j + 1]
+        mid = split[:, width * j + 1 : width * j + 2]
         hi[...] = nisa.activation(op=nl.copy, data=r_j, dtype=dtype)
         rest = nisa.activation(op=nl.copy, data=hi, scale=-1.0, bias=r_j, dtype=nl.float32)
         mid[...] = nisa.activation(op=nl.copy, data=rest, dtype=dtype)
-        split[:, 3 * j + 2 : 3 * j + 3] = nisa.activation(
+        split[:, width * j + 2 : width * j + 3] = nisa.activation(
             op=nl.copy, data=mid, scale=-1.0, bias=rest, dtype=dtype
         )
     return split
@@ -468,15 +540,22 @@ def rstd_rows(plan, rstd, ident, stacked=True, batched=False):
     parts, k = rstd.shape
     pieces = plan.rstd_pieces
     dtype = plan.scale_dtype
-    split = split_rstd(plan, rstd, batched)
+    # stacked: the pieces, then the high piece again, against weight_rows' finite copies
+    # and its non-finite part
+    width = pieces + 1 if stacked else pieces
+    split = split_rstd(plan, rstd, batched, spare=1 if stacked else 0)
+    if stacked:
+        split[:, pieces : width * k : width] = nisa.tensor_copy(
+            split[:, 0 : width * k : width], dtype=dtype, engine=nisa.gpsimd_engine
+        )
     # allocated before the branches: a tile created in an if block may not be used after it
     # (general/nki/api/nki.errors.rst@8a38e733, L417-L474)
-    shape = (pieces, k, parts) if stacked else (1, k * pieces, parts)
+    shape = (width, k, parts) if stacked else (1, k * pieces, parts)
     transposed = nl.ndarray(shape, dtype=nl.float32, buffer=nl.psum)
     if stacked:
         for j in nl.static_range(k):
             transposed[:, j, :] = nisa.nc_matmul(
-                split[:, pieces * j : pieces * (j + 1)], ident, is_transpose=True
+                split[:, width * j : width * (j + 1)], ident, is_transpose=True
             )
     else:
         for b in nl.static_range(k * pieces):
@@ -484,11 +563,14 @@ def rstd_rows(plan, rstd, ident, stacked=True, batched=False):
     return nisa.tensor_copy(transposed, dtype=dtype)
 
 
-def outer_normalize(y_row, h_row, stationaries, moving, shift, product_row):
+def outer_normalize(y_row, h_row, stationaries, moving, shift, product_row, nonfinite_moving=None):
     """y = h · (rstd ⊗ w) [+ bias] for one row of the tile: per PSUM bank of columns, the
     Tensor engine writes rstd ⊗ w (the sum over ``stationaries`` (K, parts) against the
     ``moving`` (K, F) weight rows) and the Vector engine multiplies h by it; the bias is
-    added in fp32 after (``product_row`` holds the pre-bias product)."""
+    added in fp32 after (``product_row`` holds the pre-bias product). The weight's
+    non-finite part (−0 where finite, so that adding its products changes no sum), when
+    ``moving`` holds only its finite part: ``nonfinite_moving`` (1, F), one more matmul
+    against ``stationaries[0]`` (the high rstd piece, positive where rstd is)."""
     target = y_row if shift is None else product_row
     parts = h_row.shape[0]
     for c0, c1 in _banks(h_row.shape[-1]):
@@ -498,6 +580,8 @@ def outer_normalize(y_row, h_row, stationaries, moving, shift, product_row):
         outer[...] = nisa.nc_matmul(stationaries[0], moving[:, c0:c1])
         for stationary in stationaries[1:]:
             outer += nisa.nc_matmul(stationary, moving[:, c0:c1])
+        if nonfinite_moving is not None:
+            outer += nisa.nc_matmul(stationaries[0], nonfinite_moving[:, c0:c1])
         target[:, c0:c1] = nisa.tensor_tensor(
             h_row[:, c0:c1], outer, op=nl.multiply, dtype=target.dtype
         )

@@ -119,11 +119,15 @@ def _long_tile(plan, engine, chunks, hbm, offset, h_rows, eps, helper, row0, par
             shift = steps.broadcast_row(bias_cols, parts, plan.bias_dtype)
         weight_cols = None if hbm.weight is None else hbm.weight.reshape((1, N))[:, c0:c1]
         if engine == "tensor":
-            moving = steps.weight_rows(plan, weight_cols, stacked=False)
+            # the finite part against the pieces, the non-finite part against the high
+            # piece again: a zero piece times ±Inf or NaN would be NaN (0·Inf)
+            finite, nonfinite = steps.finite_row_parts(plan, weight_cols)
             stationaries = []
             for b in range(plan.rstd_pieces):
                 stationaries.append(stationary[:, b, :])
-            steps.outer_normalize(y_chunk, h_chunk, stationaries, moving, shift, product)
+            steps.outer_normalize(
+                y_chunk, h_chunk, stationaries, finite, shift, product, nonfinite_moving=nonfinite
+            )
         elif engine == "scalar":
             steps.scaled_normalize(
                 plan,

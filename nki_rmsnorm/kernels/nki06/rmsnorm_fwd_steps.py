@@ -349,15 +349,13 @@ def _infinite_where_zero(rstd, v):
     return infinite
 
 
-def weight_rows(plan, row_hbm, offset=0.0, stacked=True):
-    """The weight row ``row_hbm`` (1, F) as the Tensor engine's moving operand. Stacked:
+def weight_rows(plan, row_hbm, offset=0.0):
+    """The weight row ``row_hbm`` (1, F) as the Tensor engine's moving operand:
     ``plan.rstd_pieces`` copies of its finite part (weight + offset in the scale dtype, ±Inf
     and NaN zeroed), then its non-finite part (zero where finite), against the rstd pieces
     and the high piece again (:func:`rstd_rows`): a zero piece or a masked zero times an
     infinite weight would be NaN (0·Inf), a positive high piece times the non-finite part
-    is what IEEE gives for rstd·w. Otherwise one row of weight + offset."""
-    if not stacked:
-        return scale_row(plan, row_hbm, offset)
+    is what IEEE gives for rstd·w (the "long" regime's chunks: :func:`finite_row_parts`)."""
     pieces = plan.rstd_pieces
     rows = sbuf((pieces + 1, row_hbm.shape[1]), plan.scale_dtype)
     parts = finite_parts(row_hbm, plan.scale_dtype, offset)
@@ -376,20 +374,21 @@ def finite_parts(weight_hbm, dtype, offset=0.0):
     split that divides it: as one (1, size) row, each of the split's Vector instructions
     cost a cycle per element, 29 × 17389 bf16 on trn2 64.8 -> 121.3 µs). Returns the pieces
     as (first column, finite, non-finite), which :func:`copy_parts` moves into the callers'
-    row layouts by DMA. Vector engine: v·0 == 0 holds exactly where v is finite; a
-    predicated copy selects; −(finite part − v) leaves the rest."""
+    row layouts by DMA. Each piece is loaded by a DMA from the columns of the weight as one
+    row (a DMA moves elements in order, so any two shapes of one size), then converted.
+    Vector engine: v·0 == 0 holds exactly where v is finite; a predicated copy selects;
+    −(finite part − v) leaves the rest."""
     size = 1
     for extent in weight_hbm.shape:
         size = size * extent
-    flat = weight_hbm.reshape((size,))
+    row = weight_hbm.reshape((1, size))
     p = min(nl.tile_size.pmax, size)
     q = size // p
     pieces = []
     for start, rows, columns in ((0, p, q), (p * q, 1, size - p * q)):
         if columns:
-            values = sbuf((rows, columns), dtype)
-            source = flat[start : start + rows * columns].reshape((rows, columns))
-            load_converted(values, source, offset)
+            staged = _load_as(row[:, start : start + rows * columns], (rows, columns))
+            values = convert_row(staged, dtype, offset)
             finite = sbuf(values.shape, dtype)
             nonfinite = sbuf(values.shape, dtype)
             split_finite(values, finite, nonfinite)
@@ -405,6 +404,35 @@ def copy_parts(dst_row, pieces, which):
         tile = piece[1 + which]
         count = tile.shape[0] * tile.shape[1]
         nisa.dma_copy(dst=dst_row[:, start : start + count], src=tile)
+
+
+def finite_row_parts(plan, row_hbm):
+    """The (1, F) weight row ``row_hbm`` in the scale dtype as its finite part and its
+    non-finite part (:func:`split_finite`), each a (1, F) SBUF row: loaded spread over the
+    largest power-of-two p ≤ 128 dividing F (a DMA moves elements in order, so any two
+    shapes of one size), split there by short Vector instructions, and moved into rows by
+    two SBUF-to-SBUF DMAs."""
+    width = row_hbm.shape[1]
+    p = 1
+    for _ in range(7):
+        if width % (2 * p) == 0:
+            p = 2 * p
+    values = convert_row(_load_as(row_hbm, (p, width // p)), plan.scale_dtype)
+    finite = sbuf(values.shape, plan.scale_dtype)
+    nonfinite = sbuf(values.shape, plan.scale_dtype)
+    split_finite(values, finite, nonfinite)
+    rows = []
+    for part in (finite, nonfinite):
+        row = sbuf((1, width), plan.scale_dtype)
+        nisa.dma_copy(dst=row, src=part)
+        rows.append(row)
+    return rows[0], rows[1]
+
+
+def _load_as(src, shape):
+    tile = sbuf(shape, src.dtype)
+    nisa.dma_copy(dst=tile, src=src)
+    return tile
 
 
 def split_finite(values, finite, nonfinite):
@@ -574,11 +602,13 @@ def rstd_rows(plan, rstd, ident, stacked=True, batched=False):
     return stationary
 
 
-def outer_normalize(y_row, h_row, stationaries, moving, shift, product_row):
+def outer_normalize(y_row, h_row, stationaries, moving, shift, product_row, nonfinite_moving=None):
     """y = h · (rstd ⊗ w) [+ bias] for one row of the tile: per PSUM bank, the Tensor engine
     writes rstd ⊗ w (the sum over ``stationaries`` (K, parts) against the ``moving`` (K, F)
     weight rows, accumulated in PSUM) and the Vector engine multiplies h by it; the bias is
-    added in fp32 after."""
+    added in fp32 after. ``nonfinite_moving`` (1, F): the weight's non-finite part (−0
+    where finite) when ``moving`` holds only its finite part, one more matmul against
+    ``stationaries[0]`` (the high rstd piece, positive where rstd is)."""
     target = y_row if shift is None else product_row
     parts, width = h_row.shape
     for c0 in range(0, width, PSUM_COLS):
@@ -587,6 +617,13 @@ def outer_normalize(y_row, h_row, stationaries, moving, shift, product_row):
         for i in range(len(stationaries)):
             nisa.nc_matmul(
                 dst=outer, stationary=stationaries[i], moving=moving[:, c0:c1], accumulate=i > 0
+            )
+        if nonfinite_moving is not None:
+            nisa.nc_matmul(
+                dst=outer,
+                stationary=stationaries[0],
+                moving=nonfinite_moving[:, c0:c1],
+                accumulate=True,
             )
         nisa.tensor_tensor(dst=target[:, c0:c1], data1=h_row[:, c0:c1], data2=outer, op=nl.multiply)
     _add_shift(y_row, product_row, shift)
