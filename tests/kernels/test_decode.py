@@ -269,6 +269,22 @@ def test_non_finite_weight_in_other_regimes(rng, N, M, dtype, regime):
     _check_nonfinite_weight(y, x, w, EPS, rtol, atol)
 
 
+@pytest.mark.parametrize("target", ["trn2", "trn3"])
+def test_non_finite_weight_in_either_split_product(rng, target):
+    """ "split" forms w · rstd per 512-column chunk either on the Scalar engine into PSUM or
+    on the Vector engine alone (every fourth chunk, trn3 every second): non-finite weights
+    in chunks of both kinds stay in their column."""
+    M, N, dtype = 20, 32768, BF16
+    w = rng.normal(1.0, 0.2, N).astype(dtype)
+    # segments of 4096 columns: chunks 0, 1 and 3 of segment 0, chunk 7 of segment 5
+    w[5], w[512 + 9], w[1536 + 2], w[5 * 4096 + 3584 + 11] = np.inf, np.nan, -np.inf, np.inf
+    x = rng.standard_normal((M, N)).astype(dtype)
+    x[x == 0] = 1
+    assert _layout(target, M, N, dtype)[0].regime == "split"
+    y = _run("nki06", target, x, w, None, None, "gemma")[0][0]
+    _check_nonfinite_weight(y, x, w, EPS, 1e-2, 4 * 2.0**-24)
+
+
 @pytest.mark.parametrize(
     "target, M, N, dtype, regime",
     [
