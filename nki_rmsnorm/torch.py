@@ -277,6 +277,17 @@ def _check_args(
 # ---------------------------------------------------------------------------------------------
 
 
+def _require_cpu(tensor: Tensor, what: str, *, meta: bool = False) -> None:
+    """``NotImplementedError`` unless ``tensor`` is a CPU tensor (or a meta one, with
+    ``meta``): the serving operators run the simulated kernel there only so far."""
+    allowed = ("cpu", "meta") if meta else ("cpu",)
+    if tensor.device.type not in allowed:  # pragma: no cover - needs a NeuronDevice
+        raise NotImplementedError(
+            f"{what} runs the simulated kernel on CPU tensors only so far; got a tensor on "
+            f"{tensor.device}"
+        )
+
+
 def _to_numpy(t: Tensor) -> np.ndarray:
     """A NumPy view of a CPU tensor; bfloat16 is reinterpreted bit for bit."""
     t = t.detach().contiguous()
@@ -1148,11 +1159,7 @@ def _rms_norm_quant(
     packed: bool,
     return_transposed: bool,
 ) -> list[Tensor]:
-    if x.device.type != "cpu":  # pragma: no cover - needs a NeuronDevice
-        raise NotImplementedError(
-            "rms_norm_quant runs the simulated kernel on CPU tensors only so far; got a "
-            f"tensor on {x.device}"
-        )
+    _require_cpu(x, "rms_norm_quant")
     result = ops.rms_norm_quant(
         _to_numpy(x),
         _to_numpy_or_none(weight),
@@ -1257,11 +1264,7 @@ def _rms_norm_qk_fwd(
     out_dtype: str | None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     eps, offset, out = _check_qk_op(q, k, q_weight, k_weight, eps, offset, casting_mode, out_dtype)
-    if q.device.type != "cpu":  # pragma: no cover - needs a NeuronDevice
-        raise NotImplementedError(
-            "rms_norm_qk runs the simulated kernel on CPU tensors only so far; got a tensor "
-            f"on {q.device}"
-        )
+    _require_cpu(q, "rms_norm_qk")
     outputs = ops.rms_norm_qk_fwd(
         _to_numpy(q),
         _to_numpy(k),
@@ -1486,11 +1489,7 @@ def _rms_norm_mx_quant(
     quant_dtype: str,
     scale_dtype: str,
 ) -> list[Tensor]:
-    if x.device.type != "cpu":  # pragma: no cover - needs a NeuronDevice
-        raise NotImplementedError(
-            "rms_norm_mx_quant runs the simulated kernel on CPU tensors only so far; got a "
-            f"tensor on {x.device}"
-        )
+    _require_cpu(x, "rms_norm_mx_quant")
     result = mx.rms_norm_mx_quant(
         _to_numpy(x),
         _to_numpy_or_none(weight),
@@ -1578,11 +1577,7 @@ def _check_heads_op(x, weight, name="x", weight_name="weight"):
             f"{name} must be 3-D (tokens, heads, head_dim) with head_dim > 0, got shape "
             f"{tuple(x.shape)}"
         )
-    if x.device.type not in ("cpu", "meta"):  # pragma: no cover - needs a NeuronDevice
-        raise NotImplementedError(
-            "the per-head weight runs the simulated kernel on CPU tensors only so far; got a "
-            f"tensor on {x.device}"
-        )
+    _require_cpu(x, "the per-head weight", meta=True)
     _check_tensor(weight_name, weight, tuple(x.shape[1:]), x, (torch.float32, x.dtype))
     validation.check_head_weight(weight_name, tuple(weight.shape), x.element_size())
 
