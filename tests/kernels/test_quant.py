@@ -150,12 +150,13 @@ def test_residual_y_and_amax(rng, trn2):
     assert_fp8_matches(got.y_q, want, "float8_e4m3")
 
 
-@pytest.mark.parametrize("n", [1024, 200])
+@pytest.mark.parametrize("n", [1024, 200, 4224])
 def test_y_output_keeps_y_q(rng, trn2, n):
     """y_q, the scales and amax are the same bytes with and without the y output (with a
     16-bit weight and N a multiple of 128 the plain kernel forms h · w on the Tensor
     engine and the y kernel on the Vector engine; both share Σh² alike), and both match
-    the reference; N = 200 takes the Vector engine either way."""
+    the reference; N = 200 takes the Vector engine either way; N = 4224 (33 blocks of 128)
+    loads in two column chunks that must end on a block."""
     x, weight, _ = _inputs(rng, (260, n))
     plain = ops.rms_norm_quant(x, weight, return_amax=True)
     with_y = ops.rms_norm_quant(x, weight, return_y=True, return_amax=True)

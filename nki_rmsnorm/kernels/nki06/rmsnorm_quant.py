@@ -170,27 +170,43 @@ def _sbuf(shape, dtype):
 
 
 def _two_tiles_fit(
-    x, residual, weight, emit_y, emit_transposed, quant_dtype, split=False, in_psum=False
+    x, residual, weight, emit_y, emit_transposed, options, split=False, in_psum=False
 ):
-    """Whether two row tiles (the software pipeline's) fit SBUF beside the weight row (or
-    its diagonals): per partition, h (and x), p (unless the Tensor engine forms it in PSUM,
-    ``in_psum``), y_q, y, and the float32 y and y_qᵀ of the transposed output of each, hᵀ
-    when the Tensor engine shares the work (``split``), and the (rows, 1) columns."""
+    """Whether the software pipeline's two row tiles fit SBUF beside the weight row (or its
+    diagonals) and the (rows, 1) columns, per partition, by the tiles' live ranges (first
+    to last instruction touching each, as the compiler's allocator sees them): each tile
+    keeps p (unless the Tensor engine forms it in PSUM, ``in_psum``, then hᵀ instead) and
+    y_q from its front to its back; its front's h (and x, and hᵀ of the Gram share) are
+    dead before the other tile's back begins, whose y, float32 y and y_qᵀ are created
+    there."""
+    quant_dtype = options[1]
     N = x.shape[1]
     x_bytes = dtype_bytes(x.dtype)
-    per_tile = x_bytes + dtype_bytes(quant_dtype)
+    h_bytes = x_bytes if residual is None else dtype_bytes(residual.dtype)
+    kept = dtype_bytes(quant_dtype)
+    front = 0
+    if weight is None:
+        kept = kept + h_bytes  # p is h itself
+    elif in_psum:
+        kept = kept + h_bytes  # hᵀ, whose blocks the Tensor engine multiplies at the back
+        front = h_bytes
+    else:
+        kept = kept + 4
+        front = h_bytes
     if residual is not None:
-        per_tile = per_tile + dtype_bytes(residual.dtype)
-    if weight is not None and not in_psum:
-        per_tile = per_tile + 4
+        front = front + x_bytes
+    if split and not in_psum:
+        front = front + h_bytes
+    back = 0
     if emit_y:
-        per_tile = per_tile + x_bytes
+        back = back + x_bytes
     if emit_transposed:  # the float32 y and y_qᵀ
-        per_tile = per_tile + 4 + dtype_bytes(quant_dtype)
-    if split:
-        per_tile = per_tile + dtype_bytes(x.dtype if residual is None else residual.dtype)
+        back = back + 4 + dtype_bytes(quant_dtype)
+    if options[2] == "static":  # the amax's discarded bf16 |p|, between front and back
+        back = max(back, 2)
     resident = 0 if weight is None else dtype_bytes(weight.dtype)
-    return N * (2 * per_tile + resident) + _SMALL_TILE_BYTES <= usable_sbuf_bytes()
+    per_partition = N * (2 * kept + max(front, back) + resident)
+    return per_partition + _SMALL_TILE_BYTES <= usable_sbuf_bytes()
 
 
 def _core_tiles(rows):
@@ -266,9 +282,12 @@ def _column_chunks(n, itemsize):
     least ``_CHUNK_BYTES`` per partition each (a DMA of ≥ 4 KiB per partition runs near full
     rate, aws-neuron-sdk@81ce03ae ``nki/deep-dives/nki-dma-bandwidth-guide.rst`` L84-85), so
     that a tile's first products start after part of its load and its last store starts
-    before its whole quantization ends."""
+    before its whole quantization ends. The chunks are whole 128-column blocks (but the
+    last), as the Tensor engine's products and PSUM banks of p take them."""
+    pmax = nl.tile_size.pmax
     count = max(1, min(_MAX_CHUNKS, (n * itemsize) // _CHUNK_BYTES))
-    width = -(-n // count)
+    blocks = -(-n // pmax)
+    width = -(-blocks // count) * pmax
     chunks = []
     for c0 in range(0, n, width):
         chunks.append((c0, min(n, c0 + width)))
@@ -726,9 +745,10 @@ def _tile_front(hbm, options, weight_row, ones, r0, parts, diagonals=None, split
         sums = _split_square_sums(h_tile, q)
         if diagonals is not None:
             return rows, chunks, q, h_tile, None, r0, (h_t, diagonals, sums)
-        # the y / transposed outputs: rstd at once, as without the split (y needs it)
-        rstd = _rstd(_mean_square(sums, h_t, q), eps)
+        # the y / transposed outputs: rstd in the tile's front, as without the split (y
+        # needs it), after the product, which waits on no other engine's copies of hᵀ
         p = _product(h_tile, weight_row, ones)
+        rstd = _rstd(_mean_square(sums, h_t, q), eps)
         return rows, chunks, q, p, rstd, r0, (h_t, None, sums)
     # mean(h²) as Σ (h / √N)²: the Scalar engine's scale folds the 1 / N in
     mean_sq = _column((parts, 1))
@@ -1006,7 +1026,7 @@ def rmsnorm_quant(
     hbm = (x, residual, y_q, scales, y, h, amax, packed_scales, y_q_t, scales_t)
     tiles = _core_tiles(M)
     fit = _two_tiles_fit(
-        x, residual, weight, emit_y, emit_transposed, quant_dtype, split, diagonals is not None
+        x, residual, weight, emit_y, emit_transposed, options, split, diagonals is not None
     )
     if not fit:
         for t in range(len(tiles)):
