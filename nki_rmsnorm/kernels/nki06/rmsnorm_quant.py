@@ -563,9 +563,10 @@ def _weight_diagonals(weight):
     """diag(w[b · 128 : (b + 1) · 128]) for every 128-column block b, side by side in a
     (128, N) SBUF tile of the weight's dtype: the moving operand that makes a Tensor-engine
     matmul of hᵀ's block b give p's block b. The weight's blocks are loaded as rows,
-    transposed to columns by the Tensor engine, and each scales a 16-bit identity (the
-    Scalar engine's ``activation`` with a per-partition ``scale``, exact; the Vector engine
-    is the busier)."""
+    transposed to columns by the Tensor engine, and each scales a 16-bit identity, exact:
+    alternately the Scalar engine's ``activation`` with a per-partition ``scale`` and the
+    Vector engine's ``tensor_scalar`` multiply by that column (both idle while the first
+    tile loads; on one engine the diagonals delayed the first tile's copies of hᵀ)."""
     pmax = nl.tile_size.pmax
     N = weight.shape[0]
     blocks = N // pmax
@@ -584,12 +585,13 @@ def _weight_diagonals(weight):
     nisa.tensor_scalar(dst=identity, data=offsets, op0=nl.equal, operand0=0.0)
     diagonals = _sbuf((pmax, N), weight.dtype)
     for b in range(blocks):
-        nisa.activation(
-            dst=diagonals[:, b * pmax : (b + 1) * pmax],
-            op=nl.copy,
-            data=identity,
-            scale=columns[:, b : b + 1],
-        )
+        block = diagonals[:, b * pmax : (b + 1) * pmax]
+        if b % 2 == 0:
+            nisa.activation(dst=block, op=nl.copy, data=identity, scale=columns[:, b : b + 1])
+        else:
+            nisa.tensor_scalar(
+                dst=block, data=identity, op0=nl.multiply, operand0=columns[:, b : b + 1]
+            )
     return diagonals
 
 
@@ -1040,30 +1042,35 @@ def rmsnorm_quant(
     # scales and quantization are issued, so that no engine's in-order stream waits on a
     # tile's short chain of per-row steps, and the Vector engine's max of |p| does not read
     # the instruction just before it (which costs a dependent instruction's overhead). The
-    # last tile's maxima follow its own products directly: behind the products of the tile
-    # after, they would lengthen the pipeline's drain.
+    # first tile's maxima follow its own products directly (behind the next tile's, they
+    # would wait for its load: the pipeline's fill), and so do the last tile's (behind the
+    # products of the tile after, they would lengthen the drain).
     last = len(tiles) - 1
-    pending = None
+    pending = None  # a front whose maxima are not issued yet
+    state = None
+    following = None  # the last tile's state, when its maxima came before its turn
     if len(tiles) > 0:
-        pending = _tile_front(
-            hbm, options, weight_row, ones, tiles[0][0], tiles[0][1], diagonals, split
+        state = _tile_scales(
+            hbm,
+            options,
+            _tile_front(hbm, options, weight_row, ones, tiles[0][0], tiles[0][1], diagonals, split),
         )
     for t in range(len(tiles)):
         if t + 1 < last:
             loaded = _tile_front(
                 hbm, options, weight_row, ones, tiles[t + 1][0], tiles[t + 1][1], diagonals, split
             )
-            state = _tile_scales(hbm, options, pending)
+            if t > 0:
+                state = _tile_scales(hbm, options, pending)
             pending = loaded
         elif t + 1 == last:
-            state = _tile_scales(hbm, options, pending)
+            if t > 0:
+                state = _tile_scales(hbm, options, pending)
             loaded = _tile_front(
                 hbm, options, weight_row, ones, tiles[t + 1][0], tiles[t + 1][1], diagonals, split
             )
-            pending = _tile_scales(hbm, options, loaded)
-        elif t == 0:  # a single tile
-            state = _tile_scales(hbm, options, pending)
-        else:
-            state = pending
+            following = _tile_scales(hbm, options, loaded)
+        elif t > 0:
+            state = following
         _tile_back(hbm, options, static_inverse, state, t == last)
     return tuple(outputs)
