@@ -27,6 +27,13 @@ Differences of code, not of results (within the float32 roundings the tests allo
   ``eps`` below 2⁻⁸⁷ an all-zero row gets rstd = inf and a NaN scale here rather than the
   floor;
 * 1 / scale is the Vector engine's ``reciprocal`` (``nisa.reciprocal``, isa L1183);
+* p = h · w stays on the Vector engine (the 0.6 kernel forms it on the Tensor engine from
+  hᵀ's blocks and shares Σh² with the Gram matrix of hᵀ): on NeuronCore-v2 the Tensor
+  engine's transpose "is not bit-accurate if the input ``data`` contains NaN/Inf"
+  (``nc_transpose``, isa L1038-1040), so one row holding Inf would put NaN into the other
+  rows' hᵀ; and ``range_select``, which picks the Gram diagonal out of PSUM without
+  touching the other rows' entries, is NeuronCore-v3+ and new in SDK 2.23 (isa L1091,
+  ``general/nki/nki_rn.rst`` L61), after the 2.21 this kernel claims;
 * ``shared_hbm`` outputs can be created only at the kernel's top level, never under an
   ``if`` (``general/nki/api/nki.errors.rst`` L583-617): every output is created; those not
   asked for are neither written nor returned.
