@@ -4,9 +4,9 @@ regime, each row over G partitions, and larger batches "rows" with the same grou
 statistics. The batch invariance this must keep: a row's y, h and rstd are bitwise the same
 in a batch of one row, of 29 rows and of 200 rows, for every kernel dtype, casting mode and
 option, including rows of Inf, NaN, zeros and extreme magnitudes; and N not a multiple of
-128 (17389, 127, 1) against the float64 reference. The legacy kernels keep whole-row
-statistics and "rows" for every M (``choose_layout(..., grouped=False)``): the same checks
-hold for them trivially and run too."""
+128 (17389, 127, 1) against the float64 reference. The legacy kernels take the same layouts
+(grouped "rows" and decode "split" on NeuronCore-v3+) and run the same checks; on trn1
+(no exact transpose) both dialects' plans keep whole-row statistics and "rows"."""
 
 from __future__ import annotations
 

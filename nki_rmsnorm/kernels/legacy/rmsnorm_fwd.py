@@ -40,9 +40,9 @@ convention and ``activation_reduce`` / ``scalar_tensor_tensor`` / ``get_nc_versi
 documented per-generation figure before, ``nki_rmsnorm.nki.usable_sbuf_bytes``).
 
 Regimes (``rmsnorm_fwd_plan.choose_layout``; decided from N, the dtypes, the options and the
-target, never from the data; M only sets the rows per partition of "rows" and "packed"; the
-nki06 kernel's grouped statistics and decode batches in "split" are not used here, see
-``plan.forward.choose_layout``):
+target, never from the data; M only sets the rows per partition of "rows" and "packed" and,
+where the row statistics are grouped, sends a decode batch to "split"; both dialects take
+the same layout, see ``plan.forward.choose_layout``):
 
 ======== =====================================================================================
 rows     whole rows, double-buffered, with the weight (and bias) on chip for the whole kernel:
@@ -58,6 +58,14 @@ split    NeuronCore-v3+ only, rows too long for "rows": each row spread over s p
          (s a power of two ≤ 32 dividing N, the smallest that makes a segment ≤ 8 KiB of h),
          so a tile is R = 128 / s whole rows, one contiguous DMA (``rmsnorm_fwd_split``).
          Σh² per segment, combined across partitions by exact Tensor-engine transposes.
+         Also decode batches (≤ 32 rows, 64 with a residual) where the statistics are
+         grouped (NeuronCore-v3+, N with a power-of-two divisor leaving groups of ≥ 1024
+         columns, ``plan.forward.statistic_groups``): "rows" then sums each row's Σh² from
+         G ≤ 32 group sums (ACT per group, one DVE ``nl.sum``), and "split" runs s = G
+         segments per row, the same instructions on the same values, so a row's outputs
+         are bitwise those of any batch; a batch uses G times the partitions (and DMA
+         engines). NeuronCore-v2 keeps whole-row statistics and "rows" (no NaN-safe
+         transpose to gather the segment sums).
 long     one 128-row tile of h kept on chip, in column chunks of 4 KiB of h
          (``rmsnorm_fwd_long``): NeuronCore-v2, or N with no usable power-of-two factor.
 two_pass not even one row tile fits: x (and the residual) are read twice.
@@ -175,9 +183,9 @@ def forward_body(plan, hbm, eps, offset):
     # whole-row statistics (plan.forward.choose_layout says why); a per-head weight
     # (heads, N): "packed" only, k rows per partition a multiple of heads
     heads = weight_heads(plan, None if hbm.weight is None else hbm.weight.shape, M, N)
-    layout = choose_layout(plan, M, N, usable_sbuf_bytes(), grouped=False, heads=heads)
+    layout = choose_layout(plan, M, N, usable_sbuf_bytes(), heads=heads)
     if layout.regime == "rows":
-        rows_resident(plan, layout.rows_per_partition, hbm, eps, offset)
+        rows_resident(plan, layout.rows_per_partition, hbm, eps, offset, layout.groups)
     elif layout.regime == "packed":
         packed_rows(plan, layout.rows_per_partition, heads, hbm, eps, offset)
     elif layout.regime == "split":
