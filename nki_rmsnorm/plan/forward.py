@@ -113,6 +113,11 @@ DECODE_MAX_ROWS = 32
 #: per physical core: under LNC=2 the split tiles are shared by the two cores (trn2 LNC=2
 #: forward 64 × 4096: 14.9 against 20.8 µs for the one 64-row tile of "rows").
 DECODE_MAX_ROWS_FUSED = 64
+#: NeuronCore-v2 (no exact transpose, so no grouped statistics) runs decode batches, as
+#: many rows, in "spread": whole-row statistics, the product and the stores spread over
+#: the 128 partitions, in row tiles of at most this many rows (the Vector engine
+#: transposes rstd, at most 32 x 32: general/nki/api/nki/isa/__init__.py@8a38e733 L1026-1029).
+SPREAD_TILE_ROWS = 32
 #: A per-head weight (heads, N) takes the "packed" regime only, replicated across partitions
 #: in at most this many PSUM banks (``PSUM_COLS`` fp32 columns, whole heads each) of the
 #: eight of a partition's 16 KiB PSUM (the bias and the Tensor engine's products keep the
@@ -244,6 +249,19 @@ class Plan(NKIObject):
 
     def fits_split(self, segment: int, budget: int) -> bool:
         return self.split_bytes(segment) <= budget
+
+    def spread_bytes(self, n: int, segments: int) -> int:
+        """Regime "spread", rows of ``segments`` segments: two whole-row tiles for the
+        statistics (h, x with a residual, the discarded bf16 squares) and, per partition, a
+        segment of two spread tiles and of the weight and bias (as loaded, then converted)."""
+        whole = dtype_bytes(self.h_dtype) + BFLOAT16_BYTES
+        if self.residual_dtype is not None:
+            whole += dtype_bytes(self.in_dtype)
+        segment = 2 * self.row_bytes() + self.resident_bytes() + 2 * FLOAT32_BYTES
+        return 2 * n * whole + n // segments * segment + RESERVED_BYTES
+
+    def fits_spread(self, n: int, segments: int, budget: int) -> bool:
+        return self.spread_bytes(n, segments) <= budget
 
     def chunk_columns(self) -> int:
         """Column chunk of the long-row regimes."""
@@ -415,6 +433,14 @@ def choose_layout(
     decode_rows = DECODE_MAX_ROWS if plan.residual_dtype is None else DECODE_MAX_ROWS_FUSED
     if groups and m <= decode_rows * cores:
         return Layout("split", segments=groups)
+    segments = spread_segments(n, m)
+    if (
+        not plan.exact_transpose
+        and segments > 1
+        and m <= decode_rows * cores
+        and plan.fits_spread(n, segments, budget)
+    ):
+        return Layout("spread", segments=segments)
     if plan.fits_rows(n, 1, budget):
         rows = 1
         for k in range(2, MAX_ROWS_PER_PARTITION + 1):
@@ -468,6 +494,18 @@ def statistic_groups(plan: Plan, n: int, budget: int) -> int:
         ):
             groups = count
     return groups
+
+
+def spread_segments(n: int, m: int) -> int:
+    """Segments per row of the "spread" regime for m rows of n: the largest power of two
+    dividing n that puts a tile's rows (at most ``SPREAD_TILE_ROWS``) on at most 128
+    partitions (the tensors are viewed as (M·s, n / s))."""
+    rows = min(m, SPREAD_TILE_ROWS)
+    segments = 1
+    for _ in range(7):
+        if n % (2 * segments) == 0 and 2 * segments * rows <= PMAX:
+            segments = 2 * segments
+    return segments
 
 
 def packed_takes_heads(h_dtype_bytes: int, n: int, heads: int) -> bool:
@@ -551,6 +589,8 @@ def layout_bytes(plan: Plan, layout: Layout, n: int) -> int:
         return plan.rows_bytes(n, layout.rows_per_partition)
     if layout.regime == "split":
         return plan.split_bytes(n // layout.segments)
+    if layout.regime == "spread":
+        return plan.spread_bytes(n, layout.segments)
     if layout.regime == "packed":
         return plan.packed_bytes(n, layout.rows_per_partition)
     if layout.regime == "long":

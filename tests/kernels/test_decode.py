@@ -6,7 +6,8 @@ in a batch of one row, of 29 rows and of 200 rows, for every kernel dtype, casti
 option, including rows of Inf, NaN, zeros and extreme magnitudes; and N not a multiple of
 128 (17389, 127, 1) against the float64 reference. The legacy kernels take the same layouts
 (grouped "rows" and decode "split" on NeuronCore-v3+) and run the same checks; on trn1
-(no exact transpose) both dialects' plans keep whole-row statistics and "rows"."""
+(no exact transpose, legacy only) the statistics stay whole and decode batches run
+"spread" (``rmsnorm_fwd_spread``), bitwise "rows" too."""
 
 from __future__ import annotations
 
@@ -68,6 +69,21 @@ def test_planner_spreads_small_batches_only(target, N, groups):
     assert _layout(target, DECODE_MAX_ROWS_FUSED + 1, N, BF16, FP32)[0].regime == "rows"
 
 
+@pytest.mark.parametrize(
+    "N, M, segments", [(4096, 1, 128), (4096, 8, 16), (4096, 29, 4), (8192, 32, 4), (1000, 1, 8)]
+)
+def test_planner_spreads_small_batches_on_neuroncore_v2(N, M, segments):
+    """trn1 (no exact transpose): decode batches take "spread" with the largest power of
+    two dividing N that keeps a tile's rows (≤ 32) on 128 partitions; larger batches and N
+    with no even divisor (17389) take "rows"."""
+    layout, groups = _layout("trn1", M, N, BF16)
+    assert groups == 0 and layout.regime == "spread" and layout.segments == segments
+    assert _layout("trn1", DECODE_MAX_ROWS + 1, N, BF16)[0].regime == "rows"
+    # with a residual up to DECODE_MAX_ROWS_FUSED rows, where two whole-row tiles fit
+    assert _layout("trn1", DECODE_MAX_ROWS_FUSED, 4096, BF16, FP32)[0].regime == "spread"
+    assert _layout("trn1", 8, 17389, BF16)[0].regime == "rows"
+
+
 def test_planner_keeps_whole_row_statistics_elsewhere():
     """trn1 (no exact transpose), rows too short to group or not divisible, and the legacy
     kernels' plan (``grouped=False``): no groups."""
@@ -114,19 +130,28 @@ INVARIANCE_CASES = [
     ("trn3", 4096, BF16, "none", False, True, BF16),  # "vector", no weight
     ("trn2", 2048, BF16, "gemma", True, True, BF16),  # G = 4, fused add
     ("trn3", 8192, FP32, "gemma", False, False, None),  # rstd only
+    # NeuronCore-v2 decode batches run "spread" (whole-row statistics; legacy kernels only)
+    ("trn1", 4096, BF16, "gemma", True, True, FP32),  # "scalar" product, bias, fused add
+    ("trn1", 2048, FP32, "llama", True, False, None),  # x̂ rounded
+    ("trn1", 8192, FP16, "none", False, True, None),  # no weight
 ]
 
 
 @pytest.mark.parametrize("case", INVARIANCE_CASES, ids=lambda c: f"{c[0]}-{c[1]}-{c[2]}-{c[3]}")
 def test_row_results_do_not_depend_on_the_batch(kernel_dialect, rng, case):
     target, N, dtype, mode, weight, bias, residual_dtype = case
+    if target == "trn1" and kernel_dialect != "legacy":
+        pytest.skip(
+            "NKI 0.6 has no NeuronCore-v2 target (aws-neuron-sdk@81ce03ae nki_faq.rst L23-27)"
+        )
     x = _edge_rows(rng.standard_normal((200, N)).astype(dtype))
     w = rng.normal(1.0, 0.2, N).astype(dtype) if weight else None
     b = rng.normal(0.0, 0.5, N).astype(FP32) if bias else None
     r = None if residual_dtype is None else rng.standard_normal((200, N)).astype(residual_dtype)
     residual = None if r is None else r.dtype
     assert _layout(target, 200, N, dtype, residual)[0].regime == "rows"
-    assert _layout(target, 29, N, dtype, residual)[0].regime == "split"
+    decode = "spread" if target == "trn1" else "split"
+    assert _layout(target, 29, N, dtype, residual)[0].regime == decode
     big, _ = _run(kernel_dialect, target, x, w, b, r, mode)
     for M in (1, 29):
         small_r = None if r is None else r[:M].copy()
@@ -295,6 +320,8 @@ def test_non_finite_weight_in_either_split_product(rng, target):
         ("trn2", 4, 65537, BF16, "long"),
         ("trn1", 4, 65537, BF16, "long"),
         ("trn2", 20, 32768, FP32, "split"),
+        ("trn1", 20, 4096, BF16, "spread"),  # decode batch, segments of 1024 on 4 partitions
+        ("trn1", 3, 8192, FP32, "spread"),
     ],
 )
 def test_non_finite_weight_stays_in_its_column_legacy(rng, target, M, N, dtype, regime):

@@ -134,6 +134,7 @@ from nki_rmsnorm.kernels.legacy.rmsnorm_fwd_long import long_rows, two_pass
 from nki_rmsnorm.kernels.legacy.rmsnorm_fwd_packed import packed_rows
 from nki_rmsnorm.kernels.legacy.rmsnorm_fwd_rows import rows_resident
 from nki_rmsnorm.kernels.legacy.rmsnorm_fwd_split import split_rows
+from nki_rmsnorm.kernels.legacy.rmsnorm_fwd_spread import spread_rows
 from nki_rmsnorm.nki import nisa, nki, nl, usable_sbuf_bytes
 from nki_rmsnorm.plan.forward import (
     CASTING_MODES,
@@ -190,6 +191,8 @@ def forward_body(plan, hbm, eps, offset):
         packed_rows(plan, layout.rows_per_partition, heads, hbm, eps, offset)
     elif layout.regime == "split":
         split_rows(plan, layout.segments, hbm, eps, offset)
+    elif layout.regime == "spread":
+        spread_rows(plan, layout.segments, hbm, eps, offset)
     elif layout.regime == "long":
         long_rows(plan, layout.chunk, layout.output_chunk, hbm, eps, offset)
     else:
