@@ -51,6 +51,10 @@ FORWARD = [
     ("long", "trn1", 3, 40000, dict(residual=True), "llama"),
     ("split", "trn2", 3, 40000, dict(weight_dtype=BF16, residual=True), "gemma"),
     ("two_pass", "trn1", 3, 65536, dict(bias=True, residual=True, offset=1.0), "none"),
+    # decode batches: "spread" on NeuronCore-v2, "split" with grouped statistics on v3
+    ("spread", "trn1", 8, 4096, dict(bias=True, offset=0.5), "gemma"),
+    ("spread", "trn1", 29, 2048, dict(residual=True), "llama"),
+    ("split", "trn2", 8, 4096, dict(weight_dtype=BF16, bias=True), "gemma"),
 ]
 
 
