@@ -113,11 +113,13 @@ DECODE_MAX_ROWS = 32
 #: per physical core: under LNC=2 the split tiles are shared by the two cores (trn2 LNC=2
 #: forward 64 × 4096: 14.9 against 20.8 µs for the one 64-row tile of "rows").
 DECODE_MAX_ROWS_FUSED = 64
-#: NeuronCore-v2 (no exact transpose, so no grouped statistics) runs decode batches, as
-#: many rows, in "spread": whole-row statistics, the product and the stores spread over
-#: the 128 partitions, in row tiles of at most this many rows (the Vector engine
-#: transposes rstd, at most 32 x 32: general/nki/api/nki/isa/__init__.py@8a38e733 L1026-1029).
-SPREAD_TILE_ROWS = 32
+#: NeuronCore-v2 (no exact transpose, so no grouped statistics) runs batches of at most
+#: this many rows, with or without a residual, in "spread": whole-row statistics, the
+#: product and the stores spread over up to 128 partitions, in one tile (the Vector
+#: engine transposes rstd, at most 32 x 32: general/nki/api/nki/isa/__init__.py@8a38e733
+#: L1026-1029). Two tiles lose to "rows", which adds x and the residual in one pass
+#: (modeled trn1 bf16 fused add 64 x 8192: 64.6 against 50.3 µs; 32 x 8192 43.0 / 50.3).
+SPREAD_MAX_ROWS = 32
 #: A per-head weight (heads, N) takes the "packed" regime only, replicated across partitions
 #: in at most this many PSUM banks (``PSUM_COLS`` fp32 columns, whole heads each) of the
 #: eight of a partition's 16 KiB PSUM (the bias and the Tensor engine's products keep the
@@ -251,14 +253,15 @@ class Plan(NKIObject):
         return self.split_bytes(segment) <= budget
 
     def spread_bytes(self, n: int, segments: int) -> int:
-        """Regime "spread", rows of ``segments`` segments: two whole-row tiles for the
+        """Regime "spread", rows of ``segments`` segments: the whole-row tile for the
         statistics (h, x with a residual, the discarded bf16 squares) and, per partition, a
-        segment of two spread tiles and of the weight and bias (as loaded, then converted)."""
+        segment of the spread tile (h, x, y and intermediates) and of the weight and bias
+        (as loaded, then converted)."""
         whole = dtype_bytes(self.h_dtype) + BFLOAT16_BYTES
         if self.residual_dtype is not None:
             whole += dtype_bytes(self.in_dtype)
-        segment = 2 * self.row_bytes() + self.resident_bytes() + 2 * FLOAT32_BYTES
-        return 2 * n * whole + n // segments * segment + RESERVED_BYTES
+        segment = self.row_bytes() + self.resident_bytes() + 2 * FLOAT32_BYTES
+        return n * whole + n // segments * segment + RESERVED_BYTES
 
     def fits_spread(self, n: int, segments: int, budget: int) -> bool:
         return self.spread_bytes(n, segments) <= budget
@@ -437,7 +440,7 @@ def choose_layout(
     if (
         not plan.exact_transpose
         and segments > 1
-        and m <= decode_rows * cores
+        and m <= SPREAD_MAX_ROWS
         and plan.fits_spread(n, segments, budget)
     ):
         return Layout("spread", segments=segments)
@@ -498,12 +501,11 @@ def statistic_groups(plan: Plan, n: int, budget: int) -> int:
 
 def spread_segments(n: int, m: int) -> int:
     """Segments per row of the "spread" regime for m rows of n: the largest power of two
-    dividing n that puts a tile's rows (at most ``SPREAD_TILE_ROWS``) on at most 128
-    partitions (the tensors are viewed as (M·s, n / s))."""
-    rows = min(m, SPREAD_TILE_ROWS)
+    dividing n that puts the m rows on at most 128 partitions (the tensors are viewed as
+    (m·s, n / s))."""
     segments = 1
     for _ in range(7):
-        if n % (2 * segments) == 0 and 2 * segments * rows <= PMAX:
+        if n % (2 * segments) == 0 and 2 * segments * m <= PMAX:
             segments = 2 * segments
     return segments
 

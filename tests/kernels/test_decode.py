@@ -21,6 +21,7 @@ from nki_rmsnorm import kernels
 from nki_rmsnorm.plan.forward import (
     DECODE_MAX_ROWS,
     DECODE_MAX_ROWS_FUSED,
+    SPREAD_MAX_ROWS,
     choose_layout,
     make_plan,
     statistic_groups,
@@ -73,14 +74,14 @@ def test_planner_spreads_small_batches_only(target, N, groups):
     "N, M, segments", [(4096, 1, 128), (4096, 8, 16), (4096, 29, 4), (8192, 32, 4), (1000, 1, 8)]
 )
 def test_planner_spreads_small_batches_on_neuroncore_v2(N, M, segments):
-    """trn1 (no exact transpose): decode batches take "spread" with the largest power of
-    two dividing N that keeps a tile's rows (≤ 32) on 128 partitions; larger batches and N
-    with no even divisor (17389) take "rows"."""
+    """trn1 (no exact transpose): batches of at most ``SPREAD_MAX_ROWS`` rows, with or
+    without a residual, take "spread" with the largest power of two dividing N that keeps
+    them on 128 partitions; larger batches and N with no even divisor (17389) "rows"."""
     layout, groups = _layout("trn1", M, N, BF16)
     assert groups == 0 and layout.regime == "spread" and layout.segments == segments
-    assert _layout("trn1", DECODE_MAX_ROWS + 1, N, BF16)[0].regime == "rows"
-    # with a residual up to DECODE_MAX_ROWS_FUSED rows, where two whole-row tiles fit
-    assert _layout("trn1", DECODE_MAX_ROWS_FUSED, 4096, BF16, FP32)[0].regime == "spread"
+    assert _layout("trn1", M, N, BF16, FP32)[0].regime == "spread"
+    assert _layout("trn1", SPREAD_MAX_ROWS + 1, N, BF16)[0].regime == "rows"
+    assert _layout("trn1", SPREAD_MAX_ROWS + 1, N, BF16, FP32)[0].regime == "rows"
     assert _layout("trn1", 8, 17389, BF16)[0].regime == "rows"
 
 

@@ -41,8 +41,8 @@ documented per-generation figure before, ``nki_rmsnorm.nki.usable_sbuf_bytes``).
 
 Regimes (``rmsnorm_fwd_plan.choose_layout``; decided from N, the dtypes, the options and the
 target, never from the data; M only sets the rows per partition of "rows" and "packed" and,
-where the row statistics are grouped, sends a decode batch to "split"; both dialects take
-the same layout, see ``plan.forward.choose_layout``):
+sends a decode batch to "split" where the row statistics are grouped and to "spread" on
+NeuronCore-v2; both dialects take the same layout, see ``plan.forward.choose_layout``):
 
 ======== =====================================================================================
 rows     whole rows, double-buffered, with the weight (and bias) on chip for the whole kernel:
@@ -64,8 +64,13 @@ split    NeuronCore-v3+ only, rows too long for "rows": each row spread over s p
          G ≤ 32 group sums (ACT per group, one DVE ``nl.sum``), and "split" runs s = G
          segments per row, the same instructions on the same values, so a row's outputs
          are bitwise those of any batch; a batch uses G times the partitions (and DMA
-         engines). NeuronCore-v2 keeps whole-row statistics and "rows" (no NaN-safe
-         transpose to gather the segment sums).
+         engines).
+spread   NeuronCore-v2 (trn1, inf2) batches of ≤ 32 rows (with or without a residual; N
+         with an even divisor): whole-row statistics as "rows" on a whole-row tile, and
+         the product, h and y on a second load of the rows spread as in "split" (s
+         segments per row, R·s ≤ 128 partitions); rstd moves there by a Vector transpose, a
+         K = 1 ones-row matmul and a select, never a matmul transpose, which is not
+         NaN-safe on v2 (``rmsnorm_fwd_spread``). Bitwise "rows".
 long     one 128-row tile of h kept on chip, in column chunks of 4 KiB of h
          (``rmsnorm_fwd_long``): NeuronCore-v2, or N with no usable power-of-two factor.
 two_pass not even one row tile fits: x (and the residual) are read twice.

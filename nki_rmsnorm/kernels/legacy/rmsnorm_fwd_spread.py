@@ -5,9 +5,9 @@ One row per partition ("rows") keeps M of the 128 partitions, M / 8 of the 16 DM
 busy and runs every step over a whole row on one lane. NeuronCore-v3+ spreads a decode
 batch in "split" with grouped statistics, gathered by exact Tensor-engine transposes; v2's
 matmul transpose is not NaN-safe ("not bit-accurate if the input data contains NaN/Inf",
-general/nki/api/nki/isa/__init__.py@8a38e733 L1036-1041), and a row whose Σh² were summed
-from segments on other lanes would not be bitwise the row of a large batch. So a tile of
-R ≤ 32 rows (``SPREAD_TILE_ROWS``) is loaded twice, in two layouts:
+general/nki/api/nki/isa/__init__.py@8a38e733 L1036-1041; "isa" below), and a row whose
+Σh² were summed from segments on other lanes would not be bitwise the row of a large
+batch. So the batch, R ≤ 32 rows (``SPREAD_MAX_ROWS``), is loaded twice, in two layouts:
 
 * whole rows, one per partition, as "rows" has them: h (with a residual: x + residual,
   one Vector add), Σh² (``activation_reduce``), rstd (``rmsnorm_fwd_steps.rstd_from_sum``,
@@ -19,10 +19,13 @@ R ≤ 32 rows (``SPREAD_TILE_ROWS``) is loaded twice, in two layouts:
 
 rstd reaches the spread layout without arithmetic on another row's value: the Vector
 engine transposes the (R, 1) column into a row (``nc_transpose(engine=vector)``, a data
-movement, at most 32 × 32: isa L1026-1029), a K = 1 matmul of a ones row against it gives
-every partition all R values (1 · rstd: exact, Inf and NaN included, no zero meets them),
-``nl.where`` keeps on partition r·s + q only column r (a select, no arithmetic on the
-others: 0 elsewhere) and a Vector sum over the R columns adds those exact zeros to it.
+movement, at most 32 × 32: isa L1020-1041), a K = 1 matmul of a ones row against it gives
+every partition all R values (1 · rstd: exact, Inf and NaN included, no zero meets them;
+fp32 inputs, L874-876), ``nl.where`` keeps on partition r·s + q only column r (a select,
+no arithmetic on the others: 0 elsewhere; general/nki/api/nki/language/__init__.py L1775) and
+``nisa.tensor_reduce`` (isa L1565) adds those exact zeros to it. The 0/1 selector comes
+from ``nisa.iota`` (isa L553) of p − s·r, compared with 0 and s. Every construct predates
+SDK 2.21 (the simulator's release gating, ``simulate.core.sdk``, lists none of them).
 The product then runs once over the (R·s, F) tile: the Scalar engine scales h by rstd
 (fp32, or x̂ rounded to x's dtype), the Vector engine multiplies by the weight segments
 (fp32, one rounding) [+ bias], as "rows" multiplies by the weight the Tensor engine
@@ -33,36 +36,50 @@ values: y and h are bitwise those of "rows".
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 from nki_rmsnorm.kernels.legacy import rmsnorm_fwd_steps as steps
 from nki_rmsnorm.kernels.legacy.rmsnorm_fwd_split import segments_per_row
 from nki_rmsnorm.nki import nisa, nl
-from nki_rmsnorm.plan.forward import SPREAD_TILE_ROWS
+from nki_rmsnorm.plan.forward import SPREAD_MAX_ROWS
 from nki_rmsnorm.plan.kernel_assert import kernel_assert
 
 
-class _Resident(NamedTuple):
-    """On-chip tiles every row tile reads (see :func:`spread_rows`)."""
-
-    eps: float
-    scale: object  # weight segments, partition p segment p mod s, or None
-    shift: object  # bias segments likewise, or None
-    ones: object  # (1, parts) fp32 ones: rstd's broadcast
-    own_row: object  # (parts, R) uint8: 1 where column r is partition p's row (p // s)
-
-
 def spread_rows(plan, s, hbm, eps, offset):
-    """Decode rows of N = s·F columns, tiles of R = min(M, ``SPREAD_TILE_ROWS``) rows."""
-    M, N = hbm.x.shape
+    """R = M ≤ ``SPREAD_MAX_ROWS`` rows of N = s·F columns, segment q of row r on
+    partition r·s + q of the spread tile."""
+    R, N = hbm.x.shape
     F = N // s
-    R = min(M, SPREAD_TILE_ROWS)
     parts = R * s
+    residual = hbm.residual is not None
     weight = hbm.weight is not None
+    kernel_assert(R <= SPREAD_MAX_ROWS, "spread: at most 32 rows (one Vector transpose)")
     # NeuronCore-v2 multiplies by a weight in the "scalar" plan (plan.forward.make_plan)
     kernel_assert(
         not weight or plan.product_engine == "scalar", "spread: a weight needs the scalar plan"
     )
+
+    # Whole rows: h, Σh², rstd as "rows" computes them; rstd stored.
+    i_rows = nl.arange(R)[:, None]
+    i_n = nl.arange(N)[None, :]
+    h_rows = nl.ndarray((R, N), dtype=plan.h_dtype)
+    x_rows = nl.ndarray((R, N), dtype=plan.in_dtype) if residual else h_rows
+    steps.load_h(
+        h_rows,
+        x_rows,
+        hbm.x[i_rows, i_n],
+        hbm.residual[i_rows, i_n] if residual else None,
+        None,
+    )
+    # Spread: segment q of row r on partition r·s + q.
+    segs = nl.arange(parts)[:, None]
+    i_f = nl.arange(F)[None, :]
+
+    def spread(t):
+        return None if t is None else t.reshape((parts, F))[segs, i_f]
+
+    h_spread = nl.ndarray((parts, F), dtype=plan.h_dtype)
+    x_spread = nl.ndarray((parts, F), dtype=plan.in_dtype) if residual else h_spread
+    steps.load_h(h_spread, x_spread, spread(hbm.x), spread(hbm.residual), spread(hbm.h))
+    # the weight (−0 made +0) and bias segments, partition p segment p mod s
     scale = (
         segments_per_row(hbm.weight.reshape((s, F)), parts, plan.scale_dtype, offset)
         if weight
@@ -74,58 +91,24 @@ def spread_rows(plan, s, hbm, eps, offset):
         else None
     )
     # p − s·r lies in [0, s) exactly where r is partition p's row
-    offsets = nisa.iota(nl.arange(parts)[:, None] - s * nl.arange(R)[None, :], dtype=nl.int32)
+    offsets = nisa.iota(segs - s * nl.arange(R)[None, :], dtype=nl.int32)
     from_start = nisa.tensor_scalar(offsets, op0=nl.greater_equal, operand0=0, dtype=nl.uint8)
     before_end = nisa.tensor_scalar(offsets, op0=nl.less, operand0=s, dtype=nl.uint8)
     own_row = nisa.tensor_tensor(from_start, before_end, op=nl.multiply, dtype=nl.uint8)
-    resident = _Resident(eps, scale, shift, nl.full((1, parts), 1.0, dtype=nl.float32), own_row)
-    tiles = (M + R - 1) // R
-    for t in nl.static_range(tiles):
-        _spread_tile(plan, s, hbm, resident, t * R, min(R, M - t * R))
-
-
-def _spread_tile(plan, s, hbm, resident, r0, R):
-    """Rows r0 … r0 + R − 1."""
-    M, N = hbm.x.shape
-    F = N // s
-    parts = R * s
-    residual = hbm.residual is not None
-
-    # Whole rows: h, Σh², rstd as "rows" computes them; rstd stored.
-    i_rows = r0 + nl.arange(R)[:, None]
-    i_n = nl.arange(N)[None, :]
-    h_rows = nl.ndarray((R, N), dtype=plan.h_dtype)
-    x_rows = nl.ndarray((R, N), dtype=plan.in_dtype) if residual else h_rows
-    steps.load_h(
-        h_rows,
-        x_rows,
-        hbm.x[i_rows, i_n],
-        hbm.residual[i_rows, i_n] if residual else None,
-        None,
-    )
-    # Spread: segment q of row r0 + r on partition r·s + q.
-    segs = r0 * s + nl.arange(parts)[:, None]
-    i_f = nl.arange(F)[None, :]
-
-    def spread(t):
-        return None if t is None else t.reshape((M * s, F))[segs, i_f]
-
-    h_spread = nl.ndarray((parts, F), dtype=plan.h_dtype)
-    x_spread = nl.ndarray((parts, F), dtype=plan.in_dtype) if residual else h_spread
-    steps.load_h(h_spread, x_spread, spread(hbm.x), spread(hbm.residual), spread(hbm.h))
 
     squares = nl.ndarray((R, N), dtype=nl.bfloat16)
     sum_sq = nl.ndarray((R, 1), dtype=nl.float32)
     squares[...] = nisa.activation_reduce(
         op=nl.square, data=h_rows, reduce_op=nl.add, reduce_res=sum_sq, dtype=squares.dtype
     )
-    rstd = steps.rstd_from_sum(sum_sq, resident.eps, N, on_scalar=plan.product_engine != "scalar")
-    nl.store(hbm.rstd.reshape((M, 1))[i_rows, nl.arange(1)[None, :]], value=rstd)
+    rstd = steps.rstd_from_sum(sum_sq, eps, N, on_scalar=plan.product_engine != "scalar")
+    nl.store(hbm.rstd.reshape((R, 1))[i_rows, nl.arange(1)[None, :]], value=rstd)
 
     # rstd to its row's partitions: Vector transpose, ones-row broadcast, select, sum.
     rstd_row = nisa.nc_transpose(rstd, engine=nisa.vector_engine)
-    every_row = nisa.nc_matmul(resident.ones[:, 0:parts], rstd_row)
-    own = nl.where(resident.own_row[0:parts, 0:R], every_row, 0.0, dtype=nl.float32)
+    ones = nl.full((1, parts), 1.0, dtype=nl.float32)
+    every_row = nisa.nc_matmul(ones, rstd_row)
+    own = nl.where(own_row, every_row, 0.0, dtype=nl.float32)
     rstd_col = nisa.tensor_reduce(nl.add, own, axis=[1], dtype=nl.float32)
 
     # The product over the whole tile.
@@ -133,9 +116,7 @@ def _spread_tile(plan, s, hbm, resident, r0, R):
     product = (
         None if plan.product_dtype is None else nl.ndarray((parts, F), dtype=plan.product_dtype)
     )
-    scale = None if resident.scale is None else resident.scale[0:parts]
-    shift = None if resident.shift is None else resident.shift[0:parts]
-    if scale is not None:
+    if weight:
         # ACT h·rstd (fp32, or x̂ rounded); DVE ·w (fp32, one rounding) [+ bias]
         target = y_spread if shift is None else product
         scaled = nisa.activation(
