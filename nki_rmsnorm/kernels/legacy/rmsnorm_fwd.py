@@ -76,7 +76,8 @@ long     one 128-row tile of h kept on chip, in column chunks of 4 KiB of h
 two_pass not even one row tile fits: x (and the residual) are read twice.
 ======== =====================================================================================
 
-HBM traffic: every regime but two_pass reads x and the residual once and writes y, h and rstd
+HBM traffic: every regime but two_pass and spread (twice, for ≤ 32 rows) reads x and the
+residual once and writes y, h and rstd
 once; the weight and bias are read once ("rows"), three times at most ("split": the Tensor
 engine's moving rows, 2·N·e bytes) or once per row tile ("long": N·e bytes per 128 rows).
 

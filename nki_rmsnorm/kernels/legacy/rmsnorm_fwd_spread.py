@@ -96,7 +96,13 @@ def spread_rows(plan, s, hbm, eps, offset):
     before_end = nisa.tensor_scalar(offsets, op0=nl.less, operand0=s, dtype=nl.uint8)
     own_row = nisa.tensor_tensor(from_start, before_end, op=nl.multiply, dtype=nl.uint8)
 
-    squares = nl.ndarray((R, N), dtype=nl.bfloat16)
+    # the discarded squares overwrite h_rows where its dtype holds them (fp32's 8 exponent
+    # bits), else a bf16 scratch tile, as "rows" keeps them (Plan.squares_in)
+    squares = (
+        h_rows
+        if plan.h_dtype == nl.float32 or plan.h_dtype == nl.bfloat16
+        else nl.ndarray((R, N), dtype=nl.bfloat16)
+    )
     sum_sq = nl.ndarray((R, 1), dtype=nl.float32)
     squares[...] = nisa.activation_reduce(
         op=nl.square, data=h_rows, reduce_op=nl.add, reduce_res=sum_sq, dtype=squares.dtype
