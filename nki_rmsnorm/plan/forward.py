@@ -254,16 +254,19 @@ class Plan(NKIObject):
 
     def spread_bytes(self, n: int, segments: int) -> int:
         """Regime "spread", rows of ``segments`` segments: the whole-row tile for the
-        statistics (h, x with a residual, bf16 squares unless h's dtype holds them) and,
-        per partition, a segment of the spread tile (h, x, y and intermediates) and of the
-        weight and bias as loaded, converted and kept."""
+        statistics (h, x with a residual, bf16 squares unless h's dtype holds them) and the
+        result of one load into it (allocated before it is copied in), and, per partition,
+        a segment of the spread tile (h, x, y and intermediates) and of the weight and bias
+        (as loaded, then kept converted)."""
         whole = dtype_bytes(self.h_dtype)
+        loaded = whole
         if self.residual_dtype is not None:
             whole += dtype_bytes(self.in_dtype)
+            loaded = max(loaded, dtype_bytes(self.in_dtype))
         if str(self.h_dtype) == "float16":
             whole += BFLOAT16_BYTES
-        segment = self.row_bytes() + 3 * self.resident_bytes() + 2 * FLOAT32_BYTES
-        return n * whole + n // segments * segment + RESERVED_BYTES
+        segment = self.row_bytes() + self.resident_bytes() + 2 * FLOAT32_BYTES
+        return n * (whole + loaded) + n // segments * segment + RESERVED_BYTES
 
     def fits_spread(self, n: int, segments: int, budget: int) -> bool:
         return self.spread_bytes(n, segments) <= budget

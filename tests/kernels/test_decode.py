@@ -350,3 +350,42 @@ def test_non_finite_weight_stays_in_its_column_legacy(rng, target, M, N, dtype, 
     y = _run("legacy", target, x, w, None, None, "gemma")[0][0]
     rtol, atol = (2e-5, 1e-30) if dtype == FP32 else (1e-2, 4 * 2.0**-24)
     _check_nonfinite_weight(y, x, w, EPS, rtol, atol)
+
+
+@pytest.mark.parametrize(
+    "M, x_dtype, residual_dtype, bias",
+    [(1, BF16, None, False), (32, BF16, FP32, True), (29, FP16, FP32, True)],
+)
+def test_spread_within_sbuf_at_its_widest_rows(rng, M, x_dtype, residual_dtype, bias):
+    """At the widest N (step 64) the planner gives "spread" on trn1, the legacy kernel runs
+    within SBUF and matches the float64 reference (fp32 weight, offset, fp32 output)."""
+    spec = simulate.get_target("trn1")
+    budget = spec.sbuf_bytes_per_partition
+    plan = make_plan(
+        x_dtype, FP32, FP32 if bias else None, residual_dtype, 1.0, "gemma", FP32, FP32, BF16
+    )
+    N = max(
+        n for n in range(2048, 70000, 64) if choose_layout(plan, M, n, budget).regime == "spread"
+    )
+    x = rng.standard_normal((M, N)).astype(x_dtype)
+    w = rng.normal(0.0, 0.2, N).astype(FP32)
+    b = rng.normal(0.0, 0.5, N).astype(FP32) if bias else None
+    r = None if residual_dtype is None else rng.standard_normal((M, N)).astype(residual_dtype)
+    common = (w, b, EPS, 1.0, "gemma", FP32)
+    if r is None:
+        (y, rstd), trace = trace_launch(
+            kernels.kernel("rmsnorm_fwd", "legacy"), x, *common, target="trn1"
+        )
+        h = x.astype(np.float64)
+    else:
+        kernel = kernels.kernel("rmsnorm_add_fwd", "legacy")
+        (y, h_out, rstd), trace = trace_launch(kernel, x, r, *common, target="trn1")
+        h = (x.astype(np.float64) + r).astype(residual_dtype).astype(np.float64)
+        np.testing.assert_array_equal(h_out, h.astype(residual_dtype))
+    assert trace.sbuf_peak_bytes_per_partition <= budget
+    want_rstd = 1.0 / np.sqrt(np.mean(h * h, axis=1) + EPS)
+    want_y = h * want_rstd[:, None] * (w.astype(np.float64) + 1.0)
+    if b is not None:
+        want_y = want_y + b
+    np.testing.assert_allclose(rstd, want_rstd, rtol=2e-6)
+    np.testing.assert_allclose(y, want_y, rtol=2e-5, atol=1e-5)
