@@ -495,7 +495,10 @@ def convert_row(row, dtype, offset=0.0, mask=None):
 
 def broadcast_row(row_hbm, partitions, dtype, offset=0.0, mask=None):
     """Load a (1, F) HBM row, add ``offset``, convert to ``dtype`` and broadcast it to
-    ``partitions`` partitions (the compiler's ones-vector matmul)."""
+    ``partitions`` partitions (the compiler's ones-vector matmul). The tile method
+    ``broadcast_to`` is documented in SDK 2.21 (general/nki/api/nki/__init__.py@752349fd,
+    L425; the RMSNorm tutorial kernel, examples/rmsnorm/rmsnorm_nki_kernels.py@752349fd,
+    L64); the function ``nl.broadcast_to`` only from 2.22 (nki_rn.rst@8a38e733, L87)."""
     row = convert_row(nl.load(row_hbm, mask=mask), dtype, offset, mask)
     return row.broadcast_to((partitions, row.shape[1]))
 

@@ -12,7 +12,8 @@ dependencies are tracked per chunk of it.
 
 LNC: under ``kernel[2]`` the 128-row tiles are split between the two physical cores by
 ``nl.program_id(0)`` (core c a contiguous block, the last core the ragged tile, as
-``rmsnorm_fwd_rows``); each core keeps its own h buffer and reads the weight chunks itself.
+``rmsnorm_fwd_rows``); each core keeps its own h buffer and splits the weight into its own
+private HBM rows (``steps.weight_rows_in_hbm``).
 A row's instructions do not depend on its tile or core, so results are bitwise those of
 LNC=1.
 """

@@ -410,7 +410,8 @@ def weight_rows_in_hbm(plan, weight_hbm, offset=0.0):
     """:func:`weight_rows`' (pieces + 1, N) layout in private HBM, for the "long" regime,
     whose rows leave no room on chip for it: the weight split once per kernel
     (:func:`finite_parts`, 128 partitions and a tail), each column chunk then one DMA.
-    Private HBM for a kernel's scratch as AWS's kernels do
+    ``nl.private_hbm`` (aws-neuron-sdk@81ce03ae nki/api/nki.language.rst L270) for a
+    kernel's scratch, as AWS's kernels use it
     (nki-library@d2ad3a5 src/nkilib_src/nkilib/core/subkernels/indexed_flatten.py L123)."""
     pieces = plan.rstd_pieces
     size = 1
