@@ -7,7 +7,8 @@ fp32 partial column, summed by one ``tensor_reduce`` in chunk order), then an ou
 normalises it in chunks twice as wide where SBUF allows (the column chunks of one row tile
 share an HBM address range, so each store waits for the previous one, and wider stores
 amortise that) and stores them, loading the matching weight (and bias) chunk: x and
-the residual are read once, the weight once per row tile (N·e bytes per 128 rows).
+the residual are read once, the weight once per row tile (N·e bytes per 128 rows; the
+Tensor-engine product's four split rows, 4·N·e, after one split that writes them).
 Dependencies are tracked per chunk of the buffer, so the statistics pass of the next row
 tile refills chunk c as soon as the output pass of this one has read it. The row loop is a
 ``static_range``: its iterations rewrite the same buffer, which ``affine_range`` iterations
