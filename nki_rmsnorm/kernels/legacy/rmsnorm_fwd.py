@@ -187,8 +187,9 @@ def _plan(x, weight, bias, h_dtype, offset, casting_mode, out_dtype):
 def forward_body(plan, hbm, eps, offset):
     """Write y, rstd (and h) of ``hbm`` (a ``Tensors``): the code every entry point shares."""
     M, N = hbm.x.shape
-    # whole-row statistics (plan.forward.choose_layout says why); a per-head weight
-    # (heads, N): "packed" only, k rows per partition a multiple of heads
+    # the nki06 kernel's layouts (grouped statistics and decode "split" on NeuronCore-v3+),
+    # and "spread" for decode batches on v2; a per-head weight (heads, N): "packed" only,
+    # k rows per partition a multiple of heads
     heads = weight_heads(plan, None if hbm.weight is None else hbm.weight.shape, M, N)
     layout = choose_layout(plan, M, N, usable_sbuf_bytes(), heads=heads)
     if layout.regime == "rows":
