@@ -422,22 +422,22 @@ def choose_layout(
     n: int,
     budget: int,
     cores: int = 1,
-    grouped: bool = True,
     heads: int = 1,
 ) -> Layout:
     """The regime for an (m, n) input within ``budget`` SBUF bytes per partition. ``cores``:
     the physical cores the row tiles are shared among (2 under LNC=2), each of which should
     keep ``MIN_TILES`` tiles to pipeline; only the rows per partition of "rows" and
     "packed" depend on it, and they change no row's arithmetic. m picks between "split" and
-    "rows" only where the statistics are grouped (``statistic_groups``), where the two
-    compute each row alike. ``heads`` > 1: a per-head weight (heads, n), row r using
-    weight[r mod heads]; only "packed" takes it (:func:`packed_takes_heads`)."""
+    "rows" only where the statistics are grouped (``statistic_groups``), and between
+    "spread" and "rows" on NeuronCore-v2, where the two compute each row alike.
+    ``heads`` > 1: a per-head weight (heads, n), row r using weight[r mod heads]; only
+    "packed" takes it (:func:`packed_takes_heads`)."""
     if n * dtype_bytes(plan.h_dtype) <= PACKED_MAX_ROW_BYTES:
         return Layout(
             "packed",
             rows_per_partition=packed_rows_per_partition(plan, m, n, budget, cores, heads),
         )
-    groups = statistic_groups(plan, n, budget) if grouped else 0
+    groups = statistic_groups(plan, n, budget)
     decode_rows = DECODE_MAX_ROWS if plan.residual_dtype is None else DECODE_MAX_ROWS_FUSED
     if groups and m <= decode_rows * cores:
         return Layout("split", segments=groups)

@@ -88,17 +88,12 @@ def test_planner_spreads_small_batches_on_neuroncore_v2(N, M, segments):
 
 
 def test_planner_keeps_whole_row_statistics_elsewhere():
-    """trn1 (no exact transpose), rows too short to group or not divisible, and the legacy
-    kernels' plan (``grouped=False``): no groups."""
+    """trn1 (no exact transpose), rows too short to group or not divisible: no groups."""
     assert _layout("trn1", 1, 4096, BF16)[1] == 0
+    assert _layout("trn1", 8192, 4096, BF16)[0].groups == 0
     for N in (1, 127, 1000, 1536, 17389):
         layout, groups = _layout("trn2", 1, N, BF16)
         assert groups == 0 and layout.groups == 0, N
-    plan = make_plan(BF16, BF16, None, None, 0.0, "gemma", None, FP32, BF16, tensor_engine=True)
-    budget = simulate.get_target("trn2").sbuf_bytes_per_partition
-    for M in (1, 8192):
-        layout = choose_layout(plan, M, 4096, budget, grouped=False)
-        assert layout.regime == "rows" and layout.groups == 0
 
 
 def _edge_rows(x):
@@ -348,7 +343,7 @@ def test_non_finite_weight_stays_in_its_column_legacy(rng, target, M, N, dtype, 
         tensor_engine=simulate.get_target(target).nc_version >= 3,
     )
     budget = simulate.get_target(target).sbuf_bytes_per_partition
-    assert choose_layout(plan, M, N, budget, grouped=False).regime == regime
+    assert choose_layout(plan, M, N, budget).regime == regime
     y = _run("legacy", target, x, w, None, None, "gemma")[0][0]
     rtol, atol = (2e-5, 1e-30) if dtype == FP32 else (1e-2, 4 * 2.0**-24)
     _check_nonfinite_weight(y, x, w, EPS, rtol, atol)
