@@ -113,9 +113,12 @@ DECODE_MAX_ROWS = 32
 #: per physical core: under LNC=2 the split tiles are shared by the two cores (trn2 LNC=2
 #: forward 64 × 4096: 14.9 against 20.8 µs for the one 64-row tile of "rows").
 DECODE_MAX_ROWS_FUSED = 64
-#: NeuronCore-v2 (no exact transpose, so no grouped statistics) runs batches of at most
-#: this many rows, with or without a residual, in "spread": whole-row statistics, the
-#: product and the stores spread over up to 128 partitions, in one tile (the Vector
+#: Where the statistics are not grouped (NeuronCore-v2, and the legacy kernels, whose row
+#: tiles run one after the other: grouping costs them every large shape, modeled trn2
+#: legacy bf16 forward 2048 x 4096 110.1 -> 114.6 µs, fused add 237.4 -> 241.6), batches of
+#: at most this many rows of N that "rows" holds (whose whole-row statistics it repeats),
+#: with or without a residual, run "spread": whole-row statistics,
+#: the product and the stores spread over up to 128 partitions, in one tile (the Vector
 #: engine transposes rstd, at most 32 x 32: general/nki/api/nki/isa/__init__.py@8a38e733
 #: L1026-1029). Two tiles lose to "rows", which adds x and the residual in one pass
 #: (modeled trn1 bf16 fused add 64 x 8192: 64.6 against 50.3 µs; 32 x 8192 43.0 / 50.3).
@@ -422,14 +425,16 @@ def choose_layout(
     n: int,
     budget: int,
     cores: int = 1,
+    grouped: bool = True,
     heads: int = 1,
 ) -> Layout:
     """The regime for an (m, n) input within ``budget`` SBUF bytes per partition. ``cores``:
     the physical cores the row tiles are shared among (2 under LNC=2), each of which should
     keep ``MIN_TILES`` tiles to pipeline; only the rows per partition of "rows" and
     "packed" depend on it, and they change no row's arithmetic. m picks between "split" and
-    "rows" only where the statistics are grouped (``statistic_groups``), and between
-    "spread" and "rows" on NeuronCore-v2, where the two compute each row alike.
+    "rows" only where the statistics are grouped (``statistic_groups``; ``grouped``: the
+    dialect groups them, the nki06 kernels), and between "spread" and "rows" where they
+    are not (NeuronCore-v2, the legacy kernels), where the two compute each row alike.
     ``heads`` > 1: a per-head weight (heads, n), row r using weight[r mod heads]; only
     "packed" takes it (:func:`packed_takes_heads`)."""
     if n * dtype_bytes(plan.h_dtype) <= PACKED_MAX_ROW_BYTES:
@@ -437,15 +442,16 @@ def choose_layout(
             "packed",
             rows_per_partition=packed_rows_per_partition(plan, m, n, budget, cores, heads),
         )
-    groups = statistic_groups(plan, n, budget)
+    groups = statistic_groups(plan, n, budget) if grouped else 0
     decode_rows = DECODE_MAX_ROWS if plan.residual_dtype is None else DECODE_MAX_ROWS_FUSED
     if groups and m <= decode_rows * cores:
         return Layout("split", segments=groups)
     segments = spread_segments(n, m)
     if (
-        not plan.exact_transpose
+        (not plan.exact_transpose or not grouped)
         and segments > 1
         and m <= SPREAD_MAX_ROWS
+        and plan.fits_rows(n, 1, budget)
         and plan.fits_spread(n, segments, budget)
     ):
         return Layout("spread", segments=segments)

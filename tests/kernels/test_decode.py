@@ -4,10 +4,9 @@ regime, each row over G partitions, and larger batches "rows" with the same grou
 statistics. The batch invariance this must keep: a row's y, h and rstd are bitwise the same
 in a batch of one row, of 29 rows and of 200 rows, for every kernel dtype, casting mode and
 option, including rows of Inf, NaN, zeros and extreme magnitudes; and N not a multiple of
-128 (17389, 127, 1) against the float64 reference. The legacy kernels take the same layouts
-(grouped "rows" and decode "split" on NeuronCore-v3+) and run the same checks; on trn1
-(no exact transpose, legacy only) the statistics stay whole and decode batches run
-"spread" (``rmsnorm_fwd_spread``), bitwise "rows" too."""
+128 (17389, 127, 1) against the float64 reference. The legacy kernels keep whole-row
+statistics on every target (``choose_layout(..., grouped=False)``) and run decode batches
+in "spread" (``rmsnorm_fwd_spread``), bitwise "rows" too; the same checks run for them."""
 
 from __future__ import annotations
 
@@ -33,7 +32,9 @@ FP32, FP16 = np.dtype(np.float32), np.dtype(np.float16)
 EPS = 1e-6
 
 
-def _layout(target, M, N, dtype, residual=None):
+def _layout(target, M, N, dtype, residual=None, grouped=True):
+    """(layout, G) the planner gives; ``grouped``: the nki06 kernels' plan (the legacy
+    kernels pass False)."""
     spec = simulate.get_target(target)
     plan = make_plan(
         dtype,
@@ -48,7 +49,7 @@ def _layout(target, M, N, dtype, residual=None):
         tensor_engine=spec.nc_version >= 3,
     )
     budget = spec.sbuf_bytes_per_partition
-    return choose_layout(plan, M, N, budget), statistic_groups(plan, N, budget)
+    return choose_layout(plan, M, N, budget, grouped=grouped), statistic_groups(plan, N, budget)
 
 
 @pytest.mark.parametrize("target", ["trn2", "trn3"])
@@ -88,12 +89,18 @@ def test_planner_spreads_small_batches_on_neuroncore_v2(N, M, segments):
 
 
 def test_planner_keeps_whole_row_statistics_elsewhere():
-    """trn1 (no exact transpose), rows too short to group or not divisible: no groups."""
+    """trn1 (no exact transpose), rows too short to group or not divisible, and the legacy
+    kernels' plan (``grouped=False``: whole-row statistics, decode batches in "spread"):
+    no groups."""
     assert _layout("trn1", 1, 4096, BF16)[1] == 0
     assert _layout("trn1", 8192, 4096, BF16)[0].groups == 0
     for N in (1, 127, 1000, 1536, 17389):
         layout, groups = _layout("trn2", 1, N, BF16)
         assert groups == 0 and layout.groups == 0, N
+    for target in ("trn2", "trn3"):
+        assert _layout(target, 1, 4096, BF16, grouped=False)[0].regime == "spread"
+        layout = _layout(target, 8192, 4096, BF16, grouped=False)[0]
+        assert layout.regime == "rows" and layout.groups == 0
 
 
 def _edge_rows(x):
@@ -147,9 +154,10 @@ def test_row_results_do_not_depend_on_the_batch(kernel_dialect, rng, case):
     b = rng.normal(0.0, 0.5, N).astype(FP32) if bias else None
     r = None if residual_dtype is None else rng.standard_normal((200, N)).astype(residual_dtype)
     residual = None if r is None else r.dtype
-    assert _layout(target, 200, N, dtype, residual)[0].regime == "rows"
-    decode = "spread" if target == "trn1" else "split"
-    assert _layout(target, 29, N, dtype, residual)[0].regime == decode
+    grouped = kernel_dialect == "nki06"
+    assert _layout(target, 200, N, dtype, residual, grouped)[0].regime == "rows"
+    decode = "split" if grouped else "spread"
+    assert _layout(target, 29, N, dtype, residual, grouped)[0].regime == decode
     big, _ = _run(kernel_dialect, target, x, w, b, r, mode)
     for M in (1, 29):
         small_r = None if r is None else r[:M].copy()
@@ -343,7 +351,7 @@ def test_non_finite_weight_stays_in_its_column_legacy(rng, target, M, N, dtype, 
         tensor_engine=simulate.get_target(target).nc_version >= 3,
     )
     budget = simulate.get_target(target).sbuf_bytes_per_partition
-    assert choose_layout(plan, M, N, budget).regime == regime
+    assert choose_layout(plan, M, N, budget, grouped=False).regime == regime
     y = _run("legacy", target, x, w, None, None, "gemma")[0][0]
     rtol, atol = (2e-5, 1e-30) if dtype == FP32 else (1e-2, 4 * 2.0**-24)
     _check_nonfinite_weight(y, x, w, EPS, rtol, atol)
@@ -354,8 +362,9 @@ def test_non_finite_weight_stays_in_its_column_legacy(rng, target, M, N, dtype, 
     [(1, BF16, None, False), (32, BF16, FP32, True), (29, FP16, FP32, True)],
 )
 def test_spread_within_sbuf_at_its_widest_rows(rng, M, x_dtype, residual_dtype, bias):
-    """At the widest N (step 64) the planner gives "spread" on trn1, the legacy kernel runs
-    within SBUF and matches the float64 reference (fp32 weight, offset, fp32 output)."""
+    """At the widest N (step 64) the planner gives "spread" on trn1, "rows" takes a large
+    batch of it, the legacy kernel runs within SBUF and matches the float64 reference
+    (fp32 weight, offset, fp32 output)."""
     spec = simulate.get_target("trn1")
     budget = spec.sbuf_bytes_per_partition
     plan = make_plan(
@@ -364,6 +373,8 @@ def test_spread_within_sbuf_at_its_widest_rows(rng, M, x_dtype, residual_dtype, 
     N = max(
         n for n in range(2048, 70000, 64) if choose_layout(plan, M, n, budget).regime == "spread"
     )
+    # only where "rows" holds the row whole, whose statistics "spread" repeats
+    assert choose_layout(plan, 4096, N, budget).regime == "rows"
     x = rng.standard_normal((M, N)).astype(x_dtype)
     w = rng.normal(0.0, 0.2, N).astype(FP32)
     b = rng.normal(0.0, 0.5, N).astype(FP32) if bias else None

@@ -112,15 +112,16 @@ def _run(x, weight=None, bias=None, residual=None, eps=EPS, offset=0.0, casting_
     return trace_launch(kernel, *args, target=target)
 
 
-def _layout(inputs, casting_mode="gemma", target=None):
+def _layout(inputs, casting_mode="gemma", target=None, grouped=True):
     """The layout the kernel picks for ``inputs`` on ``target`` (default: the dialect's test
-    target, ``helpers.DEFAULT_TARGETS``) (pure Python)."""
+    target, ``helpers.DEFAULT_TARGETS``) (pure Python); ``grouped=False``: the legacy
+    kernels' (whole-row statistics, decode batches in "spread")."""
     x, w, b, r = (inputs[k] for k in ("x", "weight", "bias", "residual"))
     spec = simulate.get_target(target or default_target())
     plan = make_plan(x.dtype, None if w is None else w.dtype, None if b is None else b.dtype,
                      None if r is None else r.dtype, inputs["offset"], casting_mode, None,
                      FP32, BF16, tensor_engine=spec.nc_version >= 3)
-    return choose_layout(plan, *x.shape, spec.sbuf_bytes_per_partition)
+    return choose_layout(plan, *x.shape, spec.sbuf_bytes_per_partition, grouped=grouped)
 
 
 def _streamed_bytes(inputs):

@@ -40,9 +40,11 @@ convention and ``activation_reduce`` / ``scalar_tensor_tensor`` / ``get_nc_versi
 documented per-generation figure before, ``nki_rmsnorm.nki.usable_sbuf_bytes``).
 
 Regimes (``rmsnorm_fwd_plan.choose_layout``; decided from N, the dtypes, the options and the
-target, never from the data; M only sets the rows per partition of "rows" and "packed" and,
-sends a decode batch to "split" where the row statistics are grouped and to "spread" on
-NeuronCore-v2; both dialects take the same layout, see ``plan.forward.choose_layout``):
+target, never from the data; M only sets the rows per partition of "rows" and "packed" and
+sends a batch of ≤ 32 rows to "spread", which computes each row as "rows" does; the nki06
+kernel's grouped statistics and decode batches in "split" are not used here: this
+kernel's row tiles run one after the other, and grouping would cost every large shape,
+see ``plan.forward.choose_layout``):
 
 ======== =====================================================================================
 rows     whole rows, double-buffered, with the weight (and bias) on chip for the whole kernel:
@@ -58,19 +60,12 @@ split    NeuronCore-v3+ only, rows too long for "rows": each row spread over s p
          (s a power of two ≤ 32 dividing N, the smallest that makes a segment ≤ 8 KiB of h),
          so a tile is R = 128 / s whole rows, one contiguous DMA (``rmsnorm_fwd_split``).
          Σh² per segment, combined across partitions by exact Tensor-engine transposes.
-         Also decode batches (≤ 32 rows, 64 with a residual) where the statistics are
-         grouped (NeuronCore-v3+, N with a power-of-two divisor leaving groups of ≥ 1024
-         columns, ``plan.forward.statistic_groups``): "rows" then sums each row's Σh² from
-         G ≤ 32 group sums (ACT per group, one DVE ``nl.sum``), and "split" runs s = G
-         segments per row, the same instructions on the same values, so a row's outputs
-         are bitwise those of any batch; a batch uses G times the partitions (and DMA
-         engines).
-spread   NeuronCore-v2 (trn1, inf2) batches of ≤ 32 rows (with or without a residual; N
-         with an even divisor): whole-row statistics as "rows" on a whole-row tile, and
-         the product, h and y on a second load of the rows spread as in "split" (s
-         segments per row, R·s ≤ 128 partitions); rstd moves there by a Vector transpose, a
-         K = 1 ones-row matmul and a select, never a matmul transpose, which is not
-         NaN-safe on v2 (``rmsnorm_fwd_spread``). Bitwise "rows".
+spread   decode batches, every target: ≤ 32 rows (with or without a residual), N with an
+         even divisor, the whole-row tile fits: whole-row statistics as "rows" on a
+         whole-row tile, and the product, h and y on a second load of the rows spread as
+         in "split" (s segments per row, R·s ≤ 128 partitions); rstd moves there by a
+         Vector transpose, a K = 1 ones-row matmul and a select, never a matmul transpose
+         (not NaN-safe on v2) (``rmsnorm_fwd_spread``). Bitwise "rows".
 long     one 128-row tile of h kept on chip, in column chunks of 4 KiB of h
          (``rmsnorm_fwd_long``): NeuronCore-v2, or N with no usable power-of-two factor.
 two_pass not even one row tile fits: x (and the residual) are read twice.
@@ -187,13 +182,13 @@ def _plan(x, weight, bias, h_dtype, offset, casting_mode, out_dtype):
 def forward_body(plan, hbm, eps, offset):
     """Write y, rstd (and h) of ``hbm`` (a ``Tensors``): the code every entry point shares."""
     M, N = hbm.x.shape
-    # the nki06 kernel's layouts (grouped statistics and decode "split" on NeuronCore-v3+),
-    # and "spread" for decode batches on v2; a per-head weight (heads, N): "packed" only,
-    # k rows per partition a multiple of heads
+    # whole-row statistics (its row tiles run one after the other: grouped statistics would
+    # cost whole-row tiles, plan.forward.choose_layout), decode batches in "spread"; a
+    # per-head weight (heads, N): "packed" only, k rows per partition a multiple of heads
     heads = weight_heads(plan, None if hbm.weight is None else hbm.weight.shape, M, N)
-    layout = choose_layout(plan, M, N, usable_sbuf_bytes(), heads=heads)
+    layout = choose_layout(plan, M, N, usable_sbuf_bytes(), grouped=False, heads=heads)
     if layout.regime == "rows":
-        rows_resident(plan, layout.rows_per_partition, hbm, eps, offset, layout.groups)
+        rows_resident(plan, layout.rows_per_partition, hbm, eps, offset)
     elif layout.regime == "packed":
         packed_rows(plan, layout.rows_per_partition, heads, hbm, eps, offset)
     elif layout.regime == "split":

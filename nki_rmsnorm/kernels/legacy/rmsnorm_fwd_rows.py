@@ -17,9 +17,8 @@ from nki_rmsnorm.nki import nisa, nl
 from nki_rmsnorm.plan.forward import RowsResident, RowViews
 
 
-def rows_resident(plan, k, hbm, eps, offset, groups=0):
-    """Every row read once and written once; tiles of ``k`` rows per partition, Σh² of each
-    row from ``groups`` group sums (``plan.forward.statistic_groups``; 0: the whole row)."""
+def rows_resident(plan, k, hbm, eps, offset):
+    """Every row read once and written once; tiles of ``k`` rows per partition."""
     M, N = hbm.x.shape
     P = nl.tile_size.pmax
     parts = min(P, M)
@@ -56,18 +55,18 @@ def rows_resident(plan, k, hbm, eps, offset, groups=0):
         ),
         hbm.rstd.reshape((M // k, k)),
     )
-    row_groups = M // k
-    full_tiles = row_groups // P
+    groups = M // k
+    full_tiles = groups // P
     for t in nl.affine_range(full_tiles):
-        _row_tile(plan, views, resident, eps, t * P, P, k, N, groups)
-    if row_groups % P:
-        _row_tile(plan, views, resident, eps, full_tiles * P, row_groups % P, k, N, groups)
+        _row_tile(plan, views, resident, eps, t * P, P, k, N)
+    if groups % P:
+        _row_tile(plan, views, resident, eps, full_tiles * P, groups % P, k, N)
 
 
-def _row_tile(plan, views, resident, eps, group0, parts, k, N, groups):
+def _row_tile(plan, views, resident, eps, group0, parts, k, N):
     """Rows ``k·group0 … k·(group0 + parts) − 1``, k consecutive rows per partition."""
     i_p = nl.arange(parts)[:, None]
-    rows_of = group0 + i_p
+    groups = group0 + i_p
     i_f = nl.arange(k * N)[None, :]
     i_k = nl.arange(k)[None, :]
 
@@ -84,9 +83,9 @@ def _row_tile(plan, views, resident, eps, group0, parts, k, N, groups):
     steps.load_h(
         h_tile,
         x_tile,
-        views.x[rows_of, i_f],
-        views.residual[rows_of, i_f] if residual else None,
-        views.h[rows_of, i_f] if residual else None,
+        views.x[groups, i_f],
+        views.residual[groups, i_f] if residual else None,
+        views.h[groups, i_f] if residual else None,
     )
     # llama / none round x̂ into a tile of x's dtype that is no longer needed
     xhat_tile = x_tile
@@ -99,19 +98,15 @@ def _row_tile(plan, views, resident, eps, group0, parts, k, N, groups):
     squares = nl.ndarray((parts, k * N), dtype=nl.bfloat16) if squares is None else squares
 
     # ACT: Σh² per row (the squares themselves are discarded), then rstd; DMA rstd out.
-    # Grouped: ACT Σ per group, DVE the groups' sum (steps.grouped_sum).
     sum_sq = nl.ndarray((parts, k), dtype=nl.float32)
     for j in nl.static_range(k):
-        if groups:
-            steps.grouped_sum(row(squares, j), row(h_tile, j), groups, sum_sq[:, j : j + 1])
-        else:
-            row(squares, j)[...] = nisa.activation_reduce(
-                op=nl.square,
-                data=row(h_tile, j),
-                reduce_op=nl.add,
-                reduce_res=sum_sq[:, j : j + 1],
-                dtype=squares.dtype,
-            )
+        row(squares, j)[...] = nisa.activation_reduce(
+            op=nl.square,
+            data=row(h_tile, j),
+            reduce_op=nl.add,
+            reduce_res=sum_sq[:, j : j + 1],
+            dtype=squares.dtype,
+        )
     # NeuronCore-v3+ (``exact_transpose``): v = Σh²/n + eps on ACT, GpSimd's rsqrt of it
     # (two instructions for all k rows, off the Vector engine's product), with or without
     # a weight. NeuronCore-v2: the Newton-refined chain, on ACT unless ACT carries the product.
@@ -120,7 +115,7 @@ def _row_tile(plan, views, resident, eps, group0, parts, k, N, groups):
         if plan.exact_transpose
         else steps.rstd_from_sum(sum_sq, eps, N, on_scalar=plan.product_engine != "scalar")
     )
-    nl.store(views.rstd[rows_of, i_k], value=rstd_tile)
+    nl.store(views.rstd[groups, i_k], value=rstd_tile)
 
     shift = None if resident.shift is None else resident.shift[:parts]
     if plan.product_engine == "tensor":
@@ -161,4 +156,4 @@ def _row_tile(plan, views, resident, eps, group0, parts, k, N, groups):
                 shift,
                 row(product, j),
             )
-    steps.store_y(plan, views.y[rows_of, i_f], y_tile)
+    steps.store_y(plan, views.y[groups, i_f], y_tile)

@@ -1,17 +1,20 @@
-"""Forward regime "spread": decode batches on NeuronCore-v2 (trn1, inf2), each row's columns
-spread over s partitions for its product and its stores, its statistics taken whole.
+"""Forward regime "spread": decode batches of the legacy kernels (trn1, inf2, and trn2 on SDK
+<= 2.29), each row's columns spread over s partitions for its product and its stores, its
+statistics taken whole.
 
 One row per partition ("rows") keeps M of the 128 partitions, M / 8 of the 16 DMA engines,
-busy and runs every step over a whole row on one lane. NeuronCore-v3+ spreads a decode
-batch in "split" with grouped statistics, gathered by exact Tensor-engine transposes; v2's
-matmul transpose is not NaN-safe ("not bit-accurate if the input data contains NaN/Inf",
-general/nki/api/nki/isa/__init__.py@8a38e733 L1036-1041; "isa" below), and a row whose
-Σh² were summed from segments on other lanes would not be bitwise the row of a large
-batch. So the batch, R ≤ 32 rows (``SPREAD_MAX_ROWS``), is loaded twice, in two layouts:
+busy and runs every step over a whole row on one lane. The nki06 kernel spreads a decode
+batch in "split" with grouped statistics, which every "rows" tile then pays for too (this
+kernel's row tiles run one after the other: trn2 bf16 2048 x 4096 110.1 -> 114.6 µs), and
+NeuronCore-v2 cannot gather segment sums at all: its matmul transpose is not NaN-safe
+("not bit-accurate if the input data contains NaN/Inf",
+general/nki/api/nki/isa/__init__.py@8a38e733 L1036-1041; "isa" below). A row whose Σh²
+were summed from segments on other lanes would not be bitwise the row of a large batch.
+So the batch, R ≤ 32 rows (``SPREAD_MAX_ROWS``), is loaded twice, in two layouts:
 
 * whole rows, one per partition, as "rows" has them: h (with a residual: x + residual,
-  one Vector add), Σh² (``activation_reduce``), rstd (``rmsnorm_fwd_steps.rstd_from_sum``,
-  the chain "rows" runs on this target) and the rstd store are the "rows" regime's
+  one Vector add), Σh² (``activation_reduce``), rstd (the chain "rows" runs on the target:
+  GpSimd's rsqrt on v3+, the Newton-refined one on v2) and the rstd store are the "rows" regime's
   instructions on the same values, so every row's rstd is bitwise that of any batch;
 * spread as in "split": segment q (columns q·F … q·F + F − 1, N = s·F) of row r on
   partition r·s + q, R·s ≤ 128 partitions, one contiguous DMA over up to 16 DMA engines
@@ -26,12 +29,14 @@ no arithmetic on the others: 0 elsewhere; general/nki/api/nki/language/__init__.
 ``nisa.tensor_reduce`` (isa L1565) adds those exact zeros to it. The 0/1 selector comes
 from ``nisa.iota`` (isa L553) of p − s·r, compared with 0 and s. Every construct predates
 SDK 2.21 (the simulator's release gating, ``simulate.core.sdk``, lists none of them).
-The product then runs once over the (R·s, F) tile: the Scalar engine scales h by rstd
-(fp32, or x̂ rounded to x's dtype), the Vector engine multiplies by the weight segments
-(fp32, one rounding) [+ bias], as "rows" multiplies by the weight the Tensor engine
-broadcasts into PSUM (whose −0 comes out +0 there, so the segments' −0 is made +0); without
-a weight ``rmsnorm_fwd_steps.normalize``. Elementwise, the same arithmetic on the same
-values: y and h are bitwise those of "rows".
+The product then runs once over the (R·s, F) tile against the weight segments, as the
+"rows" plan of the target rounds it: "scalar" (v2) the Scalar engine scales h by rstd
+(fp32, or x̂ rounded to x's dtype) and the Vector engine multiplies by the weight (fp32,
+one rounding), as "rows" multiplies by the weight the Tensor engine broadcasts into PSUM
+(whose −0 comes out +0, so the segments' −0 is made +0); "tensor" (v3+ gemma) one Vector
+(w · rstd) · h, rounded as "rows"' h · (rstd ⊗ w) (``rmsnorm_fwd_split`` says why);
+"vector" ``rmsnorm_fwd_steps.normalize`` against the weight as loaded; [+ bias].
+Elementwise, the same arithmetic on the same values: y and h are bitwise those of "rows".
 """
 
 from __future__ import annotations
@@ -52,10 +57,6 @@ def spread_rows(plan, s, hbm, eps, offset):
     residual = hbm.residual is not None
     weight = hbm.weight is not None
     kernel_assert(R <= SPREAD_MAX_ROWS, "spread: at most 32 rows (one Vector transpose)")
-    # NeuronCore-v2 multiplies by a weight in the "scalar" plan (plan.forward.make_plan)
-    kernel_assert(
-        not weight or plan.product_engine == "scalar", "spread: a weight needs the scalar plan"
-    )
 
     # Whole rows: h, Σh², rstd as "rows" computes them; rstd stored.
     i_rows = nl.arange(R)[:, None]
@@ -81,7 +82,13 @@ def spread_rows(plan, s, hbm, eps, offset):
     steps.load_h(h_spread, x_spread, spread(hbm.x), spread(hbm.residual), spread(hbm.h))
     # the weight (−0 made +0) and bias segments, partition p segment p mod s
     scale = (
-        segments_per_row(hbm.weight.reshape((s, F)), parts, plan.scale_dtype, offset)
+        segments_per_row(
+            hbm.weight.reshape((s, F)),
+            parts,
+            plan.scale_dtype,
+            offset,
+            positive_zeros=plan.product_engine != "vector",
+        )
         if weight
         else None
     )
@@ -107,7 +114,11 @@ def spread_rows(plan, s, hbm, eps, offset):
     squares[...] = nisa.activation_reduce(
         op=nl.square, data=h_rows, reduce_op=nl.add, reduce_res=sum_sq, dtype=squares.dtype
     )
-    rstd = steps.rstd_from_sum(sum_sq, eps, N, on_scalar=plan.product_engine != "scalar")
+    rstd = (
+        steps.rstd_on_gpsimd(sum_sq, eps, N)
+        if plan.exact_transpose
+        else steps.rstd_from_sum(sum_sq, eps, N, on_scalar=plan.product_engine != "scalar")
+    )
     nl.store(hbm.rstd.reshape((R, 1))[i_rows, nl.arange(1)[None, :]], value=rstd)
 
     # rstd to its row's partitions: Vector transpose, ones-row broadcast, select, sum.
@@ -122,7 +133,20 @@ def spread_rows(plan, s, hbm, eps, offset):
     product = (
         None if plan.product_dtype is None else nl.ndarray((parts, F), dtype=plan.product_dtype)
     )
-    if weight:
+    if weight and plan.product_engine == "tensor":
+        # DVE (w · rstd) · h, rounded as "rows"' h · (rstd ⊗ w) (rmsnorm_fwd_split says why)
+        target = y_spread if shift is None else product
+        target[...] = nisa.scalar_tensor_tensor(
+            data=scale,
+            op0=nl.multiply,
+            operand0=rstd_col,
+            op1=nl.multiply,
+            operand1=h_spread,
+            dtype=target.dtype,
+        )
+        if shift is not None:
+            y_spread[...] = nisa.tensor_tensor(product, shift, op=nl.add, dtype=y_spread.dtype)
+    elif weight and plan.product_engine == "scalar":
         # ACT h·rstd (fp32, or x̂ rounded); DVE ·w (fp32, one rounding) [+ bias]
         target = y_spread if shift is None else product
         scaled = nisa.activation(
@@ -135,5 +159,5 @@ def spread_rows(plan, s, hbm, eps, offset):
         if shift is not None:
             y_spread[...] = nisa.tensor_tensor(product, shift, op=nl.add, dtype=y_spread.dtype)
     else:
-        steps.normalize(plan, y_spread, h_spread, rstd_col, x_spread, None, shift, product)
+        steps.normalize(plan, y_spread, h_spread, rstd_col, x_spread, scale, shift, product)
     steps.store_y(plan, spread(hbm.y), y_spread)

@@ -675,23 +675,3 @@ def _multiply(dst, data, row_scale, scale, mask):
             dtype=dst.dtype,
             mask=mask,
         )
-
-
-def grouped_sum(squares, h, groups, sum_sq):
-    """Σh² of each partition's row ``h`` (parts, n) into ``sum_sq`` (parts, 1), grouped
-    (``nki_rmsnorm.plan.forward.GROUP_MIN_COLUMNS``): ACT Σ of each of the ``groups``
-    column groups (the squares go to ``squares``, discarded), DVE their sum in group order
-    (``nl.sum`` over the groups): the instructions the "split" regime runs on a row's
-    segments."""
-    parts, n = h.shape
-    width = n // groups
-    sums = nl.ndarray((parts, groups), dtype=nl.float32)
-    for g in nl.static_range(groups):
-        squares[:, g * width : (g + 1) * width] = nisa.activation_reduce(
-            op=nl.square,
-            data=h[:, g * width : (g + 1) * width],
-            reduce_op=nl.add,
-            reduce_res=sums[:, g : g + 1],
-            dtype=squares.dtype,
-        )
-    sum_sq[...] = nl.sum(sums, axis=[1], dtype=nl.float32)
