@@ -2380,6 +2380,64 @@ def _mx_round_trip(layout):
     return (values.astype(np.float64) * scale).reshape(layout.shape)
 
 
+def _moe_mx_expert_output(x, gate_up, gate_up_scale, down, down_scale):
+    """One MX expert on bf16 tokens x [T, H] (float64): down(silu(x @ gate) · (x @ up)), x
+    quantized online to MXFP8 e4m3fn with H split as [4, H/512, 128] onto (lane, tile,
+    partition) (AWS's own torch reference, core/moe/moe_tkg/moe_tkg_torch.py L366), and the
+    bf16 intermediate in its [128, I/512, T, 4] layout with I = 512c + 128q + p
+    (gate_up_projection_mx_shard_H.py L165-170). gate_up [128, 2, H/512, I, 4] and down
+    [128, I/512, H, 4] are the unpacked MXFP4 values with their e8m0 scales."""
+    tokens, hidden = x.shape
+    h_tiles, i_tiles = hidden // 512, down.shape[1]
+    x_q = _mx_round_trip(
+        x.astype(np.float64).reshape(tokens, 4, h_tiles, 128).transpose(3, 2, 0, 1)
+    )
+    gate, up = (
+        np.einsum("pjtq,pjiq->ti", x_q, _mx_dequantize_layout(gate_up[:, g], gate_up_scale[:, g]))
+        for g in (0, 1)
+    )
+    inter_values = (_silu(gate) * up).astype(BF16).astype(np.float64)  # bf16 compute
+    layout = inter_values.reshape(tokens, i_tiles, 4, 128).transpose(3, 1, 0, 2)
+    return np.einsum(
+        "pctq,pchq->th", _mx_round_trip(layout), _mx_dequantize_layout(down, down_scale)
+    )
+
+
+def _check_mx_output(out, expected):
+    """MX quantization of bf16 values the kernel rounds differently from float64 moves a few
+    elements by one e4m3 ulp (2^-3): measured 1.5 % of the output's rms (rms of the error),
+    17 % at worst; wrong layouts or scales are off by ~100 %."""
+    rms = float(np.sqrt((expected**2).mean()))
+    actual = np.asarray(out).astype(np.float64)
+    assert np.isfinite(actual).all()
+    error = np.abs(actual - expected)
+    assert np.sqrt((error**2).mean()) <= 0.04 * rms and error.max() <= 0.3 * rms, (
+        np.sqrt((error**2).mean()) / rms,
+        error.max() / rms,
+    )
+
+
+def _moe_mx_weights(rng, local_experts, hidden, inter):
+    """MXFP4 gate/up [E_L, 128, 2, H/512, I, 4] and down [E_L, 128, I/512, H, 4] values over
+    their whole range, with e8m0 scales [E_L, 16, 2, H/512, I] and [E_L, 16, I/512, H]."""
+    shape = (local_experts, 128, 2, hidden // 512, inter)
+    gate_up = _mx_values(rng, shape + (4,), ml_dtypes.float4_e2m1fn)
+    gate_up_scale = rng.integers(118, 122, (local_experts, 16) + shape[2:]).astype(np.uint8)
+    down_shape = (local_experts, 128, inter // 512, hidden)
+    down = _mx_values(rng, down_shape + (4,), ml_dtypes.float4_e2m1fn)
+    down_scale = rng.integers(118, 122, (local_experts, 16) + down_shape[2:]).astype(np.uint8)
+    return gate_up, gate_up_scale, down, down_scale
+
+
+def _pack_moe_mx_weights(gate_up, down):
+    from simulate.core.dtypes import pack_x4
+
+    return (
+        pack_x4(gate_up.reshape(gate_up.shape[:-2] + (-1,)), "float4_e2m1fn_x4"),
+        pack_x4(down.reshape(down.shape[:-2] + (-1,)), "float4_e2m1fn_x4"),
+    )
+
+
 @pytest.mark.parametrize(
     "tokens, hidden, inter, local_experts, rank",
     [(32, 512, 512, 1, 0), (64, 1024, 512, 2, 1)],
@@ -2388,29 +2446,18 @@ def test_moe_tkg_all_expert_mx(rng, monkeypatch, tokens, hidden, inter, local_ex
     """Docstring (moe_tkg, all-expert MX, LNC=2 on Trn3): hidden [T, H] bf16, MXFP4 gate/up
     [E_L, 128, 2, H/512, I] x4 with e8m0 scales [E_L, 16, 2, H/512, I], down [E_L, I_p,
     I/512, H] x4 with scales [E_L, I_p/8, I/512, H]; out = Σ_e a[t, E_L·rank_id + e] ·
-    down(silu(x @ gate) · (x @ up)) (POST_SCALE). The kernel quantizes x online to MXFP8
-    e4m3fn, H split as [4, H/512, 128] onto (lane, tile, partition) (AWS's own torch
-    reference, core/moe/moe_tkg/moe_tkg_torch.py L366), and the bf16 intermediate in its
-    [128, I/512, T, 4] layout with I = 512c + 128q + p (gate_up_projection_mx_shard_H.py
-    L165-170)."""
+    down(silu(x @ gate) · (x @ up)) (POST_SCALE)."""
     monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn3")
-    from simulate.core.dtypes import pack_x4
-
     moe_tkg = library_module("core.moe.moe_tkg.moe_tkg").moe_tkg
     scale_mode = library_module("core.utils.common_types").ExpertAffinityScaleMode
-    h_tiles, i_tiles, experts = hidden // 512, inter // 512, 2 * local_experts
+    experts = 2 * local_experts
     x = _random(rng, (tokens, hidden), BF16)
-    shape = (local_experts, 128, 2, h_tiles, inter)
-    gate_up = _mx_values(rng, shape + (4,), ml_dtypes.float4_e2m1fn)
-    gate_up_scale = rng.integers(118, 122, (local_experts, 16) + shape[2:]).astype(np.uint8)
-    down = _mx_values(rng, (local_experts, 128, i_tiles, hidden, 4), ml_dtypes.float4_e2m1fn)
-    down_scale = rng.integers(118, 122, (local_experts, 16, i_tiles, hidden)).astype(np.uint8)
+    gate_up, gate_up_scale, down, down_scale = _moe_mx_weights(rng, local_experts, hidden, inter)
     affinities = rng.random((tokens, experts)).astype(BF16)
     index = rng.integers(0, experts, (tokens, 1)).astype(np.int32)
     out = nki.jit(moe_tkg)[2](
         x,
-        pack_x4(gate_up.reshape(shape[:-1] + (4 * inter,)), "float4_e2m1fn_x4"),
-        pack_x4(down.reshape(local_experts, 128, i_tiles, 4 * hidden), "float4_e2m1fn_x4"),
+        *_pack_moe_mx_weights(gate_up, down),
         affinities,
         index,
         True,
@@ -2419,35 +2466,71 @@ def test_moe_tkg_all_expert_mx(rng, monkeypatch, tokens, hidden, inter, local_ex
         expert_down_weights_scale=down_scale,
         expert_affinities_scaling_mode=scale_mode.POST_SCALE,
     )
-    x_q = _mx_round_trip(
-        x.astype(np.float64).reshape(tokens, 4, h_tiles, 128).transpose(3, 2, 0, 1)
-    )
     expected = np.zeros((tokens, hidden))
     for e in range(local_experts):
-        gate, up = (
-            np.einsum(
-                "pjtq,pjiq->ti",
-                x_q,
-                _mx_dequantize_layout(gate_up[e, :, g], gate_up_scale[e, :, g]),
-            )
-            for g in (0, 1)
+        weight = affinities[:, local_experts * rank + e].astype(np.float64)[:, None]
+        expected += weight * _moe_mx_expert_output(
+            x, gate_up[e], gate_up_scale[e], down[e], down_scale[e]
         )
-        inter_values = (_silu(gate) * up).astype(BF16).astype(np.float64)  # bf16 compute
-        layout = inter_values.reshape(tokens, i_tiles, 4, 128).transpose(3, 1, 0, 2)
-        contribution = np.einsum(
-            "pctq,pchq->th", _mx_round_trip(layout), _mx_dequantize_layout(down[e], down_scale[e])
-        )
-        expected += (
-            affinities[:, local_experts * rank + e].astype(np.float64)[:, None] * contribution
-        )
-    # MX quantization of bf16 values the kernel rounds differently from float64 moves a few
-    # elements by one e4m3 ulp (2^-3): measured 1.5 % of the output's rms (rms of the error),
-    # 17 % at worst; wrong layouts or scales are off by ~100 %
-    rms = float(np.sqrt((expected**2).mean()))
-    actual = np.asarray(out).astype(np.float64)
-    assert np.asarray(out).dtype == BF16 and np.isfinite(actual).all()
-    error = np.abs(actual - expected)
-    assert np.sqrt((error**2).mean()) <= 0.04 * rms and error.max() <= 0.3 * rms, (
-        np.sqrt((error**2).mean()) / rms,
-        error.max() / rms,
+    assert np.asarray(out).dtype == BF16
+    _check_mx_output(out, expected)
+
+
+@pytest.mark.parametrize(
+    "tokens, hidden, inter, block, routed_share",
+    [
+        (64, 512, 1024, 32, 1.0),  # every token routed: the one dynamic block runs
+        (64, 512, 1024, 16, 0.3),  # blocks without routed tokens are skipped
+        (128, 1024, 1024, 32, 0.6),
+    ],
+)
+def test_moe_tkg_all_expert_mx_dynamic(
+    rng, monkeypatch, tokens, hidden, inter, block, routed_share
+):
+    """Docstring (moe_tkg, is_all_expert_dynamic, core/moe/moe_tkg/moe_tkg.py L133-138 and
+    all_expert_mx_impl.py L109-125): one local expert; its routed tokens (nonzero affinity)
+    are found with nonzero_with_count and processed in blocks of block_size, the first block
+    always, the others in a dynamic loop while they hold routed tokens; each block gathers
+    its tokens, runs the MX expert and scatters a·expert(x) to their rows. Rows of tokens
+    not routed are never written (their indices are the -1 padding the scatter skips,
+    oob_mode.skip), so they keep the fresh output's contents: the simulator's NaN.
+
+    E = E_L = 1 and I >= 1024 at LNC=2, as every dynamic case of AWS's harness
+    (test/integration/nkilib/core/moe/moe_tkg/test_moe_tkg.py L274-296: expert 1, I 3072).
+    Beyond that AWS's code at d2ad3a5 (and 2.29_release) computes wrong results, by its
+    docstring and by the docs: with E > 1 the LNC=2 affinity slice reads core 1's half from
+    `offset=T_offset` elements of the [T, E] affinities, row T_offset/E, where `.ap`'s
+    offset counts elements (nki/deep-dives/nki-aps.rst L73;
+    core/moe/moe_tkg/moe_tkg_affinity_masking.py L188-190); with I < 1024 the I-sharding
+    is off (all_expert_mx_utils.py L99), both cores compute the whole expert, yet the
+    dynamic blocks call _compute_expert_mlp with its default shard_on_I=True
+    (all_expert_mx_impl.py L974-987), whose LNC reduction then adds the two copies
+    (down_projection_mx.py L399-441): every row twice the reference."""
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn3")
+    moe_tkg = library_module("core.moe.moe_tkg.moe_tkg").moe_tkg
+    scale_mode = library_module("core.utils.common_types").ExpertAffinityScaleMode
+    x = _random(rng, (tokens, hidden), BF16)
+    gate_up, gate_up_scale, down, down_scale = _moe_mx_weights(rng, 1, hidden, inter)
+    routed = rng.random(tokens) < routed_share
+    routed[rng.integers(tokens)] = True
+    affinities = np.where(routed, rng.uniform(0.05, 1.0, tokens), 0.0)[:, None].astype(BF16)
+    out = nki.jit(moe_tkg)[2](
+        x,
+        *_pack_moe_mx_weights(gate_up, down),
+        affinities,
+        np.zeros((tokens, 1), np.int32),
+        True,
+        rank_id=np.zeros((1, 1), np.int32),
+        expert_gate_up_weights_scale=gate_up_scale,
+        expert_down_weights_scale=down_scale,
+        expert_affinities_scaling_mode=scale_mode.POST_SCALE,
+        is_all_expert_dynamic=True,
+        block_size=block,
     )
+    expected = affinities.astype(np.float64) * _moe_mx_expert_output(
+        x, gate_up[0], gate_up_scale[0], down[0], down_scale[0]
+    )
+    actual = np.asarray(out)
+    assert actual.dtype == BF16 and actual.shape == (tokens, hidden)
+    assert np.isnan(actual[~routed].astype(np.float64)).all()
+    _check_mx_output(actual[routed], expected[routed])
