@@ -15,6 +15,7 @@ from helpers import poison
 from nkilib_corpus import import_library, library_module, requires_library
 
 import simulate.nki06 as nki
+from simulate.core.dtypes import pack_x4
 
 pytestmark = requires_library
 
@@ -1957,7 +1958,6 @@ def test_gate_up_projection_mx(rng, monkeypatch, H, I, BxS):
     x4 element, every value times its 8x4 group's scale 2^(s - 127) (isa L767-769,
     trainium3_arch.rst L99-105)."""
     monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn3")
-    from simulate.core.dtypes import pack_x4
 
     tiles = H // 512
     hidden = _mx_values(rng, (128, tiles, BxS, 4), ml_dtypes.float8_e5m2)
@@ -2037,7 +2037,6 @@ def test_down_projection_mx(rng, monkeypatch, H, I, BxS):
     [16, I/512, H]; LNC=2. The reference quantizes the intermediate as the ISA reference
     documents (isa L2790-2812) and contracts every (partition, tile, lane)."""
     monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn3")
-    from simulate.core.dtypes import pack_x4
 
     tiles = I // 512
     inter = _random(rng, (128, tiles, BxS, 4), BF16)
@@ -2430,8 +2429,6 @@ def _moe_mx_weights(rng, local_experts, hidden, inter):
 
 
 def _pack_moe_mx_weights(gate_up, down):
-    from simulate.core.dtypes import pack_x4
-
     return (
         pack_x4(gate_up.reshape(gate_up.shape[:-2] + (-1,)), "float4_e2m1fn_x4"),
         pack_x4(down.reshape(down.shape[:-2] + (-1,)), "float4_e2m1fn_x4"),
@@ -2534,3 +2531,136 @@ def test_moe_tkg_all_expert_mx_dynamic(
     assert actual.dtype == BF16 and actual.shape == (tokens, hidden)
     assert np.isnan(actual[~routed].astype(np.float64)).all()
     _check_mx_output(actual[routed], expected[routed])
+
+
+# --- qkv and output_projection_cte, MX (QuantizationType.MX) ----------------------------------
+def _mx_weights(rng, contraction, width, element):
+    """MX weights over the element type's whole range: values [K/4, F, 4] (lane q of x4 row r
+    is contraction index 4r + q, QKVWeightLayout.MX_CONTIGUOUS, core/utils/common_types.py
+    L75-78) and e8m0 scales [K/32, F], one per 8 rows x 4 lanes."""
+    values = _mx_values(rng, (contraction // 4, width, 4), element)
+    scale = rng.integers(120, 126, (contraction // 32, width)).astype(np.uint8)
+    return values, scale
+
+
+def _mx_dequantize_rows(values, scale, axis):
+    """float64 MX values with their e8m0 scales, one scale per 8 x4 rows along ``axis``."""
+    factor = np.ldexp(1.0, np.repeat(scale.astype(np.int64) - 127, 8, axis=axis))
+    return values.astype(np.float64) * factor[..., None]
+
+
+def _mx_online_matmul(x, values, scale):
+    """x [T, K] (float64) quantized online to MXFP8 e4m3fn, 32 consecutive K entries of a token
+    per scale (quantize_mx on [K/4, T x4], isa L2776-2780), @ the MX weights [K/4, F, 4]."""
+    tokens, contraction = x.shape
+    layout = x.reshape(tokens, contraction // 4, 4).transpose(1, 0, 2).reshape(contraction // 4, -1)
+    quantized, exponent = _mx_quantize_reference(layout, emax=8)
+    factor = np.repeat(np.repeat(np.ldexp(1.0, exponent), 8, 0), 4, 1)
+    x_q = (quantized.astype(np.float64) * factor).reshape(contraction // 4, tokens, 4)
+    return np.einsum("rtq,rfq->tf", x_q, _mx_dequantize_rows(values, scale, axis=0))
+
+
+@pytest.mark.parametrize(
+    "lnc, batch, seq, hidden, q_heads, kv_heads, norm, swizzled",
+    [
+        (2, 4, 1, 1024, 2, 1, "NO_NORM", True),  # qkv_tkg MX (AWS's cases: LNC=2, d_head 128)
+        (2, 8, 1, 2048, 6, 3, "RMS_NORM", True),
+        (1, 4, 1, 512, 2, 1, "NO_NORM", True),
+        (1, 1, 128, 512, 2, 1, "NO_NORM", False),  # S > 96: qkv_cte MX
+        (2, 2, 128, 512, 2, 1, "NO_NORM", True),
+        (2, 1, 128, 1024, 2, 1, "RMS_NORM", False),
+    ],
+)
+def test_qkv_mx(rng, monkeypatch, lnc, batch, seq, hidden, q_heads, kv_heads, norm, swizzled):
+    """Docstring (qkv, QuantizationType.MX, Trn3; core/qkv/qkv.py L134-144, L189-198): x [B, S,
+    H] bf16, optionally RMS-normalised with γ, quantized online to MXFP8 and multiplied by
+    MXFP8 weights [H/4, I] x4 (MX_CONTIGUOUS) with scales [H/32, I]: out [B, S, I] bf16. With
+    is_h_dim_4h_transposed (required by qkv_tkg's MX path, qkv_tkg_mx_impl.py L70) x and γ
+    come pre-shuffled from [.., H/512, 128, 4] to [.., 4, H/512, 128]; qkv_cte takes either
+    (is_input_swizzled, qkv_cte.py L204-208) but normalises unswizzled input only
+    (qkv_cte_utils.py L546)."""
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn3")
+    qkv = library_module("core.qkv.qkv").qkv
+    types = library_module("core.utils.common_types")
+    d_head = 128
+    width = (q_heads + 2 * kv_heads) * d_head
+    x = _random(rng, (batch, seq, hidden), BF16)
+    values, scale = _mx_weights(rng, hidden, width, ml_dtypes.float8_e4m3fn)
+
+    def shuffle(a):
+        split = a.reshape(a.shape[:-1] + (hidden // 512, 128, 4))
+        return np.moveaxis(split, -1, -3).reshape(a.shape) if swizzled else a
+
+    kwargs = {"fused_norm_type": getattr(types.NormType, norm)}
+    x64 = x.astype(np.float64).reshape(batch * seq, hidden)
+    if norm == "RMS_NORM":
+        gamma = _random(rng, (1, hidden), BF16)
+        kwargs["gamma_norm_weights"] = shuffle(gamma)
+        x64 = x64 / np.sqrt((x64**2).mean(axis=-1, keepdims=True) + 1e-6)
+        # the kernels round the normalised x to bf16 before quantize_mx
+        x64 = (x64 * gamma.astype(np.float64)).astype(BF16).astype(np.float64)
+    out = _launch(
+        qkv,
+        lnc,
+        shuffle(x),
+        pack_x4(values.reshape(hidden // 4, 4 * width), "float8_e4m3fn_x4"),
+        quantization_type=types.QuantizationType.MX,
+        qkv_w_scale=scale,
+        is_h_dim_4h_transposed=swizzled,
+        weight_layout=types.QKVWeightLayout.MX_CONTIGUOUS,
+        d_head=d_head,
+        num_q_heads=q_heads,
+        num_kv_heads=kv_heads,
+        **kwargs,
+    )
+    expected = _mx_online_matmul(x64, values, scale).reshape(batch, seq, width)
+    assert np.asarray(out).dtype == BF16 and np.asarray(out).shape == expected.shape
+    _check_mx_output(out, expected)
+
+
+@pytest.mark.parametrize(
+    "lnc, batch, heads, d_head, seq, hidden, bias, prequantized",
+    [
+        (1, 1, 2, 64, 128, 512, False, False),
+        (2, 2, 4, 64, 256, 1024, True, False),
+        (1, 1, 1, 512, 128, 512, False, True),  # pre-quantized MXFP8 input, [B, 1, K/4, S] x4
+        (2, 2, 1, 1024, 256, 1024, True, True),
+    ],
+)
+def test_output_projection_cte_mx(
+    rng, monkeypatch, lnc, batch, heads, d_head, seq, hidden, bias, prequantized
+):
+    """Docstring (output_projection_cte, QuantizationType.MX, Trn3; output_projection_cte.py
+    L64-71, output_projection_cte_quantization.py L478-513): out [B, S, H] bf16 = attention
+    [B, N, D, S] contracted over K = N·D with MXFP4 weights [K/4, H] x4 (scales [K/32, H]) +
+    bias. A bf16 attention is quantized online to MXFP8 (32 consecutive K entries of a token
+    per scale); a pre-quantized one comes as float8_e4m3fn_x4 [B, 1, K/4, S] with scales
+    [B, K/32, S] (AWS's harness: test/integration/nkilib/core/output_projection/
+    test_output_proj_cte.py L116-135), lane q of row r being K index 4r + q."""
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn3")
+    module = library_module("core.output_projection.output_projection_cte.output_projection_cte")
+    types = library_module("core.utils.common_types")
+    contraction = heads * d_head
+    values, scale = _mx_weights(rng, contraction, hidden, ml_dtypes.float4_e2m1fn)
+    weights = pack_x4(values.reshape(contraction // 4, 4 * hidden), "float4_e2m1fn_x4")
+    kwargs = {"quantization_type": types.QuantizationType.MX, "weight_scales": scale}
+    if prequantized:
+        act = _mx_values(rng, (batch, contraction // 4, seq, 4), ml_dtypes.float8_e4m3fn)
+        act_scale = rng.integers(120, 126, (batch, contraction // 32, seq)).astype(np.uint8)
+        attention = pack_x4(act.reshape(batch, 1, contraction // 4, 4 * seq), "float8_e4m3fn_x4")
+        kwargs["input_scales"] = act_scale
+        expected = np.einsum(
+            "brsq,rhq->bsh",
+            _mx_dequantize_rows(act, act_scale, axis=1),
+            _mx_dequantize_rows(values, scale, axis=0),
+        )
+    else:
+        attention = _random(rng, (batch, heads, d_head, seq), BF16)
+        tokens = attention.astype(np.float64).reshape(batch, contraction, seq).transpose(0, 2, 1)
+        expected = np.stack([_mx_online_matmul(t, values, scale) for t in tokens])
+    if bias:
+        kwargs["bias"] = _random(rng, (1, hidden), BF16)
+        expected = expected + kwargs["bias"].astype(np.float64)
+    out = _launch(nki.jit(module.output_projection_cte), lnc, attention, weights, **kwargs)
+    assert np.asarray(out).dtype == BF16 and np.asarray(out).shape == expected.shape
+    _check_mx_output(out, expected)
