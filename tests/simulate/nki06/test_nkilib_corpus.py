@@ -2808,3 +2808,30 @@ def test_mlp_entry(rng, lnc, batch, seq, store_fused_add):
     _check(result[0], expected, BF16, scale=4.0)
     if store_fused_add:
         _check(result[1], summed, BF16, scale=4.0)
+
+
+# --- collectives: allgather_sb2sb (experimental/collectives/sb2sb_allgather.py) ----------------
+@pytest.mark.parametrize(
+    "tiled, rows, width, ranks, dtype",
+    [
+        (False, 64, 256, 4, BF16),
+        (False, 128, 96, 8, np.float32),
+        (True, 256, 128, 4, BF16),  # two 128-row tiles, LNC=1
+        (True, 96, 64, 2, np.float32),
+    ],
+)
+def test_allgather_sb2sb(rng, tiled, rows, width, ranks, dtype):
+    """Docstring (sb2sb_allgather.py L30-79, L100-126): each rank's [H, W] input, gathered
+    over the ranks of the replica group along the last dimension: every rank's output
+    [H, W·tp_degree] = [x_0 | x_1 | …] (AWS's harness: one ReplicaGroup of all ranks,
+    test/integration/nkilib/experimental/collectives/test_sb2sb_allgather.py L66-79). Run
+    on ``ranks`` LNC=1 ranks by ``launch_ranks``."""
+    module = library_module("experimental.collectives.sb2sb_allgather")
+    kernel = module.allgather_sb2sb_tiled if tiled else module.allgather_sb2sb
+    group = nki.collectives.ReplicaGroup([list(range(ranks))])
+    inputs = [_random(rng, (rows, width), dtype) for _ in range(ranks)]
+    results = nki.launch_ranks(kernel, [((x, group, ranks), {}) for x in inputs])
+    expected = np.concatenate(inputs, axis=1)
+    for out in results:
+        assert out.dtype == np.dtype(dtype)
+        np.testing.assert_array_equal(out, expected)
