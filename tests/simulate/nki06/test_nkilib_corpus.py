@@ -1422,6 +1422,39 @@ def _rotate_contiguous(x, cos, sin):
     return np.concatenate([first * cos - second * sin, second * cos + first * sin], axis=-1)
 
 
+def _attention_block_reference(x, gamma, w_qkv, cos, sin, k_cache, v_cache, keep, w_out, lengths):
+    """float64 attention_block_tkg (KVDP=1) from its docstring's pseudocode: (out, K_out,
+    V_out); ``lengths`` the cache rows the new K, V are written at (update_cache), or None."""
+    batch, tokens, _ = x.shape
+    s_ctx, _, heads, _ = keep.shape
+    d = w_qkv.shape[1] // (heads + 2)
+    x64 = x.astype(np.float64)
+    x64 = x64 / np.sqrt((x64**2).mean(axis=-1, keepdims=True) + 1e-6) * gamma.astype(np.float64)
+    qkv = (x64 @ w_qkv.astype(np.float64)).reshape(batch, tokens, heads + 2, d)
+    c = cos.astype(np.float64).transpose(1, 2, 0)
+    s = sin.astype(np.float64).transpose(1, 2, 0)
+    q = _rotate_contiguous(qkv[:, :, :heads], c[:, :, None], s[:, :, None])
+    k_new, v_new = _rotate_contiguous(qkv[:, :, heads], c, s), qkv[:, :, heads + 1]
+    if lengths is not None:
+        expected_k, expected_v = k_cache.astype(np.float64), v_cache.astype(np.float64)
+        for b, first in enumerate(lengths):
+            expected_k[b, first : first + tokens] = k_new[b]
+            expected_v[b, first : first + tokens] = v_new[b]
+    else:
+        expected_k, expected_v = k_new.transpose(2, 0, 1), v_new[:, None]
+    keys, values = k_cache[:, :s_ctx].astype(np.float64), v_cache[:, :s_ctx].astype(np.float64)
+    keys[:, s_ctx - tokens :], values[:, s_ctx - tokens :] = k_new, v_new
+    logits = np.einsum("bshd,bkd->bhks", q, keys) / math.sqrt(d)
+    logits = np.where(keep.transpose(1, 2, 0, 3), logits, -np.inf)
+    weights = np.exp(logits - logits.max(axis=2, keepdims=True))
+    attention = np.einsum("bhks,bkd->bhds", weights / weights.sum(axis=2, keepdims=True), values)
+    if w_out is None:
+        return attention, expected_k, expected_v
+    w = w_out.astype(np.float64).reshape(heads, d, -1)
+    out = np.einsum("bhds,hdo->bso", attention, w).reshape(batch * tokens, -1)
+    return out, expected_k, expected_v
+
+
 @pytest.mark.parametrize(
     "lnc, batch, tokens, hidden, heads, d, s_ctx, project, update_cache",
     [
@@ -1464,35 +1497,81 @@ def test_attention_block_tkg(
         update_cache, where, w_out if project else None, None, none, None, None, False, False,
     )  # fmt: skip
 
-    x64 = x.astype(np.float64)
-    x64 = x64 / np.sqrt((x64**2).mean(axis=-1, keepdims=True) + 1e-6) * gamma.astype(np.float64)
-    qkv = (x64 @ w_qkv.astype(np.float64)).reshape(batch, tokens, heads + 2, d)
-    c = cos.astype(np.float64).transpose(1, 2, 0)
-    s = sin.astype(np.float64).transpose(1, 2, 0)
-    q = _rotate_contiguous(qkv[:, :, :heads], c[:, :, None], s[:, :, None])
-    k_new, v_new = _rotate_contiguous(qkv[:, :, heads], c, s), qkv[:, :, heads + 1]
-    if update_cache:
-        expected_k, expected_v = k_cache.astype(np.float64), v_cache.astype(np.float64)
-        for b, first in enumerate(lengths):
-            expected_k[b, first : first + tokens] = k_new[b]
-            expected_v[b, first : first + tokens] = v_new[b]
-        _check(k_out, expected_k, BF16, scale=4.0)
-        _check(v_out, expected_v, BF16, scale=4.0)
-    else:
-        _check(k_out, k_new.transpose(2, 0, 1), BF16, scale=4.0)
-        _check(v_out, v_new[:, None], BF16, scale=4.0)
-    keys, values = k_cache[:, :s_ctx].astype(np.float64), v_cache[:, :s_ctx].astype(np.float64)
-    keys[:, s_ctx - tokens :], values[:, s_ctx - tokens :] = k_new, v_new
-    logits = np.einsum("bshd,bkd->bhks", q, keys) / math.sqrt(d)
-    logits = np.where(keep.transpose(1, 2, 0, 3), logits, -np.inf)
-    weights = np.exp(logits - logits.max(axis=2, keepdims=True))
-    attention = np.einsum("bhks,bkd->bhds", weights / weights.sum(axis=2, keepdims=True), values)
-    if project:
-        w = w_out.astype(np.float64).reshape(heads, d, hidden)
-        expected = np.einsum("bhds,hdo->bso", attention, w).reshape(batch * tokens, hidden)
-    else:
-        expected = attention
+    expected, expected_k, expected_v = _attention_block_reference(
+        x, gamma, w_qkv, cos, sin, k_cache, v_cache, keep, w_out if project else None,
+        lengths if update_cache else None,
+    )  # fmt: skip
+    _check(k_out, expected_k, BF16, scale=4.0)
+    _check(v_out, expected_v, BF16, scale=4.0)
     _check(out, expected, BF16, scale=1.0)
+
+
+@pytest.mark.parametrize(
+    "ranks, batch_per_rank, tokens, hidden, heads, d, s_ctx, project, update_cache",
+    [
+        (2, 1, 1, 256, 2, 64, 256, True, False),
+        (2, 2, 2, 256, 1, 64, 256, False, True),
+        (4, 1, 1, 256, 2, 64, 256, True, True),
+    ],
+)
+def test_attention_block_tkg_kv_data_parallel(
+    rng, ranks, batch_per_rank, tokens, hidden, heads, d, s_ctx, project, update_cache
+):
+    """Docstring (KVDP > 1, attention_block_tkg.py L235-246; attention_block_tkg_sharding.py
+    L1-10): the KV cache is split over KVDP ranks along the batch, each rank holding
+    B/KVDP batches; each rank projects its own q_heads Q heads (its slice of W_qkv's Q
+    columns, the one K/V head shared) and its row slice of W_out; Q heads are all-gathered,
+    each rank attends its batches with every head, and the outputs are all-gathered back.
+    So rank r's out is the single-rank block with its own heads over the whole batch, and
+    its K_out, V_out are the single-rank ones of its batches (AWS's harness slices the same
+    way: test/integration/nkilib/experimental/transformer/test_attention_block_tkg.py
+    L173-286, L300-348). Run on KVDP LNC=1 ranks by launch_ranks."""
+    block = library_module("experimental.transformer.attention_block_tkg").attention_block_tkg
+    none = library_module("core.utils.common_types").QuantizationType.NONE
+    group = nki.collectives.ReplicaGroup([list(range(ranks))])
+    batch, all_heads = ranks * batch_per_rank, ranks * heads
+    x = _random(rng, (batch, tokens, hidden), BF16)
+    gamma = _random(rng, (1, hidden), BF16)
+    w_q = (_random(rng, (hidden, all_heads * d), np.float32) / math.sqrt(hidden)).astype(BF16)
+    w_kv = (_random(rng, (hidden, 2 * d), np.float32) / math.sqrt(hidden)).astype(BF16)
+    angle = rng.uniform(-math.pi, math.pi, (d // 2, batch, tokens))
+    cos, sin = np.cos(angle).astype(BF16), np.sin(angle).astype(BF16)
+    k_cache = _random(rng, (batch, s_ctx + 64, d), BF16)
+    v_cache = _random(rng, (batch, s_ctx + 64, d), BF16)
+    lengths = rng.integers(1, s_ctx - tokens, batch)
+    keep = np.arange(s_ctx)[:, None, None, None] < lengths[None, :, None, None]
+    keep = np.broadcast_to(keep, (s_ctx, batch, all_heads, tokens)).copy()
+    keep[s_ctx - tokens :] = np.tri(tokens, dtype=bool).T[:, None, None, :]
+    w_out = (_random(rng, (all_heads * d, hidden), np.float32) / math.sqrt(hidden)).astype(BF16)
+    where = lengths[:, None].astype(np.uint32)
+    inputs, expected = [], []
+    for rank in range(ranks):
+        mine = slice(rank * batch_per_rank, (rank + 1) * batch_per_rank)
+        w_qkv = np.concatenate([w_q[:, rank * heads * d : (rank + 1) * heads * d], w_kv], axis=1)
+        w_o = w_out[rank * heads * d : (rank + 1) * heads * d] if project else None
+        args = (
+            x, None, True, 1e-6, gamma, w_qkv, None, none, None, None,
+            False, 0.0, None, None, cos, sin, True, False, 0.0, None, None,
+            False, None, k_cache[mine], v_cache[mine], keep[:, mine].astype(BF16), None,
+            update_cache, where[mine] if update_cache else None, w_o, None, none, None, None,
+            False, False,
+        )  # fmt: skip
+        inputs.append((args, {"KVDP": ranks, "KVDP_replica_group": group}))
+        out, k_out, v_out = _attention_block_reference(
+            x, gamma, w_qkv, cos, sin, k_cache, v_cache, keep[:, :, :heads], w_o,
+            lengths if update_cache else None,
+        )  # fmt: skip
+        k_out = k_out[mine] if update_cache else k_out[:, mine]
+        expected.append((out, k_out, v_out[mine]))
+    for result, reference in zip(nki.launch_ranks(block, inputs), expected):
+        out, k_out, v_out = result
+        _check(k_out, reference[1], BF16, scale=4.0)
+        _check(v_out, reference[2], BF16, scale=4.0)
+        if not project:
+            # the docstring's [B, q_heads, d, S] (L259-260) is, under KVDP, the SBUF tile
+            # [d, B·q_heads·S] copied out as it is (attention_block_tkg.py L455, L567-576)
+            out = np.asarray(out).reshape(d, batch, heads, tokens).transpose(1, 2, 0, 3)
+        _check(out, reference[0], BF16, scale=1.0)
 
 
 @pytest.mark.parametrize(
