@@ -2914,3 +2914,74 @@ def test_allgather_sb2sb(rng, tiled, rows, width, ranks, dtype):
     for out in results:
         assert out.dtype == np.dtype(dtype)
         np.testing.assert_array_equal(out, expected)
+
+
+# --- collectives: transformer_tkg (experimental/transformer/transformer_tkg.py) ----------------
+@pytest.mark.parametrize("ranks, batch, tokens", [(2, 2, 1), (4, 1, 2)])
+def test_transformer_tkg_tensor_parallel(rng, ranks, batch, tokens):
+    """Docstring (transformer_tkg.py@ddbca35 L118-182), one layer on ``ranks`` tensor-parallel
+    LNC=1 ranks (HBM path): each rank runs attention_block_tkg with its own heads, K/V head,
+    caches and W_out rows (K cache [B, 1, d, S_ctx], transposed); the partial outputs are
+    all-reduced over the replica group and added to X; then the RMSNorm-ed sum goes through
+    each rank's MLP slice (SiLU, gate/up columns, down rows), all-reduced and added again.
+    Every rank returns the same [B, S, H]. The kernel imports core/mlp/mlp.py, which does
+    not parse at d2ad3a5: run against 2.29_release."""
+    _mlp_entry()
+    try:
+        module = library_module("experimental.transformer.transformer_tkg")
+    except SyntaxError as error:
+        pytest.skip(f"transformer_tkg does not import from this checkout: {error}")
+    transformer = module.transformer_tkg
+    hidden, heads, d, s_ctx, inter = 256, 2, 64, 256, 256
+
+    def layer(x, w_qkv, w_out, w_gate, w_up, w_down, g_qkv, g_mlp, k, v, cos, sin, mask, groups):
+        return transformer(
+            x, [w_qkv], [w_out], [w_gate], [w_up], [w_down], [g_qkv], [g_mlp], [k], [v],
+            cos, sin, mask, None, None, 1, replica_groups=groups,
+        )  # fmt: skip
+
+    x = _random(rng, (batch, tokens, hidden), BF16)
+    g_qkv, g_mlp = (_random(rng, (1, hidden), BF16) for _ in range(2))
+    angle = rng.uniform(-math.pi, math.pi, (d // 2, batch, tokens))
+    cos, sin = np.cos(angle).astype(BF16), np.sin(angle).astype(BF16)
+    lengths = rng.integers(1, s_ctx - tokens, batch)
+    keep = np.arange(s_ctx)[:, None, None, None] < lengths[None, :, None, None]
+    keep = np.broadcast_to(keep, (s_ctx, batch, heads, tokens)).copy()
+    keep[s_ctx - tokens :] = np.tri(tokens, dtype=bool).T[:, None, None, :]
+
+    def weight(rows, cols, fan_in):
+        return (_random(rng, (rows, cols), np.float32) / math.sqrt(fan_in)).astype(BF16)
+
+    shards = []
+    for _ in range(ranks):
+        w_qkv = weight(hidden, d * (heads + 2), hidden)
+        w_out = weight(heads * d, hidden, heads * d * ranks)
+        w_gate, w_up = weight(hidden, inter, hidden), weight(hidden, inter, hidden)
+        w_down = weight(inter, hidden, inter * ranks)
+        k = _random(rng, (batch, 1, d, s_ctx), BF16)
+        v = _random(rng, (batch, 1, s_ctx, d), BF16)
+        shards.append((w_qkv, w_out, w_gate, w_up, w_down, k, v))
+    group = (tuple(range(ranks)),)
+    inputs = [
+        ((x, *s[:5], g_qkv, g_mlp, s[5], s[6], cos, sin, keep.astype(BF16), group), {})
+        for s in shards
+    ]
+    results = nki.launch_ranks(nki.jit(layer), inputs)
+
+    attention = sum(
+        _attention_block_reference(
+            x, g_qkv, s[0], cos, sin, s[5][:, 0].transpose(0, 2, 1), s[6][:, 0], keep, s[1], None
+        )[0]
+        for s in shards
+    )
+    current = x.astype(np.float64).reshape(batch * tokens, hidden) + attention
+    normed = current / np.sqrt((current**2).mean(axis=-1, keepdims=True) + 1e-6)
+    normed = normed * g_mlp.astype(np.float64)
+    mlp = sum(
+        (_silu(normed @ s[2].astype(np.float64)) * (normed @ s[3].astype(np.float64)))
+        @ s[4].astype(np.float64)
+        for s in shards
+    )
+    expected = (current + mlp).reshape(batch, tokens, hidden)
+    for out in results:
+        _check(out, expected, BF16, scale=2.0)
