@@ -57,6 +57,11 @@ class ReplicaGroup(NKIObject):
         raise NkiValueError(f"rank {rank} is in no sub-group of ReplicaGroup {self.groups}")
 
 
+class _AnotherRankFailed(NkiDeadlockError):
+    """A rank stopped because another one failed: never the error :func:`launch_ranks`
+    reports when the cause is known."""
+
+
 class _World:
     """The ranks of one :func:`launch_ranks` and their rendezvous: ``slots[(k, group)]``
     holds what each member deposited for its k-th collective."""
@@ -65,8 +70,16 @@ class _World:
         self.ranks = ranks
         self.cond = threading.Condition()
         self.slots: dict = {}
+        self.reads: dict = {}  # members that took their results from a slot
+        self.waiting: dict[int, tuple] = {}  # rank -> the slot it waits on
         self.finished: set[int] = set()
         self.failed = False
+
+    def _stuck(self) -> bool:
+        """Every rank has ended or waits on a slot that cannot fill."""
+        if len(self.waiting) + len(self.finished) < self.ranks:
+            return False
+        return all(len(self.slots[key]) < len(key[1]) for key in self.waiting.values())
 
     def meet(self, rank, k, group, call):
         """Deposit this rank's ``call`` for its k-th collective and wait for the group's."""
@@ -75,19 +88,27 @@ class _World:
             slot = self.slots.setdefault(key, {})
             slot[rank] = call
             self.cond.notify_all()
-            while len(slot) < len(group):
-                missing = [r for r in group if r not in slot]
-                if self.failed:
-                    raise NkiDeadlockError(f"{call[0]}: another rank failed")
-                if any(r in self.finished for r in missing):
-                    raise NkiDeadlockError(
-                        f"{call[0]} #{k} on rank {rank}: ranks {missing} of its group "
-                        f"{list(group)} ended without it (every rank of a group must make the "
-                        "same collective calls)"
-                    )
-                if not self.cond.wait(context.RENDEZVOUS_TIMEOUT_S):
-                    raise NkiDeadlockError(f"{call[0]}: ranks {missing} never arrived")
+            self.waiting[rank] = key
+            try:
+                while len(slot) < len(group):
+                    missing = [r for r in group if r not in slot]
+                    if self.failed:
+                        raise _AnotherRankFailed(f"{call[0]}: another rank failed")
+                    if any(r in self.finished for r in missing) or self._stuck():
+                        raise NkiDeadlockError(
+                            f"{call[0]} #{k} on rank {rank}: ranks {missing} of its group "
+                            f"{list(group)} ended or wait elsewhere (every rank of a group "
+                            "must make the same collective calls in the same order)"
+                        )
+                    if not self.cond.wait(context.RENDEZVOUS_TIMEOUT_S):
+                        raise NkiDeadlockError(f"{call[0]}: ranks {missing} never arrived")
+            finally:
+                del self.waiting[rank]
+                self.cond.notify_all()
             calls = [slot[r] for r in group]
+            self.reads[key] = self.reads.get(key, 0) + 1
+            if self.reads[key] == len(group):  # every member has its sources: free them
+                del self.slots[key], self.reads[key]
         for other in calls:
             if other[0] != call[0] or other[1] != call[1]:
                 raise NkiValueError(
@@ -152,12 +173,12 @@ def launch_ranks(kernel, inputs, target=None):
         t.join(context.RENDEZVOUS_TIMEOUT_S)
         if t.is_alive():
             raise NkiRuntimeError(f"{t.name} did not finish")
-    first = next(
-        (e for e in errors if e is not None and not isinstance(e, NkiDeadlockError)),
-        next((e for e in errors if e is not None), None),
-    )
-    if first is not None:
-        raise first
+    raised = [e for e in errors if e is not None]
+    if raised:  # the cause first: an error of the kernel, then the deadlock, then the rest
+        raise next(
+            (e for e in raised if not isinstance(e, NkiDeadlockError)),
+            next((e for e in raised if not isinstance(e, _AnotherRankFailed)), raised[0]),
+        )
     return results
 
 

@@ -230,8 +230,25 @@ def test_a_rank_that_skips_a_collective_is_a_deadlock(rng):
         return out
 
     x = rng.standard_normal((2, 2)).astype(np.float32)
-    with pytest.raises(NkiDeadlockError, match="ended without it"):
+    with pytest.raises(NkiDeadlockError, match="ended or wait elsewhere"):
         nki.launch_ranks(kernel, [((x, group, True), {}), ((x, group, False), {})])
+
+
+def test_ranks_waiting_on_each_other_in_a_cycle_is_a_deadlock(rng):
+    """Rank 0 reduces with rank 1, rank 1 with rank 2, rank 2 with rank 0: every rank waits
+    for one that waits elsewhere; found when the last one waits, without a timeout."""
+
+    @nki.jit
+    def kernel(x, group):
+        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        ncc.all_reduce(srcs=[x], dsts=[out], replica_group=group, op=nl.add)
+        return out
+
+    x = rng.standard_normal((2, 2)).astype(np.float32)
+    groups = ([[0, 1], [2]], [[1, 2], [0]], [[0, 2], [1]])
+    inputs = [((x, ncc.ReplicaGroup(g)), {}) for g in groups]
+    with pytest.raises(NkiDeadlockError, match="wait elsewhere"):
+        nki.launch_ranks(kernel, inputs)
 
 
 def test_ranks_run_at_lnc1_only():
