@@ -2461,13 +2461,16 @@ def _mx_round_trip(layout):
     return (values.astype(np.float64) * scale).reshape(layout.shape)
 
 
-def _moe_mx_expert_output(x, gate_up, gate_up_scale, down, down_scale):
+def _moe_mx_expert_output(
+    x, gate_up, gate_up_scale, down, down_scale, gate_up_bias=None, clamps=None
+):
     """One MX expert on bf16 tokens x [T, H] (float64): down(silu(x @ gate) · (x @ up)), x
     quantized online to MXFP8 e4m3fn with H split as [4, H/512, 128] onto (lane, tile,
     partition) (AWS's own torch reference, core/moe/moe_tkg/moe_tkg_torch.py L366), and the
     bf16 intermediate in its [128, I/512, T, 4] layout with I = 512c + 128q + p
     (gate_up_projection_mx_shard_H.py L165-170). gate_up [128, 2, H/512, I, 4] and down
-    [128, I/512, H, 4] are the unpacked MXFP4 values with their e8m0 scales."""
+    [128, I/512, H, 4] are the unpacked MXFP4 values with their e8m0 scales; the gate/up
+    bias, when given, is [I_p, 2, I/512, 4] in the same I layout."""
     tokens, hidden = x.shape
     h_tiles, i_tiles = hidden // 512, down.shape[1]
     x_q = _mx_round_trip(
@@ -2477,6 +2480,11 @@ def _moe_mx_expert_output(x, gate_up, gate_up_scale, down, down_scale):
         np.einsum("pjtq,pjiq->ti", x_q, _mx_dequantize_layout(gate_up[:, g], gate_up_scale[:, g]))
         for g in (0, 1)
     )
+    if gate_up_bias is not None:  # [I_p, 2, I/512, 4], I = 512c + 128q + p
+        bias = gate_up_bias.astype(np.float64).transpose(1, 2, 3, 0).reshape(2, -1)
+        gate, up = gate + bias[0], up + bias[1]
+    if clamps is not None:  # (gate's upper limit, up's lower and upper limits)
+        gate, up = np.minimum(gate, clamps[0]), np.clip(up, clamps[1], clamps[2])
     inter_values = (_silu(gate) * up).astype(BF16).astype(np.float64)  # bf16 compute
     layout = inter_values.reshape(tokens, i_tiles, 4, 128).transpose(3, 1, 0, 2)
     return np.einsum(
@@ -2988,3 +2996,57 @@ def test_transformer_tkg_tensor_parallel(rng, ranks, batch, tokens):
     expected = (current + mlp).reshape(batch, tokens, hidden)
     for out in results:
         _check(out, expected, BF16, scale=2.0)
+
+
+@pytest.mark.parametrize(
+    "lnc, tokens, hidden, inter, experts, top_k",
+    [(1, 4, 512, 512, 4, 2), (2, 8, 1024, 1024, 4, 2), (2, 4, 1024, 512, 8, 4)],
+)
+def test_moe_tkg_selective_mx(rng, monkeypatch, lnc, tokens, hidden, inter, experts, top_k):
+    """Docstring (moe_tkg, selective experts with MXFP4, selective_expert_mx_impl.py L38-87):
+    out[t] = Σ over the token's K experts e of a[t, e] · (expert_e(x[t]) + down_bias[e]), an
+    MX expert with gate/up bias [E, I_p, 2, I/512, 4] and AWS's clamps (gate <= 7, up in
+    [-6, 8], the values of AWS's harness, test/integration/nkilib/core/moe/moe_tkg/
+    test_moe_tkg_utils.py L234-237). The affinities are nonzero at the chosen experts only,
+    as the harness builds them (L98-115). Without clamps the kernel calls tensor_scalar with
+    op0=None (gate_up_projection_mx_shard_H.py L429-436), which the ISA reference does not
+    allow (op0 has no default, isa L1081) and AWS's harness never runs (every selective MX
+    case clamps, test_moe_tkg.py L257-262)."""
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn3")
+    moe_tkg = library_module("core.moe.moe_tkg.moe_tkg").moe_tkg
+    scale_mode = library_module("core.utils.common_types").ExpertAffinityScaleMode
+    x = _random(rng, (tokens, hidden), BF16)
+    gate_up, gate_up_scale, down, down_scale = _moe_mx_weights(rng, experts, hidden, inter)
+    gate_up_scale += 3  # gate/up outputs of std ~8: the clamps act on a good share of them
+    gate_up_bias = _random(rng, (experts, 128, 2, inter // 512, 4), BF16)
+    down_bias = _random(rng, (experts, hidden), BF16)
+    index = np.stack([rng.permutation(experts)[:top_k] for _ in range(tokens)]).astype(np.int32)
+    affinities = np.zeros((tokens, experts), np.float32)
+    for t in range(tokens):
+        affinities[t, index[t]] = rng.uniform(0.05, 1.0, top_k)
+    clamps = (7.0, -6.0, 8.0)
+    out = _launch(
+        nki.jit(moe_tkg),
+        lnc,
+        x,
+        *_pack_moe_mx_weights(gate_up, down),
+        affinities,
+        index,
+        False,
+        expert_gate_up_weights_scale=gate_up_scale,
+        expert_down_weights_scale=down_scale,
+        expert_gate_up_bias=gate_up_bias,
+        expert_down_bias=down_bias,
+        expert_affinities_scaling_mode=scale_mode.POST_SCALE,
+        gate_clamp_upper_limit=clamps[0],
+        up_clamp_lower_limit=clamps[1],
+        up_clamp_upper_limit=clamps[2],
+    )
+    expected = np.zeros((tokens, hidden))
+    for e in range(experts):
+        expert = _moe_mx_expert_output(
+            x, gate_up[e], gate_up_scale[e], down[e], down_scale[e], gate_up_bias[e], clamps
+        )
+        expected += affinities[:, e, None] * (expert + down_bias[e].astype(np.float64))
+    assert np.asarray(out).dtype == BF16
+    _check_mx_output(out, expected)
