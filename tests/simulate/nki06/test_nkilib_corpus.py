@@ -3050,3 +3050,66 @@ def test_moe_tkg_selective_mx(rng, monkeypatch, lnc, tokens, hidden, inter, expe
         expected += affinities[:, e, None] * (expert + down_bias[e].astype(np.float64))
     assert np.asarray(out).dtype == BF16
     _check_mx_output(out, expected)
+
+
+@pytest.mark.parametrize(
+    "tokens, hidden, inter, experts, top_k, block",
+    [(128, 512, 512, 4, 2, 128), (128, 1024, 1024, 4, 2, 128)],
+)
+def test_moe_cte_shard_on_block_mx(rng, monkeypatch, tokens, hidden, inter, experts, top_k, block):
+    """Docstring (bwmm_shard_on_block_mx.py L103-229, LNC=2 on Trn3): the blockwise MoE of
+    test_moe_cte with MXFP4 weights in the MX MoE layouts (gate/up [E, 128, 2, H/512, I] x4,
+    down [E, I_p, I/512, H] x4, e8m0 scales, gate/up bias [E, I_p, 2, I/512, 4], down bias
+    [E, H]; AWS's harness, test/integration/nkilib/core/moe/moe_cte/test_utils.py L374-445)
+    and AWS's clamps (test_moe_bwmm_mx_cte.py L61: gate <= 7, up in [-7, 7]): out[t] =
+    Σ over the token's experts of a[t, e] · (expert_e(x[t]) + down_bias[e]). With top-k > 1
+    (the only supported) the output is [2, T+1, H]: the cores' partial sums, reduced into
+    [0] with [1] zeroed (moe_cte_utils.py reduce_outputs, L639-668); T a multiple of 128
+    (the reduction's tiles, bwmm_shard_on_block_mx.py L495-503)."""
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn3")
+    module = library_module("core.moe.moe_cte.bwmm_shard_on_block_mx")
+    chosen, positions, owners = _moe_blocks(rng, tokens, experts, top_k, block, 2)
+    x = np.concatenate([_random(rng, (tokens, hidden), BF16), np.zeros((1, hidden), BF16)])
+    affinities = np.zeros((tokens + 1, experts), np.float32)
+    np.put_along_axis(affinities[:tokens], chosen, rng.uniform(0.05, 1.0, chosen.shape), axis=1)
+    affinities = affinities.astype(BF16)
+    gate_up, gate_up_scale, down, down_scale = _moe_mx_weights(rng, experts, hidden, inter)
+    gate_up_scale += 3  # gate/up outputs of std ~8: the clamps act on a good share of them
+    gate_up_bias = _random(rng, (experts, 128, 2, inter // 512, 4), BF16)
+    down_bias = _random(rng, (experts, hidden), BF16)
+    clamps = (7.0, -7.0, 7.0)
+    out = module.bwmm_shard_on_block_mx[2](
+        x,
+        affinities.reshape(-1, 1),
+        *_pack_moe_mx_weights(gate_up, down),
+        positions,
+        owners.reshape(-1, 1),
+        gate_and_up_proj_bias=gate_up_bias,
+        down_proj_bias=down_bias,
+        gate_up_proj_scale=gate_up_scale,
+        down_proj_scale=down_scale,
+        block_size=block,
+        is_tensor_update_accumulating=True,
+        gate_clamp_upper_limit=clamps[0],
+        up_clamp_lower_limit=clamps[1],
+        up_clamp_upper_limit=clamps[2],
+        weight_dtype=nki.language.float4_e2m1fn_x4,
+    )
+    expected = np.zeros((tokens, hidden))
+    for e in range(experts):
+        expert = _moe_mx_expert_output(
+            x[:tokens],
+            gate_up[e],
+            gate_up_scale[e],
+            down[e],
+            down_scale[e],
+            gate_up_bias[e],
+            clamps,
+        )
+        expected += affinities[:tokens, e, None].astype(np.float64) * (
+            expert + down_bias[e].astype(np.float64)
+        )
+    out = np.asarray(out)
+    assert out.shape == (2, tokens + 1, hidden) and out.dtype == BF16
+    assert not out[1, :tokens].any()
+    _check_mx_output(out[0, :tokens], expected)
