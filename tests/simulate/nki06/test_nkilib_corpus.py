@@ -3113,3 +3113,64 @@ def test_moe_cte_shard_on_block_mx(rng, monkeypatch, tokens, hidden, inter, expe
     assert out.shape == (2, tokens + 1, hidden) and out.dtype == BF16
     assert not out[1, :tokens].any()
     _check_mx_output(out[0, :tokens], expected)
+
+
+@pytest.mark.parametrize(
+    "tokens, hidden, inter, experts, top_k, block",
+    [(128, 512, 1024, 4, 2, 256), (128, 1024, 1024, 4, 2, 256)],
+)
+def test_moe_cte_shard_on_i_mx(rng, monkeypatch, tokens, hidden, inter, experts, top_k, block):
+    """Docstring (bwmm_shard_on_I_mx.py blockwise_mm_shard_intermediate_mx, L119-219, LNC=2
+    on Trn3): the blockwise MX MoE of test_moe_cte_shard_on_block_mx with I split over the
+    two cores (I a multiple of 1024, blocks of 256: two 128-token tiles, one per core);
+    POST_SCALE as AWS's harness passes it (the kernel's default is PRE_SCALE); out [T+1, H].
+    The down bias is zero here: each core adds the whole bias to its half-I partial sum
+    (L1045-1049, loaded on both cores L1388-1398) and the cores' partials are then added
+    (L1409-1422), so a nonzero bias comes out twice, where the docstring (L204) and AWS's own
+    golden (test/integration/nkilib/core/moe/moe_cte/test_utils.py L594-595, L681-687) add it
+    once. The kernel needs the tensor (it reads its dtype)."""
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn3")
+    module = library_module("core.moe.moe_cte.bwmm_shard_on_I_mx")
+    scale_mode = library_module("core.utils.common_types").ExpertAffinityScaleMode
+    chosen, positions, owners = _moe_blocks(rng, tokens, experts, top_k, block, 1)
+    x = np.concatenate([_random(rng, (tokens, hidden), BF16), np.zeros((1, hidden), BF16)])
+    affinities = np.zeros((tokens + 1, experts), np.float32)
+    np.put_along_axis(affinities[:tokens], chosen, rng.uniform(0.05, 1.0, chosen.shape), axis=1)
+    affinities = affinities.astype(BF16)
+    gate_up, gate_up_scale, down, down_scale = _moe_mx_weights(rng, experts, hidden, inter)
+    gate_up_scale += 3  # gate/up outputs of std ~8: the clamps act on a good share of them
+    gate_up_bias = _random(rng, (experts, 128, 2, inter // 512, 4), BF16)
+    clamps = (7.0, -7.0, 7.0)
+    out = module.blockwise_mm_shard_intermediate_mx[2](
+        x,
+        affinities.reshape(-1, 1),
+        *_pack_moe_mx_weights(gate_up, down),
+        positions,
+        owners.reshape(-1, 1),
+        gate_and_up_proj_bias=gate_up_bias,
+        down_proj_bias=np.zeros((experts, hidden), BF16),
+        gate_up_proj_scale=gate_up_scale,
+        down_proj_scale=down_scale,
+        block_size=block,
+        is_tensor_update_accumulating=True,
+        expert_affinities_scaling_mode=scale_mode.POST_SCALE,
+        gate_clamp_upper_limit=clamps[0],
+        up_clamp_lower_limit=clamps[1],
+        up_clamp_upper_limit=clamps[2],
+        weight_dtype=nki.language.float4_e2m1fn_x4,
+    )
+    expected = np.zeros((tokens, hidden))
+    for e in range(experts):
+        expert = _moe_mx_expert_output(
+            x[:tokens],
+            gate_up[e],
+            gate_up_scale[e],
+            down[e],
+            down_scale[e],
+            gate_up_bias[e],
+            clamps,
+        )
+        expected += affinities[:tokens, e, None].astype(np.float64) * expert
+    out = np.asarray(out)
+    assert out.shape == (tokens + 1, hidden) and out.dtype == BF16
+    _check_mx_output(out[:tokens], expected)
