@@ -3174,3 +3174,65 @@ def test_moe_cte_shard_on_i_mx(rng, monkeypatch, tokens, hidden, inter, experts,
     out = np.asarray(out)
     assert out.shape == (tokens + 1, hidden) and out.dtype == BF16
     _check_mx_output(out[:tokens], expected)
+
+
+@pytest.mark.parametrize(
+    "all_expert, tokens, hidden, inter, experts, top_k",
+    [(False, 8, 1024, 512, 8, 2), (False, 4, 1024, 1024, 16, 4), (True, 32, 1024, 1024, 8, 4)],
+)
+def test_moe_block_tkg_mx(rng, monkeypatch, all_expert, tokens, hidden, inter, experts, top_k):
+    """Docstring (moe_block_tkg with MXFP4 experts, core/moe_block/moe_block_tkg.py L76-169,
+    LNC=2 on Trn3): RMSNorm(x, γ) → router logits @ W [H, E]; top-k of the logits, softmax
+    over the chosen ones (router_pre_norm=False, as every MX case of AWS's harness,
+    test/integration/nkilib/core/moe_block/test_moe_block_tkg.py L371-418); out = Σ over the
+    token's experts of a · (expert_e(x) + down_bias[e]) with the MX experts of
+    test_moe_tkg_selective_mx (bias, AWS's clamps), selective or all-expert (rank 0, every
+    expert local: the fused RMSNorm + MX quantization of rmsnorm_mx_quantize_tkg). With the
+    default router_pre_norm=True the selective MX path reads top-k affinities the router
+    never writes (core/router_topk/router_topk.py L739, L1140: NaN here)."""
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn3")
+    moe_block_tkg = library_module("core.moe_block.moe_block_tkg").moe_block_tkg
+    types = library_module("core.utils.common_types")
+    x = _random(rng, (tokens, 1, hidden), BF16)
+    gamma = _random(rng, (1, hidden), BF16)
+    router = (_random(rng, (hidden, experts), np.float32) / math.sqrt(hidden)).astype(BF16)
+    gate_up, gate_up_scale, down, down_scale = _moe_mx_weights(rng, experts, hidden, inter)
+    gate_up_scale += 3  # gate/up outputs of std ~8: the clamps act on a good share of them
+    gate_up_bias = _random(rng, (experts, 128, 2, inter // 512, 4), BF16)
+    down_bias = _random(rng, (experts, hidden), BF16)
+    clamps = (7.0, -6.0, 8.0)
+    extra = {"is_all_expert": True, "rank_id": np.zeros((1, 1), np.int32)} if all_expert else {}
+    out, logits = moe_block_tkg[2](
+        x,
+        gamma,
+        router,
+        *_pack_moe_mx_weights(gate_up, down),
+        expert_gate_up_weights_scale=gate_up_scale,
+        expert_down_weights_scale=down_scale,
+        expert_gate_up_bias=gate_up_bias,
+        expert_down_bias=down_bias,
+        top_k=top_k,
+        router_act_fn=types.RouterActFnType.SOFTMAX,
+        router_pre_norm=False,
+        expert_affinities_scaling_mode=types.ExpertAffinityScaleMode.POST_SCALE,
+        gate_clamp_upper_limit=clamps[0],
+        up_clamp_lower_limit=clamps[1],
+        up_clamp_upper_limit=clamps[2],
+        **extra,
+    )
+    x64 = x.astype(np.float64).reshape(tokens, hidden)
+    x64 = x64 / np.sqrt((x64**2).mean(axis=-1, keepdims=True) + 1e-6) * gamma.astype(np.float64)
+    _check(logits, x64 @ router.astype(np.float64), BF16, scale=4.0)
+    chosen_logits = np.asarray(logits).astype(np.float64)  # the kernel's own: no near-tie flips
+    weight = np.zeros((tokens, experts))
+    for t, picked in enumerate(np.argsort(-chosen_logits, axis=1, kind="stable")[:, :top_k]):
+        weight[t, picked] = _softmax(chosen_logits[t, picked][None])[0]
+    normed = x64.astype(BF16).astype(np.float64)  # the kernels quantize the bf16 RMSNorm output
+    expected = np.zeros((tokens, hidden))
+    for e in range(experts):
+        expert = _moe_mx_expert_output(
+            normed, gate_up[e], gate_up_scale[e], down[e], down_scale[e], gate_up_bias[e], clamps
+        )
+        expected += weight[:, e, None] * (expert + down_bias[e].astype(np.float64))
+    assert np.asarray(out).dtype == BF16
+    _check_mx_output(np.asarray(out).reshape(tokens, hidden), expected)
