@@ -991,6 +991,46 @@ def test_output_projection_cte_fp8_static(rng, lnc, batch, heads, d_head, seq, h
     _check(out, expected, BF16, scale=4.0)
 
 
+@pytest.mark.parametrize(
+    "lnc, batch, heads, d_head, seq, hidden", [(1, 1, 2, 64, 128, 512), (2, 2, 4, 128, 256, 1024)]
+)
+def test_output_projection_cte_static_mx(rng, monkeypatch, lnc, batch, heads, d_head, seq, hidden):
+    """Docstring (QuantizationType.STATIC_MX on Trn3: FP8 weights through the MX engine):
+    as STATIC, out = (q(attention) @ W) · input_scale · weight_scale with q(x) the
+    float8_e4m3fn of x / input_scale clamped to its range (±448), the weight [N·D, H]
+    float8_e4m3fn handed over "pre-shuffled" with each 4 consecutive rows interleaved
+    (AWS's reference undoes it: output_projection_cte_torch.py L189-194, L203-206). The
+    attention is scaled so that some values pass 448 (the clamp) and many pass 240 (STATIC's
+    e4m3 limit, which would be off by ~11 % of the output's rms)."""
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn3")
+    project = library_module(
+        "core.output_projection.output_projection_cte.output_projection_cte"
+    ).output_projection_cte
+    quantization = library_module("core.utils.common_types").QuantizationType.STATIC_MX
+    fp8 = np.dtype(ml_dtypes.float8_e4m3fn)
+    attention = (_random(rng, (batch, heads, d_head, seq), np.float32) * 6).astype(BF16)
+    weight = (_random(rng, (heads * d_head, hidden), np.float32) * 8).astype(fp8)
+    rows = heads * d_head
+    shuffled = weight.reshape(rows // 4, 4, hidden).transpose(0, 2, 1).reshape(rows, hidden)
+    input_scale, weight_scale = np.float32(0.05), np.float32(0.01)
+    out = _launch(
+        nki.jit(project),
+        lnc,
+        attention,
+        shuffled,
+        None,
+        quantization_type=quantization,
+        input_scales=np.full((128, 1), input_scale, np.float32),
+        weight_scales=np.full((128, 1), weight_scale, np.float32),
+    )
+    scaled = (attention.astype(np.float32) * (np.float32(1) / input_scale)).astype(BF16)
+    quantized = np.clip(scaled.astype(np.float64), -448, 448).astype(fp8).astype(np.float64)
+    w = weight.astype(np.float64).reshape(heads, d_head, hidden)
+    expected = np.einsum("bnds,ndh->bsh", quantized, w) * float(input_scale * weight_scale)
+    assert np.asarray(out).dtype == BF16
+    _check_mx_output(out, expected)
+
+
 # --- mlp_cte, mlp_tkg (core/mlp/) --------------------------------------------------------------
 def _mlp_kernel(token_generation, norm, activation, fused_add):
     """A kernel around AWS's MLPParameters and mlp_cte / mlp_tkg, allocating the outputs
