@@ -335,7 +335,9 @@ def _outputs(result):
                 "outputs must be allocated with buffer=nl.shared_hbm (NKI 0.3)"
             )
         arrays.append(_array_out(item))
-    return type(result)(arrays) if several else arrays[0]
+    if not several:
+        return arrays[0]
+    return arrays if isinstance(result, list) else tuple(arrays)
 
 
 def _is_argument(tensor: NkiTensor) -> bool:
@@ -378,6 +380,6 @@ def _as_framework(outputs, kind):
             return torch.from_numpy(a.view(np.int16).copy()).view(torch.bfloat16)
         return torch.from_numpy(np.ascontiguousarray(a))
 
-    if isinstance(outputs, (tuple, list)):
-        return type(outputs)(convert(a) for a in outputs)
-    return convert(outputs)
+    if isinstance(outputs, list):
+        return [convert(a) for a in outputs]
+    return tuple(convert(a) for a in outputs) if isinstance(outputs, tuple) else convert(outputs)
