@@ -3276,3 +3276,34 @@ def test_moe_block_tkg_mx(rng, monkeypatch, all_expert, tokens, hidden, inter, e
         expected += weight[:, e, None] * (expert + down_bias[e].astype(np.float64))
     assert np.asarray(out).dtype == BF16
     _check_mx_output(np.asarray(out).reshape(tokens, hidden), expected)
+
+
+# --- topk_reduce (experimental/collectives/topk_reduce.py; experimental/subkernels/ before) ---
+def _topk_reduce_module():
+    """topk_reduce moved from experimental/subkernels (2.29_release) to experimental/
+    collectives (d2ad3a5)."""
+    try:
+        return library_module("experimental.collectives.topk_reduce")
+    except ModuleNotFoundError:
+        return library_module("experimental.subkernels.topk_reduce")
+
+
+@pytest.mark.parametrize(
+    "lnc, src_ranks, tokens, k, hidden",
+    [(1, 8, 4, 4, 256), (2, 8, 16, 8, 512), (2, 4, 128, 2, 256)],
+)
+def test_topk_reduce(rng, lnc, src_ranks, tokens, k, hidden):
+    """Docstring (topk_reduce.py L33-61): a sparse all_to_all_v output [ranks·T, H + 2]
+    holding the T·K expert outputs at scattered rows, each with its global token index
+    packed as an int32 in its last two 16-bit columns; out[t] = Σ of the rows of token t.
+    The other rows hold -1 everywhere (AWS's harness, test/integration/nkilib/experimental/
+    subkernels/test_topk_reduce.py L29-49), an index no token has."""
+    topk_reduce = _topk_reduce_module().topk_reduce
+    rows = src_ranks * tokens
+    buffer = np.full((rows, hidden + 2), -1, BF16)
+    values = _random(rng, (tokens * k, hidden), BF16)
+    ids = np.arange(tokens, dtype=np.int32).repeat(k)[:, None].view(BF16)
+    buffer[rng.permutation(rows)[: tokens * k]] = np.concatenate([values, ids], axis=1)
+    out = _launch(topk_reduce, lnc, buffer, tokens, k)
+    expected = values.astype(np.float64).reshape(tokens, k, hidden).sum(axis=1)
+    _check(out, expected, BF16, scale=4.0)
