@@ -271,28 +271,48 @@ def _output(plan, views, k, heads, N, scale, shift, state):
 def _stacked(plan, weight_hbm, offset):
     """w + offset in the scale dtype, (128, heads·N) in SBUF (the rows of a per-head weight
     one after the other): the Tensor engine's moving operand, of which each matmul reads the
-    partitions of one row tile and the columns of one head, against the rstd pieces and the
-    high piece again (:func:`_rstd_slots`): the first ``plan.rstd_pieces`` partitions of
-    each row tile hold w's finite part (±Inf and NaN zeroed), the next its non-finite part
-    (zero where finite), so that no zero piece meets an infinite weight (0·Inf is NaN; see
-    ``steps.weight_rows``). Built once: one load, the split (Vector), per ``PSUM_COLS``
-    columns a ones-row matmul into PSUM (exact) and a copy out, the non-finite row copied in
-    by DMA."""
+    partitions of one row tile and the columns of one head, against the rstd pieces
+    (:func:`_rstd_slots`). The first partition of each row tile (0, 32, 64, 96) holds the
+    weight as it is, against the high piece; the others its finite part (±Inf and NaN
+    zeroed), against the middle and low pieces, which may be zero (0·Inf is NaN; see
+    ``steps.weight_rows``): the high piece is positive or itself 0, Inf or NaN, for which
+    IEEE gives rstd·w the same non-finite value. −0 is made +0 throughout (the "rows"
+    regime's ones-row broadcast starts from +0; ``steps.signed_zeros_positive``).
+
+    Built once: one load of the weight as a row, then per ``PSUM_COLS`` columns a ones-row
+    matmul broadcasting it to every partition (exact, one product 1·w per element, ±Inf and
+    NaN included) and, on the Vector engine reading that bank, w + offset, the non-finite
+    elements set to 0 by a predicated copy (v·0 == 0 exactly where v is finite) and the four
+    raw rows put back."""
     n = weight_hbm.shape[0]
-    parts = steps.finite_parts(weight_hbm, plan.scale_dtype, offset)
-    row = steps.sbuf((1, n), plan.scale_dtype)
-    steps.copy_parts(row, parts, 0)
-    ones = steps.sbuf((1, PMAX), plan.scale_dtype)
+    row = steps.sbuf((1, n), weight_hbm.dtype)
+    nisa.dma_copy(dst=row, src=weight_hbm.reshape((1, n)))
+    ones = steps.sbuf((1, PMAX), weight_hbm.dtype)
     nisa.memset(dst=ones, value=1.0)
     stacked = steps.sbuf((PMAX, n), plan.scale_dtype)
+    finite = None
+    if plan.rstd_pieces > 1:
+        finite = steps.sbuf((PMAX, n), nl.uint8)
     for c0 in range(0, n, PSUM_COLS):
         c1 = min(n, c0 + PSUM_COLS)
-        broadcast = nl.ndarray((PMAX, c1 - c0), dtype=nl.float32, buffer=nl.psum)
-        nisa.nc_matmul(dst=broadcast, stationary=ones, moving=row[:, c0:c1], accumulate=False)
-        nisa.tensor_copy(dst=stacked[:, c0:c1], src=broadcast)
-    pieces = plan.rstd_pieces
-    for start in range(0, PMAX, ROW_TILE):
-        steps.copy_parts(stacked[start + pieces : start + pieces + 1, :], parts, 1)
+        raw = nl.ndarray((PMAX, c1 - c0), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(dst=raw, stationary=ones, moving=row[:, c0:c1], accumulate=False)
+        part = stacked[:, c0:c1]
+        nisa.tensor_scalar(dst=part, data=raw, op0=nl.add, operand0=float(offset))
+        if finite is None:
+            continue
+        mask = finite[:, c0:c1]
+        nisa.tensor_scalar(
+            dst=mask, data=part, op0=nl.multiply, operand0=0.0, op1=nl.equal, operand1=0.0
+        )
+        nisa.tensor_copy_predicated(dst=part, src=0.0, predicate=mask, reverse_pred=True)
+        for start in range(0, PMAX, ROW_TILE):
+            nisa.tensor_scalar(
+                dst=part[start : start + 1, :],
+                data=raw[start : start + 1, :],
+                op0=nl.add,
+                operand0=float(offset),
+            )
     return stacked
 
 
@@ -303,8 +323,7 @@ def _rstd_slots(plan, rstd):
     (bf16 weight): hi = bf16(rstd), mid = bf16(rstd − hi), lo = bf16(rstd − hi − mid), whose
     sum is rstd exactly (each difference is exact in fp32); the copies on the GpSimd engine,
     the differences on the Vector engine, each instruction covering all k rows. One piece:
-    rstd itself (an fp32 matmul against an fp32 weight + offset). Then the first piece
-    again, against the weight's non-finite part (:func:`_stacked`)."""
+    rstd itself (an fp32 matmul against an fp32 weight + offset)."""
     parts, k = rstd.shape
     slots = steps.sbuf((parts, k * ROW_TILE), plan.scale_dtype)
     pieces = slots.reshape((parts, k, ROW_TILE))
@@ -314,8 +333,6 @@ def _rstd_slots(plan, rstd):
         nisa.tensor_tensor(dst=rest, data1=rstd, data2=pieces[:, :, 0], op=nl.subtract)
         nisa.tensor_copy(dst=pieces[:, :, 1], src=rest, engine=nisa.gpsimd_engine)
         nisa.tensor_tensor(dst=pieces[:, :, 2], data1=rest, data2=pieces[:, :, 1], op=nl.subtract)
-    last = plan.rstd_pieces
-    nisa.tensor_copy(dst=pieces[:, :, last], src=pieces[:, :, 0], engine=nisa.gpsimd_engine)
     return slots
 
 
@@ -327,7 +344,7 @@ def _transposed_rstd(plan, k, ident, state):
     :func:`_outer_output`."""
     group0, h_tile, rstd = state
     parts = h_tile.shape[0]
-    pieces = plan.rstd_pieces + 1  # with the non-finite weight's
+    pieces = plan.rstd_pieces
     slots = _rstd_slots(plan, rstd)
     transposed_rows = []
     for q0 in range(0, k, ROWS_PER_TRANSPOSE):
@@ -359,7 +376,7 @@ def _outer_output(plan, views, k, heads, N, stacked, shift, state):
     group0, h_tile, transposed_rows = state
     parts = h_tile.shape[0]
     width = k * N
-    pieces = plan.rstd_pieces + 1  # with the non-finite weight's
+    pieces = plan.rstd_pieces
     y_tile = steps.sbuf((parts, width), plan.result_dtype)
     product = None
     if shift is not None:
