@@ -291,12 +291,15 @@ def _stacked(plan, weight_hbm, offset):
     """w + offset in the scale dtype, (128, heads·N) in SBUF (the rows of a per-head weight
     one after the other): the Tensor engine's moving operand, of which each matmul reads the
     partitions of one row tile and the columns of one head, against the rstd pieces
-    (:func:`_rstd_slots`). The first partition of each row tile (0, 32, 64, 96) holds the
-    weight as it is, against the high piece; the others its finite part (±Inf and NaN
-    zeroed), against the middle and low pieces, which may be zero (0·Inf is NaN; see
-    ``steps.weight_rows``): the high piece is positive or itself 0, Inf or NaN, for which
-    IEEE gives rstd·w the same non-finite value. −0 is made +0 throughout (the "rows"
-    regime's ones-row broadcast starts from +0; ``steps.signed_zeros_positive``).
+    (:func:`_rstd_slots`). Three pieces (bf16 weight): the first partition of each row tile
+    (0, 32, 64, 96) holds the weight as it is, against the high piece, the next two its
+    finite part (±Inf and NaN zeroed), against the middle and low pieces, which may be zero
+    (0·Inf is NaN; see ``steps.weight_rows``). The high piece is bf16(rstd): positive, so
+    that hi·w is the ±Inf or NaN IEEE gives rstd·w, or itself 0 / Inf / NaN for a row whose
+    y is NaN in that column anyway (an infinite element, a zero row with eps = 0, a NaN).
+    One piece (fp32 rstd against an fp32 weight + offset): every partition holds w + offset.
+    −0 is made +0 throughout (the "rows" regime's ones-row broadcast starts from +0;
+    ``steps.signed_zeros_positive``).
 
     Built once: one load of the weight as a row, then per ``PSUM_COLS`` columns a ones-row
     matmul broadcasting it to every partition (exact, one product 1·w per element, ±Inf and
