@@ -9,6 +9,7 @@ cases skip there, naming the error, and run against a 2.29_release checkout (ddb
 
 from __future__ import annotations
 
+import functools
 import math
 
 import ml_dtypes
@@ -3092,11 +3093,26 @@ def test_moe_tkg_selective_mx(rng, monkeypatch, lnc, tokens, hidden, inter, expe
     _check_mx_output(out, expected)
 
 
+def _padding_conditions(positions, block, tokens, extra):
+    """1 for each block holding a token, then 0 for the padding blocks and ``extra`` more
+    slots: the conditions vector of AWS's harness (test/integration/nkilib/core/moe/moe_cte/
+    test_moe_cte_common.py L251-262: N+1 entries for shard-on-I, N+2 for the MX
+    shard-on-block)."""
+    used = (positions.reshape(-1, block) < tokens).any(axis=1)
+    return np.concatenate([used, np.zeros(extra, bool)]).astype(np.int32)
+
+
 @pytest.mark.parametrize(
-    "tokens, hidden, inter, experts, top_k, block",
-    [(128, 512, 512, 4, 2, 128), (128, 1024, 1024, 4, 2, 128)],
+    "tokens, hidden, inter, experts, top_k, block, dynamic",
+    [
+        (128, 512, 512, 4, 2, 128, False),
+        (128, 1024, 1024, 4, 2, 128, False),
+        (128, 512, 512, 4, 2, 128, True),  # the dynamic loop over the conditions
+    ],
 )
-def test_moe_cte_shard_on_block_mx(rng, monkeypatch, tokens, hidden, inter, experts, top_k, block):
+def test_moe_cte_shard_on_block_mx(
+    rng, monkeypatch, tokens, hidden, inter, experts, top_k, block, dynamic
+):
     """Docstring (bwmm_shard_on_block_mx.py L103-229, LNC=2 on Trn3): the blockwise MoE of
     test_moe_cte with MXFP4 weights in the MX MoE layouts (gate/up [E, 128, 2, H/512, I] x4,
     down [E, I_p, I/512, H] x4, e8m0 scales, gate/up bias [E, I_p, 2, I/512, 4], down bias
@@ -3105,7 +3121,9 @@ def test_moe_cte_shard_on_block_mx(rng, monkeypatch, tokens, hidden, inter, expe
     Σ over the token's experts of a[t, e] · (expert_e(x[t]) + down_bias[e]). With top-k > 1
     (the only supported) the output is [2, T+1, H]: the cores' partial sums, reduced into
     [0] with [1] zeroed (moe_cte_utils.py reduce_outputs, L639-668); T a multiple of 128
-    (the reduction's tiles, bwmm_shard_on_block_mx.py L495-503)."""
+    (the reduction's tiles, bwmm_shard_on_block_mx.py L495-503). ``dynamic``: the conditions
+    vector drives the blocks past the static ones through the dynamic loop (L208-218); the
+    padding blocks it stops at hold only the pad token, so the result is the same."""
     monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn3")
     module = library_module("core.moe.moe_cte.bwmm_shard_on_block_mx")
     chosen, positions, owners = _moe_blocks(rng, tokens, experts, top_k, block, 2)
@@ -3134,6 +3152,7 @@ def test_moe_cte_shard_on_block_mx(rng, monkeypatch, tokens, hidden, inter, expe
         up_clamp_lower_limit=clamps[1],
         up_clamp_upper_limit=clamps[2],
         weight_dtype=nki.language.float4_e2m1fn_x4,
+        conditions=_padding_conditions(positions, block, tokens, 2) if dynamic else None,
     )
     expected = np.zeros((tokens, hidden))
     for e in range(experts):
@@ -3156,10 +3175,16 @@ def test_moe_cte_shard_on_block_mx(rng, monkeypatch, tokens, hidden, inter, expe
 
 
 @pytest.mark.parametrize(
-    "tokens, hidden, inter, experts, top_k, block",
-    [(128, 512, 1024, 4, 2, 256), (128, 1024, 1024, 4, 2, 256)],
+    "tokens, hidden, inter, experts, top_k, block, hybrid",
+    [
+        (128, 512, 1024, 4, 2, 256, False),
+        (128, 1024, 1024, 4, 2, 256, False),
+        (128, 512, 1024, 4, 2, 256, True),  # blockwise_mm_shard_intermediate_mx_hybrid
+    ],
 )
-def test_moe_cte_shard_on_i_mx(rng, monkeypatch, tokens, hidden, inter, experts, top_k, block):
+def test_moe_cte_shard_on_i_mx(
+    rng, monkeypatch, tokens, hidden, inter, experts, top_k, block, hybrid
+):
     """Docstring (bwmm_shard_on_I_mx.py blockwise_mm_shard_intermediate_mx, L119-219, LNC=2
     on Trn3): the blockwise MX MoE of test_moe_cte_shard_on_block_mx with I split over the
     two cores (I a multiple of 1024, blocks of 256: two 128-token tiles, one per core);
@@ -3168,7 +3193,8 @@ def test_moe_cte_shard_on_i_mx(rng, monkeypatch, tokens, hidden, inter, experts,
     (L1045-1049, loaded on both cores L1388-1398) and the cores' partials are then added
     (L1409-1422), so a nonzero bias comes out twice, where the docstring (L204) and AWS's own
     golden (test/integration/nkilib/core/moe/moe_cte/test_utils.py L594-595, L681-687) add it
-    once. The kernel needs the tensor (it reads its dtype)."""
+    once. The kernel needs the tensor (it reads its dtype). ``hybrid``: the static/dynamic
+    variant (L401-430), its conditions [N+1] 0 from the first padding block on."""
     monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn3")
     module = library_module("core.moe.moe_cte.bwmm_shard_on_I_mx")
     scale_mode = library_module("core.utils.common_types").ExpertAffinityScaleMode
@@ -3181,7 +3207,12 @@ def test_moe_cte_shard_on_i_mx(rng, monkeypatch, tokens, hidden, inter, experts,
     gate_up_scale += 3  # gate/up outputs of std ~8: the clamps act on a good share of them
     gate_up_bias = _random(rng, (experts, 128, 2, inter // 512, 4), BF16)
     clamps = (7.0, -7.0, 7.0)
-    out = module.blockwise_mm_shard_intermediate_mx[2](
+    if hybrid:
+        conditions = _padding_conditions(positions, block, tokens, 1)
+        kernel = functools.partial(module.blockwise_mm_shard_intermediate_mx_hybrid[2], conditions)
+    else:
+        kernel = module.blockwise_mm_shard_intermediate_mx[2]
+    out = kernel(
         x,
         affinities.reshape(-1, 1),
         *_pack_moe_mx_weights(gate_up, down),
