@@ -2378,9 +2378,12 @@ def _mlp_fp8_kernel(token_generation, quantization):
         (1, True, 2, 1, 256, 512, "STATIC"),
         (1, True, 2, 1, 256, 512, "ROW"),
         (2, True, 4, 1, 512, 1024, "ROW"),
+        # FP8 through the MX engine (Trn3): 256-token tiles at least per core
+        (1, False, 1, 256, 512, 512, "STATIC_MX"),
+        (2, False, 1, 512, 1024, 1024, "STATIC_MX"),
     ],
 )
-def test_mlp_fp8(rng, lnc, tkg, batch, seq, hidden, inter, quantization):
+def test_mlp_fp8(rng, monkeypatch, lnc, tkg, batch, seq, hidden, inter, quantization):
     """Docstring (mlp.py L123-149, MLPParameters._validate_shapes): float8_e4m3 gate, up
     [H, I] and down [I, H] weights with dequantization scales: STATIC [128, 1] (the same
     value on every partition), ROW [128, I] ([128, H] for down) per output column. Token
@@ -2389,7 +2392,12 @@ def test_mlp_fp8(rng, lnc, tkg, batch, seq, hidden, inter, quantization):
     dequantization scale s_in, dequantizes each projection by s_w · s_in and quantizes the
     intermediate h as fp8(clamp(h / s_down_in, ±240)) (±240: get_max_positive_value_for_
     dtype; mlp_cte_quantization.py L52-101) before the down projection, dequantized by
-    s_d · s_down_in."""
+    s_d · s_down_in. STATIC_MX (context encoding) computes the same with the gate/up weights
+    handed over swizzled as w.reshape(2, H/512, 128, 2, I/512, 128, 4).transpose(2, 1, 4, 6,
+    5, 0, 3) and the down weights as w.reshape(I/512, 128, 4, H).transpose(1, 0, 3, 2) (the
+    mlp entry's docstring, core/mlp/mlp.py@ddbca35 L127-134)."""
+    if quantization == "STATIC_MX":
+        monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn3")
     quantization_type = getattr(
         library_module("core.utils.common_types").QuantizationType, quantization
     )
@@ -2400,7 +2408,7 @@ def test_mlp_fp8(rng, lnc, tkg, batch, seq, hidden, inter, quantization):
         (_random(rng, (hidden, inter), np.float32) * 16).astype(fp8),
         (_random(rng, (inter, hidden), np.float32) * 16).astype(fp8),
     ]
-    if quantization == "STATIC":
+    if quantization.startswith("STATIC"):
         w_scales = [
             np.full((128, 1), s / 16 / math.sqrt(n), np.float32)
             for s, n in ((1.0, hidden), (2.0, hidden), (0.5, inter))
@@ -2417,7 +2425,21 @@ def test_mlp_fp8(rng, lnc, tkg, batch, seq, hidden, inter, quantization):
         in_scales = [None, None]
         columns = [s[0].astype(np.float64) for s in w_scales]
     kernel = _mlp_fp8_kernel(tkg, quantization_type)
-    out = _launch(kernel, lnc, x, *weights, *w_scales, *in_scales)
+    passed = weights
+    if quantization == "STATIC_MX":
+        gate_w, up_w, down_w = weights
+        passed = [
+            w.reshape(2, hidden // 512, 128, 2, inter // 512, 128, 4)
+            .transpose(2, 1, 4, 6, 5, 0, 3)
+            .reshape(hidden, inter)
+            for w in (gate_w, up_w)
+        ]
+        passed.append(
+            down_w.reshape(inter // 512, 128, 4, hidden)
+            .transpose(1, 0, 3, 2)
+            .reshape(inter, hidden)
+        )
+    out = _launch(kernel, lnc, x, *passed, *w_scales, *in_scales)
 
     gate, up, down = (w.astype(np.float64) * c for w, c in zip(weights, columns))
     x64 = x.astype(np.float64)
