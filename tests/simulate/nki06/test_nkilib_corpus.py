@@ -2714,24 +2714,40 @@ def _mx_online_matmul(x, values, scale):
 
 
 @pytest.mark.parametrize(
-    "lnc, batch, seq, hidden, q_heads, kv_heads, norm, swizzled",
+    "lnc, batch, seq, hidden, q_heads, kv_heads, norm, swizzled, bias, residual",
     [
-        (2, 4, 1, 1024, 2, 1, "NO_NORM", True),  # qkv_tkg MX (AWS's cases: LNC=2, d_head 128)
-        (2, 8, 1, 2048, 6, 3, "RMS_NORM", True),
-        (1, 4, 1, 512, 2, 1, "NO_NORM", True),
-        (1, 1, 128, 512, 2, 1, "NO_NORM", False),  # S > 96: qkv_cte MX
-        (2, 2, 128, 512, 2, 1, "NO_NORM", True),
-        (2, 1, 128, 1024, 2, 1, "RMS_NORM", False),
+        (
+            2,
+            4,
+            1,
+            1024,
+            2,
+            1,
+            "NO_NORM",
+            True,
+            False,
+            False,
+        ),  # qkv_tkg MX (AWS's cases: LNC=2, d_head 128)
+        (2, 8, 1, 2048, 6, 3, "RMS_NORM", True, False, False),
+        (1, 4, 1, 512, 2, 1, "NO_NORM", True, True, False),
+        (1, 1, 128, 512, 2, 1, "NO_NORM", False, False, False),  # S > 96: qkv_cte MX
+        (2, 2, 128, 512, 2, 1, "NO_NORM", True, True, False),
+        (2, 1, 128, 1024, 2, 1, "RMS_NORM", False, False, False),
+        # the fused add on qkv_cte only (the TKG MX path: "fused_add is not supported")
+        (2, 1, 128, 1024, 2, 1, "RMS_NORM", False, True, True),
     ],
 )
-def test_qkv_mx(rng, monkeypatch, lnc, batch, seq, hidden, q_heads, kv_heads, norm, swizzled):
+def test_qkv_mx(
+    rng, monkeypatch, lnc, batch, seq, hidden, q_heads, kv_heads, norm, swizzled, bias, residual
+):
     """Docstring (qkv, QuantizationType.MX, Trn3; core/qkv/qkv.py L134-144, L189-198): x [B, S,
     H] bf16, optionally RMS-normalised with γ, quantized online to MXFP8 and multiplied by
     MXFP8 weights [H/4, I] x4 (MX_CONTIGUOUS) with scales [H/32, I]: out [B, S, I] bf16. With
     is_h_dim_4h_transposed (required by qkv_tkg's MX path, qkv_tkg_mx_impl.py L70) x and γ
     come pre-shuffled from [.., H/512, 128, 4] to [.., 4, H/512, 128]; qkv_cte takes either
     (is_input_swizzled, qkv_cte.py L204-208) but normalises unswizzled input only
-    (qkv_cte_utils.py L546)."""
+    (qkv_cte_utils.py L546). Optional bias [1, I] and, on qkv_cte, the fused residual add
+    x + mlp_prev + attention_prev (rounded to bf16) before the norm."""
     monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn3")
     qkv = library_module("core.qkv.qkv").qkv
     types = library_module("core.utils.common_types")
@@ -2746,12 +2762,25 @@ def test_qkv_mx(rng, monkeypatch, lnc, batch, seq, hidden, q_heads, kv_heads, no
 
     kwargs = {"fused_norm_type": getattr(types.NormType, norm)}
     x64 = x.astype(np.float64).reshape(batch * seq, hidden)
+    if residual:
+        mlp_prev, attention_prev = (_random(rng, x.shape, BF16) for _ in range(2))
+        kwargs.update(
+            fused_residual_add=True,
+            mlp_prev=shuffle(mlp_prev),
+            attention_prev=shuffle(attention_prev),
+        )
+        summed = x64 + sum(
+            t.astype(np.float64).reshape(x64.shape) for t in (mlp_prev, attention_prev)
+        )
+        x64 = summed.astype(BF16).astype(np.float64)
     if norm == "RMS_NORM":
         gamma = _random(rng, (1, hidden), BF16)
         kwargs["gamma_norm_weights"] = shuffle(gamma)
         x64 = x64 / np.sqrt((x64**2).mean(axis=-1, keepdims=True) + 1e-6)
         # the kernels round the normalised x to bf16 before quantize_mx
         x64 = (x64 * gamma.astype(np.float64)).astype(BF16).astype(np.float64)
+    if bias:
+        kwargs["bias"] = _random(rng, (1, width), BF16)
     out = _launch(
         qkv,
         lnc,
@@ -2767,6 +2796,8 @@ def test_qkv_mx(rng, monkeypatch, lnc, batch, seq, hidden, q_heads, kv_heads, no
         **kwargs,
     )
     expected = _mx_online_matmul(x64, values, scale).reshape(batch, seq, width)
+    if bias:
+        expected = expected + kwargs["bias"].astype(np.float64)
     assert np.asarray(out).dtype == BF16 and np.asarray(out).shape == expected.shape
     _check_mx_output(out, expected)
 
