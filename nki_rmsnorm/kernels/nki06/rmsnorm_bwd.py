@@ -55,10 +55,12 @@ from nki_rmsnorm.plan.backward import (
     BwdTile,
     BwdTileSlots,
     PeConstants,
+    column_segments,
     has_vector_row_dot,
     make_plan,
     partial_columns,
     tensor_row_dot_end,
+    tile_rows,
     vector_row_dot_block,
 )
 from nki_rmsnorm.plan.kernel_assert import kernel_assert
@@ -76,7 +78,10 @@ def rmsnorm_bwd(dy, x, weight, rstd, dh_out, offset, has_bias, casting_mode, bia
     M, N = x.shape
     param_dtype = nl.float32 if weight is None else weight.dtype
     dx = nl.ndarray((M, N), dtype=x.dtype, buffer=nl.shared_hbm)
-    dweight = nl.ndarray((N,), dtype=param_dtype, buffer=nl.shared_hbm)
+    # (N,), or (heads, N) for a per-head weight
+    dweight = nl.ndarray(
+        (N,) if weight is None else weight.shape, dtype=param_dtype, buffer=nl.shared_hbm
+    )
     dbias = nl.ndarray(
         (N,), dtype=param_dtype if bias_dtype is None else bias_dtype, buffer=nl.shared_hbm
     )
@@ -120,12 +125,17 @@ def check_gradients(x, weight, dx, dweight, dbias):
 
 def backward_body(dy, x, weight, rstd, dh_out, dx, dweight, dbias, offset, casting_mode):
     """Write dx (and dweight / dbias when not None): the code both entry points share. Under
-    LNC=2 core ``nl.program_id(0)`` takes one half of the row tiles."""
+    LNC=2 core ``nl.program_id(0)`` takes one half of the row tiles. A 2-D weight
+    ``(heads, N)`` is per head: row r is normalised with ``weight[r mod heads]`` and
+    dweight is ``(heads, N)``, each head's column sums over its own rows."""
     M, N = x.shape
     # a kernel_assert-style check (AWS: nki-library@d2ad3a5
     # src/nkilib_src/nkilib/core/utils/kernel_assert.py L17); the bindings raise ValueError
     # before any launch
     assert N <= MAX_HIDDEN, f"rmsnorm_bwd: hidden size {N} exceeds the supported {MAX_HIDDEN}"
+    heads = check_heads(M, N, weight, dbias)
+    if heads > 0 and dweight is not None:
+        dweight = dweight.reshape((heads * N,))  # dweight[h, j] at h·N + j
     dtypes = BwdDtypes(
         x=x.dtype,
         dy=dy.dtype,
@@ -140,9 +150,13 @@ def backward_body(dy, x, weight, rstd, dh_out, dx, dweight, dbias, offset, casti
         usable_sbuf_bytes(),
         nisa.get_nc_version() >= nisa.nc_version.gen3,
         nisa.get_nc_version() >= nisa.nc_version.gen4,
+        heads,
     )
-    fold = 1 if plan is None else plan.fold
-    n_tiles = -(-M * fold // nl.tile_size.pmax)
+    kernel_assert(
+        heads == 0 or plan is not None,
+        f"rmsnorm_bwd: a per-head weight needs unfolded rows; N = {N} does not fit SBUF",
+    )
+    n_tiles = -(-M // (nl.tile_size.pmax if plan is None else tile_rows(plan)))
     half = -(-n_tiles // 2)  # row tiles of the first half; the second has the rest
     halves = ((0, half), (half, n_tiles)) if n_tiles > 1 else ((0, n_tiles),)
     share = None  # this core runs every half and adds them itself
@@ -160,6 +174,21 @@ def backward_body(dy, x, weight, rstd, dh_out, dx, dweight, dbias, offset, casti
         _rows_backward(plan, dy, x, weight, rstd, dh_out, dx, dweight, dbias, offset, halves, share)
 
 
+def check_heads(M, N, weight, dbias):
+    """The heads of a per-head weight (0 for a 1-D weight or none), checked: ``(heads, N)``
+    with heads ≤ 128 dividing the rows, and no dbias (the launchers compute it apart)."""
+    if weight is None or len(weight.shape) == 1:
+        return 0
+    heads = weight.shape[0]
+    kernel_assert(
+        len(weight.shape) == 2 and weight.shape[1] == N and heads <= nl.tile_size.pmax,
+        f"rmsnorm_bwd: a 2-D weight must be (heads <= 128, N = {N}), got {weight.shape}",
+    )
+    kernel_assert(M % heads == 0, f"rmsnorm_bwd: {M} rows are not whole sets of {heads} heads")
+    kernel_assert(dbias is None, "rmsnorm_bwd: no dbias beside a per-head weight")
+    return heads
+
+
 def _rows_backward(plan, dy, x, weight, rstd, dh_out, dx, dweight, dbias, offset, halves, share):
     """The pipelined backward over the row tiles ``halves[0][0] … halves[-1][1] − 1``.
     ``share``: None when this core runs every half (it adds them itself), else the core's
@@ -167,8 +196,10 @@ def _rows_backward(plan, dy, x, weight, rstd, dh_out, dx, dweight, dbias, offset
     M, N = x.shape
     P = nl.tile_size.pmax
     f, L = plan.fold, plan.width
+    R = tile_rows(plan)
+    TP = R * f  # partitions of a full row tile
     t_first, t_end = halves[0][0], halves[-1][1]
-    r0, r1 = t_first * (P // f), min(M, t_end * (P // f))
+    r0, r1 = t_first * R, min(M, t_end * R)
     rows = r1 - r0
     want_dweight, want_dbias = dweight is not None, dbias is not None
     consts = _constants(plan, rows, N, dy, weight, rstd[r0:r1], offset, want_dweight, want_dbias)
@@ -205,8 +236,8 @@ def _rows_backward(plan, dy, x, weight, rstd, dh_out, dx, dweight, dbias, offset
 
     # Software pipeline: statistic pass of tile t next to the gradient pass of tile t − 1.
     for t in range(n_local + 1):
-        tile = _tile_view(slots, t, min(P, rows * f - t * P)) if t < n_local else None
-        previous = _tile_view(slots, t - 1, min(P, rows * f - (t - 1) * P)) if t > 0 else None
+        tile = _tile_view(slots, t, TP, min(TP, rows * f - t * TP)) if t < n_local else None
+        previous = _tile_view(slots, t - 1, TP, min(TP, rows * f - (t - 1) * TP)) if t > 0 else None
         row_dot = None
         if tile is not None:
             _load_tile_operands(consts, tile, t)
@@ -265,31 +296,34 @@ def _exchange_and_store(plan, consts, dweight, dbias, core):
     other = exchange_column_sums(accumulators, _column_sum_columns(plan), core, COLUMN_SUM_PIPE)
     for g in range(core, plan.n_groups, 2):
         if consts.dweight_acc is not None and dweight is not None:
-            _store_column_sums(plan, dweight, consts.dweight_acc, g, other[0])
+            _store_column_sums(
+                plan, dweight, consts.dweight_acc, g, other[0], column_segments(plan)
+            )
         if consts.dbias_acc is not None and dbias is not None:
-            _store_column_sums(plan, dbias, consts.dbias_acc, g, other[1])
+            _store_column_sums(plan, dbias, consts.dbias_acc, g, other[1], plan.fold)
 
 
 def _column_sum_columns(plan):
-    """Accumulator columns in use: ``⌈G/128⌉ · fold`` per column group."""
-    return plan.n_groups * (-(-plan.group // nl.tile_size.pmax)) * plan.fold
+    """Accumulator columns in use: ``⌈G/128⌉ · column_segments`` per column group."""
+    return plan.n_groups * (-(-plan.group // nl.tile_size.pmax)) * column_segments(plan)
 
 
 # --- setup ---------------------------------------------------------------------------------
 def _constants(plan, M, N, dy, weight, rstd, offset, want_dweight, want_dbias):
     f = plan.fold
+    segments = column_segments(plan)
     # llama / none: dweight sums dy·round(x̂) unscaled; gemma: the moving operand is the
-    # tile's rstd column (masked per fold segment), from the table
-    dweight_moving = _fold_mask(f, nl.float32) if want_dweight and plan.round_xhat else None
+    # tile's rstd column (masked per fold segment or head), from the table
+    dweight_moving = _fold_mask(segments, nl.float32) if want_dweight and plan.round_xhat else None
     dbias_moving = _fold_mask(f, dy.dtype) if want_dbias else None
-    n_cols = 2 + (f if (want_dweight and not plan.round_xhat and f > 1) else 0)
+    n_cols = 2 + (segments if (want_dweight and not plan.round_xhat and segments > 1) else 0)
     if plan.row_dot_on_pe:
         n_cols = 3  # −rstd³/N last (fold 1)
     table_rows, table_cols = _rstd_tables(plan, M, N, rstd, n_cols)
     return BwdConstants(
         fold_scratch=_fold_scratch(f),
-        w_rows=_weight_rows(plan, N, weight, offset),
-        w_lazy=weight if plan.kw == 1 else None,
+        w_rows=None if plan.heads > 0 else _weight_rows(plan, N, weight, offset),
+        w_lazy=weight if plan.kw == 1 and plan.heads == 0 else None,
         dweight_moving=dweight_moving,
         dbias_moving=dbias_moving,
         dweight_acc=_column_sum_accumulators(plan) if want_dweight else None,
@@ -297,7 +331,23 @@ def _constants(plan, M, N, dy, weight, rstd, offset, want_dweight, want_dbias):
         table_rows=table_rows,
         table_cols=table_cols,
         pe=_pe_constants(N, weight, offset) if plan.row_dot_on_pe else None,
+        head_rows=_head_rows(plan, weight, offset) if plan.heads > 0 else None,
     )
+
+
+def _head_rows(plan, weight, offset):
+    """w' = weight[p mod heads] + offset in fp32 on partition p (``tile_rows`` partitions):
+    the weight loaded once per whole set of heads (one DMA each), then shifted and widened
+    once (Vector)."""
+    P = nl.tile_size.pmax
+    heads, N = weight.shape[0], weight.shape[1]
+    R = heads * (P // heads)
+    loaded = nl.ndarray((P, N), dtype=weight.dtype)
+    for k in range(P // heads):
+        nisa.dma_copy(dst=loaded[k * heads : (k + 1) * heads, :], src=weight)
+    rows = nl.ndarray((P, N), dtype=nl.float32)
+    nisa.tensor_scalar(dst=rows[0:R, :], data=loaded[0:R, :], op0=nl.add, operand0=float(offset))
+    return rows
 
 
 def _fold_scratch(f):
@@ -375,10 +425,13 @@ def _rstd_tables(plan, M, N, rstd, n_cols):
     the row tiles on the partitions (no transposes)."""
     P = nl.tile_size.pmax
     f, K = plan.fold, plan.stationary_rows
-    R = P // f
+    R = tile_rows(plan)
     n_tiles = -(-M // R)
-    table_rows = nl.ndarray(
-        (n_tiles, K, plan.rstd_parts, P), dtype=nl.bfloat16, buffer=nl.private_hbm
+    # a per-head weight takes no stationary rows (``a`` comes from ``head_rows``)
+    table_rows = (
+        None
+        if plan.heads > 0
+        else nl.ndarray((n_tiles, K, plan.rstd_parts, P), dtype=nl.bfloat16, buffer=nl.private_hbm)
     )
     table_cols = nl.ndarray((n_tiles, P, n_cols), dtype=nl.float32, buffer=nl.private_hbm)
     # rstd padded with zeros to whole row tiles, (tiles, R), as the legacy kernel does
@@ -395,16 +448,8 @@ def _rstd_tables(plan, M, N, rstd, n_cols):
         nt = min(P, n_tiles - t0)
         r_t = nl.ndarray((nt, R), dtype=nl.float32)
         nisa.dma_copy(dst=r_t, src=padded[t0 : t0 + nt, :])
-        rows = nl.zeros((nt, K, plan.rstd_parts, P), dtype=nl.bfloat16)
-        parts = _bf16_parts(r_t)
-        stacked = plan.rstd_parts == 1
-        for a in range(SPLIT):
-            for b in range(plan.kw):
-                for h in range(f):
-                    row = ((a * plan.kw if stacked else 0) + b) * f + h
-                    part = 0 if stacked else a
-                    nisa.tensor_copy(dst=rows[:, row, part, h::f], src=parts[a])
-        nl.store(table_rows[t0 : t0 + nt], value=rows)
+        if table_rows is not None:
+            _store_stationary_rows(plan, table_rows, r_t, t0, nt)
         neg_scale = nl.ndarray((nt, R), dtype=nl.float32)
         nisa.scalar_tensor_tensor(
             dst=neg_scale,
@@ -415,7 +460,14 @@ def _rstd_tables(plan, M, N, rstd, n_cols):
             operand1=r_t,
         )
         cols = nl.zeros((nt, P, n_cols), dtype=nl.float32)
-        for h in range(f):
+        if plan.heads > 0:  # one partition per row; rstd in the column of the row's head
+            nisa.tensor_copy(dst=cols[:, 0:R, 0], src=r_t)
+            nisa.tensor_copy(dst=cols[:, 0:R, 1], src=neg_scale)
+            for h in range(n_cols - 2):
+                nisa.tensor_copy(
+                    dst=cols[:, h : R : plan.heads, 2 + h], src=r_t[:, h :: plan.heads]
+                )
+        for h in range(0 if plan.heads > 0 else f):
             nisa.tensor_copy(dst=cols[:, h::f, 0], src=r_t)
             nisa.tensor_copy(dst=cols[:, h::f, 1], src=neg_scale)
             if plan.row_dot_on_pe:
@@ -426,6 +478,22 @@ def _rstd_tables(plan, M, N, rstd, n_cols):
                 nisa.tensor_copy(dst=cols[:, h::f, 2 + h], src=r_t)
         nl.store(table_cols[t0 : t0 + nt], value=cols)
     return table_rows, table_cols
+
+
+def _store_stationary_rows(plan, table_rows, r_t, t0, nt):
+    """Row tiles t0 … t0 + nt − 1 of the stationary-rows table from their rstd ``r_t``."""
+    P = nl.tile_size.pmax
+    f, K = plan.fold, plan.stationary_rows
+    rows = nl.zeros((nt, K, plan.rstd_parts, P), dtype=nl.bfloat16)
+    parts = _bf16_parts(r_t)
+    stacked = plan.rstd_parts == 1
+    for a in range(SPLIT):
+        for b in range(plan.kw):
+            for h in range(f):
+                row = ((a * plan.kw if stacked else 0) + b) * f + h
+                part = 0 if stacked else a
+                nisa.tensor_copy(dst=rows[:, row, part, h::f], src=parts[a])
+    nl.store(table_rows[t0 : t0 + nt], value=rows)
 
 
 def _pe_constants(N, weight, offset):
@@ -471,10 +539,10 @@ def _column_sum_accumulators(plan):
 
 
 # --- the pipeline steps ---------------------------------------------------------------------
-def _tile_view(slots, t, p):
+def _tile_view(slots, t, tile_partitions, p):
     slot = t % 2
     return BwdTile(
-        v0=t * nl.tile_size.pmax,
+        v0=t * tile_partitions,
         p=p,
         rows=slots.rows[slot][:, :, 0:p],
         cols=slots.cols[slot][0:p, :],
@@ -484,7 +552,8 @@ def _tile_view(slots, t, p):
 
 
 def _load_tile_operands(consts, tile, t):
-    nisa.dma_copy(dst=tile.rows, src=consts.table_rows[t, :, :, 0 : tile.p])
+    if consts.table_rows is not None:
+        nisa.dma_copy(dst=tile.rows, src=consts.table_rows[t, :, :, 0 : tile.p])
     nisa.dma_copy(dst=tile.cols, src=consts.table_cols[t, 0 : tile.p, :])
 
 
@@ -522,7 +591,10 @@ def _statistic_group(plan, consts, views, rings, tile, t, g, row_dot):
     p1x = nl.ndarray((p, width), dtype=nl.float32)
     for c in range(-(-width // CHUNK)):
         lo, hi = c * CHUNK, min(width, (c + 1) * CHUNK)
-        a = _outer_product(tile.rows, consts.w_rows[:, g0 + lo : g0 + hi])
+        if plan.heads > 0:
+            a = _head_product(tile, consts.head_rows[0:p, g0 + lo : g0 + hi])
+        else:
+            a = _outer_product(tile.rows, consts.w_rows[:, g0 + lo : g0 + hi])
         # dy·x first, so that p1·x = (dy·x)·a does not read the output of the Vector
         # instruction just before it ("a static instruction overhead of 100 engine cycles":
         # nki/guides/architecture/trainium_inferentia2_arch.rst@81ce03ae, lines 402-403)
@@ -671,6 +743,15 @@ def _outer_product(rstd_rows, w_rows):
     return a
 
 
+def _head_product(tile, w_rows):
+    """``a = rstd · w'`` of a per-head weight for one chunk into PSUM: each partition's w'
+    row (its head's) scaled by its rstd on the Scalar engine; no matmul, so a non-finite
+    weight stays in its head's rows."""
+    a = nl.ndarray(w_rows.shape, dtype=nl.float32, buffer=nl.psum)
+    nisa.activation(dst=a, op=nl.copy, data=w_rows, scale=tile.cols[:, 0:1])
+    return a
+
+
 def _finish_statistic(plan, consts, tile):
     """``−k = −rstd²/N · s`` per partition once all groups of the tile are summed (Scalar
     engine); with a fold the segment sums of a row are added next."""
@@ -745,26 +826,30 @@ def _column_sums_group(plan, consts, tile, g, dy_g, dydx, first, outputs, first_
             consts.dweight_moving[0:p, :]
             if consts.dweight_moving is not None
             else tile.cols[:, 0:1]
-            if plan.fold == 1
+            if column_segments(plan) == 1
             else tile.cols[:, 2:]
         )
-        _accumulate_column_sums(plan, consts.dweight_acc, dydx, moving, g, first)
+        _accumulate_column_sums(plan, consts.dweight_acc, dydx, moving, g, first, moving.shape[1])
         if dweight is not None:
-            _store_column_sums(plan, dweight, consts.dweight_acc, g, halves[0])
+            _store_column_sums(
+                plan, dweight, consts.dweight_acc, g, halves[0], column_segments(plan)
+            )
     if consts.dbias_acc is not None:
-        _accumulate_column_sums(plan, consts.dbias_acc, dy_g, consts.dbias_moving[0:p, :], g, first)
+        _accumulate_column_sums(
+            plan, consts.dbias_acc, dy_g, consts.dbias_moving[0:p, :], g, first, plan.fold
+        )
         if dbias is not None:
-            _store_column_sums(plan, dbias, consts.dbias_acc, g, halves[1])
+            _store_column_sums(plan, dbias, consts.dbias_acc, g, halves[1], plan.fold)
 
 
-def _accumulate_column_sums(plan, acc, data, moving, g, first):
+def _accumulate_column_sums(plan, acc, data, moving, g, first, f):
     """``acc += dataᵀ · moving`` for column group g (``data`` (p, width)): the Tensor engine
     sums the partitions (rows), weighted by the moving columns (rstd and/or the fold-segment
     mask, one output column per segment h). Set b takes every n-th column of the group
     (n = ⌈width / 128⌉), so accumulator partition m collects the group's columns
-    m·n … m·n + n − 1. Accumulator column ((g·⌈G/128⌉) + b)·fold + h."""
+    m·n … m·n + n − 1. ``f``: the moving columns (fold segments or heads, ``column_segments``
+    of dweight). Accumulator column ((g·⌈G/128⌉) + b)·f + h."""
     P = nl.tile_size.pmax
-    f = plan.fold
     width = data.shape[1]
     n = -(-width // P)
     for b in range(n):
@@ -779,14 +864,14 @@ def _accumulate_column_sums(plan, acc, data, moving, g, first):
         )
 
 
-def _store_column_sums(plan, dst, acc, g, other):
+def _store_column_sums(plan, dst, acc, g, other, f):
     """Round the column sums of group g (plus ``other``'s, the other half's fp32 sums in
-    SBUF, when given) to ``dst``'s dtype once (Vector) and store them, one DMA per fold
-    segment h: accumulator partition m, set b is ``dst[h·L + g·G + m·n + b]``. A group
-    narrower than 128·n has ``width // n`` full partitions and one partial one, stored
-    separately."""
+    SBUF, when given) to ``dst``'s dtype once (Vector) and store them, one DMA per segment
+    h of the ``f`` (fold segments, or heads of a per-head dweight): accumulator partition m,
+    set b is ``dst[h·L + g·G + m·n + b]``. A group narrower than 128·n has ``width // n``
+    full partitions and one partial one, stored separately."""
     P = nl.tile_size.pmax
-    f, L, G = plan.fold, plan.width, plan.group
+    L, G = plan.width, plan.group
     width = min(G, L - g * G)
     n = -(-width // P)
     column = g * (-(-G // P)) * f
