@@ -339,14 +339,21 @@ def _constants(plan, M, N, dy, weight, rstd, offset, want_dweight, want_dbias):
 
 def _head_rows(plan, weight, offset):
     """w' = weight[p mod heads] + offset in fp32 on partition p (``tile_rows`` partitions):
-    the weight loaded once per whole set of heads (one DMA each), then shifted and widened
-    once (Vector)."""
+    the weight loaded once (partitions 0 … heads − 1), the rows filled so far copied after
+    themselves by on-chip DMA until ``tile_rows`` partitions hold it (⌈log2(128/heads)⌉
+    copies: the transfers of one queue run in order, so few large ones beat a load per
+    set of heads; the partition index p mod heads is no affine index for one load), then
+    shifted and widened once (Vector)."""
     P = nl.tile_size.pmax
     heads, N = weight.shape[0], weight.shape[1]
     R = heads * (P // heads)
     loaded = nl.ndarray((P, N), dtype=weight.dtype)
-    for k in nl.static_range(P // heads):
-        loaded[k * heads:(k + 1) * heads, :] = nl.load(weight)
+    loaded[0:heads, :] = nl.load(weight)
+    filled = heads
+    while filled < R:
+        count = min(filled, R - filled)
+        nisa.dma_copy(dst=loaded[filled:filled + count, :], src=loaded[0:count, :])
+        filled += count
     rows = nl.ndarray((P, N), dtype=nl.float32)
     rows[0:R, :] = nisa.tensor_scalar(loaded[0:R, :], nl.add, float(offset), dtype=nl.float32)
     return rows
@@ -840,6 +847,18 @@ def _store_column_sums(plan, dst, acc, g, f):
     # dst reshaped whole to a column (the tutorial's form), indexed by affine expressions:
     # never a slice of HBM reshaped
     column = dst.reshape((f * L, 1))
+    if f > 1 and plan.heads > 0:  # every head's sums in one DMA (one queue: one transfer)
+        i_h = nl.arange(f)[None, None, :]
+        i_b3 = nl.arange(n)[None, :, None]
+        if full:
+            i_m = nl.arange(full)[:, None, None]
+            nl.store(column[g * G + n * i_m + i_b3 + L * i_h, 0],
+                     value=rounded[i_m, i_h + f * i_b3])
+        if rest:
+            i_r = nl.arange(rest)[None, :, None]
+            nl.store(column[g * G + full * n + i_r + L * i_h, 0],
+                     value=rounded[full, i_h + f * i_r])
+        return
     for h in nl.static_range(f):
         g0 = h * L + g * G
         if full:

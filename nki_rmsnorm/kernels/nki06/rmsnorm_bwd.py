@@ -337,14 +337,17 @@ def _constants(plan, M, N, dy, weight, rstd, offset, want_dweight, want_dbias):
 
 def _head_rows(plan, weight, offset):
     """w' = weight[p mod heads] + offset in fp32 on partition p (``tile_rows`` partitions):
-    the weight loaded once per whole set of heads (one DMA each), then shifted and widened
-    once (Vector)."""
+    one DMA whose source pattern repeats the (heads, N) weight ``128 // heads`` times (a
+    stride-0 outer dimension over an HBM tensor, as AWS's attention backward loads its
+    sinks: aws-neuron/nki-library@d2ad3a5 src/nkilib_src/nkilib/core/attention/
+    attention_bwd.py L1362-1370; src and dst need equal element counts only:
+    nki/api/nki/isa/__init__.py@81ce03ae L287-289), then shifted and widened once
+    (Vector). One transfer: a DMA queue serves the transfers of one tensor in order."""
     P = nl.tile_size.pmax
     heads, N = weight.shape[0], weight.shape[1]
     R = heads * (P // heads)
     loaded = nl.ndarray((P, N), dtype=weight.dtype)
-    for k in range(P // heads):
-        nisa.dma_copy(dst=loaded[k * heads : (k + 1) * heads, :], src=weight)
+    nisa.dma_copy(dst=loaded[0:R, :], src=weight.ap(pattern=[[0, P // heads], [N, heads], [1, N]]))
     rows = nl.ndarray((P, N), dtype=nl.float32)
     nisa.tensor_scalar(dst=rows[0:R, :], data=loaded[0:R, :], op0=nl.add, operand0=float(offset))
     return rows
@@ -813,6 +816,22 @@ def _gradient_group(plan, views, rings, tile, t, g):
         nl.store(dx_dst, value=total)
 
 
+def _store_head_sums(dst, rounded, heads, L, g0, n, full, rest):
+    """The per-head column sums of one group (``rounded`` column b·heads + h: set b of head
+    h, partition m) in one DMA for the full partitions and one for the partial one: dst
+    element h·L + g0 + m·n + b through a (m, b, h) access pattern."""
+    if full:
+        nisa.dma_copy(
+            dst=dst.ap(pattern=[[n, full], [1, n], [L, heads]], offset=g0),
+            src=rounded[0:full, 0 : n * heads],
+        )
+    if rest:
+        nisa.dma_copy(
+            dst=dst.ap(pattern=[[n, 1], [1, rest], [L, heads]], offset=g0 + full * n),
+            src=rounded[full : full + 1, 0 : rest * heads],
+        )
+
+
 # --- parameter gradients --------------------------------------------------------------------
 def _column_sums_group(plan, consts, tile, g, dy_g, dydx, first, outputs, first_half):
     """dweight and dbias column sums of group g of a row tile; ``first``: the tile starts a
@@ -888,6 +907,9 @@ def _store_column_sums(plan, dst, acc, g, other, f):
             op=nl.add,
         )
     full, rest = width // n, width % n
+    if f > 1 and plan.heads > 0:  # every head's sums in one DMA (one queue: one transfer)
+        _store_head_sums(dst, rounded, f, L, g * G, n, full, rest)
+        return
     for h in range(f):
         g0 = h * L + g * G
         if full:
