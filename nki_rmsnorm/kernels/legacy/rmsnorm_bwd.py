@@ -847,7 +847,11 @@ def _store_column_sums(plan, dst, acc, g, f):
     # dst reshaped whole to a column (the tutorial's form), indexed by affine expressions:
     # never a slice of HBM reshaped
     column = dst.reshape((f * L, 1))
-    if f > 1 and plan.heads > 0:  # every head's sums in one DMA (one queue: one transfer)
+    if f > 1 and plan.heads > 0:
+        # every head's sums in one DMA (one queue: one transfer), element h·L + m·n + b from
+        # rounded[m, b·f + h]: three aranges over a 2-D tile, as AWS's transpose example
+        # indexes one (general/nki/examples/transpose2d/transpose2d_nki_kernels.py@8a38e733,
+        # L57-65)
         i_h = nl.arange(f)[None, None, :]
         i_b3 = nl.arange(n)[None, :, None]
         if full:
