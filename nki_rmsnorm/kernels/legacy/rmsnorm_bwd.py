@@ -151,6 +151,7 @@ from nki_rmsnorm.plan.backward import (
     column_segments,
     has_vector_row_dot,
     make_plan,
+    operand_slots,
     partial_columns,
     tensor_row_dot_end,
     tile_rows,
@@ -265,8 +266,8 @@ def _folded_backward(plan, dy, x, weight, rstd, dh_out, dx, dweight, dbias, offs
              None if dh_out is None else dh_out.reshape((M * f, L)))
     P = nl.tile_size.pmax
     # Every buffer that outlives one loop iteration is created here, before the loops, with
-    # its slots in a free dimension after the partitions (the ring of group slots; two slots
-    # of per-tile operands; block dimensions are deprecated from SDK 2.23:
+    # its slots in a free dimension after the partitions (the ring of group slots; the
+    # ``operand_slots`` of per-tile operands; block dimensions are deprecated from SDK 2.23:
     # general/nki/nki_block_dimension_migration_guide.rst@8a38e733, "move the block
     # dimension into free dimension"), and written with ``[...] =`` inside them: a tile
     # created in a loop body may not be used after it (general/nki/api/nki.errors.rst
@@ -274,11 +275,13 @@ def _folded_backward(plan, dy, x, weight, rstd, dh_out, dx, dweight, dbias, offs
     rings = (nl.ndarray((P, plan.ring, plan.group), dtype=nl.float32),
              nl.ndarray((P, plan.ring, plan.group), dtype=x.dtype),
              nl.ndarray((P, DY_SLOTS, plan.group), dtype=dy.dtype))
+    n_slots = operand_slots(plan)
     slots = BwdTileSlots(
-        rows=nl.ndarray((plan.stationary_rows, 2, plan.rstd_parts, P), dtype=nl.bfloat16),
-        cols=nl.ndarray((P, 2, consts.table_cols.shape[2]), dtype=nl.float32),
-        partials=nl.ndarray((P, 2, partial_columns(plan)), dtype=nl.float32),
-        negk=nl.ndarray((P, 2, 1), dtype=nl.float32))
+        rows=nl.ndarray((plan.stationary_rows, n_slots, plan.rstd_parts, P),
+                        dtype=nl.bfloat16),
+        cols=nl.ndarray((P, n_slots, consts.table_cols.shape[2]), dtype=nl.float32),
+        partials=nl.ndarray((P, n_slots, partial_columns(plan)), dtype=nl.float32),
+        negk=nl.ndarray((P, n_slots, 1), dtype=nl.float32))
 
     # Software pipeline: statistic pass of tile t next to the gradient pass of tile t − 1.
     TP = tile_rows(plan) * f  # partitions of a full row tile
@@ -545,8 +548,8 @@ def _column_sum_accumulators(plan):
 # --- the pipeline steps ---------------------------------------------------------------------
 def _tile_view(slots, t, tile_partitions, p):
     """Row tile ``t`` of ``p`` partitions (``tile_partitions`` in a full one), its operands in
-    slot t mod 2."""
-    slot = t % 2
+    slot t mod ``operand_slots``."""
+    slot = t % slots.negk.shape[1]
     return BwdTile(v0=t * tile_partitions, p=p, rows=slots.rows[:, slot, :, 0:p],
                    cols=slots.cols[0:p, slot, :], partials=slots.partials[0:p, slot, :],
                    negk=slots.negk[0:p, slot, :])

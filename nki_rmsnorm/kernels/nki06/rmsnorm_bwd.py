@@ -58,6 +58,7 @@ from nki_rmsnorm.plan.backward import (
     column_segments,
     has_vector_row_dot,
     make_plan,
+    operand_slots,
     partial_columns,
     tensor_row_dot_end,
     tile_rows,
@@ -215,11 +216,12 @@ def _rows_backward(plan, dy, x, weight, rstd, dh_out, dx, dweight, dbias, offset
         _tiles(plan.ring, (P, plan.group), x.dtype),
         _tiles(DY_SLOTS, (P, plan.group), dy.dtype),
     )
+    n_slots = operand_slots(plan)
     slots = BwdTileSlots(
-        rows=_tiles(2, (plan.stationary_rows, plan.rstd_parts, P), nl.bfloat16),
-        cols=_tiles(2, (P, consts.table_cols.shape[2]), nl.float32),
-        partials=_tiles(2, (P, partial_columns(plan)), nl.float32),
-        negk=_tiles(2, (P, 1), nl.float32),
+        rows=_tiles(n_slots, (plan.stationary_rows, plan.rstd_parts, P), nl.bfloat16),
+        cols=_tiles(n_slots, (P, consts.table_cols.shape[2]), nl.float32),
+        partials=_tiles(n_slots, (P, partial_columns(plan)), nl.float32),
+        negk=_tiles(n_slots, (P, 1), nl.float32),
     )
     # with two halves on this core, the first half's column sums wait here (fp32, SBUF)
     accumulators = (consts.dweight_acc, consts.dbias_acc)
@@ -543,7 +545,7 @@ def _column_sum_accumulators(plan):
 
 # --- the pipeline steps ---------------------------------------------------------------------
 def _tile_view(slots, t, tile_partitions, p):
-    slot = t % 2
+    slot = t % len(slots.negk)
     return BwdTile(
         v0=t * tile_partitions,
         p=p,
