@@ -96,7 +96,7 @@ def _check(dx, dweight, dy, x, w, rstd, dh, offset, mode):
 
 # (tokens, heads, N, x dtype, weight dtype, offset, dh_out, mode): heads dividing 128 and
 # not (12 heads: 120-row tiles), one or several row tiles with a ragged last one, head_dim
-# 64 … 256, a width that 128-column sets do not divide (201) and one wider row
+# 64 … 256, a width that 128-column sets do not divide (201), wider rows, the most heads
 CASES = [
     (150, 4, 64, BF16, BF16, 0.0, False, "gemma"),
     (40, 12, 128, BF16, F32, 1.0, True, "llama"),
@@ -104,6 +104,9 @@ CASES = [
     (21, 3, 201, F16, F16, 0.5, False, "none"),
     (9, 16, 128, BF16, BF16, 0.0, True, "gemma"),
     (5, 2, 1000, BF16, BF16, 0.0, False, "llama"),
+    (3, MAX_HEADS, 64, BF16, BF16, 0.0, False, "llama"),
+    # the widest rows the launchers pass beside a per-head weight: fp32 with dh_out fits
+    (2, 2, MAX_HEAD_HIDDEN, F32, F32, 1.0, True, "gemma"),
 ]
 
 

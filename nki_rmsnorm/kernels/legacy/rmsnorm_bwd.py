@@ -353,10 +353,13 @@ def _head_rows(plan, weight, offset):
     loaded = nl.ndarray((P, N), dtype=weight.dtype)
     loaded[0:heads, :] = nl.load(weight)
     filled = heads
-    while filled < R:
-        count = min(filled, R - filled)
-        nisa.dma_copy(dst=loaded[filled:filled + count, :], src=loaded[0:count, :])
-        filled += count
+    # at most log2(128) doublings; a ``for`` loop: a ``while`` loop must enter unconditionally
+    # (general/nki/api/nki.errors.rst@8a38e733, L902-L947)
+    for _ in nl.static_range(7):
+        if filled < R:
+            count = min(filled, R - filled)
+            nisa.dma_copy(dst=loaded[filled:filled + count, :], src=loaded[0:count, :])
+            filled += count
     rows = nl.ndarray((P, N), dtype=nl.float32)
     rows[0:R, :] = nisa.tensor_scalar(loaded[0:R, :], nl.add, float(offset), dtype=nl.float32)
     return rows
