@@ -130,6 +130,18 @@ Determinism and batch invariance: every reduction has a fixed order that depends
 order), so two runs give bitwise identical results, and a row's ``dx`` never depends on the
 other rows or on M. A NaN in a row makes that row's ``dx`` NaN and, through the column sums,
 ``dweight``; the other rows' ``dx`` are untouched.
+
+Per-head weight ``(heads, N)`` (QK-norm with a weight per head, ``FoldedPlan.heads``): row r
+is of head r mod heads and ``dweight`` is ``(heads, N)``. Unfolded rows only, heads·⌊128 /
+heads⌋ rows per tile, so partition p holds head p mod heads in every tile. ``a = rstd · w'``
+is the Scalar engine's: the row's w' (a per-head fp32 tile built once) scaled by its rstd,
+into PSUM, no matmul (0 · Inf of one head's non-finite weight would reach the other heads'
+rows); the row dot is the Vector engine's. dweight is the same column-sum matmul with a
+(rows, heads) moving operand: the row's rstd in its head's column (from the per-tile table;
+the 0/1 head mask in llama / none), accumulator column b·heads + h; a non-finite dy or x
+element there also meets the zeros of the other heads' columns, so its column of dweight is
+NaN for every head. No dbias beside a per-head weight (the launchers take it from a second
+launch without the weight).
 """
 
 from __future__ import annotations

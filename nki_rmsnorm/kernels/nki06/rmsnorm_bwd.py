@@ -24,6 +24,10 @@ Differences from the legacy code, all forced or allowed by 0.6:
   half's sums are copied to SBUF at the boundary, and the final sums add the halves instead
   of copying one accumulator), so dweight and dbias are bitwise the same at LNC=1 and
   LNC=2; dx is row-local and the row tiles start at the same rows either way.
+* A per-head weight's w' tile (see the legacy docstring) is one DMA whose HBM source repeats
+  the weight with a stride-0 outer dimension (``.ap``), and its dweight one store through
+  an access pattern; the legacy kernel fills the tile by doubling on-chip copies and stores
+  with three ``nl.arange`` indices.
 * Kernel code is the NKI meta-language (nki/get-started/nki-language-guide.rst@81ce03ae
   L54-56): NKI dtypes, ``for``/``.append`` loops, ``assert`` checks, no NumPy; the fold masks
   are built on chip (GpSimd ``iota``, Vector compare and reductions) instead of NumPy arrays
