@@ -51,9 +51,10 @@ ACC_BANKS = 2
 MAX_HIDDEN = ACC_BANKS * PSUM_BANK_COLS * 128
 #: Most heads of a per-head weight: a row tile holds at least one row of each head.
 MAX_HEADS = 128
-#: Largest hidden size beside a per-head weight, whose rows are never folded: unfolded fp32
-#: rows with dh_out fit every target's SBUF up to here (tests check the plan).
-MAX_HEAD_HIDDEN = 8192
+#: Largest hidden size beside a per-head weight: its dweight accumulator holds the heads on
+#: the partitions and a column per column of the row, in ``ACC_BANKS`` PSUM banks (unfolded
+#: rows of that size fit every target's SBUF; tests run it).
+MAX_HEAD_HIDDEN = ACC_BANKS * PSUM_BANK_COLS
 
 
 def dtype_bytes(dtype) -> int:
@@ -217,8 +218,8 @@ def operand_slots(plan) -> int:
 
 
 def column_segments(plan) -> int:
-    """dweight accumulator columns per 128-column set: one per fold segment, or one per
-    head of a per-head weight (dweight[h, j] is element h·N + j, as fold segment h's)."""
+    """Columns of dweight's moving operand: one per fold segment, or one per head of a
+    per-head weight."""
     return plan.fold * max(1, plan.heads)
 
 

@@ -137,11 +137,12 @@ heads⌋ rows per tile, so partition p holds head p mod heads in every tile. ``a
 is the Scalar engine's: the row's w' (a per-head fp32 tile built once) scaled by its rstd,
 into PSUM, no matmul (0 · Inf of one head's non-finite weight would reach the other heads'
 rows); the row dot is the Vector engine's. dweight is the same column-sum matmul with a
-(rows, heads) moving operand: the row's rstd in its head's column (from the per-tile table;
-the 0/1 head mask in llama / none), accumulator column b·heads + h; a non-finite dy or x
-element there also meets the zeros of the other heads' columns, so its column of dweight is
-NaN for every head. No dbias beside a per-head weight (the launchers take it from a second
-launch without the weight).
+(rows, heads) operand, stationary this time (the row's rstd in its head's column, from the
+per-tile table; the 0/1 head mask in llama / none) against the data moving, so that the
+accumulator holds dweight itself, heads on the partitions (N ≤ 1024: two PSUM banks), stored
+one row per partition; a non-finite dy or x element there also meets the zeros of the other
+heads' columns, so its column of dweight is NaN for every head. No dbias beside a per-head
+weight (the launchers take it from a second launch without the weight).
 """
 
 from __future__ import annotations
@@ -555,7 +556,8 @@ def _column_sum_accumulators(plan):
     ("the backend support for removing blocks in PSUM tensor is still in progress",
     general/nki/nki_block_dimension_migration_guide.rst@8a38e733, lines 176-180)."""
     P = nl.tile_size.pmax
-    n = plan.n_groups * (-(-plan.group // P)) * column_segments(plan)
+    # a per-head weight's sums: heads on the partitions, a column per column of the row
+    n = plan.width if plan.heads > 0 else plan.n_groups * (-(-plan.group // P)) * plan.fold
     return nl.zeros((-(-n // PSUM_BANK_COLS), nl.par_dim(P), PSUM_BANK_COLS),
                     dtype=nl.float32, buffer=nl.psum)
 
@@ -740,14 +742,18 @@ def _column_sums_group(plan, consts, tile, g, dy_g, dydx, outputs):
         segments = column_segments(plan)
         moving = (consts.dweight_moving[0:p, :] if consts.dweight_moving is not None
                   else tile.cols[:, 0:1] if segments == 1 else tile.cols[:, 2:])
-        _accumulate_column_sums(plan, consts.dweight_acc, dydx, moving, g, segments)
-        if dweight is not None:
-            _store_column_sums(plan, dweight, consts.dweight_acc, g, segments)
+        if plan.heads > 0:
+            _accumulate_head_sums(plan, consts.dweight_acc, dydx, moving, g)
+        else:
+            _accumulate_column_sums(plan, consts.dweight_acc, dydx, moving, g)
+        if dweight is not None and plan.heads > 0:
+            _store_head_sums(plan, dweight, consts.dweight_acc, g)
+        elif dweight is not None:
+            _store_column_sums(plan, dweight, consts.dweight_acc, g)
     if consts.dbias_acc is not None:
-        _accumulate_column_sums(plan, consts.dbias_acc, dy_g, consts.dbias_moving[0:p, :], g,
-                                plan.fold)
+        _accumulate_column_sums(plan, consts.dbias_acc, dy_g, consts.dbias_moving[0:p, :], g)
         if dbias is not None:
-            _store_column_sums(plan, dbias, consts.dbias_acc, g, plan.fold)
+            _store_column_sums(plan, dbias, consts.dbias_acc, g)
 
 
 def _outer_product(rstd_rows, w_rows):
@@ -823,15 +829,15 @@ def _gradient_group(plan, views, rings, tile, t, g):
 
 
 # --- parameter gradients --------------------------------------------------------------------
-def _accumulate_column_sums(plan, acc, data, moving, g, f):
+def _accumulate_column_sums(plan, acc, data, moving, g):
     """``acc += dataᵀ · moving`` for column group g (``data`` (p, width)): the Tensor engine
     sums the partitions (rows), weighted by the moving columns (rstd and/or the fold-segment
     mask, one output column per segment h). Set b takes every n-th column of the group
     (n = ⌈width / 128⌉), so accumulator partition m collects the group's columns
     m·n … m·n + n − 1: contiguous in the output, which makes the final store one DMA row per
-    partition and group. ``f``: the moving columns (fold segments, or heads of a per-head
-    dweight: ``column_segments``). Accumulator column ((g·G/128) + b)·f + h."""
+    partition and group. Accumulator column ((g·G/128) + b)·fold + h."""
     P = nl.tile_size.pmax
+    f = plan.fold
     width = data.shape[1]
     n = -(-width // P)
     i_p = nl.arange(data.shape[0])[:, None]
@@ -844,16 +850,41 @@ def _accumulate_column_sums(plan, acc, data, moving, g, f):
         acc[bank, 0:count, c:c + f] += nisa.nc_matmul(stationary, moving)
 
 
-def _store_column_sums(plan, dst, acc, g, f):
+def _accumulate_head_sums(plan, acc, data, moving, g):
+    """A per-head weight's ``acc[h, j] += Σ_rows moving[row, h] · data[row, j]`` for column
+    group g (``data`` (p, width)): the (rows, heads) operand stationary and the data moving,
+    one matmul per PSUM bank of columns, so that head h's sums of column j land on partition
+    h, column j (a row of dweight per partition, stored whole)."""
+    g0, width = g * plan.group, data.shape[1]
+    heads = moving.shape[1]
+    for lo in nl.static_range(0, width, CHUNK):
+        hi = min(width, lo + CHUNK)
+        bank, c = divmod(g0 + lo, PSUM_BANK_COLS)
+        acc[bank, 0:heads, c:c + hi - lo] += nisa.nc_matmul(moving, data[:, lo:hi])
+
+
+def _store_head_sums(plan, dst, acc, g):
+    """Round a per-head weight's sums of column group g to ``dst``'s dtype once (Vector copy)
+    and store them: dst (heads, N), one row per accumulator partition, one DMA per PSUM
+    bank."""
+    heads, g0 = dst.shape[0], g * plan.group
+    width = min(plan.group, plan.width - g0)
+    for lo in nl.static_range(0, width, CHUNK):
+        hi = min(width, lo + CHUNK)
+        bank, c = divmod(g0 + lo, PSUM_BANK_COLS)
+        nl.store(dst[:, g0 + lo:g0 + hi],
+                 value=nl.copy(acc[bank, 0:heads, c:c + hi - lo], dtype=dst.dtype))
+
+
+def _store_column_sums(plan, dst, acc, g):
     """Round the PSUM column sums of group g to ``dst``'s dtype once (Vector copy) and
-    store them, one DMA per segment h of the ``f`` (fold segments, or heads of a per-head
-    dweight ``(heads, N)``, element h·N + j): accumulator partition m, set b is
+    store them, one DMA per fold segment h: accumulator partition m, set b is
     ``dst[h·L + g·G + m·n + b]``, a contiguous run of n per partition. A group narrower than
     128·n has ``width // n`` full partitions and one partial one, stored separately: a mask
     may restrict each axis only to a range (general/nki/api/nki.api.shared.rst@8a38e733,
     lines 201-207), which the staircase ``m·n + b < width`` is not."""
     P = nl.tile_size.pmax
-    L, G = plan.width, plan.group
+    f, L, G = plan.fold, plan.width, plan.group
     per_group = -(-G // P)
     width = min(G, L - g * G)
     n = -(-width // P)
@@ -864,23 +895,7 @@ def _store_column_sums(plan, dst, acc, g, f):
     i_b = nl.arange(n)[None, :]
     # dst reshaped whole to a column (the tutorial's form), indexed by affine expressions:
     # never a slice of HBM reshaped
-    column = dst.reshape((f * L, 1))
-    if f > 1 and plan.heads > 0:
-        # every head's sums in one DMA (one queue: one transfer), element h·L + m·n + b from
-        # rounded[m, b·f + h]: three aranges over a 2-D tile, as AWS's transpose example
-        # indexes one (general/nki/examples/transpose2d/transpose2d_nki_kernels.py@8a38e733,
-        # L57-65)
-        i_h = nl.arange(f)[None, None, :]
-        i_b3 = nl.arange(n)[None, :, None]
-        if full:
-            i_m = nl.arange(full)[:, None, None]
-            nl.store(column[g * G + n * i_m + i_b3 + L * i_h, 0],
-                     value=rounded[i_m, i_h + f * i_b3])
-        if rest:
-            i_r = nl.arange(rest)[None, :, None]
-            nl.store(column[g * G + full * n + i_r + L * i_h, 0],
-                     value=rounded[full, i_h + f * i_r])
-        return
+    column = dst.reshape((dst.shape[0], 1))
     for h in nl.static_range(f):
         g0 = h * L + g * G
         if full:

@@ -25,9 +25,8 @@ Differences from the legacy code, all forced or allowed by 0.6:
   of copying one accumulator), so dweight and dbias are bitwise the same at LNC=1 and
   LNC=2; dx is row-local and the row tiles start at the same rows either way.
 * A per-head weight's w' tile (see the legacy docstring) is one DMA whose HBM source repeats
-  the weight with a stride-0 outer dimension (``.ap``), and its dweight one store through
-  an access pattern; the legacy kernel fills the tile by doubling on-chip copies and stores
-  with three ``nl.arange`` indices.
+  the weight with a stride-0 outer dimension (``.ap``); the legacy kernel fills the tile by
+  doubling on-chip copies.
 * Kernel code is the NKI meta-language (nki/get-started/nki-language-guide.rst@81ce03ae
   L54-56): NKI dtypes, ``for``/``.append`` loops, ``assert`` checks, no NumPy; the fold masks
   are built on chip (GpSimd ``iota``, Vector compare and reductions) instead of NumPy arrays
@@ -139,8 +138,6 @@ def backward_body(dy, x, weight, rstd, dh_out, dx, dweight, dbias, offset, casti
     # before any launch
     assert N <= MAX_HIDDEN, f"rmsnorm_bwd: hidden size {N} exceeds the supported {MAX_HIDDEN}"
     heads = check_heads(M, N, weight, dbias)
-    if heads > 0 and dweight is not None:
-        dweight = dweight.reshape((heads * N,))  # dweight[h, j] at h·N + j
     dtypes = BwdDtypes(
         x=x.dtype,
         dy=dy.dtype,
@@ -301,17 +298,20 @@ def _exchange_and_store(plan, consts, dweight, dbias, core):
     accumulators = (consts.dweight_acc, consts.dbias_acc)
     other = exchange_column_sums(accumulators, _column_sum_columns(plan), core, COLUMN_SUM_PIPE)
     for g in range(core, plan.n_groups, 2):
-        if consts.dweight_acc is not None and dweight is not None:
-            _store_column_sums(
-                plan, dweight, consts.dweight_acc, g, other[0], column_segments(plan)
-            )
+        if consts.dweight_acc is not None and dweight is not None and plan.heads > 0:
+            _store_head_sums(plan, dweight, consts.dweight_acc, g, other[0])
+        elif consts.dweight_acc is not None and dweight is not None:
+            _store_column_sums(plan, dweight, consts.dweight_acc, g, other[0])
         if consts.dbias_acc is not None and dbias is not None:
-            _store_column_sums(plan, dbias, consts.dbias_acc, g, other[1], plan.fold)
+            _store_column_sums(plan, dbias, consts.dbias_acc, g, other[1])
 
 
 def _column_sum_columns(plan):
-    """Accumulator columns in use: ``⌈G/128⌉ · column_segments`` per column group."""
-    return plan.n_groups * (-(-plan.group // nl.tile_size.pmax)) * column_segments(plan)
+    """Accumulator columns in use: ``⌈G/128⌉ · fold`` per column group, or with a
+    per-head weight one per column of the row (heads on the partitions)."""
+    if plan.heads > 0:
+        return plan.width
+    return plan.n_groups * (-(-plan.group // nl.tile_size.pmax)) * plan.fold
 
 
 # --- setup ---------------------------------------------------------------------------------
@@ -822,20 +822,44 @@ def _gradient_group(plan, views, rings, tile, t, g):
         nl.store(dx_dst, value=total)
 
 
-def _store_head_sums(dst, rounded, heads, L, g0, n, full, rest):
-    """The per-head column sums of one group (``rounded`` column b·heads + h: set b of head
-    h, partition m) in one DMA for the full partitions and one for the partial one: dst
-    element h·L + g0 + m·n + b through a (m, b, h) access pattern."""
-    if full:
-        nisa.dma_copy(
-            dst=dst.ap(pattern=[[n, full], [1, n], [L, heads]], offset=g0),
-            src=rounded[0:full, 0 : n * heads],
+def _accumulate_head_sums(plan, acc, data, moving, g, first):
+    """A per-head weight's ``acc[h, j] += Σ_rows moving[row, h] · data[row, j]`` for column
+    group g (``data`` (p, width)): the (rows, heads) operand stationary and the data moving,
+    one matmul per PSUM bank of columns, so that head h's sums of column j land on partition
+    h, column j (a row of dweight per partition, stored whole)."""
+    g0, width = g * plan.group, data.shape[1]
+    heads = moving.shape[1]
+    for lo in range(0, width, CHUNK):
+        hi = min(width, lo + CHUNK)
+        bank, c = (g0 + lo) // PSUM_BANK_COLS, (g0 + lo) % PSUM_BANK_COLS
+        nisa.nc_matmul(
+            dst=acc[bank][0:heads, c : c + hi - lo],
+            stationary=moving,
+            moving=data[:, lo:hi],
+            accumulate=not first,
         )
-    if rest:
-        nisa.dma_copy(
-            dst=dst.ap(pattern=[[n, 1], [1, rest], [L, heads]], offset=g0 + full * n),
-            src=rounded[full : full + 1, 0 : rest * heads],
-        )
+
+
+def _store_head_sums(plan, dst, acc, g, other):
+    """Round a per-head weight's sums of column group g (plus ``other``'s, the other half's
+    fp32 sums in SBUF, when given) to ``dst``'s dtype once (Vector) and store them: dst
+    (heads, N), one row per accumulator partition, one DMA per PSUM bank."""
+    heads, g0 = dst.shape[0], g * plan.group
+    width = min(plan.group, plan.width - g0)
+    for lo in range(0, width, CHUNK):
+        hi = min(width, lo + CHUNK)
+        bank, c = (g0 + lo) // PSUM_BANK_COLS, (g0 + lo) % PSUM_BANK_COLS
+        rounded = nl.ndarray((heads, hi - lo), dtype=dst.dtype)
+        if other is None:
+            nisa.tensor_copy(dst=rounded, src=acc[bank][0:heads, c : c + hi - lo])
+        else:
+            nisa.tensor_tensor(
+                dst=rounded,
+                data1=acc[bank][0:heads, c : c + hi - lo],
+                data2=other[0:heads, g0 + lo : g0 + hi],
+                op=nl.add,
+            )
+        nl.store(dst[:, g0 + lo : g0 + hi], value=rounded)
 
 
 # --- parameter gradients --------------------------------------------------------------------
@@ -854,27 +878,28 @@ def _column_sums_group(plan, consts, tile, g, dy_g, dydx, first, outputs, first_
             if column_segments(plan) == 1
             else tile.cols[:, 2:]
         )
-        _accumulate_column_sums(plan, consts.dweight_acc, dydx, moving, g, first, moving.shape[1])
-        if dweight is not None:
-            _store_column_sums(
-                plan, dweight, consts.dweight_acc, g, halves[0], column_segments(plan)
-            )
+        if plan.heads > 0:
+            _accumulate_head_sums(plan, consts.dweight_acc, dydx, moving, g, first)
+        else:
+            _accumulate_column_sums(plan, consts.dweight_acc, dydx, moving, g, first)
+        if dweight is not None and plan.heads > 0:
+            _store_head_sums(plan, dweight, consts.dweight_acc, g, halves[0])
+        elif dweight is not None:
+            _store_column_sums(plan, dweight, consts.dweight_acc, g, halves[0])
     if consts.dbias_acc is not None:
-        _accumulate_column_sums(
-            plan, consts.dbias_acc, dy_g, consts.dbias_moving[0:p, :], g, first, plan.fold
-        )
+        _accumulate_column_sums(plan, consts.dbias_acc, dy_g, consts.dbias_moving[0:p, :], g, first)
         if dbias is not None:
-            _store_column_sums(plan, dbias, consts.dbias_acc, g, halves[1], plan.fold)
+            _store_column_sums(plan, dbias, consts.dbias_acc, g, halves[1])
 
 
-def _accumulate_column_sums(plan, acc, data, moving, g, first, f):
+def _accumulate_column_sums(plan, acc, data, moving, g, first):
     """``acc += dataᵀ · moving`` for column group g (``data`` (p, width)): the Tensor engine
     sums the partitions (rows), weighted by the moving columns (rstd and/or the fold-segment
     mask, one output column per segment h). Set b takes every n-th column of the group
     (n = ⌈width / 128⌉), so accumulator partition m collects the group's columns
-    m·n … m·n + n − 1. ``f``: the moving columns (fold segments or heads, ``column_segments``
-    of dweight). Accumulator column ((g·⌈G/128⌉) + b)·f + h."""
+    m·n … m·n + n − 1. Accumulator column ((g·⌈G/128⌉) + b)·fold + h."""
     P = nl.tile_size.pmax
+    f = plan.fold
     width = data.shape[1]
     n = -(-width // P)
     for b in range(n):
@@ -889,14 +914,14 @@ def _accumulate_column_sums(plan, acc, data, moving, g, first, f):
         )
 
 
-def _store_column_sums(plan, dst, acc, g, other, f):
+def _store_column_sums(plan, dst, acc, g, other):
     """Round the column sums of group g (plus ``other``'s, the other half's fp32 sums in
-    SBUF, when given) to ``dst``'s dtype once (Vector) and store them, one DMA per segment
-    h of the ``f`` (fold segments, or heads of a per-head dweight): accumulator partition m,
-    set b is ``dst[h·L + g·G + m·n + b]``. A group narrower than 128·n has ``width // n``
-    full partitions and one partial one, stored separately."""
+    SBUF, when given) to ``dst``'s dtype once (Vector) and store them, one DMA per fold
+    segment h: accumulator partition m, set b is ``dst[h·L + g·G + m·n + b]``. A group
+    narrower than 128·n has ``width // n`` full partitions and one partial one, stored
+    separately."""
     P = nl.tile_size.pmax
-    L, G = plan.width, plan.group
+    f, L, G = plan.fold, plan.width, plan.group
     width = min(G, L - g * G)
     n = -(-width // P)
     column = g * (-(-G // P)) * f
@@ -913,9 +938,6 @@ def _store_column_sums(plan, dst, acc, g, other, f):
             op=nl.add,
         )
     full, rest = width // n, width % n
-    if f > 1 and plan.heads > 0:  # every head's sums in one DMA (one queue: one transfer)
-        _store_head_sums(dst, rounded, f, L, g * G, n, full, rest)
-        return
     for h in range(f):
         g0 = h * L + g * G
         if full:
