@@ -26,7 +26,8 @@ F32 = np.dtype(np.float32)
 FP32_REL = 1e-5
 EPS = 1e-6
 
-pytestmark = pytest.mark.usefixtures("dialect")
+#: Run the test once per NKI dialect (the kernels of the dialect in effect)
+both_dialects = pytest.mark.usefixtures("dialect")
 
 
 def _inputs(rng, tokens, heads, n, dtype, w_dtype, offset, mode, with_dh=False):
@@ -41,13 +42,14 @@ def _inputs(rng, tokens, heads, n, dtype, w_dtype, offset, mode, with_dh=False):
     return dy, x, w, rstd, dh
 
 
-def _launch(dy, x, w, rstd, dh, offset, mode, target=None, lnc=None):
-    """The return-convention kernel of the dialect in effect on the flattened rows."""
+def _launch(dy, x, w, rstd, dh, offset, mode, target=None, lnc=None, dialect_name=None):
+    """The return-convention kernel of ``dialect_name`` (default: the dialect in effect) on
+    the flattened rows."""
     tokens, heads, n = x.shape
     rows = tokens * heads
     flat = (None if dh is None else dh.reshape(rows, n))
     (dx, dweight), _ = trace_launch(
-        kernels.kernel("rmsnorm_bwd"), dy.reshape(rows, n), x.reshape(rows, n), w,
+        kernels.kernel("rmsnorm_bwd", dialect_name), dy.reshape(rows, n), x.reshape(rows, n), w,
         rstd.reshape(rows), flat, offset, False, mode, target=target, lnc=lnc)
     return dx.reshape(x.shape), dweight
 
@@ -110,6 +112,7 @@ CASES = [
 ]
 
 
+@both_dialects
 @pytest.mark.parametrize("tokens, heads, n, dtype, w_dtype, offset, with_dh, mode", CASES)
 def test_matches_the_reference_per_head(rng, tokens, heads, n, dtype, w_dtype, offset,
                                         with_dh, mode):
@@ -129,19 +132,19 @@ def test_other_targets(rng, dialect, target):
 
 
 @pytest.mark.parametrize("target, heads", [("trn2", 8), ("trn3", 12), ("trn2", 5)])
-def test_two_cores_are_bitwise_one(rng, dialect, target, heads):
-    """LNC=2 (each core half of the row tiles, column sums exchanged and added in a fixed
-    order) gives the bits of LNC=1, dx and dweight, including a ragged last tile."""
-    if dialect != "nki06":
-        pytest.skip("LNC=2 launches (kernel[2]) are NKI 0.6's")
+def test_two_cores_are_bitwise_one(rng, target, heads):
+    """LNC=2 (NKI 0.6's ``kernel[2]``: each core half of the row tiles, column sums
+    exchanged and added in a fixed order) gives the bits of LNC=1, dx and dweight, including
+    a ragged last tile."""
     dy, x, w, rstd, _ = _inputs(rng, 301, heads, 128, BF16, BF16, 0.0, "gemma")
-    one = _launch(dy, x, w, rstd, None, 0.0, "gemma", target=target, lnc=1)
-    two = _launch(dy, x, w, rstd, None, 0.0, "gemma", target=target, lnc=2)
+    one = _launch(dy, x, w, rstd, None, 0.0, "gemma", target=target, lnc=1, dialect_name="nki06")
+    two = _launch(dy, x, w, rstd, None, 0.0, "gemma", target=target, lnc=2, dialect_name="nki06")
     assert one[0].tobytes() == two[0].tobytes()
     assert one[1].tobytes() == two[1].tobytes()
     _check(*two, dy, x, w, rstd, None, 0.0, "gemma")
 
 
+@both_dialects
 def test_deterministic_and_batch_invariant(rng):
     """Two runs give the same bits; a token's dx is the same in any batch (tiles hold whole
     tokens, so a sub-batch starting at a token changes no row's arithmetic)."""
@@ -153,6 +156,7 @@ def test_deterministic_and_batch_invariant(rng):
     assert part[0].tobytes() == first[0][3:90].tobytes()
 
 
+@both_dialects
 def test_one_head_matches_the_vector_weight(rng):
     """A (1, N) weight: dweight (1, N) and dx as the (N,) weight's within the tolerances."""
     dy, x, w, rstd, _ = _inputs(rng, 130, 1, 128, BF16, BF16, 0.0, "gemma")
@@ -161,6 +165,7 @@ def test_one_head_matches_the_vector_weight(rng):
     _check(dx, dweight, dy, x, w, rstd, None, 0.0, "gemma")
 
 
+@both_dialects
 def test_non_finite_weight_stays_in_its_heads_rows(rng):
     """+Inf and NaN in one head's weight make that head's dx non-finite as in the reference
     and leave every other head's dx, and all of dweight (dy·x̂ needs no weight), bitwise
@@ -177,6 +182,7 @@ def test_non_finite_weight_stays_in_its_heads_rows(rng):
     assert dweight.tobytes() == clean[1].tobytes()
 
 
+@both_dialects
 def test_non_finite_inputs_stay_in_their_rows_and_columns(rng):
     """A NaN in x (row of head 1) and an Inf in dy (row of head 3, column 40): every other
     row's dx is bitwise the finite run's; dweight is non-finite where the reference is (all
@@ -207,6 +213,7 @@ def test_non_finite_inputs_stay_in_their_rows_and_columns(rng):
                   scale=np.abs(ref_dw[keep]).max(), what="dweight")
 
 
+@both_dialects
 def test_launcher_is_one_launch(rng, monkeypatch):
     """``ops.rms_norm_bwd`` with a per-head weight launches the backward kernel once (with
     a bias once more, for dbias only) and matches the kernel."""
@@ -248,6 +255,7 @@ def test_bad_weight_is_rejected_before_a_launch(monkeypatch, x_shape, w_shape, m
     assert "weight" in str(info.value)
 
 
+@both_dialects
 def test_kernel_refuses_a_per_head_weight_it_cannot_take(rng):
     """Called directly, the kernel asserts rather than computing something else: rows that
     are not whole sets of heads, and a dbias beside a per-head weight."""
@@ -259,3 +267,20 @@ def test_kernel_refuses_a_per_head_weight_it_cannot_take(rng):
     with pytest.raises(Exception, match="no dbias beside a per-head weight"):
         trace_launch(kernels.kernel("rmsnorm_bwd"), rows, rows, w, rstd.reshape(16), None,
                      0.0, True, "gemma")
+
+
+@pytest.mark.parametrize("mode", ["gemma", "llama"])
+def test_dialects_give_the_same_dx(rng, mode):
+    """The legacy and the 0.6 kernel run the same per-row instructions (trn2, where both
+    run): dx bitwise the same; dweight within the tolerances of both (the 0.6 kernel adds
+    its two halves of row tiles, the legacy one sums them in one accumulator)."""
+    dy, x, w, rstd, _ = _inputs(rng, 45, 12, 128, BF16, BF16, 0.5, mode)
+    runs = []
+    for name in ("legacy", "nki06"):
+        rows = x.shape[0] * x.shape[1]
+        (dx, dweight), _ = trace_launch(
+            kernels.kernel("rmsnorm_bwd", name), dy.reshape(rows, 128), x.reshape(rows, 128),
+            w, rstd.reshape(rows), None, 0.5, False, mode, target="trn2")
+        runs.append((dx.reshape(x.shape), dweight))
+        _check(*runs[-1], dy, x, w, rstd, None, 0.5, mode)
+    assert runs[0][0].tobytes() == runs[1][0].tobytes()
