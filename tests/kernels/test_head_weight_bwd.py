@@ -37,8 +37,7 @@ def _inputs(rng, tokens, heads, n, dtype, w_dtype, offset, mode, with_dh=False):
     dh = rng.standard_normal((tokens, heads, n)).astype(dtype) if with_dh else None
     rstd = np.empty((tokens, heads), F32)
     for h in range(heads):
-        rstd[:, h] = reference.rms_norm_fwd(x[:, h], w[h], EPS, offset=offset,
-                                            casting_mode=mode)[1]
+        rstd[:, h] = reference.rms_norm_fwd(x[:, h], w[h], EPS, offset=offset, casting_mode=mode)[1]
     return dy, x, w, rstd, dh
 
 
@@ -47,10 +46,20 @@ def _launch(dy, x, w, rstd, dh, offset, mode, target=None, lnc=None, dialect_nam
     the flattened rows."""
     tokens, heads, n = x.shape
     rows = tokens * heads
-    flat = (None if dh is None else dh.reshape(rows, n))
+    flat = None if dh is None else dh.reshape(rows, n)
     (dx, dweight), _ = trace_launch(
-        kernels.kernel("rmsnorm_bwd", dialect_name), dy.reshape(rows, n), x.reshape(rows, n), w,
-        rstd.reshape(rows), flat, offset, False, mode, target=target, lnc=lnc)
+        kernels.kernel("rmsnorm_bwd", dialect_name),
+        dy.reshape(rows, n),
+        x.reshape(rows, n),
+        w,
+        rstd.reshape(rows),
+        flat,
+        offset,
+        False,
+        mode,
+        target=target,
+        lnc=lnc,
+    )
     return dx.reshape(x.shape), dweight
 
 
@@ -74,9 +83,9 @@ def _check(dx, dweight, dy, x, w, rstd, dh, offset, mode):
     """dx and dweight against the float64 reference of each head's rows."""
     for h in range(x.shape[1]):
         head_dh = None if dh is None else dh[:, h]
-        ref_dx, ref_dw, _ = reference.rms_norm_bwd(dy[:, h], x[:, h], w[h], rstd[:, h],
-                                                   offset=offset, dh_out=head_dh,
-                                                   casting_mode=mode)
+        ref_dx, ref_dw, _ = reference.rms_norm_bwd(
+            dy[:, h], x[:, h], w[h], rstd[:, h], offset=offset, dh_out=head_dh, casting_mode=mode
+        )
         with np.errstate(invalid="ignore", over="ignore"):
             r = rstd[:, h].astype(np.float64)[:, None]
             xhat = x[:, h].astype(np.float64) * r
@@ -92,8 +101,14 @@ def _check(dx, dweight, dy, x, w, rstd, dh, offset, mode):
             once = reference.round_to(xhat, x.dtype)
             twice = xhat.astype(np.float32).astype(x.dtype).astype(np.float64)
             extra = (np.abs(dy[:, h].astype(np.float64)) * np.abs(twice - once)).sum(axis=0)
-        _assert_close(dweight[h], ref_dw, w.dtype, extra=extra,
-                      scale=np.abs(ref_dw.astype(np.float64)).max(), what=f"dweight {h}")
+        _assert_close(
+            dweight[h],
+            ref_dw,
+            w.dtype,
+            extra=extra,
+            scale=np.abs(ref_dw.astype(np.float64)).max(),
+            what=f"dweight {h}",
+        )
 
 
 # (tokens, heads, N, x dtype, weight dtype, offset, dh_out, mode): heads dividing 128 and
@@ -114,8 +129,9 @@ CASES = [
 
 @both_dialects
 @pytest.mark.parametrize("tokens, heads, n, dtype, w_dtype, offset, with_dh, mode", CASES)
-def test_matches_the_reference_per_head(rng, tokens, heads, n, dtype, w_dtype, offset,
-                                        with_dh, mode):
+def test_matches_the_reference_per_head(
+    rng, tokens, heads, n, dtype, w_dtype, offset, with_dh, mode
+):
     dy, x, w, rstd, dh = _inputs(rng, tokens, heads, n, dtype, w_dtype, offset, mode, with_dh)
     dx, dweight = _launch(dy, x, w, rstd, dh, offset, mode)
     assert dweight.shape == w.shape and dweight.dtype == w.dtype
@@ -200,8 +216,9 @@ def test_non_finite_inputs_stay_in_their_rows_and_columns(rng):
     rows = np.ones(x.shape[:2], bool)
     rows[7, 1] = rows[20, 3] = False
     assert dx[rows].tobytes() == clean[0][rows].tobytes()
-    ref_dw = np.stack([reference.rms_norm_bwd(dy[:, h], x[:, h], w[h], rstd[:, h])[1]
-                       for h in range(4)]).astype(np.float64)
+    ref_dw = np.stack(
+        [reference.rms_norm_bwd(dy[:, h], x[:, h], w[h], rstd[:, h])[1] for h in range(4)]
+    ).astype(np.float64)
     got = dweight.astype(np.float64)
     assert np.isnan(got[1]).all() and not np.isfinite(got[3, 40])
     assert np.isnan(got[:, 9]).all() and np.isnan(got[[0, 1, 2], 40]).all()
@@ -209,8 +226,13 @@ def test_non_finite_inputs_stay_in_their_rows_and_columns(rng):
     keep[1] = False
     keep[:, [9, 40]] = False
     assert np.isfinite(ref_dw[keep]).all()
-    _assert_close(dweight[keep], ref_dw[keep].astype(BF16), BF16,
-                  scale=np.abs(ref_dw[keep]).max(), what="dweight")
+    _assert_close(
+        dweight[keep],
+        ref_dw[keep].astype(BF16),
+        BF16,
+        scale=np.abs(ref_dw[keep]).max(),
+        what="dweight",
+    )
 
 
 @both_dialects
@@ -262,11 +284,21 @@ def test_kernel_refuses_a_per_head_weight_it_cannot_take(rng):
     dy, x, w, rstd, _ = _inputs(rng, 4, 4, 64, BF16, BF16, 0.0, "gemma")
     rows = x.reshape(16, 64)
     with pytest.raises(Exception, match="whole sets of 4 heads"):
-        trace_launch(kernels.kernel("rmsnorm_bwd"), rows[:15], rows[:15], w,
-                     rstd.reshape(16)[:15], None, 0.0, False, "gemma")
+        trace_launch(
+            kernels.kernel("rmsnorm_bwd"),
+            rows[:15],
+            rows[:15],
+            w,
+            rstd.reshape(16)[:15],
+            None,
+            0.0,
+            False,
+            "gemma",
+        )
     with pytest.raises(Exception, match="no dbias beside a per-head weight"):
-        trace_launch(kernels.kernel("rmsnorm_bwd"), rows, rows, w, rstd.reshape(16), None,
-                     0.0, True, "gemma")
+        trace_launch(
+            kernels.kernel("rmsnorm_bwd"), rows, rows, w, rstd.reshape(16), None, 0.0, True, "gemma"
+        )
 
 
 @pytest.mark.parametrize("mode", ["gemma", "llama"])
@@ -279,8 +311,17 @@ def test_dialects_give_the_same_dx(rng, mode):
     for name in ("legacy", "nki06"):
         rows = x.shape[0] * x.shape[1]
         (dx, dweight), _ = trace_launch(
-            kernels.kernel("rmsnorm_bwd", name), dy.reshape(rows, 128), x.reshape(rows, 128),
-            w, rstd.reshape(rows), None, 0.5, False, mode, target="trn2")
+            kernels.kernel("rmsnorm_bwd", name),
+            dy.reshape(rows, 128),
+            x.reshape(rows, 128),
+            w,
+            rstd.reshape(rows),
+            None,
+            0.5,
+            False,
+            mode,
+            target="trn2",
+        )
         runs.append((dx.reshape(x.shape), dweight))
         _check(*runs[-1], dy, x, w, rstd, None, 0.5, mode)
     assert runs[0][0].tobytes() == runs[1][0].tobytes()
