@@ -1,15 +1,23 @@
-"""On-chip memory: per-partition allocation of SBUF and PSUM with the target's capacities.
+"""On-chip memory: where SBUF and PSUM tiles are placed, and whether the tiles a kernel keeps
+live fit the target's capacity.
 
-A tile owns its bytes while the kernel holds a reference to it (CPython frees it when the
-last reference goes, which is when the compiler's liveness analysis would reuse the space),
-so the high-water mark the trace reports is what the kernel really keeps live, and reused
-addresses give the cost model the write-after-read hazards of buffer reuse.
+Capacity follows the compiler's liveness, not Python's references: a tile is live from the
+first instruction that touches it (its definition) to the last one (its last use), whatever
+Python names still refer to it. "The block dimension of tensors is a **logical** dimension
+... The compiler analyzes the memory dependency and allocates physical address to each tiles.
+This means that the physical tiles may not be alive in the memory simultaneously"
+(aws-neuron-sdk@8a38e733 general/nki/nki_block_dimension_migration_guide.rst L33), and
+"Neuron Compiler inspects the above code and uses a heuristic-driven allocator to decide
+how many physical tiles are allocated to each tensor" (nki_direct_allocation_guide.rst
+L44-L46): so each (P, F) block of a ``(B, P, F)`` tensor has its own live range, and "at the
+very minimum, only 1 physical tile of `a` needs to be alive. Then the execution is
+completely serialized" (migration guide L50) -- the live set of the trace in issue order is
+what the compiler's allocator has to fit. :func:`check_live_capacity` raises when it does
+not; one tile (block) larger than a partition cannot be placed at all and is rejected when
+it is created.
 
-NKI scoping decides what counts as live: a tile created inside a loop body is out of scope
-once that iteration is over (``err_local_variable_used_out_of_scope``), so a tile from an
-earlier iteration that Python still holds (``x = nl.load(...)`` keeps the previous ``x``
-until the assignment) does not count. Live tiles that need more than the target's SBUF or
-PSUM per partition are an error, as the compiler's allocator fails on them.
+Addresses come from :class:`PartitionAllocator`, a first-fit allocator over the tiles Python
+still references: only the cost model's optional address-reuse hazards depend on them.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ import bisect
 import collections
 import itertools
 import weakref
+from dataclasses import dataclass
 
 from .errors import CapacityError
 
@@ -51,11 +60,13 @@ def _stale(scope) -> bool:
 
 
 class PartitionAllocator:
-    """First-fit allocator of byte ranges within every partition (all partitions alike)."""
+    """First-fit allocator of byte ranges within every partition (all partitions alike),
+    among the tiles Python still references and whose loop iteration is still running. It
+    places tiles and records the high-water mark of what it holds in ``trace.<peak_attr>``;
+    capacity is :func:`check_live_capacity`'s business."""
 
-    def __init__(self, memory: str, capacity: int, granule: int, trace, peak_attr: str):
+    def __init__(self, memory: str, granule: int, trace, peak_attr: str):
         self.memory = memory
-        self.capacity = capacity
         self.granule = granule
         self.blocks: list[tuple[int, int, int]] = []  # sorted (start, size, block id)
         self.scopes: dict[int, tuple] = {}  # block id -> ((loop frame, iteration), ...)
@@ -72,21 +83,10 @@ class PartitionAllocator:
         self._remove_released()
         return sum(size for _, size, block in self.blocks if not _stale(self.scopes[block]))
 
-    def allocate(self, storage: Storage, nbytes: int, what: str, scope=()) -> None:
-        """Place a tile created in the loop iterations ``scope``; raise when the tiles in
-        scope would need more than the target's bytes per partition."""
+    def allocate(self, storage: Storage, nbytes: int, scope=()) -> None:
+        """Place a tile of ``nbytes`` per partition created in the loop iterations ``scope``."""
         size = max(self.granule, -(-nbytes // self.granule) * self.granule)
         live = self.live_bytes()
-        if live + size > self.capacity:
-            unit = "PSUM" if self.memory == "psum" else "SBUF"
-            raise CapacityError(
-                f"{unit} over capacity: {what} needs {nbytes} bytes per partition while live "
-                f"tiles hold {live} of the target's {self.capacity} bytes per partition"
-                + (" (PSUM is allocated in 2 KiB banks)" if self.memory == "psum" else "")
-                + "; release tiles earlier or tile the free dimension",
-                "err_sbuf_capacity_exceeded" if self.memory == "sbuf"
-                else "err_psum_capacity_exceeded",
-            )
         # first fit among tiles in scope; out-of-scope tiles' bytes are free to reuse
         start = 0
         for block_start, block_size, block in self.blocks:
@@ -95,8 +95,6 @@ class PartitionAllocator:
             if block_start - start >= size:
                 break
             start = max(start, block_start + block_size)
-        if start + size > self.capacity:  # fragmented: place after everything in scope
-            start = self.capacity - size
         block = next(self.ids)
         self.scopes[block] = tuple(scope)
         bisect.insort(self.blocks, (start, size, block))
@@ -113,3 +111,79 @@ class PartitionAllocator:
             if index < len(self.blocks) and self.blocks[index] == entry:
                 del self.blocks[index]
                 del self.scopes[entry[2]]
+
+
+@dataclass(frozen=True)
+class TileRecord:
+    """An on-chip tensor as the capacity check sees it: ``blocks`` (P, F) tiles of
+    ``block_bytes`` bytes per partition each, from byte ``address`` of the partition on,
+    each holding ``held_bytes`` (rounded up to the memory's allocation granule)."""
+
+    memory: str  # "sbuf" or "psum"
+    address: int
+    block_bytes: int
+    blocks: int
+    held_bytes: int
+    what: str
+
+
+def blocks_touched(region, record: TileRecord) -> range:
+    """The (P, F) blocks of ``record``'s tensor that ``region`` reaches into."""
+    if record.blocks == 1:
+        return range(1)
+    if region.stop <= region.start:
+        return range(0)
+    first = (region.start - record.address) // record.block_bytes
+    last = (region.stop - 1 - record.address) // record.block_bytes
+    return range(max(first, 0), min(last, record.blocks - 1) + 1)
+
+
+def check_live_capacity(instructions, tiles: dict[int, TileRecord], capacity: dict[str, int],
+                        target: str) -> dict[str, int]:
+    """The peak bytes per partition of the (P, F) tiles live at once in ``instructions``
+    (issue order) per memory; raise :class:`CapacityError` where it exceeds ``capacity``.
+    A tile is live from the first instruction that touches it to the last."""
+    spans: dict[tuple[int, int], list[int]] = {}
+    for position, inst in enumerate(instructions):
+        for region in inst.reads + inst.writes:
+            record = tiles.get(region.storage)
+            if record is None:
+                continue
+            for block in blocks_touched(region, record):
+                span = spans.setdefault((region.storage, block), [position, position])
+                span[1] = position
+    peaks = {}
+    for memory, limit in capacity.items():
+        # a tile takes its bytes at its first instruction and frees them after its last;
+        # at one position frees (-1) sort before takes (+1)
+        events = sorted(
+            event
+            for key, (first, last) in spans.items()
+            if tiles[key[0]].memory == memory
+            for event in ((first, 1, key), (last + 1, -1, key))
+        )
+        live, peak, at, held, worst = 0, 0, 0, set(), set()
+        for position, step, key in events:
+            live += step * tiles[key[0]].held_bytes
+            (held.add if step > 0 else held.discard)(key)
+            if live > peak:
+                peak, at, worst = live, position, set(held)
+        peaks[memory] = peak
+        if peak > limit:
+            per_tensor: dict[int, int] = collections.Counter()
+            for sid, _ in worst:
+                per_tensor[sid] += tiles[sid].held_bytes
+            largest = sorted(per_tensor.items(), key=lambda item: -item[1])[:3]
+            unit = "PSUM" if memory == "psum" else "SBUF"
+            inst = instructions[at]
+            raise CapacityError(
+                f"{unit} over capacity on {target}: at instruction {inst.index} "
+                f"({inst.opcode}) the tiles live from their first to their last use need "
+                f"{peak} of the target's {limit} bytes per partition; largest: "
+                + ", ".join(f"{tiles[sid].what} ({held_bytes} B live)"
+                            for sid, held_bytes in largest)
+                + (" (PSUM is allocated in 2 KiB banks)" if memory == "psum" else "")
+                + "; use tiles for a shorter stretch of the kernel or tile the free dimension",
+                f"err_{memory}_capacity_exceeded",
+            )
+    return peaks

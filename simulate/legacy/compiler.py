@@ -47,3 +47,11 @@ force_auto_alloc = _passthrough
 def multi_buffer(n: int):
     """``ncc.multi_buffer(n)``: a loop directive (performance hint)."""
     return ("multi_buffer", int(n))
+
+
+def no_reorder():
+    """``ncc.no_reorder()``: a loop directive that keeps the compiler from reordering the
+    loop's operations ("Create an OperationOrderGuard to prevent operation reordering",
+    aws-neuron-sdk@8a38e733 general/nki/api/nki/compiler/__init__.py L48-L50). The simulator
+    runs and traces instructions in program order already."""
+    return ("no_reorder",)

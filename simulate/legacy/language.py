@@ -51,6 +51,7 @@ from ..core.instructions import (
     finish,
     indirect_inputs,
     is_tile,
+    psum_blocks,
     resolve_mask,
     result_tile,
     tile_operand,
@@ -410,6 +411,15 @@ def accumulate(dst, value, op_name: str) -> None:
         src, rhs = None, np.float32(value)
     dst_op = tile_operand(dst, "dst", f"{op_name}=")
     lhs, rhs = align_shapes(dst_op.f32(), rhs)
+    if psum_accumulation and not psum_blocks(ctx, dst.region()) & ctx.written_psum_blocks:
+        # A PSUM tile no instruction has written yet: this matmul starts the accumulation
+        # group, and "the first nki.isa.nc_matmul instruction overwrites the destination
+        # PSUM bank with the instruction output" (aws-neuron-sdk@8a38e733
+        # general/nki/arch/trainium_inferentia2_arch.rst L835-L837). Allocated kernels cannot
+        # start from nl.zeros (errors manual, err_tensor_creation_on_scratchpad_with_init_
+        # value_not_supported, L687-L697), so AWS's start from nl.ndarray
+        # (general/nki/examples/attention/attention_kernels.py L846, L899).
+        lhs = np.zeros_like(lhs)
     write_into(dst, spec.apply(lhs, rhs), fresh[1] if psum_accumulation else None,
                accumulate=True)
     if psum_accumulation:
