@@ -58,7 +58,7 @@ from ..core.instructions import (
     work_f32,
     write_into,
 )
-from ..core.loop_index import concrete
+from ..core.loop_index import LoopIndex, concrete
 from ..core.runtime import (  # noqa: F401
     affine_range,
     current,
@@ -71,6 +71,7 @@ from ..core.runtime import (  # noqa: F401
     static_range,
     tile_size,
 )
+from ..core.scoping import DESTINATION_KEYWORD
 from ..core.tensor import (  # noqa: F401
     Access,
     Tensor,
@@ -889,3 +890,60 @@ def device_print(prefix, x, *, mask=None, **kwargs):
 
 
 sdk.gate_module(sys.modules[__name__], "nl")
+
+
+def loop_reduce(x, op, loop_indices, *, dtype=None, mask=None, **kwargs):
+    """``nl.loop_reduce(x, op, loop_indices, *, dtype=None, mask=None)``: ``b =
+    nl.loop_reduce(a, op=np.add, loop_indices=[k_i])`` inside a loop updates the tile ``b``
+    already holds, as ``b = nisa.tensor_tensor(data1=b, data2=a, op=np.add)`` would ("The
+    destination tile is also the rhs input to ``op``", aws-neuron-sdk@8a38e733
+    general/nki/api/nki/language/__init__.py L990-L1020): one Vector-engine
+    ``tensor_tensor`` reading and writing the destination, an associative update that
+    ``affine_range`` iterations may share. The destination is the assignment's target, which
+    the kernel's recompiled source passes in (:mod:`simulate.core.scoping`)."""
+    api = "nl.loop_reduce"
+    destination = kwargs.pop(DESTINATION_KEYWORD, None)
+    ctx = current(api)
+    if destination is None:
+        raise NKIValueError(
+            f"{api} updates the tile its result is assigned to (`b = nl.loop_reduce(a, ...)` "
+            "with `b` a tile defined before the loop); use it in an assignment of a kernel "
+            "whose source is available", "err_unsupported_expression")
+    try:
+        dst = destination()
+    except NameError as exc:
+        raise NKIValueError(
+            f"{api}: the tile assigned its result must exist before the loop ({exc})",
+            "err_unsupported_expression") from exc
+    if not is_tile(dst) or not dst.on_chip:
+        raise NKITypeError(f"{api} updates an SBUF/PSUM tile, its destination is "
+                           f"{type(dst).__name__}", "err_unsupported_memory")
+    indices = loop_indices if isinstance(loop_indices, (list, tuple)) else [loop_indices]
+    if not ctx.loops or not indices or not builtins.all(
+            isinstance(i, (int, np.integer, LoopIndex)) for i in indices):
+        raise NKIValueError(
+            f"{api} reduces over running loops: `loop_indices` is a loop index or a list of "
+            f"them, inside that loop (got {loop_indices!r})", "err_unsupported_expression")
+    spec = fn.lookup(op, "op")
+    m = resolve_mask(mask)
+    src = tile_operand(x, "x", api, mask=m)
+    dst_op = tile_operand(dst, "destination", api, mask=m)
+    check_free_size(src, api)
+    if (src.partitions, src.free_size) != (dst_op.partitions, dst_op.free_size):
+        raise NKIValueError(
+            f"{api}: `x` has {src.partitions} x {src.free_size} elements per partition, its "
+            f"destination {dst_op.partitions} x {dst_op.free_size}",
+            "err_num_partition_mismatch")
+    if dtype is not None and dt.as_dtype(dtype) != dst.dtype:
+        raise NKITypeError(
+            f"{api}: dtype={dt.name(dt.as_dtype(dtype))} differs from its destination tile's "
+            f"{dt.name(dst.dtype)}, which holds the result", "err_unsupported_dtype")
+    if m is False:
+        return dst
+    lhs, rhs = align_shapes(dst_op.f32(), src.f32().reshape(dst_op.f32().shape))
+    write_into(dst, spec.apply(lhs, rhs), m, accumulate=True)
+    partitions, free = extent(m, dst.shape)
+    emit("dve", "tensor_tensor", inputs=[dst_op, src], outputs=[dst.region(m)],
+         partitions=partitions, free_size=free, out_dtype=dst.dtype,
+         details={"op": spec.name, "accumulate": True})
+    return dst
