@@ -6,6 +6,7 @@ results under masks, and appending the instruction to the trace.
 
 from __future__ import annotations
 
+import math
 import threading
 import weakref
 
@@ -239,7 +240,7 @@ def _tile_record(ctx, storage, shape, par_axis, dtype, what) -> TileRecord:
     not fit a partition can never be placed, so it is rejected here."""
     memory = storage.memory
     granule = ctx.psum.granule if memory == "psum" else ctx.sbuf.granule
-    block_bytes = int(np.prod(shape[par_axis + 1:])) * dtype.itemsize
+    block_bytes = math.prod(shape[par_axis + 1:]) * dtype.itemsize
     held = max(granule, -(-block_bytes // granule) * granule)
     capacity = (ctx.target.psum_bytes_per_partition if memory == "psum"
                 else ctx.target.sbuf_bytes_per_partition)
@@ -249,7 +250,7 @@ def _tile_record(ctx, storage, shape, par_axis, dtype, what) -> TileRecord:
             f"{unit} over capacity: {what} needs {block_bytes} bytes per partition for one "
             f"tile, more than the target's {capacity} bytes per partition; tile the free "
             "dimension", f"err_{memory}_capacity_exceeded")
-    return TileRecord(memory, storage.address, block_bytes, int(np.prod(shape[:par_axis])),
+    return TileRecord(memory, storage.address, block_bytes, math.prod(shape[:par_axis]),
                       held, what)
 
 
