@@ -36,8 +36,21 @@ _storage_ids = itertools.count(1)
 class Storage:
     """One allocation: an on-chip tile (SBUF/PSUM) or an HBM tensor."""
 
-    __slots__ = ("id", "memory", "kind", "name", "address", "bytes_per_partition", "written",
-                 "param_index", "mutable", "par_axis", "array", "out_of_scope", "__weakref__")
+    __slots__ = (
+        "id",
+        "memory",
+        "kind",
+        "name",
+        "address",
+        "bytes_per_partition",
+        "written",
+        "param_index",
+        "mutable",
+        "par_axis",
+        "array",
+        "out_of_scope",
+        "__weakref__",
+    )
 
     def __init__(self, memory: str, kind: str, name: str = "", bytes_per_partition: int = 0):
         self.id = next(_storage_ids)
@@ -129,17 +142,18 @@ class TileRecord:
 
 def blocks_touched(region, record: TileRecord) -> range:
     """The (P, F) blocks of ``record``'s tensor that ``region`` reaches into."""
+    if region.stop <= region.start:  # an access masked off entirely
+        return range(0)
     if record.blocks == 1:
         return range(1)
-    if region.stop <= region.start:
-        return range(0)
     first = (region.start - record.address) // record.block_bytes
     last = (region.stop - 1 - record.address) // record.block_bytes
     return range(max(first, 0), min(last, record.blocks - 1) + 1)
 
 
-def check_live_capacity(instructions, tiles: dict[int, TileRecord], capacity: dict[str, int],
-                        target: str) -> dict[str, int]:
+def check_live_capacity(
+    instructions, tiles: dict[int, TileRecord], capacity: dict[str, int], target: str
+) -> dict[str, int]:
     """The peak bytes per partition of the (P, F) tiles live at once in ``instructions``
     (issue order) per memory; raise :class:`CapacityError` where it exceeds ``capacity``.
     A tile is live from the first instruction that touches it to the last."""
@@ -180,8 +194,9 @@ def check_live_capacity(instructions, tiles: dict[int, TileRecord], capacity: di
                 f"{unit} over capacity on {target}: at instruction {inst.index} "
                 f"({inst.opcode}) the tiles live from their first to their last use need "
                 f"{peak} of the target's {limit} bytes per partition; largest: "
-                + ", ".join(f"{tiles[sid].what} ({held_bytes} B live)"
-                            for sid, held_bytes in largest)
+                + ", ".join(
+                    f"{tiles[sid].what} ({held_bytes} B live)" for sid, held_bytes in largest
+                )
                 + (" (PSUM is allocated in 2 KiB banks)" if memory == "psum" else "")
                 + "; use tiles for a shorter stretch of the kernel or tile the free dimension",
                 f"err_{memory}_capacity_exceeded",
