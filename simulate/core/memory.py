@@ -28,7 +28,9 @@ import itertools
 import weakref
 from dataclasses import dataclass
 
-from .errors import CapacityError
+import numpy as np
+
+from .errors import CapacityError, NKIValueError
 
 _storage_ids = itertools.count(1)
 
@@ -151,12 +153,8 @@ def blocks_touched(region, record: TileRecord) -> range:
     return range(max(first, 0), min(last, record.blocks - 1) + 1)
 
 
-def check_live_capacity(
-    instructions, tiles: dict[int, TileRecord], capacity: dict[str, int], target: str
-) -> dict[str, int]:
-    """The peak bytes per partition of the (P, F) tiles live at once in ``instructions``
-    (issue order) per memory; raise :class:`CapacityError` where it exceeds ``capacity``.
-    A tile is live from the first instruction that touches it to the last."""
+def _live_spans(instructions, tiles: dict[int, TileRecord]) -> dict[tuple[int, int], list[int]]:
+    """(storage id, block) -> [first, last] position of the instructions touching it."""
     spans: dict[tuple[int, int], list[int]] = {}
     for position, inst in enumerate(instructions):
         for region in inst.reads + inst.writes:
@@ -166,6 +164,51 @@ def check_live_capacity(
             for block in blocks_touched(region, record):
                 span = spans.setdefault((region.storage, block), [position, position])
                 span[1] = position
+    return spans
+
+
+def check_modulo_lifetimes(instructions, tiles: dict[int, TileRecord], modulo_tiles) -> None:
+    """Raise when two logical tiles of a modulo-allocated tensor share a physical tile and
+    are live at once: "Another common lifetime conflict error is when the number of
+    physical tiles is insufficient to hold all the logical tiles that need to be alive at
+    the same time ... Only two tiles can be alive according to our allocation above ->
+    ERROR" (aws-neuron-sdk@8a38e733 general/nki/nki_direct_allocation_guide.rst L397-L424).
+    ``modulo_tiles`` maps a storage id to its block shape and, per block dimension, the
+    (bank, partition, free) tile counts of ``mod_alloc``."""
+    if not modulo_tiles:
+        return
+    spans = _live_spans(instructions, {sid: tiles[sid] for sid in modulo_tiles})
+    physical: dict[tuple, list[tuple[int, int, tuple]]] = {}
+    for (sid, block), (first, last) in spans.items():
+        block_shape, moduli = modulo_tiles[sid]
+        index = tuple(int(i) for i in np.unravel_index(block, block_shape)) if block_shape else ()
+        key = tuple(
+            tuple(i % (counts[d] if d < len(counts) else 1) for counts in moduli)
+            for d, i in enumerate(index)
+        )
+        physical.setdefault((sid, key), []).append((first, last, index))
+    for (sid, _), live in physical.items():
+        live.sort()
+        for (first, last, index), (next_first, _, next_index) in zip(live, live[1:]):
+            if next_first <= last:
+                raise NKIValueError(
+                    f"lifetime conflict: logical tiles {list(index)} and {list(next_index)} "
+                    f"of {tiles[sid].what} share one physical tile of its modulo allocation "
+                    f"but are live together (instructions {instructions[first].index}-"
+                    f"{instructions[last].index} and from {instructions[next_first].index}); "
+                    "allocate more physical tiles or finish with one logical tile before the "
+                    "next (general/nki/nki_direct_allocation_guide.rst L397-L424)",
+                    "err_allocation_lifetime_conflict",
+                )
+
+
+def check_live_capacity(
+    instructions, tiles: dict[int, TileRecord], capacity: dict[str, int], target: str
+) -> dict[str, int]:
+    """The peak bytes per partition of the (P, F) tiles live at once in ``instructions``
+    (issue order) per memory; raise :class:`CapacityError` where it exceeds ``capacity``.
+    A tile is live from the first instruction that touches it to the last."""
+    spans = _live_spans(instructions, tiles)
     peaks = {}
     for memory, limit in capacity.items():
         # a tile takes its bytes at its first instruction and frees them after its last;

@@ -27,7 +27,13 @@ import numpy as np
 from . import dtypes as dt
 from . import jax_calls, scoping, sdk
 from .errors import NKIRuntimeError, NKITypeError, NKIValueError
-from .memory import PartitionAllocator, Storage, TileRecord, check_live_capacity
+from .memory import (
+    PartitionAllocator,
+    Storage,
+    TileRecord,
+    check_live_capacity,
+    check_modulo_lifetimes,
+)
 from .targets import DEFAULT_TARGET, PMAX, PSUM_BANK_BYTES, TARGETS, get_target
 from .tensor import Tensor
 from .trace import Trace
@@ -79,6 +85,9 @@ class Context:
         # (storage id, block) of the PSUM tiles written so far: a matmul accumulated into
         # one never written starts its accumulation group
         self.written_psum_blocks: set[tuple[int, int]] = set()
+        # storage id -> (block shape, (bank, partition, free) moduli per block dimension) of
+        # the tensors placed by modulo allocation (ncc.sbuf/psum.mod_alloc)
+        self.modulo_tiles: dict[int, tuple] = {}
         self.loops: list[LoopFrame] = []
         self.program_id: tuple[int, ...] = ()
         self.core = 0  # the physical core the running instance is placed on (LNC=2)
@@ -105,6 +114,7 @@ class Context:
         """Raise when the tiles live at once (first to last use, per (P, F) block) need
         more SBUF or PSUM per partition than the target has; the trace's peaks become those
         of the live ranges."""
+        check_modulo_lifetimes(self.trace.instructions, self.tiles, self.modulo_tiles)
         peaks = check_live_capacity(
             self.trace.instructions, self.tiles,
             {"sbuf": self.target.sbuf_bytes_per_partition,

@@ -109,12 +109,16 @@ def ndarray(shape, dtype, *, buffer=None, name="", **kwargs):
     """``nl.ndarray(shape, dtype, *, buffer=None, name="")``: an uninitialised tensor
     (SBUF by default; ``nl.shared_hbm`` for kernel outputs, created at the kernel's top level).
     """
+    modulo = getattr(buffer, "__nki_modulo__", None)
     buffer = _buffer(buffer)
     ctx = current("nl.ndarray")
     if buffer == shared_hbm:
         return _shared_hbm(ctx, shape, dtype, name)
     fill = dt.uninitialised(dt.as_dtype(dtype))
-    return allocate(shape, dtype, buffer, name, fill=fill)
+    tensor = allocate(shape, dtype, buffer, name, fill=fill)
+    if modulo is not None:
+        ctx.modulo_tiles[tensor.storage.id] = (tensor.shape[: tensor.par_axis], modulo)
+    return tensor
 
 
 _COMPREHENSIONS = ("<listcomp>", "<genexpr>", "<dictcomp>", "<setcomp>")

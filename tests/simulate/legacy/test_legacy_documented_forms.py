@@ -264,3 +264,40 @@ def test_a_matmul_accumulated_into_a_never_written_psum_tile_starts_the_group(rn
     out = _run(kernel, x, y, True)
     np.testing.assert_allclose(out[0], product, rtol=2e-2, atol=2e-2 * np.abs(product).max())
     np.testing.assert_allclose(out[1], product + 1, rtol=2e-2, atol=2e-2 * np.abs(product).max())
+
+
+def test_modulo_allocated_logical_tiles_sharing_a_physical_tile_must_not_overlap(rng):
+    """The direct-allocation guide's lifetime conflict (general/nki/nki_direct_allocation_guide.rst
+    L397-L424): eight logical tiles over ``num_free_tiles=(2,)`` all loaded before any is used
+    is an error; used one after another ("the correct way"), or with eight physical tiles,
+    they fit."""
+    import simulate.compiler as ncc
+
+    def kernel(a, physical, all_loaded_first):
+        out = nl.ndarray((8, 128, 512), nl.float32, buffer=nl.shared_hbm)
+        t1 = nl.ndarray(
+            (8, nl.par_dim(128), 512),
+            nl.float32,
+            buffer=ncc.sbuf.mod_alloc(base_addr=0, num_free_tiles=(physical,)),
+        )
+        if all_loaded_first:
+            for i in nl.affine_range(8):
+                t1[i] = nl.load(a[i])
+            for i in nl.affine_range(8):
+                nl.store(
+                    out[i], value=nisa.tensor_scalar(data=t1[i], op0=nl.multiply, operand0=2.0)
+                )
+        else:
+            for i in nl.affine_range(8):
+                t1[i] = nl.load(a[i])
+                nl.store(
+                    out[i], value=nisa.tensor_scalar(data=t1[i], op0=nl.multiply, operand0=2.0)
+                )
+        return out
+
+    a = rng.standard_normal((8, 128, 512)).astype(np.float32)
+    with pytest.raises(ValueError, match="err_allocation_lifetime_conflict.*logical tiles"):
+        _run(kernel, a, 2, True)
+    for physical, all_loaded_first in ((2, False), (8, True)):
+        out = _run(kernel, a, physical, all_loaded_first)
+        np.testing.assert_array_equal(out, 2 * a)
