@@ -179,7 +179,7 @@ def _two_tiles_fit(
     y_q from its front to its back; its front's h (and x, and hᵀ of the Gram share) are
     dead before the other tile's back begins, whose y, float32 y and y_qᵀ are created
     there."""
-    quant_dtype = options[1]
+    eps, quant_dtype, scale_mode, block, lower_bound, scale_floor = options
     N = x.shape[1]
     x_bytes = dtype_bytes(x.dtype)
     h_bytes = x_bytes if residual is None else dtype_bytes(residual.dtype)
@@ -202,7 +202,7 @@ def _two_tiles_fit(
         back = back + x_bytes
     if emit_transposed:  # the float32 y and y_qᵀ
         back = back + 4 + dtype_bytes(quant_dtype)
-    if options[2] == "static":  # the amax's discarded bf16 |p|, between front and back
+    if scale_mode == "static":  # the amax's discarded bf16 |p|, between front and back
         back = max(back, 2)
     resident = 0 if weight is None else dtype_bytes(weight.dtype)
     per_partition = N * (2 * kept + max(front, back) + resident)
