@@ -1231,6 +1231,12 @@ def tensor_tensor_scan(
     reads = [data0, data1] + ([initial] if isinstance(initial, NkiTensor) else [])
     initial_values, _ = _scalar(api, "initial", initial, data0.shape[0])
     spec0, spec1 = _op(api, "op0", op0), _op(api, "op1", op1)
+    for argname, spec in (("op0", spec0), ("op1", spec1)):
+        if spec.bitvec:
+            raise NkiValidationError(
+                f"{api} {argname}={spec.name}: op0 and op1 'can be any binary arithmetic "
+                f"operator' ({_ISA} L2024-2026); bitvec operators are not scan operators"
+            )
     values = sem.scan(spec0, spec1, _pf(data0), _pf(data1), initial_values, reverse0, reverse1)
     return _write_and_emit(
         "dve", api, name, dst, values, reads, details={"op": [spec0.name, spec1.name]}
@@ -1319,12 +1325,8 @@ def nc_matmul(
     kinds = {stationary.dtype, moving.dtype}
     if bool(tile_position) != bool(tile_size):
         raise NkiValidationError(f"{api} tile_position and tile_size go together")
-    granule = 64 if version == 2 else 32  # row/column tiles of the PE array (STUB-ISA)
-    if tile_size and any(int(v) % granule for v in (*tile_position, *tile_size)):
-        raise NkiValidationError(
-            f"{api} tile_position {tuple(tile_position)} and tile_size {tuple(tile_size)} must "
-            f"be multiples of {granule} on NeuronCore-v{version}"
-        )
+    if tile_size:
+        _pe_tiles(api, version, tile_position, tile_size)
     if tile_size and (int(tile_size[0]) < k or int(tile_size[1]) < m):
         raise NkiValidationError(
             f"{api} the stationary ({k} x {m}) does not fit tile_size {tuple(tile_size)}"
@@ -1374,6 +1376,38 @@ def nc_matmul(
             "accumulate": accumulate,
         },
     )
+
+
+def _pe_tiles(api, version, tile_position, tile_size) -> None:
+    """Tensor Engine tiling mode: "Row tiling mode slices the 128 PE rows into 2x 64 row
+    tiles (NeuronCore-v2 or newer), or 4x 32 row tiles (NeuronCore-v3 or newer). Column
+    tiling mode slices the 128 PE columns in the same fashion" (aws-neuron-sdk@81ce03ae
+    nki/api/nki/isa/__init__.py L514-518), so a row or column size is 128, 64 or (v3+) 32;
+    "The ``start_row`` must be a multiple of ``row_size`` ... and must not exceed 128.
+    Similarly, the ``start_column`` must be a multiple of ``column_size``" (L525-526): the
+    tile starts on a tile boundary and lies inside the 128 x 128 array. Column tiling is
+    accepted although the parameter list says "start_column must be 0" / "column_size must
+    be 128" (L676-677): the body text documents it and AWS's kernels use it
+    (aws-neuron/nki-library@d2ad3a5 src/nkilib_src/nkilib/core/router_topk/router_topk.py
+    L428-437, core/qkv/qkv_tkg.py L1511-1512)."""
+    sizes = (PMAX, 64) if version == 2 else (PMAX, 64, 32)
+    if len(tile_position) != 2 or len(tile_size) != 2:
+        raise NkiValidationError(
+            f"{api} tile_position and tile_size are (row, column) pairs, got "
+            f"{tuple(tile_position)} and {tuple(tile_size)}"
+        )
+    for axis, start, size in zip(("row", "column"), tile_position, tile_size):  # noqa: B905
+        start, size = int(start), int(size)
+        if size not in sizes:
+            raise NkiValidationError(
+                f"{api} tile_size {axis} size {size}: the PE array's {axis}s tile as "
+                f"{' / '.join(map(str, sizes))} on NeuronCore-v{version} ({_ISA} L514-518)"
+            )
+        if start % size or not 0 <= start <= PMAX - size:
+            raise NkiValidationError(
+                f"{api} tile_position start_{axis} {start} must be a multiple of the {axis} "
+                f"size {size} inside the 128-{axis} array ({_ISA} L525-526)"
+            )
 
 
 def _double_row_free_sizes(api, stationary, moving, is_transpose, tile_size):
@@ -1575,13 +1609,23 @@ def register_move(dst, src) -> None:
     if not isinstance(dst, VirtualRegister):
         raise NkiTypeError("register_move dst must be a VirtualRegister")
     if dst.read_only:
-        raise NkiValidationError("register_move: the loop induction register is read-only")
+        raise NkiValidationError(
+            "register_move: the loop induction register is read-only: 'you cannot write to "
+            "it with register_move or register_load' (aws-neuron-sdk@81ce03ae "
+            "nki/get-started/nki-language-guide.rst L532)"
+        )
     dst.value = src.value if isinstance(src, VirtualRegister) else int(src)
 
 
 def register_load(dst, src) -> None:
     if not isinstance(dst, VirtualRegister):
         raise NkiTypeError("register_load dst must be a VirtualRegister")
+    if dst.read_only:
+        raise NkiValidationError(
+            "register_load: the loop induction register is read-only: 'you cannot write to "
+            "it with register_move or register_load' (aws-neuron-sdk@81ce03ae "
+            "nki/get-started/nki-language-guide.rst L532)"
+        )
     if not isinstance(src, NkiTensor) or src.size != 1 or src.storage.memory == "psum":
         raise NkiValidationError("register_load src must be a 1-element HBM or SBUF tensor")
     dst.value = int(src.array().reshape(-1)[0])

@@ -610,8 +610,15 @@ def dynamic_range(start, stop=None, step=1):
         DeprecationWarning,
         stacklevel=2,
     )
-    if isinstance(step, nisa.VirtualRegister):
-        raise NkiValidationError("dynamic_range step must be a compile-time positive int")
+    # a register-driven loop on the device (nki/get-started/nki-language-guide.rst@81ce03ae
+    # L512-521), so no_reorder's "Register-based dynamic loops ... are not supported inside a
+    # no_reorder block" (nki/api/nki/language/__init__.py@81ce03ae L2251-2254) holds for it
+    _runtime_loop("nl.dynamic_range")
+    if isinstance(step, nisa.VirtualRegister) or not isinstance(step, int) or step < 1:
+        raise NkiValidationError(
+            f"dynamic_range step must be a compile-time positive int, got {step!r} "
+            "(nki/api/nki/language/__init__.py@81ce03ae L2415)"
+        )
     return _range(_value(start), None if stop is None else _value(stop), step)
 
 
@@ -661,7 +668,11 @@ def no_reorder():
 
 def _runtime_loop(api):
     if context.current(api).no_reorder_depth:
-        raise NkiValidationError(f"{api} cannot sit inside an nl.no_reorder() block")
+        raise NkiValidationError(
+            f"{api} cannot sit inside an nl.no_reorder() block: 'Register-based dynamic loops "
+            "... are not supported inside a no_reorder block' (nki/api/nki/language/"
+            "__init__.py@81ce03ae L2251-2254; nki/migration/index.rst L141)"
+        )
 
 
 # --- LNC / SPMD ------------------------------------------------------------------------------

@@ -122,6 +122,24 @@ RULES: dict[str, Rule] = {
         "a *args/**kwargs parameter", f"{NOT_NKI}; AWS kernel functions have fixed parameters"
     ),
     "star_unpack": R("star-unpacking (a, *b = ...)", NOT_NKI),
+    "keyword_only": R(
+        "a keyword-only separator (`*`) in a signature",
+        '"The NKI 0.3.0 compiler does not support the ``*`` separator in kernel function '
+        'signatures. Move all parameters with defaults to the end of the signature" '
+        "(aws-neuron-sdk@81ce03ae nki/migration/index.rst L683-697); AWS's kernel code has "
+        f"none ({NKILIB}: only its PyTorch reference, "
+        "experimental/transformer/attention_block_tkg_torch.py L71)",
+    ),
+    "loop_else": R(
+        "an `else` clause on a for/while loop",
+        f"{NOT_NKI}; the documented loops are for-loops over ranges, lists or tuples and "
+        f"while loops ({GUIDE} L455-500), none with `else`; AWS kernel code: none",
+    ),
+    "literal": R(
+        "a bytes or complex literal",
+        f"NKI values are None, booleans, 32-bit integers and floats, string literals and "
+        f"tensors ({GUIDE} L141-150)",
+    ),
     "delete": R("del", NOT_NKI),
     "match": R("a match statement", NOT_NKI),
     "decorator": R(
@@ -402,7 +420,13 @@ class _Visitor(ast.NodeVisitor):
         self.report = report  # (rule, detail, line) -> None
         self.reached: list = []
         self.range_names: set[str] = set()
+        self._root = None  # the function or class read; classes nested in it are checked here
         self._shared_constant_args: set[int] = set()  # nodes passed to nl.shared_constant
+
+    def visit(self, node):
+        if self._root is None:
+            self._root = node
+        return super().visit(node)
 
     def flag(self, rule: str, node, detail: str | None = None) -> None:
         self.report(rule, detail or f"`{_dotted(node)[:80]}`", getattr(node, "lineno", 0))
@@ -424,6 +448,8 @@ class _Visitor(ast.NodeVisitor):
             self.flag("star_signature", node, f"`*{args.vararg.arg}` in `def {node.name}`")
         if args.kwarg is not None:
             self.flag("star_signature", node, f"`**{args.kwarg.arg}` in `def {node.name}`")
+        if args.kwonlyargs and args.vararg is None:
+            self.flag("keyword_only", node, f"`*` in `def {node.name}`")
         for decorator in node.decorator_list:
             self._decorator(decorator)
         self.visit(args)
@@ -436,6 +462,9 @@ class _Visitor(ast.NodeVisitor):
     def visit_ClassDef(self, node: ast.ClassDef) -> None:
         for decorator in node.decorator_list:
             self._decorator(decorator)
+        if node is not self._root and not self._nki_class_bases(node):
+            bases = ", ".join(_dotted(base) for base in node.bases)
+            self.flag("class_base", node, f"class `{node.name}({bases})` defined in kernel code")
         for statement in node.body:
             self.visit(statement)
 
@@ -447,6 +476,30 @@ class _Visitor(ast.NodeVisitor):
         if isinstance(node, ast.Call):  # @dataclass(frozen=True): the keywords are plain
             for keyword in node.keywords:
                 self.visit(keyword.value)
+
+    def _nki_class_bases(self, node: ast.ClassDef) -> bool:
+        """A class statement inside a function: its bases must be NKIObject classes alone (or
+        an Enum), as :meth:`Checker._class_bases` requires of module-level classes."""
+        if node.keywords or not node.bases:
+            return False
+        for base in node.bases:
+            value = self._value_of(base)
+            if not isinstance(value, type):
+                return False  # a base the static pass cannot name: a local class, ...
+            if not (issubclass(value, NKIObject) or issubclass(value, enum.Enum)):
+                return False
+        return True
+
+    def visit_For(self, node) -> None:
+        if node.orelse:
+            self.flag("loop_else", node, f"`{type(node).__name__.lower()} ... else:`")
+        self.generic_visit(node)
+
+    visit_While = visit_For
+
+    def visit_Constant(self, node: ast.Constant) -> None:
+        if isinstance(node.value, (bytes, complex)):
+            self.flag("literal", node)
 
     def generic_visit(self, node) -> None:
         rule = _NODE_RULES.get(type(node))
