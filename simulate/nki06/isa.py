@@ -36,6 +36,7 @@ from .errors import (
 )
 from .tensor import (
     NkiTensor,
+    VectorIndirectView,
     VirtualRegister,
     initialized_mask,
     matmul_mask,
@@ -536,6 +537,14 @@ def dma_compute(
         raise NkiValidationError(f"{api} reduce_op must be nl.add, got {spec.name}")
     if scales is not None and any(float(s) != 1.0 for s in scales):
         raise NkiValidationError(f"{api} scales must all be 1.0 (or None)")
+    if any(isinstance(t, VectorIndirectView) for t in (dst, *srcs)):  # scatter/gather RMW
+        if len(srcs) != 2 or unique_indices is not True:
+            raise NkiValidationError(
+                f"{api} read-modify-write through a vector_offset needs 'Exactly 2 source "
+                "tensors' and 'unique_indices must be True (non-unique indices not yet "
+                f"supported)' ({_ISA} L2686-2690), got {len(srcs)} sources, "
+                f"unique_indices={unique_indices!r}"
+            )
     _enum(oob_mode, globals()["oob_mode"], "oob_mode", api)
     if oob_mode is globals()["oob_mode"].skip:
         raise NkiValidationError(f"{api} oob_mode=skip needs an indirect (vector_offset) access")
@@ -776,7 +785,7 @@ def iota(dst, pattern, offset=0, channel_multiplier=0, name=None):
     in int32, cast to ``dst.dtype`` (GpSimd, SBUF)."""
     api = "iota"
     _on_chip(api, "dst", dst, psum=False)
-    pairs = [tuple(int(v) for v in pair) for pair in pattern]
+    pairs = _int_pattern(api, pattern)
     if not 1 <= len(pairs) <= 4 or any(len(p) != 2 for p in pairs):
         raise NkiValidationError(f"{api} pattern must be 1 to 4 [step, num] pairs")
     if math.prod(n for _, n in pairs) != _free(dst):
@@ -784,9 +793,28 @@ def iota(dst, pattern, offset=0, channel_multiplier=0, name=None):
             f"{api} pattern covers {math.prod(n for _, n in pairs)} "
             f"elements per partition, dst has {_free(dst)}"
         )
-    start = offset.value if isinstance(offset, VirtualRegister) else int(offset)
-    values = sem.iota_pattern(dst.shape[0], pairs, start, channel_multiplier)
+    start = offset.value if isinstance(offset, VirtualRegister) else _int32(api, "offset", offset)
+    multiplier = _int32(api, "channel_multiplier", channel_multiplier)
+    values = sem.iota_pattern(dst.shape[0], pairs, start, multiplier)
     return _write_and_emit("pool", api, name, dst, values, [])
+
+
+def _int32(api, argname, value) -> int:
+    """An int32 immediate of ``iota``/``affine_select``: "an int32 offset value", "an int32
+    multiplier", pattern "[step, num]" pairs (aws-neuron-sdk@81ce03ae
+    nki/api/nki/isa/__init__.py L1759-1761); a float is not silently truncated."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise NkiTypeError(
+            f"{api} {argname} must be an int32 value ({_ISA} L1759-1761), got "
+            f"{type(value).__name__} {value!r}"
+        )
+    if not -(2**31) <= value < 2**31:
+        raise NkiValidationError(f"{api} {argname}={value} is outside int32 ({_ISA} L1759-1761)")
+    return value
+
+
+def _int_pattern(api, pattern) -> list[tuple[int, int]]:
+    return [tuple(_int32(api, f"pattern[{i}]", v) for v in pair) for i, pair in enumerate(pattern)]
 
 
 # --- Scalar engine -----------------------------------------------------------------------------
@@ -1187,6 +1215,11 @@ def tensor_scalar_reduce(
     if spec.name not in sem.REGISTER_REDUCE_OPS:
         raise NkiValidationError(
             f"{api} reduce_op must be add, multiply, maximum or minimum, got {spec.name}"
+        )
+    if _op(api, "op0", op0).bitvec:
+        raise NkiValidationError(
+            f"{api} op0={_op(api, 'op0', op0).name}: 'op0 can only be arithmetic operation ... "
+            f"Bitvec operators are not supported in this API' ({_ISA} L2520-2522)"
         )
     values, reads, _, names = _tensor_scalar(
         api, dst, data, ((op0, operand0, False),), engine.vector
@@ -1657,6 +1690,7 @@ __all__ = [
         "core_dtypes",
         "NkiIndexError",
         "NkiTypeError",
+        "VectorIndirectView",
         "NkiValueError",
         "partition_start",
         "region",
@@ -1852,7 +1886,7 @@ def affine_select(
     _on_chip(api, "dst", dst, psum=False)
     _on_chip(api, "on_true_tile", on_true_tile, psum=False)
     _pair(api, "dst", dst, "on_true_tile", on_true_tile)
-    pairs = [tuple(int(v) for v in pair) for pair in pattern]
+    pairs = _int_pattern(api, pattern)
     if not 1 <= len(pairs) <= 4 or any(len(p) != 2 for p in pairs):
         raise NkiValidationError(f"{api} pattern must be 1 to 4 [step, num] pairs")
     if math.prod(n for _, n in pairs) != _free(dst):
@@ -1860,14 +1894,21 @@ def affine_select(
             f"{api} pattern covers {math.prod(n for _, n in pairs)} "
             f"elements per partition, dst has {_free(dst)}"
         )
-    if not is_number(on_false_value):
+    if not isinstance(on_false_value, float):
         raise NkiTypeError(
-            f"{api} on_false_value must be a float32 scalar, got {type(on_false_value).__name__}"
+            f"{api} on_false_value must be a float32 scalar, got "
+            f"{type(on_false_value).__name__} {on_false_value!r}: 'The on_false_value must be "
+            f"float32, regardless of the input/output tile data types' ({_ISA} L1813)"
         )
     spec = _op(api, "cmp_op", "equal" if cmp_op is None else cmp_op)
     if spec.name not in fn.COMPARISONS:
         raise NkiValidationError(f"{api} cmp_op must be a comparison, got {spec.name}")
-    affine = sem.iota_pattern(dst.shape[0], pairs, int(offset), int(channel_multiplier))
+    affine = sem.iota_pattern(
+        dst.shape[0],
+        pairs,
+        _int32(api, "offset", offset),
+        _int32(api, "channel_multiplier", channel_multiplier),
+    )
     values = sem.affine_select(spec, affine, _pf(on_true_tile), on_false_value)
     return _write_and_emit("pool", api, name, dst, values, [on_true_tile])
 
@@ -2066,6 +2107,12 @@ def tensor_partition_reduce(dst, op, data, name=None):
         )
     if dst.shape[0] != 1 or _free(dst) != _free(data):
         raise NkiValidationError(f"{api} dst must be (1, {_free(data)}), got {tuple(dst.shape)}")
+    if spec.bitvec and not (dt.is_int(data.dtype) and dt.is_int(dst.dtype)):
+        raise NkiValidationError(
+            f"{api} op={spec.name} on {data.dtype} -> {dst.dtype}: 'instructions using bitvec "
+            "operators expect integer data types' (aws-neuron-sdk@81ce03ae "
+            "nki/api/nki.api.shared.rst L65-67)"
+        )
     values = _pf(data, f32=spec.name in ("add", "maximum"))
     return _write_and_emit("pool", api, name, dst, sem.partition_reduce(spec.name, values), [data])
 
