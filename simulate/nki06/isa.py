@@ -545,6 +545,7 @@ def dma_compute(
                 f"supported)' ({_ISA} L2686-2690), got {len(srcs)} sources, "
                 f"unique_indices={unique_indices!r}"
             )
+        return _indirect_dma_compute(api, dst, srcs, spec, oob_mode, name)
     _enum(oob_mode, globals()["oob_mode"], "oob_mode", api)
     if oob_mode is globals()["oob_mode"].skip:
         raise NkiValidationError(f"{api} oob_mode=skip needs an indirect (vector_offset) access")
@@ -566,6 +567,59 @@ def dma_compute(
         partitions=_chip_partitions(dst, *srcs),
         out_dtype=dst.dtype,
         details={"rmw": True},
+        dma=_dma_fields(srcs[0], dst, dst.size * len(srcs), _chip_partitions(dst, *srcs)),
+    )
+
+
+def _indirect_dma_compute(api, dst, srcs, spec, oob, name):
+    """``dma_compute``'s read-modify-write through a ``vector_offset`` (aws-neuron-sdk@81ce03ae
+    nki/api/nki/isa/__init__.py L2672-2690): gather, ``dst(SB) = dst(SB) + src(HBM)[indices]``,
+    or scatter, ``dst(HBM)[indices] = dst(HBM)[indices] + src(SB)``, the indirect side read
+    (and, scattering, written) at the rows its index names when the DMA runs; a row outside
+    the tensor raises (``oob_mode.error``) or is left alone (``oob_mode.skip``)."""
+    skip = _enum(oob, oob_mode, "oob_mode", api) is oob_mode.skip
+    keep = np.ones(dst.size, bool)
+    places = {}
+    for t in (dst, *srcs):
+        if not isinstance(t, VectorIndirectView) or id(t) in places:
+            continue
+        positions = t.positions()
+        inside = ((positions >= 0) & (positions < t.storage_values().size)).all(axis=1)
+        if not inside.all() and not skip:
+            row = int(np.flatnonzero(~inside)[0])
+            raise NkiValidationError(
+                f"{api} row {row} of `{t.name}` reaches outside it (oob_mode=error; "
+                "oob_mode=skip skips such rows)"
+            )
+        keep &= np.repeat(inside, positions.shape[1])
+        places[id(t)] = positions.reshape(-1)
+
+    def values(t):
+        if id(t) not in places:
+            return t.values().reshape(-1).astype(np.float32)
+        read = np.zeros(t.size, np.float32)
+        read[keep] = t.storage_values()[places[id(t)][keep]].astype(np.float32)
+        return read
+
+    total = sem.dma_accumulate(spec, np.zeros(dst.size, np.float32), *(values(s) for s in srcs))
+    if id(dst) in places:
+        flat = dst.storage_values()
+        flat[places[id(dst)][keep]] = dt.cast(total[keep], dst.dtype, flat.dtype)
+        dst.storage.written = True
+    else:
+        merged = dst.values().reshape(-1)
+        merged[keep] = dt.cast(total[keep], dst.dtype, merged.dtype)
+        write(dst, merged)
+    indexes = [t.index for t in (dst, *srcs) if id(t) in places and t.index is not None]
+    return _emit(
+        "dma",
+        api,
+        name,
+        reads=list(srcs) + indexes,
+        writes=[dst],
+        partitions=_chip_partitions(dst, *srcs),
+        out_dtype=dst.dtype,
+        details={"rmw": True, "indirect": True},
         dma=_dma_fields(srcs[0], dst, dst.size * len(srcs), _chip_partitions(dst, *srcs)),
     )
 
