@@ -135,6 +135,12 @@ RULES: dict[str, Rule] = {
         f"{NOT_NKI}; the documented loops are for-loops over ranges, lists or tuples and "
         f"while loops ({GUIDE} L455-500), none with `else`; AWS kernel code: none",
     ),
+    "legacy_namespace": R(
+        "the legacy `neuronxcc.nki` namespace in a 0.6 kernel",
+        '"Using the deprecated ``neuronxcc.nki.*`` namespace inside NKI kernels now raises a '
+        '**compilation error**" (aws-neuron-sdk@81ce03ae nki/migration/index.rst L224-228, '
+        "L800)",
+    ),
     "literal": R(
         "a bytes or complex literal",
         f"NKI values are None, booleans, 32-bit integers and floats, string literals and "
@@ -267,6 +273,19 @@ def is_nki_object(obj) -> bool:
     else:
         name = _top_module(obj)
     return name in _NKI_PACKAGES
+
+
+def is_legacy_nki(obj) -> bool:
+    """Part of the legacy ``neuronxcc.nki`` dialect: the real one, or this simulator's legacy
+    front-end that ``neuronxcc.nki`` is aliased to (``simulate`` and ``simulate.legacy.*``;
+    not ``simulate.core``, which serves both front-ends)."""
+    name = obj.__name__ if isinstance(obj, types.ModuleType) else getattr(obj, "__module__", None)
+    name = name or ""
+    return (
+        name == "simulate"
+        or name.startswith("simulate.legacy")
+        or name.partition(".")[0] == "neuronxcc"
+    )
 
 
 def is_user_code(obj) -> bool:
@@ -605,6 +624,9 @@ class _Visitor(ast.NodeVisitor):
     def visit_Attribute(self, node: ast.Attribute) -> None:
         base = self._value_of(node.value)
         if isinstance(base, types.ModuleType):
+            if is_legacy_nki(base):
+                self.flag("legacy_namespace", node, f"`{_dotted(node)}` (module `{base.__name__}`)")
+                return
             if is_nki_object(base):
                 return
             value = getattr(base, node.attr, _Scope._MISSING)
@@ -626,6 +648,9 @@ class _Visitor(ast.NodeVisitor):
             for item in items:  # functions and classes kept in containers are reached too
                 if isinstance(item, (types.FunctionType, type, tuple, list, dict)):
                     self._reached(item, what, node, depth + 1)
+        if isinstance(value, (types.ModuleType, types.FunctionType, type)) and is_legacy_nki(value):
+            self.flag("legacy_namespace", node, f"{what} (`{getattr(value, '__name__', value)}`)")
+            return
         if isinstance(value, types.ModuleType):
             if not (is_nki_object(value) or value.__name__ in ALLOWED_MODULES):
                 if not _is_user_module(value):

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import simulate.language as legacy_nl
 import simulate.nki06 as nki
 from simulate.nki06 import isa as nisa
 from simulate.nki06 import language as nl
@@ -973,3 +974,23 @@ def test_keyword_only_separator_loop_else_nested_classes_and_literals():
     _runs(with_string, 3.0)
     _rejects(reads_beyond_float32, "beyond_float32", "beyond the range of 32-bit", error=TypeError)
     _runs(reads_float32_max, 2.0)
+
+
+def with_legacy_namespace(x):
+    t = nl.load(x)
+    out = nl.ndarray(x.shape, x.dtype, buffer=nl.shared_hbm)
+    nl.store(out, value=legacy_nl.multiply(t, 2.0))  # rule:legacy_namespace
+    return out
+
+
+def with_nki_namespace(x):
+    t = nl.load(x)
+    out = nl.ndarray(x.shape, x.dtype, buffer=nl.shared_hbm)
+    nl.store(out, value=nl.multiply(t, 2.0))
+    return out
+
+
+def test_the_legacy_namespace_is_a_compilation_error():
+    # nki/migration/index.rst L224-228: neuronxcc.nki.* inside a kernel is a compilation error
+    _rejects(with_legacy_namespace, "legacy_namespace", r"neuronxcc.nki.*L224-228")
+    _runs(with_nki_namespace, 2.0)
