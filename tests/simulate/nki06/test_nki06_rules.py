@@ -412,7 +412,7 @@ INSTRUCTION_CASES = [
     (
         _gather_accumulate(False),
         _gather_accumulate(True),
-        "unique_indices must be True",
+        "needs unique_indices=True",
         lambda x: x[::-1] + x,
     ),
     # I L1759-1761: iota immediates are int32 (no silent truncation of 0.5)
