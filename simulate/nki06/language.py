@@ -634,11 +634,12 @@ def fori_loop(lower, upper, body_fun, step=1) -> None:
     _runtime_loop("nl.fori_loop")
     if not isinstance(step, int) or step < 1:
         raise NkiValidationError(f"fori_loop step must be a positive int, got {step!r}")
-    for i in builtins.range(_value(lower), _value(upper), step):
-        if body_fun(nisa.VirtualRegister(i, read_only=True)) is not None:
-            raise NkiValidationError(
-                "fori_loop body_fun must not return a value (carry state in SBUF/HBM)"
-            )
+    with _loop_body("nl.fori_loop"):
+        for i in builtins.range(_value(lower), _value(upper), step):
+            if body_fun(nisa.VirtualRegister(i, read_only=True)) is not None:
+                raise NkiValidationError(
+                    "fori_loop body_fun must not return a value (carry state in SBUF/HBM)"
+                )
 
 
 def while_loop(init, body_fun) -> None:
@@ -646,12 +647,27 @@ def while_loop(init, body_fun) -> None:
     release.require("nl.while_loop")
     _runtime_loop("nl.while_loop")
     register = init
-    while (register.value if isinstance(register, nisa.VirtualRegister) else int(register)) != 0:
-        register = body_fun(register)
-        if not isinstance(register, nisa.VirtualRegister):
-            raise NkiValidationError(
-                "while_loop body_fun must return the next condition VirtualRegister"
-            )
+    with _loop_body("nl.while_loop"):
+        while register.value if isinstance(register, nisa.VirtualRegister) else int(register):
+            register = body_fun(register)
+            if not isinstance(register, nisa.VirtualRegister):
+                raise NkiValidationError(
+                    "while_loop body_fun must return the next condition VirtualRegister"
+                )
+
+
+@contextlib.contextmanager
+def _loop_body(api):
+    """Tensors declared in a runtime loop's body "cannot be referenced outside of the loop"
+    (nki/migration/index.rst@81ce03ae L139-140): they expire when the loop ends, and any
+    later read or write of them raises (``NkiTensor._flat``)."""
+    program = context.current(api)
+    program.loop_body_storages.append([])
+    try:
+        yield
+    finally:
+        for storage in program.loop_body_storages.pop():
+            storage.expired = api
 
 
 @contextlib.contextmanager

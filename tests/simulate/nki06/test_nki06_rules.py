@@ -303,6 +303,23 @@ def _copy_in_no_reorder(loop):
     return kernel
 
 
+def _doubled_in_fori_loop(declared_in_body):
+    def kernel(x):
+        t = _sb(x)
+        outer = nl.ndarray(x.shape, x.dtype, buffer=nl.sbuf)
+        made = [outer]
+
+        def body(i):
+            dst = nl.ndarray(x.shape, x.dtype, buffer=nl.sbuf) if declared_in_body else outer
+            nisa.tensor_tensor(dst=dst, data1=t, data2=t, op=nl.add)
+            made.append(dst)
+
+        nl.fori_loop(0, 1, body)
+        return _out(made[-1])
+
+    return kernel
+
+
 def _gather_accumulate(unique):
     def kernel(x):
         rows = nl.ndarray((x.shape[0], 1), nl.int32, buffer=nl.sbuf)
@@ -406,6 +423,13 @@ INSTRUCTION_CASES = [
         _copy_in_no_reorder(nl.dynamic_range),
         _copy_in_no_reorder(nl.affine_range),
         "nl.dynamic_range cannot sit inside an nl.no_reorder",
+        lambda x: 2 * x,
+    ),
+    # M L139-140: a tensor declared in a runtime loop's body is not used after the loop
+    (
+        _doubled_in_fori_loop(True),
+        _doubled_in_fori_loop(False),
+        "declared inside the body of an nl.fori_loop",
         lambda x: 2 * x,
     ),
     # I L2686-2690: read-modify-write through vector_offset needs unique indices
