@@ -135,6 +135,12 @@ RULES: dict[str, Rule] = {
         f"{NOT_NKI}; the documented loops are for-loops over ranges, lists or tuples and "
         f"while loops ({GUIDE} L455-500), none with `else`; AWS kernel code: none",
     ),
+    "slots": R(
+        "`__slots__` in an NKIObject class",
+        '"the NKI kernel will ... convert the Python class instance to a NKI instance using '
+        "the objects dictionary. Currently, NKI does not look at slots or other object "
+        f'features, only the object dictionary" ({GUIDE} L604); AWS kernel code: none',
+    ),
     "legacy_namespace": R(
         "the legacy `neuronxcc.nki` namespace in a 0.6 kernel",
         '"Using the deprecated ``neuronxcc.nki.*`` namespace inside NKI kernels now raises a '
@@ -481,6 +487,10 @@ class _Visitor(ast.NodeVisitor):
     def visit_ClassDef(self, node: ast.ClassDef) -> None:
         for decorator in node.decorator_list:
             self._decorator(decorator)
+        for statement in node.body:
+            targets = getattr(statement, "targets", None) or [getattr(statement, "target", None)]
+            if any(isinstance(t, ast.Name) and t.id == "__slots__" for t in targets):
+                self.flag("slots", statement, f"`__slots__` of class `{node.name}`")
         if node is not self._root and not self._nki_class_bases(node):
             bases = ", ".join(_dotted(base) for base in node.bases)
             self.flag("class_base", node, f"class `{node.name}({bases})` defined in kernel code")

@@ -994,3 +994,26 @@ def test_the_legacy_namespace_is_a_compilation_error():
     # nki/migration/index.rst L224-228: neuronxcc.nki.* inside a kernel is a compilation error
     _rejects(with_legacy_namespace, "legacy_namespace", r"neuronxcc.nki.*L224-228")
     _runs(with_nki_namespace, 2.0)
+
+
+class SlottedFactor(nl.NKIObject):
+    __slots__ = ("value",)  # rule:slots
+
+    def __init__(self, value):
+        self.value = value
+
+
+class DictFactor(nl.NKIObject):
+    def __init__(self, value):
+        self.value = value
+
+
+def scaled_by_factor_object(x, factor):
+    return _scaled(x, factor.value)
+
+
+def test_nkiobject_arguments_are_read_through_their_dictionary():
+    # guide L604: "NKI does not look at slots or other object features, only the object
+    # dictionary"
+    _rejects(scaled_by_factor_object, "slots", "__slots__", SlottedFactor(2.0))
+    _runs(scaled_by_factor_object, 2.0, DictFactor(2.0))
