@@ -141,6 +141,12 @@ RULES: dict[str, Rule] = {
         "the objects dictionary. Currently, NKI does not look at slots or other object "
         f'features, only the object dictionary" ({GUIDE} L604); AWS kernel code: none',
     ),
+    "not_api": R(
+        "a name of the simulator's front-end that the NKI 0.6 API does not have",
+        "not in the API reference (aws-neuron-sdk@81ce03ae nki/api/nki/__init__.py, "
+        "nki/api/nki/language/__init__.py, nki/api/nki/isa/__init__.py): the real `nki` "
+        "has no such attribute",
+    ),
     "legacy_namespace": R(
         "the legacy `neuronxcc.nki` namespace in a 0.6 kernel",
         '"Using the deprecated ``neuronxcc.nki.*`` namespace inside NKI kernels now raises a '
@@ -224,6 +230,55 @@ ALLOWED_BUILTINS = frozenset(
 #: Modules whose functions kernel code may call or read besides nki and user code.
 ALLOWED_MODULES = frozenset({"math"})  # AWS: core/qkv/qkv_cte.py L20, L707
 ALLOWED_DECORATORS = frozenset({"jit", "dataclass", "property", "staticmethod"})
+#: Names the front-end's modules hold for the simulator itself (helpers, error classes,
+#: imports) that are not NKI API: kernel code naming them would fail on the real ``nki``.
+NOT_API = {
+    "simulate.nki06": frozenset(
+        {
+            "Kernel",
+            "NkiValidationError",
+            "annotations",
+            "classes",
+            "context",
+            "cpu_simulate",
+            "dtypes",
+            "errors",
+            "importlib",
+            "install",
+            "language_check",
+            "last_trace",
+            "launch_ranks",
+            "real_nki_available",
+            "release",
+            "runtime",
+            "simulate_kernel",
+            "sys",
+        }
+    ),
+    "simulate.nki06.language": frozenset(
+        {
+            "NkiTypeError",
+            "NkiValidationError",
+            "NkiValueError",
+            "PMAX",
+            "allocate",
+            "annotations",
+            "is_number",
+        }
+    ),
+    "simulate.nki06.isa": frozenset(
+        {
+            "PMAX",
+            "RAW_INT_ENUMS",
+            "RAW_STRING_ENUMS",
+            "dma_trace_fields",
+            "enforce",
+            "initialized_mask",
+            "is_number",
+            "run_bytes",
+        }
+    ),
+}
 
 _SIMULATOR_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _LIBRARY_DIRS = tuple(
@@ -638,6 +693,8 @@ class _Visitor(ast.NodeVisitor):
                 self.flag("legacy_namespace", node, f"`{_dotted(node)}` (module `{base.__name__}`)")
                 return
             if is_nki_object(base):
+                if node.attr in NOT_API.get(base.__name__, ()):
+                    self.flag("not_api", node, f"`{_dotted(node)}`")
                 return
             value = getattr(base, node.attr, _Scope._MISSING)
             if base.__name__ in ALLOWED_MODULES or _is_user_module(base):

@@ -1017,3 +1017,18 @@ def test_nkiobject_arguments_are_read_through_their_dictionary():
     # dictionary"
     _rejects(scaled_by_factor_object, "slots", "__slots__", SlottedFactor(2.0))
     _runs(scaled_by_factor_object, 2.0, DictFactor(2.0))
+
+
+def with_simulator_helper(x):
+    return _scaled(x, float(nl.PMAX // 64))  # rule:not_api
+
+
+def with_tile_size_constant(x):
+    return _scaled(x, float(nl.tile_size.pmax // 64))
+
+
+def test_the_simulators_own_names_are_not_nki_api():
+    # the 0.6 API reference (nki/api/nki/language/__init__.py) has no `PMAX`: the real `nki`
+    # would fail on it
+    _rejects(with_simulator_helper, "not_api", "the NKI 0.6 API does not have")
+    _runs(with_tile_size_constant, 2.0)
