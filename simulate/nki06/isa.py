@@ -175,14 +175,26 @@ def get_nc_sub_version() -> int:
 class NkiInstruction:
     """What every instruction returns: a handle for scheduling edges (SCHED)."""
 
-    def __init__(self, opcode: str, name: str | None):
+    def __init__(self, opcode: str, name: str | None, loops: tuple = ()):
         self.opcode = opcode
         self.name = name
+        self.loops = loops  # the runtime-loop bodies it sits in, outermost first
 
     def depends_on(self, *producers) -> NkiInstruction:
+        """Edges from ``producers``. "both instructions must sit at the same dynamic-loop
+        nesting (or the producer in an enclosing scope). You cannot wire an edge into or out
+        of a dynamic loop" (aws-neuron-sdk@81ce03ae nki/api/nki/isa/__init__.py L158-162):
+        the producer's runtime-loop bodies must be the consumer's or enclose them."""
         for p in producers:
             if not isinstance(p, NkiInstruction):
                 raise NkiTypeError(f"depends_on takes NkiInstruction handles, got {p!r}")
+            if self.loops[: len(p.loops)] != p.loops:
+                raise NkiValidationError(
+                    f"depends_on: the producer `{p.opcode}` sits in a runtime loop "
+                    f"(nl.fori_loop / nl.while_loop) that does not enclose `{self.opcode}`: "
+                    "'You cannot wire an edge into or out of a dynamic loop' "
+                    "(aws-neuron-sdk@81ce03ae nki/api/nki/isa/__init__.py L158-162)"
+                )
         return self
 
 
@@ -389,7 +401,7 @@ def _emit(
         )
     with program.launch.lock:
         program.instructions.append(program.launch.trace.add(**fields))
-    return NkiInstruction(opcode, name)
+    return NkiInstruction(opcode, name, tuple(program.loop_scopes))
 
 
 def _write_and_emit(engine_name, api, name, dst, values, reads, details=None, dma=None):

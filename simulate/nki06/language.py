@@ -663,9 +663,12 @@ def _loop_body(api):
     later read or write of them raises (``NkiTensor._flat``)."""
     program = context.current(api)
     program.loop_body_storages.append([])
+    program.loop_serial += 1
+    program.loop_scopes.append(program.loop_serial)  # NkiInstruction.depends_on reads them
     try:
         yield
     finally:
+        program.loop_scopes.pop()
         for storage in program.loop_body_storages.pop():
             storage.expired = api
 

@@ -320,6 +320,26 @@ def _doubled_in_fori_loop(declared_in_body):
     return kernel
 
 
+def _edge_out_of_fori_loop(producer_in_loop):
+    def kernel(x):
+        t = _sb(x)
+        doubled = nl.ndarray(x.shape, x.dtype, buffer=nl.sbuf)
+        made = []
+
+        def body(i):
+            made.append(nisa.tensor_tensor(dst=doubled, data1=t, data2=t, op=nl.add))
+
+        if producer_in_loop:
+            nl.fori_loop(0, 1, body)
+        else:
+            body(0)
+        result = nl.ndarray(x.shape, x.dtype, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=result, src=doubled).depends_on(made[0])
+        return _out(result)
+
+    return kernel
+
+
 def _gather_accumulate(unique):
     def kernel(x):
         rows = nl.ndarray((x.shape[0], 1), nl.int32, buffer=nl.sbuf)
@@ -430,6 +450,13 @@ INSTRUCTION_CASES = [
         _doubled_in_fori_loop(True),
         _doubled_in_fori_loop(False),
         "declared inside the body of an nl.fori_loop",
+        lambda x: 2 * x,
+    ),
+    # I L158-162: no scheduling edge out of a runtime loop
+    (
+        _edge_out_of_fori_loop(True),
+        _edge_out_of_fori_loop(False),
+        "edge into or out of a dynamic loop",
         lambda x: 2 * x,
     ),
     # I L2686-2690: read-modify-write through vector_offset needs unique indices
