@@ -610,16 +610,24 @@ def dynamic_range(start, stop=None, step=1):
         DeprecationWarning,
         stacklevel=2,
     )
-    # a register-driven loop on the device (nki/get-started/nki-language-guide.rst@81ce03ae
-    # L512-521), so no_reorder's "Register-based dynamic loops ... are not supported inside a
-    # no_reorder block" (nki/api/nki/language/__init__.py@81ce03ae L2251-2254) holds for it
+    # "dynamic_range loops inside a nl.no_reorder() block are not currently supported"
+    # (nki/deep-dives/nki-dynamic-loops.rst@81ce03ae L136-145; language/__init__.py L2251-2254)
     _runtime_loop("nl.dynamic_range")
     if isinstance(step, nisa.VirtualRegister) or not isinstance(step, int) or step < 1:
         raise NkiValidationError(
             f"dynamic_range step must be a compile-time positive int, got {step!r} "
             "(nki/api/nki/language/__init__.py@81ce03ae L2415)"
         )
-    return _range(_value(start), None if stop is None else _value(stop), step)
+    bounds = _range(_value(start), None if stop is None else _value(stop), step)
+    return _induction_registers(bounds)
+
+
+def _induction_registers(bounds):
+    """The loop variable of a ``dynamic_range`` loop: "a device register, not a Python
+    ``int``" (nki/deep-dives/nki-dynamic-loops.rst@81ce03ae L110-113), frozen
+    (nki/get-started/nki-language-guide.rst L532), usable as a tensor index (L518-521)."""
+    for i in bounds:
+        yield nisa.VirtualRegister(i, read_only=True)
 
 
 def _value(bound) -> int:

@@ -280,7 +280,9 @@ class NkiTensor:
                 shape.append(len(range(start, stop, step)))
                 strides.append(s * step)
                 continue
-            if isinstance(k, NkiTensor) or not hasattr(k, "__index__"):
+            if isinstance(k, VirtualRegister):  # "Register values can be used to index
+                k = k.value  # tensors" (nki-language-guide.rst@81ce03ae L518-521): run time
+            elif isinstance(k, NkiTensor) or not hasattr(k, "__index__"):
                 raise NkiIndexError(
                     f"index {k!r} of `{self.name}`: NKI 0.6 indexes with ints, "
                     "slices and nl.ds(start, size) (no index arrays, nl.arange "
@@ -715,6 +717,17 @@ class VirtualRegister:
             stacklevel=2,
         )
         return self.value != 0
+
+    def _compared(self, *other):
+        raise NkiTypeError(
+            "a VirtualRegister is a device register, not a Python int: it cannot be compared "
+            "at specialization time ('You cannot use it in host-side Python expressions (e.g., "
+            "``if i == 0:``)', aws-neuron-sdk@81ce03ae nki/deep-dives/nki-dynamic-loops.rst "
+            "L110-113)"
+        )
+
+    __eq__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = _compared
+    __hash__ = object.__hash__
 
     def __repr__(self):
         return f"VirtualRegister({self.value})"

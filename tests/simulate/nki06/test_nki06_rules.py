@@ -340,6 +340,18 @@ def _edge_out_of_fori_loop(producer_in_loop):
     return kernel
 
 
+def _rows_in_dynamic_range(compare_loop_variable):
+    def kernel(x):
+        rows = nl.ndarray((4, x.shape[1]), x.dtype, buffer=nl.sbuf)
+        for i in nl.dynamic_range(4):
+            if compare_loop_variable and i == 0:
+                continue
+            nisa.dma_copy(dst=rows[i], src=x[i])  # a register indexes a tensor
+        return _out(rows)
+
+    return kernel
+
+
 def _gather_accumulate(unique):
     def kernel(x):
         rows = nl.ndarray((x.shape[0], 1), nl.int32, buffer=nl.sbuf)
@@ -458,6 +470,14 @@ INSTRUCTION_CASES = [
         _edge_out_of_fori_loop(False),
         "edge into or out of a dynamic loop",
         lambda x: 2 * x,
+    ),
+    # nki/deep-dives/nki-dynamic-loops.rst L110-113: the loop variable is a device register,
+    # not a Python int; guide L518-521: it indexes tensors
+    (
+        _rows_in_dynamic_range(True),
+        _rows_in_dynamic_range(False),
+        "cannot be compared",
+        lambda x: x[:4],
     ),
     # I L2686-2690: read-modify-write through vector_offset needs unique indices
     (
