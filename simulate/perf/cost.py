@@ -65,7 +65,10 @@ What the model assumes
   plus, from each other queue with work pending there, up to as much again (one turn each),
   and that queue's next transfer on the engine starts as much later. (The end of a
   transfer already under way is not pushed back: two equal transfers on two queues end at
-  1x and 2x rather than both at 2x, but the engine never moves more than its rate.)
+  1x and 2x rather than both at 2x, and a short transfer that interleaves with a long one
+  ends early while the long one keeps its end, so its consumers may start that early; the
+  kernel's latency is never less than each DMA engine's data moved one transfer after
+  another at its rate plus the completion latency, which keeps ``engine_floors`` a bound.)
   Consumers see the data ``dma_latency_us`` after issue plus the transfer time.
 * **LNC=2** (``Trace.lnc == 2``: an ``nki`` 0.6 ``kernel[2]``, or a legacy grid with an
   ``nl.nc(2)`` dimension, on trn2/trn3). Each instruction runs on its ``core``: the two
@@ -883,6 +886,10 @@ def _list_schedule(table, insts, res, dur, preds, ports, dma_info, total, window
     n_dma_engines = int(table.dma_engines)
     # per DMA engine (each core has its own 16): queue -> when its last transfer there ends
     queue_done_on: list[dict[int, float]] = [{} for _ in range(n_dma_engines * lnc)]
+    # per DMA engine: when all the data given to it so far is moved at its rate, one
+    # transfer after another (round robin moves an under-way transfer's end, which the
+    # schedule has already handed to its consumers, no later: this keeps the total honest)
+    engine_drained = [0.0] * (n_dma_engines * lnc)
     hbm_free = 0.0
     # one HBM pool per logical core: LNC=2 cores share their bank (hbm_cores_per_pool)
     hbm_rate = table.hbm_share_gbps * table.hbm_efficiency * 1000.0  # bytes per us
@@ -969,6 +976,8 @@ def _list_schedule(table, insts, res, dur, preds, ports, dma_info, total, window
                         interleaved += turns
                         done[q] = until + turns  # its next transfer here starts later
                 done[r] = begin + share + interleaved
+                drained = engine_drained[base + e]
+                engine_drained[base + e] = (drained if drained > begin else begin) + share
                 if done[r] > data_end:
                     data_end = done[r]
                 if first_byte is None or begin < first_byte:
@@ -999,7 +1008,9 @@ def _list_schedule(table, insts, res, dur, preds, ports, dma_info, total, window
 
     if any(cursor[r] < len(streams[r]) or windows[r] for r in range(n_res)):
         raise RuntimeError("cost model: the schedule stopped with instructions left")
-    latency = max(finish[:n], default=0.0)
+    # the kernel is done no earlier than every DMA engine has moved all its data
+    latency = max(max(finish[:n], default=0.0),
+                  max(engine_drained, default=0.0) + tail if n else 0.0)
     core_busy = [{name: busy[c * per_core + k] for k, name in enumerate(COMPUTE_ENGINES)}
                  for c in range(lnc)]
     for c in range(lnc):

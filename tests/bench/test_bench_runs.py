@@ -136,6 +136,37 @@ def test_yardsticks_do_not_depend_on_the_input_values(kind, target, lnc, dialect
     assert (a.modeled_us, a.copy_us, a.baseline_us) == (b.modeled_us, b.copy_us, b.baseline_us)
 
 
+@pytest.mark.parametrize(
+    ("kind", "target", "M", "N", "dialect", "lnc"),
+    [
+        ("fwd", "trn1", 300, 1024, "legacy", 1),
+        ("fused_add", "trn2", 29, 17389, "nki06", 1),  # the "long" regime (odd N)
+        ("fused_add", "trn2", 29, 17389, "legacy", 1),
+        ("bwd", "trn3", 256, 2048, "nki06", 2),
+        ("quant", "trn2", 256, 2048, "nki06", 1),
+    ],
+)
+def test_every_floor_is_a_lower_bound_of_the_modeled_time(kind, target, M, N, dialect, lnc):
+    """The record's per-resource floors (``floor_us``, what ``binds``) are least times: no
+    floor exceeds the modeled latency of the same kernel."""
+    record = bench.run_case(
+        kind,
+        target,
+        M,
+        N,
+        "bfloat16",
+        np.random.default_rng(0),
+        False,
+        dialect,
+        lnc,
+        bench.YardstickCache(None),
+    )
+    assert record.correct
+    assert set(record.floor_us) == {"pe", "act", "dve", "pool", "dma", "hbm"}
+    assert 0.0 < record.floor_us[record.binds] <= record.modeled_us * (1 + 1e-9)
+    assert max(record.floor_us.values()) == record.floor_us[record.binds]
+
+
 @pytest.mark.parametrize("residual", [False, True])
 def test_reference_in_row_blocks_is_bitwise_the_one_call_reference(residual, monkeypatch):
     monkeypatch.setattr(bench, "_REFERENCE_ROWS", 7)

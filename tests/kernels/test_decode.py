@@ -10,6 +10,8 @@ hold for them trivially and run too."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from helpers import BF16, poison, trace_launch
@@ -323,3 +325,28 @@ def test_non_finite_weight_stays_in_its_column_legacy(rng, target, M, N, dtype, 
     y = _run("legacy", target, x, w, None, None, "gemma")[0][0]
     rtol, atol = (2e-5, 1e-30) if dtype == FP32 else (1e-2, 4 * 2.0**-24)
     _check_nonfinite_weight(y, x, w, EPS, rtol, atol)
+
+
+@pytest.mark.parametrize("dialect", ["nki06", "legacy"])
+def test_non_finite_weight_in_the_long_regime_with_an_odd_hidden_size(rng, dialect):
+    """ "long" splits the weight once per kernel, over 128 partitions (135 columns each) and a
+    tail of 109 elements, and reads it back per column chunk for every row tile: +Inf in the
+    first part, −Inf in the middle, NaN, −0 and +Inf in the tail (its first and last
+    element), two row tiles of a fused add on trn2, each column against the float64
+    reference. The split's select runs once per piece for the whole kernel (2, not per
+    tile or chunk), and each PSUM bank of y is one K = 4 matmul (the 3 rstd pieces and the
+    high piece again against the finite copies and the non-finite part)."""
+    M, N = 130, 17389
+    w = rng.normal(1.0, 0.2, N).astype(BF16)
+    w[3], w[N // 2], w[17280], w[17385], w[N - 1] = np.inf, -np.inf, np.nan, -0.0, np.inf
+    x = rng.standard_normal((M, N)).astype(BF16)
+    x[x == 0] = 1
+    residual = (x.astype(np.float32) * 0.5).astype(BF16)  # h = 1.5·x, never 0
+    assert _layout("trn2", M, N, BF16, BF16)[0].regime == "long"
+    outputs, trace = _run(dialect, "trn2", x, w, None, residual, "gemma")
+    h = (x.astype(np.float32) + residual.astype(np.float32)).astype(BF16)
+    _check_nonfinite_weight(outputs[0], h, w, EPS, 1e-2, 4 * 2.0**-24)
+    select = "tensor_copy_predicated" if dialect == "nki06" else "select"  # nl.where
+    assert sum(i.opcode == select for i in trace.instructions) == 2
+    products = [i for i in trace.instructions if i.opcode == "nc_matmul" and i.partitions == 4]
+    assert len(products) == 2 * math.ceil(N / 512)  # two row tiles

@@ -7,14 +7,16 @@ fp32 partial column, summed by one ``tensor_reduce`` in chunk order), then an ou
 normalises it in chunks twice as wide where SBUF allows (the column chunks of one row tile
 share an HBM address range, so each store waits for the previous one, and wider stores
 amortise that) and stores them, loading the matching weight (and bias) chunk: x and
-the residual are read once, the weight once per row tile (N·e bytes per 128 rows).
+the residual are read once, the weight once per row tile (N·e bytes per 128 rows; the
+Tensor-engine product's four split rows, 4·N·e, after one split that writes them).
 Dependencies are tracked per chunk of the buffer, so the statistics pass of the next row
 tile refills chunk c as soon as the output pass of this one has read it. The row loop is a
 ``static_range``: its iterations rewrite the same buffer, which ``affine_range`` iterations
-may not do. The product runs as the plan says ("scalar" on v2, "tensor" with three
-accumulating K = 1 matmuls against one weight row per chunk), except that an fp32 weight
-on v3+ falls back to "vector": converting its chunk per row tile would cost as much as the
-product.
+may not do. The product runs as the plan says ("scalar" on v2, "tensor" with one K = 4
+matmul per PSUM bank against the chunk of the weight rows, split into their finite copies
+and non-finite part once per kernel and kept in HBM: ``steps.weight_rows_in_hbm``), except
+that an fp32 weight on v3+ falls back to "vector": converting its chunk per row tile would
+cost as much as the product.
 
 "two_pass": not even one row tile fits (fp32 rows of 65 K with options): the output pass
 loads every chunk of x (and the residual) again, about 1.5× the minimal HBM traffic, and
@@ -45,17 +47,34 @@ def long_rows(plan, chunk, output_chunk, hbm, eps, offset):
         if engine == "scalar"
         else None
     )
+    weight_rows = steps.weight_rows_in_hbm(plan, hbm.weight, offset) if engine == "tensor" else None
+    resident = (helper, weight_rows)
     for t in nl.static_range(M // P):
-        _long_tile(plan, engine, (chunk, output_chunk), hbm, offset, h_rows, eps, helper, t * P, P)
+        _long_tile(
+            plan, engine, (chunk, output_chunk), hbm, offset, h_rows, eps, resident, t * P, P
+        )
     if M % P:
         _long_tile(
-            plan, engine, (chunk, output_chunk), hbm, offset, h_rows, eps, helper, M - M % P, M % P
+            plan,
+            engine,
+            (chunk, output_chunk),
+            hbm,
+            offset,
+            h_rows,
+            eps,
+            resident,
+            M - M % P,
+            M % P,
         )
 
 
-def _long_tile(plan, engine, chunks, hbm, offset, h_rows, eps, helper, row0, parts):
-    """Rows ``row0 … row0 + parts − 1``: statistics pass, then output pass."""
+def _long_tile(plan, engine, chunks, hbm, offset, h_rows, eps, resident, row0, parts):
+    """Rows ``row0 … row0 + parts − 1``: statistics pass, then output pass. ``resident``:
+    the engine's helper (identity or ones row) and, for the Tensor engine, the weight rows
+    (``steps.weight_rows_in_hbm``), against which the stacked rstd pieces run one matmul per
+    PSUM bank as in the "rows" regime."""
     M, N = hbm.x.shape
+    helper, weight_rows = resident
     chunk, output_chunk = chunks
     n_chunks = math.ceil(N / chunk)
     i_0 = nl.arange(1)[:, None]
@@ -92,9 +111,7 @@ def _long_tile(plan, engine, chunks, hbm, offset, h_rows, eps, helper, row0, par
     # general/nki/examples/rmsnorm/rmsnorm_nki_kernels.py@8a38e733, L35)
     nl.store(hbm.rstd.reshape((M, 1))[rows, nl.arange(1)[None, :]], value=rstd_tile)
     stationary = (
-        steps.rstd_rows(plan, rstd_tile, helper[:parts, :parts], stacked=False)
-        if engine == "tensor"
-        else None
+        steps.rstd_rows(plan, rstd_tile, helper[:parts, :parts]) if engine == "tensor" else None
     )
 
     # Output pass: the weight (and bias) chunk, y = h · rstd · w (+ bias), DMA y out.
@@ -116,13 +133,8 @@ def _long_tile(plan, engine, chunks, hbm, offset, h_rows, eps, helper, row0, par
         )
         weight_cols = None if hbm.weight is None else hbm.weight.reshape((1, N))[i_0, cols]
         if engine == "tensor":
-            # the finite part against the pieces, the non-finite part against the high
-            # piece again: a zero piece times ±Inf or NaN would be NaN (0·Inf)
-            finite, nonfinite = steps.finite_row_parts(plan, weight_cols)
-            stationaries = [stationary[:, b, :] for b in nl.static_range(plan.rstd_pieces)]
-            steps.outer_normalize(
-                y_chunk, h_chunk, stationaries, finite, shift, product, nonfinite_moving=nonfinite
-            )
+            moving = nl.load(weight_rows[nl.arange(plan.rstd_pieces + 1)[:, None], cols])
+            steps.outer_normalize(y_chunk, h_chunk, [stationary[:, 0, :]], moving, shift, product)
         elif engine == "scalar":
             steps.scaled_normalize(
                 plan,

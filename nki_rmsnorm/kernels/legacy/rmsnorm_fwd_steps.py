@@ -386,54 +386,75 @@ def weight_rows(plan, weight_hbm, offset=0.0):
     scale dtype, ±Inf and NaN zeroed), then its non-finite part (zero where finite), against
     the rstd pieces and the high piece again (:func:`rstd_rows`): a zero piece times an
     infinite weight would be NaN (0·Inf), a positive high piece times the non-finite part is
-    what IEEE gives for rstd·w (the "long" regime's chunks: :func:`finite_row_parts`)."""
+    what IEEE gives for rstd·w (the "long" regime's: :func:`weight_rows_in_hbm`)."""
     pieces = plan.rstd_pieces
     rows = nl.ndarray((pieces + 1, weight_hbm.shape[0]), dtype=plan.scale_dtype)
-    finite, nonfinite = finite_parts(weight_hbm, plan.scale_dtype, offset)
-    nisa.dma_copy(dst=rows[0:1, :], src=finite)
-    nisa.dma_copy(dst=rows[pieces : pieces + 1, :], src=nonfinite)
+    parts = finite_parts(weight_hbm, plan.scale_dtype, offset)
+    copy_parts(rows[0:1, :], parts, 0)
+    copy_parts(rows[pieces : pieces + 1, :], parts, 1)
     for piece in nl.static_range(1, pieces):
         nisa.dma_copy(dst=rows[piece : piece + 1, :], src=rows[0:1, :])
     return rows
 
 
+def weight_rows_in_hbm(plan, weight_hbm, offset=0.0):
+    """:func:`weight_rows`' (pieces + 1, N) layout in HBM (``nl.hbm``, a buffer
+    ``nl.ndarray`` documents: general/nki/api/nki/language/__init__.py@8a38e733 L1200), for
+    the "long" regime, whose rows leave no room on chip for it: the weight split once per
+    kernel (:func:`finite_parts`), each column chunk then one load."""
+    pieces = plan.rstd_pieces
+    rows = nl.ndarray((pieces + 1, weight_hbm.shape[0]), dtype=plan.scale_dtype, buffer=nl.hbm)
+    parts = finite_parts(weight_hbm, plan.scale_dtype, offset)
+    for piece in nl.static_range(pieces):
+        copy_parts(rows[piece : piece + 1, :], parts, 0)
+    copy_parts(rows[pieces : pieces + 1, :], parts, 1)
+    return rows
+
+
 def finite_parts(weight_hbm, dtype, offset=0.0):
     """weight + offset in ``dtype`` as its finite part (±Inf and NaN zeroed) and its
-    non-finite part (zero where finite), each (p, size / p) in SBUF, spread over the largest
-    power-of-two p ≤ 128 dividing its size so that the Vector instructions are short; the
-    callers move them into their layouts by DMA."""
+    non-finite part (zero where finite), in SBUF tiles short enough for the Vector engine:
+    the first p·q elements as (p, q) tiles, p = min(128, size), q = size // p, and the
+    remaining size − p·q < p elements as (1, r) tiles (an odd size has no partition split
+    that divides it, and as one (1, size) row each Vector instruction of the split costs a
+    cycle per element). Returns the pieces as (first element, finite, non-finite), which
+    :func:`copy_parts` moves into the callers' layouts by DMA. Each piece is loaded by a
+    DMA from the elements of the weight as one row (a DMA moves elements in order, so any
+    two shapes of one size)."""
     size = 1
     for extent in weight_hbm.shape:
         size = size * extent
-    p = 1
-    for _ in nl.static_range(7):
-        if size % (2 * p) == 0:
-            p = 2 * p
-    f = size // p
-    spread = weight_hbm.reshape((p, f))[nl.arange(p)[:, None], nl.arange(f)[None, :]]
-    values = convert_row(nl.load(spread), dtype, offset)
-    return split_finite(values, dtype)
+    row = weight_hbm.reshape((1, size))
+    p = min(nl.tile_size.pmax, size)
+    q = size // p
+    # conditional expressions, not ``if`` blocks: a tile created in a block may not be used
+    # after it (general/nki/api/nki.errors.rst@8a38e733, L417-L474)
+    head = _finite_piece(row, 0, (p, q), dtype, offset)
+    return [head] + (
+        [_finite_piece(row, p * q, (1, size - p * q), dtype, offset)] if size % p else []
+    )
 
 
-def finite_row_parts(plan, row_hbm):
-    """The (1, F) weight row ``row_hbm`` in the scale dtype as its finite part and its
-    non-finite part (:func:`split_finite`), each a (1, F) SBUF row: loaded spread over the
-    largest power-of-two p ≤ 128 dividing F (a DMA moves elements in order, so any two
-    shapes of one size), split there by short Vector instructions, and moved into rows by
-    two SBUF-to-SBUF DMAs."""
-    width = row_hbm.shape[1]
-    p = 1
-    for _ in nl.static_range(7):
-        if width % (2 * p) == 0:
-            p = 2 * p
-    staged = nl.ndarray((p, width // p), dtype=row_hbm.dtype)
-    nisa.dma_copy(dst=staged, src=row_hbm)
-    finite, nonfinite = split_finite(convert_row(staged, plan.scale_dtype), plan.scale_dtype)
-    finite_row = nl.ndarray((1, width), dtype=plan.scale_dtype)
-    nisa.dma_copy(dst=finite_row, src=finite)
-    nonfinite_row = nl.ndarray((1, width), dtype=plan.scale_dtype)
-    nisa.dma_copy(dst=nonfinite_row, src=nonfinite)
-    return finite_row, nonfinite_row
+def _finite_piece(row, start, shape, dtype, offset):
+    """(start, finite, non-finite) of the elements start … start + rows·columns − 1 of the
+    (1, size) HBM ``row``, loaded as a (rows, columns) tile."""
+    rows, columns = shape
+    staged = nl.ndarray(shape, dtype=row.dtype)
+    nisa.dma_copy(
+        dst=staged, src=row[nl.arange(1)[:, None], start + nl.arange(rows * columns)[None, :]]
+    )
+    finite, nonfinite = split_finite(convert_row(staged, dtype, offset), dtype)
+    return start, finite, nonfinite
+
+
+def copy_parts(dst_row, pieces, which):
+    """DMA the finite (``which`` 0) or non-finite (1) parts of :func:`finite_parts` into
+    the (1, size) row ``dst_row``."""
+    for piece in pieces:
+        start = piece[0]
+        tile = piece[1 + which]
+        count = tile.shape[0] * tile.shape[1]
+        nisa.dma_copy(dst=dst_row[:, start : start + count], src=tile)
 
 
 def split_finite(values, dtype):
@@ -474,7 +495,10 @@ def convert_row(row, dtype, offset=0.0, mask=None):
 
 def broadcast_row(row_hbm, partitions, dtype, offset=0.0, mask=None):
     """Load a (1, F) HBM row, add ``offset``, convert to ``dtype`` and broadcast it to
-    ``partitions`` partitions (the compiler's ones-vector matmul)."""
+    ``partitions`` partitions (the compiler's ones-vector matmul). The tile method
+    ``broadcast_to`` is documented in SDK 2.21 (general/nki/api/nki/__init__.py@752349fd,
+    L425; the RMSNorm tutorial kernel, examples/rmsnorm/rmsnorm_nki_kernels.py@752349fd,
+    L64); the function ``nl.broadcast_to`` only from 2.22 (nki_rn.rst@8a38e733, L87)."""
     row = convert_row(nl.load(row_hbm, mask=mask), dtype, offset, mask)
     return row.broadcast_to((partitions, row.shape[1]))
 
@@ -527,50 +551,36 @@ def split_rstd(plan, rstd, batched=False, spare=0):
     return split
 
 
-def rstd_rows(plan, rstd, ident, stacked=True, batched=False):
+def rstd_rows(plan, rstd, ident, batched=False):
     """rstd (parts, k) fp32, one column per row of the tile, as Tensor-engine stationary
-    operands: with ``stacked``, (pieces, k, parts), the ``plan.rstd_pieces`` pieces of row
-    j's rstd for partition p in column p of block j (a K = pieces matmul against stacked
-    weight rows); otherwise (1, k·pieces, parts), one block per row and piece (``pieces``
-    accumulating K = 1 matmuls against one weight row). Pieces from :func:`split_rstd`
-    (``batched``: all k rows per instruction),
-    transposes on the Tensor engine (exact) into float32 PSUM (a legacy matmul's result is
-    always float32: general/nki/api/nki/isa/__init__.py@8a38e733, L876), the PSUM → SBUF
-    copy to the operand dtype on the Vector engine (exact: every piece is a bf16 value)."""
+    operands, (pieces + 1, k, parts): the ``plan.rstd_pieces`` pieces of row j's rstd for
+    partition p in column p of block j, then the high piece again (a K = pieces + 1 matmul
+    against :func:`weight_rows`' finite copies and its non-finite part). Pieces from
+    :func:`split_rstd` (``batched``: all k rows per instruction), transposes on the Tensor
+    engine (exact) into float32 PSUM (a legacy matmul's result is always float32:
+    general/nki/api/nki/isa/__init__.py@8a38e733, L876), the PSUM → SBUF copy to the
+    operand dtype on the Vector engine (exact: every piece is a bf16 value)."""
     parts, k = rstd.shape
     pieces = plan.rstd_pieces
     dtype = plan.scale_dtype
-    # stacked: the pieces, then the high piece again, against weight_rows' finite copies
-    # and its non-finite part
-    width = pieces + 1 if stacked else pieces
-    split = split_rstd(plan, rstd, batched, spare=1 if stacked else 0)
-    if stacked:
-        split[:, pieces : width * k : width] = nisa.tensor_copy(
-            split[:, 0 : width * k : width], dtype=dtype, engine=nisa.gpsimd_engine
+    width = pieces + 1
+    split = split_rstd(plan, rstd, batched, spare=1)
+    split[:, pieces : width * k : width] = nisa.tensor_copy(
+        split[:, 0 : width * k : width], dtype=dtype, engine=nisa.gpsimd_engine
+    )
+    transposed = nl.ndarray((width, k, parts), dtype=nl.float32, buffer=nl.psum)
+    for j in nl.static_range(k):
+        transposed[:, j, :] = nisa.nc_matmul(
+            split[:, width * j : width * (j + 1)], ident, is_transpose=True
         )
-    # allocated before the branches: a tile created in an if block may not be used after it
-    # (general/nki/api/nki.errors.rst@8a38e733, L417-L474)
-    shape = (width, k, parts) if stacked else (1, k * pieces, parts)
-    transposed = nl.ndarray(shape, dtype=nl.float32, buffer=nl.psum)
-    if stacked:
-        for j in nl.static_range(k):
-            transposed[:, j, :] = nisa.nc_matmul(
-                split[:, width * j : width * (j + 1)], ident, is_transpose=True
-            )
-    else:
-        for b in nl.static_range(k * pieces):
-            transposed[:, b, :] = nisa.nc_matmul(split[:, b : b + 1], ident, is_transpose=True)
     return nisa.tensor_copy(transposed, dtype=dtype)
 
 
-def outer_normalize(y_row, h_row, stationaries, moving, shift, product_row, nonfinite_moving=None):
+def outer_normalize(y_row, h_row, stationaries, moving, shift, product_row):
     """y = h · (rstd ⊗ w) [+ bias] for one row of the tile: per PSUM bank of columns, the
     Tensor engine writes rstd ⊗ w (the sum over ``stationaries`` (K, parts) against the
     ``moving`` (K, F) weight rows) and the Vector engine multiplies h by it; the bias is
-    added in fp32 after (``product_row`` holds the pre-bias product). The weight's
-    non-finite part (−0 where finite, so that adding its products changes no sum), when
-    ``moving`` holds only its finite part: ``nonfinite_moving`` (1, F), one more matmul
-    against ``stationaries[0]`` (the high rstd piece, positive where rstd is)."""
+    added in fp32 after (``product_row`` holds the pre-bias product)."""
     target = y_row if shift is None else product_row
     parts = h_row.shape[0]
     for c0, c1 in _banks(h_row.shape[-1]):
@@ -580,8 +590,6 @@ def outer_normalize(y_row, h_row, stationaries, moving, shift, product_row, nonf
         outer[...] = nisa.nc_matmul(stationaries[0], moving[:, c0:c1])
         for stationary in stationaries[1:]:
             outer += nisa.nc_matmul(stationary, moving[:, c0:c1])
-        if nonfinite_moving is not None:
-            outer += nisa.nc_matmul(stationaries[0], nonfinite_moving[:, c0:c1])
         target[:, c0:c1] = nisa.tensor_tensor(
             h_row[:, c0:c1], outer, op=nl.multiply, dtype=target.dtype
         )

@@ -12,7 +12,8 @@ dependencies are tracked per chunk of it.
 
 LNC: under ``kernel[2]`` the 128-row tiles are split between the two physical cores by
 ``nl.program_id(0)`` (core c a contiguous block, the last core the ragged tile, as
-``rmsnorm_fwd_rows``); each core keeps its own h buffer and reads the weight chunks itself.
+``rmsnorm_fwd_rows``); each core keeps its own h buffer and splits the weight into its own
+private HBM rows (``steps.weight_rows_in_hbm``).
 A row's instructions do not depend on its tile or core, so results are bitwise those of
 LNC=1.
 """
@@ -68,22 +69,36 @@ def long_rows(plan, chunk, output_chunk, hbm, eps, offset):
     h_rows = steps.sbuf((parts, N), plan.h_dtype)
     engine = plan.product_engine if hbm.weight is not None else "vector"
     engine = "vector" if engine == "tensor" and plan.rstd_pieces != 3 else engine
-    helper = None
+    helper = weight_rows = None
     if engine == "tensor":
         helper = steps.identity(parts, plan.scale_dtype)
+        weight_rows = steps.weight_rows_in_hbm(plan, hbm.weight, offset)
     elif engine == "scalar":
         helper = steps.sbuf((1, parts), plan.scale_dtype)
         nisa.memset(dst=helper, value=1.0)
     for row0, rows in tiles:
         _long_tile(
-            plan, engine, (chunk, output_chunk), hbm, offset, h_rows, eps, helper, row0, rows
+            plan,
+            engine,
+            (chunk, output_chunk),
+            hbm,
+            offset,
+            h_rows,
+            eps,
+            (helper, weight_rows),
+            row0,
+            rows,
         )
 
 
-def _long_tile(plan, engine, chunks, hbm, offset, h_rows, eps, helper, row0, parts):
-    """Rows ``row0 … row0 + parts − 1``: statistics pass, then output pass."""
+def _long_tile(plan, engine, chunks, hbm, offset, h_rows, eps, resident, row0, parts):
+    """Rows ``row0 … row0 + parts − 1``: statistics pass, then output pass. ``resident``:
+    the engine's helper (identity or ones row) and, for the Tensor engine, the weight rows
+    (``steps.weight_rows_in_hbm``), against which the stacked rstd pieces run one matmul per
+    PSUM bank as in the "rows" regime."""
     M, N = hbm.x.shape
     chunk, output_chunk = chunks
+    helper, weight_rows = resident
     n_chunks = math.ceil(N / chunk)
     row1 = row0 + parts
 
@@ -101,7 +116,7 @@ def _long_tile(plan, engine, chunks, hbm, offset, h_rows, eps, helper, row0, par
     nisa.dma_copy(dst=hbm.rstd.reshape((M, 1))[row0:row1, :], src=rstd_tile)
     stationary = None
     if engine == "tensor":
-        stationary = steps.rstd_rows(plan, rstd_tile, helper[:parts, :parts], stacked=False)
+        stationary = steps.rstd_rows(plan, rstd_tile, helper[:parts, :parts])
 
     # Output pass: the weight (and bias) chunk, y = h · rstd · w (+ bias), DMA y out.
     for c in range(math.ceil(N / output_chunk)):
@@ -119,15 +134,9 @@ def _long_tile(plan, engine, chunks, hbm, offset, h_rows, eps, helper, row0, par
             shift = steps.broadcast_row(bias_cols, parts, plan.bias_dtype)
         weight_cols = None if hbm.weight is None else hbm.weight.reshape((1, N))[:, c0:c1]
         if engine == "tensor":
-            # the finite part against the pieces, the non-finite part against the high
-            # piece again: a zero piece times ±Inf or NaN would be NaN (0·Inf)
-            finite, nonfinite = steps.finite_row_parts(plan, weight_cols)
-            stationaries = []
-            for b in range(plan.rstd_pieces):
-                stationaries.append(stationary[:, b, :])
-            steps.outer_normalize(
-                y_chunk, h_chunk, stationaries, finite, shift, product, nonfinite_moving=nonfinite
-            )
+            moving = steps.sbuf((plan.rstd_pieces + 1, width), plan.scale_dtype)
+            nisa.dma_copy(dst=moving, src=weight_rows[:, c0:c1])
+            steps.outer_normalize(y_chunk, h_chunk, [stationary[:, 0, :]], moving, shift, product)
         elif engine == "scalar":
             steps.scaled_normalize(
                 plan,

@@ -355,7 +355,7 @@ def weight_rows(plan, row_hbm, offset=0.0):
     and NaN zeroed), then its non-finite part (zero where finite), against the rstd pieces
     and the high piece again (:func:`rstd_rows`): a zero piece or a masked zero times an
     infinite weight would be NaN (0·Inf), a positive high piece times the non-finite part
-    is what IEEE gives for rstd·w (the "long" regime's chunks: :func:`finite_row_parts`)."""
+    is what IEEE gives for rstd·w (the "long" regime's: :func:`weight_rows_in_hbm`)."""
     pieces = plan.rstd_pieces
     rows = sbuf((pieces + 1, row_hbm.shape[1]), plan.scale_dtype)
     parts = finite_parts(row_hbm, plan.scale_dtype, offset)
@@ -406,27 +406,23 @@ def copy_parts(dst_row, pieces, which):
         nisa.dma_copy(dst=dst_row[:, start : start + count], src=tile)
 
 
-def finite_row_parts(plan, row_hbm):
-    """The (1, F) weight row ``row_hbm`` in the scale dtype as its finite part and its
-    non-finite part (:func:`split_finite`), each a (1, F) SBUF row: loaded spread over the
-    largest power-of-two p ≤ 128 dividing F (a DMA moves elements in order, so any two
-    shapes of one size), split there by short Vector instructions, and moved into rows by
-    two SBUF-to-SBUF DMAs."""
-    width = row_hbm.shape[1]
-    p = 1
-    for _ in range(7):
-        if width % (2 * p) == 0:
-            p = 2 * p
-    values = convert_row(_load_as(row_hbm, (p, width // p)), plan.scale_dtype)
-    finite = sbuf(values.shape, plan.scale_dtype)
-    nonfinite = sbuf(values.shape, plan.scale_dtype)
-    split_finite(values, finite, nonfinite)
-    rows = []
-    for part in (finite, nonfinite):
-        row = sbuf((1, width), plan.scale_dtype)
-        nisa.dma_copy(dst=row, src=part)
-        rows.append(row)
-    return rows[0], rows[1]
+def weight_rows_in_hbm(plan, weight_hbm, offset=0.0):
+    """:func:`weight_rows`' (pieces + 1, N) layout in private HBM, for the "long" regime,
+    whose rows leave no room on chip for it: the weight split once per kernel
+    (:func:`finite_parts`, 128 partitions and a tail), each column chunk then one DMA.
+    ``nl.private_hbm`` (aws-neuron-sdk@81ce03ae nki/api/nki.language.rst L270) for a
+    kernel's scratch, as AWS's kernels use it
+    (nki-library@d2ad3a5 src/nkilib_src/nkilib/core/subkernels/indexed_flatten.py L123)."""
+    pieces = plan.rstd_pieces
+    size = 1
+    for extent in weight_hbm.shape:
+        size = size * extent
+    rows = nl.ndarray((pieces + 1, size), dtype=plan.scale_dtype, buffer=nl.private_hbm)
+    parts = finite_parts(weight_hbm, plan.scale_dtype, offset)
+    for piece in range(pieces):
+        copy_parts(rows[piece : piece + 1, :], parts, 0)
+    copy_parts(rows[pieces : pieces + 1, :], parts, 1)
+    return rows
 
 
 def _load_as(src, shape):
@@ -560,55 +556,39 @@ def split_rstd(plan, rstd, batched=False, spare=0):
     return split
 
 
-def rstd_rows(plan, rstd, ident, stacked=True, batched=False):
-    """rstd (parts, k) fp32 as Tensor-engine stationary operands: with ``stacked``,
-    (pieces, k, parts), the ``plan.rstd_pieces`` pieces of row j's rstd for partition p in
-    column p of block j (a K = pieces matmul against stacked weight rows); otherwise
-    (1, k·pieces, parts), one block per row and piece (``pieces`` accumulating K = 1
-    matmuls against one weight row). Pieces from :func:`split_rstd` (``batched``: all k
+def rstd_rows(plan, rstd, ident, batched=False):
+    """rstd (parts, k) fp32 as Tensor-engine stationary operands, (pieces + 1, k, parts):
+    the ``plan.rstd_pieces`` pieces of row j's rstd for partition p in column p of block j,
+    then the high piece again (a K = pieces + 1 matmul against :func:`weight_rows`' finite
+    copies and its non-finite part). Pieces from :func:`split_rstd` (``batched``: all k
     rows per instruction), transposes on the Tensor engine (exact), the PSUM → SBUF copy
     on the Vector engine."""
     parts, k = rstd.shape
     pieces = plan.rstd_pieces
     dtype = plan.scale_dtype
-    if stacked:
-        # the pieces, then the high piece again, against weight_rows' finite copies and its
-        # non-finite part
-        stacked_pieces = split_rstd(plan, rstd, batched, spare=1)
-        blocks = stacked_pieces.reshape((parts, k, pieces + 1))
-        nisa.tensor_copy(
-            dst=blocks[:, :, pieces : pieces + 1], src=blocks[:, :, 0:1], engine=nisa.gpsimd_engine
+    stacked_pieces = split_rstd(plan, rstd, batched, spare=1)
+    blocks = stacked_pieces.reshape((parts, k, pieces + 1))
+    nisa.tensor_copy(
+        dst=blocks[:, :, pieces : pieces + 1], src=blocks[:, :, 0:1], engine=nisa.gpsimd_engine
+    )
+    transposed = nl.ndarray((pieces + 1, k, parts), dtype=dtype, buffer=nl.psum)
+    for j in range(k):
+        nisa.nc_matmul(
+            dst=transposed[:, j, :],
+            stationary=stacked_pieces[:, (pieces + 1) * j : (pieces + 1) * (j + 1)],
+            moving=ident,
+            is_transpose=True,
         )
-        transposed = nl.ndarray((pieces + 1, k, parts), dtype=dtype, buffer=nl.psum)
-        for j in range(k):
-            nisa.nc_matmul(
-                dst=transposed[:, j, :],
-                stationary=stacked_pieces[:, (pieces + 1) * j : (pieces + 1) * (j + 1)],
-                moving=ident,
-                is_transpose=True,
-            )
-    else:
-        split = split_rstd(plan, rstd, batched)
-        transposed = nl.ndarray((1, k * pieces, parts), dtype=dtype, buffer=nl.psum)
-        for b in range(k * pieces):
-            nisa.nc_matmul(
-                dst=transposed[:, b, :],
-                stationary=split[:, b : b + 1],
-                moving=ident,
-                is_transpose=True,
-            )
     stationary = sbuf(transposed.shape, dtype)
     nisa.tensor_copy(dst=stationary, src=transposed)
     return stationary
 
 
-def outer_normalize(y_row, h_row, stationaries, moving, shift, product_row, nonfinite_moving=None):
+def outer_normalize(y_row, h_row, stationaries, moving, shift, product_row):
     """y = h · (rstd ⊗ w) [+ bias] for one row of the tile: per PSUM bank, the Tensor engine
     writes rstd ⊗ w (the sum over ``stationaries`` (K, parts) against the ``moving`` (K, F)
     weight rows, accumulated in PSUM) and the Vector engine multiplies h by it; the bias is
-    added in fp32 after. ``nonfinite_moving`` (1, F): the weight's non-finite part (−0
-    where finite) when ``moving`` holds only its finite part, one more matmul against
-    ``stationaries[0]`` (the high rstd piece, positive where rstd is)."""
+    added in fp32 after."""
     target = y_row if shift is None else product_row
     parts, width = h_row.shape
     for c0 in range(0, width, PSUM_COLS):
@@ -617,13 +597,6 @@ def outer_normalize(y_row, h_row, stationaries, moving, shift, product_row, nonf
         for i in range(len(stationaries)):
             nisa.nc_matmul(
                 dst=outer, stationary=stationaries[i], moving=moving[:, c0:c1], accumulate=i > 0
-            )
-        if nonfinite_moving is not None:
-            nisa.nc_matmul(
-                dst=outer,
-                stationary=stationaries[0],
-                moving=nonfinite_moving[:, c0:c1],
-                accumulate=True,
             )
         nisa.tensor_tensor(dst=target[:, c0:c1], data1=h_row[:, c0:c1], data2=outer, op=nl.multiply)
     _add_shift(y_row, product_row, shift)

@@ -466,6 +466,25 @@ def test_dma_engines_serve_their_queues_round_robin():
     assert sched.end_us[1] < sched.end_us[0]
 
 
+def test_a_short_transfer_interleaved_last_does_not_end_the_kernel_early():
+    # One DMA engine, a long load and a short one on another queue, nothing after: the
+    # short one ends early (round robin) and the long one keeps its end, but the kernel is
+    # not done before the engine has moved both, so the DMA floor stays a lower bound.
+    from simulate.cost import engine_floors
+
+    b = TraceBuilder("trn2")
+    b.dma("hbm->sbuf", 4 * 65536, 4, [b.hbm(1 << 22)], [b.tile(65536, partitions=4)])
+    b.dma("hbm->sbuf", 4 * 16384, 4, [b.hbm(1 << 20)], [b.tile(16384, partitions=4)])
+    sched = b.run()
+    rate = _const("dma_engine_peak_gbps", "trn2") * _const("dma_efficiency", "trn2") * 1000
+    fixed, latency = _const("dma_fixed_us", "trn2"), _const("dma_latency_us", "trn2")
+    long_share, short_share = 4 * 65536 / rate, 4 * 16384 / rate
+    assert sched.end_us[1] == pytest.approx(fixed + 2 * short_share)
+    assert sched.end_us[0] == pytest.approx(fixed + long_share)
+    assert sched.latency_us == pytest.approx(latency + long_share + short_share)
+    assert max(engine_floors(sched).values()) <= sched.latency_us
+
+
 def _copy_trace(target, blocks, bytes_per_partition):
     """A copy through SBUF: ``blocks`` loads of [128, bytes_per_partition] from one HBM
     tensor, each stored into another (loads and stores on two queues, the same engines)."""
