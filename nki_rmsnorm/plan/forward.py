@@ -103,16 +103,23 @@ PACKED_MIN_TILES = 4
 #: at most 64 / 1024 = 6.25 % of the row's n cycles (groups of 512 columns cost trn3, whose
 #: forward is Scalar-bound, 7 % at 8192 × 4096 bf16; of 1024, 4 %).
 GROUP_MIN_COLUMNS = 1024
-#: Batches of at most this many rows take the "split" regime where the statistics are
-#: grouped (a tile of R = 128 / G rows, or a few); above, whole-row tiles are faster
-#: (modeled trn2 bf16 forward, split against rows: 29 × 8192 24.7 against 34.0 µs, 48 × 8192
-#: 33.9 / 35.0, 64 × 8192 43.0 / 35.0) ...
-DECODE_MAX_ROWS = 32
-#: ... and with a residual, whose add (Vector engine) the split tiles spread over more
-#: partitions (fused add 64 × 8192: 44.3 against 49.1 µs; 128 × 4096: 40.9 / 29.4). Both
-#: per physical core: under LNC=2 the split tiles are shared by the two cores (trn2 LNC=2
-#: forward 64 × 4096: 14.9 against 20.8 µs for the one 64-row tile of "rows").
-DECODE_MAX_ROWS_FUSED = 64
+#: Batches of at most this many rows (per physical core: under LNC=2 the split tiles are
+#: shared by the two cores) take the "split" regime where the statistics are grouped: the
+#: "rows" regime would hold them in one tile of whole rows, which loads, reduces,
+#: normalises and stores in turn, while the split tiles pipeline and each partition
+#: works through N / G columns per tile (modeled trn2 bf16 forward, rows against split
+#: after its short rstd chain: 64 × 8192 31.4 / 16.8 µs, 128 × 8192 33.7 / 23.3, 128 × 4096
+#: 19.0 / 17.8, 256 × 8192 43.3 / 37.2 but 512 × 8192 61.1 / 65.5; trn3 128 × 8192 26.4 /
+#: 21.1) ...
+DECODE_MAX_ROWS = 128
+#: ... and the same with a residual (fused add 128 × 8192: 49.2 / 31.4 µs; 256 × 2048
+#: 20.5 / 22.1) ...
+DECODE_MAX_ROWS_FUSED = 128
+#: ... where the rows have at least this many groups, or all fit one split tile: with two,
+#: the split tiles hold as many columns per partition as the one whole-row tile and add the
+#: statistics' transposes (trn2 128 × 2048 12.1 / 16.4 µs, 96 × 2048 11.8 / 15.3; 64 × 2048,
+#: one split tile, 11.8 / 8.9).
+DECODE_MIN_GROUPS = 4
 #: A per-head weight (heads, N) takes the "packed" regime only, replicated across partitions
 #: in at most this many PSUM banks (``PSUM_COLS`` fp32 columns, whole heads each) of the
 #: eight of a partition's 16 KiB PSUM (the bias and the Tensor engine's products keep the
@@ -413,7 +420,11 @@ def choose_layout(
         )
     groups = statistic_groups(plan, n, budget) if grouped else 0
     decode_rows = DECODE_MAX_ROWS if plan.residual_dtype is None else DECODE_MAX_ROWS_FUSED
-    if groups and m <= decode_rows * cores:
+    if (
+        groups
+        and m <= decode_rows * cores
+        and (groups >= DECODE_MIN_GROUPS or m * groups <= PMAX * cores)
+    ):
         return Layout("split", segments=groups)
     if plan.fits_rows(n, 1, budget):
         rows = 1

@@ -22,6 +22,7 @@ from nki_rmsnorm import kernels
 from nki_rmsnorm.plan.forward import (
     DECODE_MAX_ROWS,
     DECODE_MAX_ROWS_FUSED,
+    DECODE_MIN_GROUPS,
     choose_layout,
     make_plan,
     statistic_groups,
@@ -53,21 +54,27 @@ def _layout(target, M, N, dtype, residual=None):
 @pytest.mark.parametrize("N, groups", [(4096, 4), (8192, 8), (2048, 2)])
 def test_planner_spreads_small_batches_only(target, N, groups):
     """Decode batches take "split" with G segments, larger ones "rows" with G groups; N
-    alone decides G."""
-    for M in (1, 8, 29, DECODE_MAX_ROWS):
+    alone decides G. Rows of fewer than ``DECODE_MIN_GROUPS`` groups take "split" only
+    while the batch fits one split tile."""
+
+    def limit(rows, cores=1):
+        return rows * cores if groups >= DECODE_MIN_GROUPS else 128 * cores // groups
+
+    for M in (1, 8, 29, limit(DECODE_MAX_ROWS)):
         layout, g = _layout(target, M, N, BF16)
         assert g == groups and layout.regime == "split" and layout.segments == groups, M
-    for M in (DECODE_MAX_ROWS + 1, 8192):
+    for M in (limit(DECODE_MAX_ROWS) + 1, 8192):
         layout, g = _layout(target, M, N, BF16)
         assert layout.regime == "rows" and layout.groups == groups, M
     # per core: twice the rows under LNC=2
     budget = simulate.get_target(target).sbuf_bytes_per_partition
     plan = make_plan(BF16, BF16, None, None, 0.0, "gemma", None, FP32, BF16, tensor_engine=True)
-    assert choose_layout(plan, 2 * DECODE_MAX_ROWS, N, budget, cores=2).regime == "split"
-    assert choose_layout(plan, 2 * DECODE_MAX_ROWS + 1, N, budget, cores=2).regime == "rows"
+    most = limit(DECODE_MAX_ROWS, cores=2)
+    assert choose_layout(plan, most, N, budget, cores=2).regime == "split"
+    assert choose_layout(plan, most + 1, N, budget, cores=2).regime == "rows"
     # with a residual, up to DECODE_MAX_ROWS_FUSED rows
-    assert _layout(target, DECODE_MAX_ROWS_FUSED, N, BF16, FP32)[0].regime == "split"
-    assert _layout(target, DECODE_MAX_ROWS_FUSED + 1, N, BF16, FP32)[0].regime == "rows"
+    assert _layout(target, limit(DECODE_MAX_ROWS_FUSED), N, BF16, FP32)[0].regime == "split"
+    assert _layout(target, limit(DECODE_MAX_ROWS_FUSED) + 1, N, BF16, FP32)[0].regime == "rows"
 
 
 def test_planner_keeps_whole_row_statistics_elsewhere():
@@ -180,9 +187,9 @@ def test_decode_writes_every_output_against_float64(rng, eps):
         assert np.all(y[2] == 0)
 
 
-@pytest.mark.parametrize("M", [1, 29, 64])
+@pytest.mark.parametrize("M", [1, 29, 200])
 def test_lnc2_decode_is_bitwise_lnc1(rng, M):
-    """Under LNC=2 the split tiles of a decode batch are shared by the two cores (64 rows:
+    """Under LNC=2 the split tiles of a decode batch are shared by the two cores (200 rows:
     split at LNC=2, rows at LNC=1); every output is bitwise that of LNC=1."""
     x = (
         _edge_rows(rng.standard_normal((M, 4096)).astype(BF16))

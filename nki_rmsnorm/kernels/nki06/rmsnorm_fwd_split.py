@@ -28,11 +28,11 @@ Written differently:
   transposes the sums to a column, back to a row, repeats it with s copies, transposes it
   again and copies it to SBUF: a decode batch is one or two tiles, and its latency is that
   dependent chain (modeled trn2 bf16 1 × 4096: 7.9 → 4.7 µs);
-* a batch of one tile (a decode batch, at most ``DECODE_MAX_ROWS`` rows where the
-  statistics are grouped) reads the weight and bias once per row, by one DMA from a
-  broadcast view, instead of doubling them on chip by log2(rows) dependent DMAs
-  (:func:`_segments_per_row`), and forms y in k times the partitions
-  (:func:`_output_spread`): Σh² and rstd keep the "rows" regime's groups, y is elementwise;
+* a batch of one tile (M·s ≤ 128: a decode batch where the statistics are grouped) reads
+  the weight and bias once per row, by one DMA from a broadcast view, instead of doubling
+  them on chip by log2(rows) dependent DMAs (:func:`_segments_per_row`), and forms y in k
+  times the partitions (:func:`_output_spread`): Σh² and rstd keep the "rows" regime's
+  groups, y is elementwise;
 * on-chip containers are ``nl.NKIObject`` classes (the only user classes a kernel may use:
   nki/get-started/nki-language-guide.rst@81ce03ae, line 572).
 
