@@ -103,6 +103,13 @@ PACKED_MIN_TILES = 4
 #: at most 64 / 1024 = 6.25 % of the row's n cycles (groups of 512 columns cost trn3, whose
 #: forward is Scalar-bound, 7 % at 8192 × 4096 bf16; of 1024, 4 %).
 GROUP_MIN_COLUMNS = 1024
+#: ... and on NeuronCore-v3 (trn2), whose whole-row tiles are bound by HBM and the Vector
+#: engine with the Scalar engine to spare, groups of at least 512 columns: twice the
+#: partitions (and half the columns each) for a decode batch, no change to the large ones
+#: (modeled trn2 bf16 forward, groups of 1024 / 512: 1 × 4096 4.66 / 4.24 µs, 8 × 4096
+#: 5.76 / 5.00, 64 × 8192 16.8 / 16.0, 8192 × 4096 436.8 both; on trn3 8192 × 4096 268.2
+#: / 281.7, so trn3 keeps 1024).
+GROUP_MIN_COLUMNS_NC_V3 = 512
 #: Batches of at most this many rows (per physical core: under LNC=2 the split tiles are
 #: shared by the two cores) take the "split" regime where the statistics are grouped: the
 #: "rows" regime would hold them in one tile of whole rows, which loads, reduces,
@@ -200,6 +207,8 @@ class Plan(NKIObject):
     #: The Tensor engine transposes exactly and NaN-safely (NeuronCore-v3+), which the
     #: "split" regime needs to move row statistics across partitions.
     exact_transpose: bool
+    #: The narrowest column group of the grouped row statistics (``statistic_groups``).
+    group_min_columns: int = GROUP_MIN_COLUMNS
 
     def resident_bytes(self) -> int:
         """Per column: the weight and bias kept on chip for the whole kernel."""
@@ -316,11 +325,14 @@ def make_plan(
     float32,
     bfloat16,
     tensor_engine=False,
+    group_min_columns=GROUP_MIN_COLUMNS,
 ):
     """The :class:`Plan` for the given dtypes (None for an absent tensor; ``out_dtype`` None:
     x's) and options. ``tensor_engine``: the target is a NeuronCore-v3+ (trn2, trn3), whose
     exact, NaN-safe Tensor-engine transpose lets gemma form rstd ⊗ weight there, and whose
-    bf16 Vector fast modes make llama / none cheap on the Vector engine alone. ``float32``,
+    bf16 Vector fast modes make llama / none cheap on the Vector engine alone.
+    ``group_min_columns``: the narrowest group of the grouped row statistics
+    (``GROUP_MIN_COLUMNS``, or ``GROUP_MIN_COLUMNS_NC_V3`` on NeuronCore-v3). ``float32``,
     ``bfloat16``: the calling dialect's ``nl.float32`` and ``nl.bfloat16``, the dtypes the
     planner picks for on-chip steps."""
     kernel_assert(
@@ -377,6 +389,7 @@ def make_plan(
         product_engine=product_engine,
         rstd_pieces=rstd_pieces,
         exact_transpose=tensor_engine,
+        group_min_columns=group_min_columns,
     )
 
 
@@ -460,7 +473,8 @@ def choose_layout(
 
 
 def statistic_groups(plan: Plan, n: int, budget: int) -> int:
-    """G of the grouped row statistics (see ``GROUP_MIN_COLUMNS``) for rows of ``n``, or 0
+    """G of the grouped row statistics (see ``GROUP_MIN_COLUMNS``; groups of at least
+    ``plan.group_min_columns``) for rows of ``n``, or 0
     where Σh² is taken over the whole row: on NeuronCore-v3+ (the "split" regime's exact
     transposes), for rows the "rows" regime holds whole and the "split" regime can hold in
     G segments. A decision on n, the dtypes and the target alone, never on M."""
@@ -474,7 +488,7 @@ def statistic_groups(plan: Plan, n: int, budget: int) -> int:
     for count in SEGMENT_COUNTS:
         if (
             n % count == 0
-            and n // count >= GROUP_MIN_COLUMNS
+            and n // count >= plan.group_min_columns
             and plan.fits_split(n // count, budget)
         ):
             groups = count

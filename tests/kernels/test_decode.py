@@ -23,6 +23,8 @@ from nki_rmsnorm.plan.forward import (
     DECODE_MAX_ROWS,
     DECODE_MAX_ROWS_FUSED,
     DECODE_MIN_GROUPS,
+    GROUP_MIN_COLUMNS,
+    GROUP_MIN_COLUMNS_NC_V3,
     choose_layout,
     make_plan,
     statistic_groups,
@@ -45,17 +47,30 @@ def _layout(target, M, N, dtype, residual=None):
         FP32,
         BF16,
         tensor_engine=spec.nc_version >= 3,
+        # as the nki06 kernel plans (rmsnorm_fwd._plan)
+        group_min_columns=GROUP_MIN_COLUMNS_NC_V3 if spec.nc_version == 3 else GROUP_MIN_COLUMNS,
     )
     budget = spec.sbuf_bytes_per_partition
     return choose_layout(plan, M, N, budget), statistic_groups(plan, N, budget)
 
 
-@pytest.mark.parametrize("target", ["trn2", "trn3"])
-@pytest.mark.parametrize("N, groups", [(4096, 4), (8192, 8), (2048, 2)])
+@pytest.mark.parametrize(
+    "target, N, groups",
+    [
+        ("trn3", 4096, 4),
+        ("trn3", 8192, 8),
+        ("trn3", 2048, 2),
+        # NeuronCore-v3: groups of 512 columns (GROUP_MIN_COLUMNS_NC_V3)
+        ("trn2", 4096, 8),
+        ("trn2", 8192, 16),
+        ("trn2", 1024, 2),
+    ],
+)
 def test_planner_spreads_small_batches_only(target, N, groups):
     """Decode batches take "split" with G segments, larger ones "rows" with G groups; N
-    alone decides G. Rows of fewer than ``DECODE_MIN_GROUPS`` groups take "split" only
-    while the batch fits one split tile."""
+    and the target alone decide G. Rows of fewer than ``DECODE_MIN_GROUPS`` groups take
+    "split" only while the batch fits one split tile."""
+    spec = simulate.get_target(target)
 
     def limit(rows, cores=1):
         return rows * cores if groups >= DECODE_MIN_GROUPS else 128 * cores // groups
@@ -67,8 +82,21 @@ def test_planner_spreads_small_batches_only(target, N, groups):
         layout, g = _layout(target, M, N, BF16)
         assert layout.regime == "rows" and layout.groups == groups, M
     # per core: twice the rows under LNC=2
-    budget = simulate.get_target(target).sbuf_bytes_per_partition
-    plan = make_plan(BF16, BF16, None, None, 0.0, "gemma", None, FP32, BF16, tensor_engine=True)
+    budget = spec.sbuf_bytes_per_partition
+    columns = GROUP_MIN_COLUMNS_NC_V3 if spec.nc_version == 3 else GROUP_MIN_COLUMNS
+    plan = make_plan(
+        BF16,
+        BF16,
+        None,
+        None,
+        0.0,
+        "gemma",
+        None,
+        FP32,
+        BF16,
+        tensor_engine=True,
+        group_min_columns=columns,
+    )
     most = limit(DECODE_MAX_ROWS, cores=2)
     assert choose_layout(plan, most, N, budget, cores=2).regime == "split"
     assert choose_layout(plan, most + 1, N, budget, cores=2).regime == "rows"
@@ -81,9 +109,10 @@ def test_planner_keeps_whole_row_statistics_elsewhere():
     """trn1 (no exact transpose), rows too short to group or not divisible, and the legacy
     kernels' plan (``grouped=False``): no groups."""
     assert _layout("trn1", 1, 4096, BF16)[1] == 0
-    for N in (1, 127, 1000, 1536, 17389):
-        layout, groups = _layout("trn2", 1, N, BF16)
+    for target, N in [("trn2", n) for n in (1, 127, 1000, 17389)] + [("trn3", 1536)]:
+        layout, groups = _layout(target, 1, N, BF16)
         assert groups == 0 and layout.groups == 0, N
+    assert _layout("trn2", 1, 1536, BF16)[1] == 2  # 2 groups of 768 on NeuronCore-v3
     plan = make_plan(BF16, BF16, None, None, 0.0, "gemma", None, FP32, BF16, tensor_engine=True)
     budget = simulate.get_target("trn2").sbuf_bytes_per_partition
     for M in (1, 8192):
