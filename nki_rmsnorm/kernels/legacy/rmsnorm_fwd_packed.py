@@ -15,10 +15,13 @@ viewed as (M / k, k·N), k dividing M), so one DMA moves k·N elements per parti
   tile, same file L107), every other row on the Vector engine (``tensor_scalar`` with a
   (parts, 1) operand, L1637), rounded
   to x's dtype in llama / none, fp32 in gemma (one rounding of y at the end);
-* y = x̂·w (+ b) per 512 columns on the Vector engine against the weight (and bias)
-  replicated along the free axis and broadcast across partitions in a PSUM bank once per
-  kernel (a ones-row matmul: exact, every product 1·w); a ``tensor_tensor`` with one PSUM
-  operand streams at one element a cycle.
+* y = x̂·w (+ b) per ``PRODUCT_COLUMNS`` columns on the Vector engine against the weight
+  (and bias) replicated along the free axis and broadcast across partitions in a PSUM bank
+  once per kernel (a ones-row matmul: exact, every product 1·w); a ``tensor_tensor`` with
+  one PSUM operand streams at one element a cycle.
+
+The tiles run as a software pipeline (the statistics of tile t + 1 issued before the output
+of tile t, :func:`packed_rows`), unrolled.
 
 A per-head weight (heads, N) (QK-norm with a weight per head; the rows are tokens × heads,
 row r of head r mod heads): k is a multiple of heads, so that row j of every partition is
@@ -45,6 +48,12 @@ from nki_rmsnorm.plan.forward import PSUM_COLS
 #: 37.0 µs).
 XHAT_ON_VECTOR_EVERY = 2
 
+#: The Vector engine's products with the replicated weight (and bias) run per this many
+#: columns rather than per PSUM bank, so that the next tile's short rstd steps wait behind
+#: at most one such slice (modeled bf16, legacy kernels, with the unrolled pipeline: trn1
+#: 4096 × 128 12.5 -> 12.0 µs, 16384 × 128 35.1 -> 32.5; trn2 13.1 -> 12.3, 38.7 -> 36.0).
+PRODUCT_COLUMNS = 128
+
 
 def packed_rows(plan, k, heads, hbm, eps, offset):
     """Every row read once and written once; tiles of ``k`` rows per partition (k divides
@@ -68,11 +77,18 @@ def packed_rows(plan, k, heads, hbm, eps, offset):
         for t in (hbm.x, hbm.residual, hbm.y, hbm.h)
     ]
     views.append(hbm.rstd.reshape((groups, k)))
-    full_tiles = groups // P
-    for t in nl.affine_range(full_tiles):
-        _packed_tile(plan, views, t * P, P, k, heads, N, scale, shift, eps)
-    if groups % P:
-        _packed_tile(plan, views, full_tiles * P, groups % P, k, heads, N, scale, shift, eps)
+    tiles = []
+    for group0 in range(0, groups, P):
+        tiles.append((group0, min(P, groups - group0)))
+    # Software pipeline, unrolled: the statistics of tile t + 1 are issued before the output
+    # of tile t, so that the Scalar engine finds the next tile's Σh² ahead of this tile's
+    # x̂ rows, which wait for its rstd.
+    ahead = _statistics(plan, views, tiles[0][0], tiles[0][1], k, N, eps)
+    for t in nl.static_range(len(tiles)):
+        current = ahead
+        if t + 1 < len(tiles):
+            ahead = _statistics(plan, views, tiles[t + 1][0], tiles[t + 1][1], k, N, eps)
+        _output(plan, views, k, heads, N, scale, shift, current)
 
 
 def _replicated(vector_hbm, reps, parts, dtype, offset):
@@ -140,8 +156,21 @@ def _segments(width, period, n, tokens):
     return segments
 
 
-def _packed_tile(plan, views, group0, parts, k, heads, N, scale, shift, eps):
-    """Row groups ``group0 … group0 + parts − 1`` of ``views``, k rows per partition."""
+def _slices(segment):
+    """(c0, c1, b0, bank) per Vector-engine instruction of a :func:`_segments` segment:
+    ``PRODUCT_COLUMNS`` columns at a time, tile columns c0 … c1 − 1 against bank columns
+    b0 … b0 + c1 − c0 − 1."""
+    start, end, bank = segment
+    slices = []
+    for c0 in range(start, end, PRODUCT_COLUMNS):
+        slices.append((c0, min(end, c0 + PRODUCT_COLUMNS), c0 - start, bank))
+    return slices
+
+
+def _statistics(plan, views, group0, parts, k, N, eps):
+    """Row groups ``group0 … group0 + parts − 1`` of ``views``, k rows per partition: load
+    (and h = x + residual), Σh², rstd (stored); returns the tile's state for
+    :func:`_output`."""
     x_v, residual_v, y_v, h_v, rstd_v = views
     width = k * N
     i_p = nl.arange(parts)[:, None]
@@ -174,7 +203,17 @@ def _packed_tile(plan, views, group0, parts, k, heads, N, scale, shift, eps):
         )
     rstd = steps.rstd_on_gpsimd(sum_sq, eps, N, mean_on_scalar=False)
     nl.store(rstd_v[groups, i_k], value=rstd)
+    return group0, h_tile, rstd
 
+
+def _output(plan, views, k, heads, N, scale, shift, state):
+    """y of the tile whose statistics :func:`_statistics` returned, stored."""
+    group0, h_tile, rstd = state
+    parts = h_tile.shape[0]
+    width = k * N
+    y_v = views[2]
+    groups = group0 + nl.arange(parts)[:, None]
+    i_f = nl.arange(width)[None, :]
     # x̂ = h·rstd: rounded to x's dtype (llama / none), straight into y without a weight or
     # bias, else kept in fp32 for the one rounding of y (gemma)
     y_tile = nl.ndarray((parts, width), dtype=plan.result_dtype)
@@ -195,22 +234,34 @@ def _packed_tile(plan, views, group0, parts, k, heads, N, scale, shift, eps):
         else None
     )
     for segment in _segments(width, heads * N, N, k // heads):
-        c0, c1, bank = segment
-        if scale is not None and shift is not None:
-            product[:, c0:c1] = nisa.tensor_tensor(
-                xhat[:, c0:c1], scale[bank][:parts, : c1 - c0], op=nl.multiply, dtype=product.dtype
-            )
-            y_tile[:, c0:c1] = nisa.tensor_tensor(
-                product[:, c0:c1], shift[:parts, : c1 - c0], op=nl.add, dtype=y_tile.dtype
-            )
-        elif scale is not None:
-            y_tile[:, c0:c1] = nisa.tensor_tensor(
-                xhat[:, c0:c1], scale[bank][:parts, : c1 - c0], op=nl.multiply, dtype=y_tile.dtype
-            )
-        elif shift is not None:
-            y_tile[:, c0:c1] = nisa.tensor_tensor(
-                xhat[:, c0:c1], shift[:parts, : c1 - c0], op=nl.add, dtype=y_tile.dtype
-            )
-        elif not direct:
-            y_tile[:, c0:c1] = nisa.tensor_copy(xhat[:, c0:c1], dtype=y_tile.dtype)
+        for c0, c1, b0, bank in _slices(segment):
+            if scale is not None and shift is not None:
+                product[:, c0:c1] = nisa.tensor_tensor(
+                    xhat[:, c0:c1],
+                    scale[bank][:parts, b0 : b0 + c1 - c0],
+                    op=nl.multiply,
+                    dtype=product.dtype,
+                )
+                y_tile[:, c0:c1] = nisa.tensor_tensor(
+                    product[:, c0:c1],
+                    shift[:parts, b0 : b0 + c1 - c0],
+                    op=nl.add,
+                    dtype=y_tile.dtype,
+                )
+            elif scale is not None:
+                y_tile[:, c0:c1] = nisa.tensor_tensor(
+                    xhat[:, c0:c1],
+                    scale[bank][:parts, b0 : b0 + c1 - c0],
+                    op=nl.multiply,
+                    dtype=y_tile.dtype,
+                )
+            elif shift is not None:
+                y_tile[:, c0:c1] = nisa.tensor_tensor(
+                    xhat[:, c0:c1],
+                    shift[:parts, b0 : b0 + c1 - c0],
+                    op=nl.add,
+                    dtype=y_tile.dtype,
+                )
+            elif not direct:
+                y_tile[:, c0:c1] = nisa.tensor_copy(xhat[:, c0:c1], dtype=y_tile.dtype)
     steps.store_y(plan, y_v[groups, i_f], y_tile)

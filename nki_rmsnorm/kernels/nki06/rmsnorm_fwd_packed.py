@@ -11,9 +11,9 @@ nki/api/nki/isa/__init__.py L1461-1476), rstd once on the (parts, k) sums (the m
 the Vector engine, the reverse square root on the GpSimd engine:
 ``rmsnorm_fwd_steps.rstd_on_gpsimd``), h·rstd per row on the Scalar engine (``activation``
 with a (parts, 1) ``scale`` tile, L1336; every other row a Vector ``tensor_scalar``, L1081),
-then one Vector instruction per 512 columns multiplying by the weight replicated along the
-free axis in a PSUM bank (built once), and one adding the bias, replicated likewise. The
-tiles run as a two-stage software pipeline (``packed_rows``).
+then one Vector instruction per ``PRODUCT_COLUMNS`` columns multiplying by the weight
+replicated along the free axis in a PSUM bank (built once), and one adding the bias,
+replicated likewise. The tiles run as a two-stage software pipeline (``packed_rows``).
 
 k divides M (the planner picks the largest such k up to its target), so every tile is whole
 row groups. A per-head weight (heads, N) (QK-norm with a weight per head; the rows are
@@ -45,6 +45,14 @@ ROWS_PER_TRANSPOSE = PMAX // ROW_TILE
 #: 1.2 GHz on trn2; modeled trn2 bf16 16384 × 128: every third row 38.6 µs, every other
 #: 37.0 µs).
 XHAT_ON_VECTOR_EVERY = 2
+
+#: The Vector engine's products (y = h · (rstd ⊗ w) of the Tensor-engine product, x̂ · w
+#: and + b against the replicated banks) run per this many columns rather than per PSUM
+#: bank: the next tile's short steps (the rstd chain, passing between the Vector, GpSimd
+#: and Tensor engines) then wait behind at most one such slice each time they come back to
+#: the Vector engine (modeled bf16 4096 × 128: trn2 13.4 -> 12.5 µs, trn3 11.7 -> 11.1 µs;
+#: 64 columns gain under 1 %).
+PRODUCT_COLUMNS = 128
 
 
 def packed_rows(plan, k, heads, hbm, eps, offset):
@@ -188,6 +196,17 @@ def _segments(width, period, n, tokens):
     return segments
 
 
+def _slices(segment):
+    """(c0, c1, b0, bank) per Vector-engine instruction of a :func:`_segments` segment:
+    ``PRODUCT_COLUMNS`` columns at a time, tile columns c0 … c1 − 1 against bank columns
+    b0 … b0 + c1 − c0 − 1."""
+    start, end, bank = segment
+    slices = []
+    for c0 in range(start, end, PRODUCT_COLUMNS):
+        slices.append((c0, min(end, c0 + PRODUCT_COLUMNS), c0 - start, bank))
+    return slices
+
+
 def _statistics(plan, views, group0, parts, k, N, eps):
     """Row groups ``group0 … group0 + parts − 1`` of ``views``, k rows per partition: load
     (and h = x + residual), Σh², rstd (stored); returns the tile's state for
@@ -248,51 +267,74 @@ def _output(plan, views, k, heads, N, scale, shift, state):
             nisa.activation(dst=dst, op=nl.copy, data=data, scale=rstd[:, j : j + 1])
     # DVE: y = x̂ · w [+ b], per segment of the replicated weight's PSUM banks
     for segment in _segments(width, heads * N, N, k // heads):
-        c0, c1, bank = segment
-        x_c = xhat[:, c0:c1]
-        y_c = y_tile[:, c0:c1]
-        if scale is not None and shift is not None:
-            product = steps.sbuf((parts, c1 - c0), plan.product_dtype)
-            w_c = scale[bank][:parts, : c1 - c0]
-            nisa.tensor_tensor(dst=product, data1=x_c, data2=w_c, op=nl.multiply)
-            b_c = shift[:parts, : c1 - c0]
-            nisa.tensor_tensor(dst=y_c, data1=product, data2=b_c, op=nl.add)
-        elif scale is not None:
-            w_c = scale[bank][:parts, : c1 - c0]
-            nisa.tensor_tensor(dst=y_c, data1=x_c, data2=w_c, op=nl.multiply)
-        elif shift is not None:
-            b_c = shift[:parts, : c1 - c0]
-            nisa.tensor_tensor(dst=y_c, data1=x_c, data2=b_c, op=nl.add)
-        elif not direct:
-            nisa.tensor_copy(dst=y_c, src=x_c)
+        for c0, c1, b0, bank in _slices(segment):
+            x_c = xhat[:, c0:c1]
+            y_c = y_tile[:, c0:c1]
+            if scale is not None and shift is not None:
+                product = steps.sbuf((parts, c1 - c0), plan.product_dtype)
+                w_c = scale[bank][:parts, b0 : b0 + c1 - c0]
+                nisa.tensor_tensor(dst=product, data1=x_c, data2=w_c, op=nl.multiply)
+                b_c = shift[:parts, b0 : b0 + c1 - c0]
+                nisa.tensor_tensor(dst=y_c, data1=product, data2=b_c, op=nl.add)
+            elif scale is not None:
+                w_c = scale[bank][:parts, b0 : b0 + c1 - c0]
+                nisa.tensor_tensor(dst=y_c, data1=x_c, data2=w_c, op=nl.multiply)
+            elif shift is not None:
+                b_c = shift[:parts, b0 : b0 + c1 - c0]
+                nisa.tensor_tensor(dst=y_c, data1=x_c, data2=b_c, op=nl.add)
+            elif not direct:
+                nisa.tensor_copy(dst=y_c, src=x_c)
     steps.store_y(plan, y_v[group0 : group0 + parts, :], y_tile)
 
 
 def _stacked(plan, weight_hbm, offset):
     """w + offset in the scale dtype, (128, heads·N) in SBUF (the rows of a per-head weight
     one after the other): the Tensor engine's moving operand, of which each matmul reads the
-    partitions of one row tile and the columns of one head, against the rstd pieces and the
-    high piece again (:func:`_rstd_slots`): the first ``plan.rstd_pieces`` partitions of
-    each row tile hold w's finite part (±Inf and NaN zeroed), the next its non-finite part
-    (zero where finite), so that no zero piece meets an infinite weight (0·Inf is NaN; see
-    ``steps.weight_rows``). Built once: one load, the split (Vector), per ``PSUM_COLS``
-    columns a ones-row matmul into PSUM (exact) and a copy out, the non-finite row copied in
-    by DMA."""
+    partitions of one row tile and the columns of one head, against the rstd pieces
+    (:func:`_rstd_slots`). Three pieces (bf16 weight): the first partition of each row tile
+    (0, 32, 64, 96) holds the weight as it is, against the high piece, the next two its
+    finite part (±Inf and NaN zeroed), against the middle and low pieces, which may be zero
+    (0·Inf is NaN; see ``steps.weight_rows``). The high piece is bf16(rstd): positive, so
+    that hi·w is the ±Inf or NaN IEEE gives rstd·w, or itself 0 / Inf / NaN for a row whose
+    y is NaN in that column anyway (an infinite element, a zero row with eps = 0, a NaN).
+    One piece (fp32 rstd against an fp32 weight + offset): every partition holds w + offset.
+    −0 is made +0 throughout (the "rows" regime's ones-row broadcast starts from +0;
+    ``steps.signed_zeros_positive``).
+
+    Built once: one load of the weight as a row, then per ``PSUM_COLS`` columns a ones-row
+    matmul broadcasting it to every partition (exact, one product 1·w per element, ±Inf and
+    NaN included) and, on the Vector engine reading that bank, w + offset, the non-finite
+    elements set to 0 by a predicated copy (v·0 == 0 exactly where v is finite) and the four
+    raw rows put back."""
     n = weight_hbm.shape[0]
-    parts = steps.finite_parts(weight_hbm, plan.scale_dtype, offset)
-    row = steps.sbuf((1, n), plan.scale_dtype)
-    steps.copy_parts(row, parts, 0)
-    ones = steps.sbuf((1, PMAX), plan.scale_dtype)
+    row = steps.sbuf((1, n), weight_hbm.dtype)
+    nisa.dma_copy(dst=row, src=weight_hbm.reshape((1, n)))
+    ones = steps.sbuf((1, PMAX), weight_hbm.dtype)
     nisa.memset(dst=ones, value=1.0)
     stacked = steps.sbuf((PMAX, n), plan.scale_dtype)
+    finite = None
+    if plan.rstd_pieces > 1:
+        finite = steps.sbuf((PMAX, n), nl.uint8)
     for c0 in range(0, n, PSUM_COLS):
         c1 = min(n, c0 + PSUM_COLS)
-        broadcast = nl.ndarray((PMAX, c1 - c0), dtype=nl.float32, buffer=nl.psum)
-        nisa.nc_matmul(dst=broadcast, stationary=ones, moving=row[:, c0:c1], accumulate=False)
-        nisa.tensor_copy(dst=stacked[:, c0:c1], src=broadcast)
-    pieces = plan.rstd_pieces
-    for start in range(0, PMAX, ROW_TILE):
-        steps.copy_parts(stacked[start + pieces : start + pieces + 1, :], parts, 1)
+        raw = nl.ndarray((PMAX, c1 - c0), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(dst=raw, stationary=ones, moving=row[:, c0:c1], accumulate=False)
+        part = stacked[:, c0:c1]
+        nisa.tensor_scalar(dst=part, data=raw, op0=nl.add, operand0=float(offset))
+        if finite is None:
+            continue
+        mask = finite[:, c0:c1]
+        nisa.tensor_scalar(
+            dst=mask, data=part, op0=nl.multiply, operand0=0.0, op1=nl.equal, operand1=0.0
+        )
+        nisa.tensor_copy_predicated(dst=part, src=0.0, predicate=mask, reverse_pred=True)
+        for start in range(0, PMAX, ROW_TILE):
+            nisa.tensor_scalar(
+                dst=part[start : start + 1, :],
+                data=raw[start : start + 1, :],
+                op0=nl.add,
+                operand0=float(offset),
+            )
     return stacked
 
 
@@ -303,8 +345,7 @@ def _rstd_slots(plan, rstd):
     (bf16 weight): hi = bf16(rstd), mid = bf16(rstd − hi), lo = bf16(rstd − hi − mid), whose
     sum is rstd exactly (each difference is exact in fp32); the copies on the GpSimd engine,
     the differences on the Vector engine, each instruction covering all k rows. One piece:
-    rstd itself (an fp32 matmul against an fp32 weight + offset). Then the first piece
-    again, against the weight's non-finite part (:func:`_stacked`)."""
+    rstd itself (an fp32 matmul against an fp32 weight + offset)."""
     parts, k = rstd.shape
     slots = steps.sbuf((parts, k * ROW_TILE), plan.scale_dtype)
     pieces = slots.reshape((parts, k, ROW_TILE))
@@ -314,8 +355,6 @@ def _rstd_slots(plan, rstd):
         nisa.tensor_tensor(dst=rest, data1=rstd, data2=pieces[:, :, 0], op=nl.subtract)
         nisa.tensor_copy(dst=pieces[:, :, 1], src=rest, engine=nisa.gpsimd_engine)
         nisa.tensor_tensor(dst=pieces[:, :, 2], data1=rest, data2=pieces[:, :, 1], op=nl.subtract)
-    last = plan.rstd_pieces
-    nisa.tensor_copy(dst=pieces[:, :, last], src=pieces[:, :, 0], engine=nisa.gpsimd_engine)
     return slots
 
 
@@ -327,7 +366,7 @@ def _transposed_rstd(plan, k, ident, state):
     :func:`_outer_output`."""
     group0, h_tile, rstd = state
     parts = h_tile.shape[0]
-    pieces = plan.rstd_pieces + 1  # with the non-finite weight's
+    pieces = plan.rstd_pieces
     slots = _rstd_slots(plan, rstd)
     transposed_rows = []
     for q0 in range(0, k, ROWS_PER_TRANSPOSE):
@@ -353,13 +392,13 @@ def _outer_output(plan, views, k, heads, N, stacked, shift, state):
     engine makes one pass over h: per row, one matmul of its pieces against the weight, in
     the row tile its pieces start (contracting over that row's pieces alone: a NaN or
     infinite rstd stays in its own row) and its head's columns of the weight, into its
-    columns of a PSUM bank; per bank, one
-    Vector multiply y = h · (rstd ⊗ w) reading PSUM (one element a cycle); the bias is
-    added in fp32 after."""
+    columns of a PSUM bank; per ``PRODUCT_COLUMNS`` columns of the bank, one Vector
+    multiply y = h · (rstd ⊗ w) reading PSUM (one element a cycle); the bias is added in
+    fp32 after."""
     group0, h_tile, transposed_rows = state
     parts = h_tile.shape[0]
     width = k * N
-    pieces = plan.rstd_pieces + 1  # with the non-finite weight's
+    pieces = plan.rstd_pieces
     y_tile = steps.sbuf((parts, width), plan.result_dtype)
     product = None
     if shift is not None:
@@ -380,9 +419,14 @@ def _outer_output(plan, views, k, heads, N, stacked, shift, state):
                 tile_size=(ROW_TILE, PMAX),
             )
         c0, c1 = j0 * N, j1 * N
-        nisa.tensor_tensor(
-            dst=target[:, c0:c1], data1=h_tile[:, c0:c1], data2=outer, op=nl.multiply
-        )
+        for p0 in range(c0, c1, PRODUCT_COLUMNS):
+            p1 = min(c1, p0 + PRODUCT_COLUMNS)
+            nisa.tensor_tensor(
+                dst=target[:, p0:p1],
+                data1=h_tile[:, p0:p1],
+                data2=outer[:, p0 - c0 : p1 - c0],
+                op=nl.multiply,
+            )
         if shift is not None:
             nisa.tensor_tensor(
                 dst=y_tile[:, c0:c1],
