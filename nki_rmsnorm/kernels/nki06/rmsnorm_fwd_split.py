@@ -99,12 +99,16 @@ def split_rows(plan, s, hbm, eps, offset):
         # Every step of the product is elementwise, so a row's y is the same bits in either
         # layout.
         wide = s * spread
-        column = _split_statistics(plan, s, views, resident, slots[0], 0, parts, wide)
         wide_parts = parts * spread
+        # the rows' load first (its DMA engines then serve it before the weight's), then the
+        # weight and bias (and their conversion), off the rstd chain
+        _split_load(views, slots[0], 0, parts)
+        wide_resident = _resident(plan, hbm, wide, wide_parts, eps, offset, "per_row", False)
+        column = _split_statistics(plan, s, views, resident, slots[0], 0, parts, wide, True)
         _split_output(
             plan,
             _views(hbm, wide),
-            _resident(plan, hbm, wide, wide_parts, eps, offset, "per_row"),
+            wide_resident,
             _slot(plan, hbm, wide_parts, F // spread),
             column,
             0,
@@ -156,10 +160,10 @@ def _views(hbm, s):
     )
 
 
-def _resident(plan, hbm, s, parts, eps, offset, weights):
-    """The fp32 identity and the weight and bias segments of rows of s segments on
-    ``parts`` partitions, read ``weights`` ("once" or "per_row": :func:`_segments_per_row`;
-    None: neither)."""
+def _resident(plan, hbm, s, parts, eps, offset, weights, statistics=True):
+    """The fp32 identity (with ``statistics``: the layout takes Σh² and rstd) and the
+    weight and bias segments of rows of s segments on ``parts`` partitions, read
+    ``weights`` ("once" or "per_row": :func:`_segments_per_row`; None: neither)."""
     N = hbm.x.shape[1]
     F = N // s
     per_row = weights == "per_row"
@@ -174,7 +178,7 @@ def _resident(plan, hbm, s, parts, eps, offset, weights):
         eps=eps,
         scale=scale,
         shift=shift,
-        ident_f32=steps.identity(parts, nl.float32),
+        ident_f32=steps.identity(parts, nl.float32) if statistics else None,
     )
 
 
@@ -246,28 +250,32 @@ def _doubled(rows, s):
             filled += count
 
 
-def _split_statistics(plan, s, views, resident, slot, seg0, parts, repeat):
-    """Load segments ``seg0 … seg0 + parts − 1`` (rows ``seg0 / s …``) into ``slot``, store
-    their rstd and return what :func:`_split_output` multiplies by: a PSUM column of
-    R·``repeat`` rstd (R = parts / s rows), each row's rstd on ``repeat`` consecutive
-    partitions (s, or the k·s segments of :func:`_output_spread`)."""
-    x_v = views.x
+def _split_load(views, slot, seg0, parts):
+    """DMA segments ``seg0 … seg0 + parts − 1`` into ``slot`` (with a residual: DVE h = x +
+    residual, DMA h out)."""
+    segs = slice(seg0, seg0 + parts)
+    steps.load_h(
+        slot.h[:parts],
+        None if slot.x is None else slot.x[:parts],
+        views.x[segs, :],
+        None if views.residual is None else views.residual[segs, :],
+        None if views.h is None else views.h[segs, :],
+    )
+
+
+def _split_statistics(plan, s, views, resident, slot, seg0, parts, repeat, loaded=False):
+    """Load segments ``seg0 … seg0 + parts − 1`` (rows ``seg0 / s …``) into ``slot``
+    (:func:`_split_load`, unless ``loaded``), store their rstd and return what
+    :func:`_split_output` multiplies by: a PSUM column of R·``repeat`` rstd (R = parts / s
+    rows), each row's rstd on ``repeat`` consecutive partitions (s, or the k·s segments of
+    :func:`_output_spread`)."""
     residual_v = views.residual
-    h_v = views.h
-    F = x_v.shape[1]
+    F = views.x.shape[1]
     N = F * s
     R = parts // s
-    segs = slice(seg0, seg0 + parts)
-
-    # DMA in (with a residual: DVE h = x + residual, DMA h out).
+    if not loaded:
+        _split_load(views, slot, seg0, parts)
     h_tile = slot.h[:parts]
-    steps.load_h(
-        h_tile,
-        None if slot.x is None else slot.x[:parts],
-        x_v[segs, :],
-        None if residual_v is None else residual_v[segs, :],
-        None if h_v is None else h_v[segs, :],
-    )
     if plan.squares_in == "product":
         squares = slot.product
     elif plan.squares_in == "y":
