@@ -13,10 +13,12 @@ L44-L46): so each (P, F) block of a ``(B, P, F)`` tensor has its own live range,
 very minimum, only 1 physical tile of `a` needs to be alive. Then the execution is
 completely serialized" (migration guide L50) -- the live set of the trace in issue order is
 what the compiler's allocator has to fit. Where it does not, the compiler does not reject
-the kernel: "the Neuron compiler inserts the necessary spills or refills"
-(general/nki/programming_model.rst L172-L175; nki_perf_guide.rst L70-L143 "data spillage",
-measured by neuron-profile's ``spill_save_bytes`` / ``spill_reload_bytes``), and the errors
-manual has no over-capacity code for it (general/nki/api/nki.errors.rst).
+the kernel: "the Neuron compiler will insert the necessary spills or refills"
+(general/nki/programming_model.rst L172-L175; aws-neuron-sdk@81ce03ae
+nki/get-started/about/memory-hierarchy-overview.rst L86; nki_perf_guide.rst L70-L143 "data
+spillage", measured by neuron-profile's ``spill_save_bytes`` / ``spill_reload_bytes``, and
+issued as DMAs on spill/reload queues: nki/guides/tutorials/fused_mamba.rst L754-L766), and
+the errors manual has no over-capacity code for it (general/nki/api/nki.errors.rst).
 :func:`check_live_capacity` plans those spills (which tiles and when is inferred: the docs
 give no algorithm) and inserts them into the trace as DMA transfers. One tile (block) larger
 than a partition cannot be placed at all and is rejected when it is created, and the tiles
