@@ -526,13 +526,26 @@ def statistic_groups(plan: Plan, n: int, budget: int) -> int:
         return 0
     groups = 0
     for count in SEGMENT_COUNTS:
+        # odd n (no power-of-two divisor): G − 1 groups of ⌈n / G⌉ and a narrower last one
+        width = group_width(n, count)
         if (
-            n % count == 0
-            and n // count >= plan.group_min_columns
-            and plan.fits_split(n // count, budget)
+            (n % count == 0 or n % 2 == 1)
+            and n - (count - 1) * width > 0
+            and width >= plan.group_min_columns
+            and plan.fits_split(width, budget)
         ):
             groups = count
     return groups
+
+
+def group_width(n: int, groups: int) -> int:
+    """Columns of each of the first ``groups`` − 1 column groups of a row of ``n`` (all of
+    them when ``groups`` divides n): ⌈n / groups⌉, the last group taking the n − (groups −
+    1)·width columns left (odd n, whose rows have no equal power-of-two groups; the "split"
+    regime holds that last group on its own partitions, zero-padded to ``width``, and the
+    "rows" regime sums it from the same zero-padded columns, so both run the same
+    instructions on the same values)."""
+    return -(-n // groups)
 
 
 def spread_segments(n: int, m: int) -> int:
@@ -626,7 +639,7 @@ def layout_bytes(plan: Plan, layout: Layout, n: int) -> int:
     if layout.regime == "rows":
         return plan.rows_bytes(n, layout.rows_per_partition)
     if layout.regime == "split":
-        return plan.split_bytes(n // layout.segments)
+        return plan.split_bytes(group_width(n, layout.segments))
     if layout.regime == "spread":
         return plan.spread_bytes(n, layout.segments)
     if layout.regime == "packed":

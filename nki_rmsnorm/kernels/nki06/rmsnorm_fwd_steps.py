@@ -27,6 +27,7 @@ from nki_rmsnorm.plan.forward import (
     RSQRT_PRESCALE,
     RSQRT_ROOT_SCALE,
     RSQRT_SPLIT,
+    group_width,
 )
 
 
@@ -676,17 +677,28 @@ def grouped_sum(squares, h, groups, sum_sq):
     """Σh² of each partition's row ``h`` (parts, n) into ``sum_sq`` (parts, 1), grouped
     (``nki_rmsnorm.plan.forward.GROUP_MIN_COLUMNS``): ACT Σ of each of the ``groups``
     column groups (the squares go to ``squares``, discarded), DVE their sum in group order:
-    the instructions the "split" regime runs on a row's segments."""
+    the instructions the "split" regime runs on a row's segments. Odd n: the last group is
+    narrower (``group_width``) and is summed, as the "split" regime sums it, over its
+    columns copied (GpSimd) into a tile of ``width`` zero-padded columns."""
     parts, n = h.shape
-    width = n // groups
+    width = group_width(n, groups)
+    last = n - (groups - 1) * width
     sums = sbuf((parts, groups), nl.float32)
     for g in range(groups):
-        columns = slice(g * width, (g + 1) * width)
+        if g < groups - 1 or last == width:
+            columns = slice(g * width, (g + 1) * width)
+            data = h[:, columns]
+            dst = squares[:, columns]
+        else:
+            padded = sbuf((parts, width), h.dtype)
+            nisa.memset(dst=padded[:, last:width], value=0.0, engine=nisa.engine.gpsimd)
+            nisa.tensor_copy(
+                dst=padded[:, 0:last], src=h[:, g * width : n], engine=nisa.engine.gpsimd
+            )
+            data = padded
+            # the squares are discarded; bf16 holds any square's exponent
+            dst = sbuf((parts, width), nl.bfloat16)
         nisa.activation_reduce(
-            dst=squares[:, columns],
-            op=nl.square,
-            data=h[:, columns],
-            reduce_op=nl.add,
-            reduce_res=sums[:, g : g + 1],
+            dst=dst, op=nl.square, data=data, reduce_op=nl.add, reduce_res=sums[:, g : g + 1]
         )
     nisa.tensor_reduce(dst=sum_sq, op=nl.add, data=sums, axis=1)
