@@ -97,7 +97,8 @@ PACKED_MIN_TILES = 4
 #: s = G segments per row, whose per-segment Σ and in-order reduce over the segments are
 #: the same instructions on the same values, so a row's Σh², rstd and y are bitwise the same
 #: in a batch of one row and of thousands, while the batch uses G times the partitions (and
-#: DMA engines). G is the largest power of two up to ``MAX_SEGMENTS`` dividing n with groups
+#: DMA engines). G is the largest power of two up to ``MAX_SEGMENTS`` dividing n (odd n:
+#: any, with G − 1 groups of ⌈n / G⌉ and the rest in the last, :func:`group_width`) with groups
 #: of at least ``GROUP_MIN_COLUMNS``: the whole-row tiles pay one more ACT instruction per
 #: group and row, ``act_read_accumulator_cycles`` = 64 cycles each (simulate/perf/cost.py),
 #: at most 64 / 1024 = 6.25 % of the row's n cycles (groups of 512 columns cost trn3, whose
@@ -528,9 +529,12 @@ def statistic_groups(plan: Plan, n: int, budget: int) -> int:
     for count in SEGMENT_COUNTS:
         # odd n (no power-of-two divisor): G − 1 groups of ⌈n / G⌉ and a narrower last one
         width = group_width(n, count)
+        # the "rows" regime's zero-padded copy of the last group and its bf16 squares
+        padded = 0 if n % count == 0 else width * (dtype_bytes(plan.h_dtype) + BFLOAT16_BYTES)
         if (
             (n % count == 0 or n % 2 == 1)
             and n - (count - 1) * width > 0
+            and plan.rows_bytes(n, 1) + padded <= budget
             and width >= plan.group_min_columns
             and plan.fits_split(width, budget)
         ):
