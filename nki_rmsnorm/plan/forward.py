@@ -529,17 +529,23 @@ def statistic_groups(plan: Plan, n: int, budget: int) -> int:
     for count in SEGMENT_COUNTS:
         # odd n (no power-of-two divisor): G − 1 groups of ⌈n / G⌉ and a narrower last one
         width = group_width(n, count)
-        # the "rows" regime's zero-padded copy of the last group and its bf16 squares
-        padded = 0 if n % count == 0 else width * (dtype_bytes(plan.h_dtype) + BFLOAT16_BYTES)
         if (
             (n % count == 0 or n % 2 == 1)
             and n - (count - 1) * width > 0
-            and plan.rows_bytes(n, 1) + padded <= budget
+            and plan.rows_bytes(n, 1) + padded_group_bytes(plan, n, count) <= budget
             and width >= plan.group_min_columns
             and plan.fits_split(width, budget)
         ):
             groups = count
     return groups
+
+
+def padded_group_bytes(plan: Plan, n: int, groups: int) -> int:
+    """Per partition and row: the "rows" regime's zero-padded copy of an uneven last group
+    and its discarded bf16 squares (``group_width``); 0 for equal groups."""
+    if not groups or n % groups == 0:
+        return 0
+    return group_width(n, groups) * (dtype_bytes(plan.h_dtype) + BFLOAT16_BYTES)
 
 
 def group_width(n: int, groups: int) -> int:
@@ -641,7 +647,8 @@ def _more_rows_help(
 def layout_bytes(plan: Plan, layout: Layout, n: int) -> int:
     """SBUF bytes per partition the planner budgets for ``layout`` of rows of ``n``."""
     if layout.regime == "rows":
-        return plan.rows_bytes(n, layout.rows_per_partition)
+        padded = layout.rows_per_partition * padded_group_bytes(plan, n, layout.groups)
+        return plan.rows_bytes(n, layout.rows_per_partition) + padded
     if layout.regime == "split":
         return plan.split_bytes(group_width(n, layout.segments))
     if layout.regime == "spread":
