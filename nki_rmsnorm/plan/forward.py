@@ -542,10 +542,26 @@ def statistic_groups(plan: Plan, n: int, budget: int) -> int:
 
 def padded_group_bytes(plan: Plan, n: int, groups: int) -> int:
     """Per partition and row: the "rows" regime's zero-padded copy of an uneven last group
-    and its discarded bf16 squares (``group_width``); 0 for equal groups."""
-    if not groups or n % groups == 0:
+    and its discarded bf16 squares (``group_width``); 0 for equal groups, and where the
+    copy goes into the row's squares tile (``squares_hold_h``)."""
+    if not groups or n % groups == 0 or squares_hold_h(plan):
         return 0
     return group_width(n, groups) * (dtype_bytes(plan.h_dtype) + BFLOAT16_BYTES)
+
+
+def squares_hold_h(plan: Plan) -> bool:
+    """Whether the tile of discarded squares (``plan.squares_in``) holds h exactly: h's
+    dtype, or fp32 (which holds bf16, fp16 and fp32 values exactly; the only 4-byte float).
+    Where it does, the "rows" regime copies an uneven last group there
+    (``steps.grouped_sum``)."""
+    if plan.squares_in == "product":
+        squares = plan.product_dtype
+    elif plan.squares_in == "y":
+        squares = plan.result_dtype
+    else:
+        # a bf16 scratch tile: rare (a result in neither fp32 nor bf16), not used
+        return False
+    return squares == plan.h_dtype or dtype_bytes(squares) == FLOAT32_BYTES
 
 
 def group_width(n: int, groups: int) -> int:

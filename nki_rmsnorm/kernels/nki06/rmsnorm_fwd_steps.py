@@ -679,26 +679,37 @@ def grouped_sum(squares, h, groups, sum_sq):
     column groups (the squares go to ``squares``, discarded), DVE their sum in group order:
     the instructions the "split" regime runs on a row's segments. Odd n: the last group is
     narrower (``group_width``) and is summed, as the "split" regime sums it, over its
-    columns copied (GpSimd) into a tile of ``width`` zero-padded columns."""
+    columns copied (GpSimd) into ``width`` zero-padded columns: the first ones of the
+    squares tile where it holds h exactly (``squares_hold_h``; that group then goes first,
+    before the others' squares overwrite them), else a tile of its own."""
     parts, n = h.shape
     width = group_width(n, groups)
     last = n - (groups - 1) * width
     sums = sbuf((parts, groups), nl.float32)
-    for g in range(groups):
-        if g < groups - 1 or last == width:
-            columns = slice(g * width, (g + 1) * width)
-            data = h[:, columns]
-            dst = squares[:, columns]
+    full = groups
+    if last < width:
+        full = groups - 1
+        if squares.dtype == h.dtype or squares.dtype == nl.float32:
+            padded = squares[:, 0:width]
+            dst = padded
         else:
             padded = sbuf((parts, width), h.dtype)
-            nisa.memset(dst=padded[:, last:width], value=0.0, engine=nisa.engine.gpsimd)
-            nisa.tensor_copy(
-                dst=padded[:, 0:last], src=h[:, g * width : n], engine=nisa.engine.gpsimd
-            )
-            data = padded
             # the squares are discarded; bf16 holds any square's exponent
             dst = sbuf((parts, width), nl.bfloat16)
+        nisa.memset(dst=padded[:, last:width], value=0.0, engine=nisa.engine.gpsimd)
+        nisa.tensor_copy(
+            dst=padded[:, 0:last], src=h[:, full * width : n], engine=nisa.engine.gpsimd
+        )
         nisa.activation_reduce(
-            dst=dst, op=nl.square, data=data, reduce_op=nl.add, reduce_res=sums[:, g : g + 1]
+            dst=dst, op=nl.square, data=padded, reduce_op=nl.add, reduce_res=sums[:, full:groups]
+        )
+    for g in range(full):
+        columns = slice(g * width, (g + 1) * width)
+        nisa.activation_reduce(
+            dst=squares[:, columns],
+            op=nl.square,
+            data=h[:, columns],
+            reduce_op=nl.add,
+            reduce_res=sums[:, g : g + 1],
         )
     nisa.tensor_reduce(dst=sum_sq, op=nl.add, data=sums, axis=1)
