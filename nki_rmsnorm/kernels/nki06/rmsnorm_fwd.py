@@ -31,6 +31,8 @@ from nki_rmsnorm.kernels.nki06.rmsnorm_fwd_rows import rows_resident
 from nki_rmsnorm.kernels.nki06.rmsnorm_fwd_split import split_rows
 from nki_rmsnorm.plan.forward import (
     CASTING_MODES,
+    GROUP_MIN_COLUMNS,
+    GROUP_MIN_COLUMNS_NC_V3,
     Layout,
     Plan,
     Tensors,
@@ -68,6 +70,11 @@ def _plan(x, weight, bias, h_dtype, offset, casting_mode, out_dtype):
         nl.float32,
         nl.bfloat16,
         tensor_engine=nisa.get_nc_version() != nisa.nc_version.gen2,
+        group_min_columns=(
+            GROUP_MIN_COLUMNS_NC_V3
+            if nisa.get_nc_version() == nisa.nc_version.gen3
+            else GROUP_MIN_COLUMNS
+        ),
     )
 
 
