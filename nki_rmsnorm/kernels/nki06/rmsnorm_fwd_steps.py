@@ -28,6 +28,7 @@ from nki_rmsnorm.plan.forward import (
     RSQRT_ROOT_SCALE,
     RSQRT_SPLIT,
 )
+from nki_rmsnorm.plan.kernel_assert import kernel_assert
 
 
 def sbuf(shape, dtype):
@@ -74,6 +75,31 @@ def store_y(plan, y_dst, y_tile):
         nisa.tensor_copy(dst=converted, src=y_tile)
         y_tile = converted
     nisa.dma_copy(dst=y_dst, src=y_tile)
+
+
+def store_rows_y(plan, views, first, count, y_tile):
+    """Store y of a tile holding rows ``first`` … ``first + count`` of ``views`` (each whole
+    rows of y, or whole rows' segments, in row-major order). With ``views.y_transposed``
+    (P, M, K = N / P), rmsnorm_tkg's layout: ``y_t[p, m, k] = y[m, p·K + k]``
+    (nki-library@d2ad3a5 src/nkilib_src/nkilib/core/subkernels/rmsnorm_tkg.py L58-L86, one
+    core's H), the same tile goes out through one DMA whose HBM access pattern walks rows,
+    partitions and K-element runs: the DMA pairs elements in order and needs only equal
+    counts (nki/api/nki/isa/__init__.py@81ce03ae L289), so y is written once, not
+    stored and transposed afterwards."""
+    if views.y_transposed is None:
+        store_y(plan, views.y[first : first + count, :], y_tile)
+        return
+    P, M, K = views.y_transposed.shape
+    N = P * K
+    width = y_tile.shape[1]
+    kernel_assert(
+        (first * width) % N == 0 and (count * width) % N == 0,
+        f"a transposed y is stored by whole rows; this tile holds {count} x {width} elements",
+    )
+    row0 = first * width // N
+    rows = count * width // N
+    dst = views.y_transposed.ap(pattern=[[K, rows], [M * K, P], [1, K]], offset=row0 * K)
+    store_y(plan, dst, y_tile)
 
 
 def identity(parts, dtype):
