@@ -90,10 +90,11 @@ def forward_body(plan, hbm, eps, offset):
     heads = weight_heads(plan, None if hbm.weight is None else hbm.weight.shape, M, N)
     layout = choose_layout(plan, M, N, usable_sbuf_bytes(), cores=nl.num_programs(0), heads=heads)
     if hbm.y_transposed is not None:
-        # the regimes whose tiles hold whole rows (steps.store_rows_y)
+        # the regimes whose tiles hold whole rows (steps.store_rows_y); "long" and "two_pass"
+        # (column chunks) do not take it
         kernel_assert(
-            layout.regime == "rows" or layout.regime == "split",
-            f"a transposed y needs the 'rows' or 'split' regime; ({M}, {N}) plans "
+            layout.regime == "rows" or layout.regime == "split" or layout.regime == "packed",
+            f"a transposed y needs the 'rows', 'split' or 'packed' regime; ({M}, {N}) plans "
             f"'{layout.regime}'",
         )
     if layout.regime == "rows":
