@@ -194,6 +194,10 @@ class Program:
         self.shared_cursor = 0
         self.barrier_cursor = 0
         self.no_reorder_depth = 0  # open nl.no_reorder() blocks
+        # the storages allocated by each open nl.fori_loop / nl.while_loop body (innermost last)
+        self.loop_body_storages: list[list] = []
+        self.loop_scopes: list[int] = []  # serial numbers of the open runtime-loop bodies
+        self.loop_serial = 0
         # the Scalar engine's 128 fp32 reduce registers: undefined (NaN) until reset
         self.act_regs = np.full((launch.target.partitions, 1), np.nan, np.float32)
         self.vector_regs = np.full((launch.target.partitions, 1), np.nan, np.float32)

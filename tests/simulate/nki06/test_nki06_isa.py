@@ -886,7 +886,7 @@ def test_nc_matmul_tiling_and_perf_mode_rules(rng):
     np.testing.assert_allclose(
         run(kernel, paired, (), (), nl.float8_e4m3, double), fp8.T @ fp8, rtol=1e-5, atol=1e-4
     )
-    with pytest.raises(AssertionError, match="multiples of 32"):
+    with pytest.raises(AssertionError, match="start_row 16 must be a multiple of the row size 32"):
         run(kernel, a, (16, 0), (32, 32), nl.float32, none)
     with pytest.raises(AssertionError, match="double_row needs fp8"):
         run(kernel, paired, (), (), nl.bfloat16, double)
