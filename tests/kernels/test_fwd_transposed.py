@@ -2,7 +2,7 @@
 ``rms_norm(..., output_layout="transposed")``): y_t (128, M, N / 128) with
 ``y_t[p, m, k] = y[m, p · (N / 128) + k]``, written by the kernel's output DMA. Checked
 against the float64 reference and bitwise against the row-layout kernel's y rearranged, in
-the "split" (decode batches), "rows" and "packed" regimes, with the fused residual add (h
+the "split" (decode batches), "rows", "packed", "two_pass" and "long" regimes, with the fused residual add (h
 keeps x's layout), Inf/NaN rows and under LNC=2; the launcher's checks come before any
 launch. The kernels allocate y_t uninitialised, which the simulator fills with NaN: an
 element the output DMA missed is NaN and fails the comparison."""
@@ -154,3 +154,37 @@ def test_legacy_dialect_is_refused(no_kernel, monkeypatch):
     monkeypatch.setenv(TARGET_ENV, "trn1")
     with dialect.use_dialect("legacy"), pytest.raises(ValueError, match="NKI 0.6"):
         ops.rms_norm(np.ones((2, 256), np.float32), output_layout="transposed")
+
+
+@pytest.mark.parametrize(
+    "M, N, forced",
+    [
+        (1, 131072, None),  # "two_pass", K = 1024: whole runs per chunk
+        (3, 128000, None),  # "two_pass", K = 1000: chunks end inside runs
+        (5, 3840, ("long", 512, 1024)),  # K = 30: a run split between chunks
+    ],
+)
+def test_column_chunks(rng, monkeypatch, M, N, forced):
+    """The column-chunk regimes store each chunk's partial runs and whole runs separately;
+    "long" is forced (N divisible by 128 is spread over partitions before it would run)."""
+    from nki_rmsnorm.kernels.nki06 import rmsnorm_fwd as fwd_module
+    from nki_rmsnorm.plan.forward import Layout
+
+    inputs = _inputs(rng, M, N, FP32, residual=True, bias=True, weight_dtype=FP32)
+    if forced is not None:
+        regime, chunk, output_chunk = forced
+        layout = Layout(regime, chunk=chunk, output_chunk=output_chunk)
+        calls = []
+        monkeypatch.setattr(fwd_module, "choose_layout", lambda *a, **k: calls.append(1) or layout)
+    transposed, rows = _launch_both(inputs, "trn2")
+    if forced is not None:
+        assert calls, "the forced layout was not used"
+    _assert_bitwise(transposed[0], rows[0].reshape(M, P, -1).transpose(1, 0, 2), "y_t")
+    _assert_bitwise(transposed[1], rows[1], "h")
+    want = ref.rms_norm_fwd(
+        inputs["x"], inputs["weight"], EPS, bias=inputs["bias"], residual=inputs["residual"]
+    )
+    magnitude = _term_magnitude(
+        inputs["x"], inputs["weight"], inputs["bias"], inputs["residual"], 0.0, EPS
+    )
+    assert_y_close(_rows_of(transposed[0]), want[0], FP32, "gemma", magnitude, x_dtype=FP32)

@@ -89,14 +89,6 @@ def forward_body(plan, hbm, eps, offset):
     # a per-head weight (heads, N): "packed" only, k rows per partition a multiple of heads
     heads = weight_heads(plan, None if hbm.weight is None else hbm.weight.shape, M, N)
     layout = choose_layout(plan, M, N, usable_sbuf_bytes(), cores=nl.num_programs(0), heads=heads)
-    if hbm.y_transposed is not None:
-        # the regimes whose tiles hold whole rows (steps.store_rows_y); "long" and "two_pass"
-        # (column chunks) do not take it
-        kernel_assert(
-            layout.regime == "rows" or layout.regime == "split" or layout.regime == "packed",
-            f"a transposed y needs the 'rows', 'split' or 'packed' regime; ({M}, {N}) plans "
-            f"'{layout.regime}'",
-        )
     if layout.regime == "rows":
         rows_resident(plan, layout.rows_per_partition, hbm, eps, offset, layout.groups)
     elif layout.regime == "packed":

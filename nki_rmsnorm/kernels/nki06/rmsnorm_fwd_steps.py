@@ -102,6 +102,30 @@ def store_rows_y(plan, views, first, count, y_tile):
     store_y(plan, dst, y_tile)
 
 
+def store_columns_y(plan, hbm, row0, row1, c0, c1, y_chunk):
+    """Store y of rows ``row0 … row1`` and columns ``c0 … c1`` ("long", "two_pass" chunks);
+    with ``hbm.y_transposed`` (:func:`store_rows_y`'s layout) the chunk's columns split at
+    the K-element runs: a partial run at each end (one DMA each) and the whole runs between
+    (one DMA)."""
+    y_t = hbm.y_transposed
+    if y_t is None:
+        store_y(plan, hbm.y[row0:row1, c0:c1], y_chunk)
+        return
+    P, M, K = y_t.shape
+    rows = row1 - row0
+    first_whole = min(c1, (c0 + K - 1) // K * K)
+    last_whole = max(first_whole, c1 // K * K)
+    pieces = [(c0, first_whole), (first_whole, last_whole), (last_whole, c1)]
+    for a, b in pieces:
+        if b > a:
+            if a % K == 0 and b % K == 0:
+                pattern = [[K, rows], [M * K, (b - a) // K], [1, K]]
+            else:  # within one run
+                pattern = [[K, rows], [1, b - a]]
+            offset = (a // K) * M * K + row0 * K + a % K
+            store_y(plan, y_t.ap(pattern=pattern, offset=offset), y_chunk[:, a - c0 : b - c0])
+
+
 def identity(parts, dtype):
     """A (parts, parts) identity for Tensor-engine transposes, built on chip (GpSimd iota of
     f − p, Vector compare with 0) rather than read from HBM."""
