@@ -157,6 +157,7 @@ def _views(hbm, s):
         y=_segmented(hbm.y, segments, F),
         h=_segmented(hbm.h, segments, F),
         rstd=hbm.rstd.reshape((1, M)),
+        y_transposed=hbm.y_transposed,
     )
 
 
@@ -342,7 +343,6 @@ def _split_output(plan, views, resident, slot, rstd, seg0, parts, h_from):
     into ``slot`` first (the spread layout of :func:`_output_spread`), or None."""
     if h_from is not None:
         nisa.dma_copy(dst=slot.h[:parts], src=h_from)
-    y_v = views.y
     y_tile = slot.y[:parts]
     product = None if slot.product is None else slot.product[:parts]
     shift = None if resident.shift is None else resident.shift[:parts]
@@ -381,4 +381,4 @@ def _split_output(plan, views, resident, slot, rstd, seg0, parts, h_from):
     else:
         xhat = slot.h[:parts] if slot.x is None else slot.x[:parts]
         steps.normalize(plan, y_tile, slot.h[:parts], rstd, xhat, scale, shift, product)
-    steps.store_y(plan, y_v[seg0 : seg0 + parts, :], y_tile)
+    steps.store_rows_y(plan, views, seg0, parts, y_tile)
