@@ -173,7 +173,9 @@ RSQRT_ROOT_SCALE = 2.0**32
 @dataclass(frozen=True)
 class Tensors(NKIObject):
     """The kernel's HBM tensors: inputs x, residual (or None), weight, bias (or None);
-    outputs y, h (None without a residual) and rstd."""
+    outputs y, h (None without a residual) and rstd; ``y_transposed`` (nki06 only) replaces y
+    (then None) by rmsnorm_tkg's transposed layout (P, M, N / P)
+    (``rmsnorm_fwd_transposed``)."""
 
     x: object
     residual: object
@@ -182,6 +184,7 @@ class Tensors(NKIObject):
     y: object
     h: object
     rstd: object
+    y_transposed: object = None
 
 
 def _bytes_of(dtypes):
@@ -699,3 +702,4 @@ class RowViews(NKIObject):
     y: object
     h: object
     rstd: object
+    y_transposed: object = None  # Tensors.y_transposed, stored by whole rows

@@ -160,6 +160,7 @@ def _views(hbm, s):
         y=_segmented(hbm.y, segments, F),
         h=_segmented(hbm.h, segments, F),
         rstd=hbm.rstd.reshape((1, M)),
+        y_transposed=hbm.y_transposed,
     )
 
 
@@ -343,10 +344,10 @@ def _split_output(plan, views, resident, slot, rstd, seg0, parts, h_from):
     """y for the segments whose statistics :func:`_split_statistics` left in ``slot``,
     ``rstd`` their (parts, 1) PSUM column; ``h_from``: the statistics layout's h tile, moved
     into ``slot`` first (the spread layout of :func:`_output_spread`), or None. Stored to
-    ``views.y`` (None: the caller stores the returned y tile)."""
+    ``views`` (None: the caller stores the returned y tile; odd N, whose y is never
+    transposed: that layout needs N divisible by 128)."""
     if h_from is not None:
         nisa.dma_copy(dst=slot.h[:parts], src=h_from)
-    y_v = None if views is None else views.y
     y_tile = slot.y[:parts]
     product = None if slot.product is None else slot.product[:parts]
     shift = None if resident.shift is None else resident.shift[:parts]
@@ -385,8 +386,8 @@ def _split_output(plan, views, resident, slot, rstd, seg0, parts, h_from):
     else:
         xhat = slot.h[:parts] if slot.x is None else slot.x[:parts]
         steps.normalize(plan, y_tile, slot.h[:parts], rstd, xhat, scale, shift, product)
-    if y_v is not None:
-        steps.store_y(plan, y_v[seg0 : seg0 + parts, :], y_tile)
+    if views is not None:
+        steps.store_rows_y(plan, views, seg0, parts, y_tile)
     return y_tile
 
 
