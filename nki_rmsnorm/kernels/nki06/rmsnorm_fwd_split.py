@@ -450,8 +450,10 @@ def _uneven_rows(plan, s, hbm, eps, offset):
 def _uneven_blocks(tensor, tile, row0, R, R0, s, F, last, store):
     """DMA rows ``row0 … row0 + R − 1`` of the HBM ``tensor`` into (or, with ``store``, out
     of) the uneven layout's ``tile``: the F-wide segments as one (R, s − 1, F) access
-    pattern (``NkiTensor.ap``: nki/api/nki/language/__init__.py@81ce03ae L470-500), the
-    last segments as a column slice."""
+    pattern (``NkiTensor.ap``, "analogous to torch.as_strided":
+    nki/api/nki/language/__init__.py@81ce03ae L486-509; ``dma_copy`` needs only equal
+    element counts, nki/api/nki/isa/__init__.py@81ce03ae L289), the last segments as a
+    column slice."""
     N = tensor.shape[1]
     segments = tensor.ap(pattern=[[N, R], [F, s - 1], [1, F]], offset=row0 * N)
     tails = tensor[row0 : row0 + R, (s - 1) * F : N]
@@ -469,7 +471,8 @@ def _uneven_weights(vector_hbm, s, F, last, R0, dtype, offset=0.0):
     """The weight (or bias) of the uneven layout for R₀ rows, converted to ``dtype`` (+
     offset), −0 made +0 (``steps.signed_zeros_positive``), zero in the pad: read once per
     row by two DMAs from stride-0 views (``NkiTensor.broadcast``:
-    nki/api/nki/language/__init__.py@81ce03ae L244-262)."""
+    nki/api/nki/language/__init__.py@81ce03ae L244-262; a stride-0 ``ap`` pair as AWS's
+    nki-library@d2ad3a5 src/nkilib_src/nkilib/core/moe/moe_cte/moe_cte_mx_utils.py L709)."""
     N = vector_hbm.shape[0]
     parts = R0 * s
     rows = steps.sbuf((parts, F), dtype)
