@@ -271,15 +271,17 @@ def test_decode_writes_every_output_against_float64(rng, eps, N):
 
 
 @pytest.mark.parametrize("M", [1, 29, 200])
-def test_lnc2_decode_is_bitwise_lnc1(rng, M):
+@pytest.mark.parametrize("N", [4096, 17389])
+def test_lnc2_decode_is_bitwise_lnc1(rng, M, N):
     """Under LNC=2 the split tiles of a decode batch are shared by the two cores (200 rows:
-    split at LNC=2, rows at LNC=1); every output is bitwise that of LNC=1."""
+    split at LNC=2, rows at LNC=1; 17389: uneven groups); every output is bitwise that of
+    LNC=1."""
     x = (
-        _edge_rows(rng.standard_normal((M, 4096)).astype(BF16))
+        _edge_rows(rng.standard_normal((M, N)).astype(BF16))
         if M > 5
-        else (rng.standard_normal((M, 4096)).astype(BF16))
+        else (rng.standard_normal((M, N)).astype(BF16))
     )
-    w = rng.normal(1.0, 0.2, 4096).astype(BF16)
+    w = rng.normal(1.0, 0.2, N).astype(BF16)
     kernel = kernels.kernel("rmsnorm_fwd", "nki06")
     args = (x, w, None, EPS, 0.0, "gemma", None)
     one, _ = trace_launch(kernel, *args, target="trn2")
