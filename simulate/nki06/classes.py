@@ -23,6 +23,7 @@ import contextlib
 import enum
 import gc
 import inspect
+import math
 import os
 import sys
 import sysconfig
@@ -76,6 +77,7 @@ def _is_allowed_type(kind: type) -> bool:
 
 
 _INT32_MIN, _UINT32_END = -(1 << 31), 1 << 32
+_FP32_MAX = 3.4028234663852886e38  # float32 max: "32-bit IEEE floating-point values" (L150)
 VALUES_DOC = (
     "NKI values are None, bool, 32-bit int and float, str and tensors, in tuples, lists, "
     "string-keyed dicts and NKIObject classes (nki/get-started/nki-language-guide.rst"
@@ -111,7 +113,9 @@ def offending_value(value, depth: int = 0, arrays: bool = False) -> str | None:
     """Why ``value`` (or an element of its tuples, lists, dicts) is not an NKI value, or None.
 
     Rejected: NumPy / ml_dtypes / torch dtypes, NumPy arrays and scalars, sets, ints outside
-    32 bits (signed or unsigned: the guide says "32-bit integer values"), dicts with
+    32 bits (signed or unsigned: the guide says "32-bit integer values"), finite floats beyond
+    the float32 range ("32-bit IEEE floating-point values"), complex numbers and bytes (none
+    of the six value types, guide L141-156), dicts with
     non-string keys (nl dtypes are strings), and instances of classes that are not NKIObject
     classes (:func:`offending_type`). ``arrays=True`` lets NumPy arrays through: the one
     API documented to take one is ``nl.shared_constant`` ("Can be a numpy array or a file
@@ -138,6 +142,10 @@ def offending_value(value, depth: int = 0, arrays: bool = False) -> str | None:
         return None
     if kind is int and not _INT32_MIN <= value < _UINT32_END:
         return f"the int {value}, outside 32 bits"
+    if kind is float and math.isfinite(value) and abs(value) > _FP32_MAX:
+        return f"the float {value!r}, outside the 32-bit IEEE range"
+    if kind in (complex, bytes, bytearray):
+        return f"the {kind.__name__} {value!r}"
     if kind in (set, frozenset):
         return f"the {kind.__name__} {value!r}"
     problem = _numpy_problem(value)

@@ -1231,6 +1231,12 @@ def tensor_tensor_scan(
     reads = [data0, data1] + ([initial] if isinstance(initial, NkiTensor) else [])
     initial_values, _ = _scalar(api, "initial", initial, data0.shape[0])
     spec0, spec1 = _op(api, "op0", op0), _op(api, "op1", op1)
+    for argname, spec in (("op0", spec0), ("op1", spec1)):
+        if spec.bitvec:  # "Both op0 and op1 can be any binary arithmetic operator"
+            raise NkiValidationError(
+                f"{api} {argname}={spec.name} is a bitvec operator; op0 and op1 are arithmetic "
+                "(nki/api/nki/isa/__init__.py@81ce03ae L2028)"
+            )
     values = sem.scan(spec0, spec1, _pf(data0), _pf(data1), initial_values, reverse0, reverse1)
     return _write_and_emit(
         "dve", api, name, dst, values, reads, details={"op": [spec0.name, spec1.name]}
@@ -1975,6 +1981,16 @@ def range_select(
     spec = _op(api, "reduce_op", "maximum" if reduce_op is None else reduce_op)
     if spec.name != "maximum":
         raise NkiValidationError(f"{api} reduce_op must be nl.maximum, got {spec.name}")
+    if isinstance(range_start, bool) or not isinstance(range_start, (int, np.integer)):
+        raise NkiTypeError(  # "must be a compiler time integer"
+            f"{api} range_start must be a compile-time integer, got {range_start!r} "
+            "(nki/api/nki/isa/__init__.py@81ce03ae L2895-2896)"
+        )
+    if abs(int(range_start)) + _free(on_true_tile) > 1 << 24:
+        raise NkiValidationError(
+            f"{api} range_start {range_start} + the free index leaves the 2^24 range the fp32 "
+            "comparison is exact in (nki/api/nki/isa/__init__.py@81ce03ae L2864)"
+        )
     cmd = _enum(reduce_cmd, globals()["reduce_cmd"], "reduce_cmd", api)
     values = sem.range_select(
         _pf(on_true_tile), bounds[0], bounds[1], specs[0], specs[1], range_start, on_false_value

@@ -843,6 +843,21 @@ def range_select_integer_start(x):
     return out
 
 
+def loop_bound_from_tensor(x):  # E L285-294: no control flow on tensor values
+    out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+    count = nl.load(x[0:1, 0:1], dtype=nl.int32)
+    for _i in nl.sequential_range(count):
+        nl.store(out, value=nl.load(x))
+    return out
+
+
+def loop_bound_constant(x):
+    out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+    for _i in nl.sequential_range(2):
+        nl.store(out, value=nl.load(x))
+    return out
+
+
 CASES = [  # (illegal, legal twin, error key, target or (illegal's, twin's target))
     (activation_bias_int8, activation_bias_bf16, "err_activation_bias_invalid_type", None),
     (activation_scale_fp16, activation_scale_fp32, "err_activation_scale_invalid_type", None),
@@ -940,6 +955,7 @@ CASES = [  # (illegal, legal twin, error key, target or (illegal's, twin's targe
     (range_select_int32_tile, range_select_bf16_tile, "err_unsupported_dtype", "trn2"),
     (range_select_float_start, range_select_integer_start, "compiler time integer", "trn2"),
     (range_select_start_past_2_24, range_select_integer_start, "2\\^24", "trn2"),
+    (loop_bound_from_tensor, loop_bound_constant, "err_dynamic_control_flow_not_supported", None),
 ]
 
 
@@ -952,3 +968,23 @@ def test_documented_illegal_construct_is_rejected_and_its_twin_runs(illegal, leg
         nki.trace_kernel(illegal, X, target=illegal_target)
     outputs, _ = nki.trace_kernel(legal, X, target=legal_target)
     assert outputs is not None
+
+
+def every_instance_stores_the_whole_output(x):  # E L780-785: instances write their own part
+    out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+    nl.store(out, value=nl.load(x))
+    return out
+
+
+def each_instance_stores_its_half(x):
+    out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+    half = nl.program_id(0) * 256
+    nl.store(out[:, half : half + 256], value=nl.load(x[:, half : half + 256]))
+    return out
+
+
+def test_spmd_instances_writing_one_region_are_rejected_and_their_own_parts_run():
+    with pytest.raises(NKIError, match="err_unexpected_output_dependencies"):
+        nki.trace_kernel(every_instance_stores_the_whole_output, X, target="trn1", grid=(2,))
+    outputs, _ = nki.trace_kernel(each_instance_stores_its_half, X, target="trn1", grid=(2,))
+    np.testing.assert_array_equal(np.asarray(outputs), X)
