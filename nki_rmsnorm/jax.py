@@ -1127,7 +1127,8 @@ def rms_norm_heads(x, weight, eps: float = 1e-6, *, offset: float = 0.0, casting
     scaled by ``weight[i] + offset``, as :func:`nki_rmsnorm.ops.rms_norm_fwd` with a 2-D
     weight (the same bits). Works under ``jax.jit`` (a host callback running the simulated
     kernel) and is differentiable in x and the weight (a ``jax.custom_vjp``: the backward
-    kernel once per head, from the saved rstd, so the weight's gradient is per head).
+    kernel in one launch with the 2-D weight, from the saved rstd; the weight's gradient is
+    per head).
     head_dim · bytes ≤ 512 and heads ≤ 4 · (512 // head_dim), else a ``ValueError`` naming
     ``weight``; every argument is checked when traced, before anything runs."""
     for name, a in (("x", x), ("weight", weight)):

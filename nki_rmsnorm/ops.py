@@ -35,6 +35,7 @@ import numpy as np
 from numpy.typing import DTypeLike
 
 from nki_rmsnorm import dialect, kernels
+from nki_rmsnorm.plan.backward import MAX_HEAD_HIDDEN, MAX_HEADS
 from nki_rmsnorm.plan.backward import MAX_HIDDEN as MAX_HIDDEN_BWD
 
 # The argument rules live in one module shared by every front end; the launchers below use
@@ -299,33 +300,28 @@ def rms_norm_bwd(dy: np.ndarray, x_or_h: np.ndarray, weight: np.ndarray | None,
 
 
 def _per_head_bwd(dy, x, weight, rstd, offset, has_bias, bias_dtype, dh_out, casting_mode):
-    """The backward of a per-head weight (heads, N) as a composition of the backward
-    kernel: one launch per head, on that head's rows (``x[..., i, :]`` copied contiguous)
-    with ``weight[i]``, gives its rows' dx and ``dweight[i]``; with a bias, one more launch
-    over all rows without a weight gives ``dbias`` (its dx is discarded: dbias = Σ dy does
-    not depend on the weight). Each row's dx is the backward kernel's for that row alone, so
-    it does not depend on the number of tokens."""
+    """The backward of a per-head weight (heads, N) in one launch of the backward kernel,
+    which takes the 2-D weight as it is (row r of the flattened rows scaled by
+    ``weight[r mod heads]``, ``dweight`` per head); with a bias one more launch over all rows
+    without a weight gives ``dbias`` (its dx is discarded: dbias = Σ dy does not depend on
+    the weight)."""
     heads, n = weight.shape
-    dx = np.empty(x.shape, x.dtype)
-    dweight = np.empty(weight.shape, weight.dtype)
-    rows = math.prod(x.shape[:-2])
-    no_bias = kernels.nki_dtype(weight.dtype.name, dialect.current())
-    for head in range(heads):
-        head_dx, head_dweight = kernels.rmsnorm_bwd(
-            _rows(dy[..., head, :], rows, n), _rows(x[..., head, :], rows, n), weight[head],
-            np.ascontiguousarray(rstd[..., head].reshape(rows)),
-            None if dh_out is None else _rows(dh_out[..., head, :], rows, n), offset, False,
-            casting_mode, no_bias)
-        dx[..., head, :] = head_dx.reshape(x.shape[:-2] + (n,))
-        dweight[head] = head_dweight
+    if heads > MAX_HEADS or n > MAX_HEAD_HIDDEN:
+        raise ValueError(f"weight has shape {weight.shape}; the backward kernel takes per-head "
+                         f"weights (heads, N) with heads <= {MAX_HEADS} and N <= "
+                         f"{MAX_HEAD_HIDDEN}")
+    total = math.prod(x.shape[:-1])
+    rows = np.ascontiguousarray(rstd.reshape(total))
+    dx, dweight = kernels.rmsnorm_bwd(
+        _rows(dy, total, n), _rows(x, total, n), np.ascontiguousarray(weight), rows,
+        None if dh_out is None else _rows(dh_out, total, n), offset, False, casting_mode,
+        kernels.nki_dtype(weight.dtype.name, dialect.current()))
     dbias = None
     if has_bias:
-        total = math.prod(x.shape[:-1])
         dbias = kernels.rmsnorm_bwd(
-            _rows(dy, total, n), _rows(x, total, n), None,
-            np.ascontiguousarray(rstd.reshape(total)), None, 0.0, True, casting_mode,
+            _rows(dy, total, n), _rows(x, total, n), None, rows, None, 0.0, True, casting_mode,
             kernels.nki_dtype(bias_dtype.name, dialect.current()))[1]
-    return dx, dweight, dbias
+    return dx.reshape(x.shape), dweight, dbias
 
 
 def _input_rows(x, residual):

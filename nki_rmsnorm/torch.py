@@ -1662,8 +1662,8 @@ def rms_norm_heads(
     ``weight`` ``(heads, head_dim)`` (QK-norm with a weight per head, as Liger's and Quack's
     RMSNorm take): the row of head i is scaled by ``weight[i] + offset``. A separate
     function rather than :func:`rms_norm`'s ``normalized_shape``, where a 2-D weight means a
-    norm over both dims. Differentiable: ``weight``'s gradient is per head (the backward
-    kernel once per head, :func:`nki_rmsnorm.ops.rms_norm_bwd`). Launches
+    norm over both dims. Differentiable: ``weight``'s gradient is per head (one launch of
+    the backward kernel with the 2-D weight, :func:`nki_rmsnorm.ops.rms_norm_bwd`). Launches
     ``torch.ops.nki_rmsnorm.rms_norm_heads_fwd`` (with a fake implementation); head_dim ·
     bytes ≤ 512 and heads ≤ 4 · (512 // head_dim) (else a ``ValueError`` naming ``weight``); CPU
     tensors (the simulated kernels) and ``"meta"`` only so far."""

@@ -49,6 +49,12 @@ PSUM_BANK_COLS = 512
 ACC_BANKS = 2
 #: Largest hidden size: one accumulator column per 128 columns of the row.
 MAX_HIDDEN = ACC_BANKS * PSUM_BANK_COLS * 128
+#: Most heads of a per-head weight: a row tile holds at least one row of each head.
+MAX_HEADS = 128
+#: Largest hidden size beside a per-head weight: its dweight accumulator holds the heads on
+#: the partitions and a column per column of the row, in ``ACC_BANKS`` PSUM banks (unfolded
+#: rows of that size fit every target's SBUF; tests run it).
+MAX_HEAD_HIDDEN = ACC_BANKS * PSUM_BANK_COLS
 
 
 def dtype_bytes(dtype) -> int:
@@ -91,9 +97,24 @@ class FoldedPlan(NKIObject):
     # with row_dot_on_pe: every n-th ROW_DOT_BLOCK of a row (block b with b mod n = n − 1)
     # takes the Vector engine's row dot instead (p1·x summed by the Scalar engine), 0 for none
     vector_row_dot_every: int = 0
+    # a per-head weight (heads, N): row r takes weight row r mod heads (0: a 1-D weight).
+    # Unfolded rows, ``heads · (128 // heads)`` rows per tile, so that partition p of every
+    # tile holds head p mod heads; ``a = rstd · w'`` comes from the per-head w' tile
+    # (``head_rows``) scaled by rstd on the Scalar engine, never through a matmul, where
+    # 0 · Inf of one head's non-finite weight would reach the other heads' rows
+    heads: int = 0
 
 
-def make_plan(N, dtypes, offset, casting_mode, budget, nc_v3_or_newer=True, nc_v4_or_newer=False):
+def make_plan(
+    N,
+    dtypes,
+    offset,
+    casting_mode,
+    budget,
+    nc_v3_or_newer=True,
+    nc_v4_or_newer=False,
+    heads=0,
+):
     """The smallest fold, then the widest group and the longest ring, that fit ``budget``
     SBUF bytes per partition (``plan_bytes``). ``dtypes``: a ``BwdDtypes``;
     ``nc_v3_or_newer``: whether the target is NeuronCore-v3 or newer, which the kernel reads as
@@ -109,7 +130,9 @@ def make_plan(N, dtypes, offset, casting_mode, budget, nc_v3_or_newer=True, nc_v
     transpose and an fp32 matrix-vector product) outweighs the Vector one (1 DVE cycle) so
     one 128-column block in ``VECTOR_ROW_DOT_EVERY`` keeps the Vector row dot, which balances
     the two engines' floors (PE 7 − 4f against 2·(3 + f) half-clock cycles: f = 1/6). None when
-    no power-of-two fold of N fits. Tests check every accepted input against the capacity."""
+    no power-of-two fold of N fits. Tests check every accepted input against the capacity.
+    ``heads``: the rows of a per-head weight (``FoldedPlan.heads``), unfolded only, with the
+    row dot on the Vector engine (a Tensor-engine row dot would need every head's w')."""
     e_x = dtype_bytes(dtypes.x)
     round_xhat = dtypes.weight is not None and casting_mode != "gemma" and e_x == 2
     bf16_weight = dtypes.weight is not None and dtypes.weight == nl.bfloat16
@@ -119,10 +142,12 @@ def make_plan(N, dtypes, offset, casting_mode, budget, nc_v3_or_newer=True, nc_v
     # copy of x, without the Scalar engine's copy
     x_from_psum = round_xhat or (nc_v3_or_newer and not bf16_pair)
     two_byte = dtype_bytes(dtypes.x) == 2 and dtype_bytes(dtypes.dy) == 2
+    if heads > 0:
+        kw = 1  # w' comes from the per-head tile, not from bf16 parts
     for fold in FOLDS:
         stacked = SPLIT * kw * fold <= nl.tile_size.pmax
-        row_dot_on_pe = nc_v3_or_newer and fold == 1 and two_byte and not round_xhat
-        if N % fold != 0:
+        row_dot_on_pe = nc_v3_or_newer and fold == 1 and two_byte and not round_xhat and heads == 0
+        if N % fold != 0 or (heads > 0 and fold > 1):
             continue
         width = N // fold
         for widest in GROUP_WIDTHS:
@@ -144,6 +169,7 @@ def make_plan(N, dtypes, offset, casting_mode, budget, nc_v3_or_newer=True, nc_v
                     vector_row_dot_every=(
                         VECTOR_ROW_DOT_EVERY if row_dot_on_pe and nc_v4_or_newer else 0
                     ),
+                    heads=heads,
                 )
                 if plan_bytes(plan, dtypes) <= budget:
                     return plan
@@ -156,7 +182,7 @@ def plan_bytes(plan, dtypes) -> int:
     two column groups in flight (p1·x and dy·x in fp32, dx; round(x̂); with dh_out an fp32
     dx before the sum and dh_out itself) and ``RESERVED_BYTES`` for the constants and
     per-tile columns; with ``row_dot_on_pe`` also w' as fp32 columns (the transposed dy·x
-    takes the place of p1·x)."""
+    takes the place of p1·x); with ``heads`` the per-head w' (fp32 and the weight's dtype)."""
     e_x = dtype_bytes(dtypes.x)
     e_dy = dtype_bytes(dtypes.dy)
     per_group_column = 4 + 4 + e_x + (e_x if plan.round_xhat else 0)
@@ -164,12 +190,37 @@ def plan_bytes(plan, dtypes) -> int:
         per_group_column += 4 + dtype_bytes(dtypes.dh_out)
     return (
         (4 * (-(-plan.width // 128)) if plan.row_dot_on_pe else 0)
+        + ((4 + dtype_bytes(dtypes.weight)) * plan.width if plan.heads > 0 else 0)
         + plan.ring * plan.group * (4 + e_x)
         + DY_SLOTS * plan.group * e_dy
         + 2 * plan.width
         + 2 * plan.group * per_group_column
         + RESERVED_BYTES
     )
+
+
+def tile_rows(plan) -> int:
+    """Rows of one row tile: ``128 / fold``, or with a per-head weight the whole multiple of
+    ``heads`` that fits 128 (partition p then holds head p mod heads in every tile)."""
+    P = nl.tile_size.pmax
+    if plan.heads > 0:
+        return plan.heads * (P // plan.heads)
+    return P // plan.fold
+
+
+def operand_slots(plan) -> int:
+    """Slots of the per-row-tile operands (rstd rows and columns, partials, −k): tile t uses
+    slot t mod this. Two for a 1-D weight; four with a per-head weight, whose tiles' first
+    instruction (``a = rstd · w'``) reads the tile's rstd column, so that the column's load
+    runs a tile further ahead (modeled trn3 16384 × 128 bf16, 8 heads: 157.7 µs with two
+    slots, 112.1 with four; the 1-D weight's kernel 111.2 and 111.0)."""
+    return 4 if plan.heads > 0 else 2
+
+
+def column_segments(plan) -> int:
+    """Columns of dweight's moving operand: one per fold segment, or one per head of a
+    per-head weight."""
+    return plan.fold * max(1, plan.heads)
 
 
 def vector_row_dot_block(plan, col0) -> bool:
@@ -284,6 +335,7 @@ class BwdConstants(NKIObject):
     table_cols: object  # HBM (tiles, P, n_cols) fp32: each tile's rstd columns
     fold_scratch: object = None  # HBM (P,) fp32 where a fold's segment sums change layout
     pe: object = None  # PeConstants with ``row_dot_on_pe``, else None
+    head_rows: object = None  # (P, N) fp32 w' of head p mod heads (a per-head weight)
 
 
 @dataclass(frozen=True)
@@ -299,9 +351,10 @@ class PeConstants(NKIObject):
 @dataclass(frozen=True)
 class BwdTileSlots(NKIObject):
     """Per-row-tile operands carried from a tile's statistic pass to its gradient pass, in
-    two slots (tile t uses slot t mod 2): the stationary rows of a = rstd · w' (kw·fold,
-    SPLIT, P) bf16, the rstd columns (P, n_cols) fp32 (rstd, −rstd²/N, then with a gemma
-    fold rstd in the column of the partition's fold segment, the moving operand of dweight),
+    ``operand_slots`` slots (tile t uses slot t mod that): the stationary rows of
+    a = rstd · w' (kw·fold, SPLIT, P) bf16, the rstd columns (P, n_cols) fp32 (rstd,
+    −rstd²/N, then with a gemma fold or a per-head weight rstd in the column of the
+    partition's fold segment or head, the moving operand of dweight),
     the group partials of Σ p1·x (P, n_groups) and −k (P, 1)."""
 
     rows: object

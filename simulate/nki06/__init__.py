@@ -19,6 +19,7 @@ import importlib.util
 import sys
 
 from . import collectives, constants, dtypes, isa, language, typing
+from .collectives import launch_ranks
 from .errors import NkiValidationError
 from .runtime import Kernel, jit, last_trace, simulate
 from .tensor import NkiTensor
@@ -42,6 +43,7 @@ __all__ = [
     "jit",
     "language",
     "last_trace",
+    "launch_ranks",
     "real_nki_available",
     "simulate",
     "typing",

@@ -537,6 +537,9 @@ def dma_compute(
     if scales is not None and any(float(s) != 1.0 for s in scales):
         raise NkiValidationError(f"{api} scales must all be 1.0 (or None)")
     _enum(oob_mode, globals()["oob_mode"], "oob_mode", api)
+    if dst.is_indirect() or any(s.is_indirect() for s in srcs):
+        skip = oob_mode is globals()["oob_mode"].skip
+        return _indirect_dma_compute(dst, list(srcs), unique_indices, skip, spec, name)
     if oob_mode is globals()["oob_mode"].skip:
         raise NkiValidationError(f"{api} oob_mode=skip needs an indirect (vector_offset) access")
     if len(srcs) == 1:
@@ -558,6 +561,94 @@ def dma_compute(
         out_dtype=dst.dtype,
         details={"rmw": True},
         dma=_dma_fields(srcs[0], dst, dst.size * len(srcs), _chip_partitions(dst, *srcs)),
+    )
+
+
+def _same_view(a, b) -> bool:
+    """``a`` and ``b`` address the same elements of the same storage."""
+    if a.storage is not b.storage or tuple(a.shape) != tuple(b.shape):
+        return False
+    if a.is_indirect() or b.is_indirect():
+        return a.is_indirect() and b.is_indirect() and a.index is b.index and a.offset == b.offset
+    return a.offset == b.offset and tuple(a.strides) == tuple(b.strides)
+
+
+def _indirect_dma_compute(dst, srcs, unique_indices, skip, spec, name):
+    """``dma_compute``'s read-modify-write with a ``vector_offset`` side, the two documented
+    modes (nki/api/nki/isa/__init__.py L2672-2692): gather, ``dst(SB) = dst(SB) +
+    src(HBM)[indices]``, and scatter, ``dst(HBM)[indices] = dst(HBM)[indices] + src(SB)``;
+    exactly two sources, one of them ``dst`` itself, ``unique_indices=True``. Rows reaching
+    outside the indexed tensor raise, or with ``oob_mode.skip`` are left as they were (the
+    ``dma_copy`` rule). A scatter naming one row twice is rejected: with unique indices
+    promised the docs do not say which update lands (inferred)."""
+    api = "dma_compute"
+    if len(srcs) != 2:
+        raise NkiValidationError(
+            f"{api} with a vector_offset access takes exactly 2 sources (isa L2687-2688)"
+        )
+    if not unique_indices:
+        raise NkiValidationError(
+            f"{api} with a vector_offset access needs unique_indices=True: non-unique indices "
+            "are not yet supported (isa L2690)"
+        )
+    same = [i for i, s in enumerate(srcs) if _same_view(s, dst)]
+    if not same:
+        raise NkiValidationError(
+            f"{api} read-modify-write: one source must be dst itself (isa L2677-2685)"
+        )
+    data = srcs[1 - same[0]]
+    if dst.is_indirect():  # scatter: dst in HBM through its index, the other source in SBUF
+        indexed, direction = dst, "scatter"
+        if not data.on_chip or data.is_indirect():
+            raise NkiValidationError(
+                f"{api} scatter: the data source must be in SBUF (isa L2677-2680)"
+            )
+    else:  # gather: dst in SBUF, the other source in HBM through its index
+        indexed, direction = data, "gather"
+        if not dst.on_chip or not data.is_indirect():
+            raise NkiValidationError(
+                f"{api} gather: dst must be in SBUF and the other source an HBM access with "
+                "vector_offset (isa L2682-2685)"
+            )
+    if indexed.index_columns() > 1:
+        raise NkiValidationError(f"{api} takes a (P, 1) vector_offset index")
+    positions = indexed.positions()
+    flat = indexed.storage_values()
+    inside = ((positions >= 0) & (positions < flat.size)).all(axis=1)
+    if not inside.all() and not skip:
+        row = int(np.flatnonzero(~inside)[0])
+        raise NkiValidationError(
+            f"{api} {direction} row {row} (storage element {int(positions[row].min())}) reaches "
+            f"outside `{indexed.name}` (oob_mode=error; oob_mode=skip skips such rows)"
+        )
+    keep = np.repeat(inside, positions.shape[1])
+    places = positions.reshape(-1)
+    if direction == "scatter":
+        if np.unique(places[keep]).size != int(keep.sum()):
+            raise NkiValidationError(
+                f"{api} scatter names an HBM element twice: unique_indices=True promises "
+                "otherwise (isa L2690)"
+            )
+        current = flat[places[keep]]
+        added = data.values().reshape(-1)[keep]
+        flat[places[keep]] = dt.cast(
+            sem.dma_accumulate(spec, current, added), dst.dtype, flat.dtype
+        )
+        dst.storage.written = True
+    else:
+        merged = dst.values().reshape(-1).astype(np.float32)
+        merged[keep] = sem.dma_accumulate(spec, merged[keep], flat[places[keep]])
+        write(dst, merged)
+    return _emit(
+        "dma",
+        api,
+        name,
+        reads=list(srcs) + ([indexed.index] if indexed.index is not None else []),
+        writes=[dst],
+        partitions=_chip_partitions(dst, *srcs),
+        out_dtype=dst.dtype,
+        details={"rmw": True, "indirect": True},
+        dma=_dma_fields(data, dst, dst.size * 2, _chip_partitions(dst, *srcs)),
     )
 
 

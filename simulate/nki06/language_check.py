@@ -702,7 +702,9 @@ def _roots(func, arguments) -> list:
 
     def add(value, depth=0):
         if isinstance(value, NKIObject):
-            roots.append(type(value))
+            # NKI's own classes (a ReplicaGroup argument) are not kernel code
+            if is_user_code(type(value)):
+                roots.append(type(value))
         elif is_user_code(value):
             roots.append(value)
         elif isinstance(value, (tuple, list)) and depth < 3:

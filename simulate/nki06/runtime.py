@@ -315,9 +315,15 @@ def _run_program(func, positional, keywords, program):
 
 
 def _outputs(result):
+    """The kernel's results as arrays: one tensor, or a tuple or list of them (converted
+    item by item, "On return, NkiTensor results are converted back to NumPy arrays",
+    aws-neuron-sdk@81ce03ae nki/guides/nki_simulator.rst L204); AWS's ``mlp`` entry returns
+    a list (aws-neuron/nki-library@ddbca35 src/nkilib_src/nkilib/core/mlp/mlp.py L183-184,
+    L279-286)."""
     if result is None:
         return None
-    items = result if isinstance(result, tuple) else (result,)
+    several = isinstance(result, (tuple, list))
+    items = result if several else (result,)
     arrays = []
     for item in items:
         if not isinstance(item, NkiTensor):
@@ -329,7 +335,9 @@ def _outputs(result):
                 "outputs must be allocated with buffer=nl.shared_hbm (NKI 0.3)"
             )
         arrays.append(_array_out(item))
-    return tuple(arrays) if isinstance(result, tuple) else arrays[0]
+    if not several:
+        return arrays[0]
+    return arrays if isinstance(result, list) else tuple(arrays)
 
 
 def _is_argument(tensor: NkiTensor) -> bool:
@@ -372,4 +380,6 @@ def _as_framework(outputs, kind):
             return torch.from_numpy(a.view(np.int16).copy()).view(torch.bfloat16)
         return torch.from_numpy(np.ascontiguousarray(a))
 
+    if isinstance(outputs, list):
+        return [convert(a) for a in outputs]
     return tuple(convert(a) for a in outputs) if isinstance(outputs, tuple) else convert(outputs)

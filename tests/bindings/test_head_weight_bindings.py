@@ -11,7 +11,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from nki_rmsnorm import dialect, ops
+from nki_rmsnorm import dialect, kernels, ops
 from nki_rmsnorm import reference as ref
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -43,6 +43,19 @@ def _reference_grads(x, w, dy, offset):
     return dx, dw
 
 
+def _count_backward_launches(monkeypatch):
+    """The weights each backward-kernel launch gets, appended to the returned list."""
+    weights = []
+    launch = kernels.rmsnorm_bwd
+
+    def counted(*args):
+        weights.append(args[2])
+        return launch(*args)
+
+    monkeypatch.setattr(kernels, "rmsnorm_bwd", counted)
+    return weights
+
+
 # --- torch ------------------------------------------------------------------------------------
 
 
@@ -60,14 +73,18 @@ def test_torch_same_bytes_as_the_numpy_launcher(rng):
     )
 
 
-def test_torch_gradients_against_the_reference(rng):
+def test_torch_gradients_against_the_reference(rng, monkeypatch):
+    """dx and dweight against the float64 reference per head, from one launch of the
+    backward kernel with the (heads, head_dim) weight."""
     torch = pytest.importorskip("torch")
     from nki_rmsnorm import torch as nki_torch
 
     x, w, dy = _arrays(rng, heads=4, n=64)
     xt, wt = torch.from_numpy(x).requires_grad_(), torch.from_numpy(w).requires_grad_()
     y = nki_torch.rms_norm_heads(xt, wt, EPS, offset=0.5)
+    launched = _count_backward_launches(monkeypatch)
     y.backward(torch.from_numpy(dy))
+    assert [a.shape for a in launched] == [w.shape]
     want_dx, want_dw = _reference_grads(x, w, dy, 0.5)
     np.testing.assert_allclose(xt.grad.numpy(), want_dx, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(wt.grad.numpy(), want_dw, rtol=1e-4, atol=1e-4)
@@ -139,7 +156,9 @@ def test_jax_same_bytes_as_the_numpy_launcher_under_jit(rng):
     )
 
 
-def test_jax_gradients_against_the_reference(rng):
+def test_jax_gradients_against_the_reference(rng, monkeypatch):
+    """dx and dweight against the float64 reference per head, from one launch of the
+    backward kernel with the (heads, head_dim) weight."""
     jax = pytest.importorskip("jax")
     from nki_rmsnorm import jax as nki_jax
 
@@ -148,7 +167,9 @@ def test_jax_gradients_against_the_reference(rng):
     def loss(a, b):
         return (nki_jax.rms_norm_heads(a, b, EPS, offset=0.5) * dy).sum()
 
+    launched = _count_backward_launches(monkeypatch)
     dx, dw = jax.grad(loss, argnums=(0, 1))(x, w)
+    assert [a.shape for a in launched] == [w.shape]
     want_dx, want_dw = _reference_grads(x, w, dy, 0.5)
     np.testing.assert_allclose(np.asarray(dx), want_dx, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(np.asarray(dw), want_dw, rtol=1e-4, atol=1e-4)

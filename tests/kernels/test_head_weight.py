@@ -3,8 +3,9 @@
 dialect (the "packed" regime: k rows per partition a multiple of heads) against the float64
 reference applied head by head, outputs poisoned first; heads = 1 bitwise the (N,) weight;
 a token's result independent of the number of tokens; NaN / Inf rows kept in their row;
-the backward (one backward-kernel launch per head) against the reference; the fused Q and K
-call; bad input rejected before any kernel runs."""
+the backward (one backward-kernel launch with the 2-D weight; more in
+test_head_weight_bwd.py) against the reference; the fused Q and K call; bad input rejected
+before any kernel runs."""
 
 from __future__ import annotations
 

@@ -130,6 +130,19 @@ Determinism and batch invariance: every reduction has a fixed order that depends
 order), so two runs give bitwise identical results, and a row's ``dx`` never depends on the
 other rows or on M. A NaN in a row makes that row's ``dx`` NaN and, through the column sums,
 ``dweight``; the other rows' ``dx`` are untouched.
+
+Per-head weight ``(heads, N)`` (QK-norm with a weight per head, ``FoldedPlan.heads``): row r
+is of head r mod heads and ``dweight`` is ``(heads, N)``. Unfolded rows only, heads·⌊128 /
+heads⌋ rows per tile, so partition p holds head p mod heads in every tile. ``a = rstd · w'``
+is the Scalar engine's: the row's w' (a per-head fp32 tile built once) scaled by its rstd,
+into PSUM, no matmul (0 · Inf of one head's non-finite weight would reach the other heads'
+rows); the row dot is the Vector engine's. dweight is the same column-sum matmul with a
+(rows, heads) operand, stationary this time (the row's rstd in its head's column, from the
+per-tile table; the 0/1 head mask in llama / none) against the data moving, so that the
+accumulator holds dweight itself, heads on the partitions (N ≤ 1024: two PSUM banks), stored
+one row per partition; a non-finite dy or x element there also meets the zeros of the other
+heads' columns, so its column of dweight is NaN for every head. No dbias beside a per-head
+weight (the launchers take it from a second launch without the weight).
 """
 
 from __future__ import annotations
@@ -148,10 +161,13 @@ from nki_rmsnorm.plan.backward import (
     BwdTile,
     BwdTileSlots,
     PeConstants,
+    column_segments,
     has_vector_row_dot,
     make_plan,
+    operand_slots,
     partial_columns,
     tensor_row_dot_end,
+    tile_rows,
     vector_row_dot_block,
 )
 from nki_rmsnorm.plan.kernel_assert import kernel_assert
@@ -169,7 +185,9 @@ def rmsnorm_bwd(dy, x, weight, rstd, dh_out, offset, has_bias, casting_mode, bia
     M, N = x.shape
     param_dtype = nl.float32 if weight is None else weight.dtype
     dx = nl.ndarray((M, N), dtype=x.dtype, buffer=nl.shared_hbm)
-    dweight = nl.ndarray((N,), dtype=param_dtype, buffer=nl.shared_hbm)
+    # (N,), or (heads, N) for a per-head weight
+    dweight = nl.ndarray((N,) if weight is None else weight.shape, dtype=param_dtype,
+                         buffer=nl.shared_hbm)
     dbias = nl.ndarray((N,), dtype=param_dtype if bias_dtype is None else bias_dtype,
                        buffer=nl.shared_hbm)
     # the gradients nobody asked for are not computed (None): not returned, never read
@@ -213,20 +231,41 @@ def check_gradients(x, weight, dx, dweight, dbias):
 
 
 def backward_body(dy, x, weight, rstd, dh_out, dx, dweight, dbias, offset, casting_mode):
-    """Write dx (and dweight / dbias when not None): the code both entry points share."""
+    """Write dx (and dweight / dbias when not None): the code both entry points share. A 2-D
+    weight ``(heads, N)`` is per head: row r is normalised with ``weight[r mod heads]`` and
+    dweight is ``(heads, N)``, each head's column sums over its own rows."""
     M, N = x.shape
     # the bindings raise ValueError before any launch; the kernel only asserts
     assert N <= MAX_HIDDEN, f"rmsnorm_bwd: hidden size {N} exceeds the supported {MAX_HIDDEN}"
+    heads = check_heads(M, N, weight, dbias)
     dtypes = BwdDtypes(x=x.dtype, dy=dy.dtype, weight=None if weight is None else weight.dtype,
                        dh_out=None if dh_out is None else dh_out.dtype)
     plan = make_plan(N, dtypes, offset, casting_mode, usable_sbuf_bytes(),
                      nisa.get_nc_version() >= nisa.nc_version.gen3,
-                     nisa.get_nc_version() >= nisa.nc_version.gen4)
+                     nisa.get_nc_version() >= nisa.nc_version.gen4, heads)
+    kernel_assert(heads == 0 or plan is not None,
+                  f"rmsnorm_bwd: a per-head weight needs unfolded rows; N = {N} does not fit "
+                  "SBUF")
     if plan is None:
         streamed_backward(dy, x, weight, rstd, dh_out, offset, casting_mode, dx, dweight,
                           dbias)
     else:
         _folded_backward(plan, dy, x, weight, rstd, dh_out, dx, dweight, dbias, offset)
+
+
+def check_heads(M, N, weight, dbias):
+    """The heads of a per-head weight (0 for a 1-D weight or none), checked: ``(heads, N)``
+    with heads ≤ 128 dividing the rows, and no dbias (the launchers compute it apart)."""
+    if weight is None or len(weight.shape) == 1:
+        return 0
+    heads = weight.shape[0]
+    kernel_assert(len(weight.shape) == 2 and weight.shape[1] == N
+                  and heads <= nl.tile_size.pmax,
+                  f"rmsnorm_bwd: a 2-D weight must be (heads <= 128, N = {N}), got "
+                  f"{weight.shape}")
+    kernel_assert(M % heads == 0, f"rmsnorm_bwd: {M} rows are not whole sets of {heads} heads")
+    kernel_assert(dbias is None, "rmsnorm_bwd: no dbias beside a per-head weight")
+    return heads
 
 
 def _folded_backward(plan, dy, x, weight, rstd, dh_out, dx, dweight, dbias, offset):
@@ -240,8 +279,8 @@ def _folded_backward(plan, dy, x, weight, rstd, dh_out, dx, dweight, dbias, offs
              None if dh_out is None else dh_out.reshape((M * f, L)))
     P = nl.tile_size.pmax
     # Every buffer that outlives one loop iteration is created here, before the loops, with
-    # its slots in a free dimension after the partitions (the ring of group slots; two slots
-    # of per-tile operands; block dimensions are deprecated from SDK 2.23:
+    # its slots in a free dimension after the partitions (the ring of group slots; the
+    # ``operand_slots`` of per-tile operands; block dimensions are deprecated from SDK 2.23:
     # general/nki/nki_block_dimension_migration_guide.rst@8a38e733, "move the block
     # dimension into free dimension"), and written with ``[...] =`` inside them: a tile
     # created in a loop body may not be used after it (general/nki/api/nki.errors.rst
@@ -249,17 +288,21 @@ def _folded_backward(plan, dy, x, weight, rstd, dh_out, dx, dweight, dbias, offs
     rings = (nl.ndarray((P, plan.ring, plan.group), dtype=nl.float32),
              nl.ndarray((P, plan.ring, plan.group), dtype=x.dtype),
              nl.ndarray((P, DY_SLOTS, plan.group), dtype=dy.dtype))
+    n_slots = operand_slots(plan)
     slots = BwdTileSlots(
-        rows=nl.ndarray((plan.stationary_rows, 2, plan.rstd_parts, P), dtype=nl.bfloat16),
-        cols=nl.ndarray((P, 2, consts.table_cols.shape[2]), dtype=nl.float32),
-        partials=nl.ndarray((P, 2, partial_columns(plan)), dtype=nl.float32),
-        negk=nl.ndarray((P, 2, 1), dtype=nl.float32))
+        rows=nl.ndarray((plan.stationary_rows, n_slots, plan.rstd_parts, P),
+                        dtype=nl.bfloat16),
+        cols=nl.ndarray((P, n_slots, consts.table_cols.shape[2]), dtype=nl.float32),
+        partials=nl.ndarray((P, n_slots, partial_columns(plan)), dtype=nl.float32),
+        negk=nl.ndarray((P, n_slots, 1), dtype=nl.float32))
 
     # Software pipeline: statistic pass of tile t next to the gradient pass of tile t − 1.
-    n_tiles = -(-M * f // P)
+    TP = tile_rows(plan) * f  # partitions of a full row tile
+    n_tiles = -(-M * f // TP)
     for t in nl.static_range(n_tiles + 1):
-        tile = _tile_view(slots, t, min(P, M * f - t * P)) if t < n_tiles else None
-        previous = _tile_view(slots, t - 1, min(P, M * f - (t - 1) * P)) if t > 0 else None
+        tile = _tile_view(slots, t, TP, min(TP, M * f - t * TP)) if t < n_tiles else None
+        previous = (_tile_view(slots, t - 1, TP, min(TP, M * f - (t - 1) * TP)) if t > 0
+                    else None)
         if tile is not None:
             _load_tile_operands(consts, tile, t)
         # Σ_j (dy·x)·w' of the tile's rows (``row_dot_on_pe``), made outside the ``if`` that
@@ -286,22 +329,53 @@ def _folded_backward(plan, dy, x, weight, rstd, dh_out, dx, dweight, dbias, offs
 def _constants(plan, M, N, dy, weight, rstd, offset, want_dweight, want_dbias):
     """The kernel's constants and accumulators (see ``BwdConstants``)."""
     f = plan.fold
+    segments = column_segments(plan)
     # llama / none: dweight sums dy·round(x̂) unscaled; gemma: the moving operand is the
-    # tile's rstd column (masked per fold segment), from the table. Conditional expressions,
-    # not ``if`` blocks: a tile made in a block may not be used after it (errors L417-474).
-    dweight_moving = _fold_mask(f, nl.float32) if want_dweight and plan.round_xhat else None
+    # tile's rstd column (masked per fold segment or head), from the table. Conditional
+    # expressions, not ``if`` blocks: a tile made in a block may not be used after it
+    # (errors L417-474).
+    dweight_moving = (_fold_mask(segments, nl.float32) if want_dweight and plan.round_xhat
+                      else None)
     dbias_moving = _fold_mask(f, dy.dtype) if want_dbias else None
-    n_cols = 2 + (f if (want_dweight and not plan.round_xhat and f > 1) else 0)
+    n_cols = 2 + (segments if (want_dweight and not plan.round_xhat and segments > 1) else 0)
     n_cols = 3 if plan.row_dot_on_pe else n_cols  # −rstd³/N last (fold 1)
     table_rows, table_cols = _rstd_tables(plan, M, N, rstd, n_cols)
-    return BwdConstants(w_rows=_weight_rows(plan, N, weight, offset),
-                        w_lazy=weight if plan.kw == 1 else None,
+    return BwdConstants(w_rows=None if plan.heads > 0 else _weight_rows(plan, N, weight,
+                                                                         offset),
+                        w_lazy=weight if plan.kw == 1 and plan.heads == 0 else None,
                         dweight_moving=dweight_moving, dbias_moving=dbias_moving,
                         dweight_acc=_column_sum_accumulators(plan) if want_dweight else None,
                         dbias_acc=_column_sum_accumulators(plan) if want_dbias else None,
                         table_rows=table_rows, table_cols=table_cols,
                         fold_scratch=_fold_scratch(f),
-                        pe=_pe_constants(N, weight, offset) if plan.row_dot_on_pe else None)
+                        pe=_pe_constants(N, weight, offset) if plan.row_dot_on_pe else None,
+                        head_rows=(_head_rows(plan, weight, offset) if plan.heads > 0
+                                   else None))
+
+
+def _head_rows(plan, weight, offset):
+    """w' = weight[p mod heads] + offset in fp32 on partition p (``tile_rows`` partitions):
+    the weight loaded once (partitions 0 … heads − 1), the rows filled so far copied after
+    themselves by on-chip DMA until ``tile_rows`` partitions hold it (⌈log2(128/heads)⌉
+    copies: the transfers of one queue run in order, so few large ones beat a load per
+    set of heads; the partition index p mod heads is no affine index for one load), then
+    shifted and widened once (Vector)."""
+    P = nl.tile_size.pmax
+    heads, N = weight.shape[0], weight.shape[1]
+    R = heads * (P // heads)
+    loaded = nl.ndarray((P, N), dtype=weight.dtype)
+    loaded[0:heads, :] = nl.load(weight)
+    filled = heads
+    # at most log2(128) doublings; a ``for`` loop: a ``while`` loop must enter unconditionally
+    # (general/nki/api/nki.errors.rst@8a38e733, L902-L947)
+    for _ in nl.static_range(7):
+        if filled < R:
+            count = min(filled, R - filled)
+            nisa.dma_copy(dst=loaded[filled:filled + count, :], src=loaded[0:count, :])
+            filled += count
+    rows = nl.ndarray((P, N), dtype=nl.float32)
+    rows[0:R, :] = nisa.tensor_scalar(loaded[0:R, :], nl.add, float(offset), dtype=nl.float32)
+    return rows
 
 
 def _fold_scratch(f):
@@ -381,10 +455,12 @@ def _rstd_tables(plan, M, N, rstd, n_cols):
     stays within one row."""
     P = nl.tile_size.pmax
     f, K = plan.fold, plan.stationary_rows
-    R = P // f
+    R = tile_rows(plan)
     n_tiles = -(-M // R)
-    table_rows = nl.ndarray((n_tiles, K, plan.rstd_parts, P), dtype=nl.bfloat16,
-                            buffer=nl.private_hbm)
+    # a per-head weight takes no stationary rows (``a`` comes from ``head_rows``)
+    table_rows = (None if plan.heads > 0 else
+                  nl.ndarray((n_tiles, K, plan.rstd_parts, P), dtype=nl.bfloat16,
+                             buffer=nl.private_hbm))
     table_cols = nl.ndarray((n_tiles, P, n_cols), dtype=nl.float32, buffer=nl.private_hbm)
     # rstd padded with zeros to whole row tiles: (tiles, R) by reshaping whole HBM tensors
     # only (general/nki/tutorials/..., the tutorial reshapes the tensor, never a slice)
@@ -400,23 +476,20 @@ def _rstd_tables(plan, M, N, rstd, n_cols):
         nt = min(P, n_tiles - t0)
         i_t = nl.arange(nt)[:, None]
         r_t = nl.load(padded[t0:t0 + nt, :])
-        rows = nl.zeros((nt, K, plan.rstd_parts, P), dtype=nl.bfloat16)
-        parts = _bf16_parts(r_t)
-        stacked = plan.rstd_parts == 1
-        # partition p of segment h is h + f·r: an affine stride on the free dimension
-        # (general/nki/programming_model.rst@8a38e733, lines 531-577)
-        for a in nl.static_range(SPLIT):
-            for b in nl.static_range(plan.kw):
-                for h in nl.static_range(f):
-                    row = ((a * plan.kw if stacked else 0) + b) * f + h
-                    rows[i_t, row, 0 if stacked else a, h + f * i_r] = nisa.tensor_copy(
-                        parts[a])
-        nl.store(table_rows[t0:t0 + nt], value=rows)
+        if table_rows is not None:
+            _store_stationary_rows(plan, table_rows, r_t, t0, nt)
         neg_scale = nisa.scalar_tensor_tensor(data=r_t, op0=nl.multiply, operand0=-1.0 / N,
                                               op1=nl.multiply, operand1=r_t,
                                               dtype=nl.float32)
         cols = nl.zeros((nt, P, n_cols), dtype=nl.float32)
-        for h in nl.static_range(f):
+        if plan.heads > 0:  # one partition per row; rstd in the column of the row's head
+            cols[i_t, i_r, 0] = nisa.tensor_copy(r_t)
+            cols[i_t, i_r, 1] = nisa.tensor_copy(neg_scale)
+            i_h = nl.arange(R // plan.heads)[None, :]
+            for h in nl.static_range(n_cols - 2):
+                cols[i_t, h + plan.heads * i_h, 2 + h] = nisa.tensor_copy(
+                    r_t[i_t, h + plan.heads * i_h])
+        for h in nl.static_range(0 if plan.heads > 0 else f):
             cols[i_t, h + f * i_r, 0] = nisa.tensor_copy(r_t)
             cols[i_t, h + f * i_r, 1] = nisa.tensor_copy(neg_scale)
             if plan.row_dot_on_pe:
@@ -426,6 +499,25 @@ def _rstd_tables(plan, M, N, rstd, n_cols):
                 cols[i_t, h + f * i_r, 2 + h] = nisa.tensor_copy(r_t)
         nl.store(table_cols[t0:t0 + nt], value=cols)
     return table_rows, table_cols
+
+
+def _store_stationary_rows(plan, table_rows, r_t, t0, nt):
+    """Row tiles t0 … t0 + nt − 1 of the stationary-rows table from their rstd ``r_t``:
+    partition p of segment h is h + f·r, an affine stride on the free dimension
+    (general/nki/programming_model.rst@8a38e733, lines 531-577)."""
+    P = nl.tile_size.pmax
+    f, K = plan.fold, plan.stationary_rows
+    i_t = nl.arange(nt)[:, None]
+    i_r = nl.arange(P // f)[None, :]
+    rows = nl.zeros((nt, K, plan.rstd_parts, P), dtype=nl.bfloat16)
+    parts = _bf16_parts(r_t)
+    stacked = plan.rstd_parts == 1
+    for a in nl.static_range(SPLIT):
+        for b in nl.static_range(plan.kw):
+            for h in nl.static_range(f):
+                row = ((a * plan.kw if stacked else 0) + b) * f + h
+                rows[i_t, row, 0 if stacked else a, h + f * i_r] = nisa.tensor_copy(parts[a])
+    nl.store(table_rows[t0:t0 + nt], value=rows)
 
 
 def _pe_constants(N, weight, offset):
@@ -464,23 +556,26 @@ def _column_sum_accumulators(plan):
     ("the backend support for removing blocks in PSUM tensor is still in progress",
     general/nki/nki_block_dimension_migration_guide.rst@8a38e733, lines 176-180)."""
     P = nl.tile_size.pmax
-    n = plan.n_groups * (-(-plan.group // P)) * plan.fold
+    # a per-head weight's sums: heads on the partitions, a column per column of the row
+    n = plan.width if plan.heads > 0 else plan.n_groups * (-(-plan.group // P)) * plan.fold
     return nl.zeros((-(-n // PSUM_BANK_COLS), nl.par_dim(P), PSUM_BANK_COLS),
                     dtype=nl.float32, buffer=nl.psum)
 
 
 # --- the pipeline steps ---------------------------------------------------------------------
-def _tile_view(slots, t, p):
-    """Row tile ``t`` of ``p`` partitions, its operands in slot t mod 2."""
-    slot = t % 2
-    return BwdTile(v0=t * nl.tile_size.pmax, p=p, rows=slots.rows[:, slot, :, 0:p],
+def _tile_view(slots, t, tile_partitions, p):
+    """Row tile ``t`` of ``p`` partitions (``tile_partitions`` in a full one), its operands in
+    slot t mod ``operand_slots``."""
+    slot = t % slots.negk.shape[1]
+    return BwdTile(v0=t * tile_partitions, p=p, rows=slots.rows[:, slot, :, 0:p],
                    cols=slots.cols[0:p, slot, :], partials=slots.partials[0:p, slot, :],
                    negk=slots.negk[0:p, slot, :])
 
 
 def _load_tile_operands(consts, tile, t):
     """Load row tile t's stationary rows and rstd columns from the HBM tables."""
-    tile.rows[...] = nl.load(consts.table_rows[t, :, :, 0:tile.p])
+    if consts.table_rows is not None:
+        tile.rows[...] = nl.load(consts.table_rows[t, :, :, 0:tile.p])
     tile.cols[...] = nl.load(consts.table_cols[t, 0:tile.p, :])
 
 
@@ -519,7 +614,8 @@ def _statistic_group(plan, consts, views, rings, tile, t, g, row_dot):
     p1x = nl.ndarray((p, width), dtype=nl.float32)
     for c in nl.static_range(-(-width // CHUNK)):
         lo, hi = c * CHUNK, min(width, (c + 1) * CHUNK)
-        a = _outer_product(tile.rows, consts.w_rows[:, g0 + lo:g0 + hi])
+        a = (_head_product(tile, consts.head_rows[0:p, g0 + lo:g0 + hi]) if plan.heads > 0
+             else _outer_product(tile.rows, consts.w_rows[:, g0 + lo:g0 + hi]))
         if not plan.round_xhat:
             # dy·x before p1, so that p1·x = (dy·x)·a does not read the output of the
             # Vector instruction just before it ("a static instruction overhead of 100
@@ -643,10 +739,16 @@ def _column_sums_group(plan, consts, tile, g, dy_g, dydx, outputs):
     p = tile.p
     dweight, dbias = outputs
     if consts.dweight_acc is not None:
+        segments = column_segments(plan)
         moving = (consts.dweight_moving[0:p, :] if consts.dweight_moving is not None
-                  else tile.cols[:, 0:1] if plan.fold == 1 else tile.cols[:, 2:])
-        _accumulate_column_sums(plan, consts.dweight_acc, dydx, moving, g)
-        if dweight is not None:
+                  else tile.cols[:, 0:1] if segments == 1 else tile.cols[:, 2:])
+        if plan.heads > 0:
+            _accumulate_head_sums(plan, consts.dweight_acc, dydx, moving, g)
+        else:
+            _accumulate_column_sums(plan, consts.dweight_acc, dydx, moving, g)
+        if dweight is not None and plan.heads > 0:
+            _store_head_sums(plan, dweight, consts.dweight_acc, g)
+        elif dweight is not None:
             _store_column_sums(plan, dweight, consts.dweight_acc, g)
     if consts.dbias_acc is not None:
         _accumulate_column_sums(plan, consts.dbias_acc, dy_g, consts.dbias_moving[0:p, :], g)
@@ -661,6 +763,16 @@ def _outer_product(rstd_rows, w_rows):
     a[...] = nisa.nc_matmul(rstd_rows[:, 0, :], w_rows)
     for part in nl.static_range(1, rstd_rows.shape[1]):
         a[...] += nisa.nc_matmul(rstd_rows[:, part, :], w_rows)
+    return a
+
+
+def _head_product(tile, w_rows):
+    """``a = rstd · w'`` of a per-head weight for one chunk into PSUM: each partition's w'
+    row (its head's) scaled by its rstd on the Scalar engine; no matmul, so a non-finite
+    weight stays in its head's rows."""
+    a = nl.ndarray(w_rows.shape, dtype=nl.float32, buffer=nl.psum)
+    a[...] = nisa.activation(op=nl.copy, data=w_rows, scale=tile.cols[:, 0:1],
+                             dtype=nl.float32)
     return a
 
 
@@ -736,6 +848,32 @@ def _accumulate_column_sums(plan, acc, data, moving, g):
         # L531-577)
         stationary = data[i_p, b + n * nl.arange(count)[None, :]]
         acc[bank, 0:count, c:c + f] += nisa.nc_matmul(stationary, moving)
+
+
+def _accumulate_head_sums(plan, acc, data, moving, g):
+    """A per-head weight's ``acc[h, j] += Σ_rows moving[row, h] · data[row, j]`` for column
+    group g (``data`` (p, width)): the (rows, heads) operand stationary and the data moving,
+    one matmul per PSUM bank of columns, so that head h's sums of column j land on partition
+    h, column j (a row of dweight per partition, stored whole)."""
+    g0, width = g * plan.group, data.shape[1]
+    heads = moving.shape[1]
+    for lo in nl.static_range(0, width, CHUNK):
+        hi = min(width, lo + CHUNK)
+        bank, c = divmod(g0 + lo, PSUM_BANK_COLS)
+        acc[bank, 0:heads, c:c + hi - lo] += nisa.nc_matmul(moving, data[:, lo:hi])
+
+
+def _store_head_sums(plan, dst, acc, g):
+    """Round a per-head weight's sums of column group g to ``dst``'s dtype once (Vector copy)
+    and store them: dst (heads, N), one row per accumulator partition, one DMA per PSUM
+    bank."""
+    heads, g0 = dst.shape[0], g * plan.group
+    width = min(plan.group, plan.width - g0)
+    for lo in nl.static_range(0, width, CHUNK):
+        hi = min(width, lo + CHUNK)
+        bank, c = divmod(g0 + lo, PSUM_BANK_COLS)
+        nl.store(dst[:, g0 + lo:g0 + hi],
+                 value=nl.copy(acc[bank, 0:heads, c:c + hi - lo], dtype=dst.dtype))
 
 
 def _store_column_sums(plan, dst, acc, g):

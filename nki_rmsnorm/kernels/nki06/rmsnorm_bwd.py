@@ -24,6 +24,9 @@ Differences from the legacy code, all forced or allowed by 0.6:
   half's sums are copied to SBUF at the boundary, and the final sums add the halves instead
   of copying one accumulator), so dweight and dbias are bitwise the same at LNC=1 and
   LNC=2; dx is row-local and the row tiles start at the same rows either way.
+* A per-head weight's w' tile (see the legacy docstring) is one DMA whose HBM source repeats
+  the weight with a stride-0 outer dimension (``.ap``); the legacy kernel fills the tile by
+  doubling on-chip copies.
 * Kernel code is the NKI meta-language (nki/get-started/nki-language-guide.rst@81ce03ae
   L54-56): NKI dtypes, ``for``/``.append`` loops, ``assert`` checks, no NumPy; the fold masks
   are built on chip (GpSimd ``iota``, Vector compare and reductions) instead of NumPy arrays
@@ -55,10 +58,13 @@ from nki_rmsnorm.plan.backward import (
     BwdTile,
     BwdTileSlots,
     PeConstants,
+    column_segments,
     has_vector_row_dot,
     make_plan,
+    operand_slots,
     partial_columns,
     tensor_row_dot_end,
+    tile_rows,
     vector_row_dot_block,
 )
 from nki_rmsnorm.plan.kernel_assert import kernel_assert
@@ -76,7 +82,10 @@ def rmsnorm_bwd(dy, x, weight, rstd, dh_out, offset, has_bias, casting_mode, bia
     M, N = x.shape
     param_dtype = nl.float32 if weight is None else weight.dtype
     dx = nl.ndarray((M, N), dtype=x.dtype, buffer=nl.shared_hbm)
-    dweight = nl.ndarray((N,), dtype=param_dtype, buffer=nl.shared_hbm)
+    # (N,), or (heads, N) for a per-head weight
+    dweight = nl.ndarray(
+        (N,) if weight is None else weight.shape, dtype=param_dtype, buffer=nl.shared_hbm
+    )
     dbias = nl.ndarray(
         (N,), dtype=param_dtype if bias_dtype is None else bias_dtype, buffer=nl.shared_hbm
     )
@@ -120,12 +129,15 @@ def check_gradients(x, weight, dx, dweight, dbias):
 
 def backward_body(dy, x, weight, rstd, dh_out, dx, dweight, dbias, offset, casting_mode):
     """Write dx (and dweight / dbias when not None): the code both entry points share. Under
-    LNC=2 core ``nl.program_id(0)`` takes one half of the row tiles."""
+    LNC=2 core ``nl.program_id(0)`` takes one half of the row tiles. A 2-D weight
+    ``(heads, N)`` is per head: row r is normalised with ``weight[r mod heads]`` and
+    dweight is ``(heads, N)``, each head's column sums over its own rows."""
     M, N = x.shape
     # a kernel_assert-style check (AWS: nki-library@d2ad3a5
     # src/nkilib_src/nkilib/core/utils/kernel_assert.py L17); the bindings raise ValueError
     # before any launch
     assert N <= MAX_HIDDEN, f"rmsnorm_bwd: hidden size {N} exceeds the supported {MAX_HIDDEN}"
+    heads = check_heads(M, N, weight, dbias)
     dtypes = BwdDtypes(
         x=x.dtype,
         dy=dy.dtype,
@@ -140,9 +152,13 @@ def backward_body(dy, x, weight, rstd, dh_out, dx, dweight, dbias, offset, casti
         usable_sbuf_bytes(),
         nisa.get_nc_version() >= nisa.nc_version.gen3,
         nisa.get_nc_version() >= nisa.nc_version.gen4,
+        heads,
     )
-    fold = 1 if plan is None else plan.fold
-    n_tiles = -(-M * fold // nl.tile_size.pmax)
+    kernel_assert(
+        heads == 0 or plan is not None,
+        f"rmsnorm_bwd: a per-head weight needs unfolded rows; N = {N} does not fit SBUF",
+    )
+    n_tiles = -(-M // (nl.tile_size.pmax if plan is None else tile_rows(plan)))
     half = -(-n_tiles // 2)  # row tiles of the first half; the second has the rest
     halves = ((0, half), (half, n_tiles)) if n_tiles > 1 else ((0, n_tiles),)
     share = None  # this core runs every half and adds them itself
@@ -160,6 +176,21 @@ def backward_body(dy, x, weight, rstd, dh_out, dx, dweight, dbias, offset, casti
         _rows_backward(plan, dy, x, weight, rstd, dh_out, dx, dweight, dbias, offset, halves, share)
 
 
+def check_heads(M, N, weight, dbias):
+    """The heads of a per-head weight (0 for a 1-D weight or none), checked: ``(heads, N)``
+    with heads ≤ 128 dividing the rows, and no dbias (the launchers compute it apart)."""
+    if weight is None or len(weight.shape) == 1:
+        return 0
+    heads = weight.shape[0]
+    kernel_assert(
+        len(weight.shape) == 2 and weight.shape[1] == N and heads <= nl.tile_size.pmax,
+        f"rmsnorm_bwd: a 2-D weight must be (heads <= 128, N = {N}), got {weight.shape}",
+    )
+    kernel_assert(M % heads == 0, f"rmsnorm_bwd: {M} rows are not whole sets of {heads} heads")
+    kernel_assert(dbias is None, "rmsnorm_bwd: no dbias beside a per-head weight")
+    return heads
+
+
 def _rows_backward(plan, dy, x, weight, rstd, dh_out, dx, dweight, dbias, offset, halves, share):
     """The pipelined backward over the row tiles ``halves[0][0] … halves[-1][1] − 1``.
     ``share``: None when this core runs every half (it adds them itself), else the core's
@@ -167,8 +198,10 @@ def _rows_backward(plan, dy, x, weight, rstd, dh_out, dx, dweight, dbias, offset
     M, N = x.shape
     P = nl.tile_size.pmax
     f, L = plan.fold, plan.width
+    R = tile_rows(plan)
+    TP = R * f  # partitions of a full row tile
     t_first, t_end = halves[0][0], halves[-1][1]
-    r0, r1 = t_first * (P // f), min(M, t_end * (P // f))
+    r0, r1 = t_first * R, min(M, t_end * R)
     rows = r1 - r0
     want_dweight, want_dbias = dweight is not None, dbias is not None
     consts = _constants(plan, rows, N, dy, weight, rstd[r0:r1], offset, want_dweight, want_dbias)
@@ -184,11 +217,12 @@ def _rows_backward(plan, dy, x, weight, rstd, dh_out, dx, dweight, dbias, offset
         _tiles(plan.ring, (P, plan.group), x.dtype),
         _tiles(DY_SLOTS, (P, plan.group), dy.dtype),
     )
+    n_slots = operand_slots(plan)
     slots = BwdTileSlots(
-        rows=_tiles(2, (plan.stationary_rows, plan.rstd_parts, P), nl.bfloat16),
-        cols=_tiles(2, (P, consts.table_cols.shape[2]), nl.float32),
-        partials=_tiles(2, (P, partial_columns(plan)), nl.float32),
-        negk=_tiles(2, (P, 1), nl.float32),
+        rows=_tiles(n_slots, (plan.stationary_rows, plan.rstd_parts, P), nl.bfloat16),
+        cols=_tiles(n_slots, (P, consts.table_cols.shape[2]), nl.float32),
+        partials=_tiles(n_slots, (P, partial_columns(plan)), nl.float32),
+        negk=_tiles(n_slots, (P, 1), nl.float32),
     )
     # with two halves on this core, the first half's column sums wait here (fp32, SBUF)
     accumulators = (consts.dweight_acc, consts.dbias_acc)
@@ -205,8 +239,8 @@ def _rows_backward(plan, dy, x, weight, rstd, dh_out, dx, dweight, dbias, offset
 
     # Software pipeline: statistic pass of tile t next to the gradient pass of tile t − 1.
     for t in range(n_local + 1):
-        tile = _tile_view(slots, t, min(P, rows * f - t * P)) if t < n_local else None
-        previous = _tile_view(slots, t - 1, min(P, rows * f - (t - 1) * P)) if t > 0 else None
+        tile = _tile_view(slots, t, TP, min(TP, rows * f - t * TP)) if t < n_local else None
+        previous = _tile_view(slots, t - 1, TP, min(TP, rows * f - (t - 1) * TP)) if t > 0 else None
         row_dot = None
         if tile is not None:
             _load_tile_operands(consts, tile, t)
@@ -264,32 +298,38 @@ def _exchange_and_store(plan, consts, dweight, dbias, core):
     accumulators = (consts.dweight_acc, consts.dbias_acc)
     other = exchange_column_sums(accumulators, _column_sum_columns(plan), core, COLUMN_SUM_PIPE)
     for g in range(core, plan.n_groups, 2):
-        if consts.dweight_acc is not None and dweight is not None:
+        if consts.dweight_acc is not None and dweight is not None and plan.heads > 0:
+            _store_head_sums(plan, dweight, consts.dweight_acc, g, other[0])
+        elif consts.dweight_acc is not None and dweight is not None:
             _store_column_sums(plan, dweight, consts.dweight_acc, g, other[0])
         if consts.dbias_acc is not None and dbias is not None:
             _store_column_sums(plan, dbias, consts.dbias_acc, g, other[1])
 
 
 def _column_sum_columns(plan):
-    """Accumulator columns in use: ``⌈G/128⌉ · fold`` per column group."""
+    """Accumulator columns in use: ``⌈G/128⌉ · fold`` per column group, or with a
+    per-head weight one per column of the row (heads on the partitions)."""
+    if plan.heads > 0:
+        return plan.width
     return plan.n_groups * (-(-plan.group // nl.tile_size.pmax)) * plan.fold
 
 
 # --- setup ---------------------------------------------------------------------------------
 def _constants(plan, M, N, dy, weight, rstd, offset, want_dweight, want_dbias):
     f = plan.fold
+    segments = column_segments(plan)
     # llama / none: dweight sums dy·round(x̂) unscaled; gemma: the moving operand is the
-    # tile's rstd column (masked per fold segment), from the table
-    dweight_moving = _fold_mask(f, nl.float32) if want_dweight and plan.round_xhat else None
+    # tile's rstd column (masked per fold segment or head), from the table
+    dweight_moving = _fold_mask(segments, nl.float32) if want_dweight and plan.round_xhat else None
     dbias_moving = _fold_mask(f, dy.dtype) if want_dbias else None
-    n_cols = 2 + (f if (want_dweight and not plan.round_xhat and f > 1) else 0)
+    n_cols = 2 + (segments if (want_dweight and not plan.round_xhat and segments > 1) else 0)
     if plan.row_dot_on_pe:
         n_cols = 3  # −rstd³/N last (fold 1)
     table_rows, table_cols = _rstd_tables(plan, M, N, rstd, n_cols)
     return BwdConstants(
         fold_scratch=_fold_scratch(f),
-        w_rows=_weight_rows(plan, N, weight, offset),
-        w_lazy=weight if plan.kw == 1 else None,
+        w_rows=None if plan.heads > 0 else _weight_rows(plan, N, weight, offset),
+        w_lazy=weight if plan.kw == 1 and plan.heads == 0 else None,
         dweight_moving=dweight_moving,
         dbias_moving=dbias_moving,
         dweight_acc=_column_sum_accumulators(plan) if want_dweight else None,
@@ -297,7 +337,26 @@ def _constants(plan, M, N, dy, weight, rstd, offset, want_dweight, want_dbias):
         table_rows=table_rows,
         table_cols=table_cols,
         pe=_pe_constants(N, weight, offset) if plan.row_dot_on_pe else None,
+        head_rows=_head_rows(plan, weight, offset) if plan.heads > 0 else None,
     )
+
+
+def _head_rows(plan, weight, offset):
+    """w' = weight[p mod heads] + offset in fp32 on partition p (``tile_rows`` partitions):
+    one DMA whose source pattern repeats the (heads, N) weight ``128 // heads`` times (a
+    stride-0 outer dimension over an HBM tensor, as AWS's attention backward loads its
+    sinks: aws-neuron/nki-library@d2ad3a5 src/nkilib_src/nkilib/core/attention/
+    attention_bwd.py L1362-1370; src and dst need equal element counts only:
+    nki/api/nki/isa/__init__.py@81ce03ae L287-289), then shifted and widened once
+    (Vector). One transfer: a DMA queue serves the transfers of one tensor in order."""
+    P = nl.tile_size.pmax
+    heads, N = weight.shape[0], weight.shape[1]
+    R = heads * (P // heads)
+    loaded = nl.ndarray((P, N), dtype=weight.dtype)
+    nisa.dma_copy(dst=loaded[0:R, :], src=weight.ap(pattern=[[0, P // heads], [N, heads], [1, N]]))
+    rows = nl.ndarray((P, N), dtype=nl.float32)
+    nisa.tensor_scalar(dst=rows[0:R, :], data=loaded[0:R, :], op0=nl.add, operand0=float(offset))
+    return rows
 
 
 def _fold_scratch(f):
@@ -375,10 +434,13 @@ def _rstd_tables(plan, M, N, rstd, n_cols):
     the row tiles on the partitions (no transposes)."""
     P = nl.tile_size.pmax
     f, K = plan.fold, plan.stationary_rows
-    R = P // f
+    R = tile_rows(plan)
     n_tiles = -(-M // R)
-    table_rows = nl.ndarray(
-        (n_tiles, K, plan.rstd_parts, P), dtype=nl.bfloat16, buffer=nl.private_hbm
+    # a per-head weight takes no stationary rows (``a`` comes from ``head_rows``)
+    table_rows = (
+        None
+        if plan.heads > 0
+        else nl.ndarray((n_tiles, K, plan.rstd_parts, P), dtype=nl.bfloat16, buffer=nl.private_hbm)
     )
     table_cols = nl.ndarray((n_tiles, P, n_cols), dtype=nl.float32, buffer=nl.private_hbm)
     # rstd padded with zeros to whole row tiles, (tiles, R), as the legacy kernel does
@@ -395,16 +457,8 @@ def _rstd_tables(plan, M, N, rstd, n_cols):
         nt = min(P, n_tiles - t0)
         r_t = nl.ndarray((nt, R), dtype=nl.float32)
         nisa.dma_copy(dst=r_t, src=padded[t0 : t0 + nt, :])
-        rows = nl.zeros((nt, K, plan.rstd_parts, P), dtype=nl.bfloat16)
-        parts = _bf16_parts(r_t)
-        stacked = plan.rstd_parts == 1
-        for a in range(SPLIT):
-            for b in range(plan.kw):
-                for h in range(f):
-                    row = ((a * plan.kw if stacked else 0) + b) * f + h
-                    part = 0 if stacked else a
-                    nisa.tensor_copy(dst=rows[:, row, part, h::f], src=parts[a])
-        nl.store(table_rows[t0 : t0 + nt], value=rows)
+        if table_rows is not None:
+            _store_stationary_rows(plan, table_rows, r_t, t0, nt)
         neg_scale = nl.ndarray((nt, R), dtype=nl.float32)
         nisa.scalar_tensor_tensor(
             dst=neg_scale,
@@ -415,7 +469,14 @@ def _rstd_tables(plan, M, N, rstd, n_cols):
             operand1=r_t,
         )
         cols = nl.zeros((nt, P, n_cols), dtype=nl.float32)
-        for h in range(f):
+        if plan.heads > 0:  # one partition per row; rstd in the column of the row's head
+            nisa.tensor_copy(dst=cols[:, 0:R, 0], src=r_t)
+            nisa.tensor_copy(dst=cols[:, 0:R, 1], src=neg_scale)
+            for h in range(n_cols - 2):
+                nisa.tensor_copy(
+                    dst=cols[:, h : R : plan.heads, 2 + h], src=r_t[:, h :: plan.heads]
+                )
+        for h in range(0 if plan.heads > 0 else f):
             nisa.tensor_copy(dst=cols[:, h::f, 0], src=r_t)
             nisa.tensor_copy(dst=cols[:, h::f, 1], src=neg_scale)
             if plan.row_dot_on_pe:
@@ -426,6 +487,22 @@ def _rstd_tables(plan, M, N, rstd, n_cols):
                 nisa.tensor_copy(dst=cols[:, h::f, 2 + h], src=r_t)
         nl.store(table_cols[t0 : t0 + nt], value=cols)
     return table_rows, table_cols
+
+
+def _store_stationary_rows(plan, table_rows, r_t, t0, nt):
+    """Row tiles t0 … t0 + nt − 1 of the stationary-rows table from their rstd ``r_t``."""
+    P = nl.tile_size.pmax
+    f, K = plan.fold, plan.stationary_rows
+    rows = nl.zeros((nt, K, plan.rstd_parts, P), dtype=nl.bfloat16)
+    parts = _bf16_parts(r_t)
+    stacked = plan.rstd_parts == 1
+    for a in range(SPLIT):
+        for b in range(plan.kw):
+            for h in range(f):
+                row = ((a * plan.kw if stacked else 0) + b) * f + h
+                part = 0 if stacked else a
+                nisa.tensor_copy(dst=rows[:, row, part, h::f], src=parts[a])
+    nl.store(table_rows[t0 : t0 + nt], value=rows)
 
 
 def _pe_constants(N, weight, offset):
@@ -471,10 +548,10 @@ def _column_sum_accumulators(plan):
 
 
 # --- the pipeline steps ---------------------------------------------------------------------
-def _tile_view(slots, t, p):
-    slot = t % 2
+def _tile_view(slots, t, tile_partitions, p):
+    slot = t % len(slots.negk)
     return BwdTile(
-        v0=t * nl.tile_size.pmax,
+        v0=t * tile_partitions,
         p=p,
         rows=slots.rows[slot][:, :, 0:p],
         cols=slots.cols[slot][0:p, :],
@@ -484,7 +561,8 @@ def _tile_view(slots, t, p):
 
 
 def _load_tile_operands(consts, tile, t):
-    nisa.dma_copy(dst=tile.rows, src=consts.table_rows[t, :, :, 0 : tile.p])
+    if consts.table_rows is not None:
+        nisa.dma_copy(dst=tile.rows, src=consts.table_rows[t, :, :, 0 : tile.p])
     nisa.dma_copy(dst=tile.cols, src=consts.table_cols[t, 0 : tile.p, :])
 
 
@@ -522,7 +600,10 @@ def _statistic_group(plan, consts, views, rings, tile, t, g, row_dot):
     p1x = nl.ndarray((p, width), dtype=nl.float32)
     for c in range(-(-width // CHUNK)):
         lo, hi = c * CHUNK, min(width, (c + 1) * CHUNK)
-        a = _outer_product(tile.rows, consts.w_rows[:, g0 + lo : g0 + hi])
+        if plan.heads > 0:
+            a = _head_product(tile, consts.head_rows[0:p, g0 + lo : g0 + hi])
+        else:
+            a = _outer_product(tile.rows, consts.w_rows[:, g0 + lo : g0 + hi])
         # dy·x first, so that p1·x = (dy·x)·a does not read the output of the Vector
         # instruction just before it ("a static instruction overhead of 100 engine cycles":
         # nki/guides/architecture/trainium_inferentia2_arch.rst@81ce03ae, lines 402-403)
@@ -671,6 +752,15 @@ def _outer_product(rstd_rows, w_rows):
     return a
 
 
+def _head_product(tile, w_rows):
+    """``a = rstd · w'`` of a per-head weight for one chunk into PSUM: each partition's w'
+    row (its head's) scaled by its rstd on the Scalar engine; no matmul, so a non-finite
+    weight stays in its head's rows."""
+    a = nl.ndarray(w_rows.shape, dtype=nl.float32, buffer=nl.psum)
+    nisa.activation(dst=a, op=nl.copy, data=w_rows, scale=tile.cols[:, 0:1])
+    return a
+
+
 def _finish_statistic(plan, consts, tile):
     """``−k = −rstd²/N · s`` per partition once all groups of the tile are summed (Scalar
     engine); with a fold the segment sums of a row are added next."""
@@ -732,6 +822,46 @@ def _gradient_group(plan, views, rings, tile, t, g):
         nl.store(dx_dst, value=total)
 
 
+def _accumulate_head_sums(plan, acc, data, moving, g, first):
+    """A per-head weight's ``acc[h, j] += Σ_rows moving[row, h] · data[row, j]`` for column
+    group g (``data`` (p, width)): the (rows, heads) operand stationary and the data moving,
+    one matmul per PSUM bank of columns, so that head h's sums of column j land on partition
+    h, column j (a row of dweight per partition, stored whole)."""
+    g0, width = g * plan.group, data.shape[1]
+    heads = moving.shape[1]
+    for lo in range(0, width, CHUNK):
+        hi = min(width, lo + CHUNK)
+        bank, c = (g0 + lo) // PSUM_BANK_COLS, (g0 + lo) % PSUM_BANK_COLS
+        nisa.nc_matmul(
+            dst=acc[bank][0:heads, c : c + hi - lo],
+            stationary=moving,
+            moving=data[:, lo:hi],
+            accumulate=not first,
+        )
+
+
+def _store_head_sums(plan, dst, acc, g, other):
+    """Round a per-head weight's sums of column group g (plus ``other``'s, the other half's
+    fp32 sums in SBUF, when given) to ``dst``'s dtype once (Vector) and store them: dst
+    (heads, N), one row per accumulator partition, one DMA per PSUM bank."""
+    heads, g0 = dst.shape[0], g * plan.group
+    width = min(plan.group, plan.width - g0)
+    for lo in range(0, width, CHUNK):
+        hi = min(width, lo + CHUNK)
+        bank, c = (g0 + lo) // PSUM_BANK_COLS, (g0 + lo) % PSUM_BANK_COLS
+        rounded = nl.ndarray((heads, hi - lo), dtype=dst.dtype)
+        if other is None:
+            nisa.tensor_copy(dst=rounded, src=acc[bank][0:heads, c : c + hi - lo])
+        else:
+            nisa.tensor_tensor(
+                dst=rounded,
+                data1=acc[bank][0:heads, c : c + hi - lo],
+                data2=other[0:heads, g0 + lo : g0 + hi],
+                op=nl.add,
+            )
+        nl.store(dst[:, g0 + lo : g0 + hi], value=rounded)
+
+
 # --- parameter gradients --------------------------------------------------------------------
 def _column_sums_group(plan, consts, tile, g, dy_g, dydx, first, outputs, first_half):
     """dweight and dbias column sums of group g of a row tile; ``first``: the tile starts a
@@ -745,11 +875,16 @@ def _column_sums_group(plan, consts, tile, g, dy_g, dydx, first, outputs, first_
             consts.dweight_moving[0:p, :]
             if consts.dweight_moving is not None
             else tile.cols[:, 0:1]
-            if plan.fold == 1
+            if column_segments(plan) == 1
             else tile.cols[:, 2:]
         )
-        _accumulate_column_sums(plan, consts.dweight_acc, dydx, moving, g, first)
-        if dweight is not None:
+        if plan.heads > 0:
+            _accumulate_head_sums(plan, consts.dweight_acc, dydx, moving, g, first)
+        else:
+            _accumulate_column_sums(plan, consts.dweight_acc, dydx, moving, g, first)
+        if dweight is not None and plan.heads > 0:
+            _store_head_sums(plan, dweight, consts.dweight_acc, g, halves[0])
+        elif dweight is not None:
             _store_column_sums(plan, dweight, consts.dweight_acc, g, halves[0])
     if consts.dbias_acc is not None:
         _accumulate_column_sums(plan, consts.dbias_acc, dy_g, consts.dbias_moving[0:p, :], g, first)

@@ -409,6 +409,63 @@ def test_indirect_scatter_writes_the_indexed_rows(rng):
     np.testing.assert_array_equal(scatter(src, index, out), expected)
 
 
+def _rmw_kernel(mode, pattern_rows, copies=1, unique=True):
+    """dma_compute's documented read-modify-write (isa L2672-2692): ``gather`` adds the
+    indexed HBM rows into an SBUF tile, ``scatter`` adds an SBUF tile into the indexed HBM
+    rows; ``copies`` sources of the indexed side (2 documented)."""
+
+    @nki.jit
+    def kernel(table, tile, indices):
+        width = table.shape[1]
+        sb = _load(tile)
+        idx = nl.ndarray((pattern_rows, 1), dtype=nl.uint32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=idx, src=indices)
+        indexed = table.ap(pattern=[[width, pattern_rows], [1, width]], vector_offset=idx)
+        if mode == "gather":
+            srcs = [indexed] * copies + [sb]
+            nisa.dma_compute(dst=sb, srcs=srcs, reduce_op=nl.add, unique_indices=unique)
+            out = nl.ndarray(tile.shape, dtype=tile.dtype, buffer=nl.shared_hbm)
+            nisa.dma_copy(dst=out, src=sb)
+            return out
+        srcs = [indexed, sb] + [sb] * (copies - 1)
+        nisa.dma_compute(dst=indexed, srcs=srcs, reduce_op=nl.add, unique_indices=unique)
+        return table
+
+    return kernel
+
+
+def test_dma_compute_gather_and_scatter_read_modify_write(rng):
+    table = rng.standard_normal((20, 8)).astype(np.float32)
+    tile = rng.standard_normal((6, 8)).astype(np.float32)
+    index = rng.permutation(20)[:6].astype(np.uint32)[:, None]
+    gathered = _rmw_kernel("gather", 6)(table, tile, index)
+    np.testing.assert_allclose(gathered, tile + table[index[:, 0]], rtol=1e-6)
+    expected = table.copy()
+    expected[index[:, 0]] += tile
+    scattered = _rmw_kernel("scatter", 6)(table.copy(), tile, index)
+    np.testing.assert_allclose(scattered, expected, rtol=1e-6)
+
+
+def test_dma_compute_read_modify_write_rules(rng):
+    """Exactly two sources, unique_indices=True (isa L2687-2690); a scatter naming a row twice
+    is rejected (inferred: the docs promise unique indices, not an order)."""
+    table = rng.standard_normal((20, 8)).astype(np.float32)
+    tile = rng.standard_normal((6, 8)).astype(np.float32)
+    index = rng.permutation(20)[:6].astype(np.uint32)[:, None]
+    with pytest.raises(AssertionError, match="exactly 2 sources"):
+        _rmw_kernel("gather", 6, copies=2)(table, tile, index)
+    with pytest.raises(AssertionError, match="unique_indices=True"):
+        _rmw_kernel("gather", 6, unique=False)(table, tile, index)
+    twice = index.copy()
+    twice[1] = twice[0]
+    with pytest.raises(AssertionError, match="names an HBM element twice"):
+        _rmw_kernel("scatter", 6)(table.copy(), tile, twice)
+    # a gather may read one row twice
+    np.testing.assert_allclose(
+        _rmw_kernel("gather", 6)(table, tile, twice), tile + table[twice[:, 0]], rtol=1e-6
+    )
+
+
 def test_indirect_index_scales_by_the_indirect_dim_stride(rng):
     """AWS's KV-cache update (attention_block_tkg.py L1311-1315): a flat cache, the pattern's
     first stride 1 and each row's index already the element offset."""

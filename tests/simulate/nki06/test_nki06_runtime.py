@@ -93,6 +93,28 @@ def test_outputs_must_be_shared_hbm(rng):
         nki.simulate(kernel)(x, nl.hbm)
 
 
+@pytest.mark.parametrize("lnc", [1, 2])
+def test_a_returned_list_comes_back_as_a_list_of_arrays(rng, lnc):
+    """Each NkiTensor result is converted (nki_simulator.rst L204), in a list as in a tuple:
+    AWS's mlp entry returns [out] or [out, fused_add] (core/mlp/mlp.py@ddbca35 L183-184)."""
+
+    def kernel(x, buffer):
+        first = nl.ndarray(x.shape, x.dtype, buffer=buffer)
+        second = nl.ndarray(x.shape, x.dtype, buffer=buffer)
+        nl.store(first, value=nl.load(x))
+        nl.store(second, value=nl.multiply(nl.load(x), 2.0))
+        return [first, second]
+
+    x = rng.standard_normal((2, 2)).astype(np.float32)
+    launch = nki.jit(kernel)
+    result = (launch[2] if lnc == 2 else launch)(x, nl.shared_hbm)
+    assert isinstance(result, list) and all(isinstance(r, np.ndarray) for r in result)
+    np.testing.assert_array_equal(result[0], x)
+    np.testing.assert_array_equal(result[1], 2 * x)
+    with pytest.raises(ValueError, match="shared_hbm"):
+        nki.simulate(kernel)(x, nl.hbm)
+
+
 def test_written_inputs_are_copied_back(rng):
     def kernel(x, y):
         nl.store(y, value=nl.multiply(nl.load(x), 3.0))

@@ -2,10 +2,14 @@
 references written here from each kernel's docstring (aws-neuron/nki-library@d2ad3a5). The
 checkout comes from ``NKI_LIBRARY_PATH`` (:mod:`nkilib_corpus`); without it every test
 here skips. AWS's norm kernels (rmsnorm_tkg, layernorm_tkg, rmsnorm_quant) are driven by
-``test_nki06_aws_library.py``; this file covers the rest of the single-NeuronCore corpus."""
+``test_nki06_aws_library.py``; this file covers the rest of the single-NeuronCore corpus, and
+the kernels that use nki.collectives on several LNC=1 ranks (``nki.launch_ranks``). The mlp
+entry and transformer_tkg import core/mlp/mlp.py, which does not parse at d2ad3a5: their
+cases skip there, naming the error, and run against a 2.29_release checkout (ddbca35)."""
 
 from __future__ import annotations
 
+import functools
 import math
 
 import ml_dtypes
@@ -15,6 +19,7 @@ from helpers import poison
 from nkilib_corpus import import_library, library_module, requires_library
 
 import simulate.nki06 as nki
+from simulate.core.dtypes import pack_x4
 
 pytestmark = requires_library
 
@@ -987,6 +992,46 @@ def test_output_projection_cte_fp8_static(rng, lnc, batch, heads, d_head, seq, h
     _check(out, expected, BF16, scale=4.0)
 
 
+@pytest.mark.parametrize(
+    "lnc, batch, heads, d_head, seq, hidden", [(1, 1, 2, 64, 128, 512), (2, 2, 4, 128, 256, 1024)]
+)
+def test_output_projection_cte_static_mx(rng, monkeypatch, lnc, batch, heads, d_head, seq, hidden):
+    """Docstring (QuantizationType.STATIC_MX on Trn3: FP8 weights through the MX engine):
+    as STATIC, out = (q(attention) @ W) · input_scale · weight_scale with q(x) the
+    float8_e4m3fn of x / input_scale clamped to its range (±448), the weight [N·D, H]
+    float8_e4m3fn handed over "pre-shuffled" with each 4 consecutive rows interleaved
+    (AWS's reference undoes it: output_projection_cte_torch.py L189-194, L203-206). The
+    attention is scaled so that some values pass 448 (the clamp) and many pass 240 (STATIC's
+    e4m3 limit, which would be off by ~11 % of the output's rms)."""
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn3")
+    project = library_module(
+        "core.output_projection.output_projection_cte.output_projection_cte"
+    ).output_projection_cte
+    quantization = library_module("core.utils.common_types").QuantizationType.STATIC_MX
+    fp8 = np.dtype(ml_dtypes.float8_e4m3fn)
+    attention = (_random(rng, (batch, heads, d_head, seq), np.float32) * 6).astype(BF16)
+    weight = (_random(rng, (heads * d_head, hidden), np.float32) * 8).astype(fp8)
+    rows = heads * d_head
+    shuffled = weight.reshape(rows // 4, 4, hidden).transpose(0, 2, 1).reshape(rows, hidden)
+    input_scale, weight_scale = np.float32(0.05), np.float32(0.01)
+    out = _launch(
+        nki.jit(project),
+        lnc,
+        attention,
+        shuffled,
+        None,
+        quantization_type=quantization,
+        input_scales=np.full((128, 1), input_scale, np.float32),
+        weight_scales=np.full((128, 1), weight_scale, np.float32),
+    )
+    scaled = (attention.astype(np.float32) * (np.float32(1) / input_scale)).astype(BF16)
+    quantized = np.clip(scaled.astype(np.float64), -448, 448).astype(fp8).astype(np.float64)
+    w = weight.astype(np.float64).reshape(heads, d_head, hidden)
+    expected = np.einsum("bnds,ndh->bsh", quantized, w) * float(input_scale * weight_scale)
+    assert np.asarray(out).dtype == BF16
+    _check_mx_output(out, expected)
+
+
 # --- mlp_cte, mlp_tkg (core/mlp/) --------------------------------------------------------------
 def _mlp_kernel(token_generation, norm, activation, fused_add):
     """A kernel around AWS's MLPParameters and mlp_cte / mlp_tkg, allocating the outputs
@@ -1421,6 +1466,39 @@ def _rotate_contiguous(x, cos, sin):
     return np.concatenate([first * cos - second * sin, second * cos + first * sin], axis=-1)
 
 
+def _attention_block_reference(x, gamma, w_qkv, cos, sin, k_cache, v_cache, keep, w_out, lengths):
+    """float64 attention_block_tkg (KVDP=1) from its docstring's pseudocode: (out, K_out,
+    V_out); ``lengths`` the cache rows the new K, V are written at (update_cache), or None."""
+    batch, tokens, _ = x.shape
+    s_ctx, _, heads, _ = keep.shape
+    d = w_qkv.shape[1] // (heads + 2)
+    x64 = x.astype(np.float64)
+    x64 = x64 / np.sqrt((x64**2).mean(axis=-1, keepdims=True) + 1e-6) * gamma.astype(np.float64)
+    qkv = (x64 @ w_qkv.astype(np.float64)).reshape(batch, tokens, heads + 2, d)
+    c = cos.astype(np.float64).transpose(1, 2, 0)
+    s = sin.astype(np.float64).transpose(1, 2, 0)
+    q = _rotate_contiguous(qkv[:, :, :heads], c[:, :, None], s[:, :, None])
+    k_new, v_new = _rotate_contiguous(qkv[:, :, heads], c, s), qkv[:, :, heads + 1]
+    if lengths is not None:
+        expected_k, expected_v = k_cache.astype(np.float64), v_cache.astype(np.float64)
+        for b, first in enumerate(lengths):
+            expected_k[b, first : first + tokens] = k_new[b]
+            expected_v[b, first : first + tokens] = v_new[b]
+    else:
+        expected_k, expected_v = k_new.transpose(2, 0, 1), v_new[:, None]
+    keys, values = k_cache[:, :s_ctx].astype(np.float64), v_cache[:, :s_ctx].astype(np.float64)
+    keys[:, s_ctx - tokens :], values[:, s_ctx - tokens :] = k_new, v_new
+    logits = np.einsum("bshd,bkd->bhks", q, keys) / math.sqrt(d)
+    logits = np.where(keep.transpose(1, 2, 0, 3), logits, -np.inf)
+    weights = np.exp(logits - logits.max(axis=2, keepdims=True))
+    attention = np.einsum("bhks,bkd->bhds", weights / weights.sum(axis=2, keepdims=True), values)
+    if w_out is None:
+        return attention, expected_k, expected_v
+    w = w_out.astype(np.float64).reshape(heads, d, -1)
+    out = np.einsum("bhds,hdo->bso", attention, w).reshape(batch * tokens, -1)
+    return out, expected_k, expected_v
+
+
 @pytest.mark.parametrize(
     "lnc, batch, tokens, hidden, heads, d, s_ctx, project, update_cache",
     [
@@ -1463,35 +1541,81 @@ def test_attention_block_tkg(
         update_cache, where, w_out if project else None, None, none, None, None, False, False,
     )  # fmt: skip
 
-    x64 = x.astype(np.float64)
-    x64 = x64 / np.sqrt((x64**2).mean(axis=-1, keepdims=True) + 1e-6) * gamma.astype(np.float64)
-    qkv = (x64 @ w_qkv.astype(np.float64)).reshape(batch, tokens, heads + 2, d)
-    c = cos.astype(np.float64).transpose(1, 2, 0)
-    s = sin.astype(np.float64).transpose(1, 2, 0)
-    q = _rotate_contiguous(qkv[:, :, :heads], c[:, :, None], s[:, :, None])
-    k_new, v_new = _rotate_contiguous(qkv[:, :, heads], c, s), qkv[:, :, heads + 1]
-    if update_cache:
-        expected_k, expected_v = k_cache.astype(np.float64), v_cache.astype(np.float64)
-        for b, first in enumerate(lengths):
-            expected_k[b, first : first + tokens] = k_new[b]
-            expected_v[b, first : first + tokens] = v_new[b]
-        _check(k_out, expected_k, BF16, scale=4.0)
-        _check(v_out, expected_v, BF16, scale=4.0)
-    else:
-        _check(k_out, k_new.transpose(2, 0, 1), BF16, scale=4.0)
-        _check(v_out, v_new[:, None], BF16, scale=4.0)
-    keys, values = k_cache[:, :s_ctx].astype(np.float64), v_cache[:, :s_ctx].astype(np.float64)
-    keys[:, s_ctx - tokens :], values[:, s_ctx - tokens :] = k_new, v_new
-    logits = np.einsum("bshd,bkd->bhks", q, keys) / math.sqrt(d)
-    logits = np.where(keep.transpose(1, 2, 0, 3), logits, -np.inf)
-    weights = np.exp(logits - logits.max(axis=2, keepdims=True))
-    attention = np.einsum("bhks,bkd->bhds", weights / weights.sum(axis=2, keepdims=True), values)
-    if project:
-        w = w_out.astype(np.float64).reshape(heads, d, hidden)
-        expected = np.einsum("bhds,hdo->bso", attention, w).reshape(batch * tokens, hidden)
-    else:
-        expected = attention
+    expected, expected_k, expected_v = _attention_block_reference(
+        x, gamma, w_qkv, cos, sin, k_cache, v_cache, keep, w_out if project else None,
+        lengths if update_cache else None,
+    )  # fmt: skip
+    _check(k_out, expected_k, BF16, scale=4.0)
+    _check(v_out, expected_v, BF16, scale=4.0)
     _check(out, expected, BF16, scale=1.0)
+
+
+@pytest.mark.parametrize(
+    "ranks, batch_per_rank, tokens, hidden, heads, d, s_ctx, project, update_cache",
+    [
+        (2, 1, 1, 256, 2, 64, 256, True, False),
+        (2, 2, 2, 256, 1, 64, 256, False, True),
+        (4, 1, 1, 256, 2, 64, 256, True, True),
+    ],
+)
+def test_attention_block_tkg_kv_data_parallel(
+    rng, ranks, batch_per_rank, tokens, hidden, heads, d, s_ctx, project, update_cache
+):
+    """Docstring (KVDP > 1, attention_block_tkg.py L235-246; attention_block_tkg_sharding.py
+    L1-10): the KV cache is split over KVDP ranks along the batch, each rank holding
+    B/KVDP batches; each rank projects its own q_heads Q heads (its slice of W_qkv's Q
+    columns, the one K/V head shared) and its row slice of W_out; Q heads are all-gathered,
+    each rank attends its batches with every head, and the outputs are all-gathered back.
+    So rank r's out is the single-rank block with its own heads over the whole batch, and
+    its K_out, V_out are the single-rank ones of its batches (AWS's harness slices the same
+    way: test/integration/nkilib/experimental/transformer/test_attention_block_tkg.py
+    L173-286, L300-348). Run on KVDP LNC=1 ranks by launch_ranks."""
+    block = library_module("experimental.transformer.attention_block_tkg").attention_block_tkg
+    none = library_module("core.utils.common_types").QuantizationType.NONE
+    group = nki.collectives.ReplicaGroup([list(range(ranks))])
+    batch, all_heads = ranks * batch_per_rank, ranks * heads
+    x = _random(rng, (batch, tokens, hidden), BF16)
+    gamma = _random(rng, (1, hidden), BF16)
+    w_q = (_random(rng, (hidden, all_heads * d), np.float32) / math.sqrt(hidden)).astype(BF16)
+    w_kv = (_random(rng, (hidden, 2 * d), np.float32) / math.sqrt(hidden)).astype(BF16)
+    angle = rng.uniform(-math.pi, math.pi, (d // 2, batch, tokens))
+    cos, sin = np.cos(angle).astype(BF16), np.sin(angle).astype(BF16)
+    k_cache = _random(rng, (batch, s_ctx + 64, d), BF16)
+    v_cache = _random(rng, (batch, s_ctx + 64, d), BF16)
+    lengths = rng.integers(1, s_ctx - tokens, batch)
+    keep = np.arange(s_ctx)[:, None, None, None] < lengths[None, :, None, None]
+    keep = np.broadcast_to(keep, (s_ctx, batch, all_heads, tokens)).copy()
+    keep[s_ctx - tokens :] = np.tri(tokens, dtype=bool).T[:, None, None, :]
+    w_out = (_random(rng, (all_heads * d, hidden), np.float32) / math.sqrt(hidden)).astype(BF16)
+    where = lengths[:, None].astype(np.uint32)
+    inputs, expected = [], []
+    for rank in range(ranks):
+        mine = slice(rank * batch_per_rank, (rank + 1) * batch_per_rank)
+        w_qkv = np.concatenate([w_q[:, rank * heads * d : (rank + 1) * heads * d], w_kv], axis=1)
+        w_o = w_out[rank * heads * d : (rank + 1) * heads * d] if project else None
+        args = (
+            x, None, True, 1e-6, gamma, w_qkv, None, none, None, None,
+            False, 0.0, None, None, cos, sin, True, False, 0.0, None, None,
+            False, None, k_cache[mine], v_cache[mine], keep[:, mine].astype(BF16), None,
+            update_cache, where[mine] if update_cache else None, w_o, None, none, None, None,
+            False, False,
+        )  # fmt: skip
+        inputs.append((args, {"KVDP": ranks, "KVDP_replica_group": group}))
+        out, k_out, v_out = _attention_block_reference(
+            x, gamma, w_qkv, cos, sin, k_cache, v_cache, keep[:, :, :heads], w_o,
+            lengths if update_cache else None,
+        )  # fmt: skip
+        k_out = k_out[mine] if update_cache else k_out[:, mine]
+        expected.append((out, k_out, v_out[mine]))
+    for result, reference in zip(nki.launch_ranks(block, inputs), expected):
+        out, k_out, v_out = result
+        _check(k_out, reference[1], BF16, scale=4.0)
+        _check(v_out, reference[2], BF16, scale=4.0)
+        if not project:
+            # the docstring's [B, q_heads, d, S] (L259-260) is, under KVDP, the SBUF tile
+            # [d, B·q_heads·S] copied out as it is (attention_block_tkg.py L455, L567-576)
+            out = np.asarray(out).reshape(d, batch, heads, tokens).transpose(1, 2, 0, 3)
+        _check(out, reference[0], BF16, scale=1.0)
 
 
 @pytest.mark.parametrize(
@@ -1957,7 +2081,6 @@ def test_gate_up_projection_mx(rng, monkeypatch, H, I, BxS):
     x4 element, every value times its 8x4 group's scale 2^(s - 127) (isa L767-769,
     trainium3_arch.rst L99-105)."""
     monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn3")
-    from simulate.core.dtypes import pack_x4
 
     tiles = H // 512
     hidden = _mx_values(rng, (128, tiles, BxS, 4), ml_dtypes.float8_e5m2)
@@ -2037,7 +2160,6 @@ def test_down_projection_mx(rng, monkeypatch, H, I, BxS):
     [16, I/512, H]; LNC=2. The reference quantizes the intermediate as the ISA reference
     documents (isa L2790-2812) and contracts every (partition, tile, lane)."""
     monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn3")
-    from simulate.core.dtypes import pack_x4
 
     tiles = I // 512
     inter = _random(rng, (128, tiles, BxS, 4), BF16)
@@ -2256,9 +2378,12 @@ def _mlp_fp8_kernel(token_generation, quantization):
         (1, True, 2, 1, 256, 512, "STATIC"),
         (1, True, 2, 1, 256, 512, "ROW"),
         (2, True, 4, 1, 512, 1024, "ROW"),
+        # FP8 through the MX engine (Trn3): 256-token tiles at least per core
+        (1, False, 1, 256, 512, 512, "STATIC_MX"),
+        (2, False, 1, 512, 1024, 1024, "STATIC_MX"),
     ],
 )
-def test_mlp_fp8(rng, lnc, tkg, batch, seq, hidden, inter, quantization):
+def test_mlp_fp8(rng, monkeypatch, lnc, tkg, batch, seq, hidden, inter, quantization):
     """Docstring (mlp.py L123-149, MLPParameters._validate_shapes): float8_e4m3 gate, up
     [H, I] and down [I, H] weights with dequantization scales: STATIC [128, 1] (the same
     value on every partition), ROW [128, I] ([128, H] for down) per output column. Token
@@ -2267,7 +2392,12 @@ def test_mlp_fp8(rng, lnc, tkg, batch, seq, hidden, inter, quantization):
     dequantization scale s_in, dequantizes each projection by s_w · s_in and quantizes the
     intermediate h as fp8(clamp(h / s_down_in, ±240)) (±240: get_max_positive_value_for_
     dtype; mlp_cte_quantization.py L52-101) before the down projection, dequantized by
-    s_d · s_down_in."""
+    s_d · s_down_in. STATIC_MX (context encoding) computes the same with the gate/up weights
+    handed over swizzled as w.reshape(2, H/512, 128, 2, I/512, 128, 4).transpose(2, 1, 4, 6,
+    5, 0, 3) and the down weights as w.reshape(I/512, 128, 4, H).transpose(1, 0, 3, 2) (the
+    mlp entry's docstring, core/mlp/mlp.py@ddbca35 L127-134)."""
+    if quantization == "STATIC_MX":
+        monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn3")
     quantization_type = getattr(
         library_module("core.utils.common_types").QuantizationType, quantization
     )
@@ -2278,7 +2408,7 @@ def test_mlp_fp8(rng, lnc, tkg, batch, seq, hidden, inter, quantization):
         (_random(rng, (hidden, inter), np.float32) * 16).astype(fp8),
         (_random(rng, (inter, hidden), np.float32) * 16).astype(fp8),
     ]
-    if quantization == "STATIC":
+    if quantization.startswith("STATIC"):
         w_scales = [
             np.full((128, 1), s / 16 / math.sqrt(n), np.float32)
             for s, n in ((1.0, hidden), (2.0, hidden), (0.5, inter))
@@ -2295,7 +2425,21 @@ def test_mlp_fp8(rng, lnc, tkg, batch, seq, hidden, inter, quantization):
         in_scales = [None, None]
         columns = [s[0].astype(np.float64) for s in w_scales]
     kernel = _mlp_fp8_kernel(tkg, quantization_type)
-    out = _launch(kernel, lnc, x, *weights, *w_scales, *in_scales)
+    passed = weights
+    if quantization == "STATIC_MX":
+        gate_w, up_w, down_w = weights
+        passed = [
+            w.reshape(2, hidden // 512, 128, 2, inter // 512, 128, 4)
+            .transpose(2, 1, 4, 6, 5, 0, 3)
+            .reshape(hidden, inter)
+            for w in (gate_w, up_w)
+        ]
+        passed.append(
+            down_w.reshape(inter // 512, 128, 4, hidden)
+            .transpose(1, 0, 3, 2)
+            .reshape(inter, hidden)
+        )
+    out = _launch(kernel, lnc, x, *passed, *w_scales, *in_scales)
 
     gate, up, down = (w.astype(np.float64) * c for w, c in zip(weights, columns))
     x64 = x.astype(np.float64)
@@ -2380,6 +2524,70 @@ def _mx_round_trip(layout):
     return (values.astype(np.float64) * scale).reshape(layout.shape)
 
 
+def _moe_mx_expert_output(
+    x, gate_up, gate_up_scale, down, down_scale, gate_up_bias=None, clamps=None
+):
+    """One MX expert on bf16 tokens x [T, H] (float64): down(silu(x @ gate) · (x @ up)), x
+    quantized online to MXFP8 e4m3fn with H split as [4, H/512, 128] onto (lane, tile,
+    partition) (AWS's own torch reference, core/moe/moe_tkg/moe_tkg_torch.py L366), and the
+    bf16 intermediate in its [128, I/512, T, 4] layout with I = 512c + 128q + p
+    (gate_up_projection_mx_shard_H.py L165-170). gate_up [128, 2, H/512, I, 4] and down
+    [128, I/512, H, 4] are the unpacked MXFP4 values with their e8m0 scales; the gate/up
+    bias, when given, is [I_p, 2, I/512, 4] in the same I layout."""
+    tokens, hidden = x.shape
+    h_tiles, i_tiles = hidden // 512, down.shape[1]
+    x_q = _mx_round_trip(
+        x.astype(np.float64).reshape(tokens, 4, h_tiles, 128).transpose(3, 2, 0, 1)
+    )
+    gate, up = (
+        np.einsum("pjtq,pjiq->ti", x_q, _mx_dequantize_layout(gate_up[:, g], gate_up_scale[:, g]))
+        for g in (0, 1)
+    )
+    if gate_up_bias is not None:  # [I_p, 2, I/512, 4], I = 512c + 128q + p
+        bias = gate_up_bias.astype(np.float64).transpose(1, 2, 3, 0).reshape(2, -1)
+        gate, up = gate + bias[0], up + bias[1]
+    if clamps is not None:  # (gate's upper limit, up's lower and upper limits)
+        gate, up = np.minimum(gate, clamps[0]), np.clip(up, clamps[1], clamps[2])
+    inter_values = (_silu(gate) * up).astype(BF16).astype(np.float64)  # bf16 compute
+    layout = inter_values.reshape(tokens, i_tiles, 4, 128).transpose(3, 1, 0, 2)
+    return np.einsum(
+        "pctq,pchq->th", _mx_round_trip(layout), _mx_dequantize_layout(down, down_scale)
+    )
+
+
+def _check_mx_output(out, expected):
+    """MX quantization of bf16 values the kernel rounds differently from float64 moves a few
+    elements by one e4m3 ulp (2^-3): measured 1.5 % of the output's rms (rms of the error),
+    17 % at worst; wrong layouts or scales are off by ~100 %."""
+    rms = float(np.sqrt((expected**2).mean()))
+    actual = np.asarray(out).astype(np.float64)
+    assert np.isfinite(actual).all()
+    error = np.abs(actual - expected)
+    assert np.sqrt((error**2).mean()) <= 0.04 * rms and error.max() <= 0.3 * rms, (
+        np.sqrt((error**2).mean()) / rms,
+        error.max() / rms,
+    )
+
+
+def _moe_mx_weights(rng, local_experts, hidden, inter):
+    """MXFP4 gate/up [E_L, 128, 2, H/512, I, 4] and down [E_L, 128, I/512, H, 4] values over
+    their whole range, with e8m0 scales [E_L, 16, 2, H/512, I] and [E_L, 16, I/512, H]."""
+    shape = (local_experts, 128, 2, hidden // 512, inter)
+    gate_up = _mx_values(rng, shape + (4,), ml_dtypes.float4_e2m1fn)
+    gate_up_scale = rng.integers(118, 122, (local_experts, 16) + shape[2:]).astype(np.uint8)
+    down_shape = (local_experts, 128, inter // 512, hidden)
+    down = _mx_values(rng, down_shape + (4,), ml_dtypes.float4_e2m1fn)
+    down_scale = rng.integers(118, 122, (local_experts, 16) + down_shape[2:]).astype(np.uint8)
+    return gate_up, gate_up_scale, down, down_scale
+
+
+def _pack_moe_mx_weights(gate_up, down):
+    return (
+        pack_x4(gate_up.reshape(gate_up.shape[:-2] + (-1,)), "float4_e2m1fn_x4"),
+        pack_x4(down.reshape(down.shape[:-2] + (-1,)), "float4_e2m1fn_x4"),
+    )
+
+
 @pytest.mark.parametrize(
     "tokens, hidden, inter, local_experts, rank",
     [(32, 512, 512, 1, 0), (64, 1024, 512, 2, 1)],
@@ -2388,29 +2596,18 @@ def test_moe_tkg_all_expert_mx(rng, monkeypatch, tokens, hidden, inter, local_ex
     """Docstring (moe_tkg, all-expert MX, LNC=2 on Trn3): hidden [T, H] bf16, MXFP4 gate/up
     [E_L, 128, 2, H/512, I] x4 with e8m0 scales [E_L, 16, 2, H/512, I], down [E_L, I_p,
     I/512, H] x4 with scales [E_L, I_p/8, I/512, H]; out = Σ_e a[t, E_L·rank_id + e] ·
-    down(silu(x @ gate) · (x @ up)) (POST_SCALE). The kernel quantizes x online to MXFP8
-    e4m3fn, H split as [4, H/512, 128] onto (lane, tile, partition) (AWS's own torch
-    reference, core/moe/moe_tkg/moe_tkg_torch.py L366), and the bf16 intermediate in its
-    [128, I/512, T, 4] layout with I = 512c + 128q + p (gate_up_projection_mx_shard_H.py
-    L165-170)."""
+    down(silu(x @ gate) · (x @ up)) (POST_SCALE)."""
     monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn3")
-    from simulate.core.dtypes import pack_x4
-
     moe_tkg = library_module("core.moe.moe_tkg.moe_tkg").moe_tkg
     scale_mode = library_module("core.utils.common_types").ExpertAffinityScaleMode
-    h_tiles, i_tiles, experts = hidden // 512, inter // 512, 2 * local_experts
+    experts = 2 * local_experts
     x = _random(rng, (tokens, hidden), BF16)
-    shape = (local_experts, 128, 2, h_tiles, inter)
-    gate_up = _mx_values(rng, shape + (4,), ml_dtypes.float4_e2m1fn)
-    gate_up_scale = rng.integers(118, 122, (local_experts, 16) + shape[2:]).astype(np.uint8)
-    down = _mx_values(rng, (local_experts, 128, i_tiles, hidden, 4), ml_dtypes.float4_e2m1fn)
-    down_scale = rng.integers(118, 122, (local_experts, 16, i_tiles, hidden)).astype(np.uint8)
+    gate_up, gate_up_scale, down, down_scale = _moe_mx_weights(rng, local_experts, hidden, inter)
     affinities = rng.random((tokens, experts)).astype(BF16)
     index = rng.integers(0, experts, (tokens, 1)).astype(np.int32)
     out = nki.jit(moe_tkg)[2](
         x,
-        pack_x4(gate_up.reshape(shape[:-1] + (4 * inter,)), "float4_e2m1fn_x4"),
-        pack_x4(down.reshape(local_experts, 128, i_tiles, 4 * hidden), "float4_e2m1fn_x4"),
+        *_pack_moe_mx_weights(gate_up, down),
         affinities,
         index,
         True,
@@ -2419,35 +2616,778 @@ def test_moe_tkg_all_expert_mx(rng, monkeypatch, tokens, hidden, inter, local_ex
         expert_down_weights_scale=down_scale,
         expert_affinities_scaling_mode=scale_mode.POST_SCALE,
     )
-    x_q = _mx_round_trip(
-        x.astype(np.float64).reshape(tokens, 4, h_tiles, 128).transpose(3, 2, 0, 1)
-    )
     expected = np.zeros((tokens, hidden))
     for e in range(local_experts):
-        gate, up = (
-            np.einsum(
-                "pjtq,pjiq->ti",
-                x_q,
-                _mx_dequantize_layout(gate_up[e, :, g], gate_up_scale[e, :, g]),
-            )
-            for g in (0, 1)
+        weight = affinities[:, local_experts * rank + e].astype(np.float64)[:, None]
+        expected += weight * _moe_mx_expert_output(
+            x, gate_up[e], gate_up_scale[e], down[e], down_scale[e]
         )
-        inter_values = (_silu(gate) * up).astype(BF16).astype(np.float64)  # bf16 compute
-        layout = inter_values.reshape(tokens, i_tiles, 4, 128).transpose(3, 1, 0, 2)
-        contribution = np.einsum(
-            "pctq,pchq->th", _mx_round_trip(layout), _mx_dequantize_layout(down[e], down_scale[e])
-        )
-        expected += (
-            affinities[:, local_experts * rank + e].astype(np.float64)[:, None] * contribution
-        )
-    # MX quantization of bf16 values the kernel rounds differently from float64 moves a few
-    # elements by one e4m3 ulp (2^-3): measured 1.5 % of the output's rms (rms of the error),
-    # 17 % at worst; wrong layouts or scales are off by ~100 %
-    rms = float(np.sqrt((expected**2).mean()))
-    actual = np.asarray(out).astype(np.float64)
-    assert np.asarray(out).dtype == BF16 and np.isfinite(actual).all()
-    error = np.abs(actual - expected)
-    assert np.sqrt((error**2).mean()) <= 0.04 * rms and error.max() <= 0.3 * rms, (
-        np.sqrt((error**2).mean()) / rms,
-        error.max() / rms,
+    assert np.asarray(out).dtype == BF16
+    _check_mx_output(out, expected)
+
+
+@pytest.mark.parametrize(
+    "tokens, hidden, inter, block, routed_share",
+    [
+        (64, 512, 1024, 32, 1.0),  # every token routed: the one dynamic block runs
+        (64, 512, 1024, 16, 0.3),  # blocks without routed tokens are skipped
+        (128, 1024, 1024, 32, 0.6),
+    ],
+)
+def test_moe_tkg_all_expert_mx_dynamic(
+    rng, monkeypatch, tokens, hidden, inter, block, routed_share
+):
+    """Docstring (moe_tkg, is_all_expert_dynamic, core/moe/moe_tkg/moe_tkg.py L133-138 and
+    all_expert_mx_impl.py L109-125): one local expert; its routed tokens (nonzero affinity)
+    are found with nonzero_with_count and processed in blocks of block_size, the first block
+    always, the others in a dynamic loop while they hold routed tokens; each block gathers
+    its tokens, runs the MX expert and scatters a·expert(x) to their rows. Rows of tokens
+    not routed are never written (their indices are the -1 padding the scatter skips,
+    oob_mode.skip), so they keep the fresh output's contents: the simulator's NaN.
+
+    E = E_L = 1 and I >= 1024 at LNC=2, as every dynamic case of AWS's harness
+    (test/integration/nkilib/core/moe/moe_tkg/test_moe_tkg.py L274-296: expert 1, I 3072).
+    Beyond that AWS's code at d2ad3a5 (and 2.29_release) computes wrong results, by its
+    docstring and by the docs: with E > 1 the LNC=2 affinity slice reads core 1's half from
+    `offset=T_offset` elements of the [T, E] affinities, row T_offset/E, where `.ap`'s
+    offset counts elements (nki/deep-dives/nki-aps.rst L73;
+    core/moe/moe_tkg/moe_tkg_affinity_masking.py L188-190); with I < 1024 the I-sharding
+    is off (all_expert_mx_utils.py L99), both cores compute the whole expert, yet the
+    dynamic blocks call _compute_expert_mlp with its default shard_on_I=True
+    (all_expert_mx_impl.py L974-987), whose LNC reduction then adds the two copies
+    (down_projection_mx.py L399-441): every row twice the reference."""
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn3")
+    moe_tkg = library_module("core.moe.moe_tkg.moe_tkg").moe_tkg
+    scale_mode = library_module("core.utils.common_types").ExpertAffinityScaleMode
+    x = _random(rng, (tokens, hidden), BF16)
+    gate_up, gate_up_scale, down, down_scale = _moe_mx_weights(rng, 1, hidden, inter)
+    routed = rng.random(tokens) < routed_share
+    routed[rng.integers(tokens)] = True
+    affinities = np.where(routed, rng.uniform(0.05, 1.0, tokens), 0.0)[:, None].astype(BF16)
+    out = nki.jit(moe_tkg)[2](
+        x,
+        *_pack_moe_mx_weights(gate_up, down),
+        affinities,
+        np.zeros((tokens, 1), np.int32),
+        True,
+        rank_id=np.zeros((1, 1), np.int32),
+        expert_gate_up_weights_scale=gate_up_scale,
+        expert_down_weights_scale=down_scale,
+        expert_affinities_scaling_mode=scale_mode.POST_SCALE,
+        is_all_expert_dynamic=True,
+        block_size=block,
     )
+    expected = affinities.astype(np.float64) * _moe_mx_expert_output(
+        x, gate_up[0], gate_up_scale[0], down[0], down_scale[0]
+    )
+    actual = np.asarray(out)
+    assert actual.dtype == BF16 and actual.shape == (tokens, hidden)
+    assert np.isnan(actual[~routed].astype(np.float64)).all()
+    _check_mx_output(actual[routed], expected[routed])
+
+
+# --- qkv and output_projection_cte, MX (QuantizationType.MX) ----------------------------------
+def _mx_weights(rng, contraction, width, element):
+    """MX weights over the element type's whole range: values [K/4, F, 4] (lane q of x4 row r
+    is contraction index 4r + q, QKVWeightLayout.MX_CONTIGUOUS, core/utils/common_types.py
+    L75-78) and e8m0 scales [K/32, F], one per 8 rows x 4 lanes."""
+    values = _mx_values(rng, (contraction // 4, width, 4), element)
+    scale = rng.integers(120, 126, (contraction // 32, width)).astype(np.uint8)
+    return values, scale
+
+
+def _mx_dequantize_rows(values, scale, axis):
+    """float64 MX values with their e8m0 scales, one scale per 8 x4 rows along ``axis``."""
+    factor = np.ldexp(1.0, np.repeat(scale.astype(np.int64) - 127, 8, axis=axis))
+    return values.astype(np.float64) * factor[..., None]
+
+
+def _mx_online_matmul(x, values, scale):
+    """x [T, K] (float64) quantized online to MXFP8 e4m3fn, 32 consecutive K entries of a token
+    per scale (quantize_mx on [K/4, T x4], isa L2776-2780), @ the MX weights [K/4, F, 4]."""
+    tokens, contraction = x.shape
+    layout = x.reshape(tokens, contraction // 4, 4).transpose(1, 0, 2).reshape(contraction // 4, -1)
+    quantized, exponent = _mx_quantize_reference(layout, emax=8)
+    factor = np.repeat(np.repeat(np.ldexp(1.0, exponent), 8, 0), 4, 1)
+    x_q = (quantized.astype(np.float64) * factor).reshape(contraction // 4, tokens, 4)
+    return np.einsum("rtq,rfq->tf", x_q, _mx_dequantize_rows(values, scale, axis=0))
+
+
+@pytest.mark.parametrize(
+    "lnc, batch, seq, hidden, q_heads, kv_heads, norm, swizzled, bias, residual",
+    [
+        (
+            2,
+            4,
+            1,
+            1024,
+            2,
+            1,
+            "NO_NORM",
+            True,
+            False,
+            False,
+        ),  # qkv_tkg MX (AWS's cases: LNC=2, d_head 128)
+        (2, 8, 1, 2048, 6, 3, "RMS_NORM", True, False, False),
+        (1, 4, 1, 512, 2, 1, "NO_NORM", True, True, False),
+        (1, 1, 128, 512, 2, 1, "NO_NORM", False, False, False),  # S > 96: qkv_cte MX
+        (2, 2, 128, 512, 2, 1, "NO_NORM", True, True, False),
+        (2, 1, 128, 1024, 2, 1, "RMS_NORM", False, False, False),
+        # the fused add on qkv_cte only (the TKG MX path: "fused_add is not supported")
+        (2, 1, 128, 1024, 2, 1, "RMS_NORM", False, True, True),
+    ],
+)
+def test_qkv_mx(
+    rng, monkeypatch, lnc, batch, seq, hidden, q_heads, kv_heads, norm, swizzled, bias, residual
+):
+    """Docstring (qkv, QuantizationType.MX, Trn3; core/qkv/qkv.py L134-144, L189-198): x [B, S,
+    H] bf16, optionally RMS-normalised with γ, quantized online to MXFP8 and multiplied by
+    MXFP8 weights [H/4, I] x4 (MX_CONTIGUOUS) with scales [H/32, I]: out [B, S, I] bf16. With
+    is_h_dim_4h_transposed (required by qkv_tkg's MX path, qkv_tkg_mx_impl.py L70) x and γ
+    come pre-shuffled from [.., H/512, 128, 4] to [.., 4, H/512, 128]; qkv_cte takes either
+    (is_input_swizzled, qkv_cte.py L204-208) but normalises unswizzled input only
+    (qkv_cte_utils.py L546). Optional bias [1, I] and, on qkv_cte, the fused residual add
+    x + mlp_prev + attention_prev (rounded to bf16) before the norm."""
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn3")
+    qkv = library_module("core.qkv.qkv").qkv
+    types = library_module("core.utils.common_types")
+    d_head = 128
+    width = (q_heads + 2 * kv_heads) * d_head
+    x = _random(rng, (batch, seq, hidden), BF16)
+    values, scale = _mx_weights(rng, hidden, width, ml_dtypes.float8_e4m3fn)
+
+    def shuffle(a):
+        split = a.reshape(a.shape[:-1] + (hidden // 512, 128, 4))
+        return np.moveaxis(split, -1, -3).reshape(a.shape) if swizzled else a
+
+    kwargs = {"fused_norm_type": getattr(types.NormType, norm)}
+    x64 = x.astype(np.float64).reshape(batch * seq, hidden)
+    if residual:
+        mlp_prev, attention_prev = (_random(rng, x.shape, BF16) for _ in range(2))
+        kwargs.update(
+            fused_residual_add=True,
+            mlp_prev=shuffle(mlp_prev),
+            attention_prev=shuffle(attention_prev),
+        )
+        summed = x64 + sum(
+            t.astype(np.float64).reshape(x64.shape) for t in (mlp_prev, attention_prev)
+        )
+        x64 = summed.astype(BF16).astype(np.float64)
+    if norm == "RMS_NORM":
+        gamma = _random(rng, (1, hidden), BF16)
+        kwargs["gamma_norm_weights"] = shuffle(gamma)
+        x64 = x64 / np.sqrt((x64**2).mean(axis=-1, keepdims=True) + 1e-6)
+        # the kernels round the normalised x to bf16 before quantize_mx
+        x64 = (x64 * gamma.astype(np.float64)).astype(BF16).astype(np.float64)
+    if bias:
+        kwargs["bias"] = _random(rng, (1, width), BF16)
+    out = _launch(
+        qkv,
+        lnc,
+        shuffle(x),
+        pack_x4(values.reshape(hidden // 4, 4 * width), "float8_e4m3fn_x4"),
+        quantization_type=types.QuantizationType.MX,
+        qkv_w_scale=scale,
+        is_h_dim_4h_transposed=swizzled,
+        weight_layout=types.QKVWeightLayout.MX_CONTIGUOUS,
+        d_head=d_head,
+        num_q_heads=q_heads,
+        num_kv_heads=kv_heads,
+        **kwargs,
+    )
+    expected = _mx_online_matmul(x64, values, scale).reshape(batch, seq, width)
+    if bias:
+        expected = expected + kwargs["bias"].astype(np.float64)
+    assert np.asarray(out).dtype == BF16 and np.asarray(out).shape == expected.shape
+    _check_mx_output(out, expected)
+
+
+@pytest.mark.parametrize(
+    "lnc, batch, heads, d_head, seq, hidden, bias, prequantized",
+    [
+        (1, 1, 2, 64, 128, 512, False, False),
+        (2, 2, 4, 64, 256, 1024, True, False),
+        (1, 1, 1, 512, 128, 512, False, True),  # pre-quantized MXFP8 input, [B, 1, K/4, S] x4
+        (2, 2, 1, 1024, 256, 1024, True, True),
+    ],
+)
+def test_output_projection_cte_mx(
+    rng, monkeypatch, lnc, batch, heads, d_head, seq, hidden, bias, prequantized
+):
+    """Docstring (output_projection_cte, QuantizationType.MX, Trn3; output_projection_cte.py
+    L64-71, output_projection_cte_quantization.py L478-513): out [B, S, H] bf16 = attention
+    [B, N, D, S] contracted over K = N·D with MXFP4 weights [K/4, H] x4 (scales [K/32, H]) +
+    bias. A bf16 attention is quantized online to MXFP8 (32 consecutive K entries of a token
+    per scale); a pre-quantized one comes as float8_e4m3fn_x4 [B, 1, K/4, S] with scales
+    [B, K/32, S] (AWS's harness: test/integration/nkilib/core/output_projection/
+    test_output_proj_cte.py L116-135), lane q of row r being K index 4r + q."""
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn3")
+    module = library_module("core.output_projection.output_projection_cte.output_projection_cte")
+    types = library_module("core.utils.common_types")
+    contraction = heads * d_head
+    values, scale = _mx_weights(rng, contraction, hidden, ml_dtypes.float4_e2m1fn)
+    weights = pack_x4(values.reshape(contraction // 4, 4 * hidden), "float4_e2m1fn_x4")
+    kwargs = {"quantization_type": types.QuantizationType.MX, "weight_scales": scale}
+    if prequantized:
+        act = _mx_values(rng, (batch, contraction // 4, seq, 4), ml_dtypes.float8_e4m3fn)
+        act_scale = rng.integers(120, 126, (batch, contraction // 32, seq)).astype(np.uint8)
+        attention = pack_x4(act.reshape(batch, 1, contraction // 4, 4 * seq), "float8_e4m3fn_x4")
+        kwargs["input_scales"] = act_scale
+        expected = np.einsum(
+            "brsq,rhq->bsh",
+            _mx_dequantize_rows(act, act_scale, axis=1),
+            _mx_dequantize_rows(values, scale, axis=0),
+        )
+    else:
+        attention = _random(rng, (batch, heads, d_head, seq), BF16)
+        tokens = attention.astype(np.float64).reshape(batch, contraction, seq).transpose(0, 2, 1)
+        expected = np.stack([_mx_online_matmul(t, values, scale) for t in tokens])
+    if bias:
+        kwargs["bias"] = _random(rng, (1, hidden), BF16)
+        expected = expected + kwargs["bias"].astype(np.float64)
+    out = _launch(nki.jit(module.output_projection_cte), lnc, attention, weights, **kwargs)
+    assert np.asarray(out).dtype == BF16 and np.asarray(out).shape == expected.shape
+    _check_mx_output(out, expected)
+
+
+# --- mlp_tkg_mx and the mlp entry (core/mlp/) ---------------------------------------------------
+def _mlp_entry():
+    """AWS's ``mlp`` entry, or a skip naming why the checkout cannot import it: at d2ad3a5
+    core/mlp/mlp.py does not parse (the end of its docstring is pasted a second time after
+    it, L203-213); 2.29_release (ddbca35) holds the same kernels with a parsable entry."""
+    try:
+        return library_module("core.mlp.mlp").mlp
+    except SyntaxError as error:
+        pytest.skip(f"this nki-library checkout's core/mlp/mlp.py does not parse: {error}")
+
+
+def _mlp_mx_case(rng, batch, seq, hidden, inter, rms):
+    """Inputs and float64 reference of an MX MLP (docstring of mlp_tkg_mx,
+    core/mlp/mlp_tkg/mlp_tkg_mx.py L58-110): bf16 x [B, S, H], optionally RMS-normalised with
+    γ (rounded to bf16 before quantize_mx), MXFP4 gate and up [128, H/512, I] x4 with scales
+    [16, H/512, I], down [128, I/512, H] x4 with scales [16, I/512, H]; one expert of the MX
+    MoE's computation (same layouts, gate_up_projection_mx_shard_H.py L165-170)."""
+    gate_up, gate_up_scale, down, down_scale = (
+        a[0] for a in _moe_mx_weights(rng, 1, hidden, inter)
+    )
+    x = _random(rng, (batch, seq, hidden), BF16)
+    gamma = _random(rng, (1, hidden), BF16) if rms else None
+    x64 = x.astype(np.float64).reshape(batch * seq, hidden)
+    if rms:
+        x64 = x64 / np.sqrt((x64**2).mean(axis=-1, keepdims=True) + 1e-6)
+        x64 = (x64 * gamma.astype(np.float64)).astype(BF16).astype(np.float64)
+    expected = _moe_mx_expert_output(x64, gate_up, gate_up_scale, down, down_scale)
+
+    def pack(values):
+        return pack_x4(values.reshape(values.shape[:-2] + (-1,)), "float4_e2m1fn_x4")
+
+    weights = (pack(gate_up[:, 0]), pack(gate_up[:, 1]), pack(down))
+    scales = tuple(np.ascontiguousarray(s) for s in (gate_up_scale[:, 0], gate_up_scale[:, 1]))
+    return x, weights, gamma, scales + (down_scale,), expected.reshape(x.shape)
+
+
+@pytest.mark.parametrize(
+    "lnc, batch, seq, hidden, inter, rms",
+    [
+        (1, 4, 1, 512, 512, False),
+        (2, 2, 2, 1024, 1024, True),  # LNC=2 shards H: at least one 512-tile per core
+        (2, 8, 1, 1024, 2048, False),
+    ],
+)
+def test_mlp_tkg_mx(rng, monkeypatch, lnc, batch, seq, hidden, inter, rms):
+    """mlp_tkg_mx through MLPParameters (QuantizationType.MX), the output allocated as the
+    mlp entry does (core/mlp/mlp.py, which does not parse at d2ad3a5)."""
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn3")
+    types = library_module("core.utils.common_types")
+    parameters = library_module("core.mlp.mlp_parameters").MLPParameters
+    mlp_tkg_mx = library_module("core.mlp.mlp_tkg.mlp_tkg_mx").mlp_tkg_mx
+    norm = types.NormType.RMS_NORM if rms else types.NormType.NO_NORM
+    mx = types.QuantizationType.MX
+    nl = nki.language
+
+    def mlp(x, gate, up, down, gamma, gate_scale, up_scale, down_scale):
+        params = parameters(
+            hidden_tensor=x,
+            gate_proj_weights_tensor=gate,
+            up_proj_weights_tensor=up,
+            down_proj_weights_tensor=down,
+            normalization_weights_tensor=gamma,
+            normalization_type=norm,
+            quantization_type=mx,
+            gate_w_scale=gate_scale,
+            up_w_scale=up_scale,
+            down_w_scale=down_scale,
+        )
+        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        mlp_tkg_mx(params, out, None)
+        return out
+
+    x, weights, gamma, scales, expected = _mlp_mx_case(rng, batch, seq, hidden, inter, rms)
+    out = _launch(nki.jit(mlp), lnc, x, *weights, gamma, *scales)
+    assert np.asarray(out).dtype == BF16
+    _check_mx_output(out, expected)
+
+
+@pytest.mark.parametrize("lnc, rms", [(1, False), (2, True)])
+def test_mlp_entry_mx(rng, monkeypatch, lnc, rms):
+    """The mlp entry (core/mlp/mlp.py@ddbca35 L80-201) with QuantizationType.MX dispatches to
+    mlp_tkg_mx (TKG only, no column tiling) and returns [out]."""
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn3")
+    mlp = _mlp_entry()
+    types = library_module("core.utils.common_types")
+    x, weights, gamma, scales, expected = _mlp_mx_case(rng, 2, 2, 1024, 1024, rms)
+    result = _launch(
+        mlp,
+        lnc,
+        x,
+        *weights,
+        normalization_weights_tensor=gamma,
+        normalization_type=types.NormType.RMS_NORM if rms else types.NormType.NO_NORM,
+        quantization_type=types.QuantizationType.MX,
+        gate_w_scale=scales[0],
+        up_w_scale=scales[1],
+        down_w_scale=scales[2],
+        use_tkg_gate_up_proj_column_tiling=False,
+        use_tkg_down_proj_column_tiling=False,
+    )
+    assert isinstance(result, list) and len(result) == 1
+    assert result[0].dtype == BF16
+    _check_mx_output(result[0], expected)
+
+
+@pytest.mark.parametrize(
+    "lnc, batch, seq, store_fused_add", [(1, 2, 1, False), (2, 4, 1, True), (1, 1, 128, True)]
+)
+def test_mlp_entry(rng, lnc, batch, seq, store_fused_add):
+    """The mlp entry (core/mlp/mlp.py@ddbca35 L80-201): x (+ fused_add_tensor) RMS-normalised
+    with γ, down(SiLU(x @ gate) · (x @ up)); TKG for B·S <= 96, CTE beyond (L186-189); with
+    store_fused_add_result it returns [out, x + fused_add_tensor] (L183-184)."""
+    mlp = _mlp_entry()
+    types = library_module("core.utils.common_types")
+    hidden, inter = 512, 512
+    x = _random(rng, (batch, seq, hidden), BF16)
+    residual = _random(rng, x.shape, BF16)
+    gamma = _random(rng, (1, hidden), BF16)
+    gate, up = ((_random(rng, (hidden, inter), np.float32) / 24).astype(BF16) for _ in range(2))
+    down = (_random(rng, (inter, hidden), np.float32) / 24).astype(BF16)
+    result = _launch(
+        mlp,
+        lnc,
+        x,
+        gate,
+        up,
+        down,
+        normalization_weights_tensor=gamma,
+        normalization_type=types.NormType.RMS_NORM,
+        fused_add_tensor=residual,
+        store_fused_add_result=store_fused_add,
+    )
+    summed = x.astype(np.float64) + residual.astype(np.float64)
+    normed = summed / np.sqrt((summed**2).mean(axis=-1, keepdims=True) + 1e-6)
+    normed = normed * gamma.astype(np.float64)
+    expected = (_silu(normed @ gate.astype(np.float64)) * (normed @ up.astype(np.float64))) @ (
+        down.astype(np.float64)
+    )
+    assert isinstance(result, list) and len(result) == (2 if store_fused_add else 1)
+    _check(result[0], expected, BF16, scale=4.0)
+    if store_fused_add:
+        _check(result[1], summed, BF16, scale=4.0)
+
+
+# --- collectives: allgather_sb2sb (experimental/collectives/sb2sb_allgather.py) ----------------
+@pytest.mark.parametrize(
+    "tiled, rows, width, ranks, dtype",
+    [
+        (False, 64, 256, 4, BF16),
+        (False, 128, 96, 8, np.float32),
+        (True, 256, 128, 4, BF16),  # two 128-row tiles, LNC=1
+        (True, 96, 64, 2, np.float32),
+    ],
+)
+def test_allgather_sb2sb(rng, tiled, rows, width, ranks, dtype):
+    """Docstring (sb2sb_allgather.py L30-79, L100-126): each rank's [H, W] input, gathered
+    over the ranks of the replica group along the last dimension: every rank's output
+    [H, W·tp_degree] = [x_0 | x_1 | …] (AWS's harness: one ReplicaGroup of all ranks,
+    test/integration/nkilib/experimental/collectives/test_sb2sb_allgather.py L66-79). Run
+    on ``ranks`` LNC=1 ranks by ``launch_ranks``."""
+    module = library_module("experimental.collectives.sb2sb_allgather")
+    kernel = module.allgather_sb2sb_tiled if tiled else module.allgather_sb2sb
+    group = nki.collectives.ReplicaGroup([list(range(ranks))])
+    inputs = [_random(rng, (rows, width), dtype) for _ in range(ranks)]
+    results = nki.launch_ranks(kernel, [((x, group, ranks), {}) for x in inputs])
+    expected = np.concatenate(inputs, axis=1)
+    for out in results:
+        assert out.dtype == np.dtype(dtype)
+        np.testing.assert_array_equal(out, expected)
+
+
+# --- collectives: transformer_tkg (experimental/transformer/transformer_tkg.py) ----------------
+@pytest.mark.parametrize("ranks, batch, tokens", [(2, 2, 1), (4, 1, 2)])
+def test_transformer_tkg_tensor_parallel(rng, ranks, batch, tokens):
+    """Docstring (transformer_tkg.py@ddbca35 L118-182), one layer on ``ranks`` tensor-parallel
+    LNC=1 ranks (HBM path): each rank runs attention_block_tkg with its own heads, K/V head,
+    caches and W_out rows (K cache [B, 1, d, S_ctx], transposed); the partial outputs are
+    all-reduced over the replica group and added to X; then the RMSNorm-ed sum goes through
+    each rank's MLP slice (SiLU, gate/up columns, down rows), all-reduced and added again.
+    Every rank returns the same [B, S, H]. The kernel imports core/mlp/mlp.py, which does
+    not parse at d2ad3a5: run against 2.29_release."""
+    _mlp_entry()
+    try:
+        module = library_module("experimental.transformer.transformer_tkg")
+    except SyntaxError as error:
+        pytest.skip(f"transformer_tkg does not import from this checkout: {error}")
+    transformer = module.transformer_tkg
+    hidden, heads, d, s_ctx, inter = 256, 2, 64, 256, 256
+
+    def layer(x, w_qkv, w_out, w_gate, w_up, w_down, g_qkv, g_mlp, k, v, cos, sin, mask, groups):
+        return transformer(
+            x, [w_qkv], [w_out], [w_gate], [w_up], [w_down], [g_qkv], [g_mlp], [k], [v],
+            cos, sin, mask, None, None, 1, replica_groups=groups,
+        )  # fmt: skip
+
+    x = _random(rng, (batch, tokens, hidden), BF16)
+    g_qkv, g_mlp = (_random(rng, (1, hidden), BF16) for _ in range(2))
+    angle = rng.uniform(-math.pi, math.pi, (d // 2, batch, tokens))
+    cos, sin = np.cos(angle).astype(BF16), np.sin(angle).astype(BF16)
+    lengths = rng.integers(1, s_ctx - tokens, batch)
+    keep = np.arange(s_ctx)[:, None, None, None] < lengths[None, :, None, None]
+    keep = np.broadcast_to(keep, (s_ctx, batch, heads, tokens)).copy()
+    keep[s_ctx - tokens :] = np.tri(tokens, dtype=bool).T[:, None, None, :]
+
+    def weight(rows, cols, fan_in):
+        return (_random(rng, (rows, cols), np.float32) / math.sqrt(fan_in)).astype(BF16)
+
+    shards = []
+    for _ in range(ranks):
+        w_qkv = weight(hidden, d * (heads + 2), hidden)
+        w_out = weight(heads * d, hidden, heads * d * ranks)
+        w_gate, w_up = weight(hidden, inter, hidden), weight(hidden, inter, hidden)
+        w_down = weight(inter, hidden, inter * ranks)
+        k = _random(rng, (batch, 1, d, s_ctx), BF16)
+        v = _random(rng, (batch, 1, s_ctx, d), BF16)
+        shards.append((w_qkv, w_out, w_gate, w_up, w_down, k, v))
+    group = (tuple(range(ranks)),)
+    inputs = [
+        ((x, *s[:5], g_qkv, g_mlp, s[5], s[6], cos, sin, keep.astype(BF16), group), {})
+        for s in shards
+    ]
+    results = nki.launch_ranks(nki.jit(layer), inputs)
+
+    attention = sum(
+        _attention_block_reference(
+            x, g_qkv, s[0], cos, sin, s[5][:, 0].transpose(0, 2, 1), s[6][:, 0], keep, s[1], None
+        )[0]
+        for s in shards
+    )
+    current = x.astype(np.float64).reshape(batch * tokens, hidden) + attention
+    normed = current / np.sqrt((current**2).mean(axis=-1, keepdims=True) + 1e-6)
+    normed = normed * g_mlp.astype(np.float64)
+    mlp = sum(
+        (_silu(normed @ s[2].astype(np.float64)) * (normed @ s[3].astype(np.float64)))
+        @ s[4].astype(np.float64)
+        for s in shards
+    )
+    expected = (current + mlp).reshape(batch, tokens, hidden)
+    for out in results:
+        _check(out, expected, BF16, scale=2.0)
+
+
+@pytest.mark.parametrize(
+    "lnc, tokens, hidden, inter, experts, top_k",
+    [(1, 4, 512, 512, 4, 2), (2, 8, 1024, 1024, 4, 2), (2, 4, 1024, 512, 8, 4)],
+)
+def test_moe_tkg_selective_mx(rng, monkeypatch, lnc, tokens, hidden, inter, experts, top_k):
+    """Docstring (moe_tkg, selective experts with MXFP4, selective_expert_mx_impl.py L38-87):
+    out[t] = Σ over the token's K experts e of a[t, e] · (expert_e(x[t]) + down_bias[e]), an
+    MX expert with gate/up bias [E, I_p, 2, I/512, 4] and AWS's clamps (gate <= 7, up in
+    [-6, 8], the values of AWS's harness, test/integration/nkilib/core/moe/moe_tkg/
+    test_moe_tkg_utils.py L234-237). The affinities are nonzero at the chosen experts only,
+    as the harness builds them (L98-115). Without clamps the kernel calls tensor_scalar with
+    op0=None (gate_up_projection_mx_shard_H.py L429-436), which the ISA reference does not
+    allow (op0 has no default, isa L1081) and AWS's harness never runs (every selective MX
+    case clamps, test_moe_tkg.py L257-262)."""
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn3")
+    moe_tkg = library_module("core.moe.moe_tkg.moe_tkg").moe_tkg
+    scale_mode = library_module("core.utils.common_types").ExpertAffinityScaleMode
+    x = _random(rng, (tokens, hidden), BF16)
+    gate_up, gate_up_scale, down, down_scale = _moe_mx_weights(rng, experts, hidden, inter)
+    gate_up_scale += 3  # gate/up outputs of std ~8: the clamps act on a good share of them
+    gate_up_bias = _random(rng, (experts, 128, 2, inter // 512, 4), BF16)
+    down_bias = _random(rng, (experts, hidden), BF16)
+    index = np.stack([rng.permutation(experts)[:top_k] for _ in range(tokens)]).astype(np.int32)
+    affinities = np.zeros((tokens, experts), np.float32)
+    for t in range(tokens):
+        affinities[t, index[t]] = rng.uniform(0.05, 1.0, top_k)
+    clamps = (7.0, -6.0, 8.0)
+    out = _launch(
+        nki.jit(moe_tkg),
+        lnc,
+        x,
+        *_pack_moe_mx_weights(gate_up, down),
+        affinities,
+        index,
+        False,
+        expert_gate_up_weights_scale=gate_up_scale,
+        expert_down_weights_scale=down_scale,
+        expert_gate_up_bias=gate_up_bias,
+        expert_down_bias=down_bias,
+        expert_affinities_scaling_mode=scale_mode.POST_SCALE,
+        gate_clamp_upper_limit=clamps[0],
+        up_clamp_lower_limit=clamps[1],
+        up_clamp_upper_limit=clamps[2],
+    )
+    expected = np.zeros((tokens, hidden))
+    for e in range(experts):
+        expert = _moe_mx_expert_output(
+            x, gate_up[e], gate_up_scale[e], down[e], down_scale[e], gate_up_bias[e], clamps
+        )
+        expected += affinities[:, e, None] * (expert + down_bias[e].astype(np.float64))
+    assert np.asarray(out).dtype == BF16
+    _check_mx_output(out, expected)
+
+
+def _padding_conditions(positions, block, tokens, extra):
+    """1 for each block holding a token, then 0 for the padding blocks and ``extra`` more
+    slots: the conditions vector of AWS's harness (test/integration/nkilib/core/moe/moe_cte/
+    test_moe_cte_common.py L251-262: N+1 entries for shard-on-I, N+2 for the MX
+    shard-on-block)."""
+    used = (positions.reshape(-1, block) < tokens).any(axis=1)
+    return np.concatenate([used, np.zeros(extra, bool)]).astype(np.int32)
+
+
+@pytest.mark.parametrize(
+    "tokens, hidden, inter, experts, top_k, block, dynamic",
+    [
+        (128, 512, 512, 4, 2, 128, False),
+        (128, 1024, 1024, 4, 2, 128, False),
+        (128, 512, 512, 4, 2, 128, True),  # the dynamic loop over the conditions
+    ],
+)
+def test_moe_cte_shard_on_block_mx(
+    rng, monkeypatch, tokens, hidden, inter, experts, top_k, block, dynamic
+):
+    """Docstring (bwmm_shard_on_block_mx.py L103-229, LNC=2 on Trn3): the blockwise MoE of
+    test_moe_cte with MXFP4 weights in the MX MoE layouts (gate/up [E, 128, 2, H/512, I] x4,
+    down [E, I_p, I/512, H] x4, e8m0 scales, gate/up bias [E, I_p, 2, I/512, 4], down bias
+    [E, H]; AWS's harness, test/integration/nkilib/core/moe/moe_cte/test_utils.py L374-445)
+    and AWS's clamps (test_moe_bwmm_mx_cte.py L61: gate <= 7, up in [-7, 7]): out[t] =
+    Σ over the token's experts of a[t, e] · (expert_e(x[t]) + down_bias[e]). With top-k > 1
+    (the only supported) the output is [2, T+1, H]: the cores' partial sums, reduced into
+    [0] with [1] zeroed (moe_cte_utils.py reduce_outputs, L639-668); T a multiple of 128
+    (the reduction's tiles, bwmm_shard_on_block_mx.py L495-503). ``dynamic``: the conditions
+    vector drives the blocks past the static ones through the dynamic loop (L208-218); the
+    padding blocks it stops at hold only the pad token, so the result is the same."""
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn3")
+    module = library_module("core.moe.moe_cte.bwmm_shard_on_block_mx")
+    chosen, positions, owners = _moe_blocks(rng, tokens, experts, top_k, block, 2)
+    x = np.concatenate([_random(rng, (tokens, hidden), BF16), np.zeros((1, hidden), BF16)])
+    affinities = np.zeros((tokens + 1, experts), np.float32)
+    np.put_along_axis(affinities[:tokens], chosen, rng.uniform(0.05, 1.0, chosen.shape), axis=1)
+    affinities = affinities.astype(BF16)
+    gate_up, gate_up_scale, down, down_scale = _moe_mx_weights(rng, experts, hidden, inter)
+    gate_up_scale += 3  # gate/up outputs of std ~8: the clamps act on a good share of them
+    gate_up_bias = _random(rng, (experts, 128, 2, inter // 512, 4), BF16)
+    down_bias = _random(rng, (experts, hidden), BF16)
+    clamps = (7.0, -7.0, 7.0)
+    out = module.bwmm_shard_on_block_mx[2](
+        x,
+        affinities.reshape(-1, 1),
+        *_pack_moe_mx_weights(gate_up, down),
+        positions,
+        owners.reshape(-1, 1),
+        gate_and_up_proj_bias=gate_up_bias,
+        down_proj_bias=down_bias,
+        gate_up_proj_scale=gate_up_scale,
+        down_proj_scale=down_scale,
+        block_size=block,
+        is_tensor_update_accumulating=True,
+        gate_clamp_upper_limit=clamps[0],
+        up_clamp_lower_limit=clamps[1],
+        up_clamp_upper_limit=clamps[2],
+        weight_dtype=nki.language.float4_e2m1fn_x4,
+        conditions=_padding_conditions(positions, block, tokens, 2) if dynamic else None,
+    )
+    expected = np.zeros((tokens, hidden))
+    for e in range(experts):
+        expert = _moe_mx_expert_output(
+            x[:tokens],
+            gate_up[e],
+            gate_up_scale[e],
+            down[e],
+            down_scale[e],
+            gate_up_bias[e],
+            clamps,
+        )
+        expected += affinities[:tokens, e, None].astype(np.float64) * (
+            expert + down_bias[e].astype(np.float64)
+        )
+    out = np.asarray(out)
+    assert out.shape == (2, tokens + 1, hidden) and out.dtype == BF16
+    assert not out[1, :tokens].any()
+    _check_mx_output(out[0, :tokens], expected)
+
+
+@pytest.mark.parametrize(
+    "tokens, hidden, inter, experts, top_k, block, hybrid",
+    [
+        (128, 512, 1024, 4, 2, 256, False),
+        (128, 1024, 1024, 4, 2, 256, False),
+        (128, 512, 1024, 4, 2, 256, True),  # blockwise_mm_shard_intermediate_mx_hybrid
+    ],
+)
+def test_moe_cte_shard_on_i_mx(
+    rng, monkeypatch, tokens, hidden, inter, experts, top_k, block, hybrid
+):
+    """Docstring (bwmm_shard_on_I_mx.py blockwise_mm_shard_intermediate_mx, L119-219, LNC=2
+    on Trn3): the blockwise MX MoE of test_moe_cte_shard_on_block_mx with I split over the
+    two cores (I a multiple of 1024, blocks of 256: two 128-token tiles, one per core);
+    POST_SCALE as AWS's harness passes it (the kernel's default is PRE_SCALE); out [T+1, H].
+    The down bias is zero here: each core adds the whole bias to its half-I partial sum
+    (L1045-1049, loaded on both cores L1388-1398) and the cores' partials are then added
+    (L1409-1422), so a nonzero bias comes out twice, where the docstring (L204) and AWS's own
+    golden (test/integration/nkilib/core/moe/moe_cte/test_utils.py L594-595, L681-687) add it
+    once. The kernel needs the tensor (it reads its dtype). ``hybrid``: the static/dynamic
+    variant (L401-430), its conditions [N+1] 0 from the first padding block on."""
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn3")
+    module = library_module("core.moe.moe_cte.bwmm_shard_on_I_mx")
+    scale_mode = library_module("core.utils.common_types").ExpertAffinityScaleMode
+    chosen, positions, owners = _moe_blocks(rng, tokens, experts, top_k, block, 1)
+    x = np.concatenate([_random(rng, (tokens, hidden), BF16), np.zeros((1, hidden), BF16)])
+    affinities = np.zeros((tokens + 1, experts), np.float32)
+    np.put_along_axis(affinities[:tokens], chosen, rng.uniform(0.05, 1.0, chosen.shape), axis=1)
+    affinities = affinities.astype(BF16)
+    gate_up, gate_up_scale, down, down_scale = _moe_mx_weights(rng, experts, hidden, inter)
+    gate_up_scale += 3  # gate/up outputs of std ~8: the clamps act on a good share of them
+    gate_up_bias = _random(rng, (experts, 128, 2, inter // 512, 4), BF16)
+    clamps = (7.0, -7.0, 7.0)
+    if hybrid:
+        conditions = _padding_conditions(positions, block, tokens, 1)
+        kernel = functools.partial(module.blockwise_mm_shard_intermediate_mx_hybrid[2], conditions)
+    else:
+        kernel = module.blockwise_mm_shard_intermediate_mx[2]
+    out = kernel(
+        x,
+        affinities.reshape(-1, 1),
+        *_pack_moe_mx_weights(gate_up, down),
+        positions,
+        owners.reshape(-1, 1),
+        gate_and_up_proj_bias=gate_up_bias,
+        down_proj_bias=np.zeros((experts, hidden), BF16),
+        gate_up_proj_scale=gate_up_scale,
+        down_proj_scale=down_scale,
+        block_size=block,
+        is_tensor_update_accumulating=True,
+        expert_affinities_scaling_mode=scale_mode.POST_SCALE,
+        gate_clamp_upper_limit=clamps[0],
+        up_clamp_lower_limit=clamps[1],
+        up_clamp_upper_limit=clamps[2],
+        weight_dtype=nki.language.float4_e2m1fn_x4,
+    )
+    expected = np.zeros((tokens, hidden))
+    for e in range(experts):
+        expert = _moe_mx_expert_output(
+            x[:tokens],
+            gate_up[e],
+            gate_up_scale[e],
+            down[e],
+            down_scale[e],
+            gate_up_bias[e],
+            clamps,
+        )
+        expected += affinities[:tokens, e, None].astype(np.float64) * expert
+    out = np.asarray(out)
+    assert out.shape == (tokens + 1, hidden) and out.dtype == BF16
+    _check_mx_output(out[:tokens], expected)
+
+
+@pytest.mark.parametrize(
+    "all_expert, tokens, hidden, inter, experts, top_k",
+    [(False, 8, 1024, 512, 8, 2), (False, 4, 1024, 1024, 16, 4), (True, 32, 1024, 1024, 8, 4)],
+)
+def test_moe_block_tkg_mx(rng, monkeypatch, all_expert, tokens, hidden, inter, experts, top_k):
+    """Docstring (moe_block_tkg with MXFP4 experts, core/moe_block/moe_block_tkg.py L76-169,
+    LNC=2 on Trn3): RMSNorm(x, γ) → router logits @ W [H, E]; top-k of the logits, softmax
+    over the chosen ones (router_pre_norm=False, as every MX case of AWS's harness,
+    test/integration/nkilib/core/moe_block/test_moe_block_tkg.py L371-418); out = Σ over the
+    token's experts of a · (expert_e(x) + down_bias[e]) with the MX experts of
+    test_moe_tkg_selective_mx (bias, AWS's clamps), selective or all-expert (rank 0, every
+    expert local: the fused RMSNorm + MX quantization of rmsnorm_mx_quantize_tkg). With the
+    default router_pre_norm=True the selective MX path reads top-k affinities the router
+    never writes (core/router_topk/router_topk.py L739, L1140: NaN here)."""
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn3")
+    moe_block_tkg = library_module("core.moe_block.moe_block_tkg").moe_block_tkg
+    types = library_module("core.utils.common_types")
+    x = _random(rng, (tokens, 1, hidden), BF16)
+    gamma = _random(rng, (1, hidden), BF16)
+    router = (_random(rng, (hidden, experts), np.float32) / math.sqrt(hidden)).astype(BF16)
+    gate_up, gate_up_scale, down, down_scale = _moe_mx_weights(rng, experts, hidden, inter)
+    gate_up_scale += 3  # gate/up outputs of std ~8: the clamps act on a good share of them
+    gate_up_bias = _random(rng, (experts, 128, 2, inter // 512, 4), BF16)
+    down_bias = _random(rng, (experts, hidden), BF16)
+    clamps = (7.0, -6.0, 8.0)
+    extra = {"is_all_expert": True, "rank_id": np.zeros((1, 1), np.int32)} if all_expert else {}
+    out, logits = moe_block_tkg[2](
+        x,
+        gamma,
+        router,
+        *_pack_moe_mx_weights(gate_up, down),
+        expert_gate_up_weights_scale=gate_up_scale,
+        expert_down_weights_scale=down_scale,
+        expert_gate_up_bias=gate_up_bias,
+        expert_down_bias=down_bias,
+        top_k=top_k,
+        router_act_fn=types.RouterActFnType.SOFTMAX,
+        router_pre_norm=False,
+        expert_affinities_scaling_mode=types.ExpertAffinityScaleMode.POST_SCALE,
+        gate_clamp_upper_limit=clamps[0],
+        up_clamp_lower_limit=clamps[1],
+        up_clamp_upper_limit=clamps[2],
+        **extra,
+    )
+    x64 = x.astype(np.float64).reshape(tokens, hidden)
+    x64 = x64 / np.sqrt((x64**2).mean(axis=-1, keepdims=True) + 1e-6) * gamma.astype(np.float64)
+    _check(logits, x64 @ router.astype(np.float64), BF16, scale=4.0)
+    chosen_logits = np.asarray(logits).astype(np.float64)  # the kernel's own: no near-tie flips
+    weight = np.zeros((tokens, experts))
+    for t, picked in enumerate(np.argsort(-chosen_logits, axis=1, kind="stable")[:, :top_k]):
+        weight[t, picked] = _softmax(chosen_logits[t, picked][None])[0]
+    normed = x64.astype(BF16).astype(np.float64)  # the kernels quantize the bf16 RMSNorm output
+    expected = np.zeros((tokens, hidden))
+    for e in range(experts):
+        expert = _moe_mx_expert_output(
+            normed, gate_up[e], gate_up_scale[e], down[e], down_scale[e], gate_up_bias[e], clamps
+        )
+        expected += weight[:, e, None] * (expert + down_bias[e].astype(np.float64))
+    assert np.asarray(out).dtype == BF16
+    _check_mx_output(np.asarray(out).reshape(tokens, hidden), expected)
+
+
+# --- topk_reduce (experimental/collectives/topk_reduce.py; experimental/subkernels/ before) ---
+def _topk_reduce_module():
+    """topk_reduce moved from experimental/subkernels (2.29_release) to experimental/
+    collectives (d2ad3a5)."""
+    try:
+        return library_module("experimental.collectives.topk_reduce")
+    except ModuleNotFoundError:
+        return library_module("experimental.subkernels.topk_reduce")
+
+
+@pytest.mark.parametrize(
+    "lnc, src_ranks, tokens, k, hidden",
+    [(1, 8, 4, 4, 256), (2, 8, 16, 8, 512), (2, 4, 128, 2, 256)],
+)
+def test_topk_reduce(rng, lnc, src_ranks, tokens, k, hidden):
+    """Docstring (topk_reduce.py L33-61): a sparse all_to_all_v output [ranks·T, H + 2]
+    holding the T·K expert outputs at scattered rows, each with its global token index
+    packed as an int32 in its last two 16-bit columns; out[t] = Σ of the rows of token t.
+    The other rows hold -1 everywhere (AWS's harness, test/integration/nkilib/experimental/
+    subkernels/test_topk_reduce.py L29-49), an index no token has."""
+    topk_reduce = _topk_reduce_module().topk_reduce
+    rows = src_ranks * tokens
+    buffer = np.full((rows, hidden + 2), -1, BF16)
+    values = _random(rng, (tokens * k, hidden), BF16)
+    ids = np.arange(tokens, dtype=np.int32).repeat(k)[:, None].view(BF16)
+    buffer[rng.permutation(rows)[: tokens * k]] = np.concatenate([values, ids], axis=1)
+    out = _launch(topk_reduce, lnc, buffer, tokens, k)
+    expected = values.astype(np.float64).reshape(tokens, k, hidden).sum(axis=1)
+    _check(out, expected, BF16, scale=4.0)
