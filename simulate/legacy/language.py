@@ -837,6 +837,12 @@ def gather_flattened(data, indices, *, mask=None, dtype=None, **kwargs):
     src = tile_operand(data, "data", "gather_flattened", allow_psum=False)
     idx = tile_operand(indices, "indices", "gather_flattened", allow_psum=False)
     rules.check_gather_indices(dt.name(idx.dtype), f"indices `{indices.name or 'tile'}`")
+    for argname, op in (("data", src), ("indices", idx)):
+        if not 2 <= len(op.shape) <= 4:
+            raise NKIValueError(
+                f"gather_flattened: {argname} is {len(op.shape)}-dimensional; \"Both data and "
+                "indices must be 2-, 3-, or 4-dimensional\" (general/nki/api/nki/language/"
+                "__init__.py@8a38e733 L667)", "err_exceed_max_supported_dimension")
     if src.partitions != idx.partitions:
         raise NKIValueError("gather_flattened: data and indices have different partition counts",
                             "err_num_partition_mismatch")

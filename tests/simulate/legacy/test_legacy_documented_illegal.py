@@ -1,10 +1,11 @@
 """Every construct the legacy docs (aws-neuron-sdk@8a38e733 ``general/nki/``) call illegal,
 as a kernel the simulator must reject, next to its legal twin, which must run. Sources: the
 errors manual (``api/nki.errors.rst``, "E Lnn"), the known issues (``nki_known_issues.rst``,
-"K Lnn") and the per-instruction rules of the ISA reference (``api/nki/isa/__init__.py``,
-"I Lnn"). Each case names the line it comes from; the error-manual cases that have their own
-test elsewhere (scoping, control flow, annotations, indexing) are listed in
-``docs/aws_code_vs_docs.md`` with that test."""
+"K Lnn"), the per-instruction rules of the ISA reference (``api/nki/isa/__init__.py``,
+"I Lnn") and the language reference (``api/nki/language/__init__.py``, "L Lnn"). Each case
+names the line it comes from; the error-manual cases that have their own test elsewhere
+(scoping, control flow, annotations, indexing) are listed in ``docs/aws_code_vs_docs.md``
+with that test."""
 
 from __future__ import annotations
 
@@ -858,6 +859,38 @@ def loop_bound_constant(x):
     return out
 
 
+def column_indexed_with_one_index(x):  # K L28-29: index [N, 1] buffers with both indices
+    column = nl.zeros((128, 1), dtype=nl.float32, buffer=nl.sbuf)
+    result = nl.copy(column[0:128])
+    out = nl.ndarray(result.shape, dtype=result.dtype, buffer=nl.shared_hbm)
+    nl.store(out, value=result)
+    return out
+
+
+def column_indexed_with_both_indices(x):
+    column = nl.zeros((128, 1), dtype=nl.float32, buffer=nl.sbuf)
+    result = nl.copy(column[0:128, 0:1])
+    out = nl.ndarray(result.shape, dtype=result.dtype, buffer=nl.shared_hbm)
+    nl.store(out, value=result)
+    return out
+
+
+def gather_flattened_five_dimensional(x):  # L L667: data and indices 2- to 4-dimensional
+    indices = nl.zeros((128, 2, 2, 2, 2), dtype=nl.uint32)
+    result = nl.gather_flattened(nl.load(x.reshape((128, 2, 2, 4, 32))), indices)
+    out = nl.ndarray((128, 16), dtype=result.dtype, buffer=nl.shared_hbm)
+    nl.store(out, value=result.reshape((128, 16)))
+    return out
+
+
+def gather_flattened_four_dimensional(x):
+    indices = nl.zeros((128, 2, 2, 4), dtype=nl.uint32)
+    result = nl.gather_flattened(nl.load(x.reshape((128, 2, 8, 32))), indices)
+    out = nl.ndarray((128, 16), dtype=result.dtype, buffer=nl.shared_hbm)
+    nl.store(out, value=result.reshape((128, 16)))
+    return out
+
+
 CASES = [  # (illegal, legal twin, error key, target or (illegal's, twin's target))
     (activation_bias_int8, activation_bias_bf16, "err_activation_bias_invalid_type", None),
     (activation_scale_fp16, activation_scale_fp32, "err_activation_scale_invalid_type", None),
@@ -956,6 +989,18 @@ CASES = [  # (illegal, legal twin, error key, target or (illegal's, twin's targe
     (range_select_float_start, range_select_integer_start, "compiler time integer", "trn2"),
     (range_select_start_past_2_24, range_select_integer_start, "2\\^24", "trn2"),
     (loop_bound_from_tensor, loop_bound_constant, "err_dynamic_control_flow_not_supported", None),
+    (
+        column_indexed_with_one_index,
+        column_indexed_with_both_indices,
+        "err_insufficient_indices",
+        None,
+    ),
+    (
+        gather_flattened_five_dimensional,
+        gather_flattened_four_dimensional,
+        "err_exceed_max_supported_dimension",
+        None,
+    ),
 ]
 
 
