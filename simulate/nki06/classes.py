@@ -77,7 +77,7 @@ def _is_allowed_type(kind: type) -> bool:
 
 
 _INT32_MIN, _UINT32_END = -(1 << 31), 1 << 32
-_FP32_MAX = 3.4028234663852886e38  # float32 max: "32-bit IEEE floating-point values" (L150)
+_FP32_MAX = 3.4028234663852886e38  # float32 max: "32-bit IEEE floating-point values" (L146)
 VALUES_DOC = (
     "NKI values are None, bool, 32-bit int and float, str and tensors, in tuples, lists, "
     "string-keyed dicts and NKIObject classes (nki/get-started/nki-language-guide.rst"
