@@ -891,6 +891,24 @@ def gather_flattened_four_dimensional(x):
     return out
 
 
+def indirect_load_with_mgrid(x):  # K L31-32: nl.arange for indirect access, not nl.mgrid
+    rows = nisa.memset((128, 1), 3, dtype=nl.int32)
+    i_p, i_f = nl.mgrid[0:128, 0:512]
+    result = nl.load(x[rows[i_p, 0], i_f])
+    out = nl.ndarray(result.shape, dtype=result.dtype, buffer=nl.shared_hbm)
+    nl.store(out, value=result)
+    return out
+
+
+def indirect_load_with_arange(x):
+    rows = nisa.memset((128, 1), 3, dtype=nl.int32)
+    i_p, i_f = nl.arange(128)[:, None], nl.arange(512)[None, :]
+    result = nl.load(x[rows[i_p, 0], i_f])
+    out = nl.ndarray(result.shape, dtype=result.dtype, buffer=nl.shared_hbm)
+    nl.store(out, value=result)
+    return out
+
+
 CASES = [  # (illegal, legal twin, error key, target or (illegal's, twin's target))
     (activation_bias_int8, activation_bias_bf16, "err_activation_bias_invalid_type", None),
     (activation_scale_fp16, activation_scale_fp32, "err_activation_scale_invalid_type", None),
@@ -1001,6 +1019,7 @@ CASES = [  # (illegal, legal twin, error key, target or (illegal's, twin's targe
         "err_exceed_max_supported_dimension",
         None,
     ),
+    (indirect_load_with_mgrid, indirect_load_with_arange, "err_indirect_indexing_with_mgrid", None),
 ]
 
 
