@@ -25,7 +25,7 @@ import threading
 import numpy as np
 
 from . import dtypes as dt
-from . import jax_calls, scoping, sdk
+from . import jax_calls, rules, scoping, sdk
 from .errors import NKIRuntimeError, NKITypeError, NKIValueError
 from .memory import PartitionAllocator, Storage
 from .targets import DEFAULT_TARGET, PMAX, PSUM_BANK_BYTES, TARGETS, get_target
@@ -100,6 +100,7 @@ class Context:
         # storage ids of the tiles a ``return`` inside a block is handing to the caller
         self.returning: set[int] = set()
         self.allocated = False  # the kernel places tiles itself (ncc.sbuf/psum allocators)
+        self.private_hbm_names: list[str] = []  # nl.hbm / nl.private_hbm tensors created
 
     def loops_key(self):
         return tuple((f.id, f.kind, f.iteration) for f in self.loops)
@@ -624,6 +625,11 @@ def run(func, args, kwargs, *, grid=(), target=None, check_affine=True, expected
             ctx.core = 0 if core_of is None else core_of(pid)
             ctx.shared_hbm_cursor = 0
             result = func(*positional, **keywords)
+        if ctx.allocated:
+            returned = {id(t.storage) for t in _flat_tensors(result)}
+            rules.check_allocated_hbm(
+                ctx.private_hbm_names,
+                [t.name or "tensor" for t in ctx.shared_hbm if id(t.storage) not in returned])
         outputs = _finish(result, arguments.params, expected_outputs, simulation)
     finally:
         _context.reset(token)
@@ -632,6 +638,14 @@ def run(func, args, kwargs, *, grid=(), target=None, check_affine=True, expected
         arguments.hand_back()
     outputs = _restore_framework(outputs, arguments.framework)
     return outputs, ctx.trace, arguments.params
+
+
+def _flat_tensors(result):
+    if isinstance(result, Tensor):
+        return [result]
+    if isinstance(result, (tuple, list)):
+        return [t for item in result for t in _flat_tensors(item)]
+    return []
 
 
 def _finish(result, params, expected_outputs, simulation=False):

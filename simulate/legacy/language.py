@@ -111,6 +111,8 @@ def ndarray(shape, dtype, *, buffer=None, name="", **kwargs):
     ctx = current("nl.ndarray")
     if buffer == shared_hbm:
         return _shared_hbm(ctx, shape, dtype, name)
+    if buffer == private_hbm:
+        ctx.private_hbm_names.append(name or "tensor")
     fill = dt.uninitialised(dt.as_dtype(dtype))
     return allocate(shape, dtype, buffer, name, fill=fill)
 
