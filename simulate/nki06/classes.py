@@ -25,6 +25,7 @@ import gc
 import inspect
 import math
 import os
+import struct
 import sys
 import sysconfig
 import types
@@ -77,7 +78,18 @@ def _is_allowed_type(kind: type) -> bool:
 
 
 _INT32_MIN, _UINT32_END = -(1 << 31), 1 << 32
-_FP32_MAX = 3.4028234663852886e38  # float32 max: "32-bit IEEE floating-point values" (L146)
+
+
+def _overflows_float32(value: float) -> bool:
+    """A finite float that rounds to infinity in float32 ("32-bit IEEE floating-point
+    values", guide L146); AWS writes the float32 minimum as -3.4028235e38, which rounds to
+    it (nki-library@d2ad3a5 core/attention/attention_cte.py L135)."""
+    try:
+        return math.isinf(struct.unpack("f", struct.pack("f", value))[0])
+    except OverflowError:
+        return True
+
+
 VALUES_DOC = (
     "NKI values are None, bool, 32-bit int and float, str and tensors, in tuples, lists, "
     "string-keyed dicts and NKIObject classes (nki/get-started/nki-language-guide.rst"
@@ -142,7 +154,7 @@ def offending_value(value, depth: int = 0, arrays: bool = False) -> str | None:
         return None
     if kind is int and not _INT32_MIN <= value < _UINT32_END:
         return f"the int {value}, outside 32 bits"
-    if kind is float and math.isfinite(value) and abs(value) > _FP32_MAX:
+    if kind is float and math.isfinite(value) and _overflows_float32(value):
         return f"the float {value!r}, outside the 32-bit IEEE range"
     if kind in (complex, bytes, bytearray):
         return f"the {kind.__name__} {value!r}"
