@@ -541,7 +541,7 @@ STR_KEYS = {"two": 2.0}
 HUGE = 1 << 40
 HUGE_FLOAT = 1e300  # beyond float32: the guide's values are "32-bit IEEE floating-point" (L146)
 A_COMPLEX = 2 + 0j  # none of the guide's six value types (L141-156)
-FLOAT32_MAX = 3.4028234663852886e38
+FLOAT32_MIN = -3.4028235e38  # AWS spelling (nki-library@d2ad3a5 attention_cte.py L135)
 DTYPE_SIZES = {nl.float32: 4, nl.bfloat16: 2}  # AWS: a module dict keyed by nl dtypes
 
 
@@ -579,8 +579,8 @@ def reads_huge_float(x):
     return _scaled(x, float(HUGE_FLOAT > 0) * 2)  # rule:huge_float
 
 
-def reads_float32_max(x):
-    return _scaled(x, float(FLOAT32_MAX > 0) * 2)
+def reads_float32_min(x):
+    return _scaled(x, float(FLOAT32_MIN < 0) * 2)
 
 
 def reads_complex(x):
@@ -611,7 +611,7 @@ def test_values_crossing_into_kernel_code():
     _rejects(reads_huge, "huge", "outside 32 bits", error=TypeError)
     _rejects(reads_huge_float, "huge_float", "outside the 32-bit IEEE range", error=TypeError)
     _rejects(reads_complex, "complex_value", "complex", error=TypeError)
-    _runs(reads_float32_max, 2.0)
+    _runs(reads_float32_min, 2.0)
     _rejects(reads_numpy_array, "numpy_array", "NumPy array", error=TypeError)
     _runs(reads_nki_dtype, 2.0)
     _runs(reads_str_keys, 2.0)
