@@ -578,13 +578,6 @@ class Access(TileOperators):
                 arrays.append(np.zeros(offset.shape, np.int64))
             elif isinstance(k, (Tensor, Access)):
                 self._check_indirect(axis, k)
-                if getattr(k, "from_mgrid", False) or any(
-                        getattr(other, "from_mgrid", False) for other in key):
-                    raise NKIIndexError(
-                        "indirect load/store indexing with nl.mgrid: \"Use nl.arange for "
-                        "indirect load/store access indexing, nl.mgrid won't work\" "
-                        "(general/nki/nki_known_issues.rst@8a38e733 L31-32)",
-                        "err_indirect_indexing_with_mgrid")
                 self.indirect = (axis, k)
                 arrays.append(np.zeros((k.shape[0],) + (1,) * (len(k.shape) - 1), np.int64))
             elif isinstance(k, (int, np.integer)):

@@ -266,6 +266,19 @@ def hbm_access(view, mask):
     return values, mask, count, view.region(mask), contiguous_row_bytes(view.data)
 
 
+def _check_indirect_arange(access, api):
+    """"Use nl.arange for indirect load/store access indexing, nl.mgrid won't work"
+    (general/nki/nki_known_issues.rst@8a38e733 L31-32). nisa.dma_copy is not bound by it:
+    AWS's indirect dma_copy example indexes with nl.mgrid (general/nki/test/
+    test_nki_isa_dma_copy.py@8a38e733 L136-145)."""
+    if isinstance(access, Access) and access.indirect is not None and access.from_mgrid:
+        raise NKIIndexError(
+            f"nl.{api} with indirect indexing built from nl.mgrid: \"Use nl.arange for "
+            "indirect load/store access indexing, nl.mgrid won't work\" "
+            "(general/nki/nki_known_issues.rst@8a38e733 L31-32)",
+            "err_indirect_indexing_with_mgrid")
+
+
 def load(src, *, mask=None, dtype=None, **kwargs):
     """``nl.load(src, *, mask=None, dtype=None)``: HBM → a new SBUF tile (DMA).
 
@@ -274,6 +287,7 @@ def load(src, *, mask=None, dtype=None, **kwargs):
     the result.
     """
     _hbm_source(src, "load")
+    _check_indirect_arange(src, "load")
     shape = _tile_shape(src.shape)
     out_dtype = dt.as_dtype(dtype or src.dtype)
     m = resolve_mask(mask, src.shape)
@@ -294,6 +308,7 @@ def store(dst, value, *, mask=None, **kwargs):
     if not is_tile(dst) or dst.on_chip:
         raise NKITypeError("Expected operand 'dst' of 'store' to be in address space 'hbm'",
                            "err_unsupported_memory")
+    _check_indirect_arange(dst, "store")
     m = resolve_mask(mask, dst.shape)
     if m is False:
         return None
