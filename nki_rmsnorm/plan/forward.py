@@ -113,6 +113,16 @@ DECODE_MAX_ROWS = 32
 #: per physical core: under LNC=2 the split tiles are shared by the two cores (trn2 LNC=2
 #: forward 64 × 4096: 14.9 against 20.8 µs for the one 64-row tile of "rows").
 DECODE_MAX_ROWS_FUSED = 64
+#: Where the statistics are not grouped (NeuronCore-v2, and the legacy kernels, whose row
+#: tiles run one after the other: grouping costs them every large shape, modeled trn2
+#: legacy bf16 forward 2048 x 4096 110.1 -> 114.6 µs, fused add 237.4 -> 241.6), batches of
+#: at most this many rows of N that "rows" holds (whose whole-row statistics it repeats),
+#: with or without a residual, run "spread": whole-row statistics,
+#: the product and the stores spread over up to 128 partitions, in one tile (the Vector
+#: engine transposes rstd, at most 32 x 32: general/nki/api/nki/isa/__init__.py@8a38e733
+#: L1026-1029). Two tiles lose to "rows", which adds x and the residual in one pass
+#: (modeled trn1 bf16 fused add 64 x 8192: 64.6 against 50.3 µs; 32 x 8192 43.0 / 50.3).
+SPREAD_MAX_ROWS = 32
 #: A per-head weight (heads, N) takes the "packed" regime only, replicated across partitions
 #: in at most this many PSUM banks (``PSUM_COLS`` fp32 columns, whole heads each) of the
 #: eight of a partition's 16 KiB PSUM (the bias and the Tensor engine's products keep the
@@ -244,6 +254,25 @@ class Plan(NKIObject):
 
     def fits_split(self, segment: int, budget: int) -> bool:
         return self.split_bytes(segment) <= budget
+
+    def spread_bytes(self, n: int, segments: int) -> int:
+        """Regime "spread", rows of ``segments`` segments: the whole-row tile for the
+        statistics (h, x with a residual, bf16 squares unless h's dtype holds them) and the
+        result of one load into it (allocated before it is copied in), and, per partition,
+        a segment of the spread tile (h, x, y and intermediates) and of the weight and bias
+        (as loaded, then kept converted)."""
+        whole = dtype_bytes(self.h_dtype)
+        loaded = whole
+        if self.residual_dtype is not None:
+            whole += dtype_bytes(self.in_dtype)
+            loaded = max(loaded, dtype_bytes(self.in_dtype))
+        if str(self.h_dtype) == "float16":
+            whole += BFLOAT16_BYTES
+        segment = self.row_bytes() + self.resident_bytes() + 2 * FLOAT32_BYTES
+        return n * (whole + loaded) + n // segments * segment + RESERVED_BYTES
+
+    def fits_spread(self, n: int, segments: int, budget: int) -> bool:
+        return self.spread_bytes(n, segments) <= budget
 
     def chunk_columns(self) -> int:
         """Column chunk of the long-row regimes."""
@@ -403,9 +432,11 @@ def choose_layout(
     the physical cores the row tiles are shared among (2 under LNC=2), each of which should
     keep ``MIN_TILES`` tiles to pipeline; only the rows per partition of "rows" and
     "packed" depend on it, and they change no row's arithmetic. m picks between "split" and
-    "rows" only where the statistics are grouped (``statistic_groups``), where the two
-    compute each row alike. ``heads`` > 1: a per-head weight (heads, n), row r using
-    weight[r mod heads]; only "packed" takes it (:func:`packed_takes_heads`)."""
+    "rows" only where the statistics are grouped (``statistic_groups``; ``grouped``: the
+    dialect groups them, the nki06 kernels), and between "spread" and "rows" where they
+    are not (NeuronCore-v2, the legacy kernels), where the two compute each row alike.
+    ``heads`` > 1: a per-head weight (heads, n), row r using weight[r mod heads]; only
+    "packed" takes it (:func:`packed_takes_heads`)."""
     if n * dtype_bytes(plan.h_dtype) <= PACKED_MAX_ROW_BYTES:
         return Layout(
             "packed",
@@ -415,6 +446,15 @@ def choose_layout(
     decode_rows = DECODE_MAX_ROWS if plan.residual_dtype is None else DECODE_MAX_ROWS_FUSED
     if groups and m <= decode_rows * cores:
         return Layout("split", segments=groups)
+    segments = spread_segments(n, m)
+    if (
+        (not plan.exact_transpose or not grouped)
+        and segments > 1
+        and m <= SPREAD_MAX_ROWS
+        and plan.fits_rows(n, 1, budget)
+        and plan.fits_spread(n, segments, budget)
+    ):
+        return Layout("spread", segments=segments)
     if plan.fits_rows(n, 1, budget):
         rows = 1
         for k in range(2, MAX_ROWS_PER_PARTITION + 1):
@@ -468,6 +508,17 @@ def statistic_groups(plan: Plan, n: int, budget: int) -> int:
         ):
             groups = count
     return groups
+
+
+def spread_segments(n: int, m: int) -> int:
+    """Segments per row of the "spread" regime for m rows of n: the largest power of two
+    dividing n that puts the m rows on at most 128 partitions (the tensors are viewed as
+    (m·s, n / s))."""
+    segments = 1
+    for _ in range(7):
+        if n % (2 * segments) == 0 and 2 * segments * m <= PMAX:
+            segments = 2 * segments
+    return segments
 
 
 def packed_takes_heads(h_dtype_bytes: int, n: int, heads: int) -> bool:
@@ -551,6 +602,8 @@ def layout_bytes(plan: Plan, layout: Layout, n: int) -> int:
         return plan.rows_bytes(n, layout.rows_per_partition)
     if layout.regime == "split":
         return plan.split_bytes(n // layout.segments)
+    if layout.regime == "spread":
+        return plan.spread_bytes(n, layout.segments)
     if layout.regime == "packed":
         return plan.packed_bytes(n, layout.rows_per_partition)
     if layout.regime == "long":

@@ -6,6 +6,7 @@ results under masks, and appending the instruction to the trace.
 
 from __future__ import annotations
 
+import math
 import threading
 import weakref
 
@@ -13,9 +14,9 @@ import numpy as np
 
 from . import dtypes as dt
 from . import rules
-from .errors import NKIIndexError, NKITypeError, NKIValueError
+from .errors import CapacityError, NKIIndexError, NKITypeError, NKIValueError
 from .indexing import align_mask, mask_box, mask_values
-from .memory import Storage
+from .memory import Storage, TileRecord, blocks_touched
 from .runtime import check_writable, current, record_write
 from .targets import MAX_FREE_ELEMENTS_PSUM, MAX_FREE_ELEMENTS_SBUF
 from .tensor import Access, Tensor, _check_partitions, check_tile_shape, par_dim
@@ -216,10 +217,11 @@ def allocate(shape, dtype, buffer: str = "sbuf", name: str = "", fill=None) -> T
             rules.check_psum_tile(int(np.prod(shape[par_axis + 1:])), dtype.itemsize,
                                   f"PSUM tile `{name or 'tile'}` of shape {shape} "
                                   f"{dt.name(dtype)}")
-        (ctx.sbuf if buffer == "sbuf" else ctx.psum).allocate(
-            storage, per_partition, f"tile `{name or 'tile'}` of shape {shape} "
-                                    f"{dt.name(dtype)}",
-            scope=tuple((frame, frame.iteration) for frame in ctx.loops))
+        what = f"tile `{name or 'tile'}` of shape {shape} {dt.name(dtype)}"
+        allocator = ctx.sbuf if buffer == "sbuf" else ctx.psum
+        allocator.allocate(storage, per_partition,
+                           scope=tuple((frame, frame.iteration) for frame in ctx.loops))
+        ctx.tiles[storage.id] = _tile_record(ctx, storage, shape, par_axis, dtype, what)
     else:
         storage = Storage("hbm", buffer, name)
     if isinstance(fill, np.ndarray) and fill.shape == shape:
@@ -231,6 +233,25 @@ def allocate(shape, dtype, buffer: str = "sbuf", name: str = "", fill=None) -> T
     storage.par_axis = par_axis
     storage.array = data
     return Tensor(data, dtype, storage, par_axis=par_axis, loops=tuple(ctx.loops))
+
+
+def _tile_record(ctx, storage, shape, par_axis, dtype, what) -> TileRecord:
+    """The tensor's (P, F) blocks for the live-range capacity check; one block that does
+    not fit a partition can never be placed, so it is rejected here."""
+    memory = storage.memory
+    granule = ctx.psum.granule if memory == "psum" else ctx.sbuf.granule
+    block_bytes = math.prod(shape[par_axis + 1:]) * dtype.itemsize
+    held = max(granule, -(-block_bytes // granule) * granule)
+    capacity = (ctx.target.psum_bytes_per_partition if memory == "psum"
+                else ctx.target.sbuf_bytes_per_partition)
+    if held > capacity:
+        unit = "PSUM" if memory == "psum" else "SBUF"
+        raise CapacityError(
+            f"{unit} over capacity: {what} needs {block_bytes} bytes per partition for one "
+            f"tile, more than the target's {capacity} bytes per partition; tile the free "
+            "dimension", f"err_{memory}_capacity_exceeded")
+    return TileRecord(memory, storage.address, block_bytes, math.prod(shape[:par_axis]),
+                      held, what)
 
 
 def shape_and_par_axis(shape):
@@ -283,6 +304,7 @@ def emit(engine: str, opcode: str, *, inputs=(), outputs=(), partitions: int, fr
         core=ctx.core,
         details=details or {},
     )
+    note_psum_writes(ctx, outputs)
     if dma is not None:
         fields.update(dma)
     else:  # the cost model halves the access rate of strided operands
@@ -429,7 +451,24 @@ def write_into(dst, values: np.ndarray, mask, accumulate=False, dynamic_offset=F
                               [(s.stop or n) - 1 for s, n in zip(sel, shape)])
                 dst.data[sel] = full[sel]
     dst.storage.written = True
+    if dst.storage.memory == "psum":
+        note_psum_writes(ctx, (dst.region(),))
     record_write(ctx, tensor, box, accumulate)
+
+
+def psum_blocks(ctx, region) -> set[tuple[int, int]]:
+    """(storage id, block) of the PSUM tiles (blocks of a ``(B, P, F)`` tensor) that
+    ``region`` reaches into."""
+    record = ctx.tiles.get(region.storage)
+    if record is None or record.memory != "psum":
+        return set()
+    return {(region.storage, block) for block in blocks_touched(region, record)}
+
+
+def note_psum_writes(ctx, regions) -> None:
+    """Remember the PSUM tiles ``regions`` write (see ``Context.written_psum_blocks``)."""
+    for region in regions:
+        ctx.written_psum_blocks.update(psum_blocks(ctx, region))
 
 
 def align_shapes(a: np.ndarray, b: np.ndarray):

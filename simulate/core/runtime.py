@@ -27,7 +27,13 @@ import numpy as np
 from . import dtypes as dt
 from . import jax_calls, rules, scoping, sdk
 from .errors import NKIRuntimeError, NKITypeError, NKIValueError
-from .memory import PartitionAllocator, Storage
+from .memory import (
+    PartitionAllocator,
+    Storage,
+    TileRecord,
+    check_live_capacity,
+    check_modulo_lifetimes,
+)
 from .targets import DEFAULT_TARGET, PMAX, PSUM_BANK_BYTES, TARGETS, get_target
 from .tensor import Tensor
 from .trace import Trace
@@ -71,11 +77,17 @@ class Context:
     def __init__(self, target, kernel_code=None):
         self.target = get_target(target)
         self.trace = Trace(self.target.name)
-        self.sbuf = PartitionAllocator("sbuf", self.target.sbuf_bytes_per_partition, 4,
-                                       self.trace, "sbuf_peak_bytes_per_partition")
-        self.psum = PartitionAllocator("psum", self.target.psum_bytes_per_partition,
-                                       PSUM_BANK_BYTES, self.trace,
+        # placement only; capacity is checked on live ranges when the kernel ends
+        self.sbuf = PartitionAllocator("sbuf", 4, self.trace, "sbuf_peak_bytes_per_partition")
+        self.psum = PartitionAllocator("psum", PSUM_BANK_BYTES, self.trace,
                                        "psum_peak_bytes_per_partition")
+        self.tiles: dict[int, TileRecord] = {}  # storage id -> the on-chip tensor
+        # (storage id, block) of the PSUM tiles written so far: a matmul accumulated into
+        # one never written starts its accumulation group
+        self.written_psum_blocks: set[tuple[int, int]] = set()
+        # storage id -> (block shape, (bank, partition, free) moduli per block dimension) of
+        # the tensors placed by modulo allocation (ncc.sbuf/psum.mod_alloc)
+        self.modulo_tiles: dict[int, tuple] = {}
         self.loops: list[LoopFrame] = []
         self.program_id: tuple[int, ...] = ()
         self.core = 0  # the physical core the running instance is placed on (LNC=2)
@@ -101,6 +113,19 @@ class Context:
         self.returning: set[int] = set()
         self.allocated = False  # the kernel places tiles itself (ncc.sbuf/psum allocators)
         self.private_hbm_names: list[str] = []  # nl.hbm / nl.private_hbm tensors created
+
+    def check_capacity(self) -> None:
+        """Raise when the tiles live at once (first to last use, per (P, F) block) need
+        more SBUF or PSUM per partition than the target has; the trace's peaks become those
+        of the live ranges."""
+        check_modulo_lifetimes(self.trace.instructions, self.tiles, self.modulo_tiles)
+        peaks = check_live_capacity(
+            self.trace.instructions, self.tiles,
+            {"sbuf": self.target.sbuf_bytes_per_partition,
+             "psum": self.target.psum_bytes_per_partition},
+            self.target.name)
+        self.trace.sbuf_peak_bytes_per_partition = peaks["sbuf"]
+        self.trace.psum_peak_bytes_per_partition = peaks["psum"]
 
     def loops_key(self):
         return tuple((f.id, f.kind, f.iteration) for f in self.loops)
@@ -625,6 +650,7 @@ def run(func, args, kwargs, *, grid=(), target=None, check_affine=True, expected
             ctx.core = 0 if core_of is None else core_of(pid)
             ctx.shared_hbm_cursor = 0
             result = func(*positional, **keywords)
+        ctx.check_capacity()
         if ctx.allocated:
             returned = {id(t.storage) for t in _flat_tensors(result)}
             rules.check_allocated_hbm(

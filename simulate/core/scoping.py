@@ -21,7 +21,10 @@ function it calls, when it is called (:meth:`Hooks.call`):
   (``general/nki/api/nki/language/__init__.py@8a38e733``, L1416-L1417); helpers the kernel
   calls keep Python's ``range`` (nki-samples ``rmsnorm_quant.py``, "NKI-917");
 - ``name: nt.tensor[...] = value`` checks the shape (``err_annotation_shape_mismatch``,
-  L126-L141).
+  L126-L141);
+- ``target = nl.loop_reduce(...)`` passes ``target`` (a thunk reading it) to the call as
+  :data:`DESTINATION_KEYWORD`: "The destination tile is also the rhs input to ``op``"
+  (``general/nki/api/nki/language/__init__.py@8a38e733``, L990-L1020).
 
 A kernel whose source is unavailable (e.g. defined in an interactive session) runs as it
 is, without these checks; so do functions nested in another (recompiled at every call, they
@@ -34,6 +37,7 @@ import __future__
 
 import ast
 import builtins
+import copy
 import inspect
 import itertools
 import sysconfig
@@ -48,6 +52,9 @@ from .loop_index import LoopIndex
 from .tensor import Tensor
 
 _PREFIX = "__nki_"
+
+#: The keyword through which ``target = nl.loop_reduce(...)`` hands the call its target.
+DESTINATION_KEYWORD = f"{_PREFIX}destination__"
 
 #: The block-scope rule holds in the helpers a kernel calls, not only in its own body (the
 #: errors manual has no helper exemption). The one switch of that reading.
@@ -170,8 +177,9 @@ class Hooks:
     @staticmethod
     def while_entry(condition_thunk, line: int) -> None:
         condition = condition_thunk()
-        rules.check_while_entry(bool(condition), line,
-                                runtime=getattr(condition, "__nki_runtime__", False))
+        rules.check_while_entry(
+            bool(condition), line, runtime=getattr(condition, "__nki_runtime__", False)
+        )
 
     def range(self, name: str, line: int):
         def sequential(*args):
@@ -335,6 +343,20 @@ class _Rewriter(ast.NodeTransformer):
         node.orelse = self._body(node.orelse)
         return [entry, node]
 
+    def visit_Assign(self, node):
+        """``target = nl.loop_reduce(...)``: the call also gets ``lambda: target``."""
+        call = node.value
+        reduces = (
+            len(node.targets) == 1
+            and isinstance(call, ast.Call)
+            and _called_name(call.func) == "loop_reduce"
+        )
+        self.generic_visit(node)
+        if reduces:
+            target = _as_load(node.targets[0])
+            call.keywords.append(ast.keyword(arg=DESTINATION_KEYWORD, value=_thunk(target)))
+        return node
+
     def visit_AnnAssign(self, node):
         if node.value is None or not isinstance(node.target, ast.Name):
             return node
@@ -354,6 +376,28 @@ class _Rewriter(ast.NodeTransformer):
             )
         )
         return [node, check]
+
+
+def _called_name(func) -> str:
+    if isinstance(func, ast.Attribute):
+        return func.attr
+    return func.id if isinstance(func, ast.Name) else ""
+
+
+def _as_load(target):
+    """A copy of an assignment target that reads it."""
+    target = copy.deepcopy(target)
+    for node in ast.walk(target):
+        if hasattr(node, "ctx"):
+            node.ctx = ast.Load()
+    return target
+
+
+def _thunk(body):
+    return ast.Lambda(
+        args=ast.arguments(posonlyargs=[], args=[], kwonlyargs=[], kw_defaults=[], defaults=[]),
+        body=body,
+    )
 
 
 _prepared: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

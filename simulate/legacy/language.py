@@ -51,13 +51,14 @@ from ..core.instructions import (
     finish,
     indirect_inputs,
     is_tile,
+    psum_blocks,
     resolve_mask,
     result_tile,
     tile_operand,
     work_f32,
     write_into,
 )
-from ..core.loop_index import concrete
+from ..core.loop_index import LoopIndex, concrete
 from ..core.runtime import (  # noqa: F401
     affine_range,
     current,
@@ -70,6 +71,7 @@ from ..core.runtime import (  # noqa: F401
     static_range,
     tile_size,
 )
+from ..core.scoping import DESTINATION_KEYWORD
 from ..core.tensor import (  # noqa: F401
     Access,
     Tensor,
@@ -107,6 +109,7 @@ def ndarray(shape, dtype, *, buffer=None, name="", **kwargs):
     """``nl.ndarray(shape, dtype, *, buffer=None, name="")``: an uninitialised tensor
     (SBUF by default; ``nl.shared_hbm`` for kernel outputs, created at the kernel's top level).
     """
+    modulo = getattr(buffer, "__nki_modulo__", None)
     buffer = _buffer(buffer)
     ctx = current("nl.ndarray")
     if buffer == shared_hbm:
@@ -114,7 +117,10 @@ def ndarray(shape, dtype, *, buffer=None, name="", **kwargs):
     if buffer == private_hbm:
         ctx.private_hbm_names.append(name or "tensor")
     fill = dt.uninitialised(dt.as_dtype(dtype))
-    return allocate(shape, dtype, buffer, name, fill=fill)
+    tensor = allocate(shape, dtype, buffer, name, fill=fill)
+    if modulo is not None:
+        ctx.modulo_tiles[tensor.storage.id] = (tensor.shape[: tensor.par_axis], modulo)
+    return tensor
 
 
 _COMPREHENSIONS = ("<listcomp>", "<genexpr>", "<dictcomp>", "<setcomp>")
@@ -427,6 +433,15 @@ def accumulate(dst, value, op_name: str) -> None:
         src, rhs = None, np.float32(value)
     dst_op = tile_operand(dst, "dst", f"{op_name}=")
     lhs, rhs = align_shapes(dst_op.f32(), rhs)
+    if psum_accumulation and not psum_blocks(ctx, dst.region()) & ctx.written_psum_blocks:
+        # A PSUM tile no instruction has written yet: this matmul starts the accumulation
+        # group, and "the first nki.isa.nc_matmul instruction overwrites the destination
+        # PSUM bank with the instruction output" (aws-neuron-sdk@8a38e733
+        # general/nki/arch/trainium_inferentia2_arch.rst L835-L837). Allocated kernels cannot
+        # start from nl.zeros (errors manual, err_tensor_creation_on_scratchpad_with_init_
+        # value_not_supported, L687-L697), so AWS's start from nl.ndarray
+        # (general/nki/examples/attention/attention_kernels.py L846, L899).
+        lhs = np.zeros_like(lhs)
     write_into(dst, spec.apply(lhs, rhs), fresh[1] if psum_accumulation else None,
                accumulate=True)
     if psum_accumulation:
@@ -902,3 +917,60 @@ def device_print(prefix, x, *, mask=None, **kwargs):
 
 
 sdk.gate_module(sys.modules[__name__], "nl")
+
+
+def loop_reduce(x, op, loop_indices, *, dtype=None, mask=None, **kwargs):
+    """``nl.loop_reduce(x, op, loop_indices, *, dtype=None, mask=None)``: ``b =
+    nl.loop_reduce(a, op=np.add, loop_indices=[k_i])`` inside a loop updates the tile ``b``
+    already holds, as ``b = nisa.tensor_tensor(data1=b, data2=a, op=np.add)`` would ("The
+    destination tile is also the rhs input to ``op``", aws-neuron-sdk@8a38e733
+    general/nki/api/nki/language/__init__.py L990-L1020): one Vector-engine
+    ``tensor_tensor`` reading and writing the destination, an associative update that
+    ``affine_range`` iterations may share. The destination is the assignment's target, which
+    the kernel's recompiled source passes in (:mod:`simulate.core.scoping`)."""
+    api = "nl.loop_reduce"
+    destination = kwargs.pop(DESTINATION_KEYWORD, None)
+    ctx = current(api)
+    if destination is None:
+        raise NKIValueError(
+            f"{api} updates the tile its result is assigned to (`b = nl.loop_reduce(a, ...)` "
+            "with `b` a tile defined before the loop); use it in an assignment of a kernel "
+            "whose source is available", "err_unsupported_expression")
+    try:
+        dst = destination()
+    except NameError as exc:
+        raise NKIValueError(
+            f"{api}: the tile assigned its result must exist before the loop ({exc})",
+            "err_unsupported_expression") from exc
+    if not is_tile(dst) or not dst.on_chip:
+        raise NKITypeError(f"{api} updates an SBUF/PSUM tile, its destination is "
+                           f"{type(dst).__name__}", "err_unsupported_memory")
+    indices = loop_indices if isinstance(loop_indices, (list, tuple)) else [loop_indices]
+    if not ctx.loops or not indices or not builtins.all(
+            isinstance(i, (int, np.integer, LoopIndex)) for i in indices):
+        raise NKIValueError(
+            f"{api} reduces over running loops: `loop_indices` is a loop index or a list of "
+            f"them, inside that loop (got {loop_indices!r})", "err_unsupported_expression")
+    spec = fn.lookup(op, "op")
+    m = resolve_mask(mask)
+    src = tile_operand(x, "x", api, mask=m)
+    dst_op = tile_operand(dst, "destination", api, mask=m)
+    check_free_size(src, api)
+    if (src.partitions, src.free_size) != (dst_op.partitions, dst_op.free_size):
+        raise NKIValueError(
+            f"{api}: `x` has {src.partitions} x {src.free_size} elements per partition, its "
+            f"destination {dst_op.partitions} x {dst_op.free_size}",
+            "err_num_partition_mismatch")
+    if dtype is not None and dt.as_dtype(dtype) != dst.dtype:
+        raise NKITypeError(
+            f"{api}: dtype={dt.name(dt.as_dtype(dtype))} differs from its destination tile's "
+            f"{dt.name(dst.dtype)}, which holds the result", "err_unsupported_dtype")
+    if m is False:
+        return dst
+    lhs, rhs = align_shapes(dst_op.f32(), src.f32().reshape(dst_op.f32().shape))
+    write_into(dst, spec.apply(lhs, rhs), m, accumulate=True)
+    partitions, free = extent(m, dst.shape)
+    emit("dve", "tensor_tensor", inputs=[dst_op, src], outputs=[dst.region(m)],
+         partitions=partitions, free_size=free, out_dtype=dst.dtype,
+         details={"op": spec.name, "accumulate": True})
+    return dst

@@ -185,9 +185,9 @@ class Program:
         self.target = launch.target
         trace = launch.trace
         # placement only: capacity is checked on live ranges by check_capacity()
-        self.sbuf = PartitionAllocator("sbuf", UNBOUNDED, 4, trace, "sbuf_peak_bytes_per_partition")
+        self.sbuf = PartitionAllocator("sbuf", 4, trace, "sbuf_peak_bytes_per_partition")
         self.psum = PartitionAllocator(
-            "psum", UNBOUNDED, PSUM_BANK_BYTES, trace, "psum_peak_bytes_per_partition"
+            "psum", PSUM_BANK_BYTES, trace, "psum_peak_bytes_per_partition"
         )
         self.tiles: dict[int, tuple[str, int, str]] = {}  # storage id -> (memory, bytes, what)
         self.instructions: list = []  # this program's trace records, in program order
@@ -240,9 +240,6 @@ class Program:
                     f"err_{memory}_capacity_exceeded",
                 )
         self.launch.peaks[self.program_id] = peaks
-
-
-UNBOUNDED = 1 << 40
 
 
 def current(api: str = "this API") -> Program:

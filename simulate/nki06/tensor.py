@@ -739,9 +739,7 @@ def allocate(shape, dtype, buffer, name: str = "", fill="uninitialised") -> NkiT
     free = math.prod(shape[1:])
     storage = Buffer(region, name, dtype, shape[0], free, fill_value)
     allocator = program.sbuf if region is MemoryRegion.sbuf else program.psum
-    allocator.allocate(
-        storage, free * dtype.itemsize, f"`{name or 'tensor'}` of shape {shape} {dtype}"
-    )
+    allocator.allocate(storage, free * dtype.itemsize)
     program.tiles[storage.id] = (
         region.memory,
         storage.bytes_per_partition,

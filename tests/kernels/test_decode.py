@@ -5,8 +5,8 @@ statistics. The batch invariance this must keep: a row's y, h and rstd are bitwi
 in a batch of one row, of 29 rows and of 200 rows, for every kernel dtype, casting mode and
 option, including rows of Inf, NaN, zeros and extreme magnitudes; and N not a multiple of
 128 (17389, 127, 1) against the float64 reference. The legacy kernels keep whole-row
-statistics and "rows" for every M (``choose_layout(..., grouped=False)``): the same checks
-hold for them trivially and run too."""
+statistics on every target (``choose_layout(..., grouped=False)``) and run decode batches
+in "spread" (``rmsnorm_fwd_spread``), bitwise "rows" too; the same checks run for them."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from nki_rmsnorm import kernels
 from nki_rmsnorm.plan.forward import (
     DECODE_MAX_ROWS,
     DECODE_MAX_ROWS_FUSED,
+    SPREAD_MAX_ROWS,
     choose_layout,
     make_plan,
     statistic_groups,
@@ -31,7 +32,9 @@ FP32, FP16 = np.dtype(np.float32), np.dtype(np.float16)
 EPS = 1e-6
 
 
-def _layout(target, M, N, dtype, residual=None):
+def _layout(target, M, N, dtype, residual=None, grouped=True):
+    """(layout, G) the planner gives; ``grouped``: the nki06 kernels' plan (the legacy
+    kernels pass False)."""
     spec = simulate.get_target(target)
     plan = make_plan(
         dtype,
@@ -46,7 +49,7 @@ def _layout(target, M, N, dtype, residual=None):
         tensor_engine=spec.nc_version >= 3,
     )
     budget = spec.sbuf_bytes_per_partition
-    return choose_layout(plan, M, N, budget), statistic_groups(plan, N, budget)
+    return choose_layout(plan, M, N, budget, grouped=grouped), statistic_groups(plan, N, budget)
 
 
 @pytest.mark.parametrize("target", ["trn2", "trn3"])
@@ -70,17 +73,33 @@ def test_planner_spreads_small_batches_only(target, N, groups):
     assert _layout(target, DECODE_MAX_ROWS_FUSED + 1, N, BF16, FP32)[0].regime == "rows"
 
 
+@pytest.mark.parametrize(
+    "N, M, segments", [(4096, 1, 128), (4096, 8, 16), (4096, 29, 4), (8192, 32, 4), (1000, 1, 8)]
+)
+def test_planner_spreads_small_batches_on_neuroncore_v2(N, M, segments):
+    """trn1 (no exact transpose): batches of at most ``SPREAD_MAX_ROWS`` rows, with or
+    without a residual, take "spread" with the largest power of two dividing N that keeps
+    them on 128 partitions; larger batches and N with no even divisor (17389) "rows"."""
+    layout, groups = _layout("trn1", M, N, BF16)
+    assert groups == 0 and layout.regime == "spread" and layout.segments == segments
+    assert _layout("trn1", M, N, BF16, FP32)[0].regime == "spread"
+    assert _layout("trn1", SPREAD_MAX_ROWS + 1, N, BF16)[0].regime == "rows"
+    assert _layout("trn1", SPREAD_MAX_ROWS + 1, N, BF16, FP32)[0].regime == "rows"
+    assert _layout("trn1", 8, 17389, BF16)[0].regime == "rows"
+
+
 def test_planner_keeps_whole_row_statistics_elsewhere():
     """trn1 (no exact transpose), rows too short to group or not divisible, and the legacy
-    kernels' plan (``grouped=False``): no groups."""
+    kernels' plan (``grouped=False``: whole-row statistics, decode batches in "spread"):
+    no groups."""
     assert _layout("trn1", 1, 4096, BF16)[1] == 0
+    assert _layout("trn1", 8192, 4096, BF16)[0].groups == 0
     for N in (1, 127, 1000, 1536, 17389):
         layout, groups = _layout("trn2", 1, N, BF16)
         assert groups == 0 and layout.groups == 0, N
-    plan = make_plan(BF16, BF16, None, None, 0.0, "gemma", None, FP32, BF16, tensor_engine=True)
-    budget = simulate.get_target("trn2").sbuf_bytes_per_partition
-    for M in (1, 8192):
-        layout = choose_layout(plan, M, 4096, budget, grouped=False)
+    for target in ("trn2", "trn3"):
+        assert _layout(target, 1, 4096, BF16, grouped=False)[0].regime == "spread"
+        layout = _layout(target, 8192, 4096, BF16, grouped=False)[0]
         assert layout.regime == "rows" and layout.groups == 0
 
 
@@ -116,19 +135,29 @@ INVARIANCE_CASES = [
     ("trn3", 4096, BF16, "none", False, True, BF16),  # "vector", no weight
     ("trn2", 2048, BF16, "gemma", True, True, BF16),  # G = 4, fused add
     ("trn3", 8192, FP32, "gemma", False, False, None),  # rstd only
+    # NeuronCore-v2 decode batches run "spread" (whole-row statistics; legacy kernels only)
+    ("trn1", 4096, BF16, "gemma", True, True, FP32),  # "scalar" product, bias, fused add
+    ("trn1", 2048, FP32, "llama", True, False, None),  # x̂ rounded
+    ("trn1", 8192, FP16, "none", False, True, None),  # no weight
 ]
 
 
 @pytest.mark.parametrize("case", INVARIANCE_CASES, ids=lambda c: f"{c[0]}-{c[1]}-{c[2]}-{c[3]}")
 def test_row_results_do_not_depend_on_the_batch(kernel_dialect, rng, case):
     target, N, dtype, mode, weight, bias, residual_dtype = case
+    if target == "trn1" and kernel_dialect != "legacy":
+        pytest.skip(
+            "NKI 0.6 has no NeuronCore-v2 target (aws-neuron-sdk@81ce03ae nki_faq.rst L23-27)"
+        )
     x = _edge_rows(rng.standard_normal((200, N)).astype(dtype))
     w = rng.normal(1.0, 0.2, N).astype(dtype) if weight else None
     b = rng.normal(0.0, 0.5, N).astype(FP32) if bias else None
     r = None if residual_dtype is None else rng.standard_normal((200, N)).astype(residual_dtype)
     residual = None if r is None else r.dtype
-    assert _layout(target, 200, N, dtype, residual)[0].regime == "rows"
-    assert _layout(target, 29, N, dtype, residual)[0].regime == "split"
+    grouped = kernel_dialect == "nki06"
+    assert _layout(target, 200, N, dtype, residual, grouped)[0].regime == "rows"
+    decode = "split" if grouped else "spread"
+    assert _layout(target, 29, N, dtype, residual, grouped)[0].regime == decode
     big, _ = _run(kernel_dialect, target, x, w, b, r, mode)
     for M in (1, 29):
         small_r = None if r is None else r[:M].copy()
@@ -297,6 +326,8 @@ def test_non_finite_weight_in_either_split_product(rng, target):
         ("trn2", 4, 65537, BF16, "long"),
         ("trn1", 4, 65537, BF16, "long"),
         ("trn2", 20, 32768, FP32, "split"),
+        ("trn1", 20, 4096, BF16, "spread"),  # decode batch, segments of 1024 on 4 partitions
+        ("trn1", 3, 8192, FP32, "spread"),
     ],
 )
 def test_non_finite_weight_stays_in_its_column_legacy(rng, target, M, N, dtype, regime):
@@ -324,6 +355,48 @@ def test_non_finite_weight_stays_in_its_column_legacy(rng, target, M, N, dtype, 
     y = _run("legacy", target, x, w, None, None, "gemma")[0][0]
     rtol, atol = (2e-5, 1e-30) if dtype == FP32 else (1e-2, 4 * 2.0**-24)
     _check_nonfinite_weight(y, x, w, EPS, rtol, atol)
+
+
+@pytest.mark.parametrize(
+    "M, x_dtype, residual_dtype, bias",
+    [(1, BF16, None, False), (32, BF16, FP32, True), (29, FP16, FP32, True)],
+)
+def test_spread_within_sbuf_at_its_widest_rows(rng, M, x_dtype, residual_dtype, bias):
+    """At the widest N (step 64) the planner gives "spread" on trn1, "rows" takes a large
+    batch of it, the legacy kernel runs within SBUF and matches the float64 reference
+    (fp32 weight, offset, fp32 output)."""
+    spec = simulate.get_target("trn1")
+    budget = spec.sbuf_bytes_per_partition
+    plan = make_plan(
+        x_dtype, FP32, FP32 if bias else None, residual_dtype, 1.0, "gemma", FP32, FP32, BF16
+    )
+    N = max(
+        n for n in range(2048, 70000, 64) if choose_layout(plan, M, n, budget).regime == "spread"
+    )
+    # only where "rows" holds the row whole, whose statistics "spread" repeats
+    assert choose_layout(plan, 4096, N, budget).regime == "rows"
+    x = rng.standard_normal((M, N)).astype(x_dtype)
+    w = rng.normal(0.0, 0.2, N).astype(FP32)
+    b = rng.normal(0.0, 0.5, N).astype(FP32) if bias else None
+    r = None if residual_dtype is None else rng.standard_normal((M, N)).astype(residual_dtype)
+    common = (w, b, EPS, 1.0, "gemma", FP32)
+    if r is None:
+        (y, rstd), trace = trace_launch(
+            kernels.kernel("rmsnorm_fwd", "legacy"), x, *common, target="trn1"
+        )
+        h = x.astype(np.float64)
+    else:
+        kernel = kernels.kernel("rmsnorm_add_fwd", "legacy")
+        (y, h_out, rstd), trace = trace_launch(kernel, x, r, *common, target="trn1")
+        h = (x.astype(np.float64) + r).astype(residual_dtype).astype(np.float64)
+        np.testing.assert_array_equal(h_out, h.astype(residual_dtype))
+    assert trace.sbuf_peak_bytes_per_partition <= budget
+    want_rstd = 1.0 / np.sqrt(np.mean(h * h, axis=1) + EPS)
+    want_y = h * want_rstd[:, None] * (w.astype(np.float64) + 1.0)
+    if b is not None:
+        want_y = want_y + b
+    np.testing.assert_allclose(rstd, want_rstd, rtol=2e-6)
+    np.testing.assert_allclose(y, want_y, rtol=2e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("dialect", ["nki06", "legacy"])

@@ -42,7 +42,8 @@ EPS = 1e-6
 # (target, x dtype, N) reaching each forward regime (plan.forward.choose_layout)
 REGIMES = {
     "rows": ("trn2", BF16, 128),
-    "rows-trn1": ("trn1", FP32, 1000),
+    "rows-trn1": ("trn1", FP32, 1000),  # beyond 32 rows; up to 32: "spread" (s = 8)
+    "spread": ("trn1", BF16, 4096),  # at most 32 rows (of the draws' 2-40)
     "split": ("trn2", FP32, 12288),
     "long": ("trn1", FP32, 12288),
     "two_pass": ("trn1", FP32, 40000),
@@ -224,6 +225,7 @@ def _regime_example(regime, cells, mode="gemma", eps=EPS):
 @example(case=_regime_example("long", [(1, 0, "-inf"), (2, 9, "nan")], mode="llama"))
 @example(case=_regime_example("two_pass", [(0, 39999, "inf"), (1, 3, "subnormal")], eps=0.0))
 @example(case=_regime_example("rows-trn1", [(1, 2, "max"), (2, 3, "inf")]))
+@example(case=_regime_example("spread", [(0, 4095, "nan"), (2, 17, "-inf")], eps=0.0))
 def test_ieee_specials_in_random_rows(kernel_dialect, case):
     rng = np.random.default_rng(case["seed"])
     dtype, m, n = case["dtype"], case["m"], case["n"]

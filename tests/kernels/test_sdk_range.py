@@ -51,6 +51,10 @@ FORWARD = [
     ("long", "trn1", 3, 40000, dict(residual=True), "llama"),
     ("split", "trn2", 3, 40000, dict(weight_dtype=BF16, residual=True), "gemma"),
     ("two_pass", "trn1", 3, 65536, dict(bias=True, residual=True, offset=1.0), "none"),
+    # decode batches (the legacy kernels: "spread" on every target)
+    ("spread", "trn1", 8, 4096, dict(bias=True, offset=0.5), "gemma"),
+    ("spread", "trn1", 29, 2048, dict(residual=True), "llama"),
+    ("spread", "trn2", 8, 4096, dict(weight_dtype=BF16, bias=True), "gemma"),
 ]
 
 
@@ -61,7 +65,7 @@ FORWARD = [
 )
 def test_forward(rng, sdk_mode, regime, target, M, N, options, casting_mode):
     inputs = _inputs(rng, M, N, BF16, **options)
-    assert _layout(inputs, casting_mode, target).regime == regime
+    assert _layout(inputs, casting_mode, target, grouped=False).regime == regime
     check_forward(inputs, casting_mode, target=target)
 
 

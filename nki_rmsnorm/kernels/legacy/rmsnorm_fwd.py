@@ -40,9 +40,11 @@ convention and ``activation_reduce`` / ``scalar_tensor_tensor`` / ``get_nc_versi
 documented per-generation figure before, ``nki_rmsnorm.nki.usable_sbuf_bytes``).
 
 Regimes (``rmsnorm_fwd_plan.choose_layout``; decided from N, the dtypes, the options and the
-target, never from the data; M only sets the rows per partition of "rows" and "packed"; the
-nki06 kernel's grouped statistics and decode batches in "split" are not used here, see
-``plan.forward.choose_layout``):
+target, never from the data; M only sets the rows per partition of "rows" and "packed" and
+sends a batch of ≤ 32 rows to "spread", which computes each row as "rows" does; the nki06
+kernel's grouped statistics and decode batches in "split" are not used here: this
+kernel's row tiles run one after the other, and grouping would cost every large shape,
+see ``plan.forward.choose_layout``):
 
 ======== =====================================================================================
 rows     whole rows, double-buffered, with the weight (and bias) on chip for the whole kernel:
@@ -58,12 +60,19 @@ split    NeuronCore-v3+ only, rows too long for "rows": each row spread over s p
          (s a power of two ≤ 32 dividing N, the smallest that makes a segment ≤ 8 KiB of h),
          so a tile is R = 128 / s whole rows, one contiguous DMA (``rmsnorm_fwd_split``).
          Σh² per segment, combined across partitions by exact Tensor-engine transposes.
+spread   decode batches, every target: ≤ 32 rows (with or without a residual), N with an
+         even divisor, the whole-row tile fits: whole-row statistics as "rows" on a
+         whole-row tile, and the product, h and y on a second load of the rows spread as
+         in "split" (s segments per row, R·s ≤ 128 partitions); rstd moves there by a
+         Vector transpose, a K = 1 ones-row matmul and a select, never a matmul transpose
+         (not NaN-safe on v2) (``rmsnorm_fwd_spread``). Bitwise "rows".
 long     one 128-row tile of h kept on chip, in column chunks of 4 KiB of h
          (``rmsnorm_fwd_long``): NeuronCore-v2, or N with no usable power-of-two factor.
 two_pass not even one row tile fits: x (and the residual) are read twice.
 ======== =====================================================================================
 
-HBM traffic: every regime but two_pass reads x and the residual once and writes y, h and rstd
+HBM traffic: every regime but two_pass and spread (twice, for ≤ 32 rows) reads x and the
+residual once and writes y, h and rstd
 once; the weight and bias are read once ("rows"), three times at most ("split": the Tensor
 engine's moving rows, 2·N·e bytes) or once per row tile ("long": N·e bytes per 128 rows).
 
@@ -126,6 +135,7 @@ from nki_rmsnorm.kernels.legacy.rmsnorm_fwd_long import long_rows, two_pass
 from nki_rmsnorm.kernels.legacy.rmsnorm_fwd_packed import packed_rows
 from nki_rmsnorm.kernels.legacy.rmsnorm_fwd_rows import rows_resident
 from nki_rmsnorm.kernels.legacy.rmsnorm_fwd_split import split_rows
+from nki_rmsnorm.kernels.legacy.rmsnorm_fwd_spread import spread_rows
 from nki_rmsnorm.nki import nisa, nki, nl, usable_sbuf_bytes
 from nki_rmsnorm.plan.forward import (
     CASTING_MODES,
@@ -172,8 +182,9 @@ def _plan(x, weight, bias, h_dtype, offset, casting_mode, out_dtype):
 def forward_body(plan, hbm, eps, offset):
     """Write y, rstd (and h) of ``hbm`` (a ``Tensors``): the code every entry point shares."""
     M, N = hbm.x.shape
-    # whole-row statistics (plan.forward.choose_layout says why); a per-head weight
-    # (heads, N): "packed" only, k rows per partition a multiple of heads
+    # whole-row statistics (its row tiles run one after the other: grouped statistics would
+    # cost whole-row tiles, plan.forward.choose_layout), decode batches in "spread"; a
+    # per-head weight (heads, N): "packed" only, k rows per partition a multiple of heads
     heads = weight_heads(plan, None if hbm.weight is None else hbm.weight.shape, M, N)
     layout = choose_layout(plan, M, N, usable_sbuf_bytes(), grouped=False, heads=heads)
     if layout.regime == "rows":
@@ -182,6 +193,8 @@ def forward_body(plan, hbm, eps, offset):
         packed_rows(plan, layout.rows_per_partition, heads, hbm, eps, offset)
     elif layout.regime == "split":
         split_rows(plan, layout.segments, hbm, eps, offset)
+    elif layout.regime == "spread":
+        spread_rows(plan, layout.segments, hbm, eps, offset)
     elif layout.regime == "long":
         long_rows(plan, layout.chunk, layout.output_chunk, hbm, eps, offset)
     else:

@@ -80,10 +80,10 @@ def split_rows(plan, s, hbm, eps, offset):
     scale = (
         None
         if weight_segments is None
-        else _segments_per_row(weight_segments, parts, plan.scale_dtype, offset)
+        else segments_per_row(weight_segments, parts, plan.scale_dtype, offset)
     )
     shift = (
-        None if bias_segments is None else _segments_per_row(bias_segments, parts, plan.bias_dtype)
+        None if bias_segments is None else segments_per_row(bias_segments, parts, plan.bias_dtype)
     )
     resident = _Resident(eps, scale, shift, steps.identity(parts, nl.float32))
 
@@ -115,22 +115,21 @@ def split_rows(plan, s, hbm, eps, offset):
         _split_output(plan, views, resident, slots[t % SPLIT_SLOTS], *tiles[t])
 
 
-def _segments_per_row(segments_hbm, parts, dtype, offset=0.0):
+def segments_per_row(segments_hbm, parts, dtype, offset=0.0, positive_zeros=True):
     """(parts, F): partition p holds segment p mod s, converted to ``dtype`` (+ offset),
-    −0 made +0 (``steps.signed_zeros_positive``) as the "rows" regime's Tensor-engine
-    product and ones-row broadcast make it. The s segments are loaded once and doubled on
-    chip by SBUF-to-SBUF DMAs."""
+    −0 made +0 (``steps.signed_zeros_positive``; unless ``positive_zeros`` is False) as the
+    "rows" regime's Tensor-engine product and ones-row broadcast make it. The s segments
+    are loaded once and doubled on chip by SBUF-to-SBUF DMAs."""
     s, F = segments_hbm.shape
     i_s = nl.arange(s)[:, None]
     i_f = nl.arange(F)[None, :]
     rows = nl.ndarray((parts, F), dtype=dtype)
-    rows[0:s, :] = steps.signed_zeros_positive(
-        steps.convert_row(nl.load(segments_hbm[i_s, i_f]), dtype, offset)
-    )
-    return _doubled(rows, s, parts)
+    converted = steps.convert_row(nl.load(segments_hbm[i_s, i_f]), dtype, offset)
+    rows[0:s, :] = steps.signed_zeros_positive(converted) if positive_zeros else converted
+    return doubled(rows, s, parts)
 
 
-def _doubled(rows, s, parts):
+def doubled(rows, s, parts):
     """``rows`` with its first s partitions copied until all ``parts`` hold them."""
     filled = s
     # at most parts / s doublings; a bounded loop, as the dialect has only do-while loops

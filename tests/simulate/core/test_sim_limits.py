@@ -53,8 +53,7 @@ def k_matmul_int(x):
 
 
 def k_matmul_psum_input(x):
-    nisa.nc_matmul(nl.zeros((64, 32), nl.float32, buffer=nl.psum), nl.zeros((64, 32),
-                                                                            nl.float32))
+    nisa.nc_matmul(nl.zeros((64, 32), nl.float32, buffer=nl.psum), nl.zeros((64, 32), nl.float32))
 
 
 def k_transpose_size(x):
@@ -136,8 +135,7 @@ def k_dma_psum(x):
 
 
 def k_partition_mismatch(x):
-    nisa.tensor_tensor(nl.zeros((128, 512), nl.float32), nl.zeros((1, 512), nl.float32),
-                       op=nl.add)
+    nisa.tensor_tensor(nl.zeros((128, 512), nl.float32), nl.zeros((1, 512), nl.float32), op=nl.add)
 
 
 def k_operator_partition_broadcast(x):
@@ -248,8 +246,12 @@ CASES = [  # (kernel, exception, key, target)
     (k_nc_transpose_pe, ValueError, "err_size_of_dimension_exceed_arch_limit", None),
     (k_nc_transpose_dve, ValueError, "err_size_of_dimension_exceed_arch_limit", None),
     (k_two_psum_inputs, TypeError, "err_unsupported_memory", None),
-    (k_indirect_on_chip, IndexError,
-     "err_copy_dynamic_indirect_indices_not_natively_supported", None),
+    (
+        k_indirect_on_chip,
+        IndexError,
+        "err_copy_dynamic_indirect_indices_not_natively_supported",
+        None,
+    ),
     (k_mask_or, ValueError, "err_unsupported_expression_in_mask", None),
     (k_partitions, SyntaxError, "err_num_partition_exceed_arch_limit", None),
     (k_load_partitions, SyntaxError, "err_num_partition_exceed_arch_limit", None),
@@ -294,8 +296,7 @@ CASES = [  # (kernel, exception, key, target)
     (k_operand_mask, ValueError, "err_unsupported_operand_mask", None),
     (k_reduce_axis, ValueError, "err_reduce_axis", None),
     (k_reduce_partition, ValueError, "err_reduce_partition_axis", None),
-    (k_transpose_indirect, IndexError, "err_indirect_indices_are_not_supported_with_nki_api",
-     None),
+    (k_transpose_indirect, IndexError, "err_indirect_indices_are_not_supported_with_nki_api", None),
 ]
 
 
@@ -309,6 +310,7 @@ def test_limit_raises_the_documented_error(kernel, exc, key, target):
 
 def test_limits_follow_the_target():
     """The same tile fits trn2's SBUF but not trn1's."""
+
     def kernel(x):
         big = nl.ndarray((128, 200_000), nl.int8)
         out = nl.ndarray((1, 1), nl.int8, buffer=nl.shared_hbm)
@@ -322,9 +324,10 @@ def test_limits_follow_the_target():
 
 
 def test_tiles_of_finished_iterations_do_not_count_but_live_tiles_beyond_capacity_raise():
-    """A tile created in an earlier loop iteration is out of scope (Python still holds it
-    while `big` is rebound), so a loop reuses the space; tiles live together beyond the
-    target's SBUF are an error naming the limit."""
+    """A tile created in an earlier loop iteration is dead once that iteration has used it,
+    so a loop reuses the space; tiles used together beyond the target's SBUF are an error
+    naming the limit."""
+
     def kernel(x):
         out = nl.ndarray((128, 1), nl.int8, buffer=nl.shared_hbm)
         for _ in nl.sequential_range(4):
@@ -338,7 +341,7 @@ def test_tiles_of_finished_iterations_do_not_count_but_live_tiles_beyond_capacit
     def too_much(x):
         out = nl.ndarray((128, 1), nl.int8, buffer=nl.shared_hbm)
         both = [nl.zeros((128, 100_000), nl.int8) for _ in range(2)]
-        nl.store(out, value=both[1][:, 0:1])
+        nl.store(out, value=nl.add(both[0][:, 0:1], both[1][:, 0:1]))
         return out
 
     with pytest.raises(CapacityError, match="err_sbuf_capacity_exceeded.*180224"):
@@ -348,7 +351,7 @@ def test_tiles_of_finished_iterations_do_not_count_but_live_tiles_beyond_capacit
     def in_loop(x):
         out = nl.ndarray((128, 1), nl.int8, buffer=nl.shared_hbm)
         keep = nl.zeros((128, 90_000), nl.int8)
-        for _ in nl.affine_range(2):
+        for _ in nl.sequential_range(2):
             tmp = nl.zeros((128, 95_000), nl.int8)
             nl.store(out, value=nl.add(keep[:, 0:1], tmp[:, 0:1]))
         return out
@@ -357,9 +360,64 @@ def test_tiles_of_finished_iterations_do_not_count_but_live_tiles_beyond_capacit
         nki.trace_kernel(in_loop, X, target="trn1")
 
 
+def test_a_tile_is_live_from_its_first_to_its_last_use_not_while_a_name_holds_it():
+    """The compiler frees a tile after its last use (general/nki/programming_model.rst
+    L172-L175 "live data"): `first` is still bound to a name but unused when `second` is
+    filled, so the two never need 2 x 100,000 bytes at once; used once more at the end,
+    `first` keeps its space and the kernel no longer fits trn1's 180,224 bytes."""
+
+    def kernel(x, use_first_again=False):
+        out = nl.ndarray((128, 1), nl.int8, buffer=nl.shared_hbm)
+        first = nl.zeros((128, 100_000), nl.int8)
+        nl.store(out, value=first[:, 0:1])
+        second = nl.zeros((128, 100_000), nl.int8)
+        nl.store(out, value=second[:, 0:1])
+        if use_first_again:
+            nl.store(out, value=first[:, 0:1])
+        return out
+
+    _, trace = nki.trace_kernel(kernel, X, target="trn1")
+    assert trace.sbuf_peak_bytes_per_partition == 100_000
+    with pytest.raises(
+        CapacityError, match="err_sbuf_capacity_exceeded.*200000 of the target's 180224"
+    ):
+        nki.trace_kernel(kernel, X, True, target="trn1")
+
+
+def test_blocks_of_a_tensor_are_live_one_by_one():
+    """Each (P, F) block of a (B, P, F) tensor is a physical tile with its own live range
+    (general/nki/nki_block_dimension_migration_guide.rst L31-L50): 16 PSUM blocks of one
+    bank each fit the 8 banks when each is used right after it is written, and do not when
+    all are written before any is read."""
+
+    def kernel(x, all_at_once=False):
+        out = nl.ndarray((128, 16), nl.float32, buffer=nl.shared_hbm)
+        ones = nl.full((128, 128), 1.0, nl.bfloat16)
+        acc = nl.ndarray((16, nl.par_dim(128), 512), nl.float32, buffer=nl.psum)
+        total = nl.ndarray((128, 16), nl.float32)
+        for b in nl.affine_range(16):
+            acc[b] = nisa.nc_matmul(ones, nl.full((128, 512), 1.0, nl.bfloat16))
+            if not all_at_once:
+                total[:, b] = nl.sum(acc[b], axis=1)
+        if all_at_once:
+            for b in nl.affine_range(16):
+                total[:, b] = nl.sum(acc[b], axis=1)
+        nl.store(out, value=total)
+        return out
+
+    out, trace = nki.trace_kernel(kernel, X, target="trn1")
+    np.testing.assert_array_equal(out, np.full((128, 16), 128 * 512, np.float32))
+    assert trace.psum_peak_bytes_per_partition == 2048
+    with pytest.raises(
+        CapacityError, match="err_psum_capacity_exceeded.*32768 of the target's 16384"
+    ):
+        nki.trace_kernel(kernel, X, True, target="trn1")
+
+
 def test_legal_patterns_do_not_raise():
     """What the checks must allow: accumulation in affine_range, the same writes in
     sequential_range, mutable inputs that are returned."""
+
     def kernel(x: nt.mutable_tensor):
         acc = nl.zeros((128, 64), nl.float32)
         buf = nl.ndarray((128, 64), nl.float32)

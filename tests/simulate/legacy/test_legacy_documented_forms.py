@@ -184,3 +184,120 @@ def test_a_while_testing_a_run_time_scalar_on_entry_is_rejected():
 
     with pytest.raises(NKIError, match="err_while_loop_requires_unconditional_entry"):
         _run(kernel, np.zeros((1, 1), np.float32))
+
+
+def test_loop_reduce_updates_the_tile_it_is_assigned_to(rng):
+    """nl.loop_reduce's own example (general/nki/api/nki/language/__init__.py L990-L1020):
+    ``b = nl.loop_reduce(a, op=np.add, loop_indices=[k_i], dtype=nl.float32)`` in an
+    affine_range is ``b = nisa.tensor_tensor(data1=b, data2=a, op=np.add)``: one Vector-engine
+    instruction per iteration into ``b``, which stays usable after the loop."""
+
+    def kernel(a, op):
+        out = nl.ndarray((128, 64), nl.float32, buffer=nl.shared_hbm)
+        b = nl.zeros((128, 64), dtype=nl.float32, buffer=nl.sbuf)
+        for k_i in nl.affine_range(4):
+            a_tile = nl.load(a[k_i])
+            b = nl.loop_reduce(a_tile, op=op, loop_indices=[k_i], dtype=nl.float32)
+        nl.store(out, value=b)
+        return out
+
+    a = rng.standard_normal((4, 128, 64)).astype(np.float32)
+    out, trace = nki.trace_kernel(kernel, a, np.add, target="trn1")
+    np.testing.assert_allclose(out, a.astype(np.float64).sum(0), rtol=1e-6, atol=1e-6)
+    updates = [i for i in trace if i.opcode == "tensor_tensor"]
+    assert len(updates) == 4 and all(i.engine == "dve" for i in updates)
+    out = _run(kernel, a, np.maximum)
+    np.testing.assert_array_equal(out, np.maximum(a.max(0), 0))
+
+
+def test_loop_reduce_outside_an_assignment_or_loop_is_rejected(rng):
+    """Without the assignment there is no destination tile; outside a loop nothing is
+    reduced over."""
+
+    def unassigned(a):
+        out = nl.ndarray((128, 64), nl.float32, buffer=nl.shared_hbm)
+        b = nl.zeros((128, 64), dtype=nl.float32)
+        for k_i in nl.affine_range(2):
+            nl.store(out, value=nl.loop_reduce(nl.load(a[k_i]), op=np.add, loop_indices=[k_i]))
+        nl.store(out, value=b)
+        return out
+
+    def outside_a_loop(a):
+        out = nl.ndarray((128, 64), nl.float32, buffer=nl.shared_hbm)
+        b = nl.zeros((128, 64), dtype=nl.float32)
+        b = nl.loop_reduce(nl.load(a[0]), op=np.add, loop_indices=[0])
+        nl.store(out, value=b)
+        return out
+
+    a = rng.standard_normal((2, 128, 64)).astype(np.float32)
+    with pytest.raises(ValueError, match="updates the tile its result is assigned to"):
+        _run(unassigned, a)
+    with pytest.raises(ValueError, match="reduces over running loops"):
+        _run(outside_a_loop, a)
+
+
+def test_a_matmul_accumulated_into_a_never_written_psum_tile_starts_the_group(rng):
+    """ "The first nki.isa.nc_matmul instruction overwrites the destination PSUM bank"
+    (general/nki/arch/trainium_inferentia2_arch.rst L835-L837): ``+=`` into an nl.ndarray
+    PSUM tile (what allocated kernels must write, attention_kernels.py L846/L899) is the plain
+    product sum; into a tile already holding values, it adds to them."""
+
+    def kernel(x, y, start):
+        out = nl.ndarray((2, 64, 32), nl.float32, buffer=nl.shared_hbm)
+        acc = nl.ndarray((2, nl.par_dim(64), 32), nl.float32, buffer=nl.psum)
+        if start:
+            acc[1] = nl.full((64, 32), 1.0, nl.float32, buffer=nl.psum)
+        for k in nl.affine_range(2):
+            acc[1] += nisa.nc_matmul(nl.load(x[k]), nl.load(y[k]))
+        for k in nl.affine_range(2):
+            acc[0] += nisa.nc_matmul(nl.load(x[k]), nl.load(y[k]))
+        nl.store(out[0], value=nl.copy(acc[0]))
+        nl.store(out[1], value=nl.copy(acc[1]))
+        return out
+
+    x = rng.standard_normal((2, 128, 64)).astype(np.float32)
+    y = rng.standard_normal((2, 128, 32)).astype(np.float32)
+    product = np.einsum("kpm,kpn->mn", x.astype(np.float64), y.astype(np.float64))
+    out = _run(kernel, x, y, False)
+    np.testing.assert_allclose(out[0], product, rtol=2e-2, atol=2e-2 * np.abs(product).max())
+    np.testing.assert_allclose(out[1], product, rtol=2e-2, atol=2e-2 * np.abs(product).max())
+    out = _run(kernel, x, y, True)
+    np.testing.assert_allclose(out[0], product, rtol=2e-2, atol=2e-2 * np.abs(product).max())
+    np.testing.assert_allclose(out[1], product + 1, rtol=2e-2, atol=2e-2 * np.abs(product).max())
+
+
+def test_modulo_allocated_logical_tiles_sharing_a_physical_tile_must_not_overlap(rng):
+    """The direct-allocation guide's lifetime conflict (general/nki/nki_direct_allocation_guide.rst
+    L397-L424): eight logical tiles over ``num_free_tiles=(2,)`` all loaded before any is used
+    is an error; used one after another ("the correct way"), or with eight physical tiles,
+    they fit."""
+    import simulate.compiler as ncc
+
+    def kernel(a, physical, all_loaded_first):
+        out = nl.ndarray((8, 128, 512), nl.float32, buffer=nl.shared_hbm)
+        t1 = nl.ndarray(
+            (8, nl.par_dim(128), 512),
+            nl.float32,
+            buffer=ncc.sbuf.mod_alloc(base_addr=0, num_free_tiles=(physical,)),
+        )
+        if all_loaded_first:
+            for i in nl.affine_range(8):
+                t1[i] = nl.load(a[i])
+            for i in nl.affine_range(8):
+                nl.store(
+                    out[i], value=nisa.tensor_scalar(data=t1[i], op0=nl.multiply, operand0=2.0)
+                )
+        else:
+            for i in nl.affine_range(8):
+                t1[i] = nl.load(a[i])
+                nl.store(
+                    out[i], value=nisa.tensor_scalar(data=t1[i], op0=nl.multiply, operand0=2.0)
+                )
+        return out
+
+    a = rng.standard_normal((8, 128, 512)).astype(np.float32)
+    with pytest.raises(ValueError, match="err_allocation_lifetime_conflict.*logical tiles"):
+        _run(kernel, a, 2, True)
+    for physical, all_loaded_first in ((2, False), (8, True)):
+        out = _run(kernel, a, physical, all_loaded_first)
+        np.testing.assert_array_equal(out, 2 * a)
