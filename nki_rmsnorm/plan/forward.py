@@ -103,16 +103,30 @@ PACKED_MIN_TILES = 4
 #: at most 64 / 1024 = 6.25 % of the row's n cycles (groups of 512 columns cost trn3, whose
 #: forward is Scalar-bound, 7 % at 8192 × 4096 bf16; of 1024, 4 %).
 GROUP_MIN_COLUMNS = 1024
-#: Batches of at most this many rows take the "split" regime where the statistics are
-#: grouped (a tile of R = 128 / G rows, or a few); above, whole-row tiles are faster
-#: (modeled trn2 bf16 forward, split against rows: 29 × 8192 24.7 against 34.0 µs, 48 × 8192
-#: 33.9 / 35.0, 64 × 8192 43.0 / 35.0) ...
-DECODE_MAX_ROWS = 32
-#: ... and with a residual, whose add (Vector engine) the split tiles spread over more
-#: partitions (fused add 64 × 8192: 44.3 against 49.1 µs; 128 × 4096: 40.9 / 29.4). Both
-#: per physical core: under LNC=2 the split tiles are shared by the two cores (trn2 LNC=2
-#: forward 64 × 4096: 14.9 against 20.8 µs for the one 64-row tile of "rows").
-DECODE_MAX_ROWS_FUSED = 64
+#: ... and on NeuronCore-v3 (trn2), whose whole-row tiles are bound by HBM and the Vector
+#: engine with the Scalar engine to spare, groups of at least 512 columns: twice the
+#: partitions (and half the columns each) for a decode batch, no change to the large ones
+#: (modeled trn2 bf16 forward, groups of 1024 / 512: 1 × 4096 4.66 / 4.24 µs, 8 × 4096
+#: 5.76 / 5.00, 64 × 8192 16.8 / 16.0, 8192 × 4096 436.8 both; on trn3 8192 × 4096 268.2
+#: / 281.7, so trn3 keeps 1024).
+GROUP_MIN_COLUMNS_NC_V3 = 512
+#: Batches of at most this many rows (per physical core: under LNC=2 the split tiles are
+#: shared by the two cores) take the "split" regime where the statistics are grouped: the
+#: "rows" regime would hold them in one tile of whole rows, which loads, reduces,
+#: normalises and stores in turn, while the split tiles pipeline and each partition
+#: works through N / G columns per tile (modeled trn2 bf16 forward, rows against split
+#: after its short rstd chain: 64 × 8192 31.4 / 16.8 µs, 128 × 8192 33.7 / 23.3, 128 × 4096
+#: 19.0 / 17.8, 256 × 8192 43.3 / 37.2 but 512 × 8192 61.1 / 65.5; trn3 128 × 8192 26.4 /
+#: 21.1) ...
+DECODE_MAX_ROWS = 128
+#: ... and the same with a residual (fused add 128 × 8192: 49.2 / 31.4 µs; 256 × 2048
+#: 20.5 / 22.1) ...
+DECODE_MAX_ROWS_FUSED = 128
+#: ... where the rows have at least this many groups, or all fit one split tile: with two,
+#: the split tiles hold as many columns per partition as the one whole-row tile and add the
+#: statistics' transposes (trn2 128 × 2048 12.1 / 16.4 µs, 96 × 2048 11.8 / 15.3; 64 × 2048,
+#: one split tile, 11.8 / 8.9).
+DECODE_MIN_GROUPS = 4
 #: Where the statistics are not grouped (NeuronCore-v2, and the legacy kernels, whose row
 #: tiles run one after the other: grouping costs them every large shape, modeled trn2
 #: legacy bf16 forward 2048 x 4096 110.1 -> 114.6 µs, fused add 237.4 -> 241.6), batches of
@@ -158,7 +172,9 @@ RSQRT_ROOT_SCALE = 2.0**32
 @dataclass(frozen=True)
 class Tensors(NKIObject):
     """The kernel's HBM tensors: inputs x, residual (or None), weight, bias (or None);
-    outputs y, h (None without a residual) and rstd."""
+    outputs y, h (None without a residual) and rstd; ``y_transposed`` (nki06 only) replaces y
+    (then None) by rmsnorm_tkg's transposed layout (P, M, N / P)
+    (``rmsnorm_fwd_transposed``)."""
 
     x: object
     residual: object
@@ -167,6 +183,7 @@ class Tensors(NKIObject):
     y: object
     h: object
     rstd: object
+    y_transposed: object = None
 
 
 def _bytes_of(dtypes):
@@ -203,6 +220,8 @@ class Plan(NKIObject):
     #: The Tensor engine transposes exactly and NaN-safely (NeuronCore-v3+), which the
     #: "split" regime needs to move row statistics across partitions.
     exact_transpose: bool
+    #: The narrowest column group of the grouped row statistics (``statistic_groups``).
+    group_min_columns: int = GROUP_MIN_COLUMNS
 
     def resident_bytes(self) -> int:
         """Per column: the weight and bias kept on chip for the whole kernel."""
@@ -338,11 +357,14 @@ def make_plan(
     float32,
     bfloat16,
     tensor_engine=False,
+    group_min_columns=GROUP_MIN_COLUMNS,
 ):
     """The :class:`Plan` for the given dtypes (None for an absent tensor; ``out_dtype`` None:
     x's) and options. ``tensor_engine``: the target is a NeuronCore-v3+ (trn2, trn3), whose
     exact, NaN-safe Tensor-engine transpose lets gemma form rstd ⊗ weight there, and whose
-    bf16 Vector fast modes make llama / none cheap on the Vector engine alone. ``float32``,
+    bf16 Vector fast modes make llama / none cheap on the Vector engine alone.
+    ``group_min_columns``: the narrowest group of the grouped row statistics
+    (``GROUP_MIN_COLUMNS``, or ``GROUP_MIN_COLUMNS_NC_V3`` on NeuronCore-v3). ``float32``,
     ``bfloat16``: the calling dialect's ``nl.float32`` and ``nl.bfloat16``, the dtypes the
     planner picks for on-chip steps."""
     kernel_assert(
@@ -399,6 +421,7 @@ def make_plan(
         product_engine=product_engine,
         rstd_pieces=rstd_pieces,
         exact_transpose=tensor_engine,
+        group_min_columns=group_min_columns,
     )
 
 
@@ -444,7 +467,11 @@ def choose_layout(
         )
     groups = statistic_groups(plan, n, budget) if grouped else 0
     decode_rows = DECODE_MAX_ROWS if plan.residual_dtype is None else DECODE_MAX_ROWS_FUSED
-    if groups and m <= decode_rows * cores:
+    if (
+        groups
+        and m <= decode_rows * cores
+        and (groups >= DECODE_MIN_GROUPS or m * groups <= PMAX * cores)
+    ):
         return Layout("split", segments=groups)
     segments = spread_segments(n, m)
     if (
@@ -489,7 +516,8 @@ def choose_layout(
 
 
 def statistic_groups(plan: Plan, n: int, budget: int) -> int:
-    """G of the grouped row statistics (see ``GROUP_MIN_COLUMNS``) for rows of ``n``, or 0
+    """G of the grouped row statistics (see ``GROUP_MIN_COLUMNS``; groups of at least
+    ``plan.group_min_columns``) for rows of ``n``, or 0
     where Σh² is taken over the whole row: on NeuronCore-v3+ (the "split" regime's exact
     transposes), for rows the "rows" regime holds whole and the "split" regime can hold in
     G segments. A decision on n, the dtypes and the target alone, never on M."""
@@ -503,7 +531,7 @@ def statistic_groups(plan: Plan, n: int, budget: int) -> int:
     for count in SEGMENT_COUNTS:
         if (
             n % count == 0
-            and n // count >= GROUP_MIN_COLUMNS
+            and n // count >= plan.group_min_columns
             and plan.fits_split(n // count, budget)
         ):
             groups = count
@@ -634,3 +662,4 @@ class RowViews(NKIObject):
     y: object
     h: object
     rstd: object
+    y_transposed: object = None  # Tensors.y_transposed, stored by whole rows

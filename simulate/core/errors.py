@@ -51,3 +51,11 @@ class CapacityError(NKIValueError):
     """SBUF or PSUM over capacity for the target."""
 
     key = "err_capacity_exceeded"
+
+
+class SpillWarning(UserWarning):
+    """The tiles a kernel keeps live at once need more SBUF or PSUM than the target has, so
+    the compiler "inserts the necessary spills or refills" (aws-neuron-sdk@8a38e733
+    general/nki/programming_model.rst L172-L175): the kernel runs, with extra DMA traffic
+    between on-chip memory and HBM. Not an error: the errors manual has no over-capacity
+    code for auto-allocated tiles (general/nki/api/nki.errors.rst)."""

@@ -12,9 +12,18 @@ how many physical tiles are allocated to each tensor" (nki_direct_allocation_gui
 L44-L46): so each (P, F) block of a ``(B, P, F)`` tensor has its own live range, and "at the
 very minimum, only 1 physical tile of `a` needs to be alive. Then the execution is
 completely serialized" (migration guide L50) -- the live set of the trace in issue order is
-what the compiler's allocator has to fit. :func:`check_live_capacity` raises when it does
-not; one tile (block) larger than a partition cannot be placed at all and is rejected when
-it is created.
+what the compiler's allocator has to fit. Where it does not, the compiler does not reject
+the kernel: "the Neuron compiler will insert the necessary spills or refills"
+(general/nki/programming_model.rst L172-L175; aws-neuron-sdk@81ce03ae
+nki/get-started/about/memory-hierarchy-overview.rst L86; nki_perf_guide.rst L70-L143 "data
+spillage", measured by neuron-profile's ``spill_save_bytes`` / ``spill_reload_bytes``, and
+issued as DMAs on spill/reload queues: nki/guides/tutorials/fused_mamba.rst L754-L766), and
+the errors manual has no over-capacity code for it (general/nki/api/nki.errors.rst).
+:func:`check_live_capacity` plans those spills (which tiles and when is inferred: the docs
+give no algorithm) and inserts them into the trace as DMA transfers. One tile (block) larger
+than a partition cannot be placed at all and is rejected when it is created, and the tiles
+of one instruction that alone exceed the memory cannot be spilled. Tiles the kernel places
+itself (direct allocation) keep the allocation guide's placement errors.
 
 Addresses come from :class:`PartitionAllocator`, a first-fit allocator over the tiles Python
 still references: only the cost model's optional address-reuse hazards depend on them.
@@ -24,13 +33,16 @@ from __future__ import annotations
 
 import bisect
 import collections
+import heapq
 import itertools
+import warnings
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from .errors import CapacityError, NKIValueError
+from .errors import CapacityError, NKIValueError, SpillWarning
+from .trace import Instruction, Region
 
 _storage_ids = itertools.count(1)
 
@@ -202,46 +214,236 @@ def check_modulo_lifetimes(instructions, tiles: dict[int, TileRecord], modulo_ti
                 )
 
 
-def check_live_capacity(
-    instructions, tiles: dict[int, TileRecord], capacity: dict[str, int], target: str
-) -> dict[str, int]:
-    """The peak bytes per partition of the (P, F) tiles live at once in ``instructions``
-    (issue order) per memory; raise :class:`CapacityError` where it exceeds ``capacity``.
-    A tile is live from the first instruction that touches it to the last."""
-    spans = _live_spans(instructions, tiles)
-    peaks = {}
-    for memory, limit in capacity.items():
-        # a tile takes its bytes at its first instruction and frees them after its last;
-        # at one position frees (-1) sort before takes (+1)
-        events = sorted(
-            event
-            for key, (first, last) in spans.items()
-            if tiles[key[0]].memory == memory
-            for event in ((first, 1, key), (last + 1, -1, key))
-        )
-        live, peak, at, held, worst = 0, 0, 0, set(), set()
-        for position, step, key in events:
-            live += step * tiles[key[0]].held_bytes
-            (held.add if step > 0 else held.discard)(key)
-            if live > peak:
-                peak, at, worst = live, position, set(held)
-        peaks[memory] = peak
-        if peak > limit:
-            per_tensor: dict[int, int] = collections.Counter()
-            for sid, _ in worst:
-                per_tensor[sid] += tiles[sid].held_bytes
-            largest = sorted(per_tensor.items(), key=lambda item: -item[1])[:3]
-            unit = "PSUM" if memory == "psum" else "SBUF"
-            inst = instructions[at]
-            raise CapacityError(
-                f"{unit} over capacity on {target}: at instruction {inst.index} "
-                f"({inst.opcode}) the tiles live from their first to their last use need "
-                f"{peak} of the target's {limit} bytes per partition; largest: "
-                + ", ".join(
-                    f"{tiles[sid].what} ({held_bytes} B live)" for sid, held_bytes in largest
+def _uses(instructions, tiles: dict[int, TileRecord]) -> dict[tuple[int, int], list]:
+    """(storage id, block) -> [[(position, writes it), ...] in issue order, first byte,
+    end byte, first partition, end partition] of what the instructions touch of it."""
+    uses: dict[tuple[int, int], list] = {}
+    for position, inst in enumerate(instructions):
+        for region, writes in [(r, False) for r in inst.reads] + [(r, True) for r in inst.writes]:
+            record = tiles.get(region.storage)
+            if record is None:
+                continue
+            for block in blocks_touched(region, record):
+                start, stop = region.start, region.stop
+                if record.blocks > 1:  # the block's bytes of the region
+                    first = record.address + block * record.block_bytes
+                    start, stop = max(start, first), min(stop, first + record.block_bytes)
+                entry = uses.setdefault(
+                    (region.storage, block), [[], start, stop, *region.partitions]
                 )
-                + (" (PSUM is allocated in 2 KiB banks)" if memory == "psum" else "")
-                + "; use tiles for a shorter stretch of the kernel or tile the free dimension",
-                f"err_{memory}_capacity_exceeded",
+                steps = entry[0]
+                if steps and steps[-1][0] == position:
+                    steps[-1] = (position, steps[-1][1] or writes)
+                else:
+                    steps.append((position, writes))
+                entry[1], entry[2] = min(entry[1], start), max(entry[2], stop)
+                entry[3] = min(entry[3], region.partitions[0])
+                entry[4] = max(entry[4], region.partitions[1])
+    return uses
+
+
+@dataclass
+class SpillPlan:
+    """What the compiler would spill to fit the live tiles of one memory in its capacity:
+    ``transfers`` [(position of the instruction it goes before, "save" or "reload",
+    (storage id, block))], and the bytes over all partitions of each direction."""
+
+    memory: str
+    peak: int  # bytes per partition the tiles live at once (first to last use) need
+    transfers: list = field(default_factory=list)
+    save_bytes: int = 0
+    reload_bytes: int = 0
+    spilled: collections.Counter = field(default_factory=collections.Counter)  # sid -> bytes
+
+
+def _plan_spills(memory, uses, tiles, limit, instructions, target) -> SpillPlan:
+    """Belady's choice (inferred: the docs give no spill algorithm): walk the instructions
+    in issue order; where the tiles resident at one need more than ``limit`` bytes per
+    partition, save the resident tile (block) whose next use is farthest away to HBM (only
+    when written since it was last saved) and reload it before that use. Raise
+    :class:`CapacityError` when the tiles of one instruction alone do not fit."""
+    keys = [key for key in uses if tiles[key[0]].memory == memory]
+    at: dict[int, list] = collections.defaultdict(list)
+    for key in keys:
+        for step, (position, _) in enumerate(uses[key][0]):
+            at[position].append((key, step))
+    # the demand: every tile live from its first to its last use
+    # (position, bytes): a tile takes its bytes at its first use and frees them after its
+    # last; at one position the frees (negative) sort first
+    events = sorted(
+        event
+        for key in keys
+        for event in (
+            (uses[key][0][0][0], tiles[key[0]].held_bytes),
+            (uses[key][0][-1][0] + 1, -tiles[key[0]].held_bytes),
+        )
+    )
+    plan = SpillPlan(memory, max(itertools.accumulate(e[1] for e in events), default=0))
+    if plan.peak <= limit:
+        return plan
+    resident: set = set()
+    spilled: set = set()
+    dirty: set = set()
+    upcoming: list = []  # heap of (-next use position, key) of resident tiles (lazily pruned)
+    next_use: dict = {}
+    live = 0
+    for position in sorted(at):
+        needed = set()
+        for key, step in at[position]:
+            needed.add(key)
+            held = tiles[key[0]].held_bytes
+            if key in spilled:
+                spilled.discard(key)
+                plan.transfers.append((position, "reload", key))
+                plan.reload_bytes += held * (uses[key][4] - uses[key][3])
+            if key not in resident:
+                resident.add(key)
+                live += held
+            if uses[key][0][step][1]:
+                dirty.add(key)
+            steps = uses[key][0]
+            next_use[key] = steps[step + 1][0] if step + 1 < len(steps) else None
+        while live > limit:
+            victim = None
+            while upcoming:
+                negative, key = heapq.heappop(upcoming)
+                if key in resident and key not in needed and next_use[key] == -negative:
+                    victim = key
+                    break
+            if victim is None:
+                inst = instructions[position]
+                unit = "PSUM" if memory == "psum" else "SBUF"
+                raise CapacityError(
+                    f"{unit} over capacity on {target}: the tiles instruction {inst.index} "
+                    f"({inst.opcode}) reads and writes need {live} of the target's {limit} "
+                    "bytes per partition at once, which no spilling can fit; tile the free "
+                    "dimension",
+                    f"err_{memory}_capacity_exceeded",
+                )
+            held = tiles[victim[0]].held_bytes
+            resident.discard(victim)
+            spilled.add(victim)
+            live -= held
+            if victim in dirty:
+                dirty.discard(victim)
+                plan.transfers.append((position, "save", victim))
+                nbytes = held * (uses[victim][4] - uses[victim][3])
+                plan.save_bytes += nbytes
+                plan.spilled[victim[0]] += nbytes
+        for key in needed:
+            if next_use[key] is None:
+                resident.discard(key)
+                dirty.discard(key)
+                live -= tiles[key[0]].held_bytes
+            else:
+                heapq.heappush(upcoming, (-next_use[key], key))
+    plan.transfers.sort(key=lambda transfer: (transfer[0], transfer[1] != "save"))
+    return plan
+
+
+def spill_transfers(instructions, plans, uses, tiles) -> dict[int, list[Instruction]]:
+    """id() of an instruction of ``instructions`` -> the synthetic ``dma_copy`` transfers
+    between a tile and an HBM scratch buffer that the spills of ``plans`` issue before it
+    (the saves first): the cost model charges them as any SBUF<->HBM DMA. Where and when
+    the compiler issues them is inferred (the docs give no spill algorithm)."""
+    before: dict[int, list[Instruction]] = collections.defaultdict(list)
+    scratch: dict = {}
+    for plan in plans:
+        for position, kind, key in plan.transfers:
+            inst = instructions[position]
+            _, start, stop, p0, p1 = uses[key]
+            held = tiles[key[0]].held_bytes
+            scratch.setdefault(key, next(_storage_ids))
+            tile = Region(plan.memory, key[0], start, stop, (p0, p1))
+            hbm = Region("hbm", scratch[key], 0, held * (p1 - p0))
+            save = kind == "save"
+            # the space changes hands: a save finishes before the instruction it makes room
+            # for writes its tile there; a reload starts after the instruction before its
+            # use (by then the tiles it replaces are dead)
+            if save:
+                reads, writes = (tile,), (hbm, *(r for r in inst.writes if r.memory == plan.memory))
+            else:
+                reads, writes = (hbm, *instructions[position - 1].writes), (tile,)
+            before[id(inst)].append(
+                Instruction(
+                    index=0,
+                    engine="dma",
+                    opcode="dma_copy",
+                    partitions=p1 - p0,
+                    free_size=held,
+                    in_dtypes=("uint8",),
+                    out_dtype="uint8",
+                    reads=reads,
+                    writes=writes,
+                    loops=inst.loops,
+                    program=inst.program,
+                    core=inst.core,
+                    dma_bytes=held * (p1 - p0),
+                    dma_direction=f"{plan.memory}->hbm" if save else f"hbm->{plan.memory}",
+                    dma_row_bytes=held,
+                    details={"spill": kind},
+                )
             )
-    return peaks
+    return before
+
+
+def with_transfers(instructions, before: dict[int, list[Instruction]]) -> list[Instruction]:
+    """``instructions`` with the transfers of ``before`` inserted, all renumbered."""
+    if not before:
+        return instructions
+    result = []
+    for inst in instructions:
+        result.extend(before.get(id(inst), ()))
+        result.append(inst)
+    for index, inst in enumerate(result):
+        inst.index = index
+    return result
+
+
+def check_live_capacity(
+    instructions,
+    tiles: dict[int, TileRecord],
+    capacity: dict[str, int],
+    target: str,
+    placed_by_kernel: bool = False,
+) -> tuple[dict[str, int], list[SpillPlan], dict[int, list[Instruction]]]:
+    """The peak bytes per partition of the (P, F) tiles live at once in ``instructions``
+    (issue order) per memory (a tile is live from the first instruction that touches it to
+    the last), the compiler's spills where that exceeds ``capacity`` (:func:`_plan_spills`)
+    and their DMA transfers (:func:`spill_transfers`, to insert with
+    :func:`with_transfers`), with one
+    :class:`SpillWarning` naming the bytes and the largest spilled tiles. The spill traffic
+    is counted in ``spill_save_bytes`` / ``spill_reload_bytes`` of the returned plans, the
+    names of neuron-profile's metrics (aws-neuron-sdk@8a38e733
+    general/nki/nki_perf_guide.rst L70-L143). A kernel that places its tiles itself
+    (``placed_by_kernel``: direct allocation) is not the compiler's to spill: going over
+    capacity is a :class:`CapacityError` there."""
+    uses = _uses(instructions, tiles)
+    plans = [
+        _plan_spills(memory, uses, tiles, limit, instructions, target)
+        for memory, limit in capacity.items()
+    ]
+    peaks = {plan.memory: plan.peak for plan in plans}
+    spilling = [plan for plan in plans if plan.transfers]
+    for plan in spilling if placed_by_kernel else ():
+        unit = "PSUM" if plan.memory == "psum" else "SBUF"
+        raise CapacityError(
+            f"{unit} over capacity on {target}: the tiles the kernel allocated itself need "
+            f"{plan.peak} of the target's {capacity[plan.memory]} bytes per partition at "
+            "once; the compiler spills only the tiles it allocates "
+            "(general/nki/nki_direct_allocation_guide.rst L97)",
+            f"err_{plan.memory}_capacity_exceeded",
+        )
+    for plan in spilling:
+        unit = "PSUM" if plan.memory == "psum" else "SBUF"
+        largest = sorted(plan.spilled.items(), key=lambda item: -item[1])[:3]
+        warnings.warn(
+            f"{unit} over-subscribed on {target}: the tiles live from their first to their "
+            f"last use need {plan.peak} of the target's {capacity[plan.memory]} bytes per "
+            f"partition; the compiler would spill {plan.save_bytes} bytes to HBM and reload "
+            f"{plan.reload_bytes} (general/nki/programming_model.rst L172-L175); largest "
+            "spilled: " + ", ".join(f"{tiles[sid].what} ({nbytes} B)" for sid, nbytes in largest),
+            SpillWarning,
+            stacklevel=2,
+        )
+    return peaks, plans, spill_transfers(instructions, spilling, uses, tiles)

@@ -33,6 +33,7 @@ from .memory import (
     TileRecord,
     check_live_capacity,
     check_modulo_lifetimes,
+    with_transfers,
 )
 from .targets import DEFAULT_TARGET, PMAX, PSUM_BANK_BYTES, TARGETS, get_target
 from .tensor import Tensor
@@ -115,17 +116,21 @@ class Context:
         self.private_hbm_names: list[str] = []  # nl.hbm / nl.private_hbm tensors created
 
     def check_capacity(self) -> None:
-        """Raise when the tiles live at once (first to last use, per (P, F) block) need
-        more SBUF or PSUM per partition than the target has; the trace's peaks become those
-        of the live ranges."""
+        """Insert the compiler's spills into the trace where the tiles live at once (first
+        to last use, per (P, F) block) need more SBUF or PSUM per partition than the target
+        has (:func:`check_live_capacity`); the trace's peaks become those of the live ranges
+        and its ``spill_save_bytes`` / ``spill_reload_bytes`` the spill traffic."""
         check_modulo_lifetimes(self.trace.instructions, self.tiles, self.modulo_tiles)
-        peaks = check_live_capacity(
+        peaks, plans, transfers = check_live_capacity(
             self.trace.instructions, self.tiles,
             {"sbuf": self.target.sbuf_bytes_per_partition,
              "psum": self.target.psum_bytes_per_partition},
-            self.target.name)
+            self.target.name, placed_by_kernel=self.allocated)
+        self.trace.instructions = with_transfers(self.trace.instructions, transfers)
         self.trace.sbuf_peak_bytes_per_partition = peaks["sbuf"]
         self.trace.psum_peak_bytes_per_partition = peaks["psum"]
+        self.trace.spill_save_bytes = sum(plan.save_bytes for plan in plans)
+        self.trace.spill_reload_bytes = sum(plan.reload_bytes for plan in plans)
 
     def loops_key(self):
         return tuple((f.id, f.kind, f.iteration) for f in self.loops)

@@ -66,6 +66,10 @@ class Trace:
         self.instructions: list[Instruction] = []
         self.sbuf_peak_bytes_per_partition = 0
         self.psum_peak_bytes_per_partition = 0
+        # bytes (all partitions) the compiler's spills save to / reload from HBM where the
+        # live tiles exceed SBUF/PSUM (neuron-profile's metric names; simulate.core.memory)
+        self.spill_save_bytes = 0
+        self.spill_reload_bytes = 0
 
     def __len__(self) -> int:
         return len(self.instructions)

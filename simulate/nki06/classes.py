@@ -25,7 +25,6 @@ import gc
 import inspect
 import math
 import os
-import struct
 import sys
 import sysconfig
 import types
@@ -78,24 +77,20 @@ def _is_allowed_type(kind: type) -> bool:
 
 
 _INT32_MIN, _UINT32_END = -(1 << 31), 1 << 32
-
-
-def _overflows_float32(value: float) -> bool:
-    """A finite float that rounds to infinity in float32 ("32-bit IEEE floating-point
-    values", guide L146); AWS writes the float32 minimum as -3.4028235e38, which rounds to
-    it (nki-library@d2ad3a5 core/attention/attention_cte.py L135)."""
-    try:
-        return math.isinf(struct.unpack("f", struct.pack("f", value))[0])
-    except OverflowError:
-        return True
-
-
+#: The smallest magnitude that rounds to infinity in float32: 2**128 * (1 - 2**-25).
+_FLOAT32_OVERFLOW = 2.0**128 * (1 - 2.0**-25)
 VALUES_DOC = (
     "NKI values are None, bool, 32-bit int and float, str and tensors, in tuples, lists, "
     "string-keyed dicts and NKIObject classes (nki/get-started/nki-language-guide.rst"
     "@81ce03ae, L141-156); a dtype is an nki.language dtype (nki/api/nki.api.shared.rst"
     "@81ce03ae, L11-12)"
 )
+
+
+def _fits_float32(value: float) -> bool:
+    """A finite float that rounds to a finite float32, or an infinity or NaN: "32-bit IEEE
+    floating-point values" (nki/get-started/nki-language-guide.rst@81ce03ae, L146)."""
+    return not math.isfinite(value) or abs(value) < _FLOAT32_OVERFLOW
 
 
 def _numpy_problem(value) -> str | None:
@@ -124,12 +119,11 @@ def _numpy_problem(value) -> str | None:
 def offending_value(value, depth: int = 0, arrays: bool = False) -> str | None:
     """Why ``value`` (or an element of its tuples, lists, dicts) is not an NKI value, or None.
 
-    Rejected: NumPy / ml_dtypes / torch dtypes, NumPy arrays and scalars, sets, ints outside
-    32 bits (signed or unsigned: the guide says "32-bit integer values"), finite floats beyond
-    the float32 range ("32-bit IEEE floating-point values"), complex numbers and bytes (none
-    of the six value types, guide L141-156), dicts with
-    non-string keys (nl dtypes are strings), and instances of classes that are not NKIObject
-    classes (:func:`offending_type`). ``arrays=True`` lets NumPy arrays through: the one
+    Rejected: NumPy / ml_dtypes / torch dtypes, NumPy arrays and scalars, sets, bytes and
+    complex numbers, ints outside 32 bits (signed or unsigned: the guide says "32-bit integer
+    values"), finite floats beyond the float32 range ("32-bit IEEE floating-point values"),
+    dicts with non-string keys (nl dtypes are strings), and instances of classes that are not
+    NKIObject classes (:func:`offending_type`). ``arrays=True`` lets NumPy arrays through: the one
     API documented to take one is ``nl.shared_constant`` ("Can be a numpy array or a file
     path", ``nki/api/nki/language/__init__.py@81ce03ae`` L2630), so a local may hold one."""
     if depth == 0 and not language_check_enabled():
@@ -154,12 +148,12 @@ def offending_value(value, depth: int = 0, arrays: bool = False) -> str | None:
         return None
     if kind is int and not _INT32_MIN <= value < _UINT32_END:
         return f"the int {value}, outside 32 bits"
-    if kind is float and math.isfinite(value) and _overflows_float32(value):
-        return f"the float {value!r}, outside the 32-bit IEEE range"
-    if kind in (complex, bytes, bytearray):
-        return f"the {kind.__name__} {value!r}"
     if kind in (set, frozenset):
         return f"the {kind.__name__} {value!r}"
+    if kind in (bytes, bytearray, complex):
+        return f"the {kind.__name__} {value!r}"
+    if kind is float and not _fits_float32(value):
+        return f"the float {value!r}, beyond the range of 32-bit IEEE floats"
     problem = _numpy_problem(value)
     if problem is not None and not (arrays and problem.startswith("a NumPy array")):
         return problem

@@ -18,8 +18,7 @@ import threading
 
 import numpy as np
 
-from simulate.core.errors import CapacityError
-from simulate.core.memory import PartitionAllocator
+from simulate.core.memory import PartitionAllocator, TileRecord, check_live_capacity, with_transfers
 from simulate.core.targets import DIALECT_DEFAULT_TARGET, PSUM_BANK_BYTES, TARGETS, Target
 from simulate.core.trace import Trace
 
@@ -171,7 +170,8 @@ class Launch:
 class Program:
     """One physical core's view of a launch.
 
-    SBUF/PSUM capacity is checked when the program ends, on the live ranges of its tiles
+    SBUF/PSUM capacity is checked when the program ends (over capacity, the compiler's spills
+    are inserted into the trace: simulate.core.memory), on the live ranges of its tiles
     (from the first to the last instruction that touches each), as the compiler's allocator
     sees them after unrolling: a tile still referenced by a Python variable but no longer
     used does not count, a tile kept in a list for later use does. Addresses come from the
@@ -194,51 +194,35 @@ class Program:
         self.shared_cursor = 0
         self.barrier_cursor = 0
         self.no_reorder_depth = 0  # open nl.no_reorder() blocks
+        # the storages allocated by each open nl.fori_loop / nl.while_loop body (innermost last)
+        self.loop_body_storages: list[list] = []
+        self.loop_scopes: list[int] = []  # serial numbers of the open runtime-loop bodies
+        self.loop_serial = 0
         # the Scalar engine's 128 fp32 reduce registers: undefined (NaN) until reset
         self.act_regs = np.full((launch.target.partitions, 1), np.nan, np.float32)
         self.vector_regs = np.full((launch.target.partitions, 1), np.nan, np.float32)
 
     def check_capacity(self) -> None:
-        """Raise when the tiles live at some instruction need more SBUF or PSUM per partition
-        than the target has; record this program's peaks in ``launch.peaks``."""
-        spans: dict[int, list[int]] = {}
-        for position, inst in enumerate(self.instructions):
-            for region in inst.reads + inst.writes:
-                if region.storage in self.tiles:
-                    span = spans.setdefault(region.storage, [position, position])
-                    span[1] = position
+        """Insert the compiler's spills into the launch's trace where the tiles live at some
+        instruction need more SBUF or PSUM per partition than the target has
+        (simulate.core.memory.check_live_capacity: the same model as the legacy front-end,
+        each tile one block); record this program's peaks in ``launch.peaks`` and add its
+        spill traffic to the trace's ``spill_save_bytes`` / ``spill_reload_bytes``."""
+        tiles = {
+            sid: TileRecord(memory, 0, nbytes, 1, nbytes, what)
+            for sid, (memory, nbytes, what) in self.tiles.items()
+        }
         limits = {
             "sbuf": self.target.sbuf_bytes_per_partition,
             "psum": self.target.psum_bytes_per_partition,
         }
-        peaks = {}
-        for memory, limit in limits.items():
-            # a tile takes its bytes at its first instruction and frees them after its last;
-            # at one position frees (-1) sort before takes (+1)
-            events = sorted(
-                event
-                for sid, (first, last) in spans.items()
-                if self.tiles[sid][0] == memory
-                for event in ((first, 1, sid), (last + 1, -1, sid))
-            )
-            live, peak, at, held, worst = 0, 0, None, set(), set()
-            for position, step, sid in events:
-                live += step * self.tiles[sid][1]
-                (held.add if step > 0 else held.discard)(sid)
-                if live > peak:
-                    peak, at, worst = live, position, set(held)
-            peaks[memory] = peak
-            if peak > limit:
-                biggest = sorted(worst, key=lambda sid: -self.tiles[sid][1])[:3]
-                raise CapacityError(
-                    f"{memory.upper()} over capacity on {self.target.name}: at instruction "
-                    f"{self.instructions[at].index} ({self.instructions[at].opcode}) live tiles "
-                    f"need {peak} of {limit} bytes per partition; largest: "
-                    + ", ".join(
-                        f"{self.tiles[sid][2]} ({self.tiles[sid][1]} B)" for sid in biggest
-                    ),
-                    f"err_{memory}_capacity_exceeded",
-                )
+        peaks, plans, transfers = check_live_capacity(
+            self.instructions, tiles, limits, self.target.name
+        )
+        trace = self.launch.trace
+        trace.instructions = with_transfers(trace.instructions, transfers)
+        trace.spill_save_bytes += sum(plan.save_bytes for plan in plans)
+        trace.spill_reload_bytes += sum(plan.reload_bytes for plan in plans)
         self.launch.peaks[self.program_id] = peaks
 
 

@@ -175,14 +175,26 @@ def get_nc_sub_version() -> int:
 class NkiInstruction:
     """What every instruction returns: a handle for scheduling edges (SCHED)."""
 
-    def __init__(self, opcode: str, name: str | None):
+    def __init__(self, opcode: str, name: str | None, loops: tuple = ()):
         self.opcode = opcode
         self.name = name
+        self.loops = loops  # the runtime-loop bodies it sits in, outermost first
 
     def depends_on(self, *producers) -> NkiInstruction:
+        """Edges from ``producers``. "both instructions must sit at the same dynamic-loop
+        nesting (or the producer in an enclosing scope). You cannot wire an edge into or out
+        of a dynamic loop" (aws-neuron-sdk@81ce03ae nki/api/nki/isa/__init__.py L158-162):
+        the producer's runtime-loop bodies must be the consumer's or enclose them."""
         for p in producers:
             if not isinstance(p, NkiInstruction):
                 raise NkiTypeError(f"depends_on takes NkiInstruction handles, got {p!r}")
+            if self.loops[: len(p.loops)] != p.loops:
+                raise NkiValidationError(
+                    f"depends_on: the producer `{p.opcode}` sits in a runtime loop "
+                    f"(nl.fori_loop / nl.while_loop) that does not enclose `{self.opcode}`: "
+                    "'You cannot wire an edge into or out of a dynamic loop' "
+                    "(aws-neuron-sdk@81ce03ae nki/api/nki/isa/__init__.py L158-162)"
+                )
         return self
 
 
@@ -389,7 +401,7 @@ def _emit(
         )
     with program.launch.lock:
         program.instructions.append(program.launch.trace.add(**fields))
-    return NkiInstruction(opcode, name)
+    return NkiInstruction(opcode, name, tuple(program.loop_scopes))
 
 
 def _write_and_emit(engine_name, api, name, dst, values, reads, details=None, dma=None):
@@ -867,7 +879,7 @@ def iota(dst, pattern, offset=0, channel_multiplier=0, name=None):
     in int32, cast to ``dst.dtype`` (GpSimd, SBUF)."""
     api = "iota"
     _on_chip(api, "dst", dst, psum=False)
-    pairs = [tuple(int(v) for v in pair) for pair in pattern]
+    pairs = _int_pattern(api, pattern)
     if not 1 <= len(pairs) <= 4 or any(len(p) != 2 for p in pairs):
         raise NkiValidationError(f"{api} pattern must be 1 to 4 [step, num] pairs")
     if math.prod(n for _, n in pairs) != _free(dst):
@@ -875,9 +887,28 @@ def iota(dst, pattern, offset=0, channel_multiplier=0, name=None):
             f"{api} pattern covers {math.prod(n for _, n in pairs)} "
             f"elements per partition, dst has {_free(dst)}"
         )
-    start = offset.value if isinstance(offset, VirtualRegister) else int(offset)
-    values = sem.iota_pattern(dst.shape[0], pairs, start, channel_multiplier)
+    start = offset.value if isinstance(offset, VirtualRegister) else _int32(api, "offset", offset)
+    multiplier = _int32(api, "channel_multiplier", channel_multiplier)
+    values = sem.iota_pattern(dst.shape[0], pairs, start, multiplier)
     return _write_and_emit("pool", api, name, dst, values, [])
+
+
+def _int32(api, argname, value) -> int:
+    """An int32 immediate of ``iota``/``affine_select``: "an int32 offset value", "an int32
+    multiplier", pattern "[step, num]" pairs (aws-neuron-sdk@81ce03ae
+    nki/api/nki/isa/__init__.py L1759-1761); a float is not silently truncated."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise NkiTypeError(
+            f"{api} {argname} must be an int32 value ({_ISA} L1759-1761), got "
+            f"{type(value).__name__} {value!r}"
+        )
+    if not -(2**31) <= value < 2**31:
+        raise NkiValidationError(f"{api} {argname}={value} is outside int32 ({_ISA} L1759-1761)")
+    return value
+
+
+def _int_pattern(api, pattern) -> list[tuple[int, int]]:
+    return [tuple(_int32(api, f"pattern[{i}]", v) for v in pair) for i, pair in enumerate(pattern)]
 
 
 # --- Scalar engine -----------------------------------------------------------------------------
@@ -1279,6 +1310,11 @@ def tensor_scalar_reduce(
         raise NkiValidationError(
             f"{api} reduce_op must be add, multiply, maximum or minimum, got {spec.name}"
         )
+    if _op(api, "op0", op0).bitvec:
+        raise NkiValidationError(
+            f"{api} op0={_op(api, 'op0', op0).name}: 'op0 can only be arithmetic operation ... "
+            f"Bitvec operators are not supported in this API' ({_ISA} L2520-2522)"
+        )
     values, reads, _, names = _tensor_scalar(
         api, dst, data, ((op0, operand0, False),), engine.vector
     )
@@ -1323,10 +1359,10 @@ def tensor_tensor_scan(
     initial_values, _ = _scalar(api, "initial", initial, data0.shape[0])
     spec0, spec1 = _op(api, "op0", op0), _op(api, "op1", op1)
     for argname, spec in (("op0", spec0), ("op1", spec1)):
-        if spec.bitvec:  # "Both op0 and op1 can be any binary arithmetic operator"
+        if spec.bitvec:
             raise NkiValidationError(
-                f"{api} {argname}={spec.name} is a bitvec operator; op0 and op1 are arithmetic "
-                "(nki/api/nki/isa/__init__.py@81ce03ae L2028)"
+                f"{api} {argname}={spec.name}: op0 and op1 'can be any binary arithmetic "
+                f"operator' ({_ISA} L2024-2026); bitvec operators are not scan operators"
             )
     values = sem.scan(spec0, spec1, _pf(data0), _pf(data1), initial_values, reverse0, reverse1)
     return _write_and_emit(
@@ -1416,12 +1452,8 @@ def nc_matmul(
     kinds = {stationary.dtype, moving.dtype}
     if bool(tile_position) != bool(tile_size):
         raise NkiValidationError(f"{api} tile_position and tile_size go together")
-    granule = 64 if version == 2 else 32  # row/column tiles of the PE array (STUB-ISA)
-    if tile_size and any(int(v) % granule for v in (*tile_position, *tile_size)):
-        raise NkiValidationError(
-            f"{api} tile_position {tuple(tile_position)} and tile_size {tuple(tile_size)} must "
-            f"be multiples of {granule} on NeuronCore-v{version}"
-        )
+    if tile_size:
+        _pe_tiles(api, version, tile_position, tile_size)
     if tile_size and (int(tile_size[0]) < k or int(tile_size[1]) < m):
         raise NkiValidationError(
             f"{api} the stationary ({k} x {m}) does not fit tile_size {tuple(tile_size)}"
@@ -1471,6 +1503,38 @@ def nc_matmul(
             "accumulate": accumulate,
         },
     )
+
+
+def _pe_tiles(api, version, tile_position, tile_size) -> None:
+    """Tensor Engine tiling mode: "Row tiling mode slices the 128 PE rows into 2x 64 row
+    tiles (NeuronCore-v2 or newer), or 4x 32 row tiles (NeuronCore-v3 or newer). Column
+    tiling mode slices the 128 PE columns in the same fashion" (aws-neuron-sdk@81ce03ae
+    nki/api/nki/isa/__init__.py L514-518), so a row or column size is 128, 64 or (v3+) 32;
+    "The ``start_row`` must be a multiple of ``row_size`` ... and must not exceed 128.
+    Similarly, the ``start_column`` must be a multiple of ``column_size``" (L525-526): the
+    tile starts on a tile boundary and lies inside the 128 x 128 array. Column tiling is
+    accepted although the parameter list says "start_column must be 0" / "column_size must
+    be 128" (L676-677): the body text documents it and AWS's kernels use it
+    (aws-neuron/nki-library@d2ad3a5 src/nkilib_src/nkilib/core/router_topk/router_topk.py
+    L428-437, core/qkv/qkv_tkg.py L1511-1512)."""
+    sizes = (PMAX, 64) if version == 2 else (PMAX, 64, 32)
+    if len(tile_position) != 2 or len(tile_size) != 2:
+        raise NkiValidationError(
+            f"{api} tile_position and tile_size are (row, column) pairs, got "
+            f"{tuple(tile_position)} and {tuple(tile_size)}"
+        )
+    for axis, start, size in zip(("row", "column"), tile_position, tile_size):  # noqa: B905
+        start, size = int(start), int(size)
+        if size not in sizes:
+            raise NkiValidationError(
+                f"{api} tile_size {axis} size {size}: the PE array's {axis}s tile as "
+                f"{' / '.join(map(str, sizes))} on NeuronCore-v{version} ({_ISA} L514-518)"
+            )
+        if start % size or not 0 <= start <= PMAX - size:
+            raise NkiValidationError(
+                f"{api} tile_position start_{axis} {start} must be a multiple of the {axis} "
+                f"size {size} inside the 128-{axis} array ({_ISA} L525-526)"
+            )
 
 
 def _double_row_free_sizes(api, stationary, moving, is_transpose, tile_size):
@@ -1672,13 +1736,23 @@ def register_move(dst, src) -> None:
     if not isinstance(dst, VirtualRegister):
         raise NkiTypeError("register_move dst must be a VirtualRegister")
     if dst.read_only:
-        raise NkiValidationError("register_move: the loop induction register is read-only")
+        raise NkiValidationError(
+            "register_move: the loop induction register is read-only: 'you cannot write to "
+            "it with register_move or register_load' (aws-neuron-sdk@81ce03ae "
+            "nki/get-started/nki-language-guide.rst L532)"
+        )
     dst.value = src.value if isinstance(src, VirtualRegister) else int(src)
 
 
 def register_load(dst, src) -> None:
     if not isinstance(dst, VirtualRegister):
         raise NkiTypeError("register_load dst must be a VirtualRegister")
+    if dst.read_only:
+        raise NkiValidationError(
+            "register_load: the loop induction register is read-only: 'you cannot write to "
+            "it with register_move or register_load' (aws-neuron-sdk@81ce03ae "
+            "nki/get-started/nki-language-guide.rst L532)"
+        )
     if not isinstance(src, NkiTensor) or src.size != 1 or src.storage.memory == "psum":
         raise NkiValidationError("register_load src must be a 1-element HBM or SBUF tensor")
     dst.value = int(src.array().reshape(-1)[0])
@@ -1905,7 +1979,7 @@ def affine_select(
     _on_chip(api, "dst", dst, psum=False)
     _on_chip(api, "on_true_tile", on_true_tile, psum=False)
     _pair(api, "dst", dst, "on_true_tile", on_true_tile)
-    pairs = [tuple(int(v) for v in pair) for pair in pattern]
+    pairs = _int_pattern(api, pattern)
     if not 1 <= len(pairs) <= 4 or any(len(p) != 2 for p in pairs):
         raise NkiValidationError(f"{api} pattern must be 1 to 4 [step, num] pairs")
     if math.prod(n for _, n in pairs) != _free(dst):
@@ -1913,14 +1987,21 @@ def affine_select(
             f"{api} pattern covers {math.prod(n for _, n in pairs)} "
             f"elements per partition, dst has {_free(dst)}"
         )
-    if not is_number(on_false_value):
+    if not isinstance(on_false_value, float):
         raise NkiTypeError(
-            f"{api} on_false_value must be a float32 scalar, got {type(on_false_value).__name__}"
+            f"{api} on_false_value must be a float32 scalar, got "
+            f"{type(on_false_value).__name__} {on_false_value!r}: 'The on_false_value must be "
+            f"float32, regardless of the input/output tile data types' ({_ISA} L1813)"
         )
     spec = _op(api, "cmp_op", "equal" if cmp_op is None else cmp_op)
     if spec.name not in fn.COMPARISONS:
         raise NkiValidationError(f"{api} cmp_op must be a comparison, got {spec.name}")
-    affine = sem.iota_pattern(dst.shape[0], pairs, int(offset), int(channel_multiplier))
+    affine = sem.iota_pattern(
+        dst.shape[0],
+        pairs,
+        _int32(api, "offset", offset),
+        _int32(api, "channel_multiplier", channel_multiplier),
+    )
     values = sem.affine_select(spec, affine, _pf(on_true_tile), on_false_value)
     return _write_and_emit("pool", api, name, dst, values, [on_true_tile])
 
@@ -2129,6 +2210,12 @@ def tensor_partition_reduce(dst, op, data, name=None):
         )
     if dst.shape[0] != 1 or _free(dst) != _free(data):
         raise NkiValidationError(f"{api} dst must be (1, {_free(data)}), got {tuple(dst.shape)}")
+    if spec.bitvec and not (dt.is_int(data.dtype) and dt.is_int(dst.dtype)):
+        raise NkiValidationError(
+            f"{api} op={spec.name} on {data.dtype} -> {dst.dtype}: 'instructions using bitvec "
+            "operators expect integer data types' (aws-neuron-sdk@81ce03ae "
+            "nki/api/nki.api.shared.rst L65-67)"
+        )
     values = _pf(data, f32=spec.name in ("add", "maximum"))
     return _write_and_emit("pool", api, name, dst, sem.partition_reduce(spec.name, values), [data])
 

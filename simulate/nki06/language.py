@@ -610,9 +610,24 @@ def dynamic_range(start, stop=None, step=1):
         DeprecationWarning,
         stacklevel=2,
     )
-    if isinstance(step, nisa.VirtualRegister):
-        raise NkiValidationError("dynamic_range step must be a compile-time positive int")
-    return _range(_value(start), None if stop is None else _value(stop), step)
+    # "dynamic_range loops inside a nl.no_reorder() block are not currently supported"
+    # (nki/deep-dives/nki-dynamic-loops.rst@81ce03ae L136-145; language/__init__.py L2251-2254)
+    _runtime_loop("nl.dynamic_range")
+    if isinstance(step, nisa.VirtualRegister) or not isinstance(step, int) or step < 1:
+        raise NkiValidationError(
+            f"dynamic_range step must be a compile-time positive int, got {step!r} "
+            "(nki/api/nki/language/__init__.py@81ce03ae L2415)"
+        )
+    bounds = _range(_value(start), None if stop is None else _value(stop), step)
+    return _induction_registers(bounds)
+
+
+def _induction_registers(bounds):
+    """The loop variable of a ``dynamic_range`` loop: "a device register, not a Python
+    ``int``" (nki/deep-dives/nki-dynamic-loops.rst@81ce03ae L110-113), frozen
+    (nki/get-started/nki-language-guide.rst L532), usable as a tensor index (L518-521)."""
+    for i in bounds:
+        yield nisa.VirtualRegister(i, read_only=True)
 
 
 def _value(bound) -> int:
@@ -627,11 +642,12 @@ def fori_loop(lower, upper, body_fun, step=1) -> None:
     _runtime_loop("nl.fori_loop")
     if not isinstance(step, int) or step < 1:
         raise NkiValidationError(f"fori_loop step must be a positive int, got {step!r}")
-    for i in builtins.range(_value(lower), _value(upper), step):
-        if body_fun(nisa.VirtualRegister(i, read_only=True)) is not None:
-            raise NkiValidationError(
-                "fori_loop body_fun must not return a value (carry state in SBUF/HBM)"
-            )
+    with _loop_body("nl.fori_loop"):
+        for i in builtins.range(_value(lower), _value(upper), step):
+            if body_fun(nisa.VirtualRegister(i, read_only=True)) is not None:
+                raise NkiValidationError(
+                    "fori_loop body_fun must not return a value (carry state in SBUF/HBM)"
+                )
 
 
 def while_loop(init, body_fun) -> None:
@@ -639,12 +655,30 @@ def while_loop(init, body_fun) -> None:
     release.require("nl.while_loop")
     _runtime_loop("nl.while_loop")
     register = init
-    while (register.value if isinstance(register, nisa.VirtualRegister) else int(register)) != 0:
-        register = body_fun(register)
-        if not isinstance(register, nisa.VirtualRegister):
-            raise NkiValidationError(
-                "while_loop body_fun must return the next condition VirtualRegister"
-            )
+    with _loop_body("nl.while_loop"):
+        while register.value if isinstance(register, nisa.VirtualRegister) else int(register):
+            register = body_fun(register)
+            if not isinstance(register, nisa.VirtualRegister):
+                raise NkiValidationError(
+                    "while_loop body_fun must return the next condition VirtualRegister"
+                )
+
+
+@contextlib.contextmanager
+def _loop_body(api):
+    """Tensors declared in a runtime loop's body "cannot be referenced outside of the loop"
+    (nki/migration/index.rst@81ce03ae L139-140): they expire when the loop ends, and any
+    later read or write of them raises (``NkiTensor._flat``)."""
+    program = context.current(api)
+    program.loop_body_storages.append([])
+    program.loop_serial += 1
+    program.loop_scopes.append(program.loop_serial)  # NkiInstruction.depends_on reads them
+    try:
+        yield
+    finally:
+        program.loop_scopes.pop()
+        for storage in program.loop_body_storages.pop():
+            storage.expired = api
 
 
 @contextlib.contextmanager
@@ -661,7 +695,11 @@ def no_reorder():
 
 def _runtime_loop(api):
     if context.current(api).no_reorder_depth:
-        raise NkiValidationError(f"{api} cannot sit inside an nl.no_reorder() block")
+        raise NkiValidationError(
+            f"{api} cannot sit inside an nl.no_reorder() block: 'Register-based dynamic loops "
+            "... are not supported inside a no_reorder block' (nki/api/nki/language/"
+            "__init__.py@81ce03ae L2251-2254; nki/migration/index.rst L141)"
+        )
 
 
 # --- LNC / SPMD ------------------------------------------------------------------------------

@@ -122,6 +122,42 @@ RULES: dict[str, Rule] = {
         "a *args/**kwargs parameter", f"{NOT_NKI}; AWS kernel functions have fixed parameters"
     ),
     "star_unpack": R("star-unpacking (a, *b = ...)", NOT_NKI),
+    "keyword_only": R(
+        "a keyword-only separator (`*`) in a signature",
+        '"The NKI 0.3.0 compiler does not support the ``*`` separator in kernel function '
+        'signatures. Move all parameters with defaults to the end of the signature" '
+        "(aws-neuron-sdk@81ce03ae nki/migration/index.rst L683-697); AWS's kernel code has "
+        f"none ({NKILIB}: only its PyTorch reference, "
+        "experimental/transformer/attention_block_tkg_torch.py L71)",
+    ),
+    "loop_else": R(
+        "an `else` clause on a for/while loop",
+        f"{NOT_NKI}; the documented loops are for-loops over ranges, lists or tuples and "
+        f"while loops ({GUIDE} L455-500), none with `else`; AWS kernel code: none",
+    ),
+    "slots": R(
+        "`__slots__` in an NKIObject class",
+        '"the NKI kernel will ... convert the Python class instance to a NKI instance using '
+        "the objects dictionary. Currently, NKI does not look at slots or other object "
+        f'features, only the object dictionary" ({GUIDE} L604); AWS kernel code: none',
+    ),
+    "not_api": R(
+        "a name of the simulator's front-end that the NKI 0.6 API does not have",
+        "not in the API reference (aws-neuron-sdk@81ce03ae nki/api/nki/__init__.py, "
+        "nki/api/nki/language/__init__.py, nki/api/nki/isa/__init__.py): the real `nki` "
+        "has no such attribute",
+    ),
+    "legacy_namespace": R(
+        "the legacy `neuronxcc.nki` namespace in a 0.6 kernel",
+        '"Using the deprecated ``neuronxcc.nki.*`` namespace inside NKI kernels now raises a '
+        '**compilation error**" (aws-neuron-sdk@81ce03ae nki/migration/index.rst L224-228, '
+        "L800)",
+    ),
+    "literal": R(
+        "a bytes or complex literal",
+        f"NKI values are None, booleans, 32-bit integers and floats, string literals and "
+        f"tensors ({GUIDE} L141-150)",
+    ),
     "delete": R("del", NOT_NKI),
     "match": R("a match statement", NOT_NKI),
     "decorator": R(
@@ -194,6 +230,55 @@ ALLOWED_BUILTINS = frozenset(
 #: Modules whose functions kernel code may call or read besides nki and user code.
 ALLOWED_MODULES = frozenset({"math"})  # AWS: core/qkv/qkv_cte.py L20, L707
 ALLOWED_DECORATORS = frozenset({"jit", "dataclass", "property", "staticmethod"})
+#: Names the front-end's modules hold for the simulator itself (helpers, error classes,
+#: imports) that are not NKI API: kernel code naming them would fail on the real ``nki``.
+NOT_API = {
+    "simulate.nki06": frozenset(
+        {
+            "Kernel",
+            "NkiValidationError",
+            "annotations",
+            "classes",
+            "context",
+            "cpu_simulate",
+            "dtypes",
+            "errors",
+            "importlib",
+            "install",
+            "language_check",
+            "last_trace",
+            "launch_ranks",
+            "real_nki_available",
+            "release",
+            "runtime",
+            "simulate_kernel",
+            "sys",
+        }
+    ),
+    "simulate.nki06.language": frozenset(
+        {
+            "NkiTypeError",
+            "NkiValidationError",
+            "NkiValueError",
+            "PMAX",
+            "allocate",
+            "annotations",
+            "is_number",
+        }
+    ),
+    "simulate.nki06.isa": frozenset(
+        {
+            "PMAX",
+            "RAW_INT_ENUMS",
+            "RAW_STRING_ENUMS",
+            "dma_trace_fields",
+            "enforce",
+            "initialized_mask",
+            "is_number",
+            "run_bytes",
+        }
+    ),
+}
 
 _SIMULATOR_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _LIBRARY_DIRS = tuple(
@@ -249,6 +334,19 @@ def is_nki_object(obj) -> bool:
     else:
         name = _top_module(obj)
     return name in _NKI_PACKAGES
+
+
+def is_legacy_nki(obj) -> bool:
+    """Part of the legacy ``neuronxcc.nki`` dialect: the real one, or this simulator's legacy
+    front-end that ``neuronxcc.nki`` is aliased to (``simulate`` and ``simulate.legacy.*``;
+    not ``simulate.core``, which serves both front-ends)."""
+    name = obj.__name__ if isinstance(obj, types.ModuleType) else getattr(obj, "__module__", None)
+    name = name or ""
+    return (
+        name == "simulate"
+        or name.startswith("simulate.legacy")
+        or name.partition(".")[0] == "neuronxcc"
+    )
 
 
 def is_user_code(obj) -> bool:
@@ -402,7 +500,13 @@ class _Visitor(ast.NodeVisitor):
         self.report = report  # (rule, detail, line) -> None
         self.reached: list = []
         self.range_names: set[str] = set()
+        self._root = None  # the function or class read; classes nested in it are checked here
         self._shared_constant_args: set[int] = set()  # nodes passed to nl.shared_constant
+
+    def visit(self, node):
+        if self._root is None:
+            self._root = node
+        return super().visit(node)
 
     def flag(self, rule: str, node, detail: str | None = None) -> None:
         self.report(rule, detail or f"`{_dotted(node)[:80]}`", getattr(node, "lineno", 0))
@@ -424,6 +528,8 @@ class _Visitor(ast.NodeVisitor):
             self.flag("star_signature", node, f"`*{args.vararg.arg}` in `def {node.name}`")
         if args.kwarg is not None:
             self.flag("star_signature", node, f"`**{args.kwarg.arg}` in `def {node.name}`")
+        if args.kwonlyargs and args.vararg is None:
+            self.flag("keyword_only", node, f"`*` in `def {node.name}`")
         for decorator in node.decorator_list:
             self._decorator(decorator)
         self.visit(args)
@@ -437,6 +543,13 @@ class _Visitor(ast.NodeVisitor):
         for decorator in node.decorator_list:
             self._decorator(decorator)
         for statement in node.body:
+            targets = getattr(statement, "targets", None) or [getattr(statement, "target", None)]
+            if any(isinstance(t, ast.Name) and t.id == "__slots__" for t in targets):
+                self.flag("slots", statement, f"`__slots__` of class `{node.name}`")
+        if node is not self._root and not self._nki_class_bases(node):
+            bases = ", ".join(_dotted(base) for base in node.bases)
+            self.flag("class_base", node, f"class `{node.name}({bases})` defined in kernel code")
+        for statement in node.body:
             self.visit(statement)
 
     def _decorator(self, node) -> None:
@@ -447,6 +560,30 @@ class _Visitor(ast.NodeVisitor):
         if isinstance(node, ast.Call):  # @dataclass(frozen=True): the keywords are plain
             for keyword in node.keywords:
                 self.visit(keyword.value)
+
+    def _nki_class_bases(self, node: ast.ClassDef) -> bool:
+        """A class statement inside a function: its bases must be NKIObject classes alone (or
+        an Enum), as :meth:`Checker._class_bases` requires of module-level classes."""
+        if node.keywords or not node.bases:
+            return False
+        for base in node.bases:
+            value = self._value_of(base)
+            if not isinstance(value, type):
+                return False  # a base the static pass cannot name: a local class, ...
+            if not (issubclass(value, NKIObject) or issubclass(value, enum.Enum)):
+                return False
+        return True
+
+    def visit_For(self, node) -> None:
+        if node.orelse:
+            self.flag("loop_else", node, f"`{type(node).__name__.lower()} ... else:`")
+        self.generic_visit(node)
+
+    visit_While = visit_For
+
+    def visit_Constant(self, node: ast.Constant) -> None:
+        if isinstance(node.value, (bytes, complex)):
+            self.flag("literal", node)
 
     def generic_visit(self, node) -> None:
         rule = _NODE_RULES.get(type(node))
@@ -552,7 +689,12 @@ class _Visitor(ast.NodeVisitor):
     def visit_Attribute(self, node: ast.Attribute) -> None:
         base = self._value_of(node.value)
         if isinstance(base, types.ModuleType):
+            if is_legacy_nki(base):
+                self.flag("legacy_namespace", node, f"`{_dotted(node)}` (module `{base.__name__}`)")
+                return
             if is_nki_object(base):
+                if node.attr in NOT_API.get(base.__name__, ()):
+                    self.flag("not_api", node, f"`{_dotted(node)}`")
                 return
             value = getattr(base, node.attr, _Scope._MISSING)
             if base.__name__ in ALLOWED_MODULES or _is_user_module(base):
@@ -573,6 +715,9 @@ class _Visitor(ast.NodeVisitor):
             for item in items:  # functions and classes kept in containers are reached too
                 if isinstance(item, (types.FunctionType, type, tuple, list, dict)):
                     self._reached(item, what, node, depth + 1)
+        if isinstance(value, (types.ModuleType, types.FunctionType, type)) and is_legacy_nki(value):
+            self.flag("legacy_namespace", node, f"{what} (`{getattr(value, '__name__', value)}`)")
+            return
         if isinstance(value, types.ModuleType):
             if not (is_nki_object(value) or value.__name__ in ALLOWED_MODULES):
                 if not _is_user_module(value):

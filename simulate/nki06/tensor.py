@@ -75,6 +75,7 @@ class Buffer(Storage):
         "value_written",
         "nki_dtype",
         "root",
+        "expired",
     )
 
     def __init__(
@@ -82,6 +83,7 @@ class Buffer(Storage):
     ):
         super().__init__(region.memory, region.value, name)
         self.root = None  # (shape, dtype, buffer, name) of the first tensor over it
+        self.expired = None  # the loop API whose body declared it, once that loop has ended
         self.region_kind = region
         self.nki_dtype = dtype
         self.partitions = partitions  # 1 for HBM
@@ -196,6 +198,14 @@ class NkiTensor:
     # --- storage access ------------------------------------------------------------------
     def _flat(self) -> np.ndarray:
         """The storage as a flat array of this view's (storage) element type."""
+        expired = getattr(self.storage, "expired", None)
+        if expired is not None:
+            raise NkiValidationError(
+                f"`{self.name or 'tensor'}` was declared inside the body of an {expired} and "
+                "is used after the loop: 'Tensors (nl.ndarray) declared inside a body function "
+                "cannot be referenced outside of the loop' (aws-neuron-sdk@81ce03ae "
+                "nki/migration/index.rst L139-140)"
+            )
         flat = self.storage.array
         return flat if flat.dtype == self._stored else flat.view(self._stored)
 
@@ -270,7 +280,9 @@ class NkiTensor:
                 shape.append(len(range(start, stop, step)))
                 strides.append(s * step)
                 continue
-            if isinstance(k, NkiTensor) or not hasattr(k, "__index__"):
+            if isinstance(k, VirtualRegister):  # "Register values can be used to index
+                k = k.value  # tensors" (nki-language-guide.rst@81ce03ae L518-521): run time
+            elif isinstance(k, NkiTensor) or not hasattr(k, "__index__"):
                 raise NkiIndexError(
                     f"index {k!r} of `{self.name}`: NKI 0.6 indexes with ints, "
                     "slices and nl.ds(start, size) (no index arrays, nl.arange "
@@ -706,6 +718,17 @@ class VirtualRegister:
         )
         return self.value != 0
 
+    def _compared(self, *other):
+        raise NkiTypeError(
+            "a VirtualRegister is a device register, not a Python int: it cannot be compared "
+            "at specialization time ('You cannot use it in host-side Python expressions (e.g., "
+            "``if i == 0:``)', aws-neuron-sdk@81ce03ae nki/deep-dives/nki-dynamic-loops.rst "
+            "L110-113)"
+        )
+
+    __eq__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = _compared
+    __hash__ = object.__hash__
+
     def __repr__(self):
         return f"VirtualRegister({self.value})"
 
@@ -725,10 +748,10 @@ def allocate(shape, dtype, buffer, name: str = "", fill="uninitialised") -> NkiT
     _check_rank(shape, name or "tensor")
     fill_value = dt.uninitialised(dtype) if isinstance(fill, str) else fill
     if region is MemoryRegion.shared_hbm and program.launch.lnc > 1:
-        return _shared(program, shape, dtype, name, fill_value)
+        return _in_loop_body(program, _shared(program, shape, dtype, name, fill_value))
     if region.memory == "hbm":
         storage = Buffer(region, name, dtype, 1, math.prod(shape), fill_value)
-        return NkiTensor(shape, dtype, storage, region, name)
+        return _in_loop_body(program, NkiTensor(shape, dtype, storage, region, name))
     if len(shape) == 1:
         warnings.warn(
             f"rank-1 on-chip tensor `{name or 'tensor'}` of shape {shape}: taken as "
@@ -745,7 +768,15 @@ def allocate(shape, dtype, buffer, name: str = "", fill="uninitialised") -> NkiT
         storage.bytes_per_partition,
         f"`{name or 'tensor'}` {shape} {dtype}",
     )
-    return NkiTensor(shape, dtype, storage, region, name)
+    return _in_loop_body(program, NkiTensor(shape, dtype, storage, region, name))
+
+
+def _in_loop_body(program, tensor: NkiTensor) -> NkiTensor:
+    """Note a tensor declared inside an ``nl.fori_loop`` / ``nl.while_loop`` body, which
+    expires when the loop ends (:func:`simulate.nki06.language.fori_loop`)."""
+    if program.loop_body_storages:
+        program.loop_body_storages[-1].append(tensor.storage)
+    return tensor
 
 
 def _shared(program, shape, dtype, name, fill_value) -> NkiTensor:

@@ -65,6 +65,11 @@ class Profile:
     schedule: Schedule = field(repr=False)
     lnc: int = 1
     core_busy_us: list[dict[str, float]] = field(default_factory=list)
+    # bytes (all partitions) the compiler's spills save to and reload from HBM where the live
+    # tiles exceed SBUF/PSUM: neuron-profile's metrics (general/nki/nki_perf_guide.rst
+    # L70-L143); the transfers are DMAs of the trace, in the figures above
+    spill_save_bytes: int = 0
+    spill_reload_bytes: int = 0
 
     @classmethod
     def from_trace(cls, trace: Trace, target=None, overrides=None) -> Profile:
@@ -109,6 +114,8 @@ class Profile:
             schedule=sched,
             lnc=sched.lnc,
             core_busy_us=[dict(cb) for cb in sched.core_busy_us],
+            spill_save_bytes=trace.spill_save_bytes,
+            spill_reload_bytes=trace.spill_reload_bytes,
         )
 
     def summary(self) -> str:
@@ -143,6 +150,11 @@ class Profile:
             f"  SBUF peak {self.sbuf_peak_bytes_per_partition:,} B/partition, "
             f"PSUM peak {self.psum_peak_bytes_per_partition:,} B/partition",
         ]
+        if self.spill_save_bytes or self.spill_reload_bytes:
+            lines.append(
+                f"  spill_save_bytes {self.spill_save_bytes:,}, "
+                f"spill_reload_bytes {self.spill_reload_bytes:,} (live tiles over capacity)"
+            )
         if self.unmodeled:
             names = ", ".join(f"{k} x{v}" for k, v in sorted(self.unmodeled.items()))
             lines.append(f"  no documented cost rule (costed max(MIN_II, N)): {names}")

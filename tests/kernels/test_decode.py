@@ -22,6 +22,9 @@ from nki_rmsnorm import kernels
 from nki_rmsnorm.plan.forward import (
     DECODE_MAX_ROWS,
     DECODE_MAX_ROWS_FUSED,
+    DECODE_MIN_GROUPS,
+    GROUP_MIN_COLUMNS,
+    GROUP_MIN_COLUMNS_NC_V3,
     SPREAD_MAX_ROWS,
     choose_layout,
     make_plan,
@@ -47,30 +50,62 @@ def _layout(target, M, N, dtype, residual=None, grouped=True):
         FP32,
         BF16,
         tensor_engine=spec.nc_version >= 3,
+        # as the nki06 kernel plans (rmsnorm_fwd._plan)
+        group_min_columns=GROUP_MIN_COLUMNS_NC_V3 if spec.nc_version == 3 else GROUP_MIN_COLUMNS,
     )
     budget = spec.sbuf_bytes_per_partition
     return choose_layout(plan, M, N, budget, grouped=grouped), statistic_groups(plan, N, budget)
 
 
-@pytest.mark.parametrize("target", ["trn2", "trn3"])
-@pytest.mark.parametrize("N, groups", [(4096, 4), (8192, 8), (2048, 2)])
+@pytest.mark.parametrize(
+    "target, N, groups",
+    [
+        ("trn3", 4096, 4),
+        ("trn3", 8192, 8),
+        ("trn3", 2048, 2),
+        # NeuronCore-v3: groups of 512 columns (GROUP_MIN_COLUMNS_NC_V3)
+        ("trn2", 4096, 8),
+        ("trn2", 8192, 16),
+        ("trn2", 1024, 2),
+    ],
+)
 def test_planner_spreads_small_batches_only(target, N, groups):
     """Decode batches take "split" with G segments, larger ones "rows" with G groups; N
-    alone decides G."""
-    for M in (1, 8, 29, DECODE_MAX_ROWS):
+    and the target alone decide G. Rows of fewer than ``DECODE_MIN_GROUPS`` groups take
+    "split" only while the batch fits one split tile."""
+    spec = simulate.get_target(target)
+
+    def limit(rows, cores=1):
+        return rows * cores if groups >= DECODE_MIN_GROUPS else 128 * cores // groups
+
+    for M in (1, 8, 29, limit(DECODE_MAX_ROWS)):
         layout, g = _layout(target, M, N, BF16)
         assert g == groups and layout.regime == "split" and layout.segments == groups, M
-    for M in (DECODE_MAX_ROWS + 1, 8192):
+    for M in (limit(DECODE_MAX_ROWS) + 1, 8192):
         layout, g = _layout(target, M, N, BF16)
         assert layout.regime == "rows" and layout.groups == groups, M
     # per core: twice the rows under LNC=2
-    budget = simulate.get_target(target).sbuf_bytes_per_partition
-    plan = make_plan(BF16, BF16, None, None, 0.0, "gemma", None, FP32, BF16, tensor_engine=True)
-    assert choose_layout(plan, 2 * DECODE_MAX_ROWS, N, budget, cores=2).regime == "split"
-    assert choose_layout(plan, 2 * DECODE_MAX_ROWS + 1, N, budget, cores=2).regime == "rows"
+    budget = spec.sbuf_bytes_per_partition
+    columns = GROUP_MIN_COLUMNS_NC_V3 if spec.nc_version == 3 else GROUP_MIN_COLUMNS
+    plan = make_plan(
+        BF16,
+        BF16,
+        None,
+        None,
+        0.0,
+        "gemma",
+        None,
+        FP32,
+        BF16,
+        tensor_engine=True,
+        group_min_columns=columns,
+    )
+    most = limit(DECODE_MAX_ROWS, cores=2)
+    assert choose_layout(plan, most, N, budget, cores=2).regime == "split"
+    assert choose_layout(plan, most + 1, N, budget, cores=2).regime == "rows"
     # with a residual, up to DECODE_MAX_ROWS_FUSED rows
-    assert _layout(target, DECODE_MAX_ROWS_FUSED, N, BF16, FP32)[0].regime == "split"
-    assert _layout(target, DECODE_MAX_ROWS_FUSED + 1, N, BF16, FP32)[0].regime == "rows"
+    assert _layout(target, limit(DECODE_MAX_ROWS_FUSED), N, BF16, FP32)[0].regime == "split"
+    assert _layout(target, limit(DECODE_MAX_ROWS_FUSED) + 1, N, BF16, FP32)[0].regime == "rows"
 
 
 @pytest.mark.parametrize(
@@ -94,9 +129,10 @@ def test_planner_keeps_whole_row_statistics_elsewhere():
     no groups."""
     assert _layout("trn1", 1, 4096, BF16)[1] == 0
     assert _layout("trn1", 8192, 4096, BF16)[0].groups == 0
-    for N in (1, 127, 1000, 1536, 17389):
-        layout, groups = _layout("trn2", 1, N, BF16)
+    for target, N in [("trn2", n) for n in (1, 127, 1000, 17389)] + [("trn3", 1536)]:
+        layout, groups = _layout(target, 1, N, BF16)
         assert groups == 0 and layout.groups == 0, N
+    assert _layout("trn2", 1, 1536, BF16)[1] == 2  # 2 groups of 768 on NeuronCore-v3
     for target in ("trn2", "trn3"):
         assert _layout(target, 1, 4096, BF16, grouped=False)[0].regime == "spread"
         layout = _layout(target, 8192, 4096, BF16, grouped=False)[0]
@@ -159,7 +195,8 @@ def test_row_results_do_not_depend_on_the_batch(kernel_dialect, rng, case):
     decode = "split" if grouped else "spread"
     assert _layout(target, 29, N, dtype, residual, grouped)[0].regime == decode
     big, _ = _run(kernel_dialect, target, x, w, b, r, mode)
-    for M in (1, 29):
+    # 1 and 8 rows: one tile, y formed in the spread layout (rmsnorm_fwd_split)
+    for M in (1, 8, 29):
         small_r = None if r is None else r[:M].copy()
         small, _ = _run(kernel_dialect, target, x[:M].copy(), w, b, small_r, mode)
         for got, want in zip(small, big):
@@ -208,9 +245,9 @@ def test_decode_writes_every_output_against_float64(rng, eps):
         assert np.all(y[2] == 0)
 
 
-@pytest.mark.parametrize("M", [1, 29, 64])
+@pytest.mark.parametrize("M", [1, 29, 200])
 def test_lnc2_decode_is_bitwise_lnc1(rng, M):
-    """Under LNC=2 the split tiles of a decode batch are shared by the two cores (64 rows:
+    """Under LNC=2 the split tiles of a decode batch are shared by the two cores (200 rows:
     split at LNC=2, rows at LNC=1); every output is bitwise that of LNC=1."""
     x = (
         _edge_rows(rng.standard_normal((M, 4096)).astype(BF16))

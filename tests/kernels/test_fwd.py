@@ -56,7 +56,7 @@ import simulate
 from nki_rmsnorm import dialect as dialect_module
 from nki_rmsnorm import kernels
 from nki_rmsnorm import reference as ref
-from nki_rmsnorm.plan.forward import SPREAD_MAX_ROWS, choose_layout, make_plan
+from nki_rmsnorm.plan.forward import DECODE_MAX_ROWS, SPREAD_MAX_ROWS, choose_layout, make_plan
 
 # Every test runs with the kernels of both NKI dialects (the ``dialect`` fixture).
 pytestmark = pytest.mark.usefixtures("dialect")
@@ -353,14 +353,14 @@ def test_rows_that_fit_are_read_and_written_once(rng, residual):
 @pytest.mark.parametrize("target", ["trn1", "trn2", "trn3"])
 def test_plan_matches_the_simulated_sbuf(rng, target):
     """At the widest N the plan keeps resident, the kernel runs within the target's SBUF
-    and reads x once; one step wider it switches regime. (33 rows: fewer would run trn1's
-    decode regime "spread", which reads x twice.)"""
+    and reads x once; one step wider it switches regime. More rows than a decode batch
+    (nki06's "split" reads the weight once per row of a one-tile batch, "spread" x twice)."""
     spec = simulate.get_target(target)
     budget = spec.sbuf_bytes_per_partition
     plan = make_plan(BF16, FP32, None, None, 1.0, "gemma", None, FP32, BF16,
                      tensor_engine=spec.nc_version >= 3)
     n = max(n for n in range(8192, 32768, 16) if plan.fits_rows(n, 1, budget))
-    x = _data(rng, (SPREAD_MAX_ROWS + 1, n), BF16)
+    x = _data(rng, (max(DECODE_MAX_ROWS, SPREAD_MAX_ROWS) + 1, n), BF16)
     w = rng.normal(0.0, 0.2, n).astype(np.float32)
     (y, rstd), trace = _run(x, w, offset=1.0, target=target)
     assert trace.sbuf_peak_bytes_per_partition <= budget

@@ -10,6 +10,7 @@
 * The planners: every accepted (N, dtypes, options, target) fits the target's SBUF
   (hypothesis over the pure-Python planners), and their byte budgets bound what the kernels
   really allocate (the simulator's peak) for the tightest cases.
+* No spills: the tiles every regime keeps live fit SBUF and PSUM on every target.
 * dbias comes back in the bias's dtype, summed in fp32 and rounded once (a regression test),
   and the backward no longer runs out of SBUF for an fp32 dy beside a 2-byte x (defect 4).
 """
@@ -17,6 +18,7 @@
 from __future__ import annotations
 
 import contextlib
+import warnings
 
 import ml_dtypes
 import numpy as np
@@ -34,6 +36,7 @@ from nki_rmsnorm import reference as ref
 from nki_rmsnorm.dialect import use_dialect
 from nki_rmsnorm.plan import backward as bwd_plan
 from nki_rmsnorm.plan.forward import choose_layout, layout_bytes, make_plan
+from simulate.errors import SpillWarning
 
 FP32, FP16 = np.dtype(np.float32), np.dtype(np.float16)
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -563,6 +566,7 @@ def test_forward_plan_bounds_the_allocation(rng, target, case, kernel_dialect):
             kernels.rmsnorm_add_fwd, x, _data(rng, (m, n), r_dtype), *common, target=target
         )
     assert trace.sbuf_peak_bytes_per_partition <= planned, layout
+    assert trace.spill_save_bytes == trace.spill_reload_bytes == 0
 
 
 @pytest.mark.parametrize(("target", "case"), [(c[0], c[1:]) for c in TIGHT_BACKWARD],
@@ -590,6 +594,7 @@ def test_backward_plan_bounds_the_allocation(rng, target, case, kernel_dialect):
         target=target,
     )
     assert trace.sbuf_peak_bytes_per_partition <= planned, regime
+    assert trace.spill_save_bytes == trace.spill_reload_bytes == 0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -645,3 +650,45 @@ def test_bias_dtype_validation(rng):
         ops.rms_norm_bwd(x, x, w, rstd, has_bias=True, bias_dtype=np.float16)
     with pytest.raises(ValueError, match="has_bias"):
         ops.rms_norm_bwd(x, x, w, rstd, bias_dtype=np.float32)
+
+
+# ---------------------------------------------------------------------------------------------
+# No spills
+# ---------------------------------------------------------------------------------------------
+#: (kind, rows, hidden size): each regime the entry points pick at a cheap shape: the row-tile
+#: forward, fused add, backward (whole rows and streamed), fp8 quantization, short rows packed
+#: several to a partition, a decode batch of a few rows, and long rows
+NO_SPILL_CASES = [
+    ("fwd", 130, 8192),
+    ("add", 130, 8192),
+    ("bwd", 130, 8192),
+    ("bwd", 3, 30001),
+    ("quant", 130, 4096),
+    ("fwd", 1024, 64),
+    ("fwd", 8, 8192),
+    ("fwd", 3, 65536),
+]
+
+
+@pytest.mark.parametrize("target", ["trn1", "trn2", "trn3"])
+@pytest.mark.parametrize(
+    ("kind", "m", "n"), NO_SPILL_CASES, ids=[f"{c[0]}-{c[1]}x{c[2]}" for c in NO_SPILL_CASES]
+)
+def test_our_kernels_never_spill(rng, monkeypatch, kind, m, n, target, kernel_dialect):
+    """The tiles our kernels keep live fit SBUF and PSUM: the compiler would insert no spills
+    (general/nki/programming_model.rst L172-L175), which the simulator reports as a
+    SpillWarning and as ``spill_save_bytes`` / ``spill_reload_bytes`` on the trace."""
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", target)
+    x, weight = _data(rng, (m, n), BF16), _param(rng, n, BF16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SpillWarning)  # any launch that spills fails here
+        if kind == "bwd":
+            _, rstd = ops.rms_norm_fwd(x, weight)
+            ops.rms_norm_bwd(_data(rng, (m, n), BF16), x, weight, rstd)
+        elif kind == "quant":
+            ops.rms_norm_quant(x, weight, quant_dtype="float8_e4m3")
+        else:
+            residual = _data(rng, (m, n), BF16) if kind == "add" else None
+            ops.rms_norm_fwd(x, weight, residual=residual)
+    trace = simulate.last_trace()
+    assert trace.spill_save_bytes == trace.spill_reload_bytes == 0

@@ -22,6 +22,17 @@ Written differently:
   holds rstd·w rounded once to fp32, and fp32 w · rstd is that same rounding), with −0
   weights made +0 as there (``steps.signed_zeros_positive``): a row's y is bitwise the
   same in both regimes;
+* the rstd chain: v and rsqrt on the tile's row of R sums, rstd stored from that row, and
+  one copy (GpSimd, from a broadcast view) and one transpose (PE) to a PSUM column the
+  product reads directly (for one row: a K = 1 ones-row matmul), where the legacy kernel
+  transposes the sums to a column, back to a row, repeats it with s copies, transposes it
+  again and copies it to SBUF: a decode batch is one or two tiles, and its latency is that
+  dependent chain (modeled trn2 bf16 1 × 4096: 7.9 → 4.7 µs);
+* a batch of one tile (M·s ≤ 128: a decode batch where the statistics are grouped) reads
+  the weight and bias once per row, by one DMA from a broadcast view, instead of doubling
+  them on chip by log2(rows) dependent DMAs (:func:`_segments_per_row`), and forms y in k
+  times the partitions (:func:`_output_spread`): Σh² and rstd keep the "rows" regime's
+  groups, y is elementwise;
 * on-chip containers are ``nl.NKIObject`` classes (the only user classes a kernel may use:
   nki/get-started/nki-language-guide.rst@81ce03ae, line 572).
 
@@ -36,6 +47,10 @@ from __future__ import annotations
 from nki_rmsnorm.kernels.nki06 import rmsnorm_fwd_steps as steps
 from nki_rmsnorm.kernels.nki06._nki import nisa, nl
 from nki_rmsnorm.plan.forward import PSUM_COLS, SPLIT_SLOTS, RowViews
+
+#: The second layout of a one-tile batch keeps segments of at least this many columns
+#: (:func:`_output_spread`).
+SPREAD_MIN_COLUMNS = 32
 
 
 class _Resident(nl.NKIObject):
@@ -55,11 +70,12 @@ class _Slot(nl.NKIObject):
     y: object
     product: object
     squares: object
-    rstd: object  # (P, 1): each segment's rstd
 
 
 def split_rows(plan, s, hbm, eps, offset):
-    """Rows of N = s·F columns, segment q of row r on partition r·s + q."""
+    """Rows of N = s·F columns, segment q of row r on partition r·s + q. A batch of one
+    tile whose segments are long (a decode batch) forms y in a second layout of k times the
+    segments (:func:`_output_spread`)."""
     M, N = hbm.x.shape
     P = nl.tile_size.pmax
     F = N // s
@@ -68,55 +84,120 @@ def split_rows(plan, s, hbm, eps, offset):
     if not mine:
         return
     parts = min(P, segments)
-    views = RowViews(
+    spread = _output_spread(segments, F, P)
+    views = _views(hbm, s)
+    # A batch of one tile reads the weight and bias once per row (:func:`_segments_per_row`),
+    # and a spread one only where it forms y.
+    weights = "once" if segments > P else "per_row"
+    resident = _resident(plan, hbm, s, parts, eps, offset, weights if spread == 1 else None)
+    slots = []
+    for _ in range(SPLIT_SLOTS if len(mine) > 1 else 1):
+        slots.append(_slot(plan, hbm, parts, F))
+    if spread > 1:
+        # One tile: Σh² and rstd from the s-segment layout (the "rows" regime's groups),
+        # y from the same h moved on chip into s·k segments per row (:func:`_output_spread`).
+        # Every step of the product is elementwise, so a row's y is the same bits in either
+        # layout.
+        wide = s * spread
+        wide_parts = parts * spread
+        # the rows' load first (its DMA engines then serve it before the weight's), then the
+        # weight and bias (and their conversion), off the rstd chain
+        _split_load(views, slots[0], 0, parts)
+        wide_resident = _resident(plan, hbm, wide, wide_parts, eps, offset, "per_row", False)
+        column = _split_statistics(plan, s, views, resident, slots[0], 0, parts, wide, True)
+        _split_output(
+            plan,
+            _views(hbm, wide),
+            wide_resident,
+            _slot(plan, hbm, wide_parts, F // spread),
+            column,
+            0,
+            wide_parts,
+            slots[0].h[:parts],
+        )
+        return
+    # Software pipeline, unrolled: the statistics of tile t + 1 are issued before the
+    # output of tile t (each returns the PSUM column of its segments' rstd).
+    seg0, count = mine[0]
+    ahead = _split_statistics(plan, s, views, resident, slots[0], seg0, count, s)
+    for t in range(len(mine)):
+        current = ahead
+        if t + 1 < len(mine):
+            seg0, count = mine[t + 1]
+            slot = slots[(t + 1) % SPLIT_SLOTS]
+            ahead = _split_statistics(plan, s, views, resident, slot, seg0, count, s)
+        seg0, count = mine[t]
+        _split_output(plan, views, resident, slots[t % SPLIT_SLOTS], current, seg0, count, None)
+
+
+def _output_spread(segments, F, P):
+    """k: a batch of one tile of ``segments`` segments of F columns forms y in k·segments
+    partitions of F / k columns, the largest power of two with k·segments ≤ P and F / k ≥
+    ``SPREAD_MIN_COLUMNS`` (1: the batch takes more than one tile, or its segments are
+    short). Its h moves there by one SBUF-to-SBUF DMA (a row is the same run of elements in
+    both layouts), beside the rstd chain it would otherwise wait on, and the product and
+    the store then run on k times the partitions and DMA engines."""
+    spread = 1
+    if segments <= P:
+        for _ in range(7):
+            wider = 2 * spread
+            if wider * segments <= P and F % wider == 0 and F // wider >= SPREAD_MIN_COLUMNS:
+                spread = wider
+    return spread
+
+
+def _views(hbm, s):
+    """The HBM tensors as rows of s segments each (rstd as one row)."""
+    M, N = hbm.x.shape
+    segments = M * s
+    F = N // s
+    return RowViews(
         x=_segmented(hbm.x, segments, F),
         residual=_segmented(hbm.residual, segments, F),
         y=_segmented(hbm.y, segments, F),
         h=_segmented(hbm.h, segments, F),
-        rstd=hbm.rstd.reshape((M, 1)),
+        rstd=hbm.rstd.reshape((1, M)),
+        y_transposed=hbm.y_transposed,
     )
-    weight_segments = None if hbm.weight is None else hbm.weight.reshape((s, F))
-    bias_segments = None if hbm.bias is None else hbm.bias.reshape((s, F))
 
+
+def _resident(plan, hbm, s, parts, eps, offset, weights, statistics=True):
+    """The fp32 identity (with ``statistics``: the layout takes Σh² and rstd) and the
+    weight and bias segments of rows of s segments on ``parts`` partitions, read
+    ``weights`` ("once" or "per_row": :func:`_segments_per_row`; None: neither)."""
+    N = hbm.x.shape[1]
+    F = N // s
+    per_row = weights == "per_row"
     scale = shift = None
-    if weight_segments is not None:
-        scale = _segments_per_row(weight_segments, parts, plan.scale_dtype, offset)
-    if bias_segments is not None:
-        shift = _segments_per_row(bias_segments, parts, plan.bias_dtype)
-    resident = _Resident(
+    if weights is not None and hbm.weight is not None:
+        scale = _segments_per_row(
+            hbm.weight.reshape((s, F)), parts, plan.scale_dtype, per_row, offset
+        )
+    if weights is not None and hbm.bias is not None:
+        shift = _segments_per_row(hbm.bias.reshape((s, F)), parts, plan.bias_dtype, per_row)
+    return _Resident(
         eps=eps,
         scale=scale,
         shift=shift,
-        ident_f32=steps.identity(parts, nl.float32),
+        ident_f32=steps.identity(parts, nl.float32) if statistics else None,
     )
+
+
+def _slot(plan, hbm, parts, F):
+    """One set of tile buffers of (parts, F)."""
 
     def buffer(dtype):
         return None if dtype is None else steps.sbuf((parts, F), dtype)
 
     xhat_dtype = plan.in_dtype if hbm.residual is not None else None
     squares_dtype = nl.bfloat16 if plan.squares_in == "scratch" else None
-    slots = []
-    for _ in range(SPLIT_SLOTS):
-        slots.append(
-            _Slot(
-                x=buffer(xhat_dtype),
-                h=buffer(plan.h_dtype),
-                y=buffer(plan.result_dtype),
-                product=buffer(plan.product_dtype),
-                squares=buffer(squares_dtype),
-                rstd=steps.sbuf((parts, 1), nl.float32),
-            )
-        )
-    # Software pipeline, unrolled: the statistics of tile t + 1 are issued before the
-    # output of tile t.
-    seg0, count = mine[0]
-    _split_statistics(plan, s, views, resident, slots[0], seg0, count)
-    for t in range(len(mine)):
-        if t + 1 < len(mine):
-            seg0, count = mine[t + 1]
-            _split_statistics(plan, s, views, resident, slots[(t + 1) % SPLIT_SLOTS], seg0, count)
-        seg0, count = mine[t]
-        _split_output(plan, views, resident, slots[t % SPLIT_SLOTS], seg0, count)
+    return _Slot(
+        x=buffer(xhat_dtype),
+        h=buffer(plan.h_dtype),
+        y=buffer(plan.result_dtype),
+        product=buffer(plan.product_dtype),
+        squares=buffer(squares_dtype),
+    )
 
 
 def _segmented(tensor, segments, width):
@@ -125,16 +206,35 @@ def _segmented(tensor, segments, width):
     return None if tensor is None else tensor.reshape((segments, width))
 
 
-def _segments_per_row(segments_hbm, parts, dtype, offset=0.0):
+def _segments_per_row(segments_hbm, parts, dtype, per_row, offset=0.0):
     """(parts, F): partition p holds segment p mod s, converted to ``dtype`` (+ offset),
     −0 made +0 (``steps.signed_zeros_positive``) as the "rows" regime's Tensor-engine
     product and ones-row broadcast make it. The s segments are loaded once and doubled on
-    chip (:func:`_doubled`)."""
+    chip (:func:`_doubled`), or with ``per_row`` (a batch of one tile) read once per row of
+    the tile by one DMA from a broadcast view of them (``NkiTensor.broadcast`` of the HBM
+    tensor's size-1 leading dim, a stride-0 source:
+    nki/api/nki/language/__init__.py@81ce03ae L244-262; ``dma_copy`` needs only equal
+    element counts, nki/api/nki/isa/__init__.py@81ce03ae L289): no chain of log2(rows)
+    dependent SBUF-to-SBUF DMAs before the batch's only product, for the weight's bytes
+    once per row (as many as x's)."""
     s, F = segments_hbm.shape
     rows = steps.sbuf((parts, F), dtype)
-    steps.load_converted(rows[0:s, :], segments_hbm, offset)
-    steps.signed_zeros_positive(rows[0:s, :])
-    _doubled(rows, s)
+    if not per_row:
+        steps.load_converted(rows[0:s, :], segments_hbm, offset)
+        steps.signed_zeros_positive(rows[0:s, :])
+        _doubled(rows, s)
+        return rows
+    repeats = segments_hbm.reshape((1, s, F)).broadcast(0, parts // s)
+    if not offset and segments_hbm.dtype == dtype:
+        nisa.dma_copy(dst=rows, src=repeats)
+    else:
+        staged = steps.sbuf((parts, F), segments_hbm.dtype)
+        nisa.dma_copy(dst=staged, src=repeats)
+        if offset:
+            nisa.tensor_scalar(dst=rows, data=staged, op0=nl.add, operand0=offset)
+        else:
+            nisa.tensor_copy(dst=rows, src=staged)
+    steps.signed_zeros_positive(rows)
     return rows
 
 
@@ -151,26 +251,32 @@ def _doubled(rows, s):
             filled += count
 
 
-def _split_statistics(plan, s, views, resident, slot, seg0, parts):
-    """Load segments ``seg0 … seg0 + parts − 1`` (rows ``seg0 / s …``) into ``slot``, store
-    their rstd and leave in ``slot.rstd`` what :func:`_split_output` multiplies by."""
-    x_v = views.x
+def _split_load(views, slot, seg0, parts):
+    """DMA segments ``seg0 … seg0 + parts − 1`` into ``slot`` (with a residual: DVE h = x +
+    residual, DMA h out)."""
+    segs = slice(seg0, seg0 + parts)
+    steps.load_h(
+        slot.h[:parts],
+        None if slot.x is None else slot.x[:parts],
+        views.x[segs, :],
+        None if views.residual is None else views.residual[segs, :],
+        None if views.h is None else views.h[segs, :],
+    )
+
+
+def _split_statistics(plan, s, views, resident, slot, seg0, parts, repeat, loaded=False):
+    """Load segments ``seg0 … seg0 + parts − 1`` (rows ``seg0 / s …``) into ``slot``
+    (:func:`_split_load`, unless ``loaded``), store their rstd and return what
+    :func:`_split_output` multiplies by: a PSUM column of R·``repeat`` rstd (R = parts / s
+    rows), each row's rstd on ``repeat`` consecutive partitions (s, or the k·s segments of
+    :func:`_output_spread`)."""
     residual_v = views.residual
-    h_v = views.h
-    F = x_v.shape[1]
+    F = views.x.shape[1]
     N = F * s
     R = parts // s
-    segs = slice(seg0, seg0 + parts)
-
-    # DMA in (with a residual: DVE h = x + residual, DMA h out).
+    if not loaded:
+        _split_load(views, slot, seg0, parts)
     h_tile = slot.h[:parts]
-    steps.load_h(
-        h_tile,
-        None if slot.x is None else slot.x[:parts],
-        x_v[segs, :],
-        None if residual_v is None else residual_v[segs, :],
-        None if h_v is None else h_v[segs, :],
-    )
     if plan.squares_in == "product":
         squares = slot.product
     elif plan.squares_in == "y":
@@ -193,46 +299,50 @@ def _split_statistics(plan, s, views, resident, slot, seg0, parts):
     row_sq = steps.sbuf((1, R), nl.float32)
     nisa.tensor_reduce(dst=row_sq, op=nl.add, data=sums.reshape((1, R, s)), axis=2)
 
-    # PE: the R sums transposed to one per partition; DVE: v = Σh²/N + eps, GpSimd: rsqrt
-    # (no step of the chain on ACT, which is busy with the next whole-tile Σh²); rstd
-    # stored. PE:
-    # transposed back to a row; GpSimd: repeated for each segment of its row; PE: transposed
-    # back to one rstd per partition. The transposes are exact (one 1·x product each).
-    # Without a residual ACT carries the heavier load (Σh²) and the chain's small steps go
-    # to DVE and GpSimd; with one DVE does (the add and the product) and they stay on ACT.
-    # Either way the same values: v rounds twice in fp32 on both engines, and the pieces
-    # are exact.
-    fused = residual_v is not None
-    rstd_by_row = steps.rstd_on_gpsimd(
-        _transposed(row_sq, resident.ident_f32), resident.eps, N, mean_on_scalar=fused
-    )
+    # The rstd chain on that row of R sums (a short dependent chain: a decode batch is one
+    # or two tiles, and each step is a semaphore hop): v = Σh²/N + eps on DVE or ACT, and
+    # GpSimd's rsqrt (``steps.rstd_on_gpsimd``; elementwise: the same values as the "rows"
+    # regime's per-partition chain); rstd stored from that row. In a pipeline of tiles
+    # without a residual ACT carries the heavier load (the next Σh²) and v goes to DVE;
+    # with one DVE does (the add and the product) and v stays on ACT; a tile alone
+    # (``repeat`` != s, :func:`_output_spread`) takes ACT, idle by then and one semaphore
+    # hop from DVE's reduce (a dependent DVE step waits longer). Either way the same values:
+    # v rounds twice in fp32 on both engines.
+    on_scalar = residual_v is not None or repeat != s
+    rstd_row = steps.rstd_on_gpsimd(row_sq, resident.eps, N, on_scalar)
     row0 = seg0 // s
-    nisa.dma_copy(dst=views.rstd[row0 : row0 + R, :], src=rstd_by_row)
-    rstd_row = _transposed(rstd_by_row, resident.ident_f32)
-    repeated = steps.sbuf((1, parts), nl.float32)
-    for q in range(s):
-        nisa.tensor_copy(dst=repeated[:, q:parts:s], src=rstd_row, engine=nisa.engine.gpsimd)
-    column = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(
-        dst=column, stationary=repeated, moving=resident.ident_f32[:1, :1], is_transpose=True
-    )
-    nisa.tensor_copy(dst=slot.rstd[:parts], src=column)
+    nisa.dma_copy(dst=views.rstd[:, row0 : row0 + R], src=rstd_row)
+    # Then one rstd per partition of the segments, in PSUM, where the product reads it
+    # (``activation`` scale and ``scalar_tensor_tensor`` operand0 may be PSUM tiles:
+    # nki/api/nki/isa/__init__.py@81ce03ae L1404-1405, L2478-2479): for one row a K = 1
+    # matmul of a ones row against it (PE; exact, 1·rstd); for R rows GpSimd repeats each
+    # rstd ``repeat`` times in a row by one copy from a broadcast view
+    # (``NkiTensor.broadcast``, a stride-0 source: nki/api/nki/language/__init__.py@81ce03ae
+    # L244-262) and PE transposes that row (exact: ``is_transpose`` moves the values).
+    column = nl.ndarray((R * repeat, 1), dtype=nl.float32, buffer=nl.psum)
+    if R == 1:
+        ones = steps.sbuf((1, repeat), nl.float32)
+        nisa.memset(dst=ones, value=1.0, engine=nisa.engine.gpsimd)
+        nisa.nc_matmul(dst=column, stationary=ones, moving=rstd_row)
+    else:
+        repeated = steps.sbuf((1, R * repeat), nl.float32)
+        nisa.tensor_copy(
+            dst=repeated.reshape((1, R, repeat)),
+            src=rstd_row.expand_dim(2).broadcast(2, repeat),
+            engine=nisa.engine.gpsimd,
+        )
+        nisa.nc_matmul(
+            dst=column, stationary=repeated, moving=resident.ident_f32[:1, :1], is_transpose=True
+        )
+    return column
 
 
-def _transposed(tile, ident):
-    """An (a, b) fp32 SBUF tile as a (b, a) one: Tensor-engine transpose (exact), Vector
-    copy out of PSUM."""
-    a, b = tile.shape
-    transposed = nl.ndarray((b, a), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(dst=transposed, stationary=tile, moving=ident[:a, :a], is_transpose=True)
-    out = steps.sbuf((b, a), nl.float32)
-    nisa.tensor_copy(dst=out, src=transposed)
-    return out
-
-
-def _split_output(plan, views, resident, slot, seg0, parts):
-    """y for the segments whose statistics :func:`_split_statistics` left in ``slot``."""
-    y_v = views.y
+def _split_output(plan, views, resident, slot, rstd, seg0, parts, h_from):
+    """y for the segments whose statistics :func:`_split_statistics` left in ``slot``,
+    ``rstd`` their (parts, 1) PSUM column; ``h_from``: the statistics layout's h tile, moved
+    into ``slot`` first (the spread layout of :func:`_output_spread`), or None."""
+    if h_from is not None:
+        nisa.dma_copy(dst=slot.h[:parts], src=h_from)
     y_tile = slot.y[:parts]
     product = None if slot.product is None else slot.product[:parts]
     shift = None if resident.shift is None else resident.shift[:parts]
@@ -242,6 +352,10 @@ def _split_output(plan, views, resident, slot, seg0, parts):
         # w · rstd into PSUM and DVE h · PSUM, one chunk in ``period`` DVE alone (module
         # docstring).
         period = 2 if nisa.get_nc_version() >= nisa.nc_version.gen4 else 4
+        if h_from is not None:
+            # the spread layout's short segments: one Vector instruction per chunk (an ACT
+            # step before it would add a semaphore hop to the batch's only tile)
+            period = 1
         target = y_tile if shift is None else product
         h_tile = slot.h[:parts]
         F = h_tile.shape[1]
@@ -252,15 +366,13 @@ def _split_output(plan, views, resident, slot, seg0, parts):
                     dst=target[:, c0:c1],
                     data=scale[:, c0:c1],
                     op0=nl.multiply,
-                    operand0=slot.rstd[:parts],
+                    operand0=rstd,
                     op1=nl.multiply,
                     operand1=h_tile[:, c0:c1],
                 )
             else:
                 weighted = nl.ndarray((parts, c1 - c0), dtype=nl.float32, buffer=nl.psum)
-                nisa.activation(
-                    dst=weighted, op=nl.copy, data=scale[:, c0:c1], scale=slot.rstd[:parts]
-                )
+                nisa.activation(dst=weighted, op=nl.copy, data=scale[:, c0:c1], scale=rstd)
                 nisa.tensor_tensor(
                     dst=target[:, c0:c1], data1=h_tile[:, c0:c1], data2=weighted, op=nl.multiply
                 )
@@ -268,7 +380,5 @@ def _split_output(plan, views, resident, slot, seg0, parts):
             nisa.tensor_tensor(dst=y_tile, data1=product, data2=shift, op=nl.add)
     else:
         xhat = slot.h[:parts] if slot.x is None else slot.x[:parts]
-        steps.normalize(
-            plan, y_tile, slot.h[:parts], slot.rstd[:parts], xhat, scale, shift, product
-        )
-    steps.store_y(plan, y_v[seg0 : seg0 + parts, :], y_tile)
+        steps.normalize(plan, y_tile, slot.h[:parts], rstd, xhat, scale, shift, product)
+    steps.store_rows_y(plan, views, seg0, parts, y_tile)

@@ -4,6 +4,8 @@ the Neuron error manual in its message."""
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -11,7 +13,7 @@ import simulate as nki
 import simulate.isa as nisa
 import simulate.language as nl
 import simulate.typing as nt
-from simulate.errors import CapacityError, NKIError
+from simulate.errors import CapacityError, NKIError, SpillWarning
 
 X = np.zeros((128, 64), np.float32)
 
@@ -323,10 +325,10 @@ def test_limits_follow_the_target():
         nki.jit(kernel, platform_target="trn1")(X)
 
 
-def test_tiles_of_finished_iterations_do_not_count_but_live_tiles_beyond_capacity_raise():
+def test_tiles_of_finished_iterations_do_not_count_but_operands_beyond_capacity_raise():
     """A tile created in an earlier loop iteration is dead once that iteration has used it,
-    so a loop reuses the space; tiles used together beyond the target's SBUF are an error
-    naming the limit."""
+    so a loop reuses the space; tiles one instruction uses together beyond the target's SBUF
+    cannot be spilled: an error naming the limit."""
 
     def kernel(x):
         out = nl.ndarray((128, 1), nl.int8, buffer=nl.shared_hbm)
@@ -360,11 +362,14 @@ def test_tiles_of_finished_iterations_do_not_count_but_live_tiles_beyond_capacit
         nki.trace_kernel(in_loop, X, target="trn1")
 
 
-def test_a_tile_is_live_from_its_first_to_its_last_use_not_while_a_name_holds_it():
+def test_a_tile_is_live_from_its_first_to_its_last_use_and_spills_beyond_capacity():
     """The compiler frees a tile after its last use (general/nki/programming_model.rst
     L172-L175 "live data"): `first` is still bound to a name but unused when `second` is
-    filled, so the two never need 2 x 100,000 bytes at once; used once more at the end,
-    `first` keeps its space and the kernel no longer fits trn1's 180,224 bytes."""
+    filled, so the two never need 2 x 100,000 bytes at once. Used once more at the end,
+    `first` keeps its space, the two no longer fit trn1's 180,224 bytes, and the compiler
+    "inserts the necessary spills or refills" (same lines): `first`, whose next use is the
+    farther, goes to HBM before `second` is filled and comes back before its last store --
+    128 partitions x 100,000 bytes each way, charged as two more DMAs."""
 
     def kernel(x, use_first_again=False):
         out = nl.ndarray((128, 1), nl.int8, buffer=nl.shared_hbm)
@@ -378,17 +383,31 @@ def test_a_tile_is_live_from_its_first_to_its_last_use_not_while_a_name_holds_it
 
     _, trace = nki.trace_kernel(kernel, X, target="trn1")
     assert trace.sbuf_peak_bytes_per_partition == 100_000
-    with pytest.raises(
-        CapacityError, match="err_sbuf_capacity_exceeded.*200000 of the target's 180224"
-    ):
-        nki.trace_kernel(kernel, X, True, target="trn1")
+    assert trace.spill_save_bytes == trace.spill_reload_bytes == 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SpillWarning)
+        _, fits = nki.trace_kernel(kernel, X, True, target="trn3")  # 245,752 B hold both
+    assert fits.spill_save_bytes == fits.spill_reload_bytes == 0
+    with pytest.warns(SpillWarning, match="200000 of the target's 180224 .* spill 12800000 "):
+        _, trace = nki.trace_kernel(kernel, X, True, target="trn1")
+    assert trace.sbuf_peak_bytes_per_partition == 200_000
+    assert trace.spill_save_bytes == trace.spill_reload_bytes == 128 * 100_000
+    spills = [(i.dma_direction, i.dma_bytes) for i in trace.instructions if "spill" in i.details]
+    assert spills == [("sbuf->hbm", 12_800_000), ("hbm->sbuf", 12_800_000)]
+    assert [i.index for i in trace.instructions] == list(range(len(trace.instructions)))
+    # the spill DMAs take at least their bytes at every DMA engine's peak rate
+    table = nki.cost.CostTable("trn1")
+    peak_bytes_per_us = table.dma_engines * table.dma_engine_peak_gbps * 1e3
+    unspilled = nki.cost.schedule(fits, target="trn1").latency_us
+    spilled = nki.cost.schedule(trace).latency_us
+    assert spilled > unspilled + 2 * 12_800_000 / peak_bytes_per_us
 
 
 def test_blocks_of_a_tensor_are_live_one_by_one():
     """Each (P, F) block of a (B, P, F) tensor is a physical tile with its own live range
     (general/nki/nki_block_dimension_migration_guide.rst L31-L50): 16 PSUM blocks of one
-    bank each fit the 8 banks when each is used right after it is written, and do not when
-    all are written before any is read."""
+    bank each fit the 8 banks when each is used right after it is written, and are spilled
+    when all are written before any is read."""
 
     def kernel(x, all_at_once=False):
         out = nl.ndarray((128, 16), nl.float32, buffer=nl.shared_hbm)
@@ -408,10 +427,14 @@ def test_blocks_of_a_tensor_are_live_one_by_one():
     out, trace = nki.trace_kernel(kernel, X, target="trn1")
     np.testing.assert_array_equal(out, np.full((128, 16), 128 * 512, np.float32))
     assert trace.psum_peak_bytes_per_partition == 2048
-    with pytest.raises(
-        CapacityError, match="err_psum_capacity_exceeded.*32768 of the target's 16384"
-    ):
-        nki.trace_kernel(kernel, X, True, target="trn1")
+    # all at once: when block 8 is written the eight banks hold blocks 0-7, read back in
+    # that order, so block 7 (next used last) is spilled; blocks 9 ... 15 each push out the
+    # one written just before (8 ... 14): 8 blocks x 128 partitions x 2048 B saved, and
+    # reloaded when the second loop reaches them
+    with pytest.warns(SpillWarning, match="PSUM .* 32768 of the target's 16384 .* spill 2097152"):
+        out, trace = nki.trace_kernel(kernel, X, True, target="trn1")
+    np.testing.assert_array_equal(out, np.full((128, 16), 128 * 512, np.float32))
+    assert trace.spill_save_bytes == trace.spill_reload_bytes == 8 * 128 * 2048
 
 
 def test_legal_patterns_do_not_raise():
@@ -441,3 +464,26 @@ def test_api_outside_a_kernel_and_bad_targets():
         nki.jit(k_rank1, platform_target="trn9")(X)
     with pytest.raises(ValueError, match="err_unsupported_mode"):
         nki.jit(k_rank1, mode="gpu")
+
+
+def test_tiles_a_kernel_places_itself_are_not_spilled():
+    """Spilling is the compiler allocator's (general/nki/nki_direct_allocation_guide.rst L97):
+    a kernel that places its tiles itself (ncc.sbuf.mod_alloc) and keeps more live than the
+    target's SBUF holds is an error naming the limit, not a spill."""
+    import simulate.compiler as ncc
+
+    def kernel(x):
+        out = nl.ndarray((128, 1), nl.float32, buffer=nl.shared_hbm)
+        tiles = [
+            nl.ndarray((128, 25_000), nl.float32, buffer=ncc.sbuf.mod_alloc(base_addr=0))
+            for _ in range(2)
+        ]
+        for t in tiles:
+            t[...] = nl.full((128, 25_000), 1.0, nl.float32)
+        for t in tiles:
+            nl.store(out, value=t[:, 0:1])
+        return out
+
+    nki.trace_kernel(kernel, X, target="trn3")  # 245,752 B hold both
+    with pytest.raises(CapacityError, match="allocated itself need 200000 of the target's 180224"):
+        nki.trace_kernel(kernel, X, target="trn1")

@@ -162,16 +162,10 @@ def test_legacy_example_script_runs(name, tmp_path):
 ATTENTION_VERSIONS = {
     "attn_fwd_v1": (),
     "attn_fwd_v2": (),
-    "attn_fwd_v3": (
-        pytest.mark.xfail(
-            reason="its 32 x 8 blocks of `qk` (2 KiB of PSUM each) are all live from the first "
-            "matmul loop to the subtraction loop: 512 KiB per partition against PSUM's 16 KiB. "
-            "No allocation fits that; the docs say the compiler then 'inserts the necessary "
-            "spills or refills' (general/nki/programming_model.rst L172-L175), which the "
-            "simulator does not model",
-            strict=True,
-        ),
-    ),
+    # its 32 x 8 blocks of `qk` (2 KiB of PSUM each) are all live from the first matmul loop
+    # to the subtraction loop, 512 KiB per partition against PSUM's 16 KiB: the compiler
+    # "inserts the necessary spills or refills" (general/nki/programming_model.rst L172-L175)
+    "attn_fwd_v3": (),
     "attn_fwd_v4": (),
     "attn_fwd_v5": (),
     "attn_fwd_v6": (),

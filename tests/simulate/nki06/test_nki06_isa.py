@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import simulate.nki06 as nki
+from simulate.core.errors import SpillWarning
 from simulate.nki06 import context
 from simulate.nki06 import isa as nisa
 from simulate.nki06 import language as nl
@@ -778,7 +779,7 @@ def test_broadcast_views_are_read_only(rng):
         run(kernel, col, True)
 
 
-def test_psum_and_sbuf_capacity_count_tiles_live_together():
+def test_psum_and_sbuf_capacity_count_tiles_live_together_and_spill_beyond():
     def kernel(x, banks, together):
         tiles = []
         for _ in range(banks):
@@ -795,8 +796,12 @@ def test_psum_and_sbuf_capacity_count_tiles_live_together():
     assert nki.last_trace().psum_peak_bytes_per_partition == 8 * 2048
     nki.simulate(kernel)(np.zeros(1, np.float32), 9, False)
     assert nki.last_trace().psum_peak_bytes_per_partition == 2048
-    with pytest.raises(ValueError, match="PSUM over capacity on trn2: .* 18432 of 16384"):
+    # nine banks live together: the compiler spills the one read last (the eighth: the
+    # ninth takes its bank) and reloads it after the first seven are read and dead
+    with pytest.warns(SpillWarning, match="PSUM over-subscribed on trn2: .* 18432 of .* 16384"):
         nki.simulate(kernel)(np.zeros(1, np.float32), 9, True)
+    trace = nki.last_trace()
+    assert trace.spill_save_bytes == trace.spill_reload_bytes == 128 * 2048
 
 
 def test_sbuf_capacity_is_the_targets(rng):
@@ -886,7 +891,7 @@ def test_nc_matmul_tiling_and_perf_mode_rules(rng):
     np.testing.assert_allclose(
         run(kernel, paired, (), (), nl.float8_e4m3, double), fp8.T @ fp8, rtol=1e-5, atol=1e-4
     )
-    with pytest.raises(AssertionError, match="multiples of 32"):
+    with pytest.raises(AssertionError, match="start_row 16 must be a multiple of the row size 32"):
         run(kernel, a, (16, 0), (32, 32), nl.float32, none)
     with pytest.raises(AssertionError, match="double_row needs fp8"):
         run(kernel, paired, (), (), nl.bfloat16, double)

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import simulate.language as legacy_nl
 import simulate.nki06 as nki
 from simulate.nki06 import isa as nisa
 from simulate.nki06 import language as nl
@@ -609,7 +610,7 @@ def test_values_crossing_into_kernel_code():
     _rejects(reads_a_set, "set_value", "frozenset", error=TypeError)
     _rejects(reads_int_keys, "int_keys", "dict keyed by int", error=TypeError)
     _rejects(reads_huge, "huge", "outside 32 bits", error=TypeError)
-    _rejects(reads_huge_float, "huge_float", "outside the 32-bit IEEE range", error=TypeError)
+    _rejects(reads_huge_float, "huge_float", "beyond the range of 32-bit IEEE", error=TypeError)
     _rejects(reads_complex, "complex_value", "complex", error=TypeError)
     _runs(reads_float32_min, 2.0)
     _rejects(reads_numpy_array, "numpy_array", "NumPy array", error=TypeError)
@@ -888,3 +889,164 @@ def test_aws_doc_examples_pass_the_static_check(tmp_path):
         kernels += [v for v in namespace.values() if isinstance(v, nki.Kernel)]
     assert len(kernels) >= 10
     assert [v.short() for k in kernels for v in language_check.find_violations(k)] == []
+
+
+# --- the rest of the 0.6 docs' language statements ------------------------------------------------
+def _scaled_by(x, factor, *, twice=False):  # rule:keyword_only
+    return _scaled(x, factor * (2 if twice else 1))
+
+
+def _scaled_by_default(x, factor, twice=False):
+    return _scaled(x, factor * (2 if twice else 1))
+
+
+def with_keyword_only(x):
+    return _scaled_by(x, 1.5, twice=True)
+
+
+def with_trailing_default(x):
+    return _scaled_by_default(x, 1.5, twice=True)
+
+
+def with_for_else(x):
+    found = 0.0
+    for n in range(3):  # rule:for_else
+        found = float(n)
+    else:
+        found = found + 1.0
+    return _scaled(x, found)
+
+
+def with_while_else(x):
+    n = 0
+    while n < 3:  # rule:while_else
+        n += 1
+    else:
+        n += 1
+    return _scaled(x, float(n))
+
+
+def with_loop_then_statement(x):
+    found = 0.0
+    for n in range(3):
+        found = float(n)
+    found = found + 1.0
+    return _scaled(x, found)
+
+
+def with_nested_plain_class(x):
+    class Scale:  # rule:nested_class
+        factor = 2.0
+
+    return _scaled(x, Scale.factor)
+
+
+def with_nested_nki_class(x):
+    class Scale(nl.NKIObject):
+        factor: float = 2.0
+
+    return _scaled(x, Scale().factor)
+
+
+def with_bytes(x):
+    tag = b"rms"  # rule:bytes
+    return _scaled(x, float(len(tag)))
+
+
+def with_complex(x):
+    z = 2j  # rule:complex
+    return _scaled(x, z.imag)
+
+
+def with_string(x):
+    tag = "rms"
+    return _scaled(x, float(len(tag)))
+
+
+BEYOND_FLOAT32 = 1e39
+FLOAT32_MAX = 3.4028234663852886e38
+
+
+def reads_beyond_float32(x):
+    return _scaled(x, BEYOND_FLOAT32 / BEYOND_FLOAT32)  # rule:beyond_float32
+
+
+def reads_float32_max(x):
+    return _scaled(x, FLOAT32_MAX / FLOAT32_MAX * 2.0)
+
+
+def test_keyword_only_separator_loop_else_nested_classes_and_literals():
+    # nki/migration/index.rst L683-697
+    _rejects(with_keyword_only, "keyword_only", r"keyword-only separator .*L683-697")
+    _runs(with_trailing_default, 3.0)
+    # guide L455-500: the documented loops have no else clause
+    _rejects(with_for_else, "for_else", "an `else` clause on a for/while loop")
+    _rejects(with_while_else, "while_else", "an `else` clause on a for/while loop")
+    _runs(with_loop_then_statement, 3.0)
+    # guide L572: a class, also one defined in kernel code, inherits from NKIObject alone
+    _rejects(with_nested_plain_class, "nested_class", "defined in kernel code", error=TypeError)
+    _runs(with_nested_nki_class, 2.0)
+    # guide L141-150: no bytes, no complex numbers; floats are 32-bit
+    _rejects(with_bytes, "bytes", "a bytes or complex literal")
+    _rejects(with_complex, "complex", "a bytes or complex literal")
+    _runs(with_string, 3.0)
+    _rejects(reads_beyond_float32, "beyond_float32", "beyond the range of 32-bit", error=TypeError)
+    _runs(reads_float32_max, 2.0)
+
+
+def with_legacy_namespace(x):
+    t = nl.load(x)
+    out = nl.ndarray(x.shape, x.dtype, buffer=nl.shared_hbm)
+    nl.store(out, value=legacy_nl.multiply(t, 2.0))  # rule:legacy_namespace
+    return out
+
+
+def with_nki_namespace(x):
+    t = nl.load(x)
+    out = nl.ndarray(x.shape, x.dtype, buffer=nl.shared_hbm)
+    nl.store(out, value=nl.multiply(t, 2.0))
+    return out
+
+
+def test_the_legacy_namespace_is_a_compilation_error():
+    # nki/migration/index.rst L224-228: neuronxcc.nki.* inside a kernel is a compilation error
+    _rejects(with_legacy_namespace, "legacy_namespace", r"neuronxcc.nki.*L224-228")
+    _runs(with_nki_namespace, 2.0)
+
+
+class SlottedFactor(nl.NKIObject):
+    __slots__ = ("value",)  # rule:slots
+
+    def __init__(self, value):
+        self.value = value
+
+
+class DictFactor(nl.NKIObject):
+    def __init__(self, value):
+        self.value = value
+
+
+def scaled_by_factor_object(x, factor):
+    return _scaled(x, factor.value)
+
+
+def test_nkiobject_arguments_are_read_through_their_dictionary():
+    # guide L604: "NKI does not look at slots or other object features, only the object
+    # dictionary"
+    _rejects(scaled_by_factor_object, "slots", "__slots__", SlottedFactor(2.0))
+    _runs(scaled_by_factor_object, 2.0, DictFactor(2.0))
+
+
+def with_simulator_helper(x):
+    return _scaled(x, float(nl.PMAX // 64))  # rule:not_api
+
+
+def with_tile_size_constant(x):
+    return _scaled(x, float(nl.tile_size.pmax // 64))
+
+
+def test_the_simulators_own_names_are_not_nki_api():
+    # the 0.6 API reference (nki/api/nki/language/__init__.py) has no `PMAX`: the real `nki`
+    # would fail on it
+    _rejects(with_simulator_helper, "not_api", "the NKI 0.6 API does not have")
+    _runs(with_tile_size_constant, 2.0)

@@ -267,3 +267,321 @@ def test_range_select_range_start_is_an_integer_inside_2_to_the_24(rng, target):
     keep = (index >= 10) & (index < 14)
     fp32_min = np.finfo(np.float32).min
     np.testing.assert_array_equal(out, np.where(keep[None, :], a, fp32_min))
+
+
+# --- documented-illegal instruction forms, each next to its legal twin ---------------------------
+# Every case cites its line of the 0.6 ISA reference (aws-neuron-sdk@81ce03ae
+# nki/api/nki/isa/__init__.py, "I Lnn"), the language reference (nki/api/nki/language/__init__.py,
+# "L Lnn"), the shared operator page (nki/api/nki.api.shared.rst, "S Lnn") or the language guide
+# (nki/get-started/nki-language-guide.rst, "G Lnn"). The twin differs in the one documented
+# respect and its output is checked against NumPy.
+def _sb(x, dtype=None):
+    t = nl.ndarray(x.shape, dtype or x.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=x)
+    return t
+
+
+def _out(t):
+    if t.buffer == nl.psum:
+        staged = nl.ndarray(t.shape, t.dtype, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=staged, src=t)
+        t = staged
+    o = nl.ndarray(t.shape, t.dtype, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=o, src=t)
+    return o
+
+
+def _tiled_matmul(position, size):
+    def kernel(x):
+        acc = nl.ndarray((32, 32), nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(
+            dst=acc,
+            stationary=_sb(x[0:64, 0:32]),
+            moving=_sb(x[0:64, 32:64]),
+            tile_position=position,
+            tile_size=size,
+        )
+        return _out(acc)
+
+    return kernel
+
+
+def _matmul_ref(x):
+    return x[:64, :32].astype(np.float64).T @ x[:64, 32:]
+
+
+def _scan(op1):
+    def kernel(x):
+        dst = nl.ndarray(x.shape, x.dtype, buffer=nl.sbuf)
+        t = _sb(x)
+        nisa.tensor_tensor_scan(dst=dst, data0=t, data1=t, initial=0.0, op0=nl.add, op1=op1)
+        return _out(dst)
+
+    return kernel
+
+
+def _tensor_scalar_reduce(op0, dtype):
+    def kernel(x):
+        data = _sb(x, dtype)
+        dst = nl.ndarray(x.shape, dtype, buffer=nl.sbuf)
+        total = nl.ndarray((x.shape[0], 1), nl.float32, buffer=nl.sbuf)
+        nisa.tensor_scalar_reduce(
+            dst=dst, data=data, op0=op0, operand0=1, reduce_op=nl.add, reduce_res=total
+        )
+        return _out(total)
+
+    return kernel
+
+
+def _partition_reduce(op, dtype):
+    def kernel(x):
+        dst = nl.ndarray((1, x.shape[1]), dtype, buffer=nl.sbuf)
+        nisa.tensor_partition_reduce(dst=dst, op=op, data=_sb(x, dtype))
+        return _out(dst)
+
+    return kernel
+
+
+def _register_round_trip(into_loop_register):
+    def kernel(x):
+        one = _sb(x[0:1, 0:1], nl.int32)
+        kept = nl.ndarray((1, 1), nl.int32, buffer=nl.sbuf)
+
+        def body(i):
+            target = i if into_loop_register else nisa.register_alloc(0)
+            nisa.register_load(target, one)
+            nisa.register_store(kept, target)
+
+        nl.fori_loop(0, 2, body)
+        return _out(kept)
+
+    return kernel
+
+
+def _copy_in_no_reorder(loop):
+    def kernel(x):
+        t = _sb(x)
+        doubled = nl.ndarray(x.shape, x.dtype, buffer=nl.sbuf)
+        with nl.no_reorder():
+            for _ in loop(1):
+                nisa.tensor_tensor(dst=doubled, data1=t, data2=t, op=nl.add)
+        return _out(doubled)
+
+    return kernel
+
+
+def _doubled_in_fori_loop(declared_in_body):
+    def kernel(x):
+        t = _sb(x)
+        outer = nl.ndarray(x.shape, x.dtype, buffer=nl.sbuf)
+        made = [outer]
+
+        def body(i):
+            dst = nl.ndarray(x.shape, x.dtype, buffer=nl.sbuf) if declared_in_body else outer
+            nisa.tensor_tensor(dst=dst, data1=t, data2=t, op=nl.add)
+            made.append(dst)
+
+        nl.fori_loop(0, 1, body)
+        return _out(made[-1])
+
+    return kernel
+
+
+def _edge_out_of_fori_loop(producer_in_loop):
+    def kernel(x):
+        t = _sb(x)
+        doubled = nl.ndarray(x.shape, x.dtype, buffer=nl.sbuf)
+        made = []
+
+        def body(i):
+            made.append(nisa.tensor_tensor(dst=doubled, data1=t, data2=t, op=nl.add))
+
+        if producer_in_loop:
+            nl.fori_loop(0, 1, body)
+        else:
+            body(0)
+        result = nl.ndarray(x.shape, x.dtype, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=result, src=doubled).depends_on(made[0])
+        return _out(result)
+
+    return kernel
+
+
+def _rows_in_dynamic_range(compare_loop_variable):
+    def kernel(x):
+        rows = nl.ndarray((4, x.shape[1]), x.dtype, buffer=nl.sbuf)
+        for i in nl.dynamic_range(4):
+            if compare_loop_variable and i == 0:
+                continue
+            nisa.dma_copy(dst=rows[i], src=x[i])  # a register indexes a tensor
+        return _out(rows)
+
+    return kernel
+
+
+def _gather_accumulate(unique):
+    def kernel(x):
+        rows = nl.ndarray((x.shape[0], 1), nl.int32, buffer=nl.sbuf)
+        nisa.iota(dst=rows, pattern=[[0, 1]], offset=x.shape[0] - 1, channel_multiplier=-1)
+        acc = _sb(x)
+        flipped = x.ap(pattern=[[x.shape[1], x.shape[0]], [1, x.shape[1]]], vector_offset=rows)
+        nisa.dma_compute(dst=acc, srcs=[flipped, acc], reduce_op=nl.add, unique_indices=unique)
+        return _out(acc)
+
+    return kernel
+
+
+def _iota(offset):
+    def kernel(x):
+        dst = nl.ndarray((x.shape[0], 8), nl.int32, buffer=nl.sbuf)
+        nisa.iota(dst=dst, pattern=[[1, 8]], offset=offset, channel_multiplier=8)
+        return _out(dst)
+
+    return kernel
+
+
+def _lower_triangle(on_false_value):
+    def kernel(x):
+        dst = nl.ndarray(x.shape, x.dtype, buffer=nl.sbuf)
+        nisa.affine_select(
+            dst=dst,
+            pattern=[[-1, x.shape[1]]],
+            channel_multiplier=1,
+            on_true_tile=_sb(x),
+            on_false_value=on_false_value,
+            cmp_op=nl.greater_equal,
+        )
+        return _out(dst)
+
+    return kernel
+
+
+def _cumsum_twice(x):
+    return np.cumsum(2 * x.astype(np.float64), axis=1)
+
+
+def _lower_triangle_ref(x):
+    p, j = np.indices(x.shape)
+    return np.where(p - j >= 0, x, 0.0)
+
+
+INSTRUCTION_CASES = [
+    # I L525-526: start_row a multiple of row_size (the legal twin uses the bottom half)
+    (
+        _tiled_matmul((32, 0), (64, 128)),
+        _tiled_matmul((64, 0), (64, 128)),
+        "start_row 32",
+        _matmul_ref,
+    ),
+    # I L514-518: rows tile as 128 / 64 / 32
+    (
+        _tiled_matmul((0, 0), (96, 128)),
+        _tiled_matmul((0, 0), (64, 128)),
+        "row size 96",
+        _matmul_ref,
+    ),
+    # I L525-526: the tile lies inside the 128-row array
+    (
+        _tiled_matmul((128, 0), (64, 128)),
+        _tiled_matmul((64, 0), (64, 128)),
+        "start_row",
+        _matmul_ref,
+    ),
+    # I L520-526: column tiling (AWS's router_topk L428-437); start_column on a tile boundary
+    (
+        _tiled_matmul((0, 16), (128, 32)),
+        _tiled_matmul((0, 32), (128, 32)),
+        "start_column 16",
+        _matmul_ref,
+    ),
+    # I L2024-2026: scan operators are arithmetic
+    (_scan(nl.bitwise_and), _scan(nl.add), "op1=bitwise_and", _cumsum_twice),
+    # I L2520-2522: tensor_scalar_reduce op0 is arithmetic, no bitvec
+    (
+        _tensor_scalar_reduce(nl.bitwise_or, nl.int32),
+        _tensor_scalar_reduce(nl.add, nl.float32),
+        "op0=bitwise_or",
+        lambda x: (x.astype(np.float64) + 1).sum(axis=1, keepdims=True),
+    ),
+    # S L65-67: bitvec operators take integer data
+    (
+        _partition_reduce(nl.bitwise_or, nl.float32),
+        _partition_reduce(nl.add, nl.float32),
+        "op=bitwise_or on float32",
+        lambda x: x.astype(np.float64).sum(axis=0, keepdims=True),
+    ),
+    # G L532: a loop's induction register is frozen
+    (
+        _register_round_trip(True),
+        _register_round_trip(False),
+        "read-only",
+        lambda x: x[:1, :1].astype(np.int32),
+    ),
+    # L L2251-2254: no register-based dynamic loop inside no_reorder (static loops are fine)
+    (
+        _copy_in_no_reorder(nl.dynamic_range),
+        _copy_in_no_reorder(nl.affine_range),
+        "nl.dynamic_range cannot sit inside an nl.no_reorder",
+        lambda x: 2 * x,
+    ),
+    # M L139-140: a tensor declared in a runtime loop's body is not used after the loop
+    (
+        _doubled_in_fori_loop(True),
+        _doubled_in_fori_loop(False),
+        "declared inside the body of an nl.fori_loop",
+        lambda x: 2 * x,
+    ),
+    # I L158-162: no scheduling edge out of a runtime loop
+    (
+        _edge_out_of_fori_loop(True),
+        _edge_out_of_fori_loop(False),
+        "edge into or out of a dynamic loop",
+        lambda x: 2 * x,
+    ),
+    # nki/deep-dives/nki-dynamic-loops.rst L110-113: the loop variable is a device register,
+    # not a Python int; guide L518-521: it indexes tensors
+    (
+        _rows_in_dynamic_range(True),
+        _rows_in_dynamic_range(False),
+        "cannot be compared",
+        lambda x: x[:4],
+    ),
+    # I L2686-2690: read-modify-write through vector_offset needs unique indices
+    (
+        _gather_accumulate(False),
+        _gather_accumulate(True),
+        "needs unique_indices=True",
+        lambda x: x[::-1] + x,
+    ),
+    # I L1759-1761: iota immediates are int32 (no silent truncation of 0.5)
+    (
+        _iota(0.5),
+        _iota(3),
+        "offset must be an int32",
+        lambda x: 3 + 8 * np.arange(x.shape[0])[:, None] + np.arange(8),
+    ),
+    # I L1813: on_false_value is float32
+    (
+        _lower_triangle(0),
+        _lower_triangle(0.0),
+        "on_false_value must be a float32",
+        _lower_triangle_ref,
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "illegal, legal, match, reference",
+    INSTRUCTION_CASES,
+    ids=[f"{i}-{case[2].split()[0]}" for i, case in enumerate(INSTRUCTION_CASES)],
+)
+def test_documented_illegal_instruction_form_is_rejected_and_its_twin_runs(
+    rng, target, illegal, legal, match, reference
+):
+    target("trn2")
+    x = rng.uniform(-1, 1, (128, 64)).astype(np.float32)
+    with pytest.raises(AssertionError, match=match):
+        nki.simulate(illegal)(x)
+    got = nki.simulate(legal)(x)
+    if reference is not None:
+        np.testing.assert_allclose(got, reference(x), rtol=1e-5, atol=1e-5)
