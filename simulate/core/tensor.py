@@ -340,6 +340,13 @@ class Tensor(TileOperators):
                                 "err_unsupported_indexing")
         if key.count(Ellipsis) > 1:
             raise NKIIndexError("at most one '...' in an index", "err_unsupported_indexing")
+        if self.on_chip and self.ndim == 2 and 1 in self.shape and len(key) == 1 and (
+                key[0] is not Ellipsis):
+            raise NKIIndexError(
+                f"`{self.name or 'tile'}` of shape {self.shape} indexed with one index: \"Users "
+                "must index their [N, 1] or [1, M] shaped 2D buffers with both indices ... "
+                "accessing in 1D my_sbuf[0:N] won't work\" (general/nki/nki_known_issues.rst"
+                "@8a38e733 L28-29)", "err_insufficient_indices")
         if Ellipsis in key:
             at = key.index(Ellipsis)
             fill = (slice(None),) * (self.ndim - len(key) + 1)
@@ -551,6 +558,8 @@ class Access(TileOperators):
         self.indirect = None
         self.dynamic = None
         self._plan = None
+        self.from_mgrid = key is not None and any(
+            getattr(k, "from_mgrid", False) for k in key)
         if key is None:  # tile[mask]: the whole tile, restricted by the mask
             self.indices = None
             self.shape = tensor.shape
