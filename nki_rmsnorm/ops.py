@@ -59,21 +59,24 @@ __all__ = ["KERNEL_DTYPES", "QuantizedRMSNorm", "check_options", "rms_norm", "rm
 def rms_norm(x: np.ndarray, weight: np.ndarray | None = None, eps: float = 1e-6, *,
              offset: float = 0.0, bias: np.ndarray | None = None,
              residual: np.ndarray | None = None, casting_mode: str = "gemma",
-             out_dtype: DTypeLike | None = None) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
+             out_dtype: DTypeLike | None = None,
+             output_layout: str = "rows") -> np.ndarray | tuple[np.ndarray, np.ndarray]:
     """RMSNorm over the last axis: ``y``, or ``(y, h)`` when ``residual`` is given.
 
     ``h = x + residual``, ``y = h / sqrt(mean(h²) + eps) · (weight + offset) + bias``; see
     :func:`rms_norm_fwd` for the arguments.
     """
     outputs = rms_norm_fwd(x, weight, eps, offset=offset, bias=bias, residual=residual,
-                           casting_mode=casting_mode, out_dtype=out_dtype)
+                           casting_mode=casting_mode, out_dtype=out_dtype,
+                           output_layout=output_layout)
     return outputs[0] if residual is None else outputs[:2]
 
 
 def rms_norm_fwd(x: np.ndarray, weight: np.ndarray | None = None, eps: float = 1e-6, *,
                  offset: float = 0.0, bias: np.ndarray | None = None,
                  residual: np.ndarray | None = None, casting_mode: str = "gemma",
-                 out_dtype: DTypeLike | None = None) -> tuple[np.ndarray, ...]:
+                 out_dtype: DTypeLike | None = None,
+                 output_layout: str = "rows") -> tuple[np.ndarray, ...]:
     """RMSNorm forward that also returns the fp32 ``rstd`` the backward pass needs.
 
     Args:
@@ -89,6 +92,14 @@ def rms_norm_fwd(x: np.ndarray, weight: np.ndarray | None = None, eps: float = 1
         residual: array shaped like ``x`` (x's dtype or float32), added to ``x`` first.
         casting_mode: "gemma", "llama" or "none" (see :mod:`nki_rmsnorm.reference`).
         out_dtype: dtype of ``y`` (float32, bfloat16 or float16); default x's dtype.
+        output_layout: "rows" (default: y shaped like x) or "transposed": y in the layout of
+            nki-library's decode kernel ``rmsnorm_tkg`` (its docstring's single-core
+            pseudocode), shape ``(128, M, N // 128)`` with M the rows of x (its leading
+            dimensions flattened) and ``y_t[p, m, k] = y[m, p · (N // 128) + k]``: the
+            128-partition operand the next matmul of a decode step contracts over. The
+            same bits as "rows", written by the kernel's output DMA in one pass. Needs N
+            divisible by 128, the NKI 0.6 kernels (trn2/trn3) and an ``(N,)`` weight (or
+            none); ``h`` keeps x's shape.
 
     Returns:
         ``(y, rstd)``, or ``(y, h, rstd)`` with a residual; ``rstd`` is float32 of shape
@@ -103,6 +114,7 @@ def rms_norm_fwd(x: np.ndarray, weight: np.ndarray | None = None, eps: float = 1
     offset = _offset(offset, weight)
     _casting_mode(casting_mode)
     out_dtype = x.dtype if out_dtype is None else _dtype(out_dtype, "out_dtype")
+    transposed = _output_layout(output_layout, x, weight)
 
     h = x if residual is None else (x.astype(_FLOAT32) + residual.astype(_FLOAT32)).astype(
         residual.dtype)
@@ -111,7 +123,8 @@ def rms_norm_fwd(x: np.ndarray, weight: np.ndarray | None = None, eps: float = 1
     lead = x.shape[:-1]
     rows = math.prod(lead)
     if rows == 0:
-        outputs = [np.empty(x.shape, out_dtype)]
+        y_shape = (_PARTITIONS, 0, n // _PARTITIONS) if transposed else x.shape
+        outputs = [np.empty(y_shape, out_dtype)]
         if residual is not None:
             outputs.append(np.empty(x.shape, residual.dtype))
         return (*outputs, np.empty(lead, np.float32))
@@ -119,6 +132,15 @@ def rms_norm_fwd(x: np.ndarray, weight: np.ndarray | None = None, eps: float = 1
     # the kernel takes an nki.language dtype, not a NumPy one (nki/api/nki.api.shared.rst
     # L11-L12 in NKI 0.6)
     y_dtype = kernels.nki_dtype(np.dtype(out_dtype).name, dialect.current())
+    if transposed:
+        if residual is None:
+            y_t, rstd = kernels.rmsnorm_fwd_transposed(_rows(x, rows, n), weight, bias, eps,
+                                                       offset, casting_mode, y_dtype)
+            return y_t, rstd.reshape(lead)
+        y_t, h, rstd = kernels.rmsnorm_add_fwd_transposed(
+            _rows(x, rows, n), _rows(residual, rows, n), weight, bias, eps, offset,
+            casting_mode, y_dtype)
+        return y_t, h.reshape(x.shape), rstd.reshape(lead)
     if residual is None:
         outputs = kernels.rmsnorm_fwd(_rows(x, rows, n), weight, bias, eps, offset,
                                       casting_mode, y_dtype)
@@ -127,6 +149,34 @@ def rms_norm_fwd(x: np.ndarray, weight: np.ndarray | None = None, eps: float = 1
                                           bias, eps, offset, casting_mode, y_dtype)
     *tiles, rstd = outputs
     return (*(t.reshape(x.shape) for t in tiles), rstd.reshape(lead))
+
+
+#: Partitions of a NeuronCore: the leading axis of the transposed y.
+_PARTITIONS = 128
+OUTPUT_LAYOUTS = ("rows", "transposed")
+
+
+def _output_layout(output_layout, x, weight) -> bool:
+    """Whether ``output_layout`` asks for rmsnorm_tkg's transposed y; its requirements
+    checked before any launch."""
+    if not isinstance(output_layout, str) or output_layout not in OUTPUT_LAYOUTS:
+        raise ValueError(f"output_layout must be one of {OUTPUT_LAYOUTS}, got "
+                         f"{output_layout!r}")
+    if output_layout == "rows":
+        return False
+    n = x.shape[-1]
+    if n % _PARTITIONS:
+        raise ValueError(f"output_layout='transposed' needs x's last dimension N divisible "
+                         f"by {_PARTITIONS} (y_t is ({_PARTITIONS}, M, N // {_PARTITIONS})), "
+                         f"got x of shape {x.shape}")
+    if weight is not None and weight.ndim != 1:
+        raise ValueError(f"output_layout='transposed' takes an (N,) weight, got a per-head "
+                         f"weight of shape {weight.shape}")
+    if dialect.current() == dialect.LEGACY:
+        raise ValueError("output_layout='transposed' needs the NKI 0.6 kernels (trn2/trn3 on "
+                         "SDK 2.31+): it writes y through an .ap() access pattern, which the "
+                         "legacy NKI dialect does not have")
+    return True
 
 
 def rms_norm_qk(q: np.ndarray, k: np.ndarray, q_weight: np.ndarray | None = None,

@@ -15,7 +15,11 @@ package's ``rmsnorm_mx_quant`` on ``--mx-shapes`` (its token counts must be mult
 
 ``--tkg`` also runs nki-library's decode subkernel ``rmsnorm_tkg`` (called unmodified from a
 small ``nki.jit`` wrapper here that gives it its HBM input and a ``[128, B·S, H / 128]``
-output) beside this package's ``rmsnorm_fwd`` (plain row layout) on the decode shapes.
+output) beside this package's ``rmsnorm_fwd`` (plain row layout) and
+``rmsnorm_fwd_transposed`` (``output_layout="transposed"``: rmsnorm_tkg's layout, written by
+the kernel) on the decode shapes. At LNC=1 the two transposed outputs are the same layout and
+are compared element by element; under LNC=2 rmsnorm_tkg lays each core's half of H out after
+the other's (its docstring's pseudocode), which is rearranged to the single-core layout first.
 
 ``--nkilib`` is the root of a checkout of https://github.com/aws-neuron/nki-library (its
 ``src/nkilib_src`` is put on ``sys.path``; nothing of it is copied here). ``import nki`` is
@@ -136,6 +140,7 @@ def compare_tkg(nkilib: str, target: str, lnc: int, shapes) -> list[dict]:
 
     aws = _tkg_wrapper()
     ours = kernels.kernel("rmsnorm_fwd", "nki06")
+    ours_t = kernels.kernel("rmsnorm_fwd_transposed", "nki06")
     rng = np.random.default_rng(0)
     rows = []
     for b, s, h in shapes:
@@ -143,28 +148,37 @@ def compare_tkg(nkilib: str, target: str, lnc: int, shapes) -> list[dict]:
         weight = (1.0 + 0.1 * rng.standard_normal(h)).astype(ml_dtypes.bfloat16)
         want = reference.rms_norm(x.reshape(-1, h), weight, EPS)
         row = {"shape": f"{b}x{s}x{h}", "aws_us": None, "note": ""}
+        args = (x.reshape(-1, h), weight, None, EPS, 0.0, "gemma", None)
+        (y_t, _), row["ours_t_us"] = _launch(ours_t, lnc, target, *args)
+        y_t = np.asarray(y_t, np.float64)
         try:
             out, row["aws_us"] = _launch(aws, lnc, target, x, weight.reshape(1, h))
-            got = np.asarray(out)
-            row["note"] = f"max |err| {_tkg_error(got, want, b * s, h, lnc):.3g}"
+            got = _single_core_layout(np.asarray(out, np.float64), lnc)
+            row["note"] = (
+                f"max |err| {np.max(np.abs(got - _transposed(want))):.3g}, "
+                f"vs our transposed y {np.max(np.abs(got - y_t)):.3g}"
+            )
         except Exception as error:  # noqa: BLE001 - reported, not hidden
             row["note"] = f"does not run here: {type(error).__name__}: {error}"[:110]
-        (y, _), row["ours_us"] = _launch(
-            ours, lnc, target, x.reshape(-1, h), weight, None, EPS, 0.0, "gemma", None
-        )
+        (y, _), row["ours_us"] = _launch(ours, lnc, target, *args)
         row["ours_error"] = float(np.max(np.abs(np.asarray(y, np.float64) - want)))
+        row["ours_t_error"] = float(np.max(np.abs(y_t - _transposed(want))))
         rows.append(row)
     return rows
 
 
-def _tkg_error(got, want, rows, h, lnc) -> float:
-    """Largest |error| of rmsnorm_tkg's [128, rows, H / 128] output (each core's half of H
-    laid out after the other's under LNC=2, as its docstring's pseudocode says)."""
-    want = np.asarray(want, np.float64)
-    parts = []
-    for half in np.split(want, lnc, axis=1):
-        parts.append(half.reshape(rows, 128, -1).transpose(1, 0, 2))
-    return float(np.max(np.abs(np.asarray(got, np.float64) - np.concatenate(parts, axis=2))))
+def _transposed(y):
+    """(M, N) y in the single-core transposed layout: [p, m, k] = y[m, p · N / 128 + k]."""
+    y = np.asarray(y, np.float64)
+    return y.reshape(y.shape[0], 128, -1).transpose(1, 0, 2)
+
+
+def _single_core_layout(out, lnc):
+    """rmsnorm_tkg's [128, rows, H / 128] output in the single-core layout: under LNC=2
+    each core's half of H is laid out after the other's (its docstring's pseudocode)."""
+    halves = np.split(out, lnc, axis=2)  # [128, rows, H / 128 / lnc] each
+    rows = [half.transpose(1, 0, 2).reshape(out.shape[1], -1) for half in halves]
+    return _transposed(np.concatenate(rows, axis=1))
 
 
 def compare(nkilib: str, target: str, lnc: int, shapes) -> list[dict]:
@@ -305,11 +319,17 @@ def main(argv=None) -> int:
             f"\nrmsnorm_tkg (nki-library) vs nki_rmsnorm rmsnorm_fwd, {args.target} "
             f"LNC={args.lnc}, bf16, modeled"
         )
-        print(f"{'shape':>14s} {'AWS µs':>9s} {'ours µs':>9s} {'speed-up':>9s}  AWS result")
+        print(
+            f"{'shape':>14s} {'AWS µs':>9s} {'ours µs':>9s} {'ours_t µs':>10s} "
+            f"{'AWS/ours_t':>11s}  AWS result"
+        )
         for r in tkg_rows:
-            aws = "n/a" if r["aws_us"] is None else f"{r['aws_us']:.1f}"
-            speedup = "n/a" if r["aws_us"] is None else f"{r['aws_us'] / r['ours_us']:.2f}×"
-            print(f"{r['shape']:>14s} {aws:>9s} {r['ours_us']:9.1f} {speedup:>9s}  {r['note']}")
+            aws = "n/a" if r["aws_us"] is None else f"{r['aws_us']:.2f}"
+            speedup = "n/a" if r["aws_us"] is None else f"{r['aws_us'] / r['ours_t_us']:.2f}×"
+            print(
+                f"{r['shape']:>14s} {aws:>9s} {r['ours_us']:9.2f} {r['ours_t_us']:10.2f} "
+                f"{speedup:>11s}  {r['note']}"
+            )
     if mx_rows:
         print(
             "\nrmsnorm_mx_quantize_tkg (nki-library) vs nki_rmsnorm rmsnorm_mx_quant, trn3 "

@@ -32,6 +32,8 @@ MODULES = {
     "rmsnorm_add_fwd": "rmsnorm_fwd",
     "rmsnorm_add_fwd_out": "rmsnorm_fwd",
     "rmsnorm_qk_fwd": "rmsnorm_fwd",
+    "rmsnorm_fwd_transposed": "rmsnorm_fwd",
+    "rmsnorm_add_fwd_transposed": "rmsnorm_fwd",
     "rmsnorm_bwd": "rmsnorm_bwd",
     "rmsnorm_bwd_out": "rmsnorm_bwd",
     "rmsnorm_quant": "rmsnorm_quant",
@@ -41,7 +43,9 @@ MODULES = {
 #: Entry points only the 0.6 dialect has: MX quantization needs NeuronCore-v4 (trn3), which
 #: runs NKI 0.6 only, and the legacy dtype table has no packed x4 or e8m0 types
 #: (aws-neuron-sdk@8a38e733 general/nki/api/nki.api.shared.rst).
-NKI06_ONLY = ("rmsnorm_mx_quant",)
+#: The transposed-output forward writes y through a raw HBM access pattern (``.ap``), an
+#: NKI 0.6 tensor method.
+NKI06_ONLY = ("rmsnorm_mx_quant", "rmsnorm_fwd_transposed", "rmsnorm_add_fwd_transposed")
 
 __all__ = [*MODULES, "NKI06_ONLY", "available", "kernel", "nki_dtype"]
 

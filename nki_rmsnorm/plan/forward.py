@@ -97,7 +97,8 @@ PACKED_MIN_TILES = 4
 #: s = G segments per row, whose per-segment Σ and in-order reduce over the segments are
 #: the same instructions on the same values, so a row's Σh², rstd and y are bitwise the same
 #: in a batch of one row and of thousands, while the batch uses G times the partitions (and
-#: DMA engines). G is the largest power of two up to ``MAX_SEGMENTS`` dividing n with groups
+#: DMA engines). G is the largest power of two up to ``MAX_SEGMENTS`` dividing n (odd n:
+#: any, with G − 1 groups of ⌈n / G⌉ and the rest in the last, :func:`group_width`) with groups
 #: of at least ``GROUP_MIN_COLUMNS``: the whole-row tiles pay one more ACT instruction per
 #: group and row, ``act_read_accumulator_cycles`` = 64 cycles each (simulate/perf/cost.py),
 #: at most 64 / 1024 = 6.25 % of the row's n cycles (groups of 512 columns cost trn3, whose
@@ -172,7 +173,9 @@ RSQRT_ROOT_SCALE = 2.0**32
 @dataclass(frozen=True)
 class Tensors(NKIObject):
     """The kernel's HBM tensors: inputs x, residual (or None), weight, bias (or None);
-    outputs y, h (None without a residual) and rstd."""
+    outputs y, h (None without a residual) and rstd; ``y_transposed`` (nki06 only) replaces y
+    (then None) by rmsnorm_tkg's transposed layout (P, M, N / P)
+    (``rmsnorm_fwd_transposed``)."""
 
     x: object
     residual: object
@@ -181,6 +184,7 @@ class Tensors(NKIObject):
     y: object
     h: object
     rstd: object
+    y_transposed: object = None
 
 
 def _bytes_of(dtypes):
@@ -526,13 +530,51 @@ def statistic_groups(plan: Plan, n: int, budget: int) -> int:
         return 0
     groups = 0
     for count in SEGMENT_COUNTS:
+        # odd n (no power-of-two divisor): G − 1 groups of ⌈n / G⌉ and a narrower last one
+        width = group_width(n, count)
         if (
-            n % count == 0
-            and n // count >= plan.group_min_columns
-            and plan.fits_split(n // count, budget)
+            (n % count == 0 or n % 2 == 1)
+            and n - (count - 1) * width > 0
+            and plan.rows_bytes(n, 1) + padded_group_bytes(plan, n, count) <= budget
+            and width >= plan.group_min_columns
+            and plan.fits_split(width, budget)
         ):
             groups = count
     return groups
+
+
+def padded_group_bytes(plan: Plan, n: int, groups: int) -> int:
+    """Per partition and row: the "rows" regime's zero-padded copy of an uneven last group
+    and its discarded bf16 squares (``group_width``); 0 for equal groups, and where the
+    copy goes into the row's squares tile (``squares_hold_h``)."""
+    if not groups or n % groups == 0 or squares_hold_h(plan):
+        return 0
+    return group_width(n, groups) * (dtype_bytes(plan.h_dtype) + BFLOAT16_BYTES)
+
+
+def squares_hold_h(plan: Plan) -> bool:
+    """Whether the tile of discarded squares (``plan.squares_in``) holds h exactly: h's
+    dtype, or fp32 (which holds bf16, fp16 and fp32 values exactly; the only 4-byte float).
+    Where it does, the "rows" regime copies an uneven last group there
+    (``steps.grouped_sum``)."""
+    if plan.squares_in == "product":
+        squares = plan.product_dtype
+    elif plan.squares_in == "y":
+        squares = plan.result_dtype
+    else:
+        # a bf16 scratch tile: rare (a result in neither fp32 nor bf16), not used
+        return False
+    return squares == plan.h_dtype or dtype_bytes(squares) == FLOAT32_BYTES
+
+
+def group_width(n: int, groups: int) -> int:
+    """Columns of each of the first ``groups`` − 1 column groups of a row of ``n`` (all of
+    them when ``groups`` divides n): ⌈n / groups⌉, the last group taking the n − (groups −
+    1)·width columns left (odd n, whose rows have no equal power-of-two groups; the "split"
+    regime holds that last group on its own partitions, zero-padded to ``width``, and the
+    "rows" regime sums it from the same zero-padded columns, so both run the same
+    instructions on the same values)."""
+    return -(-n // groups)
 
 
 def spread_segments(n: int, m: int) -> int:
@@ -624,9 +666,10 @@ def _more_rows_help(
 def layout_bytes(plan: Plan, layout: Layout, n: int) -> int:
     """SBUF bytes per partition the planner budgets for ``layout`` of rows of ``n``."""
     if layout.regime == "rows":
-        return plan.rows_bytes(n, layout.rows_per_partition)
+        padded = layout.rows_per_partition * padded_group_bytes(plan, n, layout.groups)
+        return plan.rows_bytes(n, layout.rows_per_partition) + padded
     if layout.regime == "split":
-        return plan.split_bytes(n // layout.segments)
+        return plan.split_bytes(group_width(n, layout.segments))
     if layout.regime == "spread":
         return plan.spread_bytes(n, layout.segments)
     if layout.regime == "packed":
@@ -659,3 +702,4 @@ class RowViews(NKIObject):
     y: object
     h: object
     rstd: object
+    y_transposed: object = None  # Tensors.y_transposed, stored by whole rows

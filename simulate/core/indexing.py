@@ -34,34 +34,40 @@ def _values(operand):
     )
 
 
+def _grid(a, b) -> bool:
+    return a.from_mgrid or getattr(b, "from_mgrid", False)
+
+
 class IndexExpr:
     """An affine expression of aranges (and loop variables / program ids) with integer values."""
 
-    __slots__ = ("values", "is_1d")
+    __slots__ = ("values", "is_1d", "from_mgrid")
 
-    def __init__(self, values: np.ndarray, is_1d: bool = False):
+    def __init__(self, values: np.ndarray, is_1d: bool = False, from_mgrid: bool = False):
         self.values = values
         self.is_1d = is_1d  # a bare arange: must get a second axis before it indexes
+        # built from nl.mgrid, which indirect load/store indexing does not take (known issues)
+        self.from_mgrid = from_mgrid
 
     @property
     def shape(self):
         return self.values.shape
 
     def __getitem__(self, key):
-        return IndexExpr(self.values[key])
+        return IndexExpr(self.values[key], from_mgrid=self.from_mgrid)
 
     def __add__(self, other):
         if getattr(other, "on_chip", False):  # `iy + tile[0, i]`: a run-time offset
             return NotImplemented
-        return IndexExpr(self.values + _values(other), self.is_1d)
+        return IndexExpr(self.values + _values(other), self.is_1d, _grid(self, other))
 
     __radd__ = __add__
 
     def __sub__(self, other):
-        return IndexExpr(self.values - _values(other), self.is_1d)
+        return IndexExpr(self.values - _values(other), self.is_1d, _grid(self, other))
 
     def __rsub__(self, other):
-        return IndexExpr(_values(other) - self.values, self.is_1d)
+        return IndexExpr(_values(other) - self.values, self.is_1d, _grid(self, other))
 
     def __mul__(self, other):
         if isinstance(other, IndexExpr):
@@ -69,12 +75,12 @@ class IndexExpr:
                 "the product of two index expressions is not affine",
                 "err_unsupported_expression_in_mask",
             )
-        return IndexExpr(self.values * _values(other), self.is_1d)
+        return IndexExpr(self.values * _values(other), self.is_1d, self.from_mgrid)
 
     __rmul__ = __mul__
 
     def __neg__(self):
-        return IndexExpr(-self.values, self.is_1d)
+        return IndexExpr(-self.values, self.is_1d, self.from_mgrid)
 
     def _not_affine(self, *_):
         raise NKIValueError(
@@ -215,7 +221,7 @@ class _MGrid:
             values = np.arange(sl.start or 0, sl.stop, sl.step or 1, dtype=np.int64)
             shape = [1] * ndim
             shape[axis] = values.size
-            axes.append(IndexExpr(values.reshape(shape)))
+            axes.append(IndexExpr(values.reshape(shape), from_mgrid=True))
         return _MGridResult(axes)
 
 

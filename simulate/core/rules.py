@@ -430,6 +430,21 @@ def check_allocated_bias(api: str, allocated: bool, has_bias: bool) -> None:
         )
 
 
+def check_allocated_hbm(scratch: list[str], unreturned: list[str]) -> None:
+    """An allocated kernel declares HBM tensors only as its outputs: "All tensors declared
+    with buffer=nl.shared_hbm must be returned as the result of the kernel. Tensors declared
+    with buffer=nl.hbm or buffer=nl.private_hbm are not allowed" (known issues L47-L55;
+    direct allocation guide L440-L446)."""
+    if scratch or unreturned:
+        what = ", ".join([f"`{n}` (private_hbm)" for n in scratch]
+                         + [f"`{n}` (shared_hbm, not returned)" for n in unreturned])
+        raise NKIValueError(
+            f"Non IO HBM tensor is not supported in allocated NKI kernel: {what} ({KI}, "
+            "L47-L55; general/nki/nki_direct_allocation_guide.rst@8a38e733, L440-L446)",
+            "err_non_io_hbm_tensor_in_allocated_kernel",
+        )
+
+
 def check_allocated_transpose(api: str, allocated: bool) -> None:
     """No Tensor-engine transpose in allocated kernels (errors L751-L773)."""
     if allocated:

@@ -25,7 +25,7 @@ import threading
 import numpy as np
 
 from . import dtypes as dt
-from . import jax_calls, scoping, sdk
+from . import jax_calls, rules, scoping, sdk
 from .errors import NKIRuntimeError, NKITypeError, NKIValueError
 from .memory import (
     PartitionAllocator,
@@ -98,6 +98,9 @@ class Context:
         self.kernel_code = kernel_code
         self.convention = None  # "return", "output" or None (unknown until the kernel returns)
         self.check_affine = True
+        # storage id -> [previous instance, its boxes, running instance, its boxes] of the
+        # writes into a shared HBM tensor (the SPMD output-dependency check)
+        self.program_writes: dict[int, list] = {}
         self.print_enabled = True
         # the Scalar engine's fp32 reduce register, one per partition; its state before the
         # first reset is undefined (NaN)
@@ -110,6 +113,7 @@ class Context:
         # storage ids of the tiles a ``return`` inside a block is handing to the caller
         self.returning: set[int] = set()
         self.allocated = False  # the kernel places tiles itself (ncc.sbuf/psum allocators)
+        self.private_hbm_names: list[str] = []  # nl.hbm / nl.private_hbm tensors created
 
     def check_capacity(self) -> None:
         """Insert the compiler's spills into the trace where the tiles live at once (first
@@ -242,12 +246,35 @@ class tile_size(metaclass=_TileSizeMeta):  # noqa: N801 - the NKI name
 
 
 # --- loop iterators --------------------------------------------------------------------------
+def _loop_bounds(kind: str, args) -> tuple[int, ...]:
+    """Loop bounds are compile-time integers: a bound read from a tensor is dynamic control
+    flow, "currently not supported by NKI" (general/nki/api/nki.errors.rst@8a38e733 L285-294;
+    the one run-time loop form is the do-while, L904-948)."""
+    bounds = []
+    for value in args:
+        if isinstance(value, Tensor):
+            raise NKITypeError(
+                f"nl.{kind} bound `{value.name or 'tensor'}` is a tensor: dynamic control flow "
+                "depending on tensor value is not supported (general/nki/api/nki.errors.rst"
+                "@8a38e733 L285-294); a run-time loop is the do-while form (L904-948)",
+                "err_dynamic_control_flow_not_supported")
+        try:
+            bounds.append(operator.index(value))
+        except TypeError:
+            raise NKITypeError(f"nl.{kind} bounds are integers, got {value!r}",
+                               "err_loop_bound_not_integer") from None
+    if len(bounds) == 3 and bounds[2] == 0:
+        raise NKIValueError(f"nl.{kind} step must not be zero", "err_loop_bound_not_integer")
+    return tuple(bounds)
+
+
 def _loop(kind: str, args):
+    bounds = _loop_bounds(kind, args)
     ctx = current(f"nl.{kind}")
     frame = LoopFrame(kind)
     ctx.loops.append(frame)
     try:
-        for i in range(*(operator.index(a) for a in args)):
+        for i in range(*bounds):
             frame.iteration = i
             yield i
     finally:
@@ -291,6 +318,7 @@ def record_write(ctx: Context, tensor: Tensor, box, accumulate: bool) -> None:
     Accumulations (``+=``, PSUM matmul accumulation, DMA read-modify-write) are allowed."""
     if accumulate or box is None or not ctx.check_affine:
         return
+    _record_program_write(ctx, tensor, box)
     for frame in ctx.loops:
         if frame.kind != "affine_range" or frame in tensor.loops:
             continue
@@ -305,6 +333,34 @@ def record_write(ctx: Context, tensor: Tensor, box, accumulate: bool) -> None:
                     "err_unexpected_output_dependencies")
         if not records or records[-1] != (frame.iteration, box):
             records.append((frame.iteration, box))
+
+
+def _record_program_write(ctx: Context, tensor: Tensor, box) -> None:
+    """Kernel instances of an SPMD grid run in parallel, so each must write its own part of
+    a shared HBM tensor: "NKI assume kernel instances in the spmd grid and iteration between
+    affine_range can be executed in parallel require synchronization on the output. As a
+    result, each iteration of the loop will write to a different memory location"
+    (general/nki/api/nki.errors.rst@8a38e733 L780-785). A write is compared with those of the
+    instance launched before it (every instance writing one region is caught; the check stays
+    linear in the writes)."""
+    if len(ctx.grid) == 0 or int(np.prod(ctx.grid)) < 2:
+        return
+    if tensor.storage.kind not in ("shared_hbm", "param"):
+        return
+    record = ctx.program_writes.setdefault(tensor.storage.id, [None, [], ctx.program_id, []])
+    if record[2] != ctx.program_id:  # the first write of the next instance
+        record[:] = [record[2], record[3], ctx.program_id, []]
+    previous, boxes = record[0], record[1]
+    for other in boxes:
+        if _boxes_overlap(box, other):
+            raise NKIValueError(
+                f"Unexpected output dependencies: SPMD instances {previous} and "
+                f"{ctx.program_id} both write the same elements of "
+                f"`{tensor.name or 'tensor'}`; the instances run in parallel, so each must "
+                "write its own part (index the write with nl.program_id) "
+                "(general/nki/api/nki.errors.rst@8a38e733 L780-785)",
+                "err_unexpected_output_dependencies")
+    record[3].append(box)
 
 
 def _boxes_overlap(a, b) -> bool:
@@ -600,6 +656,11 @@ def run(func, args, kwargs, *, grid=(), target=None, check_affine=True, expected
             ctx.shared_hbm_cursor = 0
             result = func(*positional, **keywords)
         ctx.check_capacity()
+        if ctx.allocated:
+            returned = {id(t.storage) for t in _flat_tensors(result)}
+            rules.check_allocated_hbm(
+                ctx.private_hbm_names,
+                [t.name or "tensor" for t in ctx.shared_hbm if id(t.storage) not in returned])
         outputs = _finish(result, arguments.params, expected_outputs, simulation)
     finally:
         _context.reset(token)
@@ -608,6 +669,14 @@ def run(func, args, kwargs, *, grid=(), target=None, check_affine=True, expected
         arguments.hand_back()
     outputs = _restore_framework(outputs, arguments.framework)
     return outputs, ctx.trace, arguments.params
+
+
+def _flat_tensors(result):
+    if isinstance(result, Tensor):
+        return [result]
+    if isinstance(result, (tuple, list)):
+        return [t for item in result for t in _flat_tensors(item)]
+    return []
 
 
 def _finish(result, params, expected_outputs, simulation=False):

@@ -340,6 +340,13 @@ class Tensor(TileOperators):
                                 "err_unsupported_indexing")
         if key.count(Ellipsis) > 1:
             raise NKIIndexError("at most one '...' in an index", "err_unsupported_indexing")
+        if self.on_chip and self.ndim == 2 and 1 in self.shape and len(key) == 1 and (
+                key[0] is not Ellipsis):
+            raise NKIIndexError(
+                f"`{self.name or 'tile'}` of shape {self.shape} indexed with one index: \"Users "
+                "must index their [N, 1] or [1, M] shaped 2D buffers with both indices ... "
+                "accessing in 1D my_sbuf[0:N] won't work\" (general/nki/nki_known_issues.rst"
+                "@8a38e733 L28-29)", "err_insufficient_indices")
         if Ellipsis in key:
             at = key.index(Ellipsis)
             fill = (slice(None),) * (self.ndim - len(key) + 1)
@@ -470,6 +477,25 @@ def _progression(values: np.ndarray, rank: int):
     return ("range", varying[0], int(flat[0]), step)
 
 
+def _affine_steps(values: np.ndarray, rank: int) -> list[int] | None:
+    """Per axis of a rank-``rank`` access, the step of ``values`` (broadcastable to it) when
+    ``values`` is ``start + sum(step_d * i_d)`` (any order of axes, any sign of steps); None
+    otherwise."""
+    a = values.reshape((1,) * (rank - values.ndim) + values.shape).astype(np.int64)
+    if a.size == 0:
+        return [0] * rank
+    origin = a[(0,) * rank]
+    steps = [0] * rank
+    expected = np.full((1,) * rank, origin, np.int64)
+    for d, n in enumerate(a.shape):
+        if n > 1:
+            steps[d] = int(a[tuple(1 if k == d else 0 for k in range(rank))] - origin)
+            expected = expected + steps[d] * np.arange(n).reshape(
+                tuple(n if k == d else 1 for k in range(rank))
+            )
+    return steps if np.array_equal(np.broadcast_to(expected, a.shape), a) else None
+
+
 class DynamicOffset:
     """A run-time offset into a free axis of an SBUF/PSUM tile: the value of a one-element
     integer tile in SBUF, plus an optional index expression (``t[ix, off[0, i] + iy]``).
@@ -532,6 +558,8 @@ class Access(TileOperators):
         self.indirect = None
         self.dynamic = None
         self._plan = None
+        self.from_mgrid = key is not None and any(
+            getattr(k, "from_mgrid", False) for k in key)
         if key is None:  # tile[mask]: the whole tile, restricted by the mask
             self.indices = None
             self.shape = tensor.shape
@@ -842,29 +870,47 @@ class Access(TileOperators):
         return _region(tensor.storage, root, lo, hi)
 
     def row_bytes(self, mask=None) -> int:
-        """Contiguous bytes per partition row of the addressed elements (a DMA descriptor)."""
-        plan = self.plan()
-        if not plan:
+        """Contiguous bytes per partition row of the addressed elements (one DMA descriptor):
+        the innermost free access axes whose elements follow each other in the tensor's
+        memory, in the order the access streams them. A DMA transfer gathers contiguous
+        source buffers and scatters them into contiguous destination buffers ("Data within a
+        DMA buffer must be continuous in the memory address map", aws-neuron-sdk@8a38e733
+        general/nki/arch/trainium_inferentia2_arch.rst L616-617), so a buffer must be a run
+        on both sides, and the on-chip side is contiguous in access order along a partition
+        (L653-655). The run is found from the index expressions' per-axis steps whether or
+        not the access is a strided NumPy view (``plan``): ``x[i_r, i_p, i_k]`` into a
+        ``[p, r, k]`` tile runs over ``k``; a transposing ``x[i_f, i_p]`` runs one element.
+        Indices that are not affine in the access axes (and run-time indices) give one
+        element."""
+        if self.indirect is not None or self.dynamic is not None:
+            return self.itemsize
+        strides = self._access_byte_strides()
+        if strides is None:
             return self.itemsize
         mask = self.combined_mask(mask)
         box = None if mask is None else mask_box(mask, self.shape)
-        strides = self.tensor.data.strides
-        free = []  # (count, byte stride) of the free access axes, in order
-        for axis, step in enumerate(plan):
-            if step[0] == "range" and step[1] >= 1:
-                d = step[1]
-                count = self.shape[d]
-                if box is not None and box[d].start is not None:
-                    count = box[d].stop - box[d].start
-                free.append((count, step[3] * strides[axis]))
-        run = self.itemsize
-        for count, stride in reversed(free):
-            if count == 1:
-                continue
-            if stride != run:
-                break
-            run *= count
-        return run
+        counts = list(self.shape)
+        if box is not None:
+            counts = [
+                b.stop - b.start if b.start is not None else n for b, n in zip(box, self.shape)
+            ]
+        return run_bytes(counts, strides, self.itemsize)
+
+    def _access_byte_strides(self) -> list[int] | None:
+        """Per access axis, the byte step in the tensor's memory between neighbouring
+        addressed elements; None when an index is not affine in the access axes."""
+        data = self.tensor.data
+        if self.indices is None:
+            return list(data.strides)
+        rank = len(self.shape)
+        strides = [0] * rank
+        for values, byte_stride in zip(self.indices, data.strides):
+            steps = _affine_steps(values, rank)
+            if steps is None:
+                return None
+            for d, step in enumerate(steps):
+                strides[d] += step * byte_stride
+        return strides
 
 
 def contiguous_row_bytes(array: np.ndarray) -> int:

@@ -44,7 +44,7 @@ from ..core.instructions import (
 )
 from ..core.loop_index import LoopIndex, concrete
 from ..core.runtime import current
-from ..core.tensor import Access, Tensor, contiguous_row_bytes
+from ..core.tensor import Access, contiguous_row_bytes
 
 
 class engine(enum.Enum):  # noqa: N801 - the NKI name
@@ -154,6 +154,16 @@ def _skipped(shape, dtype):
     return allocate(shape, dtype, fill=dt.uninitialised(dtype))
 
 
+def _check_float32_scalar(value, argname, api, lines):
+    """A scalar the docs require in float32: a typed NumPy scalar of another dtype is
+    rejected (a plain Python number is weakly typed and taken as float32)."""
+    if isinstance(value, (np.generic, np.ndarray)) and not is_tile(value) and (
+            np.asarray(value).dtype != np.float32):
+        raise NKITypeError(
+            f"{argname} of nisa.{api} is {np.asarray(value).dtype}: the docs require a float32 "
+            f"scalar ({rules.ISA} {lines})", "err_unsupported_dtype")
+
+
 def _valid_partitions(mask, shape):
     """(P, 1) bool: partitions where the mask selects at least one point (None: all)."""
     if mask is None:
@@ -163,22 +173,24 @@ def _valid_partitions(mask, shape):
 
 
 def _write_column(dst, values, rows, argname, api):
-    """Write a per-partition ``(P, 1)`` result into ``dst`` (its first column)."""
+    """Write a per-partition ``(P, 1)`` result into ``dst``."""
     if not is_tile(dst) or not dst.on_chip:
         raise NKITypeError(f"`{argname}` of {api} must be an SBUF/PSUM tile",
                            "err_unsupported_memory")
     if dst.shape[0] != values.shape[0]:
         raise NKIValueError(f"`{argname}` of {api} has {dst.shape[0]} partitions, the data has "
                             f"{values.shape[0]}", "err_num_partition_mismatch")
-    column = dst
-    if isinstance(dst, Tensor) and int(np.prod(dst.shape[1:])) > 1:
-        column = dst[(slice(None),) + (slice(0, 1),) * (dst.ndim - 1)]
-    elif int(np.prod(dst.shape[1:])) > 1:
-        raise NKIValueError(f"`{argname}` of {api} must hold one element per partition",
-                            "err_reduce_res_shape")
-    write_into(column, values.reshape((values.shape[0],) + (1,) * (len(column.shape) - 1)),
+    if int(np.prod(dst.shape[1:])) > 1:
+        # "a tile of shape (data.shape[0], 1)": activation, activation_reduce, select_reduce,
+        # tensor_scalar_reduce; range_select takes the same (P, 1) accumulator read-out
+        raise NKIValueError(
+            f"`{argname}` of {api} must hold one element per partition (a (P, 1) tile), got "
+            f"shape {tuple(dst.shape)} ({rules.ISA} L181, L211-212, L246, L1278, L1725-1726, "
+            "L1751)",
+            "err_reduce_res_shape")
+    write_into(dst, values.reshape((values.shape[0],) + (1,) * (len(dst.shape) - 1)),
                rows, accumulate=False)
-    return column
+    return dst
 
 
 # --- Scalar engine ---------------------------------------------------------------------------
@@ -314,6 +326,11 @@ def tensor_scalar(data, op0, operand0, reverse0=False, op1=None, operand1=None, 
     check_free_size(src, "nisa.tensor_scalar")
     spec0 = fn.lookup(op0, "op0")
     spec1 = fn.lookup(op1, "op1") if op1 is not None else None
+    if op1 is None and operand1 is not None:
+        raise NKIValueError(
+            f"nisa.tensor_scalar: operand1={operand1!r} without op1: \"op1 and operand1 are "
+            f"optional, but must be None (default values) when unused\" ({rules.ISA} L1646)",
+            "err_unused_operand")
     if spec1 is not None and spec0.bitvec != spec1.bitvec:
         raise NKIValueError("op0 and op1 must both be arithmetic or both bitvec operators",
                             "err_mixed_operator_kinds")
@@ -476,6 +493,13 @@ def tensor_tensor_scan(data0, data1, initial, op0, op1, reverse0=False, reverse1
     b = tile_operand(data1, "data1", "tensor_tensor_scan")
     _two_tiles("tensor_tensor_scan", a, b)
     spec0, spec1 = fn.lookup(op0, "op0"), fn.lookup(op1, "op1")
+    for argname, spec in (("op0", spec0), ("op1", spec1)):
+        if spec.bitvec:
+            raise NKIValueError(
+                f"nisa.tensor_tensor_scan: {argname}={spec.name} is a bitvec operator: \"Both "
+                f"op0 and op1 can be any binary arithmetic operator\" ({rules.ISA} L1872-1873, "
+                "L1898-1899)", "err_unsupported_op")
+    _check_float32_scalar(initial, "initial", "tensor_tensor_scan", "L1860-1862")
     _legacy_ops("nisa.tensor_tensor_scan", (spec0.name, spec1.name))
     rules.check_alu_engine("nisa.tensor_tensor_scan", "dve", (spec0.name, spec1.name),
                            _nc_version("tensor_tensor_scan"), _describe(a))
@@ -618,6 +642,12 @@ def affine_select(pred, on_true_tile, on_false_value, *, mask=None, dtype=None, 
     m = resolve_mask(mask)
     op = tile_operand(on_true_tile, "on_true_tile", "affine_select", mask=m, allow_psum=False)
     out_dtype = dt.as_dtype(dtype or op.dtype)
+    for argname, kind in (("on_true_tile", op.dtype), ("dtype", out_dtype)):
+        if dt.is_int(kind) and np.dtype(kind).itemsize > 2:
+            raise NKITypeError(
+                f"{argname} of nisa.affine_select is {dt.name(kind)}: \"This instruction allows "
+                f"any float or 8-bit/16-bit integer data types\" ({rules.ISA} L282-283)",
+                "err_unsupported_dtype")
     if m is False:
         return _skipped(op.shape, out_dtype)
     keep = np.broadcast_to(align_mask(pred.values, op.shape), op.shape)
@@ -640,10 +670,20 @@ def tensor_partition_reduce(op, data, *, mask=None, dtype=None, **kwargs):
 
 
 # --- top-8 search (Vector engine) -----------------------------------------------------------
+def _check_top8_rank(api, argname, op, most):
+    """"The data tensor can be up to 5-dimensional, while the vals tensor must be up to
+    3-dimensional" (ISA L663, L735-736, L781-782)."""
+    if len(op.shape) > most:
+        raise NKIValueError(f"{argname} of nisa.{api} is {len(op.shape)}-dimensional; at most "
+                            f"{most} ({rules.ISA} L663, L735-736, L781-782)",
+                            "err_exceed_max_supported_dimension")
+
+
 def _top8_data(api, data, m):
     """The data operand of max8 / nc_find_index8 as fp32 ``(P, F)``: 8 to 16,384 elements per
     partition (aws-neuron-sdk@8a38e733 general/nki/api/nki/isa/__init__.py L662, L735)."""
     op = tile_operand(data, "data" if api != "max8" else "src", api, mask=m)
+    _check_top8_rank(api, "src" if api == "max8" else "data", op, 5)
     free = int(np.prod(op.shape[1:]))
     if not 8 <= free <= 16384:
         raise NKIValueError(f"{api} reads {free} elements per partition; 8 to 16384 are allowed",
@@ -671,6 +711,7 @@ def nc_find_index8(*, data, vals, mask=None, dtype=None, **kwargs):
     m = resolve_mask(mask)
     op, values = _top8_data("nc_find_index8", data, None if m is False else m)
     wanted = tile_operand(vals, "vals", "nc_find_index8")
+    _check_top8_rank("nc_find_index8", "vals", wanted, 3)
     if wanted.shape[0] != op.shape[0] or int(np.prod(wanted.shape[1:])) != 8:
         raise NKIValueError(f"nc_find_index8 vals must be [{op.shape[0]}, 8], got "
                             f"{tuple(wanted.shape)}", "err_unsupported_shape")
@@ -695,11 +736,13 @@ def nc_match_replace8(*, data, vals, imm, dst_idx=None, mask=None, dtype=None, *
     api = "nc_match_replace8"
     m = resolve_mask(mask)
     op = tile_operand(data, "data", api, mask=None if m is False else m)
+    _check_top8_rank(api, "data", op, 5)
     free = int(np.prod(op.shape[1:]))
     if free > 16384:
         raise NKIValueError(f"{api} data has {free} elements per partition; at most 16384",
                             "err_unsupported_free_size")
     wanted = tile_operand(vals, "vals", api)
+    _check_top8_rank(api, "vals", wanted, 3)
     if wanted.shape[0] != op.shape[0] or int(np.prod(wanted.shape[1:])) != 8:
         raise NKIValueError(f"{api} vals must have 8 elements in each of the {op.shape[0]} "
                             f"partitions of data, got {tuple(wanted.shape)}",
@@ -739,7 +782,19 @@ def range_select(*, on_true_tile, comp_op0, comp_op1, bound0, bound1, reduce_cmd
         raise NKIValueError(f"{api} is available only on NeuronCore-v3 and newer",
                             "err_unsupported_target")
     op = tile_operand(on_true_tile, "on_true_tile", api)
+    if not dt.is_float(op.dtype):
+        raise NKITypeError(f"on_true_tile of nisa.{api} is {dt.name(op.dtype)}: it \"must be one "
+                           f"of the FP dtypes\" ({rules.ISA} L1128)", "err_unsupported_dtype")
+    start = concrete(range_start)
+    if isinstance(start, bool) or not isinstance(start, (int, np.integer)):
+        raise NKITypeError(f"range_start of nisa.{api} is {range_start!r}: it \"must be a "
+                           f"compiler time integer\" ({rules.ISA} L1161-1162)",
+                           "err_unsupported_value")
     partitions = op.shape[0]
+    if abs(int(start)) + int(np.prod(op.shape[1:])) > 1 << 24:
+        raise NKIValueError(f"nisa.{api}: range_start {start} + the free index leaves the "
+                            f"2^24 range the fp32 comparison is exact in ({rules.ISA} L1130-1131)",
+                            "err_unsupported_value")
     specs = []
     for argname, compare in (("comp_op0", comp_op0), ("comp_op1", comp_op1)):
         spec = fn.lookup(compare, argname)
@@ -799,6 +854,15 @@ def nc_stream_shuffle(src, dst, shuffle_mask, *, dtype=None, mask=None, **kwargs
         raise NKITypeError(f"{api} dst dtype {dt.name(target.dtype)} must equal src dtype "
                            f"{dt.name(source.dtype)}", "err_unsupported_dtype")
     rows = [1 if op.values.ndim < 2 else op.shape[0] for op in (source, target)]
+    active = -(-max(rows) // sem.QUADRANT) * sem.QUADRANT
+    starts = {128: (0,), 96: (0,), 64: (0, 64), 32: (0, 32, 64, 96)}[active]
+    for argname, op in (("src", source), ("dst", target)):
+        first = op.region.partitions[0] if op.region is not None else 0
+        if first not in starts:
+            raise NKIValueError(
+                f"nisa.{api}: {argname} starts at partition {first}; with {active} active "
+                f"partitions the start partition must be one of {list(starts)} ({rules.ISA} "
+                "L980-989)", "err_unsupported_start_partition")
     per_row = [op.values.size // n for op, n in zip((source, target), rows)]
     if per_row[0] != per_row[1]:
         raise NKIValueError(f"{api} src has {per_row[0]} elements per partition, dst "
@@ -1127,7 +1191,12 @@ def select_reduce(*, dst, predicate, on_true, on_false, reduce_res=None,
                                 "err_unsupported_shape")
         fallback = other.f32().reshape(rows, 1)
     else:
+        _check_float32_scalar(on_false, "on_false", api, "L1275")
         fallback = np.float32(concrete(on_false))
+    if reduce_res is not None and is_tile(reduce_res) and not dt.is_float(reduce_res.dtype):
+        raise NKITypeError(
+            f"reduce_res of nisa.{api} is {dt.name(reduce_res.dtype)}: \"reduce_res dtype must "
+            f"of float type\" ({rules.ISA} L1279)", "err_unsupported_dtype")
     keep = pred.values.reshape(rows, -1) != 0
     if reverse_pred:
         keep = ~keep
@@ -1374,6 +1443,11 @@ def dma_transpose(src, *, axes=None, mask=None, dtype=None, **kwargs):
     """``nisa.dma_transpose(src, *, axes=None)``: a transposed copy of an HBM or SBUF tile into
     a new SBUF tile (DMA); the permutation is (1, 0), (2, 1, 0) or (3, 1, 2, 0) by rank."""
     _dma_operand(src, "src")
+    mode = kwargs.get("dge_mode", dge_mode.unknown)
+    if mode is dge_mode.hwdge and current("dma_transpose").target.nc_version < 3:
+        raise NKIValueError(f"nisa.dma_transpose: dge_mode=hwdge needs NeuronCore-v3 or later "
+                            f"(\"HWDGE is only supported for NeuronCore-v3+\", {rules.ISA} L483)",
+                            "err_dge_mode")
     if isinstance(src, Access) and src.indirect is not None:
         raise NKIIndexError("dma_transpose does not support indirect indices",
                             "err_indirect_indices_are_not_supported_with_nki_api")

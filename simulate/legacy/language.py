@@ -114,6 +114,8 @@ def ndarray(shape, dtype, *, buffer=None, name="", **kwargs):
     ctx = current("nl.ndarray")
     if buffer == shared_hbm:
         return _shared_hbm(ctx, shape, dtype, name)
+    if buffer == private_hbm:
+        ctx.private_hbm_names.append(name or "tensor")
     fill = dt.uninitialised(dt.as_dtype(dtype))
     tensor = allocate(shape, dtype, buffer, name, fill=fill)
     if modulo is not None:
@@ -270,6 +272,19 @@ def hbm_access(view, mask):
     return values, mask, count, view.region(mask), contiguous_row_bytes(view.data)
 
 
+def _check_indirect_arange(access, api):
+    """"Use nl.arange for indirect load/store access indexing, nl.mgrid won't work"
+    (general/nki/nki_known_issues.rst@8a38e733 L31-32). nisa.dma_copy is not bound by it:
+    AWS's indirect dma_copy example indexes with nl.mgrid (general/nki/test/
+    test_nki_isa_dma_copy.py@8a38e733 L136-145)."""
+    if isinstance(access, Access) and access.indirect is not None and access.from_mgrid:
+        raise NKIIndexError(
+            f"nl.{api} with indirect indexing built from nl.mgrid: \"Use nl.arange for "
+            "indirect load/store access indexing, nl.mgrid won't work\" "
+            "(general/nki/nki_known_issues.rst@8a38e733 L31-32)",
+            "err_indirect_indexing_with_mgrid")
+
+
 def load(src, *, mask=None, dtype=None, **kwargs):
     """``nl.load(src, *, mask=None, dtype=None)``: HBM → a new SBUF tile (DMA).
 
@@ -278,6 +293,7 @@ def load(src, *, mask=None, dtype=None, **kwargs):
     the result.
     """
     _hbm_source(src, "load")
+    _check_indirect_arange(src, "load")
     shape = _tile_shape(src.shape)
     out_dtype = dt.as_dtype(dtype or src.dtype)
     m = resolve_mask(mask, src.shape)
@@ -298,6 +314,7 @@ def store(dst, value, *, mask=None, **kwargs):
     if not is_tile(dst) or dst.on_chip:
         raise NKITypeError("Expected operand 'dst' of 'store' to be in address space 'hbm'",
                            "err_unsupported_memory")
+    _check_indirect_arange(dst, "store")
     m = resolve_mask(mask, dst.shape)
     if m is False:
         return None
@@ -852,6 +869,12 @@ def gather_flattened(data, indices, *, mask=None, dtype=None, **kwargs):
     src = tile_operand(data, "data", "gather_flattened", allow_psum=False)
     idx = tile_operand(indices, "indices", "gather_flattened", allow_psum=False)
     rules.check_gather_indices(dt.name(idx.dtype), f"indices `{indices.name or 'tile'}`")
+    for argname, op in (("data", src), ("indices", idx)):
+        if not 2 <= len(op.shape) <= 4:
+            raise NKIValueError(
+                f"gather_flattened: {argname} is {len(op.shape)}-dimensional; \"Both data and "
+                "indices must be 2-, 3-, or 4-dimensional\" (general/nki/api/nki/language/"
+                "__init__.py@8a38e733 L667)", "err_exceed_max_supported_dimension")
     if src.partitions != idx.partitions:
         raise NKIValueError("gather_flattened: data and indices have different partition counts",
                             "err_num_partition_mismatch")

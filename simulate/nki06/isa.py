@@ -2153,6 +2153,16 @@ def range_select(
     spec = _op(api, "reduce_op", "maximum" if reduce_op is None else reduce_op)
     if spec.name != "maximum":
         raise NkiValidationError(f"{api} reduce_op must be nl.maximum, got {spec.name}")
+    if isinstance(range_start, bool) or not isinstance(range_start, (int, np.integer)):
+        raise NkiTypeError(  # "must be a compiler time integer"
+            f"{api} range_start must be a compile-time integer, got {range_start!r} "
+            "(nki/api/nki/isa/__init__.py@81ce03ae L2895-2896)"
+        )
+    if abs(int(range_start)) + _free(on_true_tile) > 1 << 24:
+        raise NkiValidationError(
+            f"{api} range_start {range_start} + the free index leaves the 2^24 range the fp32 "
+            "comparison is exact in (nki/api/nki/isa/__init__.py@81ce03ae L2864)"
+        )
     cmd = _enum(reduce_cmd, globals()["reduce_cmd"], "reduce_cmd", api)
     values = sem.range_select(
         _pf(on_true_tile), bounds[0], bounds[1], specs[0], specs[1], range_start, on_false_value

@@ -27,6 +27,7 @@ from nki_rmsnorm.plan.forward import (
     GROUP_MIN_COLUMNS_NC_V3,
     SPREAD_MAX_ROWS,
     choose_layout,
+    group_width,
     make_plan,
     statistic_groups,
 )
@@ -129,7 +130,7 @@ def test_planner_keeps_whole_row_statistics_elsewhere():
     no groups."""
     assert _layout("trn1", 1, 4096, BF16)[1] == 0
     assert _layout("trn1", 8192, 4096, BF16)[0].groups == 0
-    for target, N in [("trn2", n) for n in (1, 127, 1000, 17389)] + [("trn3", 1536)]:
+    for target, N in [("trn2", n) for n in (1, 127, 1000)] + [("trn3", 1536)]:
         layout, groups = _layout(target, 1, N, BF16)
         assert groups == 0 and layout.groups == 0, N
     assert _layout("trn2", 1, 1536, BF16)[1] == 2  # 2 groups of 768 on NeuronCore-v3
@@ -137,6 +138,21 @@ def test_planner_keeps_whole_row_statistics_elsewhere():
         assert _layout(target, 1, 4096, BF16, grouped=False)[0].regime == "spread"
         layout = _layout(target, 8192, 4096, BF16, grouped=False)[0]
         assert layout.regime == "rows" and layout.groups == 0
+
+
+@pytest.mark.parametrize(
+    "target, N, groups, width", [("trn2", 17389, 32, 544), ("trn3", 17389, 16, 1087)]
+)
+def test_planner_groups_odd_rows_unevenly(target, N, groups, width):
+    """N without a power-of-two divisor: G − 1 groups of ⌈N / G⌉ columns and the rest in
+    the last, chosen by N alone; decode batches "split" over G partitions per row, larger
+    ones "rows" with the same groups."""
+    for M in (1, 29, 128):
+        layout, g = _layout(target, M, N, BF16)
+        assert g == groups and layout.regime == "split" and layout.segments == groups, M
+    layout, g = _layout(target, 2048, N, BF16)
+    assert layout.regime == "rows" and layout.groups == groups
+    assert group_width(N, groups) == width and 0 < N - (groups - 1) * width < width
 
 
 def _edge_rows(x):
@@ -171,6 +187,10 @@ INVARIANCE_CASES = [
     ("trn3", 4096, BF16, "none", False, True, BF16),  # "vector", no weight
     ("trn2", 2048, BF16, "gemma", True, True, BF16),  # G = 4, fused add
     ("trn3", 8192, FP32, "gemma", False, False, None),  # rstd only
+    # odd N: G − 1 groups of ⌈N / G⌉ and a narrower, zero-padded last one
+    ("trn2", 17389, BF16, "gemma", True, False, None),  # G = 32, "tensor" product
+    ("trn3", 8191, FP16, "llama", True, False, FP16),  # G = 8 of 1024 and 1023, fused add
+    ("trn2", 4097, FP32, "none", False, True, None),  # G = 8 of 513 and 506, no weight
     # NeuronCore-v2 decode batches run "spread" (whole-row statistics; legacy kernels only)
     ("trn1", 4096, BF16, "gemma", True, True, FP32),  # "scalar" product, bias, fused add
     ("trn1", 2048, FP32, "llama", True, False, None),  # x̂ rounded
@@ -192,7 +212,8 @@ def test_row_results_do_not_depend_on_the_batch(kernel_dialect, rng, case):
     residual = None if r is None else r.dtype
     grouped = kernel_dialect == "nki06"
     assert _layout(target, 200, N, dtype, residual, grouped)[0].regime == "rows"
-    decode = "split" if grouped else "spread"
+    # the legacy kernels' "spread" needs an even N; odd rows stay whole in "rows"
+    decode = "split" if grouped else ("spread" if N % 2 == 0 else "rows")
     assert _layout(target, 29, N, dtype, residual, grouped)[0].regime == decode
     big, _ = _run(kernel_dialect, target, x, w, b, r, mode)
     # 1 and 8 rows: one tile, y formed in the spread layout (rmsnorm_fwd_split)
@@ -221,10 +242,14 @@ def test_decode_shapes_match_the_reference(kernel_dialect, rng, M, N):
 
 
 @pytest.mark.parametrize("eps", [EPS, 0.0])
-def test_decode_writes_every_output_against_float64(rng, eps):
+@pytest.mark.parametrize("N", [4096, 9999])
+def test_decode_writes_every_output_against_float64(rng, eps, N):
     """The output-parameter kernel writes every element of poisoned outputs; y and rstd
-    match the float64 reference, Inf/NaN/zero/extreme rows included."""
-    M, N = 29, 4096
+    match the float64 reference, Inf/NaN/zero/extreme rows included (odd N: 16 uneven
+    groups, the last zero-padded)."""
+    M = 29
+    layout, groups = _layout("trn2", M, N, FP32)
+    assert layout.regime == "split" and layout.segments == groups > 1
     x = _edge_rows(rng.standard_normal((M, N)).astype(FP32))
     w = rng.normal(1.0, 0.2, N).astype(FP32)
     y, rstd = poison((M, N), FP32), poison((M,), FP32)
@@ -246,15 +271,17 @@ def test_decode_writes_every_output_against_float64(rng, eps):
 
 
 @pytest.mark.parametrize("M", [1, 29, 200])
-def test_lnc2_decode_is_bitwise_lnc1(rng, M):
+@pytest.mark.parametrize("N", [4096, 17389])
+def test_lnc2_decode_is_bitwise_lnc1(rng, M, N):
     """Under LNC=2 the split tiles of a decode batch are shared by the two cores (200 rows:
-    split at LNC=2, rows at LNC=1); every output is bitwise that of LNC=1."""
+    split at LNC=2, rows at LNC=1; 17389: uneven groups); every output is bitwise that of
+    LNC=1."""
     x = (
-        _edge_rows(rng.standard_normal((M, 4096)).astype(BF16))
+        _edge_rows(rng.standard_normal((M, N)).astype(BF16))
         if M > 5
-        else (rng.standard_normal((M, 4096)).astype(BF16))
+        else (rng.standard_normal((M, N)).astype(BF16))
     )
-    w = rng.normal(1.0, 0.2, 4096).astype(BF16)
+    w = rng.normal(1.0, 0.2, N).astype(BF16)
     kernel = kernels.kernel("rmsnorm_fwd", "nki06")
     args = (x, w, None, EPS, 0.0, "gemma", None)
     one, _ = trace_launch(kernel, *args, target="trn2")

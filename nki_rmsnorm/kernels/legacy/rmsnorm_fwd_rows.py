@@ -117,7 +117,7 @@ def _row_tile(plan, views, resident, eps, group0, parts, k, N):
     )
     nl.store(views.rstd[groups, i_k], value=rstd_tile)
 
-    shift = None if resident.shift is None else resident.shift[:parts]
+    shift = None if resident.shift is None else resident.shift[:parts, :]
     if plan.product_engine == "tensor":
         # PE: rstd ⊗ w per PSUM bank; DVE: y = h · (rstd ⊗ w) [+ bias].
         stationary = steps.rstd_rows(plan, rstd_tile, resident.ident[:parts, :parts], batched=True)
@@ -144,7 +144,7 @@ def _row_tile(plan, views, resident, eps, group0, parts, k, N):
                 row(product, j),
             )
     else:
-        scale = None if resident.scale is None else resident.scale[:parts]
+        scale = None if resident.scale is None else resident.scale[:parts, :]
         for j in nl.static_range(k):
             steps.normalize(
                 plan,

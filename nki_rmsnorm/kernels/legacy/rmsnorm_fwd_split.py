@@ -154,10 +154,10 @@ def _split_statistics(plan, s, views, hbm, resident, slot, seg0, parts):
     segs = seg0 + i_p
 
     # DMA in (with a residual: DVE h = x + residual, DMA h out).
-    h_tile = slot.h[:parts]
+    h_tile = slot.h[:parts, :]
     steps.load_h(
         h_tile,
-        None if slot.x is None else slot.x[:parts],
+        None if slot.x is None else slot.x[:parts, :],
         x_v[segs, i_f],
         None if residual_v is None else residual_v[segs, i_f],
         None if h_v is None else h_v[segs, i_f],
@@ -166,7 +166,7 @@ def _split_statistics(plan, s, views, hbm, resident, slot, seg0, parts):
 
     # ACT: Σh² per segment. PE: transposed to one row; DVE: each row's s sums added.
     segment_sq = nl.ndarray((parts, 1), dtype=nl.float32)
-    squares[:parts][...] = nisa.activation_reduce(
+    squares[:parts, :][...] = nisa.activation_reduce(
         op=nl.square, data=h_tile, reduce_op=nl.add, reduce_res=segment_sq, dtype=squares.dtype
     )
     sums = nisa.nc_matmul(segment_sq, resident.ident_f32[:parts, :parts], is_transpose=True)
@@ -207,7 +207,7 @@ def _split_statistics(plan, s, views, hbm, resident, slot, seg0, parts):
     for q in nl.static_range(s):
         repeated[0, i_r * s + q] = nisa.tensor_copy(rstd_row, engine=nisa.gpsimd_engine)
     column = nisa.nc_matmul(repeated, resident.ident_f32[:1, :1], is_transpose=True)
-    slot.rstd[:parts][...] = nisa.tensor_copy(column, dtype=nl.float32)
+    slot.rstd[:parts, :][...] = nisa.tensor_copy(column, dtype=nl.float32)
 
 
 def _split_output(plan, views, resident, slot, seg0, parts):
@@ -216,10 +216,10 @@ def _split_output(plan, views, resident, slot, seg0, parts):
     F = y_v.shape[1]
     segs = seg0 + nl.arange(parts)[:, None]
     i_f = nl.arange(F)[None, :]
-    y_tile = slot.y[:parts]
-    product = None if slot.product is None else slot.product[:parts]
-    shift = None if resident.shift is None else resident.shift[:parts]
-    scale = None if resident.scale is None else resident.scale[:parts]
+    y_tile = slot.y[:parts, :]
+    product = None if slot.product is None else slot.product[:parts, :]
+    shift = None if resident.shift is None else resident.shift[:parts, :]
+    scale = None if resident.scale is None else resident.scale[:parts, :]
     if plan.product_engine == "tensor" and scale is not None:
         # DVE: y = (w · rstd) · h, rounded as the "rows" regime's h · (rstd ⊗ w) (see the
         # module docstring), [+ bias].
@@ -227,16 +227,16 @@ def _split_output(plan, views, resident, slot, seg0, parts):
         target[...] = nisa.scalar_tensor_tensor(
             data=scale,
             op0=nl.multiply,
-            operand0=slot.rstd[:parts],
+            operand0=slot.rstd[:parts, :],
             op1=nl.multiply,
-            operand1=slot.h[:parts],
+            operand1=slot.h[:parts, :],
             dtype=target.dtype,
         )
         if shift is not None:
             y_tile[...] = nisa.tensor_tensor(product, shift, op=nl.add, dtype=y_tile.dtype)
     else:
-        xhat = slot.h[:parts] if slot.x is None else slot.x[:parts]
+        xhat = slot.h[:parts, :] if slot.x is None else slot.x[:parts, :]
         steps.normalize(
-            plan, y_tile, slot.h[:parts], slot.rstd[:parts], xhat, scale, shift, product
+            plan, y_tile, slot.h[:parts, :], slot.rstd[:parts, :], xhat, scale, shift, product
         )
     steps.store_y(plan, y_v[segs, i_f], y_tile)

@@ -10,7 +10,8 @@ regime, tiles and instructions, written in the 0.6 dialect (``rmsnorm_fwd_steps`
 Entry points (all share ``forward_body``): ``rmsnorm_fwd`` → ``(y, rstd)``,
 ``rmsnorm_add_fwd`` → ``(y, h, rstd)`` (outputs ``shared_hbm``, as 0.3+ requires of kernel
 outputs: nki/migration/index.rst, 0.2→0.3), and the output-parameter twins
-``rmsnorm_fwd_out`` / ``rmsnorm_add_fwd_out``.
+``rmsnorm_fwd_out`` / ``rmsnorm_add_fwd_out``; ``rmsnorm_fwd_transposed`` /
+``rmsnorm_add_fwd_transposed`` (0.6 only) write y in rmsnorm_tkg's (P, M, N / P) layout.
 
 Every regime of the legacy kernel exists here with the same file and function names:
 "rows" (``rmsnorm_fwd_rows.rows_resident``), "packed" (``rmsnorm_fwd_packed.packed_rows``),
@@ -51,8 +52,10 @@ __all__ = [
     "make_plan",
     "rmsnorm_add_fwd",
     "rmsnorm_add_fwd_out",
+    "rmsnorm_add_fwd_transposed",
     "rmsnorm_fwd",
     "rmsnorm_fwd_out",
+    "rmsnorm_fwd_transposed",
     "rmsnorm_qk_fwd",
 ]
 
@@ -141,6 +144,41 @@ def rmsnorm_add_fwd_out(x, residual, weight, bias, y, h, rstd, eps, offset, cast
     check_outputs(y, rstd, residual, h)
     plan = _plan(x, weight, bias, residual.dtype, offset, casting_mode, y.dtype)
     forward_body(plan, Tensors(x, residual, weight, bias, y, h, rstd), eps, offset)
+
+
+def _transposed_output(M, N, dtype):
+    """rmsnorm_tkg's output layout (P, M, N / P): ``y_t[p, m, k] = y[m, p·(N / P) + k]``
+    (nki-library@d2ad3a5 src/nkilib_src/nkilib/core/subkernels/rmsnorm_tkg.py L58-L86,
+    one core's H: the layout its docstring's pseudocode gives at LNC=1)."""
+    P = nl.tile_size.pmax
+    kernel_assert(N % P == 0, f"a transposed y needs N divisible by {P}, got N = {N}")
+    return nl.ndarray((P, M, N // P), dtype=dtype, buffer=nl.shared_hbm)
+
+
+@nki.jit
+def rmsnorm_fwd_transposed(x, weight, bias, eps, offset, casting_mode, out_dtype):
+    """:func:`rmsnorm_fwd` with y in rmsnorm_tkg's transposed layout ``(P, M, N / P)``,
+    ready as the stationary/moving operand of the next matmul (``_transposed_output``):
+    ``(y_t, rstd)``, the same bits as ``rmsnorm_fwd``'s y, rearranged by the output DMA."""
+    M, N = x.shape
+    plan = _plan(x, weight, bias, None, offset, casting_mode, out_dtype)
+    y_t = _transposed_output(M, N, plan.out_dtype)
+    rstd = nl.ndarray((M,), dtype=nl.float32, buffer=nl.shared_hbm)
+    forward_body(plan, Tensors(x, None, weight, bias, None, None, rstd, y_t), eps, offset)
+    return y_t, rstd
+
+
+@nki.jit
+def rmsnorm_add_fwd_transposed(x, residual, weight, bias, eps, offset, casting_mode, out_dtype):
+    """:func:`rmsnorm_add_fwd` with y in rmsnorm_tkg's transposed layout (h keeps x's
+    (M, N) layout): ``(y_t, h, rstd)``."""
+    M, N = x.shape
+    plan = _plan(x, weight, bias, residual.dtype, offset, casting_mode, out_dtype)
+    y_t = _transposed_output(M, N, plan.out_dtype)
+    h = nl.ndarray((M, N), dtype=residual.dtype, buffer=nl.shared_hbm)
+    rstd = nl.ndarray((M,), dtype=nl.float32, buffer=nl.shared_hbm)
+    forward_body(plan, Tensors(x, residual, weight, bias, None, h, rstd, y_t), eps, offset)
+    return y_t, h, rstd
 
 
 @nki.jit

@@ -154,7 +154,7 @@ def _long_tile(plan, engine, chunks, hbm, offset, h_rows, eps, resident, row0, p
                 scale = steps.broadcast_row(weight_cols, parts, plan.scale_dtype, offset)
             xhat = steps.sbuf((parts, width), plan.in_dtype) if plan.rounds_xhat else None
             steps.normalize(plan, y_chunk, h_chunk, rstd_tile, xhat, scale, shift, product)
-        steps.store_y(plan, hbm.y[row0:row1, c0:c1], y_chunk)
+        steps.store_columns_y(plan, hbm, row0, row1, c0, c1, y_chunk)
 
 
 def two_pass(plan, chunk, hbm, eps, offset):
@@ -209,4 +209,4 @@ def two_pass(plan, chunk, hbm, eps, offset):
             if plan.product_dtype is not None:
                 product = steps.sbuf((parts, width), plan.product_dtype)
             steps.normalize(plan, y_chunk, h_chunk, rstd_tile, xhat, scale, shift, product)
-            steps.store_y(plan, hbm.y[row0:row1, c0:c1], y_chunk)
+            steps.store_columns_y(plan, hbm, row0, row1, c0, c1, y_chunk)

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from nki_rmsnorm.kernels.nki06 import rmsnorm_fwd_steps as steps
 from nki_rmsnorm.kernels.nki06._nki import nisa, nl
-from nki_rmsnorm.plan.forward import PMAX, PSUM_COLS
+from nki_rmsnorm.plan.forward import PMAX, PSUM_COLS, RowViews
 
 #: The Tensor engine's row tiles on NeuronCore-v3+: "4x 32 row tiles" (aws-neuron-sdk@81ce03ae
 #: nki/api/nki/isa/__init__.py L515-526). A row's rstd pieces sit at the start of one row
@@ -79,12 +79,13 @@ def packed_rows(plan, k, heads, hbm, eps, offset):
     def grouped(t):
         return None if t is None else t.reshape((groups, k * N))
 
-    views = (
-        grouped(hbm.x),
-        grouped(hbm.residual),
-        grouped(hbm.y),
-        grouped(hbm.h),
-        hbm.rstd.reshape((groups, k)),
+    views = RowViews(
+        x=grouped(hbm.x),
+        residual=grouped(hbm.residual),
+        y=grouped(hbm.y),
+        h=grouped(hbm.h),
+        rstd=hbm.rstd.reshape((groups, k)),
+        y_transposed=hbm.y_transposed,
     )
     tiles = steps.core_tiles(groups, P)
     if outer:
@@ -211,7 +212,7 @@ def _statistics(plan, views, group0, parts, k, N, eps):
     """Row groups ``group0 … group0 + parts − 1`` of ``views``, k rows per partition: load
     (and h = x + residual), Σh², rstd (stored); returns the tile's state for
     :func:`_output`."""
-    x_v, residual_v, y_v, h_v, rstd_v = views
+    x_v, residual_v, h_v, rstd_v = views.x, views.residual, views.h, views.rstd
     g1 = group0 + parts
     width = k * N
     residual = residual_v is not None
@@ -247,7 +248,6 @@ def _output(plan, views, k, heads, N, scale, shift, state):
     group0, h_tile, rstd = state
     parts = h_tile.shape[0]
     width = k * N
-    y_v = views[2]
     y_tile = steps.sbuf((parts, width), plan.result_dtype)
     # x̂ = h·rstd: rounded to x's dtype (llama / none), straight into y without a weight or
     # bias, else kept in fp32 for the one rounding of y (gemma)
@@ -284,7 +284,7 @@ def _output(plan, views, k, heads, N, scale, shift, state):
                 nisa.tensor_tensor(dst=y_c, data1=x_c, data2=b_c, op=nl.add)
             elif not direct:
                 nisa.tensor_copy(dst=y_c, src=x_c)
-    steps.store_y(plan, y_v[group0 : group0 + parts, :], y_tile)
+    steps.store_rows_y(plan, views, group0, parts, y_tile)
 
 
 def _stacked(plan, weight_hbm, offset):
@@ -434,4 +434,4 @@ def _outer_output(plan, views, k, heads, N, stacked, shift, state):
                 data2=shift[:parts, : c1 - c0],
                 op=nl.add,
             )
-    steps.store_y(plan, views[2][group0 : group0 + parts, :], y_tile)
+    steps.store_rows_y(plan, views, group0, parts, y_tile)

@@ -61,6 +61,7 @@ def rows_resident(plan, k, hbm, eps, offset, groups=0):
         y=_grouped(hbm.y, M // k, k * N),
         h=_grouped(hbm.h, M // k, k * N),
         rstd=hbm.rstd.reshape((M // k, k)),
+        y_transposed=hbm.y_transposed,
     )
     tiles = steps.core_tiles(M // k, P)
     # Software pipeline at LNC=1 and LNC=2: the statistics of tile t + 1 (load, add, Σh²,
@@ -198,4 +199,4 @@ def _row_output(plan, views, resident, k, N, state):
                 shift,
                 row(product, j),
             )
-    steps.store_y(plan, views.y[group0 : group0 + parts, :], y_tile)
+    steps.store_rows_y(plan, views, group0, parts, y_tile)

@@ -46,7 +46,7 @@ from __future__ import annotations
 
 from nki_rmsnorm.kernels.nki06 import rmsnorm_fwd_steps as steps
 from nki_rmsnorm.kernels.nki06._nki import nisa, nl
-from nki_rmsnorm.plan.forward import PSUM_COLS, SPLIT_SLOTS, RowViews
+from nki_rmsnorm.plan.forward import PSUM_COLS, SPLIT_SLOTS, RowViews, group_width
 
 #: The second layout of a one-tile batch keeps segments of at least this many columns
 #: (:func:`_output_spread`).
@@ -77,6 +77,9 @@ def split_rows(plan, s, hbm, eps, offset):
     tile whose segments are long (a decode batch) forms y in a second layout of k times the
     segments (:func:`_output_spread`)."""
     M, N = hbm.x.shape
+    if N % s:
+        _uneven_rows(plan, s, hbm, eps, offset)
+        return
     P = nl.tile_size.pmax
     F = N // s
     segments = M * s
@@ -157,6 +160,7 @@ def _views(hbm, s):
         y=_segmented(hbm.y, segments, F),
         h=_segmented(hbm.h, segments, F),
         rstd=hbm.rstd.reshape((1, M)),
+        y_transposed=hbm.y_transposed,
     )
 
 
@@ -339,10 +343,11 @@ def _split_statistics(plan, s, views, resident, slot, seg0, parts, repeat, loade
 def _split_output(plan, views, resident, slot, rstd, seg0, parts, h_from):
     """y for the segments whose statistics :func:`_split_statistics` left in ``slot``,
     ``rstd`` their (parts, 1) PSUM column; ``h_from``: the statistics layout's h tile, moved
-    into ``slot`` first (the spread layout of :func:`_output_spread`), or None."""
+    into ``slot`` first (the spread layout of :func:`_output_spread`), or None. Stored to
+    ``views`` (None: the caller stores the returned y tile; odd N, whose y is never
+    transposed: that layout needs N divisible by 128)."""
     if h_from is not None:
         nisa.dma_copy(dst=slot.h[:parts], src=h_from)
-    y_v = views.y
     y_tile = slot.y[:parts]
     product = None if slot.product is None else slot.product[:parts]
     shift = None if resident.shift is None else resident.shift[:parts]
@@ -381,4 +386,176 @@ def _split_output(plan, views, resident, slot, rstd, seg0, parts, h_from):
     else:
         xhat = slot.h[:parts] if slot.x is None else slot.x[:parts]
         steps.normalize(plan, y_tile, slot.h[:parts], rstd, xhat, scale, shift, product)
-    steps.store_y(plan, y_v[seg0 : seg0 + parts, :], y_tile)
+    if views is not None:
+        steps.store_rows_y(plan, views, seg0, parts, y_tile)
+    return y_tile
+
+
+def _uneven_rows(plan, s, hbm, eps, offset):
+    """Odd N (``plan.forward.group_width``): s − 1 segments of F = ⌈N / s⌉ columns and a
+    last one of ``last`` < F. A tile of R rows (at most R₀ = P / s) holds the F-wide
+    segments row-major on partitions r·(s − 1) + q and the last segments on partitions
+    R₀·(s − 1) + r, zero-padded to F columns (the pad is zeroed before each load: x̂ may be
+    written over h in place): each block is one DMA, and every instruction covers the
+    tile's partitions from 0. Σh² of a row is its s segment sums in segment order, the
+    "rows" regime's groups (``steps.grouped_sum`` pads its last group alike), so a row's
+    bits do not depend on the batch."""
+    M, N = hbm.x.shape
+    P = nl.tile_size.pmax
+    F = group_width(N, s)
+    last = N - (s - 1) * F
+    rows_per_tile = P // s
+    mine = steps.core_tiles(M, rows_per_tile)
+    if not mine:
+        return
+    R0 = min(rows_per_tile, M)
+    parts = R0 * s
+    resident = _Resident(
+        eps=eps,
+        scale=None
+        if hbm.weight is None
+        else _uneven_weights(hbm.weight, s, F, last, R0, plan.scale_dtype, offset),
+        shift=None
+        if hbm.bias is None
+        else _uneven_weights(hbm.bias, s, F, last, R0, plan.bias_dtype),
+        ident_f32=steps.identity(parts, nl.float32),
+    )
+    slots = []
+    for _ in range(SPLIT_SLOTS if len(mine) > 1 else 1):
+        slot = _slot(plan, hbm, parts, F)
+        # a ragged tile leaves partitions of an earlier one (or none) in place: all defined
+        for buffer in (slot.h, slot.x):
+            if buffer is not None:
+                nisa.memset(dst=buffer, value=0.0, engine=nisa.engine.gpsimd)
+        slots.append(slot)
+    row0, R = mine[0]
+    ahead = _uneven_statistics(plan, s, hbm, resident, slots[0], row0, R, R0, F, last)
+    for t in range(len(mine)):
+        current = ahead
+        if t + 1 < len(mine):
+            row0, R = mine[t + 1]
+            slot = slots[(t + 1) % SPLIT_SLOTS]
+            ahead = _uneven_statistics(plan, s, hbm, resident, slot, row0, R, R0, F, last)
+        row0, R = mine[t]
+        y_tile = _split_output(
+            plan, None, resident, slots[t % SPLIT_SLOTS], current, 0, parts, None
+        )
+        if plan.result_dtype != plan.out_dtype:
+            converted = steps.sbuf(y_tile.shape, plan.out_dtype)
+            nisa.tensor_copy(dst=converted, src=y_tile)
+            y_tile = converted
+        _uneven_blocks(hbm.y, y_tile, row0, R, R0, s, F, last, True)
+
+
+def _uneven_blocks(tensor, tile, row0, R, R0, s, F, last, store):
+    """DMA rows ``row0 … row0 + R − 1`` of the HBM ``tensor`` into (or, with ``store``, out
+    of) the uneven layout's ``tile``: the F-wide segments as one (R, s − 1, F) access
+    pattern (``NkiTensor.ap``, "analogous to torch.as_strided":
+    nki/api/nki/language/__init__.py@81ce03ae L486-509; ``dma_copy`` needs only equal
+    element counts, nki/api/nki/isa/__init__.py@81ce03ae L289), the last segments as a
+    column slice."""
+    N = tensor.shape[1]
+    segments = tensor.ap(pattern=[[N, R], [F, s - 1], [1, F]], offset=row0 * N)
+    tails = tensor[row0 : row0 + R, (s - 1) * F : N]
+    full = tile[0 : R * (s - 1), :]
+    short = tile[R0 * (s - 1) : R0 * (s - 1) + R, 0:last]
+    if store:
+        nisa.dma_copy(dst=segments, src=full)
+        nisa.dma_copy(dst=tails, src=short)
+    else:
+        nisa.dma_copy(dst=full, src=segments)
+        nisa.dma_copy(dst=short, src=tails)
+
+
+def _uneven_weights(vector_hbm, s, F, last, R0, dtype, offset=0.0):
+    """The weight (or bias) of the uneven layout for R₀ rows, converted to ``dtype`` (+
+    offset), −0 made +0 (``steps.signed_zeros_positive``), zero in the pad: read once per
+    row by two DMAs from stride-0 views (``NkiTensor.broadcast``:
+    nki/api/nki/language/__init__.py@81ce03ae L244-262; a stride-0 ``ap`` pair as AWS's
+    nki-library@d2ad3a5 src/nkilib_src/nkilib/core/moe/moe_cte/moe_cte_mx_utils.py L709)."""
+    N = vector_hbm.shape[0]
+    parts = R0 * s
+    rows = steps.sbuf((parts, F), dtype)
+    converts = offset or vector_hbm.dtype != dtype
+    staged = rows
+    if converts:
+        staged = steps.sbuf((parts, F), vector_hbm.dtype)
+    nisa.memset(dst=staged, value=0.0, engine=nisa.engine.gpsimd)
+    segments = vector_hbm.ap(pattern=[[0, R0], [F, s - 1], [1, F]], offset=0)
+    tails = vector_hbm.reshape((1, N))[:, (s - 1) * F : N].broadcast(0, R0)
+    nisa.dma_copy(dst=staged[0 : R0 * (s - 1), :], src=segments)
+    nisa.dma_copy(dst=staged[R0 * (s - 1) : parts, 0:last], src=tails)
+    if offset:
+        nisa.tensor_scalar(dst=rows, data=staged, op0=nl.add, operand0=offset)
+    elif converts:
+        nisa.tensor_copy(dst=rows, src=staged)
+    steps.signed_zeros_positive(rows)
+    return rows
+
+
+def _uneven_statistics(plan, s, hbm, resident, slot, row0, R, R0, F, last):
+    """Load rows ``row0 … row0 + R − 1`` into ``slot`` (uneven layout, :func:`_uneven_rows`),
+    store their rstd and return the (R₀·s, 1) PSUM column of each partition's rstd."""
+    M, N = hbm.x.shape
+    parts = R0 * s
+    h_tile = slot.h[:parts]
+    nisa.memset(dst=h_tile[:, last:F], value=0.0, engine=nisa.engine.gpsimd)
+    if hbm.residual is None:
+        _uneven_blocks(hbm.x, h_tile, row0, R, R0, s, F, last, False)
+    else:
+        x_tile = slot.x[:parts]
+        nisa.memset(dst=x_tile[:, last:F], value=0.0, engine=nisa.engine.gpsimd)
+        _uneven_blocks(hbm.residual, h_tile, row0, R, R0, s, F, last, False)
+        _uneven_blocks(hbm.x, x_tile, row0, R, R0, s, F, last, False)
+        nisa.tensor_tensor(dst=h_tile, data1=x_tile, data2=h_tile, op=nl.add)
+        _uneven_blocks(hbm.h, h_tile, row0, R, R0, s, F, last, True)
+    if plan.squares_in == "product":
+        squares = slot.product
+    elif plan.squares_in == "y":
+        squares = slot.y
+    else:
+        squares = slot.squares
+
+    # ACT: Σh² per segment; PE: transposed to one row; DVE: into segment order per row
+    # (the F-wide segments, then the last), each row's s sums added in that order.
+    segment_sq = steps.sbuf((parts, 1), nl.float32)
+    nisa.activation_reduce(
+        dst=squares[:parts], op=nl.square, data=h_tile, reduce_op=nl.add, reduce_res=segment_sq
+    )
+    sums = nl.ndarray((1, parts), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(
+        dst=sums,
+        stationary=segment_sq,
+        moving=resident.ident_f32[:parts, :parts],
+        is_transpose=True,
+    )
+    ordered = steps.sbuf((1, R * s), nl.float32)
+    by_row = ordered.reshape((1, R, s))
+    nisa.tensor_copy(
+        dst=by_row[:, :, 0 : s - 1], src=sums[:, 0 : R * (s - 1)].reshape((1, R, s - 1))
+    )
+    nisa.tensor_copy(
+        dst=by_row[:, :, s - 1 : s],
+        src=sums[:, R0 * (s - 1) : R0 * (s - 1) + R].reshape((1, R, 1)),
+    )
+    row_sq = steps.sbuf((1, R), nl.float32)
+    nisa.tensor_reduce(dst=row_sq, op=nl.add, data=by_row, axis=2)
+    rstd_row = steps.rstd_on_gpsimd(row_sq, resident.eps, N, True)
+    nisa.dma_copy(dst=hbm.rstd.reshape((1, M))[:, row0 : row0 + R], src=rstd_row)
+    # each partition's rstd in a row (GpSimd, from broadcast views), transposed by PE
+    repeated = steps.sbuf((1, parts), nl.float32)
+    if R < R0:
+        nisa.memset(dst=repeated, value=0.0, engine=nisa.engine.gpsimd)
+    nisa.tensor_copy(
+        dst=repeated[:, 0 : R * (s - 1)].reshape((1, R, s - 1)),
+        src=rstd_row.expand_dim(2).broadcast(2, s - 1),
+        engine=nisa.engine.gpsimd,
+    )
+    nisa.tensor_copy(
+        dst=repeated[:, R0 * (s - 1) : R0 * (s - 1) + R], src=rstd_row, engine=nisa.engine.gpsimd
+    )
+    column = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(
+        dst=column, stationary=repeated, moving=resident.ident_f32[:1, :1], is_transpose=True
+    )
+    return column

@@ -27,7 +27,9 @@ from nki_rmsnorm.plan.forward import (
     RSQRT_PRESCALE,
     RSQRT_ROOT_SCALE,
     RSQRT_SPLIT,
+    group_width,
 )
+from nki_rmsnorm.plan.kernel_assert import kernel_assert
 
 
 def sbuf(shape, dtype):
@@ -74,6 +76,55 @@ def store_y(plan, y_dst, y_tile):
         nisa.tensor_copy(dst=converted, src=y_tile)
         y_tile = converted
     nisa.dma_copy(dst=y_dst, src=y_tile)
+
+
+def store_rows_y(plan, views, first, count, y_tile):
+    """Store y of a tile holding rows ``first`` … ``first + count`` of ``views`` (each whole
+    rows of y, or whole rows' segments, in row-major order). With ``views.y_transposed``
+    (P, M, K = N / P), rmsnorm_tkg's layout: ``y_t[p, m, k] = y[m, p·K + k]``
+    (nki-library@d2ad3a5 src/nkilib_src/nkilib/core/subkernels/rmsnorm_tkg.py L58-L86, one
+    core's H), the same tile goes out through one DMA whose HBM access pattern walks rows,
+    partitions and K-element runs: the DMA pairs elements in order and needs only equal
+    counts (nki/api/nki/isa/__init__.py@81ce03ae L289), so y is written once, not
+    stored and transposed afterwards."""
+    if views.y_transposed is None:
+        store_y(plan, views.y[first : first + count, :], y_tile)
+        return
+    P, M, K = views.y_transposed.shape
+    N = P * K
+    width = y_tile.shape[1]
+    kernel_assert(
+        (first * width) % N == 0 and (count * width) % N == 0,
+        f"a transposed y is stored by whole rows; this tile holds {count} x {width} elements",
+    )
+    row0 = first * width // N
+    rows = count * width // N
+    dst = views.y_transposed.ap(pattern=[[K, rows], [M * K, P], [1, K]], offset=row0 * K)
+    store_y(plan, dst, y_tile)
+
+
+def store_columns_y(plan, hbm, row0, row1, c0, c1, y_chunk):
+    """Store y of rows ``row0 … row1`` and columns ``c0 … c1`` ("long", "two_pass" chunks);
+    with ``hbm.y_transposed`` (:func:`store_rows_y`'s layout) the chunk's columns split at
+    the K-element runs: a partial run at each end (one DMA each) and the whole runs between
+    (one DMA)."""
+    y_t = hbm.y_transposed
+    if y_t is None:
+        store_y(plan, hbm.y[row0:row1, c0:c1], y_chunk)
+        return
+    P, M, K = y_t.shape
+    rows = row1 - row0
+    first_whole = min(c1, (c0 + K - 1) // K * K)
+    last_whole = max(first_whole, c1 // K * K)
+    pieces = [(c0, first_whole), (first_whole, last_whole), (last_whole, c1)]
+    for a, b in pieces:
+        if b > a:
+            if a % K == 0 and b % K == 0:
+                pattern = [[K, rows], [M * K, (b - a) // K], [1, K]]
+            else:  # within one run
+                pattern = [[K, rows], [1, b - a]]
+            offset = (a // K) * M * K + row0 * K + a % K
+            store_y(plan, y_t.ap(pattern=pattern, offset=offset), y_chunk[:, a - c0 : b - c0])
 
 
 def identity(parts, dtype):
@@ -676,11 +727,33 @@ def grouped_sum(squares, h, groups, sum_sq):
     """Σh² of each partition's row ``h`` (parts, n) into ``sum_sq`` (parts, 1), grouped
     (``nki_rmsnorm.plan.forward.GROUP_MIN_COLUMNS``): ACT Σ of each of the ``groups``
     column groups (the squares go to ``squares``, discarded), DVE their sum in group order:
-    the instructions the "split" regime runs on a row's segments."""
+    the instructions the "split" regime runs on a row's segments. Odd n: the last group is
+    narrower (``group_width``) and is summed, as the "split" regime sums it, over its
+    columns copied (GpSimd) into ``width`` zero-padded columns: the first ones of the
+    squares tile where it holds h exactly (``squares_hold_h``; that group then goes first,
+    before the others' squares overwrite them), else a tile of its own."""
     parts, n = h.shape
-    width = n // groups
+    width = group_width(n, groups)
+    last = n - (groups - 1) * width
     sums = sbuf((parts, groups), nl.float32)
-    for g in range(groups):
+    full = groups
+    if last < width:
+        full = groups - 1
+        if squares.dtype == h.dtype or squares.dtype == nl.float32:
+            padded = squares[:, 0:width]
+            dst = padded
+        else:
+            padded = sbuf((parts, width), h.dtype)
+            # the squares are discarded; bf16 holds any square's exponent
+            dst = sbuf((parts, width), nl.bfloat16)
+        nisa.memset(dst=padded[:, last:width], value=0.0, engine=nisa.engine.gpsimd)
+        nisa.tensor_copy(
+            dst=padded[:, 0:last], src=h[:, full * width : n], engine=nisa.engine.gpsimd
+        )
+        nisa.activation_reduce(
+            dst=dst, op=nl.square, data=padded, reduce_op=nl.add, reduce_res=sums[:, full:groups]
+        )
+    for g in range(full):
         columns = slice(g * width, (g + 1) * width)
         nisa.activation_reduce(
             dst=squares[:, columns],

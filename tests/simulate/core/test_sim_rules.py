@@ -659,6 +659,9 @@ def test_allocated_kernels_rules(rng):
             buf[...] = nl.exp(buf)
         elif violation == "transpose":
             nisa.nc_transpose(buf[0:64, 0:64])
+        elif violation == "private hbm":  # known issues L47-L55
+            scratch = nl.ndarray((128, 64), nl.float32, buffer=nl.private_hbm)
+            nl.store(scratch, value=buf)
         else:
             buf[...] = nisa.activation(op=nl.exp, data=buf, bias=zero)
         nl.store(out, value=buf)
@@ -672,7 +675,19 @@ def test_allocated_kernels_rules(rng):
     rejects(
         "err_transpose_on_tensor_engine_not_allowed_in_allocated_kernel", kernel, x, "transpose"
     )
+    rejects("err_non_io_hbm_tensor_in_allocated_kernel", kernel, x, "private hbm")
     np.testing.assert_allclose(run(kernel, x, "legal"), np.exp(x.astype(np.float64)), rtol=1e-6)
+
+    def returns_one_of_two_outputs(x):
+        out = nl.ndarray((128, 64), nl.float32, buffer=nl.shared_hbm)
+        spare = nl.ndarray((128, 64), nl.float32, buffer=nl.shared_hbm)
+        buf = nl.ndarray((128, 64), nl.float32, buffer=ncc.sbuf.mod_alloc(base_addr=0))
+        buf[...] = nl.load(x)
+        nl.store(out, value=buf)
+        nl.store(spare, value=buf)
+        return out
+
+    rejects("err_non_io_hbm_tensor_in_allocated_kernel", returns_one_of_two_outputs, x)
 
 
 def test_while_loops_enter_unconditionally(rng):

@@ -1,10 +1,11 @@
 """Every construct the legacy docs (aws-neuron-sdk@8a38e733 ``general/nki/``) call illegal,
 as a kernel the simulator must reject, next to its legal twin, which must run. Sources: the
 errors manual (``api/nki.errors.rst``, "E Lnn"), the known issues (``nki_known_issues.rst``,
-"K Lnn") and the per-instruction rules of the ISA reference (``api/nki/isa/__init__.py``,
-"I Lnn"). Each case names the line it comes from; the error-manual cases that have their own
-test elsewhere (scoping, control flow, annotations, indexing) are listed in
-``docs/aws_code_vs_docs.md`` with that test."""
+"K Lnn"), the per-instruction rules of the ISA reference (``api/nki/isa/__init__.py``,
+"I Lnn") and the language reference (``api/nki/language/__init__.py``, "L Lnn"). Each case
+names the line it comes from; the error-manual cases that have their own test elsewhere
+(scoping, control flow, annotations, indexing) are listed in ``docs/aws_code_vs_docs.md``
+with that test."""
 
 from __future__ import annotations
 
@@ -598,6 +599,316 @@ def tensor_scalar_bitvec_pair(x):
     return out
 
 
+def select_reduce_int32_result(x):  # I L1279: reduce_res of float type
+    dst = nl.zeros((128, 512), dtype=nl.float32)
+    res = nl.zeros((128, 1), dtype=nl.int32)
+    pred = nisa.memset((128, 512), 1, dtype=nl.uint8)
+    nisa.select_reduce(
+        dst=dst,
+        predicate=pred,
+        on_true=nl.load(x),
+        on_false=0.0,
+        reduce_res=res,
+        reduce_cmd=nisa.reduce_cmd.reset_reduce,
+        reduce_op=np.max,
+    )
+    result = dst
+    out = nl.ndarray(result.shape, dtype=result.dtype, buffer=nl.shared_hbm)
+    nl.store(out, value=result)
+    return out
+
+
+def select_reduce_wide_result(x):  # I L1278, L1308: reduce_res of shape (P, 1)
+    dst = nl.zeros((128, 512), dtype=nl.float32)
+    res = nl.zeros((128, 2), dtype=nl.float32)
+    pred = nisa.memset((128, 512), 1, dtype=nl.uint8)
+    nisa.select_reduce(
+        dst=dst,
+        predicate=pred,
+        on_true=nl.load(x),
+        on_false=0.0,
+        reduce_res=res,
+        reduce_cmd=nisa.reduce_cmd.reset_reduce,
+        reduce_op=np.max,
+    )
+    result = res
+    out = nl.ndarray(result.shape, dtype=result.dtype, buffer=nl.shared_hbm)
+    nl.store(out, value=result)
+    return out
+
+
+def select_reduce_fp16_on_false(x):  # I L1275: a scalar on_false is float32
+    dst = nl.zeros((128, 512), dtype=nl.float32)
+    pred = nisa.memset((128, 512), 1, dtype=nl.uint8)
+    nisa.select_reduce(dst=dst, predicate=pred, on_true=nl.load(x), on_false=np.float16(0.0))
+    result = dst
+    out = nl.ndarray(result.shape, dtype=result.dtype, buffer=nl.shared_hbm)
+    nl.store(out, value=result)
+    return out
+
+
+def select_reduce_fp32_on_false(x):
+    dst = nl.zeros((128, 512), dtype=nl.float32)
+    pred = nisa.memset((128, 512), 1, dtype=nl.uint8)
+    nisa.select_reduce(dst=dst, predicate=pred, on_true=nl.load(x), on_false=np.float32(0.0))
+    result = dst
+    out = nl.ndarray(result.shape, dtype=result.dtype, buffer=nl.shared_hbm)
+    nl.store(out, value=result)
+    return out
+
+
+def activation_reduce_wide_result(x):  # I L211-212, L246: reduce_res of shape (P, 1)
+    res = nl.zeros((128, 2), dtype=nl.float32)
+    t = nisa.activation_reduce(op=nl.exp, data=nl.load(x), reduce_op=np.add, reduce_res=res)
+    result = nl.add(t, res[:, 0:1])
+    out = nl.ndarray(result.shape, dtype=result.dtype, buffer=nl.shared_hbm)
+    nl.store(out, value=result)
+    return out
+
+
+def tensor_scalar_reduce_wide_result(x):  # I L1725-1726, L1751
+    res = nl.zeros((128, 2), dtype=nl.float32)
+    nisa.tensor_scalar_reduce(
+        data=nl.load(x), op0=np.multiply, operand0=2.0, reduce_op=np.add, reduce_res=res
+    )
+    result = res
+    out = nl.ndarray(result.shape, dtype=result.dtype, buffer=nl.shared_hbm)
+    nl.store(out, value=result)
+    return out
+
+
+def scan_bitvec_operators(x):  # I L1872-1873, L1898-1899: arithmetic operators only
+    a = nl.load(x, dtype=nl.int32)
+    result = nisa.tensor_tensor_scan(a, a, 0, np.bitwise_and, np.bitwise_or)
+    out = nl.ndarray(result.shape, dtype=result.dtype, buffer=nl.shared_hbm)
+    nl.store(out, value=result)
+    return out
+
+
+def scan_arithmetic_operators_on_integers(x):
+    a = nl.load(x, dtype=nl.int32)
+    result = nisa.tensor_tensor_scan(a, a, 0, np.maximum, np.add)
+    out = nl.ndarray(result.shape, dtype=result.dtype, buffer=nl.shared_hbm)
+    nl.store(out, value=result)
+    return out
+
+
+def scan_fp16_initial(x):  # I L1860-1862: a scalar initial is float32
+    a = nl.load(x)
+    result = nisa.tensor_tensor_scan(a, a, np.float16(0.0), np.multiply, np.add)
+    out = nl.ndarray(result.shape, dtype=result.dtype, buffer=nl.shared_hbm)
+    nl.store(out, value=result)
+    return out
+
+
+def scan_fp32_initial(x):
+    a = nl.load(x)
+    result = nisa.tensor_tensor_scan(a, a, np.float32(0.0), np.multiply, np.add)
+    out = nl.ndarray(result.shape, dtype=result.dtype, buffer=nl.shared_hbm)
+    nl.store(out, value=result)
+    return out
+
+
+def tensor_scalar_operand1_without_op1(x):  # I L1646: both None when unused
+    result = nisa.tensor_scalar(nl.load(x), np.add, 3.0, operand1=2.0)
+    out = nl.ndarray(result.shape, dtype=result.dtype, buffer=nl.shared_hbm)
+    nl.store(out, value=result)
+    return out
+
+
+def tensor_scalar_two_operators(x):
+    result = nisa.tensor_scalar(nl.load(x), np.add, 3.0, op1=np.multiply, operand1=2.0)
+    out = nl.ndarray(result.shape, dtype=result.dtype, buffer=nl.shared_hbm)
+    nl.store(out, value=result)
+    return out
+
+
+def affine_select_int32_tile(x):  # I L282-283: float or 8/16-bit integer tiles
+    i, j = nl.mgrid[0:128, 0:512]
+    result = nisa.affine_select(i > j, nl.load(x, dtype=nl.int32), np.float32(-1.0))
+    out = nl.ndarray(result.shape, dtype=result.dtype, buffer=nl.shared_hbm)
+    nl.store(out, value=result)
+    return out
+
+
+def affine_select_int16_tile(x):
+    i, j = nl.mgrid[0:128, 0:512]
+    result = nisa.affine_select(i > j, nl.load(x, dtype=nl.int16), np.float32(-1.0))
+    out = nl.ndarray(result.shape, dtype=result.dtype, buffer=nl.shared_hbm)
+    nl.store(out, value=result)
+    return out
+
+
+def dma_transpose_hwdge(x):  # I L483: HWDGE only on NeuronCore-v3+
+    result = nisa.dma_transpose(x[0:32, 0:32], dge_mode=nisa.dge_mode.hwdge)
+    out = nl.ndarray(result.shape, dtype=result.dtype, buffer=nl.shared_hbm)
+    nl.store(out, value=result)
+    return out
+
+
+def max8_six_dimensional(x):  # I L663: the source is up to 5-dimensional
+    result = nisa.max8(src=nl.load(x.reshape((128, 2, 2, 2, 2, 32))))
+    out = nl.ndarray(result.shape, dtype=result.dtype, buffer=nl.shared_hbm)
+    nl.store(out, value=result)
+    return out
+
+
+def max8_five_dimensional(x):
+    result = nisa.max8(src=nl.load(x.reshape((128, 2, 2, 4, 32))))
+    out = nl.ndarray(result.shape, dtype=result.dtype, buffer=nl.shared_hbm)
+    nl.store(out, value=result)
+    return out
+
+
+def find_index8_four_dimensional_vals(x):  # I L735-736: vals up to 3-dimensional
+    data = nl.load(x)
+    result = nisa.nc_find_index8(data=data, vals=nl.load(x[:, 0:8]).reshape((128, 2, 2, 2)))
+    out = nl.ndarray(result.shape, dtype=result.dtype, buffer=nl.shared_hbm)
+    nl.store(out, value=result)
+    return out
+
+
+def find_index8_three_dimensional_vals(x):
+    data = nl.load(x)
+    result = nisa.nc_find_index8(data=data, vals=nl.load(x[:, 0:8]).reshape((128, 2, 4)))
+    out = nl.ndarray(result.shape, dtype=result.dtype, buffer=nl.shared_hbm)
+    nl.store(out, value=result)
+    return out
+
+
+def shuffle_from_partition_16(x):  # I L980-989: 32 active partitions start at 0/32/64/96
+    dst = nl.zeros((128, 512), dtype=nl.float32)
+    src = nl.load(x)
+    nisa.nc_stream_shuffle(src=src[16:48, :], dst=dst[0:32, :], shuffle_mask=list(range(32)))
+    result = dst
+    out = nl.ndarray(result.shape, dtype=result.dtype, buffer=nl.shared_hbm)
+    nl.store(out, value=result)
+    return out
+
+
+def shuffle_from_partition_32(x):
+    dst = nl.zeros((128, 512), dtype=nl.float32)
+    src = nl.load(x)
+    nisa.nc_stream_shuffle(src=src[32:64, :], dst=dst[0:32, :], shuffle_mask=list(range(32)))
+    result = dst
+    out = nl.ndarray(result.shape, dtype=result.dtype, buffer=nl.shared_hbm)
+    nl.store(out, value=result)
+    return out
+
+
+def _range_select(x, dtype=nl.float32, range_start=0):
+    bound = nl.zeros((128, 1), dtype=nl.float32)
+    result = nisa.range_select(
+        on_true_tile=nl.load(x, dtype=dtype),
+        comp_op0=nl.greater_equal,
+        comp_op1=nl.less,
+        bound0=bound,
+        bound1=bound,
+        range_start=range_start,
+    )
+    return result
+
+
+def range_select_int32_tile(x):  # I L1128: on_true_tile of a float dtype
+    result = _range_select(x, dtype=nl.int32)
+    out = nl.ndarray(result.shape, dtype=result.dtype, buffer=nl.shared_hbm)
+    nl.store(out, value=result)
+    return out
+
+
+def range_select_bf16_tile(x):
+    result = _range_select(x, dtype=nl.bfloat16)
+    out = nl.ndarray(result.shape, dtype=result.dtype, buffer=nl.shared_hbm)
+    nl.store(out, value=result)
+    return out
+
+
+def range_select_float_start(x):  # I L1161-1162: range_start a compile-time integer
+    result = _range_select(x, range_start=1.5)
+    out = nl.ndarray(result.shape, dtype=result.dtype, buffer=nl.shared_hbm)
+    nl.store(out, value=result)
+    return out
+
+
+def range_select_start_past_2_24(x):  # I L1130-1131: start + index within 2^24
+    result = _range_select(x, range_start=1 << 24)
+    out = nl.ndarray(result.shape, dtype=result.dtype, buffer=nl.shared_hbm)
+    nl.store(out, value=result)
+    return out
+
+
+def range_select_integer_start(x):
+    result = _range_select(x, range_start=4)
+    out = nl.ndarray(result.shape, dtype=result.dtype, buffer=nl.shared_hbm)
+    nl.store(out, value=result)
+    return out
+
+
+def loop_bound_from_tensor(x):  # E L285-294: no control flow on tensor values
+    out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+    count = nl.load(x[0:1, 0:1], dtype=nl.int32)
+    for _i in nl.sequential_range(count):
+        nl.store(out, value=nl.load(x))
+    return out
+
+
+def loop_bound_constant(x):
+    out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+    for _i in nl.sequential_range(2):
+        nl.store(out, value=nl.load(x))
+    return out
+
+
+def column_indexed_with_one_index(x):  # K L28-29: index [N, 1] buffers with both indices
+    column = nl.zeros((128, 1), dtype=nl.float32, buffer=nl.sbuf)
+    result = nl.copy(column[0:128])
+    out = nl.ndarray(result.shape, dtype=result.dtype, buffer=nl.shared_hbm)
+    nl.store(out, value=result)
+    return out
+
+
+def column_indexed_with_both_indices(x):
+    column = nl.zeros((128, 1), dtype=nl.float32, buffer=nl.sbuf)
+    result = nl.copy(column[0:128, 0:1])
+    out = nl.ndarray(result.shape, dtype=result.dtype, buffer=nl.shared_hbm)
+    nl.store(out, value=result)
+    return out
+
+
+def gather_flattened_five_dimensional(x):  # L L667: data and indices 2- to 4-dimensional
+    indices = nl.zeros((128, 2, 2, 2, 2), dtype=nl.uint32)
+    result = nl.gather_flattened(nl.load(x.reshape((128, 2, 2, 4, 32))), indices)
+    out = nl.ndarray((128, 16), dtype=result.dtype, buffer=nl.shared_hbm)
+    nl.store(out, value=result.reshape((128, 16)))
+    return out
+
+
+def gather_flattened_four_dimensional(x):
+    indices = nl.zeros((128, 2, 2, 4), dtype=nl.uint32)
+    result = nl.gather_flattened(nl.load(x.reshape((128, 2, 8, 32))), indices)
+    out = nl.ndarray((128, 16), dtype=result.dtype, buffer=nl.shared_hbm)
+    nl.store(out, value=result.reshape((128, 16)))
+    return out
+
+
+def indirect_load_with_mgrid(x):  # K L31-32: nl.arange for indirect access, not nl.mgrid
+    rows = nisa.memset((128, 1), 3, dtype=nl.int32)
+    i_p, i_f = nl.mgrid[0:128, 0:512]
+    result = nl.load(x[rows[i_p, 0], i_f])
+    out = nl.ndarray(result.shape, dtype=result.dtype, buffer=nl.shared_hbm)
+    nl.store(out, value=result)
+    return out
+
+
+def indirect_load_with_arange(x):
+    rows = nisa.memset((128, 1), 3, dtype=nl.int32)
+    i_p, i_f = nl.arange(128)[:, None], nl.arange(512)[None, :]
+    result = nl.load(x[rows[i_p, 0], i_f])
+    out = nl.ndarray(result.shape, dtype=result.dtype, buffer=nl.shared_hbm)
+    nl.store(out, value=result)
+    return out
+
+
 CASES = [  # (illegal, legal twin, error key, target or (illegal's, twin's target))
     (activation_bias_int8, activation_bias_bf16, "err_activation_bias_invalid_type", None),
     (activation_scale_fp16, activation_scale_fp32, "err_activation_scale_invalid_type", None),
@@ -669,6 +980,46 @@ CASES = [  # (illegal, legal twin, error key, target or (illegal's, twin's targe
         "err_mixed_operator_kinds",
         None,
     ),
+    (select_reduce_int32_result, select_reduce_max, "err_unsupported_dtype", "trn2"),
+    (select_reduce_wide_result, select_reduce_max, "err_reduce_res_shape", "trn2"),
+    (select_reduce_fp16_on_false, select_reduce_fp32_on_false, "err_unsupported_dtype", "trn2"),
+    (activation_reduce_wide_result, activation_reduce_add_on_v2, "err_reduce_res_shape", None),
+    (
+        tensor_scalar_reduce_wide_result,
+        tensor_scalar_reduce_arithmetic,
+        "err_reduce_res_shape",
+        None,
+    ),
+    (scan_bitvec_operators, scan_arithmetic_operators_on_integers, "err_unsupported_op", None),
+    (scan_fp16_initial, scan_fp32_initial, "err_unsupported_dtype", None),
+    (tensor_scalar_operand1_without_op1, tensor_scalar_two_operators, "err_unused_operand", None),
+    (affine_select_int32_tile, affine_select_int16_tile, "err_unsupported_dtype", None),
+    (dma_transpose_hwdge, dma_transpose_hwdge, "err_dge_mode", ("trn1", "trn2")),
+    (max8_six_dimensional, max8_five_dimensional, "err_exceed_max_supported_dimension", None),
+    (
+        find_index8_four_dimensional_vals,
+        find_index8_three_dimensional_vals,
+        "err_exceed_max_supported_dimension",
+        None,
+    ),
+    (shuffle_from_partition_16, shuffle_from_partition_32, "start_partition", None),
+    (range_select_int32_tile, range_select_bf16_tile, "err_unsupported_dtype", "trn2"),
+    (range_select_float_start, range_select_integer_start, "compiler time integer", "trn2"),
+    (range_select_start_past_2_24, range_select_integer_start, "2\\^24", "trn2"),
+    (loop_bound_from_tensor, loop_bound_constant, "err_dynamic_control_flow_not_supported", None),
+    (
+        column_indexed_with_one_index,
+        column_indexed_with_both_indices,
+        "err_insufficient_indices",
+        None,
+    ),
+    (
+        gather_flattened_five_dimensional,
+        gather_flattened_four_dimensional,
+        "err_exceed_max_supported_dimension",
+        None,
+    ),
+    (indirect_load_with_mgrid, indirect_load_with_arange, "err_indirect_indexing_with_mgrid", None),
 ]
 
 
@@ -681,3 +1032,23 @@ def test_documented_illegal_construct_is_rejected_and_its_twin_runs(illegal, leg
         nki.trace_kernel(illegal, X, target=illegal_target)
     outputs, _ = nki.trace_kernel(legal, X, target=legal_target)
     assert outputs is not None
+
+
+def every_instance_stores_the_whole_output(x):  # E L780-785: instances write their own part
+    out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+    nl.store(out, value=nl.load(x))
+    return out
+
+
+def each_instance_stores_its_half(x):
+    out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+    half = nl.program_id(0) * 256
+    nl.store(out[:, half : half + 256], value=nl.load(x[:, half : half + 256]))
+    return out
+
+
+def test_spmd_instances_writing_one_region_are_rejected_and_their_own_parts_run():
+    with pytest.raises(NKIError, match="err_unexpected_output_dependencies"):
+        nki.trace_kernel(every_instance_stores_the_whole_output, X, target="trn1", grid=(2,))
+    outputs, _ = nki.trace_kernel(each_instance_stores_its_half, X, target="trn1", grid=(2,))
+    np.testing.assert_array_equal(np.asarray(outputs), X)

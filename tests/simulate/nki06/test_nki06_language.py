@@ -540,6 +540,9 @@ A_SET = frozenset({2.0})
 INT_KEYS = {2: 2.0}
 STR_KEYS = {"two": 2.0}
 HUGE = 1 << 40
+HUGE_FLOAT = 1e300  # beyond float32: the guide's values are "32-bit IEEE floating-point" (L146)
+A_COMPLEX = 2 + 0j  # none of the guide's six value types (L141-156)
+FLOAT32_MIN = -3.4028235e38  # AWS spelling (nki-library@d2ad3a5 attention_cte.py L135)
 DTYPE_SIZES = {nl.float32: 4, nl.bfloat16: 2}  # AWS: a module dict keyed by nl dtypes
 
 
@@ -573,6 +576,18 @@ def reads_huge(x):
     return _scaled(x, float(HUGE // HUGE) * 2)  # rule:huge
 
 
+def reads_huge_float(x):
+    return _scaled(x, float(HUGE_FLOAT > 0) * 2)  # rule:huge_float
+
+
+def reads_float32_min(x):
+    return _scaled(x, float(FLOAT32_MIN < 0) * 2)
+
+
+def reads_complex(x):
+    return _scaled(x, A_COMPLEX.real)  # rule:complex_value
+
+
 def reads_numpy_array(x):
     c = nl.load(nl.shared_constant(NUMPY_ARRAY))
     out = nl.ndarray(x.shape, x.dtype, buffer=nl.shared_hbm)
@@ -595,6 +610,9 @@ def test_values_crossing_into_kernel_code():
     _rejects(reads_a_set, "set_value", "frozenset", error=TypeError)
     _rejects(reads_int_keys, "int_keys", "dict keyed by int", error=TypeError)
     _rejects(reads_huge, "huge", "outside 32 bits", error=TypeError)
+    _rejects(reads_huge_float, "huge_float", "beyond the range of 32-bit IEEE", error=TypeError)
+    _rejects(reads_complex, "complex_value", "complex", error=TypeError)
+    _runs(reads_float32_min, 2.0)
     _rejects(reads_numpy_array, "numpy_array", "NumPy array", error=TypeError)
     _runs(reads_nki_dtype, 2.0)
     _runs(reads_str_keys, 2.0)

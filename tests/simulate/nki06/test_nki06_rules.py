@@ -17,6 +17,7 @@ from simulate.core import dtypes as core_dtypes
 from simulate.core.errors import NKITypeError, NKIValueError
 from simulate.nki06 import isa as nisa
 from simulate.nki06 import language as nl
+from simulate.nki06.errors import NkiTypeError, NkiValidationError
 
 
 @pytest.fixture
@@ -200,6 +201,72 @@ def test_gpsimd_tensor_tensor_runs_power_or_integer_arithmetic_only(rng, target)
     np.testing.assert_allclose(
         _tensor_tensor_kernel(nl.add, nisa.engine.vector)(a, b), a + b, rtol=1e-6
     )
+
+
+def _scan_kernel(op0, op1):
+    @nki.jit
+    def kernel(a):
+        out = nl.ndarray(a.shape, a.dtype, buffer=nl.shared_hbm)
+        t = nl.load(a)
+        result = nl.ndarray(a.shape, a.dtype, buffer=nl.sbuf)
+        nisa.tensor_tensor_scan(dst=result, data0=t, data1=t, initial=0, op0=op0, op1=op1)
+        nl.store(out, result)
+        return out
+
+    return kernel
+
+
+def test_tensor_tensor_scan_takes_arithmetic_operators_only(target):
+    """ "Both op0 and op1 can be any binary arithmetic operator" (isa L2028)."""
+    target("trn2")
+    a = np.arange(4 * 8, dtype=np.int32).reshape(4, 8) % 5
+    with pytest.raises(NkiValidationError, match="bitvec operator"):
+        _scan_kernel(nl.bitwise_and, nl.bitwise_or)(a)
+    out = _scan_kernel(nl.maximum, nl.add)(a)
+    expected = np.zeros_like(a)
+    running = np.zeros(4, np.int64)
+    for i in range(8):
+        running = np.maximum(a[:, i], running) + a[:, i]
+        expected[:, i] = running
+    np.testing.assert_array_equal(out, expected)
+
+
+def _range_select_kernel(range_start):
+    @nki.jit
+    def kernel(a, bound):
+        out = nl.ndarray(a.shape, a.dtype, buffer=nl.shared_hbm)
+        result = nl.ndarray(a.shape, a.dtype, buffer=nl.sbuf)
+        b = nl.load(bound)
+        nisa.range_select(
+            dst=result,
+            on_true_tile=nl.load(a),
+            comp_op0=nl.greater_equal,
+            comp_op1=nl.less,
+            bound0=b,
+            bound1=nl.add(b, 4.0),
+            range_start=range_start,
+        )
+        nl.store(out, result)
+        return out
+
+    return kernel
+
+
+def test_range_select_range_start_is_an_integer_inside_2_to_the_24(rng, target):
+    """range_start "must be a compile-time integer" and range_start + the free index stays
+    "within 2^24 range" (isa L2864, L2895-2896)."""
+    target("trn2")
+    a = rng.standard_normal((128, 64)).astype(np.float32)
+    bound = np.full((128, 1), 10.0, np.float32)
+    with pytest.raises(NkiTypeError, match="compile-time integer"):
+        _range_select_kernel(1.5)(a, bound)
+    with pytest.raises(NkiValidationError, match="2\\^24"):
+        _range_select_kernel(1 << 24)(a, bound)
+    out = _range_select_kernel(8)(a, bound)
+    index = 8 + np.arange(64)
+    keep = (index >= 10) & (index < 14)
+    fp32_min = np.finfo(np.float32).min
+    np.testing.assert_array_equal(out, np.where(keep[None, :], a, fp32_min))
 
 
 # --- documented-illegal instruction forms, each next to its legal twin ---------------------------
