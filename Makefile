@@ -58,6 +58,7 @@ run: $(VENV)/.core
 
 lint: venv
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports
 
 # Both legs run even when the first fails; the target fails if either did.
@@ -69,6 +70,7 @@ test:
 
 test-311: venv
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports
 	$(PYTHON) $(PYTEST) -n $(JOBS)
 

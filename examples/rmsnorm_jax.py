@@ -80,25 +80,37 @@ def main() -> None:
         y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, -1, keepdims=True) + eps) * w
         return y.astype(x.dtype)
 
-    print(f"backend: {jax.default_backend()} "
-          f"({'NKI on device' if jax.default_backend() == 'neuron' else 'kernels simulated'});"
-          f" x {shape} {args.dtype}; launch path: {nki_jax.launch_path()}")
+    print(
+        f"backend: {jax.default_backend()} "
+        f"({'NKI on device' if jax.default_backend() == 'neuron' else 'kernels simulated'});"
+        f" x {shape} {args.dtype}; launch path: {nki_jax.launch_path()}"
+    )
 
     # 1. The tutorial's launch: an output-parameter kernel, outputs described by out_shape.
     if nki_call is None:
         print("jax_neuronx.nki_call: not in this Neuron SDK (removed in 2.23), skipped")
     else:
         # nki_call exists in the legacy SDKs only (2.20 - 2.22): the legacy kernels
-        kernel = functools.partial(kernels.kernel("rmsnorm_fwd_out", "legacy"), eps=eps,
-                                   offset=0.0, casting_mode="gemma")
+        kernel = functools.partial(
+            kernels.kernel("rmsnorm_fwd_out", "legacy"), eps=eps, offset=0.0, casting_mode="gemma"
+        )
         x2d = x.reshape(-1, args.hidden)
-        y_call, _ = nki_call(kernel, x2d, w, None,
-                             out_shape=(jax.ShapeDtypeStruct(x2d.shape, x2d.dtype),
-                                        jax.ShapeDtypeStruct(x2d.shape[:1], jnp.float32)))
+        y_call, _ = nki_call(
+            kernel,
+            x2d,
+            w,
+            None,
+            out_shape=(
+                jax.ShapeDtypeStruct(x2d.shape, x2d.dtype),
+                jax.ShapeDtypeStruct(x2d.shape[:1], jnp.float32),
+            ),
+        )
         y_call = y_call.reshape(shape)
-        print(f"nki_call(rmsnorm_fwd_out, x, w, out_shape=...):"
-              f" max |y - reference| = {max_err(y_call, reference(x, w, dy, eps)[0])}, "
-              f"max |y - jnp| = {max_err(y_call, np.asarray(jnp_rms_norm(x, w), np.float64))}")
+        print(
+            f"nki_call(rmsnorm_fwd_out, x, w, out_shape=...):"
+            f" max |y - reference| = {max_err(y_call, reference(x, w, dy, eps)[0])}, "
+            f"max |y - jnp| = {max_err(y_call, np.asarray(jnp_rms_norm(x, w), np.float64))}"
+        )
 
     # 2. The high-level API.
     @jax.jit
@@ -113,11 +125,12 @@ def main() -> None:
 
     print("nki_rmsnorm.jax.rms_norm (jit, vjp):")
     print(f"max |y - reference|        = {max_err(y, y_ref)}")
-    print(f"max |y - jnp|              = "
-          f"{max_err(y, np.asarray(jnp_rms_norm(x, w), np.float64))}")
+    print(f"max |y - jnp|              = {max_err(y, np.asarray(jnp_rms_norm(x, w), np.float64))}")
     print(f"max |dx - reference|       = {max_err(dx, dx_ref)}")
-    print(f"max |dweight - reference|  = {max_err(dw, dw_ref)}"
-          f"  (sum over {args.batch * args.rows} rows)")
+    print(
+        f"max |dweight - reference|  = {max_err(dw, dw_ref)}"
+        f"  (sum over {args.batch * args.rows} rows)"
+    )
 
     def timed(fn, *a):
         jax.block_until_ready(fn(*a))  # compile outside the timing
@@ -126,8 +139,10 @@ def main() -> None:
             jax.block_until_ready(fn(*a))
         return (time.perf_counter() - start) / args.iters * 1e3
 
-    print(f"time per jitted call: forward {timed(forward, x, w):.1f} ms, forward+backward "
-          f"{timed(forward_backward, x, w, dy):.1f} ms ({args.iters} iterations)")
+    print(
+        f"time per jitted call: forward {timed(forward, x, w):.1f} ms, forward+backward "
+        f"{timed(forward_backward, x, w, dy):.1f} ms ({args.iters} iterations)"
+    )
 
 
 if __name__ == "__main__":

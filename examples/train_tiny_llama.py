@@ -98,8 +98,10 @@ def main() -> int:
     for step, (a, b) in enumerate(zip(losses_a, losses_b)):
         print(f"{step:>4}  {a:>20.6f}  {b:>20.6f}  {abs(a - b):>9.2e}")
     worst = max(abs(a - b) for a, b in zip(losses_a, losses_b))
-    print(f"\nmax |loss difference| = {worst:.2e} (tolerance {TOLERANCE:.0e}); "
-          f"loss {losses_a[0]:.3f} -> {losses_a[-1]:.3f}")
+    print(
+        f"\nmax |loss difference| = {worst:.2e} (tolerance {TOLERANCE:.0e}); "
+        f"loss {losses_a[0]:.3f} -> {losses_a[-1]:.3f}"
+    )
     return 0 if worst <= TOLERANCE else 1
 
 

@@ -59,9 +59,21 @@ DECODE_SHAPES = ((1, 4096), (8, 4096), (29, 17389), (64, 8192))
 #: ... and QK-norm heads (tokens × heads rows of head_dim).
 QK_NORM_SHAPES = ((4096, 128), (16384, 128), (8192, 64), (8192, 256))
 #: ``--full``: the sweep docs/bench.json and the README tables come from.
-FULL_SHAPES = DECODE_SHAPES + ((256, 65536), (1024, 32768), (2048, 16384), (4096, 1024),
-                               (4096, 12288), (8192, 2048), (8192, 4096), (8192, 8192),
-                               (16384, 4096)) + QK_NORM_SHAPES
+FULL_SHAPES = (
+    DECODE_SHAPES
+    + (
+        (256, 65536),
+        (1024, 32768),
+        (2048, 16384),
+        (4096, 1024),
+        (4096, 12288),
+        (8192, 2048),
+        (8192, 4096),
+        (8192, 8192),
+        (16384, 4096),
+    )
+    + QK_NORM_SHAPES
+)
 #: The default run: the headline shape (8192 tokens of a 4096-wide model), a decode batch
 #: and the QK-norm heads of 4096 tokens × 32 heads (Qwen3-8B's q_norm), on every target.
 SUBSET_SHAPES = ((8192, 4096), (8, 4096), (16384, 128))
@@ -82,8 +94,14 @@ DEFAULT_TARGETS = ("trn1", "trn2", "trn3")
 #: Added to the default sweep when the kernels are the 0.6 ones: trn2 at LNC=2.
 DEFAULT_LNC2_TARGETS = ("trn2x2",)
 NKI06_MODULES = ("nki_rmsnorm.dialect", "nki_rmsnorm.kernels.nki06")
-DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16",
-          "fp32": "float32", "float32": "float32"}
+DTYPES = {
+    "bf16": "bfloat16",
+    "bfloat16": "bfloat16",
+    "fp16": "float16",
+    "float16": "float16",
+    "fp32": "float32",
+    "float32": "float32",
+}
 EPS = 1e-6
 # Largest error against the float64 reference, in units of the dtype's epsilon times the
 # error's scale: the largest |reference| value for the forward outputs and dweight (≤ 1 ulp
@@ -101,12 +119,13 @@ QUANT_HALF_SPACING = {"float8_e4m3": 2.0**-4, "float8_e4m3fn": 2.0**-4, "float8_
 #: rounding boundary than the float64 one: one bf16 ulp of y, at most one fp8 step.
 MX_QUANT_DTYPE = "float8_e4m3fn_x4"
 MX_TOP_STEP = 2.0**4
-BASELINES = {"fwd": "Neuron RMSNorm tutorial kernel",
-             "fused_add": "tutorial add, then the tutorial RMSNorm kernel",
-             "bwd": "straightforward nl backward (no published kernel)",
-             "quant": "none here: scripts/compare_nkilib.py runs AWS's rmsnorm_quant_kernel",
-             "mx": "none here: scripts/compare_nkilib.py --mx runs AWS's "
-                   "rmsnorm_mx_quantize_tkg"}
+BASELINES = {
+    "fwd": "Neuron RMSNorm tutorial kernel",
+    "fused_add": "tutorial add, then the tutorial RMSNorm kernel",
+    "bwd": "straightforward nl backward (no published kernel)",
+    "quant": "none here: scripts/compare_nkilib.py runs AWS's rmsnorm_quant_kernel",
+    "mx": "none here: scripts/compare_nkilib.py --mx runs AWS's rmsnorm_mx_quantize_tkg",
+}
 
 
 @dataclass
@@ -159,8 +178,9 @@ def parse_shapes(text: str) -> tuple[tuple[int, int], ...]:
     for item in text.split(","):
         match = re.fullmatch(r"\s*(\d+)\s*[xX×]\s*(\d+)\s*", item)
         if not match or int(match[1]) < 1 or int(match[2]) < 1:
-            raise ValueError(f"malformed shape {item!r}: expected MxN with positive integers, "
-                             "e.g. 4096x4096")
+            raise ValueError(
+                f"malformed shape {item!r}: expected MxN with positive integers, e.g. 4096x4096"
+            )
         shapes.append((int(match[1]), int(match[2])))
     return tuple(shapes)
 
@@ -168,8 +188,9 @@ def parse_shapes(text: str) -> tuple[tuple[int, int], ...]:
 def _parse_list(text: str, allowed, what: str) -> tuple[str, ...]:
     items = tuple(s.strip() for s in text.split(",") if s.strip())
     if not items:
-        raise ValueError(f"--{what} {text!r} names no {what}: expected a comma list of "
-                         f"{', '.join(allowed)}")
+        raise ValueError(
+            f"--{what} {text!r} names no {what}: expected a comma list of {', '.join(allowed)}"
+        )
     for item in items:
         if item not in allowed:
             raise ValueError(f"unknown {what} {item!r}: expected one of {', '.join(allowed)}")
@@ -204,9 +225,12 @@ def _reference_fwd(x, weight, residual=None):
     """:func:`reference.rms_norm_fwd` of the case, computed ``_REFERENCE_ROWS`` rows at a
     time: ``(y, rstd)`` or ``(y, h, rstd)``."""
     blocks = [
-        reference.rms_norm_fwd(x[i : i + _REFERENCE_ROWS], weight, EPS,
-                               residual=None if residual is None
-                               else residual[i : i + _REFERENCE_ROWS])
+        reference.rms_norm_fwd(
+            x[i : i + _REFERENCE_ROWS],
+            weight,
+            EPS,
+            residual=None if residual is None else residual[i : i + _REFERENCE_ROWS],
+        )
         for i in range(0, x.shape[0], _REFERENCE_ROWS)
     ]
     return tuple(np.concatenate(parts) for parts in zip(*blocks))
@@ -242,8 +266,9 @@ def _profile(dialect, lnc, kernel, *args, target):
     return outputs, simulate.Profile.from_trace(simulate.nki06.last_trace())
 
 
-def run_case(kind, target, M, N, dtype_name, rng, with_baseline=True, dialect="legacy",
-             lnc=1, cache=None) -> Record:
+def run_case(
+    kind, target, M, N, dtype_name, rng, with_baseline=True, dialect="legacy", lnc=1, cache=None
+) -> Record:
     """Simulate one case with the cost model and check it against the reference; the copy
     and baseline yardsticks come from ``cache`` (a :class:`YardstickCache`) when it has
     them."""
@@ -260,26 +285,41 @@ def run_case(kind, target, M, N, dtype_name, rng, with_baseline=True, dialect="l
     elif kind == "mx":
         packed, prof = _mx_run(lnc, x, weight, target)
     elif kind == "bwd":
-        outputs, prof = _profile(dialect, lnc, rmsnorm_bwd, dy, x, weight, rstd, None, 0.0,
-                                 False, "gemma", target=target)
+        outputs, prof = _profile(
+            dialect, lnc, rmsnorm_bwd, dy, x, weight, rstd, None, 0.0, False, "gemma", target=target
+        )
     else:
         from nki_rmsnorm import kernels
 
-        launch = ((rmsnorm_fwd, x) if residual is None
-                  else (rmsnorm_add_fwd, x, residual))
-        outputs, prof = _profile(dialect, lnc, *launch, weight, None, EPS, 0.0, "gemma",
-                                 kernels.nki_dtype(dtype_name, dialect), target=target)
+        launch = (rmsnorm_fwd, x) if residual is None else (rmsnorm_add_fwd, x, residual)
+        outputs, prof = _profile(
+            dialect,
+            lnc,
+            *launch,
+            weight,
+            None,
+            EPS,
+            0.0,
+            "gemma",
+            kernels.nki_dtype(dtype_name, dialect),
+            target=target,
+        )
     wall = time.perf_counter() - start
-    eps_dtype = float(np.finfo(np.float32).eps) if dtype_name == "float32" else (
-        2.0 ** -8 if dtype_name == "bfloat16" else 2.0 ** -11)
+    eps_dtype = (
+        float(np.finfo(np.float32).eps)
+        if dtype_name == "float32"
+        else (2.0**-8 if dtype_name == "bfloat16" else 2.0**-11)
+    )
     if kind == "quant":
         errors, eps_dtype = _quant_errors(packed, target, x, weight)
     elif kind == "mx":
         errors, eps_dtype = _mx_errors(packed, x, weight)
     elif kind == "bwd":
         want = reference.rms_norm_bwd(dy, x, weight, rstd)
-        errors = [_max_error(outputs[0], want[0], _dx_row_scale(dy, x, weight, rstd)),
-                  _max_error(outputs[1], want[1], _scale(want[1]))]
+        errors = [
+            _max_error(outputs[0], want[0], _dx_row_scale(dy, x, weight, rstd)),
+            _max_error(outputs[1], want[1], _scale(want[1])),
+        ]
     else:
         want = _reference_fwd(x, weight, residual)
         errors = [_max_error(o, w, _scale(w)) for o, w in zip(outputs[:-1], want[:-1])]
@@ -288,11 +328,17 @@ def run_case(kind, target, M, N, dtype_name, rng, with_baseline=True, dialect="l
     cache = cache or YardstickCache(None)
     case_key = (kind, target, lnc, M, N, dtype_name, dialect)
     copy_us = cache.get_or_compute(
-        "copy", case_key, lambda: _copy_us(kind, target, x, residual, dy, dialect, lnc))
-    baseline_us = cache.get_or_compute(
-        "baseline", case_key,
-        lambda: _baseline_us(kind, target, x, weight, residual, dy, rstd),
-    ) if with_baseline else None
+        "copy", case_key, lambda: _copy_us(kind, target, x, residual, dy, dialect, lnc)
+    )
+    baseline_us = (
+        cache.get_or_compute(
+            "baseline",
+            case_key,
+            lambda: _baseline_us(kind, target, x, weight, residual, dy, rstd),
+        )
+        if with_baseline
+        else None
+    )
     hbm = prof.hbm_read_bytes + prof.hbm_write_bytes
     minimal = minimal_hbm_bytes(kind, M, N, dtype.itemsize)
     busiest = max(("pe", "act", "dve", "pool"), key=lambda e: prof.engine_busy_us[e])
@@ -300,16 +346,32 @@ def run_case(kind, target, M, N, dtype_name, rng, with_baseline=True, dialect="l
     roofline_gbps = table.hbm_share_gbps * (table.hbm_cores_per_pool if lnc > 1 else 1)
     gbps = minimal / (prof.latency_us * 1e3)
     return Record(
-        kind=kind, target=target, M=M, N=N, dtype=dtype_name, modeled_us=prof.latency_us,
-        gbps=gbps, mbu=gbps / roofline_gbps, busiest_engine=busiest,
+        kind=kind,
+        target=target,
+        M=M,
+        N=N,
+        dtype=dtype_name,
+        modeled_us=prof.latency_us,
+        gbps=gbps,
+        mbu=gbps / roofline_gbps,
+        busiest_engine=busiest,
         busiest_engine_util=prof.engine_busy_us[busiest] / prof.latency_us,
         dma_busy=prof.engine_busy_us["dma"] / prof.latency_us,
-        hbm_bytes=hbm, min_hbm_bytes=minimal, hbm_bytes_ratio=hbm / minimal, sim_wall_s=wall,
-        copy_us=copy_us, copy_ratio=prof.latency_us / copy_us, baseline=BASELINES[kind],
+        hbm_bytes=hbm,
+        min_hbm_bytes=minimal,
+        hbm_bytes_ratio=hbm / minimal,
+        sim_wall_s=wall,
+        copy_us=copy_us,
+        copy_ratio=prof.latency_us / copy_us,
+        baseline=BASELINES[kind],
         baseline_us=baseline_us,
         speedup_vs_baseline=baseline_us / prof.latency_us if baseline_us else None,
-        correct=bool(correct), max_error=max_error, dialect=dialect, lnc=lnc,
-        **_floor_fields(prof))
+        correct=bool(correct),
+        max_error=max_error,
+        dialect=dialect,
+        lnc=lnc,
+        **_floor_fields(prof),
+    )
 
 
 def quant_dtype_for(target: str) -> str:
@@ -323,8 +385,22 @@ def quant_launch_args(x, weight, quant_dtype: str):
     nki-library's packed ``[..., N + 4]`` layout, as AWS's ``rmsnorm_quant_kernel`` writes."""
     from nki_rmsnorm import kernels
 
-    return (x, None, weight, None, EPS, kernels.nki_dtype(quant_dtype, "nki06"), "row", 128,
-            None, 1e-6, False, False, True, False)
+    return (
+        x,
+        None,
+        weight,
+        None,
+        EPS,
+        kernels.nki_dtype(quant_dtype, "nki06"),
+        "row",
+        128,
+        None,
+        1e-6,
+        False,
+        False,
+        True,
+        False,
+    )
 
 
 def _quant_run(target, lnc, x, weight, dialect="nki06"):
@@ -370,8 +446,14 @@ def _mx_run(lnc, x, weight, target):
     from nki_rmsnorm import kernels
 
     kernel = kernels.kernel("rmsnorm_mx_quant", "nki06")
-    args = (x, None, weight, EPS, kernels.nki_dtype(MX_QUANT_DTYPE, "nki06"),
-            kernels.nki_dtype("float8_e8m0fnu", "nki06"))
+    args = (
+        x,
+        None,
+        weight,
+        EPS,
+        kernels.nki_dtype(MX_QUANT_DTYPE, "nki06"),
+        kernels.nki_dtype("float8_e8m0fnu", "nki06"),
+    )
     out, prof = _profile("nki06", lnc, kernel, *args, target=target)
     y_q = np.ascontiguousarray(np.asarray(out[0])).view(np.uint32)
     return (y_q, np.ascontiguousarray(np.asarray(out[1])).view(np.uint8)), prof
@@ -408,8 +490,10 @@ def _mx_copy_views(x, row_bytes):
     width = max([k for k in range(1, max(1, row_bytes // 33) + 1) if unit % k == 0])
     rows = unit // width
     fp8 = ml_dtypes.float8_e4m3fn
-    return (np.zeros((rows, 33 * width), fp8),
-            np.zeros((rows, (32 * x.dtype.itemsize - 33) * width), fp8))
+    return (
+        np.zeros((rows, 33 * width), fp8),
+        np.zeros((rows, (32 * x.dtype.itemsize - 33) * width), fp8),
+    )
 
 
 def _floor_fields(prof) -> dict:
@@ -417,8 +501,10 @@ def _floor_fields(prof) -> dict:
     import simulate.cost
 
     floors = simulate.cost.engine_floors(prof.schedule)
-    return {"floor_us": {k: round(v, 3) for k, v in floors.items()},
-            "binds": simulate.cost.binding_resource(floors)}
+    return {
+        "floor_us": {k: round(v, 3) for k, v in floors.items()},
+        "binds": simulate.cost.binding_resource(floors),
+    }
 
 
 def _max_error(got, want, scale) -> float:
@@ -458,9 +544,12 @@ def _copy_us(kind, target, x, residual, dy, dialect="legacy", lnc=1) -> float:
     from nki_rmsnorm.kernels.baseline import COPY_ROW_BYTES
 
     if kind == "mx":  # x's bytes read, the fp8 values' and scales' bytes written
-        return min(_profile(dialect, lnc, copies.copy_one_load_one,
-                            *_mx_copy_views(x, row_bytes), target=target)[1].latency_us
-                   for row_bytes in COPY_ROW_BYTES)
+        return min(
+            _profile(
+                dialect, lnc, copies.copy_one_load_one, *_mx_copy_views(x, row_bytes), target=target
+            )[1].latency_us
+            for row_bytes in COPY_ROW_BYTES
+        )
     if kind == "fwd":
         launch = (copies.copy_one, x)
     elif kind == "quant":  # x's bytes read (as two fp8 halves), its fp8 bytes written
@@ -471,8 +560,10 @@ def _copy_us(kind, target, x, residual, dy, dialect="legacy", lnc=1) -> float:
     else:
         launch = (copies.copy_two_store_one, dy, x)
     # the fastest row length: the yardstick is as fast as the model allows on this target
-    return min(_profile(dialect, lnc, *launch, row_bytes, target=target)[1].latency_us
-               for row_bytes in COPY_ROW_BYTES)
+    return min(
+        _profile(dialect, lnc, *launch, row_bytes, target=target)[1].latency_us
+        for row_bytes in COPY_ROW_BYTES
+    )
 
 
 def _baseline_us(kind, target, x, weight, residual, dy, rstd) -> float | None:
@@ -487,15 +578,25 @@ def _baseline_us(kind, target, x, weight, residual, dy, rstd) -> float | None:
         return None
     try:
         if kind == "fwd":
-            return simulate.profile(baseline.tutorial_rmsnorm, x, weight, out,
-                                    target=target)[1].latency_us
+            return simulate.profile(baseline.tutorial_rmsnorm, x, weight, out, target=target)[
+                1
+            ].latency_us
         if kind == "fused_add":
             _, add = simulate.profile(baseline.tutorial_add, x, residual, out, target=target)
-            _, norm = simulate.profile(baseline.tutorial_rmsnorm, out, weight, np.empty_like(x),
-                                       target=target)
+            _, norm = simulate.profile(
+                baseline.tutorial_rmsnorm, out, weight, np.empty_like(x), target=target
+            )
             return add.latency_us + norm.latency_us
-        return simulate.profile(baseline.tutorial_rmsnorm_bwd, dy, x, weight, rstd, out,
-                                np.empty_like(weight), target=target)[1].latency_us
+        return simulate.profile(
+            baseline.tutorial_rmsnorm_bwd,
+            dy,
+            x,
+            weight,
+            rstd,
+            out,
+            np.empty_like(weight),
+            target=target,
+        )[1].latency_us
     except simulate.NKIError:
         return None
 
@@ -579,9 +680,11 @@ class YardstickCache:
         return value
 
 
-HEADER = (f"{'kind':9s} {'target':6s} {'shape':>12s} {'model µs':>10s} {'GB/s':>7s} "
-          f"{'MBU':>6s} {'busiest':>11s} {'DMA':>6s} {'HBM/min':>8s} {'sim s':>6s} "
-          f"{'×copy':>6s} {'vs base':>8s} ok {'binds':>11s}")
+HEADER = (
+    f"{'kind':9s} {'target':6s} {'shape':>12s} {'model µs':>10s} {'GB/s':>7s} "
+    f"{'MBU':>6s} {'busiest':>11s} {'DMA':>6s} {'HBM/min':>8s} {'sim s':>6s} "
+    f"{'×copy':>6s} {'vs base':>8s} ok {'binds':>11s}"
+)
 
 
 def _target_name(r: Record) -> str:
@@ -592,11 +695,13 @@ def _target_name(r: Record) -> str:
 def format_row(r: Record) -> str:
     speedup = f"{r.speedup_vs_baseline:7.2f}×" if r.speedup_vs_baseline else "     n/a"
     target = _target_name(r)
-    return (f"{r.kind:9s} {target:6s} {f'{r.M}x{r.N}':>12s} {r.modeled_us:10.1f} "
-            f"{r.gbps:7.1f} {100 * r.mbu:5.1f}% {r.busiest_engine:>4s} "
-            f"{100 * r.busiest_engine_util:5.1f}% {100 * r.dma_busy:5.1f}% "
-            f"{r.hbm_bytes_ratio:8.3f} {r.sim_wall_s:6.2f} {r.copy_ratio:6.3f} {speedup} "
-            f"{'yes' if r.correct else 'NO'} {_binds(r):>11s}")
+    return (
+        f"{r.kind:9s} {target:6s} {f'{r.M}x{r.N}':>12s} {r.modeled_us:10.1f} "
+        f"{r.gbps:7.1f} {100 * r.mbu:5.1f}% {r.busiest_engine:>4s} "
+        f"{100 * r.busiest_engine_util:5.1f}% {100 * r.dma_busy:5.1f}% "
+        f"{r.hbm_bytes_ratio:8.3f} {r.sim_wall_s:6.2f} {r.copy_ratio:6.3f} {speedup} "
+        f"{'yes' if r.correct else 'NO'} {_binds(r):>11s}"
+    )
 
 
 def _binds(r: Record) -> str:
@@ -631,12 +736,22 @@ def plot(records, path: str) -> None:
         targets = list(dict.fromkeys(_target_name(r) for r in rows))
         width = 0.8 / max(len(targets), 1)
         for t, target in enumerate(targets):
-            values = [next((100 * r.mbu for r in rows if _target_name(r) == target
-                            and f"{r.M}x{r.N}" == s), 0.0) for s in shapes]
+            values = [
+                next(
+                    (
+                        100 * r.mbu
+                        for r in rows
+                        if _target_name(r) == target and f"{r.M}x{r.N}" == s
+                    ),
+                    0.0,
+                )
+                for s in shapes
+            ]
             ax.bar(np.arange(len(shapes)) + t * width, values, width, label=target)
         ax.axhline(100, color="black", linestyle="--", linewidth=1, label="HBM roofline")
-        ax.set_xticks(np.arange(len(shapes)) + width * (len(targets) - 1) / 2, shapes,
-                      rotation=20, fontsize=8)
+        ax.set_xticks(
+            np.arange(len(shapes)) + width * (len(targets) - 1) / 2, shapes, rotation=20, fontsize=8
+        )
         ax.set_ylabel("MBU %")
         ax.set_ylim(0, 110)
         ax.set_title(f"{kind} ({rows[0].dtype}), modeled")
@@ -709,64 +824,105 @@ the simulator or the yardstick kernels invalidates them.
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="nki-rmsnorm", description="RMSNorm kernels for AWS Trainium: tools.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
-    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser,
-                                     metavar="command")
+    commands = parser.add_subparsers(
+        dest="command", required=True, parser_class=_Parser, metavar="command"
+    )
     sweep = commands.add_parser(
-        "bench", help="benchmark the kernels (simulator cost model, or --device)",
-        description=BENCH_DESCRIPTION, epilog=BENCH_LEGEND,
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        "bench",
+        help="benchmark the kernels (simulator cost model, or --device)",
+        description=BENCH_DESCRIPTION,
+        epilog=BENCH_LEGEND,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     runs = sweep.add_mutually_exclusive_group()
-    runs.add_argument("--full", action="store_true",
-                      help="the full sweep (17 shapes, 204 cases) instead of the subset")
-    runs.add_argument("--quick", action="store_true",
-                      help="a smoke run on two small shapes (checks results, not speed)")
-    sweep.add_argument("--shapes", help="comma-separated MxN list, e.g. 4096x4096,8192x2048 "
-                                        "(replaces the run's shapes)")
+    runs.add_argument(
+        "--full",
+        action="store_true",
+        help="the full sweep (17 shapes, 204 cases) instead of the subset",
+    )
+    runs.add_argument(
+        "--quick",
+        action="store_true",
+        help="a smoke run on two small shapes (checks results, not speed)",
+    )
+    sweep.add_argument(
+        "--shapes",
+        help="comma-separated MxN list, e.g. 4096x4096,8192x2048 (replaces the run's shapes)",
+    )
     sweep.add_argument("--dtype", default="bf16", help="bf16 (default), fp16 or fp32")
-    sweep.add_argument("--target",
-                       help="comma list of " + ",".join(TARGETS) + "; trn2x2 / trn3x2: that "
-                            "target at LNC=2 (nki06). Default: trn1,trn2,trn3, plus trn2x2 "
-                            "with the nki06 kernels at --lnc 1")
-    sweep.add_argument("--kind", default=",".join(KINDS),
-                       help="comma list of fwd,bwd,fused_add (default), quant (the fp8 "
-                            "quantized forward; legacy on trn1/inf2, either dialect on trn2, "
-                            "nki06 on trn3) and mx (the MXFP8 quantized forward; trn3 and "
-                            "trn3x2 only)")
-    sweep.add_argument("--dialect",
-                       help="kernel dialect of the trn2/trn3 rows: legacy (neuronxcc.nki, SDK "
-                            "<= 2.29) or nki06 (SDK >= 2.31); default: the package's (nki06 "
-                            "unless NKI_RMSNORM_DIALECT says otherwise). trn1/inf2 rows always "
-                            "run the legacy kernels")
-    sweep.add_argument("--lnc", default="1",
-                       help="physical cores per logical core for the targets named without "
-                            "x2: 1 (default) or 2 (trn2/trn3, nki06 kernels launched as "
-                            "kernel[2])")
-    sweep.add_argument("-j", "--jobs", type=int, default=None,
-                       help="cases run in this many processes at once (default: the CPU "
-                            "cores this process may use)")
-    sweep.add_argument("--cache-dir", default=None,
-                       help="folder of the yardstick cache (default: $NKI_RMSNORM_CACHE_DIR, "
-                            "else $XDG_CACHE_HOME/nki-rmsnorm, else ~/.cache/nki-rmsnorm)")
-    sweep.add_argument("--no-cache", action="store_true",
-                       help="compute the copy and baseline yardsticks afresh, store nothing")
+    sweep.add_argument(
+        "--target",
+        help="comma list of " + ",".join(TARGETS) + "; trn2x2 / trn3x2: that "
+        "target at LNC=2 (nki06). Default: trn1,trn2,trn3, plus trn2x2 "
+        "with the nki06 kernels at --lnc 1",
+    )
+    sweep.add_argument(
+        "--kind",
+        default=",".join(KINDS),
+        help="comma list of fwd,bwd,fused_add (default), quant (the fp8 "
+        "quantized forward; legacy on trn1/inf2, either dialect on trn2, "
+        "nki06 on trn3) and mx (the MXFP8 quantized forward; trn3 and "
+        "trn3x2 only)",
+    )
+    sweep.add_argument(
+        "--dialect",
+        help="kernel dialect of the trn2/trn3 rows: legacy (neuronxcc.nki, SDK "
+        "<= 2.29) or nki06 (SDK >= 2.31); default: the package's (nki06 "
+        "unless NKI_RMSNORM_DIALECT says otherwise). trn1/inf2 rows always "
+        "run the legacy kernels",
+    )
+    sweep.add_argument(
+        "--lnc",
+        default="1",
+        help="physical cores per logical core for the targets named without "
+        "x2: 1 (default) or 2 (trn2/trn3, nki06 kernels launched as "
+        "kernel[2])",
+    )
+    sweep.add_argument(
+        "-j",
+        "--jobs",
+        type=int,
+        default=None,
+        help="cases run in this many processes at once (default: the CPU "
+        "cores this process may use)",
+    )
+    sweep.add_argument(
+        "--cache-dir",
+        default=None,
+        help="folder of the yardstick cache (default: $NKI_RMSNORM_CACHE_DIR, "
+        "else $XDG_CACHE_HOME/nki-rmsnorm, else ~/.cache/nki-rmsnorm)",
+    )
+    sweep.add_argument(
+        "--no-cache",
+        action="store_true",
+        help="compute the copy and baseline yardsticks afresh, store nothing",
+    )
     sweep.add_argument("--json", help="write the records as a JSON list to this path")
-    sweep.add_argument("--plot", help="write a PNG of MBU per shape and target to this path "
-                                      "(needs matplotlib)")
+    sweep.add_argument(
+        "--plot", help="write a PNG of MBU per shape and target to this path (needs matplotlib)"
+    )
     sweep.add_argument("--no-baseline", action="store_true", help="skip the vs base column")
     sweep.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
-    sweep.add_argument("--device", action="store_true",
-                       help="measure on a NeuronDevice with the SDK's nki.benchmark instead of "
-                            "the cost model (needs the Neuron SDK and a device; see "
-                            "docs/device.md)")
-    sweep.add_argument("--warmup", type=int, default=5,
-                       help="--device: warm-up iterations (default 5)")
-    sweep.add_argument("--iters", type=int, default=20,
-                       help="--device: measured iterations (default 20)")
+    sweep.add_argument(
+        "--device",
+        action="store_true",
+        help="measure on a NeuronDevice with the SDK's nki.benchmark instead of "
+        "the cost model (needs the Neuron SDK and a device; see "
+        "docs/device.md)",
+    )
+    sweep.add_argument(
+        "--warmup", type=int, default=5, help="--device: warm-up iterations (default 5)"
+    )
+    sweep.add_argument(
+        "--iters", type=int, default=20, help="--device: measured iterations (default 20)"
+    )
     commands.add_parser(
-        "doctor", help="print the detected Neuron SDK, NKI dialect and launch paths",
+        "doctor",
+        help="print the detected Neuron SDK, NKI dialect and launch paths",
         description="Print what this installation will run: the Neuron SDK and NKI found, "
-                    "the kernel dialect, the launch path per framework, and whether the "
-                    "kernels run on a NeuronDevice or are simulated on the CPU.")
+        "the kernel dialect, the launch path per framework, and whether the "
+        "kernels run on a NeuronDevice or are simulated on the CPU.",
+    )
     return parser
 
 
@@ -792,12 +948,15 @@ def _targets(text: str, lnc: int, dialect_name: str) -> tuple[tuple[str, int], .
     if lnc == 2:
         single = [t for t, degree in pairs if t not in LNC_TARGETS]
         if single:
-            raise ValueError(f"--lnc 2 needs trn2 or trn3 (logical cores of two physical "
-                             f"cores); not {', '.join(single)}")
+            raise ValueError(
+                f"--lnc 2 needs trn2 or trn3 (logical cores of two physical "
+                f"cores); not {', '.join(single)}"
+            )
     if dialect_name != "nki06" and any(degree == 2 for _, degree in pairs):
         what = "--lnc 2" if lnc == 2 else "a target at LNC=2 (x2)"
-        raise ValueError(f"{what} needs --dialect nki06: the legacy kernels run on one "
-                         "physical core")
+        raise ValueError(
+            f"{what} needs --dialect nki06: the legacy kernels run on one physical core"
+        )
     return tuple(pairs)
 
 
@@ -811,20 +970,22 @@ def _check(args) -> _Sweep:
         raise ValueError(f"-j/--jobs {args.jobs}: expected a positive number of processes")
     for option, count in (("--warmup", args.warmup), ("--iters", args.iters)):
         if count < (1 if option == "--iters" else 0):
-            raise ValueError(f"{option} {count}: expected a count >= "
-                             f"{1 if option == '--iters' else 0}")
+            raise ValueError(
+                f"{option} {count}: expected a count >= {1 if option == '--iters' else 0}"
+            )
     if args.dtype not in DTYPES:
         raise ValueError(f"unknown dtype {args.dtype!r}: expected bf16, fp16 or fp32")
     kinds = _parse_list(args.kind, ALL_KINDS, "kind")
     dialect_name = args.dialect or dialects.for_target(dialects.NKI06_TARGETS[0])
     if dialect_name not in DIALECTS:
-        raise ValueError(f"unknown dialect {dialect_name!r}: expected one of "
-                         f"{', '.join(DIALECTS)}")
+        raise ValueError(f"unknown dialect {dialect_name!r}: expected one of {', '.join(DIALECTS)}")
     if dialect_name == "nki06":
         missing = [m for m in NKI06_MODULES if importlib.util.find_spec(m) is None]
         if missing:
-            raise ValueError(f"--dialect nki06 is not available: {', '.join(missing)} "
-                             "(the NKI 0.6 kernels) is missing; use --dialect legacy")
+            raise ValueError(
+                f"--dialect nki06 is not available: {', '.join(missing)} "
+                "(the NKI 0.6 kernels) is missing; use --dialect legacy"
+            )
     if args.lnc not in ("1", "2"):
         raise ValueError(f"--lnc {args.lnc!r}: expected 1 or 2")
     lnc = int(args.lnc)
@@ -836,15 +997,19 @@ def _check(args) -> _Sweep:
         target_text = ",".join(defaults)
     targets = _targets(target_text, lnc, dialect_name)
     if "quant" in kinds and dialect_name != "nki06" and any(t == "trn3" for t, _ in targets):
-        raise ValueError("--kind quant on trn3 needs --dialect nki06: its OCP float8_e4m3fn is "
-                         "not a legacy NKI dtype")
+        raise ValueError(
+            "--kind quant on trn3 needs --dialect nki06: its OCP float8_e4m3fn is "
+            "not a legacy NKI dtype"
+        )
     if "mx" in kinds:
         _check_mx(shapes, targets, dialect_name)
     if "bwd" in kinds:
         for M, N in shapes:
             if N > MAX_HIDDEN_BWD:
-                raise ValueError(f"shape {M}x{N}: N={N} is over the backward kernel's limit "
-                                 f"N <= {MAX_HIDDEN_BWD}; drop it or leave bwd out of --kind")
+                raise ValueError(
+                    f"shape {M}x{N}: N={N} is over the backward kernel's limit "
+                    f"N <= {MAX_HIDDEN_BWD}; drop it or leave bwd out of --kind"
+                )
     for option, path in (("--json", args.json), ("--plot", args.plot)):
         if path:
             folder = os.path.dirname(os.path.abspath(path))
@@ -854,8 +1019,10 @@ def _check(args) -> _Sweep:
         raise ValueError("--plot needs matplotlib: pip install 'nki-rmsnorm[bench]'")
     for kind in ("quant", "mx"):
         if args.device and kind in kinds:
-            raise ValueError(f"--kind {kind} runs on the cost model only (no --device "
-                             "measurement of the quantized kernels yet)")
+            raise ValueError(
+                f"--kind {kind} runs on the cost model only (no --device "
+                "measurement of the quantized kernels yet)"
+            )
     if args.device:
         from nki_rmsnorm import device
 
@@ -868,15 +1035,21 @@ def _check_mx(shapes, targets, dialect_name) -> None:
     2), N a multiple of 512."""
     others = sorted({t for t, _ in targets if t not in MX_TARGETS})
     if others:
-        raise ValueError(f"--kind mx needs --target trn3 or trn3x2 (quantize_mx exists on "
-                         f"NeuronCore-v4 only); not {', '.join(others)}")
+        raise ValueError(
+            f"--kind mx needs --target trn3 or trn3x2 (quantize_mx exists on "
+            f"NeuronCore-v4 only); not {', '.join(others)}"
+        )
     if dialect_name != "nki06":
-        raise ValueError("--kind mx needs --dialect nki06: the legacy NKI dialect has no MX "
-                         "dtypes or quantize_mx")
+        raise ValueError(
+            "--kind mx needs --dialect nki06: the legacy NKI dialect has no MX "
+            "dtypes or quantize_mx"
+        )
     for M, N in shapes:
         if N % MX_N_MULTIPLE:
-            raise ValueError(f"shape {M}x{N}: --kind mx needs N a multiple of "
-                             f"{MX_N_MULTIPLE} (the MX kernel's chunk of a row)")
+            raise ValueError(
+                f"shape {M}x{N}: --kind mx needs N a multiple of "
+                f"{MX_N_MULTIPLE} (the MX kernel's chunk of a row)"
+            )
 
 
 def available_cores() -> int:
@@ -890,8 +1063,18 @@ def available_cores() -> int:
 def _run_job(job) -> Record:
     """One case in a worker process (a module-level function, so it pickles)."""
     kind, target, lnc, M, N, dtype_name, with_baseline, dialect_name, seed, cache_dir = job
-    return run_case(kind, target, M, N, dtype_name, case_rng(seed, kind, target, lnc, M, N),
-                    with_baseline, dialect_name, lnc, YardstickCache(cache_dir))
+    return run_case(
+        kind,
+        target,
+        M,
+        N,
+        dtype_name,
+        case_rng(seed, kind, target, lnc, M, N),
+        with_baseline,
+        dialect_name,
+        lnc,
+        YardstickCache(cache_dir),
+    )
 
 
 def _results(jobs: list, processes: int):
@@ -923,10 +1106,24 @@ def bench(args, sweep: _Sweep) -> int:
 
         return device.bench(args, sweep)
     cache_dir = None if args.no_cache else (args.cache_dir or default_cache_dir())
-    cases = [(k, t, lnc, M, N) for k in sweep.kinds for t, lnc in sweep.targets
-             for M, N in sweep.shapes]
-    jobs = [(kind, target, lnc, M, N, sweep.dtype_name, not args.no_baseline,
-             sweep.dialect_on(target), args.seed, cache_dir) for kind, target, lnc, M, N in cases]
+    cases = [
+        (k, t, lnc, M, N) for k in sweep.kinds for t, lnc in sweep.targets for M, N in sweep.shapes
+    ]
+    jobs = [
+        (
+            kind,
+            target,
+            lnc,
+            M,
+            N,
+            sweep.dtype_name,
+            not args.no_baseline,
+            sweep.dialect_on(target),
+            args.seed,
+            cache_dir,
+        )
+        for kind, target, lnc, M, N in cases
+    ]
     records = []
     print(HEADER, flush=True)
     bar = _progress_bar(len(cases))
@@ -950,8 +1147,11 @@ def bench(args, sweep: _Sweep) -> int:
     wrong = [r for r in records if not r.correct]
     if wrong:
         for r in wrong:
-            print(f"WRONG RESULT: {r.kind} {r.target} {r.M}x{r.N} {r.dtype}: max error "
-                  f"{r.max_error:.3g} (relative to the output's scale)", file=sys.stderr)
+            print(
+                f"WRONG RESULT: {r.kind} {r.target} {r.M}x{r.N} {r.dtype}: max error "
+                f"{r.max_error:.3g} (relative to the output's scale)",
+                file=sys.stderr,
+            )
         return 1
     return 0
 

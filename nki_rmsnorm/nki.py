@@ -25,8 +25,17 @@ else:  # pragma: no cover - needs the Neuron SDK
     import neuronxcc.nki.isa as nisa
     import neuronxcc.nki.language as nl
 
-__all__ = ["NEWEST_SDK", "OLDEST_SDK", "SIMULATED", "check_sdk", "nki", "nisa", "nl",
-           "sdk_version", "usable_sbuf_bytes"]
+__all__ = [
+    "NEWEST_SDK",
+    "OLDEST_SDK",
+    "SIMULATED",
+    "check_sdk",
+    "nki",
+    "nisa",
+    "nl",
+    "sdk_version",
+    "usable_sbuf_bytes",
+]
 
 #: The legacy SDK releases the kernels support: the return convention they use exists from
 #: 2.21 (general/nki/nki_rn.rst@8a38e733, "[2.21]"), and 2.29 is the last legacy release.
@@ -47,8 +56,11 @@ SBUF_SIZE_API_SDK = (2, 26)
 #: repository) less the 16 KiB the compiler keeps for itself
 #: (general/nki/nki_direct_allocation_guide.rst@8a38e733, lines 153-155). v3 and v4 keep 8
 #: more bytes: the figure ``total_available_sbuf_size`` reports for them from 2.26 on.
-SBUF_BYTES_BY_NC_VERSION = {2: (192 - 16) * 1024, 3: (224 - 16) * 1024 - 8,
-                            4: (256 - 16) * 1024 - 8}
+SBUF_BYTES_BY_NC_VERSION = {
+    2: (192 - 16) * 1024,
+    3: (224 - 16) * 1024 - 8,
+    4: (256 - 16) * 1024 - 8,
+}
 
 
 def sdk_version() -> tuple[int, int]:
@@ -76,8 +88,9 @@ def check_sdk() -> tuple[int, int]:
     if not OLDEST_SDK <= release <= NEWEST_SDK:
         raise RuntimeError(
             "the legacy nki_rmsnorm kernels support Neuron SDK {}.{} to {}.{}, but the "
-            "{} SDK is {}.{}".format(*OLDEST_SDK, *NEWEST_SDK,
-                                      "emulated" if SIMULATED else "installed", *release)
+            "{} SDK is {}.{}".format(
+                *OLDEST_SDK, *NEWEST_SDK, "emulated" if SIMULATED else "installed", *release
+            )
         )
     return release
 

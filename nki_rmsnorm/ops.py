@@ -52,31 +52,62 @@ from nki_rmsnorm.validation import parameter as _parameter
 from nki_rmsnorm.validation import real as _real
 from nki_rmsnorm.validation import weight_parameter as _weight_parameter
 
-__all__ = ["KERNEL_DTYPES", "QuantizedRMSNorm", "check_options", "rms_norm", "rms_norm_bwd",
-           "rms_norm_fwd", "rms_norm_qk", "rms_norm_qk_fwd", "rms_norm_quant"]
+__all__ = [
+    "KERNEL_DTYPES",
+    "QuantizedRMSNorm",
+    "check_options",
+    "rms_norm",
+    "rms_norm_bwd",
+    "rms_norm_fwd",
+    "rms_norm_qk",
+    "rms_norm_qk_fwd",
+    "rms_norm_quant",
+]
 
 
-def rms_norm(x: np.ndarray, weight: np.ndarray | None = None, eps: float = 1e-6, *,
-             offset: float = 0.0, bias: np.ndarray | None = None,
-             residual: np.ndarray | None = None, casting_mode: str = "gemma",
-             out_dtype: DTypeLike | None = None,
-             output_layout: str = "rows") -> np.ndarray | tuple[np.ndarray, np.ndarray]:
+def rms_norm(
+    x: np.ndarray,
+    weight: np.ndarray | None = None,
+    eps: float = 1e-6,
+    *,
+    offset: float = 0.0,
+    bias: np.ndarray | None = None,
+    residual: np.ndarray | None = None,
+    casting_mode: str = "gemma",
+    out_dtype: DTypeLike | None = None,
+    output_layout: str = "rows",
+) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
     """RMSNorm over the last axis: ``y``, or ``(y, h)`` when ``residual`` is given.
 
     ``h = x + residual``, ``y = h / sqrt(mean(h²) + eps) · (weight + offset) + bias``; see
     :func:`rms_norm_fwd` for the arguments.
     """
-    outputs = rms_norm_fwd(x, weight, eps, offset=offset, bias=bias, residual=residual,
-                           casting_mode=casting_mode, out_dtype=out_dtype,
-                           output_layout=output_layout)
+    outputs = rms_norm_fwd(
+        x,
+        weight,
+        eps,
+        offset=offset,
+        bias=bias,
+        residual=residual,
+        casting_mode=casting_mode,
+        out_dtype=out_dtype,
+        output_layout=output_layout,
+    )
     return outputs[0] if residual is None else outputs[:2]
 
 
-def rms_norm_fwd(x: np.ndarray, weight: np.ndarray | None = None, eps: float = 1e-6, *,
-                 offset: float = 0.0, bias: np.ndarray | None = None,
-                 residual: np.ndarray | None = None, casting_mode: str = "gemma",
-                 out_dtype: DTypeLike | None = None,
-                 output_layout: str = "rows") -> tuple[np.ndarray, ...]:
+def rms_norm_fwd(
+    x: np.ndarray,
+    weight: np.ndarray | None = None,
+    eps: float = 1e-6,
+    *,
+    offset: float = 0.0,
+    bias: np.ndarray | None = None,
+    residual: np.ndarray | None = None,
+    casting_mode: str = "gemma",
+    out_dtype: DTypeLike | None = None,
+    output_layout: str = "rows",
+) -> tuple[np.ndarray, ...]:
     """RMSNorm forward that also returns the fp32 ``rstd`` the backward pass needs.
 
     Args:
@@ -107,8 +138,9 @@ def rms_norm_fwd(x: np.ndarray, weight: np.ndarray | None = None, eps: float = 1
     """
     x, residual = _input_rows(x, residual)
     n = x.shape[-1]
-    weight = _weight_parameter(weight, "weight", x.shape, x.dtype,
-                               None if residual is None else residual.dtype)
+    weight = _weight_parameter(
+        weight, "weight", x.shape, x.dtype, None if residual is None else residual.dtype
+    )
     bias = _parameter(bias, "bias", n, x.dtype)
     eps = _eps(eps)
     offset = _offset(offset, weight)
@@ -116,8 +148,11 @@ def rms_norm_fwd(x: np.ndarray, weight: np.ndarray | None = None, eps: float = 1
     out_dtype = x.dtype if out_dtype is None else _dtype(out_dtype, "out_dtype")
     transposed = _output_layout(output_layout, x, weight)
 
-    h = x if residual is None else (x.astype(_FLOAT32) + residual.astype(_FLOAT32)).astype(
-        residual.dtype)
+    h = (
+        x
+        if residual is None
+        else (x.astype(_FLOAT32) + residual.astype(_FLOAT32)).astype(residual.dtype)
+    )
     check_statistics_range(h, eps)
 
     lead = x.shape[:-1]
@@ -134,19 +169,36 @@ def rms_norm_fwd(x: np.ndarray, weight: np.ndarray | None = None, eps: float = 1
     y_dtype = kernels.nki_dtype(np.dtype(out_dtype).name, dialect.current())
     if transposed:
         if residual is None:
-            y_t, rstd = kernels.rmsnorm_fwd_transposed(_rows(x, rows, n), weight, bias, eps,
-                                                       offset, casting_mode, y_dtype)
+            y_t, rstd = kernels.rmsnorm_fwd_transposed(
+                _rows(x, rows, n), weight, bias, eps, offset, casting_mode, y_dtype
+            )
             return y_t, rstd.reshape(lead)
         y_t, h, rstd = kernels.rmsnorm_add_fwd_transposed(
-            _rows(x, rows, n), _rows(residual, rows, n), weight, bias, eps, offset,
-            casting_mode, y_dtype)
+            _rows(x, rows, n),
+            _rows(residual, rows, n),
+            weight,
+            bias,
+            eps,
+            offset,
+            casting_mode,
+            y_dtype,
+        )
         return y_t, h.reshape(x.shape), rstd.reshape(lead)
     if residual is None:
-        outputs = kernels.rmsnorm_fwd(_rows(x, rows, n), weight, bias, eps, offset,
-                                      casting_mode, y_dtype)
+        outputs = kernels.rmsnorm_fwd(
+            _rows(x, rows, n), weight, bias, eps, offset, casting_mode, y_dtype
+        )
     else:
-        outputs = kernels.rmsnorm_add_fwd(_rows(x, rows, n), _rows(residual, rows, n), weight,
-                                          bias, eps, offset, casting_mode, y_dtype)
+        outputs = kernels.rmsnorm_add_fwd(
+            _rows(x, rows, n),
+            _rows(residual, rows, n),
+            weight,
+            bias,
+            eps,
+            offset,
+            casting_mode,
+            y_dtype,
+        )
     *tiles, rstd = outputs
     return (*(t.reshape(x.shape) for t in tiles), rstd.reshape(lead))
 
@@ -160,39 +212,59 @@ def _output_layout(output_layout, x, weight) -> bool:
     """Whether ``output_layout`` asks for rmsnorm_tkg's transposed y; its requirements
     checked before any launch."""
     if not isinstance(output_layout, str) or output_layout not in OUTPUT_LAYOUTS:
-        raise ValueError(f"output_layout must be one of {OUTPUT_LAYOUTS}, got "
-                         f"{output_layout!r}")
+        raise ValueError(f"output_layout must be one of {OUTPUT_LAYOUTS}, got {output_layout!r}")
     if output_layout == "rows":
         return False
     n = x.shape[-1]
     if n % _PARTITIONS:
-        raise ValueError(f"output_layout='transposed' needs x's last dimension N divisible "
-                         f"by {_PARTITIONS} (y_t is ({_PARTITIONS}, M, N // {_PARTITIONS})), "
-                         f"got x of shape {x.shape}")
+        raise ValueError(
+            f"output_layout='transposed' needs x's last dimension N divisible "
+            f"by {_PARTITIONS} (y_t is ({_PARTITIONS}, M, N // {_PARTITIONS})), "
+            f"got x of shape {x.shape}"
+        )
     if weight is not None and weight.ndim != 1:
-        raise ValueError(f"output_layout='transposed' takes an (N,) weight, got a per-head "
-                         f"weight of shape {weight.shape}")
+        raise ValueError(
+            f"output_layout='transposed' takes an (N,) weight, got a per-head "
+            f"weight of shape {weight.shape}"
+        )
     if dialect.current() == dialect.LEGACY:
-        raise ValueError("output_layout='transposed' needs the NKI 0.6 kernels (trn2/trn3 on "
-                         "SDK 2.31+): it writes y through an .ap() access pattern, which the "
-                         "legacy NKI dialect does not have")
+        raise ValueError(
+            "output_layout='transposed' needs the NKI 0.6 kernels (trn2/trn3 on "
+            "SDK 2.31+): it writes y through an .ap() access pattern, which the "
+            "legacy NKI dialect does not have"
+        )
     return True
 
 
-def rms_norm_qk(q: np.ndarray, k: np.ndarray, q_weight: np.ndarray | None = None,
-                k_weight: np.ndarray | None = None, eps: float = 1e-6, *, offset: float = 0.0,
-                casting_mode: str = "gemma",
-                out_dtype: DTypeLike | None = None) -> tuple[np.ndarray, np.ndarray]:
+def rms_norm_qk(
+    q: np.ndarray,
+    k: np.ndarray,
+    q_weight: np.ndarray | None = None,
+    k_weight: np.ndarray | None = None,
+    eps: float = 1e-6,
+    *,
+    offset: float = 0.0,
+    casting_mode: str = "gemma",
+    out_dtype: DTypeLike | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
     """The query and key norms of an attention in one launch: ``(y_q, y_k)``; see
     :func:`rms_norm_qk_fwd`."""
-    return rms_norm_qk_fwd(q, k, q_weight, k_weight, eps, offset=offset,
-                           casting_mode=casting_mode, out_dtype=out_dtype)[:2]
+    return rms_norm_qk_fwd(
+        q, k, q_weight, k_weight, eps, offset=offset, casting_mode=casting_mode, out_dtype=out_dtype
+    )[:2]
 
 
-def rms_norm_qk_fwd(q: np.ndarray, k: np.ndarray, q_weight: np.ndarray | None = None,
-                    k_weight: np.ndarray | None = None, eps: float = 1e-6, *,
-                    offset: float = 0.0, casting_mode: str = "gemma",
-                    out_dtype: DTypeLike | None = None) -> tuple[np.ndarray, ...]:
+def rms_norm_qk_fwd(
+    q: np.ndarray,
+    k: np.ndarray,
+    q_weight: np.ndarray | None = None,
+    k_weight: np.ndarray | None = None,
+    eps: float = 1e-6,
+    *,
+    offset: float = 0.0,
+    casting_mode: str = "gemma",
+    out_dtype: DTypeLike | None = None,
+) -> tuple[np.ndarray, ...]:
     """RMSNorm of the queries and of the keys (QK-norm, as Qwen3 and Gemma 3 apply it per
     head, Megatron's fused call) in one kernel launch, with the ``rstd`` of each.
 
@@ -218,8 +290,10 @@ def rms_norm_qk_fwd(q: np.ndarray, k: np.ndarray, q_weight: np.ndarray | None = 
     eps = _eps(eps)
     offset = _real(offset, "offset")
     if offset and (q_weight is None or k_weight is None):
-        raise ValueError(f"offset={offset} shifts the weights (weight + offset): it needs "
-                         "q_weight and k_weight, got None")
+        raise ValueError(
+            f"offset={offset} shifts the weights (weight + offset): it needs "
+            "q_weight and k_weight, got None"
+        )
     offset = _offset(offset, q_weight if q_weight is not None else k_weight)
     _casting_mode(casting_mode)
     out_q = q.dtype if out_dtype is None else _dtype(out_dtype, "out_dtype")
@@ -228,39 +302,69 @@ def rms_norm_qk_fwd(q: np.ndarray, k: np.ndarray, q_weight: np.ndarray | None = 
     check_statistics_range(k, eps)
     rows_q, rows_k = math.prod(q.shape[:-1]), math.prod(k.shape[:-1])
     if rows_q == 0 or rows_k == 0:  # one launch or none: an empty tensor has no kernel rows
-        fwd = (rms_norm_fwd(t, w, eps, offset=offset if w is not None else 0.0,
-                            casting_mode=casting_mode, out_dtype=out)
-               for t, w, out in ((q, q_weight, out_q), (k, k_weight, out_k)))
+        fwd = (
+            rms_norm_fwd(
+                t,
+                w,
+                eps,
+                offset=offset if w is not None else 0.0,
+                casting_mode=casting_mode,
+                out_dtype=out,
+            )
+            for t, w, out in ((q, q_weight, out_q), (k, k_weight, out_k))
+        )
         (y_q, rstd_q), (y_k, rstd_k) = fwd
         return y_q, y_k, rstd_q, rstd_k
     if out_dtype is None and q.dtype != k.dtype:
-        raise TypeError(f"q and k have different dtypes ({q.dtype}, {k.dtype}): pass out_dtype "
-                        "(the one launch writes both in it)")
+        raise TypeError(
+            f"q and k have different dtypes ({q.dtype}, {k.dtype}): pass out_dtype "
+            "(the one launch writes both in it)"
+        )
     y_dtype = kernels.nki_dtype(np.dtype(out_q).name, dialect.current())
     y_q, y_k, rstd_q, rstd_k = kernels.rmsnorm_qk_fwd(
-        _rows(q, rows_q, q.shape[-1]), _rows(k, rows_k, k.shape[-1]), q_weight, k_weight, eps,
-        offset, casting_mode, y_dtype)
-    return (y_q.reshape(q.shape), y_k.reshape(k.shape), rstd_q.reshape(q.shape[:-1]),
-            rstd_k.reshape(k.shape[:-1]))
+        _rows(q, rows_q, q.shape[-1]),
+        _rows(k, rows_k, k.shape[-1]),
+        q_weight,
+        k_weight,
+        eps,
+        offset,
+        casting_mode,
+        y_dtype,
+    )
+    return (
+        y_q.reshape(q.shape),
+        y_k.reshape(k.shape),
+        rstd_q.reshape(q.shape[:-1]),
+        rstd_k.reshape(k.shape[:-1]),
+    )
 
 
 def _named_rows(value: Any, name: str) -> np.ndarray:
     """``value`` as a kernel array with a non-empty last (normalised) dimension."""
     array = _kernel_array(value, name)
     if array.ndim == 0:
-        raise ValueError(f"{name} must have at least one dimension (the normalised one), got a "
-                         "0-d array")
+        raise ValueError(
+            f"{name} must have at least one dimension (the normalised one), got a 0-d array"
+        )
     if array.shape[-1] == 0:
-        raise ValueError(f"{name} must have a non-empty last (normalised) dimension, got shape "
-                         f"{array.shape}")
+        raise ValueError(
+            f"{name} must have a non-empty last (normalised) dimension, got shape {array.shape}"
+        )
     return array
 
 
-def rms_norm_bwd(dy: np.ndarray, x_or_h: np.ndarray, weight: np.ndarray | None,
-                 rstd: np.ndarray, *, offset: float = 0.0, has_bias: bool = False,
-                 bias_dtype=None,
-                 dh_out: np.ndarray | None = None, casting_mode: str = "gemma",
-                 ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+def rms_norm_bwd(
+    dy: np.ndarray,
+    x_or_h: np.ndarray,
+    weight: np.ndarray | None,
+    rstd: np.ndarray,
+    *,
+    offset: float = 0.0,
+    has_bias: bool = False,
+    bias_dtype=None,
+    dh_out: np.ndarray | None = None,
+    casting_mode: str = "gemma",
+) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
     """RMSNorm backward from the forward's saved ``rstd``.
 
     Args:
@@ -291,8 +395,10 @@ def rms_norm_bwd(dy: np.ndarray, x_or_h: np.ndarray, weight: np.ndarray | None,
     if n == 0:
         raise ValueError(f"x_or_h must have a non-empty last dimension, got shape {x.shape}")
     if n > MAX_HIDDEN_BWD:
-        raise ValueError(f"x_or_h has hidden size N={n}; the backward kernel supports "
-                         f"N <= {MAX_HIDDEN_BWD} (its dweight/dbias accumulators live in PSUM)")
+        raise ValueError(
+            f"x_or_h has hidden size N={n}; the backward kernel supports "
+            f"N <= {MAX_HIDDEN_BWD} (its dweight/dbias accumulators live in PSUM)"
+        )
     dy = _kernel_array(dy, "dy")
     if dy.shape != x.shape:
         raise ValueError(f"dy must have x_or_h's shape {x.shape}, got {dy.shape}")
@@ -300,14 +406,17 @@ def rms_norm_bwd(dy: np.ndarray, x_or_h: np.ndarray, weight: np.ndarray | None,
         weight = _kernel_array(weight, "weight")
         per_head = weight.ndim == 2 and x.ndim >= 2 and weight.shape == x.shape[-2:]
         if weight.shape != (n,) and not per_head:
-            raise ValueError(f"weight must have shape (N,) = ({n},), or x_or_h.shape[-2:] = "
-                             f"{x.shape[-2:]} for a per-head weight, got {weight.shape}")
+            raise ValueError(
+                f"weight must have shape (N,) = ({n},), or x_or_h.shape[-2:] = "
+                f"{x.shape[-2:]} for a per-head weight, got {weight.shape}"
+            )
     rstd = _array(rstd, "rstd")
     if rstd.dtype != _FLOAT32:
         raise TypeError(f"rstd must be float32 (as rms_norm_fwd returns it), got {rstd.dtype}")
     if rstd.shape != x.shape[:-1]:
-        raise ValueError(f"rstd must have shape x_or_h.shape[:-1] = {x.shape[:-1]}, got "
-                         f"{rstd.shape}")
+        raise ValueError(
+            f"rstd must have shape x_or_h.shape[:-1] = {x.shape[:-1]}, got {rstd.shape}"
+        )
     if dh_out is not None:
         dh_out = _kernel_array(dh_out, "dh_out")
         if dh_out.shape != x.shape:
@@ -322,8 +431,9 @@ def rms_norm_bwd(dy: np.ndarray, x_or_h: np.ndarray, weight: np.ndarray | None,
         # An fp32 x_or_h may be the h of an fp32 residual stream beside a bias in x's
         # narrower dtype, which the forward accepts; otherwise the forward's rule holds.
         if x.dtype != _FLOAT32 and bias_dtype not in (_FLOAT32, x.dtype):
-            raise TypeError(f"bias_dtype must be float32 or x_or_h's dtype ({x.dtype}), got "
-                            f"{bias_dtype}")
+            raise TypeError(
+                f"bias_dtype must be float32 or x_or_h's dtype ({x.dtype}), got {bias_dtype}"
+            )
         if not has_bias:
             raise ValueError("bias_dtype is given but has_bias is False: there is no dbias")
     bias_dtype = param_dtype if bias_dtype is None else bias_dtype
@@ -332,17 +442,29 @@ def rms_norm_bwd(dy: np.ndarray, x_or_h: np.ndarray, weight: np.ndarray | None,
     lead = x.shape[:-1]
     rows = math.prod(lead)
     if rows == 0:  # gradients of a sum over no rows
-        return (np.empty(x.shape, x.dtype),
-                None if weight is None else np.zeros(weight.shape, param_dtype),
-                np.zeros(n, bias_dtype) if has_bias else None)
+        return (
+            np.empty(x.shape, x.dtype),
+            None if weight is None else np.zeros(weight.shape, param_dtype),
+            np.zeros(n, bias_dtype) if has_bias else None,
+        )
     if weight is not None and weight.ndim == 2:
-        return _per_head_bwd(dy, x, weight, rstd, offset, has_bias, bias_dtype, dh_out,
-                             casting_mode)
+        return _per_head_bwd(
+            dy, x, weight, rstd, offset, has_bias, bias_dtype, dh_out, casting_mode
+        )
 
-    grads = list(kernels.rmsnorm_bwd(
-        _rows(dy, rows, n), _rows(x, rows, n), weight, np.ascontiguousarray(rstd.reshape(rows)),
-        None if dh_out is None else _rows(dh_out, rows, n), offset, has_bias, casting_mode,
-        kernels.nki_dtype(bias_dtype.name, dialect.current())))
+    grads = list(
+        kernels.rmsnorm_bwd(
+            _rows(dy, rows, n),
+            _rows(x, rows, n),
+            weight,
+            np.ascontiguousarray(rstd.reshape(rows)),
+            None if dh_out is None else _rows(dh_out, rows, n),
+            offset,
+            has_bias,
+            casting_mode,
+            kernels.nki_dtype(bias_dtype.name, dialect.current()),
+        )
+    )
     dx = grads.pop(0).reshape(x.shape)
     dweight = grads.pop(0) if weight is not None else None
     dbias = grads.pop(0) if has_bias else None
@@ -357,20 +479,37 @@ def _per_head_bwd(dy, x, weight, rstd, offset, has_bias, bias_dtype, dh_out, cas
     the weight)."""
     heads, n = weight.shape
     if heads > MAX_HEADS or n > MAX_HEAD_HIDDEN:
-        raise ValueError(f"weight has shape {weight.shape}; the backward kernel takes per-head "
-                         f"weights (heads, N) with heads <= {MAX_HEADS} and N <= "
-                         f"{MAX_HEAD_HIDDEN}")
+        raise ValueError(
+            f"weight has shape {weight.shape}; the backward kernel takes per-head "
+            f"weights (heads, N) with heads <= {MAX_HEADS} and N <= "
+            f"{MAX_HEAD_HIDDEN}"
+        )
     total = math.prod(x.shape[:-1])
     rows = np.ascontiguousarray(rstd.reshape(total))
     dx, dweight = kernels.rmsnorm_bwd(
-        _rows(dy, total, n), _rows(x, total, n), np.ascontiguousarray(weight), rows,
-        None if dh_out is None else _rows(dh_out, total, n), offset, False, casting_mode,
-        kernels.nki_dtype(weight.dtype.name, dialect.current()))
+        _rows(dy, total, n),
+        _rows(x, total, n),
+        np.ascontiguousarray(weight),
+        rows,
+        None if dh_out is None else _rows(dh_out, total, n),
+        offset,
+        False,
+        casting_mode,
+        kernels.nki_dtype(weight.dtype.name, dialect.current()),
+    )
     dbias = None
     if has_bias:
         dbias = kernels.rmsnorm_bwd(
-            _rows(dy, total, n), _rows(x, total, n), None, rows, None, 0.0, True, casting_mode,
-            kernels.nki_dtype(bias_dtype.name, dialect.current()))[1]
+            _rows(dy, total, n),
+            _rows(x, total, n),
+            None,
+            rows,
+            None,
+            0.0,
+            True,
+            casting_mode,
+            kernels.nki_dtype(bias_dtype.name, dialect.current()),
+        )[1]
     return dx.reshape(x.shape), dweight, dbias
 
 
@@ -379,18 +518,19 @@ def _input_rows(x, residual):
     dimension; a residual has x's shape and x's dtype or float32."""
     x = _kernel_array(x, "x")
     if x.ndim == 0:
-        raise ValueError("x must have at least one dimension (the normalised one), got a 0-d "
-                         "array")
+        raise ValueError("x must have at least one dimension (the normalised one), got a 0-d array")
     if x.shape[-1] == 0:
-        raise ValueError(f"x must have a non-empty last (normalised) dimension, got shape "
-                         f"{x.shape}")
+        raise ValueError(
+            f"x must have a non-empty last (normalised) dimension, got shape {x.shape}"
+        )
     if residual is not None:
         residual = _kernel_array(residual, "residual")
         if residual.shape != x.shape:
             raise ValueError(f"residual must have x's shape {x.shape}, got {residual.shape}")
         if residual.dtype not in (x.dtype, _FLOAT32):
-            raise TypeError(f"residual must have x's dtype ({x.dtype}) or float32, got "
-                            f"{residual.dtype}")
+            raise TypeError(
+                f"residual must have x's dtype ({x.dtype}) or float32, got {residual.dtype}"
+            )
     return x, residual
 
 
@@ -465,14 +605,19 @@ def quant_dtype_name(quant_dtype: Any, nc_version: int | None) -> str:
         except TypeError:
             name = str(quant_dtype).removeprefix("torch.").removeprefix("nl.")
     if name not in QUANT_DTYPES:
-        mx_hint = ("; MX formats (float8_e4m3fn_x4, float8_e5m2_x4) are "
-                   "nki_rmsnorm.mx.rms_norm_mx_quant's" if name.endswith("_x4") else "")
-        raise TypeError(f"quant_dtype must be one of {', '.join(QUANT_DTYPES)}, got "
-                        f"{quant_dtype!r}{mx_hint}")
-    if (name == "float8_e4m3fn" and nc_version is not None
-            and nc_version != _OCP_ONLY_NC_VERSION):
-        raise ValueError("quant_dtype=float8_e4m3fn (OCP) needs trn3 (NeuronCore-v4); this "
-                         f"target is NeuronCore-v{nc_version}: use float8_e4m3 (max 240)")
+        mx_hint = (
+            "; MX formats (float8_e4m3fn_x4, float8_e5m2_x4) are nki_rmsnorm.mx.rms_norm_mx_quant's"
+            if name.endswith("_x4")
+            else ""
+        )
+        raise TypeError(
+            f"quant_dtype must be one of {', '.join(QUANT_DTYPES)}, got {quant_dtype!r}{mx_hint}"
+        )
+    if name == "float8_e4m3fn" and nc_version is not None and nc_version != _OCP_ONLY_NC_VERSION:
+        raise ValueError(
+            "quant_dtype=float8_e4m3fn (OCP) needs trn3 (NeuronCore-v4); this "
+            f"target is NeuronCore-v{nc_version}: use float8_e4m3 (max 240)"
+        )
     return name
 
 
@@ -493,21 +638,33 @@ def _static_scale(value: Any) -> np.ndarray:
         if array.dtype != _FLOAT32:
             raise TypeError(f"static_scale must be float32, got {array.dtype}")
         if array.shape not in ((), (1,), (1, 1)):
-            raise ValueError(f"static_scale must hold one value (shape (), (1,) or (1, 1)), "
-                             f"got shape {array.shape}")
+            raise ValueError(
+                f"static_scale must hold one value (shape (), (1,) or (1, 1)), "
+                f"got shape {array.shape}"
+            )
     scale = float(array.reshape(()))
     if not math.isfinite(scale) or scale <= 0:
         raise ValueError(f"static_scale must be finite and > 0, got {scale}")
     return np.full((1, 1), scale, np.float32)
 
 
-def rms_norm_quant(x: np.ndarray, weight: np.ndarray | None = None, eps: float = 1e-6, *,
-                   residual: np.ndarray | None = None, quant_dtype: Any = None,
-                   scale_mode: str = "row", block: int = 128,
-                   static_scale: Any = None, lower_bound: float | None = None,
-                   scale_floor: float = 1e-6, return_y: bool = False,
-                   return_amax: bool = False, packed: bool = False,
-                   return_transposed: bool = False) -> QuantizedRMSNorm:
+def rms_norm_quant(
+    x: np.ndarray,
+    weight: np.ndarray | None = None,
+    eps: float = 1e-6,
+    *,
+    residual: np.ndarray | None = None,
+    quant_dtype: Any = None,
+    scale_mode: str = "row",
+    block: int = 128,
+    static_scale: Any = None,
+    lower_bound: float | None = None,
+    scale_floor: float = 1e-6,
+    return_y: bool = False,
+    return_amax: bool = False,
+    packed: bool = False,
+    return_transposed: bool = False,
+) -> QuantizedRMSNorm:
     """RMSNorm over the last axis, quantized to fp8 in the same pass.
 
     ``y = h / sqrt(mean(h²) + eps) · weight`` with ``h = x (+ residual)``; ``y_q`` is y
@@ -559,40 +716,59 @@ def rms_norm_quant(x: np.ndarray, weight: np.ndarray | None = None, eps: float =
         input_scale = _static_scale(static_scale)
     else:
         if static_scale is not None:
-            raise ValueError(f"static_scale is only used with scale_mode='static', got "
-                             f"scale_mode={scale_mode!r}")
+            raise ValueError(
+                f"static_scale is only used with scale_mode='static', got scale_mode={scale_mode!r}"
+            )
         input_scale = None
     if lower_bound is not None:
         lower_bound = _positive(lower_bound, "lower_bound")
         if scale_mode == "static":
-            raise ValueError("lower_bound applies to computed (row / block) scales; with "
-                             "scale_mode='static' y is clipped to ±fp8_max")
+            raise ValueError(
+                "lower_bound applies to computed (row / block) scales; with "
+                "scale_mode='static' y is clipped to ±fp8_max"
+            )
     scale_floor = _positive(scale_floor, "scale_floor")
-    for flag, flag_name in ((return_y, "return_y"), (return_amax, "return_amax"),
-                            (packed, "packed"), (return_transposed, "return_transposed")):
+    for flag, flag_name in (
+        (return_y, "return_y"),
+        (return_amax, "return_amax"),
+        (packed, "packed"),
+        (return_transposed, "return_transposed"),
+    ):
         if not isinstance(flag, (bool, np.bool_)):
             raise TypeError(f"{flag_name} must be a bool, got {type(flag).__name__}")
     if packed and scale_mode != "row":
-        raise ValueError(f"packed=True stores one scale per row: it needs scale_mode='row', "
-                         f"got {scale_mode!r}")
+        raise ValueError(
+            f"packed=True stores one scale per row: it needs scale_mode='row', got {scale_mode!r}"
+        )
     chosen = dialect.current()
     if chosen == dialect.LEGACY:
         # what the legacy twin lacks (nki_rmsnorm.kernels.legacy.rmsnorm_quant says why)
         for flag, flag_name in ((packed, "packed"), (return_transposed, "return_transposed")):
             if flag:
-                raise ValueError(f"{flag_name}=True needs the NKI 0.6 kernel (trn2/trn3 on "
-                                 "SDK 2.31+); the legacy NKI dialect has no .ap access patterns")
+                raise ValueError(
+                    f"{flag_name}=True needs the NKI 0.6 kernel (trn2/trn3 on "
+                    "SDK 2.31+); the legacy NKI dialect has no .ap access patterns"
+                )
         if name == "float8_e4m3fn":
-            raise ValueError("quant_dtype=float8_e4m3fn is not a legacy NKI dtype: use "
-                             "float8_e4m3 (max 240) or float8_e5m2")
+            raise ValueError(
+                "quant_dtype=float8_e4m3fn is not a legacy NKI dtype: use "
+                "float8_e4m3 (max 240) or float8_e5m2"
+            )
     h_bytes = (residual if residual is not None else x).dtype.itemsize
-    tile_bytes = n * (h_bytes + (x.dtype.itemsize if residual is not None else 0)
-                      + (4 + weight.dtype.itemsize if weight is not None else 0) + 1
-                      + (x.dtype.itemsize if return_y else 0) + (5 if return_transposed else 0))
+    tile_bytes = n * (
+        h_bytes
+        + (x.dtype.itemsize if residual is not None else 0)
+        + (4 + weight.dtype.itemsize if weight is not None else 0)
+        + 1
+        + (x.dtype.itemsize if return_y else 0)
+        + (5 if return_transposed else 0)
+    )
     if tile_bytes > _QUANT_TILE_BYTES:
-        raise ValueError(f"x's last dimension N={n} is too long for the quantized kernel with "
-                         f"these options: a row tile needs {tile_bytes} bytes per partition, "
-                         f"at most {_QUANT_TILE_BYTES} fit")
+        raise ValueError(
+            f"x's last dimension N={n} is too long for the quantized kernel with "
+            f"these options: a row tile needs {tile_bytes} bytes per partition, "
+            f"at most {_QUANT_TILE_BYTES} fit"
+        )
 
     lead = x.shape[:-1]
     rows = math.prod(lead)
@@ -601,19 +777,34 @@ def rms_norm_quant(x: np.ndarray, weight: np.ndarray | None = None, eps: float =
     if rows == 0:
         return QuantizedRMSNorm(
             np.empty(lead + (n + 4 if packed else n,), fp8),
-            None if scale_mode == "static" or packed else np.empty(
-                lead + ((blocks,) if blocks else ()), np.float32),
+            None
+            if scale_mode == "static" or packed
+            else np.empty(lead + ((blocks,) if blocks else ()), np.float32),
             np.empty(x.shape, x.dtype) if return_y else None,
             None if residual is None else np.empty(x.shape, residual.dtype),
             np.empty(lead, np.float32) if return_amax else None,
             np.empty((n, 0), fp8) if return_transposed else None,
-            np.empty((n, 0), np.float32) if return_transposed and scale_mode != "static"
-            else None)
+            np.empty((n, 0), np.float32) if return_transposed and scale_mode != "static" else None,
+        )
 
-    outputs = list(kernels.rmsnorm_quant(
-        _rows(x, rows, n), None if residual is None else _rows(residual, rows, n), weight,
-        input_scale, eps, kernels.nki_dtype(name, chosen), scale_mode, block, lower_bound,
-        scale_floor, bool(return_y), bool(return_amax), bool(packed), bool(return_transposed)))
+    outputs = list(
+        kernels.rmsnorm_quant(
+            _rows(x, rows, n),
+            None if residual is None else _rows(residual, rows, n),
+            weight,
+            input_scale,
+            eps,
+            kernels.nki_dtype(name, chosen),
+            scale_mode,
+            block,
+            lower_bound,
+            scale_floor,
+            bool(return_y),
+            bool(return_amax),
+            bool(packed),
+            bool(return_transposed),
+        )
+    )
     y_q = outputs.pop(0)
     scales = None
     if packed:

@@ -338,9 +338,20 @@ FP8_MAX = {"float8_e4m3": 240.0, "float8_e4m3fn": 448.0, "float8_e5m2": 57344.0}
 _RSQRT_MIN = 2.0**-87
 
 
-def rms_norm_quant(x, weight=None, eps=1e-6, *, residual=None, quant_dtype="float8_e4m3",
-                   scale_mode="row", block=128, static_scale=None, lower_bound=None,
-                   scale_floor=1e-6, tile_rows=128) -> dict:
+def rms_norm_quant(
+    x,
+    weight=None,
+    eps=1e-6,
+    *,
+    residual=None,
+    quant_dtype="float8_e4m3",
+    scale_mode="row",
+    block=128,
+    static_scale=None,
+    lower_bound=None,
+    scale_floor=1e-6,
+    tile_rows=128,
+) -> dict:
     """Float64 reference of the quantized forward
     (:mod:`nki_rmsnorm.kernels.nki06.rmsnorm_quant` documents the math).
 
@@ -372,20 +383,35 @@ def rms_norm_quant(x, weight=None, eps=1e-6, *, residual=None, quant_dtype="floa
             group_max = np.max(np.abs(groups), axis=-1, keepdims=True)
             capped = group_max if lower_bound is None else np.minimum(group_max, lower_bound)
             scale = np.maximum(capped * inverse_max, scale_floor)
-            clipped = groups if lower_bound is None else np.clip(groups, -lower_bound,
-                                                                 lower_bound)
+            clipped = groups if lower_bound is None else np.clip(groups, -lower_bound, lower_bound)
             q = (clipped / scale).reshape(y.shape)
             scales = scale[..., 0]
-        q_t, scales_t = _quant_transposed(y.reshape(-1, y.shape[-1]).T, scale_mode, static_scale,
-                                          lower_bound, scale_floor, fp8_max, inverse_max,
-                                          tile_rows)
-    return {"q": q, "y_q": _cast(q, fp8), "scales": scales, "y": y, "h": None if residual is
-            None else h, "amax": amax, "q_t": q_t, "y_q_t": _cast(q_t, fp8),
-            "scales_t": scales_t}
+        q_t, scales_t = _quant_transposed(
+            y.reshape(-1, y.shape[-1]).T,
+            scale_mode,
+            static_scale,
+            lower_bound,
+            scale_floor,
+            fp8_max,
+            inverse_max,
+            tile_rows,
+        )
+    return {
+        "q": q,
+        "y_q": _cast(q, fp8),
+        "scales": scales,
+        "y": y,
+        "h": None if residual is None else h,
+        "amax": amax,
+        "q_t": q_t,
+        "y_q_t": _cast(q_t, fp8),
+        "scales_t": scales_t,
+    }
 
 
-def _quant_transposed(y_t, scale_mode, static_scale, lower_bound, scale_floor, fp8_max,
-                      inverse_max, tile_rows):
+def _quant_transposed(
+    y_t, scale_mode, static_scale, lower_bound, scale_floor, fp8_max, inverse_max, tile_rows
+):
     """q of yᵀ (N, M) with one scale per row of yᵀ and ``tile_rows`` columns (the static
     scale if any); float64 but ``inverse_max``."""
     if scale_mode == "static":

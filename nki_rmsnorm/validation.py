@@ -68,8 +68,9 @@ def kernel_array(value: Any, name: str) -> np.ndarray:
     return array
 
 
-def parameter(value: Any, name: str, n: int, x_dtype: np.dtype,
-              x_name: str = "x") -> np.ndarray | None:
+def parameter(
+    value: Any, name: str, n: int, x_dtype: np.dtype, x_name: str = "x"
+) -> np.ndarray | None:
     """``weight`` / ``bias``: None, or an ``(N,)`` array in float32 or the dtype of the
     input it scales (``x_name``)."""
     if value is None:
@@ -79,12 +80,19 @@ def parameter(value: Any, name: str, n: int, x_dtype: np.dtype,
         raise ValueError(f"{name} must have shape (N,) = ({n},), got {array.shape}")
     if array.dtype not in (FLOAT32, x_dtype):
         raise TypeError(
-            f"{name} must be float32 or {x_name}'s dtype ({x_dtype}), got {array.dtype}")
+            f"{name} must be float32 or {x_name}'s dtype ({x_dtype}), got {array.dtype}"
+        )
     return np.ascontiguousarray(array)
 
 
-def weight_parameter(value: Any, name: str, x_shape: tuple, x_dtype: np.dtype,
-                     h_dtype: np.dtype | None = None, x_name: str = "x") -> np.ndarray | None:
+def weight_parameter(
+    value: Any,
+    name: str,
+    x_shape: tuple,
+    x_dtype: np.dtype,
+    h_dtype: np.dtype | None = None,
+    x_name: str = "x",
+) -> np.ndarray | None:
     """``weight``: None, an ``(N,)`` array (:func:`parameter`), or a per-head ``(heads, N)``
     array equal to ``x_shape[-2:]`` (x is ``(..., heads, head_dim)``; row r of the flattened
     ``(tokens·heads, N)`` rows is scaled by ``weight[r mod heads]``), in float32 or x's
@@ -101,10 +109,12 @@ def weight_parameter(value: Any, name: str, x_shape: tuple, x_dtype: np.dtype,
         raise ValueError(
             f"{name} must have shape (N,) = ({n},), or (heads, N) = {x_name}.shape[-2:] for a "
             f"per-head weight ({x_name} of shape (..., heads, N)), got {array.shape} with "
-            f"{x_name} of shape {tuple(x_shape)}")
+            f"{x_name} of shape {tuple(x_shape)}"
+        )
     if array.dtype not in (FLOAT32, x_dtype):
         raise TypeError(
-            f"{name} must be float32 or {x_name}'s dtype ({x_dtype}), got {array.dtype}")
+            f"{name} must be float32 or {x_name}'s dtype ({x_dtype}), got {array.dtype}"
+        )
     check_head_weight(name, array.shape, np.dtype(x_dtype if h_dtype is None else h_dtype).itemsize)
     return np.ascontiguousarray(array)
 
@@ -118,7 +128,8 @@ def check_head_weight(name: str, shape: tuple, h_bytes: int) -> None:
             f"{name} of shape (heads, N) = {tuple(shape)} (a per-head weight) needs "
             f"N * {h_bytes} bytes <= {PACKED_MAX_ROW_BYTES} and heads <= "
             f"{PACKED_MAX_HEAD_BANKS} * ({PSUM_COLS} // N) = {max_heads(n)} (the kernels' "
-            "short-row regime); pass an (N,) weight or split the heads")
+            "short-row regime); pass an (N,) weight or split the heads"
+        )
 
 
 def real(value: Any, name: str) -> float:

@@ -42,10 +42,12 @@ def rmsnorm_fwd(x, weight, eps):
         valid = rows < n_rows
         x_tile = nl.load(x[rows, i_f], mask=valid)
         sum_sq = nl.ndarray((P, 1), dtype=nl.float32)
-        nisa.activation_reduce(op=nl.square, data=x_tile, reduce_op=nl.add, reduce_res=sum_sq,
-                               mask=valid)
-        rstd = nisa.activation(op=nl.rsqrt, data=sum_sq, scale=1.0 / hidden, bias=eps_col,
-                               mask=valid)
+        nisa.activation_reduce(
+            op=nl.square, data=x_tile, reduce_op=nl.add, reduce_res=sum_sq, mask=valid
+        )
+        rstd = nisa.activation(
+            op=nl.rsqrt, data=sum_sq, scale=1.0 / hidden, bias=eps_col, mask=valid
+        )
         normed = nisa.tensor_scalar(x_tile, np.multiply, rstd, mask=valid)
         y_tile = nisa.tensor_tensor(normed, w_tile, np.multiply, mask=valid)
         nl.store(y[rows, i_f], value=y_tile, mask=valid)
@@ -83,10 +85,12 @@ def main(argv=None):
     y = rmsnorm_fwd(x16, w16, EPS).astype(np.float64)
     ref = numpy_rmsnorm(x16.astype(np.float64), w16.astype(np.float64))
     rel_err = np.abs(y - ref).max() / np.abs(ref).max()
-    print(f"{args.rows} x {args.cols}: NumPy fp32 {numpy_s * 1e3:.1f} ms, "
-          f"simulated bf16 kernel {sim_s * 1e3:.1f} ms "
-          f"({len(rmsnorm_fwd.last_trace)} instructions), ratio {sim_s / numpy_s:.2f} "
-          f"(target <= 5); max error {rel_err:.1e} of max |y|")
+    print(
+        f"{args.rows} x {args.cols}: NumPy fp32 {numpy_s * 1e3:.1f} ms, "
+        f"simulated bf16 kernel {sim_s * 1e3:.1f} ms "
+        f"({len(rmsnorm_fwd.last_trace)} instructions), ratio {sim_s / numpy_s:.2f} "
+        f"(target <= 5); max error {rel_err:.1e} of max |y|"
+    )
 
 
 if __name__ == "__main__":

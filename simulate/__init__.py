@@ -58,9 +58,28 @@ runtime.register_benchmark_reporter(profiler.benchmark_result_from_trace)
 # The modules' paths before the core / perf / legacy layout (``simulate.language``,
 # ``simulate.cost``, ...) name the same module objects, so old imports and ``sys.modules``
 # aliases keep working.
-for _module in (approx, compiler, cost, dtypes, errors, functions, indexing, instructions, isa,
-                language, loop_index, memory, profiler, rules, runtime, scoping, sdk, targets,
-                trace, typing):
+for _module in (
+    approx,
+    compiler,
+    cost,
+    dtypes,
+    errors,
+    functions,
+    indexing,
+    instructions,
+    isa,
+    language,
+    loop_index,
+    memory,
+    profiler,
+    rules,
+    runtime,
+    scoping,
+    sdk,
+    targets,
+    trace,
+    typing,
+):
     sys.modules[f"{__name__}.{_module.__name__.rpartition('.')[2]}"] = _module
 sys.modules[f"{__name__}.tensor"] = sys.modules[f"{__name__}.core.tensor"]
 del _module
@@ -70,11 +89,34 @@ tensor = language.Tensor  # ``nki.tensor``: the class (the module is ``simulate.
 trace = runtime.trace
 
 __all__ = [
-    "CapacityError", "Instruction", "Kernel", "NKIError", "Profile", "SDK_RELEASES",
-    "TARGETS", "Trace", "approx_bound", "baremetal", "benchmark", "compiler", "get_target",
-    "install", "isa", "jit", "language", "last_trace", "profile", "real_nki_available",
-    "sdk_version", "set_approx", "set_sdk", "simulate_kernel", "trace_kernel", "typing",
-    "use_approx", "use_sdk",
+    "CapacityError",
+    "Instruction",
+    "Kernel",
+    "NKIError",
+    "Profile",
+    "SDK_RELEASES",
+    "TARGETS",
+    "Trace",
+    "approx_bound",
+    "baremetal",
+    "benchmark",
+    "compiler",
+    "get_target",
+    "install",
+    "isa",
+    "jit",
+    "language",
+    "last_trace",
+    "profile",
+    "real_nki_available",
+    "sdk_version",
+    "set_approx",
+    "set_sdk",
+    "simulate_kernel",
+    "trace_kernel",
+    "typing",
+    "use_approx",
+    "use_sdk",
 ]
 
 _ALIASES = {

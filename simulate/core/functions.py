@@ -18,8 +18,9 @@ def _erf(x):
     # Abramowitz & Stegun 7.1.26 in float64: |error| < 1.5e-7, i.e. about 1 fp32 ulp
     x64 = np.asarray(x, np.float64)
     t = 1.0 / (1.0 + 0.3275911 * np.abs(x64))
-    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027
-                                                                            + t * 1.061405429))))
+    poly = t * (
+        0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429)))
+    )
     return (np.sign(x64) * (1.0 - poly * np.exp(-x64 * x64))).astype(np.float32)
 
 
@@ -80,59 +81,147 @@ def _abs_min(x, y):
 
 
 UNARY = {
-    "copy": lambda x: x, "identity": lambda x: x,
-    "square": np.square, "abs": np.abs, "negative": np.negative, "sign": np.sign,
-    "trunc": np.trunc, "floor": np.floor, "ceil": np.ceil,
-    "exp": np.exp, "log": np.log, "sqrt": np.sqrt, "rsqrt": _rsqrt, "reciprocal": _reciprocal,
-    "sin": np.sin, "cos": np.cos, "tan": np.tan, "tanh": np.tanh, "arctan": np.arctan,
-    "sigmoid": _sigmoid, "relu": lambda x: np.maximum(x, np.float32(0)),
-    "gelu": _gelu, "gelu_dx": _gelu_dx, "gelu_apprx_tanh": _gelu_tanh,
+    "copy": lambda x: x,
+    "identity": lambda x: x,
+    "square": np.square,
+    "abs": np.abs,
+    "negative": np.negative,
+    "sign": np.sign,
+    "trunc": np.trunc,
+    "floor": np.floor,
+    "ceil": np.ceil,
+    "exp": np.exp,
+    "log": np.log,
+    "sqrt": np.sqrt,
+    "rsqrt": _rsqrt,
+    "reciprocal": _reciprocal,
+    "sin": np.sin,
+    "cos": np.cos,
+    "tan": np.tan,
+    "tanh": np.tanh,
+    "arctan": np.arctan,
+    "sigmoid": _sigmoid,
+    "relu": lambda x: np.maximum(x, np.float32(0)),
+    "gelu": _gelu,
+    "gelu_dx": _gelu_dx,
+    "gelu_apprx_tanh": _gelu_tanh,
     "gelu_apprx_sigmoid": lambda x: x * _sigmoid(np.float32(1.702) * x),
-    "silu": lambda x: x * _sigmoid(x), "silu_dx": _silu_dx,
-    "erf": _erf, "erf_dx": lambda x: np.float32(_TWO_OVER_SQRT_PI) * np.exp(-x * x),
-    "softplus": _softplus, "mish": lambda x: x * np.tanh(_softplus(x)),
+    "silu": lambda x: x * _sigmoid(x),
+    "silu_dx": _silu_dx,
+    "erf": _erf,
+    "erf_dx": lambda x: np.float32(_TWO_OVER_SQRT_PI) * np.exp(-x * x),
+    "softplus": _softplus,
+    "mish": lambda x: x * np.tanh(_softplus(x)),
     "logical_not": lambda x: (x == 0).astype(np.float32),
 }
 # what nisa.activation accepts (SHARED "Supported Activation Functions" plus the reciprocal
 # and abs the ISA docs list); nl.* routes these and cos/tan to the Scalar engine
-ACTIVATIONS = frozenset(UNARY) - {"negative", "trunc", "floor", "ceil", "logical_not", "cos",
-                                  "tan"}
+ACTIVATIONS = frozenset(UNARY) - {"negative", "trunc", "floor", "ceil", "logical_not", "cos", "tan"}
 TRANSCENDENTAL = ACTIVATIONS | {"cos", "tan"}
 
 BINARY = {
-    "add": np.add, "subtract": np.subtract, "multiply": np.multiply, "divide": np.divide,
-    "power": np.power, "maximum": np.maximum, "minimum": np.minimum,
-    "mod": np.mod, "fmod": np.fmod, "abs_max": _abs_max, "abs_min": _abs_min,
-    "equal": np.equal, "not_equal": np.not_equal, "greater": np.greater,
-    "greater_equal": np.greater_equal, "less": np.less, "less_equal": np.less_equal,
-    "logical_and": np.logical_and, "logical_or": np.logical_or, "logical_xor": np.logical_xor,
+    "add": np.add,
+    "subtract": np.subtract,
+    "multiply": np.multiply,
+    "divide": np.divide,
+    "power": np.power,
+    "maximum": np.maximum,
+    "minimum": np.minimum,
+    "mod": np.mod,
+    "fmod": np.fmod,
+    "abs_max": _abs_max,
+    "abs_min": _abs_min,
+    "equal": np.equal,
+    "not_equal": np.not_equal,
+    "greater": np.greater,
+    "greater_equal": np.greater_equal,
+    "less": np.less,
+    "less_equal": np.less_equal,
+    "logical_and": np.logical_and,
+    "logical_or": np.logical_or,
+    "logical_xor": np.logical_xor,
 }
 BITVEC = {
-    "bitwise_and": np.bitwise_and, "bitwise_or": np.bitwise_or, "bitwise_xor": np.bitwise_xor,
-    "left_shift": np.left_shift, "right_shift": _logical_shift_right,
+    "bitwise_and": np.bitwise_and,
+    "bitwise_or": np.bitwise_or,
+    "bitwise_xor": np.bitwise_xor,
+    "left_shift": np.left_shift,
+    "right_shift": _logical_shift_right,
     "invert": np.invert,
 }
-COMPARISONS = frozenset({"equal", "not_equal", "greater", "greater_equal", "less",
-                         "less_equal", "logical_and", "logical_or", "logical_xor"})
-_REDUCERS = {"add": np.sum, "multiply": np.prod, "maximum": np.max, "minimum": np.min,
-             "bitwise_and": np.bitwise_and.reduce, "bitwise_or": np.bitwise_or.reduce,
-             "bitwise_xor": np.bitwise_xor.reduce, "logical_and": np.all, "logical_or": np.any,
-             "logical_xor": lambda v, axis: np.logical_xor.reduce(v != 0, axis=axis)}
+COMPARISONS = frozenset(
+    {
+        "equal",
+        "not_equal",
+        "greater",
+        "greater_equal",
+        "less",
+        "less_equal",
+        "logical_and",
+        "logical_or",
+        "logical_xor",
+    }
+)
+_REDUCERS = {
+    "add": np.sum,
+    "multiply": np.prod,
+    "maximum": np.max,
+    "minimum": np.min,
+    "bitwise_and": np.bitwise_and.reduce,
+    "bitwise_or": np.bitwise_or.reduce,
+    "bitwise_xor": np.bitwise_xor.reduce,
+    "logical_and": np.all,
+    "logical_or": np.any,
+    "logical_xor": lambda v, axis: np.logical_xor.reduce(v != 0, axis=axis),
+}
 
 _UFUNC_NAMES = {
-    np.add: "add", np.subtract: "subtract", np.multiply: "multiply", np.divide: "divide",
-    np.true_divide: "divide", np.power: "power", np.maximum: "maximum", np.minimum: "minimum",
-    np.max: "maximum", np.min: "minimum", np.amax: "maximum", np.amin: "minimum",
-    np.mod: "mod", np.fmod: "fmod", np.equal: "equal", np.not_equal: "not_equal",
-    np.greater: "greater", np.greater_equal: "greater_equal", np.less: "less",
-    np.less_equal: "less_equal", np.logical_and: "logical_and", np.logical_or: "logical_or",
-    np.logical_xor: "logical_xor", np.logical_not: "logical_not",
-    np.bitwise_and: "bitwise_and", np.bitwise_or: "bitwise_or", np.bitwise_xor: "bitwise_xor",
-    np.left_shift: "left_shift", np.right_shift: "right_shift", np.invert: "invert",
-    np.exp: "exp", np.log: "log", np.sqrt: "sqrt", np.square: "square", np.abs: "abs",
-    np.absolute: "abs", np.negative: "negative", np.tanh: "tanh", np.sin: "sin", np.cos: "cos",
-    np.tan: "tan", np.arctan: "arctan", np.sign: "sign", np.reciprocal: "reciprocal",
-    np.sum: "add", np.prod: "multiply",
+    np.add: "add",
+    np.subtract: "subtract",
+    np.multiply: "multiply",
+    np.divide: "divide",
+    np.true_divide: "divide",
+    np.power: "power",
+    np.maximum: "maximum",
+    np.minimum: "minimum",
+    np.max: "maximum",
+    np.min: "minimum",
+    np.amax: "maximum",
+    np.amin: "minimum",
+    np.mod: "mod",
+    np.fmod: "fmod",
+    np.equal: "equal",
+    np.not_equal: "not_equal",
+    np.greater: "greater",
+    np.greater_equal: "greater_equal",
+    np.less: "less",
+    np.less_equal: "less_equal",
+    np.logical_and: "logical_and",
+    np.logical_or: "logical_or",
+    np.logical_xor: "logical_xor",
+    np.logical_not: "logical_not",
+    np.bitwise_and: "bitwise_and",
+    np.bitwise_or: "bitwise_or",
+    np.bitwise_xor: "bitwise_xor",
+    np.left_shift: "left_shift",
+    np.right_shift: "right_shift",
+    np.invert: "invert",
+    np.exp: "exp",
+    np.log: "log",
+    np.sqrt: "sqrt",
+    np.square: "square",
+    np.abs: "abs",
+    np.absolute: "abs",
+    np.negative: "negative",
+    np.tanh: "tanh",
+    np.sin: "sin",
+    np.cos: "cos",
+    np.tan: "tan",
+    np.arctan: "arctan",
+    np.sign: "sign",
+    np.reciprocal: "reciprocal",
+    np.sum: "add",
+    np.prod: "multiply",
 }
 
 
@@ -156,8 +245,12 @@ class OpSpec:
         else:
             fn = BINARY.get(self.name) or BITVEC[self.name]
         with np.errstate(all="ignore"):
-            if out is not None and isinstance(fn, np.ufunc) and fn.nout == 1 and (
-                    self.name not in COMPARISONS):
+            if (
+                out is not None
+                and isinstance(fn, np.ufunc)
+                and fn.nout == 1
+                and (self.name not in COMPARISONS)
+            ):
                 return fn(*operands, out=out, dtype=np.float32, casting="unsafe")
             return np.asarray(fn(*operands))
 
@@ -183,6 +276,7 @@ def lookup(op, argname: str = "op") -> OpSpec:
         except TypeError:
             name = None
     if name is None or (name not in UNARY and name not in BINARY and name not in BITVEC):
-        raise NKIValueError(f"`{argname}`={op!r} is not an NKI operator",
-                            "err_unsupported_operator")
+        raise NKIValueError(
+            f"`{argname}`={op!r} is not an NKI operator", "err_unsupported_operator"
+        )
     return OpSpec(name)

@@ -152,8 +152,9 @@ class Predicate:
         if isinstance(other, (bool, np.bool_)):
             return Predicate(self.values & bool(other), self.comparisons + ((),))
         if not isinstance(other, Predicate):
-            raise NKIValueError("masks combine only with '&' of comparisons",
-                                "err_unsupported_expression_in_mask")
+            raise NKIValueError(
+                "masks combine only with '&' of comparisons", "err_unsupported_expression_in_mask"
+            )
         return Predicate(self.values & other.values, self.comparisons + other.comparisons)
 
     __rand__ = __and__
@@ -162,20 +163,24 @@ class Predicate:
         raise NKIControlFlowError(
             "a comparison of index expressions is a mask, not a Python bool: it cannot drive "
             "'if'/'while', and predicates combine with '&', not 'and' "
-            "(err_ambiguous_tensor_truth_value; \"We do not support using and for masks\", "
+            '(err_ambiguous_tensor_truth_value; "We do not support using and for masks", '
             "general/nki/nki_known_issues.rst@8a38e733 L38)",
             "err_control_flow_condition_depending_on_arange",
         )
 
     def __or__(self, other):
-        raise NKIValueError("masks combine only with '&' (a conjunction of comparisons)",
-                            "err_unsupported_expression_in_mask")
+        raise NKIValueError(
+            "masks combine only with '&' (a conjunction of comparisons)",
+            "err_unsupported_expression_in_mask",
+        )
 
     __ror__ = __or__
 
     def __invert__(self):
-        raise NKIValueError("masks cannot be negated: flip the comparison instead",
-                            "err_unsupported_expression_in_mask")
+        raise NKIValueError(
+            "masks cannot be negated: flip the comparison instead",
+            "err_unsupported_expression_in_mask",
+        )
 
     def __repr__(self):
         return f"Predicate(shape={self.values.shape}, true={int(self.values.sum())})"
@@ -215,8 +220,9 @@ class _MGrid:
         ndim = len(key)
         axes = []
         for axis, sl in enumerate(key):
-            if not isinstance(sl, slice) or (sl.step not in (None, 1) and isinstance(sl.step,
-                                                                                     complex)):
+            if not isinstance(sl, slice) or (
+                sl.step not in (None, 1) and isinstance(sl.step, complex)
+            ):
                 raise NKIIndexError("mgrid takes slices such as 0:128", "err_invalid_mgrid")
             values = np.arange(sl.start or 0, sl.stop, sl.step or 1, dtype=np.int64)
             shape = [1] * ndim
@@ -262,8 +268,7 @@ def mask_values(mask):
 def compact(mask: np.ndarray) -> np.ndarray:
     """The smallest array that broadcasts back to ``mask`` (broadcast axes become size 1)."""
     if mask.ndim and 0 in mask.strides:
-        mask = mask[tuple(slice(0, 1) if s == 0 else slice(None)
-                          for s in mask.strides)]
+        mask = mask[tuple(slice(0, 1) if s == 0 else slice(None) for s in mask.strides)]
     return mask
 
 
@@ -278,13 +283,17 @@ def align_mask(mask, shape) -> np.ndarray:
     elif mask.ndim > rank:
         kept = [n for n in mask.shape if n != 1]
         if len(kept) > rank:
-            raise NKIValueError(f"mask of shape {mask.shape} does not fit the instruction's "
-                                f"shape {tuple(shape)}", "err_mask_shape")
+            raise NKIValueError(
+                f"mask of shape {mask.shape} does not fit the instruction's shape {tuple(shape)}",
+                "err_mask_shape",
+            )
         mask = mask.reshape((1,) * (rank - len(kept)) + tuple(kept))
     for n, size in zip(mask.shape, shape):
         if n != 1 and n != size:
-            raise NKIValueError(f"mask of shape {mask.shape} does not fit the instruction's "
-                                f"shape {tuple(shape)}", "err_mask_shape")
+            raise NKIValueError(
+                f"mask of shape {mask.shape} does not fit the instruction's shape {tuple(shape)}",
+                "err_mask_shape",
+            )
     return mask
 
 

@@ -121,11 +121,19 @@ def check_no_dynamic_offset(value, use: str) -> None:
             "access is not natively supported: use nisa.tensor_copy_dynamic_src (a dynamic "
             "source) or nisa.tensor_copy_dynamic_dst (a dynamic destination) "
             "(aws-neuron-sdk@8a38e733 general/nki/api/nki.errors.rst L256-281)",
-            "err_copy_dynamic_indirect_indices_not_natively_supported")
+            "err_copy_dynamic_indirect_indices_not_natively_supported",
+        )
 
 
-def tile_operand(value, argname: str, api: str, mask=None, allow_psum=True,
-                 operand_mask=False, dynamic_offset=False) -> Operand:
+def tile_operand(
+    value,
+    argname: str,
+    api: str,
+    mask=None,
+    allow_psum=True,
+    operand_mask=False,
+    dynamic_offset=False,
+) -> Operand:
     """Read an SBUF/PSUM tile argument of a compute instruction.
 
     ``mask`` (a compact boolean array) restricts the read when it fits the operand's shape,
@@ -133,34 +141,44 @@ def tile_operand(value, argname: str, api: str, mask=None, allow_psum=True,
     (``tile[...][mask]``) are accepted only where the API supports them (matmul).
     """
     if not is_tile(value):
-        raise NKITypeError(f"`{argname}` of {api} must be a tile, got {type(value).__name__}",
-                           "err_failed_to_infer_tile_from_local_tensor")
+        raise NKITypeError(
+            f"`{argname}` of {api} must be a tile, got {type(value).__name__}",
+            "err_failed_to_infer_tile_from_local_tensor",
+        )
     check_in_scope(value, f"operand '{argname}' of '{api}'")
     if not value.on_chip:
         raise NKITypeError(
             f"Expected operand '{argname}' of '{api}' to be in address space 'psum|sbuf', but "
             f"got a tensor in 'hbm' (`{value.name}`) instead: load it with nl.load first",
-            "err_unsupported_memory")
+            "err_unsupported_memory",
+        )
     if value.storage.memory == "psum" and not allow_psum:
         raise NKITypeError(
             f"Expected operand '{argname}' of '{api}' to be in address space 'sbuf', but got a "
-            "tile in 'psum' instead", "err_unsupported_memory")
+            "tile in 'psum' instead",
+            "err_unsupported_memory",
+        )
     if isinstance(value, Access):
         if not dynamic_offset:
             check_no_dynamic_offset(value, f"operand '{argname}' of '{api}'")
         if value.operand_mask is not None and not operand_mask:
             raise NKIValueError(
                 f"`{argname}` of {api} is operand-masked (tile[...][mask]); only the matmul "
-                "APIs accept operand masks: pass mask= instead", "err_unsupported_operand_mask")
+                "APIs accept operand masks: pass mask= instead",
+                "err_unsupported_operand_mask",
+            )
         read_mask = mask if isinstance(mask, np.ndarray) and _fits(mask, value.shape) else None
         values, valid = value.read(read_mask)
-        return Operand(values, value.dtype, value.storage.memory, value.region(read_mask),
-                       value, valid)
+        return Operand(
+            values, value.dtype, value.storage.memory, value.region(read_mask), value, valid
+        )
     if value.par_axis != 0:
         raise NKITypeError(
             f"Failed to infer tile from tensor `{value.name}`: operand '{argname}' of '{api}' "
             "has block dimensions before its partition dimension; index them away first "
-            "(t[i])", "err_failed_to_infer_tile_from_local_tensor")
+            "(t[i])",
+            "err_failed_to_infer_tile_from_local_tensor",
+        )
     return Operand(value.data, value.dtype, value.storage.memory, value.region(), value)
 
 
@@ -174,11 +192,17 @@ def check_in_scope(value, use: str) -> None:
             "tensors defined in if/else/for control blocks are not allowed to be used outside "
             "of the scope; create it before the block and assign into it with `t[...] = ...` "
             "(general/nki/api/nki.errors.rst@8a38e733, L417-L474)",
-            "err_local_variable_used_out_of_scope")
+            "err_local_variable_used_out_of_scope",
+        )
 
 
-def scalar_or_tile(value, argname, api, partitions=None, key="err_scalar_or_vector",
-                   ) -> tuple[object, Operand | None]:
+def scalar_or_tile(
+    value,
+    argname,
+    api,
+    partitions=None,
+    key="err_scalar_or_vector",
+) -> tuple[object, Operand | None]:
     """A Python scalar, or a per-partition ``(P, 1)`` tile broadcast along the free axes.
     Returns (float32 scalar or (P, 1) float32 array, the tile operand or None)."""
     if is_tile(value):
@@ -186,16 +210,20 @@ def scalar_or_tile(value, argname, api, partitions=None, key="err_scalar_or_vect
         if op.free_size != 1:
             raise NKIValueError(
                 f"`{argname}` of {api} must be a scalar or a (P, 1) per-partition tile, got shape "
-                f"{op.shape}", key)
+                f"{op.shape}",
+                key,
+            )
         if partitions is not None and op.partitions != partitions:
             raise NKIValueError(
                 f"`{argname}` of {api} has {op.partitions} partitions, the data has {partitions}",
-                "err_num_partition_mismatch")
+                "err_num_partition_mismatch",
+            )
         return op.f32().reshape(op.partitions, 1), op
     if isinstance(value, (int, float, np.number, bool, np.bool_)):
         return np.float32(value), None
-    raise NKITypeError(f"`{argname}` of {api} must be a scalar or a tile, got "
-                       f"{type(value).__name__}", key)
+    raise NKITypeError(
+        f"`{argname}` of {api} must be a scalar or a tile, got {type(value).__name__}", key
+    )
 
 
 def allocate(shape, dtype, buffer: str = "sbuf", name: str = "", fill=None) -> Tensor:
@@ -209,18 +237,21 @@ def allocate(shape, dtype, buffer: str = "sbuf", name: str = "", fill=None) -> T
     shape, par_axis = shape_and_par_axis(shape)
     if buffer in ("sbuf", "psum"):
         check_tile_shape(shape[par_axis:], f"tile `{name or 'tile'}` of shape {shape}")
-        per_partition = int(np.prod(shape[:par_axis] + shape[par_axis + 1:])) * dtype.itemsize
+        per_partition = int(np.prod(shape[:par_axis] + shape[par_axis + 1 :])) * dtype.itemsize
         storage = Storage(buffer, buffer, name)
         if buffer == "psum":  # TC#2 is a rule per (P, F) tile; each block is one tile
             # ("The block dimensions described how many physical (P, F) tiles the tensor
             # has", general/nki/nki_block_dimension_migration_guide.rst@8a38e733 L31)
-            rules.check_psum_tile(int(np.prod(shape[par_axis + 1:])), dtype.itemsize,
-                                  f"PSUM tile `{name or 'tile'}` of shape {shape} "
-                                  f"{dt.name(dtype)}")
+            rules.check_psum_tile(
+                int(np.prod(shape[par_axis + 1 :])),
+                dtype.itemsize,
+                f"PSUM tile `{name or 'tile'}` of shape {shape} {dt.name(dtype)}",
+            )
         what = f"tile `{name or 'tile'}` of shape {shape} {dt.name(dtype)}"
         allocator = ctx.sbuf if buffer == "sbuf" else ctx.psum
-        allocator.allocate(storage, per_partition,
-                           scope=tuple((frame, frame.iteration) for frame in ctx.loops))
+        allocator.allocate(
+            storage, per_partition, scope=tuple((frame, frame.iteration) for frame in ctx.loops)
+        )
         ctx.tiles[storage.id] = _tile_record(ctx, storage, shape, par_axis, dtype, what)
     else:
         storage = Storage("hbm", buffer, name)
@@ -240,18 +271,22 @@ def _tile_record(ctx, storage, shape, par_axis, dtype, what) -> TileRecord:
     not fit a partition can never be placed, so it is rejected here."""
     memory = storage.memory
     granule = ctx.psum.granule if memory == "psum" else ctx.sbuf.granule
-    block_bytes = math.prod(shape[par_axis + 1:]) * dtype.itemsize
+    block_bytes = math.prod(shape[par_axis + 1 :]) * dtype.itemsize
     held = max(granule, -(-block_bytes // granule) * granule)
-    capacity = (ctx.target.psum_bytes_per_partition if memory == "psum"
-                else ctx.target.sbuf_bytes_per_partition)
+    capacity = (
+        ctx.target.psum_bytes_per_partition
+        if memory == "psum"
+        else ctx.target.sbuf_bytes_per_partition
+    )
     if held > capacity:
         unit = "PSUM" if memory == "psum" else "SBUF"
         raise CapacityError(
             f"{unit} over capacity: {what} needs {block_bytes} bytes per partition for one "
             f"tile, more than the target's {capacity} bytes per partition; tile the free "
-            "dimension", f"err_{memory}_capacity_exceeded")
-    return TileRecord(memory, storage.address, block_bytes, math.prod(shape[:par_axis]),
-                      held, what)
+            "dimension",
+            f"err_{memory}_capacity_exceeded",
+        )
+    return TileRecord(memory, storage.address, block_bytes, math.prod(shape[:par_axis]), held, what)
 
 
 def shape_and_par_axis(shape):
@@ -291,16 +326,32 @@ def result_tile(values: np.ndarray, dtype, mask, buffer="sbuf", name="", owned=F
     return allocate(data.shape, dtype, buffer, name, fill=data)
 
 
-def emit(engine: str, opcode: str, *, inputs=(), outputs=(), partitions: int, free_size: int,
-         out_dtype, details=None, dma=None):
+def emit(
+    engine: str,
+    opcode: str,
+    *,
+    inputs=(),
+    outputs=(),
+    partitions: int,
+    free_size: int,
+    out_dtype,
+    details=None,
+    dma=None,
+):
     """Append one instruction to the trace of the running kernel."""
     ctx = current(opcode)
     reads = tuple(op.region for op in inputs if op is not None and op.region is not None)
     fields = dict(
-        engine=engine, opcode=opcode, partitions=int(partitions), free_size=int(free_size),
+        engine=engine,
+        opcode=opcode,
+        partitions=int(partitions),
+        free_size=int(free_size),
         in_dtypes=tuple(dt.name(op.dtype) for op in inputs if op is not None),
         out_dtype=dt.name(out_dtype) if out_dtype is not None else "",
-        reads=reads, writes=tuple(outputs), loops=ctx.loops_key(), program=ctx.program_id,
+        reads=reads,
+        writes=tuple(outputs),
+        loops=ctx.loops_key(),
+        program=ctx.program_id,
         core=ctx.core,
         details=details or {},
     )
@@ -308,8 +359,10 @@ def emit(engine: str, opcode: str, *, inputs=(), outputs=(), partitions: int, fr
     if dma is not None:
         fields.update(dma)
     else:  # the cost model halves the access rate of strided operands
-        fields["details"].setdefault("max_stride_bytes", max(
-            (_innermost_stride(op) for op in inputs if op is not None), default=0))
+        fields["details"].setdefault(
+            "max_stride_bytes",
+            max((_innermost_stride(op) for op in inputs if op is not None), default=0),
+        )
     return ctx.trace.add(**fields)
 
 
@@ -329,7 +382,8 @@ def check_free_size(op: Operand, api: str) -> None:
         raise NKIValueError(
             f"{api} reads {op.free_size} elements per partition from {op.memory.upper()}; one "
             f"instruction reads at most {limit}: split the free dimension",
-            "err_size_of_dimension_exceed_arch_limit")
+            "err_size_of_dimension_exceed_arch_limit",
+        )
 
 
 def finish(tile: Tensor, instruction, mask, fp32_values) -> Tensor:
@@ -361,21 +415,42 @@ def extent(mask, shape) -> tuple[int, int]:
     return int(full.any(axis=1).sum()), int(full.sum(axis=1).max())
 
 
-def compute_result(engine, opcode, values, dtype, mask, inputs, *, partitions=None,
-                   free_size=None, details=None, buffer="sbuf", extra_writes=()) -> Tensor:
+def compute_result(
+    engine,
+    opcode,
+    values,
+    dtype,
+    mask,
+    inputs,
+    *,
+    partitions=None,
+    free_size=None,
+    details=None,
+    buffer="sbuf",
+    extra_writes=(),
+) -> Tensor:
     """Common tail of a compute instruction producing a new tile from its fp32 ``values``
     (``extra_writes``: regions it also writes, e.g. a ``reduce_res``)."""
     values = np.asarray(values)
     rules.check_gpsimd_memory(opcode, engine, (buffer,))
     # a temporary the instruction computed (not an operand's own array) can become the tile
-    owned = (values.base is None and not is_scratch(values)
-             and all(op is None or op.values is not values for op in inputs))
+    owned = (
+        values.base is None
+        and not is_scratch(values)
+        and all(op is None or op.values is not values for op in inputs)
+    )
     tile = result_tile(values, dtype, mask, buffer, owned=owned)
     active_partitions, active_free = extent(mask, tile.shape)
-    inst = emit(engine, opcode, inputs=inputs, outputs=[tile.region(mask), *extra_writes],
-                partitions=active_partitions if partitions is None else partitions,
-                free_size=active_free if free_size is None else free_size,
-                out_dtype=dtype, details=details)
+    inst = emit(
+        engine,
+        opcode,
+        inputs=inputs,
+        outputs=[tile.region(mask), *extra_writes],
+        partitions=active_partitions if partitions is None else partitions,
+        free_size=active_free if free_size is None else free_size,
+        out_dtype=dtype,
+        details=details,
+    )
     return finish(tile, inst, mask, values)
 
 
@@ -400,8 +475,9 @@ def fit_values(values: np.ndarray, shape, name: str) -> np.ndarray:
     if values.ndim < len(shape):
         candidates.append(values.reshape(values.shape + (1,) * (len(shape) - values.ndim)))
     if values.size == int(np.prod(shape)) and (
-            [n for n in values.shape if n != 1] == [n for n in shape if n != 1]
-            or (values.ndim and shape and values.shape[0] == shape[0])):
+        [n for n in values.shape if n != 1] == [n for n in shape if n != 1]
+        or (values.ndim and shape and values.shape[0] == shape[0])
+    ):
         candidates.append(values.reshape(shape))
     candidates.append(values)
     for candidate in candidates:
@@ -413,7 +489,8 @@ def fit_values(values: np.ndarray, shape, name: str) -> np.ndarray:
     raise NKIValueError(
         f"Illegal assignment destination shape: `{name or 'tile'}` of shape {shape} is smaller "
         f"than the value of shape {values.shape} (or they do not broadcast)",
-        "err_store_dst_shape_smaller_than_other_shape")
+        "err_store_dst_shape_smaller_than_other_shape",
+    )
 
 
 def write_into(dst, values: np.ndarray, mask, accumulate=False, dynamic_offset=False) -> None:
@@ -447,8 +524,9 @@ def write_into(dst, values: np.ndarray, mask, accumulate=False, dynamic_offset=F
                 where = np.broadcast_to(m, shape)
                 dst.data[where] = full[where]
             else:
-                box = dst.box([s.start or 0 for s in sel],
-                              [(s.stop or n) - 1 for s, n in zip(sel, shape)])
+                box = dst.box(
+                    [s.start or 0 for s in sel], [(s.stop or n) - 1 for s, n in zip(sel, shape)]
+                )
                 dst.data[sel] = full[sel]
     dst.storage.written = True
     if dst.storage.memory == "psum":
@@ -480,23 +558,46 @@ def align_shapes(a: np.ndarray, b: np.ndarray):
     return a, b
 
 
-def dma_record(opcode, src_region, dst_region, partitions, nbytes, row_bytes, direction,
-               in_dtype, out_dtype, inputs=(), details=None):
+def dma_record(
+    opcode,
+    src_region,
+    dst_region,
+    partitions,
+    nbytes,
+    row_bytes,
+    direction,
+    in_dtype,
+    out_dtype,
+    inputs=(),
+    details=None,
+):
     """Append a DMA transfer to the trace. ``nbytes`` counts the elements actually moved
     (masked-off points excluded) at the HBM side's itemsize."""
     src = [Operand.reference(src_region, in_dtype)] if src_region is not None else []
     fields = dma_trace_fields(nbytes, partitions, direction, row_bytes)
-    return emit("dma", opcode, inputs=src + list(inputs), outputs=[dst_region],
-                partitions=partitions, free_size=fields["free_size"], out_dtype=out_dtype,
-                details=details or {}, dma=fields)
+    return emit(
+        "dma",
+        opcode,
+        inputs=src + list(inputs),
+        outputs=[dst_region],
+        partitions=partitions,
+        free_size=fields["free_size"],
+        out_dtype=out_dtype,
+        details=details or {},
+        dma=fields,
+    )
 
 
 def dma_trace_fields(nbytes, partitions, direction, row_bytes) -> dict:
     """The fields of a DMA's trace record, the same in both front-ends for the same
     transfer: ``nbytes`` moved (at the HBM side's itemsize), ``free_size`` the bytes per
     on-chip partition, ``direction`` ("hbm->sbuf" ...), ``row_bytes`` per descriptor."""
-    return {"free_size": int(nbytes) // max(1, int(partitions)), "dma_bytes": int(nbytes),
-            "dma_direction": direction, "dma_row_bytes": int(row_bytes)}
+    return {
+        "free_size": int(nbytes) // max(1, int(partitions)),
+        "dma_bytes": int(nbytes),
+        "dma_direction": direction,
+        "dma_row_bytes": int(row_bytes),
+    }
 
 
 def indirect_inputs(access):

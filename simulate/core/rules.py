@@ -35,19 +35,53 @@ ENGINE_NAMES = {"dve": "Vector", "act": "Scalar", "pool": "GpSimd", "pe": "Tenso
 
 # The "Legal Reduction ``op``" column of the Supported Math Operators table: the same Y rows
 # in both dialects (legacy SHARED L63-L119, 0.6 SHARED06 L73-L135)
-LEGAL_REDUCTION_OPS = frozenset({
-    "add", "subtract", "multiply", "maximum", "minimum", "bitwise_and", "bitwise_or",
-    "bitwise_xor", "logical_and", "logical_or", "logical_xor",
-})
+LEGAL_REDUCTION_OPS = frozenset(
+    {
+        "add",
+        "subtract",
+        "multiply",
+        "maximum",
+        "minimum",
+        "bitwise_and",
+        "bitwise_or",
+        "bitwise_xor",
+        "logical_and",
+        "logical_or",
+        "logical_xor",
+    }
+)
 _ALU_TABLE = {"legacy": f"{SHARED}, L63-L119", "nki06": f"{SHARED06}, L73-L135"}
 
 # Supported Activation Functions (the ``op`` of nisa.activation): legacy SHARED L140-L186;
 # 0.6 SHARED06 L154-L204 adds prelu and gelu_apprx_sigmoid_dx (not simulated)
-_LEGACY_ACTIVATIONS = frozenset({
-    "copy", "square", "sigmoid", "relu", "gelu", "gelu_dx", "gelu_apprx_tanh",
-    "gelu_apprx_sigmoid", "silu", "silu_dx", "tanh", "softplus", "mish", "erf", "erf_dx",
-    "exp", "log", "sin", "arctan", "sqrt", "rsqrt", "reciprocal", "sign", "abs",
-})
+_LEGACY_ACTIVATIONS = frozenset(
+    {
+        "copy",
+        "square",
+        "sigmoid",
+        "relu",
+        "gelu",
+        "gelu_dx",
+        "gelu_apprx_tanh",
+        "gelu_apprx_sigmoid",
+        "silu",
+        "silu_dx",
+        "tanh",
+        "softplus",
+        "mish",
+        "erf",
+        "erf_dx",
+        "exp",
+        "log",
+        "sin",
+        "arctan",
+        "sqrt",
+        "rsqrt",
+        "reciprocal",
+        "sign",
+        "abs",
+    }
+)
 ACTIVATION_FUNCTIONS = {
     "legacy": _LEGACY_ACTIVATIONS,
     "nki06": _LEGACY_ACTIVATIONS | {"prelu", "gelu_apprx_sigmoid_dx"},
@@ -166,8 +200,9 @@ def default_engine(ops, candidates=("dve", "pool", "act")) -> str | None:
     return None
 
 
-def check_tensor_scalar_engine(engine: str, ops, nc_version: int, tile="",
-                               dialect="legacy") -> None:
+def check_tensor_scalar_engine(
+    engine: str, ops, nc_version: int, tile="", dialect="legacy"
+) -> None:
     """``nisa.tensor_scalar`` engine rules: GpSimd only for rsqrt; the Scalar engine of
     NeuronCore-v3 only (multiply), (add), (multiply, add). The legacy table also binds each
     op to its engines (and Add/Multiply on Scalar from v3); the 0.6 table has no engine
@@ -175,7 +210,7 @@ def check_tensor_scalar_engine(engine: str, ops, nc_version: int, tile="",
     (the only target the docs name for it is trn2)."""
     ops = tuple(ops)
     if engine == "pool" and "rsqrt" not in ops:
-        cite = (f"{ISA06}, L1157" if dialect == "nki06" else f"{ISA}, L1699")
+        cite = f"{ISA06}, L1157" if dialect == "nki06" else f"{ISA}, L1699"
         # general/nki/api/nki/isa/__init__.py@8a38e733, L1699 /
         # nki/api/nki/isa/__init__.py@81ce03ae, L1157
         raise NKIValueError(
@@ -184,9 +219,12 @@ def check_tensor_scalar_engine(engine: str, ops, nc_version: int, tile="",
             "unsupported_engine_for_operator",
         )
     combos_apply = nc_version >= 3 or dialect == "nki06"
-    if engine == "act" and combos_apply and (
-            ops not in SCALAR_TENSOR_SCALAR_COMBOS or nc_version < 3):
-        cite = (f"{ISA06}, L1106-L1111" if dialect == "nki06" else f"{ISA}, L1663-L1667")
+    if (
+        engine == "act"
+        and combos_apply
+        and (ops not in SCALAR_TENSOR_SCALAR_COMBOS or nc_version < 3)
+    ):
+        cite = f"{ISA06}, L1106-L1111" if dialect == "nki06" else f"{ISA}, L1663-L1667"
         # general/nki/api/nki/isa/__init__.py@8a38e733, L1663-L1667 /
         # nki/api/nki/isa/__init__.py@81ce03ae, L1106-L1111
         raise NKIValueError(
@@ -199,8 +237,9 @@ def check_tensor_scalar_engine(engine: str, ops, nc_version: int, tile="",
         check_alu_engine("nisa.tensor_scalar", engine, ops, nc_version, tile)
 
 
-def check_tensor_tensor_engine(engine: str, op: str, integer: bool, tile="",
-                               dialect="legacy") -> None:
+def check_tensor_tensor_engine(
+    engine: str, op: str, integer: bool, tile="", dialect="legacy"
+) -> None:
     """``nisa.tensor_tensor``: Vector runs the Vector ops; GpSimd runs power and integer
     arithmetic (legacy: add/subtract/multiply, isa L1766-L1767; 0.6: any arithmetic op when
     every tile is int32/uint32, isa L1025-L1036)."""
@@ -436,8 +475,10 @@ def check_allocated_hbm(scratch: list[str], unreturned: list[str]) -> None:
     with buffer=nl.hbm or buffer=nl.private_hbm are not allowed" (known issues L47-L55;
     direct allocation guide L440-L446)."""
     if scratch or unreturned:
-        what = ", ".join([f"`{n}` (private_hbm)" for n in scratch]
-                         + [f"`{n}` (shared_hbm, not returned)" for n in unreturned])
+        what = ", ".join(
+            [f"`{n}` (private_hbm)" for n in scratch]
+            + [f"`{n}` (shared_hbm, not returned)" for n in unreturned]
+        )
         raise NKIValueError(
             f"Non IO HBM tensor is not supported in allocated NKI kernel: {what} ({KI}, "
             "L47-L55; general/nki/nki_direct_allocation_guide.rst@8a38e733, L440-L446)",
@@ -532,11 +573,18 @@ def moving_fmax(dialect: str, nc_version: int, dst_dtype: str = "float32") -> in
     return GEMM_MOVING_FMAX
 
 
-def check_matmul_free_sizes(api: str, stationary_free: int, moving_free: int, dialect: str,
-                            nc_version: int, dst_dtype: str = "float32", tile="") -> None:
+def check_matmul_free_sizes(
+    api: str,
+    stationary_free: int,
+    moving_free: int,
+    dialect: str,
+    nc_version: int,
+    dst_dtype: str = "float32",
+    tile="",
+) -> None:
     """``nc_matmul``: stationary free size <= gemm_stationary_fmax, moving free size <=
     :func:`moving_fmax` (legacy nl.tile_size, language L144-L150; 0.6 isa L606-L614)."""
-    cite = (f"{ISA06}, L606-L614" if dialect == "nki06" else f"{LANG}, L144-L150")
+    cite = f"{ISA06}, L606-L614" if dialect == "nki06" else f"{LANG}, L144-L150"
     if stationary_free > GEMM_STATIONARY_FMAX:
         # general/nki/api/nki/language/__init__.py@8a38e733, L149-L150 /
         # nki/api/nki/isa/__init__.py@81ce03ae, L608-L609
@@ -568,8 +616,8 @@ def check_legacy_matmul_result(api: str, dst_dtype: str, tile="") -> None:
     if dst_dtype != "float32":
         # general/nki/api/nki/isa/__init__.py@8a38e733, L876
         raise NKITypeError(
-            f"{api}: the result of nc_matmul is float32 in this dialect (\"The matmul "
-            f"accumulation and results are always in float32\", {ISA}, L876); it cannot be "
+            f'{api}: the result of nc_matmul is float32 in this dialect ("The matmul '
+            f'accumulation and results are always in float32", {ISA}, L876); it cannot be '
             f"written into a {dst_dtype} PSUM tile: allocate the PSUM tile as float32 and "
             f"cast on the copy to SBUF{_tile(tile)}",
             "err_matmul_dtype",
@@ -596,8 +644,9 @@ def check_legacy_reduce_axes(api: str, axes, ndim: int, tile="") -> None:
         )
 
 
-def check_transpose_size(api: str, engine: str, partitions: int, free: int, dialect: str,
-                         tile="") -> None:
+def check_transpose_size(
+    api: str, engine: str, partitions: int, free: int, dialect: str, tile=""
+) -> None:
     """``nc_transpose`` input at most 128 x 128 (Tensor) or 32 x 32 (Vector; another engine
     is held to the Tensor engine's limit)."""
     limit = TRANSPOSE_LIMITS.get(engine, TRANSPOSE_LIMITS["pe"])
@@ -615,12 +664,14 @@ def check_transpose_size(api: str, engine: str, partitions: int, free: int, dial
 # nc_matmul input dtypes: legacy isa L874-L875; 0.6 isa L576-L579 (float8_e4m3fn from
 # NeuronCore-v4, the only 0.6-only entry)
 MATMUL_INPUT_DTYPES = frozenset(
-    {"float8_e4m3", "float8_e5m2", "bfloat16", "float16", "tfloat32", "float32"})
+    {"float8_e4m3", "float8_e5m2", "bfloat16", "float16", "tfloat32", "float32"}
+)
 MATMUL_V4_INPUT_DTYPES = frozenset({"float8_e4m3fn"})
 
 
-def check_matmul_inputs(api: str, stationary: str, moving: str, dialect: str,
-                        nc_version: int) -> None:
+def check_matmul_inputs(
+    api: str, stationary: str, moving: str, dialect: str, nc_version: int
+) -> None:
     """``nc_matmul`` input dtypes (both dialects); the 0.6 docs add the pairing rules:
     float32/tfloat32 pair only with float32/tfloat32, float8_e4m3 and float8_e4m3fn do not
     mix (0.6 isa L578-L581)."""
@@ -655,5 +706,6 @@ def check_matmul_inputs(api: str, stationary: str, moving: str, dialect: str,
         )
     if {"float8_e4m3", "float8_e4m3fn"} <= kinds:
         # nki/api/nki/isa/__init__.py@81ce03ae, L579
-        raise NKITypeError(f"{api} cannot mix float8_e4m3 and float8_e4m3fn ({cite})",
-                           "err_matmul_dtype")
+        raise NKITypeError(
+            f"{api} cannot mix float8_e4m3 and float8_e4m3fn ({cite})", "err_matmul_dtype"
+        )

@@ -42,8 +42,9 @@ from .trace import Trace
 # The running kernel's context. A context variable, not a global: every thread launching
 # kernels (torch / JAX bindings, thread pools) sees only its own run, and a sub-kernel
 # (``mode="trace"``) called inside a kernel sees its caller's, which runs on the same thread.
-_context: contextvars.ContextVar[Context | None] = contextvars.ContextVar("simulate_context",
-                                                                          default=None)
+_context: contextvars.ContextVar[Context | None] = contextvars.ContextVar(
+    "simulate_context", default=None
+)
 _finished = threading.local()  # .trace: the calling thread's most recent run
 
 # Turns a ``mode="benchmark"`` run's trace into ``kernel.benchmark_result``. The cost model
@@ -55,6 +56,7 @@ def register_benchmark_reporter(reporter) -> None:
     """Make ``reporter(trace)`` the source of ``kernel.benchmark_result``."""
     global _benchmark_reporter
     _benchmark_reporter = reporter
+
 
 MODES = ("auto", "jax", "torchxla", "baremetal", "benchmark", "simulation", "trace")
 
@@ -80,8 +82,9 @@ class Context:
         self.trace = Trace(self.target.name)
         # placement only; capacity is checked on live ranges when the kernel ends
         self.sbuf = PartitionAllocator("sbuf", 4, self.trace, "sbuf_peak_bytes_per_partition")
-        self.psum = PartitionAllocator("psum", PSUM_BANK_BYTES, self.trace,
-                                       "psum_peak_bytes_per_partition")
+        self.psum = PartitionAllocator(
+            "psum", PSUM_BANK_BYTES, self.trace, "psum_peak_bytes_per_partition"
+        )
         self.tiles: dict[int, TileRecord] = {}  # storage id -> the on-chip tensor
         # (storage id, block) of the PSUM tiles written so far: a matmul accumulated into
         # one never written starts its accumulation group
@@ -122,10 +125,15 @@ class Context:
         and its ``spill_save_bytes`` / ``spill_reload_bytes`` the spill traffic."""
         check_modulo_lifetimes(self.trace.instructions, self.tiles, self.modulo_tiles)
         peaks, plans, transfers = check_live_capacity(
-            self.trace.instructions, self.tiles,
-            {"sbuf": self.target.sbuf_bytes_per_partition,
-             "psum": self.target.psum_bytes_per_partition},
-            self.target.name, placed_by_kernel=self.allocated)
+            self.trace.instructions,
+            self.tiles,
+            {
+                "sbuf": self.target.sbuf_bytes_per_partition,
+                "psum": self.target.psum_bytes_per_partition,
+            },
+            self.target.name,
+            placed_by_kernel=self.allocated,
+        )
         self.trace.instructions = with_transfers(self.trace.instructions, transfers)
         self.trace.sbuf_peak_bytes_per_partition = peaks["sbuf"]
         self.trace.psum_peak_bytes_per_partition = peaks["psum"]
@@ -140,8 +148,9 @@ def current(api: str = "this API") -> Context:
     """The running kernel's context; NKI APIs outside a kernel are an error."""
     ctx = _context.get()
     if ctx is None:
-        raise NKIRuntimeError(f"{api} can only be called inside an NKI kernel",
-                              "err_nki_api_outside_of_nki_kernel")
+        raise NKIRuntimeError(
+            f"{api} can only be called inside an NKI kernel", "err_nki_api_outside_of_nki_kernel"
+        )
     return ctx
 
 
@@ -202,24 +211,27 @@ def check_legacy_kernel(kernel, entry_point: str | None = None) -> None:
             f"{name!r} is written against nki 0.6, which the legacy (neuronxcc.nki) runtime "
             "cannot run: decorate it with the 0.6 nki.jit (simulate.nki06.jit); "
             "simulate.trace_kernel, simulate_kernel, profile, jit and benchmark take that kernel",
-            "err_kernel_of_the_other_dialect")
+            "err_kernel_of_the_other_dialect",
+        )
     raise NKITypeError(
         f"{entry_point} takes legacy (neuronxcc.nki) kernels, but {name!r} is an nki 0.6 "
         "kernel: call it directly with the arrays (the 0.6 launch convention)",
-        "err_kernel_of_the_other_dialect")
+        "err_kernel_of_the_other_dialect",
+    )
 
 
 def _launch(func, args, kwargs, *, grid=(), target=None, simulation=False):
     """``(outputs, trace)`` of one run of ``func`` (either dialect) in the simulator."""
     own_launcher = getattr(func, "__simulate_trace__", None)
     if own_launcher is None:
-        outputs, trace, _ = run(func, args, kwargs, grid=grid, target=target,
-                                simulation=simulation)
+        outputs, trace, _ = run(func, args, kwargs, grid=grid, target=target, simulation=simulation)
         return outputs, trace
     if grid:
         raise NKIValueError(
             f"an nki 0.6 kernel takes no SPMD grid {grid}: launch it on a logical core of "
-            "two physical cores as kernel[2] instead", "err_grid_on_nki06_kernel")
+            "two physical cores as kernel[2] instead",
+            "err_grid_on_nki06_kernel",
+        )
     return own_launcher(*args, target=target, **kwargs)
 
 
@@ -257,12 +269,14 @@ def _loop_bounds(kind: str, args) -> tuple[int, ...]:
                 f"nl.{kind} bound `{value.name or 'tensor'}` is a tensor: dynamic control flow "
                 "depending on tensor value is not supported (general/nki/api/nki.errors.rst"
                 "@8a38e733 L285-294); a run-time loop is the do-while form (L904-948)",
-                "err_dynamic_control_flow_not_supported")
+                "err_dynamic_control_flow_not_supported",
+            )
         try:
             bounds.append(operator.index(value))
         except TypeError:
-            raise NKITypeError(f"nl.{kind} bounds are integers, got {value!r}",
-                               "err_loop_bound_not_integer") from None
+            raise NKITypeError(
+                f"nl.{kind} bounds are integers, got {value!r}", "err_loop_bound_not_integer"
+            ) from None
     if len(bounds) == 3 and bounds[2] == 0:
         raise NKIValueError(f"nl.{kind} step must not be zero", "err_loop_bound_not_integer")
     return tuple(bounds)
@@ -303,13 +317,17 @@ def check_writable(ctx: Context, storage) -> None:
     """Reject a write into a shared constant, or into a kernel input when the kernel uses the
     return convention and the input is not annotated ``nki.typing.mutable_tensor``."""
     if storage.kind == "constant":
-        raise NKIValueError(f"cannot write into shared constant `{storage.name}`",
-                            "err_cannot_update_immutable_parameter")
+        raise NKIValueError(
+            f"cannot write into shared constant `{storage.name}`",
+            "err_cannot_update_immutable_parameter",
+        )
     if storage.kind == "param" and not storage.mutable and ctx.convention == "return":
         raise NKIValueError(
             f"Cannot update immutable parameter `{storage.name}`: inputs are immutable when the "
             "kernel returns its outputs; annotate it nki.typing.mutable_tensor and return it, "
-            "or write into an nl.shared_hbm tensor", "err_cannot_update_immutable_parameter")
+            "or write into an nl.shared_hbm tensor",
+            "err_cannot_update_immutable_parameter",
+        )
 
 
 def record_write(ctx: Context, tensor: Tensor, box, accumulate: bool) -> None:
@@ -330,7 +348,8 @@ def record_write(ctx: Context, tensor: Tensor, box, accumulate: bool) -> None:
                     f"{frame.iteration} of an affine_range both write the same elements of "
                     f"`{tensor.name or 'tensor'}`; iterations must be independent: index the "
                     "write with the loop variable or use nl.sequential_range",
-                    "err_unexpected_output_dependencies")
+                    "err_unexpected_output_dependencies",
+                )
         if not records or records[-1] != (frame.iteration, box):
             records.append((frame.iteration, box))
 
@@ -359,7 +378,8 @@ def _record_program_write(ctx: Context, tensor: Tensor, box) -> None:
                 f"`{tensor.name or 'tensor'}`; the instances run in parallel, so each must "
                 "write its own part (index the write with nl.program_id) "
                 "(general/nki/api/nki.errors.rst@8a38e733 L780-785)",
-                "err_unexpected_output_dependencies")
+                "err_unexpected_output_dependencies",
+            )
     record[3].append(box)
 
 
@@ -381,8 +401,10 @@ def program_id(axis: int) -> int:
     if not ctx.grid:
         return 0
     if not 0 <= axis < len(ctx.grid):
-        raise NKIValueError(f"program_id axis {axis} outside a grid of rank {len(ctx.grid)}",
-                            "err_invalid_program_axis")
+        raise NKIValueError(
+            f"program_id axis {axis} outside a grid of rank {len(ctx.grid)}",
+            "err_invalid_program_axis",
+        )
     return ctx.program_id[axis]
 
 
@@ -463,8 +485,8 @@ def returns_value(func) -> bool | None:
         if ins.opname == "RETURN_CONST" and ins.argval is not None:
             return True
         if ins.opname == "RETURN_VALUE" and not (
-                previous is not None and previous.opname == "LOAD_CONST"
-                and previous.argval is None):
+            previous is not None and previous.opname == "LOAD_CONST" and previous.argval is None
+        ):
             return True
         previous = ins
     return False
@@ -514,12 +536,26 @@ def _framework_to_numpy(value, argname: str):
 
 
 def _looks_like_array(value) -> bool:
-    return any(hasattr(value, a) for a in ("__array__", "__array_interface__", "__dlpack__",
-                                           "__cuda_array_interface__"))
+    return any(
+        hasattr(value, a)
+        for a in ("__array__", "__array_interface__", "__dlpack__", "__cuda_array_interface__")
+    )
 
 
-_CONSTANT_TYPES = (bool, int, float, complex, str, bytes, type(None), np.generic, np.dtype,
-                   type, slice, range)
+_CONSTANT_TYPES = (
+    bool,
+    int,
+    float,
+    complex,
+    str,
+    bytes,
+    type(None),
+    np.generic,
+    np.dtype,
+    type,
+    slice,
+    range,
+)
 
 
 class _Arguments:
@@ -546,8 +582,9 @@ class _Arguments:
             array = dt.full(shape, dt.uninitialised(dtype), dtype)
             return self._param(array, array, argname, index, mutable)
         if isinstance(value, (list, tuple)) and not isinstance(value, str):
-            items = [self.convert(v, f"{argname}[{i}]", (index, i), mutable)
-                     for i, v in enumerate(value)]
+            items = [
+                self.convert(v, f"{argname}[{i}]", (index, i), mutable) for i, v in enumerate(value)
+            ]
             if all(a is b for a, b in zip(items, value)):
                 return value
             return type(value)(items) if isinstance(value, list) else tuple(items)
@@ -561,7 +598,9 @@ class _Arguments:
         if _looks_like_array(value):
             raise NKITypeError(
                 f"argument `{argname}` must be a NumPy array (or a torch / JAX array), got "
-                f"{type(value).__module__}.{type(value).__name__}", "err_unsupported_argument")
+                f"{type(value).__module__}.{type(value).__name__}",
+                "err_unsupported_argument",
+            )
         return value  # any other object is a compile-time constant (e.g. a config object)
 
     def _param(self, array, original, argname, index, mutable) -> Tensor:
@@ -571,14 +610,20 @@ class _Arguments:
             raise NKITypeError(
                 f"argument `{argname}` has dtype {array.dtype}, which NeuronCores do not support "
                 "(expected float32, bfloat16, float16, tfloat32, float8_e4m3, float8_e5m2, "
-                "int8/16/32, uint8/16/32 or bool)", "err_unsupported_dtype") from exc
+                "int8/16/32, uint8/16/32 or bool)",
+                "err_unsupported_dtype",
+            ) from exc
         contiguous = array.flags.c_contiguous
         hand_back = False
         if self.convention == "return" and not mutable and contiguous:
             data = array.view()
             data.flags.writeable = False  # inputs are immutable: no copy needed
-        elif (self.convention == "output" and contiguous and array.flags.writeable
-              and isinstance(original, np.ndarray)):
+        elif (
+            self.convention == "output"
+            and contiguous
+            and array.flags.writeable
+            and isinstance(original, np.ndarray)
+        ):
             data = array  # output parameters are written in place
         else:
             data = np.array(array, order="C", copy=True)
@@ -610,19 +655,30 @@ class _Arguments:
                 raise NKITypeError(
                     f"output parameter `{tensor.name}` is a {type(original).__name__}, which "
                     "cannot be written in place: return the output from the kernel instead",
-                    "err_unsupported_argument")
+                    "err_unsupported_argument",
+                )
 
 
-def run(func, args, kwargs, *, grid=(), target=None, check_affine=True, expected_outputs=None,
-        simulation=False):
+def run(
+    func,
+    args,
+    kwargs,
+    *,
+    grid=(),
+    target=None,
+    check_affine=True,
+    expected_outputs=None,
+    simulation=False,
+):
     """Run a kernel in the simulator. Returns ``(result, trace, params)`` where ``result`` is
     the kernel's return value converted to NumPy (None in the output-parameter convention,
     where the kernel has written the caller's arrays). ``expected_outputs=k`` says the last
     ``k`` array parameters are outputs that must be written (bindings pass it).
     ``simulation``: a legacy ``nki.jit(mode="simulation")`` kernel (see :func:`_finish`)."""
     if _context.get() is not None:
-        raise NKIRuntimeError("a kernel cannot launch another kernel with a grid",
-                              "err_nested_kernel_with_spmd_grid")
+        raise NKIRuntimeError(
+            "a kernel cannot launch another kernel with a grid", "err_nested_kernel_with_spmd_grid"
+        )
     check_legacy_kernel(func)
     annotated = (grid if isinstance(grid, tuple) else (grid,)) if grid else ()
     grid = tuple(int(g) for g in annotated)
@@ -635,8 +691,10 @@ def run(func, args, kwargs, *, grid=(), target=None, check_affine=True, expected
         names = list(inspect.signature(func).parameters)
     except (TypeError, ValueError):
         names = []
-    positional = [arguments.convert(value, names[i] if i < len(names) else f"arg{i}", i)
-                  for i, value in enumerate(args)]
+    positional = [
+        arguments.convert(value, names[i] if i < len(names) else f"arg{i}", i)
+        for i, value in enumerate(args)
+    ]
     keywords = {k: arguments.convert(v, k, k) for k, v in kwargs.items()}
     _check_annotations(func, positional, keywords)
     func = scoping.prepare(func, _SCOPE_HOOKS)
@@ -660,7 +718,8 @@ def run(func, args, kwargs, *, grid=(), target=None, check_affine=True, expected
             returned = {id(t.storage) for t in _flat_tensors(result)}
             rules.check_allocated_hbm(
                 ctx.private_hbm_names,
-                [t.name or "tensor" for t in ctx.shared_hbm if id(t.storage) not in returned])
+                [t.name or "tensor" for t in ctx.shared_hbm if id(t.storage) not in returned],
+            )
         outputs = _finish(result, arguments.params, expected_outputs, simulation)
     finally:
         _context.reset(token)
@@ -698,7 +757,8 @@ def _finish(result, params, expected_outputs, simulation=False):
             raise NKIValueError(
                 "the kernel returned nothing and wrote none of its parameters: an output "
                 "parameter must be written (or return the outputs)",
-                "err_tensor_output_not_written_to")
+                "err_tensor_output_not_written_to",
+            )
         return None
     returned = result if isinstance(result, (tuple, list)) else (result,)
     returned_storages = set()
@@ -709,8 +769,9 @@ def _finish(result, params, expected_outputs, simulation=False):
             raise NKITypeError(
                 "a compiled kernel returns HBM tensors (nl.ndarray(..., buffer=nl.shared_hbm)),"
                 " not SBUF/PSUM tiles (aws-neuron-sdk@8a38e733 general/nki/nki_known_issues.rst"
-                f" L11-15; only a mode=\"simulation\" kernel may); got {item!r}",
-                "err_top_level_tensor_must_be_hbm")
+                f' L11-15; only a mode="simulation" kernel may); got {item!r}',
+                "err_top_level_tensor_must_be_hbm",
+            )
         _check_written(item)
         returned_storages.add(item.storage.id)
     for tensor in params:
@@ -720,11 +781,15 @@ def _finish(result, params, expected_outputs, simulation=False):
                     f"Cannot update immutable parameter `{tensor.name}`: inputs are immutable "
                     "when the kernel returns its outputs; annotate it "
                     "nki.typing.mutable_tensor and return it, or write into an nl.shared_hbm "
-                    "tensor", "err_cannot_update_immutable_parameter")
+                    "tensor",
+                    "err_cannot_update_immutable_parameter",
+                )
             if tensor.storage.id not in returned_storages:
-                raise NKIValueError(f"Mutable kernel parameter `{tensor.name}` is written but "
-                                    "not returned by the kernel",
-                                    "err_mutable_parameter_not_returned")
+                raise NKIValueError(
+                    f"Mutable kernel parameter `{tensor.name}` is written but "
+                    "not returned by the kernel",
+                    "err_mutable_parameter_not_returned",
+                )
     arrays = [_result_array(item) for item in returned]
     return tuple(arrays) if isinstance(result, (tuple, list)) else arrays[0]
 
@@ -738,8 +803,10 @@ def _result_array(tensor: Tensor) -> np.ndarray:
 
 def _check_written(tensor: Tensor) -> None:
     if not tensor.storage.written:
-        raise NKIValueError(f"output tensor `{tensor.name}` is never written by the kernel",
-                            "err_tensor_output_not_written_to")
+        raise NKIValueError(
+            f"output tensor `{tensor.name}` is never written by the kernel",
+            "err_tensor_output_not_written_to",
+        )
 
 
 def _check_annotations(func, positional, keywords) -> None:
@@ -750,15 +817,18 @@ def _check_annotations(func, positional, keywords) -> None:
     try:
         bound = signature.bind(*positional, **keywords)
     except TypeError as exc:
-        raise NKITypeError(f"kernel arguments do not match its signature: {exc}",
-                           "err_kernel_signature") from exc
+        raise NKITypeError(
+            f"kernel arguments do not match its signature: {exc}", "err_kernel_signature"
+        ) from exc
     annotations = _annotations(func)
     for name in signature.parameters:
         shape = getattr(annotations.get(name), "__nki_shape__", None)
         value = bound.arguments.get(name)
         if shape is not None and isinstance(value, Tensor) and tuple(value.shape) != shape:
-            raise NKIValueError(f"argument `{name}` has shape {value.shape}, the annotation "
-                                f"says {shape}", "err_annotation_shape_mismatch")
+            raise NKIValueError(
+                f"argument `{name}` has shape {value.shape}, the annotation says {shape}",
+                "err_annotation_shape_mismatch",
+            )
 
 
 def _restore_framework(outputs, sample):
@@ -777,7 +847,8 @@ def _from_numpy_torch(array):
 
     if array.dtype == dt.bfloat16:
         return torch.from_numpy(np.ascontiguousarray(array).view(np.int16).copy()).view(
-            torch.bfloat16)
+            torch.bfloat16
+        )
     return torch.from_numpy(np.array(array, copy=True))
 
 
@@ -793,8 +864,9 @@ class Kernel:
 
     def __init__(self, func, mode="auto", grid=(), **options):
         if mode not in MODES:
-            raise NKIValueError(f"mode={mode!r} is not one of {', '.join(MODES)}",
-                                "err_unsupported_mode")
+            raise NKIValueError(
+                f"mode={mode!r} is not one of {', '.join(MODES)}", "err_unsupported_mode"
+            )
         functools.update_wrapper(self, func)
         self.func = func
         self.mode = mode
@@ -814,10 +886,13 @@ class Kernel:
 
     def __getitem__(self, grid):
         if active() is not None:
-            raise NKIRuntimeError("Calling a kernel with a SPMD grid from another NKI kernel is "
-                                  "not supported", "err_nested_kernel_with_spmd_grid")
-        return Kernel(self.func, self.mode, grid if isinstance(grid, tuple) else (grid,),
-                      **self.options)
+            raise NKIRuntimeError(
+                "Calling a kernel with a SPMD grid from another NKI kernel is not supported",
+                "err_nested_kernel_with_spmd_grid",
+            )
+        return Kernel(
+            self.func, self.mode, grid if isinstance(grid, tuple) else (grid,), **self.options
+        )
 
     def __call__(self, *args, **kwargs):
         if active() is not None:  # a sub-kernel (mode="trace") inlined into its caller
@@ -826,14 +901,25 @@ class Kernel:
         if jax_calls.is_traced(args, kwargs):  # one operation of the XLA program
             return jax_calls.call_traced(
                 lambda a, k: _launch(self.func, a, k, grid=self.grid, target=target)[0],
-                args, kwargs, self.func.__name__)
-        outputs, trace = _launch(self.func, args, kwargs, grid=self.grid, target=target,
-                                 simulation=self.mode == "simulation")
+                args,
+                kwargs,
+                self.func.__name__,
+            )
+        outputs, trace = _launch(
+            self.func,
+            args,
+            kwargs,
+            grid=self.grid,
+            target=target,
+            simulation=self.mode == "simulation",
+        )
         self._finished.trace = trace
         if self.mode == "benchmark":
             if _benchmark_reporter is None:
-                raise NKIRuntimeError("nki.benchmark needs the cost model: import simulate",
-                                      "err_benchmark_without_cost_model")
+                raise NKIRuntimeError(
+                    "nki.benchmark needs the cost model: import simulate",
+                    "err_benchmark_without_cost_model",
+                )
             self._finished.benchmark_result = _benchmark_reporter(trace)
         return outputs
 
@@ -898,5 +984,10 @@ def trace_kernel(kernel, *args, target=None, grid=None, **kwargs):
     ``kernel`` is of either dialect: an ``nki`` 0.6 kernel (``kernel[2]`` included) runs on its
     own front-end, on ``target`` or else the one ``NEURON_PLATFORM_TARGET_OVERRIDE`` names."""
     func, kernel_grid, kernel_target = _unwrap(kernel)
-    return _launch(func, args, kwargs, grid=kernel_grid if grid is None else grid,
-                   target=target or kernel_target)
+    return _launch(
+        func,
+        args,
+        kwargs,
+        grid=kernel_grid if grid is None else grid,
+        target=target or kernel_target,
+    )

@@ -45,8 +45,9 @@ def _check_partitions(n: int, what: str) -> None:
 def _slice_bounds(sl: slice, dim: int, axis: int, name: str) -> tuple[int, int, int]:
     step = 1 if sl.step is None else int(sl.step)
     if step <= 0:
-        raise NKIIndexError(f"slice step must be positive on axis {axis} of {name}",
-                            "err_unsupported_slice_step")
+        raise NKIIndexError(
+            f"slice step must be positive on axis {axis} of {name}", "err_unsupported_slice_step"
+        )
     start = 0 if sl.start is None else int(sl.start)
     stop = dim if sl.stop is None else int(sl.stop)
     if start < 0 or stop > dim or start > stop:
@@ -85,8 +86,13 @@ def _region(storage, root: np.ndarray, lo: int, hi: int) -> Region:
     if free_hi < free_lo:  # not a box (a reshaped view): the whole partition
         free_lo, free_hi = 0, root.size // max(1, shape[pa]) - 1
     start = storage.address
-    return Region(storage.memory, storage.id, start + free_lo * isz, start + (free_hi + 1) * isz,
-                  (int(c_lo[pa]), int(c_hi[pa]) + 1))
+    return Region(
+        storage.memory,
+        storage.id,
+        start + free_lo * isz,
+        start + (free_hi + 1) * isz,
+        (int(c_lo[pa]), int(c_hi[pa]) + 1),
+    )
 
 
 # The module whose functions implement the Python operators on tiles (``elementwise_binary``,
@@ -236,7 +242,9 @@ class TileOperators:
         if int(np.prod(self.shape)) == 1:
             raise NKITypeError(
                 "control flow cannot depend on tile values (the kernel is compiled before the "
-                "data exists)", "err_dynamic_control_flow_not_supported")
+                "data exists)",
+                "err_dynamic_control_flow_not_supported",
+            )
         raise NKIValueError(
             "the truth value of a multi-element tile is ambiguous: use '&', '|', '~' for "
             "elementwise logic and 'is None' checks for optional tensors",
@@ -253,8 +261,9 @@ class TileOperators:
 class Tensor(TileOperators):
     """A tensor in HBM, SBUF or PSUM (``nl.ndarray`` and friends return these)."""
 
-    def __init__(self, data: np.ndarray, dtype, storage, *, layout=None, par_axis: int = 0,
-                 loops=()):
+    def __init__(
+        self, data: np.ndarray, dtype, storage, *, layout=None, par_axis: int = 0, loops=()
+    ):
         self.data = data
         self.dtype = dtype
         self.storage = storage
@@ -305,8 +314,10 @@ class Tensor(TileOperators):
         return self.shape[0]
 
     def __repr__(self):
-        return (f"Tensor({self.name or 'tile'}, shape={self.shape}, dtype={dt.name(self.dtype)}, "
-                f"buffer={self.buffer})")
+        return (
+            f"Tensor({self.name or 'tile'}, shape={self.shape}, dtype={dt.name(self.dtype)}, "
+            f"buffer={self.buffer})"
+        )
 
     # --- regions --------------------------------------------------------------------------
     def region(self, mask=None) -> Region:
@@ -336,21 +347,29 @@ class Tensor(TileOperators):
 
     def _basic_view(self, key) -> Tensor:
         if any(k is None for k in key):
-            raise NKIIndexError("np.newaxis is not supported when indexing tensors",
-                                "err_unsupported_indexing")
+            raise NKIIndexError(
+                "np.newaxis is not supported when indexing tensors", "err_unsupported_indexing"
+            )
         if key.count(Ellipsis) > 1:
             raise NKIIndexError("at most one '...' in an index", "err_unsupported_indexing")
-        if self.on_chip and self.ndim == 2 and 1 in self.shape and len(key) == 1 and (
-                key[0] is not Ellipsis):
+        if (
+            self.on_chip
+            and self.ndim == 2
+            and 1 in self.shape
+            and len(key) == 1
+            and (key[0] is not Ellipsis)
+        ):
             raise NKIIndexError(
-                f"`{self.name or 'tile'}` of shape {self.shape} indexed with one index: \"Users "
+                f'`{self.name or "tile"}` of shape {self.shape} indexed with one index: "Users '
                 "must index their [N, 1] or [1, M] shaped 2D buffers with both indices ... "
                 "accessing in 1D my_sbuf[0:N] won't work\" (general/nki/nki_known_issues.rst"
-                "@8a38e733 L28-29)", "err_insufficient_indices")
+                "@8a38e733 L28-29)",
+                "err_insufficient_indices",
+            )
         if Ellipsis in key:
             at = key.index(Ellipsis)
             fill = (slice(None),) * (self.ndim - len(key) + 1)
-            key = key[:at] + fill + key[at + 1:]
+            key = key[:at] + fill + key[at + 1 :]
         if len(key) > self.ndim:
             raise NKIIndexError(
                 f"too many indices for tensor `{self.name}` of rank {self.ndim}",
@@ -370,8 +389,9 @@ class Tensor(TileOperators):
                 if self.on_chip and axis == self.par_axis:
                     from .rules import check_partition_step
 
-                    check_partition_step(step, f"`{self.name or 'tile'}`[{k.start}:{k.stop}:"
-                                               f"{k.step}]")
+                    check_partition_step(
+                        step, f"`{self.name or 'tile'}`[{k.start}:{k.stop}:{k.step}]"
+                    )
                 np_key.append(slice(start, stop, step))
                 if b is not None:
                     starts[b] += start * steps[b]
@@ -402,13 +422,18 @@ class Tensor(TileOperators):
         # nki.errors.rst@8a38e733 L171-L175)
         data = self.data[(*np_key, Ellipsis)]
         par_axis = max(0, self.par_axis - dropped_before_par)
-        if self.on_chip and data.ndim == 1 and self.par_axis < self.ndim and isinstance(
-                key[self.par_axis], slice):
+        if (
+            self.on_chip
+            and data.ndim == 1
+            and self.par_axis < self.ndim
+            and isinstance(key[self.par_axis], slice)
+        ):
             # an integer on the only free axis: docs treat the result as (P, 1)
             data = data[:, None]
         layout = (base_shape, tuple(starts), tuple(steps), tuple(vmap))
-        return Tensor(data, self.dtype, self.storage, layout=layout, par_axis=par_axis,
-                      loops=self.loops)
+        return Tensor(
+            data, self.dtype, self.storage, layout=layout, par_axis=par_axis, loops=self.loops
+        )
 
     def box(self, lo=None, hi=None):
         """Per base axis (first, last, step) of the elements this view covers; ``lo``/``hi``
@@ -432,14 +457,18 @@ class Tensor(TileOperators):
         """A view with another shape (HBM: free; on-chip: the partition dim must not change)."""
         shape = tuple(int(s) for s in (shape if isinstance(shape, (tuple, list)) else (shape,)))
         if not self.data.flags.c_contiguous:
-            raise NKIValueError(f"cannot reshape a strided view of `{self.name}`",
-                                "err_reshape_non_contiguous")
+            raise NKIValueError(
+                f"cannot reshape a strided view of `{self.name}`", "err_reshape_non_contiguous"
+            )
         if int(np.prod(shape)) != self.data.size:
-            raise NKIValueError(f"cannot reshape `{self.name}` of shape {self.shape} to {shape}",
-                                "err_reshape_size_mismatch")
+            raise NKIValueError(
+                f"cannot reshape `{self.name}` of shape {self.shape} to {shape}",
+                "err_reshape_size_mismatch",
+            )
         if self.on_chip and shape[0] != self.shape[0]:
-            raise NKIValueError("reshaping an on-chip tile cannot change its partition dim",
-                                "err_reshape_partition")
+            raise NKIValueError(
+                "reshaping an on-chip tile cannot change its partition dim", "err_reshape_partition"
+            )
         return Tensor(self.data.reshape(shape), self.dtype, self.storage, loops=self.loops)
 
     def view(self, dtype) -> Tensor:
@@ -447,16 +476,24 @@ class Tensor(TileOperators):
         dtype = dt.as_dtype(dtype)
         if dtype.itemsize != self.itemsize:
             raise NKIValueError("view() needs a dtype of the same size", "err_view_dtype_size")
-        return Tensor(self.data.view(dtype), dtype, self.storage, layout=self.layout,
-                      par_axis=self.par_axis, loops=self.loops)
+        return Tensor(
+            self.data.view(dtype),
+            dtype,
+            self.storage,
+            layout=self.layout,
+            par_axis=self.par_axis,
+            loops=self.loops,
+        )
 
     def expand_dims(self, axis) -> Tensor:
         return _operators.expand_dims(self, axis)
 
     def assert_shape(self, shape):
         if tuple(shape) != self.shape:
-            raise NKIValueError(f"tensor `{self.name}` has shape {self.shape}, expected {shape}",
-                                "err_annotation_shape_mismatch")
+            raise NKIValueError(
+                f"tensor `{self.name}` has shape {self.shape}, expected {shape}",
+                "err_annotation_shape_mismatch",
+            )
         return self
 
 
@@ -506,8 +543,9 @@ class DynamicOffset:
 
     def __init__(self, tile, expr: IndexExpr | None = None):
         if not tile.on_chip or not dt.is_int(tile.dtype):
-            raise NKITypeError("a dynamic offset must be an integer tile in SBUF",
-                               "err_indirect_index_type")
+            raise NKITypeError(
+                "a dynamic offset must be an integer tile in SBUF", "err_indirect_index_type"
+            )
         self.tile = tile
         self.expr = expr
 
@@ -558,8 +596,7 @@ class Access(TileOperators):
         self.indirect = None
         self.dynamic = None
         self._plan = None
-        self.from_mgrid = key is not None and any(
-            getattr(k, "from_mgrid", False) for k in key)
+        self.from_mgrid = key is not None and any(getattr(k, "from_mgrid", False) for k in key)
         if key is None:  # tile[mask]: the whole tile, restricted by the mask
             self.indices = None
             self.shape = tensor.shape
@@ -573,7 +610,9 @@ class Access(TileOperators):
         if len(key) != tensor.ndim:
             raise NKIIndexError(
                 f"tensor `{tensor.name}` of rank {tensor.ndim} indexed with {len(key)} index "
-                "expressions; index every axis", "err_tensor_access_out_of_bound")
+                "expressions; index every axis",
+                "err_tensor_access_out_of_bound",
+            )
         arrays = []
         for axis, k in enumerate(key):
             if isinstance(k, IndexExpr):
@@ -585,14 +624,16 @@ class Access(TileOperators):
                     )
                 arrays.append(k.values)
             elif isinstance(k, DynamicOffset) or (
-                    isinstance(k, (Tensor, Access)) and tensor.on_chip
-                    and axis != tensor.par_axis):
+                isinstance(k, (Tensor, Access)) and tensor.on_chip and axis != tensor.par_axis
+            ):
                 offset = k if isinstance(k, DynamicOffset) else DynamicOffset(k)
                 if not tensor.on_chip:
                     raise NKIIndexError(
                         "a run-time offset plus an index expression addresses an SBUF/PSUM "
                         "tile (nisa.tensor_copy_dynamic_src/dst); HBM takes indirect indices "
-                        "on its first axis", "err_indirect_indices_free_dim")
+                        "on its first axis",
+                        "err_indirect_indices_free_dim",
+                    )
                 self.dynamic = (axis, offset)
                 arrays.append(np.zeros(offset.shape, np.int64))
             elif isinstance(k, (Tensor, Access)):
@@ -602,8 +643,9 @@ class Access(TileOperators):
             elif isinstance(k, (int, np.integer)):
                 arrays.append(np.asarray(int(k)))
             else:
-                raise NKIIndexError(f"unsupported index {k!r} on axis {axis}",
-                                    "err_unsupported_indexing")
+                raise NKIIndexError(
+                    f"unsupported index {k!r} on axis {axis}", "err_unsupported_indexing"
+                )
         self.indices = arrays
         self.shape = tuple(np.broadcast_shapes(*(a.shape for a in arrays)))
         if tensor.on_chip and isinstance(key[tensor.par_axis], IndexExpr):
@@ -618,15 +660,17 @@ class Access(TileOperators):
             raise NKIIndexError(
                 "indirect (runtime) indices address HBM tensors only (nl.load / nl.store / "
                 "nisa.dma_copy); on chip use nisa.tensor_copy_dynamic_src",
-                "err_copy_dynamic_indirect_indices_not_natively_supported")
+                "err_copy_dynamic_indirect_indices_not_natively_supported",
+            )
         if axis != 0:
             raise NKIIndexError(
                 "indirect indices are only supported on the first (partition) dimension",
                 "err_indirect_indices_free_dim",
             )
         if not index_tile.on_chip or not dt.is_int(index_tile.dtype):
-            raise NKITypeError("an indirect index must be an integer tile in SBUF",
-                               "err_indirect_index_type")
+            raise NKITypeError(
+                "an indirect index must be an integer tile in SBUF", "err_indirect_index_type"
+            )
 
     @property
     def dtype(self):
@@ -665,8 +709,9 @@ class Access(TileOperators):
             access.__dict__.update(self.__dict__)
             access.operand_mask = key
             return access
-        raise NKIIndexError("an indexed access can only be restricted further by a mask",
-                            "err_unsupported_indexing")
+        raise NKIIndexError(
+            "an indexed access can only be restricted further by a mask", "err_unsupported_indexing"
+        )
 
     def __setitem__(self, key, value):
         _operators.assign(self[key], value)
@@ -717,19 +762,26 @@ class Access(TileOperators):
                 key.append(slice(lo, hi + 1, stride))
             if lo < 0 or hi >= dim:
                 self._out_of_bound(axis, min(lo, hi), max(lo, hi), dim)
-        shape = self.shape if box is None else tuple(
-            len(range(*b.indices(n))) for b, n in zip(box, self.shape))
+        shape = (
+            self.shape
+            if box is None
+            else tuple(len(range(*b.indices(n))) for b, n in zip(box, self.shape))
+        )
         return self.tensor.data[tuple(key)].reshape(shape)
 
     def _out_of_bound(self, axis, lo, hi, dim):
         if any(d is not None and axis == d[0] for d in (self.indirect, self.dynamic)):
             bad = hi if hi >= dim else lo
-            raise NKIIndexError(f"index {bad} is out of bounds for axis {axis} with size {dim}",
-                                "err_dynamic_index_out_of_bound")
+            raise NKIIndexError(
+                f"index {bad} is out of bounds for axis {axis} with size {dim}",
+                "err_dynamic_index_out_of_bound",
+            )
         raise NKIIndexError(
             f"Out-of-bound access for tensor `{self.name}` on dimension {axis}: index range "
             f"[{lo}, {hi}] exceed dimension size of {dim} (mask the out-of-range points with "
-            "mask=)", "err_tensor_access_out_of_bound")
+            "mask=)",
+            "err_tensor_access_out_of_bound",
+        )
 
     def _points(self, mask):
         """Index arrays of every addressed point (where ``mask`` holds), bounds-checked."""
@@ -937,5 +989,6 @@ def check_tile_shape(shape, what: str) -> None:
     if len(shape) < 2:
         raise NKIAssertionError(
             f"Insufficient rank! {what} must have a partition and a free axis",
-            "err_insufficient_rank")
+            "err_insufficient_rank",
+        )
     _check_partitions(int(shape[0]), what)

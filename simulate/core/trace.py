@@ -84,8 +84,11 @@ class Trace:
 
     def select(self, engine: str | None = None, opcode: str | None = None) -> list[Instruction]:
         """The instructions on ``engine`` and/or with ``opcode``, in issue order."""
-        return [i for i in self.instructions if (engine is None or i.engine == engine)
-                and (opcode is None or i.opcode == opcode)]
+        return [
+            i
+            for i in self.instructions
+            if (engine is None or i.engine == engine) and (opcode is None or i.opcode == opcode)
+        ]
 
     def count(self) -> dict[str, int]:
         """Instructions per engine."""

@@ -99,8 +99,11 @@ def _buffer(buffer) -> str:
     if name is not buffer:  # an ncc.sbuf / ncc.psum allocator: an allocated kernel
         current("allocation").allocated = True
     if name not in _BUFFERS:
-        raise NKIValueError(f"buffer={buffer!r} is not one of nl.sbuf, nl.psum, nl.hbm, "
-                            "nl.private_hbm, nl.shared_hbm", "err_unsupported_buffer")
+        raise NKIValueError(
+            f"buffer={buffer!r} is not one of nl.sbuf, nl.psum, nl.hbm, "
+            "nl.private_hbm, nl.shared_hbm",
+            "err_unsupported_buffer",
+        )
     return name
 
 
@@ -130,8 +133,10 @@ def _kernel_frame():
     """The code object of the innermost caller outside the simulator (comprehensions count
     as the scope they are written in, as Python 3.12 inlines them)."""
     frame = sys._getframe(1)
-    while frame is not None and (frame.f_globals.get("__name__", "").startswith("simulate.")
-                                 or frame.f_code.co_name in _COMPREHENSIONS):
+    while frame is not None and (
+        frame.f_globals.get("__name__", "").startswith("simulate.")
+        or frame.f_code.co_name in _COMPREHENSIONS
+    ):
         frame = frame.f_back
     return frame.f_code if frame is not None else None
 
@@ -139,21 +144,26 @@ def _kernel_frame():
 def _shared_hbm(ctx, shape, dtype, name):
     rules.check_shared_hbm_blocks(ctx.blocks, name)
     if ctx.loops:
-        raise NKIValueError("shared_hbm tensor can only be created in top level kernel scope, "
-                            "not inside a loop", "err_shared_hbm_must_in_kernel_level")
+        raise NKIValueError(
+            "shared_hbm tensor can only be created in top level kernel scope, not inside a loop",
+            "err_shared_hbm_must_in_kernel_level",
+        )
     caller = _kernel_frame()
     if ctx.kernel_code is not None and caller is not ctx.kernel_code:
         raise NKIValueError(
             f"shared_hbm tensor `{name}` can only be created in top level kernel scope, not in "
-            f"helper `{getattr(caller, 'co_name', '?')}`", "err_shared_hbm_must_in_kernel_level")
+            f"helper `{getattr(caller, 'co_name', '?')}`",
+            "err_shared_hbm_must_in_kernel_level",
+        )
     shape = tuple(int(s) for s in (shape if isinstance(shape, (tuple, list)) else (shape,)))
     index = ctx.shared_hbm_cursor
     ctx.shared_hbm_cursor += 1
     if index < len(ctx.shared_hbm):  # every SPMD instance maps to the same output
         tensor = ctx.shared_hbm[index]
         if tensor.shape != shape or tensor.dtype != dt.as_dtype(dtype):
-            raise NKIValueError("SPMD instances allocate different shared_hbm tensors",
-                                "err_shared_hbm_shape")
+            raise NKIValueError(
+                "SPMD instances allocate different shared_hbm tensors", "err_shared_hbm_shape"
+            )
         return tensor
     tensor = allocate(shape, dtype, shared_hbm, name, fill=dt.uninitialised(dt.as_dtype(dtype)))
     ctx.shared_hbm.append(tensor)
@@ -164,14 +174,22 @@ def _filled(shape, value, dtype, buffer, name, api):
     rules.check_allocated_init_value(api, hasattr(buffer, "__nki_buffer__"))
     buffer = _buffer(buffer)
     if buffer not in (sbuf, psum):
-        raise NKIValueError(f"{api}: Creating HBM tensor with init value is not supported",
-                            "err_hbm_tensor_with_init_value_not_supported")
+        raise NKIValueError(
+            f"{api}: Creating HBM tensor with init value is not supported",
+            "err_hbm_tensor_with_init_value_not_supported",
+        )
     dtype = dt.as_dtype(dtype)
     tile = allocate(shape, dtype, buffer, name, fill=dt.cast(np.asarray(value), dtype))
     tile.storage.written = True
-    inst = emit("dve", "memset", outputs=[tile.region()], partitions=tile.shape[tile.par_axis],
-                free_size=tile.data.size // builtins.max(1, tile.shape[tile.par_axis]),
-                out_dtype=dtype, details={"value": float(value)})
+    inst = emit(
+        "dve",
+        "memset",
+        outputs=[tile.region()],
+        partitions=tile.shape[tile.par_axis],
+        free_size=tile.data.size // builtins.max(1, tile.shape[tile.par_axis]),
+        out_dtype=dtype,
+        details={"value": float(value)},
+    )
     return finish(tile, inst, None, None)
 
 
@@ -215,11 +233,13 @@ def shared_constant(constant, dtype=None, **kwargs):
     Without ``dtype`` a 64-bit array is stored in the 32-bit type of its kind."""
     array = np.asarray(constant)
     if dtype is None:
-        dtype = {"f": float32, "i": int32, "u": uint32}.get(array.dtype.kind, array.dtype) if (
-            array.dtype.itemsize == 8) else array.dtype
+        dtype = (
+            {"f": float32, "i": int32, "u": uint32}.get(array.dtype.kind, array.dtype)
+            if (array.dtype.itemsize == 8)
+            else array.dtype
+        )
     dtype = dt.as_dtype(dtype)
-    tensor = allocate(array.shape, dtype, "constant", "constant",
-                      fill=dt.cast(array, dtype).copy())
+    tensor = allocate(array.shape, dtype, "constant", "constant", fill=dt.cast(array, dtype).copy())
     tensor.storage.written = True
     return tensor
 
@@ -243,12 +263,16 @@ def rand(shape, dtype=float32, **kwargs):
 # --- data movement ---------------------------------------------------------------------------
 def _hbm_source(src, api):
     if not is_tile(src):
-        raise NKITypeError(f"`src` of {api} must be an HBM tensor (indexed), got "
-                           f"{type(src).__name__}", "err_unsupported_memory")
+        raise NKITypeError(
+            f"`src` of {api} must be an HBM tensor (indexed), got {type(src).__name__}",
+            "err_unsupported_memory",
+        )
     if src.on_chip:
         raise NKITypeError(
             f"Expected operand 'src' of '{api}' to be in address space 'hbm', but got a tile in "
-            f"'{src.storage.memory}' instead", "err_unsupported_memory")
+            f"'{src.storage.memory}' instead",
+            "err_unsupported_memory",
+        )
 
 
 def _tile_shape(shape) -> tuple[int, ...]:
@@ -273,16 +297,17 @@ def hbm_access(view, mask):
 
 
 def _check_indirect_arange(access, api):
-    """"Use nl.arange for indirect load/store access indexing, nl.mgrid won't work"
+    """ "Use nl.arange for indirect load/store access indexing, nl.mgrid won't work"
     (general/nki/nki_known_issues.rst@8a38e733 L31-32). nisa.dma_copy is not bound by it:
     AWS's indirect dma_copy example indexes with nl.mgrid (general/nki/test/
     test_nki_isa_dma_copy.py@8a38e733 L136-145)."""
     if isinstance(access, Access) and access.indirect is not None and access.from_mgrid:
         raise NKIIndexError(
-            f"nl.{api} with indirect indexing built from nl.mgrid: \"Use nl.arange for "
+            f'nl.{api} with indirect indexing built from nl.mgrid: "Use nl.arange for '
             "indirect load/store access indexing, nl.mgrid won't work\" "
             "(general/nki/nki_known_issues.rst@8a38e733 L31-32)",
-            "err_indirect_indexing_with_mgrid")
+            "err_indirect_indexing_with_mgrid",
+        )
 
 
 def load(src, *, mask=None, dtype=None, **kwargs):
@@ -302,9 +327,18 @@ def load(src, *, mask=None, dtype=None, **kwargs):
     values, m, count, region, row_bytes = hbm_access(src, m)
     tile_mask = None if m is None else align_mask(m.reshape(_tile_shape(m.shape)), shape)
     tile = result_tile(values.reshape(shape), out_dtype, tile_mask)
-    inst = dma_record("load", region, tile.region(tile_mask), extent(tile_mask, shape)[0],
-                      count * src.itemsize, row_bytes, "hbm->sbuf", src.dtype, out_dtype,
-                      inputs=indirect_inputs(src))
+    inst = dma_record(
+        "load",
+        region,
+        tile.region(tile_mask),
+        extent(tile_mask, shape)[0],
+        count * src.itemsize,
+        row_bytes,
+        "hbm->sbuf",
+        src.dtype,
+        out_dtype,
+        inputs=indirect_inputs(src),
+    )
     return finish(tile, inst, tile_mask, None)
 
 
@@ -312,8 +346,10 @@ def store(dst, value, *, mask=None, **kwargs):
     """``nl.store(dst, value, *, mask=None)``: write a tile (SBUF, or PSUM from 2.26) or a
     scalar into the HBM view ``dst`` (DMA). Masked-off points of ``dst`` are not written."""
     if not is_tile(dst) or dst.on_chip:
-        raise NKITypeError("Expected operand 'dst' of 'store' to be in address space 'hbm'",
-                           "err_unsupported_memory")
+        raise NKITypeError(
+            "Expected operand 'dst' of 'store' to be in address space 'hbm'",
+            "err_unsupported_memory",
+        )
     _check_indirect_arange(dst, "store")
     m = resolve_mask(mask, dst.shape)
     if m is False:
@@ -339,8 +375,18 @@ def store(dst, value, *, mask=None, **kwargs):
         count = dst.size if m is None else int(np.broadcast_to(m, dst.shape).sum())
         region, row = dst.region(m), contiguous_row_bytes(dst.data)
     write_into(dst, values, m)
-    dma_record("store", src_region, region, partitions, count * dst.itemsize, row, direction,
-               in_dtype, dst.dtype, inputs=indirect_inputs(dst))
+    dma_record(
+        "store",
+        src_region,
+        region,
+        partitions,
+        count * dst.itemsize,
+        row,
+        direction,
+        in_dtype,
+        dst.dtype,
+        inputs=indirect_inputs(dst),
+    )
     return None
 
 
@@ -348,11 +394,14 @@ def load_transpose2d(src, *, mask=None, dtype=None, **kwargs):
     """``nl.load_transpose2d(src)``: load a 2-D HBM block transposed (DMA)."""
     _hbm_source(src, "load_transpose2d")
     if isinstance(src, Access) and src.indirect is not None:
-        raise NKIIndexError("load_transpose2d does not support indirect indices",
-                            "err_indirect_indices_are_not_supported_with_nki_api")
+        raise NKIIndexError(
+            "load_transpose2d does not support indirect indices",
+            "err_indirect_indices_are_not_supported_with_nki_api",
+        )
     if len(src.shape) != 2:
-        raise NKIValueError("load_transpose2d takes a 2-D access",
-                            "err_exceed_max_supported_dimension")
+        raise NKIValueError(
+            "load_transpose2d takes a 2-D access", "err_exceed_max_supported_dimension"
+        )
     m = resolve_mask(mask, src.shape)
     out_dtype = dt.as_dtype(dtype or src.dtype)
     if m is False:
@@ -360,8 +409,17 @@ def load_transpose2d(src, *, mask=None, dtype=None, **kwargs):
     values, m, count, region, _ = hbm_access(src, m)
     tile_mask = None if m is None else m.T
     tile = result_tile(values.T, out_dtype, tile_mask)
-    inst = dma_record("load_transpose2d", region, tile.region(), tile.shape[0],
-                      count * src.itemsize, src.itemsize, "hbm->sbuf", src.dtype, out_dtype)
+    inst = dma_record(
+        "load_transpose2d",
+        region,
+        tile.region(),
+        tile.shape[0],
+        count * src.itemsize,
+        src.itemsize,
+        "hbm->sbuf",
+        src.dtype,
+        out_dtype,
+    )
     return finish(tile, inst, tile_mask, None)
 
 
@@ -377,18 +435,23 @@ def assign(dst, value) -> None:
     if not dst.on_chip:
         raise NKITypeError(
             f"cannot assign into HBM tensor `{dst.name}` with '=': use nl.store",
-            "err_unsupported_memory")
+            "err_unsupported_memory",
+        )
     if getattr(value, "updated_in_place", False) and _same_target(value, dst):
         return  # `t[...] += x` already updated t in place
     ctx = current("assignment")
     fresh = getattr(value, "fresh", None)
     if fresh is not None and ctx.trace.instructions and fresh[0] is ctx.trace.instructions[-1]:
         inst, m, f32 = fresh
-        rules.check_gpsimd_memory(f"{inst.opcode} (assigned into `{dst.name or 'tile'}`)",
-                                  inst.engine, (dst.storage.memory,))
+        rules.check_gpsimd_memory(
+            f"{inst.opcode} (assigned into `{dst.name or 'tile'}`)",
+            inst.engine,
+            (dst.storage.memory,),
+        )
         if inst.opcode == "nc_matmul" and dst.storage.memory == "psum":
-            rules.check_legacy_matmul_result("nisa.nc_matmul", dt.name(dst.dtype),
-                                             f"assigned into `{dst.name or 'tile'}`")
+            rules.check_legacy_matmul_result(
+                "nisa.nc_matmul", dt.name(dst.dtype), f"assigned into `{dst.name or 'tile'}`"
+            )
         write_into(dst, f32 if f32 is not None else value.data, m)
         inst.writes = (dst.region(),) + tuple(inst.writes[1:])
         inst.out_dtype = dt.name(dst.dtype)
@@ -397,17 +460,31 @@ def assign(dst, value) -> None:
     if is_tile(value):
         op = tile_operand(value, "value", "assignment")
         write_into(dst, op.values, None)
-        emit("dve", "tensor_copy", inputs=[op], outputs=[dst.region()], partitions=op.partitions,
-             free_size=op.free_size, out_dtype=dst.dtype)
+        emit(
+            "dve",
+            "tensor_copy",
+            inputs=[op],
+            outputs=[dst.region()],
+            partitions=op.partitions,
+            free_size=op.free_size,
+            out_dtype=dst.dtype,
+        )
         return
     if isinstance(value, (int, float, np.number, bool, np.bool_)):
         write_into(dst, np.asarray(value), None)
-        emit("dve", "memset", outputs=[dst.region()], partitions=dst.shape[0] if dst.shape else 1,
-             free_size=int(np.prod(dst.shape[1:])), out_dtype=dst.dtype,
-             details={"value": float(value)})
+        emit(
+            "dve",
+            "memset",
+            outputs=[dst.region()],
+            partitions=dst.shape[0] if dst.shape else 1,
+            free_size=int(np.prod(dst.shape[1:])),
+            out_dtype=dst.dtype,
+            details={"value": float(value)},
+        )
         return
-    raise NKITypeError(f"cannot assign {type(value).__name__} into a tile",
-                       "err_unsupported_assignment")
+    raise NKITypeError(
+        f"cannot assign {type(value).__name__} into a tile", "err_unsupported_assignment"
+    )
 
 
 def accumulate(dst, value, op_name: str) -> None:
@@ -416,16 +493,24 @@ def accumulate(dst, value, op_name: str) -> None:
     PSUM tile is the matmul's own PSUM accumulation (no Vector-engine instruction)."""
     ctx = current("in-place update")
     if not dst.on_chip:
-        raise NKITypeError(f"cannot update HBM tensor `{dst.name}` in place: use nl.store",
-                           "err_unsupported_memory")
+        raise NKITypeError(
+            f"cannot update HBM tensor `{dst.name}` in place: use nl.store",
+            "err_unsupported_memory",
+        )
     spec = fn.lookup(op_name)
     fresh = getattr(value, "fresh", None)
     last = ctx.trace.instructions[-1] if ctx.trace.instructions else None
-    psum_accumulation = (fresh is not None and fresh[0] is last and last.opcode == "nc_matmul"
-                         and dst.storage.memory == "psum" and op_name == "add")
+    psum_accumulation = (
+        fresh is not None
+        and fresh[0] is last
+        and last.opcode == "nc_matmul"
+        and dst.storage.memory == "psum"
+        and op_name == "add"
+    )
     if psum_accumulation:
-        rules.check_legacy_matmul_result("nisa.nc_matmul", dt.name(dst.dtype),
-                                         f"accumulated into `{dst.name or 'tile'}`")
+        rules.check_legacy_matmul_result(
+            "nisa.nc_matmul", dt.name(dst.dtype), f"accumulated into `{dst.name or 'tile'}`"
+        )
     if is_tile(value):
         src = tile_operand(value, "value", f"{op_name}=")
         rhs = fresh[2] if psum_accumulation and fresh[2] is not None else src.f32()
@@ -442,17 +527,22 @@ def accumulate(dst, value, op_name: str) -> None:
         # value_not_supported, L687-L697), so AWS's start from nl.ndarray
         # (general/nki/examples/attention/attention_kernels.py L846, L899).
         lhs = np.zeros_like(lhs)
-    write_into(dst, spec.apply(lhs, rhs), fresh[1] if psum_accumulation else None,
-               accumulate=True)
+    write_into(dst, spec.apply(lhs, rhs), fresh[1] if psum_accumulation else None, accumulate=True)
     if psum_accumulation:
         last.writes = (dst.region(),)
         last.details["accumulate"] = True
         value.fresh = None
         return
-    emit("dve", "tensor_tensor" if src is not None else "tensor_scalar",
-         inputs=[dst_op, src], outputs=[dst.region()], partitions=dst_op.partitions,
-         free_size=dst_op.free_size, out_dtype=dst.dtype,
-         details={"op": op_name, "accumulate": True})
+    emit(
+        "dve",
+        "tensor_tensor" if src is not None else "tensor_scalar",
+        inputs=[dst_op, src],
+        outputs=[dst.region()],
+        partitions=dst_op.partitions,
+        free_size=dst_op.free_size,
+        out_dtype=dst.dtype,
+        details={"op": op_name, "accumulate": True},
+    )
 
 
 def copy(src, *, mask=None, dtype=None, **kwargs):
@@ -484,11 +574,13 @@ def broadcast_to(src, *, shape, **kwargs):
     try:
         values = np.broadcast_to(op.values, shape)
     except ValueError as exc:
-        raise NKIValueError(f"cannot broadcast a tile of shape {op.shape} to {shape}",
-                            "err_broadcast_shape") from exc
+        raise NKIValueError(
+            f"cannot broadcast a tile of shape {op.shape} to {shape}", "err_broadcast_shape"
+        ) from exc
     engine_op = "partition_broadcast" if op.partitions != shape[0] else "tensor_copy"
-    return compute_result("dve", engine_op, values, op.dtype, None, [op],
-                          details={"from_partitions": op.partitions})
+    return compute_result(
+        "dve", engine_op, values, op.dtype, None, [op], details={"from_partitions": op.partitions}
+    )
 
 
 def expand_dims(data, axis, **kwargs):
@@ -496,10 +588,12 @@ def expand_dims(data, axis, **kwargs):
     if not isinstance(data, Tensor):
         raise NKITypeError("expand_dims takes a tile", "err_expand_dims_type")
     if axis not in (data.ndim, -1):
-        raise NKIValueError("expand_dims adds an axis after the last axis only",
-                            "err_expand_dims_axis")
-    return Tensor(data.data[..., None], data.dtype, data.storage, par_axis=data.par_axis,
-                  loops=data.loops)
+        raise NKIValueError(
+            "expand_dims adds an axis after the last axis only", "err_expand_dims_axis"
+        )
+    return Tensor(
+        data.data[..., None], data.dtype, data.storage, par_axis=data.par_axis, loops=data.loops
+    )
 
 
 def transpose(x, *, dtype=None, mask=None, **kwargs):
@@ -510,17 +604,29 @@ def transpose(x, *, dtype=None, mask=None, **kwargs):
     if len(op.shape) > 2:
         raise NKIValueError(
             f"parameter 'x{list(op.shape)}' of 'transpose' exceed max supported number of "
-            "dimensions of 2", "err_exceed_max_supported_dimension")
+            "dimensions of 2",
+            "err_exceed_max_supported_dimension",
+        )
     for axis, n in enumerate(op.shape):
         if n > 128:
             raise NKIValueError(
                 f"size of dimension {axis} in 'x{list(op.shape)}' of 'transpose' exceed "
-                "architecture limitation of 128", "err_size_of_dimension_exceed_arch_limit")
+                "architecture limitation of 128",
+                "err_size_of_dimension_exceed_arch_limit",
+            )
     out_dtype = dt.as_dtype(dtype or op.dtype)
     m = resolve_mask(mask)
-    return compute_result("pe", "nc_transpose", op.values.T, out_dtype,
-                          None if m is False else m, [op], partitions=op.shape[0],
-                          free_size=op.shape[1], buffer=psum)
+    return compute_result(
+        "pe",
+        "nc_transpose",
+        op.values.T,
+        out_dtype,
+        None if m is False else m,
+        [op],
+        partitions=op.shape[0],
+        free_size=op.shape[1],
+        buffer=psum,
+    )
 
 
 def matmul(x, y, *, transpose_x=False, mask=None, **kwargs):
@@ -583,19 +689,23 @@ def elementwise_unary(name: str, x, dtype=None, mask=None):
         return allocate(op.shape, out_dtype, fill=dt.uninitialised(out_dtype))
     if spec.bitvec:
         if not dt.is_int(op.dtype):
-            raise NKITypeError(f"nl.{name} is a bit operation and takes integer tiles",
-                               "err_bitvec_dtype")
+            raise NKITypeError(
+                f"nl.{name} is a bit operation and takes integer tiles", "err_bitvec_dtype"
+            )
         values = spec.apply(op.values)
     elif name in fn.COMPARISONS or name == "logical_not":
         values = spec.apply(op.f32())
     else:  # the Scalar engine approximates its transcendental functions when asked to
         approximate = name in fn.TRANSCENDENTAL and approx_mode.approx_bound()
-        values = sem.activation(spec, work_f32(op, out_dtype), approximate=(
-            approx_mode.scalar_engine if approximate else None))
-    engine, opcode = ("act", "activation") if name in fn.TRANSCENDENTAL else (
-        "dve", "tensor_scalar")
-    rules.check_allocated_bias(f"nl.{name}", engine == "act" and current(name).allocated,
-                               False)
+        values = sem.activation(
+            spec,
+            work_f32(op, out_dtype),
+            approximate=(approx_mode.scalar_engine if approximate else None),
+        )
+    engine, opcode = (
+        ("act", "activation") if name in fn.TRANSCENDENTAL else ("dve", "tensor_scalar")
+    )
+    rules.check_allocated_bias(f"nl.{name}", engine == "act" and current(name).allocated, False)
     return compute_result(engine, opcode, values, out_dtype, m, [op], details={"op": name})
 
 
@@ -606,11 +716,14 @@ def _partition_broadcast_check(a: Operand, b: Operand, api: str, operator: bool)
         raise NKIValueError(
             f"operator {api} does not broadcast along the partition dimension ({a.partitions} vs "
             f"{b.partitions} partitions): use nl.{api} or broadcast_to first",
-            "err_num_partition_mismatch")
+            "err_num_partition_mismatch",
+        )
     if 1 not in (a.partitions, b.partitions):
         raise NKIValueError(
             f"number of partitions mismatch in parameters of '{api}' ({a.partitions} vs "
-            f"{b.partitions})", "err_num_partition_mismatch")
+            f"{b.partitions})",
+            "err_num_partition_mismatch",
+        )
     return builtins.max(a.partitions, b.partitions)
 
 
@@ -626,8 +739,10 @@ def elementwise_binary(name, x, y, dtype=None, mask=None, operator=False):
     spec = fn.lookup(name)
     x_tile, y_tile = is_tile(x), is_tile(y)
     if not (x_tile or y_tile):
-        raise NKITypeError(f"nl.{name} needs at least one tile operand",
-                           "err_failed_to_infer_tile_from_local_tensor")
+        raise NKITypeError(
+            f"nl.{name} needs at least one tile operand",
+            "err_failed_to_infer_tile_from_local_tensor",
+        )
     m = resolve_mask(mask)
     xo = tile_operand(x, "x", name, mask=m) if x_tile else None
     yo = tile_operand(y, "y", name, mask=m) if y_tile else None
@@ -640,8 +755,9 @@ def elementwise_binary(name, x, y, dtype=None, mask=None, operator=False):
     both_int = builtins.all(dt.is_int(_operand_dtype(v)) for v in (x, y))
     if spec.bitvec:
         if not both_int:
-            raise NKITypeError(f"nl.{name} is a bit operation and takes integer tiles",
-                               "err_bitvec_dtype")
+            raise NKITypeError(
+                f"nl.{name} is a bit operation and takes integer tiles", "err_bitvec_dtype"
+            )
         mode = "raw"
         xv = xo.values if xo else np.asarray(x)
         yv = yo.values if yo else np.asarray(y)
@@ -660,14 +776,23 @@ def elementwise_binary(name, x, y, dtype=None, mask=None, operator=False):
         bcast = _partition_broadcast_check(xo, yo, name, operator)
         if bcast:
             small = xo if xo.partitions == 1 else yo
-            emit("dve", "partition_broadcast", inputs=[small], outputs=[],
-                 partitions=bcast, free_size=small.free_size, out_dtype=small.dtype)
+            emit(
+                "dve",
+                "partition_broadcast",
+                inputs=[small],
+                outputs=[],
+                partitions=bcast,
+                free_size=small.free_size,
+                out_dtype=small.dtype,
+            )
         scalar_like = xo.free_size == 1 or yo.free_size == 1
     try:
         shape = np.broadcast_shapes(np.shape(xv), np.shape(yv))
     except ValueError as exc:
-        raise NKIValueError(f"nl.{name}: shapes {np.shape(xv)} and {np.shape(yv)} do not "
-                            "broadcast", "err_broadcast_shape") from exc
+        raise NKIValueError(
+            f"nl.{name}: shapes {np.shape(xv)} and {np.shape(yv)} do not broadcast",
+            "err_broadcast_shape",
+        ) from exc
     # the fp32 result goes into a work copy of the operand that already has the result's shape
     full = next((o for o in (xo, yo) if o is not None and o.shape == shape), None)
     if mode == "raw":
@@ -781,16 +906,20 @@ def _reduce(name, x, axis, dtype, mask, keepdims):
     ndim = op.values.ndim
     axes = tuple(sorted({int(a) % ndim for a in axes}))
     if 0 in axes:
-        raise NKIValueError(f"nl.{name} reduces free axes only; axis 0 is the partition axis "
-                            "(use a matmul with a ones vector, or nisa.tensor_partition_reduce)",
-                            "err_reduce_partition_axis")
+        raise NKIValueError(
+            f"nl.{name} reduces free axes only; axis 0 is the partition axis "
+            "(use a matmul with a ones vector, or nisa.tensor_partition_reduce)",
+            "err_reduce_partition_axis",
+        )
     default = dt.float32 if name in ("mean", "var") and dt.is_int(op.dtype) else op.dtype
     out_dtype = dt.as_dtype(dtype or (dt.bool_ if name == "all" else default))
     if m is False:
         shape = tuple(1 if a in axes else n for a, n in enumerate(op.shape))
-        return allocate(shape if keepdims else tuple(n for a, n in enumerate(op.shape)
-                                                     if a not in axes),
-                        out_dtype, fill=dt.uninitialised(out_dtype))
+        return allocate(
+            shape if keepdims else tuple(n for a, n in enumerate(op.shape) if a not in axes),
+            out_dtype,
+            fill=dt.uninitialised(out_dtype),
+        )
     valid = None if m is None else np.broadcast_to(align_mask(m, op.shape), op.shape)
     result, out_mask = sem.reduce_axes(name, op.f32(), axes, valid)
     if not keepdims:
@@ -798,9 +927,17 @@ def _reduce(name, x, axis, dtype, mask, keepdims):
         if out_mask is not None:
             out_mask = out_mask.reshape(result.shape)
     partitions, free = extent(m, op.shape)
-    return compute_result("dve", "tensor_reduce", np.asarray(result, np.float32), out_dtype,
-                          out_mask, [op], partitions=partitions, free_size=free,
-                          details={"op": name})
+    return compute_result(
+        "dve",
+        "tensor_reduce",
+        np.asarray(result, np.float32),
+        out_dtype,
+        out_mask,
+        [op],
+        partitions=partitions,
+        free_size=free,
+        details={"op": name},
+    )
 
 
 def _reduction(name, doc):
@@ -808,8 +945,10 @@ def _reduction(name, doc):
         return _reduce(name, x, axis, dtype, mask, keepdims)
 
     op.__name__ = op.__qualname__ = name
-    op.__doc__ = (f"``nl.{name}(x, axis, *, dtype=None, mask=None, keepdims=False)``: {doc} over "
-                  "the free axes ``axis`` (int or list, NumPy numbering; never 0).")
+    op.__doc__ = (
+        f"``nl.{name}(x, axis, *, dtype=None, mask=None, keepdims=False)``: {doc} over "
+        "the free axes ``axis`` (int or list, NumPy numbering; never 0)."
+    )
     return op
 
 
@@ -832,18 +971,20 @@ def softmax(x, axis, *, dtype=None, compute_dtype=None, mask=None, **kwargs):
     return divide(e, sum(e, axis=axis, keepdims=True, dtype=float32), dtype=dtype or x.dtype)
 
 
-def rms_norm(x, w, axis, n, epsilon=1e-06, *, dtype=None, compute_dtype=None, mask=None,
-             **kwargs):
+def rms_norm(x, w, axis, n, epsilon=1e-06, *, dtype=None, compute_dtype=None, mask=None, **kwargs):
     """``nl.rms_norm(x, w, axis, n, epsilon=1e-6)``: ``x / RMS(x) * w`` with
     ``RMS(x) = sqrt(sum(x**2 along axis) / n + epsilon)``, ``n`` "the total number of values to
     calculate rms" (general/nki/api/nki/language/__init__.py@8a38e733 L1375-1390); "currently
     dtype and compute_dtype behave the same, both sets internal compute and return dtype"
     (L1385-1386), so the steps compute in that dtype (default: ``x``'s)."""
     work = compute_dtype or dtype or x.dtype
-    total = sum(square(x, dtype=float32, mask=mask), axis=axis, keepdims=True, dtype=float32,
-                mask=mask)
-    rstd = rsqrt(add(multiply(total, 1.0 / concrete(n), dtype=float32), epsilon,
-                     dtype=float32), dtype=float32)
+    total = sum(
+        square(x, dtype=float32, mask=mask), axis=axis, keepdims=True, dtype=float32, mask=mask
+    )
+    rstd = rsqrt(
+        add(multiply(total, 1.0 / concrete(n), dtype=float32), epsilon, dtype=float32),
+        dtype=float32,
+    )
     return multiply(multiply(x, rstd, dtype=work, mask=mask), w, dtype=dtype or work, mask=mask)
 
 
@@ -855,8 +996,11 @@ def dropout(x, rate, *, dtype=None, mask=None, **kwargs):
 
     if is_tile(rate):
         if int(np.prod(rate.shape)) != 1:
-            raise NKIValueError(f"nl.dropout rate is a scalar or a tile with 1 element, got "
-                                f"shape {tuple(rate.shape)}", "err_unsupported_shape")
+            raise NKIValueError(
+                f"nl.dropout rate is a scalar or a tile with 1 element, got "
+                f"shape {tuple(rate.shape)}",
+                "err_unsupported_shape",
+            )
         rate = broadcast_to(rate, shape=(x.shape[0], 1))
     return isa.dropout(x, rate, dtype=dtype, mask=mask)
 
@@ -872,12 +1016,16 @@ def gather_flattened(data, indices, *, mask=None, dtype=None, **kwargs):
     for argname, op in (("data", src), ("indices", idx)):
         if not 2 <= len(op.shape) <= 4:
             raise NKIValueError(
-                f"gather_flattened: {argname} is {len(op.shape)}-dimensional; \"Both data and "
-                "indices must be 2-, 3-, or 4-dimensional\" (general/nki/api/nki/language/"
-                "__init__.py@8a38e733 L667)", "err_exceed_max_supported_dimension")
+                f'gather_flattened: {argname} is {len(op.shape)}-dimensional; "Both data and '
+                'indices must be 2-, 3-, or 4-dimensional" (general/nki/api/nki/language/'
+                "__init__.py@8a38e733 L667)",
+                "err_exceed_max_supported_dimension",
+            )
     if src.partitions != idx.partitions:
-        raise NKIValueError("gather_flattened: data and indices have different partition counts",
-                            "err_num_partition_mismatch")
+        raise NKIValueError(
+            "gather_flattened: data and indices have different partition counts",
+            "err_num_partition_mismatch",
+        )
     flat = src.values.reshape(src.partitions, -1)
     positions = idx.values.reshape(idx.partitions, -1).astype(np.int64)
     inside = (positions >= 0) & (positions < flat.shape[1])
@@ -885,8 +1033,14 @@ def gather_flattened(data, indices, *, mask=None, dtype=None, **kwargs):
     values = np.where(inside, dt.compute(gathered), np.float32(dt.uninitialised(src.dtype)))
     out_dtype = dt.as_dtype(dtype or src.dtype)
     m = resolve_mask(mask)
-    return compute_result("pool", "gather_flattened", values.reshape(idx.shape), out_dtype,
-                          None if m is False else m, [src, idx])
+    return compute_result(
+        "pool",
+        "gather_flattened",
+        values.reshape(idx.shape),
+        out_dtype,
+        None if m is False else m,
+        [src, idx],
+    )
 
 
 def atomic_rmw(dst, value, op=np.add, *, mask=None, **kwargs):
@@ -894,9 +1048,11 @@ def atomic_rmw(dst, value, op=np.add, *, mask=None, **kwargs):
     (indirect indices allowed) by DMA read-modify-write."""
     from . import isa
 
-    rules.check_atomic_rmw(fn.lookup(op, "op").name,
-                           isinstance(dst, Access) and dst.indirect is not None,
-                           f"dst `{getattr(dst, 'name', '') or 'tensor'}`")
+    rules.check_atomic_rmw(
+        fn.lookup(op, "op").name,
+        isinstance(dst, Access) and dst.indirect is not None,
+        f"dst `{getattr(dst, 'name', '') or 'tensor'}`",
+    )
     if isinstance(value, (int, float, np.number)) and not isinstance(value, bool):
         # "tile or scalar value that is the operand to op" (general/nki/api/nki/language/
         # __init__.py@8a38e733 L346): the scalar is materialised as an SBUF tile of dst's shape
@@ -935,22 +1091,32 @@ def loop_reduce(x, op, loop_indices, *, dtype=None, mask=None, **kwargs):
         raise NKIValueError(
             f"{api} updates the tile its result is assigned to (`b = nl.loop_reduce(a, ...)` "
             "with `b` a tile defined before the loop); use it in an assignment of a kernel "
-            "whose source is available", "err_unsupported_expression")
+            "whose source is available",
+            "err_unsupported_expression",
+        )
     try:
         dst = destination()
     except NameError as exc:
         raise NKIValueError(
             f"{api}: the tile assigned its result must exist before the loop ({exc})",
-            "err_unsupported_expression") from exc
+            "err_unsupported_expression",
+        ) from exc
     if not is_tile(dst) or not dst.on_chip:
-        raise NKITypeError(f"{api} updates an SBUF/PSUM tile, its destination is "
-                           f"{type(dst).__name__}", "err_unsupported_memory")
+        raise NKITypeError(
+            f"{api} updates an SBUF/PSUM tile, its destination is {type(dst).__name__}",
+            "err_unsupported_memory",
+        )
     indices = loop_indices if isinstance(loop_indices, (list, tuple)) else [loop_indices]
-    if not ctx.loops or not indices or not builtins.all(
-            isinstance(i, (int, np.integer, LoopIndex)) for i in indices):
+    if (
+        not ctx.loops
+        or not indices
+        or not builtins.all(isinstance(i, (int, np.integer, LoopIndex)) for i in indices)
+    ):
         raise NKIValueError(
             f"{api} reduces over running loops: `loop_indices` is a loop index or a list of "
-            f"them, inside that loop (got {loop_indices!r})", "err_unsupported_expression")
+            f"them, inside that loop (got {loop_indices!r})",
+            "err_unsupported_expression",
+        )
     spec = fn.lookup(op, "op")
     m = resolve_mask(mask)
     src = tile_operand(x, "x", api, mask=m)
@@ -960,17 +1126,27 @@ def loop_reduce(x, op, loop_indices, *, dtype=None, mask=None, **kwargs):
         raise NKIValueError(
             f"{api}: `x` has {src.partitions} x {src.free_size} elements per partition, its "
             f"destination {dst_op.partitions} x {dst_op.free_size}",
-            "err_num_partition_mismatch")
+            "err_num_partition_mismatch",
+        )
     if dtype is not None and dt.as_dtype(dtype) != dst.dtype:
         raise NKITypeError(
             f"{api}: dtype={dt.name(dt.as_dtype(dtype))} differs from its destination tile's "
-            f"{dt.name(dst.dtype)}, which holds the result", "err_unsupported_dtype")
+            f"{dt.name(dst.dtype)}, which holds the result",
+            "err_unsupported_dtype",
+        )
     if m is False:
         return dst
     lhs, rhs = align_shapes(dst_op.f32(), src.f32().reshape(dst_op.f32().shape))
     write_into(dst, spec.apply(lhs, rhs), m, accumulate=True)
     partitions, free = extent(m, dst.shape)
-    emit("dve", "tensor_tensor", inputs=[dst_op, src], outputs=[dst.region(m)],
-         partitions=partitions, free_size=free, out_dtype=dst.dtype,
-         details={"op": spec.name, "accumulate": True})
+    emit(
+        "dve",
+        "tensor_tensor",
+        inputs=[dst_op, src],
+        outputs=[dst.region(m)],
+        partitions=partitions,
+        free_size=free,
+        out_dtype=dst.dtype,
+        details={"op": spec.name, "accumulate": True},
+    )
     return dst

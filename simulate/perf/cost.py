@@ -200,8 +200,9 @@ class CostTable:
         values = {key: row[column] for key, row in CONSTANTS.items()}
         for key, value in (overrides or {}).items():
             if key not in values:
-                raise KeyError(f"unknown cost-model constant {key!r}; expected one of "
-                               f"{', '.join(CONSTANTS)}")
+                raise KeyError(
+                    f"unknown cost-model constant {key!r}; expected one of {', '.join(CONSTANTS)}"
+                )
             values[key] = value
         self.values = values
         self.__dict__.update(values)
@@ -211,9 +212,21 @@ class CostTable:
 
 
 # --- per-instruction cost -----------------------------------------------------------------
-_ITEMSIZE = {"float32": 4, "tfloat32": 4, "bfloat16": 2, "float16": 2, "float8_e4m3": 1,
-             "float8_e5m2": 1, "int8": 1, "uint8": 1, "int16": 2, "uint16": 2, "int32": 4,
-             "uint32": 4, "bool": 1}
+_ITEMSIZE = {
+    "float32": 4,
+    "tfloat32": 4,
+    "bfloat16": 2,
+    "float16": 2,
+    "float8_e4m3": 1,
+    "float8_e5m2": 1,
+    "int8": 1,
+    "uint8": 1,
+    "int16": 2,
+    "uint16": 2,
+    "int32": 4,
+    "uint32": 4,
+    "bool": 1,
+}
 _HALF = ("bfloat16", "float16")
 _ADD_MUL_SUB = ("add", "multiply", "subtract")
 _REDUCE_FAST = ("add", "sum", "max", "maximum")
@@ -267,8 +280,9 @@ def _local_gather_cycles(n: int, ops: Operands, details: dict) -> float:
     return n * cycles_per_element
 
 
-def compute_cycles(opcode: str, engine: str, n: int, ops: Operands, details: dict,
-                   table: CostTable) -> tuple[float, bool]:
+def compute_cycles(
+    opcode: str, engine: str, n: int, ops: Operands, details: dict, table: CostTable
+) -> tuple[float, bool]:
     """Engine cycles of one compute instruction; also whether a documented rule covers it."""
     min_ii = table.min_ii_cycles
     stride = table.stride_penalty_factor if ops.stride_bytes > table.stride_penalty_bytes else 1
@@ -308,8 +322,9 @@ def compute_cycles(opcode: str, engine: str, n: int, ops: Operands, details: dic
         if opcode == "local_gather":
             per_index = details["elements_per_index"]
             size = _ITEMSIZE.get(ops.dtypes[0], 4)
-            rate = ((28 + _LOCAL_GATHER_T * per_index) / (_LOCAL_GATHER_T * per_index)
-                    ) / min(4 / size, per_index)
+            rate = ((28 + _LOCAL_GATHER_T * per_index) / (_LOCAL_GATHER_T * per_index)) / min(
+                4 / size, per_index
+            )
             return table.pool_start_cycles + details["gather_elements"] / rate, True
         if opcode == "core_barrier":  # no data: a Pool instruction start (I; none published)
             return table.pool_start_cycles, True
@@ -321,8 +336,11 @@ def compute_cycles(opcode: str, engine: str, n: int, ops: Operands, details: dic
         return max(min_ii, k * n) * stride, False
     if engine == "act":
         if opcode in ("activation", "activation_reduce"):
-            extra = table.act_read_accumulator_cycles if (
-                opcode == "activation_reduce" or details.get("_reduce_out")) else 0
+            extra = (
+                table.act_read_accumulator_cycles
+                if (opcode == "activation_reduce" or details.get("_reduce_out"))
+                else 0
+            )
             return max(min_ii, n) * stride + extra, True
         if opcode in ("tensor_scalar", "tensor_copy", "memset"):
             speed = table.act_fast_copy if half else 1
@@ -330,14 +348,25 @@ def compute_cycles(opcode: str, engine: str, n: int, ops: Operands, details: dic
         return max(min_ii, n) * stride, False
     # Vector engine
     v2 = table.nc_version == 2
-    if opcode in ("tensor_scalar", "tensor_copy", "memset", "nc_transpose",
-                  "partition_broadcast"):  # a wide broadcast: its copy out of PSUM
+    if opcode in (
+        "tensor_scalar",
+        "tensor_copy",
+        "memset",
+        "nc_transpose",
+        "partition_broadcast",
+    ):  # a wide broadcast: its copy out of PSUM
         speed = 1
         if half and opcode != "nc_transpose":
-            speed = table.dve_fast_copy if unit_stride and not any_psum else \
-                table.dve_fast_copy_slow_path
-        k = table.k_memset_zero_half if (
-            opcode == "memset" and details.get("value", 1.0) == 0.0 and half) else 1
+            speed = (
+                table.dve_fast_copy
+                if unit_stride and not any_psum
+                else table.dve_fast_copy_slow_path
+            )
+        k = (
+            table.k_memset_zero_half
+            if (opcode == "memset" and details.get("value", 1.0) == 0.0 and half)
+            else 1
+        )
         return max(min_ii, k * n * stride / speed), True
     if opcode == "tensor_tensor":
         k = table.k_two_inputs
@@ -353,8 +382,12 @@ def compute_cycles(opcode: str, engine: str, n: int, ops: Operands, details: dic
         # streamed inputs) to be bfloat16; the output dtype is not a condition.
         names = _op_names(details)
         inputs = ops.dtypes[: len(ops.psum)]
-        fast = (bool(inputs) and all(d == "bfloat16" for d in inputs)
-                and names[:2] == ("subtract", "multiply") and n % 2 == 0)
+        fast = (
+            bool(inputs)
+            and all(d == "bfloat16" for d in inputs)
+            and names[:2] == ("subtract", "multiply")
+            and n % 2 == 0
+        )
         return max(min_ii, (1 if fast else table.k_two_inputs) * n * stride), True
     if opcode == "tensor_tensor_scan":
         return max(min_ii, table.k_scan * n * stride), True
@@ -436,8 +469,13 @@ class _Tracker:
         for key in keys:
             records = self.readers.setdefault(key, [])
             last = records[-1] if records else None
-            if last is not None and last[0] == region.start and last[1] == region.stop \
-                    and last[2] == p0 and last[3] == p1:
+            if (
+                last is not None
+                and last[0] == region.start
+                and last[1] == region.stop
+                and last[2] == p0
+                and last[3] == p1
+            ):
                 if last[4][-1] != index:
                     last[4].append(index)
                     if len(last[4]) > _READER_CAP:
@@ -452,8 +490,11 @@ class _Tracker:
             for table in (self.writers, self.readers):
                 records = table.get(key)
                 if records:
-                    kept = [r for r in records
-                            if not (start <= r[0] and r[1] <= stop and p0 <= r[2] and r[3] <= p1)]
+                    kept = [
+                        r
+                        for r in records
+                        if not (start <= r[0] and r[1] <= stop and p0 <= r[2] and r[3] <= p1)
+                    ]
                     if len(kept) != len(records):
                         table[key] = kept
             self.writers.setdefault(key, []).append((start, stop, p0, p1, [index]))
@@ -533,8 +574,10 @@ def schedule(trace: Trace, target=None, overrides=None, by_address=False) -> Sch
     mm_init = table.mm_init_latency_cycles / (table.pe_clock_ghz * 1000.0)
     clocks = [table.clock_ghz(e) * 1000.0 for e in COMPUTE_ENGINES]  # cycles per us
     dep_lat = [table.dependent_latency_cycles / c for c in clocks]
-    dep_overhead = [table.dependent_overhead_cycles / c if e in ("act", "dve") else 0.0
-                    for e, c in zip(COMPUTE_ENGINES, clocks)]
+    dep_overhead = [
+        table.dependent_overhead_cycles / c if e in ("act", "dve") else 0.0
+        for e, c in zip(COMPUTE_ENGINES, clocks)
+    ]
     previous_on: dict[int, int] = {}  # resource -> its last (not elided) instruction
     computed: dict[tuple, int] = {}  # value key of a tensor_tensor -> the instruction
 
@@ -594,11 +637,15 @@ def schedule(trace: Trace, target=None, overrides=None, by_address=False) -> Sch
             writers = tracker.writers_of(region, keys)
             for w in writers:
                 deps[w] = True
-            psum_reads.append(region.memory == "psum" or any(w in broadcast_nodes
-                                                              for w in writers)
-                              or (region.partitions[1] - region.partitions[0] == 1
-                                  and inst.partitions > 1
-                                  and _fp32_row_bytes(inst) <= bank))
+            psum_reads.append(
+                region.memory == "psum"
+                or any(w in broadcast_nodes for w in writers)
+                or (
+                    region.partitions[1] - region.partitions[0] == 1
+                    and inst.partitions > 1
+                    and _fp32_row_bytes(inst) <= bank
+                )
+            )
         for region in inst.writes:
             if region.stop <= region.start:
                 continue
@@ -641,11 +688,13 @@ def schedule(trace: Trace, target=None, overrides=None, by_address=False) -> Sch
                 details = dict(details, _partitions=inst.partitions)
             if inst.opcode == "partition_broadcast" and engine == "dve":
                 ops = Operands(ops.dtypes, (True,), False, ops.stride_bytes)
-            cycles, documented = compute_cycles(inst.opcode, engine, inst.free_size, ops,
-                                                details, table)
+            cycles, documented = compute_cycles(
+                inst.opcode, engine, inst.free_size, ops, details, table
+            )
             if not documented:
-                unmodeled[f"{engine}.{inst.opcode}"] = unmodeled.get(
-                    f"{engine}.{inst.opcode}", 0) + 1
+                unmodeled[f"{engine}.{inst.opcode}"] = (
+                    unmodeled.get(f"{engine}.{inst.opcode}", 0) + 1
+                )
             duration = cycles / clocks[r]
             original = _common_subexpression(i, inst, engine, core, computed, tracker)
             if original is not None:  # the compiler keeps the earlier result: no instruction
@@ -696,8 +745,11 @@ def schedule(trace: Trace, target=None, overrides=None, by_address=False) -> Sch
             k = arrivals.get((inst.opcode, pipe, core), 0)
             arrivals[(inst.opcode, pipe, core)] = k + 1
             partners.setdefault((inst.opcode, pipe, k), []).append(i)
-            raw_preds[i] = ({p: edges[p] for p, raw in deps.items() if raw}
-                            if inst.opcode == "sendrecv" else dict(edges))
+            raw_preds[i] = (
+                {p: edges[p] for p, raw in deps.items() if raw}
+                if inst.opcode == "sendrecv"
+                else dict(edges)
+            )
         preds.append(edges)
 
     _join_partners(partners, raw_preds, preds, sem)
@@ -706,8 +758,21 @@ def schedule(trace: Trace, target=None, overrides=None, by_address=False) -> Sch
         preds.append(dict.fromkeys(members, 0.0))
         res.append(_BARRIER)
         core_of.append(0)
-    result = _list_schedule(table, insts, res, dur, preds, ports, dma_info, total, window,
-                            unmodeled, dma_class, lnc, core_of)
+    result = _list_schedule(
+        table,
+        insts,
+        res,
+        dur,
+        preds,
+        ports,
+        dma_info,
+        total,
+        window,
+        unmodeled,
+        dma_class,
+        lnc,
+        core_of,
+    )
     result.floor_us = _floors(table, rule_us, dma_info, core_of, lnc)
     return result
 
@@ -755,13 +820,22 @@ def _common_subexpression(index, inst, engine, core, computed, tracker):
     writes = {(w.memory, w.storage) for w in inst.writes}
     if any((r.memory, r.storage) in writes for r in inst.reads):
         return None  # in place: the value read is not the value written
-    operands = tuple((r.memory, r.storage, r.start, r.stop, r.partitions,
-                      tuple(sorted(set(tracker.writers_of(r, tracker._keys(r))))))
-                     for r in inst.reads)
+    operands = tuple(
+        (
+            r.memory,
+            r.storage,
+            r.start,
+            r.stop,
+            r.partitions,
+            tuple(sorted(set(tracker.writers_of(r, tracker._keys(r))))),
+        )
+        for r in inst.reads
+    )
     key = (core, engine, inst.out_dtype, repr(inst.details.get("op")), operands)
     earlier = computed.get(key)
     if earlier is not None and all(
-            set(tracker.writers_of(w, tracker._keys(w))) == {earlier[0]} for w in earlier[1]):
+        set(tracker.writers_of(w, tracker._keys(w))) == {earlier[0]} for w in earlier[1]
+    ):
         return earlier[0]
     computed[key] = (index, inst.writes)
     return None
@@ -778,8 +852,10 @@ def trace_lnc(trace: Trace, table: CostTable) -> int:
     whose SPMD instances the model runs one after another on one core."""
     lnc = int(getattr(trace, "lnc", 1) or 1)
     if lnc not in (1, 2) or (lnc == 2 and table.nc_version < 3):
-        raise ValueError(f"trace.lnc={lnc}: LNC=2 exists only on trn2/trn3 (NeuronCore-v3+), "
-                         f"LNC=1 everywhere; the target is {table.target}")
+        raise ValueError(
+            f"trace.lnc={lnc}: LNC=2 exists only on trn2/trn3 (NeuronCore-v3+), "
+            f"LNC=1 everywhere; the target is {table.target}"
+        )
     return lnc
 
 
@@ -792,7 +868,8 @@ def _join_partners(partners, raw_preds, preds, sem):
         if len(members) != 2:
             raise ValueError(
                 f"cost model: {len(members)} core(s) reached a cross-core rendezvous "
-                f"(instruction {members[0]}); both cores of an LNC=2 launch must reach it")
+                f"(instruction {members[0]}); both cores of an LNC=2 launch must reach it"
+            )
         a, b = members
         for mine, theirs in ((a, b), (b, a)):
             for p, lat in raw_preds[theirs].items():
@@ -823,8 +900,9 @@ def _operands(inst, psum_reads) -> Operands:
     out_psum = bool(inst.writes) and inst.writes[0].memory == "psum"
     if inst.out_dtype:
         dtypes.append(inst.out_dtype)
-    return Operands(tuple(dtypes), tuple(psum), out_psum,
-                     int(inst.details.get("max_stride_bytes", 0)))
+    return Operands(
+        tuple(dtypes), tuple(psum), out_psum, int(inst.details.get("max_stride_bytes", 0))
+    )
 
 
 def _dma_plan(inst, table: CostTable):
@@ -854,8 +932,21 @@ def _dma_plan(inst, table: CostTable):
     return plan, hbm_bytes
 
 
-def _list_schedule(table, insts, res, dur, preds, ports, dma_info, total, window, unmodeled,
-                   dma_class, lnc, core_of):
+def _list_schedule(
+    table,
+    insts,
+    res,
+    dur,
+    preds,
+    ports,
+    dma_info,
+    total,
+    window,
+    unmodeled,
+    dma_class,
+    lnc,
+    core_of,
+):
     n = len(insts)
     n_compute = len(COMPUTE_ENGINES)
     per_core = n_compute + int(table.dma_queues)
@@ -1009,10 +1100,12 @@ def _list_schedule(table, insts, res, dur, preds, ports, dma_info, total, window
     if any(cursor[r] < len(streams[r]) or windows[r] for r in range(n_res)):
         raise RuntimeError("cost model: the schedule stopped with instructions left")
     # the kernel is done no earlier than every DMA engine has moved all its data
-    latency = max(max(finish[:n], default=0.0),
-                  max(engine_drained, default=0.0) + tail if n else 0.0)
-    core_busy = [{name: busy[c * per_core + k] for k, name in enumerate(COMPUTE_ENGINES)}
-                 for c in range(lnc)]
+    latency = max(
+        max(finish[:n], default=0.0), max(engine_drained, default=0.0) + tail if n else 0.0
+    )
+    core_busy = [
+        {name: busy[c * per_core + k] for k, name in enumerate(COMPUTE_ENGINES)} for c in range(lnc)
+    ]
     for c in range(lnc):
         core_busy[c]["dma"] = _union(core_dma_intervals[c])
     # the logical core's engine figures are those of its busiest physical core
@@ -1023,19 +1116,30 @@ def _list_schedule(table, insts, res, dur, preds, ports, dma_info, total, window
         busy_us[name] = _union(intervals)
         all_dma.extend(intervals)
     busy_us["dma"] = _union(all_dma)
-    names = [RESOURCES[r % per_core] if 0 <= r % per_core < n_compute else
-             DMA_QUEUES[dma_class[i]] for i, r in enumerate(res[:n])]
+    names = [
+        RESOURCES[r % per_core] if 0 <= r % per_core < n_compute else DMA_QUEUES[dma_class[i]]
+        for i, r in enumerate(res[:n])
+    ]
     by_name = {name: [0, 0.0] for name in RESOURCES}
     for i in range(n):  # stalls of the DMA queues are reported per direction
         if stall_us_of[i] is not None:
             by_name[names[i]][0] += 1
             by_name[names[i]][1] += stall_us_of[i]
     return Schedule(
-        target=table.target, latency_us=latency, resource=names, start_us=start[:n],
-        end_us=end[:n], finish_us=finish[:n], busy_us=busy_us,
+        target=table.target,
+        latency_us=latency,
+        resource=names,
+        start_us=start[:n],
+        end_us=end[:n],
+        finish_us=finish[:n],
+        busy_us=busy_us,
         stalls={k: v[0] for k, v in by_name.items()},
-        stall_us={k: v[1] for k, v in by_name.items()}, unmodeled=unmodeled, lnc=lnc,
-        core=core_of[:n], core_busy_us=core_busy)
+        stall_us={k: v[1] for k, v in by_name.items()},
+        unmodeled=unmodeled,
+        lnc=lnc,
+        core=core_of[:n],
+        core_busy_us=core_busy,
+    )
 
 
 def _union(intervals) -> float:
@@ -1053,5 +1157,12 @@ def _union(intervals) -> float:
     return total
 
 
-__all__ = ["CONSTANTS", "COMPUTE_ENGINES", "DMA_QUEUES", "CostTable", "Schedule",
-           "compute_cycles", "schedule"]
+__all__ = [
+    "CONSTANTS",
+    "COMPUTE_ENGINES",
+    "DMA_QUEUES",
+    "CostTable",
+    "Schedule",
+    "compute_cycles",
+    "schedule",
+]

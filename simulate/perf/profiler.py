@@ -79,8 +79,9 @@ class Profile:
         sched = schedule(trace, table.target, overrides)
         latency = sched.latency_us
         busy = {e: sched.busy_us[e] for e in COMPUTE_ENGINES}
-        busy["dma"] = max(cb["dma"] for cb in sched.core_busy_us) if sched.lnc > 1 else \
-            sched.busy_us["dma"]
+        busy["dma"] = (
+            max(cb["dma"] for cb in sched.core_busy_us) if sched.lnc > 1 else sched.busy_us["dma"]
+        )
         counts = dict.fromkeys(PROFILE_ENGINES, 0)
         for name in sched.resource:
             counts["dma" if name in DMA_QUEUES else name] += 1
@@ -107,8 +108,8 @@ class Profile:
             dependency_stalls={e: sched.stalls[e] for e in COMPUTE_ENGINES + DMA_QUEUES},
             stall_us={e: sched.stall_us[e] for e in COMPUTE_ENGINES + DMA_QUEUES},
             hbm_bandwidth_gbps=bandwidth,
-            mbu=bandwidth / (table.hbm_share_gbps * (table.hbm_cores_per_pool
-                                                      if sched.lnc > 1 else 1)),
+            mbu=bandwidth
+            / (table.hbm_share_gbps * (table.hbm_cores_per_pool if sched.lnc > 1 else 1)),
             unmodeled=dict(sched.unmodeled),
             launch_us=table.kernel_launch_us,
             schedule=sched,
@@ -124,16 +125,19 @@ class Profile:
             f"modeled on {self.target}"
             + (f" (LNC={self.lnc}, two physical cores)" if self.lnc > 1 else "")
             + f": latency {self.latency_us:,.2f} us (busiest engine: {self.busiest_engine})",
-            f"  {'engine':<7}{'instr':>9}{'busy us':>13}{'util':>8}{'stalls':>9}"
-            f"{'stall us':>12}",
+            f"  {'engine':<7}{'instr':>9}{'busy us':>13}{'util':>8}{'stalls':>9}{'stall us':>12}",
         ]
         for e in PROFILE_ENGINES:
-            stalls = sum(self.dependency_stalls[q] for q in DMA_QUEUES) if e == "dma" else \
-                self.dependency_stalls[e]
-            stall_us = sum(self.stall_us[q] for q in DMA_QUEUES) if e == "dma" else \
-                self.stall_us[e]
-            lines.append(f"  {e:<7}{self.instructions[e]:>9,}{self.engine_busy_us[e]:>13,.2f}"
-                         f"{self.engine_utilization[e]:>8.1%}{stalls:>9,}{stall_us:>12,.2f}")
+            stalls = (
+                sum(self.dependency_stalls[q] for q in DMA_QUEUES)
+                if e == "dma"
+                else self.dependency_stalls[e]
+            )
+            stall_us = sum(self.stall_us[q] for q in DMA_QUEUES) if e == "dma" else self.stall_us[e]
+            lines.append(
+                f"  {e:<7}{self.instructions[e]:>9,}{self.engine_busy_us[e]:>13,.2f}"
+                f"{self.engine_utilization[e]:>8.1%}{stalls:>9,}{stall_us:>12,.2f}"
+            )
         queues = ", ".join(f"{q[4:]} {self.dma_queue_busy_us[q]:,.2f} us" for q in DMA_QUEUES)
         lines += [
             f"  DMA queues busy: {queues}; {self.dma_transfers:,} transfers, "
@@ -142,8 +146,7 @@ class Profile:
             f"{self.hbm_bandwidth_gbps:,.1f} GB/s = {self.mbu:.1%} of the HBM share",
             f"  kernel launch on a device: +{self.launch_us:,.1f} us (not in the latency)",
             *(
-                f"  core {c} busy: "
-                + ", ".join(f"{e} {cb[e]:,.2f} us" for e in PROFILE_ENGINES)
+                f"  core {c} busy: " + ", ".join(f"{e} {cb[e]:,.2f} us" for e in PROFILE_ENGINES)
                 for c, cb in enumerate(self.core_busy_us)
                 if self.lnc > 1
             ),
@@ -167,8 +170,14 @@ class Profile:
 
 #: the options of the legacy ``nki.profile`` decorator (aws-neuron-sdk@8a38e733
 #: general/nki/api/nki/__init__.py L402-424)
-_LEGACY_PROFILE_OPTIONS = {"working_directory", "save_neff_name", "save_trace_name",
-                           "additional_compile_opt", "overwrite", "profile_nth"}
+_LEGACY_PROFILE_OPTIONS = {
+    "working_directory",
+    "save_neff_name",
+    "save_trace_name",
+    "additional_compile_opt",
+    "overwrite",
+    "profile_nth",
+}
 
 
 def _legacy_profile_decorator(options):

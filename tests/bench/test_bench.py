@@ -180,10 +180,14 @@ def test_backward_check_scales_dx_by_its_row_terms(capsys):
         (["bench", "--plot", "/missing/dir/x.png"], "directory /missing/dir does not exist"),
         (["bench", "--lnc", "3"], "--lnc '3': expected 1 or 2"),
         (["bench", "--lnc", "2", "--target", "trn2,trn1"], "--lnc 2 needs trn2 or trn3"),
-        (["bench", "--lnc", "2", "--target", "trn2", "--dialect", "legacy"],
-         "--lnc 2 needs --dialect nki06"),
-        (["bench", "--target", "trn2x2", "--dialect", "legacy"],
-         "a target at LNC=2 (x2) needs --dialect nki06"),
+        (
+            ["bench", "--lnc", "2", "--target", "trn2", "--dialect", "legacy"],
+            "--lnc 2 needs --dialect nki06",
+        ),
+        (
+            ["bench", "--target", "trn2x2", "--dialect", "legacy"],
+            "a target at LNC=2 (x2) needs --dialect nki06",
+        ),
         (["bench", "--target", "trn1x2"], "unknown target 'trn1x2'"),
         (["bench", "--dialect", "v7"], "unknown dialect 'v7'"),
         (["bench", "--frobnicate"], "unrecognized arguments: --frobnicate"),
@@ -254,12 +258,27 @@ def test_trn1_and_inf2_rows_run_the_legacy_kernels(tmp_path):
     run (and record) the legacy kernels, the trn2 row the 0.6 ones (NKI 0.x supports
     Trn2/Trn3 only)."""
     path = tmp_path / "bench.json"
-    argv = ["bench", "--dialect", "nki06", "--target", "inf2,trn1,trn2", "--kind", "fwd",
-            "--shapes", "129x1024", "--no-baseline", "--json", str(path)]
+    argv = [
+        "bench",
+        "--dialect",
+        "nki06",
+        "--target",
+        "inf2,trn1,trn2",
+        "--kind",
+        "fwd",
+        "--shapes",
+        "129x1024",
+        "--no-baseline",
+        "--json",
+        str(path),
+    ]
     assert bench.main(argv) == 0
     records = json.loads(path.read_text())
     assert [(r["target"], r["dialect"], r["correct"]) for r in records] == [
-        ("inf2", "legacy", True), ("trn1", "legacy", True), ("trn2", "nki06", True)]
+        ("inf2", "legacy", True),
+        ("trn1", "legacy", True),
+        ("trn2", "nki06", True),
+    ]
 
 
 def test_default_dialect_is_the_packages(monkeypatch):
@@ -275,8 +294,22 @@ def test_nki06_dialect_runs_the_06_kernels_on_one_or_two_cores(tmp_path):
     one. The tables made of these records show LNC=2 beside LNC=1, its speed-up, and the
     speed-up goal (its M threshold lowered to this small sweep's M)."""
     path = tmp_path / "bench.json"
-    argv = ["bench", "-j", "1", "--dialect", "nki06", "--target", "trn2,trn2x2", "--kind",
-            "fwd,bwd", "--shapes", "1024x2048", "--no-baseline", "--json", str(path)]
+    argv = [
+        "bench",
+        "-j",
+        "1",
+        "--dialect",
+        "nki06",
+        "--target",
+        "trn2,trn2x2",
+        "--kind",
+        "fwd,bwd",
+        "--shapes",
+        "1024x2048",
+        "--no-baseline",
+        "--json",
+        str(path),
+    ]
     assert bench.main(argv) == 0
     records = json.loads(path.read_text())
     by_case = {(r["kind"], r["lnc"]): r for r in records}
@@ -293,24 +326,32 @@ def test_nki06_dialect_runs_the_06_kernels_on_one_or_two_cores(tmp_path):
     gen = _gen_tables()
     gen.LNC_GOAL_MIN_M = 1024
     tables = gen.bench_tables(records)
-    lnc2_columns = ("| trn2 LNC=2 µs | trn2 LNC=2 ×copy | trn2 LNC=2 MBU | "
-                    "trn2 LNC=2 speed-up vs LNC=1 |")
+    lnc2_columns = (
+        "| trn2 LNC=2 µs | trn2 LNC=2 ×copy | trn2 LNC=2 MBU | trn2 LNC=2 speed-up vs LNC=1 |"
+    )
     assert lnc2_columns in tables
     assert "nki06 kernels" in tables
     for kind, title in (("fwd", "Forward"), ("bwd", "Backward")):
         single, double = by_case[kind, 1], by_case[kind, 2]
-        row = (f"| 1024×2048 | {single['modeled_us']:,.1f} | {single['copy_ratio']:.3f} | "
-               f"{100 * single['mbu']:.1f} % | {double['modeled_us']:,.1f} | "
-               f"{double['copy_ratio']:.3f} | {100 * double['mbu']:.1f} % | "
-               f"{speedups[kind]:.2f}× |")
+        row = (
+            f"| 1024×2048 | {single['modeled_us']:,.1f} | {single['copy_ratio']:.3f} | "
+            f"{100 * single['mbu']:.1f} % | {double['modeled_us']:,.1f} | "
+            f"{double['copy_ratio']:.3f} | {100 * double['mbu']:.1f} % | "
+            f"{speedups[kind]:.2f}× |"
+        )
         assert row in tables, (title, row)
         within = int(speedups[kind] >= gen.LNC_SPEEDUP_GOAL)
-        goal = (f"| {kind} | trn2 LNC=2 | ≥ 1.9× LNC=1 (M ≥ 1024) | {within} of 1 | "
-                f"{speedups[kind]:.2f}× | 1024×2048 |")
+        goal = (
+            f"| {kind} | trn2 LNC=2 | ≥ 1.9× LNC=1 (M ≥ 1024) | {within} of 1 | "
+            f"{speedups[kind]:.2f}× | 1024×2048 |"
+        )
         assert goal in tables
         # the copy-ratio goals are the LNC=1 core's: one trn2 row per kind, none for LNC=2
-        copy_goals = [line for line in tables.splitlines()
-                      if line.startswith(f"| {kind} | trn2") and "×copy" in line]
+        copy_goals = [
+            line
+            for line in tables.splitlines()
+            if line.startswith(f"| {kind} | trn2") and "×copy" in line
+        ]
         assert len(copy_goals) == 1 and f"| {single['copy_ratio']:.3f} |" in copy_goals[0]
 
 

@@ -58,7 +58,10 @@ def single_process_gradients():
 def worker(rank: int, port: int) -> None:
     torch.set_num_threads(1)
     dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD_SIZE,
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=WORLD_SIZE,
         timeout=datetime.timedelta(seconds=60),
     )
     try:
@@ -72,8 +75,10 @@ def worker(rank: int, port: int) -> None:
             torch.testing.assert_close(grad, expected[name], rtol=1e-5, atol=1e-6, msg=name)
         if rank == 0:
             diff = (model.norm.weight.grad - expected["norm.weight"]).abs().max().item()
-            print(f"DDP over {WORLD_SIZE} gloo processes matches one process "
-                  f"(max |dweight diff| {diff:.3g})")
+            print(
+                f"DDP over {WORLD_SIZE} gloo processes matches one process "
+                f"(max |dweight diff| {diff:.3g})"
+            )
     finally:
         dist.destroy_process_group()
 

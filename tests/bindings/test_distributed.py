@@ -29,8 +29,12 @@ def _run(script: str, *args: str) -> str:
     paths = [str(HERE.parents[1]), str(HERE.parent), env.get("PYTHONPATH")]
     env["PYTHONPATH"] = os.pathsep.join(filter(None, paths))
     done = subprocess.run(
-        [sys.executable, str(HERE / script), *args], capture_output=True, text=True,
-        timeout=TIMEOUT_S, env=env, cwd=HERE.parents[1],
+        [sys.executable, str(HERE / script), *args],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        env=env,
+        cwd=HERE.parents[1],
     )
     assert done.returncode == 0, f"{script} failed:\n{done.stdout}\n{done.stderr[-4000:]}"
     return done.stdout

@@ -66,8 +66,11 @@ def _jnp_rms_norm(x, weight=None, eps=1e-6, offset=0.0, bias=None, residual=None
 def _close(actual, expected, dtype, scale=1.0, what=""):
     rtol, atol = TOL[dtype]
     np.testing.assert_allclose(
-        np.asarray(actual, np.float64), np.asarray(expected, np.float64),
-        rtol=rtol, atol=atol * scale, err_msg=what,
+        np.asarray(actual, np.float64),
+        np.asarray(expected, np.float64),
+        rtol=rtol,
+        atol=atol * scale,
+        err_msg=what,
     )
 
 
@@ -101,12 +104,18 @@ def test_grad_of_a_loss_with_offset_bias_and_no_weight():
     def loss(fn, x, w, b):
         return jnp.sum(jnp.sin(fn(x, w, b)))
 
-    ours = jax.jit(jax.grad(
-        lambda x, w, b: loss(lambda *a: nki_jax.rms_norm(a[0], a[1], offset=1.0, bias=a[2]),
-                             x, w, b), argnums=(0, 1, 2)))(x, w, b)
+    ours = jax.jit(
+        jax.grad(
+            lambda x, w, b: loss(
+                lambda *a: nki_jax.rms_norm(a[0], a[1], offset=1.0, bias=a[2]), x, w, b
+            ),
+            argnums=(0, 1, 2),
+        )
+    )(x, w, b)
     expected = jax.grad(
-        lambda x, w, b: loss(lambda *a: _jnp_rms_norm(a[0], a[1], 1e-6, 1.0, a[2])[0],
-                             x, w, b), argnums=(0, 1, 2))(x, w, b)
+        lambda x, w, b: loss(lambda *a: _jnp_rms_norm(a[0], a[1], 1e-6, 1.0, a[2])[0], x, w, b),
+        argnums=(0, 1, 2),
+    )(x, w, b)
     for got, want, what in zip(ours, expected, ("dx", "dweight", "dbias")):
         _close(got, want, jnp.float32, scale=4, what=what)
 
@@ -151,9 +160,7 @@ def test_llama_casting_matches_hf_llama_bit_for_bit():
     hf = (xf * jax.lax.rsqrt(jnp.mean(xf * xf, -1, keepdims=True) + 1e-6)).astype(x.dtype) * w
     ours = jax.jit(lambda x, w: nki_jax.rms_norm(x, w, casting_mode="llama"))(x, w)
     assert ours.dtype == jnp.bfloat16
-    np.testing.assert_array_equal(
-        np.asarray(ours).view(np.int16), np.asarray(hf).view(np.int16)
-    )
+    np.testing.assert_array_equal(np.asarray(ours).view(np.int16), np.asarray(hf).view(np.int16))
 
 
 def test_vmap_forward_with_shared_and_batched_weights(monkeypatch):
@@ -222,8 +229,11 @@ def test_empty_rows():
         (lambda x, w: nki_jax.rms_norm(x, w[:8]), ValueError, r"weight must have shape \(16,\)"),
         (lambda x, w: nki_jax.rms_norm(np.ones((4, 16)), None), TypeError, "x dtype float64"),
         (lambda x, w: nki_jax.rms_norm(x.astype(jnp.int32), None), TypeError, "x dtype int32"),
-        (lambda x, w: nki_jax.rms_norm(x.astype(jnp.bfloat16), w.astype(jnp.float16)),
-         TypeError, "weight must be float32 or bfloat16"),
+        (
+            lambda x, w: nki_jax.rms_norm(x.astype(jnp.bfloat16), w.astype(jnp.float16)),
+            TypeError,
+            "weight must be float32 or bfloat16",
+        ),
         (lambda x, w: nki_jax.rms_norm(x, w, bias=w[None]), ValueError, "bias must have shape"),
         (lambda x, w: nki_jax.rms_norm(x, [1.0] * 16), TypeError, "weight must be an array"),
         (lambda x, w: nki_jax.rms_norm(x, w, -1.0), ValueError, "eps"),
@@ -232,8 +242,11 @@ def test_empty_rows():
         (lambda x, w: nki_jax.rms_norm(x, None, offset=1.0), ValueError, "needs a weight"),
         (lambda x, w: nki_jax.rms_norm(x[0, 0], w), ValueError, "at least one dimension"),
         (lambda x, w: nki_jax.fused_add_rms_norm(x, x[:1], w), ValueError, "residual must have"),
-        (lambda x, w: nki_jax.fused_add_rms_norm(x, x.astype(jnp.float16), w),
-         TypeError, "residual must be float32"),
+        (
+            lambda x, w: nki_jax.fused_add_rms_norm(x, x.astype(jnp.float16), w),
+            TypeError,
+            "residual must be float32",
+        ),
         (lambda x, w: nki_jax.fused_add_rms_norm(x, None, w), TypeError, "residual"),
     ],
 )
@@ -289,8 +302,9 @@ def test_device_branch_calling_convention(monkeypatch, dialect_name, jit):
 
 @pytest.mark.neuron
 @pytest.mark.skipif(
-    importlib.util.find_spec("jax_neuronx") is None and importlib.util.find_spec("libneuronxla")
-    is None, reason="needs the Neuron JAX plugin",
+    importlib.util.find_spec("jax_neuronx") is None
+    and importlib.util.find_spec("libneuronxla") is None,
+    reason="needs the Neuron JAX plugin",
 )
 def test_on_neuron_backend_matches_the_simulated_reference():
     if jax.default_backend() != "neuron":
@@ -306,8 +320,9 @@ def test_on_neuron_backend_matches_the_simulated_reference():
 
 
 @pytest.mark.neuron
-@pytest.mark.skipif(importlib.util.find_spec("jax_neuronx") is None,
-                    reason="needs the Neuron SDK's jax_neuronx")
+@pytest.mark.skipif(
+    importlib.util.find_spec("jax_neuronx") is None, reason="needs the Neuron SDK's jax_neuronx"
+)
 def test_on_neuron_the_launch_path_follows_the_installed_jax_neuronx():
     """SDK 2.20 - 2.22: jax_neuronx.nki_call with the output-parameter kernels; from 2.23 (no
     nki_call): the nki.jit kernels called directly. Either way the results match jax.numpy."""
@@ -320,12 +335,18 @@ def test_on_neuron_the_launch_path_follows_the_installed_jax_neuronx():
     x = _randn(256, 1024, dtype=jnp.bfloat16, seed=30)
     w = _randn(1024, dtype=jnp.bfloat16, seed=31, scale=0.2, shift=1.0)
     b = _randn(1024, seed=32)
-    dx, dw, db = jax.jit(jax.grad(
-        lambda x, w, b: jnp.sum(nki_jax.rms_norm(x, w, bias=b).astype(jnp.float32) ** 2),
-        argnums=(0, 1, 2)))(x, w, b)
+    dx, dw, db = jax.jit(
+        jax.grad(
+            lambda x, w, b: jnp.sum(nki_jax.rms_norm(x, w, bias=b).astype(jnp.float32) ** 2),
+            argnums=(0, 1, 2),
+        )
+    )(x, w, b)
     dx_ref, dw_ref, db_ref = jax.grad(
-        lambda x, w, b: jnp.sum(_jnp_rms_norm(x, w, bias=b)[0].astype(jnp.bfloat16)
-                                .astype(jnp.float32) ** 2), argnums=(0, 1, 2))(x, w, b)
+        lambda x, w, b: jnp.sum(
+            _jnp_rms_norm(x, w, bias=b)[0].astype(jnp.bfloat16).astype(jnp.float32) ** 2
+        ),
+        argnums=(0, 1, 2),
+    )(x, w, b)
     assert db.dtype == jnp.float32
     _close(dx, dx_ref, jnp.bfloat16, scale=4, what="dx")
     _close(dw, dw_ref, jnp.bfloat16, scale=64, what="dweight")
@@ -334,8 +355,9 @@ def test_on_neuron_the_launch_path_follows_the_installed_jax_neuronx():
 
 def test_example_rmsnorm_jax(monkeypatch, capsys):
     example = Path(__file__).parents[2] / "examples" / "rmsnorm_jax.py"
-    monkeypatch.setattr(sys, "argv", ["rmsnorm_jax.py", "--rows", "16", "--hidden", "64",
-                                      "--iters", "1"])
+    monkeypatch.setattr(
+        sys, "argv", ["rmsnorm_jax.py", "--rows", "16", "--hidden", "64", "--iters", "1"]
+    )
     runpy.run_path(str(example), run_name="not_main")["main"]()
     out = capsys.readouterr().out
     assert "max |dweight - reference|" in out and "forward+backward" in out

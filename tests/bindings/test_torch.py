@@ -229,7 +229,11 @@ def test_gradcheck_catches_a_wrong_backward(monkeypatch):
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*double precision.*")
         ok = torch.autograd.gradcheck(
-            lambda x: nki_torch.rms_norm(x, 8), (x,), eps=1e-3, atol=5e-3, rtol=5e-3,
+            lambda x: nki_torch.rms_norm(x, 8),
+            (x,),
+            eps=1e-3,
+            atol=5e-3,
+            rtol=5e-3,
             raise_exception=False,
         )
     assert not ok
@@ -424,17 +428,29 @@ def _run_example(name, *argv, monkeypatch):
     return runpy.run_path(str(EXAMPLES / name), run_name="not_main")["main"]()
 
 
-@pytest.mark.skipif(not hasattr(kernels, "rmsnorm_fwd_out"),
-                    reason="needs the output-parameter kernels")
+@pytest.mark.skipif(
+    not hasattr(kernels, "rmsnorm_fwd_out"), reason="needs the output-parameter kernels"
+)
 def test_example_rmsnorm_torch(monkeypatch, capsys):
     for name in ("torch_neuronx", "torch_neuronx.xla_impl", "torch_neuronx.xla_impl.ops"):
         monkeypatch.delitem(sys.modules, name, raising=False)  # the example installs its own
-    _run_example("rmsnorm_torch.py", "--rows", "16", "--hidden", "64", "--iters", "1",
-                 monkeypatch=monkeypatch)
+    _run_example(
+        "rmsnorm_torch.py",
+        "--rows",
+        "16",
+        "--hidden",
+        "64",
+        "--iters",
+        "1",
+        monkeypatch=monkeypatch,
+    )
     out = capsys.readouterr().out
     assert "[tutorial launch] torch_neuronx.nki_jit(rmsnorm_fwd_out)" in out
-    errors = [float(line.split("=")[1].split("(")[1].split()[0])
-              for line in out.splitlines() if line.startswith("max |")]
+    errors = [
+        float(line.split("=")[1].split("(")[1].split()[0])
+        for line in out.splitlines()
+        if line.startswith("max |")
+    ]
     assert len(errors) == 4 and all(e < 4 for e in errors), out  # in eps of max |ref|
     assert "bitwise equal to eager: True" in out and "forward+backward" in out
 

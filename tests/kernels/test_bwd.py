@@ -65,8 +65,10 @@ V2_TARGETS = ("trn1", "inf2")
 def _skip_nki06_on_v2(dialect, target):
     """NeuronCore-v2 targets run only the legacy dialect."""
     if dialect == "nki06" and target in V2_TARGETS:
-        pytest.skip("NKI 0.6 supports Trn2/Trn3 only (nki/nki_faq.rst L23-27); the legacy "
-                    "param covers NeuronCore-v2")
+        pytest.skip(
+            "NKI 0.6 supports Trn2/Trn3 only (nki/nki_faq.rst L23-27); the legacy "
+            "param covers NeuronCore-v2"
+        )
 
 
 @pytest.fixture(params=["legacy", "nki06"])
@@ -90,7 +92,6 @@ def _on_target(target):
             os.environ[name] = saved
 
 
-
 def _assert_close(out, ref, dtype, *, scale, extra=0.0, what=""):
     """``out`` (kernel) against ``ref`` (the reference, rounded to ``dtype``) with the
     table's rule: |err| ≤ 1e-5·scale (+ extra), or, for narrow dtypes, ≤ 1 ulp apart."""
@@ -107,7 +108,8 @@ def _assert_close(out, ref, dtype, *, scale, extra=0.0, what=""):
         ok |= err <= FP32_REL * scale + extra + np.abs(np.spacing(ref)).astype(np.float64)
     assert ok.all(), (
         f"{what}: {(~ok).sum()} of {ok.size} elements off, worst error {err[~ok].max():.3g} "
-        f"at ref {ref64[~ok][np.argmax(err[~ok])]:.6g}")
+        f"at ref {ref64[~ok][np.argmax(err[~ok])]:.6g}"
+    )
 
 
 def _make_inputs(rng, M, N, dtype, w_dtype, offset, with_dh, mode, eps=1e-6):
@@ -129,8 +131,7 @@ def _launch(dialect, *args, target=None):
 
 
 def _run(dy, x, weight, rstd, dh_out, offset, has_bias, mode, target=None, dialect="legacy"):
-    outs, _ = _launch(dialect, dy, x, weight, rstd, dh_out, offset, has_bias, mode,
-                      target=target)
+    outs, _ = _launch(dialect, dy, x, weight, rstd, dh_out, offset, has_bias, mode, target=target)
     assert isinstance(outs, tuple)
     assert len(outs) == 1 + (weight is not None) + has_bias
     dx = outs[0]
@@ -139,13 +140,13 @@ def _run(dy, x, weight, rstd, dh_out, offset, has_bias, mode, target=None, diale
     return dx, dweight, dbias
 
 
-def _check_against_reference(dy, x, weight, rstd, dh_out, offset, has_bias, mode,
-                             target=None, dialect="legacy"):
-    dx, dweight, dbias = _run(dy, x, weight, rstd, dh_out, offset, has_bias, mode, target,
-                              dialect)
-    ref_dx, ref_dw, ref_db = reference.rms_norm_bwd(dy, x, weight, rstd, offset=offset,
-                                                    has_bias=has_bias, dh_out=dh_out,
-                                                    casting_mode=mode)
+def _check_against_reference(
+    dy, x, weight, rstd, dh_out, offset, has_bias, mode, target=None, dialect="legacy"
+):
+    dx, dweight, dbias = _run(dy, x, weight, rstd, dh_out, offset, has_bias, mode, target, dialect)
+    ref_dx, ref_dw, ref_db = reference.rms_norm_bwd(
+        dy, x, weight, rstd, offset=offset, has_bias=has_bias, dh_out=dh_out, casting_mode=mode
+    )
     # dx is row-local: the fp32 bound scales with the row's largest term, rstd·|g|,
     # rstd·|x̂·c| or |dh_out| (dx itself can be far smaller after the cancellation).
     with np.errstate(invalid="ignore", over="ignore"):
@@ -169,14 +170,20 @@ def _check_against_reference(dy, x, weight, rstd, dh_out, offset, has_bias, mode
             once = reference.round_to(xhat, x.dtype)
             twice = xhat.astype(np.float32).astype(x.dtype).astype(np.float64)
             extra = (np.abs(dy.astype(np.float64)) * np.abs(twice - once)).sum(axis=0)
-        _assert_close(dweight, ref_dw, weight.dtype,
-                      scale=np.abs(ref_dw.astype(np.float64)).max(), extra=extra,
-                      what="dweight")
+        _assert_close(
+            dweight,
+            ref_dw,
+            weight.dtype,
+            scale=np.abs(ref_dw.astype(np.float64)).max(),
+            extra=extra,
+            what="dweight",
+        )
     else:
         assert dweight is None
     if has_bias:
-        _assert_close(dbias, ref_db, ref_db.dtype,
-                      scale=np.abs(ref_db.astype(np.float64)).max(), what="dbias")
+        _assert_close(
+            dbias, ref_db, ref_db.dtype, scale=np.abs(ref_db.astype(np.float64)).max(), what="dbias"
+        )
 
 
 # (M, N, x dtype, weight dtype or None, offset, bias, dh_out, casting mode): a covering
@@ -206,9 +213,14 @@ CASES = [
 
 
 @pytest.mark.parametrize(
-    "M, N, dtype, w_dtype, offset, has_bias, with_dh, mode", CASES,
-    ids=[f"{c[0]}x{c[1]}-{c[2].name}-w{c[3].name if c[3] else 'none'}-off{c[4]}"
-         f"{'-bias' if c[5] else ''}{'-dh' if c[6] else ''}-{c[7]}" for c in CASES])
+    "M, N, dtype, w_dtype, offset, has_bias, with_dh, mode",
+    CASES,
+    ids=[
+        f"{c[0]}x{c[1]}-{c[2].name}-w{c[3].name if c[3] else 'none'}-off{c[4]}"
+        f"{'-bias' if c[5] else ''}{'-dh' if c[6] else ''}-{c[7]}"
+        for c in CASES
+    ],
+)
 def test_matches_reference(dialect, M, N, dtype, w_dtype, offset, has_bias, with_dh, mode):
     rng = np.random.default_rng([M, N, len(mode)])
     inputs = _make_inputs(rng, M, N, dtype, w_dtype, offset, with_dh, mode)
@@ -225,8 +237,9 @@ def test_deterministic_and_batch_invariant(dialect):
     for a, b in zip(first, second):
         assert a.tobytes() == b.tobytes()
     for lo, hi in ((5, 133), (299, 300), (128, 256)):
-        part = _run(dy[lo:hi], x[lo:hi], weight, rstd[lo:hi], None, 1.0, True, "gemma",
-                    dialect=dialect)
+        part = _run(
+            dy[lo:hi], x[lo:hi], weight, rstd[lo:hi], None, 1.0, True, "gemma", dialect=dialect
+        )
         assert part[0].tobytes() == first[0][lo:hi].tobytes()
 
 
@@ -306,19 +319,23 @@ def test_reads_each_input_once(dialect, M, N):
     read, written = _hbm_bytes_per_tensor(trace)
     spec = simulate.get_target(DEFAULT_TARGETS[dialect])
     dtypes = plan_bwd.BwdDtypes(BF16, BF16, BF16, BF16)
-    plan = plan_bwd.make_plan(N, dtypes, 0.0, "gemma", spec.sbuf_bytes_per_partition,
-                              spec.nc_version >= 3)
+    plan = plan_bwd.make_plan(
+        N, dtypes, 0.0, "gemma", spec.sbuf_bytes_per_partition, spec.nc_version >= 3
+    )
     # with the row dot on the Tensor engine the weight is read once more, down the
     # partitions (its column layout): N elements
     weight_reads = 2 if plan.row_dot_on_pe else 1
     minimal_read = [2 * M * N] * 3 + [2 * N * weight_reads, 4 * M]
     minimal_written = [2 * M * N, 2 * N, 2 * N]
-    extra = (sum(_remove_each(read.values(), minimal_read, "read"))
-             + sum(_remove_each(written.values(), minimal_written, "written")))
+    extra = sum(_remove_each(read.values(), minimal_read, "read")) + sum(
+        _remove_each(written.values(), minimal_written, "written")
+    )
     identities = 2 * 128 * 128 * 2
     assert 0 < extra <= 0.01 * (sum(minimal_read) + sum(minimal_written)) + identities
-    assert trace.sbuf_peak_bytes_per_partition <= simulate.get_target(
-        DEFAULT_TARGETS[dialect]).sbuf_bytes_per_partition
+    assert (
+        trace.sbuf_peak_bytes_per_partition
+        <= simulate.get_target(DEFAULT_TARGETS[dialect]).sbuf_bytes_per_partition
+    )
 
 
 def test_folded_rows_keep_nans_and_batch_invariance(dialect):
@@ -329,8 +346,7 @@ def test_folded_rows_keep_nans_and_batch_invariance(dialect):
     M, N = 70, 24576
     dy, x, weight, rstd, _ = _make_inputs(rng, M, N, BF16, BF16, 0.0, False, "gemma")
     first = _run(dy, x, weight, rstd, None, 0.0, False, "gemma", dialect=dialect)
-    part = _run(dy[3:40], x[3:40], weight, rstd[3:40], None, 0.0, False, "gemma",
-                dialect=dialect)
+    part = _run(dy[3:40], x[3:40], weight, rstd[3:40], None, 0.0, False, "gemma", dialect=dialect)
     assert part[0].tobytes() == first[0][3:40].tobytes()
     dy[40, 5] = np.nan
     x[10, 100] = np.nan
@@ -350,13 +366,12 @@ def test_other_targets(dialect, target):
     _skip_nki06_on_v2(dialect, target)
     rng = np.random.default_rng(23)
     for mode, w_dtype in (("gemma", BF16), ("llama", F32)):
-        dy, x, weight, rstd, dh_out = _make_inputs(rng, 130, 2100, BF16, w_dtype, 1.0, True,
-                                                   mode)
-        _check_against_reference(dy, x, weight, rstd, dh_out, 1.0, True, mode, target,
-                                 dialect)
+        dy, x, weight, rstd, dh_out = _make_inputs(rng, 130, 2100, BF16, w_dtype, 1.0, True, mode)
+        _check_against_reference(dy, x, weight, rstd, dh_out, 1.0, True, mode, target, dialect)
     dx = _run(dy, x, weight, rstd, dh_out, 1.0, True, mode, target, dialect)[0]
-    part = _run(dy[7:99], x[7:99], weight, rstd[7:99], dh_out[7:99], 1.0, True, mode, target,
-                dialect)
+    part = _run(
+        dy[7:99], x[7:99], weight, rstd[7:99], dh_out[7:99], 1.0, True, mode, target, dialect
+    )
     assert part[0].tobytes() == dx[7:99].tobytes()
 
 
@@ -372,9 +387,17 @@ def test_dy_times_x_engines_give_the_same_bits(dialect):
     M, N = 150, 3000
     dy, x, weight, rstd, dh_out = _make_inputs(rng, M, N, BF16, BF16, 0.0, True, "gemma")
     dtypes = plan_bwd.BwdDtypes(BF16, BF16, BF16, BF16)
-    plans = [plan_bwd.make_plan(N, dtypes, 0.0, "gemma",
-                                simulate.get_target(target).sbuf_bytes_per_partition, version >= 3)
-             for target, version in (("trn1", 2), ("trn2", 3))]
+    plans = [
+        plan_bwd.make_plan(
+            N,
+            dtypes,
+            0.0,
+            "gemma",
+            simulate.get_target(target).sbuf_bytes_per_partition,
+            version >= 3,
+        )
+        for target, version in (("trn1", 2), ("trn2", 3))
+    ]
     assert [plan.x_from_psum for plan in plans] == [False, False]
     assert [plan.row_dot_on_pe for plan in plans] == [False, True]
     assert (plans[0].fold, plans[0].group) == (plans[1].fold, plans[1].group)
@@ -383,8 +406,7 @@ def test_dy_times_x_engines_give_the_same_bits(dialect):
     for v2, v3 in zip(on_v2[1:], on_v3[1:]):
         assert v2.tobytes() == v3.tobytes()
     for target in ("trn1", "trn2"):
-        _check_against_reference(dy, x, weight, rstd, dh_out, 0.0, True, "gemma", target,
-                                 dialect)
+        _check_against_reference(dy, x, weight, rstd, dh_out, 0.0, True, "gemma", target, dialect)
 
 
 def test_planner_keeps_the_psum_copy_of_x_where_it_pays():
@@ -394,17 +416,21 @@ def test_planner_keeps_the_psum_copy_of_x_where_it_pays():
     dialects.)"""
     psum, sbuf = True, False
     budget = simulate.get_target("trn1").sbuf_bytes_per_partition
-    for x_dtype, mode, version, want in ((BF16, "gemma", 2, sbuf), (F32, "llama", 2, sbuf),
-                                         (BF16, "llama", 2, psum), (BF16, "gemma", 3, sbuf),
-                                         (BF16, "gemma", 4, sbuf), (F16, "gemma", 3, psum),
-                                         (F32, "gemma", 4, psum)):
+    for x_dtype, mode, version, want in (
+        (BF16, "gemma", 2, sbuf),
+        (F32, "llama", 2, sbuf),
+        (BF16, "llama", 2, psum),
+        (BF16, "gemma", 3, sbuf),
+        (BF16, "gemma", 4, sbuf),
+        (F16, "gemma", 3, psum),
+        (F32, "gemma", 4, psum),
+    ):
         dtypes = plan_bwd.BwdDtypes(x_dtype, x_dtype, BF16, None)
         plan = plan_bwd.make_plan(4096, dtypes, 0.0, mode, budget, version >= 3)
         assert plan.x_from_psum == want, (x_dtype, mode, version)
 
 
-@pytest.mark.parametrize(("N", "vector_blocks"), [(1000, [5]), (3000, [5, 11, 17, 23]),
-                                                  (640, [])])
+@pytest.mark.parametrize(("N", "vector_blocks"), [(1000, [5]), (3000, [5, 11, 17, 23]), (640, [])])
 def test_trn3_row_dot_splits_by_128_column_block(N, vector_blocks):
     """On NeuronCore-v4 one 128-column block in VECTOR_ROW_DOT_EVERY (6) of every row takes
     the Vector row dot (the same blocks in every row: batch invariance), each with its own
@@ -454,7 +480,6 @@ def test_rows_that_neither_fit_nor_fold_are_streamed(dialect):
     assert read > 2 * 3 * M * N  # dy and x (and dh_out) read twice, not folded
 
 
-
 def test_planner_reads_nki_dtypes_as_the_tests_numpy_ones():
     """The kernels hand the planner ``nki.language`` dtypes (NKI values only), the tests NumPy
     ones: the same sizes and the same plans, folded and streamed."""
@@ -478,8 +503,12 @@ def test_planner_reads_nki_dtypes_as_the_tests_numpy_ones():
         ]
         assert streamed[0] == streamed[1]
     folded = plan_bwd.make_plan(
-        40960, plan_bwd.BwdDtypes(nl.bfloat16, nl.bfloat16, nl.bfloat16, None), 0.0, "gemma",
-        budget, False,
+        40960,
+        plan_bwd.BwdDtypes(nl.bfloat16, nl.bfloat16, nl.bfloat16, None),
+        0.0,
+        "gemma",
+        budget,
+        False,
     )
     stacked = plan_bwd.SPLIT if folded.rstd_parts == 1 else 1
     assert folded.fold > 1 and folded.stationary_rows == folded.kw * folded.fold * stacked

@@ -83,8 +83,19 @@ def _data(rng, shape, dtype, scale=1.0):
     return (rows * (rng.standard_normal(shape) + 0.3)).astype(dtype)
 
 
-def _inputs(rng, M, N, dtype, *, weight=True, bias=False, residual=False, offset=0.0,
-            weight_dtype=FP32, residual_dtype=None):
+def _inputs(
+    rng,
+    M,
+    N,
+    dtype,
+    *,
+    weight=True,
+    bias=False,
+    residual=False,
+    offset=0.0,
+    weight_dtype=FP32,
+    residual_dtype=None,
+):
     x = _data(rng, (M, N), dtype)
     # Around 1 with offset 0, around 0 with offset 1 (Gemma's 1 + w): both realistic.
     w = None
@@ -97,8 +108,17 @@ def _inputs(rng, M, N, dtype, *, weight=True, bias=False, residual=False, offset
     return dict(x=x, weight=w, bias=b, residual=r, offset=offset)
 
 
-def _run(x, weight=None, bias=None, residual=None, eps=EPS, offset=0.0, casting_mode="gemma",
-         out_dtype=None, target=None):
+def _run(
+    x,
+    weight=None,
+    bias=None,
+    residual=None,
+    eps=EPS,
+    offset=0.0,
+    casting_mode="gemma",
+    out_dtype=None,
+    target=None,
+):
     """Simulate the kernel of the current dialect: ``(outputs, trace)``. ``out_dtype`` goes
     to the kernel as the dialect's ``nki.language`` dtype, as the launchers pass it."""
     if out_dtype is not None:
@@ -118,9 +138,18 @@ def _layout(inputs, casting_mode="gemma", target=None, grouped=True):
     kernels' (whole-row statistics, decode batches in "spread")."""
     x, w, b, r = (inputs[k] for k in ("x", "weight", "bias", "residual"))
     spec = simulate.get_target(target or default_target())
-    plan = make_plan(x.dtype, None if w is None else w.dtype, None if b is None else b.dtype,
-                     None if r is None else r.dtype, inputs["offset"], casting_mode, None,
-                     FP32, BF16, tensor_engine=spec.nc_version >= 3)
+    plan = make_plan(
+        x.dtype,
+        None if w is None else w.dtype,
+        None if b is None else b.dtype,
+        None if r is None else r.dtype,
+        inputs["offset"],
+        casting_mode,
+        None,
+        FP32,
+        BF16,
+        tensor_engine=spec.nc_version >= 3,
+    )
     return choose_layout(plan, *x.shape, spec.sbuf_bytes_per_partition, grouped=grouped)
 
 
@@ -176,13 +205,17 @@ def assert_y_close(y, y64, dtype, casting_mode, magnitude=None, what="y", x_dtyp
         inexact = len(set(zip(want[differ].tolist(), got[differ].tolist())))
         assert inexact <= MAX_INEXACT_FRACTION * ulps.size + 2, (
             f"{what}: {inexact} distinct values of {ulps.size} points differ from the "
-            f"correctly rounded reference ({casting_mode} mode)")
+            f"correctly rounded reference ({casting_mode} mode)"
+        )
         bad = ulps > max_ulps
         if magnitude is not None:
             bad &= err > max_ulps * _ulp(magnitude, dtype)
         bound = f"{max_ulps} ulp"
-    if x_dtype is not None and casting_mode != "gemma" and _mantissa_bits(x_dtype) < \
-            _mantissa_bits(dtype):
+    if (
+        x_dtype is not None
+        and casting_mode != "gemma"
+        and _mantissa_bits(x_dtype) < _mantissa_bits(dtype)
+    ):
         # x̂ is rounded to x's (coarser) dtype mid-way: a near-tie neighbour is an ulp of
         # x's dtype, many ulps of y's
         within = ref.ulp_distance(got, want, x_dtype) <= MAX_ULPS[casting_mode]
@@ -190,20 +223,24 @@ def assert_y_close(y, y64, dtype, casting_mode, magnitude=None, what="y", x_dtyp
             within |= err <= MAX_ULPS[casting_mode] * _ulp(magnitude, x_dtype)
         flips = bad & within
         assert flips.sum() <= MAX_INEXACT_FRACTION * flips.size + 2, (
-            f"{what}: {int(flips.sum())} of {flips.size} x̂ roundings differ")
+            f"{what}: {int(flips.sum())} of {flips.size} x̂ roundings differ"
+        )
         bad &= ~flips
     if bad.any():
         i = tuple(np.argwhere(bad)[0])
-        pytest.fail(f"{what}: {int(bad.sum())} of {bad.size} points beyond {bound}, first at "
-                    f"{i}: kernel {got[i]!r}, reference {want[i]!r}")
+        pytest.fail(
+            f"{what}: {int(bad.sum())} of {bad.size} points beyond {bound}, first at "
+            f"{i}: kernel {got[i]!r}, reference {want[i]!r}"
+        )
 
 
 def check_forward(inputs, casting_mode="gemma", out_dtype=None, eps=EPS, target=None):
     """Run the kernel and compare every output with the reference; returns the trace."""
     x, w, b, r, offset = (inputs[k] for k in ("x", "weight", "bias", "residual", "offset"))
     outputs, trace = _run(x, w, b, r, eps, offset, casting_mode, out_dtype, target)
-    want = ref.rms_norm_fwd(x, w, eps, offset=offset, bias=b, residual=r,
-                            casting_mode=casting_mode, out_dtype=out_dtype)
+    want = ref.rms_norm_fwd(
+        x, w, eps, offset=offset, bias=b, residual=r, casting_mode=casting_mode, out_dtype=out_dtype
+    )
     assert len(outputs) == len(want)
     y_dtype = x.dtype if out_dtype is None else np.dtype(out_dtype)
     magnitude = None if b is None else _term_magnitude(x, w, b, r, offset, eps)
@@ -238,8 +275,10 @@ def test_hidden_sizes(rng, M, N, dtype):
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
 def test_hidden_65536(rng, dtype):
     """The largest required hidden size (hidden-tiled on every target), two ragged tiles."""
-    check_forward(_inputs(rng, 3, 65536, DTYPES[dtype], bias=True, residual=True, offset=1.0),
-                  casting_mode="gemma")
+    check_forward(
+        _inputs(rng, 3, 65536, DTYPES[dtype], bias=True, residual=True, offset=1.0),
+        casting_mode="gemma",
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -274,8 +313,10 @@ def test_options(rng, options, casting_mode):
 def test_dtypes_and_modes(rng, dtype, casting_mode, weight_dtype):
     x_dtype = DTYPES[dtype]
     wd = FP32 if weight_dtype == "fp32" else x_dtype
-    check_forward(_inputs(rng, 130, 256, x_dtype, bias=True, residual=True, offset=0.5,
-                          weight_dtype=wd), casting_mode)
+    check_forward(
+        _inputs(rng, 130, 256, x_dtype, bias=True, residual=True, offset=0.5, weight_dtype=wd),
+        casting_mode,
+    )
 
 
 @pytest.mark.parametrize("casting_mode", ref.CASTING_MODES)
@@ -314,22 +355,22 @@ def test_two_pass_reads_x_twice(rng, residual):
 
 @pytest.mark.parametrize("casting_mode", ref.CASTING_MODES)
 def test_hidden_tiled_path_out_dtype(rng, casting_mode):
-    check_forward(_inputs(rng, 5, 30000, BF16, bias=True, offset=1.0), casting_mode,
-                  out_dtype=FP32)
+    check_forward(_inputs(rng, 5, 30000, BF16, bias=True, offset=1.0), casting_mode, out_dtype=FP32)
 
 
-@pytest.mark.parametrize("in_out", [("bf16", "fp32"), ("fp32", "bf16"), ("fp16", "bf16"),
-                                    ("bf16", "fp16")])
+@pytest.mark.parametrize(
+    "in_out", [("bf16", "fp32"), ("fp32", "bf16"), ("fp16", "bf16"), ("bf16", "fp16")]
+)
 @pytest.mark.parametrize("casting_mode", ref.CASTING_MODES)
 def test_out_dtype(rng, in_out, casting_mode):
     x_dtype, y_dtype = (DTYPES[d] for d in in_out)
-    check_forward(_inputs(rng, 129, 96, x_dtype, bias=True, offset=1.0), casting_mode,
-                  out_dtype=y_dtype)
+    check_forward(
+        _inputs(rng, 129, 96, x_dtype, bias=True, offset=1.0), casting_mode, out_dtype=y_dtype
+    )
 
 
 def test_residual_in_float32_beside_bf16_activations(rng):
-    inputs = _inputs(rng, 129, 512, BF16, weight_dtype=BF16, residual=True,
-                     residual_dtype=FP32)
+    inputs = _inputs(rng, 129, 512, BF16, weight_dtype=BF16, residual=True, residual_dtype=FP32)
     check_forward(inputs, "llama")
 
 
@@ -357,8 +398,9 @@ def test_plan_matches_the_simulated_sbuf(rng, target):
     (nki06's "split" reads the weight once per row of a one-tile batch, "spread" x twice)."""
     spec = simulate.get_target(target)
     budget = spec.sbuf_bytes_per_partition
-    plan = make_plan(BF16, FP32, None, None, 1.0, "gemma", None, FP32, BF16,
-                     tensor_engine=spec.nc_version >= 3)
+    plan = make_plan(
+        BF16, FP32, None, None, 1.0, "gemma", None, FP32, BF16, tensor_engine=spec.nc_version >= 3
+    )
     n = max(n for n in range(8192, 32768, 16) if plan.fits_rows(n, 1, budget))
     x = _data(rng, (max(DECODE_MAX_ROWS, SPREAD_MAX_ROWS) + 1, n), BF16)
     w = rng.normal(0.0, 0.2, n).astype(np.float32)
@@ -379,8 +421,7 @@ def test_plan_matches_the_simulated_sbuf(rng, target):
 @pytest.mark.parametrize("options", OPTION_SETS, ids=list(OPTION_SETS))
 def test_options_on_trn2(rng, options, casting_mode):
     """gemma with a weight: rstd ⊗ w on the Tensor engine; the rest on the Vector engine."""
-    check_forward(_inputs(rng, 129, 700, BF16, **OPTION_SETS[options]), casting_mode,
-                  target="trn2")
+    check_forward(_inputs(rng, 129, 700, BF16, **OPTION_SETS[options]), casting_mode, target="trn2")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -390,13 +431,30 @@ def test_tensor_engine_weights_on_trn2(rng, dtype, weight_dtype, offset):
     """Three bf16 pieces of rstd against a bf16 weight, or fp32 rstd against an fp32
     weight (+ offset): still one gemma rounding."""
     x_dtype = DTYPES[dtype]
-    inputs = _inputs(rng, 130, 600, x_dtype, offset=offset,
-                     weight_dtype=FP32 if weight_dtype == "fp32" else x_dtype)
-    plan = make_plan(x_dtype, inputs["weight"].dtype, None, None, offset, "gemma", None, FP32, BF16,
-                     tensor_engine=True)
+    inputs = _inputs(
+        rng,
+        130,
+        600,
+        x_dtype,
+        offset=offset,
+        weight_dtype=FP32 if weight_dtype == "fp32" else x_dtype,
+    )
+    plan = make_plan(
+        x_dtype,
+        inputs["weight"].dtype,
+        None,
+        None,
+        offset,
+        "gemma",
+        None,
+        FP32,
+        BF16,
+        tensor_engine=True,
+    )
     assert plan.product_engine == "tensor"
-    assert plan.rstd_pieces == (3 if x_dtype == BF16 and weight_dtype == "input"
-                                and not offset else 1)
+    assert plan.rstd_pieces == (
+        3 if x_dtype == BF16 and weight_dtype == "input" and not offset else 1
+    )
     check_forward(inputs, target="trn2")
 
 
@@ -428,8 +486,13 @@ def test_packed_rows(rng, options, casting_mode, target):
 
 @pytest.mark.parametrize(
     ("M", "N", "dtype", "rows"),
-    [(1, 64, "bf16", 1), (97, 256, "bf16", 1), (6000, 64, "fp32", 10), (2600, 1, "fp16", 5),
-     (4096, 128, "fp32", 8)],
+    [
+        (1, 64, "bf16", 1),
+        (97, 256, "bf16", 1),
+        (6000, 64, "fp32", 10),
+        (2600, 1, "fp16", 5),
+        (4096, 128, "fp32", 8),
+    ],
 )
 def test_packed_shapes(rng, M, N, dtype, rows):
     """Short rows of every dtype: one row (k = 1), M prime (k = 1, a part tile), k the
@@ -455,7 +518,8 @@ def test_split_rows_on_trn2(rng, M, options, casting_mode):
     trace = check_forward(inputs, casting_mode, target="trn2")
     read = trace.hbm_bytes()[0]
     assert _streamed_bytes(inputs) < read <= _streamed_bytes(inputs) + 3 * _parameter_bytes(
-        inputs) or (read == _streamed_bytes(inputs) and not _parameter_bytes(inputs))
+        inputs
+    ) or (read == _streamed_bytes(inputs) and not _parameter_bytes(inputs))
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "fp16"])
@@ -482,8 +546,10 @@ def test_batch_invariance(rng, N, target):
     inputs = _inputs(rng, 200, N, BF16, bias=True, residual=True, offset=1.0)
     full = _run(**inputs, target=target)[0]
     for rows in (slice(3, 4), slice(70, 199), slice(128, 200)):
-        part = _run(**{k: (v[rows] if k in ("x", "residual") else v)
-                       for k, v in inputs.items()}, target=target)[0]
+        part = _run(
+            **{k: (v[rows] if k in ("x", "residual") else v) for k, v in inputs.items()},
+            target=target,
+        )[0]
         for got, want in zip(part, full):
             np.testing.assert_array_equal(got, want[rows])
 

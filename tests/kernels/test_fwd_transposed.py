@@ -2,10 +2,10 @@
 ``rms_norm(..., output_layout="transposed")``): y_t (128, M, N / 128) with
 ``y_t[p, m, k] = y[m, p · (N / 128) + k]``, written by the kernel's output DMA. Checked
 against the float64 reference and bitwise against the row-layout kernel's y rearranged, in
-the "split" (decode batches), "rows", "packed", "two_pass" and "long" regimes, with the fused residual add (h
-keeps x's layout), Inf/NaN rows and under LNC=2; the launcher's checks come before any
-launch. The kernels allocate y_t uninitialised, which the simulator fills with NaN: an
-element the output DMA missed is NaN and fails the comparison."""
+the "split" (decode batches), "rows", "packed", "two_pass" and "long" regimes, with the
+fused residual add (h keeps x's layout), Inf/NaN rows and under LNC=2; the launcher's checks
+come before any launch. The kernels allocate y_t uninitialised, which the simulator fills
+with NaN: an element the output DMA missed is NaN and fails the comparison."""
 
 from __future__ import annotations
 

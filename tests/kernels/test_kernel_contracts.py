@@ -105,8 +105,7 @@ def test_forward_output_parameters_match_return_convention(
         )
         outputs = (y, h, rstd)
     else:
-        want, _ = trace_launch(kernels.rmsnorm_fwd, x, w, b, *common, nl_out_dtype,
-                               target=target)
+        want, _ = trace_launch(kernels.rmsnorm_fwd, x, w, b, *common, nl_out_dtype, target=target)
         got, _ = trace_launch(kernels.rmsnorm_fwd_out, x, w, b, y, rstd, *common, target=target)
         outputs = (y, rstd)
     assert got is None, "an output-parameter kernel returns nothing"
@@ -122,10 +121,8 @@ def test_forward_output_parameters_long_rows(rng, kernel_dialect):
     M, N = 6, 40000
     x, w = _data(rng, (M, N), BF16), _param(rng, N, BF16)
     y, rstd = poison((M, N), BF16), poison((M,), FP32)
-    want, _ = trace_launch(kernels.rmsnorm_fwd, x, w, None, EPS, 0.0, "gemma", None,
-                           target="trn2")
-    trace_launch(kernels.rmsnorm_fwd_out, x, w, None, y, rstd, EPS, 0.0, "gemma",
-                 target="trn2")
+    want, _ = trace_launch(kernels.rmsnorm_fwd, x, w, None, EPS, 0.0, "gemma", None, target="trn2")
+    trace_launch(kernels.rmsnorm_fwd_out, x, w, None, y, rstd, EPS, 0.0, "gemma", target="trn2")
     _assert_bitwise(y, want[0], "y")
     _assert_bitwise(rstd, want[1], "rstd")
 
@@ -553,8 +550,11 @@ TIGHT_BACKWARD = [
 
 # (the target is a parameter of its own, so that conftest runs only the pairs of target and
 # dialect the hardware has: no nki06 on trn1)
-@pytest.mark.parametrize(("target", "case"), [(c[0], c[1:]) for c in TIGHT_FORWARD],
-                         ids=[f"{c[0]}-{c[2]}-{c[8]}" for c in TIGHT_FORWARD])
+@pytest.mark.parametrize(
+    ("target", "case"),
+    [(c[0], c[1:]) for c in TIGHT_FORWARD],
+    ids=[f"{c[0]}-{c[2]}-{c[8]}" for c in TIGHT_FORWARD],
+)
 def test_forward_plan_bounds_the_allocation(rng, target, case, kernel_dialect):
     m, n, x_dtype, w_dtype, b_dtype, r_dtype, offset, mode, out_dtype = case
     layout, planned, capacity = _forward_budget(
@@ -573,8 +573,11 @@ def test_forward_plan_bounds_the_allocation(rng, target, case, kernel_dialect):
     assert trace.spill_save_bytes == trace.spill_reload_bytes == 0
 
 
-@pytest.mark.parametrize(("target", "case"), [(c[0], c[1:]) for c in TIGHT_BACKWARD],
-                         ids=[f"{c[0]}-{c[1]}-{c[3]}" for c in TIGHT_BACKWARD])
+@pytest.mark.parametrize(
+    ("target", "case"),
+    [(c[0], c[1:]) for c in TIGHT_BACKWARD],
+    ids=[f"{c[0]}-{c[1]}-{c[3]}" for c in TIGHT_BACKWARD],
+)
 def test_backward_plan_bounds_the_allocation(rng, target, case, kernel_dialect):
     n, x_dtype, dy_dtype, w_dtype, dh_dtype, offset, mode = case
     regime, planned, capacity = _backward_budget(

@@ -159,8 +159,11 @@ def test_numpy_launchers_run_the_chosen_dialect(no_setting, kernel_dialect, monk
     y, rstd = ops.rms_norm_fwd(x, np.ones(40, np.float32))
     ops.rms_norm_bwd(y, x, np.ones(40, np.float32), rstd)
     ops.rms_norm_fwd(x, residual=x)
-    assert launched == [("rmsnorm_fwd", kernel_dialect), ("rmsnorm_bwd", kernel_dialect),
-                        ("rmsnorm_add_fwd", kernel_dialect)]
+    assert launched == [
+        ("rmsnorm_fwd", kernel_dialect),
+        ("rmsnorm_bwd", kernel_dialect),
+        ("rmsnorm_add_fwd", kernel_dialect),
+    ]
 
 
 def test_the_legacy_sdk_range_binds_only_the_legacy_kernels(no_setting, rng):
@@ -182,9 +185,17 @@ def test_the_legacy_sdk_range_binds_only_the_legacy_kernels(no_setting, rng):
 # --- the dialect follows the hardware ---------------------------------------------------------
 
 
-@pytest.mark.parametrize(("name", "expected"), [("trn1", "trn1"), ("INF2", "inf2"),
-                                                (" trn2 ", "trn2"), ("trn3", "trn3"),
-                                                ("gen2", "trn1"), ("gen4", "trn3")])
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("trn1", "trn1"),
+        ("INF2", "inf2"),
+        (" trn2 ", "trn2"),
+        ("trn3", "trn3"),
+        ("gen2", "trn1"),
+        ("gen4", "trn3"),
+    ],
+)
 def test_the_target_is_the_one_neuron_platform_target_override_names(
     no_setting, monkeypatch, name, expected
 ):
@@ -194,8 +205,11 @@ def test_the_target_is_the_one_neuron_platform_target_override_names(
 
 def test_an_unknown_target_names_the_variable(no_setting, monkeypatch):
     monkeypatch.setenv(dialect.TARGET_ENV_VAR, "trn9")
-    with pytest.raises(ValueError, match=r"NEURON_PLATFORM_TARGET_OVERRIDE must name one of.*"
-                                         r"'trn9'"):
+    with pytest.raises(
+        ValueError,
+        match=r"NEURON_PLATFORM_TARGET_OVERRIDE must name one of.*"
+        r"'trn9'",
+    ):
         dialect.current()
 
 
@@ -245,8 +259,7 @@ def test_trn2_and_trn3_run_nki06_unless_the_simulator_override_says_legacy(
 
 def test_for_target_names_each_targets_dialect(no_setting, monkeypatch):
     monkeypatch.setenv(dialect.ENV_VAR, "legacy")
-    assert [dialect.for_target(t) for t in ("trn1", "inf2", "trn2", "trn3", None)] == [
-        "legacy"] * 5
+    assert [dialect.for_target(t) for t in ("trn1", "inf2", "trn2", "trn3", None)] == ["legacy"] * 5
     monkeypatch.setenv(dialect.ENV_VAR, "nki06")
     assert [dialect.for_target(t) for t in ("trn2", "trn3", None)] == ["nki06"] * 3
     with pytest.raises(ValueError, match="target is trn1"):
@@ -271,14 +284,20 @@ def test_a_real_sdk_with_both_runs_legacy_on_trn1_and_nki06_on_trn2(no_setting, 
     _fake_package(monkeypatch, "neuronxcc")
     _fake_package(monkeypatch, "neuronxcc.nki")
     _fake_package(monkeypatch, "nki", __version__="0.5.0")
-    for target, expected in (("trn1", "legacy"), ("inf2", "legacy"), ("trn2", "nki06"),
-                             ("trn3", "nki06")):
+    for target, expected in (
+        ("trn1", "legacy"),
+        ("inf2", "legacy"),
+        ("trn2", "nki06"),
+        ("trn3", "nki06"),
+    ):
         monkeypatch.setenv(dialect.TARGET_ENV_VAR, target)
         assert dialect.current() == expected, target
 
 
-@pytest.mark.parametrize(("target", "expected"), [("trn1", "legacy"), ("inf2", "legacy"),
-                                                  ("trn2", "nki06"), ("trn3", "nki06")])
+@pytest.mark.parametrize(
+    ("target", "expected"),
+    [("trn1", "legacy"), ("inf2", "legacy"), ("trn2", "nki06"), ("trn3", "nki06")],
+)
 def test_the_numpy_launchers_run_the_targets_dialect_on_the_target(
     no_setting, monkeypatch, rng, target, expected
 ):

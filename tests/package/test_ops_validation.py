@@ -95,8 +95,7 @@ def test_forward_rejects_bad_input_before_launch(no_launch, rng, fn, case):
 
 def _bwd_kwargs(rng):
     x = _x(rng)
-    return dict(dy=_x(rng), x_or_h=x, weight=np.ones(N, np.float32),
-                rstd=np.ones(M, np.float32))
+    return dict(dy=_x(rng), x_or_h=x, weight=np.ones(N, np.float32), rstd=np.ones(M, np.float32))
 
 
 BACKWARD_CASES = {
@@ -105,11 +104,21 @@ BACKWARD_CASES = {
     "dy_list": (dict(dy=[[0.0] * N] * M), TypeError, "dy"),
     "x_int": (dict(x_or_h=np.ones((M, N), np.int16)), TypeError, "x_or_h"),
     "x_0d": (dict(x_or_h=np.ones((), np.float32)), ValueError, "x_or_h"),
-    "x_n0": (dict(x_or_h=np.ones((M, 0), np.float32), dy=np.ones((M, 0), np.float32),
-                  weight=None), ValueError, "x_or_h"),
-    "x_n_too_large": (dict(x_or_h=np.ones((1, 131_073), np.float32),
-                           dy=np.ones((1, 131_073), np.float32), weight=None,
-                           rstd=np.ones(1, np.float32)), ValueError, "x_or_h"),
+    "x_n0": (
+        dict(x_or_h=np.ones((M, 0), np.float32), dy=np.ones((M, 0), np.float32), weight=None),
+        ValueError,
+        "x_or_h",
+    ),
+    "x_n_too_large": (
+        dict(
+            x_or_h=np.ones((1, 131_073), np.float32),
+            dy=np.ones((1, 131_073), np.float32),
+            weight=None,
+            rstd=np.ones(1, np.float32),
+        ),
+        ValueError,
+        "x_or_h",
+    ),
     "weight_shape": (dict(weight=np.ones(N + 2, np.float32)), ValueError, "weight"),
     "weight_dtype": (dict(weight=np.ones(N, np.int32)), TypeError, "weight"),
     "rstd_shape": (dict(rstd=np.ones(M + 1, np.float32)), ValueError, "rstd"),
@@ -160,14 +169,17 @@ def test_empty_leading_dims_return_empty_outputs_without_launch(no_launch, rng, 
     outputs = ops.rms_norm_fwd(x, np.ones(N, BF16), residual=r, out_dtype=np.float16)
     assert [o.shape for o in outputs] == [x.shape] * (2 if residual else 1) + [(0, 3)]
     assert [o.dtype for o in outputs] == (
-        [np.dtype(np.float16)] + ([np.dtype(np.float32)] if residual else [])
-        + [np.dtype(np.float32)])
+        [np.dtype(np.float16)]
+        + ([np.dtype(np.float32)] if residual else [])
+        + [np.dtype(np.float32)]
+    )
 
 
 def test_empty_leading_dims_backward_gives_zero_parameter_grads(no_launch):
     x = np.empty((2, 0, N), np.float16)
-    dx, dweight, dbias = ops.rms_norm_bwd(x, x, np.ones(N, np.float16), np.empty((2, 0),
-                                          np.float32), has_bias=True)
+    dx, dweight, dbias = ops.rms_norm_bwd(
+        x, x, np.ones(N, np.float16), np.empty((2, 0), np.float32), has_bias=True
+    )
     assert dx.shape == x.shape and dx.dtype == x.dtype
     assert dweight.dtype == np.float16 and dbias.dtype == np.float16
     np.testing.assert_array_equal(dweight, 0)
@@ -207,8 +219,12 @@ def test_fused_add_and_backward_keep_leading_dims(rng, kernel_dialect):
     scale = np.abs(dx_ref.astype(np.float64)).max(axis=-1, keepdims=True)
     assert (np.abs(dx.astype(np.float64) - dx_ref) <= 8 * 2.0**-8 * scale).all()
     for got, want in ((dweight, dweight_ref), (dbias, dbias_ref)):
-        np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64),
-                                   rtol=2.0**-7, atol=2.0**-7 * np.abs(want).max())
+        np.testing.assert_allclose(
+            got.astype(np.float64),
+            want.astype(np.float64),
+            rtol=2.0**-7,
+            atol=2.0**-7 * np.abs(want).max(),
+        )
 
 
 def test_one_dimensional_input_gives_scalar_rstd(rng, kernel_dialect):
@@ -218,10 +234,16 @@ def test_one_dimensional_input_gives_scalar_rstd(rng, kernel_dialect):
     np.testing.assert_allclose(y, reference.rms_norm(x), rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("value, expected", [
-    (np.float32(0.25), 0.25), (np.int64(2), 2.0), (Fraction(1, 4), 0.25), (10**300, 1e300),
-    (np.float16(1e-3), float(np.float16(1e-3))),
-])
+@pytest.mark.parametrize(
+    "value, expected",
+    [
+        (np.float32(0.25), 0.25),
+        (np.int64(2), 2.0),
+        (Fraction(1, 4), 0.25),
+        (10**300, 1e300),
+        (np.float16(1e-3), float(np.float16(1e-3))),
+    ],
+)
 def test_numeric_scalars_of_any_kind_are_accepted(value, expected):
     """NumPy scalars, Fractions and big (but representable) ints are real numbers: accepted
     and converted exactly as float() does."""

@@ -186,15 +186,18 @@ def rmsnorm_bwd(dy, x, weight, rstd, dh_out, offset, has_bias, casting_mode, bia
     param_dtype = nl.float32 if weight is None else weight.dtype
     dx = nl.ndarray((M, N), dtype=x.dtype, buffer=nl.shared_hbm)
     # (N,), or (heads, N) for a per-head weight
-    dweight = nl.ndarray((N,) if weight is None else weight.shape, dtype=param_dtype,
-                         buffer=nl.shared_hbm)
-    dbias = nl.ndarray((N,), dtype=param_dtype if bias_dtype is None else bias_dtype,
-                       buffer=nl.shared_hbm)
+    dweight = nl.ndarray(
+        (N,) if weight is None else weight.shape, dtype=param_dtype, buffer=nl.shared_hbm
+    )
+    dbias = nl.ndarray(
+        (N,), dtype=param_dtype if bias_dtype is None else bias_dtype, buffer=nl.shared_hbm
+    )
     # the gradients nobody asked for are not computed (None): not returned, never read
     wanted_dweight = dweight if weight is not None else None
     wanted_dbias = dbias if has_bias else None
-    backward_body(dy, x, weight, rstd, dh_out, dx, wanted_dweight, wanted_dbias, offset,
-                  casting_mode)
+    backward_body(
+        dy, x, weight, rstd, dh_out, dx, wanted_dweight, wanted_dbias, offset, casting_mode
+    )
     return (dx,) + ((dweight,) if weight is not None else ()) + ((dbias,) if has_bias else ())
 
 
@@ -238,17 +241,28 @@ def backward_body(dy, x, weight, rstd, dh_out, dx, dweight, dbias, offset, casti
     # the bindings raise ValueError before any launch; the kernel only asserts
     assert N <= MAX_HIDDEN, f"rmsnorm_bwd: hidden size {N} exceeds the supported {MAX_HIDDEN}"
     heads = check_heads(M, N, weight, dbias)
-    dtypes = BwdDtypes(x=x.dtype, dy=dy.dtype, weight=None if weight is None else weight.dtype,
-                       dh_out=None if dh_out is None else dh_out.dtype)
-    plan = make_plan(N, dtypes, offset, casting_mode, usable_sbuf_bytes(),
-                     nisa.get_nc_version() >= nisa.nc_version.gen3,
-                     nisa.get_nc_version() >= nisa.nc_version.gen4, heads)
-    kernel_assert(heads == 0 or plan is not None,
-                  f"rmsnorm_bwd: a per-head weight needs unfolded rows; N = {N} does not fit "
-                  "SBUF")
+    dtypes = BwdDtypes(
+        x=x.dtype,
+        dy=dy.dtype,
+        weight=None if weight is None else weight.dtype,
+        dh_out=None if dh_out is None else dh_out.dtype,
+    )
+    plan = make_plan(
+        N,
+        dtypes,
+        offset,
+        casting_mode,
+        usable_sbuf_bytes(),
+        nisa.get_nc_version() >= nisa.nc_version.gen3,
+        nisa.get_nc_version() >= nisa.nc_version.gen4,
+        heads,
+    )
+    kernel_assert(
+        heads == 0 or plan is not None,
+        f"rmsnorm_bwd: a per-head weight needs unfolded rows; N = {N} does not fit SBUF",
+    )
     if plan is None:
-        streamed_backward(dy, x, weight, rstd, dh_out, offset, casting_mode, dx, dweight,
-                          dbias)
+        streamed_backward(dy, x, weight, rstd, dh_out, offset, casting_mode, dx, dweight, dbias)
     else:
         _folded_backward(plan, dy, x, weight, rstd, dh_out, dx, dweight, dbias, offset)
 
@@ -259,10 +273,10 @@ def check_heads(M, N, weight, dbias):
     if weight is None or len(weight.shape) == 1:
         return 0
     heads = weight.shape[0]
-    kernel_assert(len(weight.shape) == 2 and weight.shape[1] == N
-                  and heads <= nl.tile_size.pmax,
-                  f"rmsnorm_bwd: a 2-D weight must be (heads <= 128, N = {N}), got "
-                  f"{weight.shape}")
+    kernel_assert(
+        len(weight.shape) == 2 and weight.shape[1] == N and heads <= nl.tile_size.pmax,
+        f"rmsnorm_bwd: a 2-D weight must be (heads <= 128, N = {N}), got {weight.shape}",
+    )
     kernel_assert(M % heads == 0, f"rmsnorm_bwd: {M} rows are not whole sets of {heads} heads")
     kernel_assert(dbias is None, "rmsnorm_bwd: no dbias beside a per-head weight")
     return heads
@@ -272,11 +286,16 @@ def _folded_backward(plan, dy, x, weight, rstd, dh_out, dx, dweight, dbias, offs
     """The main regime: rows (folded over ``plan.fold`` partitions) kept on chip between
     the two passes of a row tile."""
     M, N = x.shape
-    consts = _constants(plan, M, N, dy, weight, rstd, offset, dweight is not None,
-                        dbias is not None)
+    consts = _constants(
+        plan, M, N, dy, weight, rstd, offset, dweight is not None, dbias is not None
+    )
     f, L = plan.fold, plan.width
-    views = (dy.reshape((M * f, L)), x.reshape((M * f, L)), dx.reshape((M * f, L)),
-             None if dh_out is None else dh_out.reshape((M * f, L)))
+    views = (
+        dy.reshape((M * f, L)),
+        x.reshape((M * f, L)),
+        dx.reshape((M * f, L)),
+        None if dh_out is None else dh_out.reshape((M * f, L)),
+    )
     P = nl.tile_size.pmax
     # Every buffer that outlives one loop iteration is created here, before the loops, with
     # its slots in a free dimension after the partitions (the ring of group slots; the
@@ -285,30 +304,32 @@ def _folded_backward(plan, dy, x, weight, rstd, dh_out, dx, dweight, dbias, offs
     # dimension into free dimension"), and written with ``[...] =`` inside them: a tile
     # created in a loop body may not be used after it (general/nki/api/nki.errors.rst
     # @8a38e733, lines 419-475).
-    rings = (nl.ndarray((P, plan.ring, plan.group), dtype=nl.float32),
-             nl.ndarray((P, plan.ring, plan.group), dtype=x.dtype),
-             nl.ndarray((P, DY_SLOTS, plan.group), dtype=dy.dtype))
+    rings = (
+        nl.ndarray((P, plan.ring, plan.group), dtype=nl.float32),
+        nl.ndarray((P, plan.ring, plan.group), dtype=x.dtype),
+        nl.ndarray((P, DY_SLOTS, plan.group), dtype=dy.dtype),
+    )
     n_slots = operand_slots(plan)
     slots = BwdTileSlots(
-        rows=nl.ndarray((plan.stationary_rows, n_slots, plan.rstd_parts, P),
-                        dtype=nl.bfloat16),
+        rows=nl.ndarray((plan.stationary_rows, n_slots, plan.rstd_parts, P), dtype=nl.bfloat16),
         cols=nl.ndarray((P, n_slots, consts.table_cols.shape[2]), dtype=nl.float32),
         partials=nl.ndarray((P, n_slots, partial_columns(plan)), dtype=nl.float32),
-        negk=nl.ndarray((P, n_slots, 1), dtype=nl.float32))
+        negk=nl.ndarray((P, n_slots, 1), dtype=nl.float32),
+    )
 
     # Software pipeline: statistic pass of tile t next to the gradient pass of tile t − 1.
     TP = tile_rows(plan) * f  # partitions of a full row tile
     n_tiles = -(-M * f // TP)
     for t in nl.static_range(n_tiles + 1):
         tile = _tile_view(slots, t, TP, min(TP, M * f - t * TP)) if t < n_tiles else None
-        previous = (_tile_view(slots, t - 1, TP, min(TP, M * f - (t - 1) * TP)) if t > 0
-                    else None)
+        previous = _tile_view(slots, t - 1, TP, min(TP, M * f - (t - 1) * TP)) if t > 0 else None
         if tile is not None:
             _load_tile_operands(consts, tile, t)
         # Σ_j (dy·x)·w' of the tile's rows (``row_dot_on_pe``), made outside the ``if`` that
         # uses it (errors L417-474)
-        row_dot = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.psum) if plan.row_dot_on_pe \
-            else None
+        row_dot = (
+            nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.psum) if plan.row_dot_on_pe else None
+        )
         for g in nl.static_range(plan.n_groups):
             # the tiles the statistic pass returns are used in the block that made them
             if tile is None:
@@ -317,8 +338,15 @@ def _folded_backward(plan, dy, x, weight, rstd, dh_out, dx, dweight, dbias, offs
                 dy_g, dydx = _statistic_group(plan, consts, views, rings, tile, t, g, row_dot)
                 if previous is not None:
                     _gradient_group(plan, views, rings, previous, t - 1, g)
-                _column_sums_group(plan, consts, tile, g, dy_g, dydx,
-                                   (dweight, dbias) if t == n_tiles - 1 else (None, None))
+                _column_sums_group(
+                    plan,
+                    consts,
+                    tile,
+                    g,
+                    dy_g,
+                    dydx,
+                    (dweight, dbias) if t == n_tiles - 1 else (None, None),
+                )
         if tile is not None and row_dot is not None:
             _finish_row_dot(plan, tile, row_dot)
         elif tile is not None:
@@ -334,23 +362,24 @@ def _constants(plan, M, N, dy, weight, rstd, offset, want_dweight, want_dbias):
     # tile's rstd column (masked per fold segment or head), from the table. Conditional
     # expressions, not ``if`` blocks: a tile made in a block may not be used after it
     # (errors L417-474).
-    dweight_moving = (_fold_mask(segments, nl.float32) if want_dweight and plan.round_xhat
-                      else None)
+    dweight_moving = _fold_mask(segments, nl.float32) if want_dweight and plan.round_xhat else None
     dbias_moving = _fold_mask(f, dy.dtype) if want_dbias else None
     n_cols = 2 + (segments if (want_dweight and not plan.round_xhat and segments > 1) else 0)
     n_cols = 3 if plan.row_dot_on_pe else n_cols  # −rstd³/N last (fold 1)
     table_rows, table_cols = _rstd_tables(plan, M, N, rstd, n_cols)
-    return BwdConstants(w_rows=None if plan.heads > 0 else _weight_rows(plan, N, weight,
-                                                                         offset),
-                        w_lazy=weight if plan.kw == 1 and plan.heads == 0 else None,
-                        dweight_moving=dweight_moving, dbias_moving=dbias_moving,
-                        dweight_acc=_column_sum_accumulators(plan) if want_dweight else None,
-                        dbias_acc=_column_sum_accumulators(plan) if want_dbias else None,
-                        table_rows=table_rows, table_cols=table_cols,
-                        fold_scratch=_fold_scratch(f),
-                        pe=_pe_constants(N, weight, offset) if plan.row_dot_on_pe else None,
-                        head_rows=(_head_rows(plan, weight, offset) if plan.heads > 0
-                                   else None))
+    return BwdConstants(
+        w_rows=None if plan.heads > 0 else _weight_rows(plan, N, weight, offset),
+        w_lazy=weight if plan.kw == 1 and plan.heads == 0 else None,
+        dweight_moving=dweight_moving,
+        dbias_moving=dbias_moving,
+        dweight_acc=_column_sum_accumulators(plan) if want_dweight else None,
+        dbias_acc=_column_sum_accumulators(plan) if want_dbias else None,
+        table_rows=table_rows,
+        table_cols=table_cols,
+        fold_scratch=_fold_scratch(f),
+        pe=_pe_constants(N, weight, offset) if plan.row_dot_on_pe else None,
+        head_rows=(_head_rows(plan, weight, offset) if plan.heads > 0 else None),
+    )
 
 
 def _head_rows(plan, weight, offset):
@@ -371,7 +400,7 @@ def _head_rows(plan, weight, offset):
     for _ in nl.static_range(7):
         if filled < R:
             count = min(filled, R - filled)
-            nisa.dma_copy(dst=loaded[filled:filled + count, :], src=loaded[0:count, :])
+            nisa.dma_copy(dst=loaded[filled : filled + count, :], src=loaded[0:count, :])
             filled += count
     rows = nl.ndarray((P, N), dtype=nl.float32)
     rows[0:R, :] = nisa.tensor_scalar(loaded[0:R, :], nl.add, float(offset), dtype=nl.float32)
@@ -393,13 +422,18 @@ def _fold_mask(f, dtype):
     has a single 1."""
     P = nl.tile_size.pmax
     i_p = nl.arange(P)[:, None]
-    identity = nisa.tensor_scalar(nisa.iota(nl.arange(P)[None, :] - i_p, dtype=nl.int32),
-                                  op0=nl.equal, operand0=0.0, dtype=nl.float32)
+    identity = nisa.tensor_scalar(
+        nisa.iota(nl.arange(P)[None, :] - i_p, dtype=nl.int32),
+        op0=nl.equal,
+        operand0=0.0,
+        dtype=nl.float32,
+    )
     i_r = nl.arange(P // f)[None, :]
     mask = nl.ndarray((P, f), dtype=dtype)
     for h in nl.static_range(f):
-        mask[:, h:h + 1] = nisa.tensor_reduce(nl.add, identity[i_p, h + f * i_r], axis=[1],
-                                              dtype=dtype, keepdims=True)
+        mask[:, h : h + 1] = nisa.tensor_reduce(
+            nl.add, identity[i_p, h + f * i_r], axis=[1], dtype=dtype, keepdims=True
+        )
     return mask
 
 
@@ -433,7 +467,7 @@ def _weight_rows(plan, N, weight, offset):
         for a in nl.static_range(K // (plan.kw * f)):
             for b in nl.static_range(SPLIT):
                 r0 = (a * plan.kw + b) * f
-                nisa.dma_copy(dst=rows[r0:r0 + f, :], src=w_parts[b])
+                nisa.dma_copy(dst=rows[r0 : r0 + f, :], src=w_parts[b])
     return rows
 
 
@@ -441,9 +475,9 @@ def _load_weight_group(plan, rows, weight, g0, width):
     """Columns g0 … g0+width of the bf16 weight rows (one row per fold segment, once per
     stacked part of rstd)."""
     f, L = plan.fold, plan.width
-    rows[0:f, g0:g0 + width] = nl.load(weight.reshape((f, L))[:, g0:g0 + width])
+    rows[0:f, g0 : g0 + width] = nl.load(weight.reshape((f, L))[:, g0 : g0 + width])
     for r0 in nl.static_range(f, plan.stationary_rows, f):  # on-chip copies, one HBM read
-        nisa.dma_copy(dst=rows[r0:r0 + f, g0:g0 + width], src=rows[0:f, g0:g0 + width])
+        nisa.dma_copy(dst=rows[r0 : r0 + f, g0 : g0 + width], src=rows[0:f, g0 : g0 + width])
 
 
 def _rstd_tables(plan, M, N, rstd, n_cols):
@@ -458,9 +492,11 @@ def _rstd_tables(plan, M, N, rstd, n_cols):
     R = tile_rows(plan)
     n_tiles = -(-M // R)
     # a per-head weight takes no stationary rows (``a`` comes from ``head_rows``)
-    table_rows = (None if plan.heads > 0 else
-                  nl.ndarray((n_tiles, K, plan.rstd_parts, P), dtype=nl.bfloat16,
-                             buffer=nl.private_hbm))
+    table_rows = (
+        None
+        if plan.heads > 0
+        else nl.ndarray((n_tiles, K, plan.rstd_parts, P), dtype=nl.bfloat16, buffer=nl.private_hbm)
+    )
     table_cols = nl.ndarray((n_tiles, P, n_cols), dtype=nl.float32, buffer=nl.private_hbm)
     # rstd padded with zeros to whole row tiles: (tiles, R) by reshaping whole HBM tensors
     # only (general/nki/tutorials/..., the tutorial reshapes the tensor, never a slice)
@@ -468,19 +504,23 @@ def _rstd_tables(plan, M, N, rstd, n_cols):
     flat = padded.reshape((1, n_tiles * R))
     nl.store(flat[0:1, 0:M], value=nl.load(rstd.reshape((1, M))))
     if n_tiles * R > M:
-        nl.store(flat[0:1, M:n_tiles * R], value=nl.zeros((1, n_tiles * R - M),
-                                                           dtype=nl.float32))
+        nl.store(flat[0:1, M : n_tiles * R], value=nl.zeros((1, n_tiles * R - M), dtype=nl.float32))
     i_r = nl.arange(R)[None, :]
     for block in nl.static_range(-(-n_tiles // P)):
         t0 = block * P
         nt = min(P, n_tiles - t0)
         i_t = nl.arange(nt)[:, None]
-        r_t = nl.load(padded[t0:t0 + nt, :])
+        r_t = nl.load(padded[t0 : t0 + nt, :])
         if table_rows is not None:
             _store_stationary_rows(plan, table_rows, r_t, t0, nt)
-        neg_scale = nisa.scalar_tensor_tensor(data=r_t, op0=nl.multiply, operand0=-1.0 / N,
-                                              op1=nl.multiply, operand1=r_t,
-                                              dtype=nl.float32)
+        neg_scale = nisa.scalar_tensor_tensor(
+            data=r_t,
+            op0=nl.multiply,
+            operand0=-1.0 / N,
+            op1=nl.multiply,
+            operand1=r_t,
+            dtype=nl.float32,
+        )
         cols = nl.zeros((nt, P, n_cols), dtype=nl.float32)
         if plan.heads > 0:  # one partition per row; rstd in the column of the row's head
             cols[i_t, i_r, 0] = nisa.tensor_copy(r_t)
@@ -488,7 +528,8 @@ def _rstd_tables(plan, M, N, rstd, n_cols):
             i_h = nl.arange(R // plan.heads)[None, :]
             for h in nl.static_range(n_cols - 2):
                 cols[i_t, h + plan.heads * i_h, 2 + h] = nisa.tensor_copy(
-                    r_t[i_t, h + plan.heads * i_h])
+                    r_t[i_t, h + plan.heads * i_h]
+                )
         for h in nl.static_range(0 if plan.heads > 0 else f):
             cols[i_t, h + f * i_r, 0] = nisa.tensor_copy(r_t)
             cols[i_t, h + f * i_r, 1] = nisa.tensor_copy(neg_scale)
@@ -497,7 +538,7 @@ def _rstd_tables(plan, M, N, rstd, n_cols):
                 cols[i_t, i_r, 2] = nisa.tensor_copy(neg_cube)
             elif n_cols > 2:
                 cols[i_t, h + f * i_r, 2 + h] = nisa.tensor_copy(r_t)
-        nl.store(table_cols[t0:t0 + nt], value=cols)
+        nl.store(table_cols[t0 : t0 + nt], value=cols)
     return table_rows, table_cols
 
 
@@ -517,7 +558,7 @@ def _store_stationary_rows(plan, table_rows, r_t, t0, nt):
             for h in nl.static_range(f):
                 row = ((a * plan.kw if stacked else 0) + b) * f + h
                 rows[i_t, row, 0 if stacked else a, h + f * i_r] = nisa.tensor_copy(parts[a])
-    nl.store(table_rows[t0:t0 + nt], value=rows)
+    nl.store(table_rows[t0 : t0 + nt], value=rows)
 
 
 def _pe_constants(N, weight, offset):
@@ -528,8 +569,12 @@ def _pe_constants(N, weight, offset):
     P = nl.tile_size.pmax
     n_blocks = -(-N // P)
     i_p = nl.arange(P)[:, None]
-    identity = nisa.tensor_scalar(nisa.iota(nl.arange(P)[None, :] - i_p, dtype=nl.int32),
-                                  op0=nl.equal, operand0=0.0, dtype=nl.float32)
+    identity = nisa.tensor_scalar(
+        nisa.iota(nl.arange(P)[None, :] - i_p, dtype=nl.int32),
+        op0=nl.equal,
+        operand0=0.0,
+        dtype=nl.float32,
+    )
     w_cols = nl.ndarray((P, n_blocks), dtype=nl.float32)
     full, rest = N // P, N % P
     if weight is None:
@@ -544,8 +589,11 @@ def _pe_constants(N, weight, offset):
             i_b = nl.arange(full)[None, :]
             w_cols[i_p, i_b] = nl.load(w_row[0, i_p + P * i_b], dtype=nl.float32)
     # a conditional expression, not an ``if`` block (errors L417-474)
-    shifted = (nisa.tensor_scalar(w_cols, nl.add, float(offset), dtype=nl.float32)
-               if weight is not None and offset != 0.0 else w_cols)
+    shifted = (
+        nisa.tensor_scalar(w_cols, nl.add, float(offset), dtype=nl.float32)
+        if weight is not None and offset != 0.0
+        else w_cols
+    )
     return PeConstants(identity=identity, w_cols=shifted)
 
 
@@ -558,8 +606,9 @@ def _column_sum_accumulators(plan):
     P = nl.tile_size.pmax
     # a per-head weight's sums: heads on the partitions, a column per column of the row
     n = plan.width if plan.heads > 0 else plan.n_groups * (-(-plan.group // P)) * plan.fold
-    return nl.zeros((-(-n // PSUM_BANK_COLS), nl.par_dim(P), PSUM_BANK_COLS),
-                    dtype=nl.float32, buffer=nl.psum)
+    return nl.zeros(
+        (-(-n // PSUM_BANK_COLS), nl.par_dim(P), PSUM_BANK_COLS), dtype=nl.float32, buffer=nl.psum
+    )
 
 
 # --- the pipeline steps ---------------------------------------------------------------------
@@ -567,16 +616,21 @@ def _tile_view(slots, t, tile_partitions, p):
     """Row tile ``t`` of ``p`` partitions (``tile_partitions`` in a full one), its operands in
     slot t mod ``operand_slots``."""
     slot = t % slots.negk.shape[1]
-    return BwdTile(v0=t * tile_partitions, p=p, rows=slots.rows[:, slot, :, 0:p],
-                   cols=slots.cols[0:p, slot, :], partials=slots.partials[0:p, slot, :],
-                   negk=slots.negk[0:p, slot, :])
+    return BwdTile(
+        v0=t * tile_partitions,
+        p=p,
+        rows=slots.rows[:, slot, :, 0:p],
+        cols=slots.cols[0:p, slot, :],
+        partials=slots.partials[0:p, slot, :],
+        negk=slots.negk[0:p, slot, :],
+    )
 
 
 def _load_tile_operands(consts, tile, t):
     """Load row tile t's stationary rows and rstd columns from the HBM tables."""
     if consts.table_rows is not None:
-        tile.rows[...] = nl.load(consts.table_rows[t, :, :, 0:tile.p])
-    tile.cols[...] = nl.load(consts.table_cols[t, 0:tile.p, :])
+        tile.rows[...] = nl.load(consts.table_rows[t, :, :, 0 : tile.p])
+    tile.cols[...] = nl.load(consts.table_cols[t, 0 : tile.p, :])
 
 
 def _slot(plan, t, g):
@@ -609,34 +663,45 @@ def _statistic_group(plan, consts, views, rings, tile, t, g, row_dot):
     # into PSUM. (GpSimd would share the load, but its tensor_tensor runs only power and
     # integer arithmetic: general/nki/api/nki/isa/__init__.py@8a38e733, lines 1766-1767.)
     dydx = nl.ndarray((p, width), dtype=nl.float32)
-    rounded = (nisa.activation(op=nl.copy, data=xs, scale=tile.cols[:, 0:1], dtype=xs.dtype)
-               if plan.round_xhat else None)
+    rounded = (
+        nisa.activation(op=nl.copy, data=xs, scale=tile.cols[:, 0:1], dtype=xs.dtype)
+        if plan.round_xhat
+        else None
+    )
     p1x = nl.ndarray((p, width), dtype=nl.float32)
     for c in nl.static_range(-(-width // CHUNK)):
         lo, hi = c * CHUNK, min(width, (c + 1) * CHUNK)
-        a = (_head_product(tile, consts.head_rows[0:p, g0 + lo:g0 + hi]) if plan.heads > 0
-             else _outer_product(tile.rows, consts.w_rows[:, g0 + lo:g0 + hi]))
+        a = (
+            _head_product(tile, consts.head_rows[0:p, g0 + lo : g0 + hi])
+            if plan.heads > 0
+            else _outer_product(tile.rows, consts.w_rows[:, g0 + lo : g0 + hi])
+        )
         if not plan.round_xhat:
             # dy·x before p1, so that p1·x = (dy·x)·a does not read the output of the
             # Vector instruction just before it ("a static instruction overhead of 100
             # engine cycles": general/nki/arch/trainium_inferentia2_arch.rst@8a38e733,
             # lines 400-401)
             dydx[:, lo:hi] = _dy_times_x(plan, dy_g[:, lo:hi], xs[:, lo:hi])
-        p1[:, lo:hi] = nisa.tensor_tensor(dy_g[:, lo:hi], a, op=nl.multiply,
-                                          dtype=nl.float32)
+        p1[:, lo:hi] = nisa.tensor_tensor(dy_g[:, lo:hi], a, op=nl.multiply, dtype=nl.float32)
         if plan.round_xhat:  # dweight sums dy·round(x̂); p1·x is p1 times x itself
-            dydx[:, lo:hi] = nisa.tensor_tensor(dy_g[:, lo:hi], rounded[:, lo:hi],
-                                                op=nl.multiply, dtype=nl.float32)
-            p1x[:, lo:hi] = nisa.tensor_tensor(p1[:, lo:hi], _psum_copy(xs[:, lo:hi]),
-                                               op=nl.multiply, dtype=nl.float32)
+            dydx[:, lo:hi] = nisa.tensor_tensor(
+                dy_g[:, lo:hi], rounded[:, lo:hi], op=nl.multiply, dtype=nl.float32
+            )
+            p1x[:, lo:hi] = nisa.tensor_tensor(
+                p1[:, lo:hi], _psum_copy(xs[:, lo:hi]), op=nl.multiply, dtype=nl.float32
+            )
         elif row_dot is None:
-            p1x[:, lo:hi] = nisa.tensor_tensor(dydx[:, lo:hi], a, op=nl.multiply,
-                                               dtype=nl.float32)
+            p1x[:, lo:hi] = nisa.tensor_tensor(dydx[:, lo:hi], a, op=nl.multiply, dtype=nl.float32)
         else:
             _row_dot_blocks(plan, consts.pe, tile, row_dot, dydx, a, p1x, g0, lo, hi)
     if row_dot is None:
-        nisa.activation_reduce(op=nl.copy, data=p1x, reduce_op=nl.add,
-                               reduce_res=tile.partials[:, g:g + 1], dtype=nl.float32)
+        nisa.activation_reduce(
+            op=nl.copy,
+            data=p1x,
+            reduce_op=nl.add,
+            reduce_res=tile.partials[:, g : g + 1],
+            dtype=nl.float32,
+        )
     return dy_g, dydx
 
 
@@ -649,11 +714,16 @@ def _row_dot_blocks(plan, pe, tile, row_dot, dydx, a, p1x, g0, lo, hi):
         if vector_row_dot_block(plan, g0 + b0):
             b1 = min(hi, b0 + ROW_DOT_BLOCK)
             column = (g0 + b0) // (plan.vector_row_dot_every * ROW_DOT_BLOCK)
-            p1x[:, b0:b1] = nisa.tensor_tensor(dydx[:, b0:b1], a[:, b0 - lo:b1 - lo],
-                                               op=nl.multiply, dtype=nl.float32)
-            nisa.activation_reduce(op=nl.copy, data=p1x[:, b0:b1], reduce_op=nl.add,
-                                   reduce_res=tile.partials[:, column:column + 1],
-                                   dtype=nl.float32)
+            p1x[:, b0:b1] = nisa.tensor_tensor(
+                dydx[:, b0:b1], a[:, b0 - lo : b1 - lo], op=nl.multiply, dtype=nl.float32
+            )
+            nisa.activation_reduce(
+                op=nl.copy,
+                data=p1x[:, b0:b1],
+                reduce_op=nl.add,
+                reduce_res=tile.partials[:, column : column + 1],
+                dtype=nl.float32,
+            )
         elif b0 == lo or vector_row_dot_block(plan, g0 + b0 - ROW_DOT_BLOCK):
             end = tensor_row_dot_end(plan, g0 + b0, g0 + hi) - g0
             _row_dot_chunk(pe, row_dot, dydx[:, b0:end], g0 + b0, g0 + b0 == 0)
@@ -673,24 +743,29 @@ def _row_dot_chunk(pe, row_dot, dydx, col0, first):
     moved = nl.ndarray((P, n * p), dtype=nl.float32, buffer=nl.psum)
     for k in nl.static_range(n):
         bw = min(P, width - k * P)
-        moved[0:bw, k * p:(k + 1) * p] = nisa.nc_matmul(
-            dydx[:, k * P:k * P + bw], pe.identity[0:p, 0:p], is_transpose=True)
+        moved[0:bw, k * p : (k + 1) * p] = nisa.nc_matmul(
+            dydx[:, k * P : k * P + bw], pe.identity[0:p, 0:p], is_transpose=True
+        )
     flipped = nl.ndarray((P, n * p), dtype=nl.float32)
     if whole:
-        flipped[:, 0:whole * p] = nisa.activation(op=nl.copy, data=moved[:, 0:whole * p],
-                                                  dtype=nl.float32)
+        flipped[:, 0 : whole * p] = nisa.activation(
+            op=nl.copy, data=moved[:, 0 : whole * p], dtype=nl.float32
+        )
     if whole < n:
         bw = width - whole * P
-        flipped[0:bw, whole * p:n * p] = nisa.activation(
-            op=nl.copy, data=moved[0:bw, whole * p:n * p], dtype=nl.float32)
+        flipped[0:bw, whole * p : n * p] = nisa.activation(
+            op=nl.copy, data=moved[0:bw, whole * p : n * p], dtype=nl.float32
+        )
     for k in nl.static_range(n):
         bw, b = min(P, width - k * P), (col0 + k * P) // P
         if first and k == 0:
-            row_dot[0:p, :] = nisa.nc_matmul(flipped[0:bw, k * p:(k + 1) * p],
-                                             pe.w_cols[0:bw, b:b + 1])
+            row_dot[0:p, :] = nisa.nc_matmul(
+                flipped[0:bw, k * p : (k + 1) * p], pe.w_cols[0:bw, b : b + 1]
+            )
         else:
-            row_dot[0:p, :] += nisa.nc_matmul(flipped[0:bw, k * p:(k + 1) * p],
-                                              pe.w_cols[0:bw, b:b + 1])
+            row_dot[0:p, :] += nisa.nc_matmul(
+                flipped[0:bw, k * p : (k + 1) * p], pe.w_cols[0:bw, b : b + 1]
+            )
 
 
 def _finish_row_dot(plan, tile, row_dot):
@@ -699,13 +774,25 @@ def _finish_row_dot(plan, tile, row_dot):
     bias."""
     if has_vector_row_dot(plan):
         bias = nl.ndarray((tile.p, 1), dtype=nl.float32)
-        nisa.activation_reduce(op=nl.copy, data=tile.partials, reduce_op=nl.add,
-                               reduce_res=bias, scale=tile.cols[:, 1:2], dtype=nl.float32)
-        tile.negk[...] = nisa.activation(op=nl.copy, data=row_dot[0:tile.p, :], bias=bias,
-                                         scale=tile.cols[:, 2:3], dtype=nl.float32)
+        nisa.activation_reduce(
+            op=nl.copy,
+            data=tile.partials,
+            reduce_op=nl.add,
+            reduce_res=bias,
+            scale=tile.cols[:, 1:2],
+            dtype=nl.float32,
+        )
+        tile.negk[...] = nisa.activation(
+            op=nl.copy,
+            data=row_dot[0 : tile.p, :],
+            bias=bias,
+            scale=tile.cols[:, 2:3],
+            dtype=nl.float32,
+        )
     else:
-        tile.negk[...] = nisa.activation(op=nl.copy, data=row_dot[0:tile.p, :],
-                                         scale=tile.cols[:, 2:3], dtype=nl.float32)
+        tile.negk[...] = nisa.activation(
+            op=nl.copy, data=row_dot[0 : tile.p, :], scale=tile.cols[:, 2:3], dtype=nl.float32
+        )
 
 
 def _psum_copy(values):
@@ -727,8 +814,9 @@ def _dy_times_x(plan, dy_c, x_c):
     no bit of dy."""
     if plan.x_from_psum:
         return nisa.tensor_tensor(dy_c, _psum_copy(x_c), op=nl.multiply, dtype=nl.float32)
-    return nisa.scalar_tensor_tensor(data=dy_c, op0=nl.subtract, operand0=0.0,
-                                     op1=nl.multiply, operand1=x_c, dtype=nl.float32)
+    return nisa.scalar_tensor_tensor(
+        data=dy_c, op0=nl.subtract, operand0=0.0, op1=nl.multiply, operand1=x_c, dtype=nl.float32
+    )
 
 
 def _column_sums_group(plan, consts, tile, g, dy_g, dydx, outputs):
@@ -740,8 +828,13 @@ def _column_sums_group(plan, consts, tile, g, dy_g, dydx, outputs):
     dweight, dbias = outputs
     if consts.dweight_acc is not None:
         segments = column_segments(plan)
-        moving = (consts.dweight_moving[0:p, :] if consts.dweight_moving is not None
-                  else tile.cols[:, 0:1] if segments == 1 else tile.cols[:, 2:])
+        moving = (
+            consts.dweight_moving[0:p, :]
+            if consts.dweight_moving is not None
+            else tile.cols[:, 0:1]
+            if segments == 1
+            else tile.cols[:, 2:]
+        )
         if plan.heads > 0:
             _accumulate_head_sums(plan, consts.dweight_acc, dydx, moving, g)
         else:
@@ -771,8 +864,7 @@ def _head_product(tile, w_rows):
     row (its head's) scaled by its rstd on the Scalar engine; no matmul, so a non-finite
     weight stays in its head's rows."""
     a = nl.ndarray(w_rows.shape, dtype=nl.float32, buffer=nl.psum)
-    a[...] = nisa.activation(op=nl.copy, data=w_rows, scale=tile.cols[:, 0:1],
-                             dtype=nl.float32)
+    a[...] = nisa.activation(op=nl.copy, data=w_rows, scale=tile.cols[:, 0:1], dtype=nl.float32)
     return a
 
 
@@ -781,8 +873,14 @@ def _finish_statistic(plan, consts, tile):
     engine: the partials scaled by the tile's −rstd²/N column and added); with a fold the
     segment sums of a row are added next (on-chip DMAs, no arithmetic across rows)."""
     segment_negk = tile.negk if plan.fold == 1 else nl.ndarray((tile.p, 1), dtype=nl.float32)
-    nisa.activation_reduce(op=nl.copy, data=tile.partials, reduce_op=nl.add,
-                           reduce_res=segment_negk, scale=tile.cols[:, 1:2], dtype=nl.float32)
+    nisa.activation_reduce(
+        op=nl.copy,
+        data=tile.partials,
+        reduce_op=nl.add,
+        reduce_res=segment_negk,
+        scale=tile.cols[:, 1:2],
+        dtype=nl.float32,
+    )
     if plan.fold > 1:
         _add_fold_segments(tile.negk, segment_negk, tile.p, plan.fold, consts.fold_scratch)
 
@@ -803,7 +901,7 @@ def _add_fold_segments(out, s, p, f, scratch):
     total = nisa.tensor_reduce(nl.add, segments, axis=[1], dtype=nl.float32, keepdims=True)
     repeated = nl.ndarray((rows, f), dtype=nl.float32)
     for h in nl.static_range(f):  # the sum into each column, as the 0.6 kernel does
-        repeated[:, h:h + 1] = nisa.tensor_copy(total, dtype=nl.float32)
+        repeated[:, h : h + 1] = nisa.tensor_copy(total, dtype=nl.float32)
     nl.store(by_row[0:rows, :], value=repeated)
     out[...] = nl.load(column[0:p, :])
 
@@ -817,8 +915,7 @@ def _gradient_group(plan, views, rings, tile, t, g):
     for c in nl.static_range(-(-width // CHUNK)):
         lo, hi = c * CHUNK, min(width, (c + 1) * CHUNK)
         kx = nl.ndarray((p, hi - lo), dtype=nl.float32, buffer=nl.psum)
-        kx[...] = nisa.activation(op=nl.copy, data=xs[:, lo:hi], scale=tile.negk,
-                                  dtype=nl.float32)
+        kx[...] = nisa.activation(op=nl.copy, data=xs[:, lo:hi], scale=tile.negk, dtype=nl.float32)
         dx_g[:, lo:hi] = nisa.tensor_tensor(p1[:, lo:hi], kx, op=nl.add, dtype=out_dtype)
     dx_dst = dx_v[nl.ds(tile.v0, p), nl.ds(g0, width)]
     if dh_v is None:
@@ -847,7 +944,7 @@ def _accumulate_column_sums(plan, acc, data, moving, g):
         # columns b, b + n, …: an affine stride on the free dimension (programming_model
         # L531-577)
         stationary = data[i_p, b + n * nl.arange(count)[None, :]]
-        acc[bank, 0:count, c:c + f] += nisa.nc_matmul(stationary, moving)
+        acc[bank, 0:count, c : c + f] += nisa.nc_matmul(stationary, moving)
 
 
 def _accumulate_head_sums(plan, acc, data, moving, g):
@@ -860,7 +957,7 @@ def _accumulate_head_sums(plan, acc, data, moving, g):
     for lo in nl.static_range(0, width, CHUNK):
         hi = min(width, lo + CHUNK)
         bank, c = divmod(g0 + lo, PSUM_BANK_COLS)
-        acc[bank, 0:heads, c:c + hi - lo] += nisa.nc_matmul(moving, data[:, lo:hi])
+        acc[bank, 0:heads, c : c + hi - lo] += nisa.nc_matmul(moving, data[:, lo:hi])
 
 
 def _store_head_sums(plan, dst, acc, g):
@@ -872,8 +969,10 @@ def _store_head_sums(plan, dst, acc, g):
     for lo in nl.static_range(0, width, CHUNK):
         hi = min(width, lo + CHUNK)
         bank, c = divmod(g0 + lo, PSUM_BANK_COLS)
-        nl.store(dst[:, g0 + lo:g0 + hi],
-                 value=nl.copy(acc[bank, 0:heads, c:c + hi - lo], dtype=dst.dtype))
+        nl.store(
+            dst[:, g0 + lo : g0 + hi],
+            value=nl.copy(acc[bank, 0:heads, c : c + hi - lo], dtype=dst.dtype),
+        )
 
 
 def _store_column_sums(plan, dst, acc, g):
@@ -890,7 +989,7 @@ def _store_column_sums(plan, dst, acc, g):
     n = -(-width // P)
     bank, c0 = divmod(g * per_group * f, PSUM_BANK_COLS)
     # column b·f + h: set b of segment h
-    rounded = nl.copy(acc[bank, :, c0:c0 + n * f], dtype=dst.dtype)
+    rounded = nl.copy(acc[bank, :, c0 : c0 + n * f], dtype=dst.dtype)
     full, rest = divmod(width, n)
     i_b = nl.arange(n)[None, :]
     # dst reshaped whole to a column (the tutorial's form), indexed by affine expressions:

@@ -86,15 +86,30 @@ def streamed_backward(dy, x, weight, rstd, dh_out, offset, casting_mode, dx, dwe
     the given HBM outputs; see the module docstring for the math, tiling and engines."""
     M, N = x.shape
     P = nl.tile_size.pmax
-    plan = make_streamed_plan(N, x.dtype, dy.dtype, None if weight is None else weight.dtype,
-                      casting_mode, usable_sbuf_bytes())
+    plan = make_streamed_plan(
+        N,
+        x.dtype,
+        dy.dtype,
+        None if weight is None else weight.dtype,
+        casting_mode,
+        usable_sbuf_bytes(),
+    )
     w_all = _broadcast_weight(weight) if plan.weight_resident else None
-    inputs = StreamedInputs(dy=dy, x=x, weight=weight, w_all=w_all, rstd=rstd.reshape((M, 1)),
-                            dh_out=dh_out, offset=offset)
+    inputs = StreamedInputs(
+        dy=dy,
+        x=x,
+        weight=weight,
+        w_all=w_all,
+        rstd=rstd.reshape((M, 1)),
+        dh_out=dh_out,
+        offset=offset,
+    )
     grads = StreamedParamGrads(
         dweight=_column_sum_accumulators(N) if dweight is not None else None,
         dbias=_column_sum_accumulators(N) if dbias is not None else None,
-        ones_f32=nl.ones((P, 1), dtype=nl.float32), ones_dy=nl.ones((P, 1), dtype=dy.dtype))
+        ones_f32=nl.ones((P, 1), dtype=nl.float32),
+        ones_dy=nl.ones((P, 1), dtype=dy.dtype),
+    )
 
     for tile in nl.affine_range(M // P):
         _row_tile(plan, inputs, grads, dx, tile * P, P)
@@ -118,28 +133,40 @@ def _row_tile(plan, inputs, grads, dx, r0, rows):
     partials = nl.ndarray((rows, plan.n_chunks), dtype=nl.float32)
     for c in nl.static_range(plan.n_chunks):
         c0 = c * CHUNK_COLS
-        _statistic_chunk(plan, inputs, grads, r0, rows, c0, min(CHUNK_COLS, N - c0), rstd_t,
-                         dy_row, x_row, partials[:, c:c + 1])
+        _statistic_chunk(
+            plan,
+            inputs,
+            grads,
+            r0,
+            rows,
+            c0,
+            min(CHUNK_COLS, N - c0),
+            rstd_t,
+            dy_row,
+            x_row,
+            partials[:, c : c + 1],
+        )
     # k = rstd · mean(g·x̂), so that dx = rstd · (g − x·k).
-    g_xhat_sum = (nisa.tensor_reduce(nl.add, partials, axis=[1], dtype=nl.float32)
-                  if plan.n_chunks > 1 else partials)
+    g_xhat_sum = (
+        nisa.tensor_reduce(nl.add, partials, axis=[1], dtype=nl.float32)
+        if plan.n_chunks > 1
+        else partials
+    )
     k = nisa.tensor_scalar(g_xhat_sum, nl.multiply, rstd_t, op1=nl.multiply, operand1=1.0 / N)
     for c in nl.static_range(plan.n_chunks):
         c0 = c * CHUNK_COLS
-        _gradient_chunk(inputs, dx, r0, rows, c0, min(CHUNK_COLS, N - c0), rstd_t, k, dy_row,
-                        x_row)
+        _gradient_chunk(inputs, dx, r0, rows, c0, min(CHUNK_COLS, N - c0), rstd_t, k, dy_row, x_row)
 
 
-def _statistic_chunk(plan, inputs, grads, r0, rows, c0, width, rstd_t, dy_row, x_row,
-                     partial_col):
+def _statistic_chunk(plan, inputs, grads, r0, rows, c0, width, rstd_t, dy_row, x_row, partial_col):
     """Pass 1 on one chunk: Σ g·x̂ into ``partial_col``; the dweight / dbias column sums.
     With resident rows the chunk is loaded into them, for pass 2."""
     dy_c = _load_chunk(inputs.dy, dy_row, r0, rows, c0, width)
     x_c = _load_chunk(inputs.x, x_row, r0, rows, c0, width)
-    dy_xhat = nisa.scalar_tensor_tensor(data=x_c, op0=nl.multiply, operand0=rstd_t,
-                                        op1=nl.multiply, operand1=dy_c, dtype=nl.float32)
-    _row_sum_g_xhat(dy_xhat, _weight_chunk(inputs, rows, c0, width), inputs.offset,
-                    partial_col)
+    dy_xhat = nisa.scalar_tensor_tensor(
+        data=x_c, op0=nl.multiply, operand0=rstd_t, op1=nl.multiply, operand1=dy_c, dtype=nl.float32
+    )
+    _row_sum_g_xhat(dy_xhat, _weight_chunk(inputs, rows, c0, width), inputs.offset, partial_col)
     if grads.dweight is not None:
         dw_terms = _dy_times_rounded_xhat(dy_c, x_c, rstd_t) if plan.round_xhat else dy_xhat
         _accumulate_column_sums(grads.dweight, dw_terms, grads.ones_f32, c0)
@@ -152,8 +179,16 @@ def _gradient_chunk(inputs, dx, r0, rows, c0, width, rstd_t, k, dy_row, x_row):
     dy_c = _resident_or_loaded(inputs.dy, dy_row, r0, rows, c0, width)
     x_c = _resident_or_loaded(inputs.x, x_row, r0, rows, c0, width)
     dh_c = _resident_or_loaded(inputs.dh_out, None, r0, rows, c0, width)
-    dx_c = _dx_chunk(dy_c, x_c, _weight_chunk(inputs, rows, c0, width), dh_c, inputs.offset,
-                     rstd_t, k, inputs.x.dtype)
+    dx_c = _dx_chunk(
+        dy_c,
+        x_c,
+        _weight_chunk(inputs, rows, c0, width),
+        dh_c,
+        inputs.offset,
+        rstd_t,
+        k,
+        inputs.x.dtype,
+    )
     nl.store(dx[nl.ds(r0, rows), nl.ds(c0, width)], value=dx_c)
 
 
@@ -164,7 +199,7 @@ def _resident_or_loaded(src, resident_row, r0, rows, c0, width):
     if src is None:
         return None
     if resident_row is not None:
-        return resident_row[:, c0:c0 + width]
+        return resident_row[:, c0 : c0 + width]
     return _load_chunk(src, None, r0, rows, c0, width)
 
 
@@ -174,8 +209,8 @@ def _load_chunk(src, resident_row, r0, rows, c0, width):
     chunk = nl.load(src[nl.ds(r0, rows), nl.ds(c0, width)])
     if resident_row is None:
         return chunk
-    resident_row[:, c0:c0 + width] = chunk
-    return resident_row[:, c0:c0 + width]
+    resident_row[:, c0 : c0 + width] = chunk
+    return resident_row[:, c0 : c0 + width]
 
 
 def _broadcast_weight(weight):
@@ -189,7 +224,7 @@ def _broadcast_weight(weight):
     for c in nl.static_range((N + CHUNK_COLS - 1) // CHUNK_COLS):
         c0 = c * CHUNK_COLS
         width = min(CHUNK_COLS, N - c0)
-        w_all[:, c0:c0 + width] = nl.load(w_row[0:1, c0:c0 + width]).broadcast_to((P, width))
+        w_all[:, c0 : c0 + width] = nl.load(w_row[0:1, c0 : c0 + width]).broadcast_to((P, width))
     return w_all
 
 
@@ -199,9 +234,9 @@ def _weight_chunk(inputs, rows, c0, width):
     if inputs.weight is None:
         return None
     if inputs.w_all is not None:
-        return inputs.w_all[0:rows, c0:c0 + width]
+        return inputs.w_all[0:rows, c0 : c0 + width]
     w_row = inputs.weight.reshape((1, inputs.weight.shape[0]))
-    return nl.load(w_row[0:1, c0:c0 + width]).broadcast_to((rows, width))
+    return nl.load(w_row[0:1, c0 : c0 + width]).broadcast_to((rows, width))
 
 
 def _scaled_grad(dy_c, w_c, offset):
@@ -209,16 +244,18 @@ def _scaled_grad(dy_c, w_c, offset):
     in fp32, not in the weight's dtype); ``dy`` itself without a weight."""
     if w_c is None:
         return dy_c
-    return nisa.scalar_tensor_tensor(data=w_c, op0=nl.add, operand0=offset, op1=nl.multiply,
-                                     operand1=dy_c, dtype=nl.float32)
+    return nisa.scalar_tensor_tensor(
+        data=w_c, op0=nl.add, operand0=offset, op1=nl.multiply, operand1=dy_c, dtype=nl.float32
+    )
 
 
 def _row_sum_g_xhat(dy_xhat, w_c, offset, partial_col):
     """``partial_col = Σ_chunk g·x̂ = Σ (w + offset)·(dy·x̂)``: the product on the Vector
     engine, the row sum by the Scalar engine's reduction (an fp32 identity ``activation``)."""
     g_xhat = _scaled_grad(dy_xhat, w_c, offset)
-    nisa.activation_reduce(op=nl.copy, data=g_xhat, reduce_op=nl.add, reduce_res=partial_col,
-                           dtype=nl.float32)
+    nisa.activation_reduce(
+        op=nl.copy, data=g_xhat, reduce_op=nl.add, reduce_res=partial_col, dtype=nl.float32
+    )
 
 
 def _dy_times_rounded_xhat(dy_c, x_c, rstd_t):
@@ -232,13 +269,20 @@ def _dx_chunk(dy_c, x_c, w_c, dh_c, offset, rstd_t, k, out_dtype):
     """``dx = rstd · (g − x·k) (+ dh_out)`` for one chunk, rounded once to ``out_dtype``:
     ``g − x·k`` on the Vector engine, then the rstd scale on the Scalar engine, or fused with
     the dh_out add on the Vector engine."""
-    t = nisa.scalar_tensor_tensor(data=x_c, op0=nl.multiply, operand0=k, op1=nl.subtract,
-                                  operand1=_scaled_grad(dy_c, w_c, offset), reverse1=True,
-                                  dtype=nl.float32)
+    t = nisa.scalar_tensor_tensor(
+        data=x_c,
+        op0=nl.multiply,
+        operand0=k,
+        op1=nl.subtract,
+        operand1=_scaled_grad(dy_c, w_c, offset),
+        reverse1=True,
+        dtype=nl.float32,
+    )
     if dh_c is None:
         return nisa.activation(op=nl.copy, data=t, scale=rstd_t, dtype=out_dtype)
-    return nisa.scalar_tensor_tensor(data=t, op0=nl.multiply, operand0=rstd_t, op1=nl.add,
-                                     operand1=dh_c, dtype=out_dtype)
+    return nisa.scalar_tensor_tensor(
+        data=t, op0=nl.multiply, operand0=rstd_t, op1=nl.add, operand1=dh_c, dtype=out_dtype
+    )
 
 
 def _column_sum_accumulators(N):
@@ -247,8 +291,11 @@ def _column_sum_accumulators(N):
     128·j … 128·j + 127, one per partition."""
     P = nl.tile_size.pmax
     blocks = (N + P - 1) // P
-    return nl.zeros((-(-blocks // PSUM_BANK_COLS), nl.par_dim(P), PSUM_BANK_COLS),
-                    dtype=nl.float32, buffer=nl.psum)
+    return nl.zeros(
+        (-(-blocks // PSUM_BANK_COLS), nl.par_dim(P), PSUM_BANK_COLS),
+        dtype=nl.float32,
+        buffer=nl.psum,
+    )
 
 
 def _accumulate_column_sums(acc, data, ones, c0):
@@ -261,9 +308,9 @@ def _accumulate_column_sums(acc, data, ones, c0):
         lo = b * P
         block = min(P, width - lo)
         bank, col = divmod((c0 + lo) // P, PSUM_BANK_COLS)
-        acc[bank, 0:block, col:col + 1] += nisa.nc_matmul(data[:, lo:lo + block],
-                                                          ones[0:rows, :],
-                                                          is_moving_onezero=True)
+        acc[bank, 0:block, col : col + 1] += nisa.nc_matmul(
+            data[:, lo : lo + block], ones[0:rows, :], is_moving_onezero=True
+        )
 
 
 def _store_column_sums(dst, acc):
@@ -288,5 +335,6 @@ def _store_column_sums(dst, acc):
             last = full_blocks - first
             start = full_blocks * P
             # the whole tensor reshaped, then sliced (never a slice reshaped)
-            nl.store(dst.reshape((N, 1))[start:start + rest, :],
-                     value=sums[0:rest, last:last + 1])
+            nl.store(
+                dst.reshape((N, 1))[start : start + rest, :], value=sums[0:rest, last : last + 1]
+            )

@@ -14,8 +14,20 @@ import simulate.language as nl
 
 FP8_E4M3 = np.dtype(ml_dtypes.float8_e4m3)
 FP8_E5M2 = np.dtype(ml_dtypes.float8_e5m2)
-ALL_DTYPES = [np.float32, np.float16, BF16, FP8_E4M3, FP8_E5M2, np.int8, np.int16, np.int32,
-              np.uint8, np.uint16, np.uint32, np.bool_]
+ALL_DTYPES = [
+    np.float32,
+    np.float16,
+    BF16,
+    FP8_E4M3,
+    FP8_E5M2,
+    np.int8,
+    np.int16,
+    np.int32,
+    np.uint8,
+    np.uint16,
+    np.uint32,
+    np.bool_,
+]
 
 
 def tile_op(op, *arrays):
@@ -67,15 +79,18 @@ def test_promotion_applies_to_tile_arithmetic(rng, a, b, expected):
     np.testing.assert_array_equal(out.astype(np.float64), exact.astype(expected).astype(np.float64))
 
 
-@pytest.mark.parametrize("scalar, tile_dtype, expected", [
-    (2.0, BF16, np.float32),  # weak float -> fp32
-    (2, np.int8, np.int32),  # weak int -> int32
-    (True, np.uint8, np.uint8),  # weak bool -> uint8
-    (np.float16(2), np.float16, np.float16),  # a typed scalar keeps its type
-    (1.2, np.float16, np.float32),
-    (np.float64(0.5), np.float16, np.float32),  # NumPy arithmetic on Python floats stays weak
-    (np.int8(3), np.int8, np.int8),
-])
+@pytest.mark.parametrize(
+    "scalar, tile_dtype, expected",
+    [
+        (2.0, BF16, np.float32),  # weak float -> fp32
+        (2, np.int8, np.int32),  # weak int -> int32
+        (True, np.uint8, np.uint8),  # weak bool -> uint8
+        (np.float16(2), np.float16, np.float16),  # a typed scalar keeps its type
+        (1.2, np.float16, np.float32),
+        (np.float64(0.5), np.float16, np.float32),  # NumPy arithmetic on Python floats stays weak
+        (np.int8(3), np.int8, np.int8),
+    ],
+)
 def test_weak_scalars(rng, scalar, tile_dtype, expected):
     x = random_array(rng, (4, 6), tile_dtype, 0, 3)
     out = tile_op(lambda t: t * scalar, x)
@@ -110,23 +125,26 @@ def test_comparisons_default_to_bool(rng):
 
 # --- rounding ---------------------------------------------------------------------------------
 def _bits(values, dtype):
-    return np.asarray(values).astype(dtype).view(np.uint8 if np.dtype(dtype).itemsize == 1
-                                                  else f"uint{8 * np.dtype(dtype).itemsize}")
+    return (
+        np.asarray(values)
+        .astype(dtype)
+        .view(np.uint8 if np.dtype(dtype).itemsize == 1 else f"uint{8 * np.dtype(dtype).itemsize}")
+    )
 
 
 def test_bf16_rounds_ties_to_even():
-    ulp = 2.0 ** -7  # bf16 spacing in [1, 2)
+    ulp = 2.0**-7  # bf16 spacing in [1, 2)
     ties = np.array([1 + ulp / 2, 1 + 3 * ulp / 2, -(1 + ulp / 2), 2 - ulp / 2], np.float32)
     expected = np.array([1.0, 1 + 2 * ulp, -1.0, 2.0])
     out = tile_op(lambda t: nl.copy(t, dtype=nl.bfloat16), ties.reshape(4, 1))
     np.testing.assert_array_equal(out.reshape(-1).astype(np.float64), expected)
-    near = np.array([1 + ulp / 2 + 2.0 ** -20, 1 + ulp / 2 - 2.0 ** -20], np.float32)
+    near = np.array([1 + ulp / 2 + 2.0**-20, 1 + ulp / 2 - 2.0**-20], np.float32)
     out = tile_op(lambda t: nl.copy(t, dtype=nl.bfloat16), near.reshape(2, 1))
     np.testing.assert_array_equal(out.reshape(-1).astype(np.float64), [1 + ulp, 1.0])
 
 
 def test_fp16_rounds_ties_to_even_and_overflows_to_inf():
-    ulp = 2.0 ** -10
+    ulp = 2.0**-10
     values = np.array([1 + ulp / 2, 1 + 3 * ulp / 2, 65520.0, 65519.0], np.float32)
     out = tile_op(lambda t: nl.copy(t, dtype=nl.float16), values.reshape(4, 1)).reshape(-1)
     np.testing.assert_array_equal(out.astype(np.float64), [1.0, 1 + 2 * ulp, np.inf, 65504.0])
@@ -148,7 +166,7 @@ def test_fp8_e5m2_rounding():
 
 
 def test_tfloat32_keeps_ten_mantissa_bits_rounding_to_even():
-    ulp = 2.0 ** -10
+    ulp = 2.0**-10
     values = np.array([1 + ulp / 2, 1 + 3 * ulp / 2, 1 + ulp / 4, np.inf, -2.5], np.float32)
     out = tile_op(lambda t: nl.copy(t, dtype=nl.tfloat32), values.reshape(5, 1)).reshape(-1)
     np.testing.assert_array_equal(out, np.array([1, 1 + 2 * ulp, 1, np.inf, -2.5], np.float32))
@@ -157,19 +175,20 @@ def test_tfloat32_keeps_ten_mantissa_bits_rounding_to_even():
 def test_float_to_int_rounds_to_even_and_saturates():
     values = np.array([2.5, 3.5, -2.5, 300.0, -300.0, np.nan], np.float32).reshape(6, 1)
     np.testing.assert_array_equal(
-        tile_op(lambda t: nl.copy(t, dtype=nl.int8), values).reshape(-1),
-        [2, 4, -2, 127, -128, 0])
+        tile_op(lambda t: nl.copy(t, dtype=nl.int8), values).reshape(-1), [2, 4, -2, 127, -128, 0]
+    )
     np.testing.assert_array_equal(
-        tile_op(lambda t: nl.copy(t, dtype=nl.uint8), values).reshape(-1),
-        [2, 4, 0, 255, 0, 0])
+        tile_op(lambda t: nl.copy(t, dtype=nl.uint8), values).reshape(-1), [2, 4, 0, 255, 0, 0]
+    )
 
 
 def test_arithmetic_is_fp32_with_one_rounding(rng):
     a = random_array(rng, (32, 64), BF16)
     b = random_array(rng, (32, 64), BF16)
     c = random_array(rng, (32, 64), BF16)
-    out = tile_op(lambda x, y, z: nl.add(nl.multiply(x, y, dtype=nl.float32), z,
-                                         dtype=nl.bfloat16), a, b, c)
+    out = tile_op(
+        lambda x, y, z: nl.add(nl.multiply(x, y, dtype=nl.float32), z, dtype=nl.bfloat16), a, b, c
+    )
     f32 = lambda v: v.astype(np.float32)  # noqa: E731
     np.testing.assert_array_equal(out, (f32(a) * f32(b) + f32(c)).astype(BF16))
     # each instruction rounds its own output: bf16 products are rounded before the add
@@ -191,7 +210,7 @@ def test_every_dtype_adds_in_fp32(rng, dtype):
     y = random_array(rng, (16, 8), dtype, 0, 10)
     out = tile_op(nl.add, x, y)
     assert out.dtype == np.dtype(dtype)
-    exact = (x.astype(np.float64) + y.astype(np.float64))
+    exact = x.astype(np.float64) + y.astype(np.float64)
     if np.dtype(dtype).kind in "iu":
         expected = np.clip(exact, np.iinfo(dtype).min, np.iinfo(dtype).max).astype(dtype)
     else:
@@ -200,9 +219,10 @@ def test_every_dtype_adds_in_fp32(rng, dtype):
 
 
 def test_static_cast_outside_a_kernel():
-    values = np.array([1 + 2.0 ** -8, 3.5, -7.25], np.float32)
-    np.testing.assert_array_equal(nl.static_cast(values, nl.bfloat16).astype(np.float32),
-                                  [1.0, 3.5, -7.25])
+    values = np.array([1 + 2.0**-8, 3.5, -7.25], np.float32)
+    np.testing.assert_array_equal(
+        nl.static_cast(values, nl.bfloat16).astype(np.float32), [1.0, 3.5, -7.25]
+    )
     np.testing.assert_array_equal(nl.static_cast(np.array([2.5, 1e6]), nl.int16), [2, 32767])
 
 

@@ -131,8 +131,9 @@ def test_masked_affine_accesses_match_numpy(rng, case):
         return
     run(kernel, x, out)
     expected = poison(x.shape)
-    expected[rows.repeat(F, 1)[keep], cols.repeat(P, 0)[keep]] = x[rows.repeat(F, 1)[keep],
-                                                                    cols.repeat(P, 0)[keep]]
+    expected[rows.repeat(F, 1)[keep], cols.repeat(P, 0)[keep]] = x[
+        rows.repeat(F, 1)[keep], cols.repeat(P, 0)[keep]
+    ]
     np.testing.assert_array_equal(out, expected)
 
 
@@ -166,7 +167,7 @@ def test_loop_variable_masks_skip_whole_instructions(rng):
 
     def kernel(x, out):
         for i in nl.sequential_range(4):
-            nl.store(out[i:i + 1, :], value=nl.load(x[i:i + 1, :]), mask=i < 2)
+            nl.store(out[i : i + 1, :], value=nl.load(x[i : i + 1, :]), mask=i < 2)
 
     out = poison(x.shape)
     _, trace = nki.trace_kernel(kernel, x, out)
@@ -184,7 +185,7 @@ def test_iterators_yield_python_ints_and_are_recorded_in_the_trace():
         seen["static"] = list(nl.static_range(1, 3))
         for i in nl.affine_range(2):
             for j in nl.sequential_range(3):
-                nl.store(out[i:i + 1, j:j + 1], value=nl.full((1, 1), 10 * i + j, nl.float32))
+                nl.store(out[i : i + 1, j : j + 1], value=nl.full((1, 1), 10 * i + j, nl.float32))
 
     out = poison((2, 3))
     _, trace = nki.trace_kernel(kernel, out)
@@ -193,7 +194,9 @@ def test_iterators_yield_python_ints_and_are_recorded_in_the_trace():
     assert all(type(v) is int for vs in seen.values() for v in vs)
     stores = [i for i in trace if i.opcode == "store"]
     assert [(kind, it) for _, kind, it in stores[4].loops] == [
-        ("affine_range", 1), ("sequential_range", 1)]
+        ("affine_range", 1),
+        ("sequential_range", 1),
+    ]
 
 
 def test_block_dimensions_before_the_partition_axis(rng):
@@ -258,7 +261,9 @@ def test_regions_in_the_trace():
     assert (tile_read.start - tile_addr, tile_read.stop - tile_addr) == (16 * 4, 48 * 4)
     assert block_read.partitions == (8, 24)  # (block 1, partitions 8..23, elements 4..11)
     assert (block_read.start - blocks_addr, block_read.stop - blocks_addr) == (
-        (16 + 4) * 2, (16 + 12) * 2)
+        (16 + 4) * 2,
+        (16 + 12) * 2,
+    )
     store = [i for i in trace if i.opcode == "store"][0]
     dst = store.writes[0]
     assert dst.memory == "hbm" and (dst.start, dst.stop) == ((3 * 16 + 2) * 4, (4 * 16 + 10) * 4)
@@ -287,12 +292,14 @@ def test_index_errors():
         i[0, 1] = 3
 
     x = np.zeros((4, 8), np.float32)
-    cases = [(one_d, IndexError, "err_1d_arange_not_supported"),
-             (mixed, IndexError, "err_unsupported_mixing_basic_advanced_tensor_indexing"),
-             (iterate, RuntimeError, "Only support multi-dimensional subscript to arange"),
-             (out_of_bound, IndexError, "err_tensor_access_out_of_bound"),
-             (slice_out_of_bound, IndexError, "err_tensor_access_out_of_bound"),
-             (assign_index, TypeError, "err_cannot_assign_to_index")]
+    cases = [
+        (one_d, IndexError, "err_1d_arange_not_supported"),
+        (mixed, IndexError, "err_unsupported_mixing_basic_advanced_tensor_indexing"),
+        (iterate, RuntimeError, "Only support multi-dimensional subscript to arange"),
+        (out_of_bound, IndexError, "err_tensor_access_out_of_bound"),
+        (slice_out_of_bound, IndexError, "err_tensor_access_out_of_bound"),
+        (assign_index, TypeError, "err_cannot_assign_to_index"),
+    ]
     for kernel, exc, key in cases:
         with pytest.raises(exc, match=key):
             run(kernel, x)
@@ -322,11 +329,12 @@ def test_mask_expression_errors():
 
     x = np.zeros((4, 8), np.float32)
     for kernel, exc, key in [
-            (with_and, ValueError, "err_control_flow_condition_depending_on_arange"),
-            (with_if, TypeError, "err_control_flow_condition_depending_on_arange"),
-            (with_modulo, ValueError, "err_unsupported_expression_in_mask"),
-            (with_product, ValueError, "err_unsupported_expression_in_mask"),
-            (dynamic_oob, IndexError, "index 72 is out of bounds for axis 0 with size 32")]:
+        (with_and, ValueError, "err_control_flow_condition_depending_on_arange"),
+        (with_if, TypeError, "err_control_flow_condition_depending_on_arange"),
+        (with_modulo, ValueError, "err_unsupported_expression_in_mask"),
+        (with_product, ValueError, "err_unsupported_expression_in_mask"),
+        (dynamic_oob, IndexError, "index 72 is out of bounds for axis 0 with size 32"),
+    ]:
         with pytest.raises(exc, match=key):
             run(kernel, x)
 

@@ -204,7 +204,7 @@ def test_psum_tiles_hold_512_elements_per_partition_in_any_dtype(rng):
 
 
 def test_legacy_matmul_results_are_float32(rng):
-    """"The matmul accumulation and results are always in float32" (legacy isa L876): a
+    """ "The matmul accumulation and results are always in float32" (legacy isa L876): a
     matmul, transposes included, is assigned or accumulated only into a float32 PSUM tile."""
     x = random_array(rng, (32, 48), BF16)
 
@@ -221,8 +221,14 @@ def test_legacy_matmul_results_are_float32(rng):
         return out
 
     for accumulate in (False, True):
-        message = rejects("err_matmul_dtype", transpose_into, x, nl.bfloat16, accumulate,
-                          match="always in float32")
+        message = rejects(
+            "err_matmul_dtype",
+            transpose_into,
+            x,
+            nl.bfloat16,
+            accumulate,
+            match="always in float32",
+        )
         assert "bfloat16 PSUM tile" in message
         np.testing.assert_array_equal(run(transpose_into, x, nl.float32, accumulate), x.T)
 
@@ -237,8 +243,10 @@ def test_legacy_tensor_reduce_reduces_every_free_axis(rng):
     def grouped(x, how):
         out = nl.ndarray((1, groups), nl.float32, buffer=nl.shared_hbm)
         t = nl.load(x)
-        view = t[nl.arange(1)[:, None, None],
-                 nl.arange(groups)[None, :, None] * width + nl.arange(width)[None, None, :]]
+        view = t[
+            nl.arange(1)[:, None, None],
+            nl.arange(groups)[None, :, None] * width + nl.arange(width)[None, None, :],
+        ]
         sums = nl.ndarray((1, groups), nl.float32)
         if how == "isa_inner_axis":
             sums[...] = nisa.tensor_reduce(nl.add, view, axis=2, dtype=nl.float32)
@@ -512,11 +520,18 @@ def test_tiles_do_not_outlive_their_block_in_helpers(rng):
         return out
 
     for helper in (_loaded_under_if, _outer_helper, _Holder().loaded):
-        message = rejects("err_local_variable_used_out_of_scope", kernel, x, helper, True,
-                          match="'tile'")
+        message = rejects(
+            "err_local_variable_used_out_of_scope", kernel, x, helper, True, match="'tile'"
+        )
         assert "if block" in message
-    rejects("err_local_variable_used_out_of_scope", kernel, x, _loaded_under_if, False,
-            match="else block")
+    rejects(
+        "err_local_variable_used_out_of_scope",
+        kernel,
+        x,
+        _loaded_under_if,
+        False,
+        match="else block",
+    )
     np.testing.assert_array_equal(run(kernel, x, _loaded_into_hoisted, True), x + 1.0)
     np.testing.assert_array_equal(run(kernel, x, _loaded_into_hoisted, False), 1.0 - x)
     np.testing.assert_array_equal(run(kernel, x, _returned_from_if, True), x)

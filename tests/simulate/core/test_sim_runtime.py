@@ -40,10 +40,16 @@ def test_jit_forms_and_runners_agree(rng):
         nl.store(out, value=nl.multiply(nl.load(x), factor))
         return out
 
-    results = [bare(x, 3.0), with_args(x, 3.0), nki.jit(scale_kernel, mode="baremetal")(x, 3.0),
-               nki.baremetal(scale_kernel)(x, 3.0), nki.baremetal()(scale_kernel)(x, 3.0),
-               nki.simulate_kernel(scale_kernel, x, 3.0), nki.simulate_kernel(bare, x, 3.0),
-               nki.simulate_kernel(nki.baremetal(scale_kernel), x, 3.0)]
+    results = [
+        bare(x, 3.0),
+        with_args(x, 3.0),
+        nki.jit(scale_kernel, mode="baremetal")(x, 3.0),
+        nki.baremetal(scale_kernel)(x, 3.0),
+        nki.baremetal()(scale_kernel)(x, 3.0),
+        nki.simulate_kernel(scale_kernel, x, 3.0),
+        nki.simulate_kernel(bare, x, 3.0),
+        nki.simulate_kernel(nki.baremetal(scale_kernel), x, 3.0),
+    ]
     for result in results:
         np.testing.assert_array_equal(result, expected)
     assert bare.__name__ == "bare" and bare.mode == "auto" and with_args.mode == "simulation"
@@ -97,13 +103,21 @@ def test_spmd_grid_program_ids_and_shared_outputs(rng):
         out = nl.ndarray(x.shape, x.dtype, buffer=nl.shared_hbm)
         counts = nl.ndarray((6, 1), nl.int32, buffer=nl.shared_hbm)
         i, j = nl.program_id(0), nl.program_id(1)
-        seen.append((i, j, nl.num_programs(), nl.num_programs(1), nl.num_programs((0, 1)),
-                     nl.program_ndim()))
+        seen.append(
+            (
+                i,
+                j,
+                nl.num_programs(),
+                nl.num_programs(1),
+                nl.num_programs((0, 1)),
+                nl.program_ndim(),
+            )
+        )
         scratch = nl.ndarray((8, 16), x.dtype, buffer=nl.hbm)  # private to the instance
         b = 3 * i + j
         nl.store(scratch, value=nl.load(x[b]))
         nl.store(out[b], value=nl.add(nl.load(scratch), float(b)))
-        nl.store(counts[b:b + 1, :], value=b)
+        nl.store(counts[b : b + 1, :], value=b)
         return out, counts
 
     out, counts = kernel[2, 3](x)
@@ -122,7 +136,7 @@ def test_spmd_output_parameters_and_spmd_dim(rng):
 
     def kernel(x, out):
         p = nl.program_id(0)
-        nl.store(out[p:p + 1, :], value=nl.multiply(nl.load(x[p:p + 1, :]), 2.0))
+        nl.store(out[p : p + 1, :], value=nl.multiply(nl.load(x[p : p + 1, :]), 2.0))
 
     nki.jit(kernel)[nl.spmd_dim(nl.nc(2), 2)](x, out)
     np.testing.assert_array_equal(out, 2 * x)
@@ -156,7 +170,7 @@ def test_constants_lists_kwargs_and_optional_inputs(rng):
     np.testing.assert_allclose(got, (total + bias) * 0.5, rtol=1e-6)
     got = nki.simulate_kernel(kernel, tuple(xs), bias=None, tag="sum", dtype=nl.bfloat16)
     assert got.dtype == BF16
-    np.testing.assert_allclose(got.astype(np.float32), total, rtol=2 ** -8)
+    np.testing.assert_allclose(got.astype(np.float32), total, rtol=2**-8)
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.int64, np.complex64])
@@ -205,7 +219,10 @@ def test_sub_kernels_inline_and_trace_is_queryable(rng):
     np.testing.assert_array_equal(nki.simulate_kernel(kernel, x), 2 * x)
     trace = simulate.last_trace()
     assert [(i.engine, i.opcode) for i in trace] == [
-        ("dma", "load"), ("dve", "tensor_scalar"), ("dma", "store")]
+        ("dma", "load"),
+        ("dve", "tensor_scalar"),
+        ("dma", "store"),
+    ]
     assert trace.count() == {"pe": 0, "act": 0, "dve": 1, "pool": 0, "dma": 2}
     assert trace.hbm_bytes() == (x.nbytes, x.nbytes)
     assert "3 instructions" in trace.summary()
@@ -252,8 +269,12 @@ def test_compiler_directives_allocation_and_views_are_accepted(rng):
         buf = nl.ndarray((nl.par_dim(128), 16), nl.float32, buffer=ncc.sbuf.mod_alloc(base_addr=0))
         buf[...] = nl.load(x)
         assert nisa.get_nc_version() >= nisa.nc_version.gen3
-        assert (nl.tile_size.pmax, nl.tile_size.psum_fmax, nl.tile_size.gemm_moving_fmax,
-                nl.tile_size.bn_stats_fmax) == (128, 512, 512, 512)
+        assert (
+            nl.tile_size.pmax,
+            nl.tile_size.psum_fmax,
+            nl.tile_size.gemm_moving_fmax,
+            nl.tile_size.bn_stats_fmax,
+        ) == (128, 512, 512, 512)
         assert nl.tile_size.total_available_sbuf_size == 212984  # the trn2 target
         for _ in nl.sequential_range(1, directives=ncc.multi_buffer(2)):
             nl.store(out, value=nl.multiply(buf, 2.0))

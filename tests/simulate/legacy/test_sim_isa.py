@@ -12,9 +12,13 @@ import simulate as nki
 import simulate.isa as nisa
 import simulate.language as nl
 
-FLOATS = {"fp32": np.float32, "bf16": BF16, "fp16": np.float16,
-          "fp8_e4m3": np.dtype(ml_dtypes.float8_e4m3)}
-RTOL = {"fp32": 2e-6, "bf16": 2 ** -8, "fp16": 2 ** -11, "fp8_e4m3": 2 ** -4}
+FLOATS = {
+    "fp32": np.float32,
+    "bf16": BF16,
+    "fp16": np.float16,
+    "fp8_e4m3": np.dtype(ml_dtypes.float8_e4m3),
+}
+RTOL = {"fp32": 2e-6, "bf16": 2**-8, "fp16": 2**-11, "fp8_e4m3": 2**-4}
 
 
 def outputs_of(kernel, *args, target=None, with_trace=False):
@@ -50,15 +54,17 @@ def test_activation_with_scale_and_bias(rng, name, dtype):
 
     def kernel(x, bias, scale):
         t, b, s = nl.load(x), nl.load(bias), nl.load(scale)
-        return (nisa.activation(op=getattr(nl, name), data=t, bias=b, scale=1.5),
-                nisa.activation(op=getattr(nl, name), data=t, scale=s, dtype=nl.float32))
+        return (
+            nisa.activation(op=getattr(nl, name), data=t, bias=b, scale=1.5),
+            nisa.activation(op=getattr(nl, name), data=t, scale=s, dtype=nl.float32),
+        )
 
     a, b = outputs_of(kernel, x, bias, scale, target="trn2")  # trn1 has no reciprocal + bias
     x32 = x.astype(np.float32)
     pre_a = (x32 * np.float32(1.5) + bias).astype(np.float64)
     pre_b = (x32 * scale).astype(np.float64)
     tol = RTOL[dtype] + 3e-6
-    atol = tol if dtype != "fp8_e4m3" else 2.0 ** -9  # fp8 subnormal spacing
+    atol = tol if dtype != "fp8_e4m3" else 2.0**-9  # fp8 subnormal spacing
     assert a.dtype == np.dtype(FLOATS[dtype]) and b.dtype == np.float32
     np.testing.assert_allclose(a.astype(np.float64), reference(pre_a), rtol=tol, atol=atol)
     np.testing.assert_allclose(b, reference(pre_b), rtol=3e-6, atol=3e-6)
@@ -70,8 +76,9 @@ def test_activation_reduce_sums_fp32_values(rng):
     def kernel(x):
         t = nl.load(x)
         sums = nl.ndarray((128, 1), nl.float32)
-        squares = nisa.activation_reduce(op=nl.square, data=t, reduce_op=np.add,
-                                         reduce_res=sums, scale=2.0)
+        squares = nisa.activation_reduce(
+            op=nl.square, data=t, reduce_op=np.add, reduce_res=sums, scale=2.0
+        )
         return squares, sums
 
     squares, sums = outputs_of(kernel, x)
@@ -90,12 +97,28 @@ def test_activation_accumulator_commands(rng):
         res = nl.zeros((64, 4), nl.float32)
         i_p = nl.arange(64)[:, None]
         nisa.activation(op=nl.copy, data=a, reduce_op=nl.add, reduce_res=res[:, 0])  # idle
-        nisa.activation(op=nl.copy, data=b, reduce_op=nl.add, reduce_res=res[:, 1],
-                        reduce_cmd=nisa.reduce_cmd.reduce)
-        nisa.activation(op=nl.exp, data=a, reduce_op=nl.add, reduce_res=res[:, 2],
-                        reduce_cmd=nisa.reduce_cmd.reset)
-        nisa.activation(op=nl.copy, data=b, reduce_op=nl.add, reduce_res=res[:, 3],
-                        reduce_cmd=nisa.reduce_cmd.reduce, mask=i_p < 40)
+        nisa.activation(
+            op=nl.copy,
+            data=b,
+            reduce_op=nl.add,
+            reduce_res=res[:, 1],
+            reduce_cmd=nisa.reduce_cmd.reduce,
+        )
+        nisa.activation(
+            op=nl.exp,
+            data=a,
+            reduce_op=nl.add,
+            reduce_res=res[:, 2],
+            reduce_cmd=nisa.reduce_cmd.reset,
+        )
+        nisa.activation(
+            op=nl.copy,
+            data=b,
+            reduce_op=nl.add,
+            reduce_res=res[:, 3],
+            reduce_cmd=nisa.reduce_cmd.reduce,
+            mask=i_p < 40,
+        )
         return res
 
     res = outputs_of(kernel, x, y)
@@ -114,14 +137,15 @@ def test_activation_reduce_max_on_trn2_only(rng):
         nisa.activation_reduce(op=nl.abs, data=nl.load(x), reduce_op=np.max, reduce_res=res)
         return res
 
-    np.testing.assert_array_equal(outputs_of(kernel, x, target="trn2")[:, 0],
-                                  np.abs(x).max(axis=1))
+    np.testing.assert_array_equal(outputs_of(kernel, x, target="trn2")[:, 0], np.abs(x).max(axis=1))
     with pytest.raises(ValueError, match="err_unsupported_reduce_op"):
         outputs_of(kernel, x, target="trn1")
 
 
-@pytest.mark.parametrize("op, ref", [(np.add, np.sum), (nl.maximum, np.max),
-                                     (nl.minimum, np.min), (nl.multiply, np.prod)])
+@pytest.mark.parametrize(
+    "op, ref",
+    [(np.add, np.sum), (nl.maximum, np.max), (nl.minimum, np.min), (nl.multiply, np.prod)],
+)
 @pytest.mark.parametrize("keepdims", [False, True])
 def test_tensor_reduce(rng, op, ref, keepdims):
     x = random_array(rng, (96, 5, 12), np.float32, 0.8, 1.2)
@@ -129,13 +153,14 @@ def test_tensor_reduce(rng, op, ref, keepdims):
     def kernel(x):
         t = nl.load(x)
         flat = t.reshape((96, 60))
-        return (nisa.tensor_reduce(op, flat, axis=1, keepdims=keepdims),
-                nisa.tensor_reduce(op, t, axis=[1, 2], negate=True, keepdims=keepdims))
+        return (
+            nisa.tensor_reduce(op, flat, axis=1, keepdims=keepdims),
+            nisa.tensor_reduce(op, t, axis=[1, 2], negate=True, keepdims=keepdims),
+        )
 
     last, both = outputs_of(kernel, x)
     np.testing.assert_allclose(last.reshape(96), ref(x.reshape(96, 60), axis=1), rtol=1e-5)
-    np.testing.assert_allclose(both.reshape(96, 1), -ref(x, axis=(1, 2)).reshape(96, 1),
-                               rtol=1e-5)
+    np.testing.assert_allclose(both.reshape(96, 1), -ref(x, axis=(1, 2)).reshape(96, 1), rtol=1e-5)
 
 
 def test_tensor_reduce_subtract_bitwise_and_mask(rng):
@@ -145,15 +170,17 @@ def test_tensor_reduce_subtract_bitwise_and_mask(rng):
     def kernel(x, bits):
         t = nl.load(x)
         i_f = nl.arange(16)[None, :]
-        return (nisa.tensor_reduce(np.subtract, t, axis=[1, 2]),
-                nisa.tensor_reduce(nl.bitwise_or, nl.load(bits), axis=1),
-                nisa.tensor_reduce(np.add, nl.load(bits), axis=1, mask=i_f < 5,
-                                   dtype=nl.float32))
+        return (
+            nisa.tensor_reduce(np.subtract, t, axis=[1, 2]),
+            nisa.tensor_reduce(nl.bitwise_or, nl.load(bits), axis=1),
+            nisa.tensor_reduce(np.add, nl.load(bits), axis=1, mask=i_f < 5, dtype=nl.float32),
+        )
 
     sub, ors, masked = outputs_of(kernel, x, bits)
     flat = x.reshape(32, -1).astype(np.float64)
-    np.testing.assert_allclose(sub[:, 0], flat[:, 0] - flat[:, 1:].sum(axis=1), rtol=1e-5,
-                               atol=1e-5)
+    np.testing.assert_allclose(
+        sub[:, 0], flat[:, 0] - flat[:, 1:].sum(axis=1), rtol=1e-5, atol=1e-5
+    )
     np.testing.assert_array_equal(ors[:, 0], np.bitwise_or.reduce(bits, axis=1))
     np.testing.assert_array_equal(masked[:, 0], bits[:, :5].sum(axis=1))
 
@@ -165,12 +192,21 @@ def test_tensor_scalar(rng):
 
     def kernel(x, col, ints):
         t, c = nl.load(x), nl.load(col)
-        return (nisa.tensor_scalar(t, np.multiply, c, op1=np.add, operand1=2.0),
-                nisa.tensor_scalar(t, np.subtract, c, reverse0=True, op1=np.divide,
-                                   operand1=3.0, reverse1=True, dtype=nl.float32),
-                nisa.tensor_scalar(t, nl.rsqrt, 0.0, dtype=nl.float32),  # unary: dummy operand
-                nisa.tensor_scalar(nl.load(ints), nl.bitwise_and, 0xFF0, op1=nl.left_shift,
-                                   operand1=2))
+        return (
+            nisa.tensor_scalar(t, np.multiply, c, op1=np.add, operand1=2.0),
+            nisa.tensor_scalar(
+                t,
+                np.subtract,
+                c,
+                reverse0=True,
+                op1=np.divide,
+                operand1=3.0,
+                reverse1=True,
+                dtype=nl.float32,
+            ),
+            nisa.tensor_scalar(t, nl.rsqrt, 0.0, dtype=nl.float32),  # unary: dummy operand
+            nisa.tensor_scalar(nl.load(ints), nl.bitwise_and, 0xFF0, op1=nl.left_shift, operand1=2),
+        )
 
     a, b, c, d = outputs_of(kernel, x, col, ints)
     x32 = x.astype(np.float32)
@@ -180,9 +216,17 @@ def test_tensor_scalar(rng):
     np.testing.assert_array_equal(d, (ints & 0xFF0) << 2)
 
 
-@pytest.mark.parametrize("op, ref", [(np.add, np.add), (np.subtract, np.subtract),
-                                     (np.multiply, np.multiply), (np.maximum, np.maximum),
-                                     (nl.power, np.power), (np.divide, np.divide)])
+@pytest.mark.parametrize(
+    "op, ref",
+    [
+        (np.add, np.add),
+        (np.subtract, np.subtract),
+        (np.multiply, np.multiply),
+        (np.maximum, np.maximum),
+        (nl.power, np.power),
+        (np.divide, np.divide),
+    ],
+)
 def test_tensor_tensor(rng, op, ref):
     a = random_array(rng, (100, 40), np.float16, 0.5, 2)
     b = random_array(rng, (100, 40), BF16, 0.5, 2)
@@ -196,14 +240,14 @@ def test_tensor_tensor(rng, op, ref):
 
 
 def test_tensor_tensor_integer_arithmetic_is_exact_on_gpsimd(rng):
-    a = random_array(rng, (16, 8), np.int32, -2 ** 30, 2 ** 30)
-    b = random_array(rng, (16, 8), np.int32, -2 ** 30, 2 ** 30)
+    a = random_array(rng, (16, 8), np.int32, -(2**30), 2**30)
+    b = random_array(rng, (16, 8), np.int32, -(2**30), 2**30)
 
     def kernel(a, b):
         return nisa.tensor_tensor(nl.load(a), nl.load(b), np.add)
 
     out, trace = outputs_of(kernel, a, b, with_trace=True)
-    np.testing.assert_array_equal(out, np.clip(a.astype(np.int64) + b, -2 ** 31, 2 ** 31 - 1))
+    np.testing.assert_array_equal(out, np.clip(a.astype(np.int64) + b, -(2**31), 2**31 - 1))
     assert [i.engine for i in trace if i.opcode == "tensor_tensor"] == ["pool"]
 
 
@@ -214,11 +258,13 @@ def test_scalar_tensor_tensor_and_tensor_scalar_reduce(rng):
 
     def kernel(x, y, col):
         t, u, c = nl.load(x), nl.load(y), nl.load(col)
-        stt = nisa.scalar_tensor_tensor(data=t, op0=np.multiply, operand0=c, op1=np.subtract,
-                                        operand1=u, reverse1=True)
+        stt = nisa.scalar_tensor_tensor(
+            data=t, op0=np.multiply, operand0=c, op1=np.subtract, operand1=u, reverse1=True
+        )
         res = nl.ndarray((64, 1), nl.float32)
-        absmax = nisa.tensor_scalar_reduce(data=t, op0=nl.abs, operand0=0.0, reduce_op=nl.max,
-                                           reduce_res=res)
+        absmax = nisa.tensor_scalar_reduce(
+            data=t, op0=nl.abs, operand0=0.0, reduce_op=nl.max, reduce_res=res
+        )
         return stt, absmax, res
 
     stt, absmax, res = outputs_of(kernel, x, y, col)
@@ -234,10 +280,12 @@ def test_tensor_copy_reciprocal_affine_select_partition_reduce(rng):
         t = nl.load(x)
         i_p = nl.arange(64)[:, None]
         i_f = nl.arange(64)[None, :]
-        return (nisa.tensor_copy(t, dtype=nl.bfloat16, engine=nisa.scalar_engine),
-                nisa.reciprocal(t),
-                nisa.affine_select(i_p >= i_f, t, -9.0),
-                nisa.tensor_partition_reduce(np.add, t))
+        return (
+            nisa.tensor_copy(t, dtype=nl.bfloat16, engine=nisa.scalar_engine),
+            nisa.reciprocal(t),
+            nisa.affine_select(i_p >= i_f, t, -9.0),
+            nisa.tensor_partition_reduce(np.add, t),
+        )
 
     copy, recip, select, partition_sum = outputs_of(kernel, x)
     np.testing.assert_array_equal(copy, x.astype(BF16))
@@ -337,8 +385,9 @@ def test_bn_stats_and_bn_aggr_with_a_masked_last_chunk(rng):
         for j in nl.affine_range(chunks - 1):
             stats[i_p, j * 6 + i_6] = nisa.bn_stats(t[i_p, j * 512 + i_f], dtype=nl.float32)
         # bn_stats takes no mask on its reduce axis: the partial chunk is a narrower slice
-        stats[:, 6 * (chunks - 1):6 * chunks] = nisa.bn_stats(t[:, 512 * (chunks - 1):hidden],
-                                                              dtype=nl.float32)
+        stats[:, 6 * (chunks - 1) : 6 * chunks] = nisa.bn_stats(
+            t[:, 512 * (chunks - 1) : hidden], dtype=nl.float32
+        )
         return stats, nisa.bn_aggr(stats)
 
     stats, mean_var = outputs_of(kernel, x)
@@ -390,8 +439,13 @@ def test_dma_copy_casts_accumulates_and_skips_out_of_range_rows(rng):
     expected[3], expected[5] = x[0], x[2]
     np.testing.assert_array_equal(scattered, expected)
     dmas = [i for i in trace if i.opcode == "dma_copy"]
-    assert [i.dma_direction for i in dmas] == ["hbm->sbuf", "sbuf->hbm", "hbm->hbm",
-                                               "sbuf->hbm", "sbuf->hbm"]
+    assert [i.dma_direction for i in dmas] == [
+        "hbm->sbuf",
+        "sbuf->hbm",
+        "hbm->hbm",
+        "sbuf->hbm",
+        "sbuf->hbm",
+    ]
     assert dmas[1].dma_bytes == x.size * 2  # bytes at the HBM side's itemsize (bf16)
     assert dmas[-1].dma_bytes == 2 * 16 * 4  # the skipped rows move nothing
 
@@ -458,8 +512,8 @@ def test_indirect_writes_in_affine_loops_are_not_flagged(rng):
         out = nl.ndarray((4, 8), nl.float32, buffer=nl.shared_hbm)
         i_f = nl.arange(8)[None, :]
         for i in nl.affine_range(4):
-            row = nl.load(idx[i:i + 1, :])
-            nl.store(out[row, i_f], value=nl.load(data[i:i + 1, :]))
+            row = nl.load(idx[i : i + 1, :])
+            nl.store(out[row, i_f], value=nl.load(data[i : i + 1, :]))
         return out
 
     out = nki.simulate_kernel(kernel, data, idx)

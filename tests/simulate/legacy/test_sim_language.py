@@ -15,10 +15,15 @@ import simulate.dtypes as sdt
 import simulate.language as nl
 
 ROWS, COLS = 200, 48  # two tiles, the second ragged (72 rows)
-FLOATS = {"fp32": np.float32, "bf16": BF16, "fp16": np.float16,
-          "fp8_e4m3": np.dtype(ml_dtypes.float8_e4m3), "fp8_e5m2": np.dtype(ml_dtypes.float8_e5m2)}
+FLOATS = {
+    "fp32": np.float32,
+    "bf16": BF16,
+    "fp16": np.float16,
+    "fp8_e4m3": np.dtype(ml_dtypes.float8_e4m3),
+    "fp8_e5m2": np.dtype(ml_dtypes.float8_e5m2),
+}
 # relative rounding of one write in each dtype, plus the fp32 math error
-RTOL = {"fp32": 2e-6, "bf16": 2 ** -8, "fp16": 2 ** -11, "fp8_e4m3": 2 ** -4, "fp8_e5m2": 2 ** -3}
+RTOL = {"fp32": 2e-6, "bf16": 2**-8, "fp16": 2**-11, "fp8_e4m3": 2**-4, "fp8_e5m2": 2**-3}
 
 
 def _erf(x):
@@ -34,24 +39,40 @@ def _sigmoid(x):
 
 
 UNARY = {  # name: (float64 reference, input range)
-    "exp": (np.exp, (-4, 4)), "log": (np.log, (0.1, 8)), "sqrt": (np.sqrt, (0.1, 8)),
-    "rsqrt": (lambda x: 1 / np.sqrt(x), (0.1, 8)), "reciprocal": (lambda x: 1 / x, (0.5, 8)),
-    "square": (np.square, (-4, 4)), "abs": (np.abs, (-4, 4)),
-    "negative": (np.negative, (-4, 4)), "sign": (np.sign, (-4, 4)),
-    "tanh": (np.tanh, (-4, 4)), "sigmoid": (_sigmoid, (-6, 6)),
-    "relu": (lambda x: np.maximum(x, 0), (-4, 4)), "gelu": (_gelu, (-4, 4)),
-    "gelu_apprx_tanh": (lambda x: 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi)
-                                                           * (x + 0.044715 * x ** 3))), (-4, 4)),
+    "exp": (np.exp, (-4, 4)),
+    "log": (np.log, (0.1, 8)),
+    "sqrt": (np.sqrt, (0.1, 8)),
+    "rsqrt": (lambda x: 1 / np.sqrt(x), (0.1, 8)),
+    "reciprocal": (lambda x: 1 / x, (0.5, 8)),
+    "square": (np.square, (-4, 4)),
+    "abs": (np.abs, (-4, 4)),
+    "negative": (np.negative, (-4, 4)),
+    "sign": (np.sign, (-4, 4)),
+    "tanh": (np.tanh, (-4, 4)),
+    "sigmoid": (_sigmoid, (-6, 6)),
+    "relu": (lambda x: np.maximum(x, 0), (-4, 4)),
+    "gelu": (_gelu, (-4, 4)),
+    "gelu_apprx_tanh": (
+        lambda x: 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3))),
+        (-4, 4),
+    ),
     "gelu_apprx_sigmoid": (lambda x: x * _sigmoid(1.702 * x), (-4, 4)),
-    "gelu_dx": (lambda x: 0.5 * (1 + _erf(x / np.sqrt(2))) + x * np.exp(-x * x / 2)
-                / np.sqrt(2 * np.pi), (-4, 4)),
+    "gelu_dx": (
+        lambda x: 0.5 * (1 + _erf(x / np.sqrt(2))) + x * np.exp(-x * x / 2) / np.sqrt(2 * np.pi),
+        (-4, 4),
+    ),
     "silu": (lambda x: x * _sigmoid(x), (-4, 4)),
     "silu_dx": (lambda x: _sigmoid(x) * (1 + x * (1 - _sigmoid(x))), (-4, 4)),
-    "erf": (_erf, (-3, 3)), "erf_dx": (lambda x: 2 / np.sqrt(np.pi) * np.exp(-x * x), (-3, 3)),
+    "erf": (_erf, (-3, 3)),
+    "erf_dx": (lambda x: 2 / np.sqrt(np.pi) * np.exp(-x * x), (-3, 3)),
     "softplus": (lambda x: np.log1p(np.exp(x)), (-4, 4)),
     "mish": (lambda x: x * np.tanh(np.log1p(np.exp(x))), (-4, 4)),
-    "sin": (np.sin, (-3, 3)), "cos": (np.cos, (-3, 3)), "arctan": (np.arctan, (-1.5, 1.5)),
-    "floor": (np.floor, (-4, 4)), "ceil": (np.ceil, (-4, 4)), "trunc": (np.trunc, (-4, 4)),
+    "sin": (np.sin, (-3, 3)),
+    "cos": (np.cos, (-3, 3)),
+    "arctan": (np.arctan, (-1.5, 1.5)),
+    "floor": (np.floor, (-4, 4)),
+    "ceil": (np.ceil, (-4, 4)),
+    "trunc": (np.trunc, (-4, 4)),
 }
 
 
@@ -84,7 +105,7 @@ def test_unary_ops_against_numpy(rng, name, dtype):
     out = tiled(lambda t, mask: op(t, mask=mask), FLOATS[dtype], x)
     expected = reference(x.astype(np.float64))
     tol = RTOL[dtype] + (2e-6 if name.startswith(("erf", "gelu")) else 0)
-    atol = tol if not dtype.startswith("fp8") else 2.0 ** -8  # fp8 subnormal spacing
+    atol = tol if not dtype.startswith("fp8") else 2.0**-8  # fp8 subnormal spacing
     np.testing.assert_allclose(out.astype(np.float64), expected, rtol=tol, atol=atol)
 
 
@@ -102,8 +123,14 @@ def test_unary_ops_on_integers(rng, name, dtype):
 
 
 BINARY = {
-    "add": np.add, "subtract": np.subtract, "multiply": np.multiply, "divide": np.divide,
-    "maximum": np.maximum, "minimum": np.minimum, "power": np.power, "mod": np.mod,
+    "add": np.add,
+    "subtract": np.subtract,
+    "multiply": np.multiply,
+    "divide": np.divide,
+    "maximum": np.maximum,
+    "minimum": np.minimum,
+    "power": np.power,
+    "mod": np.mod,
     "fmod": np.fmod,
 }
 
@@ -132,11 +159,16 @@ def test_integer_arithmetic_is_exact_and_saturates(rng, name, dtype):
     np.testing.assert_array_equal(out, np.clip(expected, info.min, info.max).astype(dtype))
 
 
-@pytest.mark.parametrize("name, ref", [("bitwise_and", np.bitwise_and),
-                                       ("bitwise_or", np.bitwise_or),
-                                       ("bitwise_xor", np.bitwise_xor),
-                                       ("left_shift", np.left_shift),
-                                       ("right_shift", np.right_shift)])
+@pytest.mark.parametrize(
+    "name, ref",
+    [
+        ("bitwise_and", np.bitwise_and),
+        ("bitwise_or", np.bitwise_or),
+        ("bitwise_xor", np.bitwise_xor),
+        ("left_shift", np.left_shift),
+        ("right_shift", np.right_shift),
+    ],
+)
 def test_bitwise_ops(rng, name, ref):
     x = random_array(rng, (ROWS, COLS), np.uint16, 0, 60000)
     y = random_array(rng, (ROWS, COLS), np.uint16, 0, 7 if "shift" in name else 60000)
@@ -144,13 +176,20 @@ def test_bitwise_ops(rng, name, ref):
     np.testing.assert_array_equal(out, ref(x, y).astype(np.uint16))
 
 
-@pytest.mark.parametrize("name, ref", [("equal", np.equal), ("not_equal", np.not_equal),
-                                       ("greater", np.greater), ("less", np.less),
-                                       ("greater_equal", np.greater_equal),
-                                       ("less_equal", np.less_equal),
-                                       ("logical_and", np.logical_and),
-                                       ("logical_or", np.logical_or),
-                                       ("logical_xor", np.logical_xor)])
+@pytest.mark.parametrize(
+    "name, ref",
+    [
+        ("equal", np.equal),
+        ("not_equal", np.not_equal),
+        ("greater", np.greater),
+        ("less", np.less),
+        ("greater_equal", np.greater_equal),
+        ("less_equal", np.less_equal),
+        ("logical_and", np.logical_and),
+        ("logical_or", np.logical_or),
+        ("logical_xor", np.logical_xor),
+    ],
+)
 def test_comparisons_and_logic(rng, name, ref):
     x = random_array(rng, (ROWS, COLS), np.int16, -2, 2)
     y = random_array(rng, (ROWS, COLS), np.int16, -2, 2)
@@ -160,8 +199,7 @@ def test_comparisons_and_logic(rng, name, ref):
 
 def test_invert_and_logical_not(rng):
     x = random_array(rng, (ROWS, COLS), np.int32, -1000, 1000)
-    np.testing.assert_array_equal(tiled(lambda a, mask: nl.invert(a, mask=mask), np.int32, x),
-                                  ~x)
+    np.testing.assert_array_equal(tiled(lambda a, mask: nl.invert(a, mask=mask), np.int32, x), ~x)
     out = tiled(lambda a, mask: nl.logical_not(a, mask=mask, dtype=nl.uint8), np.uint8, x % 3)
     np.testing.assert_array_equal(out, (x % 3 == 0).astype(np.uint8))
 
@@ -224,8 +262,14 @@ def test_python_operators(rng):
     assert (part[:, 16:] == 7).all()
 
 
-REDUCTIONS = {"sum": np.sum, "mean": np.mean, "max": np.max, "min": np.min, "prod": np.prod,
-              "var": np.var}
+REDUCTIONS = {
+    "sum": np.sum,
+    "mean": np.mean,
+    "max": np.max,
+    "min": np.min,
+    "prod": np.prod,
+    "var": np.var,
+}
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16", "fp16"])
@@ -234,8 +278,13 @@ REDUCTIONS = {"sum": np.sum, "mean": np.mean, "max": np.max, "min": np.min, "pro
 def test_reductions(rng, name, keepdims, dtype):
     low, high = (0.7, 1.3) if name == "prod" else (-4, 4)
     x = random_array(rng, (ROWS, COLS), FLOATS[dtype], low, high)
-    out = tiled(lambda t, mask: getattr(nl, name)(t, axis=[1], mask=mask, keepdims=keepdims,
-                                                  dtype=nl.float32), np.float32, x)
+    out = tiled(
+        lambda t, mask: getattr(nl, name)(
+            t, axis=[1], mask=mask, keepdims=keepdims, dtype=nl.float32
+        ),
+        np.float32,
+        x,
+    )
     out = out[:, :1] if out.shape[1] != 1 else out
     expected = REDUCTIONS[name](x.astype(np.float64), axis=1, keepdims=True)
     np.testing.assert_allclose(out, expected, rtol=2e-5, atol=1e-5)
@@ -295,10 +344,15 @@ def test_creation_ops(rng):
 
     def kernel(x):
         outs = []
-        tiles = [nl.zeros((32, 8), nl.float32), nl.ones((32, 8), nl.int8),
-                 nl.full((32, 8), 2.5, nl.bfloat16), nl.zeros_like(nl.load(x)),
-                 nl.full_like(nl.load(x), -1.0), nl.load(nl.shared_constant(const)),
-                 nl.load(nl.shared_identity_matrix(32))]
+        tiles = [
+            nl.zeros((32, 8), nl.float32),
+            nl.ones((32, 8), nl.int8),
+            nl.full((32, 8), 2.5, nl.bfloat16),
+            nl.zeros_like(nl.load(x)),
+            nl.full_like(nl.load(x), -1.0),
+            nl.load(nl.shared_constant(const)),
+            nl.load(nl.shared_identity_matrix(32)),
+        ]
         empty = nl.empty_like(x, buffer=nl.sbuf)
         assert empty.shape == x.shape and empty.dtype == x.dtype and empty.buffer == "sbuf"
         for tile in tiles:

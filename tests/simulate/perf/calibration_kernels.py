@@ -55,7 +55,7 @@ def load_stream(a, chunk: int):
     out = nl.ndarray((P, 1), dtype=a.dtype, buffer=nl.shared_hbm)
     blocks = nl.ndarray((F // chunk, nl.par_dim(P), chunk), dtype=a.dtype, buffer=nl.sbuf)
     for j in nl.affine_range(F // chunk):
-        blocks[j] = nl.load(a[:, j * chunk:(j + 1) * chunk])
+        blocks[j] = nl.load(a[:, j * chunk : (j + 1) * chunk])
     nl.store(out, value=blocks[F // chunk - 1, :, 0:1])
     return out
 
@@ -100,35 +100,41 @@ def _matmul_column_block(lhs_t, rhs, result, n):
     K, M = lhs_t.shape
     block_m, block_n, block_k = _TILE_M * _M_TILES, _TILE_N * _N_TILES, _TILE_K * _K_TILES
     columns = slice(n * block_n, (n + 1) * block_n)
-    accumulators = nl.zeros((M // block_m, _M_TILES, _N_TILES, nl.par_dim(_TILE_M), _TILE_N),
-                            dtype=lhs_t.dtype, buffer=nl.sbuf)
+    accumulators = nl.zeros(
+        (M // block_m, _M_TILES, _N_TILES, nl.par_dim(_TILE_M), _TILE_N),
+        dtype=lhs_t.dtype,
+        buffer=nl.sbuf,
+    )
     for k in nl.sequential_range(K // block_k):
-        rhs_tiles = nl.ndarray((_K_TILES, nl.par_dim(_TILE_K), block_n), dtype=rhs.dtype,
-                               buffer=nl.sbuf)
+        rhs_tiles = nl.ndarray(
+            (_K_TILES, nl.par_dim(_TILE_K), block_n), dtype=rhs.dtype, buffer=nl.sbuf
+        )
         for kt in nl.affine_range(_K_TILES):
             row = (k * _K_TILES + kt) * _TILE_K
-            rhs_tiles[kt] = nl.load(rhs[row:row + _TILE_K, columns])
+            rhs_tiles[kt] = nl.load(rhs[row : row + _TILE_K, columns])
         for m in nl.affine_range(M // block_m):
-            lhs_tiles = nl.ndarray((_K_TILES, nl.par_dim(_TILE_K), block_m), dtype=lhs_t.dtype,
-                                   buffer=nl.sbuf)
+            lhs_tiles = nl.ndarray(
+                (_K_TILES, nl.par_dim(_TILE_K), block_m), dtype=lhs_t.dtype, buffer=nl.sbuf
+            )
             for kt in nl.affine_range(_K_TILES):
                 row = (k * _K_TILES + kt) * _TILE_K
-                lhs_tiles[kt] = nl.load(lhs_t[row:row + _TILE_K, m * block_m:(m + 1) * block_m])
+                lhs_tiles[kt] = nl.load(lhs_t[row : row + _TILE_K, m * block_m : (m + 1) * block_m])
             for nt in nl.affine_range(_N_TILES):
                 for mt in nl.affine_range(_M_TILES):
                     partial = nl.zeros((_TILE_M, _TILE_N), dtype=nl.float32, buffer=nl.psum)
                     for kt in nl.affine_range(_K_TILES):
                         partial += nisa.nc_matmul(
-                            lhs_tiles[kt, :, mt * _TILE_M:(mt + 1) * _TILE_M],
-                            rhs_tiles[kt, :, nt * _TILE_N:(nt + 1) * _TILE_N])
+                            lhs_tiles[kt, :, mt * _TILE_M : (mt + 1) * _TILE_M],
+                            rhs_tiles[kt, :, nt * _TILE_N : (nt + 1) * _TILE_N],
+                        )
                     accumulators[m, mt, nt] += partial
     for m in nl.affine_range(M // block_m):
         for mt in nl.affine_range(_M_TILES):
             packed = nl.ndarray((_TILE_M, block_n), dtype=lhs_t.dtype, buffer=nl.sbuf)
             for nt in nl.affine_range(_N_TILES):
-                packed[:, nt * _TILE_N:(nt + 1) * _TILE_N] = nl.copy(accumulators[m, mt, nt])
+                packed[:, nt * _TILE_N : (nt + 1) * _TILE_N] = nl.copy(accumulators[m, mt, nt])
             row = (m * _M_TILES + mt) * _TILE_M
-            nl.store(result[row:row + _TILE_M, columns], value=packed)
+            nl.store(result[row : row + _TILE_M, columns], value=packed)
 
 
 @nki.jit
@@ -144,13 +150,17 @@ def matmul_tiled(lhs_t, rhs):
         for n in nl.affine_range(N // _TILE_N):
             acc = nl.zeros((_TILE_M, _TILE_N), nl.float32, buffer=nl.psum)
             for k in nl.affine_range(K // _TILE_K):
-                lhs_tile = nl.load(lhs_t[k * _TILE_K:(k + 1) * _TILE_K,
-                                         m * _TILE_M:(m + 1) * _TILE_M])
-                rhs_tile = nl.load(rhs[k * _TILE_K:(k + 1) * _TILE_K,
-                                       n * _TILE_N:(n + 1) * _TILE_N])
+                lhs_tile = nl.load(
+                    lhs_t[k * _TILE_K : (k + 1) * _TILE_K, m * _TILE_M : (m + 1) * _TILE_M]
+                )
+                rhs_tile = nl.load(
+                    rhs[k * _TILE_K : (k + 1) * _TILE_K, n * _TILE_N : (n + 1) * _TILE_N]
+                )
                 acc += nl.matmul(lhs_tile, rhs_tile, transpose_x=True)
-            nl.store(result[m * _TILE_M:(m + 1) * _TILE_M, n * _TILE_N:(n + 1) * _TILE_N],
-                     value=nl.copy(acc, dtype=result.dtype))
+            nl.store(
+                result[m * _TILE_M : (m + 1) * _TILE_M, n * _TILE_N : (n + 1) * _TILE_N],
+                value=nl.copy(acc, dtype=result.dtype),
+            )
     return result
 
 
@@ -159,12 +169,13 @@ def _column_strips(matrix, first, count, width):
     K/128 tiles of [128, width]: one load per tile."""
     K = matrix.shape[0]
     k_tiles = K // _TILE_K
-    tiles = nl.ndarray((count, k_tiles, nl.par_dim(_TILE_K), width), dtype=matrix.dtype,
-                       buffer=nl.sbuf)
+    tiles = nl.ndarray(
+        (count, k_tiles, nl.par_dim(_TILE_K), width), dtype=matrix.dtype, buffer=nl.sbuf
+    )
     for strip in nl.affine_range(count):
         col = (first + strip) * width
         for k in nl.affine_range(k_tiles):
-            tiles[strip, k] = nl.load(matrix[k * _TILE_K:(k + 1) * _TILE_K, col:col + width])
+            tiles[strip, k] = nl.load(matrix[k * _TILE_K : (k + 1) * _TILE_K, col : col + width])
     return tiles
 
 
@@ -184,8 +195,10 @@ def matmul_hoisted(lhs_t, rhs):
             acc = nl.zeros((_TILE_M, _TILE_N), nl.float32, buffer=nl.psum)
             for k in nl.affine_range(k_tiles):
                 acc += nl.matmul(lhs_tiles[0, k], rhs_tiles[0, k], transpose_x=True)
-            nl.store(result[m * _TILE_M:(m + 1) * _TILE_M, n * _TILE_N:(n + 1) * _TILE_N],
-                     value=nl.copy(acc, dtype=result.dtype))
+            nl.store(
+                result[m * _TILE_M : (m + 1) * _TILE_M, n * _TILE_N : (n + 1) * _TILE_N],
+                value=nl.copy(acc, dtype=result.dtype),
+            )
     return result
 
 
@@ -209,8 +222,10 @@ def matmul_free_blocked(lhs_t, rhs):
                         acc += nl.matmul(lhs_tiles[bm, k], rhs_tiles[bn, k], transpose_x=True)
                     row = (m * per_m + bm) * _TILE_M
                     col = (n * per_n + bn) * _TILE_N
-                    nl.store(result[row:row + _TILE_M, col:col + _TILE_N],
-                             value=nl.copy(acc, dtype=result.dtype))
+                    nl.store(
+                        result[row : row + _TILE_M, col : col + _TILE_N],
+                        value=nl.copy(acc, dtype=result.dtype),
+                    )
     return result
 
 
@@ -228,8 +243,11 @@ def _layernorm_rows(x, gamma, beta, eps, out, statistics):
         rows = t * P + i_p
         # one expression, so the simulator frees each 32 KiB temporary as soon as it is
         # consumed (the compiler's liveness does the same)
-        nl.store(out[rows, i_f], value=statistics(nl.load(x[rows, i_f], mask=rows < M), eps)
-                 * gamma_all + beta_all, mask=rows < M)
+        nl.store(
+            out[rows, i_f],
+            value=statistics(nl.load(x[rows, i_f], mask=rows < M), eps) * gamma_all + beta_all,
+            mask=rows < M,
+        )
 
 
 def _row_across_partitions(vector, partitions):
@@ -251,12 +269,14 @@ def _stats_with_bn_stats(tile, eps):
     chunks = math.ceil(N / chunk)
     stats = nl.ndarray((P, 6 * chunks), dtype=nl.float32)
     for j in nl.affine_range(chunks):
-        stats[:, j * 6:(j + 1) * 6] = nisa.bn_stats(tile[:, j * chunk:(j + 1) * chunk],
-                                                    dtype=nl.float32)
+        stats[:, j * 6 : (j + 1) * 6] = nisa.bn_stats(
+            tile[:, j * chunk : (j + 1) * chunk], dtype=nl.float32
+        )
     mean_var = nisa.bn_aggr(stats)
     scale = nl.rsqrt(mean_var[:, 1:2] + eps)
-    return nisa.tensor_scalar(data=tile, op0=np.subtract, operand0=mean_var[:, 0:1],
-                              op1=np.multiply, operand1=scale)
+    return nisa.tensor_scalar(
+        data=tile, op0=np.subtract, operand0=mean_var[:, 0:1], op1=np.multiply, operand1=scale
+    )
 
 
 @nki.jit
@@ -309,12 +329,12 @@ def mamba_state_outer(delta, u, A, B, C):
                 delta_t = nl.load(delta[b, rows, :])
                 a_col = nl.load(A[rows, s])
                 u_t = nl.load(u[b, rows, :])
-                b_row = nl.load(B[b, s:s + 1, :])
-                c_row = nl.load(C[b, s:s + 1, :])
+                b_row = nl.load(B[b, s : s + 1, :])
+                c_row = nl.load(C[b, s : s + 1, :])
                 _, term = _selective_scan_step(delta_t, u_t, a_col, b_row, c_row, 0)
                 total[ct] += term
         for ct in nl.affine_range(channels // P):
-            nl.store(out[b, ct * P:(ct + 1) * P, :], value=total[ct])
+            nl.store(out[b, ct * P : (ct + 1) * P, :], value=total[ct])
     return out
 
 
@@ -335,8 +355,8 @@ def mamba_channel_outer(delta, u, A, B, C):
             u_t = nl.load(u[b, rows, :])
             for s in nl.affine_range(states):
                 a_col = nl.load(A[rows, s])
-                b_row = nl.load(B[b, s:s + 1, :])
-                c_row = nl.load(C[b, s:s + 1, :])
+                b_row = nl.load(B[b, s : s + 1, :])
+                c_row = nl.load(C[b, s : s + 1, :])
                 _, term = _selective_scan_step(delta_t, u_t, a_col, b_row, c_row, 0)
                 total += term
             nl.store(out[b, rows, :], value=total)
@@ -364,10 +384,11 @@ def mamba_seq_chunked(delta, u, A, B, C):
                 carry = nl.zeros((P, 1), dtype=delta.dtype)
                 for chunk in nl.static_range(seq // CHUNK):
                     cols = slice(chunk * CHUNK, (chunk + 1) * CHUNK)
-                    b_row = nl.load(B[b, s:s + 1, cols])
-                    c_row = nl.load(C[b, s:s + 1, cols])
-                    scan, term = _selective_scan_step(delta_t[:, cols], u_t[:, cols], a_col,
-                                                      b_row, c_row, carry)
+                    b_row = nl.load(B[b, s : s + 1, cols])
+                    c_row = nl.load(C[b, s : s + 1, cols])
+                    scan, term = _selective_scan_step(
+                        delta_t[:, cols], u_t[:, cols], a_col, b_row, c_row, carry
+                    )
                     carry[...] = scan[:, CHUNK - 1]
                     total[:, cols] += term
             nl.store(out[b, rows, :], value=total)
@@ -437,33 +458,74 @@ def calibrate_dma_and_exp() -> list[CalibrationPoint]:
     load = next(i for i, x in enumerate(trace.instructions) if x.engine == "dma")
     act = next(i for i, x in enumerate(trace.instructions) if x.engine == "act")
     fixed = prof_constant("trn2", "dma_fixed_us")
-    points.append(CalibrationPoint(
-        "DMA 32 KiB on one DMA engine (A[4,4096] bf16 load)", "trn2", 1.416,
-        sched.end_us[load] - sched.start_us[load] - fixed, "us", "S6 L153 (tooltip)",
-        "DMA-engine busy time of the load (data phase of the modeled transfer)",
-        output_error=err, tolerance=_BF16))
-    points.append(CalibrationPoint(
-        "same load, trigger to completion", "trn2", 2.4,
-        sched.finish_us[load] - sched.start_us[load], "us", "S6 figure 3 (I, read off)",
-        "issue to completion semaphore of the load", asserted=False))
-    points.append(CalibrationPoint(
-        "ACT exp on [4,4096] bf16", "trn2", 3.73,
-        sched.end_us[act] - sched.start_us[act], "us", "S6 figure 3 (I, read off)",
-        "Scalar-engine time of the activation instruction", output_error=err,
-        tolerance=_BF16))
+    points.append(
+        CalibrationPoint(
+            "DMA 32 KiB on one DMA engine (A[4,4096] bf16 load)",
+            "trn2",
+            1.416,
+            sched.end_us[load] - sched.start_us[load] - fixed,
+            "us",
+            "S6 L153 (tooltip)",
+            "DMA-engine busy time of the load (data phase of the modeled transfer)",
+            output_error=err,
+            tolerance=_BF16,
+        )
+    )
+    points.append(
+        CalibrationPoint(
+            "same load, trigger to completion",
+            "trn2",
+            2.4,
+            sched.finish_us[load] - sched.start_us[load],
+            "us",
+            "S6 figure 3 (I, read off)",
+            "issue to completion semaphore of the load",
+            asserted=False,
+        )
+    )
+    points.append(
+        CalibrationPoint(
+            "ACT exp on [4,4096] bf16",
+            "trn2",
+            3.73,
+            sched.end_us[act] - sched.start_us[act],
+            "us",
+            "S6 figure 3 (I, read off)",
+            "Scalar-engine time of the activation instruction",
+            output_error=err,
+            tolerance=_BF16,
+        )
+    )
     b = rng.standard_normal((128, 128)).astype(bfloat16)
     out, trace, prof = _profile(exp_rows, b, target="trn2")
     sched = prof.schedule
     load = next(i for i, x in enumerate(trace.instructions) if x.engine == "dma")
-    points.append(CalibrationPoint(
-        "DMA [128,128] bf16: per-engine transfer (8 rows of 256 B)", "trn2", 0.097,
-        sched.end_us[load] - sched.start_us[load] - fixed, "us", "S6 (tooltip)",
-        "data phase of the load (16 engines in parallel)", asserted=False,
-        output_error=_relative_error(out, np.exp(np.asarray(b, np.float64))), tolerance=_BF16))
-    points.append(CalibrationPoint(
-        "same load, trigger to completion", "trn2", 1.2,
-        sched.finish_us[load] - sched.start_us[load], "us", "S6 figure 5 (I, read off)",
-        "issue to completion semaphore of the load", asserted=False))
+    points.append(
+        CalibrationPoint(
+            "DMA [128,128] bf16: per-engine transfer (8 rows of 256 B)",
+            "trn2",
+            0.097,
+            sched.end_us[load] - sched.start_us[load] - fixed,
+            "us",
+            "S6 (tooltip)",
+            "data phase of the load (16 engines in parallel)",
+            asserted=False,
+            output_error=_relative_error(out, np.exp(np.asarray(b, np.float64))),
+            tolerance=_BF16,
+        )
+    )
+    points.append(
+        CalibrationPoint(
+            "same load, trigger to completion",
+            "trn2",
+            1.2,
+            sched.finish_us[load] - sched.start_us[load],
+            "us",
+            "S6 figure 5 (I, read off)",
+            "issue to completion semaphore of the load",
+            asserted=False,
+        )
+    )
     return points
 
 
@@ -484,9 +546,12 @@ def calibrate_dma_size_curve() -> list[CalibrationPoint]:
         count = max(3, min(16, 96 * 1024 // free_bytes))
         a = rng.standard_normal((128, chunk * count)).astype(bfloat16)
         out, trace, prof = _profile(load_stream, a, chunk, target="trn2")
-        error = _relative_error(out, np.asarray(a, np.float64)[:, -chunk:-chunk + 1])
-        loads = [i for i, x in enumerate(trace.instructions) if x.engine == "dma"
-                 and x.dma_direction.startswith("hbm")]
+        error = _relative_error(out, np.asarray(a, np.float64)[:, -chunk : -chunk + 1])
+        loads = [
+            i
+            for i, x in enumerate(trace.instructions)
+            if x.engine == "dma" and x.dma_direction.startswith("hbm")
+        ]
         sched = prof.schedule
         per_load = (sched.end_us[loads[-1]] - sched.end_us[loads[0]]) / (len(loads) - 1)
         return 128 * free_bytes / per_load, error
@@ -495,11 +560,19 @@ def calibrate_dma_size_curve() -> list[CalibrationPoint]:
     points = []
     for free_bytes, measured in _DMA_SIZE_CHART.items():
         achieved, error = rate(free_bytes)
-        points.append(CalibrationPoint(
-            f"DMA throughput at {free_bytes} B per partition, relative to 32 KiB", "trn2",
-            measured, achieved / full, "ratio", "S6 nki-dma-intro-1.jpg (I, read off)",
-            "steady-state rate of back-to-back [128, F] loads on one queue",
-            asserted=False, output_error=error))
+        points.append(
+            CalibrationPoint(
+                f"DMA throughput at {free_bytes} B per partition, relative to 32 KiB",
+                "trn2",
+                measured,
+                achieved / full,
+                "ratio",
+                "S6 nki-dma-intro-1.jpg (I, read off)",
+                "steady-state rate of back-to-back [128, F] loads on one queue",
+                asserted=False,
+                output_error=error,
+            )
+        )
     return points
 
 
@@ -513,10 +586,19 @@ def calibrate_dependent_chain(chain: int = 64) -> list[CalibrationPoint]:
     sched = prof.schedule
     # steady state: the first activation reads the loaded tile, not a previous activation
     per_instruction = (sched.start_us[acts[-1]] - sched.start_us[acts[1]]) / (len(acts) - 2)
-    return [CalibrationPoint(
-        "RAW chain of 1-element activations, per instruction", "trn1", 0.189,
-        per_instruction, "us", "S4 L424-429", "initiation interval of the chain (fitted)",
-        asserted=False, output_error=_relative_error(out, a.astype(np.float64)))]
+    return [
+        CalibrationPoint(
+            "RAW chain of 1-element activations, per instruction",
+            "trn1",
+            0.189,
+            per_instruction,
+            "us",
+            "S4 L424-429",
+            "initiation interval of the chain (fitted)",
+            asserted=False,
+            output_error=_relative_error(out, a.astype(np.float64)),
+        )
+    ]
 
 
 def prof_constant(target: str, name: str) -> float:
@@ -555,19 +637,33 @@ def calibrate_matmul() -> list[CalibrationPoint]:
     per_k_block = t21 - t11
     overlap = 2 * t11 - t12
     total_us = 8 * (t11 + 7 * per_k_block) - 7 * overlap
-    return [CalibrationPoint(
-        "matmul tutorial, fully optimised, [4096,8192]@[8192,8192] bf16", "trn1", 6970.0,
-        total_us, "us", "S12 matrix_multiplication.rst L339-356",
-        f"kernel latency, extrapolated from 3 runs (K block {per_k_block:.1f} us, N-block "
-        f"overlap {overlap:.1f} us)", output_error=err, tolerance=_BF16_SUM)]
+    return [
+        CalibrationPoint(
+            "matmul tutorial, fully optimised, [4096,8192]@[8192,8192] bf16",
+            "trn1",
+            6970.0,
+            total_us,
+            "us",
+            "S12 matrix_multiplication.rst L339-356",
+            f"kernel latency, extrapolated from 3 runs (K block {per_k_block:.1f} us, N-block "
+            f"overlap {overlap:.1f} us)",
+            output_error=err,
+            tolerance=_BF16_SUM,
+        )
+    ]
 
 
 _MATMUL_STEPS = (
     # kernel, case, measured ms (S12 L339-356), units of M and N its loops step over
     (matmul_tiled, "matmul tutorial, original tiled", 51.80, 128, 512),
     (matmul_hoisted, "matmul tutorial, optimisation 1 (hoist loads)", 42.96, 128, 512),
-    (matmul_free_blocked, "matmul tutorial, optimisation 2 (block free dimensions)", 22.07,
-     256, 1024),
+    (
+        matmul_free_blocked,
+        "matmul tutorial, optimisation 2 (block free dimensions)",
+        22.07,
+        256,
+        1024,
+    ),
 )
 
 
@@ -583,6 +679,7 @@ def calibrate_matmul_steps() -> list[CalibrationPoint]:
     K, M, N = 8192, 4096, 8192
     points = []
     for kernel, case, measured_ms, unit_m, unit_n in _MATMUL_STEPS:
+
         def run(m_units, n_units, kernel=kernel, unit_m=unit_m, unit_n=unit_n):
             lhs_t = rng.standard_normal((K, m_units * unit_m)).astype(bfloat16)
             rhs = rng.standard_normal((K, n_units * unit_n)).astype(bfloat16)
@@ -596,11 +693,20 @@ def calibrate_matmul_steps() -> list[CalibrationPoint]:
         dn, dm = t12 - t11, t21 - t11
         steps_m, steps_n = M // unit_m, N // unit_n
         total = t11 + (steps_n - 1) * dn + (steps_m - 1) * (dm + (steps_n - 1) * dn)
-        points.append(CalibrationPoint(
-            case + ", [4096,8192]@[8192,8192] bf16", "trn1", measured_ms * 1000.0, total, "us",
-            "S12 matrix_multiplication.rst@55b69c91 L339-356",
-            f"kernel latency, extrapolated from 1-2 units of M ({unit_m}) and N ({unit_n}) at "
-            f"K=8192 ({dn:.1f} us per N unit)", output_error=err, tolerance=2 * _BF16))
+        points.append(
+            CalibrationPoint(
+                case + ", [4096,8192]@[8192,8192] bf16",
+                "trn1",
+                measured_ms * 1000.0,
+                total,
+                "us",
+                "S12 matrix_multiplication.rst@55b69c91 L339-356",
+                f"kernel latency, extrapolated from 1-2 units of M ({unit_m}) and N ({unit_n}) at "
+                f"K=8192 ({dn:.1f} us per N unit)",
+                output_error=err,
+                tolerance=2 * _BF16,
+            )
+        )
     return points
 
 
@@ -613,8 +719,10 @@ def calibrate_layernorm() -> list[CalibrationPoint]:
     from SBUF, so ``·gamma`` and ``+beta`` are two-input fp32 Vector instructions (2N)."""
     rng = np.random.default_rng(6)
     N, eps, points = 8192, 1e-5, []
-    cases = ((layernorm_language_ops, "layernorm tutorial v1 (nl ops)", 2311.0),
-             (layernorm_bn_stats, "layernorm tutorial v2 (bn_stats, tensor_scalar)", 1969.0))
+    cases = (
+        (layernorm_language_ops, "layernorm tutorial v1 (nl ops)", 2311.0),
+        (layernorm_bn_stats, "layernorm tutorial v2 (bn_stats, tensor_scalar)", 1969.0),
+    )
     for kernel, case, measured in cases:
         times, err = [], 0.0
         for tiles in (2, 3):
@@ -628,11 +736,20 @@ def calibrate_layernorm() -> list[CalibrationPoint]:
             err = max(err, _relative_error(out, want))
             times.append(prof.latency_us)
         total = times[0] + 30 * (times[1] - times[0])
-        points.append(CalibrationPoint(
-            case + ", 4096x8192 fp32", "trn1", measured, total, "us",
-            "S12 layernorm.rst@55b69c91 L122, L134 (p50); shape L192-193",
-            f"kernel latency, extrapolated from 2 and 3 row tiles "
-            f"({times[1] - times[0]:.1f} us per tile)", output_error=err, tolerance=1e-4))
+        points.append(
+            CalibrationPoint(
+                case + ", 4096x8192 fp32",
+                "trn1",
+                measured,
+                total,
+                "us",
+                "S12 layernorm.rst@55b69c91 L122, L134 (p50); shape L192-193",
+                f"kernel latency, extrapolated from 2 and 3 row tiles "
+                f"({times[1] - times[0]:.1f} us per tile)",
+                output_error=err,
+                tolerance=1e-4,
+            )
+        )
     return points
 
 
@@ -644,13 +761,19 @@ def calibrate_dma_trn1() -> list[CalibrationPoint]:
     out, trace, prof = _profile(exp_rows, a, target="trn1")
     load = next(i for i, x in enumerate(trace.instructions) if x.engine == "dma")
     sched = prof.schedule
-    return [CalibrationPoint(
-        "DMA 32 KiB on one DMA engine (A[4,4096] bf16 load)", "trn1", 1.87,
-        sched.end_us[load] - sched.start_us[load] - prof_constant("trn1", "dma_fixed_us"),
-        "us", "S4 nki_perf_guide.rst@81ce03ae fig. 30 (1.81-1.93 us, I)",
-        "DMA-engine busy time of the load (data phase of the modeled transfer)",
-        output_error=_relative_error(out, np.exp(np.asarray(a, np.float64))),
-        tolerance=_BF16)]
+    return [
+        CalibrationPoint(
+            "DMA 32 KiB on one DMA engine (A[4,4096] bf16 load)",
+            "trn1",
+            1.87,
+            sched.end_us[load] - sched.start_us[load] - prof_constant("trn1", "dma_fixed_us"),
+            "us",
+            "S4 nki_perf_guide.rst@81ce03ae fig. 30 (1.81-1.93 us, I)",
+            "DMA-engine busy time of the load (data phase of the modeled transfer)",
+            output_error=_relative_error(out, np.exp(np.asarray(a, np.float64))),
+            tolerance=_BF16,
+        )
+    ]
 
 
 def _mamba_inputs(rng, channels, seq, states=16):
@@ -675,10 +798,18 @@ def _mamba_point(kernel, seq, case, measured, source, rng, channels=4096, assert
     per_tile = prof2.latency_us - prof1.latency_us
     total = prof1.latency_us + (channels // 128 - 1) * per_tile
     return CalibrationPoint(
-        case, "trn1", measured, total, "us", source,
+        case,
+        "trn1",
+        measured,
+        total,
+        "us",
+        source,
         f"kernel latency, extrapolated from 1 and 2 channel tiles ({per_tile:.1f} us per tile;"
-        f" DVE {prof2.engine_utilization['dve']:.0%} busy)", asserted=asserted,
-        output_error=err, tolerance=_FP32_SCAN)
+        f" DVE {prof2.engine_utilization['dve']:.0%} busy)",
+        asserted=asserted,
+        output_error=err,
+        tolerance=_FP32_SCAN,
+    )
 
 
 def calibrate_mamba() -> list[CalibrationPoint]:
@@ -690,36 +821,77 @@ def calibrate_mamba() -> list[CalibrationPoint]:
     rng = np.random.default_rng(4)
     source = "S11 fused_mamba.rst@81ce03ae"
     points = [
-        _mamba_point(mamba_state_outer, 512, "Mamba v1 (states outer), 4096 ch, seq 512",
-                     2340.0, source + " L548", rng),
-        _mamba_point(mamba_channel_outer, 512, "Mamba v2 (channels outer), 4096 ch, seq 512",
-                     1610.0, source + " L731", rng),
+        _mamba_point(
+            mamba_state_outer,
+            512,
+            "Mamba v1 (states outer), 4096 ch, seq 512",
+            2340.0,
+            source + " L548",
+            rng,
+        ),
+        _mamba_point(
+            mamba_channel_outer,
+            512,
+            "Mamba v2 (channels outer), 4096 ch, seq 512",
+            1610.0,
+            source + " L731",
+            rng,
+        ),
     ]
     for seq, measured in ((1024, 3300.0), (2048, 6600.0), (4096, 13300.0), (8192, 27800.0)):
-        points.append(_mamba_point(
-            mamba_seq_chunked, seq, f"Mamba v3 (seq tiled), 4096 ch, seq {seq}", measured,
-            source + (" L853" if seq == 8192 else " L860-925"), rng))
+        points.append(
+            _mamba_point(
+                mamba_seq_chunked,
+                seq,
+                f"Mamba v3 (seq tiled), 4096 ch, seq {seq}",
+                measured,
+                source + (" L853" if seq == 8192 else " L860-925"),
+                rng,
+            )
+        )
     # v2 at 1K: its B and C rows (4 KiB of fp32 per partition once broadcast) no longer fit
     # a PSUM bank. (At 8K the tutorial's profile shows the compiler spilling SBUF to HBM,
     # L752-767, and our kernel does not fit the simulator's SBUF: not reproducible.)
-    points.append(_mamba_point(
-        mamba_channel_outer, 1024, "Mamba v2 (channels outer), 4096 ch, seq 1024", 4400.0,
-        source + " L860-925", rng))
+    points.append(
+        _mamba_point(
+            mamba_channel_outer,
+            1024,
+            "Mamba v2 (channels outer), 4096 ch, seq 1024",
+            4400.0,
+            source + " L860-925",
+            rng,
+        )
+    )
     inputs = _mamba_inputs(rng, 256, 512)
     out, _, prof = _profile(mamba_state_outer, *inputs, target="trn1")
     launch = prof_constant("trn1", "kernel_launch_us")
-    points.append(CalibrationPoint(
-        "Mamba v1 toy, 256 ch, seq 512, plus kernel launch", "trn1", 172.93,
-        prof.latency_us + launch, "us", source + " L47-77",
-        f"kernel latency + the modeled launch cost ({launch:.0f} us)",
-        asserted=False, output_error=_relative_error(out, mamba_reference(*inputs)),
-        tolerance=_FP32_SCAN))
+    points.append(
+        CalibrationPoint(
+            "Mamba v1 toy, 256 ch, seq 512, plus kernel launch",
+            "trn1",
+            172.93,
+            prof.latency_us + launch,
+            "us",
+            source + " L47-77",
+            f"kernel latency + the modeled launch cost ({launch:.0f} us)",
+            asserted=False,
+            output_error=_relative_error(out, mamba_reference(*inputs)),
+            tolerance=_FP32_SCAN,
+        )
+    )
     return points
 
 
-CALIBRATIONS = (calibrate_dma_and_exp, calibrate_dma_trn1, calibrate_dma_size_curve,
-                calibrate_dependent_chain,
-                calibrate_matmul_steps, calibrate_matmul, calibrate_mamba, calibrate_layernorm)
+CALIBRATIONS = (
+    calibrate_dma_and_exp,
+    calibrate_dma_trn1,
+    calibrate_dma_size_curve,
+    calibrate_dependent_chain,
+    calibrate_matmul_steps,
+    calibrate_matmul,
+    calibrate_mamba,
+    calibrate_layernorm,
+)
 
 
 def to_json(points) -> list[dict]:
@@ -734,8 +906,10 @@ def main(argv=None) -> int:
     began = time.time()
     points = [p for calibrate in CALIBRATIONS for p in calibrate()]
     for p in points:
-        print(f"{p.error:+7.1%}  {p.model:12,.3f} / {p.measured:12,.3f} {p.unit}  {p.target}  "
-              f"{p.case}{'' if p.asserted else ' (not asserted)'}")
+        print(
+            f"{p.error:+7.1%}  {p.model:12,.3f} / {p.measured:12,.3f} {p.unit}  {p.target}  "
+            f"{p.case}{'' if p.asserted else ' (not asserted)'}"
+        )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(to_json(points), f, indent=1)

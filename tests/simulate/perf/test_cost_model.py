@@ -40,20 +40,47 @@ class TraceBuilder:
         storage = next(_storage) if storage is None else storage
         return Region(memory, storage, start, start + nbytes, (0, partitions))
 
-    def op(self, engine, opcode, n, reads=(), writes=(), dtype="float32", loops=(),
-           partitions=128, out_dtype=None, **details):
+    def op(
+        self,
+        engine,
+        opcode,
+        n,
+        reads=(),
+        writes=(),
+        dtype="float32",
+        loops=(),
+        partitions=128,
+        out_dtype=None,
+        **details,
+    ):
         return self.trace.add(
-            engine=engine, opcode=opcode, partitions=partitions, free_size=n,
-            in_dtypes=(dtype,) * len(reads), out_dtype=out_dtype or dtype, reads=tuple(reads),
-            writes=tuple(writes), loops=tuple(loops), details=details)
+            engine=engine,
+            opcode=opcode,
+            partitions=partitions,
+            free_size=n,
+            in_dtypes=(dtype,) * len(reads),
+            out_dtype=out_dtype or dtype,
+            reads=tuple(reads),
+            writes=tuple(writes),
+            loops=tuple(loops),
+            details=details,
+        )
 
     def dma(self, direction, nbytes, partitions, reads=(), writes=(), row_bytes=None, loops=()):
         return self.trace.add(
-            engine="dma", opcode="load" if direction.startswith("hbm") else "store",
-            partitions=partitions, free_size=nbytes // partitions, in_dtypes=("bfloat16",),
-            out_dtype="bfloat16", reads=tuple(reads), writes=tuple(writes), loops=tuple(loops),
-            dma_bytes=nbytes, dma_direction=direction,
-            dma_row_bytes=row_bytes or nbytes // partitions)
+            engine="dma",
+            opcode="load" if direction.startswith("hbm") else "store",
+            partitions=partitions,
+            free_size=nbytes // partitions,
+            in_dtypes=("bfloat16",),
+            out_dtype="bfloat16",
+            reads=tuple(reads),
+            writes=tuple(writes),
+            loops=tuple(loops),
+            dma_bytes=nbytes,
+            dma_direction=direction,
+            dma_row_bytes=row_bytes or nbytes // partitions,
+        )
 
     def hbm(self, nbytes):
         return Region("hbm", next(_storage), 0, nbytes)
@@ -84,8 +111,9 @@ def test_read_after_write_across_engines_serialises_with_a_semaphore():
     b.op("dve", "tensor_scalar", 4096, [b.tile()], [produced], op=["multiply"])
     b.op("act", "activation", 4096, [produced], [b.tile()], op="exp")
     sched = b.run()
-    expected = (_us(4096, "dve", "trn1") + _const("semaphore_latency_us", "trn1")
-                + _us(4096, "act", "trn1"))
+    expected = (
+        _us(4096, "dve", "trn1") + _const("semaphore_latency_us", "trn1") + _us(4096, "act", "trn1")
+    )
     assert sched.latency_us == pytest.approx(expected)
     assert sched.start_us[1] == pytest.approx(sched.end_us[0] + 0.1)
 
@@ -93,10 +121,22 @@ def test_read_after_write_across_engines_serialises_with_a_semaphore():
 def test_partition_ranges_decide_whether_regions_overlap():
     b = TraceBuilder()
     shared = next(_storage)
-    b.op("dve", "tensor_scalar", 4096, [b.tile()],
-         [Region("sbuf", shared, 0, 4096, (0, 64))], op=["multiply"])
-    b.op("act", "activation", 4096, [Region("sbuf", shared, 0, 4096, (64, 128))], [b.tile()],
-         op="exp")
+    b.op(
+        "dve",
+        "tensor_scalar",
+        4096,
+        [b.tile()],
+        [Region("sbuf", shared, 0, 4096, (0, 64))],
+        op=["multiply"],
+    )
+    b.op(
+        "act",
+        "activation",
+        4096,
+        [Region("sbuf", shared, 0, 4096, (64, 128))],
+        [b.tile()],
+        op="exp",
+    )
     assert b.run().start_us[1] == 0.0  # the other half of the partitions: no dependency
 
 
@@ -136,8 +176,9 @@ def test_list_scheduling_fills_a_dependency_bubble_with_independent_work():
     # the consumer reads the output of the instruction before it (program order): it pays
     # the static overhead of a dependent instruction either way (S1 L403), and in order it
     # also waits for the producer's pipeline to drain
-    work = 3 * _us(1024, "dve", "trn1") + _us(_const("dependent_overhead_cycles", "trn1"),
-                                              "dve", "trn1")
+    work = 3 * _us(1024, "dve", "trn1") + _us(
+        _const("dependent_overhead_cycles", "trn1"), "dve", "trn1"
+    )
     drain = _us(_const("dependent_latency_cycles", "trn1"), "dve", "trn1")
     assert in_order.latency_us == pytest.approx(work + drain)
     assert listed.latency_us == pytest.approx(work)
@@ -156,8 +197,9 @@ def test_a_repeated_tensor_tensor_on_the_same_operands_is_elided():
     assert sched.start_us[2] >= sched.end_us[0]  # its reader waits for the first one
 
 
-@pytest.mark.parametrize("change", ["other op", "operand rewritten", "in place",
-                                    "result overwritten"])
+@pytest.mark.parametrize(
+    "change", ["other op", "operand rewritten", "in place", "result overwritten"]
+)
 def test_tensor_tensor_is_recomputed_when_the_value_may_differ(change):
     b = TraceBuilder()
     x, y, first = b.tile(), b.tile(), b.tile()
@@ -167,8 +209,14 @@ def test_tensor_tensor_is_recomputed_when_the_value_may_differ(change):
     if change == "result overwritten":
         b.op("act", "activation", 1024, [b.tile()], [first], op="exp")
     out = x if change == "in place" else b.tile()
-    b.op("dve", "tensor_tensor", 1024, [x, y], [out],
-         op="add" if change == "other op" else "multiply")
+    b.op(
+        "dve",
+        "tensor_tensor",
+        1024,
+        [x, y],
+        [out],
+        op="add" if change == "other op" else "multiply",
+    )
     sched = b.run()
     assert _duration(sched, len(b.trace) - 1) >= _us(2 * 1024, "dve", "trn1")
 
@@ -183,7 +231,8 @@ def test_nc_v2_shares_the_sbuf_port_between_vector_and_gpsimd():
     dve, pool = _us(2048, "dve", "trn1"), _us(150 + 2048, "pool", "trn1")
     assert results["trn1"].latency_us == pytest.approx(dve + pool)
     assert results["trn2"].latency_us == pytest.approx(
-        max(_us(2048, "dve", "trn2"), _us(150 + 2048, "pool", "trn2")))
+        max(_us(2048, "dve", "trn2"), _us(150 + 2048, "pool", "trn2"))
+    )
 
 
 def test_gpsimd_rsqrt_runs_at_a_quarter_of_the_scalar_engine_rate():
@@ -208,7 +257,8 @@ def test_address_tracking_turns_buffer_reuse_into_a_wait():
     by_tile, by_address = b.run(), b.run(by_address=True)
     assert by_tile.start_us[1] == 0.0
     assert by_address.start_us[1] == pytest.approx(
-        _us(4096, "act", "trn1") + _const("semaphore_latency_us", "trn1"))
+        _us(4096, "act", "trn1") + _const("semaphore_latency_us", "trn1")
+    )
 
 
 def test_sequential_range_iterations_do_not_overlap_affine_ones_do():
@@ -231,9 +281,19 @@ def test_sequential_range_iterations_do_not_overlap_affine_ones_do():
 def test_spmd_program_instances_run_one_after_another():
     b = TraceBuilder()
     for program, engine, opcode in (((0,), "act", "activation"), ((1,), "dve", "tensor_copy")):
-        b.trace.add(engine=engine, opcode=opcode, partitions=128, free_size=1024,
-                    in_dtypes=("float32",), out_dtype="float32", reads=(b.tile(),),
-                    writes=(b.tile(),), loops=(), program=program, details={})
+        b.trace.add(
+            engine=engine,
+            opcode=opcode,
+            partitions=128,
+            free_size=1024,
+            in_dtypes=("float32",),
+            out_dtype="float32",
+            reads=(b.tile(),),
+            writes=(b.tile(),),
+            loops=(),
+            program=program,
+            details={},
+        )
     sched = b.run()  # independent work on two engines, yet the second instance waits
     assert sched.start_us[1] == pytest.approx(sched.end_us[0])
     assert sched.latency_us == pytest.approx(_us(1024, "act", "trn1") + _us(1024, "dve", "trn1"))
@@ -243,8 +303,16 @@ def test_accumulating_matmuls_chain_without_waiting():
     b = TraceBuilder()
     psum = b.tile(2048, memory="psum")
     for _ in range(8):
-        b.op("pe", "nc_matmul", 512, [b.tile(256), b.tile(1024)], [psum], dtype="bfloat16",
-             stationary_free=128, accumulate=True)
+        b.op(
+            "pe",
+            "nc_matmul",
+            512,
+            [b.tile(256), b.tile(1024)],
+            [psum],
+            dtype="bfloat16",
+            stationary_free=128,
+            accumulate=True,
+        )
     assert b.run().latency_us == pytest.approx(8 * _us(512, "pe", "trn1"))
 
 
@@ -252,8 +320,15 @@ def test_fp32_matmul_takes_four_times_as_long():
     times = {}
     for fp32 in (False, True):
         b = TraceBuilder()
-        b.op("pe", "nc_matmul", 512, [b.tile(256), b.tile(1024)], [b.tile(2048, memory="psum")],
-             stationary_free=128, fp32=fp32)
+        b.op(
+            "pe",
+            "nc_matmul",
+            512,
+            [b.tile(256), b.tile(1024)],
+            [b.tile(2048, memory="psum")],
+            stationary_free=128,
+            fp32=fp32,
+        )
         times[fp32] = b.run().latency_us
     assert times[False] == pytest.approx(_us(512, "pe", "trn1"))
     assert times[True] == pytest.approx(4 * times[False])
@@ -261,59 +336,103 @@ def test_fp32_matmul_takes_four_times_as_long():
 
 def test_matmul_with_a_narrow_stationary_and_short_moving_pays_the_floor():
     b = TraceBuilder()
-    b.op("pe", "nc_matmul", 16, [b.tile(256), b.tile(32)], [b.tile(64, memory="psum")],
-         dtype="bfloat16", stationary_free=128)
-    b.op("pe", "nc_matmul", 16, [b.tile(64), b.tile(32)], [b.tile(64, memory="psum")],
-         dtype="bfloat16", stationary_free=32)
+    b.op(
+        "pe",
+        "nc_matmul",
+        16,
+        [b.tile(256), b.tile(32)],
+        [b.tile(64, memory="psum")],
+        dtype="bfloat16",
+        stationary_free=128,
+    )
+    b.op(
+        "pe",
+        "nc_matmul",
+        16,
+        [b.tile(64), b.tile(32)],
+        [b.tile(64, memory="psum")],
+        dtype="bfloat16",
+        stationary_free=32,
+    )
     sched = b.run()
     assert _duration(sched, 0) == pytest.approx(_us(64, "pe", "trn1"))
     assert _duration(sched, 1) == pytest.approx(_us(32, "pe", "trn1"))
 
 
 # --- dtype rules and per-target differences ----------------------------------------------------
-@pytest.mark.parametrize(("target", "dtype", "stride", "cycles"), [
-    ("trn1", "bfloat16", 2, 4096),  # NC-v2: no fast mode
-    ("trn2", "bfloat16", 2, 1024),  # NC-v3: 4x for bf16 SBUF unit stride
-    ("trn3", "bfloat16", 2, 1024),
-    ("trn2", "float32", 4, 4096),  # fp32: no fast mode
-    ("trn2", "bfloat16", 4, 2048),  # not unit stride: 2x
-    ("trn2", "bfloat16", 32, 4096),  # 2x mode, halved by the > 16 B stride
-    ("trn1", "float32", 32, 8192),  # stride penalty alone
-])
+@pytest.mark.parametrize(
+    ("target", "dtype", "stride", "cycles"),
+    [
+        ("trn1", "bfloat16", 2, 4096),  # NC-v2: no fast mode
+        ("trn2", "bfloat16", 2, 1024),  # NC-v3: 4x for bf16 SBUF unit stride
+        ("trn3", "bfloat16", 2, 1024),
+        ("trn2", "float32", 4, 4096),  # fp32: no fast mode
+        ("trn2", "bfloat16", 4, 2048),  # not unit stride: 2x
+        ("trn2", "bfloat16", 32, 4096),  # 2x mode, halved by the > 16 B stride
+        ("trn1", "float32", 32, 8192),  # stride penalty alone
+    ],
+)
 def test_vector_copy_fast_modes(target, dtype, stride, cycles):
     b = TraceBuilder(target)
-    b.op("dve", "tensor_copy", 4096, [b.tile(8192)], [b.tile(8192)], dtype=dtype,
-         max_stride_bytes=stride)
+    b.op(
+        "dve",
+        "tensor_copy",
+        4096,
+        [b.tile(8192)],
+        [b.tile(8192)],
+        dtype=dtype,
+        max_stride_bytes=stride,
+    )
     assert b.run().latency_us == pytest.approx(_us(cycles, "dve", target))
 
 
-@pytest.mark.parametrize(("target", "dtype", "in_psum", "cycles"), [
-    ("trn1", "float32", False, 2 * 2048),  # two SBUF inputs: 2N
-    ("trn1", "bfloat16", False, 2048),  # NC-v2 bf16 add with unit stride: N
-    ("trn1", "float32", True, 2048),  # one input in PSUM: N
-    ("trn2", "bfloat16", False, 2048),  # NC-v3 all-bf16: 2x over 2N
-    ("trn2", "float32", False, 2 * 2048),
-])
+@pytest.mark.parametrize(
+    ("target", "dtype", "in_psum", "cycles"),
+    [
+        ("trn1", "float32", False, 2 * 2048),  # two SBUF inputs: 2N
+        ("trn1", "bfloat16", False, 2048),  # NC-v2 bf16 add with unit stride: N
+        ("trn1", "float32", True, 2048),  # one input in PSUM: N
+        ("trn2", "bfloat16", False, 2048),  # NC-v3 all-bf16: 2x over 2N
+        ("trn2", "float32", False, 2 * 2048),
+    ],
+)
 def test_tensor_tensor_rules(target, dtype, in_psum, cycles):
     b = TraceBuilder(target)
     other = b.tile(8192, memory="psum" if in_psum else "sbuf")
-    b.op("dve", "tensor_tensor", 2048, [b.tile(8192), other], [b.tile(8192)], dtype=dtype,
-         op="add", max_stride_bytes=2 if dtype == "bfloat16" else 4)
+    b.op(
+        "dve",
+        "tensor_tensor",
+        2048,
+        [b.tile(8192), other],
+        [b.tile(8192)],
+        dtype=dtype,
+        op="add",
+        max_stride_bytes=2 if dtype == "bfloat16" else 4,
+    )
     assert b.run().latency_us == pytest.approx(_us(cycles, "dve", target))
 
 
-@pytest.mark.parametrize(("n", "engine", "reader_cycles"), [
-    (512, "pe", 512),  # 2 KiB of fp32 per partition: one PSUM bank, read from PSUM (N)
-    (2048, "dve", 2 * 2048),  # 8 KiB: copied out to SBUF, read from there (2N)
-])
-def test_partition_broadcast_is_a_psum_operand_only_when_it_fits_a_bank(n, engine,
-                                                                         reader_cycles):
+@pytest.mark.parametrize(
+    ("n", "engine", "reader_cycles"),
+    [
+        (512, "pe", 512),  # 2 KiB of fp32 per partition: one PSUM bank, read from PSUM (N)
+        (2048, "dve", 2 * 2048),  # 8 KiB: copied out to SBUF, read from there (2N)
+    ],
+)
+def test_partition_broadcast_is_a_psum_operand_only_when_it_fits_a_bank(n, engine, reader_cycles):
     b = TraceBuilder("trn1")
     row = b.tile(4 * n, partitions=1)
     wide = b.tile(4 * n)
     b.op("dve", "partition_broadcast", n, [row], [wide])
-    b.op("dve", "tensor_tensor", n, [b.tile(4 * n), wide], [b.tile(4 * n)], op="multiply",
-         max_stride_bytes=4)
+    b.op(
+        "dve",
+        "tensor_tensor",
+        n,
+        [b.tile(4 * n), wide],
+        [b.tile(4 * n)],
+        op="multiply",
+        max_stride_bytes=4,
+    )
     sched = b.run()
     assert sched.resource[0] == engine
     # a reader of the instruction before it on the Vector engine pays the dependent overhead
@@ -323,46 +442,65 @@ def test_partition_broadcast_is_a_psum_operand_only_when_it_fits_a_bank(n, engin
         assert _duration(sched, 0) == pytest.approx(_us(n, "dve", "trn1"))
 
 
-@pytest.mark.parametrize(("target", "dtype", "value", "cycles"), [
-    ("trn1", "bfloat16", 0.0, 2048),  # NC-v2: zero fill of bf16 at N/2
-    ("trn1", "bfloat16", 1.0, 4096),
-    ("trn1", "float32", 0.0, 4096),
-    ("trn2", "bfloat16", 0.0, 1024),  # NC-v3: the bf16 fast mode
-])
+@pytest.mark.parametrize(
+    ("target", "dtype", "value", "cycles"),
+    [
+        ("trn1", "bfloat16", 0.0, 2048),  # NC-v2: zero fill of bf16 at N/2
+        ("trn1", "bfloat16", 1.0, 4096),
+        ("trn1", "float32", 0.0, 4096),
+        ("trn2", "bfloat16", 0.0, 1024),  # NC-v3: the bf16 fast mode
+    ],
+)
 def test_memset_rules(target, dtype, value, cycles):
     b = TraceBuilder(target)
     b.op("dve", "memset", 4096, [], [b.tile(8192)], dtype=dtype, value=value)
     assert b.run().latency_us == pytest.approx(_us(cycles, "dve", target))
 
 
-@pytest.mark.parametrize(("opcode", "dtype", "op", "cycles"), [
-    ("tensor_tensor_scan", "float32", None, 2 * 1024),
-    ("tensor_reduce", "bfloat16", "add", 512),
-    ("tensor_reduce", "float32", "add", 1024),
-    ("reciprocal", "float32", None, 8 * 1024),
-    ("bn_aggr", "float32", None, 13 * 1024 / 3),
-    ("tensor_scalar_reduce", "float32", "add", 1024 + 64),
-])
+@pytest.mark.parametrize(
+    ("opcode", "dtype", "op", "cycles"),
+    [
+        ("tensor_tensor_scan", "float32", None, 2 * 1024),
+        ("tensor_reduce", "bfloat16", "add", 512),
+        ("tensor_reduce", "float32", "add", 1024),
+        ("reciprocal", "float32", None, 8 * 1024),
+        ("bn_aggr", "float32", None, 13 * 1024 / 3),
+        ("tensor_scalar_reduce", "float32", "add", 1024 + 64),
+    ],
+)
 def test_vector_instruction_rules(opcode, dtype, op, cycles):
     b = TraceBuilder("trn1")
     b.op("dve", opcode, 1024, [b.tile(4096)], [b.tile(4096)], dtype=dtype, op=op)
     assert b.run().latency_us == pytest.approx(_us(cycles, "dve", "trn1"))
 
 
-@pytest.mark.parametrize(("dtype", "out_dtype", "ops", "n", "cycles"), [
-    ("bfloat16", "bfloat16", ("subtract", "multiply"), 2048, 2048),
-    ("bfloat16", "float32", ("subtract", "multiply"), 2048, 2048),  # output not a condition
-    ("float16", "float16", ("subtract", "multiply"), 2048, 2 * 2048),  # bfloat16 only
-    ("bfloat16", "bfloat16", ("add", "multiply"), 2048, 2 * 2048),
-    ("bfloat16", "bfloat16", ("subtract", "multiply"), 2047, 2 * 2047),  # N even only
-])
-def test_scalar_tensor_tensor_fast_mode_follows_the_documented_condition(dtype, out_dtype, ops,
-                                                                         n, cycles):
+@pytest.mark.parametrize(
+    ("dtype", "out_dtype", "ops", "n", "cycles"),
+    [
+        ("bfloat16", "bfloat16", ("subtract", "multiply"), 2048, 2048),
+        ("bfloat16", "float32", ("subtract", "multiply"), 2048, 2048),  # output not a condition
+        ("float16", "float16", ("subtract", "multiply"), 2048, 2 * 2048),  # bfloat16 only
+        ("bfloat16", "bfloat16", ("add", "multiply"), 2048, 2 * 2048),
+        ("bfloat16", "bfloat16", ("subtract", "multiply"), 2047, 2 * 2047),  # N even only
+    ],
+)
+def test_scalar_tensor_tensor_fast_mode_follows_the_documented_condition(
+    dtype, out_dtype, ops, n, cycles
+):
     """legacy isa@8a38e733 L1218-1226: N cycles when data and operand1 are bfloat16,
     op0 subtract, op1 multiply and N even; 2N otherwise."""
     b = TraceBuilder("trn2")
-    b.op("dve", "scalar_tensor_tensor", n, [b.tile(2 * n), b.tile(2 * n)], [b.tile(4 * n)],
-         dtype=dtype, out_dtype=out_dtype, op=ops, max_stride_bytes=2)
+    b.op(
+        "dve",
+        "scalar_tensor_tensor",
+        n,
+        [b.tile(2 * n), b.tile(2 * n)],
+        [b.tile(4 * n)],
+        dtype=dtype,
+        out_dtype=out_dtype,
+        op=ops,
+        max_stride_bytes=2,
+    )
     assert b.run().latency_us == pytest.approx(_us(cycles, "dve", "trn2"))
 
 
@@ -372,8 +510,14 @@ def test_tensor_copy_predicated_follows_the_documented_rule(opcode, predicate_me
     """legacy isa@8a38e733 L1513-1526: N with src or predicate in PSUM, 2N both in SBUF."""
     b = TraceBuilder("trn2")
     predicate = b.tile(4096, memory=predicate_memory)
-    b.op("dve", opcode, 1024, [predicate, b.tile(4096), b.tile(4096)], [b.tile(4096)],
-         max_stride_bytes=4)
+    b.op(
+        "dve",
+        opcode,
+        1024,
+        [predicate, b.tile(4096), b.tile(4096)],
+        [b.tile(4096)],
+        max_stride_bytes=4,
+    )
     sched = b.run()
     assert sched.unmodeled == {}
     assert sched.latency_us == pytest.approx(_us(cycles, "dve", "trn2"))
@@ -390,18 +534,33 @@ def test_opcodes_without_a_documented_rule_are_listed():
 def test_act_copy_fast_mode_only_on_trn3():
     for target, speed in (("trn2", 1), ("trn3", 2)):
         b = TraceBuilder(target)
-        b.op("act", "tensor_copy", 4096, [b.tile(8192)], [b.tile(8192)], dtype="bfloat16",
-             max_stride_bytes=2)
+        b.op(
+            "act",
+            "tensor_copy",
+            4096,
+            [b.tile(8192)],
+            [b.tile(8192)],
+            dtype="bfloat16",
+            max_stride_bytes=2,
+        )
         assert b.run().latency_us == pytest.approx(_us(4096 / speed, "act", target))
 
 
 def test_per_partition_scalar_operands_do_not_disable_fast_modes():
     b = TraceBuilder("trn2")
     data, scale = b.tile(8192), b.tile(4)
-    b.trace.add(engine="dve", opcode="tensor_scalar", partitions=128, free_size=4096,
-                in_dtypes=("bfloat16", "float32"), out_dtype="bfloat16", reads=(data, scale),
-                writes=(b.tile(8192),), loops=(), details={"op": ["multiply"],
-                                                          "max_stride_bytes": 2})
+    b.trace.add(
+        engine="dve",
+        opcode="tensor_scalar",
+        partitions=128,
+        free_size=4096,
+        in_dtypes=("bfloat16", "float32"),
+        out_dtype="bfloat16",
+        reads=(data, scale),
+        writes=(b.tile(8192),),
+        loops=(),
+        details={"op": ["multiply"], "max_stride_bytes": 2},
+    )
     assert b.run().latency_us == pytest.approx(_us(1024, "dve", "trn2"))
 
 
@@ -427,8 +586,7 @@ def test_small_transfers_are_bound_by_the_fixed_cost_per_dma():
     per_engine = max(8 * 256 / 23.12, 8 * _const("dma_descriptor_ns", "trn2")) / 1000
     through_hbm = 128 * 256 / _hbm_gbps("trn2") / 1000  # the HBM share binds on trn2
     data = max(per_engine, through_hbm)
-    assert sched.latency_us == pytest.approx(5 * fixed + _const("dma_latency_us", "trn2")
-                                             + data)
+    assert sched.latency_us == pytest.approx(5 * fixed + _const("dma_latency_us", "trn2") + data)
 
 
 def _hbm_gbps(target):
@@ -493,10 +651,20 @@ def _copy_trace(target, blocks, bytes_per_partition):
     nbytes = 128 * bytes_per_partition
     for k in range(blocks):
         tile = b.tile(bytes_per_partition)
-        b.dma("hbm->sbuf", nbytes, 128, [Region("hbm", source.storage, k * nbytes,
-                                                (k + 1) * nbytes)], [tile])
-        b.dma("sbuf->hbm", nbytes, 128, [tile], [Region("hbm", sink.storage, k * nbytes,
-                                                     (k + 1) * nbytes)])
+        b.dma(
+            "hbm->sbuf",
+            nbytes,
+            128,
+            [Region("hbm", source.storage, k * nbytes, (k + 1) * nbytes)],
+            [tile],
+        )
+        b.dma(
+            "sbuf->hbm",
+            nbytes,
+            128,
+            [tile],
+            [Region("hbm", sink.storage, k * nbytes, (k + 1) * nbytes)],
+        )
     return b
 
 
@@ -523,8 +691,13 @@ def test_disjoint_stores_into_one_hbm_tensor_do_not_wait_for_each_other():
     # two stores of interleaved rows (even / odd column halves): the byte intervals overlap,
     # the bytes do not; only their DMA engines order them
     for half in range(2):
-        b.dma("sbuf->hbm", 128 * 8192, 128, [b.tile(8192)],
-              [Region("hbm", out.storage, half * 8192, (1 << 22) - 8192 * (1 - half))])
+        b.dma(
+            "sbuf->hbm",
+            128 * 8192,
+            128,
+            [b.tile(8192)],
+            [Region("hbm", out.storage, half * 8192, (1 << 22) - 8192 * (1 - half))],
+        )
     sched = b.run()
     assert sched.start_us[1] == pytest.approx(sched.start_us[0] + _const("dma_fixed_us", "trn2"))
 
@@ -566,7 +739,8 @@ def test_compute_waits_for_the_dma_completion():
     sched = b.run()
     assert sched.start_us[1] == pytest.approx(sched.finish_us[0])
     assert sched.finish_us[0] == pytest.approx(
-        _const("dma_latency_us", "trn1") + 128 * 4096 / (16 * 17.5) / 1000)
+        _const("dma_latency_us", "trn1") + 128 * 4096 / (16 * 17.5) / 1000
+    )
 
 
 # --- kernels through the profiler ----------------------------------------------------------------
@@ -576,8 +750,8 @@ def exp_tiles(x, sequential: bool = False):
     P = nl.tile_size.pmax
     loop = nl.sequential_range if sequential else nl.affine_range
     for i in loop(x.shape[0] // P):
-        tile = nl.load(x[i * P:(i + 1) * P, :])
-        nl.store(out[i * P:(i + 1) * P, :], value=nisa.activation(op=nl.exp, data=tile))
+        tile = nl.load(x[i * P : (i + 1) * P, :])
+        nl.store(out[i * P : (i + 1) * P, :], value=nisa.activation(op=nl.exp, data=tile))
     return out
 
 
@@ -595,7 +769,8 @@ def test_profile_returns_outputs_and_the_documented_fields():
     assert 0 < prof.engine_utilization["act"] < 1
     assert prof.latency_us > prof.engine_busy_us["act"]
     assert prof.mbu == pytest.approx(
-        2 * x.nbytes / prof.latency_us / 1000 / _const("hbm_share_gbps", "trn1"))
+        2 * x.nbytes / prof.latency_us / 1000 / _const("hbm_share_gbps", "trn1")
+    )
     assert prof.dma_transfers == 4 and prof.dma_small_transfers == 0
     text = prof.summary()
     for word in ("latency", "pe", "act", "dve", "pool", "dma", "HBM read", "SBUF peak"):
@@ -613,8 +788,10 @@ def test_profile_sequential_loop_is_slower_than_affine():
 
 def test_profile_targets_give_different_latencies():
     x = np.random.default_rng(2).standard_normal((256, 2048)).astype(np.float32)
-    latencies = {t: nki.profile(exp_tiles, x, target=t)[1].latency_us
-                 for t in ("inf2", "trn1", "trn2", "trn3")}
+    latencies = {
+        t: nki.profile(exp_tiles, x, target=t)[1].latency_us
+        for t in ("inf2", "trn1", "trn2", "trn3")
+    }
     assert latencies["inf2"] == latencies["trn1"]
     assert len({latencies["trn1"], latencies["trn2"], latencies["trn3"]}) == 3
 
@@ -653,11 +830,21 @@ def _core_copies(b, nbytes_per_partition, partitions, program, transfers=4, pipe
     nbytes = partitions * nbytes_per_partition
     for k in range(transfers):
         tile = b.tile(nbytes_per_partition, partitions=partitions)
-        b.dma("hbm->sbuf", nbytes, partitions,
-              [Region("hbm", source.storage, k * nbytes, (k + 1) * nbytes)], [tile])
+        b.dma(
+            "hbm->sbuf",
+            nbytes,
+            partitions,
+            [Region("hbm", source.storage, k * nbytes, (k + 1) * nbytes)],
+            [tile],
+        )
         b.trace.instructions[-1].program, b.trace.instructions[-1].core = program, program[0]
-        b.dma("sbuf->hbm", nbytes, partitions, [tile],
-              [Region("hbm", target.storage, k * nbytes, (k + 1) * nbytes)])
+        b.dma(
+            "sbuf->hbm",
+            nbytes,
+            partitions,
+            [tile],
+            [Region("hbm", target.storage, k * nbytes, (k + 1) * nbytes)],
+        )
         b.trace.instructions[-1].program, b.trace.instructions[-1].core = program, program[0]
 
 
@@ -675,7 +862,8 @@ def test_lnc2_runs_two_dma_bound_programs_concurrently():
     assert concurrent.lnc == 2 and serial.lnc == 1
     assert concurrent.latency_us == pytest.approx(serial.latency_us / 2, rel=1e-6)
     assert [c["dma"] for c in concurrent.core_busy_us] == pytest.approx(
-        [concurrent.core_busy_us[0]["dma"]] * 2)
+        [concurrent.core_busy_us[0]["dma"]] * 2
+    )
     assert set(concurrent.core) == {0, 1} and set(serial.core) == {0}
 
 
@@ -721,10 +909,20 @@ def test_shared_hbm_dependency_between_the_cores_serialises_them():
 
 
 def _activation(b, n, program, reads, writes):
-    b.trace.add(engine="act", opcode="activation", partitions=128, free_size=n,
-                in_dtypes=("float32",), out_dtype="float32", reads=tuple(reads),
-                writes=tuple(writes), loops=(), program=program, core=program[0],
-                details={"op": "exp"})
+    b.trace.add(
+        engine="act",
+        opcode="activation",
+        partitions=128,
+        free_size=n,
+        in_dtypes=("float32",),
+        out_dtype="float32",
+        reads=tuple(reads),
+        writes=tuple(writes),
+        loops=(),
+        program=program,
+        core=program[0],
+        details={"op": "exp"},
+    )
 
 
 def test_sendrecv_waits_for_the_peer_source():
@@ -733,10 +931,23 @@ def test_sendrecv_waits_for_the_peer_source():
     for core, n in ((0, 65536), (1, 64)):  # core 0's source is ready much later
         _activation(b, n, (core,), [b.tile(4 * n)], [sources[core]])
     for core in (0, 1):
-        b.trace.add(engine="dma", opcode="sendrecv", partitions=128, free_size=1,
-                    in_dtypes=("float32",), out_dtype="float32", reads=(sources[core],),
-                    writes=(targets[core],), loops=(), program=(core,), core=core, dma_bytes=512,
-                    dma_direction="sbuf->sbuf", dma_row_bytes=4, details={"pipe_id": 0})
+        b.trace.add(
+            engine="dma",
+            opcode="sendrecv",
+            partitions=128,
+            free_size=1,
+            in_dtypes=("float32",),
+            out_dtype="float32",
+            reads=(sources[core],),
+            writes=(targets[core],),
+            loops=(),
+            program=(core,),
+            core=core,
+            dma_bytes=512,
+            dma_direction="sbuf->sbuf",
+            dma_row_bytes=4,
+            details={"pipe_id": 0},
+        )
     b.trace.lnc = 2
     sched = b.run()
     sem = _const("semaphore_latency_us", "trn2")
@@ -814,16 +1025,19 @@ def _legacy_tile_copies(x):
     """Each SPMD instance copies its own 128 rows (legacy dialect, DMA only)."""
     out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
     row = (nl.program_id(0) * nl.num_programs(1) + nl.program_id(1)) * 128
-    tile = nl.load(x[row:row + 128, :])
-    nl.store(out[row:row + 128, :], value=tile)
+    tile = nl.load(x[row : row + 128, :])
+    nl.store(out[row : row + 128, :], value=tile)
     return out
 
 
-@pytest.mark.parametrize("grid, cores", [
-    ((nl.nc(2), 2), [0, 0, 1, 1]),  # legacy language docs: kernel[nl.nc(2), 2]
-    ((nl.spmd_dim(nl.nc(2), 2), 1), [0, 0, 1, 1]),  # test_nki_spmd_grid.py example 2
-    ((2 * nl.nc(2), 1), [0, 1, 0, 1]),  # example 3: spmd_dim(2, nl.nc(2))
-])
+@pytest.mark.parametrize(
+    "grid, cores",
+    [
+        ((nl.nc(2), 2), [0, 0, 1, 1]),  # legacy language docs: kernel[nl.nc(2), 2]
+        ((nl.spmd_dim(nl.nc(2), 2), 1), [0, 0, 1, 1]),  # test_nki_spmd_grid.py example 2
+        ((2 * nl.nc(2), 1), [0, 1, 0, 1]),  # example 3: spmd_dim(2, nl.nc(2))
+    ],
+)
 def test_legacy_grid_with_an_nc_dimension_runs_on_two_cores_of_trn2(grid, cores):
     x = np.random.default_rng(5).standard_normal((512, 2048)).astype(np.float32)
     kernel = nki.jit(_legacy_tile_copies)
