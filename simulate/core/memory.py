@@ -214,6 +214,171 @@ def check_modulo_lifetimes(instructions, tiles: dict[int, TileRecord], modulo_ti
                 )
 
 
+_ALLOCATION_GUIDE = "general/nki/nki_direct_allocation_guide.rst@8a38e733"
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where the kernel put one logical (P, F) block of a directly allocated tensor:
+    partitions ``[partition, partition_end)``, bytes ``[byte, byte_end)`` of each partition
+    (of PSUM bank ``bank``; ``bank`` is 0 in SBUF)."""
+
+    bank: int
+    partition: int
+    partition_end: int
+    byte: int
+    byte_end: int
+
+    def overlaps(self, other: Placement) -> bool:
+        return (
+            self.bank == other.bank
+            and self.partition < other.partition_end
+            and other.partition < self.partition_end
+            and self.byte < other.byte_end
+            and other.byte < self.byte_end
+        )
+
+
+def _start_partitions(pdim_size: int) -> tuple[int, ...]:
+    """The start partitions the ISA allows a tile of ``pdim_size`` partitions (guide
+    L148-L150)."""
+    if pdim_size > 64:
+        return (0,)
+    if pdim_size > 32:
+        return (0, 64)
+    return (0, 32, 64, 96)
+
+
+def check_direct_placement(
+    memory: str,
+    idx: tuple,
+    location,
+    pdim_size: int,
+    fdim_size: int,
+    capacity: int,
+    min_align: int,
+    what: str,
+) -> Placement:
+    """Check the location ``ncc.sbuf/psum.alloc``'s ``func`` (or ``mod_alloc``) returned for
+    logical block ``idx`` against the allocation guide's rules, and return it.
+
+    SBUF ``(start_partition, byte_addr)``: the start partition follows the ISA rules for the
+    tile's partition count (guide L146-L150); ``byte_addr`` lies in ``[0, capacity)`` with
+    "192KiB-16KiB" usable on NeuronCore-v2 (L151-L157; ``capacity`` is the target's usable
+    SBUF per partition, so the tile must end within it too) and "must be aligned to
+    ``nki.language.constants.sbuf_min_align``" (L158). PSUM ``(bank_id, start_partition,
+    byte_addr)``: "``start_partition`` and ``byte_addr`` must both be 0" and ``fdim_size``
+    "cannot exceed 2KiB, which is the size of a single PSUM bank per partition"
+    (general/nki/api/nki/compiler/psum.py@8a38e733 L43-L56; guide L449-L454), in one of the
+    PSUM's banks."""
+    from .targets import PSUM_BANK_BYTES, PSUM_BANKS
+
+    where = f"{what}, logical block {list(idx)} placed at {location!r}"
+    width = 3 if memory == "psum" else 2
+    if (
+        not isinstance(location, tuple)
+        or len(location) != width
+        or not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in location)
+    ):
+        form = (
+            "(bank_id, start_partition, byte_addr)"
+            if memory == "psum"
+            else ("(start_partition, byte_addr)")
+        )
+        raise NKIValueError(
+            f"{where}: the allocation function must return a tuple of {width} integers {form} "
+            f"({_ALLOCATION_GUIDE} L145; general/nki/api/nki/compiler/psum.py L47)",
+            "err_unsupported_buffer",
+        )
+    bank, partition, byte = (
+        (int(v) for v in location)
+        if memory == "psum"
+        else (
+            0,
+            *(int(v) for v in location),
+        )
+    )
+    allowed = _start_partitions(pdim_size)
+    if partition not in allowed:
+        raise NKIValueError(
+            f"{where}: a tile of {pdim_size} partitions must start at partition "
+            f"{' / '.join(map(str, allowed))}, got {partition} ({_ALLOCATION_GUIDE} L146-L150)",
+            "err_unsupported_buffer",
+        )
+    if memory == "psum":
+        if partition != 0 or byte != 0:
+            raise NKIValueError(
+                f"{where}: a PSUM tile's start_partition and byte_addr must both be 0 in the "
+                "current release: one physical tile per bank "
+                "(general/nki/api/nki/compiler/psum.py@8a38e733 L56; "
+                f"{_ALLOCATION_GUIDE} L449-L451)",
+                "err_unsupported_buffer",
+            )
+        if not 0 <= bank < PSUM_BANKS:
+            raise NKIValueError(
+                f"{where}: bank_id must be one of the {PSUM_BANKS} PSUM banks 0..{PSUM_BANKS - 1}"
+                f" (general/nki/api/nki/compiler/psum.py@8a38e733 L50)",
+                "err_unsupported_buffer",
+            )
+        if fdim_size > PSUM_BANK_BYTES:
+            raise NKIValueError(
+                f"{where}: a PSUM tile cannot cross bank boundaries, its {fdim_size} bytes per "
+                f"partition exceed one {PSUM_BANK_BYTES}-byte bank ({_ALLOCATION_GUIDE} "
+                "L453-L454; general/nki/api/nki/compiler/psum.py L43-L44)",
+                "err_unsupported_buffer",
+            )
+        return Placement(bank, 0, pdim_size, 0, fdim_size)
+    if not 0 <= byte or byte + fdim_size > capacity:
+        raise NKIValueError(
+            f"{where}: the tile's {fdim_size} bytes from byte_addr {byte} must lie within the "
+            f"{capacity} bytes per partition the kernel may allocate (byte_addr in [0, "
+            f"{capacity}); {_ALLOCATION_GUIDE} L151-L157)",
+            "err_unsupported_buffer",
+        )
+    if byte % min_align:
+        raise NKIValueError(
+            f"{where}: byte_addr must be aligned to nki.language.constants.sbuf_min_align == "
+            f"{min_align} ({_ALLOCATION_GUIDE} L158)",
+            "err_unsupported_buffer",
+        )
+    return Placement(0, partition, partition + pdim_size, byte, byte + fdim_size)
+
+
+def check_placement_clashes(
+    instructions, tiles: dict[int, TileRecord], placements: dict[int, list[Placement]]
+) -> None:
+    """Raise when two logical tiles the kernel placed itself share memory while both are
+    live (from the first to the last instruction touching each): the compiler takes the
+    kernel's addresses as given ("the exact mapping between logical tile and physical tile in
+    SBUF", guide L132-L135), so overlapping tiles are a lifetime conflict (L397-L424). A tile
+    whose last use is the instruction that first writes the other (an in-place update) does
+    not clash: the instruction reads its operands before it writes."""
+    if not placements:
+        return
+    spans = _live_spans(instructions, {sid: tiles[sid] for sid in placements})
+    live = sorted(
+        (first, last, sid, block, placements[sid][block])
+        for (sid, block), (first, last) in spans.items()
+        if block < len(placements[sid])
+    )
+    active: list[tuple] = []
+    for first, last, sid, block, place in live:
+        active = [entry for entry in active if entry[1] > first]
+        for other_first, other_last, other_sid, other_block, other_place in active:
+            if place.overlaps(other_place) and tiles[sid].memory == tiles[other_sid].memory:
+                raise NKIValueError(
+                    f"lifetime conflict: logical block {other_block} of {tiles[other_sid].what}"
+                    f" and block {block} of {tiles[sid].what} are placed on overlapping memory "
+                    f"({other_place} and {place}) and are live together (instructions "
+                    f"{instructions[other_first].index}-{instructions[other_last].index} and "
+                    f"{instructions[first].index}-{instructions[last].index}); place them apart "
+                    f"or end one's use before the other's first ({_ALLOCATION_GUIDE} L132-L135, "
+                    "L397-L424)",
+                    "err_allocation_lifetime_conflict",
+                )
+        active.append((first, last, sid, block, place))
+
+
 def _uses(instructions, tiles: dict[int, TileRecord]) -> dict[tuple[int, int], list]:
     """(storage id, block) -> [[(position, writes it), ...] in issue order, first byte,
     end byte, first partition, end partition] of what the instructions touch of it."""

@@ -33,6 +33,7 @@ from .memory import (
     TileRecord,
     check_live_capacity,
     check_modulo_lifetimes,
+    check_placement_clashes,
     with_transfers,
 )
 from .targets import DEFAULT_TARGET, PMAX, PSUM_BANK_BYTES, TARGETS, get_target
@@ -92,6 +93,8 @@ class Context:
         # storage id -> (block shape, (bank, partition, free) moduli per block dimension) of
         # the tensors placed by modulo allocation (ncc.sbuf/psum.mod_alloc)
         self.modulo_tiles: dict[int, tuple] = {}
+        # storage id -> per logical block, where the kernel placed it (ncc.sbuf/psum.alloc)
+        self.placements: dict[int, list] = {}
         self.loops: list[LoopFrame] = []
         self.program_id: tuple[int, ...] = ()
         self.core = 0  # the physical core the running instance is placed on (LNC=2)
@@ -124,6 +127,7 @@ class Context:
         has (:func:`check_live_capacity`); the trace's peaks become those of the live ranges
         and its ``spill_save_bytes`` / ``spill_reload_bytes`` the spill traffic."""
         check_modulo_lifetimes(self.trace.instructions, self.tiles, self.modulo_tiles)
+        check_placement_clashes(self.trace.instructions, self.tiles, self.placements)
         peaks, plans, transfers = check_live_capacity(
             self.trace.instructions,
             self.tiles,

@@ -59,6 +59,7 @@ from ..core.instructions import (
     write_into,
 )
 from ..core.loop_index import LoopIndex, concrete
+from ..core.memory import check_direct_placement
 from ..core.runtime import (  # noqa: F401
     affine_range,
     current,
@@ -113,6 +114,7 @@ def ndarray(shape, dtype, *, buffer=None, name="", **kwargs):
     (SBUF by default; ``nl.shared_hbm`` for kernel outputs, created at the kernel's top level).
     """
     modulo = getattr(buffer, "__nki_modulo__", None)
+    place = getattr(buffer, "__nki_place__", None)
     buffer = _buffer(buffer)
     ctx = current("nl.ndarray")
     if buffer == shared_hbm:
@@ -123,7 +125,39 @@ def ndarray(shape, dtype, *, buffer=None, name="", **kwargs):
     tensor = allocate(shape, dtype, buffer, name, fill=fill)
     if modulo is not None:
         ctx.modulo_tiles[tensor.storage.id] = (tensor.shape[: tensor.par_axis], modulo)
+    if place is not None:
+        ctx.placements[tensor.storage.id] = _placements(ctx, tensor, place, buffer, name)
     return tensor
+
+
+def _placements(ctx, tensor, place, buffer, name):
+    """Evaluate the kernel's allocation function over every logical block of ``tensor``
+    ("the compiler will statically evaluate ``func`` over indices of all the logical tiles",
+    general/nki/nki_direct_allocation_guide.rst@8a38e733 L160-L161) and check each location."""
+    block_shape = tensor.shape[: tensor.par_axis]
+    pdim_size = tensor.shape[tensor.par_axis]
+    fdim_size = int(np.prod(tensor.shape[tensor.par_axis + 1 :])) * tensor.dtype.itemsize
+    memory = "psum" if buffer == psum else "sbuf"
+    capacity = (
+        ctx.target.psum_bytes_per_partition
+        if memory == "psum"
+        else ctx.target.sbuf_bytes_per_partition
+    )
+    align = tile_size.psum_min_align if memory == "psum" else tile_size.sbuf_min_align
+    what = f"{memory.upper()} tensor `{name or 'tile'}` of shape {tensor.shape}"
+    return [
+        check_direct_placement(
+            memory,
+            idx,
+            place(idx, pdim_size, fdim_size),
+            pdim_size,
+            fdim_size,
+            capacity,
+            align,
+            what,
+        )
+        for idx in np.ndindex(*block_shape)
+    ]
 
 
 _COMPREHENSIONS = ("<listcomp>", "<genexpr>", "<dictcomp>", "<setcomp>")

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import simulate as nki
+import simulate.compiler as ncc
 import simulate.isa as nisa
 import simulate.language as nl
 from simulate.core.errors import NKIError
@@ -909,6 +910,176 @@ def indirect_load_with_arange(x):
     return out
 
 
+# --- direct allocation (general/nki/nki_direct_allocation_guide.rst@8a38e733, "D") ----------
+# the twins place the kernel's tiles with ncc.sbuf/psum.alloc and mod_alloc as AWS's
+# attention tutorial does (general/nki/examples/attention/attention_kernels.py L926-L1022)
+
+
+def _at(start_partition, byte_addr):
+    def place(idx, pdim_size, fdim_size):
+        return (start_partition, byte_addr)
+
+    return place
+
+
+def _in_bank(bank, start_partition=0, byte_addr=0):
+    def place(idx, pdim_size, fdim_size):
+        return (bank, start_partition, byte_addr)
+
+    return place
+
+
+def _double_via_sbuf(x, out, tile_buffer, rows=128):
+    tile = nl.ndarray((nl.par_dim(rows), 512), dtype=nl.float32, buffer=tile_buffer)
+    tile[...] = nl.load(x[0:rows, :])
+    nl.store(out[0:rows, :], value=nisa.tensor_scalar(data=tile, op0=nl.multiply, operand0=2.0))
+
+
+def full_tile_from_partition_32(x):  # D L148: 64 < pdim_size <= 128 starts at partition 0
+    out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+    _double_via_sbuf(x, out, ncc.sbuf.alloc(_at(32, 0)))
+    return out
+
+
+def full_tile_from_partition_0(x):
+    out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+    _double_via_sbuf(x, out, ncc.sbuf.alloc(_at(0, 0)))
+    return out
+
+
+def half_tile_from_partition_32(x):  # D L149: 32 < pdim_size <= 64 starts at 0 or 64
+    out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+    _double_via_sbuf(x, out, ncc.sbuf.alloc(_at(32, 0)), rows=64)
+    return out
+
+
+def half_tile_from_partition_64(x):
+    out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+    _double_via_sbuf(x, out, ncc.sbuf.alloc(_at(64, 0)), rows=64)
+    return out
+
+
+def tile_past_usable_sbuf(x):  # D L151-157: byte_addr in [0, (192-16) KiB) on NeuronCore-v2
+    out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+    _double_via_sbuf(x, out, ncc.sbuf.alloc(_at(0, (192 - 16) * 1024 - 1024)))
+    return out
+
+
+def tile_at_end_of_usable_sbuf(x):
+    out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+    _double_via_sbuf(x, out, ncc.sbuf.alloc(_at(0, (192 - 16) * 1024 - 2048)))
+    return out
+
+
+def sbuf_mod_alloc_from_partition_32(x):  # sbuf.py L131: base_partition must be 0
+    out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+    _double_via_sbuf(x, out, ncc.sbuf.mod_alloc(base_addr=0, base_partition=32))
+    return out
+
+
+def sbuf_mod_alloc_from_partition_0(x):
+    out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+    _double_via_sbuf(x, out, ncc.sbuf.mod_alloc(base_addr=0, base_partition=0))
+    return out
+
+
+def _transpose_via_psum(x, out, psum_buffer):
+    identity = nl.shared_constant(np.identity(128, dtype=np.int8), dtype=nl.float32)
+    eye = nl.ndarray((nl.par_dim(128), 128), dtype=nl.float32, buffer=ncc.sbuf.alloc(_at(0, 0)))
+    eye[...] = nl.load(identity)
+    tile = nl.ndarray((nl.par_dim(128), 128), dtype=nl.float32, buffer=ncc.sbuf.alloc(_at(0, 512)))
+    tile[...] = nl.load(x[:, 0:128])
+    product = nl.ndarray((nl.par_dim(128), 128), dtype=nl.float32, buffer=psum_buffer)
+    product[...] = nisa.nc_matmul(tile, eye)
+    nl.store(out, value=nl.copy(product))
+
+
+def psum_mod_alloc_at_byte_512(x):  # D L449: psum mod_alloc base_addr must be 0
+    out = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.shared_hbm)
+    _transpose_via_psum(x, out, ncc.psum.mod_alloc(base_bank=1, base_addr=512))
+    return out
+
+
+def psum_mod_alloc_at_byte_0(x):
+    out = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.shared_hbm)
+    _transpose_via_psum(x, out, ncc.psum.mod_alloc(base_bank=1, base_addr=0))
+    return out
+
+
+def psum_alloc_at_byte_512(x):  # psum.py L56: start_partition and byte_addr both 0
+    out = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.shared_hbm)
+    _transpose_via_psum(x, out, ncc.psum.alloc(_in_bank(2, byte_addr=512)))
+    return out
+
+
+def psum_alloc_at_bank_start(x):
+    out = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.shared_hbm)
+    _transpose_via_psum(x, out, ncc.psum.alloc(_in_bank(2)))
+    return out
+
+
+def psum_alloc_in_bank_8(x):  # psum.py L50: bank_id is one of the 8 PSUM banks
+    out = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.shared_hbm)
+    _transpose_via_psum(x, out, ncc.psum.alloc(_in_bank(8)))
+    return out
+
+
+def psum_alloc_in_bank_7(x):
+    out = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.shared_hbm)
+    _transpose_via_psum(x, out, ncc.psum.alloc(_in_bank(7)))
+    return out
+
+
+def _two_tiles(x, out, second_byte_addr, second_after_first):
+    """Two SBUF tiles the kernel places itself, the second at ``second_byte_addr``; both
+    live at once unless ``second_after_first``."""
+    first = nl.ndarray((nl.par_dim(128), 256), dtype=nl.float32, buffer=ncc.sbuf.alloc(_at(0, 0)))
+    second = nl.ndarray(
+        (nl.par_dim(128), 256), dtype=nl.float32, buffer=ncc.sbuf.alloc(_at(0, second_byte_addr))
+    )
+    first[...] = nl.load(x[:, 0:256])
+    if second_after_first:
+        nl.store(out[:, 0:256], value=nl.copy(first))
+    second[...] = nl.load(x[:, 256:512])
+    if not second_after_first:
+        nl.store(out[:, 0:256], value=nl.copy(first))
+    nl.store(out[:, 256:512], value=nl.copy(second))
+
+
+def live_tiles_overlapping(x):  # D L132-135, L397-424: the kernel's addresses are honoured
+    out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+    _two_tiles(x, out, 512, second_after_first=False)
+    return out
+
+
+def live_tiles_side_by_side(x):
+    out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+    _two_tiles(x, out, 1024, second_after_first=False)
+    return out
+
+
+def tiles_sharing_an_address_one_after_the_other(x):
+    out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+    _two_tiles(x, out, 0, second_after_first=True)
+    return out
+
+
+def tiles_sharing_an_address_while_both_live(x):
+    out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+    _two_tiles(x, out, 0, second_after_first=False)
+    return out
+
+
+def _one_location(idx, pdim_size, fdim_size):
+    return 0
+
+
+def sbuf_alloc_function_returning_one_integer(x):  # D L145: (start_partition, byte_addr)
+    out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+    _double_via_sbuf(x, out, ncc.sbuf.alloc(_one_location))
+    return out
+
+
 CASES = [  # (illegal, legal twin, error key, target or (illegal's, twin's target))
     (activation_bias_int8, activation_bias_bf16, "err_activation_bias_invalid_type", None),
     (activation_scale_fp16, activation_scale_fp32, "err_activation_scale_invalid_type", None),
@@ -1020,6 +1191,36 @@ CASES = [  # (illegal, legal twin, error key, target or (illegal's, twin's targe
         None,
     ),
     (indirect_load_with_mgrid, indirect_load_with_arange, "err_indirect_indexing_with_mgrid", None),
+    (full_tile_from_partition_32, full_tile_from_partition_0, "must start at partition 0,", None),
+    (half_tile_from_partition_32, half_tile_from_partition_64, "start at partition 0 / 64,", None),
+    (tile_past_usable_sbuf, tile_at_end_of_usable_sbuf, "must lie within the 180224 bytes", None),
+    (
+        sbuf_mod_alloc_from_partition_32,
+        sbuf_mod_alloc_from_partition_0,
+        "err_unsupported_buffer.*base_partition must be 0",
+        None,
+    ),
+    (
+        psum_mod_alloc_at_byte_512,
+        psum_mod_alloc_at_byte_0,
+        "err_unsupported_buffer.*base_addr must be 0",
+        None,
+    ),
+    (psum_alloc_at_byte_512, psum_alloc_at_bank_start, "byte_addr must both be 0", None),
+    (psum_alloc_in_bank_8, psum_alloc_in_bank_7, "one of the 8 PSUM banks", None),
+    (live_tiles_overlapping, live_tiles_side_by_side, "err_allocation_lifetime_conflict", None),
+    (
+        tiles_sharing_an_address_while_both_live,
+        tiles_sharing_an_address_one_after_the_other,
+        "err_allocation_lifetime_conflict.*overlapping memory",
+        None,
+    ),
+    (
+        sbuf_alloc_function_returning_one_integer,
+        full_tile_from_partition_0,
+        "must return a tuple of 2 integers",
+        None,
+    ),
 ]
 
 
