@@ -95,6 +95,8 @@ class Context:
         self.modulo_tiles: dict[int, tuple] = {}
         # storage id -> per logical block, where the kernel placed it (ncc.sbuf/psum.alloc)
         self.placements: dict[int, list] = {}
+        # "automatic" / "direct": how the kernel's SBUF/PSUM tensor declarations are placed
+        self.declared_allocation_kinds: set[str] = set()
         self.loops: list[LoopFrame] = []
         self.program_id: tuple[int, ...] = ()
         self.core = 0  # the physical core the running instance is placed on (LNC=2)

@@ -97,15 +97,39 @@ def _buffer(buffer) -> str:
     if buffer is None:
         return sbuf
     name = getattr(buffer, "__nki_buffer__", buffer)
-    if name is not buffer:  # an ncc.sbuf / ncc.psum allocator: an allocated kernel
-        current("allocation").allocated = True
+    ctx = current("allocation")
+    if getattr(buffer, "__nki_place__", None) is not None:  # the kernel places its tiles
+        ctx.allocated = True
     if name not in _BUFFERS:
         raise NKIValueError(
             f"buffer={buffer!r} is not one of nl.sbuf, nl.psum, nl.hbm, "
             "nl.private_hbm, nl.shared_hbm",
             "err_unsupported_buffer",
         )
+    if name in (sbuf, psum):
+        _check_one_allocation_kind(ctx, getattr(buffer, "__nki_place__", None) is not None)
     return name
+
+
+def _check_one_allocation_kind(ctx, direct: bool) -> None:
+    """ "All SBUF tensors in a kernel must either all be marked as ``auto_alloc()``, or all be
+    allocated with ``alloc`` or ``mod_alloc``"; "programmers cannot mix NKI tensor
+    declarations using automatic allocation (``ncc.sbuf.auto_alloc()`` or the PSUM variant)
+    and direction allocation APIs ... in the same kernel", and ``buffer=nl.sbuf`` "is
+    equivalent to ``buffer=ncc.sbuf.auto_alloc()``" (general/nki/api/nki/compiler/sbuf.py
+    @8a38e733 L59-L61, L142-L145; psum.py L60-L62). Tiles that instructions return without
+    a declaration are not declarations and are not counted."""
+    kind = "direct" if direct else "automatic"
+    ctx.declared_allocation_kinds.add(kind)
+    if len(ctx.declared_allocation_kinds) > 1:
+        raise NKIValueError(
+            f"this {kind}ally allocated SBUF/PSUM tensor declaration joins declarations of the "
+            "other kind: a kernel declares its on-chip tensors either all with automatic "
+            "allocation (nl.sbuf, nl.psum, ncc.*.auto_alloc()) or all with direct allocation "
+            "(ncc.sbuf/psum.alloc, mod_alloc) (general/nki/api/nki/compiler/sbuf.py@8a38e733 "
+            "L59-L61, L142-L145; psum.py L60-L62)",
+            "err_unsupported_buffer",
+        )
 
 
 # --- creation --------------------------------------------------------------------------------

@@ -468,15 +468,16 @@ def test_api_outside_a_kernel_and_bad_targets():
 
 def test_tiles_a_kernel_places_itself_are_not_spilled():
     """Spilling is the compiler allocator's (general/nki/nki_direct_allocation_guide.rst L97):
-    a kernel that places its tiles itself (ncc.sbuf.mod_alloc) and keeps more live than the
-    target's SBUF holds is an error naming the limit, not a spill."""
+    a kernel that places its tiles itself (ncc.sbuf.mod_alloc) side by side past the
+    target's usable SBUF is an error naming the limit ("byte_addr ... from 0 (inclusive) to
+    192KiB-16KiB", L151-L157), not a spill."""
     import simulate.compiler as ncc
 
     def kernel(x):
         out = nl.ndarray((128, 1), nl.float32, buffer=nl.shared_hbm)
         tiles = [
-            nl.ndarray((128, 25_000), nl.float32, buffer=ncc.sbuf.mod_alloc(base_addr=0))
-            for _ in range(2)
+            nl.ndarray((128, 25_000), nl.float32, buffer=ncc.sbuf.mod_alloc(base_addr=i * 100_000))
+            for i in range(2)
         ]
         for t in tiles:
             t[...] = nl.full((128, 25_000), 1.0, nl.float32)
@@ -485,5 +486,7 @@ def test_tiles_a_kernel_places_itself_are_not_spilled():
         return out
 
     nki.trace_kernel(kernel, X, target="trn3")  # 245,752 B hold both
-    with pytest.raises(CapacityError, match="allocated itself need 200000 of the target's 180224"):
+    with pytest.raises(
+        ValueError, match="100000 bytes from byte_addr 100000 must lie within the 180224"
+    ):
         nki.trace_kernel(kernel, X, target="trn1")

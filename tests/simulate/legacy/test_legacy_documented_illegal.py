@@ -1080,6 +1080,26 @@ def sbuf_alloc_function_returning_one_integer(x):  # D L145: (start_partition, b
     return out
 
 
+def _copy_twice(x, out, second_buffer):
+    first = nl.ndarray((nl.par_dim(128), 512), dtype=nl.float32, buffer=ncc.sbuf.alloc(_at(0, 0)))
+    second = nl.ndarray((nl.par_dim(128), 512), dtype=nl.float32, buffer=second_buffer)
+    first[...] = nl.load(x)
+    second[...] = nisa.tensor_copy(first)
+    nl.store(out, value=second)
+
+
+def direct_and_automatic_declarations(x):  # sbuf.py L59-61, L142-145: one kind per kernel
+    out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+    _copy_twice(x, out, nl.sbuf)
+    return out
+
+
+def direct_declarations_only(x):
+    out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+    _copy_twice(x, out, ncc.sbuf.alloc(_at(0, 2048)))
+    return out
+
+
 CASES = [  # (illegal, legal twin, error key, target or (illegal's, twin's target))
     (activation_bias_int8, activation_bias_bf16, "err_activation_bias_invalid_type", None),
     (activation_scale_fp16, activation_scale_fp32, "err_activation_scale_invalid_type", None),
@@ -1219,6 +1239,12 @@ CASES = [  # (illegal, legal twin, error key, target or (illegal's, twin's targe
         sbuf_alloc_function_returning_one_integer,
         full_tile_from_partition_0,
         "must return a tuple of 2 integers",
+        None,
+    ),
+    (
+        direct_and_automatic_declarations,
+        direct_declarations_only,
+        "err_unsupported_buffer.*either all with automatic",
         None,
     ),
 ]
