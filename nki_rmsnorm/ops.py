@@ -146,7 +146,7 @@ def rms_norm_fwd(
     offset = _offset(offset, weight)
     _casting_mode(casting_mode)
     out_dtype = x.dtype if out_dtype is None else _dtype(out_dtype, "out_dtype")
-    transposed = _output_layout(output_layout, x, weight)
+    transposed = check_output_layout(output_layout, x, weight)
 
     h = (
         x
@@ -208,9 +208,10 @@ _PARTITIONS = 128
 OUTPUT_LAYOUTS = ("rows", "transposed")
 
 
-def _output_layout(output_layout, x, weight) -> bool:
+def check_output_layout(output_layout, x, weight) -> bool:
     """Whether ``output_layout`` asks for rmsnorm_tkg's transposed y; its requirements
-    checked before any launch."""
+    checked before any launch. ``x`` and ``weight`` need only ``shape`` (and ``ndim``), so
+    the PyTorch and JAX bindings check their tensors with it too."""
     if not isinstance(output_layout, str) or output_layout not in OUTPUT_LAYOUTS:
         raise ValueError(f"output_layout must be one of {OUTPUT_LAYOUTS}, got {output_layout!r}")
     if output_layout == "rows":
