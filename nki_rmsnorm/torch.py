@@ -1058,7 +1058,7 @@ def rms_norm(
     )
     rows = input.reshape(-1, hidden)
     weight = None if weight is None else weight.reshape(hidden)
-    if ops.check_output_layout(output_layout, rows, weight):
+    if ops.check_output_layout(output_layout, rows, weight, check_dialect=False):
         y_t, _ = _rms_norm_fwd_transposed(
             rows,
             weight,
@@ -1113,7 +1113,7 @@ def fused_add_rms_norm(
     _, hidden, eps, offset = _check_args(
         input, input.shape[-1:], weight, bias, residual, eps, offset, casting_mode, out_dtype
     )
-    if ops.check_output_layout(output_layout, input, weight):
+    if ops.check_output_layout(output_layout, input, weight, check_dialect=False):
         y_t, h, _ = _rms_norm_add_fwd_transposed(
             input.reshape(-1, hidden),
             residual.reshape(-1, hidden),

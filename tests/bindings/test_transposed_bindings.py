@@ -128,6 +128,24 @@ def test_torch_gradients_are_the_row_layouts(rng, residual):
         torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
+def test_torch_compile_fullgraph(rng):
+    """``torch.compile(fullgraph=True)``: no graph break, the eager bytes, and the backward."""
+    torch._dynamo.reset()
+    x, _, w, _ = (torch.from_numpy(a) for a in _arrays(rng, (3, 256), np.float32))
+
+    def forward(x, w):
+        return nki_torch.rms_norm(x, 256, w, EPS, output_layout="transposed")
+
+    compiled = torch.compile(forward, backend="aot_eager", fullgraph=True)
+    xs = x.clone().requires_grad_()
+    y_t = compiled(xs, w)
+    torch.testing.assert_close(y_t, forward(x, w), rtol=0, atol=0)
+    y_t.square().sum().backward()
+    xe = x.clone().requires_grad_()
+    forward(xe, w).square().sum().backward()
+    torch.testing.assert_close(xs.grad, xe.grad, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
 def test_torch_fake_shapes_and_opcheck(rng, residual):
     x, r, w, b = (nki_torch._from_numpy(a) for a in _arrays(rng, (4, 256), BF16))
