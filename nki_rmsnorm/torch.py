@@ -369,6 +369,23 @@ class _SimulatorLaunch:
         return tuple(_from_numpy(a) for a in outputs)
 
     @staticmethod
+    def forward_transposed(x, weight, bias, residual, options: _ForwardOptions):
+        """The forward with y in rmsnorm_tkg's transposed layout (NKI 0.6 kernels)."""
+        outputs = ops.rms_norm_fwd(
+            _to_numpy(x),
+            _to_numpy_or_none(weight),
+            options.eps,
+            offset=options.offset,
+            bias=_to_numpy_or_none(bias),
+            residual=_to_numpy_or_none(residual),
+            casting_mode=options.casting_mode,
+            out_dtype=_numpy_dtype(options.out_dtype),
+            output_layout="transposed",
+        )
+        _record("simulator", options.dialect)
+        return tuple(_from_numpy(a) for a in outputs)
+
+    @staticmethod
     def backward(dy, x_or_h, weight, rstd, dh_out, options: _BackwardOptions):
         dx, dweight, dbias = ops.rms_norm_bwd(
             _to_numpy(dy),
@@ -503,6 +520,24 @@ class _XlaLaunch:
         return tuple(kernel(x, residual, weight, bias, *constants))
 
     @classmethod
+    def forward_transposed(cls, x, weight, bias, residual, options: _ForwardOptions):
+        """The transposed forward: NKI 0.6 kernels only, so never through ``nki_jit``; the
+        return-convention kernel is called with the XLA tensors."""
+        cls._nki_jit(x.device.type, options.dialect)
+        _record("nki.jit", options.dialect)
+        constants = (
+            options.eps,
+            options.offset,
+            options.casting_mode,
+            _nki_dtype(options.out_dtype, options.dialect),
+        )
+        if residual is None:
+            kernel = kernels.kernel("rmsnorm_fwd_transposed", options.dialect)
+            return tuple(kernel(x, weight, bias, *constants))
+        kernel = kernels.kernel("rmsnorm_add_fwd_transposed", options.dialect)
+        return tuple(kernel(x, residual, weight, bias, *constants))
+
+    @classmethod
     def backward(cls, dy, x_or_h, weight, rstd, dh_out, options: _BackwardOptions):
         nki_jit = cls._nki_jit(x_or_h.device.type, options.dialect)
         if nki_jit is not None:
@@ -531,6 +566,14 @@ class _NeuronLaunch:
     def forward(x, weight, bias, residual, options: _ForwardOptions):
         _record("neuron", options.dialect)
         return _launch_output_kernels(_direct, x, weight, bias, residual, options)
+
+    @staticmethod
+    def forward_transposed(x, weight, bias, residual, options: _ForwardOptions):
+        raise NotImplementedError(
+            "output_layout='transposed' on TorchNeuron ('neuron' device) needs an "
+            "output-parameter form of rmsnorm_fwd_transposed, which is not written yet; "
+            "use output_layout='rows', or an 'xla' device (the nki.jit kernel)"
+        )
 
     @staticmethod
     def backward(dy, x_or_h, weight, rstd, dh_out, options: _BackwardOptions):
@@ -910,22 +953,11 @@ def _empty_transposed(x, residual, out_dtype):
 
 
 def _forward_transposed(x, residual, weight, bias, eps, offset, casting_mode, out_dtype):
+    """Both transposed operators: launch on ``x``'s device, or nothing without rows."""
     if x.shape[0] == 0:
         return _empty_transposed(x, residual, out_dtype)
-    _require_cpu(x, "output_layout='transposed'")
-    outputs = ops.rms_norm_fwd(
-        _to_numpy(x),
-        _to_numpy_or_none(weight),
-        eps,
-        offset=offset,
-        bias=_to_numpy_or_none(bias),
-        residual=_to_numpy_or_none(residual),
-        casting_mode=casting_mode,
-        out_dtype=_numpy_dtype(out_dtype),
-        output_layout="transposed",
-    )
-    _record("simulator", dialect.current())
-    return tuple(_from_numpy(a) for a in outputs)
+    options = _ForwardOptions(eps, offset, casting_mode, out_dtype, dialect.current())
+    return _launcher(x.device).forward_transposed(x, weight, bias, residual, options)
 
 
 @torch.library.custom_op("nki_rmsnorm::rms_norm_fwd_transposed", mutates_args=())
@@ -1045,8 +1077,9 @@ def rms_norm(
             decode kernel ``rmsnorm_tkg``, ``(128, M, N // 128)`` with M the leading dims
             flattened, N the hidden size and ``y_t[p, m, k] = y[m, p · (N // 128) + k]``
             (:func:`nki_rmsnorm.ops.rms_norm_fwd`), the same bits as "rows". Needs N
-            divisible by 128 and the NKI 0.6 kernels (trn2/trn3); runs the simulated kernel
-            on CPU (or shapes only on "meta"). Differentiable: the backward rearranges the
+            divisible by 128 and the NKI 0.6 kernels (trn2/trn3); runs on CPU (simulated),
+            "xla" (the ``nki.jit`` kernel) and "meta", not yet on TorchNeuron's "neuron"
+            device (no output-parameter form). Differentiable: the backward rearranges the
             gradient back to rows and runs the row-layout backward (through
             ``torch.autograd``; the ``torch.func`` transforms take the "rows" form only).
 

@@ -6,6 +6,9 @@ rearranged gradient, the fake (meta) shapes and ``torch.library.opcheck``, and b
 
 from __future__ import annotations
 
+import sys
+import types
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -14,6 +17,8 @@ from nki_rmsnorm import dialect, ops
 from nki_rmsnorm import reference as ref
 
 torch = pytest.importorskip("torch")
+
+from dialect_launches import record_launches  # noqa: E402
 
 from nki_rmsnorm import torch as nki_torch  # noqa: E402
 
@@ -126,6 +131,33 @@ def test_torch_gradients_are_the_row_layouts(rng, residual):
     for got, want in zip(grads("transposed"), grads("rows")):
         assert got is not None
         torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
+def test_torch_xla_launch_runs_the_nki_jit_kernel(rng, monkeypatch, residual):
+    """CPU tensors routed through the "xla" launcher (a ``torch_neuronx`` without
+    ``nki_jit``, as on every SDK with NKI 0.6): the return-convention transposed kernel is
+    called with the tensors, the simulator path's bytes; TorchNeuron has no such form yet."""
+    x, r, w, _ = (nki_torch._from_numpy(a) for a in _arrays(rng, (5, 512), BF16))
+    if residual:
+        want = nki_torch.fused_add_rms_norm(x, r, w, EPS, output_layout="transposed")
+    else:
+        want = (nki_torch.rms_norm(x, 512, w, EPS, output_layout="transposed"),)
+    monkeypatch.setitem(sys.modules, "torch_neuronx", types.ModuleType("torch_neuronx"))
+    monkeypatch.setitem(nki_torch.LAUNCHERS, "cpu", nki_torch.LAUNCHERS["xla"])
+    launches = record_launches(monkeypatch)
+    if residual:
+        got = nki_torch.fused_add_rms_norm(x, r, w, EPS, output_layout="transposed")
+    else:
+        got = (nki_torch.rms_norm(x, 512, w, EPS, output_layout="transposed"),)
+    assert nki_torch.last_launch_path == "nki.jit"
+    name = "rmsnorm_add_fwd_transposed" if residual else "rmsnorm_fwd_transposed"
+    assert [(launch.dialect, launch.kernel) for launch in launches] == [("nki06", name)]
+    for g, want_tensor in zip(got, want, strict=True):
+        assert g.dtype == want_tensor.dtype and torch.equal(g, want_tensor)
+    monkeypatch.setitem(nki_torch.LAUNCHERS, "cpu", nki_torch.LAUNCHERS["neuron"])
+    with pytest.raises(NotImplementedError, match="TorchNeuron"):
+        nki_torch.rms_norm(x, 512, w, EPS, output_layout="transposed")
 
 
 def test_torch_compile_fullgraph(rng):
