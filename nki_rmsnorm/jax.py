@@ -702,6 +702,88 @@ _rms_norm_2d.defvjp(_rms_norm_2d_fwd, _rms_norm_2d_bwd)
 
 
 # ---------------------------------------------------------------------------------------------
+# The forward with y in rmsnorm_tkg's transposed layout (ops.rms_norm_fwd's output_layout)
+# ---------------------------------------------------------------------------------------------
+
+#: Partitions of a NeuronCore: the leading axis of y in the transposed layout.
+_PARTITIONS = 128
+
+
+def _transposed_outputs(cfg: _Config, x):
+    """Shapes and dtypes of ``(y_t, [h], rstd)`` for 2-D ``x``: y_t ``(128, M, N // 128)``."""
+    rows, n = x.shape
+    described = [((_PARTITIONS, rows, n // _PARTITIONS), x.dtype)]
+    if cfg.residual_dtype is not None:
+        described.append((x.shape, cfg.residual_dtype))
+    described.append(((rows,), jnp.float32))
+    return _structs(*described)
+
+
+def _simulate_forward_transposed(cfg: _Config, outputs, x, weight, bias, residual) -> None:
+    """Host side of the ``"simulator"`` path of the transposed forward, in ``cfg``'s
+    dialect."""
+    with dialect.use_dialect(cfg.dialect):
+        results = ops.rms_norm_fwd(
+            x,
+            weight,
+            cfg.eps,
+            offset=cfg.offset,
+            bias=bias,
+            residual=residual,
+            casting_mode=cfg.casting_mode,
+            output_layout="transposed",
+        )
+    for out, result in zip(outputs, results):
+        out[...] = result
+
+
+def _forward_transposed(cfg: _Config, x, weight, bias, residual):
+    """``(outputs, rstd)``: outputs ``(y_t,)`` or ``(y_t, h)``. Launched through
+    ``nki.jit`` on a Neuron backend, else simulated in a host callback (the ``nki_call``
+    path runs legacy kernels only, which have no transposed form)."""
+    types = _transposed_outputs(cfg, x)
+    if x.shape[0] == 0:
+        *outputs, rstd = (jnp.zeros(t.shape, t.dtype) for t in types)
+        return tuple(outputs), rstd
+    if launch_path(cfg.dialect) == "nki.jit":
+        options = (cfg.eps, cfg.offset, cfg.casting_mode, None)
+        if residual is None:
+            kernel = kernels.kernel("rmsnorm_fwd_transposed", cfg.dialect)
+            launched = kernel(x, weight, bias, *options)
+        else:
+            kernel = kernels.kernel("rmsnorm_add_fwd_transposed", cfg.dialect)
+            launched = kernel(x, residual, weight, bias, *options)
+    else:
+        host = functools.partial(_simulate_forward_transposed, cfg)
+        launched = _host_call(host, types, x, weight, bias, residual)
+    *outputs, rstd = launched
+    return tuple(outputs), rstd
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _rms_norm_2d_transposed(cfg: _Config, x, weight, bias, residual):
+    return _forward_transposed(cfg, x, weight, bias, residual)[0]
+
+
+def _rms_norm_2d_transposed_fwd(cfg: _Config, x, weight, bias, residual):
+    validation.check_backward_hidden(x.shape[-1])
+    outputs, rstd = _forward_transposed(cfg, x, weight, bias, residual)
+    x_or_h = x if residual is None else outputs[1]
+    return outputs, (x_or_h, weight, rstd)
+
+
+def _rms_norm_2d_transposed_bwd(cfg: _Config, saved, cotangents):
+    """The row-layout backward on the gradient of y_t rearranged back to ``(M, N)`` rows:
+    the transposed forward computes the same y, only stored elsewhere."""
+    parts, rows, per_partition = cotangents[0].shape
+    dy = jnp.reshape(jnp.transpose(cotangents[0], (1, 0, 2)), (rows, parts * per_partition))
+    return _rms_norm_2d_bwd(cfg, saved, (dy, *cotangents[1:]))
+
+
+_rms_norm_2d_transposed.defvjp(_rms_norm_2d_transposed_fwd, _rms_norm_2d_transposed_bwd)
+
+
+# ---------------------------------------------------------------------------------------------
 # Public API
 # ---------------------------------------------------------------------------------------------
 
@@ -798,7 +880,16 @@ def _fused_add_rms_norm_rows(cfg: _Config, x, residual, weight, bias):
     return jnp.reshape(y, x.shape), jnp.reshape(h, x.shape)
 
 
-def rms_norm(x, weight=None, eps=1e-6, *, offset=0.0, bias=None, casting_mode="gemma"):
+def rms_norm(
+    x,
+    weight=None,
+    eps=1e-6,
+    *,
+    offset=0.0,
+    bias=None,
+    casting_mode="gemma",
+    output_layout="rows",
+):
     """RMSNorm over the last axis: ``y = x · rsqrt(mean(x²) + eps) · (weight + offset) + bias``.
 
     Args:
@@ -809,23 +900,44 @@ def rms_norm(x, weight=None, eps=1e-6, *, offset=0.0, bias=None, casting_mode="g
         bias: ``(H,)``, float32 or ``x``'s dtype, added after scaling, or None.
         casting_mode: "gemma" (fp32 math, one rounding), "llama" (``x·rstd`` rounded to
             ``x``'s dtype before the weight multiply, as HF LlamaRMSNorm) or "none".
+        output_layout: "rows" (default) or "transposed": y in the layout of nki-library's
+            decode kernel ``rmsnorm_tkg``, ``(128, M, H // 128)`` with M the leading axes
+            flattened and ``y_t[p, m, k] = y[m, p · (H // 128) + k]``
+            (:func:`nki_rmsnorm.ops.rms_norm_fwd`), the same bits as "rows". Needs H
+            divisible by 128 and the NKI 0.6 kernels (trn2/trn3). Differentiable (the
+            backward is the row-layout one on the gradient rearranged back to rows); the
+            rows are not kept sharded as "rows" keeps them (y_t has no row axis first).
 
     Returns:
-        ``y`` of ``x``'s shape and dtype; differentiable in ``x``, ``weight`` and ``bias``.
+        ``y`` of ``x``'s shape and dtype (``(128, M, H // 128)`` when transposed);
+        differentiable in ``x``, ``weight`` and ``bias``.
     """
     cfg = _config(x, weight, bias, None, eps, offset, casting_mode)
+    if ops.check_output_layout(output_layout, x, weight):
+        weight, bias = _vary_like((weight, bias), x)
+        rows = jnp.reshape(x, (-1, x.shape[-1]))
+        return _rms_norm_2d_transposed(cfg, rows, weight, bias, None)[0]
     if _eager_on_devices(x):
         return _jitted(_rms_norm_rows, cfg, 1)(x, weight, bias)
     return _on_own_rows(functools.partial(_rms_norm_rows, cfg), (x,), (weight, bias))
 
 
 def fused_add_rms_norm(
-    x, residual, weight, eps=1e-6, *, offset=0.0, bias=None, casting_mode="gemma"
+    x,
+    residual,
+    weight,
+    eps=1e-6,
+    *,
+    offset=0.0,
+    bias=None,
+    casting_mode="gemma",
+    output_layout="rows",
 ):
     """``h = x + residual`` and ``y = rms_norm(h)`` over the last axis, in one kernel.
 
     Arguments as :func:`rms_norm`; ``residual`` has ``x``'s shape and its dtype or float32
-    (an fp32 residual stream).
+    (an fp32 residual stream); ``output_layout="transposed"`` gives ``y`` in rmsnorm_tkg's
+    ``(128, M, H // 128)`` layout as in :func:`rms_norm`, ``h`` keeping ``x``'s shape.
 
     Returns:
         ``(y, h)`` of ``x``'s shape, ``y`` in ``x``'s dtype and ``h`` in the residual's;
@@ -834,6 +946,12 @@ def fused_add_rms_norm(
     if residual is None:
         raise TypeError("residual must be an array, got None; use rms_norm without one")
     cfg = _config(x, weight, bias, residual, eps, offset, casting_mode)
+    if ops.check_output_layout(output_layout, x, weight):
+        x, residual, weight, bias = _vary_like((x, residual, weight, bias), x, residual)
+        hidden = x.shape[-1]
+        x_rows, residual_rows = (jnp.reshape(a, (-1, hidden)) for a in (x, residual))
+        y_t, h = _rms_norm_2d_transposed(cfg, x_rows, weight, bias, residual_rows)
+        return y_t, jnp.reshape(h, x.shape)
     if _eager_on_devices(x):
         return _jitted(_fused_add_rms_norm_rows, cfg, 2)(x, residual, weight, bias)
     return _on_own_rows(

@@ -146,7 +146,7 @@ def rms_norm_fwd(
     offset = _offset(offset, weight)
     _casting_mode(casting_mode)
     out_dtype = x.dtype if out_dtype is None else _dtype(out_dtype, "out_dtype")
-    transposed = _output_layout(output_layout, x, weight)
+    transposed = check_output_layout(output_layout, x, weight)
 
     h = (
         x
@@ -208,9 +208,12 @@ _PARTITIONS = 128
 OUTPUT_LAYOUTS = ("rows", "transposed")
 
 
-def _output_layout(output_layout, x, weight) -> bool:
+def check_output_layout(output_layout, x, weight, *, check_dialect: bool = True) -> bool:
     """Whether ``output_layout`` asks for rmsnorm_tkg's transposed y; its requirements
-    checked before any launch."""
+    checked before any launch. ``x`` and ``weight`` need only ``shape`` (and ``ndim``), so
+    the PyTorch and JAX bindings check their tensors with it too; ``check_dialect=False``
+    leaves the dialect to the launch (torch's functions: ``torch.compile`` traces them, and
+    the target's dialect is resolved by the operator at each call, not in the graph)."""
     if not isinstance(output_layout, str) or output_layout not in OUTPUT_LAYOUTS:
         raise ValueError(f"output_layout must be one of {OUTPUT_LAYOUTS}, got {output_layout!r}")
     if output_layout == "rows":
@@ -227,7 +230,7 @@ def _output_layout(output_layout, x, weight) -> bool:
             f"output_layout='transposed' takes an (N,) weight, got a per-head "
             f"weight of shape {weight.shape}"
         )
-    if dialect.current() == dialect.LEGACY:
+    if check_dialect and dialect.current() == dialect.LEGACY:
         raise ValueError(
             "output_layout='transposed' needs the NKI 0.6 kernels (trn2/trn3 on "
             "SDK 2.31+): it writes y through an .ap() access pattern, which the "

@@ -15,6 +15,11 @@ the forward and backward passes are four ``torch.library`` custom operators on
                                   bias_dtype?, casting_mode)
         -> [dx, dresidual, dweight?, dbias?]
 
+and, for ``output_layout="transposed"`` (y as nki-library's ``rmsnorm_tkg`` writes it,
+``(128, rows, hidden // 128)``), ``nki_rmsnorm::rms_norm_fwd_transposed`` and
+``nki_rmsnorm::rms_norm_add_fwd_transposed`` with the forward operators' arguments and
+outputs, whose backward is the row-layout one on the gradient rearranged back to rows.
+
 Their dtype arguments are dtype names ("float32", "bfloat16", "float16"), not ``torch.dtype``:
 a ``ScalarType`` in an operator schema reaches Python through the dispatcher's own conversion,
 which crashes the process on an out-of-range integer before any check could run. Every
@@ -364,6 +369,23 @@ class _SimulatorLaunch:
         return tuple(_from_numpy(a) for a in outputs)
 
     @staticmethod
+    def forward_transposed(x, weight, bias, residual, options: _ForwardOptions):
+        """The forward with y in rmsnorm_tkg's transposed layout (NKI 0.6 kernels)."""
+        outputs = ops.rms_norm_fwd(
+            _to_numpy(x),
+            _to_numpy_or_none(weight),
+            options.eps,
+            offset=options.offset,
+            bias=_to_numpy_or_none(bias),
+            residual=_to_numpy_or_none(residual),
+            casting_mode=options.casting_mode,
+            out_dtype=_numpy_dtype(options.out_dtype),
+            output_layout="transposed",
+        )
+        _record("simulator", options.dialect)
+        return tuple(_from_numpy(a) for a in outputs)
+
+    @staticmethod
     def backward(dy, x_or_h, weight, rstd, dh_out, options: _BackwardOptions):
         dx, dweight, dbias = ops.rms_norm_bwd(
             _to_numpy(dy),
@@ -498,6 +520,24 @@ class _XlaLaunch:
         return tuple(kernel(x, residual, weight, bias, *constants))
 
     @classmethod
+    def forward_transposed(cls, x, weight, bias, residual, options: _ForwardOptions):
+        """The transposed forward: NKI 0.6 kernels only, so never through ``nki_jit``; the
+        return-convention kernel is called with the XLA tensors."""
+        cls._nki_jit(x.device.type, options.dialect)
+        _record("nki.jit", options.dialect)
+        constants = (
+            options.eps,
+            options.offset,
+            options.casting_mode,
+            _nki_dtype(options.out_dtype, options.dialect),
+        )
+        if residual is None:
+            kernel = kernels.kernel("rmsnorm_fwd_transposed", options.dialect)
+            return tuple(kernel(x, weight, bias, *constants))
+        kernel = kernels.kernel("rmsnorm_add_fwd_transposed", options.dialect)
+        return tuple(kernel(x, residual, weight, bias, *constants))
+
+    @classmethod
     def backward(cls, dy, x_or_h, weight, rstd, dh_out, options: _BackwardOptions):
         nki_jit = cls._nki_jit(x_or_h.device.type, options.dialect)
         if nki_jit is not None:
@@ -526,6 +566,14 @@ class _NeuronLaunch:
     def forward(x, weight, bias, residual, options: _ForwardOptions):
         _record("neuron", options.dialect)
         return _launch_output_kernels(_direct, x, weight, bias, residual, options)
+
+    @staticmethod
+    def forward_transposed(x, weight, bias, residual, options: _ForwardOptions):
+        raise NotImplementedError(
+            "output_layout='transposed' on TorchNeuron ('neuron' device) needs an "
+            "output-parameter form of rmsnorm_fwd_transposed, which is not written yet; "
+            "use output_layout='rows', or an 'xla' device (the nki.jit kernel)"
+        )
 
     @staticmethod
     def backward(dy, x_or_h, weight, rstd, dh_out, options: _BackwardOptions):
@@ -878,6 +926,120 @@ class _RMSNormAddFunction(torch.autograd.Function):
 
 
 # ---------------------------------------------------------------------------------------------
+# The forward with y in rmsnorm_tkg's transposed layout (ops.rms_norm_fwd's output_layout)
+# ---------------------------------------------------------------------------------------------
+
+
+#: Partitions of a NeuronCore: the leading axis of y in the transposed layout.
+_PARTITIONS = 128
+
+
+def _check_transposed_op(x, residual, weight, bias, eps, offset, casting_mode, out_dtype):
+    """:func:`_check_forward_op` plus the transposed layout's own requirements (N divisible
+    by 128, the NKI 0.6 kernels), before anything runs."""
+    checked = _check_forward_op(x, residual, weight, bias, eps, offset, casting_mode, out_dtype)
+    ops.check_output_layout("transposed", x, weight)
+    return checked
+
+
+def _empty_transposed(x, residual, out_dtype):
+    """The transposed forward's outputs, shapes only: y_t ``(128, M, N // 128)``, h like x."""
+    rows, n = x.shape
+    y_t = x.new_empty((_PARTITIONS, rows, n // _PARTITIONS), dtype=out_dtype or x.dtype)
+    rstd = x.new_empty((rows,), dtype=torch.float32)
+    if residual is None:
+        return y_t, rstd
+    return y_t, x.new_empty(x.shape, dtype=residual.dtype), rstd
+
+
+def _forward_transposed(x, residual, weight, bias, eps, offset, casting_mode, out_dtype):
+    """Both transposed operators: launch on ``x``'s device, or nothing without rows."""
+    if x.shape[0] == 0:
+        return _empty_transposed(x, residual, out_dtype)
+    options = _ForwardOptions(eps, offset, casting_mode, out_dtype, dialect.current())
+    return _launcher(x.device).forward_transposed(x, weight, bias, residual, options)
+
+
+@torch.library.custom_op("nki_rmsnorm::rms_norm_fwd_transposed", mutates_args=())
+def _rms_norm_fwd_transposed(
+    x: Tensor,
+    weight: Tensor | None,
+    bias: Tensor | None,
+    eps: float,
+    offset: float,
+    casting_mode: str,
+    out_dtype: str | None,
+) -> tuple[Tensor, Tensor]:
+    eps, offset, out_dtype = _check_transposed_op(
+        x, None, weight, bias, eps, offset, casting_mode, out_dtype
+    )
+    return _forward_transposed(x, None, weight, bias, eps, offset, casting_mode, out_dtype)
+
+
+@_rms_norm_fwd_transposed.register_fake
+def _(x, weight, bias, eps, offset, casting_mode, out_dtype):
+    *_, out_dtype = _check_transposed_op(
+        x, None, weight, bias, eps, offset, casting_mode, out_dtype
+    )
+    return _empty_transposed(x, None, out_dtype)
+
+
+@torch.library.custom_op("nki_rmsnorm::rms_norm_add_fwd_transposed", mutates_args=())
+def _rms_norm_add_fwd_transposed(
+    x: Tensor,
+    residual: Tensor,
+    weight: Tensor | None,
+    bias: Tensor | None,
+    eps: float,
+    offset: float,
+    casting_mode: str,
+    out_dtype: str | None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    eps, offset, out_dtype = _check_transposed_op(
+        x, residual, weight, bias, eps, offset, casting_mode, out_dtype
+    )
+    return _forward_transposed(x, residual, weight, bias, eps, offset, casting_mode, out_dtype)
+
+
+@_rms_norm_add_fwd_transposed.register_fake
+def _(x, residual, weight, bias, eps, offset, casting_mode, out_dtype):
+    *_, out_dtype = _check_transposed_op(
+        x, residual, weight, bias, eps, offset, casting_mode, out_dtype
+    )
+    return _empty_transposed(x, residual, out_dtype)
+
+
+def _rows_of(y_t: Tensor) -> Tensor:
+    """The ``(M, N)`` tensor whose transposed layout ``y_t`` ``(128, M, N // 128)`` is."""
+    parts, rows, per_partition = y_t.shape
+    return y_t.permute(1, 0, 2).reshape(rows, parts * per_partition)
+
+
+def _fwd_transposed_backward(ctx, dy_t, drstd):
+    """The row-layout backward on the gradient rearranged back to rows: the transposed
+    forward computes the same y bits, only stored elsewhere."""
+    return _fwd_backward(ctx, None if dy_t is None else _rows_of(dy_t), drstd)
+
+
+def _add_fwd_transposed_backward(ctx, dy_t, dh, drstd):
+    return _add_fwd_backward(ctx, None if dy_t is None else _rows_of(dy_t), dh, drstd)
+
+
+# The inputs and the rstd/h outputs sit where the row-layout operators have them, so their
+# setup_context applies unchanged.
+torch.library.register_autograd(
+    "nki_rmsnorm::rms_norm_fwd_transposed",
+    _fwd_transposed_backward,
+    setup_context=_setup_fwd_context,
+)
+torch.library.register_autograd(
+    "nki_rmsnorm::rms_norm_add_fwd_transposed",
+    _add_fwd_transposed_backward,
+    setup_context=_setup_add_fwd_context,
+)
+
+
+# ---------------------------------------------------------------------------------------------
 # Public API
 # ---------------------------------------------------------------------------------------------
 
@@ -892,6 +1054,7 @@ def rms_norm(
     bias: Tensor | None = None,
     casting_mode: str = "gemma",
     out_dtype: torch.dtype | None = None,
+    output_layout: str = "rows",
 ) -> Tensor:
     """RMSNorm over the trailing ``normalized_shape`` dims, like ``torch.nn.functional.rms_norm``.
 
@@ -910,16 +1073,38 @@ def rms_norm(
         casting_mode: "gemma" (fp32 math, one rounding), "llama" (``x·rstd`` rounded to the
             input dtype before the weight multiply, as HF LlamaRMSNorm) or "none".
         out_dtype: dtype of ``y`` (float32, float16 or bfloat16); None is input's dtype.
+        output_layout: "rows" (default) or "transposed": y in the layout of nki-library's
+            decode kernel ``rmsnorm_tkg``, ``(128, M, N // 128)`` with M the leading dims
+            flattened, N the hidden size and ``y_t[p, m, k] = y[m, p · (N // 128) + k]``
+            (:func:`nki_rmsnorm.ops.rms_norm_fwd`), the same bits as "rows". Needs N
+            divisible by 128 and the NKI 0.6 kernels (trn2/trn3); runs on CPU (simulated),
+            "xla" (the ``nki.jit`` kernel) and "meta", not yet on TorchNeuron's "neuron"
+            device (no output-parameter form). Differentiable: the backward rearranges the
+            gradient back to rows and runs the row-layout backward (through
+            ``torch.autograd``; the ``torch.func`` transforms take the "rows" form only).
 
     Returns:
-        ``y`` of ``input``'s shape, in ``out_dtype``.
+        ``y`` of ``input``'s shape, in ``out_dtype``; ``(128, M, N // 128)`` when transposed.
     """
     shape, hidden, eps, offset = _check_args(
         input, normalized_shape, weight, bias, None, eps, offset, casting_mode, out_dtype
     )
+    rows = input.reshape(-1, hidden)
+    weight = None if weight is None else weight.reshape(hidden)
+    if ops.check_output_layout(output_layout, rows, weight, check_dialect=False):
+        y_t, _ = _rms_norm_fwd_transposed(
+            rows,
+            weight,
+            None if bias is None else bias.reshape(hidden),
+            eps,
+            offset,
+            casting_mode,
+            _dtype_arg(out_dtype),
+        )
+        return y_t
     y, _ = _RMSNormFunction.apply(
-        input.reshape(-1, hidden),
-        None if weight is None else weight.reshape(hidden),
+        rows,
+        weight,
         None if bias is None else bias.reshape(hidden),
         eps,
         offset,
@@ -939,13 +1124,15 @@ def fused_add_rms_norm(
     bias: Tensor | None = None,
     casting_mode: str = "gemma",
     out_dtype: torch.dtype | None = None,
+    output_layout: str = "rows",
 ) -> tuple[Tensor, Tensor]:
     """``h = input + residual`` and ``y = rms_norm(h)`` over the last dim, in one kernel.
 
     The pre-norm transformer step: ``h`` is the new residual stream, ``y`` feeds the next
     block. Arguments as :func:`rms_norm` (``weight`` and ``bias`` of shape
     ``(input.shape[-1],)``); ``residual`` has ``input``'s shape and its dtype or float32
-    (an fp32 residual stream).
+    (an fp32 residual stream); ``output_layout="transposed"`` gives ``y`` in rmsnorm_tkg's
+    ``(128, M, N // 128)`` layout as in :func:`rms_norm`, ``h`` keeping ``input``'s shape.
 
     Returns:
         ``(y, h)`` of ``input``'s shape; ``y`` in ``out_dtype`` (default ``input``'s dtype),
@@ -959,6 +1146,18 @@ def fused_add_rms_norm(
     _, hidden, eps, offset = _check_args(
         input, input.shape[-1:], weight, bias, residual, eps, offset, casting_mode, out_dtype
     )
+    if ops.check_output_layout(output_layout, input, weight, check_dialect=False):
+        y_t, h, _ = _rms_norm_add_fwd_transposed(
+            input.reshape(-1, hidden),
+            residual.reshape(-1, hidden),
+            weight,
+            bias,
+            eps,
+            offset,
+            casting_mode,
+            _dtype_arg(out_dtype),
+        )
+        return y_t, h.reshape(input.shape)
     y, h, _ = _RMSNormAddFunction.apply(
         input.reshape(-1, hidden),
         residual.reshape(-1, hidden),
