@@ -1080,6 +1080,36 @@ def sbuf_alloc_function_returning_one_integer(x):  # D L145: (start_partition, b
     return out
 
 
+def _two_products(x, out, second_bank):
+    """Two PSUM matmul results, both live until both are copied out, in banks 0 and
+    ``second_bank``."""
+    identity = nl.shared_constant(np.identity(128, dtype=np.int8), dtype=nl.float32)
+    eye = nl.ndarray((nl.par_dim(128), 128), dtype=nl.float32, buffer=ncc.sbuf.alloc(_at(0, 0)))
+    eye[...] = nl.load(identity)
+    tile = nl.ndarray((nl.par_dim(128), 256), dtype=nl.float32, buffer=ncc.sbuf.alloc(_at(0, 512)))
+    tile[...] = nl.load(x[:, 0:256])
+    first = nl.ndarray((nl.par_dim(128), 128), dtype=nl.float32, buffer=ncc.psum.alloc(_in_bank(0)))
+    second = nl.ndarray(
+        (nl.par_dim(128), 128), dtype=nl.float32, buffer=ncc.psum.alloc(_in_bank(second_bank))
+    )
+    first[...] = nisa.nc_matmul(tile[:, 0:128], eye)
+    second[...] = nisa.nc_matmul(tile[:, 128:256], eye)
+    nl.store(out[:, 0:128], value=nl.copy(first))
+    nl.store(out[:, 128:256], value=nl.copy(second))
+
+
+def live_psum_tiles_in_one_bank(x):  # D L426-428: a PSUM tensor lifetime conflict is an error
+    out = nl.ndarray((128, 256), dtype=nl.float32, buffer=nl.shared_hbm)
+    _two_products(x, out, 0)
+    return out
+
+
+def live_psum_tiles_in_two_banks(x):
+    out = nl.ndarray((128, 256), dtype=nl.float32, buffer=nl.shared_hbm)
+    _two_products(x, out, 1)
+    return out
+
+
 def _copy_twice(x, out, second_buffer):
     first = nl.ndarray((nl.par_dim(128), 512), dtype=nl.float32, buffer=ncc.sbuf.alloc(_at(0, 0)))
     second = nl.ndarray((nl.par_dim(128), 512), dtype=nl.float32, buffer=second_buffer)
@@ -1239,6 +1269,12 @@ CASES = [  # (illegal, legal twin, error key, target or (illegal's, twin's targe
         sbuf_alloc_function_returning_one_integer,
         full_tile_from_partition_0,
         "must return a tuple of 2 integers",
+        None,
+    ),
+    (
+        live_psum_tiles_in_one_bank,
+        live_psum_tiles_in_two_banks,
+        "err_allocation_lifetime_conflict.*overlapping memory",
         None,
     ),
     (
