@@ -18,7 +18,13 @@ import threading
 
 import numpy as np
 
-from simulate.core.memory import PartitionAllocator, TileRecord, check_live_capacity, with_transfers
+from simulate.core.memory import (
+    PartitionAllocator,
+    TileRecord,
+    check_live_capacity,
+    check_placement_clashes,
+    with_transfers,
+)
 from simulate.core.targets import DIALECT_DEFAULT_TARGET, PSUM_BANK_BYTES, TARGETS, Target
 from simulate.core.trace import Trace
 
@@ -190,6 +196,8 @@ class Program:
             "psum", PSUM_BANK_BYTES, trace, "psum_peak_bytes_per_partition"
         )
         self.tiles: dict[int, tuple[str, int, str]] = {}  # storage id -> (memory, bytes, what)
+        # storage id -> [where ``nl.ndarray(address=...)`` placed it]
+        self.placements: dict[int, list] = {}
         self.instructions: list = []  # this program's trace records, in program order
         self.shared_cursor = 0
         self.barrier_cursor = 0
@@ -212,6 +220,7 @@ class Program:
             sid: TileRecord(memory, 0, nbytes, 1, nbytes, what)
             for sid, (memory, nbytes, what) in self.tiles.items()
         }
+        check_placement_clashes(self.instructions, tiles, self.placements)
         limits = {
             "sbuf": self.target.sbuf_bytes_per_partition,
             "psum": self.target.psum_bytes_per_partition,

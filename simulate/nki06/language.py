@@ -14,6 +14,7 @@ import warnings
 import numpy as np
 
 from simulate.core.dtypes import is_number
+from simulate.core.memory import Placement
 from simulate.core.targets import PMAX
 
 from . import context, release
@@ -205,7 +206,11 @@ tile_size = _TileSize()
 # --- creation -----------------------------------------------------------------------------------
 def ndarray(shape, dtype, buffer=sbuf, name="", address=None) -> NkiTensor:
     """Uninitialised storage (the simulator fills floats with NaN, integers with 4).
-    ``address=(partition, byte offset)`` is checked (PSUM: bank-aligned) but not honoured."""
+    ``address=(partition, byte offset)`` is checked (PSUM: bank-aligned) and honoured: tensors
+    the kernel places at overlapping addresses must not be live at once
+    (:func:`simulate.core.memory.check_placement_clashes`). The offset is in bytes, as AWS's
+    kernels compute it ("lists of virtual byte addresses", ``bank_id * PSUM_BANK_SIZE``:
+    aws-neuron-sdk@81ce03ae nki/migration/index.rst L1117-L1121, L1144-L1150)."""
     if address is not None:
         part, offset = (int(a) for a in address)
         if buffer is psum and offset % 2048:
@@ -214,7 +219,14 @@ def ndarray(shape, dtype, buffer=sbuf, name="", address=None) -> NkiTensor:
             )
         if not 0 <= part < PMAX:
             raise NkiValidationError(f"ndarray address {address}: partition out of range")
-    return allocate(shape, dtype, buffer, name)
+    tensor = allocate(shape, dtype, buffer, name)
+    if address is not None and tensor.storage.id in context.current("nl.ndarray").tiles:
+        rows = tensor.shape[0] if tensor.shape else 1
+        nbytes = math.prod(tensor.shape[1:]) * tensor.dtype.itemsize
+        context.current("nl.ndarray").placements[tensor.storage.id] = [
+            Placement(0, part, part + rows, offset, offset + nbytes)
+        ]
+    return tensor
 
 
 def zeros(shape, dtype, buffer=sbuf, name="") -> NkiTensor:

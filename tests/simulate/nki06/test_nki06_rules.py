@@ -585,3 +585,36 @@ def test_documented_illegal_instruction_form_is_rejected_and_its_twin_runs(
     got = nki.simulate(legal)(x)
     if reference is not None:
         np.testing.assert_allclose(got, reference(x), rtol=1e-5, atol=1e-5)
+
+
+def _two_addressed_tiles(second_offset, second_after_first):
+    """Two SBUF tensors the kernel places with ``address=`` (aws-neuron-sdk@81ce03ae
+    nki/migration/index.rst L1095-L1107), the second at byte ``second_offset``; both live at
+    once unless ``second_after_first``."""
+
+    @nki.jit
+    def kernel(x):
+        out = nl.ndarray((128, 512), x.dtype, buffer=nl.shared_hbm)
+        first = nl.ndarray((128, 256), x.dtype, buffer=nl.sbuf, address=(0, 0))
+        second = nl.ndarray((128, 256), x.dtype, buffer=nl.sbuf, address=(0, second_offset))
+        nisa.dma_copy(dst=first, src=x[:, 0:256])
+        if second_after_first:
+            nisa.dma_copy(dst=out[:, 0:256], src=first)
+        nisa.dma_copy(dst=second, src=x[:, 256:512])
+        if not second_after_first:
+            nisa.dma_copy(dst=out[:, 0:256], src=first)
+        nisa.dma_copy(dst=out[:, 256:512], src=second)
+        return out
+
+    return kernel
+
+
+def test_tensors_placed_at_overlapping_addresses_must_not_be_live_together(rng, target):
+    """The kernel's ``address=`` is honoured: two tensors on overlapping bytes, both live,
+    are a lifetime conflict; side by side, or one after the other at one address, they run."""
+    target("trn2")
+    x = rng.standard_normal((128, 512)).astype(np.float32)
+    with pytest.raises(NKIValueError, match="err_allocation_lifetime_conflict.*overlapping"):
+        _two_addressed_tiles(512, second_after_first=False)(x)
+    for offset, after in ((1024, False), (0, True)):
+        np.testing.assert_array_equal(_two_addressed_tiles(offset, after)(x), x)
