@@ -267,6 +267,34 @@ def _split_load(views, slot, seg0, parts):
     )
 
 
+def _segment_sums(plan, resident, slot, parts):
+    """Σh² of each of the ``parts`` segments in ``slot.h`` (ACT ``activation_reduce``),
+    transposed by PE into one (1, ``parts``) PSUM row (exact: ``is_transpose`` moves the
+    values)."""
+    if plan.squares_in == "product":
+        squares = slot.product
+    elif plan.squares_in == "y":
+        squares = slot.y
+    else:
+        squares = slot.squares
+    segment_sq = steps.sbuf((parts, 1), nl.float32)
+    nisa.activation_reduce(
+        dst=squares[:parts],
+        op=nl.square,
+        data=slot.h[:parts],
+        reduce_op=nl.add,
+        reduce_res=segment_sq,
+    )
+    sums = nl.ndarray((1, parts), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(
+        dst=sums,
+        stationary=segment_sq,
+        moving=resident.ident_f32[:parts, :parts],
+        is_transpose=True,
+    )
+    return sums
+
+
 def _split_statistics(plan, s, views, resident, slot, seg0, parts, repeat, loaded=False):
     """Load segments ``seg0 … seg0 + parts − 1`` (rows ``seg0 / s …``) into ``slot``
     (:func:`_split_load`, unless ``loaded``), store their rstd and return what
@@ -279,26 +307,8 @@ def _split_statistics(plan, s, views, resident, slot, seg0, parts, repeat, loade
     R = parts // s
     if not loaded:
         _split_load(views, slot, seg0, parts)
-    h_tile = slot.h[:parts]
-    if plan.squares_in == "product":
-        squares = slot.product
-    elif plan.squares_in == "y":
-        squares = slot.y
-    else:
-        squares = slot.squares
-
-    # ACT: Σh² per segment. PE: transposed to one row; DVE: each row's s sums added.
-    segment_sq = steps.sbuf((parts, 1), nl.float32)
-    nisa.activation_reduce(
-        dst=squares[:parts], op=nl.square, data=h_tile, reduce_op=nl.add, reduce_res=segment_sq
-    )
-    sums = nl.ndarray((1, parts), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(
-        dst=sums,
-        stationary=segment_sq,
-        moving=resident.ident_f32[:parts, :parts],
-        is_transpose=True,
-    )
+    # DVE: each row's s segment sums added.
+    sums = _segment_sums(plan, resident, slot, parts)
     row_sq = steps.sbuf((1, R), nl.float32)
     nisa.tensor_reduce(dst=row_sq, op=nl.add, data=sums.reshape((1, R, s)), axis=2)
 
@@ -509,26 +519,10 @@ def _uneven_statistics(plan, s, hbm, resident, slot, row0, R, R0, F, last):
         _uneven_blocks(hbm.x, x_tile, row0, R, R0, s, F, last, False)
         nisa.tensor_tensor(dst=h_tile, data1=x_tile, data2=h_tile, op=nl.add)
         _uneven_blocks(hbm.h, h_tile, row0, R, R0, s, F, last, True)
-    if plan.squares_in == "product":
-        squares = slot.product
-    elif plan.squares_in == "y":
-        squares = slot.y
-    else:
-        squares = slot.squares
 
-    # ACT: Σh² per segment; PE: transposed to one row; DVE: into segment order per row
-    # (the F-wide segments, then the last), each row's s sums added in that order.
-    segment_sq = steps.sbuf((parts, 1), nl.float32)
-    nisa.activation_reduce(
-        dst=squares[:parts], op=nl.square, data=h_tile, reduce_op=nl.add, reduce_res=segment_sq
-    )
-    sums = nl.ndarray((1, parts), dtype=nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(
-        dst=sums,
-        stationary=segment_sq,
-        moving=resident.ident_f32[:parts, :parts],
-        is_transpose=True,
-    )
+    # DVE: the segment sums into segment order per row (the F-wide segments, then the last),
+    # each row's s sums added in that order.
+    sums = _segment_sums(plan, resident, slot, parts)
     ordered = steps.sbuf((1, R * s), nl.float32)
     by_row = ordered.reshape((1, R, s))
     nisa.tensor_copy(
