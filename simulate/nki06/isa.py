@@ -585,6 +585,21 @@ def _same_view(a, b) -> bool:
     return a.offset == b.offset and tuple(a.strides) == tuple(b.strides)
 
 
+def _indirect_rows_inside(api, label, access, skip):
+    """The storage positions of an indirect (``vector_offset``) access, one row per index,
+    and which rows lie wholly inside its tensor; with ``oob_mode=error`` (``skip`` False) a
+    row reaching outside is an error naming ``label`` and the row."""
+    positions = access.positions()
+    inside = ((positions >= 0) & (positions < access.storage_values().size)).all(axis=1)
+    if not inside.all() and not skip:
+        row = int(np.flatnonzero(~inside)[0])
+        raise NkiValidationError(
+            f"{api} {label} row {row} (storage element {int(positions[row].min())}) reaches "
+            f"outside `{access.name}` (oob_mode=error; oob_mode=skip skips such rows)"
+        )
+    return positions, inside
+
+
 def _indirect_dma_compute(dst, srcs, unique_indices, skip, spec, name):
     """``dma_compute``'s read-modify-write with a ``vector_offset`` side, the two documented
     modes (nki/api/nki/isa/__init__.py L2672-2692): gather, ``dst(SB) = dst(SB) +
@@ -624,15 +639,8 @@ def _indirect_dma_compute(dst, srcs, unique_indices, skip, spec, name):
             )
     if indexed.index_columns() > 1:
         raise NkiValidationError(f"{api} takes a (P, 1) vector_offset index")
-    positions = indexed.positions()
+    positions, inside = _indirect_rows_inside(api, direction, indexed, skip)
     flat = indexed.storage_values()
-    inside = ((positions >= 0) & (positions < flat.size)).all(axis=1)
-    if not inside.all() and not skip:
-        row = int(np.flatnonzero(~inside)[0])
-        raise NkiValidationError(
-            f"{api} {direction} row {row} (storage element {int(positions[row].min())}) reaches "
-            f"outside `{indexed.name}` (oob_mode=error; oob_mode=skip skips such rows)"
-        )
     keep = np.repeat(inside, positions.shape[1])
     places = positions.reshape(-1)
     if direction == "scatter":
@@ -792,15 +800,8 @@ def _indirect_dma_transpose(dst, src, perm, mode, oob, name):
             f"src.shape[0] = {shape[0]}"
         )
     skip = _enum(oob, oob_mode, "oob_mode", api) is oob_mode.skip
-    positions = src.positions()
+    positions, inside = _indirect_rows_inside(api, "src", src, skip)
     flat = src.storage_values()
-    inside = ((positions >= 0) & (positions < flat.size)).all(axis=1)
-    if not inside.all() and not skip:
-        row = int(np.flatnonzero(~inside)[0])
-        raise NkiValidationError(
-            f"{api} src row {row} (storage element {int(positions[row].min())}) reaches "
-            f"outside `{src.name}` (oob_mode=error; oob_mode=skip skips such rows)"
-        )
     gathered = dst.values().transpose(np.argsort(perm)).reshape(shape[0], -1).copy()
     gathered[inside] = flat[positions[inside]]
     values = np.transpose(gathered.reshape(shape), perm)
@@ -2055,14 +2056,7 @@ def _indirect_dma_copy(dst, src, skip, mode, name):
                 f"{api} {side} takes a (P, 1) vector_offset index; a [128, N] index is "
                 "dma_transpose's (nki/api/nki/isa/__init__.py L897-908)"
             )
-        positions = t.positions()
-        inside = ((positions >= 0) & (positions < t.storage_values().size)).all(axis=1)
-        if not inside.all() and not skip:
-            row = int(np.flatnonzero(~inside)[0])
-            raise NkiValidationError(
-                f"{api} {side} row {row} (storage element {int(positions[row].min())}) "
-                f"reaches outside `{t.name}` (oob_mode=error; oob_mode=skip skips such rows)"
-            )
+        positions, inside = _indirect_rows_inside(api, side, t, skip)
         keep &= np.repeat(inside, positions.shape[1])
         places[side] = positions.reshape(-1)
     if src.is_indirect():
