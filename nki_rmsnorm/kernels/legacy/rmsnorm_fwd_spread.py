@@ -144,8 +144,7 @@ def spread_rows(plan, s, hbm, eps, offset):
             operand1=h_spread,
             dtype=target.dtype,
         )
-        if shift is not None:
-            y_spread[...] = nisa.tensor_tensor(product, shift, op=nl.add, dtype=y_spread.dtype)
+        steps.add_shift(y_spread, product, shift)
     elif weight and plan.product_engine == "scalar":
         # ACT h·rstd (fp32, or x̂ rounded); DVE ·w (fp32, one rounding) [+ bias]
         target = y_spread if shift is None else product
@@ -156,8 +155,7 @@ def spread_rows(plan, s, hbm, eps, offset):
             dtype=plan.in_dtype if plan.rounds_xhat else nl.float32,
         )
         target[...] = nisa.tensor_tensor(scaled, scale, op=nl.multiply, dtype=target.dtype)
-        if shift is not None:
-            y_spread[...] = nisa.tensor_tensor(product, shift, op=nl.add, dtype=y_spread.dtype)
+        steps.add_shift(y_spread, product, shift)
     else:
         steps.normalize(plan, y_spread, h_spread, rstd_col, x_spread, scale, shift, product)
     steps.store_y(plan, spread(hbm.y), y_spread)

@@ -593,7 +593,7 @@ def outer_normalize(y_row, h_row, stationaries, moving, shift, product_row):
         target[:, c0:c1] = nisa.tensor_tensor(
             h_row[:, c0:c1], outer, op=nl.multiply, dtype=target.dtype
         )
-    _add_shift(y_row, product_row, shift)
+    add_shift(y_row, product_row, shift)
 
 
 def scaled_normalize(plan, y_row, h_row, rstd_col, ones, weight_row, shift, product_row):
@@ -609,7 +609,7 @@ def scaled_normalize(plan, y_row, h_row, rstd_col, ones, weight_row, shift, prod
             op=nl.copy, data=h_row[:, c0:c1], scale=rstd_col, dtype=scaled_dtype
         )
         target[:, c0:c1] = nisa.tensor_tensor(scaled, weight, op=nl.multiply, dtype=target.dtype)
-    _add_shift(y_row, product_row, shift)
+    add_shift(y_row, product_row, shift)
 
 
 def _banks(width):
@@ -617,7 +617,7 @@ def _banks(width):
     return [(c0, min(width, c0 + PSUM_COLS)) for c0 in range(0, width, PSUM_COLS)]
 
 
-def _add_shift(y_row, product_row, shift):
+def add_shift(y_row, product_row, shift):
     """y = product + bias, fp32, one rounding (Vector engine); nothing without a bias."""
     if shift is not None:
         y_row[...] = nisa.tensor_tensor(product_row, shift, op=nl.add, dtype=y_row.dtype)

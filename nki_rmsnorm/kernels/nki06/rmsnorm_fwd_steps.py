@@ -650,7 +650,7 @@ def outer_normalize(y_row, h_row, stationaries, moving, shift, product_row):
                 dst=outer, stationary=stationaries[i], moving=moving[:, c0:c1], accumulate=i > 0
             )
         nisa.tensor_tensor(dst=target[:, c0:c1], data1=h_row[:, c0:c1], data2=outer, op=nl.multiply)
-    _add_shift(y_row, product_row, shift)
+    add_shift(y_row, product_row, shift)
 
 
 def scaled_normalize(plan, y_row, h_row, rstd_col, ones, weight_row, shift, product_row):
@@ -667,10 +667,10 @@ def scaled_normalize(plan, y_row, h_row, rstd_col, ones, weight_row, shift, prod
         scaled = sbuf((parts, c1 - c0), scaled_dtype)
         nisa.activation(dst=scaled, op=nl.copy, data=h_row[:, c0:c1], scale=rstd_col)
         nisa.tensor_tensor(dst=target[:, c0:c1], data1=scaled, data2=weight, op=nl.multiply)
-    _add_shift(y_row, product_row, shift)
+    add_shift(y_row, product_row, shift)
 
 
-def _add_shift(y_row, product_row, shift):
+def add_shift(y_row, product_row, shift):
     """y = product + bias, fp32, one rounding (Vector engine); nothing without a bias."""
     if shift is not None:
         nisa.tensor_tensor(dst=y_row, data1=product_row, data2=shift, op=nl.add)
